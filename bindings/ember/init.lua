@@ -1,0 +1,90 @@
+--- Ember: tensors, autograd and LLaMA-style language models, from Lua.
+-- `local ember = require "ember"`. The C module `ember.core` does the work;
+-- this file assembles the user-facing table: every tensor method is also a
+-- function `ember.NAME(t, ...)`, plus grad-mode helpers, printing and the
+-- lazily loaded submodules (nn, optim, ...).
+local core = require "ember.core"
+
+local ember = {}
+package.loaded["ember"] = ember       -- submodules may `require "ember"` while we load
+
+ember.core = core
+ember.__version__ = core.version
+ember.version = core.version
+
+for name, fn in pairs(core) do
+  if type(fn) == "function" then ember[name] = fn end
+end
+
+local methods = core.methods
+local Tensor_mt = core.Tensor_mt
+
+--- Run fn with autograd recording switched on/off; restores the mode on error.
+local function with_grad_mode(on, fn, ...)
+  local prev = core.set_grad_enabled(on)
+  local res = table.pack(pcall(fn, ...))
+  core.set_grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+function ember.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
+function ember.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
+
+--- t:split(size, dim) -> list of views of at most `size` along dim (0-based dim).
+function methods.split(t, size, dim)
+  dim = dim or 0
+  if math.type(size) ~= "integer" or size <= 0 then
+    error(("ember.split: expected a positive integer split size, got %s"):format(tostring(size)), 2)
+  end
+  local n, out = t:size(dim), {}
+  for start = 0, n - 1, size do out[#out + 1] = t:narrow(dim, start, math.min(size, n - start)) end
+  return out
+end
+
+--- t:chunk(n, dim) -> n (or fewer) nearly equal views, like torch.chunk.
+function methods.chunk(t, chunks, dim)
+  dim = dim or 0
+  if math.type(chunks) ~= "integer" or chunks <= 0 then
+    error(("ember.chunk: expected a positive integer number of chunks, got %s"):format(tostring(chunks)), 2)
+  end
+  local n = t:size(dim)
+  return methods.split(t, math.max(1, (n + chunks - 1) // chunks), dim)
+end
+
+ember.split, ember.chunk = methods.split, methods.chunk
+
+local printing = require "ember.printing"
+Tensor_mt.__tostring = printing.tostring
+ember.set_printoptions = printing.set_printoptions
+
+ember.autograd = require "ember.autograd"
+
+--- ember.cuda: device queries. The CUDA backend fills in the rest.
+ember.cuda = {
+  is_available = core.cuda_is_available,
+  device_count = core.cuda_device_count,
+  is_compiled = core.cuda_compiled,
+}
+local function no_cuda(name)
+  return function()
+    error(("ember.cuda.%s: no CUDA device is available%s"):format(name,
+      core.cuda_compiled() and "" or " (this build has no CUDA backend)"), 2)
+  end
+end
+for _, name in ipairs {"synchronize", "memory_allocated", "max_memory_allocated",
+                       "reset_peak_memory_stats", "graph", "set_device"} do
+  ember.cuda[name] = core["cuda_" .. name] or no_cuda(name)
+end
+
+-- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.bench`...
+local lazy = {nn = "ember.nn", optim = "ember.optim", bench_lib = "ember.bench"}
+setmetatable(ember, {__index = function(t, k)
+  local mod = lazy[k]
+  if mod then
+    local m = require(mod)
+    rawset(t, k, m)
+    return m
+  end
+end})
+
+return ember

@@ -1,0 +1,41 @@
+/* luaopen_ember_core: the module table `ember.core`, its `methods` table
+ * (shared by every tensor through the metatable's __index) and the parts. */
+#include <time.h>
+#include "lua_ember.h"
+
+/* Monotonic wall clock in seconds (benchmarks). */
+static int l_clock(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
+static int l_cuda_is_available(lua_State *L) { lua_pushboolean(L, em_cuda_available()); return 1; }
+static int l_cuda_device_count(lua_State *L) { lua_pushinteger(L, em_cuda_device_count()); return 1; }
+static int l_cuda_compiled(lua_State *L) { lua_pushboolean(L, em_cuda_compiled()); return 1; }
+
+void lem_open_device(lua_State *L, int module) {
+  static const luaL_Reg f[] = {{"cuda_is_available", l_cuda_is_available},
+                               {"cuda_device_count", l_cuda_device_count},
+                               {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock}, {NULL, NULL}};
+  lem_register(L, 0, module, f);
+}
+
+int luaopen_ember_core(lua_State *L) {
+  lua_newtable(L);
+  int module = lua_gettop(L);
+  lua_newtable(L);
+  int methods = lua_gettop(L);
+  lua_pushvalue(L, methods);
+  lua_setfield(L, module, "methods");
+  lem_open_tensor(L, methods, module);
+  lem_open_math(L, methods, module);
+  lem_open_autograd(L, methods, module);
+  lem_open_io(L, module);
+  lem_open_device(L, module);
+  lua_pushliteral(L, EMBER_VERSION);
+  lua_setfield(L, module, "version");
+  lua_settop(L, module);
+  return 1;
+}

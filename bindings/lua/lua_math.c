@@ -1,0 +1,345 @@
+/* Math bindings: elementwise (with in-place twins, out= and operators),
+ * reductions, matmul, the functional NN ops, random fills, optimizer kernels. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "lua_ember.h"
+
+static int opts_at(lua_State *L, int idx) { return lua_istable(L, idx) && !lem_test_tensor(L, idx) ? idx : 0; }
+
+static double scalar_arg(lua_State *L, int idx, const char *fn) {
+  if (lua_type(L, idx) == LUA_TNUMBER) return lua_tonumber(L, idx);
+  if (lua_type(L, idx) == LUA_TBOOLEAN) return lua_toboolean(L, idx);
+  lem_error(L, fn, "expected argument %d to be a tensor or a number, got %s", idx, luaL_typename(L, idx));
+  return 0;
+}
+
+/* a OP b where either side may be a number; out from opts or in-place. */
+static int binop(lua_State *L, em_binop op, int inplace) {
+  const char *fn = em_binop_name(op);
+  em_tensor *a = lem_test_tensor(L, 1), *b = lem_test_tensor(L, 2), *out = NULL;
+  char nm[40];
+  if (inplace) { snprintf(nm, sizeof nm, "%s_", fn); fn = nm; }
+  int opts = opts_at(L, 3);
+  if (opts) out = lem_opt_tensor(L, opts, "out", fn);
+  if (inplace) {
+    if (!a) return lem_error(L, fn, "expected argument 1 (self) to be a tensor, got %s", luaL_typename(L, 1));
+    out = a;
+  }
+  em_tensor *r;
+  if (a && b) r = em_binary(op, a, b, out);
+  else if (a) r = em_binary_scalar(op, a, scalar_arg(L, 2, fn), false, out);
+  else if (b) r = em_binary_scalar(op, b, scalar_arg(L, 1, fn), true, out);
+  else return lem_error(L, fn, "expected a tensor operand, got %s and %s", luaL_typename(L, 1), luaL_typename(L, 2));
+  return lem_push_result(L, r);
+}
+
+#define BIN(name, OP) \
+  static int lf_##name(lua_State *L) { return binop(L, OP, 0); } \
+  static int lf_##name##_(lua_State *L) { return binop(L, OP, 1); }
+BIN(add, EM_ADD) BIN(sub, EM_SUB) BIN(mul, EM_MUL) BIN(div, EM_DIV) BIN(pow, EM_POW)
+BIN(maximum, EM_MAXIMUM) BIN(minimum, EM_MINIMUM) BIN(eq, EM_EQ) BIN(ne, EM_NE) BIN(lt, EM_LT)
+BIN(le, EM_LE) BIN(gt, EM_GT) BIN(ge, EM_GE) BIN(logical_and, EM_LOGICAL_AND) BIN(logical_or, EM_LOGICAL_OR)
+
+static int unop(lua_State *L, em_unop op, int inplace) {
+  const char *fn = em_unop_name(op);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *out = inplace ? a : NULL;
+  int opts = opts_at(L, 2);
+  if (opts && !inplace) out = lem_opt_tensor(L, opts, "out", fn);
+  return lem_push_result(L, em_unary(op, a, out));
+}
+#define UN(name, OP) \
+  static int lf_##name(lua_State *L) { return unop(L, OP, 0); } \
+  static int lf_##name##_(lua_State *L) { return unop(L, OP, 1); }
+UN(neg, EM_NEG) UN(abs, EM_ABS) UN(sqrt, EM_SQRT) UN(rsqrt, EM_RSQRT) UN(exp, EM_EXP) UN(log, EM_LOG)
+UN(tanh, EM_TANH) UN(sigmoid, EM_SIGMOID) UN(silu, EM_SILU) UN(relu, EM_RELU) UN(gelu, EM_GELU)
+UN(sin, EM_SIN) UN(cos, EM_COS) UN(square, EM_SQUARE) UN(reciprocal, EM_RECIPROCAL) UN(sign, EM_SIGN)
+UN(logical_not, EM_LOGICAL_NOT) UN(floor, EM_FLOOR) UN(ceil, EM_CEIL) UN(round, EM_ROUND)
+
+static int mm_unm(lua_State *L) { return lem_push_result(L, em_unary(EM_NEG, lem_check_tensor(L, 1, "neg", "self"), NULL)); }
+
+static double opt_bound(lua_State *L, int idx) { return lua_isnoneornil(L, idx) ? NAN : luaL_checknumber(L, idx); }
+static int clamp_impl(lua_State *L, int inplace) {
+  const char *fn = inplace ? "clamp_" : "clamp";
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  double lo = opt_bound(L, 2), hi = opt_bound(L, 3);
+  if (!isnan(lo) && !isnan(hi) && lo > hi) return lem_error(L, fn, "expected min <= max, got min=%g max=%g", lo, hi);
+  return lem_push_result(L, em_clamp(a, lo, hi, inplace ? a : NULL));
+}
+static int lf_clamp(lua_State *L) { return clamp_impl(L, 0); }
+static int lf_clamp_(lua_State *L) { return clamp_impl(L, 1); }
+
+/* where(cond, a, b): a/b may be numbers (become 0-d tensors of the other's dtype). */
+static em_tensor *tensor_or_scalar(lua_State *L, int idx, em_tensor *like, const char *fn) {
+  em_tensor *t = lem_test_tensor(L, idx);
+  if (t) return em_tensor_retain(t);
+  double v = scalar_arg(L, idx, fn);
+  em_dtype dt = like ? like->dtype : (v == floor(v) ? EM_I64 : EM_F32);
+  if (like && !em_dtype_is_float(dt) && v != floor(v)) dt = EM_F32;
+  return em_scalar_tensor(v, dt, like ? like->device : em_cpu());
+}
+static int l_where(lua_State *L) {
+  em_tensor *c = lem_check_tensor(L, 1, "where", "condition");
+  em_tensor *ta = lem_test_tensor(L, 2), *tb = lem_test_tensor(L, 3);
+  em_tensor *a = tensor_or_scalar(L, 2, tb, "where");
+  em_tensor *b = tensor_or_scalar(L, 3, ta ? ta : a, "where");
+  em_tensor *r = (a && b) ? em_where(c, a, b) : NULL;
+  em_tensor_release(a); em_tensor_release(b);
+  return lem_push_result(L, r);
+}
+
+static int masked_fill_impl(lua_State *L, int inplace) {
+  const char *fn = inplace ? "masked_fill_" : "masked_fill";
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *m = lem_check_tensor(L, 2, fn, "mask");
+  return lem_push_result(L, em_masked_fill(a, m, scalar_arg(L, 3, fn), inplace ? a : NULL));
+}
+static int lf_masked_fill(lua_State *L) { return masked_fill_impl(L, 0); }
+static int lf_masked_fill_(lua_State *L) { return masked_fill_impl(L, 1); }
+static int l_triu(lua_State *L) {
+  return lem_push_result(L, em_triu(lem_check_tensor(L, 1, "triu", "self"), lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "triu", "diagonal")));
+}
+static int l_tril(lua_State *L) {
+  return lem_push_result(L, em_tril(lem_check_tensor(L, 1, "tril", "self"), lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "tril", "diagonal")));
+}
+
+/* ---------------- reductions ---------------- */
+
+/* dims from arg idx: nil/none/options table -> all dims; an integer; a list of integers. */
+static int read_dims(lua_State *L, int idx, const char *fn, int64_t *dims) {
+  int tp = lua_type(L, idx);
+  if (tp == LUA_TNONE || tp == LUA_TNIL) return 0;
+  if (tp == LUA_TNUMBER) { dims[0] = lem_check_int(L, idx, fn, "dim"); return 1; }
+  if (tp != LUA_TTABLE || lem_test_tensor(L, idx))
+    return lem_error(L, fn, "expected dim to be an integer or a table of integers, got %s", luaL_typename(L, idx));
+  int n = (int)luaL_len(L, idx);     /* 0: an options table */
+  if (n > EM_MAX_DIMS) lem_error(L, fn, "too many dims (%d)", n);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    int ok; dims[i] = lua_tointegerx(L, -1, &ok);
+    if (!ok) lem_error(L, fn, "expected dims to be integers, got %s", luaL_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  return n;
+}
+
+/* The options table is the last table argument that is not a dims list. */
+static int reduce_opts(lua_State *L, int from) {
+  for (int i = lua_gettop(L); i >= from; i--)
+    if (lua_istable(L, i) && !lem_test_tensor(L, i) && luaL_len(L, i) == 0) return i;
+  return 0;
+}
+
+static int l_sum(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "sum", "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "sum", dims);
+  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  return lem_push_result(L, em_sum(a, nd, dims, kd));
+}
+static int l_mean(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "mean", "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "mean", dims);
+  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  return lem_push_result(L, em_mean(a, nd, dims, kd));
+}
+static int l_var(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "var", "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "var", dims);
+  int o = reduce_opts(L, 2);
+  return lem_push_result(L, em_var(a, nd, dims, lem_opt_number(L, o, "correction", 1), lem_opt_bool(L, o, "keepdim", 0)));
+}
+static int l_std(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "std", "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "std", dims);
+  int o = reduce_opts(L, 2);
+  em_tensor *v = em_var(a, nd, dims, lem_opt_number(L, o, "correction", 1), lem_opt_bool(L, o, "keepdim", 0));
+  if (!v) return lem_raise(L);
+  em_tensor *s = em_unary(EM_SQRT, v, NULL);
+  em_tensor_release(v);
+  return lem_push_result(L, s);
+}
+
+static int minmax(lua_State *L, int is_max) {
+  const char *fn = is_max ? "max" : "min";
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  em_tensor *b = lem_test_tensor(L, 2);
+  if (b) return lem_push_result(L, em_binary(is_max ? EM_MAXIMUM : EM_MINIMUM, a, b, NULL));
+  if (lua_isnoneornil(L, 2) || opts_at(L, 2)) {
+    return lem_push_result(L, is_max ? em_max(a, EM_ALL_DIMS, false, NULL) : em_min(a, EM_ALL_DIMS, false, NULL));
+  }
+  int64_t d = lem_check_int(L, 2, fn, "dim");
+  int kd = lem_opt_bool(L, opts_at(L, 3), "keepdim", 0);
+  em_tensor *idx = NULL;
+  em_tensor *v = is_max ? em_max(a, d, kd, &idx) : em_min(a, d, kd, &idx);
+  if (!v) return lem_raise(L);
+  lem_push_tensor(L, v);
+  lem_push_tensor(L, idx);
+  return 2;
+}
+static int l_max(lua_State *L) { return minmax(L, 1); }
+static int l_min(lua_State *L) { return minmax(L, 0); }
+
+static int argminmax(lua_State *L, int is_max) {
+  const char *fn = is_max ? "argmax" : "argmin";
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t d = (lua_isnoneornil(L, 2) || opts_at(L, 2)) ? EM_ALL_DIMS : lem_check_int(L, 2, fn, "dim");
+  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  return lem_push_result(L, is_max ? em_argmax(a, d, kd) : em_argmin(a, d, kd));
+}
+static int l_argmax(lua_State *L) { return argminmax(L, 1); }
+static int l_argmin(lua_State *L) { return argminmax(L, 0); }
+
+static int l_logsumexp(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "logsumexp", "self");
+  int64_t d = lem_check_int(L, 2, "logsumexp", "dim");
+  return lem_push_result(L, em_logsumexp(a, d, lem_opt_bool(L, opts_at(L, 3), "keepdim", 0)));
+}
+static int l_softmax(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "softmax", "self");
+  return lem_push_result(L, em_softmax(a, lua_isnoneornil(L, 2) ? -1 : lem_check_int(L, 2, "softmax", "dim")));
+}
+static int l_log_softmax(lua_State *L) {
+  em_tensor *a = lem_check_tensor(L, 1, "log_softmax", "self");
+  return lem_push_result(L, em_log_softmax(a, lua_isnoneornil(L, 2) ? -1 : lem_check_int(L, 2, "log_softmax", "dim")));
+}
+
+/* ---------------- matmul and NN ops ---------------- */
+
+static int l_matmul(lua_State *L) {
+  return lem_push_result(L, em_matmul(lem_check_tensor(L, 1, "matmul", "self"), lem_check_tensor(L, 2, "matmul", "other")));
+}
+static int l_linear(lua_State *L) {
+  em_tensor *x = lem_check_tensor(L, 1, "linear", "input"), *w = lem_check_tensor(L, 2, "linear", "weight");
+  em_tensor *b = lua_isnoneornil(L, 3) ? NULL : lem_check_tensor(L, 3, "linear", "bias");
+  return lem_push_result(L, em_linear(x, w, b));
+}
+static int l_embedding(lua_State *L) {
+  return lem_push_result(L, em_embedding(lem_check_tensor(L, 1, "embedding", "input"), lem_check_tensor(L, 2, "embedding", "weight")));
+}
+static int l_cross_entropy(lua_State *L) {
+  return lem_push_result(L, em_cross_entropy(lem_check_tensor(L, 1, "cross_entropy", "input"),
+                                             lem_check_tensor(L, 2, "cross_entropy", "target")));
+}
+static int l_rmsnorm(lua_State *L) {
+  em_tensor *x = lem_check_tensor(L, 1, "rmsnorm", "input");
+  em_tensor *w = lua_isnoneornil(L, 2) ? NULL : lem_check_tensor(L, 2, "rmsnorm", "weight");
+  return lem_push_result(L, em_rmsnorm(x, w, luaL_optnumber(L, 3, 1e-5)));
+}
+static int l_rope(lua_State *L) {
+  em_tensor *x = lem_check_tensor(L, 1, "rope", "input"), *p = lem_check_tensor(L, 2, "rope", "positions");
+  return lem_push_result(L, em_rope(x, p, luaL_optnumber(L, 3, 10000.0)));
+}
+static int l_swiglu(lua_State *L) {
+  return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, "swiglu", "a"), lem_check_tensor(L, 2, "swiglu", "b")));
+}
+static int l_attention_naive(lua_State *L) {
+  em_tensor *q = lem_check_tensor(L, 1, "attention_naive", "q"), *k = lem_check_tensor(L, 2, "attention_naive", "k");
+  em_tensor *v = lem_check_tensor(L, 3, "attention_naive", "v");
+  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), luaL_optnumber(L, 5, 0)));
+}
+
+static int l_cat_stack(lua_State *L, int stack) {
+  const char *fn = stack ? "stack" : "cat";
+  em_tensor **ts;
+  int n = lem_check_tensor_list(L, 1, fn, &ts);
+  int64_t d = lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, fn, "dim");
+  em_tensor *r = stack ? em_stack(n, ts, d) : em_cat(n, ts, d);
+  free(ts);
+  return lem_push_result(L, r);
+}
+static int l_cat(lua_State *L) { return l_cat_stack(L, 0); }
+static int l_stack(lua_State *L) { return l_cat_stack(L, 1); }
+
+/* ---------------- random ---------------- */
+
+static int l_manual_seed(lua_State *L) {
+  em_manual_seed((uint64_t)lem_check_int(L, 1, "manual_seed", "seed"));
+  return 0;
+}
+static int l_get_rng_state(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, (lua_Integer)em_rng_seed()); lua_setfield(L, -2, "seed");
+  lua_pushinteger(L, (lua_Integer)em_rng_offset()); lua_setfield(L, -2, "offset");
+  return 1;
+}
+static int l_set_rng_state(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "seed"); lua_getfield(L, 1, "offset");
+  em_rng_set_state((uint64_t)luaL_checkinteger(L, -2), (uint64_t)luaL_checkinteger(L, -1));
+  return 0;
+}
+static int fill_random(lua_State *L, const char *fn, int kind) {
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  int rc;
+  if (kind == 0) rc = em_uniform_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1));
+  else if (kind == 1) rc = em_normal_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1));
+  else rc = em_trunc_normal_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1), luaL_optnumber(L, 4, -2), luaL_optnumber(L, 5, 2));
+  if (rc) return lem_raise(L);
+  lua_settop(L, 1);
+  return 1;
+}
+static int l_uniform_(lua_State *L) { return fill_random(L, "uniform_", 0); }
+static int l_normal_(lua_State *L) { return fill_random(L, "normal_", 1); }
+static int l_trunc_normal_(lua_State *L) { return fill_random(L, "trunc_normal_", 2); }
+
+/* ---------------- optimizer kernels ---------------- */
+
+static int l_adamw_(lua_State *L) {
+  em_tensor **p, **g, **m, **v;
+  int n = lem_check_tensor_list(L, 1, "adamw_", &p);
+  int n2 = lem_check_tensor_list(L, 2, "adamw_", &g), n3 = lem_check_tensor_list(L, 3, "adamw_", &m);
+  int n4 = lem_check_tensor_list(L, 4, "adamw_", &v);
+  int rc = -1;
+  if (n != n2 || n != n3 || n != n4) em_error("adamw_: expected lists of equal length, got %d, %d, %d, %d", n, n2, n3, n4);
+  else rc = em_adamw_(n, p, g, m, v, luaL_checknumber(L, 5), luaL_checknumber(L, 6), luaL_checknumber(L, 7),
+                      luaL_checknumber(L, 8), luaL_checknumber(L, 9), lem_check_int(L, 10, "adamw_", "step"));
+  free(p); free(g); free(m); free(v);
+  if (rc) return lem_raise(L);
+  return 0;
+}
+static int l_sgd_(lua_State *L) {
+  em_tensor **p, **g, **b = NULL;
+  int n = lem_check_tensor_list(L, 1, "sgd_", &p), n2 = lem_check_tensor_list(L, 2, "sgd_", &g), n3 = n;
+  if (!lua_isnoneornil(L, 3)) n3 = lem_check_tensor_list(L, 3, "sgd_", &b);
+  int rc = -1;
+  if (n != n2 || n != n3) em_error("sgd_: expected lists of equal length, got %d, %d, %d", n, n2, n3);
+  else rc = em_sgd_(n, p, g, b, luaL_checknumber(L, 4), luaL_optnumber(L, 5, 0), luaL_optnumber(L, 6, 0), lua_toboolean(L, 7));
+  free(p); free(g); free(b);
+  if (rc) return lem_raise(L);
+  return 0;
+}
+static int l_sum_of_squares(lua_State *L) {
+  em_tensor **ts;
+  int n = lem_check_tensor_list(L, 1, "sum_of_squares", &ts);
+  em_tensor *r = em_sum_of_squares(n, ts);
+  free(ts);
+  return lem_push_result(L, r);
+}
+
+void lem_open_math(lua_State *L, int methods, int module) {
+  static const luaL_Reg both[] = {
+#define B(n) {#n, lf_##n}, {#n "_", lf_##n##_}
+    B(add), B(sub), B(mul), B(div), B(pow), B(maximum), B(minimum), B(eq), B(ne), B(lt), B(le), B(gt), B(ge),
+    B(logical_and), B(logical_or), B(neg), B(abs), B(sqrt), B(rsqrt), B(exp), B(log), B(tanh), B(sigmoid),
+    B(silu), B(relu), B(gelu), B(sin), B(cos), B(square), B(reciprocal), B(sign), B(logical_not), B(floor),
+    B(ceil), B(round), B(clamp), B(masked_fill),
+#undef B
+    {"where", l_where}, {"triu", l_triu}, {"tril", l_tril},
+    {"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"std", l_std}, {"max", l_max}, {"min", l_min},
+    {"argmax", l_argmax}, {"argmin", l_argmin}, {"logsumexp", l_logsumexp}, {"softmax", l_softmax},
+    {"log_softmax", l_log_softmax}, {"matmul", l_matmul},
+    {"uniform_", l_uniform_}, {"normal_", l_normal_}, {"trunc_normal_", l_trunc_normal_}, {NULL, NULL}};
+  lem_register(L, methods, module, both);
+  static const luaL_Reg module_only[] = {
+    {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
+    {"rmsnorm", l_rmsnorm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
+    {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
+    {"sum_of_squares", l_sum_of_squares}, {NULL, NULL}};
+  lem_register(L, 0, module, module_only);
+  /* operators */
+  luaL_getmetatable(L, EM_TENSOR_MT);
+  static const struct { const char *mm; lua_CFunction f; } ops[] = {
+    {"__add", lf_add}, {"__sub", lf_sub}, {"__mul", lf_mul}, {"__div", lf_div}, {"__pow", lf_pow}, {"__unm", mm_unm}};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) { lua_pushcfunction(L, ops[i].f); lua_setfield(L, -2, ops[i].mm); }
+  lua_pop(L, 1);
+}

@@ -1,0 +1,749 @@
+/* Tensor userdata: identity cache, lifetime (__gc/__close), properties,
+ * creation, inspection, views and conversions. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include "lua_ember.h"
+#include "internal.h"   /* em_iter */
+
+static const char CACHE_KEY = 'c';   /* registry key: weak table em_tensor* -> userdata */
+static size_t gc_debt = 0;           /* bytes allocated since the last GC step we asked for */
+
+/* ---------------- errors ---------------- */
+
+int lem_raise(lua_State *L) {
+  const char *m = em_last_error();
+  if (em_last_error_code() == EM_ERR_OOM || strncmp(m, "ember.", 6) == 0) return luaL_error(L, "%s", m);
+  return luaL_error(L, "ember.%s", m);
+}
+
+int lem_error(lua_State *L, const char *fn, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap; va_start(ap, fmt); vsnprintf(buf, sizeof buf, fmt, ap); va_end(ap);
+  return luaL_error(L, "ember.%s: %s", fn, buf);
+}
+
+/* ---------------- push / check ---------------- */
+
+void lem_push_tensor(lua_State *L, em_tensor *t) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+  if (t->binding) {                       /* maybe a live userdata already */
+    if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA) {
+      lua_remove(L, -2);
+      em_tensor_release(t);               /* the userdata already owns a reference */
+      return;
+    }
+    lua_pop(L, 1);
+  }
+  em_tensor **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = t;
+  t->binding = (void *)1;
+  luaL_setmetatable(L, EM_TENSOR_MT);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, -3, t);
+  lua_remove(L, -2);
+  /* The GC cannot see tensor memory: count fresh storage as GC debt. */
+  if (t->storage->refcount == 1 && t->device.type == EM_CPU) {
+    gc_debt += t->storage->nbytes;
+    if (gc_debt > (8u << 20)) { lua_gc(L, LUA_GCSTEP, (int)(gc_debt >> 10)); gc_debt = 0; }
+  }
+}
+
+int lem_push_result(lua_State *L, em_tensor *t) {
+  if (!t) return lem_raise(L);
+  lem_push_tensor(L, t);
+  return 1;
+}
+
+em_tensor *lem_test_tensor(lua_State *L, int idx) {
+  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  return box ? *box : NULL;
+}
+
+em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg) {
+  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  if (!box) lem_error(L, fn, "expected argument %d (%s) to be a tensor, got %s", idx, arg, luaL_typename(L, idx));
+  if (!*box) lem_error(L, fn, "argument %d (%s) is a tensor that was already closed", idx, arg);
+  return *box;
+}
+
+int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg) {
+  int isnum;
+  lua_Integer v = lua_tointegerx(L, idx, &isnum);
+  if (!isnum) {
+    if (lua_type(L, idx) == LUA_TNUMBER)
+      lem_error(L, fn, "expected argument %d (%s) to be an integer, got %s", idx, arg, lua_tostring(L, idx));
+    lem_error(L, fn, "expected argument %d (%s) to be an integer, got %s", idx, arg, luaL_typename(L, idx));
+  }
+  return (int64_t)v;
+}
+
+int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *next) {
+  int n = 0;
+  if (lua_istable(L, idx) && !lem_test_tensor(L, idx)) {
+    n = (int)luaL_len(L, idx);
+    if (n > EM_MAX_DIMS) lem_error(L, fn, "expected at most %d dims, got %d", EM_MAX_DIMS, n);
+    for (int i = 0; i < n; i++) {
+      lua_geti(L, idx, i + 1);
+      int isnum; lua_Integer v = lua_tointegerx(L, -1, &isnum);
+      if (!isnum) lem_error(L, fn, "expected the shape to hold integers, got %s at position %d",
+                            luaL_typename(L, -1), i + 1);
+      shape[i] = v; lua_pop(L, 1);
+    }
+    *next = idx + 1;
+    return n;
+  }
+  while (lua_type(L, idx + n) == LUA_TNUMBER) {
+    if (n >= EM_MAX_DIMS) lem_error(L, fn, "expected at most %d dims", EM_MAX_DIMS);
+    shape[n] = lem_check_int(L, idx + n, fn, "size");
+    n++;
+  }
+  *next = idx + n;
+  return n;
+}
+
+int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  int n = (int)luaL_len(L, idx);
+  em_tensor **ts = malloc(sizeof *ts * (size_t)(n > 0 ? n : 1));
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    ts[i] = lem_test_tensor(L, -1);
+    lua_pop(L, 1);   /* the table keeps it alive */
+    if (!ts[i]) { free(ts); lem_error(L, fn, "expected a list of tensors, element %d is not a tensor", i + 1); }
+  }
+  *out = ts;
+  return n;
+}
+
+/* ---------------- options ---------------- */
+
+static int opt_field(lua_State *L, int opts, const char *key) {
+  if (opts == 0 || !lua_istable(L, opts)) return 0;
+  lua_getfield(L, opts, key);
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); return 0; }
+  return 1;
+}
+
+int lem_opt_dtype(lua_State *L, int opts, const char *fn, em_dtype def, em_dtype *out) {
+  *out = def;
+  if (!opt_field(L, opts, "dtype")) return 0;
+  const char *s = lua_tostring(L, -1);
+  if (!s || em_dtype_from_name(s, out))
+    lem_error(L, fn, "expected dtype to be one of f32, f64, bf16, f16, i32, i64, u16, u8, bool; got %s",
+              s ? s : luaL_typename(L, -1));
+  lua_pop(L, 1);
+  return 1;
+}
+
+int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out) {
+  *out = em_cpu();
+  if (!opt_field(L, opts, "device")) return 0;
+  const char *s = lua_tostring(L, -1);
+  if (!s || em_device_parse(s, out)) lem_error(L, fn, "expected device \"cpu\", \"cuda\" or \"cuda:N\", got %s",
+                                               s ? s : luaL_typename(L, -1));
+  lua_pop(L, 1);
+  return 1;
+}
+
+int lem_opt_bool(lua_State *L, int opts, const char *key, int def) {
+  if (!opt_field(L, opts, key)) return def;
+  int v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+double lem_opt_number(lua_State *L, int opts, const char *key, double def) {
+  if (!opt_field(L, opts, key)) return def;
+  if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "option '%s': expected a number, got %s", key, luaL_typename(L, -1));
+  double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+em_tensor *lem_opt_tensor(lua_State *L, int opts, const char *key, const char *fn) {
+  if (!opt_field(L, opts, key)) return NULL;
+  em_tensor *t = lem_test_tensor(L, -1);
+  if (!t) lem_error(L, fn, "expected option '%s' to be a tensor, got %s", key, luaL_typename(L, -1));
+  lua_pop(L, 1);    /* the options table keeps it alive */
+  return t;
+}
+
+/* Index of a trailing options table among args [from, top], or 0. */
+static int trailing_opts(lua_State *L, int from) {
+  int top = lua_gettop(L);
+  if (top >= from && lua_istable(L, top) && !lem_test_tensor(L, top)) return top;
+  return 0;
+}
+
+/* ---------------- lifetime ---------------- */
+
+static int t_gc(lua_State *L) {
+  em_tensor **box = luaL_checkudata(L, 1, EM_TENSOR_MT);
+  if (*box) {
+    (*box)->binding = NULL;
+    em_tensor_release(*box);
+    *box = NULL;
+  }
+  return 0;
+}
+
+/* `local t <close> = ...` releases the tensor now; later use is an error. */
+static int t_close(lua_State *L) {
+  em_tensor **box = luaL_checkudata(L, 1, EM_TENSOR_MT);
+  if (*box) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+    lua_pushnil(L);
+    lua_rawsetp(L, -2, *box);
+    lua_pop(L, 1);
+    (*box)->binding = NULL;
+    em_tensor_release(*box);
+    *box = NULL;
+  }
+  return 0;
+}
+
+/* ---------------- creation ---------------- */
+
+/* Walk nested tables to find the shape of ember.tensor's data. */
+static void data_shape(lua_State *L, int idx, int depth, int *ndim, int64_t *shape, int *has_bool) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN) { *has_bool = 1; *ndim = depth; return; }
+  if (lua_type(L, idx) != LUA_TTABLE) { *ndim = depth; return; }
+  if (depth >= EM_MAX_DIMS) luaL_error(L, "ember.tensor: data is nested more than %d deep", EM_MAX_DIMS);
+  int64_t n = (int64_t)luaL_len(L, idx);
+  shape[depth] = n;
+  if (n == 0) { *ndim = depth + 1; return; }
+  lua_geti(L, idx, 1);
+  data_shape(L, lua_gettop(L), depth + 1, ndim, shape, has_bool);
+  lua_pop(L, 1);
+}
+
+static void fill_data(lua_State *L, int idx, int depth, int ndim, const int64_t *shape, em_tensor *t, int64_t *pos) {
+  if (depth == ndim) {
+    int tp = lua_type(L, idx);
+    if (tp == LUA_TNUMBER) {
+      if (lua_isinteger(L, idx) && !em_dtype_is_float(t->dtype))
+        em_store_i64(t->storage->data, t->dtype, (*pos)++, (int64_t)lua_tointeger(L, idx));
+      else em_store_f64(t->storage->data, t->dtype, (*pos)++, lua_tonumber(L, idx));
+    } else if (tp == LUA_TBOOLEAN) {
+      em_store_f64(t->storage->data, t->dtype, (*pos)++, lua_toboolean(L, idx));
+    } else {
+      luaL_error(L, "ember.tensor: expected numbers or booleans in the data, got %s", luaL_typename(L, idx));
+    }
+    return;
+  }
+  if (lua_type(L, idx) != LUA_TTABLE || (int64_t)luaL_len(L, idx) != shape[depth])
+    luaL_error(L, "ember.tensor: ragged nested data: expected a list of length %lld at depth %d",
+               (long long)shape[depth], depth + 1);
+  for (int64_t i = 1; i <= shape[depth]; i++) {
+    lua_geti(L, idx, i);
+    fill_data(L, lua_gettop(L), depth + 1, ndim, shape, t, pos);
+    lua_pop(L, 1);
+  }
+}
+
+/* Wrap a new tensor with dtype/device/requires_grad options applied. */
+static int finish_new(lua_State *L, em_tensor *t, int opts, const char *fn) {
+  if (!t) return lem_raise(L);
+  em_device dev;
+  lem_opt_device(L, opts, fn, &dev);
+  if (dev.type != t->device.type || dev.index != t->device.index) {
+    em_tensor *d = em_to(t, t->dtype, dev);
+    em_tensor_release(t);
+    if (!d) return lem_raise(L);
+    t = d;
+  }
+  if (lem_opt_bool(L, opts, "requires_grad", 0) && em_set_requires_grad(t, true)) {
+    em_tensor_release(t);
+    return lem_raise(L);
+  }
+  lem_push_tensor(L, t);
+  return 1;
+}
+
+static int l_tensor(lua_State *L) {
+  int opts = lua_istable(L, 2) ? 2 : 0;
+  int64_t shape[EM_MAX_DIMS]; int ndim = 0, has_bool = 0;
+  em_tensor *src = lem_test_tensor(L, 1);
+  if (src) {   /* ember.tensor(t): a copy without history */
+    em_dtype dt; lem_opt_dtype(L, opts, "tensor", src->dtype, &dt);
+    em_tensor *d = em_detach(src);
+    em_tensor *c = em_to(d, dt, src->device);
+    if (c == d) { em_tensor_release(c); c = em_clone(d); }
+    em_tensor_release(d);
+    return finish_new(L, c, opts, "tensor");
+  }
+  int tp = lua_type(L, 1);
+  if (tp != LUA_TTABLE && tp != LUA_TNUMBER && tp != LUA_TBOOLEAN)
+    return lem_error(L, "tensor", "expected data to be a number, boolean or nested table, got %s", luaL_typename(L, 1));
+  data_shape(L, 1, 0, &ndim, shape, &has_bool);
+  em_dtype dt;
+  lem_opt_dtype(L, opts, "tensor", has_bool ? EM_BOOL : EM_F32, &dt);
+  em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
+  if (!t) return lem_raise(L);
+  int64_t pos = 0;
+  lem_push_tensor(L, t);   /* anchor it so an error in fill_data does not leak */
+  fill_data(L, 1, 0, ndim, shape, t, &pos);
+  em_tensor_retain(t);
+  lua_pop(L, 1);
+  return finish_new(L, t, opts, "tensor");
+}
+
+typedef enum { K_EMPTY, K_ZEROS, K_ONES, K_RAND, K_RANDN } new_kind;
+
+static int new_filled(lua_State *L, const char *fn, new_kind kind) {
+  int64_t shape[EM_MAX_DIMS]; int next;
+  int ndim = lem_check_shape(L, 1, fn, shape, &next);
+  int opts = lua_istable(L, next) ? next : 0;
+  if (!opts && !lua_isnone(L, next)) lem_error(L, fn, "expected sizes then an options table, got %s at argument %d",
+                                               luaL_typename(L, next), next);
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, fn, EM_F32, &dt);
+  lem_opt_device(L, opts, fn, &dev);
+  em_tensor *t = NULL;
+  switch (kind) {
+    case K_EMPTY: t = em_empty(ndim, shape, dt, dev); break;
+    case K_ZEROS: t = em_zeros(ndim, shape, dt, dev); break;
+    case K_ONES: t = em_full(ndim, shape, 1, dt, dev); break;
+    case K_RAND: t = em_rand(ndim, shape, dt, dev); break;
+    case K_RANDN: t = em_randn(ndim, shape, dt, dev); break;
+  }
+  return finish_new(L, t, opts, fn);
+}
+static int l_empty(lua_State *L) { return new_filled(L, "empty", K_EMPTY); }
+static int l_zeros(lua_State *L) { return new_filled(L, "zeros", K_ZEROS); }
+static int l_ones(lua_State *L) { return new_filled(L, "ones", K_ONES); }
+static int l_rand(lua_State *L) { return new_filled(L, "rand", K_RAND); }
+static int l_randn(lua_State *L) { return new_filled(L, "randn", K_RANDN); }
+
+static int l_full(lua_State *L) {
+  int64_t shape[EM_MAX_DIMS]; int next;
+  int ndim = lem_check_shape(L, 1, "full", shape, &next);
+  if (lua_type(L, next) != LUA_TNUMBER && lua_type(L, next) != LUA_TBOOLEAN)
+    return lem_error(L, "full", "expected a fill value (number) after the shape, got %s", luaL_typename(L, next));
+  double v = lua_isboolean(L, next) ? lua_toboolean(L, next) : lua_tonumber(L, next);
+  int opts = lua_istable(L, next + 1) ? next + 1 : 0;
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, "full", lua_isboolean(L, next) ? EM_BOOL : EM_F32, &dt);
+  lem_opt_device(L, opts, "full", &dev);
+  return finish_new(L, em_full(ndim, shape, v, dt, dev), opts, "full");
+}
+
+static int like(lua_State *L, const char *fn, new_kind kind) {
+  em_tensor *t = lem_check_tensor(L, 1, fn, "input");
+  int opts = lua_istable(L, 2) ? 2 : 0;
+  em_dtype dt; lem_opt_dtype(L, opts, fn, t->dtype, &dt);
+  em_tensor *r = NULL;
+  switch (kind) {
+    case K_ZEROS: r = em_zeros(t->ndim, t->shape, dt, t->device); break;
+    case K_ONES: r = em_full(t->ndim, t->shape, 1, dt, t->device); break;
+    case K_RAND: r = em_rand(t->ndim, t->shape, dt, t->device); break;
+    case K_RANDN: r = em_randn(t->ndim, t->shape, dt, t->device); break;
+    default: r = em_empty(t->ndim, t->shape, dt, t->device); break;
+  }
+  if (!r) return lem_raise(L);
+  if (lem_opt_bool(L, opts, "requires_grad", 0) && em_set_requires_grad(r, true)) { em_tensor_release(r); return lem_raise(L); }
+  return lem_push_result(L, r);
+}
+static int l_zeros_like(lua_State *L) { return like(L, "zeros_like", K_ZEROS); }
+static int l_ones_like(lua_State *L) { return like(L, "ones_like", K_ONES); }
+static int l_empty_like(lua_State *L) { return like(L, "empty_like", K_EMPTY); }
+static int l_rand_like(lua_State *L) { return like(L, "rand_like", K_RAND); }
+static int l_randn_like(lua_State *L) { return like(L, "randn_like", K_RANDN); }
+
+static int l_arange(lua_State *L) {
+  int nargs = 0;
+  while (nargs < 3 && lua_type(L, nargs + 1) == LUA_TNUMBER) nargs++;
+  if (nargs == 0) return lem_error(L, "arange", "expected arange(end), arange(start, end) or arange(start, end, step), got %s", luaL_typename(L, 1));
+  int opts = lua_istable(L, nargs + 1) ? nargs + 1 : 0;
+  double start = 0, end, step = 1;
+  int all_int = 1;
+  for (int i = 1; i <= nargs; i++) all_int &= lua_isinteger(L, i);
+  if (nargs == 1) end = lua_tonumber(L, 1);
+  else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); if (nargs == 3) step = lua_tonumber(L, 3); }
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, "arange", all_int ? EM_I64 : EM_F32, &dt);
+  lem_opt_device(L, opts, "arange", &dev);
+  return finish_new(L, em_arange(start, end, step, dt, dev), opts, "arange");
+}
+
+static int l_linspace(lua_State *L) {
+  double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
+  int64_t n = lem_check_int(L, 3, "linspace", "steps");
+  int opts = lua_istable(L, 4) ? 4 : 0;
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, "linspace", EM_F32, &dt);
+  lem_opt_device(L, opts, "linspace", &dev);
+  return finish_new(L, em_linspace(a, b, n, dt, dev), opts, "linspace");
+}
+
+static int l_eye(lua_State *L) {
+  int64_t n = lem_check_int(L, 1, "eye", "n");
+  int64_t m = lua_type(L, 2) == LUA_TNUMBER ? lem_check_int(L, 2, "eye", "m") : n;
+  int opts = lua_istable(L, 2) ? 2 : (lua_istable(L, 3) ? 3 : 0);
+  if (n < 0 || m < 0) return lem_error(L, "eye", "expected non-negative sizes, got %lld x %lld", (long long)n, (long long)m);
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, "eye", EM_F32, &dt);
+  lem_opt_device(L, opts, "eye", &dev);
+  return finish_new(L, em_eye(n, m, dt, dev), opts, "eye");
+}
+
+static int l_randint(lua_State *L) {
+  int64_t lo = lem_check_int(L, 1, "randint", "low"), hi = lem_check_int(L, 2, "randint", "high");
+  int64_t shape[EM_MAX_DIMS]; int next;
+  int ndim = lem_check_shape(L, 3, "randint", shape, &next);
+  int opts = lua_istable(L, next) ? next : 0;
+  if (hi <= lo) return lem_error(L, "randint", "expected low < high, got low=%lld high=%lld", (long long)lo, (long long)hi);
+  em_dtype dt; em_device dev;
+  lem_opt_dtype(L, opts, "randint", EM_I64, &dt);
+  lem_opt_device(L, opts, "randint", &dev);
+  return finish_new(L, em_randint(lo, hi, ndim, shape, dt, dev), opts, "randint");
+}
+
+/* ---------------- properties ---------------- */
+
+static void push_shape(lua_State *L, int ndim, const int64_t *s) {
+  lua_createtable(L, ndim, 0);
+  for (int i = 0; i < ndim; i++) { lua_pushinteger(L, s[i]); lua_rawseti(L, -2, i + 1); }
+}
+
+static int t_index(lua_State *L) {
+  /* methods first (upvalue 1) */
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+  lua_pop(L, 1);
+  em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
+  const char *k = lua_tostring(L, 2);
+  if (lua_type(L, 2) != LUA_TSTRING) {
+    if (lua_type(L, 2) == LUA_TNUMBER)
+      return lem_error(L, "Tensor", "indexing with t[i] is not supported; use t:select(0, i) (0-based) or t:narrow");
+    return lem_error(L, "Tensor", "invalid key of type %s", luaL_typename(L, 2));
+  }
+  char buf[32];
+  if (!strcmp(k, "shape")) { push_shape(L, t->ndim, t->shape); return 1; }
+  if (!strcmp(k, "dtype")) { lua_pushstring(L, em_dtype_name(t->dtype)); return 1; }
+  if (!strcmp(k, "device")) { lua_pushstring(L, em_device_str(t->device, buf, sizeof buf)); return 1; }
+  if (!strcmp(k, "requires_grad")) { lua_pushboolean(L, t->requires_grad); return 1; }
+  if (!strcmp(k, "is_leaf")) { lua_pushboolean(L, t->grad_fn == NULL); return 1; }
+  if (!strcmp(k, "grad")) {
+    if (!t->grad) { lua_pushnil(L); return 1; }
+    lem_push_tensor(L, em_tensor_retain(t->grad));
+    return 1;
+  }
+  if (!strcmp(k, "grad_fn")) {
+    if (t->grad_fn) lua_pushstring(L, t->grad_fn->op); else lua_pushnil(L);
+    return 1;
+  }
+  if (!strcmp(k, "ndim")) { lua_pushinteger(L, t->ndim); return 1; }
+  if (!strcmp(k, "is_cuda")) { lua_pushboolean(L, t->device.type == EM_CUDA); return 1; }
+  return lem_error(L, "Tensor", "no field or method '%s'", k);
+}
+
+static int t_newindex(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
+  const char *k = luaL_checkstring(L, 2);
+  if (!strcmp(k, "requires_grad")) {
+    if (em_set_requires_grad(t, lua_toboolean(L, 3))) return lem_raise(L);
+    return 0;
+  }
+  if (!strcmp(k, "grad")) {
+    em_tensor *g = lua_isnil(L, 3) ? NULL : lem_check_tensor(L, 3, "Tensor.grad", "value");
+    if (em_set_grad(t, g)) return lem_raise(L);
+    return 0;
+  }
+  return lem_error(L, "Tensor", "cannot set field '%s' (settable: requires_grad, grad)", k);
+}
+
+/* ---------------- inspection ---------------- */
+
+static int t_size(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "size", "self");
+  if (lua_isnoneornil(L, 2)) { push_shape(L, t->ndim, t->shape); return 1; }
+  int d;
+  if (em_wrap_dim("size", lem_check_int(L, 2, "size", "dim"), t->ndim, &d)) return lem_raise(L);
+  lua_pushinteger(L, t->ndim ? t->shape[d] : 1);
+  return 1;
+}
+static int t_stride(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "stride", "self");
+  if (lua_isnoneornil(L, 2)) { push_shape(L, t->ndim, t->stride); return 1; }
+  int d;
+  if (em_wrap_dim("stride", lem_check_int(L, 2, "stride", "dim"), t->ndim, &d)) return lem_raise(L);
+  lua_pushinteger(L, t->ndim ? t->stride[d] : 1);
+  return 1;
+}
+static int t_dim(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "dim", "self")->ndim); return 1; }
+static int t_numel(lua_State *L) { lua_pushinteger(L, em_numel(lem_check_tensor(L, 1, "numel", "self"))); return 1; }
+static int t_len(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "len", "self");
+  if (t->ndim == 0) return lem_error(L, "len", "a 0-dim tensor has no length");
+  lua_pushinteger(L, t->shape[0]);
+  return 1;
+}
+static int t_is_contiguous(lua_State *L) { lua_pushboolean(L, em_is_contiguous(lem_check_tensor(L, 1, "is_contiguous", "self"))); return 1; }
+static int t_data_ptr(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)(intptr_t)em_data_ptr(lem_check_tensor(L, 1, "data_ptr", "self")));
+  return 1;
+}
+static int t_element_size(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)em_dtype_size(lem_check_tensor(L, 1, "element_size", "self")->dtype));
+  return 1;
+}
+static int t_storage_offset(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "storage_offset", "self")->offset); return 1; }
+static int t_version(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "_version", "self")->storage->version); return 1; }
+
+static void push_elem(lua_State *L, const em_tensor *host, int64_t off) {
+  const void *p = host->storage->data;
+  if (host->dtype == EM_BOOL) lua_pushboolean(L, ((const uint8_t *)p)[off] != 0);
+  else if (em_dtype_is_float(host->dtype)) lua_pushnumber(L, em_load_f64(p, host->dtype, off));
+  else lua_pushinteger(L, em_load_i64(p, host->dtype, off));
+}
+
+/* A CPU copy of t without history (t itself when already on the CPU). */
+static em_tensor *host_copy(lua_State *L, em_tensor *t) {
+  if (t->device.type == EM_CPU) return em_tensor_retain(t);
+  em_tensor *d = em_detach(t);
+  em_tensor *h = em_to(d, t->dtype, em_cpu());
+  em_tensor_release(d);
+  if (!h) lem_raise(L);
+  return h;
+}
+
+static int t_item(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "item", "self");
+  if (em_numel(t) != 1) {
+    char b[160];
+    return lem_error(L, "item", "expected a tensor with one element, got shape %s", em_shape_str(t->ndim, t->shape, b, 160));
+  }
+  em_tensor *h = host_copy(L, t);
+  push_elem(L, h, h->offset);
+  em_tensor_release(h);
+  return 1;
+}
+
+static void tolist_rec(lua_State *L, const em_tensor *h, int d, int64_t off) {
+  if (d == h->ndim) { push_elem(L, h, off); return; }
+  lua_createtable(L, (int)h->shape[d], 0);
+  for (int64_t i = 0; i < h->shape[d]; i++) {
+    tolist_rec(L, h, d + 1, off + i * h->stride[d]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+static int t_tolist(lua_State *L) {
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "tolist", "self"));
+  tolist_rec(L, h, 0, h->offset);
+  em_tensor_release(h);
+  return 1;
+}
+
+/* Flat list of values (row-major), for printing. */
+static int t_flat_values(lua_State *L) {
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "_flat_values", "self"));
+  int64_t n = em_numel(h);
+  lua_createtable(L, (int)n, 0);
+  em_iter it;
+  em_iter_init(&it, h->ndim, h->shape, 1, (const em_tensor *[]){h});
+  for (int64_t i = 0; i < n; i++) {
+    push_elem(L, h, it.off[0]);
+    lua_rawseti(L, -2, i + 1);
+    em_iter_next(&it);
+  }
+  em_tensor_release(h);
+  return 1;
+}
+
+/* ---------------- views ---------------- */
+
+static int t_view_like(lua_State *L, const char *fn, int reshape) {
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  int64_t shape[EM_MAX_DIMS]; int next;
+  int nd = lem_check_shape(L, 2, fn, shape, &next);
+  if (!lua_isnone(L, next)) return lem_error(L, fn, "expected integer sizes or one table of sizes, got %s at argument %d", luaL_typename(L, next), next);
+  return lem_push_result(L, reshape ? em_reshape(t, nd, shape) : em_view(t, nd, shape));
+}
+static int t_view(lua_State *L) { return t_view_like(L, "view", 0); }
+static int t_reshape(lua_State *L) { return t_view_like(L, "reshape", 1); }
+
+static int t_expand(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "expand", "self");
+  int64_t shape[EM_MAX_DIMS]; int next;
+  int nd = lem_check_shape(L, 2, "expand", shape, &next);
+  return lem_push_result(L, em_expand(t, nd, shape));
+}
+
+static int t_permute(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "permute", "self");
+  int64_t p[EM_MAX_DIMS]; int next;
+  int nd = lem_check_shape(L, 2, "permute", p, &next);
+  return lem_push_result(L, em_permute(t, nd, p));
+}
+
+static int t_transpose(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "transpose", "self");
+  int64_t a = lem_check_int(L, 2, "transpose", "dim0"), b = lem_check_int(L, 3, "transpose", "dim1");
+  return lem_push_result(L, em_transpose(t, a, b));
+}
+static int t_T(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "t", "self");
+  if (t->ndim > 2) return lem_error(L, "t", "expected a tensor with at most 2 dims, got %d (use transpose)", t->ndim);
+  if (t->ndim < 2) return lem_push_result(L, em_alias(t));
+  return lem_push_result(L, em_transpose(t, 0, 1));
+}
+
+static int t_narrow(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "narrow", "self");
+  return lem_push_result(L, em_narrow(t, lem_check_int(L, 2, "narrow", "dim"), lem_check_int(L, 3, "narrow", "start"),
+                                      lem_check_int(L, 4, "narrow", "length")));
+}
+static int t_select(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "select", "self");
+  return lem_push_result(L, em_select(t, lem_check_int(L, 2, "select", "dim"), lem_check_int(L, 3, "select", "index")));
+}
+static int t_squeeze(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "squeeze", "self");
+  int64_t d = lua_isnoneornil(L, 2) ? EM_ALL_DIMS : lem_check_int(L, 2, "squeeze", "dim");
+  return lem_push_result(L, em_squeeze(t, d));
+}
+static int t_unsqueeze(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "unsqueeze", "self");
+  return lem_push_result(L, em_unsqueeze(t, lem_check_int(L, 2, "unsqueeze", "dim")));
+}
+static int t_flatten(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "flatten", "self");
+  int64_t s = lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "flatten", "start_dim");
+  int64_t e = lua_isnoneornil(L, 3) ? -1 : lem_check_int(L, 3, "flatten", "end_dim");
+  return lem_push_result(L, em_flatten(t, s, e));
+}
+static int t_contiguous(lua_State *L) { return lem_push_result(L, em_contiguous(lem_check_tensor(L, 1, "contiguous", "self"))); }
+static int t_clone(lua_State *L) { return lem_push_result(L, em_clone(lem_check_tensor(L, 1, "clone", "self"))); }
+static int t_detach(lua_State *L) { return lem_push_result(L, em_detach(lem_check_tensor(L, 1, "detach", "self"))); }
+
+static int t_copy_(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "copy_", "self");
+  em_tensor *s = lem_check_tensor(L, 2, "copy_", "src");
+  if (em_copy_(t, s)) return lem_raise(L);
+  lua_settop(L, 1);
+  return 1;
+}
+static int t_fill_(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "fill_", "self");
+  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+  if (em_fill_(t, v)) return lem_raise(L);
+  lua_settop(L, 1);
+  return 1;
+}
+static int t_zero_(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "zero_", "self");
+  if (em_fill_(t, 0)) return lem_raise(L);
+  lua_settop(L, 1);
+  return 1;
+}
+static int t_set_(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "set_", "self");
+  if (em_set_(t, lem_check_tensor(L, 2, "set_", "source"))) return lem_raise(L);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:to("cuda") / t:to("bf16") / t:to({device=, dtype=}) / t:to(other_tensor) */
+static int t_to(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "to", "self");
+  em_dtype dt = t->dtype; em_device dev = t->device;
+  for (int i = 2; i <= lua_gettop(L); i++) {
+    em_tensor *o = lem_test_tensor(L, i);
+    if (o) { dt = o->dtype; dev = o->device; continue; }
+    if (lua_type(L, i) == LUA_TSTRING) {
+      const char *s = lua_tostring(L, i);
+      if (em_dtype_from_name(s, &dt) == 0) continue;
+      if (em_device_parse(s, &dev) == 0) continue;
+      return lem_error(L, "to", "expected a dtype (f32, bf16, ...) or a device (cpu, cuda, cuda:N), got \"%s\"", s);
+    }
+    if (lua_istable(L, i)) {
+      lem_opt_dtype(L, i, "to", dt, &dt);
+      lua_getfield(L, i, "device");
+      int has = !lua_isnil(L, -1);
+      lua_pop(L, 1);
+      if (has) lem_opt_device(L, i, "to", &dev);
+      continue;
+    }
+    if (lua_isnil(L, i)) continue;
+    return lem_error(L, "to", "expected a dtype, a device, a tensor or an options table, got %s", luaL_typename(L, i));
+  }
+  return lem_push_result(L, em_to(t, dt, dev));
+}
+
+static int to_dtype(lua_State *L, const char *fn, em_dtype dt) {
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_to(t, dt, t->device));
+}
+static int t_float(lua_State *L) { return to_dtype(L, "float", EM_F32); }
+static int t_double(lua_State *L) { return to_dtype(L, "double", EM_F64); }
+static int t_half(lua_State *L) { return to_dtype(L, "half", EM_F16); }
+static int t_bfloat16(lua_State *L) { return to_dtype(L, "bfloat16", EM_BF16); }
+static int t_long(lua_State *L) { return to_dtype(L, "long", EM_I64); }
+static int t_int(lua_State *L) { return to_dtype(L, "int", EM_I32); }
+static int t_bool(lua_State *L) { return to_dtype(L, "bool", EM_BOOL); }
+static int t_cpu(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "cpu", "self");
+  return lem_push_result(L, em_to(t, t->dtype, em_cpu()));
+}
+static int t_cuda(lua_State *L) {
+  em_tensor *t = lem_check_tensor(L, 1, "cuda", "self");
+  em_device d = {EM_CUDA, lua_isnoneornil(L, 2) ? 0 : (int)lem_check_int(L, 2, "cuda", "device")};
+  return lem_push_result(L, em_to(t, t->dtype, d));
+}
+
+static int l_is_tensor(lua_State *L) { lua_pushboolean(L, lem_test_tensor(L, 1) != NULL); return 1; }
+
+void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs) {
+  for (const luaL_Reg *r = funcs; r->name; r++) {
+    lua_pushcfunction(L, r->func);
+    if (methods) { lua_pushvalue(L, -1); lua_setfield(L, methods, r->name); }
+    if (module) lua_setfield(L, module, r->name); else lua_pop(L, 1);
+  }
+}
+
+void lem_open_tensor(lua_State *L, int methods, int module) {
+  /* weak-valued identity cache */
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushstring(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+
+  luaL_newmetatable(L, EM_TENSOR_MT);
+  int mt = lua_gettop(L);
+  lua_pushvalue(L, methods);
+  lua_pushcclosure(L, t_index, 1);
+  lua_setfield(L, mt, "__index");
+  lua_pushcfunction(L, t_newindex); lua_setfield(L, mt, "__newindex");
+  lua_pushcfunction(L, t_gc); lua_setfield(L, mt, "__gc");
+  lua_pushcfunction(L, t_close); lua_setfield(L, mt, "__close");
+  lua_pushcfunction(L, t_len); lua_setfield(L, mt, "__len");
+  lua_pushliteral(L, "ember.Tensor"); lua_setfield(L, mt, "__name");
+  lua_setfield(L, module, "Tensor_mt");
+
+  static const luaL_Reg module_only[] = {
+    {"tensor", l_tensor}, {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones}, {"full", l_full},
+    {"rand", l_rand}, {"randn", l_randn}, {"randint", l_randint}, {"arange", l_arange},
+    {"linspace", l_linspace}, {"eye", l_eye}, {"is_tensor", l_is_tensor},
+    {"zeros_like", l_zeros_like}, {"ones_like", l_ones_like}, {"empty_like", l_empty_like},
+    {"rand_like", l_rand_like}, {"randn_like", l_randn_like}, {NULL, NULL}};
+  lem_register(L, 0, module, module_only);
+  static const luaL_Reg both[] = {
+    {"size", t_size}, {"stride", t_stride}, {"dim", t_dim}, {"numel", t_numel}, {"nelement", t_numel},
+    {"is_contiguous", t_is_contiguous}, {"data_ptr", t_data_ptr}, {"element_size", t_element_size},
+    {"storage_offset", t_storage_offset}, {"_version", t_version}, {"item", t_item}, {"tolist", t_tolist},
+    {"_flat_values", t_flat_values},
+    {"view", t_view}, {"reshape", t_reshape}, {"expand", t_expand}, {"permute", t_permute},
+    {"transpose", t_transpose}, {"t", t_T}, {"narrow", t_narrow}, {"select", t_select}, {"squeeze", t_squeeze},
+    {"unsqueeze", t_unsqueeze}, {"flatten", t_flatten}, {"contiguous", t_contiguous}, {"clone", t_clone},
+    {"detach", t_detach}, {"copy_", t_copy_}, {"fill_", t_fill_}, {"zero_", t_zero_}, {"set_", t_set_},
+    {"to", t_to}, {"float", t_float}, {"double", t_double}, {"half", t_half}, {"bfloat16", t_bfloat16},
+    {"long", t_long}, {"int", t_int}, {"bool", t_bool}, {"cpu", t_cpu}, {"cuda", t_cuda}, {NULL, NULL}};
+  lem_register(L, methods, module, both);
+  (void)trailing_opts;
+}

@@ -1,0 +1,395 @@
+/* The autograd engine: recording nodes, running backward, leaf hooks.
+ * Scheduling: a node runs once every edge into it has delivered its gradient
+ * (dependency counts from one DFS); among ready nodes the most recently
+ * created runs first, which is PyTorch's order and makes leaf hooks fire in
+ * roughly reverse registration order — what bucketed DDP relies on. */
+#include <stdio.h>
+#include "internal.h"
+
+static _Thread_local bool grad_mode = true;
+static uint64_t node_seq = 0, bw_epoch = 0;
+
+bool em_grad_enabled(void) { return grad_mode; }
+bool em_set_grad_enabled(bool on) { bool prev = grad_mode; grad_mode = on; return prev; }
+
+bool em_grad_needed(int n, em_tensor *const *ts) {
+  if (!grad_mode) return false;
+  for (int i = 0; i < n; i++) if (ts[i] && ts[i]->requires_grad) return true;
+  return false;
+}
+
+/* ---------------- nodes ---------------- */
+
+em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
+  em_node *n = calloc(1, sizeof *n);
+  if (!n) { em_error_oom("out of memory: cannot allocate an autograd node"); return NULL; }
+  n->refcount = 1; n->op = op; n->backward = bw; n->n_in = n_in; n->n_out = n_out;
+  n->seq = ++node_seq;
+  return n;
+}
+
+void em_node_set_input(em_node *n, int i, em_tensor *t) {
+  if (!n || !t) return;
+  n->in_ndim[i] = t->ndim;
+  memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  n->in_dtype[i] = t->dtype;
+  n->in_device[i] = t->device;
+  if (!t->requires_grad) return;
+  if (t->grad_fn) {
+    n->next[i].fn = t->grad_fn; t->grad_fn->refcount++;
+    n->next[i].output_nr = t->output_nr;
+  } else {
+    n->next[i].leaf = em_tensor_retain(t);
+  }
+}
+
+int em_node_save(em_node *n, em_tensor *t) {
+  if (!n) return -1;
+  int k = n->n_saved++;
+  n->saved[k] = em_alias(t);
+  n->saved_version[k] = t->storage->version;
+  return k;
+}
+
+void em_node_set_output(em_node *n, int k, em_tensor *out) {
+  if (!n || !out) return;
+  n->out_ndim[k] = out->ndim;
+  memcpy(n->out_shape[k], out->shape, sizeof(int64_t) * (size_t)out->ndim);
+  n->out_dtype[k] = out->dtype;
+  n->out_device[k] = out->device;
+  if (out->grad_fn) em_node_release(out->grad_fn);
+  out->grad_fn = n; n->refcount++;
+  out->output_nr = k;
+  out->requires_grad = true;
+}
+
+void em_node_finish(em_node *n, em_tensor *out) {
+  em_node_set_output(n, 0, out);
+  em_node_release(n);
+}
+
+bool em_node_needs_input_grad(const em_node *n, int i) {
+  return n->next[i].fn != NULL || n->next[i].leaf != NULL;
+}
+
+static void free_saved(em_node *n) {
+  for (int k = 0; k < n->n_saved; k++) { em_tensor_release(n->saved[k]); n->saved[k] = NULL; }
+}
+
+/* Iterative: a long chain of nodes must not recurse once per node. */
+void em_node_release(em_node *n) {
+  em_node *stack[256]; int sp = 0;
+  em_node **heap = NULL; int hsp = 0, hcap = 0;
+  if (!n || --n->refcount > 0) return;
+  stack[sp++] = n;
+  while (sp > 0 || hsp > 0) {
+    em_node *x = hsp > 0 ? heap[--hsp] : stack[--sp];
+    for (int i = 0; i < x->n_in; i++) {
+      em_tensor_release(x->next[i].leaf);
+      em_node *c = x->next[i].fn;
+      if (c && --c->refcount == 0) {
+        if (sp < 256) stack[sp++] = c;
+        else {
+          if (hsp == hcap) { hcap = hcap ? hcap * 2 : 256; heap = realloc(heap, sizeof *heap * (size_t)hcap); }
+          heap[hsp++] = c;
+        }
+      }
+    }
+    free_saved(x);
+    for (int k = 0; k < 4; k++) em_tensor_release(x->bw_grad[k]);
+    if (x->ctx_free) x->ctx_free(x->ctx);
+    free(x);
+  }
+  free(heap);
+}
+
+/* ---------------- helpers ---------------- */
+
+em_tensor *em_sum_to(em_tensor *g, int ndim, const int64_t *shape) {
+  if (g->ndim == ndim && memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
+    return em_tensor_retain(g);
+  int64_t dims[EM_MAX_DIMS]; int nd = 0, lead = g->ndim - ndim;
+  if (lead < 0) { em_error("sum_to: cannot reduce %d dims to %d", g->ndim, ndim); return NULL; }
+  for (int i = 0; i < g->ndim; i++)
+    if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+  em_tensor *s = nd ? em_sum(g, nd, dims, true) : em_tensor_retain(g);
+  if (!s) return NULL;
+  em_tensor *r = em_reshape(s, ndim, shape);
+  em_tensor_release(s);
+  return r;
+}
+
+int em_set_grad(em_tensor *t, em_tensor *g) {
+  if (g) {
+    char a[160], b[160], d1[32], d2[32];
+    if (!em_same_shape(t, g))
+      return em_error("grad: expected a gradient of shape %s, got %s", em_shape_str(t->ndim, t->shape, a, 160),
+                      em_shape_str(g->ndim, g->shape, b, 160));
+    if (t->dtype != g->dtype)
+      return em_error("grad: expected a gradient of dtype %s, got %s", em_dtype_name(t->dtype), em_dtype_name(g->dtype));
+    if (!em_device_eq(t->device, g->device))
+      return em_error("grad: expected a gradient on %s, got %s", em_device_str(t->device, d1, 32),
+                      em_device_str(g->device, d2, 32));
+  }
+  em_tensor_retain(g);
+  em_tensor_release(t->grad);
+  t->grad = g;
+  return 0;
+}
+
+int em_set_requires_grad(em_tensor *t, bool on) {
+  if (t->grad_fn)
+    return em_error("requires_grad: can only be changed on leaf tensors (use detach() for a non-leaf)");
+  if (on && !em_dtype_is_float(t->dtype))
+    return em_error("requires_grad: only floating-point tensors can require grad, got %s", em_dtype_name(t->dtype));
+  t->requires_grad = on;
+  return 0;
+}
+
+/* ---------------- hooks ---------------- */
+
+int em_register_post_accumulate_grad_hook(em_tensor *leaf, em_hook_fn fn, void *ud, void (*ud_free)(void *)) {
+  static int next_id = 0;
+  if (leaf->grad_fn || !leaf->requires_grad)
+    return em_error("register_post_accumulate_grad_hook: expected a leaf tensor that requires grad");
+  em_hook *h = calloc(1, sizeof *h);
+  if (!h) return em_error_oom("out of memory: cannot allocate a hook");
+  h->id = ++next_id; h->fn = fn; h->ud = ud; h->ud_free = ud_free;
+  em_hook **p = &leaf->hooks;          /* append: hooks fire in registration order */
+  while (*p) p = &(*p)->next;
+  *p = h;
+  return h->id;
+}
+
+int em_remove_hook(em_tensor *leaf, int id) {
+  for (em_hook **p = &leaf->hooks; *p; p = &(*p)->next) {
+    if ((*p)->id == id) {
+      em_hook *h = *p; *p = h->next;
+      if (h->ud_free) h->ud_free(h->ud);
+      free(h);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* ---------------- backward ---------------- */
+
+typedef struct {
+  em_node **nodes; int n_nodes, cap_nodes;       /* every node reached (for cleanup) */
+  em_tensor **leaves; int n_leaves, cap_leaves;  /* every leaf reached */
+  em_node **ready; int n_ready, cap_ready;       /* max-heap on seq */
+  uint64_t epoch;
+} bw_state;
+
+static int push(void ***arr, int *n, int *cap, void *x) {
+  if (*n == *cap) {
+    int c = *cap ? *cap * 2 : 64;
+    void **a = realloc(*arr, sizeof(void *) * (size_t)c);
+    if (!a) return em_error_oom("out of memory: backward bookkeeping");
+    *arr = a; *cap = c;
+  }
+  (*arr)[(*n)++] = x;
+  return 0;
+}
+
+static int heap_push(bw_state *s, em_node *x) {
+  if (push((void ***)&s->ready, &s->n_ready, &s->cap_ready, x)) return -1;
+  int i = s->n_ready - 1;
+  while (i > 0) {
+    int p = (i - 1) / 2;
+    if (s->ready[p]->seq >= s->ready[i]->seq) break;
+    em_node *t = s->ready[p]; s->ready[p] = s->ready[i]; s->ready[i] = t; i = p;
+  }
+  return 0;
+}
+
+static em_node *heap_pop(bw_state *s) {
+  em_node *top = s->ready[0];
+  s->ready[0] = s->ready[--s->n_ready];
+  int i = 0;
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < s->n_ready && s->ready[l]->seq > s->ready[m]->seq) m = l;
+    if (r < s->n_ready && s->ready[r]->seq > s->ready[m]->seq) m = r;
+    if (m == i) break;
+    em_node *t = s->ready[m]; s->ready[m] = s->ready[i]; s->ready[i] = t; i = m;
+  }
+  return top;
+}
+
+/* DFS from root counting edges into each node and leaf. */
+static int discover(bw_state *s, em_node *root) {
+  em_node **stack = NULL; int sp = 0, cap = 0;
+  root->bw_epoch = s->epoch; root->bw_deps = 0;
+  if (push((void ***)&s->nodes, &s->n_nodes, &s->cap_nodes, root)) return -1;
+  if (push((void ***)&stack, &sp, &cap, root)) return -1;
+  while (sp > 0) {
+    em_node *x = stack[--sp];
+    for (int i = 0; i < x->n_in; i++) {
+      em_node *c = x->next[i].fn;
+      em_tensor *l = x->next[i].leaf;
+      if (c) {
+        if (c->bw_epoch != s->epoch) {
+          c->bw_epoch = s->epoch; c->bw_deps = 0;
+          for (int k = 0; k < 4; k++) { em_tensor_release(c->bw_grad[k]); c->bw_grad[k] = NULL; }
+          if (push((void ***)&s->nodes, &s->n_nodes, &s->cap_nodes, c) ||
+              push((void ***)&stack, &sp, &cap, c)) { free(stack); return -1; }
+        }
+        c->bw_deps++;
+      } else if (l) {
+        if (l->bw_epoch != s->epoch) {
+          l->bw_epoch = s->epoch; l->bw_deps = 0; l->bw_grad = NULL;
+          if (push((void ***)&s->leaves, &s->n_leaves, &s->cap_leaves, l)) { free(stack); return -1; }
+        }
+        l->bw_deps++;
+      }
+    }
+  }
+  free(stack);
+  return 0;
+}
+
+/* acc += g (both owned by the caller; *acc may be NULL). */
+static int accumulate(em_tensor **acc, em_tensor *g) {
+  if (!*acc) { *acc = em_tensor_retain(g); return 0; }
+  em_tensor *sum = em_add(*acc, g);
+  if (!sum) return -1;
+  em_tensor_release(*acc);
+  *acc = sum;
+  return 0;
+}
+
+static int call_hooks(em_tensor *leaf) {
+  for (em_hook *h = leaf->hooks; h; h = h->next)
+    if (h->fn(leaf, h->ud) < 0) return -1;
+  return 0;
+}
+
+/* The leaf's gradient is final: write it into .grad and fire its hooks. */
+static int finish_leaf(em_tensor *leaf) {
+  em_tensor *g = leaf->bw_grad;
+  leaf->bw_grad = NULL;
+  int rc = 0;
+  if (!leaf->grad) {
+    /* own a fresh contiguous buffer: g may alias another tensor or be an expanded view */
+    if (g->refcount == 1 && g->storage->refcount == 1 && em_is_contiguous(g) && g->dtype == leaf->dtype) {
+      leaf->grad = g; g = NULL;
+    } else {
+      em_tensor *c = em_empty_like(leaf);
+      if (!c || em_copy_(c, g)) { em_tensor_release(c); rc = -1; }
+      else leaf->grad = c;
+    }
+  } else {
+    em_tensor *r = em_binary(EM_ADD, leaf->grad, g, leaf->grad);  /* in place: .grad may be a bucket view */
+    if (!r) rc = -1;
+    em_tensor_release(r);
+  }
+  em_tensor_release(g);
+  if (rc == 0) rc = call_hooks(leaf);
+  return rc;
+}
+
+static int check_saved(em_node *n) {
+  if (n->freed)
+    return em_error("backward: trying to backward through the graph a second time (the saved tensors of "
+                    "'%s' were freed after the first backward); pass retain_graph=true to the first call", n->op);
+  for (int k = 0; k < n->n_saved; k++)
+    if (n->saved[k] && n->saved[k]->storage->version != n->saved_version[k])
+      return em_error("backward: a tensor saved by '%s' for backward was modified by an in-place "
+                      "operation (version %u, expected %u); clone() it before modifying",
+                      n->op, n->saved[k]->storage->version, n->saved_version[k]);
+  return 0;
+}
+
+/* Bring gin to input i's shape/dtype/device, or fail naming the op. */
+static em_tensor *conform(em_node *n, int i, em_tensor *g) {
+  if (g->ndim != n->in_ndim[i] || memcmp(g->shape, n->in_shape[i], sizeof(int64_t) * (size_t)g->ndim)) {
+    char a[160], b[160];
+    em_error("backward: '%s' produced a gradient of shape %s for input %d of shape %s", n->op,
+             em_shape_str(g->ndim, g->shape, a, 160), i, em_shape_str(n->in_ndim[i], n->in_shape[i], b, 160));
+    return NULL;
+  }
+  return em_to(g, n->in_dtype[i], n->in_device[i]);
+}
+
+static int run_node(bw_state *s, em_node *n, bool retain) {
+  if (check_saved(n)) return -1;
+  em_tensor *gout[4] = {0}, *gin[EM_NODE_MAX_IN] = {0};
+  int rc = 0;
+  for (int k = 0; k < n->n_out; k++) {
+    gout[k] = n->bw_grad[k] ? n->bw_grad[k]
+                            : em_zeros(n->out_ndim[k], n->out_shape[k], n->out_dtype[k], n->out_device[k]);
+    n->bw_grad[k] = NULL;
+    if (!gout[k]) rc = -1;
+  }
+  if (rc == 0) rc = n->backward(n, gout, gin) < 0 ? -1 : 0;
+  for (int k = 0; k < n->n_out; k++) em_tensor_release(gout[k]);
+  for (int i = 0; i < n->n_in && rc == 0; i++) {
+    em_edge *e = &n->next[i];
+    if (!e->fn && !e->leaf) continue;
+    if (!gin[i]) { rc = em_error("backward: '%s' returned no gradient for input %d", n->op, i); break; }
+    em_tensor *g = conform(n, i, gin[i]);
+    if (!g) { rc = -1; break; }
+    if (e->fn) {
+      rc = accumulate(&e->fn->bw_grad[e->output_nr], g);
+      if (rc == 0 && --e->fn->bw_deps == 0) rc = heap_push(s, e->fn);
+    } else {
+      rc = accumulate(&e->leaf->bw_grad, g);
+      if (rc == 0 && --e->leaf->bw_deps == 0) rc = finish_leaf(e->leaf);
+    }
+    em_tensor_release(g);
+  }
+  for (int i = 0; i < n->n_in; i++) em_tensor_release(gin[i]);
+  if (!retain) { free_saved(n); n->freed = true; }
+  return rc;
+}
+
+int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
+  if (!root->requires_grad)
+    return em_error("backward: the tensor does not require grad and has no grad_fn "
+                    "(did you compute it under no_grad, or from tensors without requires_grad?)");
+  em_tensor *g0;
+  if (grad) {
+    if (!em_same_shape(grad, root)) {
+      char a[160], b[160];
+      return em_error("backward: expected a gradient of shape %s, got %s",
+                      em_shape_str(root->ndim, root->shape, a, 160), em_shape_str(grad->ndim, grad->shape, b, 160));
+    }
+    g0 = em_tensor_retain(grad);
+  } else {
+    if (em_numel(root) != 1) {
+      char a[160];
+      return em_error("backward: a gradient can be created implicitly only for tensors with one element, "
+                      "got shape %s; pass a gradient", em_shape_str(root->ndim, root->shape, a, 160));
+    }
+    g0 = em_full(root->ndim, root->shape, 1.0, root->dtype, root->device);
+    if (!g0) return -1;
+  }
+  bool prev = em_set_grad_enabled(false);
+  int rc = 0;
+  if (!root->grad_fn) {            /* a leaf: its gradient is g0 itself */
+    em_tensor *g = em_to(g0, root->dtype, root->device);
+    root->bw_grad = g;
+    rc = g ? finish_leaf(root) : -1;
+    em_tensor_release(g0);
+    em_set_grad_enabled(prev);
+    return rc;
+  }
+  bw_state s = {0};
+  s.epoch = ++bw_epoch;
+  if (discover(&s, root->grad_fn)) rc = -1;
+  if (rc == 0) {
+    root->grad_fn->bw_grad[root->output_nr] = em_tensor_retain(g0);
+    rc = heap_push(&s, root->grad_fn);
+  }
+  while (rc == 0 && s.n_ready > 0) rc = run_node(&s, heap_pop(&s), retain);
+  /* cleanup scratch (also after an error midway) */
+  for (int i = 0; i < s.n_nodes; i++)
+    for (int k = 0; k < 4; k++) { em_tensor_release(s.nodes[i]->bw_grad[k]); s.nodes[i]->bw_grad[k] = NULL; }
+  for (int i = 0; i < s.n_leaves; i++) { em_tensor_release(s.leaves[i]->bw_grad); s.leaves[i]->bw_grad = NULL; }
+  free(s.nodes); free(s.leaves); free(s.ready);
+  em_tensor_release(g0);
+  em_set_grad_enabled(prev);
+  return rc;
+}

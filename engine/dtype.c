@@ -1,0 +1,163 @@
+/* Dtype table, promotion and scalar conversions. The slow per-element
+ * load/store switches are the generic path; hot loops specialise f32. */
+#include <math.h>
+#include "ember/dtype.h"
+
+static const struct { const char *name; size_t size; } dtypes[EM_NDTYPES] = {
+  [EM_F32] = {"f32", 4}, [EM_F64] = {"f64", 8}, [EM_BF16] = {"bf16", 2},
+  [EM_F16] = {"f16", 2}, [EM_I32] = {"i32", 4}, [EM_I64] = {"i64", 8},
+  [EM_U16] = {"u16", 2}, [EM_U8] = {"u8", 1}, [EM_BOOL] = {"bool", 1},
+};
+
+size_t em_dtype_size(em_dtype t) { return (unsigned)t < EM_NDTYPES ? dtypes[t].size : 0; }
+const char *em_dtype_name(em_dtype t) { return (unsigned)t < EM_NDTYPES ? dtypes[t].name : "?"; }
+
+int em_dtype_from_name(const char *s, em_dtype *out) {
+  static const struct { const char *alias; em_dtype t; } aliases[] = {
+    {"float32", EM_F32}, {"float", EM_F32}, {"float64", EM_F64}, {"double", EM_F64},
+    {"bfloat16", EM_BF16}, {"float16", EM_F16}, {"half", EM_F16}, {"int32", EM_I32},
+    {"int", EM_I32}, {"int64", EM_I64}, {"long", EM_I64}, {"uint16", EM_U16},
+    {"uint8", EM_U8}, {"byte", EM_U8},
+  };
+  for (int i = 0; i < EM_NDTYPES; i++)
+    if (strcmp(s, dtypes[i].name) == 0) { *out = (em_dtype)i; return 0; }
+  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+    if (strcmp(s, aliases[i].alias) == 0) { *out = aliases[i].t; return 0; }
+  return -1;
+}
+
+int em_dtype_is_float(em_dtype t) { return t == EM_F32 || t == EM_F64 || t == EM_BF16 || t == EM_F16; }
+int em_dtype_is_int(em_dtype t) { return t == EM_I32 || t == EM_I64 || t == EM_U16 || t == EM_U8; }
+
+/* Rank within a category, for promotion. */
+static int rank(em_dtype t) {
+  switch (t) {
+    case EM_BOOL: return 0;
+    case EM_U8: return 1; case EM_U16: return 2; case EM_I32: return 3; case EM_I64: return 4;
+    case EM_F16: case EM_BF16: return 10; case EM_F32: return 11; case EM_F64: return 12;
+    default: return -1;
+  }
+}
+
+em_dtype em_promote(em_dtype a, em_dtype b) {
+  if (a == b) return a;
+  if ((a == EM_F16 && b == EM_BF16) || (a == EM_BF16 && b == EM_F16)) return EM_F32;
+  if (a == EM_U16 && b == EM_U8) return EM_U16;
+  if (a == EM_U8 && b == EM_U16) return EM_U16;
+  /* i32 with u16: i32 holds every u16 */
+  return rank(a) >= rank(b) ? a : b;
+}
+
+float em_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0) {
+    if (man == 0) u = sign;
+    else { /* subnormal: normalise */
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) { man <<= 1; exp--; }
+      man &= 0x3ff;
+      u = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) u = sign | 0x7f800000u | (man << 13);
+  else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  float f; memcpy(&f, &u, 4); return f;
+}
+
+uint16_t em_f32_to_f16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000, absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00);          /* NaN */
+  if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);          /* overflow -> inf (incl. rounding up) */
+  if (absu < 0x38800000u) {                                           /* subnormal or zero in f16 */
+    if (absu < 0x33000000u) return (uint16_t)sign;                    /* < 2^-25: rounds to 0 */
+    uint32_t e = absu >> 23, man = (absu & 0x7fffff) | 0x800000;
+    int shift = 126 - (int)e;      /* value = man * 2^(e-150) = res * 2^-24 */
+    uint32_t res = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (res & 1))) res++;
+    return (uint16_t)(sign | res);
+  }
+  uint32_t res = ((absu >> 13) - ((127 - 15) << 10));
+  uint32_t rem = absu & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (res & 1))) res++;
+  return (uint16_t)(sign | res);
+}
+
+double em_load_f64(const void *p, em_dtype t, int64_t i) {
+  switch (t) {
+    case EM_F32: return ((const float *)p)[i];
+    case EM_F64: return ((const double *)p)[i];
+    case EM_BF16: return em_bf16_to_f32(((const uint16_t *)p)[i]);
+    case EM_F16: return em_f16_to_f32(((const uint16_t *)p)[i]);
+    case EM_I32: return ((const int32_t *)p)[i];
+    case EM_I64: return (double)((const int64_t *)p)[i];
+    case EM_U16: return ((const uint16_t *)p)[i];
+    case EM_U8: return ((const uint8_t *)p)[i];
+    case EM_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return 0;
+  }
+}
+
+/* Float -> int conversion truncates toward zero (C/PyTorch); NaN/inf are UB in
+ * C, so clamp them to 0 / the range ends to stay defined. */
+static int64_t f2i(double v) {
+  if (isnan(v)) return 0;
+  if (v >= 9.2233720368547758e18) return INT64_MAX;
+  if (v <= -9.2233720368547758e18) return INT64_MIN;
+  return (int64_t)v;
+}
+
+void em_store_f64(void *p, em_dtype t, int64_t i, double v) {
+  switch (t) {
+    case EM_F32: ((float *)p)[i] = (float)v; break;
+    case EM_F64: ((double *)p)[i] = v; break;
+    case EM_BF16: ((uint16_t *)p)[i] = em_f32_to_bf16((float)v); break;
+    case EM_F16: ((uint16_t *)p)[i] = em_f32_to_f16((float)v); break;
+    case EM_I32: ((int32_t *)p)[i] = (int32_t)f2i(v); break;
+    case EM_I64: ((int64_t *)p)[i] = f2i(v); break;
+    case EM_U16: ((uint16_t *)p)[i] = (uint16_t)f2i(v); break;
+    case EM_U8: ((uint8_t *)p)[i] = (uint8_t)f2i(v); break;
+    case EM_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    default: break;
+  }
+}
+
+int64_t em_load_i64(const void *p, em_dtype t, int64_t i) {
+  switch (t) {
+    case EM_I32: return ((const int32_t *)p)[i];
+    case EM_I64: return ((const int64_t *)p)[i];
+    case EM_U16: return ((const uint16_t *)p)[i];
+    case EM_U8: return ((const uint8_t *)p)[i];
+    case EM_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return f2i(em_load_f64(p, t, i));
+  }
+}
+
+void em_store_i64(void *p, em_dtype t, int64_t i, int64_t v) {
+  switch (t) {
+    case EM_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case EM_I64: ((int64_t *)p)[i] = v; break;
+    case EM_U16: ((uint16_t *)p)[i] = (uint16_t)v; break;
+    case EM_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case EM_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    default: em_store_f64(p, t, i, (double)v); break;
+  }
+}
+
+void em_convert(void *dst, em_dtype dt, const void *src, em_dtype st, int64_t n) {
+  if (dt == st) { memcpy(dst, src, (size_t)n * em_dtype_size(dt)); return; }
+  if (st == EM_F32 && dt == EM_BF16) {
+    const float *s = src; uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = em_f32_to_bf16(s[i]);
+    return;
+  }
+  if (st == EM_BF16 && dt == EM_F32) {
+    const uint16_t *s = src; float *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
+    return;
+  }
+  if (em_dtype_is_float(st) || em_dtype_is_float(dt)) {
+    for (int64_t i = 0; i < n; i++) em_store_f64(dst, dt, i, em_load_f64(src, st, i));
+  } else {
+    for (int64_t i = 0; i < n; i++) em_store_i64(dst, dt, i, em_load_i64(src, st, i));
+  }
+}

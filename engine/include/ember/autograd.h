@@ -1,0 +1,123 @@
+/* Autograd: a dynamic tape, PyTorch style. An op that produces a tensor from
+ * inputs that require grad records a node: which inputs (edges to their
+ * producers or to leaves), what it saved, and its backward function.
+ * em_backward() walks the graph in reverse topological order, sums gradients
+ * per node output, accumulates into leaf .grad (in place when .grad exists, so
+ * a .grad that is a view into a flat buffer is written through), and fires the
+ * leaf's post-accumulate-grad hooks the moment that leaf's gradient is final.
+ *
+ * Writing an op's backward:
+ *   if (em_grad_needed(2, (em_tensor*[]){a, b})) {
+ *     em_node *n = em_node_new("mul", mul_backward, 2, 1);
+ *     em_node_set_input(n, 0, a); em_node_set_input(n, 1, b);
+ *     em_node_save(n, a); em_node_save(n, b);      // saved[0], saved[1]
+ *     em_node_finish(n, out);                      // out->grad_fn = n
+ *   }
+ * and
+ *   static int mul_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+ *     if (em_node_needs_input_grad(n, 0)) gin[0] = em_mul(gout[0], n->saved[1]) ...
+ *   }
+ * Backward runs in no-grad mode. gin[i] must have input i's shape (use
+ * em_sum_to for broadcast inputs); the engine casts it to input i's dtype. */
+#ifndef EMBER_AUTOGRAD_H
+#define EMBER_AUTOGRAD_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EM_NODE_MAX_IN 8
+#define EM_NODE_MAX_SAVED 8
+
+typedef struct em_node em_node;
+/* gout: n_out gradients (never NULL: missing ones are zeros). Fill gin[i]
+ * with a new reference for each input that needs grad, or leave NULL. */
+typedef int (*em_backward_fn)(em_node *n, em_tensor **gout, em_tensor **gin);
+
+typedef struct {
+  em_node *fn;        /* producer of the input (strong ref), or NULL */
+  int output_nr;
+  em_tensor *leaf;    /* the input itself when it is a leaf requiring grad (strong ref) */
+} em_edge;
+
+struct em_node {
+  int refcount;
+  const char *op;                 /* static string, e.g. "mul" */
+  em_backward_fn backward;
+  int n_in, n_out;
+  em_edge next[EM_NODE_MAX_IN];   /* next[i] empty when input i needs no grad */
+  /* shapes and dtypes of inputs and outputs, for shape checks and sum_to */
+  int in_ndim[EM_NODE_MAX_IN];
+  int64_t in_shape[EM_NODE_MAX_IN][EM_MAX_DIMS];
+  em_dtype in_dtype[EM_NODE_MAX_IN];
+  em_device in_device[EM_NODE_MAX_IN];
+  int out_ndim[4];
+  int64_t out_shape[4][EM_MAX_DIMS];
+  em_dtype out_dtype[4];
+  em_device out_device[4];
+  /* saved tensors: aliases without history, with the storage version at save time */
+  em_tensor *saved[EM_NODE_MAX_SAVED];
+  uint32_t saved_version[EM_NODE_MAX_SAVED];
+  int n_saved;
+  /* op attributes */
+  double f[4];
+  int64_t i[EM_MAX_DIMS * 2];
+  void *ctx;                      /* freed with ctx_free when the node dies */
+  void (*ctx_free)(void *ctx);
+  uint64_t seq;                   /* creation order: later nodes run first */
+  /* engine scratch, valid during one em_backward */
+  bool freed;                     /* saved tensors released after a backward without retain_graph */
+  int bw_deps;
+  uint64_t bw_epoch;
+  em_tensor *bw_grad[4];
+};
+
+/* ---- grad mode ---- */
+bool em_grad_enabled(void);
+bool em_set_grad_enabled(bool on);      /* returns previous */
+/* True when grad mode is on and any of the tensors requires grad. */
+bool em_grad_needed(int n, em_tensor *const *ts);
+
+/* ---- recording ---- */
+em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out);
+void em_node_set_input(em_node *n, int i, em_tensor *input);
+int em_node_save(em_node *n, em_tensor *t);   /* returns slot index */
+/* Attach output k (call once per output, k = 0..n_out-1); releases the
+ * creator's reference to n after the last output when using em_node_finish. */
+void em_node_set_output(em_node *n, int k, em_tensor *out);
+void em_node_finish(em_node *n, em_tensor *out);  /* single output: set_output(0) + release */
+void em_node_release(em_node *n);
+bool em_node_needs_input_grad(const em_node *n, int i);
+
+/* ---- running backward ---- */
+/* root: the tensor to differentiate; grad: its gradient (NULL: root must have
+ * one element, gradient 1). retain_graph keeps saved tensors for another pass. */
+int em_backward(em_tensor *root, em_tensor *grad, bool retain_graph);
+
+/* ---- leaf hooks ---- */
+typedef int (*em_hook_fn)(em_tensor *param, void *ud);   /* return 0, or <0 with error set */
+typedef struct em_hook {
+  int id;
+  em_hook_fn fn;
+  void *ud;
+  void (*ud_free)(void *ud);
+  struct em_hook *next;
+} em_hook;
+/* Returns a hook id (> 0) or <0. */
+int em_register_post_accumulate_grad_hook(em_tensor *leaf, em_hook_fn fn, void *ud,
+                                          void (*ud_free)(void *));
+int em_remove_hook(em_tensor *leaf, int id);   /* 0 removed, 1 not found */
+
+/* ---- helpers for backward formulas ---- */
+/* Sum g over broadcast dims so it has the given shape. New reference. */
+em_tensor *em_sum_to(em_tensor *g, int ndim, const int64_t *shape);
+/* Set t.grad (t must be a leaf or detached); g must match shape/dtype/device, may be a view. */
+int em_set_grad(em_tensor *t, em_tensor *g);
+int em_set_requires_grad(em_tensor *t, bool on);   /* errors on non-leaf or non-float */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,56 @@
+/* Files: safetensors (engine/io/safetensors.c) and .npy (engine/io/npy.c).
+ * Readers validate everything before trusting it: a corrupt or hostile file
+ * is an error with a message naming the file and the problem, never a crash.
+ * Writers write to PATH.tmp.<pid>, fsync, then rename: a crash never leaves a
+ * half-written file under the real name. */
+#ifndef EMBER_IO_H
+#define EMBER_IO_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Header of a safetensors file, parsed and validated. */
+typedef struct {
+  char *name;
+  em_dtype dtype;
+  int ndim;
+  int64_t shape[EM_MAX_DIMS];
+  uint64_t begin, end;          /* byte offsets into the data section */
+} em_st_entry;
+
+typedef struct {
+  int n;
+  em_st_entry *entries;         /* in file (offset) order */
+  int n_meta;
+  char **meta_keys, **meta_values;  /* __metadata__ (string -> string) */
+  uint64_t header_len;          /* the JSON header's length in bytes */
+} em_st_header;
+
+/* Parse and validate a header held in memory: buf holds the whole file (len
+ * bytes). Checks: length prefix within bounds (header <= 100 MB and inside the
+ * file), JSON well formed, known dtypes, shapes, offsets inside the data
+ * section, no overlaps, end-begin == numel * dtype size. */
+int em_st_parse(const uint8_t *buf, uint64_t len, const char *path, em_st_header *out);
+void em_st_header_free(em_st_header *h);
+
+/* Load every tensor of a file (CPU, f32 etc. as stored). Returns the count;
+ * *names / *tensors are malloc'd arrays of n entries the caller frees
+ * (free each name, release each tensor, free both arrays). */
+int em_st_load(const char *path, char ***names, em_tensor ***tensors,
+               int *n_meta, char ***meta_keys, char ***meta_values);
+/* Save n tensors (any device; copied to host) with optional metadata. Atomic. */
+int em_st_save(const char *path, int n, const char *const *names, em_tensor *const *tensors,
+               int n_meta, const char *const *meta_keys, const char *const *meta_values);
+
+/* .npy v1/v2/v3: little-endian <f4 <f8 <f2 <i4 <i8 <u2 |u1 |b1, C order.
+ * mmap: map the file read-only and return a read-only tensor over it. */
+em_tensor *em_npy_load(const char *path, bool mmap);
+int em_npy_save(const char *path, em_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

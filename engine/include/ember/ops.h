@@ -1,0 +1,126 @@
+/* Ops. Each returns a NEW reference or NULL with the error set (message
+ * starts with the op's user-facing name). Ops on tensors that require grad
+ * record autograd nodes (see autograd.h) unless grad mode is off.
+ *
+ * `out` arguments: NULL allocates the result; a tensor writes into it (it must
+ * have the result's shape; the value is converted to out's dtype) and returns
+ * it retained. out == a gives the in-place twin (a:add_(b)). Writing into a
+ * tensor that requires grad, or producing into `out` from inputs that require
+ * grad, is an error while grad mode is on (as in PyTorch for leaves).
+ *
+ * Dtype rules follow PyTorch: promotion between tensor operands (em_promote);
+ * a Lua number keeps the tensor's dtype unless it is fractional and the tensor
+ * is integral (then f32); comparisons give bool; float-only ops (exp, sqrt,
+ * division ...) on integer tensors give f32. */
+#ifndef EMBER_OPS_H
+#define EMBER_OPS_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------- elementwise (engine/ops/elementwise.c) ---------- */
+typedef enum {
+  EM_ADD, EM_SUB, EM_MUL, EM_DIV, EM_POW, EM_MAXIMUM, EM_MINIMUM,
+  EM_EQ, EM_NE, EM_LT, EM_LE, EM_GT, EM_GE, EM_LOGICAL_AND, EM_LOGICAL_OR,
+  EM_NBINOPS
+} em_binop;
+
+typedef enum {
+  EM_NEG, EM_ABS, EM_SQRT, EM_RSQRT, EM_EXP, EM_LOG, EM_TANH, EM_SIGMOID,
+  EM_SILU, EM_RELU, EM_GELU /* exact (erf), as torch default */, EM_SIN, EM_COS,
+  EM_SQUARE, EM_RECIPROCAL, EM_SIGN, EM_LOGICAL_NOT, EM_FLOOR, EM_CEIL, EM_ROUND,
+  EM_NUNOPS
+} em_unop;
+
+const char *em_binop_name(em_binop op);   /* "add", "sub", ... */
+const char *em_unop_name(em_unop op);     /* "neg", "abs", ... */
+
+em_tensor *em_binary(em_binop op, em_tensor *a, em_tensor *b, em_tensor *out);
+/* a OP s (or s OP a when scalar_first). */
+em_tensor *em_binary_scalar(em_binop op, em_tensor *a, double s, bool scalar_first, em_tensor *out);
+em_tensor *em_unary(em_unop op, em_tensor *a, em_tensor *out);
+/* lo/hi: NAN means unbounded. */
+em_tensor *em_clamp(em_tensor *a, double lo, double hi, em_tensor *out);
+em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b);
+em_tensor *em_masked_fill(em_tensor *a, em_tensor *mask, double v, em_tensor *out);
+em_tensor *em_triu(em_tensor *a, int64_t k);
+em_tensor *em_tril(em_tensor *a, int64_t k);
+/* silu(a) * b, fused. */
+em_tensor *em_swiglu(em_tensor *a, em_tensor *b);
+
+static inline em_tensor *em_add(em_tensor *a, em_tensor *b) { return em_binary(EM_ADD, a, b, NULL); }
+static inline em_tensor *em_sub(em_tensor *a, em_tensor *b) { return em_binary(EM_SUB, a, b, NULL); }
+static inline em_tensor *em_mul(em_tensor *a, em_tensor *b) { return em_binary(EM_MUL, a, b, NULL); }
+static inline em_tensor *em_div(em_tensor *a, em_tensor *b) { return em_binary(EM_DIV, a, b, NULL); }
+static inline em_tensor *em_mul_scalar(em_tensor *a, double s) { return em_binary_scalar(EM_MUL, a, s, false, NULL); }
+static inline em_tensor *em_add_scalar(em_tensor *a, double s) { return em_binary_scalar(EM_ADD, a, s, false, NULL); }
+
+/* ---------- reductions (engine/ops/reduce.c) ---------- */
+/* dims: NULL/ndims=0 reduces all dims. */
+em_tensor *em_sum(em_tensor *a, int ndims, const int64_t *dims, bool keepdim);
+em_tensor *em_mean(em_tensor *a, int ndims, const int64_t *dims, bool keepdim);
+/* Sum of integers/bools gives i64 (PyTorch); floats keep their dtype and accumulate in f32/f64. */
+/* max/min over one dim: values and (optional) i64 indices. dim = EM_ALL_DIMS: over all, no indices. */
+em_tensor *em_max(em_tensor *a, int64_t dim, bool keepdim, em_tensor **indices);
+em_tensor *em_min(em_tensor *a, int64_t dim, bool keepdim, em_tensor **indices);
+em_tensor *em_argmax(em_tensor *a, int64_t dim, bool keepdim);   /* EM_ALL_DIMS: flat index */
+em_tensor *em_argmin(em_tensor *a, int64_t dim, bool keepdim);
+/* correction: 1 = unbiased (torch default). */
+em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correction, bool keepdim);
+em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim);
+em_tensor *em_softmax(em_tensor *a, int64_t dim);
+em_tensor *em_log_softmax(em_tensor *a, int64_t dim);
+
+/* ---------- matmul (engine/ops/matmul.c) ---------- */
+/* torch.matmul semantics: 1-D, 2-D, batched with broadcast batch dims. f32/f64
+ * through BLAS; bf16/f16 accumulate in f32; integer types in i64. */
+em_tensor *em_matmul(em_tensor *a, em_tensor *b);
+/* x (..., in) @ w(out, in)^T + bias(out) (bias may be NULL). */
+em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias);
+
+/* ---------- neural-net ops (engine/ops/{loss,embedding,norm,rope,attention}.c) ---------- */
+/* Mean cross-entropy over all targets. logits (..., V) float, targets (...) integer in [0, V). */
+em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets);
+/* ids integer (any shape), w (n, d) -> (..., d). */
+em_tensor *em_embedding(em_tensor *ids, em_tensor *w);
+/* x / sqrt(mean(x^2, -1) + eps) * w, computed in f32 (or f64 for f64), result in x's dtype. w may be NULL. */
+em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
+/* Rotate adjacent pairs (x[2j], x[2j+1]) of the last dim by pos * theta^(-2j/d).
+ * x (..., T, d), d even; pos integer (T) or broadcastable to x's leading dims + T. */
+em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);
+/* softmax(q k^T * scale + causal mask) v. q (..., Tq, d), k/v (..., Tk, d).
+ * scale <= 0 means 1/sqrt(d). Naive: materialises the score matrix. */
+em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
+
+/* ---------- shape ops (engine/ops/shape.c) ---------- */
+em_tensor *em_cat(int n, em_tensor *const *ts, int64_t dim);
+em_tensor *em_stack(int n, em_tensor *const *ts, int64_t dim);
+
+/* ---------- random (engine/rng.c; see rng.h for the algorithm) ---------- */
+em_tensor *em_rand(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+em_tensor *em_randn(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+em_tensor *em_randint(int64_t lo, int64_t hi, int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+int em_uniform_(em_tensor *t, double lo, double hi);
+int em_normal_(em_tensor *t, double mean, double std);
+/* Normal(mean, std) truncated to [a, b] (resampling-free inverse-CDF method). */
+int em_trunc_normal_(em_tensor *t, double mean, double std, double a, double b);
+
+/* ---------- optimizers (engine/ops/optim.c) ---------- */
+/* PyTorch AdamW, in place over n tensors: p -= lr*wd*p; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
+int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
+              em_tensor **exp_avg_sq, double lr, double beta1, double beta2,
+              double eps, double weight_decay, int64_t step);
+/* SGD with optional momentum and weight decay (PyTorch formula). bufs may be NULL when momentum == 0. */
+int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs,
+            double lr, double momentum, double weight_decay, bool first_step);
+/* Sum of squares of all tensors as an f32 0-d tensor on their device. */
+em_tensor *em_sum_of_squares(int n, em_tensor **ts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

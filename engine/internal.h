@@ -1,0 +1,83 @@
+/* Helpers shared by the engine's .c files (not public API). */
+#ifndef EMBER_INTERNAL_H
+#define EMBER_INTERNAL_H
+
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "ember/ember.h"
+#include "profile/op_scope.h"
+
+#define EM_UNUSED(x) (void)(x)
+#define EM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define EM_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Return NULL / -1 from the current function when cond fails, with a message. */
+#define EM_CHECK_NULL(cond, ...) do { if (!(cond)) { em_error(__VA_ARGS__); return NULL; } } while (0)
+#define EM_CHECK_INT(cond, ...) do { if (!(cond)) { return em_error(__VA_ARGS__); } } while (0)
+
+/* Shape/device/dtype checks that write a full message ("op: expected ..., got ..."). */
+int em_check_same_device(const char *op, const em_tensor *a, const em_tensor *b);
+int em_check_float(const char *op, const char *arg, const em_tensor *t);
+int em_check_int(const char *op, const char *arg, const em_tensor *t);   /* integer (not bool, not float) */
+int em_check_ndim(const char *op, const char *arg, const em_tensor *t, int ndim);
+/* Compute the broadcast shape of two shapes; error names op and both shapes. */
+int em_broadcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
+                       int *nout, int64_t *sout);
+/* Strides of t viewed as broadcast to (ndim, shape): 0 for broadcast dims. t's shape must be compatible. */
+void em_broadcast_strides(const em_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
+void em_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+int64_t em_shape_numel(int ndim, const int64_t *shape);
+/* Validate an output tensor for an op: shape must match exactly, device too, no grad conflict. */
+int em_check_out(const char *op, const em_tensor *out, int ndim, const int64_t *shape, em_device dev);
+
+/* N-d iterator over up to 4 tensors broadcast to one shape. Use:
+ *   em_iter it; em_iter_init(&it, ndim, shape, 2, (const em_tensor*[]){a, b});
+ *   for (int64_t i = 0; i < it.numel; i++) { ... it.off[0] ... it.off[1] ...; em_iter_next(&it); }
+ * off[k] is an element index into tensor k's storage (offset included). */
+typedef struct {
+  int ndim, n;
+  int64_t numel;
+  int64_t shape[EM_MAX_DIMS];
+  int64_t idx[EM_MAX_DIMS];
+  int64_t stride[4][EM_MAX_DIMS];
+  int64_t off[4];
+} em_iter;
+void em_iter_init(em_iter *it, int ndim, const int64_t *shape, int n, const em_tensor *const *ts);
+static inline void em_iter_next(em_iter *it) {
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    for (int k = 0; k < it->n; k++) it->off[k] += it->stride[k][d];
+    if (++it->idx[d] < it->shape[d]) return;
+    for (int k = 0; k < it->n; k++) it->off[k] -= it->stride[k][d] * it->shape[d];
+    it->idx[d] = 0;
+  }
+}
+
+/* Base pointer of t's storage (element 0 of the storage, not of t). */
+static inline void *em_storage_ptr(const em_tensor *t) { return t->storage->data; }
+
+/* A contiguous CPU f64/f32 copy helper: returns a contiguous tensor of dtype
+ * dt with t's values (t itself retained when already so). */
+em_tensor *em_contiguous_as(em_tensor *t, em_dtype dt);
+
+/* Error when writing in place into t is not allowed under autograd. */
+int em_check_inplace(const char *op, const em_tensor *t);
+
+/* CPU allocator (engine/alloc/cpu.c): 64-byte aligned. */
+void *em_cpu_alloc(size_t nbytes);
+void em_cpu_free(void *p);
+
+/* CUDA hooks (kernels/ via engine/cuda_backend.c); NULL when built without CUDA. */
+typedef struct {
+  void *(*alloc)(size_t nbytes, int device);
+  void (*free)(void *p, int device);
+  int (*memcpy_h2d)(void *dst, const void *src, size_t n, int device);
+  int (*memcpy_d2h)(void *dst, const void *src, size_t n, int device);
+  int (*memcpy_d2d)(void *dst, const void *src, size_t n, int device);
+} em_cuda_backend;
+extern const em_cuda_backend *em_cuda;
+
+/* Op not implemented for this device yet. */
+int em_error_device(const char *op, const em_tensor *t);
+
+#endif
