@@ -37,12 +37,12 @@ void em_tensor_release(em_tensor *t) {
 static int check_shape(const char *op, int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > EM_MAX_DIMS)
     return em_error("%s: expected at most %d dims, got %d", op, EM_MAX_DIMS, ndim);
-  int64_t n = 1;
+  int64_t n = 1;   /* product of max(size, 1): strides must fit even when a dim is 0 */
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return em_error("%s: negative size %lld in dim %d", op, (long long)shape[i], i);
-    if (shape[i] && n > INT64_MAX / 16 / shape[i])
-      return em_error("%s: shape is too large", op);
-    n *= shape[i];
+    int64_t d = shape[i] > 1 ? shape[i] : 1;
+    if (n > INT64_MAX / 16 / d) return em_error("%s: shape is too large", op);
+    n *= d;
   }
   return 0;
 }
@@ -145,6 +145,7 @@ em_tensor *em_eye(int64_t n, int64_t m, em_dtype dt, em_device dev) {
 int64_t em_numel(const em_tensor *t) { return em_shape_numel(t->ndim, t->shape); }
 
 bool em_is_contiguous(const em_tensor *t) {
+  if (em_numel(t) == 0) return true;    /* as PyTorch: nothing to lay out */
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return false;
@@ -266,6 +267,7 @@ static int infer_shape(const char *op, const em_tensor *t, int ndim, const int64
     } else if (in[i] < 0) return em_error("%s: invalid size %lld in dim %d", op, (long long)in[i], i);
     else known *= in[i];
   }
+  if (check_shape(op, ndim, out)) return -1;
   int64_t numel = em_numel(t);
   char a[160], b[160];
   if (infer >= 0) {

@@ -30,23 +30,40 @@ typedef struct {
 } em_st_header;
 
 /* Parse and validate a header held in memory: buf holds the whole file (len
- * bytes). Checks: length prefix within bounds (header <= 100 MB and inside the
- * file), JSON well formed, known dtypes, shapes, offsets inside the data
- * section, no overlaps, end-begin == numel * dtype size. */
+ * bytes); path only names it in messages. Checks: length prefix within bounds
+ * (header <= 100 MB and inside the file), JSON well formed (strict: UTF-8, no
+ * duplicate keys, nesting <= 16, only whitespace after it), known dtypes,
+ * shapes of <= 8 non-negative integers, offsets inside the data section,
+ * end-begin == numel * dtype size, and the tensors tiling the data section
+ * exactly (no overlap, hole or trailing bytes, as HF's reader requires).
+ * Errors read "load: corrupt safetensors file 'PATH': <problem>". On success
+ * out->entries are sorted by offset; free with em_st_header_free. */
 int em_st_parse(const uint8_t *buf, uint64_t len, const char *path, em_st_header *out);
 void em_st_header_free(em_st_header *h);
 
-/* Load every tensor of a file (CPU, f32 etc. as stored). Returns the count;
- * *names / *tensors are malloc'd arrays of n entries the caller frees
- * (free each name, release each tensor, free both arrays). */
+/* Load every tensor of a file (CPU, f32 etc. as stored). Returns the count
+ * (or a negative status with the error set; outputs are then NULL / 0);
+ * *names / *tensors are malloc'd arrays of n entries in file-offset order the
+ * caller frees (free each name, release each tensor, free both arrays). The
+ * metadata outputs may all be NULL (metadata discarded); otherwise free each
+ * key and value and both arrays (NULL when the file has none). */
 int em_st_load(const char *path, char ***names, em_tensor ***tensors,
                int *n_meta, char ***meta_keys, char ***meta_values);
-/* Save n tensors (any device; copied to host) with optional metadata. Atomic. */
+/* Save n tensors (any device, any strides; copied to a contiguous host
+ * buffer one at a time) in the order given, with optional metadata (string ->
+ * string; NULL arrays when n_meta is 0). The header is padded with spaces to a
+ * multiple of 8 as HF's writer does. Names must be unique, valid UTF-8 and not
+ * "__metadata__". Atomic. Returns 0 or a negative status ("save: ..."). */
 int em_st_save(const char *path, int n, const char *const *names, em_tensor *const *tensors,
                int n_meta, const char *const *meta_keys, const char *const *meta_values);
 
-/* .npy v1/v2/v3: little-endian <f4 <f8 <f2 <i4 <i8 <u2 |u1 |b1, C order.
- * mmap: map the file read-only and return a read-only tensor over it. */
+/* .npy v1/v2/v3: little-endian <f4 <f8 <f2 <i4 <i8 <u2 |u1 |b1 (also <u1),
+ * C order (fortran_order only for 0/1-dim arrays, where it is the same).
+ * mmap: map the file read-only and return a tensor whose storage is the
+ * mapping (EM_STORAGE_READONLY; unmapped when the last view is released);
+ * the data must be aligned to the dtype size, as numpy's files are.
+ * Save writes numpy.save's v1.0 header byte for byte (64-byte aligned);
+ * bf16 has no .npy dtype and is refused. Errors start "load:" / "save:". */
 em_tensor *em_npy_load(const char *path, bool mmap);
 int em_npy_save(const char *path, em_tensor *t);
 
