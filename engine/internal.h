@@ -8,6 +8,10 @@
 #include "ember/ember.h"
 #include "profile/op_scope.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define EM_UNUSED(x) (void)(x)
 #define EM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define EM_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -80,4 +84,7 @@ extern const em_cuda_backend *em_cuda;
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

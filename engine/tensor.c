@@ -267,7 +267,6 @@ static int infer_shape(const char *op, const em_tensor *t, int ndim, const int64
     } else if (in[i] < 0) return em_error("%s: invalid size %lld in dim %d", op, (long long)in[i], i);
     else known *= in[i];
   }
-  if (check_shape(op, ndim, out)) return -1;
   int64_t numel = em_numel(t);
   char a[160], b[160];
   if (infer >= 0) {
@@ -279,7 +278,7 @@ static int infer_shape(const char *op, const em_tensor *t, int ndim, const int64
     return em_error("%s: shape %s is invalid for input of size %lld (input shape %s)", op,
                     em_shape_str(ndim, in, a, 160), (long long)numel, em_shape_str(t->ndim, t->shape, b, 160));
   }
-  return 0;
+  return check_shape(op, ndim, out);   /* huge sizes next to a 0 would overflow strides */
 }
 
 em_tensor *em_view(em_tensor *t, int ndim, const int64_t *shape_in) {

@@ -77,7 +77,10 @@ for _, name in ipairs {"synchronize", "memory_allocated", "max_memory_allocated"
 end
 
 -- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.bench`...
-local lazy = {nn = "ember.nn", optim = "ember.optim", bench_lib = "ember.bench"}
+local lazy = {nn = "ember.nn", optim = "ember.optim"}
+
+--- ember.bench(fn, {warmup=5, reps=10}) -> {mean=, std=, median=, min=, max=, samples=} (seconds)
+function ember.bench(fn, opts) return require("ember.bench").bench(fn, opts) end
 setmetatable(ember, {__index = function(t, k)
   local mod = lazy[k]
   if mod then

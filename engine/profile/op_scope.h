@@ -5,7 +5,11 @@
 #ifndef EMBER_OP_SCOPE_H
 #define EMBER_OP_SCOPE_H
 
+#ifdef __cplusplus
+extern "C" thread_local const char *em_current_op;
+#else
 extern _Thread_local const char *em_current_op;
+#endif
 
 typedef struct { const char *prev; } em_op_scope_t;
 static inline em_op_scope_t em_op_scope_enter(const char *name) {

@@ -92,7 +92,9 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
  * x (..., T, d), d even; pos integer (T) or broadcastable to x's leading dims + T. */
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);
 /* softmax(q k^T * scale + causal mask) v. q (..., Tq, d), k/v (..., Tk, d).
- * scale <= 0 means 1/sqrt(d). Naive: materialises the score matrix. */
+ * scale <= 0 means 1/sqrt(d). Naive: materialises the score matrix. causal is
+ * top-left aligned like torch SDPA's is_causal (query i sees keys j <= i); to
+ * decode one token against a KV cache (Tq = 1) pass causal = false. */
 em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
 
 /* ---------- shape ops (engine/ops/shape.c) ---------- */

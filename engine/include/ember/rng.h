@@ -2,18 +2,36 @@
  * so the CPU and CUDA backends produce identical streams for the same seed.
  *
  * Stream layout (the contract the CUDA backend reproduces bit for bit):
+ *   state   = (seed, offset); default seed at process start 0x5eed, offset 0;
+ *             manual_seed(s) sets (s, 0).
  *   key     = (seed_lo32, seed_hi32)
- *   counter = (c_lo32, c_hi32, 0, 0), c = generator offset + i for the i-th
- *             block of four 32-bit outputs of one op; an op that draws n
- *             values consumes ceil(n / 4) blocks and advances the offset by
- *             that many (element j uses output word j % 4 of block j / 4).
- *   uniform float in [0,1): (u32 >> 8) * 2^-24 ; double: uses (u32>>8) too.
- *   normal: Box-Muller on the pair (block words 0,1) -> elements 4b, 4b+1 and
- *           (2,3) -> 4b+2, 4b+3: r = sqrt(-2 ln(1-u0)), z0 = r cos(2 pi u1),
- *           z1 = r sin(2 pi u1), computed in f32 arithmetic... see rng.c.
- *   randint [lo, hi): lo + (u32 % (hi - lo)) (span < 2^32), for wider spans two words.
- *   truncated normal: inverse CDF, x = mean + std * sqrt(2) * erfinv(2u - 1) with
- *           u uniform in [Phi(a'), Phi(b')] (a' = (a-mean)/std), as PyTorch's trunc_normal_.
+ *   counter = (c_lo32, c_hi32, 0, 0), c = ctr0 + b for block b of one op, where
+ *             ctr0 = em_rng_reserve(blocks) (the offset before the op; the op
+ *             advances it by the blocks it consumes).
+ *   elements are numbered j = 0..n-1 in the tensor's logical row-major order
+ *             (whatever its strides). Unless said otherwise element j uses word
+ *             j % 4 of block j / 4, and an op consumes ceil(n / 4) blocks.
+ *   u(w)    = (w >> 8) * 2^-24, uniform in [0, 1) with 24 bits, for every dtype.
+ *   Values are computed in double and rounded once to the dtype (bf16/f16: to
+ *   f32 first, then to the 16-bit type, round to nearest even each time).
+ *   uniform_(lo, hi): lo + (hi - lo) * u(w_j).
+ *   normal_(mean, std), randn: Box-Muller on the word pairs (0,1) and (2,3) of
+ *           each block: r = sqrt(-2 ln(1 - u(w0))), t = 2 pi u(w1),
+ *           z0 = r cos t, z1 = r sin t (elements 4b, 4b+1; likewise words 2,3 give
+ *           4b+2, 4b+3); value = mean + std * z. (double-precision log, sqrt, sin
+ *           and cos: CUDA's and glibc's agree to an ulp or so in double, so the
+ *           f32/bf16 results agree unless a value lies within ~1e-16 relative
+ *           of a rounding boundary.)
+ *   randint [lo, hi): span = hi - lo; span <= 2^32: lo + (w_j mod span).
+ *           Wider spans take two words: element j uses block j / 2, words
+ *           2(j%2) (low half) and 2(j%2)+1 (high half) of a 64-bit u, value
+ *           lo + (u mod span); the op consumes ceil(n / 2) blocks.
+ *   trunc_normal_(mean, std, a, b): PyTorch's nn.init.trunc_normal_ algorithm:
+ *           v0 = 2 Phi((a - mean)/std) - 1, v1 = 2 Phi((b - mean)/std) - 1
+ *           (Phi(x) = (1 + erf(x / sqrt 2)) / 2), v = v0 + (v1 - v0) u(w_j),
+ *           x = erfinv(v) * std * sqrt 2 + mean, clamped to [a, b]. erfinv is
+ *           Giles' approximation refined by Newton steps on erf/erfc in double
+ *           (rng.c). std == 0 gives mean clamped to [a, b].
  * EM_HOSTDEV functions are shared verbatim with the CUDA kernels. */
 #ifndef EMBER_RNG_H
 #define EMBER_RNG_H
