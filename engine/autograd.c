@@ -356,7 +356,8 @@ int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
       return em_error("backward: expected a gradient of shape %s, got %s",
                       em_shape_str(root->ndim, root->shape, a, 160), em_shape_str(grad->ndim, grad->shape, b, 160));
     }
-    g0 = em_tensor_retain(grad);
+    g0 = em_to(grad, root->dtype, root->device);   /* as PyTorch: the gradient takes the root's dtype */
+    if (!g0) return -1;
   } else {
     if (em_numel(root) != 1) {
       char a[160];

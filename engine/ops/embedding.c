@@ -1,0 +1,92 @@
+/* embedding: out[..., :] = w[ids[...], :], a row gather.
+ *
+ * Rows are copied with memcpy (any dtype: it is a gather, not arithmetic).
+ * Every id is checked before the first copy, so a bad id is an error naming
+ * it and the table size, never a read outside w.
+ *
+ * Backward is a scatter-add of the output gradient rows into a zero (n, d)
+ * table, in index order, single-threaded: repeated ids (every batch has them)
+ * sum in the same order on every run, so training is bit-reproducible. The
+ * sum runs in f32 (f64 for f64) and is rounded to w's dtype once at the end. */
+#include <stdio.h>
+#include "internal.h"
+
+static int embedding_validate(em_tensor *ids, em_tensor *w) {
+  if (em_check_int("embedding", "ids", ids)) return -1;
+  if (em_check_ndim("embedding", "weight", w, 2)) return -1;
+  if (em_check_same_device("embedding", ids, w)) return -1;
+  if (ids->ndim + 1 > EM_MAX_DIMS)
+    return em_error("embedding: ids have %d dims; the result would exceed %d dims", ids->ndim, EM_MAX_DIMS);
+  return 0;
+}
+
+static int check_ids(const int64_t *id, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; i++)
+    if (id[i] < 0 || id[i] >= rows)
+      return em_error("embedding: id %lld (at flat index %lld) is out of range for a table of %lld rows "
+                      "(expected 0..%lld)", (long long)id[i], (long long)i, (long long)rows, (long long)(rows - 1));
+  return 0;
+}
+
+static em_tensor *embedding_cpu(em_tensor *ids, em_tensor *w) {
+  int64_t n = em_numel(ids), d = w->shape[1], shape[EM_MAX_DIMS];
+  memcpy(shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+  shape[ids->ndim] = d;
+  em_tensor *id = em_contiguous_as(ids, EM_I64);
+  em_tensor *wc = id ? em_contiguous_as(w, w->dtype) : NULL;
+  em_tensor *out = wc ? em_empty(ids->ndim + 1, shape, w->dtype, w->device) : NULL;
+  if (out && check_ids(em_data_ptr(id), n, w->shape[0])) { em_tensor_release(out); out = NULL; }
+  if (out) {
+    size_t row = (size_t)d * em_dtype_size(w->dtype);
+    const int64_t *ix = em_data_ptr(id);
+    const char *src = em_data_ptr(wc);
+    char *dst = em_data_ptr(out);
+    for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)i * row, src + (size_t)ix[i] * row, row);
+  }
+  em_tensor_release(id); em_tensor_release(wc);
+  return out;
+}
+
+static void scatter_add_f32(float *gw, const float *g, const int64_t *ix, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; i++, g += d) {
+    float *row = gw + ix[i] * d;
+    for (int64_t j = 0; j < d; j++) row[j] += g[j];
+  }
+}
+
+static void scatter_add_f64(double *gw, const double *g, const int64_t *ix, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; i++, g += d) {
+    double *row = gw + ix[i] * d;
+    for (int64_t j = 0; j < d; j++) row[j] += g[j];
+  }
+}
+
+/* saved: ids. input 0: w (ids are integers and never need grad). */
+static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *ids = n->saved[0];
+  em_dtype ct = n->in_dtype[0] == EM_F64 ? EM_F64 : EM_F32;
+  int64_t cnt = em_numel(ids), d = n->in_shape[0][1];
+  em_tensor *id = em_contiguous_as(ids, EM_I64);
+  em_tensor *g = id ? em_contiguous_as(gout[0], ct) : NULL;
+  em_tensor *gw = g ? em_zeros(2, n->in_shape[0], ct, gout[0]->device) : NULL;
+  if (gw && ct == EM_F32) scatter_add_f32(em_data_ptr(gw), em_data_ptr(g), em_data_ptr(id), cnt, d);
+  else if (gw) scatter_add_f64(em_data_ptr(gw), em_data_ptr(g), em_data_ptr(id), cnt, d);
+  em_tensor_release(id); em_tensor_release(g);
+  gin[0] = gw;
+  return gw ? 0 : -1;
+}
+
+em_tensor *em_embedding(em_tensor *ids, em_tensor *w) {
+  EM_OP_SCOPE("embedding");
+  if (embedding_validate(ids, w)) return NULL;
+  if (w->device.type != EM_CPU) { em_error_device("embedding", w); return NULL; }
+  em_tensor *out = embedding_cpu(ids, w);
+  if (out && em_grad_needed(1, &w)) {
+    em_node *n = em_node_new("embedding", embedding_backward, 1, 1);
+    if (!n) { em_tensor_release(out); return NULL; }
+    em_node_set_input(n, 0, w);
+    em_node_save(n, ids);
+    em_node_finish(n, out);
+  }
+  return out;
+}

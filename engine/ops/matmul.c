@@ -1,0 +1,473 @@
+/* matmul and linear: torch.matmul semantics and x @ wᵀ + bias.
+ *
+ * Every float product goes through row-major BLAS (OpenBLAS sgemm/dgemm).
+ * A strided matrix is passed as is whenever BLAS can read it: last dim
+ * contiguous (NoTrans, ld = row stride) or first dim contiguous (Trans,
+ * ld = column stride), so transposed views such as kᵀ or wᵀ cost no copy;
+ * anything else is made contiguous first. bf16/f16 are widened to f32,
+ * multiplied with f32 accumulation and rounded once at the end (what cuBLASLt
+ * does on the GPU). Integers use a plain triple loop in wrapping int64.
+ *
+ * Batched matmul calls one gemm per broadcast batch index, except when the
+ * right operand is shared by every batch and the left operand's batch and row
+ * dims collapse to one stride: then it is a single (B·n, k) @ (k, m) gemm,
+ * which is the common x @ W case. Backward uses the same op: grad_a = g @ bᵀ,
+ * grad_b = aᵀ @ g, summed over broadcast batch dims (em_sum_to). */
+#include <limits.h>
+#include <stdio.h>
+#include <cblas.h>
+#include "internal.h"
+
+/* ---------------- BLAS operands ---------------- */
+
+/* How BLAS reads one logical (rows x cols) operand stored with strides (rs, cs). */
+typedef struct {
+  enum CBLAS_TRANSPOSE trans;
+  int ld;
+} blas_op;
+
+/* True when row-major BLAS can read the matrix without a copy. */
+static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, blas_op *op) {
+  int64_t ld;
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= EM_MAX(cols, 1))) {
+    op->trans = CblasNoTrans;
+    ld = rows == 1 ? EM_MAX(cols, 1) : rs;
+  } else if ((rs == 1 || rows == 1) && (cols == 1 || cs >= EM_MAX(rows, 1))) {
+    op->trans = CblasTrans;
+    ld = cols == 1 ? EM_MAX(rows, 1) : cs;
+  } else {
+    return false;
+  }
+  if (ld > INT_MAX) return false;
+  op->ld = (int)ld;
+  return true;
+}
+
+/* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64. */
+static void gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
+                 const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
+  if (n == 0 || m == 0) return;
+  if (dt == EM_F32)
+    cblas_sgemm(CblasRowMajor, oa.trans, ob.trans, (int)n, (int)m, (int)k, 1.0f, A, oa.ld, B, ob.ld,
+                (float)beta, C, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, (int)n, (int)m, (int)k, 1.0, A, oa.ld, B, ob.ld,
+                beta, C, (int)ldc);
+}
+
+static int check_blas_size(const char *op, int64_t n, int64_t m, int64_t k) {
+  if (n > INT_MAX || m > INT_MAX || k > INT_MAX)
+    return em_error("%s: matrix dims %lld x %lld x %lld exceed the BLAS limit of %d", op,
+                    (long long)n, (long long)k, (long long)m, INT_MAX);
+  return 0;
+}
+
+/* Do dims [0, nd) of (shape, stride) collapse into one dim? Sets its stride. */
+static bool dims_collapse(int nd, const int64_t *shape, const int64_t *stride, int64_t *out_stride) {
+  int64_t s = 0, span = 0;      /* stride and extent (in elements) of the merged inner dims */
+  bool any = false;
+  for (int d = nd - 1; d >= 0; d--) {
+    if (shape[d] == 1) continue;
+    if (!any) { s = stride[d]; span = stride[d] * shape[d]; any = true; continue; }
+    if (stride[d] != span) return false;
+    span = stride[d] * shape[d];
+  }
+  *out_stride = any ? s : 1;
+  return true;
+}
+
+/* ---------------- matmul plan ---------------- */
+
+/* Shapes as torch.matmul sees them: a is (batch..., n, k) and b is
+ * (batch..., k, m) after 1-D promotion; the output drops promoted dims. */
+typedef struct {
+  bool a1, b1;                   /* a / b was 1-D */
+  int nb;                        /* broadcast batch dims */
+  int64_t batch[EM_MAX_DIMS];
+  int64_t n, k, m;
+  int out_ndim;
+  int64_t out_shape[EM_MAX_DIMS];
+  /* strides (elements) for the current a and b */
+  int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];   /* batch strides, 0 where broadcast */
+  int64_t san, sak, sbk, sbm;
+} mm_plan;
+
+static int matmul_shapes(const em_tensor *a, const em_tensor *b, mm_plan *p) {
+  char x[160], y[160];
+  p->a1 = a->ndim == 1; p->b1 = b->ndim == 1;
+  p->n = p->a1 ? 1 : a->shape[a->ndim - 2];
+  p->k = a->shape[a->ndim - 1];
+  int64_t kb = p->b1 ? b->shape[0] : b->shape[b->ndim - 2];
+  p->m = p->b1 ? 1 : b->shape[b->ndim - 1];
+  if (p->k != kb)
+    return em_error("matmul: shapes %s and %s cannot be multiplied (%lld != %lld)",
+                    em_shape_str(a->ndim, a->shape, x, 160), em_shape_str(b->ndim, b->shape, y, 160),
+                    (long long)p->k, (long long)kb);
+  int na = EM_MAX(a->ndim - 2, 0), nbb = EM_MAX(b->ndim - 2, 0);
+  p->nb = EM_MAX(na, nbb);
+  for (int i = 0; i < p->nb; i++) {
+    int64_t sa = i < p->nb - na ? 1 : a->shape[i - (p->nb - na)];
+    int64_t sb = i < p->nb - nbb ? 1 : b->shape[i - (p->nb - nbb)];
+    if (sa != sb && sa != 1 && sb != 1)
+      return em_error("matmul: the batch dims of shapes %s and %s cannot be broadcast (%lld vs %lld)",
+                      em_shape_str(a->ndim, a->shape, x, 160), em_shape_str(b->ndim, b->shape, y, 160),
+                      (long long)sa, (long long)sb);
+    p->batch[i] = sa == 1 ? sb : sa;
+  }
+  p->out_ndim = 0;
+  for (int i = 0; i < p->nb; i++) p->out_shape[p->out_ndim++] = p->batch[i];
+  if (!p->a1) p->out_shape[p->out_ndim++] = p->n;
+  if (!p->b1) p->out_shape[p->out_ndim++] = p->m;
+  return 0;
+}
+
+/* Batch strides of t (whose last `mat` dims are the matrix) broadcast to the plan's batch. */
+static void batch_strides(const mm_plan *p, const em_tensor *t, int mat, int64_t *s) {
+  int nt = EM_MAX(t->ndim - mat, 0), lead = p->nb - nt;
+  for (int i = 0; i < p->nb; i++) {
+    if (i < lead) { s[i] = 0; continue; }
+    int j = i - lead;
+    s[i] = t->shape[j] == 1 ? 0 : t->stride[j];
+  }
+}
+
+static void matmul_strides(mm_plan *p, const em_tensor *a, const em_tensor *b) {
+  batch_strides(p, a, p->a1 ? 1 : 2, p->sa);
+  batch_strides(p, b, p->b1 ? 1 : 2, p->sb);
+  p->sak = a->stride[a->ndim - 1];
+  p->san = p->a1 ? p->k : a->stride[a->ndim - 2];
+  p->sbk = p->b1 ? b->stride[0] : b->stride[b->ndim - 2];
+  p->sbm = p->b1 ? 1 : b->stride[b->ndim - 1];
+}
+
+static int matmul_validate(em_tensor *a, em_tensor *b, mm_plan *p) {
+  if (a->ndim == 0 || b->ndim == 0)
+    return em_error("matmul: both arguments need at least 1 dim, got %d-dim and %d-dim tensors",
+                    a->ndim, b->ndim);
+  if (em_check_same_device("matmul", a, b)) return -1;
+  if (a->dtype != b->dtype)
+    return em_error("matmul: expected both tensors to have the same dtype, got %s and %s",
+                    em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+  if (a->dtype == EM_BOOL) return em_error("matmul: bool tensors are not supported");
+  if (matmul_shapes(a, b, p)) return -1;
+  return check_blas_size("matmul", p->n, p->m, p->k);
+}
+
+/* ---------------- matmul CPU ---------------- */
+
+/* Offsets of batch index `bi` into a and b. */
+static void batch_offsets(const mm_plan *p, int64_t bi, int64_t *oa, int64_t *ob) {
+  *oa = 0; *ob = 0;
+  for (int d = p->nb - 1; d >= 0; d--) {
+    int64_t i = bi % p->batch[d];
+    bi /= p->batch[d];
+    *oa += i * p->sa[d]; *ob += i * p->sb[d];
+  }
+}
+
+/* Single gemm over all batches: b is shared and a's batch+row dims collapse. */
+static bool try_fold(const mm_plan *p, int64_t *rows, blas_op *oa) {
+  if (p->nb == 0 || p->a1) return false;
+  for (int d = 0; d < p->nb; d++) if (p->sb[d] != 0) return false;
+  int64_t shape[EM_MAX_DIMS + 1], stride[EM_MAX_DIMS + 1], rs;
+  for (int d = 0; d < p->nb; d++) { shape[d] = p->batch[d]; stride[d] = p->sa[d]; }
+  shape[p->nb] = p->n; stride[p->nb] = p->san;
+  /* a batch dim that a broadcasts (stride 0) cannot merge */
+  for (int d = 0; d < p->nb; d++) if (shape[d] > 1 && stride[d] == 0) return false;
+  if (!dims_collapse(p->nb + 1, shape, stride, &rs)) return false;
+  *rows = em_shape_numel(p->nb + 1, shape);
+  return *rows <= INT_MAX && blas_layout(*rows, p->k, rs, p->sak, oa);
+}
+
+/* Replace *t by a contiguous copy (BLAS could not read its strides). */
+static int make_contiguous(em_tensor **t, em_tensor *orig, em_dtype dt) {
+  em_tensor_release(*t);
+  *t = em_contiguous_as(orig, dt);
+  return *t ? 0 : -1;
+}
+
+/* f32/f64 matmul of a and b (already of dtype dt) into a new contiguous tensor. */
+static em_tensor *matmul_blas(em_tensor *a, em_tensor *b, mm_plan *p, em_dtype dt) {
+  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *out = NULL;
+  blas_op oa, ob, of;
+  matmul_strides(p, ac, bc);
+  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa)) {
+    if (make_contiguous(&ac, a, dt)) goto done;
+    matmul_strides(p, ac, bc);
+  }
+  if (!blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
+    if (make_contiguous(&bc, b, dt)) goto done;
+    matmul_strides(p, ac, bc);
+  }
+  /* contiguous operands always pass; the check guards the BLAS call regardless */
+  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa) || !blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
+    em_error("matmul: internal error: operand strides unusable by BLAS");
+    goto done;
+  }
+  if (!(out = em_empty(p->out_ndim, p->out_shape, dt, a->device))) goto done;
+  size_t es = em_dtype_size(dt);
+  char *A = em_storage_ptr(ac), *B = em_storage_ptr(bc), *C = em_data_ptr(out);
+  int64_t nbatch = em_shape_numel(p->nb, p->batch), rows;
+  if (p->k == 0) { memset(C, 0, (size_t)em_numel(out) * es); goto done; }
+  if (try_fold(p, &rows, &of)) {
+    gemm(dt, rows, p->m, p->k, A + ac->offset * (int64_t)es, of, B + bc->offset * (int64_t)es, ob, 0, C, p->m);
+    goto done;
+  }
+  for (int64_t bi = 0; bi < nbatch; bi++) {
+    int64_t offa, offb;
+    batch_offsets(p, bi, &offa, &offb);
+    gemm(dt, p->n, p->m, p->k, A + (ac->offset + offa) * (int64_t)es, oa,
+         B + (bc->offset + offb) * (int64_t)es, ob, 0, C + bi * p->n * p->m * (int64_t)es, p->m);
+  }
+done:
+  em_tensor_release(ac); em_tensor_release(bc);
+  return out;
+}
+
+/* Integer matmul: triple loop, wrapping int64 accumulation, result in a's dtype. */
+static em_tensor *matmul_int(em_tensor *a, em_tensor *b, mm_plan *p) {
+  em_tensor *out = em_empty(p->out_ndim, p->out_shape, a->dtype, a->device);
+  if (!out) return NULL;
+  matmul_strides(p, a, b);
+  const void *A = em_storage_ptr(a), *B = em_storage_ptr(b);
+  void *C = em_data_ptr(out);
+  int64_t nbatch = em_shape_numel(p->nb, p->batch), o = 0;
+  for (int64_t bi = 0; bi < nbatch; bi++) {
+    int64_t offa, offb;
+    batch_offsets(p, bi, &offa, &offb);
+    offa += a->offset; offb += b->offset;
+    for (int64_t i = 0; i < p->n; i++)
+      for (int64_t j = 0; j < p->m; j++, o++) {
+        uint64_t acc = 0;
+        for (int64_t l = 0; l < p->k; l++)
+          acc += (uint64_t)em_load_i64(A, a->dtype, offa + i * p->san + l * p->sak) *
+                 (uint64_t)em_load_i64(B, b->dtype, offb + l * p->sbk + j * p->sbm);
+        em_store_i64(C, out->dtype, o, (int64_t)acc);
+      }
+  }
+  return out;
+}
+
+/* bf16/f16: widen to f32, multiply, round once. */
+static em_tensor *matmul_half(em_tensor *a, em_tensor *b, mm_plan *p) {
+  em_tensor *a32 = em_contiguous_as(a, EM_F32);
+  em_tensor *b32 = a32 ? em_contiguous_as(b, EM_F32) : NULL;
+  em_tensor *o32 = b32 ? matmul_blas(a32, b32, p, EM_F32) : NULL;
+  em_tensor *out = o32 ? em_contiguous_as(o32, a->dtype) : NULL;
+  em_tensor_release(a32); em_tensor_release(b32); em_tensor_release(o32);
+  return out;
+}
+
+static em_tensor *matmul_cpu(em_tensor *a, em_tensor *b, mm_plan *p) {
+  switch (a->dtype) {
+    case EM_F32: case EM_F64: return matmul_blas(a, b, p, a->dtype);
+    case EM_BF16: case EM_F16: return matmul_half(a, b, p);
+    default: return matmul_int(a, b, p);
+  }
+}
+
+/* ---------------- matmul backward ---------------- */
+
+/* t as a matrix (batch..., rows, cols): 1-D a becomes (1, k), 1-D b becomes (k, 1). */
+static em_tensor *as_matrix(em_tensor *t, bool row) {
+  if (t->ndim != 1) return em_tensor_retain(t);
+  return em_unsqueeze(t, row ? 0 : 1);
+}
+
+/* g with the dims that 1-D promotion removed put back: (batch..., n, m). */
+static em_tensor *grad_as_matrix(em_tensor *g, bool a1, bool b1) {
+  if (a1 && b1) return em_reshape(g, 2, (int64_t[]){1, 1});
+  if (a1) return em_unsqueeze(g, g->ndim - 1);
+  if (b1) return em_unsqueeze(g, g->ndim);
+  return em_tensor_retain(g);
+}
+
+/* Sum t over broadcast dims down to input i's shape. Consumes t. */
+static em_tensor *reduce_to_input(em_node *n, int i, em_tensor *t, int ndim_mat, const int64_t *mat_shape) {
+  if (!t) return NULL;
+  em_tensor *s = em_sum_to(t, ndim_mat, mat_shape);
+  em_tensor_release(t);
+  if (!s) return NULL;
+  em_tensor *r = em_reshape(s, n->in_ndim[i], n->in_shape[i]);
+  em_tensor_release(s);
+  return r;
+}
+
+/* grad_b = aᵀ g. When b is a plain matrix and a is batched, fold the batch
+ * into the contraction: (B·n, k)ᵀ @ (B·n, m), one gemm, no (B, k, m) temporary. */
+static em_tensor *grad_b_of(em_node *n, em_tensor *A, em_tensor *G) {
+  em_tensor *r = NULL;
+  int64_t k = A->shape[A->ndim - 1], m = G->shape[G->ndim - 1];
+  if (n->in_ndim[1] <= 2 && A->ndim > 2) {
+    int64_t rows = em_shape_numel(A->ndim - 1, A->shape);   /* b is a matrix: G has A's batch */
+    em_tensor *a2 = em_reshape(A, 2, (int64_t[]){rows, k});
+    em_tensor *g2 = a2 ? em_reshape(G, 2, (int64_t[]){rows, m}) : NULL;
+    em_tensor *at = g2 ? em_transpose(a2, 0, 1) : NULL;
+    r = at ? em_matmul(at, g2) : NULL;
+    em_tensor_release(a2); em_tensor_release(g2); em_tensor_release(at);
+  } else {
+    em_tensor *at = em_transpose(A, -1, -2);
+    r = at ? em_matmul(at, G) : NULL;
+    em_tensor_release(at);
+  }
+  if (n->in_ndim[1] > 2) return reduce_to_input(n, 1, r, n->in_ndim[1], n->in_shape[1]);
+  return reduce_to_input(n, 1, r, 2, (int64_t[]){k, m});
+}
+
+static int matmul_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  bool a1 = n->in_ndim[0] == 1, b1 = n->in_ndim[1] == 1;
+  em_tensor *A = as_matrix(n->saved[0], true), *B = as_matrix(n->saved[1], false);
+  em_tensor *G = A && B ? grad_as_matrix(gout[0], a1, b1) : NULL;
+  int rc = G ? 0 : -1;
+  if (rc == 0 && em_node_needs_input_grad(n, 0)) {
+    em_tensor *bt = em_transpose(B, -1, -2);
+    em_tensor *ga = bt ? em_matmul(G, bt) : NULL;
+    em_tensor_release(bt);
+    gin[0] = reduce_to_input(n, 0, ga, A->ndim, A->shape);
+    if (!gin[0]) rc = -1;
+  }
+  if (rc == 0 && em_node_needs_input_grad(n, 1)) {
+    gin[1] = grad_b_of(n, A, G);
+    if (!gin[1]) rc = -1;
+  }
+  em_tensor_release(A); em_tensor_release(B); em_tensor_release(G);
+  return rc;
+}
+
+em_tensor *em_matmul(em_tensor *a, em_tensor *b) {
+  EM_OP_SCOPE("matmul");
+  mm_plan p;
+  if (matmul_validate(a, b, &p)) return NULL;
+  if (a->device.type != EM_CPU) { em_error_device("matmul", a); return NULL; }
+  em_tensor *out = matmul_cpu(a, b, &p);
+  if (out && em_grad_needed(2, (em_tensor *[]){a, b})) {
+    em_node *n = em_node_new("matmul", matmul_backward, 2, 1);
+    if (!n) { em_tensor_release(out); return NULL; }
+    em_node_set_input(n, 0, a); em_node_set_input(n, 1, b);
+    em_node_save(n, a); em_node_save(n, b);
+    em_node_finish(n, out);
+  }
+  return out;
+}
+
+/* ---------------- linear ---------------- */
+
+static int linear_validate(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  char s1[160], s2[160];
+  if (x->ndim < 1) return em_error("linear: expected x to have at least 1 dim, got a 0-dim tensor");
+  if (em_check_ndim("linear", "weight", w, 2)) return -1;
+  if (em_check_float("linear", "x", x)) return -1;
+  if (em_check_same_device("linear", x, w)) return -1;
+  if (w->dtype != x->dtype)
+    return em_error("linear: expected weight to have x's dtype %s, got %s", em_dtype_name(x->dtype),
+                    em_dtype_name(w->dtype));
+  if (x->shape[x->ndim - 1] != w->shape[1])
+    return em_error("linear: x of shape %s and weight of shape %s are incompatible "
+                    "(x's last dim %lld != in_features %lld)", em_shape_str(x->ndim, x->shape, s1, 160),
+                    em_shape_str(w->ndim, w->shape, s2, 160), (long long)x->shape[x->ndim - 1],
+                    (long long)w->shape[1]);
+  if (!bias) return check_blas_size("linear", em_numel(x), w->shape[0], w->shape[1]);
+  if (em_check_same_device("linear", x, bias)) return -1;
+  if (bias->dtype != x->dtype)
+    return em_error("linear: expected bias to have x's dtype %s, got %s", em_dtype_name(x->dtype),
+                    em_dtype_name(bias->dtype));
+  if (bias->ndim != 1 || bias->shape[0] != w->shape[0])
+    return em_error("linear: expected bias of shape [%lld] (out_features), got %s", (long long)w->shape[0],
+                    em_shape_str(bias->ndim, bias->shape, s1, 160));
+  return check_blas_size("linear", em_numel(x), w->shape[0], w->shape[1]);
+}
+
+/* y (M, out) = x (M, in) @ wᵀ (+ bias), all of dtype dt (f32/f64), y contiguous. */
+static int linear_blas(em_tensor *x, em_tensor *w, em_tensor *bias, em_tensor *y, em_dtype dt) {
+  int64_t in = w->shape[1], out = w->shape[0], M = em_shape_numel(x->ndim - 1, x->shape), rs;
+  em_tensor *xc = em_tensor_retain(x), *wc = em_tensor_retain(w), *bc = NULL;
+  blas_op ox, ow;
+  int rc = -1;
+  if (M > INT_MAX) { em_error("linear: %lld rows exceed the BLAS limit of %d", (long long)M, INT_MAX); goto done; }
+  if (!dims_collapse(x->ndim - 1, x->shape, x->stride, &rs) ||
+      !blas_layout(M, in, rs, x->stride[x->ndim - 1], &ox)) {
+    if (make_contiguous(&xc, x, dt)) goto done;
+    if (!blas_layout(M, in, in, 1, &ox)) { em_error("linear: internal error: x unusable by BLAS"); goto done; }
+  }
+  /* wᵀ is (in, out) with strides (w.stride[1], w.stride[0]): a plain (out, in) w reads as Trans */
+  if (!blas_layout(in, out, w->stride[1], w->stride[0], &ow)) {
+    if (make_contiguous(&wc, w, dt)) goto done;
+    if (!blas_layout(in, out, 1, in, &ow)) { em_error("linear: internal error: weight unusable by BLAS"); goto done; }
+  }
+  size_t es = em_dtype_size(dt);
+  char *Y = em_data_ptr(y);
+  if (bias) {
+    if (!(bc = em_contiguous_as(bias, dt))) goto done;
+    for (int64_t r = 0; r < M; r++) memcpy(Y + r * out * (int64_t)es, em_data_ptr(bc), (size_t)out * es);
+  }
+  if (in == 0 && !bias) memset(Y, 0, (size_t)(M * out) * es);
+  else if (in > 0) gemm(dt, M, out, in, em_data_ptr(xc), ox, em_data_ptr(wc), ow, bias ? 1.0 : 0.0, Y, out);
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);
+  return rc;
+}
+
+static em_tensor *linear_cpu(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  int64_t shape[EM_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+  shape[x->ndim - 1] = w->shape[0];
+  bool half = x->dtype == EM_BF16 || x->dtype == EM_F16;
+  em_dtype ct = half ? EM_F32 : x->dtype;
+  em_tensor *y = em_empty(x->ndim, shape, ct, x->device);
+  if (!y) return NULL;
+  em_tensor *xc = half ? em_contiguous_as(x, ct) : em_tensor_retain(x);
+  em_tensor *wc = xc && half ? em_contiguous_as(w, ct) : em_tensor_retain(w);
+  em_tensor *bc = !bias ? NULL : half ? em_contiguous_as(bias, ct) : em_tensor_retain(bias);
+  int rc = (!xc || !wc || (bias && !bc)) ? -1 : linear_blas(xc, wc, bc, y, ct);
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);
+  if (rc) { em_tensor_release(y); return NULL; }
+  if (!half) return y;
+  em_tensor *r = em_contiguous_as(y, x->dtype);
+  em_tensor_release(y);
+  return r;
+}
+
+/* g (..., out) -> grad_x = g @ w, grad_w = g2ᵀ @ x2 over all leading dims, grad_bias = sum g2. */
+static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *w = n->saved[1];
+  int64_t in = w->shape[1], out = w->shape[0];
+  em_tensor *g2 = em_reshape(gout[0], 2, (int64_t[]){em_shape_numel(x->ndim - 1, x->shape), out});
+  if (!g2) return -1;
+  int rc = 0;
+  if (em_node_needs_input_grad(n, 0)) {
+    em_tensor *gx = em_matmul(g2, w);
+    gin[0] = gx ? em_reshape(gx, x->ndim, x->shape) : NULL;
+    em_tensor_release(gx);
+    if (!gin[0]) rc = -1;
+  }
+  if (rc == 0 && em_node_needs_input_grad(n, 1)) {
+    em_tensor *x2 = em_reshape(x, 2, (int64_t[]){g2->shape[0], in});
+    em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
+    gin[1] = gt ? em_matmul(gt, x2) : NULL;
+    em_tensor_release(x2); em_tensor_release(gt);
+    if (!gin[1]) rc = -1;
+  }
+  if (rc == 0 && n->n_in > 2 && em_node_needs_input_grad(n, 2)) {
+    gin[2] = em_sum(g2, 1, (int64_t[]){0}, false);
+    if (!gin[2]) rc = -1;
+  }
+  em_tensor_release(g2);
+  return rc;
+}
+
+em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  EM_OP_SCOPE("linear");
+  if (linear_validate(x, w, bias)) return NULL;
+  if (x->device.type != EM_CPU) { em_error_device("linear", x); return NULL; }
+  em_tensor *y = linear_cpu(x, w, bias);
+  if (y && em_grad_needed(3, (em_tensor *[]){x, w, bias})) {
+    em_node *n = em_node_new("linear", linear_backward, bias ? 3 : 2, 1);
+    if (!n) { em_tensor_release(y); return NULL; }
+    em_node_set_input(n, 0, x); em_node_set_input(n, 1, w);
+    if (bias) em_node_set_input(n, 2, bias);
+    em_node_save(n, x); em_node_save(n, w);
+    em_node_finish(n, y);
+  }
+  return y;
+}

@@ -1,0 +1,161 @@
+/* rmsnorm: y = x * rstd * w with rstd = 1 / sqrt(mean(x², -1) + eps).
+ *
+ * x (..., D) is read as N rows of D, in f32 (f64 for f64) whatever its
+ * dtype, with the sum of squares accumulated in double; y comes back in x's
+ * dtype. w (D) is optional and may have another float dtype (f32 master
+ * weights under bf16 activations). rstd (N values) is saved, so the fused
+ * backward needs one pass per row and no recomputed reduction:
+ *   xhat = x * rstd, u = gy * w
+ *   gx   = rstd * (u - xhat * mean(u * xhat))
+ *   gw   = sum over rows of gy * xhat       (accumulated in double, row order) */
+#include <stdio.h>
+#include "internal.h"
+
+static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
+  char s1[160], s2[160];
+  if (em_check_float("rmsnorm", "x", x)) return -1;
+  if (x->ndim < 1) return em_error("rmsnorm: expected x with at least 1 dim (..., D), got a 0-dim tensor");
+  if (!(eps >= 0) || isinf(eps))
+    return em_error("rmsnorm: expected eps to be a finite number >= 0, got %g", eps);
+  if (!w) return 0;
+  if (em_check_float("rmsnorm", "weight", w)) return -1;
+  if (em_check_same_device("rmsnorm", x, w)) return -1;
+  if (w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
+    return em_error("rmsnorm: expected weight of shape [%lld] (x's last dim), got %s (x has shape %s)",
+                    (long long)x->shape[x->ndim - 1], em_shape_str(w->ndim, w->shape, s1, 160),
+                    em_shape_str(x->ndim, x->shape, s2, 160));
+  return 0;
+}
+
+/* y and rstd for N rows; w may be NULL. */
+static void rms_fwd_f32(const float *x, const float *w, int64_t N, int64_t D, float eps, float *y, float *rstd) {
+  for (int64_t i = 0; i < N; i++, x += D, y += D) {
+    double ss = 0;
+    for (int64_t j = 0; j < D; j++) ss += (double)x[j] * x[j];
+    float r = 1.0f / sqrtf((float)(ss / (double)D) + eps);
+    rstd[i] = r;
+    if (w) for (int64_t j = 0; j < D; j++) y[j] = x[j] * r * w[j];
+    else for (int64_t j = 0; j < D; j++) y[j] = x[j] * r;
+  }
+}
+
+static void rms_fwd_f64(const double *x, const double *w, int64_t N, int64_t D, double eps, double *y, double *rstd) {
+  for (int64_t i = 0; i < N; i++, x += D, y += D) {
+    double ss = 0;
+    for (int64_t j = 0; j < D; j++) ss += x[j] * x[j];
+    double r = 1.0 / sqrt(ss / (double)D + eps);
+    rstd[i] = r;
+    if (w) for (int64_t j = 0; j < D; j++) y[j] = x[j] * r * w[j];
+    else for (int64_t j = 0; j < D; j++) y[j] = x[j] * r;
+  }
+}
+
+/* Contiguous copies of x and w in the compute dtype ct (w may be NULL). */
+static int rms_inputs(em_tensor *x, em_tensor *w, em_dtype ct, em_tensor **xc, em_tensor **wc) {
+  *xc = em_contiguous_as(x, ct);
+  *wc = (*xc && w) ? em_contiguous_as(w, ct) : NULL;
+  return (!*xc || (w && !*wc)) ? -1 : 0;
+}
+
+static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_tensor **rstd_out) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
+  em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *xc, *wc, *y = NULL, *rstd = NULL, *out = NULL;
+  if (rms_inputs(x, w, ct, &xc, &wc)) goto done;
+  if (!(y = em_empty(x->ndim, x->shape, ct, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto done;
+  if (ct == EM_F32)
+    rms_fwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, N, D, (float)eps, em_data_ptr(y), em_data_ptr(rstd));
+  else
+    rms_fwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, N, D, eps, em_data_ptr(y), em_data_ptr(rstd));
+  out = em_contiguous_as(y, x->dtype);
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(y);
+  if (out) *rstd_out = rstd; else em_tensor_release(rstd);
+  return out;
+}
+
+/* gx (may be NULL) and gw accumulation (may be NULL) for N rows. */
+static void rms_bwd_f32(const float *x, const float *w, const float *gy, const float *rstd, int64_t N, int64_t D,
+                        float *gx, double *gw) {
+  for (int64_t i = 0; i < N; i++, x += D, gy += D) {
+    float r = rstd[i];
+    double dot = 0;                       /* sum_j u_j * xhat_j */
+    for (int64_t j = 0; j < D; j++) dot += (double)(gy[j] * (w ? w[j] : 1.0f)) * (x[j] * r);
+    float c = (float)(dot / (double)D);
+    if (gx) {
+      for (int64_t j = 0; j < D; j++) gx[j] = r * (gy[j] * (w ? w[j] : 1.0f) - x[j] * r * c);
+      gx += D;
+    }
+    if (gw) for (int64_t j = 0; j < D; j++) gw[j] += (double)gy[j] * (x[j] * r);
+  }
+}
+
+static void rms_bwd_f64(const double *x, const double *w, const double *gy, const double *rstd, int64_t N,
+                        int64_t D, double *gx, double *gw) {
+  for (int64_t i = 0; i < N; i++, x += D, gy += D) {
+    double r = rstd[i], dot = 0;
+    for (int64_t j = 0; j < D; j++) dot += gy[j] * (w ? w[j] : 1.0) * (x[j] * r);
+    double c = dot / (double)D;
+    if (gx) {
+      for (int64_t j = 0; j < D; j++) gx[j] = r * (gy[j] * (w ? w[j] : 1.0) - x[j] * r * c);
+      gx += D;
+    }
+    if (gw) for (int64_t j = 0; j < D; j++) gw[j] += gy[j] * (x[j] * r);
+  }
+}
+
+/* Round the double accumulator into a new (D) tensor of dtype ct. */
+static em_tensor *gw_tensor(const double *acc, int64_t D, em_dtype ct, em_device dev) {
+  em_tensor *t = em_empty(1, &D, ct, dev);
+  if (t) em_convert(em_data_ptr(t), ct, acc, EM_F64, D);
+  return t;
+}
+
+/* saved: x, rstd, [w]; inputs: x, [w]. Gradients come out in the compute dtype. */
+static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+  em_dtype ct = rstd->dtype;
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
+  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
+  em_tensor *xc, *wc, *g = NULL, *gx = NULL;
+  double *acc = NULL;
+  int rc = -1;
+  if (rms_inputs(x, w, ct, &xc, &wc) || !(g = em_contiguous_as(gout[0], ct))) goto done;
+  if (need_x && !(gx = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
+  if (need_w && !(acc = calloc((size_t)EM_MAX(D, 1), sizeof *acc))) {
+    em_error_oom("out of memory: rmsnorm backward (%lld doubles)", (long long)D);
+    goto done;
+  }
+  if (ct == EM_F32)
+    rms_bwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(rstd), N, D,
+                gx ? em_data_ptr(gx) : NULL, acc);
+  else
+    rms_bwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(rstd), N, D,
+                gx ? em_data_ptr(gx) : NULL, acc);
+  if (need_w && !(gin[1] = gw_tensor(acc, D, ct, x->device))) goto done;
+  gin[0] = gx; gx = NULL;
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx);
+  free(acc);
+  return rc;
+}
+
+em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
+  EM_OP_SCOPE("rmsnorm");
+  if (rmsnorm_validate(x, w, eps)) return NULL;
+  if (x->device.type != EM_CPU) { em_error_device("rmsnorm", x); return NULL; }
+  em_tensor *rstd = NULL;
+  em_tensor *y = rmsnorm_cpu(x, w, eps, &rstd);
+  if (y && em_grad_needed(2, (em_tensor *[]){x, w})) {
+    em_node *n = em_node_new("rmsnorm", rmsnorm_backward, w ? 2 : 1, 1);
+    if (!n) { em_tensor_release(y); em_tensor_release(rstd); return NULL; }
+    em_node_set_input(n, 0, x);
+    if (w) em_node_set_input(n, 1, w);
+    em_node_save(n, x); em_node_save(n, rstd);
+    if (w) em_node_save(n, w);
+    em_node_finish(n, y);
+  }
+  em_tensor_release(rstd);
+  return y;
+}

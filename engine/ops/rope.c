@@ -1,0 +1,164 @@
+/* rope: rotary position embedding on adjacent pairs of the last dim.
+ *
+ * For x (..., d) with d even and a position p for each row (pos is integer,
+ * broadcast to x's leading dims: (T) for x (..., T, d), or (B, 1, T) ...),
+ *   angle_j = p * theta^(-2j/d)
+ *   y[2j]   = x[2j] cos(angle_j) - x[2j+1] sin(angle_j)
+ *   y[2j+1] = x[2j] sin(angle_j) + x[2j+1] cos(angle_j)
+ * Angles, cos and sin are computed in double (positions reach 10^5 and the
+ * angle must not lose digits), then used in f32 (f64 for f64 x). Rows share a
+ * cos/sin table indexed by position when the positions span at most half as
+ * many values as there are rows (the usual 0..T-1 over B·H·T rows), otherwise
+ * each row computes its own; both give the same numbers.
+ * Backward is the same rotation by -angle (the rotation's transpose). */
+#include <stdio.h>
+#include "internal.h"
+
+static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
+  char s1[160], s2[160], s3[160];
+  if (em_check_float("rope", "x", x)) return -1;
+  if (em_check_int("rope", "pos", pos)) return -1;
+  if (em_check_same_device("rope", x, pos)) return -1;
+  if (x->ndim < 1) return em_error("rope: expected x with at least 1 dim (..., T, d), got a 0-dim tensor");
+  if (x->shape[x->ndim - 1] % 2 != 0)
+    return em_error("rope: expected an even last dim, got %lld (x has shape %s)",
+                    (long long)x->shape[x->ndim - 1], em_shape_str(x->ndim, x->shape, s1, 160));
+  if (!(theta > 0) || isinf(theta)) return em_error("rope: expected theta > 0 and finite, got %g", theta);
+  /* pos must broadcast to x's leading dims without growing them */
+  int lead = x->ndim - 1, ok = pos->ndim <= lead;
+  for (int i = 0; ok && i < pos->ndim; i++) {
+    int64_t ps = pos->shape[pos->ndim - 1 - i], xs = x->shape[lead - 1 - i];
+    ok = ps == xs || ps == 1;
+  }
+  if (!ok)
+    return em_error("rope: positions of shape %s do not broadcast to x's leading dims %s (x has shape %s)",
+                    em_shape_str(pos->ndim, pos->shape, s1, 160), em_shape_str(lead, x->shape, s2, 160),
+                    em_shape_str(x->ndim, x->shape, s3, 160));
+  return 0;
+}
+
+/* One position per row of x (N = numel / d), pos broadcast to x's leading dims. */
+static int64_t *row_positions(em_tensor *pos, int lead, const int64_t *lead_shape, int64_t N) {
+  int64_t *p = malloc((size_t)EM_MAX(N, 1) * sizeof *p);
+  em_tensor *pc = p ? em_contiguous_as(pos, EM_I64) : NULL;
+  if (!pc) {
+    if (!p) em_error_oom("out of memory: rope positions (%lld)", (long long)N);
+    free(p);
+    return NULL;
+  }
+  em_iter it;
+  em_iter_init(&it, lead, lead_shape, 1, (const em_tensor *[]){pc});
+  const int64_t *src = em_storage_ptr(pc);
+  for (int64_t i = 0; i < N; i++) { p[i] = src[it.off[0]]; em_iter_next(&it); }
+  em_tensor_release(pc);
+  return p;
+}
+
+/* cos/sin of p * inv_freq[j] for j < d/2 (double, then stored as the compute type). */
+typedef struct {
+  int64_t half, base, count;   /* table rows cover positions base .. base+count-1; count 0: no table */
+  double *inv_freq;            /* (half) */
+  double *cs;                  /* (count, half, 2): cos, sin */
+} rope_table;
+
+static void angle_cs(const rope_table *t, int64_t p, int64_t j, double *c, double *s) {
+  double a = (double)p * t->inv_freq[j];
+  *c = cos(a); *s = sin(a);
+}
+
+static int table_init(rope_table *t, const int64_t *pos, int64_t N, int64_t d, double theta) {
+  memset(t, 0, sizeof *t);
+  t->half = d / 2;
+  t->inv_freq = malloc((size_t)EM_MAX(t->half, 1) * sizeof(double));
+  if (!t->inv_freq) return em_error_oom("out of memory: rope frequencies");
+  for (int64_t j = 0; j < t->half; j++) t->inv_freq[j] = pow(theta, -2.0 * (double)j / (double)d);
+  if (N == 0) return 0;
+  int64_t lo = pos[0], hi = pos[0];
+  for (int64_t i = 1; i < N; i++) { lo = EM_MIN(lo, pos[i]); hi = EM_MAX(hi, pos[i]); }
+  /* a table pays off only when rows share positions (B·H rows per position) */
+  if ((uint64_t)hi - (uint64_t)lo >= (uint64_t)N / 2) return 0;
+  t->base = lo; t->count = hi - lo + 1;
+  t->cs = malloc((size_t)(t->count * EM_MAX(t->half, 1) * 2) * sizeof(double));
+  if (!t->cs) { t->count = 0; return 0; }                       /* fall back to per row */
+  for (int64_t r = 0; r < t->count; r++)
+    for (int64_t j = 0; j < t->half; j++)
+      angle_cs(t, lo + r, j, &t->cs[(r * t->half + j) * 2], &t->cs[(r * t->half + j) * 2 + 1]);
+  return 0;
+}
+
+static void table_free(rope_table *t) { free(t->inv_freq); free(t->cs); }
+
+/* cos/sin of row position p into cs (half x 2). */
+static const double *row_cs(const rope_table *t, int64_t p, double *scratch) {
+  if (t->count) return t->cs + (p - t->base) * t->half * 2;
+  for (int64_t j = 0; j < t->half; j++) angle_cs(t, p, j, &scratch[2 * j], &scratch[2 * j + 1]);
+  return scratch;
+}
+
+/* y = rotate(x, sign * angle), N rows of d = 2 * half. */
+static void rope_f32(const float *x, float *y, const int64_t *pos, int64_t N, const rope_table *t,
+                     float sign, double *scratch) {
+  for (int64_t i = 0; i < N; i++, x += 2 * t->half, y += 2 * t->half) {
+    const double *cs = row_cs(t, pos[i], scratch);
+    for (int64_t j = 0; j < t->half; j++) {
+      float c = (float)cs[2 * j], s = sign * (float)cs[2 * j + 1], a = x[2 * j], b = x[2 * j + 1];
+      y[2 * j] = a * c - b * s;
+      y[2 * j + 1] = a * s + b * c;
+    }
+  }
+}
+
+static void rope_f64(const double *x, double *y, const int64_t *pos, int64_t N, const rope_table *t,
+                     double sign, double *scratch) {
+  for (int64_t i = 0; i < N; i++, x += 2 * t->half, y += 2 * t->half) {
+    const double *cs = row_cs(t, pos[i], scratch);
+    for (int64_t j = 0; j < t->half; j++) {
+      double c = cs[2 * j], s = sign * cs[2 * j + 1], a = x[2 * j], b = x[2 * j + 1];
+      y[2 * j] = a * c - b * s;
+      y[2 * j + 1] = a * s + b * c;
+    }
+  }
+}
+
+/* Rotate x by sign * angle; result in out_dt. Shared by forward (+1) and backward (-1). */
+static em_tensor *rope_apply(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+  int64_t d = x->shape[x->ndim - 1];
+  int64_t N = em_shape_numel(x->ndim - 1, x->shape);
+  em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
+  rope_table t = {0};
+  em_tensor *xc = NULL, *y = NULL, *out = NULL;
+  double *scratch = NULL;
+  int64_t *p = row_positions(pos, x->ndim - 1, x->shape, N);
+  if (!p || table_init(&t, p, N, d, theta)) goto done;
+  if (!(scratch = malloc((size_t)EM_MAX(d, 1) * sizeof *scratch))) { em_error_oom("out of memory: rope"); goto done; }
+  if (!(xc = em_contiguous_as(x, ct)) || !(y = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
+  if (ct == EM_F32) rope_f32(em_data_ptr(xc), em_data_ptr(y), p, N, &t, (float)sign, scratch);
+  else rope_f64(em_data_ptr(xc), em_data_ptr(y), p, N, &t, sign, scratch);
+  out = em_contiguous_as(y, out_dt);
+done:
+  free(p); free(scratch); table_free(&t);
+  em_tensor_release(xc); em_tensor_release(y);
+  return out;
+}
+
+/* saved: pos; f[0] = theta. */
+static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  gin[0] = rope_apply(gout[0], n->saved[0], n->f[0], -1.0, gout[0]->dtype);
+  return gin[0] ? 0 : -1;
+}
+
+em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
+  EM_OP_SCOPE("rope");
+  if (rope_validate(x, pos, theta)) return NULL;
+  if (x->device.type != EM_CPU) { em_error_device("rope", x); return NULL; }
+  em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
+  if (y && em_grad_needed(1, &x)) {
+    em_node *n = em_node_new("rope", rope_backward, 1, 1);
+    if (!n) { em_tensor_release(y); return NULL; }
+    em_node_set_input(n, 0, x);
+    em_node_save(n, pos);
+    n->f[0] = theta;
+    em_node_finish(n, y);
+  }
+  return y;
+}

@@ -1,0 +1,101 @@
+/* swiglu(a, b) = silu(a) * b = a * sigmoid(a) * b, the gate of a SwiGLU FFN
+ * (w2(silu(w1 x) ⊙ w3 x)).
+ *
+ * Fused so the FFN does not keep silu(a) alive for backward: only a and b
+ * are saved, and one pass computes both gradients with s = sigmoid(a):
+ *   ga = g * b * s * (1 + a * (1 - s))      (d silu / da)
+ *   gb = g * a * s
+ * a and b must have the same shape and dtype (no broadcasting: the two FFN
+ * projections always agree). Math in f32 (f64 for f64), result in a's dtype. */
+#include <stdio.h>
+#include "internal.h"
+
+static int swiglu_validate(em_tensor *a, em_tensor *b) {
+  char s1[160], s2[160];
+  if (em_check_float("swiglu", "a", a) || em_check_float("swiglu", "b", b)) return -1;
+  if (em_check_same_device("swiglu", a, b)) return -1;
+  if (a->dtype != b->dtype)
+    return em_error("swiglu: expected a and b to have the same dtype, got %s and %s", em_dtype_name(a->dtype),
+                    em_dtype_name(b->dtype));
+  if (!em_same_shape(a, b))
+    return em_error("swiglu: expected a and b to have the same shape, got %s and %s",
+                    em_shape_str(a->ndim, a->shape, s1, 160), em_shape_str(b->ndim, b->shape, s2, 160));
+  return 0;
+}
+
+static void swiglu_fwd_f32(const float *a, const float *b, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+static void swiglu_fwd_f64(const double *a, const double *b, double *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = a[i] / (1.0 + exp(-a[i])) * b[i];
+}
+
+static void swiglu_bwd_f32(const float *a, const float *b, const float *g, float *ga, float *gb, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float s = 1.0f / (1.0f + expf(-a[i]));
+    if (ga) ga[i] = g[i] * b[i] * s * (1.0f + a[i] * (1.0f - s));
+    if (gb) gb[i] = g[i] * a[i] * s;
+  }
+}
+
+static void swiglu_bwd_f64(const double *a, const double *b, const double *g, double *ga, double *gb, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double s = 1.0 / (1.0 + exp(-a[i]));
+    if (ga) ga[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
+    if (gb) gb[i] = g[i] * a[i] * s;
+  }
+}
+
+static em_tensor *swiglu_cpu(em_tensor *a, em_tensor *b) {
+  em_dtype ct = a->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *ac = em_contiguous_as(a, ct);
+  em_tensor *bc = ac ? em_contiguous_as(b, ct) : NULL;
+  em_tensor *y = bc ? em_empty(a->ndim, a->shape, ct, a->device) : NULL, *out = NULL;
+  if (y) {
+    if (ct == EM_F32) swiglu_fwd_f32(em_data_ptr(ac), em_data_ptr(bc), em_data_ptr(y), em_numel(a));
+    else swiglu_fwd_f64(em_data_ptr(ac), em_data_ptr(bc), em_data_ptr(y), em_numel(a));
+    out = em_contiguous_as(y, a->dtype);
+  }
+  em_tensor_release(ac); em_tensor_release(bc); em_tensor_release(y);
+  return out;
+}
+
+/* saved: a, b. Gradients in the compute dtype; the engine rounds them. */
+static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *a = n->saved[0], *b = n->saved[1];
+  em_dtype ct = a->dtype == EM_F64 ? EM_F64 : EM_F32;
+  bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
+  int64_t cnt = em_numel(a);
+  em_tensor *ac = em_contiguous_as(a, ct);
+  em_tensor *bc = ac ? em_contiguous_as(b, ct) : NULL;
+  em_tensor *g = bc ? em_contiguous_as(gout[0], ct) : NULL;
+  em_tensor *ga = g && need_a ? em_empty(a->ndim, a->shape, ct, a->device) : NULL;
+  em_tensor *gb = g && need_b ? em_empty(a->ndim, a->shape, ct, a->device) : NULL;
+  int rc = (!g || (need_a && !ga) || (need_b && !gb)) ? -1 : 0;
+  if (rc == 0 && ct == EM_F32)
+    swiglu_bwd_f32(em_data_ptr(ac), em_data_ptr(bc), em_data_ptr(g), ga ? em_data_ptr(ga) : NULL,
+                   gb ? em_data_ptr(gb) : NULL, cnt);
+  else if (rc == 0)
+    swiglu_bwd_f64(em_data_ptr(ac), em_data_ptr(bc), em_data_ptr(g), ga ? em_data_ptr(ga) : NULL,
+                   gb ? em_data_ptr(gb) : NULL, cnt);
+  em_tensor_release(ac); em_tensor_release(bc); em_tensor_release(g);
+  if (rc) { em_tensor_release(ga); em_tensor_release(gb); return -1; }
+  gin[0] = ga; gin[1] = gb;
+  return 0;
+}
+
+em_tensor *em_swiglu(em_tensor *a, em_tensor *b) {
+  EM_OP_SCOPE("swiglu");
+  if (swiglu_validate(a, b)) return NULL;
+  if (a->device.type != EM_CPU) { em_error_device("swiglu", a); return NULL; }
+  em_tensor *y = swiglu_cpu(a, b);
+  if (y && em_grad_needed(2, (em_tensor *[]){a, b})) {
+    em_node *n = em_node_new("swiglu", swiglu_backward, 2, 1);
+    if (!n) { em_tensor_release(y); return NULL; }
+    em_node_set_input(n, 0, a); em_node_set_input(n, 1, b);
+    em_node_save(n, a); em_node_save(n, b);
+    em_node_finish(n, y);
+  }
+  return y;
+}
