@@ -37,13 +37,15 @@ void em_tensor_release(em_tensor *t) {
 static int check_shape(const char *op, int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > EM_MAX_DIMS)
     return em_error("%s: expected at most %d dims, got %d", op, EM_MAX_DIMS, ndim);
-  int64_t n = 1;   /* product of max(size, 1): strides must fit even when a dim is 0 */
+  int64_t n = 1, numel = 1;   /* product of max(size, 1): strides must fit even when a dim is 0 */
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return em_error("%s: negative size %lld in dim %d", op, (long long)shape[i], i);
     int64_t d = shape[i] > 1 ? shape[i] : 1;
-    if (n > INT64_MAX / 16 / d) return em_error("%s: shape is too large", op);
+    if (n > INT64_MAX / d) return em_error("%s: shape is too large", op);
     n *= d;
+    numel = (numel == 0 || shape[i] == 0) ? 0 : numel * d;
   }
+  if (numel > INT64_MAX / 16) return em_error("%s: shape is too large", op);
   return 0;
 }
 
@@ -579,19 +581,24 @@ em_tensor *em_contiguous_as(em_tensor *t, em_dtype dt) {
   return out;
 }
 
+/* Rebind a leaf to src's storage, geometry, dtype and device (PyTorch's
+ * `p.data = q`): optimizers and hooks holding t keep working. A .grad that no
+ * longer matches is dropped. */
 int em_set_(em_tensor *t, em_tensor *src) {
-  if (t->dtype != src->dtype || !em_device_eq(t->device, src->device)) {
-    char a[32], b[32];
-    return em_error("set_: expected a source with dtype %s on %s, got %s on %s", em_dtype_name(t->dtype),
-                    em_device_str(t->device, a, 32), em_dtype_name(src->dtype), em_device_str(src->device, b, 32));
-  }
   if (t->grad_fn) return em_error("set_: only leaf tensors can be rebound");
+  if (t->requires_grad && !em_dtype_is_float(src->dtype))
+    return em_error("set_: a tensor that requires grad cannot take dtype %s", em_dtype_name(src->dtype));
   em_storage_retain(src->storage);
   em_storage_release(t->storage);
   t->storage = src->storage;
   t->offset = src->offset; t->ndim = src->ndim;
   memcpy(t->shape, src->shape, sizeof t->shape);
   memcpy(t->stride, src->stride, sizeof t->stride);
+  t->dtype = src->dtype; t->device = src->device;
+  if (t->grad && (t->grad->dtype != t->dtype || !em_device_eq(t->grad->device, t->device) || !em_same_shape(t->grad, t))) {
+    em_tensor_release(t->grad);
+    t->grad = NULL;
+  }
   em_bump_version(t);
   return 0;
 }

@@ -104,8 +104,14 @@ function M.tostring(t)
     for i = 1, math.min(#values, 2 * opts.threshold) do fmt_values[i] = values[i] end
   end
   local fmt = make_formatter(fmt_values, dtype)
-  local width = 0
-  for _, v in ipairs(fmt_values) do width = math.max(width, #fmt(v)) end
+  -- column width as torch: floats count finite non-zero values only (at least 1)
+  local width = 1
+  local floaty = is_float(dtype)
+  for _, v in ipairs(fmt_values) do
+    if not floaty or (v == v and v ~= 0 and v ~= math.huge and v ~= -math.huge) then
+      width = math.max(width, #fmt(v))
+    end
+  end
   local body
   if numel == 0 then
     body = "[]"

@@ -74,7 +74,7 @@ static int hook_remove(lua_State *L) {
 
 static int l_register_hook(lua_State *L) {
   em_tensor *t = lem_check_tensor(L, 1, "register_post_accumulate_grad_hook", "self");
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lem_check_type(L, 2, LUA_TFUNCTION, "register_post_accumulate_grad_hook", "hook");
   lua_hook *h = malloc(sizeof *h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   h->main = lua_tothread(L, -1);

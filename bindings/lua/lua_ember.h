@@ -17,6 +17,8 @@ void lem_push_tensor(lua_State *L, em_tensor *t);
 int lem_push_result(lua_State *L, em_tensor *t);
 em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg);
 em_tensor *lem_test_tensor(lua_State *L, int idx);      /* NULL if not a tensor */
+/* Like lem_test_tensor; a closed tensor raises naming fn. */
+em_tensor *lem_test_tensor_named(lua_State *L, int idx, const char *fn);
 /* Raise the last engine error as a Lua error ("ember.<msg>", OOM unprefixed). */
 int lem_raise(lua_State *L);
 /* Raise "ember.<fn>: <formatted>". */
@@ -28,8 +30,13 @@ int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *
 int lem_opt_dtype(lua_State *L, int opts, const char *fn, em_dtype def, em_dtype *out);
 int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out);
 int lem_opt_bool(lua_State *L, int opts, const char *key, int def);
-double lem_opt_number(lua_State *L, int opts, const char *key, double def);
+double lem_opt_number(lua_State *L, int opts, const char *fn, const char *key, double def);
 em_tensor *lem_opt_tensor(lua_State *L, int opts, const char *key, const char *fn);
+/* Argument checks that raise "ember.<fn>: expected argument N (arg) to be ..., got ...". */
+double lem_check_number(lua_State *L, int idx, const char *fn, const char *arg);
+double lem_opt_number_arg(lua_State *L, int idx, const char *fn, const char *arg, double def);
+const char *lem_check_string(lua_State *L, int idx, const char *fn, const char *arg);
+void lem_check_type(lua_State *L, int idx, int type, const char *fn, const char *arg);
 /* Integer argument as a dim/index (0-based). */
 int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg);
 /* Read a list (Lua array) of tensors; returns count, fills a malloc'd array in *out (caller frees). */

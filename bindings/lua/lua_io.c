@@ -1,5 +1,6 @@
 /* File bindings: safetensors (ember.save / ember.load) and .npy. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include "lua_ember.h"
 
@@ -7,7 +8,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *c
 
 /* ember.save(path, {name = tensor, ...}, {metadata = {k = v}}) */
 static int l_save(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = lem_check_string(L, 1, "save", "path");
   if (!lua_istable(L, 2) || lem_test_tensor(L, 2))
     return lem_error(L, "save", "expected argument 2 to be a table {name = tensor}, got %s", luaL_typename(L, 2));
   int n = 0;
@@ -52,7 +53,7 @@ static int l_save(lua_State *L) {
 
 /* ember.load(path) -> {name = tensor}, metadata */
 static int l_load(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = lem_check_string(L, 1, "load", "path");
   char **names = NULL, **mk = NULL, **mv = NULL; em_tensor **ts = NULL; int nm = 0;
   int n = em_st_load(path, &names, &ts, &nm, &mk, &mv);
   if (n < 0) return lem_raise(L);
@@ -72,16 +73,27 @@ static int l_load(lua_State *L) {
   return 2;
 }
 
+/* Shared file helpers name errors "load:"/"save:"; name them after the npy call. */
+static int raise_renamed(lua_State *L, const char *from, const char *to) {
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%s", em_last_error());
+  size_t n = strlen(from);
+  if (strncmp(buf, from, n) == 0 && buf[n] == ':') em_error_code(em_last_error_code(), "%s%s", to, buf + n);
+  return lem_raise(L);
+}
+
 static int l_load_npy(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = lem_check_string(L, 1, "load_npy", "path");
   int mm = lem_opt_bool(L, lua_istable(L, 2) ? 2 : 0, "mmap", 0);
-  return lem_push_result(L, em_npy_load(path, mm));
+  em_tensor *t = em_npy_load(path, mm);
+  if (!t) return raise_renamed(L, "load", "load_npy");
+  return lem_push_result(L, t);
 }
 
 static int l_save_npy(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = lem_check_string(L, 1, "save_npy", "path");
   em_tensor *t = lem_check_tensor(L, 2, "save_npy", "tensor");
-  if (em_npy_save(path, t)) return lem_raise(L);
+  if (em_npy_save(path, t)) return raise_renamed(L, "save", "save_npy");
   return 0;
 }
 

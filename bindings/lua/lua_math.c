@@ -2,6 +2,7 @@
  * reductions, matmul, the functional NN ops, random fills, optimizer kernels. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include "lua_ember.h"
 
@@ -17,9 +18,9 @@ static double scalar_arg(lua_State *L, int idx, const char *fn) {
 /* a OP b where either side may be a number; out from opts or in-place. */
 static int binop(lua_State *L, em_binop op, int inplace) {
   const char *fn = em_binop_name(op);
-  em_tensor *a = lem_test_tensor(L, 1), *b = lem_test_tensor(L, 2), *out = NULL;
   char nm[40];
   if (inplace) { snprintf(nm, sizeof nm, "%s_", fn); fn = nm; }
+  em_tensor *a = lem_test_tensor_named(L, 1, fn), *b = lem_test_tensor_named(L, 2, fn), *out = NULL;
   int opts = opts_at(L, 3);
   if (opts) out = lem_opt_tensor(L, opts, "out", fn);
   if (inplace) {
@@ -58,11 +59,11 @@ UN(logical_not, EM_LOGICAL_NOT) UN(floor, EM_FLOOR) UN(ceil, EM_CEIL) UN(round, 
 
 static int mm_unm(lua_State *L) { return lem_push_result(L, em_unary(EM_NEG, lem_check_tensor(L, 1, "neg", "self"), NULL)); }
 
-static double opt_bound(lua_State *L, int idx) { return lua_isnoneornil(L, idx) ? NAN : luaL_checknumber(L, idx); }
+static double opt_bound(lua_State *L, int idx, const char *fn) { return lem_opt_number_arg(L, idx, fn, idx == 2 ? "min" : "max", NAN); }
 static int clamp_impl(lua_State *L, int inplace) {
   const char *fn = inplace ? "clamp_" : "clamp";
   em_tensor *a = lem_check_tensor(L, 1, fn, "self");
-  double lo = opt_bound(L, 2), hi = opt_bound(L, 3);
+  double lo = opt_bound(L, 2, fn), hi = opt_bound(L, 3, fn);
   if (!isnan(lo) && !isnan(hi) && lo > hi) return lem_error(L, fn, "expected min <= max, got min=%g max=%g", lo, hi);
   return lem_push_result(L, em_clamp(a, lo, hi, inplace ? a : NULL));
 }
@@ -145,13 +146,13 @@ static int l_var(lua_State *L) {
   em_tensor *a = lem_check_tensor(L, 1, "var", "self");
   int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "var", dims);
   int o = reduce_opts(L, 2);
-  return lem_push_result(L, em_var(a, nd, dims, lem_opt_number(L, o, "correction", 1), lem_opt_bool(L, o, "keepdim", 0)));
+  return lem_push_result(L, em_var(a, nd, dims, lem_opt_number(L, o, "var", "correction", 1), lem_opt_bool(L, o, "keepdim", 0)));
 }
 static int l_std(lua_State *L) {
   em_tensor *a = lem_check_tensor(L, 1, "std", "self");
   int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "std", dims);
   int o = reduce_opts(L, 2);
-  em_tensor *v = em_var(a, nd, dims, lem_opt_number(L, o, "correction", 1), lem_opt_bool(L, o, "keepdim", 0));
+  em_tensor *v = em_var(a, nd, dims, lem_opt_number(L, o, "std", "correction", 1), lem_opt_bool(L, o, "keepdim", 0));
   if (!v) return lem_raise(L);
   em_tensor *s = em_unary(EM_SQRT, v, NULL);
   em_tensor_release(v);
@@ -222,11 +223,11 @@ static int l_cross_entropy(lua_State *L) {
 static int l_rmsnorm(lua_State *L) {
   em_tensor *x = lem_check_tensor(L, 1, "rmsnorm", "input");
   em_tensor *w = lua_isnoneornil(L, 2) ? NULL : lem_check_tensor(L, 2, "rmsnorm", "weight");
-  return lem_push_result(L, em_rmsnorm(x, w, luaL_optnumber(L, 3, 1e-5)));
+  return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number_arg(L, 3, "rmsnorm", "eps", 1e-5)));
 }
 static int l_rope(lua_State *L) {
   em_tensor *x = lem_check_tensor(L, 1, "rope", "input"), *p = lem_check_tensor(L, 2, "rope", "positions");
-  return lem_push_result(L, em_rope(x, p, luaL_optnumber(L, 3, 10000.0)));
+  return lem_push_result(L, em_rope(x, p, lem_opt_number_arg(L, 3, "rope", "theta", 10000.0)));
 }
 static int l_swiglu(lua_State *L) {
   return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, "swiglu", "a"), lem_check_tensor(L, 2, "swiglu", "b")));
@@ -234,7 +235,7 @@ static int l_swiglu(lua_State *L) {
 static int l_attention_naive(lua_State *L) {
   em_tensor *q = lem_check_tensor(L, 1, "attention_naive", "q"), *k = lem_check_tensor(L, 2, "attention_naive", "k");
   em_tensor *v = lem_check_tensor(L, 3, "attention_naive", "v");
-  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), luaL_optnumber(L, 5, 0)));
+  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), lem_opt_number_arg(L, 5, "attention_naive", "scale", 0)));
 }
 
 static int l_cat_stack(lua_State *L, int stack) {
@@ -262,17 +263,21 @@ static int l_get_rng_state(lua_State *L) {
   return 1;
 }
 static int l_set_rng_state(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  lem_check_type(L, 1, LUA_TTABLE, "set_rng_state", "state");
   lua_getfield(L, 1, "seed"); lua_getfield(L, 1, "offset");
-  em_rng_set_state((uint64_t)luaL_checkinteger(L, -2), (uint64_t)luaL_checkinteger(L, -1));
+  if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
+    return lem_error(L, "set_rng_state", "expected a table {seed = integer, offset = integer} (from get_rng_state)");
+  em_rng_set_state((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1));
   return 0;
 }
 static int fill_random(lua_State *L, const char *fn, int kind) {
   em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   int rc;
-  if (kind == 0) rc = em_uniform_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1));
-  else if (kind == 1) rc = em_normal_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1));
-  else rc = em_trunc_normal_(t, luaL_optnumber(L, 2, 0), luaL_optnumber(L, 3, 1), luaL_optnumber(L, 4, -2), luaL_optnumber(L, 5, 2));
+  double a = lem_opt_number_arg(L, 2, fn, kind == 0 ? "from" : "mean", 0);
+  double b = lem_opt_number_arg(L, 3, fn, kind == 0 ? "to" : "std", 1);
+  if (kind == 0) rc = em_uniform_(t, a, b);
+  else if (kind == 1) rc = em_normal_(t, a, b);
+  else rc = em_trunc_normal_(t, a, b, lem_opt_number_arg(L, 4, fn, "a", -2), lem_opt_number_arg(L, 5, fn, "b", 2));
   if (rc) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
@@ -290,8 +295,9 @@ static int l_adamw_(lua_State *L) {
   int n4 = lem_check_tensor_list(L, 4, "adamw_", &v);
   int rc = -1;
   if (n != n2 || n != n3 || n != n4) em_error("adamw_: expected lists of equal length, got %d, %d, %d, %d", n, n2, n3, n4);
-  else rc = em_adamw_(n, p, g, m, v, luaL_checknumber(L, 5), luaL_checknumber(L, 6), luaL_checknumber(L, 7),
-                      luaL_checknumber(L, 8), luaL_checknumber(L, 9), lem_check_int(L, 10, "adamw_", "step"));
+  else rc = em_adamw_(n, p, g, m, v, lem_check_number(L, 5, "adamw_", "lr"), lem_check_number(L, 6, "adamw_", "beta1"),
+                      lem_check_number(L, 7, "adamw_", "beta2"), lem_check_number(L, 8, "adamw_", "eps"),
+                      lem_check_number(L, 9, "adamw_", "weight_decay"), lem_check_int(L, 10, "adamw_", "step"));
   free(p); free(g); free(m); free(v);
   if (rc) return lem_raise(L);
   return 0;
@@ -302,7 +308,8 @@ static int l_sgd_(lua_State *L) {
   if (!lua_isnoneornil(L, 3)) n3 = lem_check_tensor_list(L, 3, "sgd_", &b);
   int rc = -1;
   if (n != n2 || n != n3) em_error("sgd_: expected lists of equal length, got %d, %d, %d", n, n2, n3);
-  else rc = em_sgd_(n, p, g, b, luaL_checknumber(L, 4), luaL_optnumber(L, 5, 0), luaL_optnumber(L, 6, 0), lua_toboolean(L, 7));
+  else rc = em_sgd_(n, p, g, b, lem_check_number(L, 4, "sgd_", "lr"), lem_opt_number_arg(L, 5, "sgd_", "momentum", 0),
+                    lem_opt_number_arg(L, 6, "sgd_", "weight_decay", 0), lua_toboolean(L, 7));
   free(p); free(g); free(b);
   if (rc) return lem_raise(L);
   return 0;

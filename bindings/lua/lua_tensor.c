@@ -12,16 +12,41 @@ static size_t gc_debt = 0;           /* bytes allocated since the last GC step w
 
 /* ---------------- errors ---------------- */
 
+/* Errors carry no "file:line:" prefix: the API promises messages that start
+ * with the function name ("ember.add: ..."); tracebacks give the location. */
 int lem_raise(lua_State *L) {
   const char *m = em_last_error();
-  if (em_last_error_code() == EM_ERR_OOM || strncmp(m, "ember.", 6) == 0) return luaL_error(L, "%s", m);
-  return luaL_error(L, "ember.%s", m);
+  if (em_last_error_code() == EM_ERR_OOM || strncmp(m, "ember.", 6) == 0) lua_pushstring(L, m);
+  else lua_pushfstring(L, "ember.%s", m);
+  return lua_error(L);
 }
 
 int lem_error(lua_State *L, const char *fn, const char *fmt, ...) {
   char buf[1024];
   va_list ap; va_start(ap, fmt); vsnprintf(buf, sizeof buf, fmt, ap); va_end(ap);
-  return luaL_error(L, "ember.%s: %s", fn, buf);
+  lua_pushfstring(L, "ember.%s: %s", fn, buf);
+  return lua_error(L);
+}
+
+double lem_check_number(lua_State *L, int idx, const char *fn, const char *arg) {
+  if (lua_type(L, idx) != LUA_TNUMBER)
+    lem_error(L, fn, "expected argument %d (%s) to be a number, got %s", idx, arg, luaL_typename(L, idx));
+  return lua_tonumber(L, idx);
+}
+
+double lem_opt_number_arg(lua_State *L, int idx, const char *fn, const char *arg, double def) {
+  return lua_isnoneornil(L, idx) ? def : lem_check_number(L, idx, fn, arg);
+}
+
+const char *lem_check_string(lua_State *L, int idx, const char *fn, const char *arg) {
+  if (lua_type(L, idx) != LUA_TSTRING)
+    lem_error(L, fn, "expected argument %d (%s) to be a string, got %s", idx, arg, luaL_typename(L, idx));
+  return lua_tostring(L, idx);
+}
+
+void lem_check_type(lua_State *L, int idx, int type, const char *fn, const char *arg) {
+  if (lua_type(L, idx) != type)
+    lem_error(L, fn, "expected argument %d (%s) to be a %s, got %s", idx, arg, lua_typename(L, type), luaL_typename(L, idx));
 }
 
 /* ---------------- push / check ---------------- */
@@ -58,6 +83,10 @@ int lem_push_result(lua_State *L, em_tensor *t) {
 
 em_tensor *lem_test_tensor(lua_State *L, int idx) {
   em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  if (box && !*box) {
+    lua_pushliteral(L, "ember.Tensor: this tensor was already closed (by <close>) and cannot be used");
+    lua_error(L);
+  }
   return box ? *box : NULL;
 }
 
@@ -103,8 +132,21 @@ int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *
   return n;
 }
 
+/* Creation functions: sizes must be >= 0 (views accept -1 and check themselves). */
+static void check_sizes(lua_State *L, const char *fn, int ndim, const int64_t *shape) {
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) lem_error(L, fn, "negative size %lld in dim %d (expected sizes >= 0)", (long long)shape[i], i);
+}
+
+em_tensor *lem_test_tensor_named(lua_State *L, int idx, const char *fn) {
+  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  if (box && !*box) lem_error(L, fn, "argument %d is a tensor that was already closed (by <close>)", idx);
+  return box ? *box : NULL;
+}
+
 int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out) {
-  luaL_checktype(L, idx, LUA_TTABLE);
+  if (!lua_istable(L, idx) || luaL_testudata(L, idx, EM_TENSOR_MT))
+    lem_error(L, fn, "expected argument %d to be a table (a list of tensors), got %s", idx, luaL_typename(L, idx));
   int n = (int)luaL_len(L, idx);
   em_tensor **ts = malloc(sizeof *ts * (size_t)(n > 0 ? n : 1));
   for (int i = 0; i < n; i++) {
@@ -144,6 +186,12 @@ int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out) {
   if (!s || em_device_parse(s, out)) lem_error(L, fn, "expected device \"cpu\", \"cuda\" or \"cuda:N\", got %s",
                                                s ? s : luaL_typename(L, -1));
   lua_pop(L, 1);
+  if (out->type == EM_CUDA) {
+    if (!em_cuda_compiled()) lem_error(L, fn, "device %s requested, but this build of Ember has no CUDA backend "
+                                       "(rebuild with -DEMBER_CUDA=ON)", s);
+    if (out->index >= em_cuda_device_count())
+      lem_error(L, fn, "device %s requested, but %d CUDA device(s) are available", s, em_cuda_device_count());
+  }
   return 1;
 }
 
@@ -154,9 +202,9 @@ int lem_opt_bool(lua_State *L, int opts, const char *key, int def) {
   return v;
 }
 
-double lem_opt_number(lua_State *L, int opts, const char *key, double def) {
+double lem_opt_number(lua_State *L, int opts, const char *fn, const char *key, double def) {
   if (!opt_field(L, opts, key)) return def;
-  if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "option '%s': expected a number, got %s", key, luaL_typename(L, -1));
+  if (lua_type(L, -1) != LUA_TNUMBER) lem_error(L, fn, "expected option '%s' to be a number, got %s", key, luaL_typename(L, -1));
   double v = lua_tonumber(L, -1);
   lua_pop(L, 1);
   return v;
@@ -210,7 +258,7 @@ static int t_close(lua_State *L) {
 static void data_shape(lua_State *L, int idx, int depth, int *ndim, int64_t *shape, int *has_bool) {
   if (lua_type(L, idx) == LUA_TBOOLEAN) { *has_bool = 1; *ndim = depth; return; }
   if (lua_type(L, idx) != LUA_TTABLE) { *ndim = depth; return; }
-  if (depth >= EM_MAX_DIMS) luaL_error(L, "ember.tensor: data is nested more than %d deep", EM_MAX_DIMS);
+  if (depth >= EM_MAX_DIMS) lem_error(L, "tensor", "data is nested more than %d deep", EM_MAX_DIMS);
   int64_t n = (int64_t)luaL_len(L, idx);
   shape[depth] = n;
   if (n == 0) { *ndim = depth + 1; return; }
@@ -229,12 +277,12 @@ static void fill_data(lua_State *L, int idx, int depth, int ndim, const int64_t 
     } else if (tp == LUA_TBOOLEAN) {
       em_store_f64(t->storage->data, t->dtype, (*pos)++, lua_toboolean(L, idx));
     } else {
-      luaL_error(L, "ember.tensor: expected numbers or booleans in the data, got %s", luaL_typename(L, idx));
+      lem_error(L, "tensor", "expected numbers or booleans in the data, got %s", luaL_typename(L, idx));
     }
     return;
   }
   if (lua_type(L, idx) != LUA_TTABLE || (int64_t)luaL_len(L, idx) != shape[depth])
-    luaL_error(L, "ember.tensor: ragged nested data: expected a list of length %lld at depth %d",
+    lem_error(L, "tensor", "ragged nested data: expected a list of length %lld at depth %d",
                (long long)shape[depth], depth + 1);
   for (int64_t i = 1; i <= shape[depth]; i++) {
     lua_geti(L, idx, i);
@@ -295,6 +343,7 @@ typedef enum { K_EMPTY, K_ZEROS, K_ONES, K_RAND, K_RANDN } new_kind;
 static int new_filled(lua_State *L, const char *fn, new_kind kind) {
   int64_t shape[EM_MAX_DIMS]; int next;
   int ndim = lem_check_shape(L, 1, fn, shape, &next);
+  check_sizes(L, fn, ndim, shape);
   int opts = lua_istable(L, next) ? next : 0;
   if (!opts && !lua_isnone(L, next)) lem_error(L, fn, "expected sizes then an options table, got %s at argument %d",
                                                luaL_typename(L, next), next);
@@ -320,6 +369,7 @@ static int l_randn(lua_State *L) { return new_filled(L, "randn", K_RANDN); }
 static int l_full(lua_State *L) {
   int64_t shape[EM_MAX_DIMS]; int next;
   int ndim = lem_check_shape(L, 1, "full", shape, &next);
+  check_sizes(L, "full", ndim, shape);
   if (lua_type(L, next) != LUA_TNUMBER && lua_type(L, next) != LUA_TBOOLEAN)
     return lem_error(L, "full", "expected a fill value (number) after the shape, got %s", luaL_typename(L, next));
   double v = lua_isboolean(L, next) ? lua_toboolean(L, next) : lua_tonumber(L, next);
@@ -369,7 +419,7 @@ static int l_arange(lua_State *L) {
 }
 
 static int l_linspace(lua_State *L) {
-  double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
+  double a = lem_check_number(L, 1, "linspace", "start"), b = lem_check_number(L, 2, "linspace", "end");
   int64_t n = lem_check_int(L, 3, "linspace", "steps");
   int opts = lua_istable(L, 4) ? 4 : 0;
   em_dtype dt; em_device dev;
@@ -393,6 +443,7 @@ static int l_randint(lua_State *L) {
   int64_t lo = lem_check_int(L, 1, "randint", "low"), hi = lem_check_int(L, 2, "randint", "high");
   int64_t shape[EM_MAX_DIMS]; int next;
   int ndim = lem_check_shape(L, 3, "randint", shape, &next);
+  check_sizes(L, "randint", ndim, shape);
   int opts = lua_istable(L, next) ? next : 0;
   if (hi <= lo) return lem_error(L, "randint", "expected low < high, got low=%lld high=%lld", (long long)lo, (long long)hi);
   em_dtype dt; em_device dev;
@@ -414,12 +465,12 @@ static int t_index(lua_State *L) {
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   lua_pop(L, 1);
   em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
-  const char *k = lua_tostring(L, 2);
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_type(L, 2) == LUA_TNUMBER)
       return lem_error(L, "Tensor", "indexing with t[i] is not supported; use t:select(0, i) (0-based) or t:narrow");
     return lem_error(L, "Tensor", "invalid key of type %s", luaL_typename(L, 2));
   }
+  const char *k = lua_tostring(L, 2);
   char buf[32];
   if (!strcmp(k, "shape")) { push_shape(L, t->ndim, t->shape); return 1; }
   if (!strcmp(k, "dtype")) { lua_pushstring(L, em_dtype_name(t->dtype)); return 1; }
@@ -442,7 +493,7 @@ static int t_index(lua_State *L) {
 
 static int t_newindex(lua_State *L) {
   em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
-  const char *k = luaL_checkstring(L, 2);
+  const char *k = lem_check_string(L, 2, "Tensor", "key");
   if (!strcmp(k, "requires_grad")) {
     if (em_set_requires_grad(t, lua_toboolean(L, 3))) return lem_raise(L);
     return 0;
@@ -629,7 +680,7 @@ static int t_copy_(lua_State *L) {
 }
 static int t_fill_(lua_State *L) {
   em_tensor *t = lem_check_tensor(L, 1, "fill_", "self");
-  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : lem_check_number(L, 2, "fill_", "value");
   if (em_fill_(t, v)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;

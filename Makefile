@@ -1,0 +1,65 @@
+# Ember — the two set-up commands on a fresh Debian 12 machine are
+#   make demo    (installs what is missing, builds, trains the tiny LM)
+#   make test    (installs what is missing, builds, runs every CPU test)
+# Other targets: deps build install test-asan test-gpu bench clean.
+# Variables: BUILD (build dir), CUDA=ON|OFF|auto, PREFIX (install prefix).
+
+BUILD  ?= build
+CUDA   ?= auto
+PREFIX ?= /usr/local
+JOBS   ?= $(shell nproc)
+
+DEB_PACKAGES = build-essential cmake ninja-build pkg-config lua5.4 liblua5.4-dev \
+  lua-cjson lua-busted lua-argparse libopenblas-dev libopenmpi-dev openmpi-bin libreadline-dev
+
+ifeq ($(CUDA),auto)
+CUDA_FLAG =
+else
+CUDA_FLAG = -DEMBER_CUDA=$(CUDA)
+endif
+
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build demo test test-asan test-gpu install bench clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CUDA_FLAG) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/ember run examples/quickstart.lua
+
+test: build
+	EMBER_BUILD=$(BUILD) bash tests/run_all.sh
+
+# AddressSanitizer + UBSan over the C tests and the Lua specs (run through the
+# instrumented ember executable, so no LD_PRELOAD is needed).
+test-asan: deps
+	cmake -S . -B build-asan -G Ninja -DEMBER_CUDA=OFF -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake --build build-asan -j $(JOBS)
+	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember ASAN_OPTIONS=detect_leaks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run_all.sh
+
+test-gpu: build
+	EMBER_BUILD=$(BUILD) EMBER_TEST_GPU=1 bash tests/run_all.sh
+
+install: build
+	cmake --install $(BUILD)
+
+bench: build
+	$(BUILD)/ember run scripts/bench_dispatch.lua
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,966 @@
+/* Elementwise ops: binary (add ... logical_or), tensor-scalar, unary, clamp,
+ * where, masked_fill, triu/tril — the CPU forward and every backward formula.
+ *
+ * Why it is shaped this way:
+ *  - One CPU loop serves every op and dtype. The broadcast iteration space is
+ *    coalesced first (size-1 dims dropped, neighbouring dims merged where every
+ *    operand is contiguous across them), so most calls become one long inner
+ *    loop and a 1-element op costs a few stores, not an N-d iterator.
+ *  - The inner loop runs in chunks of CHUNK elements: operands are loaded into a
+ *    buffer of the *compute type* — float for f32/bf16/f16, double for f64,
+ *    int64 for the integer types and bool — the op runs as a tight loop with its
+ *    switch hoisted out, and the result is rounded once when stored into the
+ *    output's dtype (so bf16 math is f32 math rounded once, like PyTorch's
+ *    opmath). When an operand already has the compute type and unit stride (the
+ *    common f32 contiguous case) the buffer is skipped and the loop reads and
+ *    writes the tensors directly: f32 add is one vectorised loop.
+ *  - Scalars (Lua numbers) are constant operands, filled into a buffer once:
+ *    no 0-d tensor is allocated for `t * 2`.
+ *  - Every op is validate -> device implementation -> record autograd; the CUDA
+ *    backend slots in at run_kernel(). Backward formulas are compositions of
+ *    public ops (device-agnostic), except unary gradients, which are one fused
+ *    internal kernel f(grad, x or y) each — PyTorch's sigmoid_backward shape.
+ *  - The float kernels are written once as macro bodies over a type T and
+ *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
+#include "../internal.h"
+#include <tgmath.h>
+
+/* ---------------- names ---------------- */
+
+static const char *const binop_names[EM_NBINOPS] = {
+  "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+  "logical_and", "logical_or",
+};
+static const char *const unop_names[EM_NUNOPS] = {
+  "neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu",
+  "sin", "cos", "square", "reciprocal", "sign", "logical_not", "floor", "ceil", "round",
+};
+
+const char *em_binop_name(em_binop op) {
+  return (unsigned)op < EM_NBINOPS ? binop_names[op] : "binary";
+}
+const char *em_unop_name(em_unop op) {
+  return (unsigned)op < EM_NUNOPS ? unop_names[op] : "unary";
+}
+
+/* ---------------- kernels ---------------- */
+
+enum { C_F32, C_F64, C_I64 };                 /* compute classes */
+enum { K_BINARY, K_UNARY, K_WHERE };          /* kernel arities */
+/* Internal codes beyond the public enums: clamp (unary) and the fused
+ * gradients of unary ops, g' = f(g, v) with v = x or y (binary). */
+enum { U_CLAMP = EM_NUNOPS };
+enum {
+  G_ABS = EM_NBINOPS, G_SQRT, G_RSQRT, G_TANH, G_SIGMOID, G_SILU, G_RELU, G_GELU,
+  G_SIN, G_COS, G_SQUARE, G_RECIP, G_CLAMP,
+};
+
+typedef struct {
+  int kind, code, cls;
+  double lo, hi;          /* clamp bounds (G_CLAMP / U_CLAMP); +-inf when unbounded */
+} kern;
+
+/* An operand: a tensor broadcast to the loop shape, or a constant. */
+typedef struct {
+  const em_tensor *t;     /* NULL: the constant c */
+  double c;
+} operand;
+
+#define CHUNK 256
+typedef union { float f[CHUNK]; double d[CHUNK]; int64_t i[CHUNK]; } chunk_buf;
+
+static int dtype_class(em_dtype t) {
+  return t == EM_F64 ? C_F64 : em_dtype_is_float(t) ? C_F32 : C_I64;
+}
+static em_dtype class_dtype(int cls) { return cls == C_F32 ? EM_F32 : cls == C_F64 ? EM_F64 : EM_I64; }
+
+/* Float -> integer without undefined behaviour for NaN/inf/out of range. */
+static inline int64_t sat_i64(double v) {
+  if (v != v) return 0;
+  if (v >= 9.2233720368547758e18) return INT64_MAX;
+  if (v <= -9.2233720368547758e18) return INT64_MIN;
+  return (int64_t)v;
+}
+
+static int64_t ipow(int64_t b, int64_t e) {
+  if (e < 0) return b == 1 ? 1 : b == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = (uint64_t)b;
+  while (e) { if (e & 1) r *= x; x *= x; e >>= 1; }
+  return (int64_t)r;
+}
+
+#define LOOP(stmt) for (int64_t i = 0; i < n; i++) { stmt; } break
+
+/* Binary float kernel body over T: o = a OP b (codes < EM_NBINOPS), or the
+ * gradient of a unary op, o = f(g = a, v = b). */
+#define FLOAT_BINARY_BODY(T)                                                             \
+  switch (k->code) {                                                                     \
+    case EM_ADD: LOOP(o[i] = a[i] + b[i]);                                               \
+    case EM_SUB: LOOP(o[i] = a[i] - b[i]);                                               \
+    case EM_MUL: LOOP(o[i] = a[i] * b[i]);                                               \
+    case EM_DIV: LOOP(o[i] = a[i] / b[i]);                                               \
+    case EM_POW: LOOP(o[i] = pow(a[i], b[i]));                                           \
+    case EM_MAXIMUM: LOOP(o[i] = (isnan(a[i]) || a[i] > b[i]) ? a[i] : b[i]);            \
+    case EM_MINIMUM: LOOP(o[i] = (isnan(a[i]) || a[i] < b[i]) ? a[i] : b[i]);            \
+    case EM_EQ: LOOP(o[i] = a[i] == b[i]);                                               \
+    case EM_NE: LOOP(o[i] = a[i] != b[i]);                                               \
+    case EM_LT: LOOP(o[i] = a[i] < b[i]);                                                \
+    case EM_LE: LOOP(o[i] = a[i] <= b[i]);                                               \
+    case EM_GT: LOOP(o[i] = a[i] > b[i]);                                                \
+    case EM_GE: LOOP(o[i] = a[i] >= b[i]);                                               \
+    case EM_LOGICAL_AND: LOOP(o[i] = a[i] != 0 && b[i] != 0);                            \
+    case EM_LOGICAL_OR: LOOP(o[i] = a[i] != 0 || b[i] != 0);                             \
+    case G_ABS: LOOP(o[i] = b[i] > 0 ? a[i] : b[i] < 0 ? -a[i] : 0);                     \
+    case G_SQRT: LOOP(o[i] = a[i] / (2 * b[i]));                                         \
+    case G_RSQRT: LOOP(o[i] = (T)-0.5 * a[i] * b[i] * b[i] * b[i]);                      \
+    case G_TANH: LOOP(o[i] = a[i] * (1 - b[i] * b[i]));                                  \
+    case G_SIGMOID: LOOP(o[i] = a[i] * b[i] * (1 - b[i]));                               \
+    case G_SILU: LOOP(T s = 1 / (1 + exp(-b[i])); o[i] = a[i] * s * (1 + b[i] * (1 - s))); \
+    case G_RELU: LOOP(o[i] = b[i] > 0 ? a[i] : 0);                                       \
+    case G_GELU: LOOP(T x = b[i];                                                        \
+                      T cdf = (T)0.5 * (1 + erf(x * (T)M_SQRT1_2));                      \
+                      T pdf = exp((T)-0.5 * x * x) * (T)(0.5 * M_2_SQRTPI * M_SQRT1_2);  \
+                      o[i] = a[i] * (cdf + x * pdf));                                    \
+    case G_SIN: LOOP(o[i] = a[i] * cos(b[i]));                                           \
+    case G_COS: LOOP(o[i] = -a[i] * sin(b[i]));                                          \
+    case G_SQUARE: LOOP(o[i] = 2 * a[i] * b[i]);                                         \
+    case G_RECIP: LOOP(o[i] = -a[i] * b[i] * b[i]);                                      \
+    case G_CLAMP: LOOP(o[i] = (b[i] >= (T)k->lo && b[i] <= (T)k->hi) ? a[i] : 0);        \
+    default: break;                                                                      \
+  }
+
+#define FLOAT_UNARY_BODY(T)                                                              \
+  switch (k->code) {                                                                     \
+    case EM_NEG: LOOP(o[i] = -a[i]);                                                     \
+    case EM_ABS: LOOP(o[i] = fabs(a[i]));                                                \
+    case EM_SQRT: LOOP(o[i] = sqrt(a[i]));                                               \
+    case EM_RSQRT: LOOP(o[i] = 1 / sqrt(a[i]));                                          \
+    case EM_EXP: LOOP(o[i] = exp(a[i]));                                                 \
+    case EM_LOG: LOOP(o[i] = log(a[i]));                                                 \
+    case EM_TANH: LOOP(o[i] = tanh(a[i]));                                               \
+    case EM_SIGMOID: LOOP(o[i] = 1 / (1 + exp(-a[i])));                                  \
+    case EM_SILU: LOOP(o[i] = a[i] / (1 + exp(-a[i])));                                  \
+    case EM_RELU: LOOP(o[i] = a[i] < 0 ? 0 : a[i]);                                      \
+    case EM_GELU: LOOP(o[i] = (T)0.5 * a[i] * (1 + erf(a[i] * (T)M_SQRT1_2)));           \
+    case EM_SIN: LOOP(o[i] = sin(a[i]));                                                 \
+    case EM_COS: LOOP(o[i] = cos(a[i]));                                                 \
+    case EM_SQUARE: LOOP(o[i] = a[i] * a[i]);                                            \
+    case EM_RECIPROCAL: LOOP(o[i] = 1 / a[i]);                                           \
+    case EM_SIGN: LOOP(o[i] = (T)((a[i] > 0) - (a[i] < 0)));                             \
+    case EM_LOGICAL_NOT: LOOP(o[i] = a[i] == 0);                                         \
+    case EM_FLOOR: LOOP(o[i] = floor(a[i]));                                             \
+    case EM_CEIL: LOOP(o[i] = ceil(a[i]));                                               \
+    case EM_ROUND: LOOP(o[i] = nearbyint(a[i]));   /* half to even, as torch.round */    \
+    case U_CLAMP: LOOP(T v = a[i]; v = v < (T)k->lo ? (T)k->lo : v;                      \
+                       o[i] = v > (T)k->hi ? (T)k->hi : v);                              \
+    default: break;                                                                      \
+  }
+
+static void binary_f32(const kern *k, float *o, const float *a, const float *b, int64_t n) { FLOAT_BINARY_BODY(float) }
+static void binary_f64(const kern *k, double *o, const double *a, const double *b, int64_t n) { FLOAT_BINARY_BODY(double) }
+static void unary_f32(const kern *k, float *o, const float *a, int64_t n) { FLOAT_UNARY_BODY(float) }
+static void unary_f64(const kern *k, double *o, const double *a, int64_t n) { FLOAT_UNARY_BODY(double) }
+
+/* Integers compute in int64 with wrap-around (via uint64, no UB); the store
+ * truncates to the output's width as PyTorch does. */
+static void binary_i64(const kern *k, int64_t *o, const int64_t *a, const int64_t *b, int64_t n) {
+  switch (k->code) {
+    case EM_ADD: LOOP(o[i] = (int64_t)((uint64_t)a[i] + (uint64_t)b[i]));
+    case EM_SUB: LOOP(o[i] = (int64_t)((uint64_t)a[i] - (uint64_t)b[i]));
+    case EM_MUL: LOOP(o[i] = (int64_t)((uint64_t)a[i] * (uint64_t)b[i]));
+    case EM_POW: LOOP(o[i] = ipow(a[i], b[i]));
+    case EM_MAXIMUM: LOOP(o[i] = a[i] > b[i] ? a[i] : b[i]);
+    case EM_MINIMUM: LOOP(o[i] = a[i] < b[i] ? a[i] : b[i]);
+    case EM_EQ: LOOP(o[i] = a[i] == b[i]);
+    case EM_NE: LOOP(o[i] = a[i] != b[i]);
+    case EM_LT: LOOP(o[i] = a[i] < b[i]);
+    case EM_LE: LOOP(o[i] = a[i] <= b[i]);
+    case EM_GT: LOOP(o[i] = a[i] > b[i]);
+    case EM_GE: LOOP(o[i] = a[i] >= b[i]);
+    case EM_LOGICAL_AND: LOOP(o[i] = a[i] != 0 && b[i] != 0);
+    case EM_LOGICAL_OR: LOOP(o[i] = a[i] != 0 || b[i] != 0);
+    default: LOOP(o[i] = 0);   /* div and the gradient kernels never run on integers */
+  }
+}
+
+static void unary_i64(const kern *k, int64_t *o, const int64_t *a, int64_t n) {
+  int64_t lo = k->lo <= -9.2e18 ? INT64_MIN : sat_i64(ceil(k->lo));
+  int64_t hi = k->hi >= 9.2e18 ? INT64_MAX : sat_i64(floor(k->hi));
+  switch (k->code) {
+    case EM_NEG: LOOP(o[i] = (int64_t)(0 - (uint64_t)a[i]));
+    case EM_ABS: LOOP(o[i] = a[i] < 0 ? (int64_t)(0 - (uint64_t)a[i]) : a[i]);
+    case EM_SQUARE: LOOP(o[i] = (int64_t)((uint64_t)a[i] * (uint64_t)a[i]));
+    case EM_SIGN: LOOP(o[i] = (a[i] > 0) - (a[i] < 0));
+    case EM_RELU: LOOP(o[i] = a[i] < 0 ? 0 : a[i]);
+    case EM_LOGICAL_NOT: LOOP(o[i] = a[i] == 0);
+    case U_CLAMP: LOOP(int64_t v = a[i] < lo ? lo : a[i]; o[i] = v > hi ? hi : v);
+    default: LOOP(o[i] = a[i]);   /* floor, ceil, round of an integer */
+  }
+}
+
+#define WHERE_LOOP(T) { T *o = dst; const T *c = src[0], *a = src[1], *b = src[2]; \
+                        LOOP(o[i] = c[i] != 0 ? a[i] : b[i]); }
+
+static void compute(const kern *k, void *dst, const void *const *src, int64_t n) {
+  if (k->kind == K_WHERE) {
+    switch (k->cls) {
+      case C_F32: WHERE_LOOP(float)
+      case C_F64: WHERE_LOOP(double)
+      default: WHERE_LOOP(int64_t)
+    }
+    return;
+  }
+  bool bin = k->kind == K_BINARY;
+  switch (k->cls) {
+    case C_F32: if (bin) binary_f32(k, dst, src[0], src[1], n); else unary_f32(k, dst, src[0], n); break;
+    case C_F64: if (bin) binary_f64(k, dst, src[0], src[1], n); else unary_f64(k, dst, src[0], n); break;
+    default: if (bin) binary_i64(k, dst, src[0], src[1], n); else unary_i64(k, dst, src[0], n); break;
+  }
+}
+
+/* ---------------- loads and stores (dtype <-> compute type) ---------------- */
+
+#define LOAD_CASE(DT, ST, EXPR) case DT: { const ST *s = (const ST *)p + off; \
+  for (int64_t i = 0; i < n; i++) { ST x = s[i * st]; d[i] = (EXPR); } break; }
+#define LOAD_SWITCH(CT)                                                                   \
+  switch (t->dtype) {                                                                     \
+    LOAD_CASE(EM_F32, float, (CT)x) LOAD_CASE(EM_F64, double, (CT)x)                      \
+    LOAD_CASE(EM_BF16, uint16_t, (CT)em_bf16_to_f32(x))                                   \
+    LOAD_CASE(EM_F16, uint16_t, (CT)em_f16_to_f32(x))                                     \
+    LOAD_CASE(EM_I32, int32_t, (CT)x) LOAD_CASE(EM_I64, int64_t, (CT)x)                   \
+    LOAD_CASE(EM_U16, uint16_t, (CT)x) LOAD_CASE(EM_U8, uint8_t, (CT)x)                   \
+    LOAD_CASE(EM_BOOL, uint8_t, (CT)(x != 0))                                             \
+    default: break;                                                                       \
+  }
+
+static void load_f32(float *d, const em_tensor *t, int64_t off, int64_t st, int64_t n) {
+  const void *p = t->storage->data; LOAD_SWITCH(float)
+}
+static void load_f64(double *d, const em_tensor *t, int64_t off, int64_t st, int64_t n) {
+  const void *p = t->storage->data; LOAD_SWITCH(double)
+}
+static void load_i64(int64_t *d, const em_tensor *t, int64_t off, int64_t st, int64_t n) {
+  const void *p = t->storage->data;
+  switch (t->dtype) {
+    LOAD_CASE(EM_F32, float, sat_i64(x)) LOAD_CASE(EM_F64, double, sat_i64(x))
+    LOAD_CASE(EM_BF16, uint16_t, sat_i64(em_bf16_to_f32(x)))
+    LOAD_CASE(EM_F16, uint16_t, sat_i64(em_f16_to_f32(x)))
+    LOAD_CASE(EM_I32, int32_t, x) LOAD_CASE(EM_I64, int64_t, x)
+    LOAD_CASE(EM_U16, uint16_t, x) LOAD_CASE(EM_U8, uint8_t, x) LOAD_CASE(EM_BOOL, uint8_t, x != 0)
+    default: break;
+  }
+}
+
+/* Pointer to n elements of the compute type, loading into b unless the tensor
+ * already holds the compute type contiguously. */
+static const void *load(int cls, const em_tensor *t, int64_t off, int64_t st, int64_t n, chunk_buf *b) {
+  if (st == 1 && t->dtype == class_dtype(cls))
+    return (const char *)t->storage->data + off * (int64_t)em_dtype_size(t->dtype);
+  switch (cls) {
+    case C_F32: load_f32(b->f, t, off, st, n); break;
+    case C_F64: load_f64(b->d, t, off, st, n); break;
+    default: load_i64(b->i, t, off, st, n); break;
+  }
+  return b;
+}
+
+static void fill_const(int cls, chunk_buf *b, double c, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    if (cls == C_F32) b->f[i] = (float)c;
+    else if (cls == C_F64) b->d[i] = c;
+    else b->i[i] = sat_i64(c);
+  }
+}
+
+#define STORE_CASE(DT, DST, EXPR) case DT: { DST *d = (DST *)p + off; \
+  for (int64_t i = 0; i < n; i++) { CT x = s[i]; d[i * st] = (EXPR); } break; }
+#define STORE_SWITCH                                                                      \
+  switch (t->dtype) {                                                                     \
+    STORE_CASE(EM_F32, float, (float)x) STORE_CASE(EM_F64, double, (double)x)             \
+    STORE_CASE(EM_BF16, uint16_t, em_f32_to_bf16((float)x))                               \
+    STORE_CASE(EM_F16, uint16_t, em_f32_to_f16((float)x))                                 \
+    STORE_CASE(EM_I32, int32_t, (int32_t)TO_INT(x)) STORE_CASE(EM_I64, int64_t, TO_INT(x)) \
+    STORE_CASE(EM_U16, uint16_t, (uint16_t)TO_INT(x)) STORE_CASE(EM_U8, uint8_t, (uint8_t)TO_INT(x)) \
+    STORE_CASE(EM_BOOL, uint8_t, x != 0)                                                  \
+    default: break;                                                                       \
+  }
+
+#define CT float
+#define TO_INT(x) sat_i64(x)
+static void store_f32(em_tensor *t, int64_t off, int64_t st, int64_t n, const float *s) {
+  void *p = t->storage->data; STORE_SWITCH
+}
+#undef CT
+#define CT double
+static void store_f64(em_tensor *t, int64_t off, int64_t st, int64_t n, const double *s) {
+  void *p = t->storage->data; STORE_SWITCH
+}
+#undef CT
+#undef TO_INT
+#define CT int64_t
+#define TO_INT(x) (x)
+static void store_i64(em_tensor *t, int64_t off, int64_t st, int64_t n, const int64_t *s) {
+  void *p = t->storage->data; STORE_SWITCH
+}
+#undef CT
+#undef TO_INT
+
+static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, const chunk_buf *b) {
+  switch (cls) {
+    case C_F32: store_f32(t, off, st, n, b->f); break;
+    case C_F64: store_f64(t, off, st, n, b->d); break;
+    default: store_i64(t, off, st, n, b->i); break;
+  }
+}
+
+/* ---------------- the CPU loop ---------------- */
+
+/* The broadcast iteration space with size-1 dims dropped and mergeable dims
+ * merged. Operand 0 is the output. */
+typedef struct {
+  int ndim, n;
+  int64_t shape[EM_MAX_DIMS];
+  int64_t stride[4][EM_MAX_DIMS];
+} loop_plan;
+
+static int64_t plan_init(loop_plan *p, int nd, const int64_t *shape, int n, const em_tensor *const *ts) {
+  int64_t st[4][EM_MAX_DIMS], numel = 1;
+  for (int k = 0; k < n; k++) {
+    if (ts[k]) em_broadcast_strides(ts[k], nd, shape, st[k]);
+    else for (int d = 0; d < nd; d++) st[k][d] = 0;
+  }
+  int m = 0;
+  for (int d = 0; d < nd; d++) {
+    numel *= shape[d];
+    if (shape[d] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < n && merge; k++) merge = p->stride[k][m - 1] == st[k][d] * shape[d];
+    if (merge) {
+      p->shape[m - 1] *= shape[d];
+      for (int k = 0; k < n; k++) p->stride[k][m - 1] = st[k][d];
+    } else {
+      p->shape[m] = shape[d];
+      for (int k = 0; k < n; k++) p->stride[k][m] = st[k][d];
+      m++;
+    }
+  }
+  if (m == 0) {
+    p->shape[0] = 1;
+    for (int k = 0; k < n; k++) p->stride[k][0] = 0;
+    m = 1;
+  }
+  p->ndim = m; p->n = n;
+  return numel;
+}
+
+static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
+  const em_tensor *ts[4] = {out, NULL, NULL, NULL};
+  for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
+  loop_plan p;
+  int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
+  if (numel == 0) return;
+  int last = p.ndim - 1;
+  int64_t inner = p.shape[last], outer = numel / inner;
+  chunk_buf buf[4];
+  for (int j = 0; j < nin; j++)
+    if (!in[j].t) fill_const(k->cls, &buf[j + 1], in[j].c, EM_MIN(CHUNK, inner));
+  int64_t idx[EM_MAX_DIMS] = {0}, off[4] = {0};
+  for (int q = 0; q <= nin; q++) off[q] = ts[q] ? ts[q]->offset : 0;
+  size_t out_es = em_dtype_size(out->dtype);
+  bool out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t s = 0; s < inner; s += CHUNK) {
+      int64_t len = EM_MIN(CHUNK, inner - s);
+      const void *src[3];
+      for (int j = 0; j < nin; j++) {
+        int64_t st = p.stride[j + 1][last];
+        src[j] = in[j].t ? load(k->cls, in[j].t, off[j + 1] + s * st, st, len, &buf[j + 1]) : &buf[j + 1];
+      }
+      int64_t o0 = off[0] + s * p.stride[0][last];
+      void *dst = out_direct ? (char *)out->storage->data + o0 * (int64_t)out_es : (void *)&buf[0];
+      compute(k, dst, src, len);
+      if (!out_direct) store(k->cls, out, o0, p.stride[0][last], len, &buf[0]);
+    }
+    for (int d = last - 1; d >= 0; d--) {
+      for (int q = 0; q <= nin; q++) off[q] += p.stride[q][d];
+      if (++idx[d] < p.shape[d]) break;
+      for (int q = 0; q <= nin; q++) off[q] -= p.stride[q][d] * p.shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+static bool same_view(const em_tensor *a, const em_tensor *b) {
+  if (a->storage != b->storage || a->offset != b->offset || a->ndim != b->ndim || a->dtype != b->dtype) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d])) return false;
+  return true;
+}
+
+/* An input that shares memory with out without being exactly out (a shifted
+ * or transposed view) would be overwritten before it is read: go through a temporary. */
+static bool needs_temp(const em_tensor *out, int nin, const operand *in) {
+  for (int j = 0; j < nin; j++)
+    if (in[j].t && in[j].t->storage == out->storage && !same_view(in[j].t, out)) return true;
+  return false;
+}
+
+static int cpu_run(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
+  if (!needs_temp(out, nin, in)) { cpu_loop(k, out, nin, in, nd, shape); return 0; }
+  em_tensor *tmp = em_empty(out->ndim, out->shape, out->dtype, out->device);
+  if (!tmp) return -1;
+  cpu_loop(k, tmp, nin, in, nd, shape);
+  bool g = em_set_grad_enabled(false);
+  int rc = em_copy_(out, tmp);
+  em_set_grad_enabled(g);
+  em_tensor_release(tmp);
+  return rc;
+}
+
+/* The device switch: the CUDA backend adds its branch here. */
+static int run_kernel(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
+                      int nd, const int64_t *shape) {
+  if (out->device.type == EM_CPU) return cpu_run(k, out, nin, in, nd, shape);
+  return em_error_device(name, out);
+}
+
+/* ---------------- shared validation ---------------- */
+
+/* The result tensor: a new one, or `out` validated (shape, device, in-place
+ * rules) and retained. Writing into out is not recorded by autograd. */
+static em_tensor *make_result(const char *name, em_tensor *out, int nd, const int64_t *shape, em_dtype dt,
+                              em_device dev, bool grad) {
+  if (!out) return em_empty(nd, shape, dt, dev);
+  if (em_check_out(name, out, nd, shape, dev)) return NULL;
+  if (grad) {
+    em_error("%s: out= cannot be used when an input requires grad (autograd does not record writes "
+             "into out); drop out= or use ember.no_grad", name);
+    return NULL;
+  }
+  em_bump_version(out);
+  return em_tensor_retain(out);
+}
+
+static bool integral(double s) { return isfinite(s) && floor(s) == s; }
+
+/* dtype of (tensor of dtype t) OP (a Lua number s): t, unless s is fractional
+ * and t integral (f32), or t is bool (i64 for an integral number). */
+static em_dtype scalar_promote(em_dtype t, double s) {
+  if (em_dtype_is_float(t)) return t;
+  if (!integral(s)) return EM_F32;
+  return t == EM_BOOL ? EM_I64 : t;
+}
+
+static bool is_comparison(int op) { return op >= EM_EQ && op <= EM_GE; }
+static bool is_logical(int op) { return op == EM_LOGICAL_AND || op == EM_LOGICAL_OR; }
+
+/* PyTorch's result type for two tensors: a 0-d tensor next to a dimensioned
+ * one only decides the dtype when it is of a higher category (bool < int <
+ * float): f32 tensor + f64 0-d gives f32, i32 tensor + f64 0-d gives f64. */
+static int category(em_dtype t) { return t == EM_BOOL ? 0 : em_dtype_is_float(t) ? 2 : 1; }
+static em_dtype result_type(const em_tensor *a, const em_tensor *b) {
+  bool za = a->ndim == 0, zb = b->ndim == 0;
+  if (za == zb) return em_promote(a->dtype, b->dtype);
+  const em_tensor *z = za ? a : b, *d = za ? b : a;
+  return category(z->dtype) > category(d->dtype) ? z->dtype : d->dtype;
+}
+
+/* Result and compute dtypes of binary op `op` whose operands promote to p. */
+static int binary_dtypes(const char *name, int op, em_dtype p, bool has_bool, em_dtype *res, em_dtype *comp) {
+  *res = *comp = p;
+  if (op == EM_SUB && has_bool)
+    return em_error("%s: subtraction with a bool tensor is not supported (use logical_xor or ne)", name);
+  if (op == EM_DIV && !em_dtype_is_float(p)) *res = *comp = EM_F32;   /* true division */
+  if (is_comparison(op) || is_logical(op)) *res = EM_BOOL;
+  return 0;
+}
+
+static bool binop_differentiable(int op) { return op <= EM_MINIMUM; }
+
+/* ---------------- backward helpers ---------------- */
+
+/* Temporaries of one backward formula, released together. TMP evaluates its
+ * expression only while nothing has failed, so a chain of statements stops at
+ * the first error and keeps its message. */
+typedef struct { em_tensor *t[16]; int n; bool failed; } scratch;
+static em_tensor *keep(scratch *s, em_tensor *t) {
+  if (!t) { s->failed = true; return NULL; }
+  if (s->n == 16) { em_tensor_release(t); s->failed = true; em_error("backward: too many temporaries"); return NULL; }
+  return s->t[s->n++] = t;
+}
+#define TMP(s, expr) ((s)->failed ? NULL : keep((s), (expr)))
+static int scratch_end(scratch *s) {
+  for (int i = 0; i < s->n; i++) em_tensor_release(s->t[i]);
+  return s->failed ? -1 : 0;
+}
+
+/* gin[i] = g summed to input i's shape, when input i needs a gradient. */
+static void give(scratch *s, em_node *n, int i, em_tensor *g, em_tensor **gin) {
+  if (s->failed || !em_node_needs_input_grad(n, i)) return;
+  if (!g) { s->failed = true; return; }
+  gin[i] = em_sum_to(g, n->in_ndim[i], n->in_shape[i]);
+  if (!gin[i]) s->failed = true;
+}
+
+/* Forward declarations for kernels used by backward formulas. */
+static em_tensor *raw_binary(const char *name, int code, em_tensor *a, em_tensor *b, double lo, double hi);
+static em_tensor *where_raw(const char *name, em_tensor *cond, operand a, operand b, em_dtype dt,
+                            em_tensor *out, bool grad);
+
+/* Gradient weight of maximum/minimum for the first operand: 1 where it won,
+ * 1/2 on ties (PyTorch splits evenly), 0 where it lost. f32 (exact values). */
+static em_tensor *minmax_weight(scratch *s, bool is_max, em_tensor *a, em_tensor *b, double sb) {
+  em_tensor *w, *e;
+  if (b) {
+    w = TMP(s, em_binary(is_max ? EM_GT : EM_LT, a, b, NULL));
+    e = TMP(s, em_binary(EM_EQ, a, b, NULL));
+  } else {
+    w = TMP(s, em_binary_scalar(is_max ? EM_GT : EM_LT, a, sb, false, NULL));
+    e = TMP(s, em_binary_scalar(EM_EQ, a, sb, false, NULL));
+  }
+  em_tensor *h = TMP(s, em_binary_scalar(EM_MUL, e, 0.5, false, NULL));
+  return TMP(s, em_binary(EM_ADD, h, w, NULL));
+}
+
+/* d/da a^b = b a^(b-1) (0 where b == 0); d/db a^b = a^b ln a (0 where a == 0, b >= 0). */
+static void pow_grads(scratch *s, em_node *n, em_tensor *g, em_tensor **ga, em_tensor **gb) {
+  em_tensor *a = n->saved[0], *b = n->saved[1], *out = n->saved[2];
+  if (em_node_needs_input_grad(n, 0)) {
+    em_tensor *bm1 = TMP(s, em_binary_scalar(EM_SUB, b, 1, false, NULL));
+    em_tensor *p = TMP(s, em_binary(EM_POW, a, bm1, NULL));
+    em_tensor *t = TMP(s, em_binary(EM_MUL, p, b, NULL));
+    em_tensor *z = TMP(s, em_binary_scalar(EM_EQ, b, 0, false, NULL));
+    em_tensor *m = TMP(s, em_masked_fill(t, z, 0, NULL));
+    *ga = TMP(s, em_binary(EM_MUL, g, m, NULL));
+  }
+  if (em_node_needs_input_grad(n, 1)) {
+    em_tensor *la = TMP(s, em_unary(EM_LOG, a, NULL));
+    em_tensor *t = TMP(s, em_binary(EM_MUL, out, la, NULL));
+    em_tensor *a0 = TMP(s, em_binary_scalar(EM_EQ, a, 0, false, NULL));
+    em_tensor *bp = TMP(s, em_binary_scalar(EM_GE, b, 0, false, NULL));
+    em_tensor *z = TMP(s, em_binary(EM_LOGICAL_AND, a0, bp, NULL));
+    em_tensor *m = TMP(s, em_masked_fill(t, z, 0, NULL));
+    *gb = TMP(s, em_binary(EM_MUL, g, m, NULL));
+  }
+}
+
+/* Saved tensors by op: mul (a, b); div (b, out); pow (a, b, out); maximum/minimum (a, b). */
+static int binary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *g = gout[0], **sv = n->saved, *ga = NULL, *gb = NULL;
+  bool nb = em_node_needs_input_grad(n, 1);
+  scratch s = {0};
+  switch ((int)n->i[0]) {
+    case EM_ADD: ga = gb = g; break;
+    case EM_SUB:
+      ga = g;
+      if (nb) gb = TMP(&s, em_unary(EM_NEG, g, NULL));
+      break;
+    case EM_MUL:
+      ga = TMP(&s, em_binary(EM_MUL, g, sv[1], NULL));
+      if (nb) gb = TMP(&s, em_binary(EM_MUL, g, sv[0], NULL));
+      break;
+    case EM_DIV: {   /* d/db a/b = -(g/b) * (a/b) */
+      ga = TMP(&s, em_binary(EM_DIV, g, sv[0], NULL));
+      em_tensor *t = nb ? TMP(&s, em_binary(EM_MUL, ga, sv[1], NULL)) : NULL;
+      if (nb) gb = TMP(&s, em_unary(EM_NEG, t, NULL));
+      break;
+    }
+    case EM_POW: pow_grads(&s, n, g, &ga, &gb); break;
+    case EM_MAXIMUM: case EM_MINIMUM: {
+      em_tensor *wa = minmax_weight(&s, n->i[0] == EM_MAXIMUM, sv[0], sv[1], 0);
+      ga = TMP(&s, em_binary(EM_MUL, g, wa, NULL));
+      em_tensor *wb = nb ? TMP(&s, em_binary_scalar(EM_SUB, wa, 1, true, NULL)) : NULL;
+      if (nb) gb = TMP(&s, em_binary(EM_MUL, g, wb, NULL));
+      break;
+    }
+    default: em_error("backward: unknown binary op %d", (int)n->i[0]); s.failed = true; break;
+  }
+  give(&s, n, 0, ga, gin);
+  give(&s, n, 1, gb, gin);
+  return scratch_end(&s);
+}
+
+static int record_binary(int op, em_tensor *a, em_tensor *b, em_tensor *out) {
+  em_node *n = em_node_new(binop_names[op], binary_backward, 2, 1);
+  if (!n) return -1;
+  em_node_set_input(n, 0, a);
+  em_node_set_input(n, 1, b);
+  n->i[0] = op;
+  switch (op) {
+    case EM_MUL: case EM_MAXIMUM: case EM_MINIMUM: em_node_save(n, a); em_node_save(n, b); break;
+    case EM_DIV: em_node_save(n, b); em_node_save(n, out); break;
+    case EM_POW: em_node_save(n, a); em_node_save(n, b); em_node_save(n, out); break;
+    default: break;
+  }
+  em_node_finish(n, out);
+  return 0;
+}
+
+/* Scalar ops: f[0] = s, i[0] = op, i[1] = scalar_first; saved[0] = a, saved[1] = out when used. */
+static int scalar_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *g = gout[0], *a = n->saved[0], *out = n->saved[1], *ga = NULL;
+  double sc = n->f[0];
+  bool first = n->i[1] != 0;
+  scratch s = {0};
+  switch ((int)n->i[0]) {
+    case EM_ADD: ga = g; break;
+    case EM_SUB: ga = first ? TMP(&s, em_unary(EM_NEG, g, NULL)) : g; break;
+    case EM_MUL: ga = TMP(&s, em_binary_scalar(EM_MUL, g, sc, false, NULL)); break;
+    case EM_DIV:
+      if (!first) { ga = TMP(&s, em_binary_scalar(EM_DIV, g, sc, false, NULL)); break; }
+      {   /* d/da s/a = -(s/a)/a */
+        em_tensor *t = TMP(&s, em_binary(EM_MUL, g, out, NULL));
+        em_tensor *u = TMP(&s, em_binary(EM_DIV, t, a, NULL));
+        ga = TMP(&s, em_unary(EM_NEG, u, NULL));
+      }
+      break;
+    case EM_POW:
+      if (!first && sc == 0) { ga = TMP(&s, em_zeros(g->ndim, g->shape, g->dtype, g->device)); break; }
+      if (!first) {   /* s a^(s-1) */
+        em_tensor *p = TMP(&s, em_binary_scalar(EM_POW, a, sc - 1, false, NULL));
+        em_tensor *t = TMP(&s, em_binary_scalar(EM_MUL, p, sc, false, NULL));
+        ga = TMP(&s, em_binary(EM_MUL, g, t, NULL));
+      } else {        /* s^a ln s, 0 where s == 0 and a >= 0 */
+        em_tensor *t = TMP(&s, em_binary_scalar(EM_MUL, out, log(sc), false, NULL));
+        if (sc == 0) {
+          em_tensor *m = TMP(&s, em_binary_scalar(EM_GE, a, 0, false, NULL));
+          t = TMP(&s, em_masked_fill(t, m, 0, NULL));
+        }
+        ga = TMP(&s, em_binary(EM_MUL, g, t, NULL));
+      }
+      break;
+    case EM_MAXIMUM: case EM_MINIMUM: {
+      em_tensor *w = minmax_weight(&s, n->i[0] == EM_MAXIMUM, a, NULL, sc);
+      ga = TMP(&s, em_binary(EM_MUL, g, w, NULL));
+      break;
+    }
+    default: em_error("backward: unknown scalar op %d", (int)n->i[0]); s.failed = true; break;
+  }
+  give(&s, n, 0, ga, gin);
+  return scratch_end(&s);
+}
+
+static int record_scalar(int op, em_tensor *a, double sc, bool first, em_tensor *out) {
+  em_node *n = em_node_new(binop_names[op], scalar_backward, 1, 1);
+  if (!n) return -1;
+  em_node_set_input(n, 0, a);
+  n->f[0] = sc; n->i[0] = op; n->i[1] = first;
+  bool save_a = op == EM_POW || op == EM_MAXIMUM || op == EM_MINIMUM || (op == EM_DIV && first);
+  bool save_out = first && (op == EM_POW || op == EM_DIV);
+  if (save_a || save_out) em_node_save(n, a);
+  if (save_out) em_node_save(n, out);
+  em_node_finish(n, out);
+  return 0;
+}
+
+/* ---------------- binary ops ---------------- */
+
+em_tensor *em_binary(em_binop op, em_tensor *a, em_tensor *b, em_tensor *out) {
+  EM_OP_SCOPE(em_binop_name(op));
+  const char *name = em_binop_name(op);
+  EM_CHECK_NULL((unsigned)op < EM_NBINOPS, "binary: invalid op %d", (int)op);
+  EM_CHECK_NULL(a && b, "%s: expected two tensors, got NULL", name);
+  if (em_check_same_device(name, a, b)) return NULL;
+  em_dtype rt, ct;
+  if (binary_dtypes(name, op, result_type(a, b), a->dtype == EM_BOOL || b->dtype == EM_BOOL, &rt, &ct))
+    return NULL;
+  int nd; int64_t shape[EM_MAX_DIMS];
+  if (em_broadcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
+  bool grad = binop_differentiable(op) && em_grad_needed(2, (em_tensor *[]){a, b});
+  em_tensor *res = make_result(name, out, nd, shape, rt, a->device, grad);
+  if (!res) return NULL;
+  kern k = {K_BINARY, op, dtype_class(ct), 0, 0};
+  operand in[2] = {{a, 0}, {b, 0}};
+  if (run_kernel(name, &k, res, 2, in, nd, shape) || (grad && record_binary(op, a, b, res))) {
+    em_tensor_release(res);
+    return NULL;
+  }
+  return res;
+}
+
+em_tensor *em_binary_scalar(em_binop op, em_tensor *a, double sc, bool scalar_first, em_tensor *out) {
+  EM_OP_SCOPE(em_binop_name(op));
+  const char *name = em_binop_name(op);
+  EM_CHECK_NULL((unsigned)op < EM_NBINOPS, "binary: invalid op %d", (int)op);
+  EM_CHECK_NULL(a, "%s: expected a tensor, got NULL", name);
+  em_dtype rt, ct;
+  if (binary_dtypes(name, op, scalar_promote(a->dtype, sc), a->dtype == EM_BOOL, &rt, &ct)) return NULL;
+  if (op == EM_POW && !scalar_first && !em_dtype_is_float(ct) && sc < 0) {
+    em_error("%s: integers to negative integer powers are not allowed (got exponent %g on a %s tensor)",
+             name, sc, em_dtype_name(a->dtype));
+    return NULL;
+  }
+  if ((is_comparison(op)) && (ct == EM_BF16 || ct == EM_F16))   /* compare with the number as stored in ct */
+    sc = ct == EM_BF16 ? em_bf16_to_f32(em_f32_to_bf16((float)sc)) : em_f16_to_f32(em_f32_to_f16((float)sc));
+  bool grad = binop_differentiable(op) && em_grad_needed(1, &a);
+  em_tensor *res = make_result(name, out, a->ndim, a->shape, rt, a->device, grad);
+  if (!res) return NULL;
+  kern k = {K_BINARY, op, dtype_class(ct), 0, 0};
+  operand t = {a, 0}, c = {NULL, sc};
+  operand in[2] = {scalar_first ? c : t, scalar_first ? t : c};
+  if (run_kernel(name, &k, res, 2, in, a->ndim, a->shape) ||
+      (grad && record_scalar(op, a, sc, scalar_first, res))) {
+    em_tensor_release(res);
+    return NULL;
+  }
+  return res;
+}
+
+/* ---------------- unary ops ---------------- */
+
+static bool float_only(int op) {
+  switch (op) {
+    case EM_SQRT: case EM_RSQRT: case EM_EXP: case EM_LOG: case EM_TANH: case EM_SIGMOID:
+    case EM_SILU: case EM_GELU: case EM_SIN: case EM_COS: case EM_RECIPROCAL: return true;
+    default: return false;
+  }
+}
+
+static int unary_dtypes(const char *name, int op, em_dtype t, em_dtype *res, em_dtype *comp) {
+  *res = *comp = t;
+  if (float_only(op) && !em_dtype_is_float(t)) *res = *comp = EM_F32;
+  else if (op == EM_NEG && t == EM_BOOL)
+    return em_error("%s: negation of a bool tensor is not supported (use logical_not)", name);
+  else if (op == EM_SQUARE && t == EM_BOOL) *res = *comp = EM_I64;
+  else if (op == EM_LOGICAL_NOT) *res = EM_BOOL;
+  return 0;
+}
+
+/* Gradient kernel of each differentiable unary op and what it reads: the input x or the output y. */
+enum { SAVE_NONE, SAVE_X, SAVE_Y };
+static const struct { bool diff; int code, save; } unary_grad[EM_NUNOPS] = {
+  [EM_NEG] = {true, EM_NEG, SAVE_NONE}, [EM_ABS] = {true, G_ABS, SAVE_X},
+  [EM_SQRT] = {true, G_SQRT, SAVE_Y}, [EM_RSQRT] = {true, G_RSQRT, SAVE_Y},
+  [EM_EXP] = {true, EM_MUL, SAVE_Y}, [EM_LOG] = {true, EM_DIV, SAVE_X},
+  [EM_TANH] = {true, G_TANH, SAVE_Y}, [EM_SIGMOID] = {true, G_SIGMOID, SAVE_Y},
+  [EM_SILU] = {true, G_SILU, SAVE_X}, [EM_RELU] = {true, G_RELU, SAVE_Y},
+  [EM_GELU] = {true, G_GELU, SAVE_X}, [EM_SIN] = {true, G_SIN, SAVE_X},
+  [EM_COS] = {true, G_COS, SAVE_X}, [EM_SQUARE] = {true, G_SQUARE, SAVE_X},
+  [EM_RECIPROCAL] = {true, G_RECIP, SAVE_Y},
+};
+
+static int unary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  int op = (int)n->i[0];
+  if (op == EM_NEG) gin[0] = em_unary(EM_NEG, gout[0], NULL);
+  else gin[0] = raw_binary(n->op, unary_grad[op].code, gout[0], n->saved[0], 0, 0);
+  return gin[0] ? 0 : -1;
+}
+
+static int record_unary(int op, em_tensor *a, em_tensor *out) {
+  em_node *n = em_node_new(unop_names[op], unary_backward, 1, 1);
+  if (!n) return -1;
+  em_node_set_input(n, 0, a);
+  n->i[0] = op;
+  if (unary_grad[op].save == SAVE_X) em_node_save(n, a);
+  if (unary_grad[op].save == SAVE_Y) em_node_save(n, out);
+  em_node_finish(n, out);
+  return 0;
+}
+
+em_tensor *em_unary(em_unop op, em_tensor *a, em_tensor *out) {
+  EM_OP_SCOPE(em_unop_name(op));
+  const char *name = em_unop_name(op);
+  EM_CHECK_NULL((unsigned)op < EM_NUNOPS, "unary: invalid op %d", (int)op);
+  EM_CHECK_NULL(a, "%s: expected a tensor, got NULL", name);
+  em_dtype rt, ct;
+  if (unary_dtypes(name, op, a->dtype, &rt, &ct)) return NULL;
+  bool grad = unary_grad[op].diff && em_grad_needed(1, &a);
+  em_tensor *res = make_result(name, out, a->ndim, a->shape, rt, a->device, grad);
+  if (!res) return NULL;
+  kern k = {K_UNARY, op, dtype_class(ct), 0, 0};
+  operand in[1] = {{a, 0}};
+  if (run_kernel(name, &k, res, 1, in, a->ndim, a->shape) || (grad && record_unary(op, a, res))) {
+    em_tensor_release(res);
+    return NULL;
+  }
+  return res;
+}
+
+/* Internal binary kernel (gradients): broadcast + promote, no autograd. */
+static em_tensor *raw_binary(const char *name, int code, em_tensor *a, em_tensor *b, double lo, double hi) {
+  int nd; int64_t shape[EM_MAX_DIMS];
+  if (em_check_same_device(name, a, b) ||
+      em_broadcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
+  em_dtype dt = em_promote(a->dtype, b->dtype);
+  em_tensor *res = em_empty(nd, shape, dt, a->device);
+  if (!res) return NULL;
+  kern k = {K_BINARY, code, dtype_class(dt), lo, hi};
+  operand in[2] = {{a, 0}, {b, 0}};
+  if (run_kernel(name, &k, res, 2, in, nd, shape)) { em_tensor_release(res); return NULL; }
+  return res;
+}
+
+/* ---------------- clamp ---------------- */
+
+static int clamp_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  gin[0] = raw_binary("clamp", G_CLAMP, gout[0], n->saved[0], n->f[0], n->f[1]);
+  return gin[0] ? 0 : -1;
+}
+
+em_tensor *em_clamp(em_tensor *a, double lo, double hi, em_tensor *out) {
+  EM_OP_SCOPE("clamp");
+  EM_CHECK_NULL(a, "clamp: expected a tensor, got NULL");
+  EM_CHECK_NULL(!isnan(lo) || !isnan(hi), "clamp: at least one of min and max must be given");
+  em_dtype dt = a->dtype;
+  if (!em_dtype_is_float(dt) && ((!isnan(lo) && !integral(lo)) || (!isnan(hi) && !integral(hi)))) dt = EM_F32;
+  double l = isnan(lo) ? -INFINITY : lo, h = isnan(hi) ? INFINITY : hi;
+  bool grad = em_grad_needed(1, &a);
+  em_tensor *res = make_result("clamp", out, a->ndim, a->shape, dt, a->device, grad);
+  if (!res) return NULL;
+  kern k = {K_UNARY, U_CLAMP, dtype_class(dt), l, h};
+  operand in[1] = {{a, 0}};
+  if (run_kernel("clamp", &k, res, 1, in, a->ndim, a->shape)) { em_tensor_release(res); return NULL; }
+  if (grad) {
+    em_node *n = em_node_new("clamp", clamp_backward, 1, 1);
+    if (!n) { em_tensor_release(res); return NULL; }
+    em_node_set_input(n, 0, a);
+    em_node_save(n, a);
+    n->f[0] = l; n->f[1] = h;
+    em_node_finish(n, res);
+  }
+  return res;
+}
+
+/* ---------------- where, masked_fill ---------------- */
+
+static int where_shape(const char *name, const em_tensor *cond, const operand *a, const operand *b,
+                       int *nd, int64_t *shape) {
+  *nd = cond->ndim;
+  memcpy(shape, cond->shape, sizeof(int64_t) * (size_t)cond->ndim);
+  const operand *ops[2] = {a, b};
+  for (int j = 0; j < 2; j++) {
+    const em_tensor *t = ops[j]->t;
+    if (!t) continue;
+    int64_t s[EM_MAX_DIMS];
+    if (em_broadcast_shape(name, *nd, shape, t->ndim, t->shape, nd, s)) return -1;
+    memcpy(shape, s, sizeof(int64_t) * (size_t)*nd);
+  }
+  return 0;
+}
+
+/* out[i] = cond[i] ? a[i] : b[i] over the broadcast shape, in dtype dt. */
+static em_tensor *where_raw(const char *name, em_tensor *cond, operand a, operand b, em_dtype dt,
+                            em_tensor *out, bool grad) {
+  if (cond->dtype != EM_BOOL) {
+    em_error("%s: expected the mask/condition to be a bool tensor, got %s", name, em_dtype_name(cond->dtype));
+    return NULL;
+  }
+  if ((a.t && em_check_same_device(name, cond, a.t)) || (b.t && em_check_same_device(name, cond, b.t)))
+    return NULL;
+  int nd; int64_t shape[EM_MAX_DIMS];
+  if (where_shape(name, cond, &a, &b, &nd, shape)) return NULL;
+  em_tensor *res = make_result(name, out, nd, shape, dt, cond->device, grad);
+  if (!res) return NULL;
+  kern k = {K_WHERE, 0, dtype_class(dt), 0, 0};
+  operand in[3] = {{cond, 0}, a, b};
+  if (run_kernel(name, &k, res, 3, in, nd, shape)) { em_tensor_release(res); return NULL; }
+  return res;
+}
+
+/* where: saved[0] = cond; inputs a, b. */
+static int where_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *g = gout[0], *cond = n->saved[0];
+  operand zero = {NULL, 0}, tg = {g, 0};
+  scratch s = {0};
+  em_tensor *ga = em_node_needs_input_grad(n, 0) ? TMP(&s, where_raw("where", cond, tg, zero, g->dtype, NULL, false)) : NULL;
+  em_tensor *gb = em_node_needs_input_grad(n, 1) ? TMP(&s, where_raw("where", cond, zero, tg, g->dtype, NULL, false)) : NULL;
+  give(&s, n, 0, ga, gin);
+  give(&s, n, 1, gb, gin);
+  return scratch_end(&s);
+}
+
+em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b) {
+  EM_OP_SCOPE("where");
+  EM_CHECK_NULL(cond && a && b, "where: expected three tensors (cond, a, b), got NULL");
+  if (em_check_same_device("where", a, b)) return NULL;
+  bool grad = em_grad_needed(2, (em_tensor *[]){a, b});
+  operand oa = {a, 0}, ob = {b, 0};
+  em_tensor *res = where_raw("where", cond, oa, ob, result_type(a, b), NULL, false);
+  if (!res || !grad) return res;
+  em_node *n = em_node_new("where", where_backward, 2, 1);
+  if (!n) { em_tensor_release(res); return NULL; }
+  em_node_set_input(n, 0, a);
+  em_node_set_input(n, 1, b);
+  em_node_save(n, cond);
+  em_node_finish(n, res);
+  return res;
+}
+
+static int masked_fill_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *g = gout[0];
+  operand zero = {NULL, 0}, tg = {g, 0};
+  scratch s = {0};
+  em_tensor *ga = TMP(&s, where_raw("masked_fill", n->saved[0], zero, tg, g->dtype, NULL, false));
+  give(&s, n, 0, ga, gin);
+  return scratch_end(&s);
+}
+
+em_tensor *em_masked_fill(em_tensor *a, em_tensor *mask, double v, em_tensor *out) {
+  EM_OP_SCOPE("masked_fill");
+  EM_CHECK_NULL(a && mask, "masked_fill: expected a tensor and a mask, got NULL");
+  bool grad = em_grad_needed(1, &a);
+  operand ov = {NULL, v}, oa = {a, 0};
+  em_tensor *res = where_raw("masked_fill", mask, ov, oa, a->dtype, out, grad);
+  if (!res || !grad) return res;
+  em_node *n = em_node_new("masked_fill", masked_fill_backward, 1, 1);
+  if (!n) { em_tensor_release(res); return NULL; }
+  em_node_set_input(n, 0, a);
+  em_node_save(n, mask);
+  em_node_finish(n, res);
+  return res;
+}
+
+/* ---------------- triu, tril ---------------- */
+
+/* Copy a, then zero the part of each trailing matrix outside the triangle:
+ * triu keeps j - i >= k, tril keeps j - i <= k. */
+static int cpu_triangle(em_tensor *res, em_tensor *a, int64_t k, bool upper) {
+  bool g = em_set_grad_enabled(false);
+  int rc = em_copy_(res, a);
+  em_set_grad_enabled(g);
+  if (rc) return -1;
+  int64_t rows = res->shape[res->ndim - 2], cols = res->shape[res->ndim - 1];
+  int64_t mats = (rows > 0 && cols > 0) ? em_numel(res) / (rows * cols) : 0;
+  size_t es = em_dtype_size(res->dtype);
+  char *base = em_data_ptr(res);
+  for (int64_t m = 0; m < mats; m++) {
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t lo = upper ? 0 : EM_MAX(0, EM_MIN(cols, i + k + 1));
+      int64_t hi = upper ? EM_MAX(0, EM_MIN(cols, i + k)) : cols;
+      if (hi > lo) memset(base + ((m * rows + i) * cols + lo) * (int64_t)es, 0, (size_t)(hi - lo) * es);
+    }
+  }
+  return 0;
+}
+
+static em_tensor *triangle(const char *name, em_tensor *a, int64_t k, bool upper);
+
+static int triangle_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  gin[0] = triangle(n->op, gout[0], n->i[0], n->i[1] != 0);
+  return gin[0] ? 0 : -1;
+}
+
+static em_tensor *triangle(const char *name, em_tensor *a, int64_t k, bool upper) {
+  EM_CHECK_NULL(a, "%s: expected a tensor, got NULL", name);
+  if (a->ndim < 2) {
+    char b[160];
+    em_error("%s: expected a tensor with at least 2 dims, got %d dims (shape %s)", name, a->ndim,
+             em_shape_str(a->ndim, a->shape, b, 160));
+    return NULL;
+  }
+  em_tensor *res = em_empty(a->ndim, a->shape, a->dtype, a->device);
+  if (!res) return NULL;
+  int rc = a->device.type == EM_CPU ? cpu_triangle(res, a, k, upper) : em_error_device(name, a);
+  if (rc) { em_tensor_release(res); return NULL; }
+  if (em_grad_needed(1, &a)) {
+    em_node *n = em_node_new(name, triangle_backward, 1, 1);
+    if (!n) { em_tensor_release(res); return NULL; }
+    em_node_set_input(n, 0, a);
+    n->i[0] = k; n->i[1] = upper;
+    em_node_finish(n, res);
+  }
+  return res;
+}
+
+em_tensor *em_triu(em_tensor *a, int64_t k) { EM_OP_SCOPE("triu"); return triangle("triu", a, k, true); }
+em_tensor *em_tril(em_tensor *a, int64_t k) { EM_OP_SCOPE("tril"); return triangle("tril", a, k, false); }

@@ -1,0 +1,253 @@
+/* The global Philox generator and the random ops (rand, randn, randint,
+ * uniform_, normal_, trunc_normal_).
+ *
+ * Counter-based on purpose: a draw is a pure function of (seed, first counter,
+ * element index), so the CUDA kernels reproduce the CPU stream exactly, a draw
+ * can be split over threads/blocks without coordination, and the generator
+ * state is two integers (seed, offset) that checkpoints save. Each op reserves
+ * its blocks with one atomic add on the offset, then fills; the stream layout
+ * is documented at the top of ember/rng.h and is a contract: change it only
+ * together with the CUDA kernels and the known-answer tests.
+ *
+ * Values are computed in double and rounded once to the tensor's dtype
+ * (through f32 for bf16/f16). */
+#include <stdatomic.h>
+#include "internal.h"
+
+/* ---------------- the generator ---------------- */
+
+#define EM_DEFAULT_SEED 0x5eedu
+
+static _Atomic uint64_t rng_seed = EM_DEFAULT_SEED;
+static _Atomic uint64_t rng_offset = 0;
+
+void em_manual_seed(uint64_t seed) { em_rng_set_state(seed, 0); }
+uint64_t em_rng_seed(void) { return atomic_load(&rng_seed); }
+uint64_t em_rng_offset(void) { return atomic_load(&rng_offset); }
+
+void em_rng_set_state(uint64_t seed, uint64_t offset) {
+  atomic_store(&rng_seed, seed);
+  atomic_store(&rng_offset, offset);
+}
+
+uint64_t em_rng_reserve(uint64_t blocks) { return atomic_fetch_add(&rng_offset, blocks); }
+
+/* ---------------- distributions ---------------- */
+
+enum { D_UNIFORM, D_NORMAL, D_TRUNC, D_RANDINT };
+
+typedef struct {
+  int kind;
+  double p0, p1;          /* uniform: lo, hi; normal/trunc: mean, std */
+  double a, b;            /* trunc: clamp bounds */
+  double v0, v1;          /* trunc: the uniform interval [2 Phi(a') - 1, 2 Phi(b') - 1] */
+  int64_t lo;             /* randint: lower bound */
+  uint64_t span;          /* randint: hi - lo */
+} dist;
+
+static inline double u24(uint32_t w) { return (double)(w >> 8) * 0x1p-24; }
+
+/* erfinv in double: Giles' single-precision approximation ("Approximating the
+ * erfinv function", GPU Computing Gems, 2011) as the start, then Newton steps
+ * until the step is below an ulp: on erf(x) = y in the body, on ln erfc(x) =
+ * ln(1 - |y|) for |y| > 0.9 (1 - |y| is exact there, and the log keeps Newton
+ * quadratic in the tail, where plain erfc steps crawl). */
+static double erfinv(double y) {
+  if (isnan(y) || y < -1 || y > 1) return NAN;
+  if (y == 1) return INFINITY;
+  if (y == -1) return -INFINITY;
+  double w = -log((1.0 - y) * (1.0 + y)), p;
+  if (w < 5) {
+    w -= 2.5;
+    p = 2.81022636e-08;
+    p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w; p = -4.39150654e-06 + p * w;
+    p = 0.00021858087 + p * w; p = -0.00125372503 + p * w; p = -0.00417768164 + p * w;
+    p = 0.246640727 + p * w; p = 1.50140941 + p * w;
+  } else {
+    w = sqrt(w) - 3;
+    p = -0.000200214257;
+    p = 0.000100950558 + p * w; p = 0.00134934322 + p * w; p = -0.00367342844 + p * w;
+    p = 0.00573950773 + p * w; p = -0.0076224613 + p * w; p = 0.00943887047 + p * w;
+    p = 1.00167406 + p * w; p = 2.83297682 + p * w;
+  }
+  double x = p * y, ay = fabs(y), s = y < 0 ? -1 : 1, t = 1.0 - ay;   /* t exact for ay >= 0.5 */
+  for (int it = 0; it < 8; it++) {
+    double ax = fabs(x), d = M_2_SQRTPI * exp(-ax * ax), step;
+    if (ay > 0.9) {   /* tail: Newton on ln erfc(x) = ln t converges quadratically where erfc is tiny */
+      double c = erfc(ax);
+      step = -(log(c) - log(t)) * c / d;
+    } else {
+      step = (erf(ax) - ay) / d;
+    }
+    x = s * (ax - step);
+    if (fabs(step) <= 1e-16 * ax) break;
+  }
+  return x;
+}
+
+static double norm_cdf(double x) { return (1.0 + erf(x / M_SQRT2)) / 2.0; }
+
+/* The value of element j (given its block's four words) as a double. */
+static void block_values(const dist *d, const em_philox_block *b, double *v) {
+  switch (d->kind) {
+    case D_UNIFORM:
+      for (int k = 0; k < 4; k++) v[k] = d->p0 + (d->p1 - d->p0) * u24(b->v[k]);
+      break;
+    case D_NORMAL:
+      for (int k = 0; k < 4; k += 2) {
+        double r = sqrt(-2.0 * log(1.0 - u24(b->v[k]))), th = 2.0 * M_PI * u24(b->v[k + 1]);
+        v[k] = d->p0 + d->p1 * (r * cos(th));
+        v[k + 1] = d->p0 + d->p1 * (r * sin(th));
+      }
+      break;
+    case D_TRUNC:
+      for (int k = 0; k < 4; k++) {
+        double x = erfinv(d->v0 + (d->v1 - d->v0) * u24(b->v[k])) * (d->p1 * M_SQRT2) + d->p0;
+        v[k] = x < d->a ? d->a : x > d->b ? d->b : x;
+      }
+      break;
+    default: break;
+  }
+}
+
+/* Fill n contiguous elements of dtype dt from counter ctr0 on. */
+static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t ctr0, const dist *d) {
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  bool wide = d->kind == D_RANDINT && d->span > 0x100000000ull;
+  int per = wide ? 2 : 4;
+  for (int64_t j0 = 0; j0 < n; j0 += per) {
+    uint64_t c = ctr0 + (uint64_t)(j0 / per);
+    em_philox_block b = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+    int cnt = (int)EM_MIN((int64_t)per, n - j0);
+    if (d->kind == D_RANDINT) {
+      for (int k = 0; k < cnt; k++) {
+        uint64_t u = wide ? ((uint64_t)b.v[2 * k] | ((uint64_t)b.v[2 * k + 1] << 32)) : b.v[k];
+        em_store_i64(dst, dt, j0 + k, (int64_t)((uint64_t)d->lo + u % d->span));
+      }
+      continue;
+    }
+    double v[4];
+    block_values(d, &b, v);
+    for (int k = 0; k < cnt; k++) em_store_f64(dst, dt, j0 + k, v[k]);
+  }
+}
+
+static uint64_t blocks_for(const dist *d, int64_t n) {
+  int per = (d->kind == D_RANDINT && d->span > 0x100000000ull) ? 2 : 4;
+  return (uint64_t)((n + per - 1) / per);
+}
+
+/* Reserve the stream for t's elements (in logical row-major order) and fill t. */
+static int fill(const char *op, em_tensor *t, const dist *d) {
+  int64_t n = em_numel(t);
+  if (t->device.type != EM_CPU) return em_error_device(op, t);
+  uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
+  if (em_is_contiguous(t)) { cpu_fill(em_data_ptr(t), t->dtype, n, seed, ctr0, d); return 0; }
+  em_tensor *tmp = em_empty(t->ndim, t->shape, t->dtype, t->device);
+  if (!tmp) return -1;
+  cpu_fill(em_data_ptr(tmp), tmp->dtype, n, seed, ctr0, d);
+  bool g = em_set_grad_enabled(false);
+  int rc = em_copy_(t, tmp);
+  em_set_grad_enabled(g);
+  em_tensor_release(tmp);
+  return rc;
+}
+
+static int check_float_tensor(const char *op, const em_tensor *t) {
+  if (!t) return em_error("%s: expected a tensor, got NULL", op);
+  if (!em_dtype_is_float(t->dtype))
+    return em_error("%s: expected a floating-point tensor (f32, f64, bf16, f16), got %s", op, em_dtype_name(t->dtype));
+  return em_check_inplace(op, t);
+}
+
+/* ---------------- in-place fills ---------------- */
+
+int em_uniform_(em_tensor *t, double lo, double hi) {
+  EM_OP_SCOPE("uniform_");
+  if (check_float_tensor("uniform_", t)) return -1;
+  if (!(lo <= hi) || !isfinite(lo) || !isfinite(hi))
+    return em_error("uniform_: expected finite lo <= hi, got lo=%g and hi=%g", lo, hi);
+  em_bump_version(t);
+  dist d = {.kind = D_UNIFORM, .p0 = lo, .p1 = hi};
+  return fill("uniform_", t, &d);
+}
+
+int em_normal_(em_tensor *t, double mean, double std) {
+  EM_OP_SCOPE("normal_");
+  if (check_float_tensor("normal_", t)) return -1;
+  if (!(std >= 0) || !isfinite(std) || !isfinite(mean))
+    return em_error("normal_: expected a finite mean and std >= 0, got mean=%g and std=%g", mean, std);
+  em_bump_version(t);
+  dist d = {.kind = D_NORMAL, .p0 = mean, .p1 = std};
+  return fill("normal_", t, &d);
+}
+
+/* nn.init.trunc_normal_: u ~ U[2 Phi(a') - 1, 2 Phi(b') - 1], x = erfinv(u) std sqrt2 + mean,
+ * clamped to [a, b]; a' = (a - mean) / std. */
+int em_trunc_normal_(em_tensor *t, double mean, double std, double a, double b) {
+  EM_OP_SCOPE("trunc_normal_");
+  if (check_float_tensor("trunc_normal_", t)) return -1;
+  if (!(std >= 0) || !isfinite(std) || !isfinite(mean))
+    return em_error("trunc_normal_: expected a finite mean and std >= 0, got mean=%g and std=%g", mean, std);
+  if (!(a <= b)) return em_error("trunc_normal_: expected a <= b, got a=%g and b=%g", a, b);
+  em_bump_version(t);
+  dist d = {.kind = D_TRUNC, .p0 = mean, .p1 = std, .a = a, .b = b};
+  if (std == 0) { d.v0 = d.v1 = 0; }   /* every value is mean, clamped */
+  else { d.v0 = 2 * norm_cdf((a - mean) / std) - 1; d.v1 = 2 * norm_cdf((b - mean) / std) - 1; }
+  return fill("trunc_normal_", t, &d);
+}
+
+/* ---------------- creation ---------------- */
+
+static em_tensor *random_float(const char *op, int ndim, const int64_t *shape, em_dtype dt, em_device dev,
+                               const dist *d) {
+  if (!em_dtype_is_float(dt)) {
+    em_error("%s: expected a floating-point dtype (f32, f64, bf16, f16), got %s", op, em_dtype_name(dt));
+    return NULL;
+  }
+  em_tensor *t = em_empty(ndim, shape, dt, dev);
+  if (t && fill(op, t, d)) { em_tensor_release(t); return NULL; }
+  return t;
+}
+
+em_tensor *em_rand(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+  EM_OP_SCOPE("rand");
+  dist d = {.kind = D_UNIFORM, .p0 = 0, .p1 = 1};
+  return random_float("rand", ndim, shape, dt, dev, &d);
+}
+
+em_tensor *em_randn(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+  EM_OP_SCOPE("randn");
+  dist d = {.kind = D_NORMAL, .p0 = 0, .p1 = 1};
+  return random_float("randn", ndim, shape, dt, dev, &d);
+}
+
+/* The integer range a dtype holds (floats: everything). */
+static void dtype_range(em_dtype dt, int64_t *lo, int64_t *hi) {
+  switch (dt) {
+    case EM_BOOL: *lo = 0; *hi = 1; break;
+    case EM_U8: *lo = 0; *hi = UINT8_MAX; break;
+    case EM_U16: *lo = 0; *hi = UINT16_MAX; break;
+    case EM_I32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    default: *lo = INT64_MIN; *hi = INT64_MAX; break;
+  }
+}
+
+em_tensor *em_randint(int64_t lo, int64_t hi, int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+  EM_OP_SCOPE("randint");
+  if (lo >= hi) {
+    em_error("randint: expected lo < hi, got lo=%lld and hi=%lld", (long long)lo, (long long)hi);
+    return NULL;
+  }
+  int64_t mn, mx;
+  dtype_range(dt, &mn, &mx);
+  if (lo < mn || hi - 1 > mx) {
+    em_error("randint: the range [%lld, %lld) does not fit dtype %s", (long long)lo, (long long)hi, em_dtype_name(dt));
+    return NULL;
+  }
+  em_tensor *t = em_empty(ndim, shape, dt, dev);
+  if (!t) return NULL;
+  dist d = {.kind = D_RANDINT, .lo = lo, .span = (uint64_t)hi - (uint64_t)lo};
+  if (fill("randint", t, &d)) { em_tensor_release(t); return NULL; }
+  return t;
+}
