@@ -68,11 +68,12 @@ void lem_push_tensor(lua_State *L, em_tensor *t) {
   lua_pushvalue(L, -1);
   lua_rawsetp(L, -3, t);
   lua_remove(L, -2);
-  /* The GC cannot see tensor memory: count fresh storage as GC debt. */
-  if (t->storage->refcount == 1 && t->device.type == EM_CPU) {
-    gc_debt += t->storage->nbytes;
-    if (gc_debt > (8u << 20)) { lua_gc(L, LUA_GCSTEP, (int)(gc_debt >> 10)); gc_debt = 0; }
-  }
+  /* The GC sees only the 8-byte box: count what it cannot see (header, fresh
+   * CPU storage, the autograd node the result keeps alive) as GC debt. */
+  gc_debt += sizeof(em_tensor);
+  if (t->storage->refcount == 1 && t->device.type == EM_CPU) gc_debt += t->storage->nbytes + sizeof(em_storage);
+  if (t->grad_fn && t->grad_fn->refcount == 1) gc_debt += sizeof(em_node);
+  if (gc_debt > (4u << 20)) { lua_gc(L, LUA_GCSTEP, (int)(gc_debt >> 10)); gc_debt = 0; }
 }
 
 int lem_push_result(lua_State *L, em_tensor *t) {

@@ -426,12 +426,21 @@ static int run_kernel(const char *name, const kern *k, em_tensor *out, int nin, 
 
 /* ---------------- shared validation ---------------- */
 
+static int category(em_dtype t) { return t == EM_BOOL ? 0 : em_dtype_is_float(t) ? 2 : 1; }
+
 /* The result tensor: a new one, or `out` validated (shape, device, in-place
- * rules) and retained. Writing into out is not recorded by autograd. */
+ * rules, and PyTorch's same-kind cast: a float result cannot go into an integer
+ * out, nor a non-bool result into a bool out) and retained. Writing into out is
+ * not recorded by autograd. */
 static em_tensor *make_result(const char *name, em_tensor *out, int nd, const int64_t *shape, em_dtype dt,
                               em_device dev, bool grad) {
   if (!out) return em_empty(nd, shape, dt, dev);
   if (em_check_out(name, out, nd, shape, dev)) return NULL;
+  if (category(dt) > category(out->dtype)) {
+    em_error("%s: result type %s can't be cast to the desired output type %s", name, em_dtype_name(dt),
+             em_dtype_name(out->dtype));
+    return NULL;
+  }
   if (grad) {
     em_error("%s: out= cannot be used when an input requires grad (autograd does not record writes "
              "into out); drop out= or use ember.no_grad", name);
@@ -457,7 +466,6 @@ static bool is_logical(int op) { return op == EM_LOGICAL_AND || op == EM_LOGICAL
 /* PyTorch's result type for two tensors: a 0-d tensor next to a dimensioned
  * one only decides the dtype when it is of a higher category (bool < int <
  * float): f32 tensor + f64 0-d gives f32, i32 tensor + f64 0-d gives f64. */
-static int category(em_dtype t) { return t == EM_BOOL ? 0 : em_dtype_is_float(t) ? 2 : 1; }
 static em_dtype result_type(const em_tensor *a, const em_tensor *b) {
   bool za = a->ndim == 0, zb = b->ndim == 0;
   if (za == zb) return em_promote(a->dtype, b->dtype);

@@ -282,6 +282,15 @@ TEST(out_and_inplace) {
   CHECK(r == o64 && o64->dtype == EM_F64);
   CHECK_NEAR(at(o64, 0), sqrtf(10.0f), 1e-12);
   em_tensor_release(r);
+  /* same-kind casts only: a float result cannot go into an integer out */
+  em_tensor *oi = em_zeros(SHAPE(3), EM_I64, em_cpu()), *ob = em_zeros(SHAPE(3), EM_BOOL, em_cpu());
+  CHECK_ERR_CONTAINS(em_unary(EM_EXP, oi, oi) == NULL, "exp: result type f32 can't be cast to the desired output type i64");
+  CHECK_ERR_CONTAINS(em_binary_scalar(EM_MUL, oi, 2.5, false, oi) == NULL, "mul: result type f32 can't be cast");
+  CHECK_ERR_CONTAINS(em_binary(EM_ADD, oi, oi, ob) == NULL, "add: result type i64 can't be cast to the desired output type bool");
+  r = em_binary(EM_LT, a, b, oi);   /* bool into i64 is fine */
+  CHECK(r == oi); CHECK_VALS(oi, 0, 0, 0, 0);
+  em_tensor_release(r);
+  REL(oi, ob);
   /* out of the wrong shape */
   em_tensor *o2 = em_zeros(SHAPE(2), EM_F32, em_cpu());
   CHECK_ERR_CONTAINS(em_binary(EM_ADD, a, b, o2) == NULL, "add: out has shape [2], expected [3]");

@@ -3,8 +3,9 @@
  * record autograd nodes (see autograd.h) unless grad mode is off.
  *
  * `out` arguments: NULL allocates the result; a tensor writes into it (it must
- * have the result's shape; the value is converted to out's dtype) and returns
- * it retained. out == a gives the in-place twin (a:add_(b)). Writing into a
+ * have the result's shape; the value is converted to out's dtype when PyTorch's
+ * same-kind rule allows it: no float result into an integer out, no non-bool
+ * result into a bool out) and returns it retained. out == a gives the in-place twin (a:add_(b)). Writing into a
  * tensor that requires grad, or producing into `out` from inputs that require
  * grad, is an error while grad mode is on (as in PyTorch for leaves).
  *
