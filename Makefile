@@ -49,7 +49,7 @@ test: build
 test-asan: deps
 	cmake -S . -B build-asan -G Ninja -DEMBER_CUDA=OFF -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build build-asan -j $(JOBS)
-	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember ASAN_OPTIONS=detect_leaks=1 \
+	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run_all.sh
 
 test-gpu: build

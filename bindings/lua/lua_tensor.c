@@ -455,9 +455,47 @@ static int l_randint(lua_State *L) {
 
 /* ---------------- properties ---------------- */
 
+/* t.shape is a plain 1-based Lua table with a small metatable, like
+ * torch.Size: it prints as ember.Size({2, 3}) and compares with ==. */
+#define EM_SIZE_MT "ember.Size"
+
+static int size_tostring(lua_State *L) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, "ember.Size({");
+  lua_Integer n = luaL_len(L, 1);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 1, i);
+    if (i > 1) luaL_addstring(&b, ", ");
+    luaL_addvalue(&b);
+  }
+  luaL_addstring(&b, "})");
+  luaL_pushresult(&b);
+  return 1;
+}
+
+static int size_eq(lua_State *L) {
+  lua_Integer n = luaL_len(L, 1);
+  if (luaL_len(L, 2) != n) { lua_pushboolean(L, 0); return 1; }
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 1, i); lua_geti(L, 2, i);
+    int same = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    if (!same) { lua_pushboolean(L, 0); return 1; }
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static void push_shape(lua_State *L, int ndim, const int64_t *s) {
   lua_createtable(L, ndim, 0);
   for (int i = 0; i < ndim; i++) { lua_pushinteger(L, s[i]); lua_rawseti(L, -2, i + 1); }
+  luaL_setmetatable(L, EM_SIZE_MT);
+}
+
+static void push_ints(lua_State *L, int n, const int64_t *v) {
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) { lua_pushinteger(L, v[i]); lua_rawseti(L, -2, i + 1); }
 }
 
 static int t_index(lua_State *L) {
@@ -519,7 +557,7 @@ static int t_size(lua_State *L) {
 }
 static int t_stride(lua_State *L) {
   em_tensor *t = lem_check_tensor(L, 1, "stride", "self");
-  if (lua_isnoneornil(L, 2)) { push_shape(L, t->ndim, t->stride); return 1; }
+  if (lua_isnoneornil(L, 2)) { push_ints(L, t->ndim, t->stride); return 1; }
   int d;
   if (em_wrap_dim("stride", lem_check_int(L, 2, "stride", "dim"), t->ndim, &d)) return lem_raise(L);
   lua_pushinteger(L, t->ndim ? t->stride[d] : 1);
@@ -765,6 +803,11 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+
+  luaL_newmetatable(L, EM_SIZE_MT);
+  lua_pushcfunction(L, size_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, size_eq); lua_setfield(L, -2, "__eq");
+  lua_pop(L, 1);
 
   luaL_newmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);
