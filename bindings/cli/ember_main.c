@@ -53,7 +53,7 @@ static int cmd_help(lua_State *L, struct cli *c);
 
 static const struct command commands[] = {
 	{"run", cmd_run, "run SCRIPT [ARGS]", "run a Lua script (also: ember SCRIPT [ARGS])"},
-	{"repl", cmd_repl, "repl", "interactive prompt with `ember` and `F` preloaded"},
+	{"repl", cmd_repl, "repl", "interactive prompt with `ember` and `F` preloaded (also for -e)"},
 	{"launch", cmd_lua, "launch ...", "run a script on N ranks (ember launch --help)"},
 	{"sweep", cmd_lua, "sweep ...", "run a campaign of configurations (ember sweep --help)"},
 	{"help", cmd_help, "help", "show this help"},
@@ -213,6 +213,8 @@ static int run_args(lua_State *L, struct cli *c)
 			continue;
 		int v = option_with_value(c, i);
 		const char *value = v == i ? a + 2 : c->argv[v];
+		static bool preloaded = false;   /* -e one-liners see `ember` and `F`, as the REPL does */
+		if (a[1] == 'e' && !preloaded) { cli_repl_preload(L); preloaded = true; }
 		int status = a[1] == 'e' ? dostring(L, value, "=(command line)")
 		                         : dolibrary(L, value);
 		if (status != LUA_OK)
