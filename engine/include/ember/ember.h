@@ -14,5 +14,7 @@
 #include "ops.h"
 #include "rng.h"
 #include "io.h"
+#include "cuda.h"
+#include "autocast.h"
 
 #endif

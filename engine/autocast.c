@@ -1,0 +1,73 @@
+/* Autocast state and the per-region cast cache (see ember/autocast.h).
+ * The cache holds (weight, its storage version, the cast copy): a weight
+ * modified in place inside the region is cast again. */
+#include "internal.h"
+
+typedef struct { em_tensor *src, *cast; uint32_t version; } cache_entry;
+
+static _Thread_local int depth = 0;
+static _Thread_local em_dtype cast_dtype = EM_BF16;
+static _Thread_local cache_entry *cache = NULL;
+static _Thread_local int n_cache = 0, cap_cache = 0;
+
+static void cache_clear(void) {
+  for (int i = 0; i < n_cache; i++) { em_tensor_release(cache[i].src); em_tensor_release(cache[i].cast); }
+  free(cache);
+  cache = NULL; n_cache = cap_cache = 0;
+}
+
+int em_autocast_enter(em_dtype dt) {
+  if (dt != EM_BF16 && dt != EM_F16)
+    return em_error("autocast: expected dtype bf16 or f16, got %s", em_dtype_name(dt));
+  if (depth > 0 && dt != cast_dtype)
+    return em_error("autocast: cannot nest a %s region inside a %s region", em_dtype_name(dt), em_dtype_name(cast_dtype));
+  cast_dtype = dt;
+  depth++;
+  return 0;
+}
+
+void em_autocast_exit(void) {
+  if (depth > 0 && --depth == 0) cache_clear();
+}
+
+bool em_autocast_enabled(void) { return depth > 0; }
+em_dtype em_autocast_dtype(void) { return cast_dtype; }
+
+static em_tensor *cached(em_tensor *t) {
+  for (int i = 0; i < n_cache; i++)
+    if (cache[i].src == t && cache[i].version == t->storage->version && cache[i].cast->dtype == cast_dtype)
+      return em_tensor_retain(cache[i].cast);
+  return NULL;
+}
+
+static void remember(em_tensor *t, em_tensor *c) {
+  if (n_cache == cap_cache) {
+    int n = cap_cache ? cap_cache * 2 : 64;
+    cache_entry *e = realloc(cache, sizeof *e * (size_t)n);
+    if (!e) return;            /* no cache: correct, only slower */
+    cache = e; cap_cache = n;
+  }
+  cache[n_cache].src = em_tensor_retain(t);
+  cache[n_cache].cast = em_tensor_retain(c);
+  cache[n_cache].version = t->storage->version;
+  n_cache++;
+}
+
+em_tensor *em_autocast_lower(em_tensor *t) {
+  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
+    return em_tensor_retain(t);
+  bool leaf_weight = t->requires_grad && t->grad_fn == NULL && em_grad_enabled();
+  bool frozen_weight = !t->requires_grad && t->grad_fn == NULL;
+  if (leaf_weight || frozen_weight) {
+    em_tensor *c = cached(t);
+    if (c) return c;
+  }
+  em_tensor *c = em_to(t, cast_dtype, t->device);
+  if (c && (leaf_weight || frozen_weight) && em_numel(t) >= 4096) remember(t, c);
+  return c;
+}
+
+em_tensor *em_autocast_upper(em_tensor *t) {
+  if (depth == 0 || (t->dtype != EM_BF16 && t->dtype != EM_F16)) return em_tensor_retain(t);
+  return em_to(t, EM_F32, t->device);
+}

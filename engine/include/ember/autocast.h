@@ -1,0 +1,32 @@
+/* Mixed precision: ember.autocast("bf16", fn). While autocast is on,
+ * matmul/linear/attention cast their floating inputs to the autocast dtype
+ * (bf16 or f16) and compute with f32 accumulation; norms, softmax, log_softmax,
+ * cross-entropy and reductions compute in f32 and return f32. Master weights
+ * and optimizer state stay f32. A weight (leaf) cast is cached for the whole
+ * autocast region so one weight is converted once per region, not per use. */
+#ifndef EMBER_AUTOCAST_H
+#define EMBER_AUTOCAST_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Enter/leave a region. dtype: EM_BF16 or EM_F16. Regions nest; leaving the
+ * outermost region clears the cast cache. */
+int em_autocast_enter(em_dtype dtype);
+void em_autocast_exit(void);
+bool em_autocast_enabled(void);
+em_dtype em_autocast_dtype(void);
+/* For ops on the lower-precision list: returns t cast to the autocast dtype
+ * (cached for leaves that require grad), or t retained when autocast is off,
+ * t is not floating point, or already that dtype. Recorded by autograd. */
+em_tensor *em_autocast_lower(em_tensor *t);
+/* For ops on the f32 list: t cast to f32 when autocast is on and t is bf16/f16. */
+em_tensor *em_autocast_upper(em_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,84 @@
+/* The CUDA runtime side of Ember: devices, streams, events, the caching
+ * allocator's statistics, pinned host memory and graph capture. Callable from
+ * C in every build: without EMBER_CUDA the functions report "no CUDA". */
+#ifndef EMBER_CUDA_H
+#define EMBER_CUDA_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- devices ---- */
+int em_cuda_set_device(int device);          /* 0 or -1 with error */
+int em_cuda_current_device(void);
+int em_cuda_synchronize(int device);         /* device < 0: current */
+const char *em_cuda_device_name(int device); /* "NVIDIA H100 80GB HBM3" */
+
+/* ---- streams and events (opaque handles around cudaStream_t / cudaEvent_t) ---- */
+typedef struct em_stream em_stream;
+typedef struct em_event em_event;
+em_stream *em_stream_new(int device);        /* a non-blocking stream */
+void em_stream_free(em_stream *s);
+em_stream *em_stream_current(int device);    /* the stream ops launch on (thread-local; default stream if unset) */
+void em_stream_set_current(int device, em_stream *s);   /* NULL restores the default */
+int em_stream_synchronize(em_stream *s);
+int em_stream_wait_event(em_stream *s, em_event *e);
+void *em_stream_handle(em_stream *s);        /* the cudaStream_t */
+em_event *em_event_new(bool enable_timing);
+void em_event_free(em_event *e);
+int em_event_record(em_event *e, em_stream *s);   /* s NULL: current stream */
+int em_event_synchronize(em_event *e);
+int em_event_query(em_event *e);             /* 1 done, 0 pending, <0 error */
+int em_event_elapsed_ms(em_event *start, em_event *end, float *ms);
+
+/* ---- caching allocator statistics (per device, bytes) ---- */
+typedef struct {
+  int64_t allocated, reserved, peak_allocated, peak_reserved;
+  int64_t alloc_count, free_count, cuda_malloc_count, cuda_free_count, oom_count;
+} em_cuda_memory_stats;
+int em_cuda_memory_stats_get(int device, em_cuda_memory_stats *out);
+void em_cuda_reset_peak_memory_stats(int device);
+void em_cuda_empty_cache(int device);
+/* Called once on OOM before the retry (the Lua binding runs a full GC here). */
+void em_cuda_set_oom_callback(void (*fn)(void *ud), void *ud);
+
+/* ---- pinned host memory ---- */
+em_tensor *em_pin_memory(em_tensor *t);      /* a page-locked CPU copy */
+bool em_is_pinned(const em_tensor *t);
+/* Copy with non_blocking semantics: async on the current stream when the host
+ * side is pinned (then the caller must synchronize before reading). */
+int em_copy_nonblocking_(em_tensor *dst, em_tensor *src);
+
+/* ---- graph capture ---- */
+typedef struct em_graph em_graph;
+/* Capture everything launched on the current stream between begin and end
+ * into a replayable graph. Allocations in between come from a private pool
+ * owned by the graph (kept alive until em_graph_free). */
+int em_graph_begin(int device);
+em_graph *em_graph_end(void);                /* NULL + error if capture failed */
+int em_graph_replay(em_graph *g);
+void em_graph_free(em_graph *g);
+/* True while a capture is in progress on this thread. Host syncs (item, cpu,
+ * printing, synchronize) must fail loudly then: see em_cuda_check_not_capturing. */
+bool em_cuda_capturing(void);
+/* Returns 0, or -1 with "OP: cannot run during CUDA graph capture (it would
+ * synchronise the host)..." — every host-sync point calls it. */
+int em_cuda_check_not_capturing(const char *op);
+/* The binding sets a function giving the current Lua call site ("train.lua:42"),
+ * used in capture errors and memory history. */
+void em_set_callsite_fn(const char *(*fn)(void));
+const char *em_callsite(void);
+
+/* ---- matmul precision ---- */
+void em_cuda_set_allow_tf32(bool on);        /* ember.backends.tf32(true) */
+bool em_cuda_allow_tf32(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

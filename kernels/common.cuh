@@ -1,0 +1,103 @@
+/* Helpers shared by Ember's CUDA kernels: launch checks, the current stream,
+ * packed 128-bit loads/stores (vectorisation visible in the code, as in
+ * llm.c), warp/block reductions and dtype conversions that round to nearest
+ * even exactly like the CPU reference (engine/dtype.c). */
+#ifndef EMBER_KERNELS_COMMON_CUH
+#define EMBER_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include "internal.h"
+#include "ember/cuda.h"
+
+/* The stream every op launches on. */
+static inline cudaStream_t em_cur_stream(int device) {
+  return (cudaStream_t)em_stream_handle(em_stream_current(device));
+}
+
+/* After a launch: turn a launch error into an engine error naming the op.
+ * With EMBER_CUDA_DEBUG, also synchronise to surface asynchronous faults. */
+static inline int em_launch_check(const char *op) {
+  cudaError_t e = cudaGetLastError();
+#ifdef EMBER_CUDA_DEBUG
+  if (e == cudaSuccess && !em_cuda_capturing()) e = cudaDeviceSynchronize();
+#endif
+  if (e != cudaSuccess) return em_error("%s: CUDA kernel failed: %s", op, cudaGetErrorString(e));
+  return 0;
+}
+
+static inline int em_cuda_check(cudaError_t e, const char *op, const char *what) {
+  if (e == cudaSuccess) return 0;
+  return em_error("%s: %s failed: %s", op, what, cudaGetErrorString(e));
+}
+
+static inline unsigned em_grid(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return (unsigned)(b > 65535LL * 32 ? 65535LL * 32 : (b < 1 ? 1 : b));
+}
+
+/* 16 bytes of T, loaded/stored in one instruction (the pointer must be 16-byte aligned). */
+template <typename T>
+struct alignas(16) Packed128 {
+  static constexpr int size = 16 / sizeof(T);
+  T v[size];
+  __device__ T &operator[](int i) { return v[i]; }
+  __device__ const T &operator[](int i) const { return v[i]; }
+};
+template <typename T>
+__device__ __forceinline__ Packed128<T> load128(const T *p) { return *reinterpret_cast<const Packed128<T> *>(p); }
+template <typename T>
+__device__ __forceinline__ void store128(T *p, Packed128<T> x) { *reinterpret_cast<Packed128<T> *>(p) = x; }
+
+/* Conversions to/from f32 for every storage type. */
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(double x) { return (float)x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_f32<double>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* Block-wide sum; every thread gets the result. shared must hold 32 floats. */
+__device__ __forceinline__ float block_sum(float v, float *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+/* Dispatch a templated launcher over the floating dtypes. */
+#define EM_DISPATCH_FLOAT(dtype, T, ...)                                   \
+  switch (dtype) {                                                        \
+    case EM_F32: { typedef float T; __VA_ARGS__; break; }                 \
+    case EM_F64: { typedef double T; __VA_ARGS__; break; }                \
+    case EM_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; break; }        \
+    case EM_F16: { typedef __half T; __VA_ARGS__; break; }                \
+    default: return em_error("unsupported dtype %s", em_dtype_name(dtype)); \
+  }
+
+#endif
