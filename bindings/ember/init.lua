@@ -59,22 +59,9 @@ ember.set_printoptions = printing.set_printoptions
 
 ember.autograd = require "ember.autograd"
 
---- ember.cuda: device queries. The CUDA backend fills in the rest.
-ember.cuda = {
-  is_available = core.cuda_is_available,
-  device_count = core.cuda_device_count,
-  is_compiled = core.cuda_compiled,
-}
-local function no_cuda(name)
-  return function()
-    error(("ember.cuda.%s: no CUDA device is available%s"):format(name,
-      core.cuda_compiled() and "" or " (this build has no CUDA backend)"), 2)
-  end
-end
-for _, name in ipairs {"synchronize", "memory_allocated", "max_memory_allocated",
-                       "reset_peak_memory_stats", "graph", "set_device"} do
-  ember.cuda[name] = core["cuda_" .. name] or no_cuda(name)
-end
+ember.cuda = require "ember.cuda"      -- devices, streams, events, memory, graphs
+local amp = require "ember.amp"         -- ember.autocast, ember.backends
+ember.autocast, ember.backends = amp.autocast, amp.backends
 
 -- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.bench`...
 local lazy = {nn = "ember.nn", optim = "ember.optim"}
