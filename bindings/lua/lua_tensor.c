@@ -190,8 +190,10 @@ int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out) {
   if (out->type == EM_CUDA) {
     if (!em_cuda_compiled()) lem_error(L, fn, "device %s requested, but this build of Ember has no CUDA backend "
                                        "(rebuild with -DEMBER_CUDA=ON)", s);
-    if (out->index >= em_cuda_device_count())
-      lem_error(L, fn, "device %s requested, but %d CUDA device(s) are available", s, em_cuda_device_count());
+    int count = em_cuda_device_count();
+    if (count == 0) lem_error(L, fn, "device %s requested, but no CUDA device is available", s);
+    if (out->index >= count)
+      lem_error(L, fn, "device %s requested, but only %d CUDA device(s) are available (cuda:0..cuda:%d)", s, count, count - 1);
   }
   return 1;
 }
