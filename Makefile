@@ -1,7 +1,8 @@
 # Ember — the two set-up commands on a fresh Debian 12 machine are
 #   make demo    (installs what is missing, builds, trains the tiny LM)
 #   make test    (installs what is missing, builds, runs every CPU test)
-# Other targets: deps build install test-asan test-gpu bench clean.
+# Other targets: deps build install test-asan test-gpu test-gpu-memcheck
+#   test-parity bench bench-compare clean.
 # Variables: BUILD (build dir), CUDA=ON|OFF|auto, PREFIX (install prefix).
 
 BUILD  ?= build
@@ -20,7 +21,11 @@ endif
 
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan test-gpu install bench clean
+BUSTED ?= $(shell command -v busted || echo /usr/bin/busted)
+MODELS ?= small
+
+.PHONY: all deps build demo test test-asan test-gpu test-gpu-memcheck test-parity install bench \
+  bench-compare clean
 
 all: build
 
@@ -52,8 +57,25 @@ test-asan: deps
 	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run_all.sh
 
+# GPU specs (tests/gpu: every op on CUDA against the CPU, autocast, the LM on
+# CUDA vs CPU, graphs, OOM). Run through the ember executable, which puts its
+# own package dir first (a stock lua5.4 would need LUA_PATH_5_4 set).
 test-gpu: build
-	EMBER_BUILD=$(BUILD) EMBER_TEST_GPU=1 bash tests/run_all.sh
+	EMBER_BUILD=$(BUILD) EMBER_TEST_GPU=1 EMBER_LUA_RUNNER=ember bash tests/run_all.sh
+
+# The same GPU specs under compute-sanitizer's memcheck: any out-of-bounds or
+# misaligned device access, or a failing CUDA call, fails the run.
+test-gpu-memcheck: build
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/ember run $(BUSTED) tests/gpu
+
+# PyTorch parity of the TransformerLM (logits, loss, every gradient; f32 and
+# bf16 autocast; CPU, and CUDA when present). Needs python3 with torch.
+test-parity: build
+	EMBER_BUILD=$(BUILD) bash tests/reference/run.sh
+
+# Ember vs PyTorch (eager, compile; sdpa) on $(MODELS), one Markdown table.
+bench-compare: build
+	EMBER_BUILD=$(BUILD) bash bench/compare.sh $(MODELS)
 
 install: build
 	cmake --install $(BUILD)

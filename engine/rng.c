@@ -13,6 +13,7 @@
  * (through f32 for bf16/f16). */
 #include <stdatomic.h>
 #include "internal.h"
+#include "../kernels/rng.h"   /* the distributions, shared with kernels/rng.cu */
 
 /* ---------------- the generator ---------------- */
 
@@ -34,81 +35,14 @@ uint64_t em_rng_reserve(uint64_t blocks) { return atomic_fetch_add(&rng_offset, 
 
 /* ---------------- distributions ---------------- */
 
-enum { D_UNIFORM, D_NORMAL, D_TRUNC, D_RANDINT };
-
-typedef struct {
-  int kind;
-  double p0, p1;          /* uniform: lo, hi; normal/trunc: mean, std */
-  double a, b;            /* trunc: clamp bounds */
-  double v0, v1;          /* trunc: the uniform interval [2 Phi(a') - 1, 2 Phi(b') - 1] */
-  int64_t lo;             /* randint: lower bound */
-  uint64_t span;          /* randint: hi - lo */
-} dist;
-
-static inline double u24(uint32_t w) { return (double)(w >> 8) * 0x1p-24; }
-
-/* erfinv in double: Giles' single-precision approximation ("Approximating the
- * erfinv function", GPU Computing Gems, 2011) as the start, then Newton steps
- * until the step is below an ulp: on erf(x) = y in the body, on ln erfc(x) =
- * ln(1 - |y|) for |y| > 0.9 (1 - |y| is exact there, and the log keeps Newton
- * quadratic in the tail, where plain erfc steps crawl). */
-static double erfinv(double y) {
-  if (isnan(y) || y < -1 || y > 1) return NAN;
-  if (y == 1) return INFINITY;
-  if (y == -1) return -INFINITY;
-  double w = -log((1.0 - y) * (1.0 + y)), p;
-  if (w < 5) {
-    w -= 2.5;
-    p = 2.81022636e-08;
-    p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w; p = -4.39150654e-06 + p * w;
-    p = 0.00021858087 + p * w; p = -0.00125372503 + p * w; p = -0.00417768164 + p * w;
-    p = 0.246640727 + p * w; p = 1.50140941 + p * w;
-  } else {
-    w = sqrt(w) - 3;
-    p = -0.000200214257;
-    p = 0.000100950558 + p * w; p = 0.00134934322 + p * w; p = -0.00367342844 + p * w;
-    p = 0.00573950773 + p * w; p = -0.0076224613 + p * w; p = 0.00943887047 + p * w;
-    p = 1.00167406 + p * w; p = 2.83297682 + p * w;
-  }
-  double x = p * y, ay = fabs(y), s = y < 0 ? -1 : 1, t = 1.0 - ay;   /* t exact for ay >= 0.5 */
-  for (int it = 0; it < 8; it++) {
-    double ax = fabs(x), d = M_2_SQRTPI * exp(-ax * ax), step;
-    if (ay > 0.9) {   /* tail: Newton on ln erfc(x) = ln t converges quadratically where erfc is tiny */
-      double c = erfc(ax);
-      step = -(log(c) - log(t)) * c / d;
-    } else {
-      step = (erf(ax) - ay) / d;
-    }
-    x = s * (ax - step);
-    if (fabs(step) <= 1e-16 * ax) break;
-  }
-  return x;
-}
+/* The distributions and their double-precision math live in kernels/rng.h,
+ * one source shared with the CUDA kernels (so both devices agree bit for bit). */
+typedef em_rng_dist dist;
+enum { D_UNIFORM = EM_RNG_UNIFORM, D_NORMAL = EM_RNG_NORMAL, D_TRUNC = EM_RNG_TRUNC, D_RANDINT = EM_RNG_RANDINT };
 
 static double norm_cdf(double x) { return (1.0 + erf(x / M_SQRT2)) / 2.0; }
 
-/* The value of element j (given its block's four words) as a double. */
-static void block_values(const dist *d, const em_philox_block *b, double *v) {
-  switch (d->kind) {
-    case D_UNIFORM:
-      for (int k = 0; k < 4; k++) v[k] = d->p0 + (d->p1 - d->p0) * u24(b->v[k]);
-      break;
-    case D_NORMAL:
-      for (int k = 0; k < 4; k += 2) {
-        double r = sqrt(-2.0 * log(1.0 - u24(b->v[k]))), th = 2.0 * M_PI * u24(b->v[k + 1]);
-        v[k] = d->p0 + d->p1 * (r * cos(th));
-        v[k + 1] = d->p0 + d->p1 * (r * sin(th));
-      }
-      break;
-    case D_TRUNC:
-      for (int k = 0; k < 4; k++) {
-        double x = erfinv(d->v0 + (d->v1 - d->v0) * u24(b->v[k])) * (d->p1 * M_SQRT2) + d->p0;
-        v[k] = x < d->a ? d->a : x > d->b ? d->b : x;
-      }
-      break;
-    default: break;
-  }
-}
+static void block_values(const dist *d, const em_philox_block *b, double *v) { em_rng_block_values(d, b, v); }
 
 /* Fill n contiguous elements of dtype dt from counter ctr0 on. */
 static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t ctr0, const dist *d) {
@@ -128,7 +62,11 @@ static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t 
     }
     double v[4];
     block_values(d, &b, v);
-    for (int k = 0; k < cnt; k++) em_store_f64(dst, dt, j0 + k, v[k]);
+    for (int k = 0; k < cnt; k++) {
+      em_store_f64(dst, dt, j0 + k, v[k]);
+      if (d->kind == D_UNIFORM && em_rng_uniform_hits_hi(d, em_load_f64(dst, dt, j0 + k)))
+        em_store_f64(dst, dt, j0 + k, d->p0);   /* [lo, hi) in every dtype */
+    }
   }
 }
 
@@ -140,7 +78,14 @@ static uint64_t blocks_for(const dist *d, int64_t n) {
 /* Reserve the stream for t's elements (in logical row-major order) and fill t. */
 static int fill(const char *op, em_tensor *t, const dist *d) {
   int64_t n = em_numel(t);
-  if (t->device.type != EM_CPU) return em_error_device(op, t);
+  if (t->device.type != EM_CPU) {
+#ifdef EMBER_CUDA
+    uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
+    return em_rng_fill_cuda(t, d, seed, ctr0);   /* the same stream, drawn on the device */
+#else
+    return em_error_device(op, t);
+#endif
+  }
   uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
   if (em_is_contiguous(t)) { cpu_fill(em_data_ptr(t), t->dtype, n, seed, ctr0, d); return 0; }
   em_tensor *tmp = em_empty(t->ndim, t->shape, t->dtype, t->device);

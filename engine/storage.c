@@ -72,9 +72,3 @@ int em_error_device(const char *op, const em_tensor *t) {
   char b[32];
   return em_error("%s: not implemented for device %s yet", op, em_device_str(t->device, b, sizeof b));
 }
-
-#ifndef EMBER_CUDA
-int em_cuda_available(void) { return 0; }
-int em_cuda_device_count(void) { return 0; }
-int em_cuda_compiled(void) { return 0; }
-#endif

@@ -3,6 +3,7 @@
  * storage's version counter catches in-place writes to saved tensors. */
 #include <stdio.h>
 #include "internal.h"
+#include "../kernels/copy.h"
 
 /* ---------------- lifetime ---------------- */
 
@@ -49,9 +50,10 @@ static int check_shape(const char *op, int ndim, const int64_t *shape) {
   return 0;
 }
 
-em_tensor *em_empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
-  if (check_shape("empty", ndim, shape)) return NULL;
-  if ((unsigned)dt >= EM_NDTYPES) { em_error("empty: invalid dtype %d", (int)dt); return NULL; }
+/* em_empty under the name of the creation op that was called (errors name it). */
+static em_tensor *empty_op(const char *op, int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+  if (check_shape(op, ndim, shape)) return NULL;
+  if ((unsigned)dt >= EM_NDTYPES) { em_error("%s: invalid dtype %d", op, (int)dt); return NULL; }
   int64_t stride[EM_MAX_DIMS];
   em_contiguous_strides(ndim, shape, stride);
   size_t nbytes = (size_t)em_shape_numel(ndim, shape) * em_dtype_size(dt);
@@ -62,14 +64,18 @@ em_tensor *em_empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev) 
   return t;
 }
 
+em_tensor *em_empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+  return empty_op("empty", ndim, shape, dt, dev);
+}
+
 em_tensor *em_full(int ndim, const int64_t *shape, double v, em_dtype dt, em_device dev) {
-  em_tensor *t = em_empty(ndim, shape, dt, dev);
+  em_tensor *t = empty_op("full", ndim, shape, dt, dev);
   if (t && em_fill_(t, v)) { em_tensor_release(t); return NULL; }
   return t;
 }
 
 em_tensor *em_zeros(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
-  em_tensor *t = em_empty(ndim, shape, dt, dev);
+  em_tensor *t = empty_op("zeros", ndim, shape, dt, dev);
   if (t && dev.type == EM_CPU) memset(t->storage->data, 0, t->storage->nbytes);
   else if (t && em_fill_(t, 0)) { em_tensor_release(t); return NULL; }
   return t;
@@ -125,18 +131,20 @@ em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_
   if (steps < 0) { em_error("linspace: steps must be non-negative, got %lld", (long long)steps); return NULL; }
   double step = steps > 1 ? (end - start) / (double)(steps - 1) : 0;
   em_tensor *t = make_seq("linspace", steps, start, step, dt, em_cpu());
-  /* PyTorch computes the second half from the end for symmetry */
-  if (t) for (int64_t i = steps / 2; i < steps; i++)
+  /* PyTorch computes the second half from the end for symmetry (steps == 1 gives start) */
+  if (t && steps > 1) for (int64_t i = steps / 2; i < steps; i++)
     em_store_f64(t->storage->data, dt, i, end - step * (double)(steps - 1 - i));
   if (t && dev.type != EM_CPU) { em_tensor *g = em_to(t, dt, dev); em_tensor_release(t); return g; }
   return t;
 }
 
 em_tensor *em_eye(int64_t n, int64_t m, em_dtype dt, em_device dev) {
+  if (n < 0) { em_error("eye: n must be non-negative, got %lld", (long long)n); return NULL; }
   if (m < 0) m = n;
   int64_t shape[2] = {n, m};
-  em_tensor *t = em_zeros(2, shape, dt, em_cpu());
+  em_tensor *t = empty_op("eye", 2, shape, dt, em_cpu());
   if (!t) return NULL;
+  memset(t->storage->data, 0, t->storage->nbytes);
   for (int64_t i = 0; i < n && i < m; i++) em_store_f64(t->storage->data, dt, i * m + i, 1);
   if (dev.type != EM_CPU) { em_tensor *g = em_to(t, dt, dev); em_tensor_release(t); return g; }
   return t;
@@ -287,10 +295,10 @@ em_tensor *em_view(em_tensor *t, int ndim, const int64_t *shape_in) {
   int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
   if (infer_shape("view", t, ndim, shape_in, shape)) return NULL;
   if (view_strides(t, ndim, shape, stride)) {
-    char a[160], b[160];
+    char a[160], b[160], c[160];
     em_error("view: cannot view a tensor of shape %s and strides %s as %s without copying "
              "(use reshape, or contiguous() first)", em_shape_str(t->ndim, t->shape, a, 160),
-             em_shape_str(t->ndim, t->stride, b, 160), em_shape_str(ndim, shape, a, 160));
+             em_shape_str(t->ndim, t->stride, b, 160), em_shape_str(ndim, shape, c, 160));
     return NULL;
   }
   em_tensor *out = em_as_strided(t, ndim, shape, stride, t->offset);
@@ -357,7 +365,7 @@ em_tensor *em_narrow(em_tensor *t, int64_t dim, int64_t start, int64_t len) {
   if (t->ndim == 0) { em_error("narrow: cannot narrow a 0-dim tensor"); return NULL; }
   if (em_wrap_dim("narrow", dim, t->ndim, &d)) return NULL;
   if (start < 0) start += t->shape[d];
-  if (start < 0 || len < 0 || start + len > t->shape[d]) {
+  if (start < 0 || len < 0 || start > t->shape[d] || len > t->shape[d] - start) {   /* no start + len overflow */
     em_error("narrow: start %lld + length %lld is out of range for dim %d of size %lld",
              (long long)start, (long long)len, d, (long long)t->shape[d]);
     return NULL;
@@ -388,7 +396,7 @@ em_tensor *em_select(em_tensor *t, int64_t dim, int64_t index) {
 
 em_tensor *em_squeeze(em_tensor *t, int64_t dim) {
   int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS]; int n = 0, d = -1;
-  if (dim != EM_ALL_DIMS && t->ndim > 0 && em_wrap_dim("squeeze", dim, t->ndim, &d)) return NULL;
+  if (dim != EM_ALL_DIMS && em_wrap_dim("squeeze", dim, t->ndim, &d)) return NULL;  /* 0-d: dim -1 or 0 */
   for (int k = 0; k < t->ndim; k++) {
     bool drop = t->shape[k] == 1 && (dim == EM_ALL_DIMS || k == d);
     if (!drop) { shape[n] = t->shape[k]; stride[n++] = t->stride[k]; }
@@ -426,6 +434,10 @@ em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *want) {
     if (w == -1) {
       if (i < lead) { em_error("expand: -1 is not allowed for a new leading dim %d", i); return NULL; }
       w = have;
+    } else if (w < 0) {
+      em_error("expand: invalid size %lld for dim %d (sizes must be non-negative, or -1 to keep one)",
+               (long long)w, i);
+      return NULL;
     }
     if (have != w) {
       if (have != 1) {
@@ -479,13 +491,8 @@ static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   }
 }
 
-/* Device copies: contiguous same-dtype bytes move with memcpy; anything else
- * is staged through a contiguous buffer on the side that can convert. */
-int em_copy_cuda(em_tensor *dst, em_tensor *src);   /* cuda_backend.c; weak default below */
-__attribute__((weak)) int em_copy_cuda(em_tensor *dst, em_tensor *src) {
-  EM_UNUSED(src);
-  return em_error_device("copy_", dst);
-}
+/* Copies involving a CUDA tensor (any strides, dtypes, devices) are
+ * kernels/copy.cu's: em_copy_cuda / em_fill_cuda (cuda_stub.c without CUDA). */
 
 int em_copy_(em_tensor *dst, em_tensor *src) {
   EM_OP_SCOPE("copy_");
@@ -503,12 +510,6 @@ int em_copy_(em_tensor *dst, em_tensor *src) {
   em_bump_version(dst);
   if (dst->device.type == EM_CPU && src->device.type == EM_CPU) { cpu_copy(dst, src); return 0; }
   return em_copy_cuda(dst, src);
-}
-
-int em_fill_cuda(em_tensor *dst, double v);
-__attribute__((weak)) int em_fill_cuda(em_tensor *dst, double v) {
-  EM_UNUSED(v);
-  return em_error_device("fill_", dst);
 }
 
 int em_fill_(em_tensor *t, double v) {
@@ -599,7 +600,8 @@ int em_set_(em_tensor *t, em_tensor *src) {
     em_tensor_release(t->grad);
     t->grad = NULL;
   }
-  em_bump_version(t);
+  /* no version bump: the version lives on the storage, which is src's now and
+   * unchanged; graphs that saved t's old storage still hold that storage. */
   return 0;
 }
 
@@ -609,11 +611,12 @@ int em_get_f64(const em_tensor *t, const int64_t *idx, double *out) {
   int64_t off = t->offset;
   for (int i = 0; i < t->ndim; i++) {
     if (idx[i] < 0 || idx[i] >= t->shape[i])
-      return em_error("index %lld is out of range for dim %d of size %lld", (long long)idx[i], i,
+      return em_error("get_f64: index %lld is out of range for dim %d of size %lld", (long long)idx[i], i,
                       (long long)t->shape[i]);
     off += idx[i] * t->stride[i];
   }
   if (t->device.type == EM_CPU) { *out = em_load_f64(t->storage->data, t->dtype, off); return 0; }
+  if (em_cuda_check_not_capturing("get_f64")) return -1;   /* a device->host read waits for the device */
   uint64_t bits = 0;
   size_t es = em_dtype_size(t->dtype);
   if (em_cuda->memcpy_d2h(&bits, (char *)t->storage->data + off * (int64_t)es, es, t->device.index)) return -1;
@@ -627,6 +630,7 @@ int em_item(const em_tensor *t, double *out) {
     return em_error("item: expected a tensor with one element, got shape %s (%lld elements)",
                     em_shape_str(t->ndim, t->shape, a, 160), (long long)em_numel(t));
   }
+  if (t->device.type != EM_CPU && em_cuda_check_not_capturing("item")) return -1;
   int64_t idx[EM_MAX_DIMS] = {0};
   return em_get_f64(t, idx, out);
 }

@@ -1,103 +1,113 @@
-/* CUDA device management: device queries, the allocator hook the engine's
- * storage uses, and host<->device copies. Queries never fail loudly: a
- * machine with nvcc but no GPU (CI) reports zero devices and every CPU path
- * keeps working. The caching allocator, streams and op kernels arrive with the
- * CUDA backend issue; until then device memory goes straight to cudaMalloc. */
+/* CUDA devices: runtime start-up, device queries and selection, the hooks the
+ * engine's storage uses (em_cuda in internal.h: the caching allocator and
+ * plain synchronous copies for scalar reads), the TF32 switch and the
+ * call-site function the binding installs.
+ *
+ * Queries never fail loudly: a machine with nvcc but no GPU (CI) reports zero
+ * devices and every CPU path keeps working. No kernels here. */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <mutex>
 #include "kernels.h"
+#include "runtime.h"
 #include "internal.h"
 
-static void *cuda_alloc(size_t nbytes, int device) {
-  void *p = NULL;
-  if (cudaSetDevice(device) != cudaSuccess) {
-    em_error("cuda: cannot select device %d", device);
-    return NULL;
-  }
-  cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 1);
-  if (e != cudaSuccess) {
-    cudaGetLastError();   /* clear the sticky-free error state */
-    em_error_oom("out of memory: cannot allocate %zu bytes on cuda:%d (%s)", nbytes, device, cudaGetErrorString(e));
-    return NULL;
-  }
-  return p;
-}
-
-static void cuda_free(void *p, int device) {
-  cudaSetDevice(device);
-  cudaFree(p);
-}
-
-static int check(cudaError_t e, const char *what) {
+static int ck(cudaError_t e, const char *op, const char *what) {
   if (e == cudaSuccess) return 0;
-  return em_error("cuda: %s failed: %s", what, cudaGetErrorString(e));
+  cudaGetLastError();
+  return em_error("%s: %s failed: %s", op, what, cudaGetErrorString(e));
 }
+
+/* ---- engine hooks: plain copies ordered on the current stream, then waited for ---- */
 
 static int h2d(void *dst, const void *src, size_t n, int device) {
-  cudaSetDevice(device);
-  return check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "copy to device");
+  if (em_cuda_check_not_capturing("copy to device")) return -1;
+  EmDeviceGuard g(device);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(device);
+  if (ck(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st), "cuda", "copy to device")) return -1;
+  return ck(cudaStreamSynchronize(st), "cuda", "copy to device (synchronize)");
 }
 static int d2h(void *dst, const void *src, size_t n, int device) {
-  cudaSetDevice(device);
-  return check(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "copy to host");
+  if (em_cuda_check_not_capturing("copy to host")) return -1;
+  EmDeviceGuard g(device);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(device);
+  if (ck(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st), "cuda", "copy to host")) return -1;
+  return ck(cudaStreamSynchronize(st), "cuda", "copy to host (synchronize)");
 }
 static int d2d(void *dst, const void *src, size_t n, int device) {
-  cudaSetDevice(device);
-  return check(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice), "device copy");
+  EmDeviceGuard g(device);
+  return ck(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, (cudaStream_t)em_cuda_cur_stream_handle(device)),
+            "cuda", "device copy");
 }
 
-static const em_cuda_backend backend = {cuda_alloc, cuda_free, h2d, d2h, d2d};
+static const em_cuda_backend backend = {em_cuda_caching_alloc, em_cuda_caching_free, h2d, d2h, d2d};
+
+/* ---- start-up ---- */
+
+static std::once_flag init_once;
+static int n_devices = 0;
+
+extern "C" int em_cuda_runtime_init(void) {
+  std::call_once(init_once, [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) { cudaGetLastError(); count = 0; }
+    if (count > EM_CUDA_MAX_DEVICES) count = EM_CUDA_MAX_DEVICES;
+    n_devices = count;
+    if (count > 0) em_cuda = &backend;
+  });
+  return n_devices;
+}
 
 extern "C" int em_cuda_compiled(void) { return 1; }
+extern "C" int em_cuda_device_count(void) { return em_cuda_runtime_init(); }
+extern "C" int em_cuda_available(void) { return em_cuda_runtime_init() > 0; }
 
-extern "C" int em_cuda_device_count(void) {
-  static int count = -1;
-  if (count < 0) {
-    if (cudaGetDeviceCount(&count) != cudaSuccess) { cudaGetLastError(); count = 0; }
-    if (count > 0) em_cuda = &backend;
-  }
-  return count;
+extern "C" int em_cuda_check_device(const char *op, int device) {
+  int n = em_cuda_runtime_init();
+  if (n == 0) return em_error("%s: no CUDA device is available", op);
+  if (device < 0 || device >= n)
+    return em_error("%s: cuda:%d does not exist (%d CUDA device%s: cuda:0..cuda:%d)", op, device, n,
+                    n == 1 ? "" : "s", n - 1);
+  return 0;
 }
 
-extern "C" int em_cuda_available(void) { return em_cuda_device_count() > 0; }
+/* ---- devices ---- */
 
-/* Contiguous same-dtype copies between host and device; conversions are
- * staged through the host (the GPU conversion kernels come with the backend). */
-extern "C" int em_copy_cuda(em_tensor *dst, em_tensor *src) {
-  if (!em_cuda_available()) return em_error("copy_: no CUDA device is available");
-  size_t n = (size_t)em_numel(dst) * em_dtype_size(dst->dtype);
-  bool plain = dst->dtype == src->dtype && em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src);
-  if (plain) {
-    if (dst->device.type == EM_CUDA && src->device.type == EM_CPU) return h2d(em_data_ptr(dst), em_data_ptr(src), n, dst->device.index);
-    if (dst->device.type == EM_CPU && src->device.type == EM_CUDA) return d2h(em_data_ptr(dst), em_data_ptr(src), n, src->device.index);
-    if (dst->device.type == EM_CUDA && src->device.type == EM_CUDA) return d2d(em_data_ptr(dst), em_data_ptr(src), n, dst->device.index);
-  }
-  /* stage: bring src to host in dst's dtype and shape, then upload */
-  if (dst->device.type == EM_CUDA && src->device.type == EM_CPU && em_is_contiguous(dst)) {
-    em_tensor *h = em_empty(dst->ndim, dst->shape, dst->dtype, em_cpu());
-    if (!h) return -1;
-    int rc = em_copy_(h, src);
-    if (rc == 0) rc = h2d(em_data_ptr(dst), em_data_ptr(h), n, dst->device.index);
-    em_tensor_release(h);
-    return rc;
-  }
-  if (dst->device.type == EM_CPU && src->device.type == EM_CUDA && em_is_contiguous(src)) {
-    em_tensor *h = em_empty(src->ndim, src->shape, src->dtype, em_cpu());
-    if (!h) return -1;
-    int rc = d2h(em_data_ptr(h), em_data_ptr(src), (size_t)em_numel(src) * em_dtype_size(src->dtype), src->device.index);
-    if (rc == 0) rc = em_copy_(dst, h);
-    em_tensor_release(h);
-    return rc;
-  }
-  return em_error_device("copy_", dst);
+extern "C" int em_cuda_set_device(int device) {
+  if (em_cuda_check_device("set_device", device)) return -1;
+  return ck(cudaSetDevice(device), "set_device", "cudaSetDevice");
 }
 
-extern "C" int em_fill_cuda(em_tensor *dst, double v) {
-  /* until the elementwise kernels land: fill on the host and upload */
-  if (!em_is_contiguous(dst)) return em_error_device("fill_", dst);
-  em_tensor *h = em_full(dst->ndim, dst->shape, v, dst->dtype, em_cpu());
-  if (!h) return -1;
-  int rc = h2d(em_data_ptr(dst), em_data_ptr(h), (size_t)em_numel(dst) * em_dtype_size(dst->dtype), dst->device.index);
-  em_tensor_release(h);
-  return rc;
+extern "C" int em_cuda_current_device(void) {
+  if (em_cuda_runtime_init() == 0) return -1;
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess) { cudaGetLastError(); return -1; }
+  return d;
 }
+
+extern "C" int em_cuda_synchronize(int device) {
+  if (device < 0) device = em_cuda_current_device();
+  if (em_cuda_check_device("synchronize", device)) return -1;
+  if (em_cuda_check_not_capturing("synchronize")) return -1;
+  EmDeviceGuard g(device);
+  return ck(cudaDeviceSynchronize(), "synchronize", "cudaDeviceSynchronize");
+}
+
+extern "C" const char *em_cuda_device_name(int device) {
+  static char names[EM_CUDA_MAX_DEVICES][256];
+  static std::once_flag once[EM_CUDA_MAX_DEVICES];
+  if (device < 0) device = em_cuda_current_device();
+  if (em_cuda_check_device("device_name", device)) return NULL;
+  std::call_once(once[device], [device] {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) == cudaSuccess) snprintf(names[device], sizeof names[device], "%s", p.name);
+    else { cudaGetLastError(); snprintf(names[device], sizeof names[device], "cuda:%d", device); }
+  });
+  return names[device];
+}
+
+/* ---- matmul precision ---- */
+
+static bool allow_tf32 = false;
+extern "C" void em_cuda_set_allow_tf32(bool on) { allow_tf32 = on; }
+extern "C" bool em_cuda_allow_tf32(void) { return allow_tf32; }

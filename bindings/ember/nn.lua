@@ -1133,9 +1133,14 @@ nn.utils = {}
 --- Clip gradients so their global L2 norm is at most max_norm.
 -- total = sqrt(Σ‖g‖²) over every non-nil grad; when total > max_norm each
 -- grad is scaled in place by max_norm / (total + 1e-6).
+-- On CUDA nothing crosses to the host (so a captured training step can
+-- contain it): the sum of squares is one multi-tensor reduction on the
+-- device, the scaling one multi-tensor launch that reads the norm from device
+-- memory, and the norm comes back as a 0-d f32 tensor on the device (call
+-- :item() to read it, which synchronises). On the CPU it is a number.
 -- @param params array of tensors (or a module)
 -- @tparam number max_norm
--- @treturn number the total norm before clipping
+-- @return the total norm before clipping: a number (CPU) or a 0-d tensor (CUDA)
 function nn.utils.clip_grad_norm(params, max_norm)
   if is_module(params) then params = params:parameters() end
   if is_tensor(params) then params = {params} end
@@ -1153,6 +1158,12 @@ function nn.utils.clip_grad_norm(params, max_norm)
     if g ~= nil then grads[#grads + 1] = g end
   end
   if #grads == 0 then return 0.0 end
+  if grads[1].device ~= "cpu" then
+    local sumsq = core.sum_of_squares(grads)
+    local norm
+    no_grad(function() norm = core.clip_grads_(grads, sumsq, max_norm) end)
+    return norm
+  end
   local total = math.sqrt(core.sum_of_squares(grads):item())
   if total > max_norm then
     local coef = max_norm / (total + 1e-6)

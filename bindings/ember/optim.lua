@@ -327,6 +327,28 @@ function AdamW:__init(params, opts)
 end
 
 local ADAM_KEYS = {"exp_avg", "exp_avg_sq"}
+local ADAM_CUDA_KEYS = {"exp_avg", "exp_avg_sq", "step"}
+
+-- CUDA parameters take the capturable path: each one's `step` is a 0-d f32
+-- tensor on its device that the kernel increments, and lr is read from a 0-d
+-- f64 device tensor per (group, device), so a training step captured with
+-- ember.cuda.graph replays with the right bias corrections and with the lr
+-- last given to set_lr (refreshed on step() and set_lr(), never during a
+-- capture; a schedule that assigns group.lr directly takes effect at the next
+-- uncaptured step() or set_lr()). state_dict() still reports steps as numbers.
+local function device_lr(self, gi, g, device)
+  self._lr_dev = self._lr_dev or {}
+  local key = gi .. "|" .. device
+  local e = self._lr_dev[key]
+  if e == nil then
+    e = {t = ember.tensor(g.lr, {dtype = "f64", device = device}), v = g.lr}
+    self._lr_dev[key] = e
+  elseif e.v ~= g.lr and not core.cuda_is_capturing() then
+    e.t:fill_(g.lr)
+    e.v = g.lr
+  end
+  return e.t
+end
 
 --- One optimisation step over every parameter with a gradient.
 -- @tparam[opt] function closure re-evaluates the model and returns the loss
@@ -335,7 +357,7 @@ function AdamW:step(closure)
   local loss
   if closure then loss = closure() end
   no_grad(function()
-    for _, g in ipairs(self.param_groups) do
+    for gi, g in ipairs(self.param_groups) do
       local buckets, order = {}, {}
       for _, p in ipairs(g.params) do
         local grad = p.grad
@@ -345,19 +367,57 @@ function AdamW:step(closure)
             st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
             self.state[p] = st
           end
-          st.step = st.step + 1
-          bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, grad, st,
-            ADAM_KEYS).step = st.step
+          if p.device ~= "cpu" then
+            if type(st.step) == "number" then
+              st.step = ember.tensor(st.step, {dtype = "f32", device = p.device})
+            end
+            bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, grad, st,
+              ADAM_CUDA_KEYS).device = p.device
+          else
+            if type(st.step) ~= "number" then st.step = math.tointeger(st.step:item()) end
+            st.step = st.step + 1
+            bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, grad, st,
+              ADAM_KEYS).step = st.step
+          end
         end
       end
       for _, key in ipairs(order) do
         local b = buckets[key]
-        core.adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
-          g.eps, g.weight_decay, b.step)
+        if b.device then
+          core.adamw_capturable_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, b.step,
+            device_lr(self, gi, g, b.device), g.lr, g.betas[1], g.betas[2], g.eps, g.weight_decay)
+        else
+          core.adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
+            g.eps, g.weight_decay, b.step)
+        end
       end
     end
   end)
   return loss
+end
+
+--- Set the learning rate of every group (and, outside a capture, of the
+-- device copies a captured step reads).
+function AdamW:set_lr(lr)
+  Optimizer.set_lr(self, lr)
+  if self._lr_dev and not core.cuda_is_capturing() then
+    for key, e in pairs(self._lr_dev) do
+      local g = self.param_groups[math.tointeger(tonumber(key:match("^(%d+)|")))]
+      if g and e.v ~= g.lr then e.t:fill_(g.lr); e.v = g.lr end
+    end
+  end
+end
+
+--- Optimizer.state_dict with device step counters read back as numbers.
+function AdamW:state_dict()
+  local sd = Optimizer.state_dict(self)
+  for _, st in pairs(sd.state) do
+    if type(st.step) ~= "number" and st.step ~= nil then
+      local v = st.step:item()
+      st.step = math.tointeger(v) or v
+    end
+  end
+  return sd
 end
 
 -- ---------------------------------------------------------------------------

@@ -34,6 +34,9 @@ int luaopen_ember_core(lua_State *L) {
   lem_open_autograd(L, methods, module);
   lem_open_io(L, module);
   lem_open_device(L, module);
+  lem_open_cuda(L, module);
+  lem_open_amp(L, module);
+  lem_open_nn_cuda(L, module);
   lua_pushliteral(L, EMBER_VERSION);
   lua_setfield(L, module, "version");
   lua_settop(L, module);

@@ -593,8 +593,9 @@ static void push_elem(lua_State *L, const em_tensor *host, int64_t off) {
 }
 
 /* A CPU copy of t without history (t itself when already on the CPU). */
-static em_tensor *host_copy(lua_State *L, em_tensor *t) {
+static em_tensor *host_copy(lua_State *L, em_tensor *t, const char *fn) {
   if (t->device.type == EM_CPU) return em_tensor_retain(t);
+  if (em_cuda_check_not_capturing(fn)) lem_raise(L);   /* reading it waits for the device */
   em_tensor *d = em_detach(t);
   em_tensor *h = em_to(d, t->dtype, em_cpu());
   em_tensor_release(d);
@@ -608,7 +609,7 @@ static int t_item(lua_State *L) {
     char b[160];
     return lem_error(L, "item", "expected a tensor with one element, got shape %s", em_shape_str(t->ndim, t->shape, b, 160));
   }
-  em_tensor *h = host_copy(L, t);
+  em_tensor *h = host_copy(L, t, "item");
   push_elem(L, h, h->offset);
   em_tensor_release(h);
   return 1;
@@ -624,7 +625,7 @@ static void tolist_rec(lua_State *L, const em_tensor *h, int d, int64_t off) {
 }
 
 static int t_tolist(lua_State *L) {
-  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "tolist", "self"));
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "tolist", "self"), "tolist");
   tolist_rec(L, h, 0, h->offset);
   em_tensor_release(h);
   return 1;
@@ -632,7 +633,7 @@ static int t_tolist(lua_State *L) {
 
 /* Flat list of values (row-major), for printing. */
 static int t_flat_values(lua_State *L) {
-  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "_flat_values", "self"));
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "_flat_values", "self"), "print");
   int64_t n = em_numel(h);
   lua_createtable(L, (int)n, 0);
   em_iter it;
@@ -739,10 +740,13 @@ static int t_set_(lua_State *L) {
   return 1;
 }
 
-/* t:to("cuda") / t:to("bf16") / t:to({device=, dtype=}) / t:to(other_tensor) */
+/* t:to("cuda") / t:to("bf16") / t:to({device=, dtype=}) / t:to(other_tensor);
+ * {non_blocking=true}: with a pinned host side the copy does not wait for the
+ * device (synchronize before reading the result), as in PyTorch. */
 static int t_to(lua_State *L) {
   em_tensor *t = lem_check_tensor(L, 1, "to", "self");
   em_dtype dt = t->dtype; em_device dev = t->device;
+  int non_blocking = 0;
   for (int i = 2; i <= lua_gettop(L); i++) {
     em_tensor *o = lem_test_tensor(L, i);
     if (o) { dt = o->dtype; dev = o->device; continue; }
@@ -753,6 +757,7 @@ static int t_to(lua_State *L) {
       return lem_error(L, "to", "expected a dtype (f32, bf16, ...) or a device (cpu, cuda, cuda:N), got \"%s\"", s);
     }
     if (lua_istable(L, i)) {
+      non_blocking |= lem_opt_bool(L, i, "non_blocking", 0);
       lem_opt_dtype(L, i, "to", dt, &dt);
       lua_getfield(L, i, "device");
       int has = !lua_isnil(L, -1);
@@ -763,7 +768,24 @@ static int t_to(lua_State *L) {
     if (lua_isnil(L, i)) continue;
     return lem_error(L, "to", "expected a dtype, a device, a tensor or an options table, got %s", luaL_typename(L, i));
   }
+  bool changes = dt != t->dtype || !em_device_eq(dev, t->device);
+  if (non_blocking && changes && em_cuda_available() && !(em_grad_enabled() && t->requires_grad)) {
+    em_tensor *out = em_empty(t->ndim, t->shape, dt, dev);
+    if (!out) return lem_raise(L);
+    if (em_copy_nonblocking_(out, t)) { em_tensor_release(out); return lem_raise(L); }
+    lem_push_tensor(L, out);
+    return 1;
+  }
   return lem_push_result(L, em_to(t, dt, dev));
+}
+
+/* t:pin_memory(): a page-locked CPU copy (fast, asynchronous transfers); t:is_pinned(). */
+static int t_pin_memory(lua_State *L) {
+  return lem_push_result(L, em_pin_memory(lem_check_tensor(L, 1, "pin_memory", "self")));
+}
+static int t_is_pinned(lua_State *L) {
+  lua_pushboolean(L, em_is_pinned(lem_check_tensor(L, 1, "is_pinned", "self")));
+  return 1;
 }
 
 static int to_dtype(lua_State *L, const char *fn, em_dtype dt) {
@@ -840,7 +862,8 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
     {"unsqueeze", t_unsqueeze}, {"flatten", t_flatten}, {"contiguous", t_contiguous}, {"clone", t_clone},
     {"detach", t_detach}, {"copy_", t_copy_}, {"fill_", t_fill_}, {"zero_", t_zero_}, {"set_", t_set_},
     {"to", t_to}, {"float", t_float}, {"double", t_double}, {"half", t_half}, {"bfloat16", t_bfloat16},
-    {"long", t_long}, {"int", t_int}, {"bool", t_bool}, {"cpu", t_cpu}, {"cuda", t_cuda}, {NULL, NULL}};
+    {"long", t_long}, {"int", t_int}, {"bool", t_bool}, {"cpu", t_cpu}, {"cuda", t_cuda},
+    {"pin_memory", t_pin_memory}, {"is_pinned", t_is_pinned}, {NULL, NULL}};
   lem_register(L, methods, module, both);
   (void)trailing_opts;
 }

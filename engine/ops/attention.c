@@ -13,7 +13,15 @@
  * last query should see every key): to decode one token pass causal = false;
  * a multi-token chunk needs a bottom-right mask this op does not offer. With
  * Tq > Tk every row still sees key 0, so no row is fully masked.
- * scale <= 0 means 1/sqrt(d). */
+ * scale <= 0 means 1/sqrt(d).
+ *
+ * On CUDA the same composition runs on the device ops (cuBLASLt matmuls that
+ * read kᵀ as a transpose flag, the softmax kernel); the causal mask is built
+ * on the device (triu of ones), so nothing crosses the bus and a captured
+ * graph can contain it. Autocast: attention is on the lower-precision list;
+ * under ember.autocast q, k and v are cast to the region's dtype first (and
+ * softmax, on the f32 list, widens the scores; the second matmul lowers them
+ * again), so the result comes back in the autocast dtype. */
 #include <stdio.h>
 #include "internal.h"
 
@@ -49,6 +57,12 @@ static int attention_validate(em_tensor *q, em_tensor *k, em_tensor *v, double s
 /* (Tq, Tk) bool, true where key j is in query i's future (j > i): top-left aligned. */
 static em_tensor *causal_mask(int64_t tq, int64_t tk, em_device dev) {
   int64_t shape[2] = {tq, tk};
+  if (dev.type != EM_CPU) {               /* on the device: no upload, capturable */
+    em_tensor *ones = em_full(2, shape, 1, EM_BOOL, dev);
+    em_tensor *m = ones ? em_triu(ones, 1) : NULL;
+    em_tensor_release(ones);
+    return m;
+  }
   em_tensor *m = em_empty(2, shape, EM_BOOL, em_cpu());
   if (!m) return NULL;
   uint8_t *p = em_data_ptr(m);
@@ -66,8 +80,7 @@ static em_tensor *step(em_tensor *prev, em_tensor *next) {
   return next;
 }
 
-em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
-  EM_OP_SCOPE(OP);
+static em_tensor *attention_op(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
   if (attention_validate(q, k, v, scale)) return NULL;
   int64_t d = q->shape[q->ndim - 1], tq = q->shape[q->ndim - 2], tk = k->shape[k->ndim - 2];
   if (scale <= 0) scale = 1.0 / sqrt((double)EM_MAX(d, 1));
@@ -82,4 +95,14 @@ em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool cau
   }
   if (s) s = step(s, em_softmax(s, -1));
   return s ? step(s, em_matmul(s, v)) : NULL;
+}
+
+em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
+  EM_OP_SCOPE(OP);
+  if (!em_autocast_enabled()) return attention_op(q, k, v, causal, scale);
+  em_tensor *lq = em_autocast_lower(q), *lk = lq ? em_autocast_lower(k) : NULL;
+  em_tensor *lv = lk ? em_autocast_lower(v) : NULL;
+  em_tensor *out = lv ? attention_op(lq, lk, lv, causal, scale) : NULL;
+  em_tensor_release(lq); em_tensor_release(lk); em_tensor_release(lv);
+  return out;
 }

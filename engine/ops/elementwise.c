@@ -16,13 +16,17 @@
  *    writes the tensors directly: f32 add is one vectorised loop.
  *  - Scalars (Lua numbers) are constant operands, filled into a buffer once:
  *    no 0-d tensor is allocated for `t * 2`.
- *  - Every op is validate -> device implementation -> record autograd; the CUDA
- *    backend slots in at run_kernel(). Backward formulas are compositions of
+ *  - Every op is validate -> device implementation -> record autograd. The
+ *    device switch is device_loop(): the CPU loop, or kernels/elementwise.cu
+ *    over the same coalesced plan, op codes and compute classes (shared
+ *    through kernels/elementwise.h). Backward formulas are compositions of
  *    public ops (device-agnostic), except unary gradients, which are one fused
- *    internal kernel f(grad, x or y) each — PyTorch's sigmoid_backward shape.
+ *    internal kernel f(grad, x or y) each — PyTorch's sigmoid_backward shape —
+ *    on either device.
  *  - The float kernels are written once as macro bodies over a type T and
  *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
 #include "../internal.h"
+#include "elementwise.h"   /* kernels/: codes, plan and the CUDA launchers */
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -45,26 +49,24 @@ const char *em_unop_name(em_unop op) {
 
 /* ---------------- kernels ---------------- */
 
-enum { C_F32, C_F64, C_I64 };                 /* compute classes */
-enum { K_BINARY, K_UNARY, K_WHERE };          /* kernel arities */
+/* Codes, compute classes and the kernel/operand descriptions are shared with
+ * the CUDA kernels (kernels/elementwise.h); short local names for them: */
+enum { C_F32 = EM_EW_F32, C_F64 = EM_EW_F64, C_I64 = EM_EW_I64 };   /* compute classes */
+enum { K_BINARY = EM_EW_BINARY, K_UNARY = EM_EW_UNARY, K_WHERE = EM_EW_WHERE };   /* kernel arities */
 /* Internal codes beyond the public enums: clamp (unary) and the fused
  * gradients of unary ops, g' = f(g, v) with v = x or y (binary). */
-enum { U_CLAMP = EM_NUNOPS };
+enum { U_CLAMP = EM_EW_CLAMP };
 enum {
-  G_ABS = EM_NBINOPS, G_SQRT, G_RSQRT, G_TANH, G_SIGMOID, G_SILU, G_RELU, G_GELU,
-  G_SIN, G_COS, G_SQUARE, G_RECIP, G_CLAMP,
+  G_ABS = EM_EW_G_ABS, G_SQRT = EM_EW_G_SQRT, G_RSQRT = EM_EW_G_RSQRT, G_TANH = EM_EW_G_TANH,
+  G_SIGMOID = EM_EW_G_SIGMOID, G_SILU = EM_EW_G_SILU, G_RELU = EM_EW_G_RELU, G_GELU = EM_EW_G_GELU,
+  G_SIN = EM_EW_G_SIN, G_COS = EM_EW_G_COS, G_SQUARE = EM_EW_G_SQUARE, G_RECIP = EM_EW_G_RECIP,
+  G_CLAMP = EM_EW_G_CLAMP,
 };
 
-typedef struct {
-  int kind, code, cls;
-  double lo, hi;          /* clamp bounds (G_CLAMP / U_CLAMP); +-inf when unbounded */
-} kern;
-
-/* An operand: a tensor broadcast to the loop shape, or a constant. */
-typedef struct {
-  const em_tensor *t;     /* NULL: the constant c */
-  double c;
-} operand;
+/* kind, code, cls, and clamp bounds lo/hi (G_CLAMP / U_CLAMP; +-inf when unbounded). */
+typedef em_ew_kern kern;
+/* An operand: a tensor t broadcast to the loop shape, or (t NULL) the constant c. */
+typedef em_ew_operand operand;
 
 #define CHUNK 256
 typedef union { float f[CHUNK]; double d[CHUNK]; int64_t i[CHUNK]; } chunk_buf;
@@ -317,11 +319,7 @@ static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, con
 
 /* The broadcast iteration space with size-1 dims dropped and mergeable dims
  * merged. Operand 0 is the output. */
-typedef struct {
-  int ndim, n;
-  int64_t shape[EM_MAX_DIMS];
-  int64_t stride[4][EM_MAX_DIMS];
-} loop_plan;
+typedef em_ew_plan loop_plan;
 
 static int64_t plan_init(loop_plan *p, int nd, const int64_t *shape, int n, const em_tensor *const *ts) {
   int64_t st[4][EM_MAX_DIMS], numel = 1;
@@ -405,23 +403,33 @@ static bool needs_temp(const em_tensor *out, int nin, const operand *in) {
   return false;
 }
 
-static int cpu_run(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
-  if (!needs_temp(out, nin, in)) { cpu_loop(k, out, nin, in, nd, shape); return 0; }
+/* The device switch: the CPU loop, or the CUDA launcher over the same plan. */
+static int device_loop(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
+                       int nd, const int64_t *shape) {
+  if (out->device.type == EM_CPU) { cpu_loop(k, out, nin, in, nd, shape); return 0; }
+#ifdef EMBER_CUDA
+  if (out->device.type == EM_CUDA) {
+    const em_tensor *ts[4] = {out, NULL, NULL, NULL};
+    for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
+    loop_plan p;
+    int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
+    return em_elementwise_cuda(name, k, out, nin, in, &p, numel);
+  }
+#endif
+  return em_error_device(name, out);
+}
+
+static int run_kernel(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
+                      int nd, const int64_t *shape) {
+  if (!needs_temp(out, nin, in)) return device_loop(name, k, out, nin, in, nd, shape);
   em_tensor *tmp = em_empty(out->ndim, out->shape, out->dtype, out->device);
   if (!tmp) return -1;
-  cpu_loop(k, tmp, nin, in, nd, shape);
+  int rc = device_loop(name, k, tmp, nin, in, nd, shape);
   bool g = em_set_grad_enabled(false);
-  int rc = em_copy_(out, tmp);
+  if (rc == 0) rc = em_copy_(out, tmp);
   em_set_grad_enabled(g);
   em_tensor_release(tmp);
   return rc;
-}
-
-/* The device switch: the CUDA backend adds its branch here. */
-static int run_kernel(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
-                      int nd, const int64_t *shape) {
-  if (out->device.type == EM_CPU) return cpu_run(k, out, nin, in, nd, shape);
-  return em_error_device(name, out);
 }
 
 /* ---------------- shared validation ---------------- */
@@ -958,7 +966,12 @@ static em_tensor *triangle(const char *name, em_tensor *a, int64_t k, bool upper
   }
   em_tensor *res = em_empty(a->ndim, a->shape, a->dtype, a->device);
   if (!res) return NULL;
-  int rc = a->device.type == EM_CPU ? cpu_triangle(res, a, k, upper) : em_error_device(name, a);
+  int rc;
+  if (a->device.type == EM_CPU) rc = cpu_triangle(res, a, k, upper);
+#ifdef EMBER_CUDA
+  else if (a->device.type == EM_CUDA) rc = em_triangle_cuda(name, res, a, k, upper);
+#endif
+  else rc = em_error_device(name, a);
   if (rc) { em_tensor_release(res); return NULL; }
   if (em_grad_needed(1, &a)) {
     em_node *n = em_node_new(name, triangle_backward, 1, 1);

@@ -7,9 +7,19 @@
  * Backward is a scatter-add of the output gradient rows into a zero (n, d)
  * table, in index order, single-threaded: repeated ids (every batch has them)
  * sum in the same order on every run, so training is bit-reproducible. The
- * sum runs in f32 (f64 for f64) and is rounded to w's dtype once at the end. */
+ * sum runs in f32 (f64 for f64) and is rounded to w's dtype once at the end.
+ *
+ * On CUDA (kernels/embedding.cu) the gather is one kernel; the backward is
+ * deterministic too (each block owns a range of table rows and adds their
+ * tokens in token order, no float atomics), so GPU gradients are also
+ * bit-identical from run to run. ids are not checked on the host there (that
+ * would synchronise): an out-of-range id gives a NaN row forward and is
+ * skipped backward. */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "embedding.h"
+#endif
 
 static int embedding_validate(em_tensor *ids, em_tensor *w) {
   if (em_check_int("embedding", "ids", ids)) return -1;
@@ -61,9 +71,42 @@ static void scatter_add_f64(double *gw, const double *g, const int64_t *ix, int6
   }
 }
 
+#ifdef EMBER_CUDA
+/* Contiguous ids of a dtype the kernels read (i32/i64; others widened to i64). */
+static em_tensor *cuda_ids(em_tensor *ids) {
+  if (ids->dtype == EM_I32 || ids->dtype == EM_I64) return em_contiguous(ids);
+  return em_contiguous_as(ids, EM_I64);
+}
+
+static em_tensor *embedding_cuda(em_tensor *ids, em_tensor *w) {
+  int64_t shape[EM_MAX_DIMS];
+  memcpy(shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+  shape[ids->ndim] = w->shape[1];
+  em_tensor *id = cuda_ids(ids);
+  em_tensor *wc = !id ? NULL : (w->stride[1] == 1 || w->shape[1] <= 1) ? em_tensor_retain(w) : em_contiguous(w);
+  em_tensor *out = wc ? em_empty(ids->ndim + 1, shape, w->dtype, w->device) : NULL;
+  if (out && em_embedding_fwd_cuda(id, wc, out)) { em_tensor_release(out); out = NULL; }
+  em_tensor_release(id); em_tensor_release(wc);
+  return out;
+}
+
+static int embedding_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *id = cuda_ids(n->saved[0]);
+  em_tensor *g = id ? em_contiguous(gout[0]) : NULL;
+  em_tensor *gw = g ? em_empty(2, n->in_shape[0], n->in_dtype[0], gout[0]->device) : NULL;
+  if (gw && em_embedding_bwd_cuda(id, g, gw)) { em_tensor_release(gw); gw = NULL; }
+  em_tensor_release(id); em_tensor_release(g);
+  gin[0] = gw;
+  return gw ? 0 : -1;
+}
+#endif
+
 /* saved: ids. input 0: w (ids are integers and never need grad). */
 static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *ids = n->saved[0];
+#ifdef EMBER_CUDA
+  if (gout[0]->device.type == EM_CUDA) return embedding_backward_cuda(n, gout, gin);
+#endif
   em_dtype ct = n->in_dtype[0] == EM_F64 ? EM_F64 : EM_F32;
   int64_t cnt = em_numel(ids), d = n->in_shape[0][1];
   em_tensor *id = em_contiguous_as(ids, EM_I64);
@@ -79,8 +122,13 @@ static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_embedding(em_tensor *ids, em_tensor *w) {
   EM_OP_SCOPE("embedding");
   if (embedding_validate(ids, w)) return NULL;
-  if (w->device.type != EM_CPU) { em_error_device("embedding", w); return NULL; }
-  em_tensor *out = embedding_cpu(ids, w);
+  em_tensor *out;
+  if (w->device.type == EM_CPU) out = embedding_cpu(ids, w);
+#ifdef EMBER_CUDA
+  else out = embedding_cuda(ids, w);
+#else
+  else { em_error_device("embedding", w); return NULL; }
+#endif
   if (out && em_grad_needed(1, &w)) {
     em_node *n = em_node_new("embedding", embedding_backward, 1, 1);
     if (!n) { em_tensor_release(out); return NULL; }

@@ -6,9 +6,20 @@
  * saved (N values, not N x V) so the fused backward is a single pass:
  *   dlogits = g / N * (exp(logits - lse) - onehot(t)),
  * never materialising the softmax or the one-hot. Targets are checked before
- * any work so an out-of-range id is an error naming it, not a wild read. */
+ * any work so an out-of-range id is an error naming it, not a wild read.
+ *
+ * On CUDA both passes are single fused kernels (kernels/softmax_xent.cu) and
+ * the mean is taken on the device: nothing is read back, so the loss and its
+ * backward can be captured in a CUDA graph. Checking targets there would need
+ * a host read; instead a target outside [0, V) makes the loss NaN.
+ *
+ * Autocast: cross-entropy is on the f32 list; under ember.autocast, bf16/f16
+ * logits are widened to f32 first and the loss comes back in f32. */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "softmax_xent.h"
+#endif
 
 static int xent_validate(em_tensor *logits, em_tensor *targets) {
   char s1[160], s2[160];
@@ -97,10 +108,45 @@ static void xent_grad_f64(const double *x, const int64_t *t, const double *lse, 
   }
 }
 
+#ifdef EMBER_CUDA
+/* Contiguous targets of a dtype the kernels read (i32/i64; others widened to i64). */
+static em_tensor *cuda_targets(em_tensor *targets) {
+  if (targets->dtype == EM_I32 || targets->dtype == EM_I64) return em_contiguous(targets);
+  return em_contiguous_as(targets, EM_I64);
+}
+
+static em_tensor *xent_cuda(em_tensor *logits, em_tensor *targets, em_tensor **lse_out) {
+  int64_t N = em_numel(targets);
+  em_dtype ct = logits->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *x = em_contiguous(logits);
+  em_tensor *t = x ? cuda_targets(targets) : NULL;
+  em_tensor *lse = t ? em_empty(1, &N, ct, logits->device) : NULL;
+  em_tensor *loss = lse ? em_empty(0, NULL, logits->dtype, logits->device) : NULL;
+  if (loss && em_xent_fwd_cuda(x, t, lse, loss)) { em_tensor_release(loss); loss = NULL; }
+  em_tensor_release(x); em_tensor_release(t);
+  if (loss) *lse_out = lse; else em_tensor_release(lse);
+  return loss;
+}
+
+static int xent_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
+  em_tensor *x = em_contiguous(logits);
+  em_tensor *t = x ? cuda_targets(targets) : NULL;
+  em_tensor *gx = t ? em_empty(logits->ndim, logits->shape, logits->dtype, logits->device) : NULL;
+  if (gx && em_xent_bwd_cuda(x, t, lse, gout[0], gx)) { em_tensor_release(gx); gx = NULL; }
+  em_tensor_release(x); em_tensor_release(t);
+  gin[0] = gx;
+  return gx ? 0 : -1;
+}
+#endif
+
 /* saved: logits, targets, lse. The gradient is produced in the compute dtype;
  * the engine rounds it to the logits' dtype. */
 static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
+#ifdef EMBER_CUDA
+  if (logits->device.type == EM_CUDA) return xent_backward_cuda(n, gout, gin);
+#endif
   int64_t V = logits->shape[logits->ndim - 1], N = em_numel(targets);
   em_dtype ct = lse->dtype;
   double g;
@@ -120,12 +166,15 @@ static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return gx ? 0 : -1;
 }
 
-em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets) {
-  EM_OP_SCOPE("cross_entropy");
+static em_tensor *xent_op(em_tensor *logits, em_tensor *targets) {
   if (xent_validate(logits, targets)) return NULL;
-  if (logits->device.type != EM_CPU) { em_error_device("cross_entropy", logits); return NULL; }
-  em_tensor *lse = NULL;
-  em_tensor *loss = xent_cpu(logits, targets, &lse);
+  em_tensor *lse = NULL, *loss;
+  if (logits->device.type == EM_CPU) loss = xent_cpu(logits, targets, &lse);
+#ifdef EMBER_CUDA
+  else loss = xent_cuda(logits, targets, &lse);
+#else
+  else { em_error_device("cross_entropy", logits); return NULL; }
+#endif
   if (loss && em_grad_needed(1, &logits)) {
     em_node *n = em_node_new("cross_entropy", xent_backward, 1, 1);
     if (!n) { em_tensor_release(loss); em_tensor_release(lse); return NULL; }
@@ -134,5 +183,13 @@ em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets) {
     em_node_finish(n, loss);
   }
   em_tensor_release(lse);
+  return loss;
+}
+
+em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets) {
+  EM_OP_SCOPE("cross_entropy");
+  em_tensor *x = em_autocast_upper(logits);
+  em_tensor *loss = x ? xent_op(x, targets) : NULL;
+  em_tensor_release(x);
   return loss;
 }

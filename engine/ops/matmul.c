@@ -12,11 +12,25 @@
  * right operand is shared by every batch and the left operand's batch and row
  * dims collapse to one stride: then it is a single (B·n, k) @ (k, m) gemm,
  * which is the common x @ W case. Backward uses the same op: grad_a = g @ bᵀ,
- * grad_b = aᵀ @ g, summed over broadcast batch dims (em_sum_to). */
+ * grad_b = aᵀ @ g, summed over broadcast batch dims (em_sum_to).
+ *
+ * On CUDA the same plan drives cuBLASLt (kernels/matmul.cu): the operand
+ * layouts BLAS reads in place are handed over as transpose flags and leading
+ * dims, batch dims that collapse to one stride per operand (0 for a broadcast
+ * operand) become one strided-batched gemm, the outer ones a loop, and
+ * linear's bias rides along as a gemm epilogue. Integer matmul is not
+ * supported on CUDA.
+ *
+ * Autocast: under ember.autocast matmul and linear cast their float inputs to
+ * the region's dtype first (em_autocast_lower; the casts are recorded, so
+ * gradients reach the f32 weights) and return that dtype. */
 #include <limits.h>
 #include <stdio.h>
 #include <cblas.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "matmul.h"
+#endif
 
 /* ---------------- BLAS operands ---------------- */
 
@@ -266,6 +280,89 @@ static em_tensor *matmul_cpu(em_tensor *a, em_tensor *b, mm_plan *p) {
   }
 }
 
+/* ---------------- matmul CUDA ---------------- */
+
+#ifdef EMBER_CUDA
+static void set_operand(blas_op o, bool *trans, int64_t *ld) {
+  *trans = o.trans == CblasTrans;
+  *ld = o.ld;
+}
+
+static em_tensor *matmul_cuda(em_tensor *a, em_tensor *b, mm_plan *p) {
+  if (!em_dtype_is_float(a->dtype)) {
+    em_error("matmul: integer matmul is not supported on CUDA (got %s tensors)", em_dtype_name(a->dtype));
+    return NULL;
+  }
+  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *out = NULL;
+  em_dtype dt = a->dtype;
+  blas_op oa, ob, of;
+  matmul_strides(p, ac, bc);
+  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa)) {
+    if (make_contiguous(&ac, a, dt)) goto done;
+    matmul_strides(p, ac, bc);
+  }
+  if (!blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
+    if (make_contiguous(&bc, b, dt)) goto done;
+    matmul_strides(p, ac, bc);
+  }
+  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa) || !blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
+    em_error("matmul: internal error: operand strides unusable by cuBLASLt");
+    goto done;
+  }
+  if (!(out = em_empty(p->out_ndim, p->out_shape, dt, a->device))) goto done;
+  size_t es = em_dtype_size(dt);
+  const char *A = em_storage_ptr(ac), *B = em_storage_ptr(bc);
+  char *C = em_data_ptr(out);
+  em_gemm_args g = {.op = "matmul", .dtype = dt, .device = a->device.index, .n = p->n, .m = p->m, .k = p->k,
+                    .batch = 1, .ldc = p->m, .c_bs = p->n * p->m};
+  set_operand(oa, &g.a_trans, &g.lda);
+  set_operand(ob, &g.b_trans, &g.ldb);
+  int64_t rows;
+  if (try_fold(p, &rows, &of)) {                 /* shared b: one (B·n, k) @ (k, m) gemm */
+    g.n = rows;
+    set_operand(of, &g.a_trans, &g.lda);
+    g.a = A + ac->offset * (int64_t)es; g.b = B + bc->offset * (int64_t)es; g.c = C;
+    if (em_gemm_cuda(&g)) { em_tensor_release(out); out = NULL; }
+    goto done;
+  }
+  /* the innermost batch dims that collapse to one stride in a, b and out form one batched gemm */
+  int64_t sc[EM_MAX_DIMS], span = p->n * p->m;
+  for (int d = p->nb - 1; d >= 0; d--) { sc[d] = span; span *= p->batch[d]; }
+  int d0 = p->nb;
+  while (d0 > 0) {
+    int64_t s1, s2, s3;
+    int n = p->nb - (d0 - 1);
+    if (!dims_collapse(n, p->batch + d0 - 1, p->sa + d0 - 1, &s1) ||
+        !dims_collapse(n, p->batch + d0 - 1, p->sb + d0 - 1, &s2) ||
+        !dims_collapse(n, p->batch + d0 - 1, sc + d0 - 1, &s3))
+      break;
+    d0--;
+  }
+  g.batch = em_shape_numel(p->nb - d0, p->batch + d0);
+  if (d0 < p->nb) {
+    dims_collapse(p->nb - d0, p->batch + d0, p->sa + d0, &g.a_bs);
+    dims_collapse(p->nb - d0, p->batch + d0, p->sb + d0, &g.b_bs);
+    dims_collapse(p->nb - d0, p->batch + d0, sc + d0, &g.c_bs);
+  }
+  int64_t outer = em_shape_numel(d0, p->batch);
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t offa = 0, offb = 0, offc = 0, r = o;
+    for (int d = d0 - 1; d >= 0; d--) {
+      int64_t i = r % p->batch[d];
+      r /= p->batch[d];
+      offa += i * p->sa[d]; offb += i * p->sb[d]; offc += i * sc[d];
+    }
+    g.a = A + (ac->offset + offa) * (int64_t)es;
+    g.b = B + (bc->offset + offb) * (int64_t)es;
+    g.c = C + offc * (int64_t)es;
+    if (em_gemm_cuda(&g)) { em_tensor_release(out); out = NULL; goto done; }
+  }
+done:
+  em_tensor_release(ac); em_tensor_release(bc);
+  return out;
+}
+#endif
+
 /* ---------------- matmul backward ---------------- */
 
 /* t as a matrix (batch..., rows, cols): 1-D a becomes (1, k), 1-D b becomes (k, 1). */
@@ -334,12 +431,16 @@ static int matmul_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return rc;
 }
 
-em_tensor *em_matmul(em_tensor *a, em_tensor *b) {
-  EM_OP_SCOPE("matmul");
+static em_tensor *matmul_op(em_tensor *a, em_tensor *b) {
   mm_plan p;
   if (matmul_validate(a, b, &p)) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("matmul", a); return NULL; }
-  em_tensor *out = matmul_cpu(a, b, &p);
+  em_tensor *out;
+  if (a->device.type == EM_CPU) out = matmul_cpu(a, b, &p);
+#ifdef EMBER_CUDA
+  else out = matmul_cuda(a, b, &p);
+#else
+  else { em_error_device("matmul", a); return NULL; }
+#endif
   if (out && em_grad_needed(2, (em_tensor *[]){a, b})) {
     em_node *n = em_node_new("matmul", matmul_backward, 2, 1);
     if (!n) { em_tensor_release(out); return NULL; }
@@ -347,6 +448,15 @@ em_tensor *em_matmul(em_tensor *a, em_tensor *b) {
     em_node_save(n, a); em_node_save(n, b);
     em_node_finish(n, out);
   }
+  return out;
+}
+
+em_tensor *em_matmul(em_tensor *a, em_tensor *b) {
+  EM_OP_SCOPE("matmul");
+  if (!em_autocast_enabled()) return matmul_op(a, b);
+  em_tensor *la = em_autocast_lower(a), *lb = la ? em_autocast_lower(b) : NULL;
+  em_tensor *out = lb ? matmul_op(la, lb) : NULL;
+  em_tensor_release(la); em_tensor_release(lb);
   return out;
 }
 
@@ -428,6 +538,45 @@ static em_tensor *linear_cpu(em_tensor *x, em_tensor *w, em_tensor *bias) {
   return r;
 }
 
+#ifdef EMBER_CUDA
+/* y (..., out) = x @ wᵀ (+ bias) with cuBLASLt, bias fused as the epilogue. */
+static em_tensor *linear_cuda(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  int64_t in = w->shape[1], out = w->shape[0], M = em_shape_numel(x->ndim - 1, x->shape), rs, shape[EM_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+  shape[x->ndim - 1] = out;
+  em_tensor *xc = em_tensor_retain(x), *wc = em_tensor_retain(w), *bc = NULL, *y = NULL;
+  blas_op ox, ow;
+  if (!dims_collapse(x->ndim - 1, x->shape, x->stride, &rs) || !blas_layout(M, in, rs, x->stride[x->ndim - 1], &ox)) {
+    if (make_contiguous(&xc, x, x->dtype)) goto done;
+    if (!blas_layout(M, in, in, 1, &ox)) { em_error("linear: internal error: x unusable by cuBLASLt"); goto done; }
+  }
+  if (!blas_layout(in, out, w->stride[1], w->stride[0], &ow)) {
+    if (make_contiguous(&wc, w, w->dtype)) goto done;
+    if (!blas_layout(in, out, 1, in, &ow)) { em_error("linear: internal error: weight unusable by cuBLASLt"); goto done; }
+  }
+  if (bias && !(bc = em_contiguous(bias))) goto done;
+  if (!(y = em_empty(x->ndim, shape, x->dtype, x->device))) goto done;
+  em_gemm_args g = {.op = "linear", .dtype = x->dtype, .device = x->device.index, .n = M, .m = out, .k = in,
+                    .batch = 1, .a = em_data_ptr(xc), .b = em_data_ptr(wc), .c = em_data_ptr(y), .ldc = out,
+                    .bias = bc ? em_data_ptr(bc) : NULL};
+  set_operand(ox, &g.a_trans, &g.lda);
+  set_operand(ow, &g.b_trans, &g.ldb);
+  if (em_gemm_cuda(&g)) { em_tensor_release(y); y = NULL; }
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);
+  return y;
+}
+
+/* grad_bias = sum of g2 over rows, in the bias dtype, with one deterministic kernel. */
+static em_tensor *linear_bias_grad_cuda(em_tensor *g2, em_dtype dt) {
+  em_tensor *gc = em_contiguous(g2);
+  em_tensor *gb = gc ? em_empty(1, &g2->shape[1], dt, g2->device) : NULL;
+  if (gb && em_linear_bias_grad_cuda(gc, gb)) { em_tensor_release(gb); gb = NULL; }
+  em_tensor_release(gc);
+  return gb;
+}
+#endif
+
 /* g (..., out) -> grad_x = g @ w, grad_w = g2ᵀ @ x2 over all leading dims, grad_bias = sum g2. */
 static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *w = n->saved[1];
@@ -449,6 +598,10 @@ static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
     if (!gin[1]) rc = -1;
   }
   if (rc == 0 && n->n_in > 2 && em_node_needs_input_grad(n, 2)) {
+#ifdef EMBER_CUDA
+    if (g2->device.type == EM_CUDA) gin[2] = linear_bias_grad_cuda(g2, n->in_dtype[2]);
+    else
+#endif
     gin[2] = em_sum(g2, 1, (int64_t[]){0}, false);
     if (!gin[2]) rc = -1;
   }
@@ -456,11 +609,15 @@ static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return rc;
 }
 
-em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
-  EM_OP_SCOPE("linear");
+static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   if (linear_validate(x, w, bias)) return NULL;
-  if (x->device.type != EM_CPU) { em_error_device("linear", x); return NULL; }
-  em_tensor *y = linear_cpu(x, w, bias);
+  em_tensor *y;
+  if (x->device.type == EM_CPU) y = linear_cpu(x, w, bias);
+#ifdef EMBER_CUDA
+  else y = linear_cuda(x, w, bias);
+#else
+  else { em_error_device("linear", x); return NULL; }
+#endif
   if (y && em_grad_needed(3, (em_tensor *[]){x, w, bias})) {
     em_node *n = em_node_new("linear", linear_backward, bias ? 3 : 2, 1);
     if (!n) { em_tensor_release(y); return NULL; }
@@ -469,5 +626,15 @@ em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
     em_node_save(n, x); em_node_save(n, w);
     em_node_finish(n, y);
   }
+  return y;
+}
+
+em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  EM_OP_SCOPE("linear");
+  if (!em_autocast_enabled()) return linear_op(x, w, bias);
+  em_tensor *lx = em_autocast_lower(x), *lw = lx ? em_autocast_lower(w) : NULL;
+  em_tensor *lb = lw && bias ? em_autocast_lower(bias) : NULL;
+  em_tensor *y = lw && (!bias || lb) ? linear_op(lx, lw, lb) : NULL;
+  em_tensor_release(lx); em_tensor_release(lw); em_tensor_release(lb);
   return y;
 }

@@ -7,9 +7,19 @@
  * backward needs one pass per row and no recomputed reduction:
  *   xhat = x * rstd, u = gy * w
  *   gx   = rstd * (u - xhat * mean(u * xhat))
- *   gw   = sum over rows of gy * xhat       (accumulated in double, row order) */
+ *   gw   = sum over rows of gy * xhat       (accumulated in double, row order)
+ *
+ * On CUDA (kernels/norm.cu) forward and backward are fused kernels, gw
+ * reduced deterministically (per-block partials, then a fixed-order pass);
+ * gradients come back directly in the inputs' dtypes.
+ *
+ * Autocast: rmsnorm is on the f32 list; under ember.autocast bf16/f16 x (and
+ * w) are widened to f32 first and y comes back in f32. */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "norm.h"
+#endif
 
 static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
   char s1[160], s2[160];
@@ -111,9 +121,46 @@ static em_tensor *gw_tensor(const double *acc, int64_t D, em_dtype ct, em_device
   return t;
 }
 
+#ifdef EMBER_CUDA
+static em_tensor *rmsnorm_cuda(em_tensor *x, em_tensor *w, double eps, em_tensor **rstd_out) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
+  em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *xc = em_contiguous(x), *wc = NULL, *y = NULL, *rstd = NULL;
+  if (!xc || (w && !(wc = em_contiguous(w)))) goto fail;
+  if (!(y = em_empty(x->ndim, x->shape, x->dtype, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto fail;
+  if (em_rmsnorm_fwd_cuda(xc, wc, eps, y, rstd)) goto fail;
+  em_tensor_release(xc); em_tensor_release(wc);
+  *rstd_out = rstd;
+  return y;
+fail:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(y); em_tensor_release(rstd);
+  return NULL;
+}
+
+static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
+  em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL;
+  int rc = -1;
+  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gout[0], x->dtype))) goto done;
+  if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
+  if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
+  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, gw)) goto done;
+  gin[0] = gx; gx = NULL;
+  if (need_w) { gin[1] = gw; gw = NULL; }
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx); em_tensor_release(gw);
+  return rc;
+}
+#endif
+
 /* saved: x, rstd, [w]; inputs: x, [w]. Gradients come out in the compute dtype. */
 static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+#ifdef EMBER_CUDA
+  if (x->device.type == EM_CUDA) return rmsnorm_backward_cuda(n, gout, gin);
+#endif
   em_dtype ct = rstd->dtype;
   int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
   bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
@@ -141,12 +188,15 @@ done:
   return rc;
 }
 
-em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
-  EM_OP_SCOPE("rmsnorm");
+static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
   if (rmsnorm_validate(x, w, eps)) return NULL;
-  if (x->device.type != EM_CPU) { em_error_device("rmsnorm", x); return NULL; }
-  em_tensor *rstd = NULL;
-  em_tensor *y = rmsnorm_cpu(x, w, eps, &rstd);
+  em_tensor *rstd = NULL, *y;
+  if (x->device.type == EM_CPU) y = rmsnorm_cpu(x, w, eps, &rstd);
+#ifdef EMBER_CUDA
+  else y = rmsnorm_cuda(x, w, eps, &rstd);
+#else
+  else { em_error_device("rmsnorm", x); return NULL; }
+#endif
   if (y && em_grad_needed(2, (em_tensor *[]){x, w})) {
     em_node *n = em_node_new("rmsnorm", rmsnorm_backward, w ? 2 : 1, 1);
     if (!n) { em_tensor_release(y); em_tensor_release(rstd); return NULL; }
@@ -157,5 +207,14 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
     em_node_finish(n, y);
   }
   em_tensor_release(rstd);
+  return y;
+}
+
+em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
+  EM_OP_SCOPE("rmsnorm");
+  if (!em_autocast_enabled()) return rmsnorm_op(x, w, eps);
+  em_tensor *ux = em_autocast_upper(x), *uw = ux && w ? em_autocast_upper(w) : NULL;
+  em_tensor *y = ux && (!w || uw) ? rmsnorm_op(ux, uw, eps) : NULL;
+  em_tensor_release(ux); em_tensor_release(uw);
   return y;
 }

@@ -16,9 +16,23 @@
  *   v = v * b2 + (1 - b2) * g * g
  *   p = p + (-lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
  * PyTorch SGD (dampening 0, no Nesterov):
- *   d = g + wd * p;  b = first ? d : mu * b + d;  p = p - lr * (mu ? b : d) */
+ *   d = g + wd * p;  b = first ? d : mu * b + d;  p = p - lr * (mu ? b : d)
+ *
+ * On CUDA every function here is a fused multi-tensor kernel
+ * (kernels/adamw.cu): a whole parameter list is one or two launches whose
+ * per-element arithmetic is the CPU's, operation for operation (no FMA
+ * contraction), so a step gives the same bits on both devices. Tensors must
+ * be contiguous there (in-place updates through strides are not supported).
+ * em_adamw_capturable_ keeps each parameter's step count (and optionally lr)
+ * in device memory, incremented by the step itself, so a CUDA graph that
+ * captured a training step replays with the right bias corrections; and
+ * em_clip_grads_ scales gradients by a factor it reads from the device, so
+ * clip_grad_norm needs no host round trip either. */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "optim.h"
+#endif
 
 /* ---------------- checks ---------------- */
 
@@ -47,7 +61,6 @@ static int check_param(const char *op, em_tensor **params, int i) {
   if (p->dtype != EM_F32 && p->dtype != EM_F64)
     return em_error("%s: params[%d] has dtype %s; expected f32 or f64 (keep master weights in f32)", op, i,
                     em_dtype_name(p->dtype));
-  if (p->device.type != EM_CPU) return em_error_device(op, p);
   if (p->storage->flags & EM_STORAGE_READONLY)
     return em_error("%s: params[%d] is read-only (memory-mapped); clone() it first", op, i);
   return 0;
@@ -62,6 +75,24 @@ static int check_count(const char *op, int n, em_tensor **params) {
 static bool all_contiguous(int n, em_tensor *const *ts) {
   for (int i = 0; i < n; i++) if (ts[i] && !em_is_contiguous(ts[i])) return false;
   return true;
+}
+
+/* Every params[i] on params[0]'s device; on CUDA every tensor of the lists contiguous. */
+static int check_devices(const char *op, int n, em_tensor **params, em_tensor **const *lists, const char *const *names,
+                         int nlists) {
+  char a[32], b[32];
+  for (int i = 1; i < n; i++)
+    if (!em_device_eq(params[i]->device, params[0]->device))
+      return em_error("%s: params[%d] is on %s, expected %s (the device of params[0]); call once per device", op, i,
+                      em_device_str(params[i]->device, a, 32), em_device_str(params[0]->device, b, 32));
+  if (n == 0 || params[0]->device.type == EM_CPU) return 0;
+  for (int i = 0; i < n; i++) {
+    if (!em_is_contiguous(params[i])) return em_error("%s: params[%d] is not contiguous (required on CUDA)", op, i);
+    for (int l = 0; l < nlists; l++)
+      if (lists[l] && lists[l][i] && !em_is_contiguous(lists[l][i]))
+        return em_error("%s: %s[%d] is not contiguous (required on CUDA)", op, names[l], i);
+  }
+  return 0;
 }
 
 /* ---------------- AdamW ---------------- */
@@ -129,6 +160,19 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
         check_like("adamw_", "exp_avg", exp_avg, params[i], i, true) ||
         check_like("adamw_", "exp_avg_sq", exp_avg_sq, params[i], i, true))
       return -1;
+  if (check_devices("adamw_", n, params, (em_tensor **const[]){grads, exp_avg, exp_avg_sq},
+                    (const char *const[]){"grads", "exp_avg", "exp_avg_sq"}, 3))
+    return -1;
+  if (n > 0 && params[0]->device.type == EM_CUDA) {
+#ifdef EMBER_CUDA
+    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, NULL, NULL))
+      return -1;
+    for (int i = 0; i < n; i++) { em_bump_version(params[i]); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]); }
+    return 0;
+#else
+    return em_error_device("adamw_", params[0]);
+#endif
+  }
   double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
   adamw_consts c = {1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, -(lr / bc1), sqrt(bc2), eps};
   for (int i = 0; i < n; i++) {
@@ -136,6 +180,77 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
     if (p->dtype == EM_F32) adamw_f32(p, grads[i], exp_avg[i], exp_avg_sq[i], &c);
     else adamw_f64(p, grads[i], exp_avg[i], exp_avg_sq[i], &c);
     em_bump_version(p); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]);
+  }
+  return 0;
+}
+
+/* A 0-d tensor of one of two dtypes on dev; names the argument in the error. */
+static int check_scalar_tensor(const char *op, const char *name, const em_tensor *t, em_dtype d1, em_dtype d2,
+                               em_device dev) {
+  char a[32], b[32];
+  if (t->ndim != 0)
+    return em_error("%s: %s must be a 0-d tensor, got %d dims", op, name, t->ndim);
+  if (t->dtype != d1 && t->dtype != d2)
+    return em_error("%s: %s must be %s or %s, got %s", op, name, em_dtype_name(d1), em_dtype_name(d2),
+                    em_dtype_name(t->dtype));
+  if (!em_device_eq(t->device, dev))
+    return em_error("%s: %s is on %s, expected %s (the parameters' device)", op, name, em_device_str(t->device, a, 32),
+                    em_device_str(dev, b, 32));
+  return 0;
+}
+
+int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg, em_tensor **exp_avg_sq,
+                         em_tensor **steps, em_tensor *lr_t, double lr, double beta1, double beta2, double eps,
+                         double weight_decay) {
+  EM_OP_SCOPE("adamw_capturable_");
+  const char *op = "adamw_capturable_";
+  char name[32];
+  if (check_count(op, n, params) || adamw_check_hparams(lr, beta1, beta2, eps, weight_decay, 1)) return -1;
+  if (n > 0 && !steps) return em_error("%s: steps is NULL", op);
+  for (int i = 0; i < n; i++) {
+    if (check_param(op, params, i) || check_like(op, "grads", grads, params[i], i, false) ||
+        check_like(op, "exp_avg", exp_avg, params[i], i, true) ||
+        check_like(op, "exp_avg_sq", exp_avg_sq, params[i], i, true))
+      return -1;
+    if (!steps[i]) return em_error("%s: steps[%d] is missing (NULL)", op, i);
+    snprintf(name, sizeof name, "steps[%d]", i);
+    if (check_scalar_tensor(op, name, steps[i], EM_F32, EM_I64, params[i]->device)) return -1;
+    if (steps[i]->dtype != steps[0]->dtype)
+      return em_error("%s: steps[%d] is %s but steps[0] is %s (one dtype per call)", op, i,
+                      em_dtype_name(steps[i]->dtype), em_dtype_name(steps[0]->dtype));
+    for (int j = 0; j < i; j++)
+      if (em_data_ptr(steps[j]) == em_data_ptr(steps[i]))
+        return em_error("%s: steps[%d] and steps[%d] are the same tensor (each is incremented once per call)", op, j, i);
+  }
+  if (check_devices(op, n, params, (em_tensor **const[]){grads, exp_avg, exp_avg_sq},
+                    (const char *const[]){"grads", "exp_avg", "exp_avg_sq"}, 3))
+    return -1;
+  if (n == 0) return 0;
+  if (lr_t && check_scalar_tensor(op, "lr", lr_t, EM_F32, EM_F64, params[0]->device)) return -1;
+  if (params[0]->device.type == EM_CUDA) {
+#ifdef EMBER_CUDA
+    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, 0, steps, lr_t))
+      return -1;
+    for (int i = 0; i < n; i++) {
+      em_bump_version(params[i]); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]);
+      em_bump_version(steps[i]);
+    }
+    return 0;
+#else
+    return em_error_device(op, params[0]);
+#endif
+  }
+  /* CPU: the same contract through the host path, one tensor at a time */
+  if (lr_t && em_item(lr_t, &lr)) return -1;
+  for (int i = 0; i < n; i++) {
+    double s;
+    if (em_item(steps[i], &s)) return -1;
+    s += 1;
+    if (em_adamw_(1, &params[i], &grads[i], &exp_avg[i], &exp_avg_sq[i], lr, beta1, beta2, eps, weight_decay,
+                  (int64_t)s))
+      return -1;
+    em_store_f64(em_storage_ptr(steps[i]), steps[i]->dtype, steps[i]->offset, s);
+    em_bump_version(steps[i]);
   }
   return 0;
 }
@@ -197,6 +312,21 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
     if (check_param("sgd_", params, i) || check_like("sgd_", "grads", grads, params[i], i, false) ||
         (momentum != 0 && check_like("sgd_", "bufs", bufs, params[i], i, true)))
       return -1;
+  if (check_devices("sgd_", n, params, (em_tensor **const[]){grads, momentum != 0 ? bufs : NULL},
+                    (const char *const[]){"grads", "bufs"}, 2))
+    return -1;
+  if (n > 0 && params[0]->device.type == EM_CUDA) {
+#ifdef EMBER_CUDA
+    if (em_sgd_cuda(n, params, grads, momentum != 0 ? bufs : NULL, lr, momentum, weight_decay, first_step)) return -1;
+    for (int i = 0; i < n; i++) {
+      em_bump_version(params[i]);
+      if (momentum != 0) em_bump_version(bufs[i]);
+    }
+    return 0;
+#else
+    return em_error_device("sgd_", params[0]);
+#endif
+  }
   sgd_consts c = {lr, momentum, weight_decay, first_step};
   for (int i = 0; i < n; i++) {
     em_tensor *b = momentum != 0 ? bufs[i] : NULL;
@@ -231,6 +361,29 @@ static double sumsq_one(em_tensor *t) {
   return s;
 }
 
+/* Contiguous float views of ts (widened to f64 when not float), then one multi-tensor reduction. */
+static em_tensor *sum_of_squares_cuda(int n, em_tensor **ts, em_device dev) {
+#ifdef EMBER_CUDA
+  em_tensor **cs = calloc((size_t)EM_MAX(n, 1), sizeof *cs), *out = NULL;
+  if (!cs) { em_error_oom("out of memory: sum_of_squares (%d tensors)", n); return NULL; }
+  int ok = 1;
+  for (int i = 0; i < n && ok; i++) {
+    cs[i] = em_dtype_is_float(ts[i]->dtype) ? em_contiguous(ts[i]) : em_contiguous_as(ts[i], EM_F64);
+    ok = cs[i] != NULL;
+  }
+  if (ok && (out = em_empty(0, NULL, EM_F32, dev)) && em_sum_of_squares_cuda(n, cs, out)) {
+    em_tensor_release(out);
+    out = NULL;
+  }
+  for (int i = 0; i < n; i++) em_tensor_release(cs[i]);
+  free(cs);
+  return out;
+#else
+  em_error_device("sum_of_squares", ts[0]);
+  return NULL;
+#endif
+}
+
 em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
   EM_OP_SCOPE("sum_of_squares");
   if (n < 0 || (n > 0 && !ts)) {
@@ -247,9 +400,61 @@ em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
       return NULL;
     }
     dev = ts[i]->device;
-    if (dev.type != EM_CPU) { em_error_device("sum_of_squares", ts[i]); return NULL; }
   }
+  if (dev.type == EM_CUDA) return sum_of_squares_cuda(n, ts, dev);
   double total = 0;
   for (int i = 0; i < n; i++) total += sumsq_one(ts[i]);
   return em_scalar_tensor(total, EM_F32, dev);
+}
+
+/* ---------------- gradient clipping ---------------- */
+
+em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max_norm) {
+  EM_OP_SCOPE("clip_grads_");
+  const char *op = "clip_grads_";
+  char a[32], b[32];
+  if (n < 0 || (n > 0 && !grads)) { em_error("%s: expected a list of tensors, got %d", op, n); return NULL; }
+  if (!sumsq) { em_error("%s: sumsq is NULL", op); return NULL; }
+  if (!(max_norm >= 0)) { em_error("%s: expected max_norm >= 0, got %g", op, max_norm); return NULL; }
+  if (check_scalar_tensor(op, "sumsq", sumsq, EM_F32, EM_F32, sumsq->device)) return NULL;
+  for (int i = 0; i < n; i++) {
+    if (!grads[i]) { em_error("%s: grads[%d] is missing (NULL)", op, i); return NULL; }
+    if (!em_device_eq(grads[i]->device, sumsq->device)) {
+      em_error("%s: grads[%d] is on %s, expected %s (the device of sumsq)", op, i,
+               em_device_str(grads[i]->device, a, 32), em_device_str(sumsq->device, b, 32));
+      return NULL;
+    }
+    if (!em_dtype_is_float(grads[i]->dtype)) {
+      em_error("%s: grads[%d] has dtype %s; expected a float dtype", op, i, em_dtype_name(grads[i]->dtype));
+      return NULL;
+    }
+    if (sumsq->device.type == EM_CUDA && !em_is_contiguous(grads[i])) {
+      em_error("%s: grads[%d] is not contiguous (required on CUDA)", op, i);
+      return NULL;
+    }
+  }
+  if (sumsq->device.type == EM_CUDA) {
+#ifdef EMBER_CUDA
+    em_tensor *norm = em_empty(0, NULL, EM_F32, sumsq->device);
+    if (norm && em_clip_grads_cuda(n, grads, sumsq, max_norm, norm)) { em_tensor_release(norm); return NULL; }
+    for (int i = 0; norm && i < n; i++) em_bump_version(grads[i]);
+    return norm;
+#else
+    em_error_device(op, sumsq);
+    return NULL;
+#endif
+  }
+  double ss;
+  if (em_item(sumsq, &ss)) return NULL;
+  double total = sqrt(ss);
+  if (total > max_norm) {
+    bool g = em_set_grad_enabled(false);
+    for (int i = 0; i < n; i++) {
+      em_tensor *r = em_binary_scalar(EM_MUL, grads[i], max_norm / (total + 1e-6), false, grads[i]);
+      if (!r) { em_set_grad_enabled(g); return NULL; }
+      em_tensor_release(r);
+    }
+    em_set_grad_enabled(g);
+  }
+  return em_scalar_tensor(total, EM_F32, sumsq->device);
 }

@@ -16,9 +16,12 @@
  *    running count is the flat index argmax/argmin return.
  *  - Backward formulas are compositions of public ops (device-agnostic), except
  *    max/min over a dim, which scatters the gradient to the saved indices.
- *  - Each op: validate -> device implementation (CPU now; CUDA slots in where
- *    em_error_device is returned) -> record autograd. */
+ *  - Each op: validate -> device implementation (the CPU walk here, or the
+ *    CUDA launchers of kernels/reduce.h over the same rplan) -> record autograd.
+ *    On CUDA, softmax/log_softmax backward is one fused kernel instead of the
+ *    composed formula, and max/min over a dim scatter with a kernel. */
 #include "../internal.h"
+#include "reduce.h"   /* kernels/: the plan and the CUDA launchers */
 
 #define CHUNK 256
 
@@ -60,12 +63,9 @@ static int parse_dims(const char *name, const em_tensor *a, int ndims, const int
 
 /* ---------------- the walk ---------------- */
 
-typedef struct {
-  int nk, nr;                        /* kept (outer) and reduced (inner) dims, coalesced; nr >= 1 */
-  int64_t kshape[EM_MAX_DIMS], kstride[EM_MAX_DIMS];
-  int64_t rshape[EM_MAX_DIMS], rstride[EM_MAX_DIMS];
-  int64_t n_out, n_red;
-} rplan;
+/* Kept (outer) and reduced (inner) dims, coalesced; nr >= 1. Shared with the
+ * CUDA launchers (kernels/reduce.h). */
+typedef em_red_plan rplan;
 
 static void push_dim(int *n, int64_t *shape, int64_t *stride, int64_t size, int64_t st) {
   if (size == 1) return;
@@ -309,6 +309,15 @@ static void cpu_sum(em_tensor *res, const em_tensor *a, const rdims *r, bool int
   }
 }
 
+/* The device switch for sum and mean. */
+static int run_sum(const char *name, em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
+  if (a->device.type == EM_CPU) { cpu_sum(res, a, r, ints, div); return 0; }
+#ifdef EMBER_CUDA
+  if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_sum_cuda(name, res, a, &p, div); }
+#endif
+  return em_error_device(name, a);
+}
+
 static int sum_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   gin[0] = expand_grad(n, gout[0]);
   return gin[0] ? 0 : -1;
@@ -330,8 +339,7 @@ em_tensor *em_sum(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
   bool ints = !em_dtype_is_float(a->dtype);
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, ints ? EM_I64 : a->dtype, a->device);
   if (!res) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("sum", a); em_tensor_release(res); return NULL; }
-  cpu_sum(res, a, &r, ints, 1.0);
+  if (run_sum("sum", res, a, &r, ints, 1.0)) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
   return finish_node(reduction_node("sum", sum_backward, a, &r, keepdim), res);
 }
@@ -345,8 +353,10 @@ em_tensor *em_mean(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
   if (parse_dims("mean", a, ndims, dims, keepdim, &r)) return NULL;
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, a->dtype, a->device);
   if (!res) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("mean", a); em_tensor_release(res); return NULL; }
-  cpu_sum(res, a, &r, false, (double)r.n_red);   /* empty: 0/0 = NaN */
+  if (run_sum("mean", res, a, &r, false, (double)r.n_red)) {   /* empty: 0/0 = NaN */
+    em_tensor_release(res);
+    return NULL;
+  }
   if (!em_grad_needed(1, &a)) return res;
   return finish_node(reduction_node("mean", mean_backward, a, &r, keepdim), res);
 }
@@ -367,6 +377,20 @@ static int var_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return scratch_end(&s, r, &gin[0]);
 }
 
+/* Two passes per output: the mean, then the squared deviations from it. */
+static int cpu_var(em_tensor *res, const em_tensor *a, const rplan *p, double dof) {
+  kiter it = {{0}, a->offset};
+  for (int64_t o = 0; o < p->n_out; o++) {
+    fsum s = {0, 0};
+    walk(a, p, it.off, false, sum_f, &s);
+    fsum q = {0, s.acc / (double)p->n_red};
+    walk(a, p, it.off, false, sqdev_f, &q);
+    em_store_f64(em_data_ptr(res), res->dtype, o, q.acc / dof);
+    kiter_next(&it, p);
+  }
+  return 0;
+}
+
 em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correction, bool keepdim) {
   EM_OP_SCOPE("var");
   EM_CHECK_NULL(a, "var: expected a tensor, got NULL");
@@ -376,18 +400,15 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
   if (parse_dims("var", a, ndims, dims, keepdim, &r)) return NULL;
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, a->dtype, a->device);
   if (!res) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("var", a); em_tensor_release(res); return NULL; }
   rplan p; plan_init(&p, a, r.mask);
-  kiter it = {{0}, a->offset};
   double dof = EM_MAX(0.0, (double)p.n_red - correction);
-  for (int64_t o = 0; o < p.n_out; o++) {
-    fsum s = {0, 0};
-    walk(a, &p, it.off, false, sum_f, &s);
-    fsum q = {0, s.acc / (double)p.n_red};
-    walk(a, &p, it.off, false, sqdev_f, &q);
-    em_store_f64(em_data_ptr(res), res->dtype, o, q.acc / dof);
-    kiter_next(&it, &p);
-  }
+  int rc;
+  if (a->device.type == EM_CPU) rc = cpu_var(res, a, &p, dof);
+#ifdef EMBER_CUDA
+  else if (a->device.type == EM_CUDA) rc = em_var_cuda("var", res, a, &p, dof);
+#endif
+  else rc = em_error_device("var", a);
+  if (rc) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
   em_node *n = reduction_node("var", var_backward, a, &r, keepdim);
   if (n) { n->f[1] = correction; em_node_save(n, a); }
@@ -418,6 +439,15 @@ static void cpu_extreme(const em_tensor *a, const rdims *r, bool is_max, em_tens
     if (idx) ((int64_t *)em_data_ptr(idx))[o] = at;
     kiter_next(&it, &p);
   }
+}
+
+/* The device switch for max/min/argmax/argmin. */
+static int run_extreme(const char *name, const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
+  if (a->device.type == EM_CPU) { cpu_extreme(a, r, is_max, vals, idx); return 0; }
+#ifdef EMBER_CUDA
+  if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_extreme_cuda(name, a, &p, is_max, vals, idx); }
+#endif
+  return em_error_device(name, a);
 }
 
 /* Validate and describe a max/min/argmax/argmin reduction over one dim or all. */
@@ -459,7 +489,16 @@ static int extreme_dim_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0];
   em_tensor *res = em_zeros(n->in_ndim[0], n->in_shape[0], g->dtype, g->device);
   if (!res) return -1;
-  int rc = g->device.type == EM_CPU ? cpu_scatter_grad(res, g, n->saved[0], n) : em_error_device(n->op, g);
+  int rc;
+  if (g->device.type == EM_CPU) rc = cpu_scatter_grad(res, g, n->saved[0], n);
+#ifdef EMBER_CUDA
+  else if (g->device.type == EM_CUDA) {
+    int64_t ks[EM_MAX_DIMS];
+    keep_shape_of(n, ks);
+    rc = em_scatter_dim_cuda(n->op, res, g, n->saved[0], (int)n->i[2], ks);
+  }
+#endif
+  else rc = em_error_device(n->op, g);
   if (rc) { em_tensor_release(res); return -1; }
   gin[0] = res;
   return 0;
@@ -492,10 +531,9 @@ static em_tensor *extreme(const char *name, em_tensor *a, int64_t dim, bool keep
   em_tensor *vals = em_empty(r.out_ndim, r.out_shape, a->dtype, a->device);
   em_tensor *idx = all ? NULL : em_empty(r.out_ndim, r.out_shape, EM_I64, a->device);
   if (!vals || (!all && !idx)) { em_tensor_release(vals); em_tensor_release(idx); return NULL; }
-  if (a->device.type != EM_CPU) {
-    em_error_device(name, a); em_tensor_release(vals); em_tensor_release(idx); return NULL;
+  if (run_extreme(name, a, &r, is_max, vals, idx)) {
+    em_tensor_release(vals); em_tensor_release(idx); return NULL;
   }
-  cpu_extreme(a, &r, is_max, vals, idx);
   if (em_grad_needed(1, &a)) {
     em_node *n = reduction_node(name, all ? extreme_all_backward : extreme_dim_backward, a, &r, keepdim);
     if (n && all) { em_node_save(n, a); em_node_save(n, vals); }
@@ -527,8 +565,7 @@ static em_tensor *arg_extreme(const char *name, em_tensor *a, int64_t dim, bool 
   if (extreme_dims(name, a, dim, keepdim, &r)) return NULL;
   em_tensor *idx = em_empty(r.out_ndim, r.out_shape, EM_I64, a->device);
   if (!idx) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device(name, a); em_tensor_release(idx); return NULL; }
-  cpu_extreme(a, &r, is_max, NULL, idx);
+  if (run_extreme(name, a, &r, is_max, NULL, idx)) { em_tensor_release(idx); return NULL; }
   return idx;
 }
 
@@ -555,6 +592,15 @@ static double row_logsumexp(const em_tensor *a, const rplan *p, int64_t off) {
   return shift + log(s.acc);
 }
 
+static int cpu_logsumexp(em_tensor *res, const em_tensor *a, const rplan *p) {
+  kiter it = {{0}, a->offset};
+  for (int64_t o = 0; o < p->n_out; o++) {
+    em_store_f64(em_data_ptr(res), res->dtype, o, row_logsumexp(a, p, it.off));
+    kiter_next(&it, p);
+  }
+  return 0;
+}
+
 static int logsumexp_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   scratch s = {0};
   em_tensor *ok = TMP(&s, unsqueeze_grad(n, n->saved[1]));
@@ -573,13 +619,14 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
   em_dtype dt = em_dtype_is_float(a->dtype) ? a->dtype : EM_F32;
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, dt, a->device);
   if (!res) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("logsumexp", a); em_tensor_release(res); return NULL; }
   rplan p; plan_init(&p, a, r.mask);
-  kiter it = {{0}, a->offset};
-  for (int64_t o = 0; o < p.n_out; o++) {
-    em_store_f64(em_data_ptr(res), dt, o, row_logsumexp(a, &p, it.off));
-    kiter_next(&it, &p);
-  }
+  int rc;
+  if (a->device.type == EM_CPU) rc = cpu_logsumexp(res, a, &p);
+#ifdef EMBER_CUDA
+  else if (a->device.type == EM_CUDA) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
+#endif
+  else rc = em_error_device("logsumexp", a);
+  if (rc) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
   em_node *n = reduction_node("logsumexp", logsumexp_backward, a, &r, keepdim);
   if (n) { em_node_save(n, a); em_node_save(n, res); }
@@ -643,6 +690,15 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0], *g = gout[0];
   int64_t dim = n->i[2];
   bool log_out = n->i[3] != 0;
+#ifdef EMBER_CUDA
+  if (g->device.type == EM_CUDA) {   /* one fused kernel: two passes over (g, y) per row */
+    em_tensor *gx = em_empty(y->ndim, y->shape, em_promote(g->dtype, y->dtype), y->device);
+    if (!gx) return -1;
+    if (em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out)) { em_tensor_release(gx); return -1; }
+    gin[0] = gx;
+    return 0;
+  }
+#endif
   scratch s = {0};
   em_tensor *r;
   if (log_out) {   /* g - exp(y) * sum(g) */
@@ -667,8 +723,13 @@ static em_tensor *softmax_like(const char *name, em_tensor *a, int64_t dim, bool
   if (em_wrap_dim(name, dim, a->ndim, &d)) return NULL;
   em_tensor *res = em_empty(a->ndim, a->shape, a->dtype, a->device);
   if (!res) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device(name, a); em_tensor_release(res); return NULL; }
-  if (cpu_softmax(res, a, d, log_out)) { em_tensor_release(res); return NULL; }
+  int rc;
+  if (a->device.type == EM_CPU) rc = cpu_softmax(res, a, d, log_out);
+#ifdef EMBER_CUDA
+  else if (a->device.type == EM_CUDA) rc = em_softmax_cuda(name, res, a, a->ndim ? d : 0, log_out);
+#endif
+  else rc = em_error_device(name, a);
+  if (rc) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
   em_node *n = em_node_new(name, softmax_backward, 1, 1);
   if (n) {

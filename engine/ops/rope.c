@@ -10,9 +10,17 @@
  * cos/sin table indexed by position when the positions span at most half as
  * many values as there are rows (the usual 0..T-1 over B·H·T rows), otherwise
  * each row computes its own; both give the same numbers.
- * Backward is the same rotation by -angle (the rotation's transpose). */
+ * Backward is the same rotation by -angle (the rotation's transpose).
+ *
+ * On CUDA (kernels/rope.cu) one kernel does either direction, reading x in
+ * place through any strides of its leading dims (q and k arrive as transposed
+ * head views) and computing each angle in double from the position, with no
+ * table (building one needs the position range: a host read). */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "rope.h"
+#endif
 
 static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
@@ -120,8 +128,27 @@ static void rope_f64(const double *x, double *y, const int64_t *pos, int64_t N, 
   }
 }
 
+#ifdef EMBER_CUDA
+static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+  int64_t d = x->shape[x->ndim - 1];
+  em_tensor *xc = (x->stride[x->ndim - 1] == 1 || d <= 1) ? em_tensor_retain(x) : em_contiguous(x);
+  em_tensor *pc = !xc ? NULL : (pos->dtype == EM_I32 || pos->dtype == EM_I64) ? em_tensor_retain(pos)
+                                                                                : em_contiguous_as(pos, EM_I64);
+  em_tensor *y = pc ? em_empty(x->ndim, x->shape, x->dtype, x->device) : NULL;
+  if (y && em_rope_cuda(xc, pc, theta, sign, y)) { em_tensor_release(y); y = NULL; }
+  em_tensor_release(xc); em_tensor_release(pc);
+  if (!y || out_dt == x->dtype) return y;
+  em_tensor *r = em_contiguous_as(y, out_dt);
+  em_tensor_release(y);
+  return r;
+}
+#endif
+
 /* Rotate x by sign * angle; result in out_dt. Shared by forward (+1) and backward (-1). */
 static em_tensor *rope_apply(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+#ifdef EMBER_CUDA
+  if (x->device.type == EM_CUDA) return rope_apply_cuda(x, pos, theta, sign, out_dt);
+#endif
   int64_t d = x->shape[x->ndim - 1];
   int64_t N = em_shape_numel(x->ndim - 1, x->shape);
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
@@ -150,7 +177,9 @@ static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
   EM_OP_SCOPE("rope");
   if (rope_validate(x, pos, theta)) return NULL;
+#ifndef EMBER_CUDA
   if (x->device.type != EM_CPU) { em_error_device("rope", x); return NULL; }
+#endif
   em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
   if (y && em_grad_needed(1, &x)) {
     em_node *n = em_node_new("rope", rope_backward, 1, 1);

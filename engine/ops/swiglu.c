@@ -6,9 +6,14 @@
  *   ga = g * b * s * (1 + a * (1 - s))      (d silu / da)
  *   gb = g * a * s
  * a and b must have the same shape and dtype (no broadcasting: the two FFN
- * projections always agree). Math in f32 (f64 for f64), result in a's dtype. */
+ * projections always agree). Math in f32 (f64 for f64), result in a's dtype.
+ * On CUDA (kernels/swiglu.cu) forward and backward are one vectorised kernel
+ * each, gradients written directly in a's dtype. */
 #include <stdio.h>
 #include "internal.h"
+#ifdef EMBER_CUDA
+#include "swiglu.h"
+#endif
 
 static int swiglu_validate(em_tensor *a, em_tensor *b) {
   char s1[160], s2[160];
@@ -61,9 +66,36 @@ static em_tensor *swiglu_cpu(em_tensor *a, em_tensor *b) {
   return out;
 }
 
+#ifdef EMBER_CUDA
+static em_tensor *swiglu_cuda(em_tensor *a, em_tensor *b) {
+  em_tensor *ac = em_contiguous(a), *bc = ac ? em_contiguous(b) : NULL;
+  em_tensor *y = bc ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
+  if (y && em_swiglu_fwd_cuda(ac, bc, y)) { em_tensor_release(y); y = NULL; }
+  em_tensor_release(ac); em_tensor_release(bc);
+  return y;
+}
+
+static int swiglu_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *a = n->saved[0], *b = n->saved[1];
+  bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
+  em_tensor *ac = em_contiguous(a), *bc = ac ? em_contiguous(b) : NULL;
+  em_tensor *g = bc ? em_contiguous_as(gout[0], a->dtype) : NULL;
+  em_tensor *ga = g && need_a ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
+  em_tensor *gb = g && need_b ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
+  int rc = (!g || (need_a && !ga) || (need_b && !gb)) ? -1 : em_swiglu_bwd_cuda(ac, bc, g, ga, gb);
+  em_tensor_release(ac); em_tensor_release(bc); em_tensor_release(g);
+  if (rc) { em_tensor_release(ga); em_tensor_release(gb); return -1; }
+  gin[0] = ga; gin[1] = gb;
+  return 0;
+}
+#endif
+
 /* saved: a, b. Gradients in the compute dtype; the engine rounds them. */
 static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0], *b = n->saved[1];
+#ifdef EMBER_CUDA
+  if (a->device.type == EM_CUDA) return swiglu_backward_cuda(n, gout, gin);
+#endif
   em_dtype ct = a->dtype == EM_F64 ? EM_F64 : EM_F32;
   bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
   int64_t cnt = em_numel(a);
@@ -88,8 +120,13 @@ static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_swiglu(em_tensor *a, em_tensor *b) {
   EM_OP_SCOPE("swiglu");
   if (swiglu_validate(a, b)) return NULL;
-  if (a->device.type != EM_CPU) { em_error_device("swiglu", a); return NULL; }
-  em_tensor *y = swiglu_cpu(a, b);
+  em_tensor *y;
+  if (a->device.type == EM_CPU) y = swiglu_cpu(a, b);
+#ifdef EMBER_CUDA
+  else y = swiglu_cuda(a, b);
+#else
+  else { em_error_device("swiglu", a); return NULL; }
+#endif
   if (y && em_grad_needed(2, (em_tensor *[]){a, b})) {
     em_node *n = em_node_new("swiglu", swiglu_backward, 2, 1);
     if (!n) { em_tensor_release(y); return NULL; }

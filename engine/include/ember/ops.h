@@ -122,6 +122,20 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs,
             double lr, double momentum, double weight_decay, bool first_step);
 /* Sum of squares of all tensors as an f32 0-d tensor on their device. */
 em_tensor *em_sum_of_squares(int n, em_tensor **ts);
+/* Capturable AdamW: em_adamw_ with each parameter's step count in steps[i] (a
+ * 0-d f32 or i64 tensor on the parameter's device, the steps taken so far),
+ * incremented by this call before use, and lr read from lr_t (0-d f32/f64 on
+ * that device) when lr_t is not NULL (else lr). On CUDA nothing is read on
+ * the host, so a captured training step replays with the right bias
+ * corrections. The steps must be distinct tensors. */
+int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
+                         em_tensor **exp_avg_sq, em_tensor **steps, em_tensor *lr_t, double lr,
+                         double beta1, double beta2, double eps, double weight_decay);
+/* clip_grad_norm's second half: with total = sqrt(sumsq) (sumsq the 0-d f32
+ * from em_sum_of_squares, read on its device), when total > max_norm scale
+ * every grad in place by max_norm / (total + 1e-6). Returns total as a 0-d f32
+ * tensor on sumsq's device. On CUDA: one multi-tensor launch, no host read. */
+em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max_norm);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,323 @@
+/* Copies, conversions and fills for CUDA tensors.
+ *
+ * What it computes: dst = convert(src broadcast to dst's shape) for any
+ * strides and any pair of the 9 dtypes (81 kernel instances), bit for bit the
+ * CPU's conversions (convert.cuh); fill of any strides; host<->device and
+ * device<->device transfers. 0 FLOPs; bytes per element = sizeof(src) +
+ * sizeof(dst). Launch: 256 threads, grid-stride, one element per thread per
+ * step. Dims are coalesced on the host first (a contiguous copy becomes one
+ * dim with no index division; a transpose two dims) and indices use 32-bit
+ * division whenever the tensor has fewer than 2^31 elements.
+ *
+ * Transfers: contiguous same-dtype bytes move with one cudaMemcpyAsync on the
+ * current stream; anything else is staged: the host side is made contiguous
+ * (in its own dtype) on the host, and every conversion, broadcast and
+ * scatter runs on the device. Copies to the host wait for the stream; copies
+ * from pageable host memory return once the driver has staged the bytes.
+ * With em_copy_nonblocking_ and a pinned contiguous host side nothing waits:
+ * the caller synchronises before reading (PyTorch's non_blocking=True). */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include "copy.h"
+#include "common.cuh"
+#include "convert.cuh"
+#include "runtime.h"
+#include "internal.h"
+
+static thread_local bool tl_nonblocking = false;
+
+static int ck(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  return em_error("copy_: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+static size_t nbytes_of(const em_tensor *t) { return (size_t)em_numel(t) * em_dtype_size(t->dtype); }
+static bool is_pinned_host(const em_tensor *t) {
+  return t->device.type == EM_CPU && (t->storage->flags & EM_STORAGE_PINNED);
+}
+
+/* ---------------- kernels ---------------- */
+
+template <int DD, int SD, typename IDX>
+__global__ void convert_kernel(void *dst, const void *src, em_geom g, IDX n) {
+  constexpr bool ints = !(DD == EM_F32 || DD == EM_F64 || DD == EM_BF16 || DD == EM_F16) &&
+                        !(SD == EM_F32 || SD == EM_F64 || SD == EM_BF16 || SD == EM_F16);
+  for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (IDX)gridDim.x * blockDim.x) {
+    int64_t o0, o1;
+    em_geom_offsets<IDX>(g, i, o0, o1);
+    if (ints) em_dev_store_i64<DD>(dst, o0, em_dev_load_i64<SD>(src, o1));
+    else em_dev_store_f64<DD>(dst, o0, em_dev_load_f64<SD>(src, o1));
+  }
+}
+
+/* Same dtype: move the bit pattern (NaN payloads included). */
+template <typename W, typename IDX>
+__global__ void move_kernel(W *dst, const W *src, em_geom g, IDX n) {
+  for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (IDX)gridDim.x * blockDim.x) {
+    int64_t o0, o1;
+    em_geom_offsets<IDX>(g, i, o0, o1);
+    dst[o0] = src[o1];
+  }
+}
+
+template <typename W, typename IDX>
+__global__ void fill_kernel(W *dst, W v, em_geom g, IDX n) {
+  for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (IDX)gridDim.x * blockDim.x) {
+    int64_t o0, o1;
+    em_geom_offsets<IDX>(g, i, o0, o1);
+    dst[o0] = v;
+  }
+}
+
+template <typename W>
+static void launch_move(void *dst, const void *src, const em_geom &g, int64_t n, cudaStream_t st) {
+  unsigned grid = em_grid(n, 256);
+  if (n <= INT32_MAX) move_kernel<W, uint32_t><<<grid, 256, 0, st>>>((W *)dst, (const W *)src, g, (uint32_t)n);
+  else move_kernel<W, int64_t><<<grid, 256, 0, st>>>((W *)dst, (const W *)src, g, n);
+}
+
+template <typename W>
+static void launch_fill(void *dst, uint64_t bits, const em_geom &g, int64_t n, cudaStream_t st) {
+  W v;
+  memcpy(&v, &bits, sizeof v);
+  unsigned grid = em_grid(n, 256);
+  if (n <= INT32_MAX) fill_kernel<W, uint32_t><<<grid, 256, 0, st>>>((W *)dst, v, g, (uint32_t)n);
+  else fill_kernel<W, int64_t><<<grid, 256, 0, st>>>((W *)dst, v, g, n);
+}
+
+template <int DD, int SD>
+static void launch_convert(void *dst, const void *src, const em_geom &g, int64_t n, cudaStream_t st) {
+  unsigned grid = em_grid(n, 256);
+  if (n <= INT32_MAX) convert_kernel<DD, SD, uint32_t><<<grid, 256, 0, st>>>(dst, src, g, (uint32_t)n);
+  else convert_kernel<DD, SD, int64_t><<<grid, 256, 0, st>>>(dst, src, g, n);
+}
+
+/* ---------------- same device ---------------- */
+
+extern "C" int em_copy_device_cuda(em_tensor *dst, const em_tensor *src) {
+  int64_t n = em_numel(dst);
+  if (n == 0) return 0;
+  EmDeviceGuard guard(dst->device.index);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(dst->device.index);
+  if (dst->dtype == src->dtype && em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src))
+    return ck(cudaMemcpyAsync(em_data_ptr(dst), em_data_ptr(src), nbytes_of(dst), cudaMemcpyDeviceToDevice, st),
+              "device copy");
+  int64_t sstride[EM_MAX_DIMS];
+  em_broadcast_strides(src, dst->ndim, dst->shape, sstride);
+  em_geom g = em_geom_make(dst->ndim, dst->shape, dst->stride, sstride);
+  void *d = em_data_ptr(dst);
+  const void *s = em_data_ptr(src);
+  if (dst->dtype == src->dtype) {
+    switch (em_dtype_size(dst->dtype)) {
+      case 1: launch_move<uint8_t>(d, s, g, n, st); break;
+      case 2: launch_move<uint16_t>(d, s, g, n, st); break;
+      case 4: launch_move<uint32_t>(d, s, g, n, st); break;
+      default: launch_move<uint64_t>(d, s, g, n, st); break;
+    }
+  } else {
+    EM_DTYPE_CASES(dst->dtype, DD, EM_DTYPE_CASES(src->dtype, SD, launch_convert<DD, SD>(d, s, g, n, st)))
+  }
+  return em_launch_check("copy_");
+}
+
+/* A contiguous device tensor of dst's shape and dtype holding src (retained
+ * when src already is one). On src's device. */
+static em_tensor *device_contiguous_like(const em_tensor *dst, em_tensor *src) {
+  if (src->dtype == dst->dtype && em_is_contiguous(src) && em_same_shape(src, dst)) return em_tensor_retain(src);
+  em_tensor *t = em_empty(dst->ndim, dst->shape, dst->dtype, src->device);
+  if (t && em_copy_device_cuda(t, src)) { em_tensor_release(t); return NULL; }
+  return t;
+}
+
+/* ---------------- host -> device ---------------- */
+
+static int copy_h2d(em_tensor *dst, em_tensor *src, bool nb) {
+  int dev = dst->device.index;
+  EmDeviceGuard guard(dev);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(dev);
+  em_tensor *h = NULL;
+  if (!em_is_contiguous(src)) {          /* gather on the host, in src's dtype and shape */
+    nb = false;                          /* the pageable staging buffer dies at return */
+    h = em_empty(src->ndim, src->shape, src->dtype, em_cpu());
+    if (!h) return -1;
+    bool g = em_set_grad_enabled(false);
+    int rc = em_copy_(h, src);
+    em_set_grad_enabled(g);
+    if (rc) { em_tensor_release(h); return -1; }
+  } else {
+    h = em_tensor_retain(src);
+  }
+  bool async = nb && is_pinned_host(h);
+  int rc = 0;
+  if (!async && em_cuda_check_not_capturing("copy_ (host to device)")) rc = -1;
+  em_tensor *d = NULL;
+  if (rc == 0) {
+    bool direct = em_is_contiguous(dst) && dst->dtype == h->dtype && em_same_shape(dst, h);
+    d = direct ? em_tensor_retain(dst) : em_empty(h->ndim, h->shape, h->dtype, dst->device);
+    if (!d) rc = -1;
+  }
+  if (rc == 0) rc = ck(cudaMemcpyAsync(em_data_ptr(d), em_data_ptr(h), nbytes_of(h), cudaMemcpyHostToDevice, st),
+                       "copy to device");
+  /* pinned memory without non_blocking: the caller may reuse it at once */
+  if (rc == 0 && !async && is_pinned_host(h)) rc = ck(cudaStreamSynchronize(st), "copy to device (synchronize)");
+  if (rc == 0 && d != dst) rc = em_copy_device_cuda(dst, d);
+  em_tensor_release(d);
+  em_tensor_release(h);
+  return rc;
+}
+
+/* ---------------- device -> host ---------------- */
+
+static int copy_d2h(em_tensor *dst, em_tensor *src, bool nb) {
+  int dev = src->device.index;
+  bool async = nb && is_pinned_host(dst) && em_is_contiguous(dst);
+  if (!async && em_cuda_check_not_capturing("copy_ (device to host)")) return -1;
+  EmDeviceGuard guard(dev);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(dev);
+  em_tensor *d = device_contiguous_like(dst, src);   /* converted and broadcast on the device */
+  if (!d) return -1;
+  int rc;
+  if (em_is_contiguous(dst)) {
+    rc = ck(cudaMemcpyAsync(em_data_ptr(dst), em_data_ptr(d), nbytes_of(dst), cudaMemcpyDeviceToHost, st),
+            "copy to host");
+    if (rc == 0 && !async) rc = ck(cudaStreamSynchronize(st), "copy to host (synchronize)");
+  } else {
+    em_tensor *h = em_empty(dst->ndim, dst->shape, dst->dtype, em_cpu());
+    rc = h ? 0 : -1;
+    if (rc == 0) rc = ck(cudaMemcpyAsync(em_data_ptr(h), em_data_ptr(d), nbytes_of(h), cudaMemcpyDeviceToHost, st),
+                         "copy to host");
+    if (rc == 0) rc = ck(cudaStreamSynchronize(st), "copy to host (synchronize)");
+    if (rc == 0) {
+      bool g = em_set_grad_enabled(false);
+      rc = em_copy_(dst, h);            /* scatter into dst's strides on the host */
+      em_set_grad_enabled(g);
+    }
+    em_tensor_release(h);
+  }
+  em_tensor_release(d);
+  return rc;
+}
+
+/* ---------------- device -> other device ---------------- */
+
+/* Make `waiter` (on its device) wait for the work queued so far on `s`. */
+static int stream_wait(cudaStream_t waiter, cudaStream_t s, int s_dev) {
+  EmDeviceGuard guard(s_dev);
+  cudaEvent_t e;
+  if (ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event create")) return -1;
+  int rc = ck(cudaEventRecord(e, s), "event record");
+  if (rc == 0) rc = ck(cudaStreamWaitEvent(waiter, e, 0), "stream wait");
+  cudaEventDestroy(e);
+  return rc;
+}
+
+static int copy_peer(em_tensor *dst, em_tensor *src) {
+  int da = dst->device.index, db = src->device.index;
+  cudaStream_t sa = (cudaStream_t)em_cuda_cur_stream_handle(da), sb = (cudaStream_t)em_cuda_cur_stream_handle(db);
+  em_tensor *s = NULL, *d = NULL;
+  {
+    EmDeviceGuard guard(db);
+    s = device_contiguous_like(dst, src);
+  }
+  if (!s) return -1;
+  int rc = 0;
+  {
+    EmDeviceGuard guard(da);
+    d = em_is_contiguous(dst) ? em_tensor_retain(dst) : em_empty(dst->ndim, dst->shape, dst->dtype, dst->device);
+    if (!d) rc = -1;
+    if (rc == 0) rc = stream_wait(sa, sb, db);               /* s is ready */
+    if (rc == 0) rc = ck(cudaMemcpyPeerAsync(em_data_ptr(d), da, em_data_ptr(s), db, nbytes_of(dst), sa),
+                         "peer copy");
+    if (rc == 0) rc = stream_wait(sb, sa, da);               /* s is not reused before the copy ran */
+    if (rc == 0 && d != dst) rc = em_copy_device_cuda(dst, d);
+  }
+  em_tensor_release(d);
+  em_tensor_release(s);
+  return rc;
+}
+
+/* ---------------- entry points ---------------- */
+
+extern "C" int em_copy_cuda(em_tensor *dst, em_tensor *src) {
+  bool nb = tl_nonblocking;
+  tl_nonblocking = false;
+  if (em_cuda_runtime_init() <= 0) return em_error("copy_: no CUDA device is available");
+  if (em_numel(dst) == 0) return 0;
+  bool dc = dst->device.type == EM_CUDA, sc = src->device.type == EM_CUDA;
+  if (dc && em_cuda_check_device("copy_", dst->device.index)) return -1;
+  if (sc && em_cuda_check_device("copy_", src->device.index)) return -1;
+  if (dc && sc && dst->device.index == src->device.index) return em_copy_device_cuda(dst, src);
+  if (dc && !sc) return copy_h2d(dst, src, nb);
+  if (!dc && sc) return copy_d2h(dst, src, nb);
+  if (dc && sc) return copy_peer(dst, src);
+  return em_error("copy_: expected a CUDA tensor");
+}
+
+extern "C" int em_copy_nonblocking_(em_tensor *dst, em_tensor *src) {
+  tl_nonblocking = true;
+  int rc = em_copy_(dst, src);
+  tl_nonblocking = false;      /* em_copy_ may have failed before reaching em_copy_cuda */
+  return rc;
+}
+
+extern "C" int em_fill_cuda(em_tensor *dst, double v) {
+  if (em_cuda_runtime_init() <= 0) return em_error("fill_: no CUDA device is available");
+  if (em_cuda_check_device("fill_", dst->device.index)) return -1;
+  int64_t n = em_numel(dst);
+  if (n == 0) return 0;
+  uint64_t bits = 0;
+  em_store_f64(&bits, dst->dtype, 0, v);      /* the CPU's conversion of v, once */
+  size_t es = em_dtype_size(dst->dtype);
+  EmDeviceGuard guard(dst->device.index);
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(dst->device.index);
+  if (bits == 0 && em_is_contiguous(dst))
+    return ck(cudaMemsetAsync(em_data_ptr(dst), 0, (size_t)n * es, st), "fill (memset)");
+  em_geom g = em_geom_make(dst->ndim, dst->shape, dst->stride, NULL);
+  void *d = em_data_ptr(dst);
+  switch (es) {
+    case 1: launch_fill<uint8_t>(d, bits, g, n, st); break;
+    case 2: launch_fill<uint16_t>(d, bits, g, n, st); break;
+    case 4: launch_fill<uint32_t>(d, bits, g, n, st); break;
+    default: launch_fill<uint64_t>(d, bits, g, n, st); break;
+  }
+  return em_launch_check("fill_");
+}
+
+/* ---------------- pinned host memory ---------------- */
+
+static void free_host_now(void *p) { cudaFreeHost(p); }
+static void pinned_deleter(em_storage *s) { em_cuda_defer(free_host_now, s->data); }
+
+extern "C" em_tensor *em_pin_memory(em_tensor *t) {
+  if (t->device.type != EM_CPU) {
+    char b[32];
+    em_error("pin_memory: expected a CPU tensor, got one on %s", em_device_str(t->device, b, sizeof b));
+    return NULL;
+  }
+  if (em_cuda_runtime_init() <= 0) { em_error("pin_memory: no CUDA device is available"); return NULL; }
+  if (em_is_pinned(t)) return em_tensor_retain(t);
+  size_t n = nbytes_of(t);
+  void *p = NULL;
+  cudaError_t e = cudaHostAlloc(&p, n ? n : 1, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    em_error_oom("out of memory: cannot allocate %zu bytes of pinned host memory (%s)", n, cudaGetErrorString(e));
+    return NULL;
+  }
+  em_storage *s = em_storage_wrap(p, n, em_cpu(), pinned_deleter, NULL);
+  if (!s) { cudaFreeHost(p); return NULL; }
+  s->flags |= EM_STORAGE_PINNED;
+  int64_t stride[EM_MAX_DIMS];
+  em_contiguous_strides(t->ndim, t->shape, stride);
+  em_tensor *out = em_tensor_from_storage(s, 0, t->ndim, t->shape, stride, t->dtype);
+  em_storage_release(s);
+  if (!out) return NULL;
+  bool g = em_set_grad_enabled(false);
+  int rc = em_copy_(out, t);
+  em_set_grad_enabled(g);
+  if (rc) { em_tensor_release(out); return NULL; }
+  return out;
+}
+
+extern "C" bool em_is_pinned(const em_tensor *t) { return t && is_pinned_host(t); }

@@ -1,0 +1,558 @@
+/* Elementwise kernels: every binary op (add ... logical_or, and the fused
+ * unary-gradient codes g' = f(g, x or y)), every unary op, clamp, where /
+ * masked_fill, and triu/tril — the GPU twin of engine/ops/elementwise.c's CPU
+ * loop, with the same compute types (f32 for f32/bf16/f16, f64 for f64, int64
+ * for integers and bool) and the same rounding on store.
+ *
+ * Cost: FLOPs ~1 per element (a few for gelu/silu/pow); bytes per element =
+ * sum of the operand sizes (f32 add: 12 B). Memory-bound: the ceiling is the
+ * copy bandwidth (~3 TB/s on an H100), so the only things that matter are
+ * wide coalesced accesses and not re-reading anything.
+ *
+ * Launch shape: 256-thread blocks, grid-stride. Three paths:
+ *  - ew_contig: output and every tensor input share one float storage type
+ *    and are unit-stride over the coalesced loop (the engine merges
+ *    contiguous dims first, so any same-shape contiguous op is 1-D); inputs
+ *    may also be constants (Lua numbers) or broadcast scalars (a 0-d tensor:
+ *    loaded once per thread). One Packed128 (16 B) per operand per step;
+ *    unaligned views run the same kernel one element at a time.
+ *  - ew_rows: the same, with broadcasting across rows: every tensor input is
+ *    unit-stride along the last dim or constant along it (x + bias,
+ *    x * norm_weight, x * per_row_scale). Packed128 per step, the row's
+ *    offsets from one division per outer dim.
+ *  - ew_strided: any dtypes, any broadcast, any strides; four elements per
+ *    thread per step with all loads issued first, 32-bit index arithmetic
+ *    whenever the offsets fit.
+ * The one trick: the op code is a runtime switch, uniform across a launch,
+ * placed outside the loop over a thread's 4-16 elements — so each case's
+ * independent computations overlap, and one kernel per storage type serves
+ * every op instead of hundreds of template instances. */
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "elementwise.h"
+#include <type_traits>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kGeluPdf = 0.5 * 1.12837916709551257390 * 0.70710678118654752440;   /* 0.5 * 2/sqrt(pi) * 1/sqrt(2) */
+
+/* Operand modes. */
+enum { IN_PTR = 0, IN_CONST = 1, IN_SCALAR = 2 };
+
+struct EwArgs {
+  int kind, code, nin, ndim;
+  double lo, hi;                  /* clamp bounds for float classes */
+  int64_t ilo, ihi;               /* ... and for the integer class */
+  int64_t numel;
+  int64_t shape[EM_MAX_DIMS];
+  int64_t stride[4][EM_MAX_DIMS]; /* [0] output, [j+1] input j */
+  void *ptr[4];                   /* element 0 of each tensor (offset applied) */
+  int dtype[4];
+  int mode[3];
+  double cval[3];
+};
+
+/* ---------------- math, overloaded for float and double ---------------- */
+
+#define EM_MATH1(name, f32, f64)                                            \
+  __device__ __forceinline__ float name(float x) { return f32(x); }        \
+  __device__ __forceinline__ double name(double x) { return f64(x); }
+EM_MATH1(m_exp, expf, exp)
+EM_MATH1(m_log, logf, log)
+EM_MATH1(m_sqrt, sqrtf, sqrt)
+EM_MATH1(m_tanh, tanhf, tanh)
+EM_MATH1(m_erf, erff, erf)
+EM_MATH1(m_sin, sinf, sin)
+EM_MATH1(m_cos, cosf, cos)
+EM_MATH1(m_fabs, fabsf, fabs)
+EM_MATH1(m_floor, floorf, floor)
+EM_MATH1(m_ceil, ceilf, ceil)
+EM_MATH1(m_rint, rintf, rint)    /* half to even, as torch.round and the CPU's nearbyint */
+#undef EM_MATH1
+__device__ __forceinline__ float m_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double m_pow(double a, double b) { return pow(a, b); }
+
+/* ---------------- the ops (mirror FLOAT_*_BODY and *_i64 in elementwise.c) ----------------
+ * Each function applies one op to V elements. The switch sits outside the
+ * element loop, so the V independent computations of a case are scheduled
+ * together (their latencies overlap) instead of being V trips through an
+ * indirect branch. */
+
+#define EW_FOR(...) { _Pragma("unroll") for (int e = 0; e < V; e++) { __VA_ARGS__ } }
+#define BCASE(CODE, EXPR) case CODE: EW_FOR(const T a = x[e]; const T b = y[e]; o[e] = (EXPR);) return;
+#define UCASE(CODE, EXPR) case CODE: EW_FOR(const T a = x[e]; o[e] = (EXPR);) return;
+
+template <typename T, int V>
+__device__ __forceinline__ void float_binary(int code, T (&o)[V], const T (&x)[V], const T (&y)[V], T lo, T hi) {
+  switch (code) {
+    BCASE(EM_ADD, a + b)
+    BCASE(EM_SUB, a - b)
+    BCASE(EM_MUL, a * b)
+    BCASE(EM_DIV, a / b)
+    BCASE(EM_POW, m_pow(a, b))
+    BCASE(EM_MAXIMUM, (isnan(a) || a > b) ? a : b)
+    BCASE(EM_MINIMUM, (isnan(a) || a < b) ? a : b)
+    BCASE(EM_EQ, (T)(a == b))
+    BCASE(EM_NE, (T)(a != b))
+    BCASE(EM_LT, (T)(a < b))
+    BCASE(EM_LE, (T)(a <= b))
+    BCASE(EM_GT, (T)(a > b))
+    BCASE(EM_GE, (T)(a >= b))
+    BCASE(EM_LOGICAL_AND, (T)(a != 0 && b != 0))
+    BCASE(EM_LOGICAL_OR, (T)(a != 0 || b != 0))
+    BCASE(EM_EW_G_ABS, b > 0 ? a : b < 0 ? -a : (T)0)
+    BCASE(EM_EW_G_SQRT, a / (2 * b))
+    BCASE(EM_EW_G_RSQRT, (T)-0.5 * a * b * b * b)
+    BCASE(EM_EW_G_TANH, a * (1 - b * b))
+    BCASE(EM_EW_G_SIGMOID, a * b * (1 - b))
+    case EM_EW_G_SILU:
+      EW_FOR(const T a = x[e]; const T b = y[e]; const T s = 1 / (1 + m_exp(-b)); o[e] = a * s * (1 + b * (1 - s));)
+      return;
+    BCASE(EM_EW_G_RELU, b > 0 ? a : (T)0)
+    case EM_EW_G_GELU:
+      EW_FOR(const T a = x[e]; const T b = y[e];
+             const T cdf = (T)0.5 * (1 + m_erf(b * (T)kSqrt1_2));
+             const T pdf = m_exp((T)-0.5 * b * b) * (T)kGeluPdf;
+             o[e] = a * (cdf + b * pdf);)
+      return;
+    BCASE(EM_EW_G_SIN, a * m_cos(b))
+    BCASE(EM_EW_G_COS, -a * m_sin(b))
+    BCASE(EM_EW_G_SQUARE, 2 * a * b)
+    BCASE(EM_EW_G_RECIP, -a * b * b)
+    BCASE(EM_EW_G_CLAMP, (b >= lo && b <= hi) ? a : (T)0)
+    default: EW_FOR(o[e] = 0;) return;
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void float_unary(int code, T (&o)[V], const T (&x)[V], T lo, T hi) {
+  switch (code) {
+    UCASE(EM_NEG, -a)
+    UCASE(EM_ABS, m_fabs(a))
+    UCASE(EM_SQRT, m_sqrt(a))
+    UCASE(EM_RSQRT, 1 / m_sqrt(a))
+    UCASE(EM_EXP, m_exp(a))
+    UCASE(EM_LOG, m_log(a))
+    UCASE(EM_TANH, m_tanh(a))
+    UCASE(EM_SIGMOID, 1 / (1 + m_exp(-a)))
+    UCASE(EM_SILU, a / (1 + m_exp(-a)))
+    UCASE(EM_RELU, a < 0 ? (T)0 : a)
+    UCASE(EM_GELU, (T)0.5 * a * (1 + m_erf(a * (T)kSqrt1_2)))
+    UCASE(EM_SIN, m_sin(a))
+    UCASE(EM_COS, m_cos(a))
+    UCASE(EM_SQUARE, a * a)
+    UCASE(EM_RECIPROCAL, 1 / a)
+    UCASE(EM_SIGN, (T)((a > 0) - (a < 0)))
+    UCASE(EM_LOGICAL_NOT, (T)(a == 0))
+    UCASE(EM_FLOOR, m_floor(a))
+    UCASE(EM_CEIL, m_ceil(a))
+    UCASE(EM_ROUND, m_rint(a))
+    case EM_EW_CLAMP: EW_FOR(const T v = x[e] < lo ? lo : x[e]; o[e] = v > hi ? hi : v;) return;
+    default: EW_FOR(o[e] = 0;) return;
+  }
+}
+#undef BCASE
+#undef UCASE
+
+/* Integer power by squaring with wrap-around; negative exponents as the CPU. */
+__device__ __forceinline__ int64_t ipow(int64_t b, int64_t e) {
+  if (e < 0) return b == 1 ? 1 : b == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = (uint64_t)b;
+  while (e) { if (e & 1) r *= x; x *= x; e >>= 1; }
+  return (int64_t)r;
+}
+
+__device__ __forceinline__ int64_t int_binary(int code, int64_t a, int64_t b) {
+  switch (code) {
+    case EM_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+    case EM_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+    case EM_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+    case EM_POW: return ipow(a, b);
+    case EM_MAXIMUM: return a > b ? a : b;
+    case EM_MINIMUM: return a < b ? a : b;
+    case EM_EQ: return a == b;
+    case EM_NE: return a != b;
+    case EM_LT: return a < b;
+    case EM_LE: return a <= b;
+    case EM_GT: return a > b;
+    case EM_GE: return a >= b;
+    case EM_LOGICAL_AND: return a != 0 && b != 0;
+    case EM_LOGICAL_OR: return a != 0 || b != 0;
+    default: return 0;   /* div and the gradient codes never run on integers */
+  }
+}
+
+__device__ __forceinline__ int64_t int_unary(int code, int64_t a, int64_t lo, int64_t hi) {
+  switch (code) {
+    case EM_NEG: return (int64_t)(0 - (uint64_t)a);
+    case EM_ABS: return a < 0 ? (int64_t)(0 - (uint64_t)a) : a;
+    case EM_SQUARE: return (int64_t)((uint64_t)a * (uint64_t)a);
+    case EM_SIGN: return (a > 0) - (a < 0);
+    case EM_RELU: return a < 0 ? 0 : a;
+    case EM_LOGICAL_NOT: return a == 0;
+    case EM_EW_CLAMP: { int64_t v = a < lo ? lo : a; return v > hi ? hi : v; }
+    default: return a;   /* floor, ceil, round of an integer */
+  }
+}
+
+/* The op of a launch, with its bounds already in the compute type. */
+template <typename C>
+struct Kern {
+  int kind, code;
+  C lo, hi;
+  __device__ explicit Kern(const EwArgs &a) : kind(a.kind), code(a.code) {
+    if constexpr (std::is_same<C, int64_t>::value) { lo = a.ilo; hi = a.ihi; }
+    else { lo = (C)a.lo; hi = (C)a.hi; }
+  }
+  /* o = op(x, y, z) elementwise over V values. */
+  template <int V>
+  __device__ __forceinline__ void apply(C (&o)[V], const C (&x)[V], const C (&y)[V], const C (&z)[V]) const {
+    if (kind == EM_EW_WHERE) { EW_FOR(o[e] = x[e] != (C)0 ? y[e] : z[e];) return; }
+    if constexpr (std::is_same<C, int64_t>::value) {
+      if (kind == EM_EW_BINARY) EW_FOR(o[e] = int_binary(code, x[e], y[e]);)
+      else EW_FOR(o[e] = int_unary(code, x[e], lo, hi);)
+    } else {
+      if (kind == EM_EW_BINARY) float_binary<C, V>(code, o, x, y, lo, hi);
+      else float_unary<C, V>(code, o, x, lo, hi);
+    }
+  }
+};
+
+/* A constant operand in the compute type (the CPU's fill_const). */
+template <typename C> __device__ __forceinline__ C const_as(double c) {
+  if constexpr (std::is_same<C, int64_t>::value) return em_sat_i64(c);
+  else return (C)c;
+}
+
+/* ---------------- fast path: one float storage type, unit stride ---------------- */
+
+template <typename T, typename C, bool VEC>
+__global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
+  constexpr int V = VEC ? 16 / (int)sizeof(T) : 1;
+  const Kern<C> k(a);
+  C cst[3];
+#pragma unroll
+  for (int j = 0; j < 3; j++)
+    cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j])
+           : a.mode[j] == IN_SCALAR ? load_as<C>(a.ptr[j + 1], a.dtype[j + 1], 0) : (C)0;
+  T *out = (T *)a.ptr[0];
+  const int64_t n = a.numel, nv = n / V;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = tid; v < nv; v += step) {
+    C x[3][V], o[V];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+      if (j < a.nin && a.mode[j] == IN_PTR) {
+        const T *src = (const T *)a.ptr[j + 1] + v * V;
+        if constexpr (VEC) {
+          Packed128<T> p = load128(src);
+#pragma unroll
+          for (int e = 0; e < V; e++) x[j][e] = to_compute<C, T>(p[e]);
+        } else {
+          x[j][0] = to_compute<C, T>(*src);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; e++) x[j][e] = cst[j];
+      }
+    }
+    k.apply(o, x[0], x[1], x[2]);
+    if constexpr (VEC) {
+      Packed128<T> p;
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[e]);
+      store128(out + v * V, p);
+    } else {
+      out[v] = from_compute<T, C>(o[0]);
+    }
+  }
+  /* the last n % V elements, one per thread */
+  const int64_t i = nv * V + tid;
+  if (VEC && i < n) {
+    C x[3][1], o[1];
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+      x[j][0] = (j < a.nin && a.mode[j] == IN_PTR) ? to_compute<C, T>(((const T *)a.ptr[j + 1])[i]) : cst[j];
+    k.apply(o, x[0], x[1], x[2]);
+    out[i] = from_compute<T, C>(o[0]);
+  }
+}
+
+/* ---------------- broadcast along rows: unit-stride last dim ----------------
+ * Every tensor operand is unit-stride along the last coalesced dim, or
+ * constant along it (stride 0: a per-row value, such as a (B*T, 1) scale);
+ * rows (the outer dims) broadcast freely: x + bias, x * norm_weight. One
+ * Packed128 per thread per step; the row's offsets cost one division per
+ * outer dim per 16 bytes. */
+
+template <typename T, typename C, typename I>
+__global__ void __launch_bounds__(kThreads) ew_rows(EwArgs a) {
+  constexpr int V = 16 / (int)sizeof(T);
+  const Kern<C> k(a);
+  const int last = a.ndim - 1;
+  C cst[3];
+#pragma unroll
+  for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j]) : (C)0;
+  const I nv = (I)(a.shape[last] / V), total = (I)(a.numel / V);
+  for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (I)gridDim.x * blockDim.x) {
+    I row = u / nv, c = (u - row * nv) * V;
+    I off[4] = {0, 0, 0, 0}, rem = row;
+    for (int d = last - 1; d >= 0; d--) {
+      I s = (I)a.shape[d], q = rem / s, cc = rem - q * s;
+      rem = q;
+#pragma unroll
+      for (int o = 0; o < 4; o++) off[o] += cc * (I)a.stride[o][d];
+    }
+    C x[3][V], o[V];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+      if (j < a.nin && a.mode[j] == IN_PTR) {
+        if (a.stride[j + 1][last] == 1) {
+          Packed128<T> p = load128((const T *)a.ptr[j + 1] + off[j + 1] + c);
+#pragma unroll
+          for (int e = 0; e < V; e++) x[j][e] = to_compute<C, T>(p[e]);
+        } else {
+          C v = load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[j + 1]);
+#pragma unroll
+          for (int e = 0; e < V; e++) x[j][e] = v;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; e++) x[j][e] = cst[j];
+      }
+    }
+    k.apply(o, x[0], x[1], x[2]);
+    Packed128<T> p;
+#pragma unroll
+    for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[e]);
+    store128((T *)a.ptr[0] + off[0] + c, p);
+  }
+}
+
+/* ---------------- general path: any dtypes, broadcast, strides ----------------
+ * Four elements per thread per step (indices i, i + step, ... so each of the
+ * four is coalesced across the warp): all loads are issued before the first
+ * result is needed, which keeps enough bytes in flight for the scalar,
+ * runtime-dtype loads. */
+
+constexpr int kUnroll = 4;
+
+template <typename C, typename I>
+__global__ void __launch_bounds__(kThreads) ew_strided(EwArgs a) {
+  const Kern<C> k(a);
+  C cst[3];
+#pragma unroll
+  for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j]) : (C)0;
+  const I n = (I)a.numel, step = (I)gridDim.x * blockDim.x;
+  for (I base = (I)blockIdx.x * blockDim.x + threadIdx.x; base < n; base += step * kUnroll) {
+    I off[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      I i = base + u * step;
+      I rem = i < n ? i : 0;
+#pragma unroll
+      for (int o = 0; o < 4; o++) off[u][o] = 0;
+      for (int d = a.ndim - 1; d >= 0; d--) {
+        I s = (I)a.shape[d], q = rem / s, c = rem - q * s;
+        rem = q;
+#pragma unroll
+        for (int o = 0; o < 4; o++) off[u][o] += c * (I)a.stride[o][d];
+      }
+    }
+    C x[3][kUnroll], o[kUnroll];
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++)
+        x[j][u] = (j < a.nin && a.mode[j] == IN_PTR) ? load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[u][j + 1]) : cst[j];
+    k.apply(o, x[0], x[1], x[2]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++)
+      if (base + u * step < n) store_as<C>(a.ptr[0], a.dtype[0], off[u][0], o[u]);
+  }
+}
+
+/* ---------------- triu / tril ---------------- */
+
+struct TriArgs {
+  int ndim;
+  int64_t shape[EM_MAX_DIMS], in_stride[EM_MAX_DIMS];
+  int64_t numel, k;
+  bool upper;
+};
+
+/* E: an unsigned type of the element's width (only bits move). */
+template <typename E>
+__global__ void __launch_bounds__(kThreads) triangle_kernel(E *out, const E *in, TriArgs t) {
+  const int64_t cols = t.shape[t.ndim - 1], rows = t.shape[t.ndim - 2];
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t c = i % cols, rest = i / cols, r = rest % rows;
+    rest /= rows;
+    int64_t off = c * t.in_stride[t.ndim - 1] + r * t.in_stride[t.ndim - 2];
+    for (int d = t.ndim - 3; d >= 0; d--) {
+      off += (rest % t.shape[d]) * t.in_stride[d];
+      rest /= t.shape[d];
+    }
+    bool keep = t.upper ? (c - r >= t.k) : (c - r <= t.k);
+    out[i] = keep ? in[off] : (E)0;
+  }
+}
+
+int class_of(em_dtype t) { return t == EM_F64 ? EM_EW_F64 : em_dtype_is_float(t) ? EM_EW_F32 : EM_EW_I64; }
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+unsigned grid_for(int64_t units) { return em_grid(units, kThreads); }
+
+template <typename T>
+int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
+  typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
+  constexpr int V = 16 / (int)sizeof(T);
+  if (vec) ew_contig<T, C, true><<<grid_for(a.numel / V > 0 ? a.numel / V : 1), kThreads, 0, s>>>(a);
+  else ew_contig<T, C, false><<<grid_for(a.numel), kThreads, 0, s>>>(a);
+  return 0;
+}
+
+template <typename C>
+int launch_strided(const EwArgs &a, bool idx32, cudaStream_t s) {
+  unsigned g = grid_for((a.numel + kUnroll - 1) / kUnroll);
+  if (idx32) ew_strided<C, int32_t><<<g, kThreads, 0, s>>>(a);
+  else ew_strided<C, int64_t><<<g, kThreads, 0, s>>>(a);
+  return 0;
+}
+
+template <typename T>
+int launch_rows(const EwArgs &a, bool idx32, cudaStream_t s) {
+  typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
+  unsigned g = grid_for(a.numel / (16 / (int)sizeof(T)));
+  if (idx32) ew_rows<T, C, int32_t><<<g, kThreads, 0, s>>>(a);
+  else ew_rows<T, C, int64_t><<<g, kThreads, 0, s>>>(a);
+  return 0;
+}
+
+/* Can the rows kernel run this plan? Output unit-stride along the last dim,
+ * every tensor input unit-stride of the output's dtype or constant along it,
+ * whole 16-byte vectors per row, every vector aligned. */
+bool rows_eligible(const EwArgs &a, const em_ew_plan *p) {
+  const int last = p->ndim - 1;
+  const int es = (int)em_dtype_size((em_dtype)a.dtype[0]), V = 16 / es;
+  if (p->ndim < 2 || p->stride[0][last] != 1 || p->shape[last] % V != 0) return false;
+  for (int q = 0; q <= a.nin; q++) {
+    if (q > 0 && a.mode[q - 1] != IN_PTR) continue;
+    int64_t st = p->stride[q][last];
+    if (st == 0 && q > 0) continue;                     /* a per-row value: any dtype, any alignment */
+    if (st != 1 || a.dtype[q] != a.dtype[0] || !aligned16(a.ptr[q])) return false;
+    for (int d = 0; d < last; d++) if ((p->stride[q][d] * es) % 16 != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tensor *out, int nin,
+                                   const em_ew_operand *in, const em_ew_plan *p, int64_t numel) {
+  if (numel <= 0) return 0;
+  if (nin < 1 || nin > 3 || p->ndim < 1 || p->ndim > EM_MAX_DIMS)
+    return em_error("%s: internal error: elementwise launch with %d inputs over %d dims", op, nin, p->ndim);
+  int dev = out->device.index;
+  if (em_use_device(dev, op)) return -1;
+  EwArgs a;
+  memset(&a, 0, sizeof a);
+  a.kind = k->kind; a.code = k->code; a.nin = nin; a.ndim = p->ndim;
+  a.lo = k->lo; a.hi = k->hi;
+  a.ilo = k->lo <= -9.2e18 ? INT64_MIN : em_sat_i64(ceil(k->lo));
+  a.ihi = k->hi >= 9.2e18 ? INT64_MAX : em_sat_i64(floor(k->hi));
+  a.numel = numel;
+  for (int d = 0; d < p->ndim; d++) {
+    a.shape[d] = p->shape[d];
+    for (int q = 0; q <= nin; q++) a.stride[q][d] = p->stride[q][d];
+  }
+  a.ptr[0] = em_data_ptr(out); a.dtype[0] = out->dtype;
+  for (int j = 0; j < 3; j++) {
+    a.mode[j] = IN_CONST;
+    if (j >= nin) continue;
+    if (in[j].t) {
+      if (!em_device_eq(in[j].t->device, out->device))
+        return em_error("%s: internal error: operand on another device", op);
+      a.mode[j] = IN_PTR; a.ptr[j + 1] = em_data_ptr(in[j].t); a.dtype[j + 1] = in[j].t->dtype;
+    } else {
+      a.cval[j] = in[j].c;
+    }
+  }
+  cudaStream_t s = em_cur_stream(dev);
+
+  /* fast path: one float storage type, unit stride (a stride-0 input is a broadcast scalar) */
+  em_dtype T = out->dtype;
+  bool fast = em_dtype_is_float(T) && class_of(T) == k->cls && p->ndim == 1;
+  bool one = p->shape[0] == 1;
+  if (fast && !one && p->stride[0][0] != 1) fast = false;
+  bool vec = aligned16(a.ptr[0]);
+  for (int j = 0; fast && j < nin; j++) {
+    if (a.mode[j] != IN_PTR) continue;
+    int64_t st = p->stride[j + 1][0];
+    if (st == 0 && !one) a.mode[j] = IN_SCALAR;
+    else if ((st == 1 || one) && a.dtype[j + 1] == (int)T) vec = vec && aligned16(a.ptr[j + 1]);
+    else fast = false;
+  }
+  if (fast) {
+    switch (T) {
+      case EM_F32: launch_contig<float>(a, vec, s); break;
+      case EM_BF16: launch_contig<__nv_bfloat16>(a, vec, s); break;
+      case EM_F16: launch_contig<__half>(a, vec, s); break;
+      default: launch_contig<double>(a, vec, s); break;
+    }
+    return em_launch_check(op);
+  }
+  for (int j = 0; j < 3; j++) if (a.mode[j] == IN_SCALAR) a.mode[j] = IN_PTR;   /* (fast == false) */
+
+  /* 32-bit index arithmetic when every offset fits */
+  bool idx32 = numel <= (int64_t)INT32_MAX / 2;
+  for (int q = 0; q <= nin && idx32; q++) {
+    int64_t span = 0;
+    for (int d = 0; d < p->ndim; d++) span += (p->shape[d] - 1) * (p->stride[q][d] < 0 ? -p->stride[q][d] : p->stride[q][d]);
+    idx32 = span <= (int64_t)INT32_MAX / 2;
+  }
+
+  /* rows path: one float storage type, broadcast only across rows */
+  if (em_dtype_is_float(T) && class_of(T) == k->cls && rows_eligible(a, p)) {
+    switch (T) {
+      case EM_F32: launch_rows<float>(a, idx32, s); break;
+      case EM_BF16: launch_rows<__nv_bfloat16>(a, idx32, s); break;
+      case EM_F16: launch_rows<__half>(a, idx32, s); break;
+      default: launch_rows<double>(a, idx32, s); break;
+    }
+    return em_launch_check(op);
+  }
+
+  /* general path */
+  switch (k->cls) {
+    case EM_EW_F32: launch_strided<float>(a, idx32, s); break;
+    case EM_EW_F64: launch_strided<double>(a, idx32, s); break;
+    default: launch_strided<int64_t>(a, idx32, s); break;
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_triangle_cuda(const char *op, em_tensor *res, const em_tensor *a, int64_t k, bool upper) {
+  int64_t n = em_numel(res);
+  if (n == 0) return 0;
+  if (a->ndim < 2 || res->ndim != a->ndim || !em_is_contiguous(res) || res->dtype != a->dtype)
+    return em_error("%s: internal error: triangle of mismatched tensors", op);
+  if (em_use_device(res->device.index, op)) return -1;
+  TriArgs t;
+  memset(&t, 0, sizeof t);
+  t.ndim = a->ndim; t.numel = n; t.k = k; t.upper = upper;
+  for (int d = 0; d < a->ndim; d++) { t.shape[d] = a->shape[d]; t.in_stride[d] = a->stride[d]; }
+  cudaStream_t s = em_cur_stream(res->device.index);
+  void *o = em_data_ptr(res);
+  const void *i = em_data_ptr(a);
+  switch (em_dtype_size(a->dtype)) {
+    case 1: triangle_kernel<uint8_t><<<grid_for(n), kThreads, 0, s>>>((uint8_t *)o, (const uint8_t *)i, t); break;
+    case 2: triangle_kernel<uint16_t><<<grid_for(n), kThreads, 0, s>>>((uint16_t *)o, (const uint16_t *)i, t); break;
+    case 4: triangle_kernel<uint32_t><<<grid_for(n), kThreads, 0, s>>>((uint32_t *)o, (const uint32_t *)i, t); break;
+    default: triangle_kernel<uint64_t><<<grid_for(n), kThreads, 0, s>>>((uint64_t *)o, (const uint64_t *)i, t); break;
+  }
+  return em_launch_check(op);
+}

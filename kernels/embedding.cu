@@ -1,0 +1,191 @@
+/* Embedding: out[i, :] = w[ids[i], :] (a row gather), and its backward
+ * gw[r, :] = sum of g[i, :] over the tokens i with ids[i] == r.
+ *
+ * Forward: no FLOPs; reads n rows of w and writes n rows (2·n·d·sizeof(T)
+ * bytes). One warp per output row, 16-byte loads and stores (Packed128) when
+ * the rows are 16-byte aligned, element copies otherwise. It is a raw copy,
+ * so every dtype works.
+ *
+ * Backward, deterministic without sorting and without float atomics: block b
+ * of B (B = 2 per SM) OWNS the vocabulary rows [lo_b, hi_b) and scans all n
+ * ids in token order, 256 at a time; the ids it owns are compacted (in order)
+ * into shared memory, and row r's tokens are added by warp (r - lo) % 8 of
+ * that block only, in token order. Every gradient row is therefore summed by
+ * one warp in the order the tokens appear: bit-identical across runs, however
+ * many times an id repeats. The accumulator (gw itself, or an f32 scratch for
+ * a bf16/f16 table, rounded into gw by each block at the end) is zeroed first
+ * by cudaMemsetAsync (v1 zeroed it inside the kernel with 4-byte stores from
+ * 2 blocks per SM: the dense 154 MB zeroing of a 50257 x 768 f32 table made
+ * the backward ~0.45 ms).
+ * Cost: B·n id reads (from L2: 264 x 8192 x 8 B = 17 MB at n = 8192 tokens),
+ * one read of each g row, one read-modify-write of each touched gw row per
+ * token, and the zeroing of the whole (rows, d) table (a dense gradient, as
+ * PyTorch's). One heavily repeated id serialises on its warp: n repeats cost
+ * n sequential row additions (~0.5 us each), fine for text. */
+#include <type_traits>
+#include "common.cuh"
+#include "embedding.h"
+
+#define THREADS 256
+#define WARPS (THREADS / 32)
+
+/* ---------------- forward ---------------- */
+
+template <typename E, typename I>
+__global__ void gather_kernel(const I *ids, int64_t n, const E *w, int64_t rows, int64_t row_stride, int64_t d,
+                              E *out, E poison, bool vec) {
+  int lane = threadIdx.x & 31;
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  constexpr int VEC = 16 / sizeof(E);
+  for (int64_t i = warp; i < n; i += nwarps) {
+    int64_t id = (int64_t)ids[i];
+    E *dst = out + i * d;
+    if (id < 0 || id >= rows) {
+      for (int64_t j = lane; j < d; j += 32) dst[j] = poison;
+      continue;
+    }
+    const E *src = w + id * row_stride;
+    if (vec) {
+      for (int64_t j = lane * VEC; j < d; j += 32 * VEC) store128(dst + j, load128(src + j));
+    } else {
+      for (int64_t j = lane; j < d; j += 32) dst[j] = src[j];
+    }
+  }
+}
+
+static int sm_count(int dev) {
+  static int cache[64];
+  if (dev < 0 || dev >= 64) return 132;
+  if (!cache[dev]) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 132;
+    }
+    cache[dev] = n;
+  }
+  return cache[dev];
+}
+
+template <typename E, typename I>
+static void launch_gather(const em_tensor *ids, const em_tensor *w, em_tensor *out, uint64_t poison_bits,
+                          cudaStream_t s) {
+  int64_t n = em_numel(ids), d = w->shape[1], rs = w->stride[0];
+  const E *wp = (const E *)em_data_ptr(w);
+  E *op = (E *)em_data_ptr(out);
+  E poison;
+  memcpy(&poison, &poison_bits, sizeof(E));
+  bool vec = (d * (int64_t)sizeof(E)) % 16 == 0 && (rs * (int64_t)sizeof(E)) % 16 == 0 &&
+             ((uintptr_t)wp & 15) == 0 && ((uintptr_t)op & 15) == 0;
+  int64_t blocks = (n + WARPS - 1) / WARPS, cap = (int64_t)sm_count(w->device.index) * 16;
+  gather_kernel<E, I><<<(unsigned)(blocks < cap ? (blocks < 1 ? 1 : blocks) : cap), THREADS, 0, s>>>(
+      (const I *)em_data_ptr(ids), n, wp, w->shape[0], rs, d, op, poison, vec);
+}
+
+/* NaN in the table's dtype (a bad id must not pass silently), 0 for integer tables. */
+static uint64_t poison_bits(em_dtype dt) {
+  switch (dt) {
+    case EM_F32: return 0x7fc00000u;
+    case EM_F64: return 0x7ff8000000000000ull;
+    case EM_BF16: return 0x7fc0u;
+    case EM_F16: return 0x7e00u;
+    default: return 0;
+  }
+}
+
+template <typename I>
+static int gather_dispatch(const em_tensor *ids, const em_tensor *w, em_tensor *out, cudaStream_t s) {
+  uint64_t pb = poison_bits(w->dtype);
+  switch (em_dtype_size(w->dtype)) {
+    case 1: launch_gather<uint8_t, I>(ids, w, out, pb, s); break;
+    case 2: launch_gather<uint16_t, I>(ids, w, out, pb, s); break;
+    case 4: launch_gather<uint32_t, I>(ids, w, out, pb, s); break;
+    case 8: launch_gather<uint64_t, I>(ids, w, out, pb, s); break;
+    default: return em_error("embedding: unsupported dtype %s", em_dtype_name(w->dtype));
+  }
+  return em_launch_check("embedding");
+}
+
+extern "C" int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *out) {
+  if (em_numel(ids) == 0 || w->shape[1] == 0) return 0;
+  cudaStream_t s = em_cur_stream(w->device.index);
+  if (ids->dtype == EM_I64) return gather_dispatch<int64_t>(ids, w, out, s);
+  if (ids->dtype == EM_I32) return gather_dispatch<int32_t>(ids, w, out, s);
+  return em_error("embedding: CUDA ids must be i32 or i64, got %s", em_dtype_name(ids->dtype));
+}
+
+/* ---------------- backward ---------------- */
+
+template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
+template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
+template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
+template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+
+/* acc: the (rows, d) accumulator (gw itself when its dtype is the accumulator's, else scratch). */
+template <typename G, typename W, typename I>
+__global__ void __launch_bounds__(THREADS) scatter_kernel(const I *ids, int64_t n, const G *g, int64_t rows, int64_t d,
+                                                          int64_t per_block, acc_t<W> *acc, W *gw) {
+  using C = acc_t<W>;
+  __shared__ int64_t list[THREADS];
+  __shared__ int warp_count[WARPS];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int64_t lo = blockIdx.x * per_block, hi = lo + per_block < rows ? lo + per_block : rows;
+  if (lo >= hi) return;
+  for (int64_t base = 0; base < n; base += THREADS) {
+    int64_t i = base + threadIdx.x;
+    int64_t id = i < n ? (int64_t)ids[i] : -1;
+    bool mine = id >= lo && id < hi;
+    unsigned ball = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) warp_count[warp] = __popc(ball);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int k = 0; k < WARPS; k++) { before += k < warp ? warp_count[k] : 0; total += warp_count[k]; }
+    if (mine) list[before + __popc(ball & ((1u << lane) - 1u))] = i;
+    __syncthreads();
+    for (int k = 0; k < total; k++) {
+      int64_t tok = list[k], r = (int64_t)ids[tok];
+      if ((int)((r - lo) % WARPS) != warp) continue;
+      const G *src = g + tok * d;
+      C *dst = acc + r * d;
+      for (int64_t j = lane; j < d; j += 32) dst[j] += ld<C>(src[j]);
+    }
+    __syncthreads();
+  }
+  if (!std::is_same<W, C>::value)
+    for (int64_t e = lo * d + threadIdx.x; e < hi * d; e += THREADS) gw[e] = st<W>(acc[e]);
+}
+
+extern "C" int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw) {
+  int64_t n = em_numel(ids), rows = gw->shape[0], d = gw->shape[1];
+  if (rows == 0 || d == 0) return 0;
+  int dev = gw->device.index;
+  cudaStream_t s = em_cur_stream(dev);
+  int64_t blocks = (int64_t)sm_count(dev) * 2;
+  if (blocks > rows) blocks = rows;
+  int64_t per_block = (rows + blocks - 1) / blocks;
+  blocks = (rows + per_block - 1) / per_block;
+  em_tensor *scratch = NULL;
+  bool direct = gw->dtype == EM_F32 || gw->dtype == EM_F64;
+  if (!direct) {
+    int64_t shape[2] = {rows, d};
+    if (!(scratch = em_empty(2, shape, EM_F32, gw->device))) return -1;
+  }
+  void *acc = direct ? em_data_ptr(gw) : em_data_ptr(scratch);
+  size_t acc_bytes = (size_t)(rows * d) * (gw->dtype == EM_F64 ? sizeof(double) : sizeof(float));
+  int rc = em_cuda_check(cudaMemsetAsync(acc, 0, acc_bytes, s), "embedding backward", "cudaMemsetAsync");
+  if (rc) { em_tensor_release(scratch); return -1; }
+#define SCATTER(I)                                                                                         \
+  EM_DISPATCH_FLOAT(g->dtype, G, {                                                                         \
+    EM_DISPATCH_FLOAT(gw->dtype, W,                                                                        \
+      scatter_kernel<G, W, I><<<(unsigned)blocks, THREADS, 0, s>>>((const I *)em_data_ptr(ids), n,          \
+        (const G *)em_data_ptr(g), rows, d, per_block, (acc_t<W> *)acc, (W *)em_data_ptr(gw)));            \
+  })
+  if (ids->dtype == EM_I64) { SCATTER(int64_t); }
+  else if (ids->dtype == EM_I32) { SCATTER(int32_t); }
+  else rc = em_error("embedding backward: CUDA ids must be i32 or i64, got %s", em_dtype_name(ids->dtype));
+#undef SCATTER
+  if (rc == 0) rc = em_launch_check("embedding backward");
+  em_tensor_release(scratch);   /* stream-ordered: the caching allocator reuses it only after the kernel */
+  return rc;
+}

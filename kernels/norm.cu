@@ -1,0 +1,318 @@
+/* RMSNorm: y = x · rstd · w with rstd = 1/sqrt(mean(x², -1) + eps), per row
+ * of D, and its backward
+ *   xhat = x·rstd, u = gy·w, gx = rstd·(u − xhat·mean(u·xhat)), gw = Σ_rows gy·xhat.
+ *
+ * Cost: forward ~4 FLOPs per element, reads x (and w, cached) and writes y:
+ * 2·N·D·sizeof(T) bytes, memory bound: (2048 x 1600) bf16 is 13 MB, ~4.4 us
+ * at 3 TB/s, so launch latency matters as much as bandwidth. Backward reads
+ * x and gy, writes gx (3·N·D·sizeof(T)) plus a small (blocks x D) f32 partial.
+ *
+ * Launch: forward, one warp per row (8 rows per 256-thread block), 16-byte
+ * loads when rows are 16-byte aligned. Rows of up to 32·8 chunks (2048 bf16,
+ * 1024 f32) are held in registers, all loads issued up front: one read of x
+ * and enough bytes in flight with only ~16 warps per SM (v1 re-read the row
+ * from L1 and loaded w one element at a time: 560 GB/s on (2048 x 1600)
+ * bf16); longer rows loop and re-read the row from L1. rstd is
+ * saved (N values), so backward needs no recomputed reduction. Backward: one
+ * block per group of rows (grid = 2 blocks per SM, rows strided), the block's
+ * threads split D; thread j always owns the same columns, so it adds gy·xhat
+ * into ITS shared-memory slots of dw without atomics; each block writes its
+ * partial row of dw, and a second kernel sums the partials over blocks in
+ * block order. Fixed order everywhere: dw is bit-reproducible.
+ *
+ * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
+ * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
+#include <type_traits>
+#include "common.cuh"
+#include "norm.h"
+
+#define FWD_THREADS 256
+#define BWD_THREADS 256
+
+template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
+template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
+template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
+template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+
+template <typename C> __device__ __forceinline__ C warp_allsum(C v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Block-wide sum in a fixed order; every thread gets it. shared holds 32 values. */
+template <typename C> __device__ __forceinline__ C block_allsum(C v, C *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_allsum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : (C)0;
+  return warp_allsum(v);
+}
+
+__device__ __forceinline__ float rsqrt_exact(float x) { return 1.0f / sqrtf(x); }
+__device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); }
+
+/* ---------------- forward ---------------- */
+
+/* w[j .. j+N) as compute type: 16-byte loads when w is aligned and N weights fill whole chunks. */
+template <typename C, typename TW, int N>
+__device__ __forceinline__ void load_w(const TW *w, int64_t j, bool wvec, C *out) {
+  if (!w) {
+#pragma unroll
+    for (int k = 0; k < N; k++) out[k] = (C)1;
+    return;
+  }
+  constexpr int WV = 16 / sizeof(TW);
+  if constexpr (N % WV == 0) {
+    if (wvec) {
+#pragma unroll
+      for (int c = 0; c < N / WV; c++) {
+        Packed128<TW> q = load128(w + j + c * WV);
+#pragma unroll
+        for (int k = 0; k < WV; k++) out[c * WV + k] = ld<C>(q[k]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; k++) out[k] = ld<C>(w[j + k]);
+}
+
+/* One warp per row with the row held in registers: NV 16-byte chunks per lane
+ * (D <= 32·NV·VEC), all loads issued before the first use, one read of x. */
+template <typename TX, typename TW, int NV>
+__global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
+                                                                  int64_t N, int64_t D, acc_t<TX> eps,
+                                                                  TX *__restrict__ y, acc_t<TX> *__restrict__ rstd,
+                                                                  bool wvec) {
+  using C = acc_t<TX>;
+  constexpr int VEC = 16 / sizeof(TX);
+  int lane = threadIdx.x & 31;
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = warp; i < N; i += nwarps) {
+    const TX *xr = x + i * D;
+    TX *yr = y + i * D;
+    Packed128<TX> buf[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int64_t j = (int64_t)(lane + v * 32) * VEC;
+      if (j < D) buf[v] = load128(xr + j);
+    }
+    C ss = 0;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int64_t j = (int64_t)(lane + v * 32) * VEC;
+      if (j < D) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { C e = ld<C>(buf[v][k]); ss += e * e; }
+      }
+    }
+    ss = warp_allsum(ss);
+    C r = rsqrt_exact(ss / (C)D + eps);
+    if (lane == 0) rstd[i] = r;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int64_t j = (int64_t)(lane + v * 32) * VEC;
+      if (j < D) {
+        C wv[VEC];
+        load_w<C, TW, VEC>(w, j, wvec, wv);
+        Packed128<TX> q;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          C e = ld<C>(buf[v][k]) * r;
+          q[k] = st<TX>(w ? e * wv[k] : e);
+        }
+        store128(yr + j, q);
+      }
+    }
+  }
+}
+
+template <typename TX, typename TW>
+__global__ void __launch_bounds__(FWD_THREADS) rms_fwd_kernel(const TX *x, const TW *w, int64_t N, int64_t D,
+                                                              acc_t<TX> eps, TX *y, acc_t<TX> *rstd, bool vec,
+                                                              bool wvec) {
+  using C = acc_t<TX>;
+  constexpr int VEC = 16 / sizeof(TX);
+  int lane = threadIdx.x & 31;
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = warp; i < N; i += nwarps) {
+    const TX *xr = x + i * D;
+    TX *yr = y + i * D;
+    C ss = 0;
+    if (vec) {
+      for (int64_t j = lane * VEC; j < D; j += 32 * VEC) {
+        Packed128<TX> p = load128(xr + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { C v = ld<C>(p[k]); ss += v * v; }
+      }
+    } else {
+      for (int64_t j = lane; j < D; j += 32) { C v = ld<C>(xr[j]); ss += v * v; }
+    }
+    ss = warp_allsum(ss);
+    C r = rsqrt_exact(ss / (C)D + eps);
+    if (lane == 0) rstd[i] = r;
+    if (vec) {
+      for (int64_t j = lane * VEC; j < D; j += 32 * VEC) {
+        Packed128<TX> p = load128(xr + j), q;
+        C wv[VEC];
+        load_w<C, TW, VEC>(w, j, wvec, wv);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          C v = ld<C>(p[k]) * r;
+          q[k] = st<TX>(w ? v * wv[k] : v);
+        }
+        store128(yr + j, q);
+      }
+    } else {
+      for (int64_t j = lane; j < D; j += 32) {
+        C v = ld<C>(xr[j]) * r;
+        yr[j] = st<TX>(w ? v * ld<C>(w[j]) : v);
+      }
+    }
+  }
+}
+
+static int sm_count(int dev) {
+  static int cache[64];
+  if (dev < 0 || dev >= 64) return 132;
+  if (!cache[dev]) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 132;
+    }
+    cache[dev] = n;
+  }
+  return cache[dev];
+}
+
+template <typename TX, typename TW>
+static void launch_fwd(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd,
+                       cudaStream_t s) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
+  const TX *xp = (const TX *)em_data_ptr(x);
+  TX *yp = (TX *)em_data_ptr(y);
+  bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)yp & 15) == 0;
+  const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr;
+  bool wvec = wp && ((uintptr_t)wp & 15) == 0;
+  acc_t<TX> *rp = (acc_t<TX> *)em_data_ptr(rstd);
+  int64_t rows_per_block = FWD_THREADS / 32, blocks = (N + rows_per_block - 1) / rows_per_block;
+  int64_t cap = (int64_t)sm_count(x->device.index) * 64;
+  if (blocks > cap) blocks = cap;
+  unsigned grid = (unsigned)(blocks < 1 ? 1 : blocks);
+  int64_t chunks = vec ? (D / (16 / (int64_t)sizeof(TX)) + 31) / 32 : 0;   /* 16-byte chunks per lane */
+  if (vec && chunks <= 1) rms_fwd_reg_kernel<TX, TW, 1><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 2) rms_fwd_reg_kernel<TX, TW, 2><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 4) rms_fwd_reg_kernel<TX, TW, 4><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 8) rms_fwd_reg_kernel<TX, TW, 8><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else rms_fwd_kernel<TX, TW><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, vec, wvec);
+}
+
+extern "C" int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y,
+                                   em_tensor *rstd) {
+  int64_t D = x->shape[x->ndim - 1];
+  if (em_numel(x) == 0) {
+    /* D == 0: rstd = 1/sqrt(0/0 + eps) = NaN per row, as the CPU computes; nothing else to write */
+    if (em_numel(rstd) == 0 || D != 0) return 0;
+    return em_error("rmsnorm: rows of length 0 are not supported on CUDA");
+  }
+  cudaStream_t s = em_cur_stream(x->device.index);
+  em_dtype wt = w ? w->dtype : x->dtype;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, launch_fwd<TX, TW>(x, w, eps, y, rstd, s)); });
+  return em_launch_check("rmsnorm");
+}
+
+/* ---------------- backward ---------------- */
+
+/* dynamic shared memory: D accumulators of dw (when w needs a grad) */
+template <typename TX, typename TW>
+__global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const TW *w, const acc_t<TX> *rstd,
+                                                              const TX *gy, int64_t N, int64_t D, TX *gx,
+                                                              acc_t<TX> *dw_part) {
+  using C = acc_t<TX>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  C *dw = (C *)smem;
+  __shared__ C red[32];
+  if (dw_part)
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw[j] = 0;
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    const TX *xr = x + i * D, *gr = gy + i * D;
+    C r = rstd[i], dot = 0;
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+      C u = ld<C>(gr[j]) * (w ? ld<C>(w[j]) : (C)1);
+      dot += u * (ld<C>(xr[j]) * r);
+    }
+    C c = block_allsum(dot, red) / (C)D;
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+      C g = ld<C>(gr[j]), xh = ld<C>(xr[j]) * r;
+      if (gx) gx[i * D + j] = st<TX>(r * (g * (w ? ld<C>(w[j]) : (C)1) - xh * c));
+      if (dw_part) dw[j] += g * xh;
+    }
+  }
+  if (dw_part)
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw_part[blockIdx.x * D + j] = dw[j];
+}
+
+/* gw[j] = sum over blocks of part[b][j], in block order. */
+template <typename C, typename TW>
+__global__ void dw_reduce_kernel(const C *part, int64_t blocks, int64_t D, TW *gw) {
+  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  C s = 0;
+  for (int64_t b = 0; b < blocks; b++) s += part[b * D + j];
+  gw[j] = st<TW>(s);
+}
+
+template <typename TX, typename TW>
+static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
+                      em_tensor *gx, em_tensor *gw, cudaStream_t s) {
+  using C = acc_t<TX>;
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
+  int64_t blocks = (int64_t)sm_count(x->device.index) * 2;
+  if (blocks > N) blocks = N;
+  if (blocks < 1) return 0;
+  em_tensor *part = NULL;
+  size_t smem = 0;
+  if (gw) {
+    int64_t shape[2] = {blocks, D};
+    if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
+    smem = (size_t)D * sizeof(C);
+    if (smem > 48 * 1024 &&
+        em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem), "rmsnorm backward", "raising the shared-memory limit")) {
+      em_tensor_release(part);
+      return -1;
+    }
+  }
+  rms_bwd_kernel<TX, TW><<<(unsigned)blocks, BWD_THREADS, smem, s>>>(
+      (const TX *)em_data_ptr(x), w ? (const TW *)em_data_ptr(w) : nullptr, (const C *)em_data_ptr(rstd),
+      (const TX *)em_data_ptr(gy), N, D, gx ? (TX *)em_data_ptr(gx) : nullptr,
+      part ? (C *)em_data_ptr(part) : nullptr);
+  int rc = em_launch_check("rmsnorm backward");
+  if (rc == 0 && gw) {
+    dw_reduce_kernel<C, TW><<<(unsigned)((D + 255) / 256), 256, 0, s>>>((const C *)em_data_ptr(part), blocks, D,
+                                                                         (TW *)em_data_ptr(gw));
+    rc = em_launch_check("rmsnorm backward");
+  }
+  em_tensor_release(part);
+  return rc;
+}
+
+extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd,
+                                   const em_tensor *gy, em_tensor *gx, em_tensor *gw) {
+  int64_t D = x->shape[x->ndim - 1];
+  if (D == 0 || em_numel(x) == 0) {
+    if (gw && em_numel(gw) > 0)                 /* no rows: gw = 0 */
+      return em_cuda_check(cudaMemsetAsync(em_data_ptr(gw), 0, (size_t)em_numel(gw) * em_dtype_size(gw->dtype),
+                                           em_cur_stream(gw->device.index)), "rmsnorm backward", "cudaMemsetAsync");
+    return 0;
+  }
+  cudaStream_t s = em_cur_stream(x->device.index);
+  em_dtype wt = w ? w->dtype : x->dtype;
+  int rc = 0;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gw, s)); });
+  return rc;
+}

@@ -1,0 +1,889 @@
+/* Reductions: sum/mean, var, max/min (+ i64 indices), argmax/argmin,
+ * logsumexp, and max/min's backward scatter — the GPU twin of
+ * engine/ops/reduce.c, over the same plan (kept dims x reduced dims, each
+ * coalesced). Softmax, log_softmax and their fused backward are at the end
+ * of this file (one stem: reduce).
+ *
+ * Cost: ~1 FLOP and one load per input element (two passes for var and
+ * logsumexp); outputs are n_out elements. Memory-bound: the ceiling is the
+ * read bandwidth (~3 TB/s on an H100).
+ *
+ * Launch shapes (256 threads):
+ *  - rows: the reduced elements of one output are contiguous or at least
+ *    "inner" (rstride[last] == 1, or the generic case). One warp per output
+ *    when n_red <= 1024, else one block per output; Packed128 loads, four in
+ *    flight per thread, when the rows are 16-byte aligned (else four scalar
+ *    loads in flight).
+ *  - cols: the innermost kept dim is contiguous and the reduction strides
+ *    over it (sum over the batch of (B*T, D): the bias-gradient shape). A
+ *    (32 x 8) block: 32 neighbouring outputs read one coalesced row segment
+ *    per step, 32 rows in flight (8 threads x 4 loads); the 8 partials meet
+ *    in shared memory.
+ *  - either splits the reduced range over gridDim.y when there are too few
+ *    outputs to fill the GPU (sum over everything): partials go to a small
+ *    workspace and a second kernel finishes them — deterministic, no atomics.
+ * The one trick: every reduction is one accumulator type (Acc) with
+ * push/merge, and max/min order candidates by (NaN first, value, then lower
+ * index), which is associative — so tree order, splits and vector loads
+ * cannot change which index wins a tie, and results match the CPU's
+ * "first extreme wins" walk. Floats accumulate in f32 (f64 for f64),
+ * integers in wrapping i64. */
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "reduce.h"
+#include <type_traits>
+
+namespace {
+
+constexpr int kBlock = 256;
+
+enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN };
+
+struct RedArgs {
+  const void *in;
+  int dtype;
+  int nk, nr;
+  int64_t kshape[EM_MAX_DIMS], kstride[EM_MAX_DIMS];
+  int64_t rshape[EM_MAX_DIMS], rstride[EM_MAX_DIMS];
+  int64_t n_out, n_red, chunk;
+  int splits;
+  const void *ref;          /* per-output reference in the compute type (mean, or max) */
+  void *out;                /* final values (may be NULL for argmax) */
+  int out_dtype;
+  int64_t *out_idx;         /* final indices (max/min; may be NULL) */
+  void *part;               /* partial values [n_out * splits] (splits > 1) */
+  int64_t *part_idx;
+  double scale;             /* sum: divisor; var: degrees of freedom */
+};
+
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+
+template <typename C> __device__ __forceinline__ bool m_isnan(C x) {
+  if constexpr (std::is_floating_point<C>::value) return isnan(x);
+  else return false;
+}
+
+template <typename C> __device__ __forceinline__ C lowest() {
+  if constexpr (std::is_floating_point<C>::value) return -INFINITY;
+  else return INT64_MIN;
+}
+template <typename C> __device__ __forceinline__ C highest() {
+  if constexpr (std::is_floating_point<C>::value) return INFINITY;
+  else return INT64_MAX;
+}
+template <typename C> __device__ __forceinline__ C radd(C a, C b) {
+  if constexpr (std::is_floating_point<C>::value) return a + b;
+  else return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+
+template <typename T> __device__ __forceinline__ T shfl_xor(T v, int o) {
+  if constexpr (std::is_same<T, int64_t>::value) return (int64_t)__shfl_xor_sync(0xffffffffu, (long long)v, o);
+  else return __shfl_xor_sync(0xffffffffu, v, o);
+}
+
+/* The running state of one reduction. i: index of the extreme (-1: none yet). */
+template <typename C, int OP>
+struct Acc {
+  static constexpr bool ext = OP == R_MAX || OP == R_MIN;
+  C v;
+  int64_t i;
+  __device__ __forceinline__ void init() {
+    v = OP == R_MAX ? lowest<C>() : OP == R_MIN ? highest<C>() : (C)0;
+    i = -1;
+  }
+  /* Is candidate (x, ix) better than the current (v, i)? NaN first (lowest
+   * index among NaNs), then the larger (smaller) value, then the lower index. */
+  __device__ __forceinline__ bool better(C x, int64_t ix) const {
+    if (i < 0) return true;
+    bool xn = m_isnan(x), vn = m_isnan(v);
+    if (xn || vn) return xn && (!vn || ix < i);
+    if (x == v) return ix < i;
+    return OP == R_MAX ? x > v : x < v;
+  }
+  __device__ __forceinline__ void push(C x, int64_t ix, C sh) {
+    if constexpr (OP == R_SUM) v = radd(v, x);
+    else if constexpr (OP == R_SQDEV) { C d = x - sh; v += d * d; }
+    else if constexpr (OP == R_SUMEXP) v += m_exp(x - sh);
+    else if (better(x, ix)) { v = x; i = ix; }
+  }
+  __device__ __forceinline__ void merge(C ov, int64_t oi) {
+    if constexpr (ext) { if (oi >= 0 && better(ov, oi)) { v = ov; i = oi; } }
+    else v = radd(v, ov);
+  }
+  __device__ __forceinline__ void warp_merge() {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      C ov = shfl_xor(v, o);
+      int64_t oi = ext ? shfl_xor(i, o) : 0;
+      merge(ov, oi);
+    }
+  }
+  /* Block-wide; every thread must call it; thread 0 ends with the result. */
+  __device__ __forceinline__ void block_merge() {
+    __shared__ C sv[32];
+    __shared__ int64_t si[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    warp_merge();
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    if (warp == 0) {
+      init();
+      if (lane < nw) { v = sv[lane]; i = si[lane]; }
+      warp_merge();
+    }
+  }
+};
+
+/* The shift of a logsumexp row from its maximum: 0 when infinite or NaN. */
+template <typename C> __device__ __forceinline__ C lse_shift(C m) { return (isinf(m) || isnan(m)) ? (C)0 : m; }
+
+template <typename C, int OP> __device__ __forceinline__ C ref_of(const RedArgs &a, int64_t o) {
+  if (!a.ref) return 0;
+  C r = ((const C *)a.ref)[o];
+  if constexpr (OP == R_SUMEXP) return lse_shift(r);
+  else return r;
+}
+
+/* The final value of output o. */
+template <typename C, int OP>
+__device__ __forceinline__ void finalize(const RedArgs &a, int64_t o, C v, int64_t i) {
+  if constexpr (OP == R_MAX || OP == R_MIN) {
+    if (a.out) store_as<C>(a.out, a.out_dtype, o, v);
+    if (a.out_idx) a.out_idx[o] = i < 0 ? 0 : i;
+  } else if constexpr (OP == R_SUM) {
+    if constexpr (std::is_floating_point<C>::value) store_as<C>(a.out, a.out_dtype, o, v / (C)a.scale);
+    else store_as<C>(a.out, a.out_dtype, o, v);
+  } else if constexpr (OP == R_SQDEV) {
+    store_as<C>(a.out, a.out_dtype, o, v / (C)a.scale);
+  } else {
+    C m = ((const C *)a.ref)[o];
+    store_as<C>(a.out, a.out_dtype, o, isnan(m) ? (C)NAN : lse_shift(m) + m_log(v));
+  }
+}
+
+template <typename C, int OP>
+__device__ __forceinline__ void emit(const RedArgs &a, int64_t o, const Acc<C, OP> &acc) {
+  if (a.splits == 1) { finalize<C, OP>(a, o, acc.v, acc.i); return; }
+  int64_t at = o * a.splits + blockIdx.y;
+  ((C *)a.part)[at] = acc.v;
+  if (Acc<C, OP>::ext) a.part_idx[at] = acc.i;
+}
+
+__device__ __forceinline__ int64_t kept_offset(const RedArgs &a, int64_t o, int nk) {
+  int64_t off = 0;
+  for (int d = nk - 1; d >= 0; d--) {
+    int64_t s = a.kshape[d];
+    off += (o % s) * a.kstride[d];
+    o /= s;
+  }
+  return off;
+}
+
+__device__ __forceinline__ int64_t red_offset(const RedArgs &a, int64_t r) {
+  if (a.nr == 1) return r * a.rstride[0];
+  int64_t off = 0;
+  for (int d = a.nr - 1; d >= 0; d--) {
+    int64_t s = a.rshape[d];
+    off += (r % s) * a.rstride[d];
+    r /= s;
+  }
+  return off;
+}
+
+/* rows: TPO threads per output (32: a warp, kBlock: the block). T: the
+ * storage type for Packed128 loads (aligned unit-stride rows), or void for
+ * the generic strided load of any dtype. */
+template <typename T, typename C, int OP, int TPO>
+__global__ void __launch_bounds__(kBlock) reduce_rows(RedArgs a) {
+  constexpr int per = kBlock / TPO;
+  const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = o < a.n_out;
+  Acc<C, OP> acc;
+  acc.init();
+  if (live) {
+    const int64_t base = kept_offset(a, o, a.nk);
+    const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+    const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+    const C sh = ref_of<C, OP>(a, o);
+    if constexpr (!std::is_void<T>::value) {
+      constexpr int V = 16 / (int)sizeof(T);
+      const T *p = (const T *)a.in + base;
+      int64_t r = r0 + (int64_t)lane * V;
+      for (; r + (int64_t)(3 * TPO + 1) * V <= r1; r += (int64_t)4 * TPO * V) {
+        Packed128<T> pk[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) pk[u] = load128(p + r + (int64_t)u * TPO * V);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+          for (int e = 0; e < V; e++) acc.push(to_compute<C, T>(pk[u][e]), r + (int64_t)u * TPO * V + e, sh);
+      }
+      for (; r + V <= r1; r += (int64_t)TPO * V) {
+        Packed128<T> pk = load128(p + r);
+#pragma unroll
+        for (int e = 0; e < V; e++) acc.push(to_compute<C, T>(pk[e]), r + e, sh);
+      }
+      for (int64_t t = r0 + (r1 - r0) / V * V + lane; t < r1; t += TPO) acc.push(to_compute<C, T>(p[t]), t, sh);
+    } else {
+      int64_t r = r0 + lane;
+      for (; r + 3 * TPO < r1; r += 4 * TPO) {   /* four loads in flight */
+        C v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = load_as<C>(a.in, a.dtype, base + red_offset(a, r + u * TPO));
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc.push(v[u], r + u * TPO, sh);
+      }
+      for (; r < r1; r += TPO) acc.push(load_as<C>(a.in, a.dtype, base + red_offset(a, r)), r, sh);
+    }
+  }
+  if constexpr (TPO == 32) acc.warp_merge();
+  else acc.block_merge();
+  if (live && lane == 0) emit<C, OP>(a, o, acc);
+}
+
+/* cols: blockDim (32, 8); output o = outer * K + k with k contiguous. */
+template <typename C, int OP>
+__global__ void __launch_bounds__(kBlock) reduce_cols(RedArgs a) {
+  const int64_t K = a.kshape[a.nk - 1], kb = (K + 31) / 32;
+  const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 + threadIdx.x;
+  const bool live = k < K;
+  const int64_t o = ob * K + k;
+  Acc<C, OP> acc;
+  acc.init();
+  if (live) {
+    const int64_t base = kept_offset(a, ob, a.nk - 1) + k;
+    const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+    const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+    const C sh = ref_of<C, OP>(a, o);
+    int64_t r = r0 + threadIdx.y;
+    for (; r + 24 < r1; r += 32) {   /* four rows in flight */
+      C v[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) v[u] = load_as<C>(a.in, a.dtype, base + red_offset(a, r + u * 8));
+#pragma unroll
+      for (int u = 0; u < 4; u++) acc.push(v[u], r + u * 8, sh);
+    }
+    for (; r < r1; r += 8) acc.push(load_as<C>(a.in, a.dtype, base + red_offset(a, r)), r, sh);
+  }
+  __shared__ C sv[8][32];
+  __shared__ int64_t si[8][32];
+  sv[threadIdx.y][threadIdx.x] = acc.v;
+  si[threadIdx.y][threadIdx.x] = acc.i;
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+#pragma unroll
+    for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x], si[y][threadIdx.x]);
+    emit<C, OP>(a, o, acc);
+  }
+}
+
+/* Merge the splits' partials of each output (a warp per output), then finalize. */
+template <typename C, int OP>
+__global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
+  const int64_t o = (int64_t)blockIdx.x * (kBlock / 32) + threadIdx.x / 32;
+  if (o >= a.n_out) return;
+  const int lane = threadIdx.x & 31;
+  Acc<C, OP> acc;
+  acc.init();
+  for (int s = lane; s < a.splits; s += 32) {
+    int64_t at = o * a.splits + s;
+    acc.merge(((const C *)a.part)[at], Acc<C, OP>::ext ? a.part_idx[at] : 0);
+  }
+  acc.warp_merge();
+  if (lane == 0) finalize<C, OP>(a, o, acc.v, acc.i);
+}
+
+template <typename C> em_dtype dtype_of() {
+  return std::is_same<C, double>::value ? EM_F64 : std::is_same<C, float>::value ? EM_F32 : EM_I64;
+}
+
+/* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */
+template <typename C, int OP>
+int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, const void *ref,
+                em_tensor *out, em_tensor *idx, double scale) {
+  if (p->n_out == 0) return 0;
+  const int dev = a->device.index;
+  if (em_use_device(dev, name)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  RedArgs r;
+  memset(&r, 0, sizeof r);
+  r.in = em_data_ptr(a); r.dtype = a->dtype;
+  r.nk = p->nk; r.nr = p->nr;
+  for (int d = 0; d < EM_MAX_DIMS; d++) {
+    r.kshape[d] = p->kshape[d]; r.kstride[d] = p->kstride[d];
+    r.rshape[d] = p->rshape[d]; r.rstride[d] = p->rstride[d];
+  }
+  r.n_out = p->n_out; r.n_red = p->n_red;
+  r.ref = ref;
+  r.out = out ? em_data_ptr(out) : NULL; r.out_dtype = out ? out->dtype : EM_F32;
+  r.out_idx = idx ? (int64_t *)em_data_ptr(idx) : NULL;
+  r.scale = scale;
+  const int target = 4 * em_sm_count(dev);
+  const size_t es = em_dtype_size(a->dtype);
+
+  bool cols = p->nk > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
+  int tpo = p->n_red <= 1024 ? 32 : kBlock;
+  int64_t blocks;
+  if (cols) {
+    int64_t K = p->kshape[p->nk - 1];
+    blocks = (p->n_out / K) * ((K + 31) / 32);
+  } else {
+    blocks = (p->n_out + (kBlock / tpo) - 1) / (kBlock / tpo);
+  }
+  /* splits: enough blocks to fill the GPU, each split still a real amount of work */
+  int64_t min_split = cols ? 64 : 4096, splits = 1;
+  if (blocks < target && p->n_red >= 2 * min_split) {
+    splits = (target + blocks - 1) / blocks;
+    int64_t most = p->n_red / min_split;
+    if (splits > most) splits = most;
+    if (splits > 1024) splits = 1024;
+    if (splits < 1) splits = 1;
+  }
+  int64_t chunk = (p->n_red + splits - 1) / splits;
+  chunk = (chunk + 15) / 16 * 16;              /* keeps every split 16-element (vector) aligned */
+  if (chunk < 1) chunk = 1;
+  splits = p->n_red > 0 ? (p->n_red + chunk - 1) / chunk : 1;
+  r.splits = (int)splits; r.chunk = chunk;
+
+  em_tensor *part = NULL, *part_idx = NULL;
+  if (splits > 1) {
+    int64_t n = p->n_out * splits;
+    part = em_empty(1, &n, dtype_of<C>(), a->device);
+    if (!part) return -1;
+    if (Acc<C, OP>::ext) {
+      part_idx = em_empty(1, &n, EM_I64, a->device);
+      if (!part_idx) { em_tensor_release(part); return -1; }
+      r.part_idx = (int64_t *)em_data_ptr(part_idx);
+    }
+    r.part = em_data_ptr(part);
+  }
+
+  /* vector loads: unit-stride rows whose starts are all 16-byte aligned */
+  bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
+             em_dtype_is_float(a->dtype);
+  for (int d = 0; vec && d < p->nk; d++) vec = (p->kstride[d] * (int64_t)es) % 16 == 0;
+
+  if (blocks > INT32_MAX) {
+    em_tensor_release(part); em_tensor_release(part_idx);
+    return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
+  }
+  dim3 grid((unsigned)blocks, (unsigned)splits);
+  if (cols) {
+    reduce_cols<C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+  } else if (vec) {
+#define EM_ROWS(T)                                                                     \
+  do {                                                                                 \
+    if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);              \
+    else reduce_rows<T, C, OP, kBlock><<<grid, kBlock, 0, s>>>(r);                    \
+  } while (0)
+    if constexpr (std::is_same<C, double>::value) EM_ROWS(double);
+    else if constexpr (std::is_same<C, float>::value) {
+      switch (a->dtype) {
+        case EM_F32: EM_ROWS(float); break;
+        case EM_BF16: EM_ROWS(__nv_bfloat16); break;
+        case EM_F16: EM_ROWS(__half); break;
+        default: EM_ROWS(void); break;
+      }
+    } else EM_ROWS(void);
+  } else {
+    EM_ROWS(void);
+#undef EM_ROWS
+  }
+  int rc = em_launch_check(name);
+  if (rc == 0 && splits > 1) {
+    reduce_finish<C, OP><<<(unsigned)((p->n_out + 7) / 8), kBlock, 0, s>>>(r);
+    rc = em_launch_check(name);
+  }
+  /* the workspace goes back to the stream-ordered cache: later work on this stream reuses it safely */
+  em_tensor_release(part);
+  em_tensor_release(part_idx);
+  return rc;
+}
+
+/* Compute type: f64 -> double, other floats -> float, integers -> int64 (sum, max/min). */
+bool is_f64(const em_tensor *a) { return a->dtype == EM_F64; }
+
+}  // namespace
+
+extern "C" int em_sum_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p, double div) {
+  if (is_f64(a)) return reduce_pass<double, R_SUM>(op, a, p, NULL, res, NULL, div);
+  if (em_dtype_is_float(a->dtype)) return reduce_pass<float, R_SUM>(op, a, p, NULL, res, NULL, div);
+  return reduce_pass<int64_t, R_SUM>(op, a, p, NULL, res, NULL, 1.0);
+}
+
+extern "C" int em_var_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p, double dof) {
+  if (!em_dtype_is_float(a->dtype)) return em_error("%s: expected a floating-point input", op);
+  em_tensor *mean = em_empty(1, &p->n_out, is_f64(a) ? EM_F64 : EM_F32, a->device);
+  if (!mean) return -1;
+  int rc;
+  if (is_f64(a)) {
+    rc = reduce_pass<double, R_SUM>(op, a, p, NULL, mean, NULL, (double)p->n_red);
+    if (rc == 0) rc = reduce_pass<double, R_SQDEV>(op, a, p, em_data_ptr(mean), res, NULL, dof);
+  } else {
+    rc = reduce_pass<float, R_SUM>(op, a, p, NULL, mean, NULL, (double)p->n_red);
+    if (rc == 0) rc = reduce_pass<float, R_SQDEV>(op, a, p, em_data_ptr(mean), res, NULL, dof);
+  }
+  em_tensor_release(mean);
+  return rc;
+}
+
+extern "C" int em_extreme_cuda(const char *op, const em_tensor *a, const em_red_plan *p, bool is_max,
+                               em_tensor *vals, em_tensor *idx) {
+  if (is_f64(a))
+    return is_max ? reduce_pass<double, R_MAX>(op, a, p, NULL, vals, idx, 1) : reduce_pass<double, R_MIN>(op, a, p, NULL, vals, idx, 1);
+  if (em_dtype_is_float(a->dtype))
+    return is_max ? reduce_pass<float, R_MAX>(op, a, p, NULL, vals, idx, 1) : reduce_pass<float, R_MIN>(op, a, p, NULL, vals, idx, 1);
+  return is_max ? reduce_pass<int64_t, R_MAX>(op, a, p, NULL, vals, idx, 1) : reduce_pass<int64_t, R_MIN>(op, a, p, NULL, vals, idx, 1);
+}
+
+extern "C" int em_logsumexp_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p) {
+  em_tensor *mx = em_empty(1, &p->n_out, is_f64(a) ? EM_F64 : EM_F32, a->device);
+  if (!mx) return -1;
+  int rc;
+  if (is_f64(a)) {
+    rc = reduce_pass<double, R_MAX>(op, a, p, NULL, mx, NULL, 1);
+    if (rc == 0) rc = reduce_pass<double, R_SUMEXP>(op, a, p, em_data_ptr(mx), res, NULL, 1);
+  } else {
+    rc = em_dtype_is_float(a->dtype) ? reduce_pass<float, R_MAX>(op, a, p, NULL, mx, NULL, 1)
+                                     : reduce_pass<int64_t, R_MAX>(op, a, p, NULL, mx, NULL, 1);
+    if (rc == 0) rc = reduce_pass<float, R_SUMEXP>(op, a, p, em_data_ptr(mx), res, NULL, 1);
+  }
+  em_tensor_release(mx);
+  return rc;
+}
+
+/* ======================= softmax, log_softmax ======================= *
+ * Rows of length L along dim d of a contiguous (outer, L, inner) tensor.
+ *  - inner == 1, rows 16-byte aligned, L <= capacity: the row lives in
+ *    registers (softmax_reg): one read, max, exp + sum, one write — the
+ *    minimum traffic (8 B per f32 element). A warp per row up to 32*8 packs,
+ *    a block per row up to 256*16 packs (16384 f32 / 32768 bf16 elements).
+ *  - otherwise a block or warp per row (softmax_loop): one pass with an
+ *    online (max, sum) per thread, merged across threads, then a pass that
+ *    writes: three accesses per element (the second read usually hits L2).
+ *  - inner > 1 (softmax over a non-last dim): a thread per (outer, inner)
+ *    column (softmax_cols), neighbouring threads on neighbouring columns so
+ *    every step is one coalesced row segment.
+ * The backward has the same three shapes: g and y held in registers
+ * (softmax_bwd_reg: 12 B per f32 element, the minimum), two passes over
+ * the row (softmax_bwd_rows), or a thread per column (softmax_bwd_cols).
+ * f32 math throughout (f64 for f64) and one rounding on store, as the CPU. */
+
+namespace {
+
+/* An online (max, sum of exp(x - max)) pair. -inf elements contribute
+ * nothing; a NaN poisons the sum (the whole row becomes NaN, as the CPU). */
+template <typename C> struct MaxSum {
+  C m, s;
+  __device__ __forceinline__ void init() { m = -INFINITY; s = 0; }
+  __device__ __forceinline__ void push(C x) {
+    if (x > m) { s = s * m_exp(m - x) + 1; m = x; }
+    else if (x != -INFINITY) s += m_exp(x - m);
+  }
+  __device__ __forceinline__ void merge(C om, C os) {
+    C nm = om > m ? om : m;
+    if (nm == -INFINITY) { s = s + os; return; }
+    s = (m == -INFINITY ? (C)0 * s : s * m_exp(m - nm)) + (om == -INFINITY ? (C)0 * os : os * m_exp(om - nm));
+    m = nm;
+  }
+  __device__ __forceinline__ void warp_merge() {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      C om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+      merge(om, os);
+    }
+  }
+  __device__ __forceinline__ void block_merge() {   /* all threads end with the result */
+    __shared__ C sm[32], ss[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    warp_merge();
+    __syncthreads();
+    if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+    __syncthreads();
+    init();
+    if (lane < nw) { m = sm[lane]; s = ss[lane]; }
+    warp_merge();
+  }
+  /* The CPU subtracts an infinite max too: exp(inf - inf) is NaN, so is the row. */
+  __device__ __forceinline__ void finish() { if (m == INFINITY) s = NAN; }
+};
+
+template <typename C> __device__ __forceinline__ C softmax_out(C x, C m, C inv_or_shift, bool log_out) {
+  return log_out ? x - inv_or_shift : m_exp(x - m) * inv_or_shift;
+}
+
+template <typename T, int N, int TPO>
+__global__ void __launch_bounds__(kBlock) softmax_reg(const T *in, T *out, int64_t rows, int64_t L, bool log_out) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int per = kBlock / TPO;
+  __shared__ float red[32];
+  const int64_t row = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = row < rows;
+  const T *p = in + (live ? row : 0) * L;
+  float x[N][V];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    int64_t c = ((int64_t)n * TPO + lane) * V;
+    if (live && c < L) {
+      Packed128<T> pk = load128(p + c);
+#pragma unroll
+      for (int e = 0; e < V; e++) { x[n][e] = to_f32(pk[e]); mx = fmaxf(mx, x[n][e]); }
+    }
+  }
+  mx = TPO == 32 ? warp_max(mx) : block_max(mx, red);
+  float sum = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    int64_t c = ((int64_t)n * TPO + lane) * V;
+    if (live && c < L) {
+#pragma unroll
+      for (int e = 0; e < V; e++) { float ex = expf(x[n][e] - mx); sum += ex; if (!log_out) x[n][e] = ex; }
+    }
+  }
+  sum = TPO == 32 ? warp_sum(sum) : block_sum(sum, red);
+  const float k = log_out ? mx + logf(sum) : 1.f / sum;
+  T *q = out + (live ? row : 0) * L;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    int64_t c = ((int64_t)n * TPO + lane) * V;
+    if (live && c < L) {
+      Packed128<T> pk;
+#pragma unroll
+      for (int e = 0; e < V; e++) pk[e] = from_f32<T>(log_out ? x[n][e] - k : x[n][e] * k);
+      store128(q + c, pk);
+    }
+  }
+}
+
+template <typename C, int TPO>
+__global__ void __launch_bounds__(kBlock) softmax_loop(const void *in, void *out, int dtype, int64_t rows, int64_t L, bool log_out) {
+  constexpr int per = kBlock / TPO;
+  const int64_t row = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = row < rows;
+  const int64_t base = (live ? row : 0) * L;
+  MaxSum<C> ms;
+  ms.init();
+  if (live) for (int64_t i = lane; i < L; i += TPO) ms.push(load_as<C>(in, dtype, base + i));
+  if (TPO == 32) ms.warp_merge(); else ms.block_merge();
+  ms.finish();
+  if (!live) return;
+  const C k = log_out ? ms.m + m_log(ms.s) : (C)1 / ms.s;
+  for (int64_t i = lane; i < L; i += TPO) {
+    C x = load_as<C>(in, dtype, base + i);
+    store_as<C>(out, dtype, base + i, softmax_out(x, ms.m, k, log_out));
+  }
+}
+
+template <typename C>
+__global__ void __launch_bounds__(kBlock) softmax_cols(const void *in, void *out, int dtype, int64_t outer, int64_t L, int64_t inner, bool log_out) {
+  const int64_t col = (int64_t)blockIdx.x * kBlock + threadIdx.x;
+  if (col >= outer * inner) return;
+  const int64_t base = (col / inner) * L * inner + col % inner;
+  MaxSum<C> ms;
+  ms.init();
+  for (int64_t l = 0; l < L; l++) ms.push(load_as<C>(in, dtype, base + l * inner));
+  ms.finish();
+  const C k = log_out ? ms.m + m_log(ms.s) : (C)1 / ms.s;
+  for (int64_t l = 0; l < L; l++) {
+    C x = load_as<C>(in, dtype, base + l * inner);
+    store_as<C>(out, dtype, base + l * inner, softmax_out(x, ms.m, k, log_out));
+  }
+}
+
+/* ---- backward: gx = y * (g - sum(g y)) or g - exp(y) * sum(g) ---- */
+
+template <typename C> __device__ __forceinline__ C bwd_term(C g, C y, bool log_out) { return log_out ? g : g * y; }
+template <typename C> __device__ __forceinline__ C bwd_out(C g, C y, C dot, bool log_out) {
+  return log_out ? g - m_exp(y) * dot : y * (g - dot);
+}
+
+struct BwdArgs {
+  const void *g, *y;
+  void *gx;
+  int gdt, ydt, xdt;
+  int64_t rows, L, inner;
+  bool log_out;
+};
+
+/* Rows that fit in registers, g, y and gx of one float type, 16-byte aligned:
+ * g and y are read once, gx written once (12 B per f32 element). */
+template <typename T, int N, int TPO>
+__global__ void __launch_bounds__(kBlock) softmax_bwd_reg(const T *gp, const T *yp, T *xp, int64_t rows, int64_t L, bool log_out) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int per = kBlock / TPO;
+  __shared__ float red[32];
+  const int64_t row = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = row < rows;
+  const int64_t base = (live ? row : 0) * L;
+  float g[N][V], y[N][V];
+  float dot = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    int64_t c = ((int64_t)n * TPO + lane) * V;
+    if (live && c < L) {
+      Packed128<T> pg = load128(gp + base + c), py = load128(yp + base + c);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        g[n][e] = to_f32(pg[e]); y[n][e] = to_f32(py[e]);
+        dot += log_out ? g[n][e] : g[n][e] * y[n][e];
+      }
+    }
+  }
+  dot = TPO == 32 ? warp_sum(dot) : block_sum(dot, red);
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    int64_t c = ((int64_t)n * TPO + lane) * V;
+    if (live && c < L) {
+      Packed128<T> px;
+#pragma unroll
+      for (int e = 0; e < V; e++)
+        px[e] = from_f32<T>(log_out ? g[n][e] - expf(y[n][e]) * dot : y[n][e] * (g[n][e] - dot));
+      store128(xp + base + c, px);
+    }
+  }
+}
+
+template <typename T>
+bool launch_softmax_bwd_reg(const BwdArgs &a, cudaStream_t s) {
+  constexpr int V = 16 / (int)sizeof(T);
+  const int64_t packs = a.L / V, rows = a.rows;
+  const T *g = (const T *)a.g, *y = (const T *)a.y;
+  T *x = (T *)a.gx;
+#define EM_BW_WARP(N) if (packs <= 32 * N) { softmax_bwd_reg<T, N, 32><<<(unsigned)((rows + 7) / 8), kBlock, 0, s>>>(g, y, x, rows, a.L, a.log_out); return true; }
+#define EM_BW_BLOCK(N) if (packs <= kBlock * N) { softmax_bwd_reg<T, N, kBlock><<<(unsigned)rows, kBlock, 0, s>>>(g, y, x, rows, a.L, a.log_out); return true; }
+  EM_BW_WARP(1) EM_BW_WARP(2) EM_BW_WARP(4) EM_BW_WARP(8)
+  EM_BW_BLOCK(4) EM_BW_BLOCK(8)
+  if constexpr (V == 4) { EM_BW_BLOCK(16) }   /* 2 x 16 x 8 floats would not fit in registers */
+#undef EM_BW_WARP
+#undef EM_BW_BLOCK
+  return false;
+}
+
+template <typename C, int TPO>
+__global__ void __launch_bounds__(kBlock) softmax_bwd_rows(BwdArgs a) {
+  constexpr int per = kBlock / TPO;
+  __shared__ C red[32];
+  const int64_t row = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = row < a.rows;
+  const int64_t base = (live ? row : 0) * a.L;
+  C dot = 0;
+  if (live) {
+    int64_t i = lane;
+    for (; i + 3 * TPO < a.L; i += 4 * TPO) {   /* eight loads in flight */
+      C g[4], y[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) { g[u] = load_as<C>(a.g, a.gdt, base + i + u * TPO); y[u] = load_as<C>(a.y, a.ydt, base + i + u * TPO); }
+#pragma unroll
+      for (int u = 0; u < 4; u++) dot += bwd_term(g[u], y[u], a.log_out);
+    }
+    for (; i < a.L; i += TPO)
+      dot += bwd_term(load_as<C>(a.g, a.gdt, base + i), load_as<C>(a.y, a.ydt, base + i), a.log_out);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (TPO != 32) {
+    int w = threadIdx.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = dot;
+    __syncthreads();
+    dot = 0;
+    for (int k = 0; k < kBlock / 32; k++) dot += red[k];
+  }
+  if (!live) return;
+  for (int64_t i = lane; i < a.L; i += TPO) {
+    C g = load_as<C>(a.g, a.gdt, base + i), y = load_as<C>(a.y, a.ydt, base + i);
+    store_as<C>(a.gx, a.xdt, base + i, bwd_out(g, y, dot, a.log_out));
+  }
+}
+
+template <typename C>
+__global__ void __launch_bounds__(kBlock) softmax_bwd_cols(BwdArgs a) {
+  const int64_t col = (int64_t)blockIdx.x * kBlock + threadIdx.x;
+  if (col >= a.rows * a.inner) return;
+  const int64_t base = (col / a.inner) * a.L * a.inner + col % a.inner;
+  C dot = 0;
+  for (int64_t l = 0; l < a.L; l++)
+    dot += bwd_term(load_as<C>(a.g, a.gdt, base + l * a.inner), load_as<C>(a.y, a.ydt, base + l * a.inner), a.log_out);
+  for (int64_t l = 0; l < a.L; l++) {
+    int64_t at = base + l * a.inner;
+    store_as<C>(a.gx, a.xdt, at, bwd_out(load_as<C>(a.g, a.gdt, at), load_as<C>(a.y, a.ydt, at), dot, a.log_out));
+  }
+}
+
+/* ---- max/min backward: scatter g to the saved indices ---- */
+
+struct ScatterArgs {
+  int ndim, dim;
+  int64_t kshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS];
+  int64_t count;
+};
+
+template <typename E>
+__global__ void __launch_bounds__(kBlock) scatter_dim(E *res, const E *g, const int64_t *idx, ScatterArgs s) {
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < s.count; o += (int64_t)gridDim.x * blockDim.x) {
+    int64_t rem = o, off = 0;
+    for (int d = s.ndim - 1; d >= 0; d--) {
+      int64_t c = rem % s.kshape[d];
+      rem /= s.kshape[d];
+      off += (d == s.dim ? idx[o] : c) * s.ostride[d];
+    }
+    res[off] = g[o];
+  }
+}
+
+/* The contiguous (outer, L, inner) split of a shape around dim d. */
+void split_dims(const em_tensor *t, int d, int64_t *outer, int64_t *L, int64_t *inner) {
+  *outer = 1; *inner = 1; *L = t->ndim ? t->shape[d] : 1;
+  for (int k = 0; k < t->ndim; k++) {
+    if (k < d) *outer *= t->shape[k];
+    if (k > d) *inner *= t->shape[k];
+  }
+}
+
+template <typename T>
+bool launch_softmax_reg(const T *in, T *out, int64_t rows, int64_t L, bool log_out, cudaStream_t s) {
+  constexpr int V = 16 / (int)sizeof(T);
+  int64_t packs = L / V;
+#define EM_SM_WARP(N) if (packs <= 32 * N) { softmax_reg<T, N, 32><<<(unsigned)((rows + 7) / 8), kBlock, 0, s>>>(in, out, rows, L, log_out); return true; }
+#define EM_SM_BLOCK(N) if (packs <= kBlock * N) { softmax_reg<T, N, kBlock><<<(unsigned)rows, kBlock, 0, s>>>(in, out, rows, L, log_out); return true; }
+  EM_SM_WARP(1) EM_SM_WARP(2) EM_SM_WARP(4) EM_SM_WARP(8)
+  EM_SM_BLOCK(4) EM_SM_BLOCK(8) EM_SM_BLOCK(16)
+#undef EM_SM_WARP
+#undef EM_SM_BLOCK
+  return false;
+}
+
+}  // namespace
+
+extern "C" int em_softmax_cuda(const char *op, em_tensor *res, em_tensor *a_in, int dim, bool log_out) {
+  int64_t n = em_numel(a_in);
+  if (n == 0) return 0;
+  if (!em_is_contiguous(res) || res->dtype != a_in->dtype)
+    return em_error("%s: internal error: softmax output must be contiguous of the input's dtype", op);
+  const int dev = res->device.index;
+  if (em_use_device(dev, op)) return -1;
+  int64_t outer, L, inner;
+  split_dims(a_in, dim, &outer, &L, &inner);
+  if (outer * inner > (int64_t)INT32_MAX)
+    return em_error("%s: %lld rows are more than one launch handles", op, (long long)(outer * inner));
+  em_tensor *a = em_contiguous_as(a_in, a_in->dtype);
+  if (!a) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const void *ip = em_data_ptr(a);
+  void *outp = em_data_ptr(res);
+  bool done = false;
+  if (inner == 1) {
+    size_t es = em_dtype_size(a->dtype);
+    bool aligned = ((uintptr_t)ip & 15) == 0 && ((uintptr_t)outp & 15) == 0 && (L * (int64_t)es) % 16 == 0;
+    if (aligned) {
+      switch (a->dtype) {
+        case EM_F32: done = launch_softmax_reg<float>((const float *)ip, (float *)outp, outer, L, log_out, s); break;
+        case EM_BF16: done = launch_softmax_reg<__nv_bfloat16>((const __nv_bfloat16 *)ip, (__nv_bfloat16 *)outp, outer, L, log_out, s); break;
+        case EM_F16: done = launch_softmax_reg<__half>((const __half *)ip, (__half *)outp, outer, L, log_out, s); break;
+        default: break;
+      }
+    }
+    if (!done) {
+      bool f64 = a->dtype == EM_F64, warp = L <= 1024;
+      unsigned grid = (unsigned)(warp ? (outer + 7) / 8 : outer);
+      if (f64 && warp) softmax_loop<double, 32><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, log_out);
+      else if (f64) softmax_loop<double, kBlock><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, log_out);
+      else if (warp) softmax_loop<float, 32><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, log_out);
+      else softmax_loop<float, kBlock><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, log_out);
+    }
+  } else {
+    unsigned grid = (unsigned)((outer * inner + kBlock - 1) / kBlock);
+    if (a->dtype == EM_F64) softmax_cols<double><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, inner, log_out);
+    else softmax_cols<float><<<grid, kBlock, 0, s>>>(ip, outp, a->dtype, outer, L, inner, log_out);
+  }
+  em_tensor_release(a);
+  return em_launch_check(op);
+}
+
+extern "C" int em_softmax_backward_cuda(const char *op, em_tensor *gx, em_tensor *g_in, em_tensor *y_in, int dim, bool log_out) {
+  if (em_numel(gx) == 0) return 0;
+  if (!em_is_contiguous(gx)) return em_error("%s: internal error: gradient output must be contiguous", op);
+  const int dev = gx->device.index;
+  if (em_use_device(dev, op)) return -1;
+  em_tensor *g = em_contiguous_as(g_in, g_in->dtype);
+  em_tensor *y = g ? em_contiguous_as(y_in, y_in->dtype) : NULL;
+  if (!g || !y) { em_tensor_release(g); return -1; }
+  cudaStream_t s = em_cur_stream(dev);
+  BwdArgs a;
+  a.g = em_data_ptr(g); a.y = em_data_ptr(y); a.gx = em_data_ptr(gx);
+  a.gdt = g->dtype; a.ydt = y->dtype; a.xdt = gx->dtype;
+  split_dims(y, dim, &a.rows, &a.L, &a.inner);
+  a.log_out = log_out;
+  if (a.rows * a.inner > (int64_t)INT32_MAX) {
+    em_tensor_release(g); em_tensor_release(y);
+    return em_error("%s: %lld rows are more than one launch handles", op, (long long)(a.rows * a.inner));
+  }
+  bool f64 = gx->dtype == EM_F64;
+  bool done = false;
+  if (a.inner == 1 && g->dtype == gx->dtype && y->dtype == gx->dtype) {
+    const int64_t es = (int64_t)em_dtype_size(gx->dtype);
+    bool aligned = ((uintptr_t)a.g & 15) == 0 && ((uintptr_t)a.y & 15) == 0 && ((uintptr_t)a.gx & 15) == 0 &&
+                   (a.L * es) % 16 == 0;
+    if (aligned) {
+      switch (gx->dtype) {
+        case EM_F32: done = launch_softmax_bwd_reg<float>(a, s); break;
+        case EM_BF16: done = launch_softmax_bwd_reg<__nv_bfloat16>(a, s); break;
+        case EM_F16: done = launch_softmax_bwd_reg<__half>(a, s); break;
+        default: break;
+      }
+    }
+  }
+  if (!done && a.inner == 1) {
+    bool warp = a.L <= 1024;
+    unsigned grid = (unsigned)(warp ? (a.rows + 7) / 8 : a.rows);
+    if (f64 && warp) softmax_bwd_rows<double, 32><<<grid, kBlock, 0, s>>>(a);
+    else if (f64) softmax_bwd_rows<double, kBlock><<<grid, kBlock, 0, s>>>(a);
+    else if (warp) softmax_bwd_rows<float, 32><<<grid, kBlock, 0, s>>>(a);
+    else softmax_bwd_rows<float, kBlock><<<grid, kBlock, 0, s>>>(a);
+  } else if (!done) {
+    unsigned grid = (unsigned)((a.rows * a.inner + kBlock - 1) / kBlock);
+    if (f64) softmax_bwd_cols<double><<<grid, kBlock, 0, s>>>(a);
+    else softmax_bwd_cols<float><<<grid, kBlock, 0, s>>>(a);
+  }
+  em_tensor_release(g);
+  em_tensor_release(y);
+  return em_launch_check(op);
+}
+
+extern "C" int em_scatter_dim_cuda(const char *op, em_tensor *res, em_tensor *g_in, em_tensor *idx_in, int dim,
+                                   const int64_t *keep_shape) {
+  ScatterArgs sa;
+  memset(&sa, 0, sizeof sa);
+  sa.ndim = res->ndim; sa.dim = dim;
+  sa.count = em_shape_numel(res->ndim, keep_shape);
+  if (sa.count == 0) return 0;
+  if (!em_is_contiguous(res) || em_numel(g_in) != sa.count || em_numel(idx_in) != sa.count)
+    return em_error("%s: internal error: scatter of mismatched tensors", op);
+  const int dev = res->device.index;
+  if (em_use_device(dev, op)) return -1;
+  for (int d = 0; d < res->ndim; d++) { sa.kshape[d] = keep_shape[d]; sa.ostride[d] = res->stride[d]; }
+  em_tensor *g = em_contiguous_as(g_in, res->dtype);
+  em_tensor *idx = g ? em_contiguous_as(idx_in, EM_I64) : NULL;
+  if (!g || !idx) { em_tensor_release(g); return -1; }
+  cudaStream_t s = em_cur_stream(dev);
+  unsigned grid = em_grid(sa.count, kBlock);
+  const int64_t *ip = (const int64_t *)em_data_ptr(idx);
+  switch (em_dtype_size(res->dtype)) {
+    case 2: scatter_dim<uint16_t><<<grid, kBlock, 0, s>>>((uint16_t *)em_data_ptr(res), (const uint16_t *)em_data_ptr(g), ip, sa); break;
+    case 4: scatter_dim<uint32_t><<<grid, kBlock, 0, s>>>((uint32_t *)em_data_ptr(res), (const uint32_t *)em_data_ptr(g), ip, sa); break;
+    case 8: scatter_dim<uint64_t><<<grid, kBlock, 0, s>>>((uint64_t *)em_data_ptr(res), (const uint64_t *)em_data_ptr(g), ip, sa); break;
+    default: scatter_dim<uint8_t><<<grid, kBlock, 0, s>>>((uint8_t *)em_data_ptr(res), (const uint8_t *)em_data_ptr(g), ip, sa); break;
+  }
+  em_tensor_release(g);
+  em_tensor_release(idx);
+  return em_launch_check(op);
+}

@@ -1,0 +1,100 @@
+/* RoPE: rotate adjacent pairs of the last dim, y[2j] = x[2j]·c − x[2j+1]·s,
+ * y[2j+1] = x[2j]·s + x[2j+1]·c, with (c, s) = (cos, ±sin)(p · theta^(−2j/d)).
+ *
+ * Cost: 6 FLOPs and one sin/cos pair per pair of elements; reads x and
+ * writes y once (2·numel·sizeof(T) bytes) and the positions once per row:
+ * memory bound when the sin/cos is cheap, which is the point of the trick.
+ *
+ * Launch: one warp per row of d (rows strided over a grid of 2048-thread
+ * multiples), lanes over the d/2 pairs; the row's offset in x (any strides on
+ * the leading dims: q/k arrive as transposed views) and in pos (broadcast) is
+ * decoded once per row.
+ *
+ * The trick: the angle p·inv_freq must be formed in double (positions reach
+ * 1e5 and f32 would lose the phase), but double sin/cos costs ~20x a float
+ * one. So the angle is formed and reduced modulo 2π in double (exact to
+ * ~1e-16·|angle|), and only the reduced angle in [−π, π] goes through f32
+ * sincosf: within ~2 ulps of the CPU's (float)cos(double) and no table, so no
+ * host read of the position range. inv_freq = theta^(−2j/d) is computed on
+ * the host in double and passed by value (d ≤ 512), as the CPU computes it.
+ * f64 x uses double sincos throughout. */
+#include <type_traits>
+#include "common.cuh"
+#include "rope.h"
+
+#define THREADS 256
+#define MAX_HALF 256
+
+typedef struct {
+  int nd;                          /* leading dims */
+  int64_t shape[EM_MAX_DIMS];
+  int64_t xs[EM_MAX_DIMS];         /* x strides of the leading dims */
+  int64_t ps[EM_MAX_DIMS];         /* pos strides, 0 where broadcast */
+} rope_geom;
+
+typedef struct { double v[MAX_HALF]; } freq_table;
+
+__device__ __forceinline__ void angle_cs(double a, float &c, float &s) {
+  const double two_pi = 6.283185307179586476925286766559;
+  double r = a - rint(a * (1.0 / two_pi)) * two_pi;
+  sincosf((float)r, &s, &c);
+}
+__device__ __forceinline__ void angle_cs(double a, double &c, double &s) { sincos(a, &s, &c); }
+
+template <typename T, typename C> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
+template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
+template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
+template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+
+template <typename T, typename C, typename P>
+__global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos, rope_geom g, freq_table f,
+                                                       int64_t rows, int64_t half, double theta, C sign, T *y) {
+  int lane = threadIdx.x & 31;
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t row = warp; row < rows; row += nwarps) {
+    int64_t xo = 0, po = 0, r = row;
+    for (int k = g.nd - 1; k >= 0; k--) {
+      int64_t i = r % g.shape[k];
+      r /= g.shape[k];
+      xo += i * g.xs[k]; po += i * g.ps[k];
+    }
+    double p = (double)pos[po];
+    const T *xr = x + xo;
+    T *yr = y + row * 2 * half;
+    for (int64_t j = lane; j < half; j += 32) {
+      double inv = j < MAX_HALF ? f.v[j] : pow(theta, -2.0 * (double)j / (double)(2 * half));
+      C c, s;
+      angle_cs(p * inv, c, s);
+      s = sign * s;
+      C a = ld<T, C>(xr[2 * j]), b = ld<T, C>(xr[2 * j + 1]);
+      yr[2 * j] = st<T>(a * c - b * s);
+      yr[2 * j + 1] = st<T>(a * s + b * c);
+    }
+  }
+}
+
+extern "C" int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double theta, double sign, em_tensor *y) {
+  int64_t d = x->shape[x->ndim - 1], half = d / 2, rows = em_shape_numel(x->ndim - 1, x->shape);
+  if (rows == 0 || half == 0) return 0;
+  rope_geom g;
+  memset(&g, 0, sizeof g);
+  g.nd = x->ndim - 1;
+  for (int k = 0; k < g.nd; k++) { g.shape[k] = x->shape[k]; g.xs[k] = x->stride[k]; }
+  em_broadcast_strides(pos, g.nd, x->shape, g.ps);
+  freq_table f;
+  for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = pow(theta, -2.0 * (double)j / (double)d);
+  int64_t blocks = (rows + THREADS / 32 - 1) / (THREADS / 32);
+  if (blocks > 65535) blocks = 65535;
+  cudaStream_t s = em_cur_stream(x->device.index);
+#define ROPE(P)                                                                                              \
+  EM_DISPATCH_FLOAT(x->dtype, T, {                                                                           \
+    typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;                \
+    rope_kernel<T, C, P><<<(unsigned)blocks, THREADS, 0, s>>>((const T *)em_data_ptr(x),                      \
+        (const P *)em_data_ptr(pos), g, f, rows, half, theta, (C)sign, (T *)em_data_ptr(y));                 \
+  })
+  if (pos->dtype == EM_I64) { ROPE(int64_t); }
+  else if (pos->dtype == EM_I32) { ROPE(int32_t); }
+  else return em_error("rope: CUDA positions must be i32 or i64, got %s", em_dtype_name(pos->dtype));
+#undef ROPE
+  return em_launch_check("rope");
+}

@@ -1,0 +1,64 @@
+/* Internal interfaces between the pieces of Ember's CUDA runtime
+ * (device.cu, alloc.cu, stream.cu, graph.cu, copy.cu, rng.cu). Not public:
+ * the public contract is ember/cuda.h. C ABI so the engine could call it too. */
+#ifndef EMBER_KERNELS_RUNTIME_H
+#define EMBER_KERNELS_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include "ember/cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EM_CUDA_MAX_DEVICES 64
+
+/* ---- device.cu ---- */
+/* Make sure the CUDA runtime is initialised and the engine's em_cuda hooks
+ * point at it. Returns the device count (0 without a GPU). */
+int em_cuda_runtime_init(void);
+/* 0, or -1 with "op: cuda:N does not exist (K devices)". */
+int em_cuda_check_device(const char *op, int device);
+
+/* ---- alloc.cu: the caching allocator ---- */
+void *em_cuda_caching_alloc(size_t nbytes, int device);
+void em_cuda_caching_free(void *p, int device);
+/* A private pool (graph capture): while one is active on this thread for a
+ * device, every allocation on that device must be made on `stream` and comes
+ * from the pool. */
+typedef struct em_mempool em_mempool;
+em_mempool *em_mempool_new(int device, void *stream);
+void em_mempool_set_active(em_mempool *p);        /* NULL: none (this thread) */
+/* The owner lets go: segments are returned once every block is free. */
+void em_mempool_close(em_mempool *p);
+
+/* ---- stream.cu ---- */
+/* The stream handle (cudaStream_t) ops on `device` launch on, for this thread. */
+void *em_cuda_cur_stream_handle(int device);
+
+/* ---- graph.cu ---- */
+/* Run fn(arg) now, or after the capture when this thread is capturing (host
+ * frees and destroys that would break a capture: cudaFreeHost, graph frees). */
+void em_cuda_defer(void (*fn)(void *), void *arg);
+void em_cuda_run_deferred(void);
+
+#ifdef __cplusplus
+}
+
+#include <cuda_runtime.h>
+/* Select a device for a scope and restore the previous one after. */
+struct EmDeviceGuard {
+  int prev = -1;
+  explicit EmDeviceGuard(int device) {
+    if (cudaGetDevice(&prev) != cudaSuccess) { cudaGetLastError(); prev = -1; }
+    if (prev != device) cudaSetDevice(device);
+  }
+  ~EmDeviceGuard() {
+    int now = -1;
+    if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev);
+  }
+};
+#endif
+#endif

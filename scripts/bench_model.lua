@@ -1,0 +1,281 @@
+--- End-to-end benchmark of the reference TransformerLM (CS336 A2 §1.1.3):
+-- random batch, `--warmup` untimed steps, `--steps` timed steps with the
+-- device synchronised around each, then mean ± std, median, tokens/s, MFU
+-- and peak memory. bench/pytorch_baseline.py is the same benchmark in
+-- PyTorch, with the same flags, output lines and JSON fields.
+--
+--   ember run scripts/bench_model.lua --model small --mode train --precision bf16
+--   ember run scripts/bench_model.lua --model xl --mode train --precision bf16 --graph --json runs.jsonl
+--
+-- Modes: fwd (forward + loss under no_grad), fwd_bwd (zero_grad, forward,
+-- loss, backward), train (fwd_bwd + AdamW step). --precision bf16 wraps the
+-- forward and loss in ember.autocast("bf16"); backward runs outside it, as in
+-- PyTorch. --graph captures one whole step with ember.cuda.graph after the
+-- warm-up steps and times its replays. Out of memory is a result ("OOM"),
+-- printed and written to the JSON line, not a crash.
+--
+-- MFU = tokens/s · FLOPs per token / peak FLOP/s, with (PaLM, appendix B)
+--   train, fwd_bwd: FLOPs/token = 6·N + 12·L·d_model·T
+--   fwd:            FLOPs/token = 2·N +  4·L·d_model·T
+-- where N counts the parameters that take part in matmuls: all but the token
+-- embeddings (the lm_head is a real matmul here, its weight is not tied), and
+-- the attention term counts q·kᵀ and attn·v over the whole T×T square (no
+-- causal discount), like PaLM. Peak: H100/H200 SXM dense bf16 989.4 TFLOP/s,
+-- TF32 494.7, plain fp32 66.9 (--peak-tflops overrides); the script prints
+-- the peak it divides by.
+local ember = require "ember"
+local argparse = require "argparse"
+local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
+
+local parser = argparse("bench_model.lua",
+  "Time forward / backward / training steps of the reference TransformerLM.")
+parser:option("--model", "Model size (nn.configs).", "small")
+  :choices({"tiny", "small", "medium", "large", "xl", "2.7b"})
+parser:option("--d-model", "Override d_model."):convert(math.tointeger)
+parser:option("--d-ff", "Override d_ff."):convert(math.tointeger)
+parser:option("--layers", "Override num_layers."):convert(math.tointeger)
+parser:option("--heads", "Override num_heads."):convert(math.tointeger)
+parser:option("--context", "Context length T (tokens per sequence).", "512"):convert(math.tointeger)
+parser:option("--batch", "Batch size B.", "4"):convert(math.tointeger)
+parser:option("--vocab", "Vocabulary size.", "10000"):convert(math.tointeger)
+parser:option("--mode", "What one step does.", "train"):choices({"fwd", "fwd_bwd", "train"})
+parser:option("--warmup", "Untimed steps first.", "5"):convert(math.tointeger)
+parser:option("--steps", "Timed steps.", "10"):convert(math.tointeger)
+parser:option("--precision", "fp32, or bf16 autocast.", "fp32"):choices({"fp32", "bf16"})
+parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
+parser:option("--attn", "Attention: flash (default on cuda when built) or naive.")
+  :choices({"flash", "naive"})
+parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
+parser:option("--device", "cpu or cuda (default: cuda when available).")
+parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
+parser:option("--seed", "Seed for weights and batch.", "0"):convert(math.tointeger)
+parser:option("--peak-tflops", "Peak TFLOP/s for MFU (default: from the device and precision).")
+  :convert(tonumber)
+parser:flag("--quiet", "No per-step lines.")
+parser:option("--json", "Append one JSON line of results to this file.")
+local args = parser:parse(arg)
+args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
+
+local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
+for _, k in ipairs({"context", "batch", "vocab", "steps", "seed"}) do
+  if not args[k] or args[k] < (k == "seed" and 0 or 1) then fail("--" .. k .. " must be a positive integer") end
+end
+if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
+local on_cuda = args.device:match("^cuda") ~= nil
+if args.graph and not on_cuda then fail("--graph needs --device cuda") end
+if not args.attn then
+  args.attn = (on_cuda and ember.core.flash_attention) and "flash" or "naive"
+elseif args.attn == "flash" and not ember.core.flash_attention then
+  fail("--attn flash: this build has no flash attention (ember.core.flash_attention)")
+end
+
+-- ---------------------------------------------------------------------------
+-- environment facts for the report
+
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>/dev/null")
+  if not f then return nil end
+  local out = f:read("a")
+  f:close()
+  out = out and out:gsub("%s+$", "") or ""
+  return out ~= "" and out or nil
+end
+
+local function git_commit()
+  local c = sh("git rev-parse --short HEAD") or "unknown"
+  if sh("git status --porcelain --untracked-files=no") then c = c .. "+dirty" end
+  return c
+end
+
+local function device_name()
+  if not on_cuda then
+    local f = io.open("/proc/cpuinfo")
+    if f then
+      for line in f:lines() do
+        local m = line:match("^model name%s*:%s*(.+)")
+        if m then f:close() return "cpu (" .. m .. ")" end
+      end
+      f:close()
+    end
+    return "cpu"
+  end
+  for _, k in ipairs({"get_device_name", "device_name"}) do
+    if ember.cuda[k] then
+      local ok, name = pcall(ember.cuda[k])
+      if ok and name then return name end
+    end
+  end
+  return sh("nvidia-smi --query-gpu=name --format=csv,noheader -i 0") or "cuda (unknown)"
+end
+
+local function driver_version()
+  if not on_cuda then return nil end
+  return sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0")
+end
+
+--- Peak dense TFLOP/s the MFU divides by (H100/H200 SXM datasheet figures).
+local function peak_tflops(dev)
+  if args.peak_tflops then return args.peak_tflops, "--peak-tflops" end
+  if not on_cuda then return nil, "no peak known for a CPU" end
+  if dev:match("H100") or dev:match("H200") then
+    if args.precision == "bf16" then return 989.4, "H100/H200 SXM dense bf16" end
+    if args.tf32 then return 494.7, "H100/H200 SXM dense TF32" end
+    return 66.9, "H100/H200 SXM fp32 (no tensor cores)"
+  end
+  return nil, "unknown device: pass --peak-tflops"
+end
+
+-- ---------------------------------------------------------------------------
+-- the model, the batch and one step
+
+local cfg = nn.configs[args.model]{vocab_size = args.vocab, context_length = args.context}
+cfg.d_model = args.d_model or cfg.d_model
+cfg.d_ff = args.d_ff or cfg.d_ff
+cfg.num_layers = args.layers or cfg.num_layers
+cfg.num_heads = args.heads or cfg.num_heads
+cfg.attn_impl = args.attn
+cfg.device = args.device
+
+local n_params = nn.count_parameters(cfg)
+local n_matmul = n_params - cfg.vocab_size * cfg.d_model     -- all but token_embeddings
+local L, D, T, B = cfg.num_layers, cfg.d_model, args.context, args.batch
+local flops_per_token = args.mode == "fwd" and (2 * n_matmul + 4 * L * D * T)
+  or (6 * n_matmul + 12 * L * D * T)
+local tokens_per_step = B * T
+
+local dev_name, commit = device_name(), git_commit()
+local peak, peak_why = peak_tflops(dev_name)
+local config = {
+  model = args.model, d_model = D, d_ff = cfg.d_ff, layers = L, heads = cfg.num_heads,
+  vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
+  tf32 = args.tf32, attn = args.attn, graph = args.graph, warmup = args.warmup,
+  steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
+  params = n_params, params_matmul = n_matmul,
+}
+
+print(("device: %s%s"):format(dev_name, driver_version() and (", driver " .. driver_version()) or ""))
+print(("commit: %s, %s, ember %s"):format(commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
+  "mode=%s precision=%s%s attn=%s graph=%s warmup=%d steps=%d params=%.1fM")
+  :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
+    args.precision, args.tf32 and "+tf32" or "", args.attn, tostring(args.graph), args.warmup,
+    args.steps, n_params / 1e6))
+
+local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
+
+local function run()
+  if args.tf32 then ember.backends.tf32(true) end
+  if on_cuda then ember.cuda.reset_peak_memory_stats() end
+  ember.manual_seed(args.seed)
+  local model = nn.TransformerLM(cfg)
+  local opt = args.mode == "train" and optim.AdamW(model:parameters(), {lr = args.lr}) or nil
+  local data = ember.randint(0, cfg.vocab_size, {B, T + 1}, {device = args.device})
+  local x, y = data:narrow(1, 0, T), data:narrow(1, 1, T)
+
+  local function loss_fn()
+    local logits = model(x)
+    return F.cross_entropy(logits, y)
+  end
+  local forward = args.precision == "bf16"
+    and function() return ember.autocast("bf16", loss_fn) end or loss_fn
+
+  local step
+  if args.mode == "fwd" then
+    step = function() return ember.no_grad(forward) end
+  else
+    step = function()
+      model:zero_grad()              -- grads to nil: backward allocates them fresh
+      local loss = forward()
+      loss:backward()
+      if opt then opt:step() end
+      return loss
+    end
+  end
+
+  local loss
+  for _ = 1, args.warmup do loss = step() end
+  cuda_sync()
+  local timed = step
+  if args.graph then
+    if args.warmup == 0 then loss = step() cuda_sync() end   -- state and workspaces exist before capture
+    model:zero_grad()
+    local g = ember.cuda.graph(function() loss = step() end, {warmup = 0})
+    g:replay()                                        -- one untimed replay
+    cuda_sync()
+    timed = function() g:replay() end
+  end
+
+  local samples = {}
+  for i = 1, args.steps do
+    cuda_sync()
+    local t0 = ember.core.clock()
+    local l = timed()
+    cuda_sync()
+    samples[i] = (ember.core.clock() - t0) * 1e3
+    if l then loss = l end
+    if not args.quiet then
+      local tps = tokens_per_step / samples[i] * 1e3
+      print(("step %3d/%d  %9.3f ms  %12.0f tok/s%s"):format(i, args.steps, samples[i], tps,
+        peak and ("  MFU %5.1f%%"):format(100 * tps * flops_per_token / (peak * 1e12)) or ""))
+    end
+  end
+  local final_loss = loss and loss:item() or nil
+  local peak_mem = on_cuda and ember.cuda.max_memory_allocated() or nil
+  return samples, final_loss, peak_mem
+end
+
+local result = {
+  tool = "ember", commit = commit, device = dev_name, driver = driver_version(),
+  date = os.date("!%Y-%m-%dT%H:%M:%SZ"), config = config,
+  flops_per_token = flops_per_token, peak_tflops = peak,
+  command = "ember run scripts/bench_model.lua " .. table.concat(arg, " "),
+}
+
+local ok, samples, final_loss, peak_mem = pcall(run)
+collectgarbage()
+collectgarbage()
+if not ok then
+  local msg = tostring(samples)
+  if msg:match("out of memory") then
+    result.status, result.error = "OOM", msg
+    print("result: OOM (" .. msg:gsub("\n.*", "") .. ")")
+  else
+    result.status, result.error = "error", msg
+    io.stderr:write("bench_model.lua: ", msg, "\n")
+  end
+else
+  local stats = require("ember.bench").stats(samples)
+  local tps = tokens_per_step / stats.mean * 1e3
+  result.status = "ok"
+  result.samples_ms = samples
+  result.mean_ms, result.std_ms, result.median_ms = stats.mean, stats.std, stats.median
+  result.min_ms, result.max_ms = stats.min, stats.max
+  result.tokens_per_s = tps
+  result.mfu = peak and tps * flops_per_token / (peak * 1e12) or nil
+  result.peak_memory_bytes = peak_mem
+  result.final_loss = final_loss
+  print(("time: %.3f ± %.3f ms per step (mean ± std of %d), median %.3f ms, min %.3f ms")
+    :format(stats.mean, stats.std, #samples, stats.median, stats.min))
+  print(("throughput: %.0f tokens/s (%d tokens per step, from the mean)"):format(tps, tokens_per_step))
+  if peak then
+    print(("MFU: %.1f%% = tokens/s × %.4g FLOPs/token / %.1f TFLOP/s (%s); FLOPs/token = %s")
+      :format(100 * result.mfu, flops_per_token, peak, peak_why,
+        args.mode == "fwd" and "2·N + 4·L·d·T" or "6·N + 12·L·d·T"))
+  else
+    print(("MFU: n/a (%s); FLOPs/token = %.4g"):format(peak_why, flops_per_token))
+  end
+  if peak_mem then
+    print(("peak memory: %.2f GiB (ember.cuda.max_memory_allocated)"):format(peak_mem / 2 ^ 30))
+  end
+  if final_loss then print(("loss: %.4f"):format(final_loss)) end
+end
+
+if args.json then
+  local cjson = require "cjson"
+  local f, err = io.open(args.json, "a")
+  if not f then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
+  f:write(cjson.encode(result), "\n")
+  f:close()
+end
+os.exit(result.status == "error" and 1 or 0)

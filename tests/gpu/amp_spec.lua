@@ -1,0 +1,128 @@
+-- amp_spec.lua (GPU) — ember.autocast on CUDA tensors: the ToyModel dtype
+-- report, bf16 matmuls against the CPU's, the weight-cast cache inside a
+-- region, autocast inside a captured graph, and the TF32 switch.
+local ember = require "ember"
+local F = ember.nn.functional
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local toy = dofile(here .. "../lua/amp_toy.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+-- ‖a − b‖ / ‖b‖ in f64 on the CPU.
+local function rel(a, b)
+  a, b = a:to({device = "cpu", dtype = "f64"}), b:to({device = "cpu", dtype = "f64"})
+  local d = (a - b):pow(2):sum():sqrt():item()
+  local n = b:pow(2):sum():sqrt():item()
+  return d / (n > 0 and n or 1)
+end
+
+describe("ember.autocast dtype report (CUDA)", function()
+  it("gives the ToyModel's parameters f32, fc1 bf16, norm f32, logits bf16, loss f32, grads f32", function()
+    assert.are.same(toy.expected_report, toy.dtype_report("cuda", "bf16"))
+  end)
+end)
+
+describe("ember.autocast numerics (CUDA)", function()
+  it("computes a matmul as the CUDA matmul of bf16-rounded inputs, bit for bit", function()
+    local a, b = ember.randn({96, 200}, {device = "cuda"}), ember.randn({200, 72}, {device = "cuda"})
+    local c = ember.autocast("bf16", function() return a:matmul(b) end)
+    assert.are.equal("bf16", c.dtype)
+    assert.are.equal("cuda:0", c.device)
+    local ref = a:to("bf16"):matmul(b:to("bf16"))
+    assert.are.equal(0, (c:float() - ref:float()):abs():max():item())
+  end)
+
+  -- cuBLASLt and the CPU path both accumulate in f32 and round once to bf16,
+  -- in different orders: outputs differ by at most about one bf16 ulp (2^-8
+  -- relative), so 1e-2 norm-wise catches any real error (f32 inputs not
+  -- rounded, f16 instead of bf16, a missing transpose) without flaking.
+  it("matches the CPU's autocast matmul within bf16 rounding", function()
+    local a, b = ember.randn(64, 512), ember.randn(512, 48)
+    local cpu = ember.autocast("bf16", function() return a:matmul(b) end)
+    local gpu = ember.autocast("bf16", function() return a:cuda():matmul(b:cuda()) end)
+    assert.is_true(rel(gpu, cpu) < 1e-2, tostring(rel(gpu, cpu)))
+    -- and the inputs really were rounded: the f32 product is further away
+    -- than the two bf16 results are from each other
+    assert.is_true(rel(gpu, a:matmul(b)) > rel(gpu, cpu) / 4)
+  end)
+
+  it("computes F.linear on (B, T, in) x (out, in) like the CPU", function()
+    local x, w = ember.randn(3, 17, 64), ember.randn(40, 64)
+    local cpu = ember.autocast("bf16", function() return F.linear(x, w) end)
+    local gpu = ember.autocast("bf16", function() return F.linear(x:cuda(), w:cuda()) end)
+    assert.are.equal("bf16", gpu.dtype)
+    assert.are.same({3, 17, 40}, gpu.shape)
+    assert.is_true(rel(gpu, cpu) < 1e-2, tostring(rel(gpu, cpu)))
+  end)
+
+  it("sends f32 gradients to f32 CUDA weights, matching the CPU's", function()
+    local function grad_of(device)
+      ember.manual_seed(11)
+      local w = ember.randn({32, 64}, {device = device})
+      w.requires_grad = true
+      local x = ember.randn({16, 64}, {device = device})
+      local y = ember.autocast("bf16", function() return F.linear(x, w) end)
+      local l = (y:float() * y:float()):sum()
+      l:backward()
+      return w.grad
+    end
+    local g_gpu, g_cpu = grad_of("cuda"), grad_of("cpu")
+    assert.are.equal("f32", g_gpu.dtype)
+    assert.is_true(rel(g_gpu, g_cpu) < 1e-2, tostring(rel(g_gpu, g_cpu)))
+  end)
+
+  it("casts a CUDA weight again after an in-place update inside the region", function()
+    local w = ember.randn({64, 64}, {device = "cuda"})
+    w.requires_grad = true
+    local x = ember.randn({2, 64}, {device = "cuda"})
+    ember.autocast("bf16", function()
+      local y1 = F.linear(x, w)
+      ember.no_grad(function() w:mul_(2) end)
+      local y2 = F.linear(x, w)
+      assert.are.equal(0, (y2:float() - y1:float() * 2):abs():max():item())
+    end)
+  end)
+
+  it("captures an autocast forward in a CUDA graph and replays it", function()
+    local w = ember.randn({128, 256}, {device = "cuda"})
+    w.requires_grad = true
+    local x = ember.randn({8, 256}, {device = "cuda"})
+    local y
+    local g = ember.cuda.graph(function()
+      y = ember.autocast("bf16", function() return F.linear(x, w) end)
+    end)
+    g:replay()
+    local first = y:float():clone()
+    x:copy_(ember.randn({8, 256}, {device = "cuda"}))
+    g:replay()
+    local eager = ember.autocast("bf16", function() return F.linear(x, w) end)
+    assert.are.equal("bf16", y.dtype)
+    assert.are.equal(0, (y:float() - eager:float()):abs():max():item())
+    assert.is_true((y:float() - first):abs():max():item() > 0)
+  end)
+end)
+
+describe("ember.backends.tf32 on CUDA", function()
+  after_each(function() ember.backends.tf32(false) end)
+
+  -- K = 4096 random products: exact f32 lands near 1e-7 of the f64 result,
+  -- TF32 (10-bit mantissa inputs) near 1e-4..1e-3.
+  local function f32_matmul_error()
+    local a = ember.randn({256, 4096}, {device = "cuda"})
+    local b = ember.randn({4096, 256}, {device = "cuda"})
+    local exact = a:to("f64"):matmul(b:to("f64"))
+    return rel(a:matmul(b), exact)
+  end
+
+  it("keeps f32 matmuls exact f32 by default", function()
+    assert.is_false(ember.backends.tf32())
+    local e = f32_matmul_error()
+    assert.is_true(e < 1e-5, tostring(e))
+  end)
+
+  it("uses TF32 tensor cores for f32 matmuls when switched on", function()
+    ember.backends.tf32(true)
+    local e = f32_matmul_error()
+    assert.is_true(e > 1e-5 and e < 5e-3, tostring(e))
+  end)
+end)

@@ -1,0 +1,76 @@
+-- compare.lua — how the GPU specs compare a CUDA result with the CPU's
+-- (loaded with dofile by elementwise_spec, reduce_spec, shape_spec and
+-- op_cases_spec; not a spec itself).
+--
+-- One rule everywhere, stated exactly: element by element, in f64,
+--     |got - ref| <= atol + rtol * |ref|,   atol = rtol * max(1, max |ref|)
+-- NaN must meet NaN and ±inf the same infinity; shapes must be equal.
+-- The atol term scales with the tensor's largest value so that an element
+-- that cancels to ~0 (a sum of randn values, a gradient through a difference)
+-- is held to the precision of the operands that produced it, not to a
+-- relative bound it cannot meet; a wrong formula is off by O(max |ref|) and
+-- still fails.
+--
+-- rtol by dtype, and why:
+--   f64  1e-12   both sides compute in double; only summation order differs.
+--   f32  1e-5    f32 arithmetic (2^-24 per rounding) plus device libm
+--                (expf/tanhf/erff within 2 ulp) and a different summation
+--                order than the CPU's double accumulation: far below 1e-5
+--                for the O(1)-valued, <= 10^5-term cases of these specs.
+--   bf16 1e-2    about five bf16 roundings (2^-9 each): an op's output is
+--                rounded once, a backward formula chains a few such ops.
+--   f16  2.5e-3  the same five roundings at f16's 2^-11.
+--   integer and bool dtypes: exact (rtol 0).
+local ember = require "ember"
+
+local M = {}
+
+M.RTOL = {f64 = 1e-12, f32 = 1e-5, bf16 = 1e-2, f16 = 2.5e-3}
+
+function M.rtol(dtype) return M.RTOL[dtype] or 0 end
+
+local function shape_str(t)
+  return "(" .. table.concat(t.shape, ",") .. ")"
+end
+
+--- Flat f64 values of a tensor on the CPU.
+function M.values(t)
+  local c = t:detach():to({device = "cpu", dtype = "f64"})
+  if c:dim() == 0 then return {c:item()} end
+  return c:reshape(-1):tolist()
+end
+
+--- Check got (any device/dtype) against ref; error names the first bad element.
+function M.assert_close(got, ref, rtol, what)
+  what = what or "values"
+  if got == nil then error(what .. ": got nil", 2) end
+  if shape_str(got) ~= shape_str(ref) then
+    error(what .. ": shape " .. shape_str(got) .. ", expected " .. shape_str(ref), 2)
+  end
+  local g, r = M.values(got), M.values(ref)
+  local scale = 1
+  for _, v in ipairs(r) do
+    if v == v and v ~= math.huge and v ~= -math.huge and math.abs(v) > scale then scale = math.abs(v) end
+  end
+  local atol = rtol * scale
+  for i = 1, #r do
+    local x, y = g[i], r[i]
+    local ok
+    if y ~= y then ok = x ~= x
+    elseif y == math.huge or y == -math.huge then ok = x == y
+    else ok = x == x and math.abs(x - y) <= atol + rtol * math.abs(y) end
+    if not ok then
+      error(string.format("%s: element %d of %d: got %.9g, expected %.9g (|diff| %.3g > atol %.3g + rtol %.3g * |ref|)",
+        what, i, #r, x, y, math.abs(x - y), atol, rtol, rtol), 2)
+    end
+  end
+end
+
+--- Exact equality of values (integers, bools, bit-exact float ops), and dtype.
+function M.assert_equal(got, ref, what)
+  what = what or "values"
+  if got.dtype ~= ref.dtype then error(what .. ": dtype " .. got.dtype .. ", expected " .. ref.dtype, 2) end
+  M.assert_close(got, ref, 0, what)
+end
+
+return M

@@ -1,0 +1,260 @@
+-- elementwise_spec.lua (GPU) — kernels/elementwise.cu against the CPU loop of
+-- engine/ops/elementwise.c: every binary op (tensor-tensor, tensor-scalar,
+-- scalar-tensor), every unary op, clamp, where, masked_fill, triu/tril, on
+-- every dtype, through both kernel paths (the Packed128 fast path, its
+-- unaligned twin, and the general strided/broadcast/mixed-dtype path), with
+-- out=, in-place and overlapping writes, and the fused unary gradients.
+--
+-- The reference is the CPU on the *same* dtypes: both sides compute in the
+-- same compute type (f32 for f32/bf16/f16, f64, i64) and round once, so
+-- integer, bool and IEEE-exact float results (+ - * /, comparisons, sqrt,
+-- floor ...) must agree exactly, and the rest within compare.lua's tolerance
+-- for the output dtype (f32 1e-5: device expf/tanhf/erff are within 2 ulp;
+-- bf16/f16: one rounding of nearly equal f32 values can land one ulp apart).
+-- An op the CPU rejects must be rejected on the GPU with the same message.
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local N = 4099   -- not a multiple of 8: the vector body and the scalar tail both run
+local FLOATS = {"f32", "bf16", "f16", "f64"}
+local INTS = {"i32", "i64", "u8"}
+local ALL = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8", "bool"}
+
+local function is_float(dt) return dt == "f32" or dt == "f64" or dt == "bf16" or dt == "f16" end
+
+-- Values of dtype dt on the CPU: floats are multiples of 0.5 in [-4, 4] (so
+-- comparisons, maximum/minimum and round see ties), integers small, u8 0..255.
+local function vals(dt, shape)
+  if is_float(dt) then return (ember.randn(shape, {dtype = "f64"}) * 2):round():mul(0.5):to(dt) end
+  if dt == "bool" then return ember.rand(shape):lt(0.5) end
+  if dt == "u8" then return ember.randint(0, 256, shape):to(dt) end
+  return ember.randint(-20, 21, shape):to(dt)
+end
+local function smooth(dt, shape) return ember.randn(shape, {dtype = "f64"}):to(dt) end
+
+local function gpu(x) if type(x) == "number" then return x end return x:to("cuda") end
+
+-- Run f on CPU inputs and on their CUDA copies; the results must agree (or
+-- both raise the same error). Returns the GPU result.
+local function agree(what, f, ...)
+  local ins, g = {...}, {}
+  for i = 1, select("#", ...) do g[i] = gpu(ins[i]) end
+  local ok, ref = pcall(f, table.unpack(ins, 1, select("#", ...)))
+  local gok, out = pcall(f, table.unpack(g, 1, select("#", ...)))
+  if not ok then
+    assert.is_false(gok, what .. ": the CPU raised (" .. tostring(ref) .. ") but the GPU did not")
+    assert.are.equal((tostring(ref):gsub("^.-:%d+: ", "")), (tostring(out):gsub("^.-:%d+: ", "")))
+    return nil
+  end
+  assert(gok, what .. ": " .. tostring(out))
+  assert.are.equal("cuda:0", out.device, what .. ": device")
+  assert.are.equal(ref.dtype, out.dtype, what .. ": dtype")
+  cmp.assert_close(out, ref, cmp.rtol(ref.dtype), what)
+  return out
+end
+
+local BINOPS = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                "logical_and", "logical_or"}
+local UNOPS = {"neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu", "sin",
+               "cos", "square", "reciprocal", "sign", "logical_not", "floor", "ceil", "round"}
+
+describe("binary ops on CUDA", function()
+  for _, op in ipairs(BINOPS) do
+    it(op .. " of two contiguous tensors, every dtype", function()
+      ember.manual_seed(1)
+      for _, dt in ipairs(ALL) do
+        local a, b = vals(dt, {N}), vals(dt, {N})
+        if op == "pow" and not is_float(dt) and dt ~= "bool" then b = ember.randint(0, 5, {N}):to(dt) end
+        agree(op .. " " .. dt, function(x, y) return ember[op](x, y) end, a, b)
+      end
+    end)
+
+    it(op .. " with a Lua number on either side", function()
+      ember.manual_seed(2)
+      for _, dt in ipairs(ALL) do
+        local a = vals(dt, {N})
+        for _, s in ipairs({3, 2.5, -1}) do
+          agree(op .. " " .. dt .. " OP " .. s, function(x) return ember[op](x, s) end, a)
+          agree(s .. " OP " .. op .. " " .. dt, function(x) return ember[op](s, x) end, a)
+        end
+      end
+    end)
+  end
+
+  it("computes smooth f32/bf16/f16/f64 values (not only half-integers)", function()
+    ember.manual_seed(3)
+    for _, dt in ipairs(FLOATS) do
+      local a, b = smooth(dt, {N}), smooth(dt, {N})
+      local pos = (ember.rand({N}, {dtype = "f64"}) * 1.5 + 0.5):to(dt)
+      for _, op in ipairs({"add", "sub", "mul", "div", "maximum", "minimum"}) do
+        agree(op .. " " .. dt, function(x, y) return ember[op](x, y) end, a, b)
+      end
+      agree("pow " .. dt, function(x, y) return x ^ y end, pos, b)
+    end
+  end)
+
+  it("broadcasts (3,1,5) with (4,1), (1,5) and a 0-d tensor", function()
+    ember.manual_seed(4)
+    for _, dt in ipairs({"f32", "bf16", "i64"}) do
+      local a = vals(dt, {3, 1, 5})
+      agree("(3,1,5)+(4,1) " .. dt, function(x, y) return x + y end, a, vals(dt, {4, 1}))
+      agree("(3,1,5)*(1,5) " .. dt, function(x, y) return x * y end, a, vals(dt, {1, 5}))
+      agree("(3,1,5)-0d " .. dt, function(x, y) return x - y end, a, vals(dt, {}))
+      agree("0d*(N) " .. dt, function(x, y) return x * y end, vals(dt, {}), vals(dt, {N}))
+    end
+  end)
+
+  it("promotes mixed dtypes as the CPU does (f32+bf16, i32+f16, bool+i64, u8*i32, f32 0-d with bf16)", function()
+    ember.manual_seed(5)
+    local pairs_ = {{"f32", "bf16"}, {"i32", "f16"}, {"bool", "i64"}, {"u8", "i32"}, {"f64", "f32"}}
+    for _, p in ipairs(pairs_) do
+      agree(p[1] .. "+" .. p[2], function(x, y) return x + y end, vals(p[1], {N}), vals(p[2], {N}))
+      agree(p[1] .. "<" .. p[2], function(x, y) return x:lt(y) end, vals(p[1], {N}), vals(p[2], {N}))
+    end
+    agree("bf16 * f32 0-d", function(x, y) return x * y end, vals("bf16", {N}), ember.tensor(1.25))
+  end)
+
+  it("reads transposed, narrowed (unaligned) and expanded inputs", function()
+    ember.manual_seed(6)
+    local a, b = smooth("f32", {64, 48}), smooth("f32", {48, 64})
+    agree("a + b^T", function(x, y) return x + y:t() end, a, b)
+    agree("narrow offset 1 (unaligned fast path)", function(x) return x:narrow(0, 1, N - 1) * 3 end, smooth("f32", {N}))
+    agree("bf16 narrow offset 3", function(x, y) return x:narrow(0, 3, N - 3) + y:narrow(0, 0, N - 3) end,
+      smooth("bf16", {N}), smooth("bf16", {N}))
+    agree("expanded row", function(x, y) return x:expand(64, 48) - y end, smooth("f32", {1, 48}), a)
+  end)
+
+  it("writes into out= (with the same-kind cast rule) and in place", function()
+    ember.manual_seed(7)
+    for _, dt in ipairs({"f32", "bf16", "f16", "i32"}) do
+      agree("add_ " .. dt, function(x, y) local c = x:clone(); c:add_(y); return c end, vals(dt, {N}), vals(dt, {N}))
+    end
+    agree("f32 result into a bf16 out", function(x, y, o) ember.add(x, y, {out = o}); return o end,
+      smooth("f32", {N}), smooth("f32", {N}), ember.zeros({N}, {dtype = "bf16"}))
+    agree("into a transposed out", function(x, y, o) local t = o:t(); ember.mul(x, y, {out = t}); return o end,
+      smooth("f32", {40, 30}), smooth("f32", {40, 30}), ember.zeros({30, 40}))
+    agree("comparison into an f32 out", function(x, y, o) ember.lt(x, y, {out = o}); return o end,
+      vals("f32", {N}), vals("f32", {N}), ember.zeros({N}))
+    -- rejected the same way on both devices
+    agree("float result into an integer out", function(x, y, o) return ember.add(x, y, {out = o}) end,
+      smooth("f32", {8}), smooth("f32", {8}), ember.zeros({8}, {dtype = "i32"}))
+  end)
+
+  it("writes correctly when an input overlaps the output shifted by one", function()
+    ember.manual_seed(8)
+    agree("x[1:] += x[:-1]", function(x)
+      local c = x:clone()
+      c:narrow(0, 1, N - 1):add_(c:narrow(0, 0, N - 1))
+      return c
+    end, smooth("f32", {N}))
+  end)
+end)
+
+describe("unary ops on CUDA", function()
+  -- the rounding ties and signed zeros, then random values (negatives give NaN for sqrt/log on both)
+  local special = {-2.5, -1.5, -0.5, -0.0, 0.0, 0.5, 1.5, 2.5, 1e-3, -1e-3, 30, -30}
+  for _, op in ipairs(UNOPS) do
+    it(op .. " on every dtype", function()
+      ember.manual_seed(9)
+      for _, dt in ipairs(ALL) do
+        local a
+        if is_float(dt) then
+          a = ember.cat({ember.tensor(special, {dtype = "f64"}), ember.randn({N}, {dtype = "f64"}) * 3}):to(dt)
+        else
+          a = vals(dt, {N})
+        end
+        agree(op .. " " .. dt, function(x) return x[op](x) end, a)
+      end
+    end)
+  end
+
+  it("runs in place on a strided view", function()
+    ember.manual_seed(10)
+    agree("exp_ on a transpose", function(x) local c = x:clone(); c:t():exp_(); return c end, smooth("f32", {33, 65}))
+  end)
+end)
+
+describe("clamp, where, masked_fill on CUDA", function()
+  it("clamps floats and integers with both, one, or fractional bounds", function()
+    ember.manual_seed(11)
+    for _, dt in ipairs({"f32", "bf16", "f16", "f64", "i32", "i64", "u8"}) do
+      local a = vals(dt, {N})
+      agree("clamp(-1, 2) " .. dt, function(x) return x:clamp(-1, 2) end, a)
+      agree("clamp(0.5) " .. dt, function(x) return x:clamp(0.5) end, a)
+      agree("clamp(nil, 1) " .. dt, function(x) return x:clamp(nil, 1) end, a)
+      agree("clamp_ " .. dt, function(x) local c = x:clone(); c:clamp_(-2, 3); return c end, a)
+    end
+  end)
+
+  it("selects with where over broadcast shapes, dtypes and a scalar branch", function()
+    ember.manual_seed(12)
+    local c = ember.rand({5, 1, 7}):lt(0.5)
+    for _, dt in ipairs({"f32", "bf16", "i64", "bool"}) do
+      agree("where " .. dt, function(m, x, y) return ember.where(m, x, y) end, c, vals(dt, {4, 7}), vals(dt, {5, 4, 1}))
+    end
+    agree("where with a number", function(m, x) return ember.where(m, x, -0.25) end, c, vals("f32", {5, 3, 7}))
+    agree("where f32/bf16 promotes", function(m, x, y) return ember.where(m, x, y) end, c, vals("f32", {7}), vals("bf16", {7}))
+  end)
+
+  it("fills under a broadcast mask, out of place and in place", function()
+    ember.manual_seed(13)
+    for _, dt in ipairs({"f32", "bf16", "i32", "bool"}) do
+      local a, m = vals(dt, {6, 5, 9}), ember.rand({5, 1}):lt(0.5)
+      agree("masked_fill " .. dt, function(x, k) return x:masked_fill(k, 1) end, a, m)
+      agree("masked_fill_ " .. dt, function(x, k) local c = x:clone(); c:masked_fill_(k, 0); return c end, a, m)
+    end
+    agree("masked_fill with -inf (attention mask)", function(x, k) return x:masked_fill(k, -math.huge) end,
+      smooth("f32", {8, 8}), ember.ones({8, 8}):triu(1):ne(0))
+  end)
+end)
+
+describe("triu / tril on CUDA", function()
+  it("keeps the triangle for several diagonals, batches, dtypes and a transposed input", function()
+    ember.manual_seed(14)
+    for _, dt in ipairs({"f32", "bf16", "i64", "bool", "f64"}) do
+      for _, k in ipairs({-2, 0, 1, 3}) do
+        agree("triu " .. dt .. " " .. k, function(x) return x:triu(k) end, vals(dt, {5, 7}))
+        agree("tril " .. dt .. " " .. k, function(x) return x:tril(k) end, vals(dt, {2, 3, 4, 6}))
+      end
+    end
+    agree("tril of a transpose", function(x) return x:t():tril() end, smooth("f32", {9, 6}))
+  end)
+end)
+
+describe("fused unary gradients on CUDA", function()
+  local DIFF = {"abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu", "sin", "cos",
+                "square", "reciprocal", "neg"}
+  for _, dt in ipairs({"f32", "bf16", "f64"}) do
+    it("matches the CPU's backward of every differentiable unary op and clamp [" .. dt .. "]", function()
+      ember.manual_seed(15)
+      local base = (ember.rand({N}, {dtype = "f64"}) * 2 + 0.25)   -- positive: sqrt/log/rsqrt defined
+      local sign = ember.rand({N}, {dtype = "f64"}):lt(0.5):to("f64") * 2 - 1
+      local w = ember.randn({N}, {dtype = "f64"}):to(dt)
+      for _, op in ipairs(DIFF) do
+        local v = (op == "sqrt" or op == "rsqrt" or op == "log") and base or base * sign
+        local function grad_on(device)
+          local x = v:to({dtype = dt, device = device}):clone()   -- a fresh leaf on both sides
+          x.requires_grad = true
+          local y = op == "neg" and -x or x[op](x)
+          local loss = (y * w:to(device)):sum()
+          loss:backward()
+          return x.grad
+        end
+        local g, ref = grad_on("cuda"), grad_on("cpu")
+        assert.are.equal("cuda:0", g.device)
+        cmp.assert_close(g, ref, cmp.rtol(dt), op .. " gradient " .. dt)
+      end
+      local function clamp_grad(device)
+        local x = (base * sign):to({dtype = dt, device = device}):clone()
+        x.requires_grad = true
+        local loss = (x:clamp(-1, 1) * w:to(device)):sum()
+        loss:backward()
+        return x.grad
+      end
+      cmp.assert_close(clamp_grad("cuda"), clamp_grad("cpu"), cmp.rtol(dt), "clamp gradient " .. dt)
+    end)
+  end
+end)
