@@ -383,7 +383,7 @@ case("stack along the last dim", "stack",
   function(a, b) return ember.stack({a, b}, -1) end,
   function(T) return {T.randn({2, 3}), T.randn({2, 3})} end)
 case("view (2,3) as (3,2)", "view",
-  function(a) return a:view(3, 2) * ember.arange(6):view(3, 2):to(a.dtype) end,
+  function(a) return a:view(3, 2) * ember.arange(6):view(3, 2):to({dtype = a.dtype, device = a.device}) end,
   function(T) return {T.randn({2, 3})} end)
 case("reshape of a transposed tensor (a copy)", "reshape",
   function(a) return a:t():reshape(-1) end,
