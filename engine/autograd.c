@@ -330,15 +330,20 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
     if (!e->fn && !e->leaf) continue;
     if (!gin[i]) { rc = em_error("backward: '%s' returned no gradient for input %d", n->op, i); break; }
     em_tensor *g = conform(n, i, gin[i]);
+    /* drop our references before the leaf may take the buffer as its .grad
+     * (finish_leaf steals only a gradient nobody else holds) */
+    em_tensor_release(gin[i]);
+    gin[i] = NULL;
     if (!g) { rc = -1; break; }
-    if (e->fn) {
-      rc = accumulate(&e->fn->bw_grad[e->output_nr], g);
-      if (rc == 0 && --e->fn->bw_deps == 0) rc = heap_push(s, e->fn);
-    } else {
-      rc = accumulate(&e->leaf->bw_grad, g);
-      if (rc == 0 && --e->leaf->bw_deps == 0) rc = finish_leaf(e->leaf);
-    }
+    em_tensor **acc = e->fn ? &e->fn->bw_grad[e->output_nr] : &e->leaf->bw_grad;
+    rc = accumulate(acc, g);
     em_tensor_release(g);
+    if (rc) break;
+    if (e->fn) {
+      if (--e->fn->bw_deps == 0) rc = heap_push(s, e->fn);
+    } else if (--e->leaf->bw_deps == 0) {
+      rc = finish_leaf(e->leaf);
+    }
   }
   for (int i = 0; i < n->n_in; i++) em_tensor_release(gin[i]);
   if (!retain) { free_saved(n); n->freed = true; }

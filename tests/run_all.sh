@@ -31,8 +31,10 @@ fi
 # ---- busted ----
 specs=tests/lua
 [ -n "${EMBER_TEST_GPU:-}" ] && specs=tests/gpu
-export LUA_PATH="$build/lua/?.lua;$build/lua/?/init.lua;;"
-export LUA_CPATH="$build/lua/?.so;;"
+# LUA_PATH_5_4 wins over LUA_PATH in lua5.4 (the GPU host's env.sh sets it): set both
+export LUA_PATH="$build/lua/?.lua;$build/lua/?/init.lua;${LUA_PATH_5_4:-;}"
+export LUA_CPATH="$build/lua/?.so;${LUA_CPATH_5_4:-;}"
+export LUA_PATH_5_4="$LUA_PATH" LUA_CPATH_5_4="$LUA_CPATH"
 busted_bin=$(command -v busted || echo /usr/bin/busted)
 if [ "${EMBER_LUA_RUNNER:-lua}" = ember ]; then
   runner=("$build/ember" run "$busted_bin")

@@ -742,10 +742,18 @@ static em_tensor *softmax_like(const char *name, em_tensor *a, int64_t dim, bool
 
 em_tensor *em_softmax(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("softmax");
-  return softmax_like("softmax", a, dim, false);
+  em_tensor *u = em_autocast_upper(a);   /* on autocast's f32 list */
+  if (!u) return NULL;
+  em_tensor *r = softmax_like("softmax", u, dim, false);
+  em_tensor_release(u);
+  return r;
 }
 
 em_tensor *em_log_softmax(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("log_softmax");
-  return softmax_like("log_softmax", a, dim, true);
+  em_tensor *u = em_autocast_upper(a);   /* on autocast's f32 list */
+  if (!u) return NULL;
+  em_tensor *r = softmax_like("log_softmax", u, dim, true);
+  em_tensor_release(u);
+  return r;
 }

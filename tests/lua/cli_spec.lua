@@ -107,7 +107,7 @@ describe("ember executable", function()
       spit(dir .. "/clitestmod.lua", "return {answer = 42}")
       local out, _, status = run({ "-l", "clitestmod", "-l", "m=clitestmod",
                                    "-e", "print(clitestmod.answer, m.answer)" },
-                                 { env = { LUA_PATH = dir .. "/?.lua;;" } })
+                                 { env = { LUA_PATH = dir .. "/?.lua;;", LUA_PATH_5_4 = dir .. "/?.lua;;" } })
       os.remove(dir .. "/clitestmod.lua")
       os.remove(dir)
       assert.equals(0, status)
