@@ -14,7 +14,9 @@
  *   u(w)    = (w >> 8) * 2^-24, uniform in [0, 1) with 24 bits, for every dtype.
  *   Values are computed in double and rounded once to the dtype (bf16/f16: to
  *   f32 first, then to the 16-bit type, round to nearest even each time).
- *   uniform_(lo, hi): lo + (hi - lo) * u(w_j).
+ *   uniform_(lo, hi): lo + (hi - lo) * u(w_j); a value that rounds to hi in the
+ *           tensor's dtype becomes lo (PyTorch's CUDA rule), so rand stays in
+ *           [0, 1) for bf16/f16 too (u >= 1 - 2^-9 would round to 1 in bf16).
  *   normal_(mean, std), randn: Box-Muller on the word pairs (0,1) and (2,3) of
  *           each block: r = sqrt(-2 ln(1 - u(w0))), t = 2 pi u(w1),
  *           z0 = r cos t, z1 = r sin t (elements 4b, 4b+1; likewise words 2,3 give
