@@ -73,4 +73,21 @@ function M.assert_equal(got, ref, what)
   M.assert_close(got, ref, 0, what)
 end
 
+--- The norm-wise relative error ‖got − want‖ / ‖want‖, in f64 on the CPU
+-- (the measure METHOD.md recommends for whole-tensor comparisons).
+function M.rel_error(got, want)
+  local g, w = got:cpu():to("f64"), want:cpu():to("f64")
+  assert.same(w.shape, g.shape)
+  local num = ((g - w) ^ 2):sum():item()
+  local den = (w ^ 2):sum():item()
+  return math.sqrt(num / math.max(den, 1e-300))
+end
+
+--- Assert rel_error(got, want) <= tol; returns the error.
+function M.assert_rel(got, want, tol, what)
+  local e = M.rel_error(got, want)
+  assert.is_true(e <= tol, string.format("%s: relative error %.3g > %.3g", what, e, tol))
+  return e
+end
+
 return M

@@ -99,8 +99,14 @@ describe("copies between the CPU and CUDA", function()
     for _, s in ipairs(DTYPES) do
       local x = special_values(s)
       local gx = x:to("cuda")
+      local n = x:numel()
+      local big = ember.cat({x, x, x, x, x, x, x, x, x, x, x}, 0)        -- vector body + tail
+      local gbig = big:to("cuda")
       for _, d in ipairs(DTYPES) do
         assert_same_bits(gx:to(d):cpu(), x:to(d), s .. " -> " .. d .. " on the device")
+        assert_same_bits(gbig:to(d):cpu(), big:to(d), s .. " -> " .. d .. " on the device (longer)")
+        -- a source that starts one element in (not 16-byte aligned): the unvectorised path
+        assert_same_bits(gx:narrow(0, 1, n - 1):to(d):cpu(), x:narrow(0, 1, n - 1):to(d), s .. " -> " .. d .. " misaligned")
         -- conversion while crossing devices, strided on either side
         assert_same_bits(x:to({device = "cuda", dtype = d}):cpu(), x:to(d), s .. " -> " .. d .. " uploading")
         assert_same_bits(gx:to({device = "cpu", dtype = d}), x:to(d), s .. " -> " .. d .. " downloading")
@@ -118,6 +124,12 @@ describe("copies between the CPU and CUDA", function()
         assert_same_bits(g:cpu(), c, ("%s fill_(%g) strided"):format(dt, v))
         assert_same_bits(ember.full({7, 3}, v, {dtype = dt, device = "cuda"}):cpu(), ember.full({7, 3}, v, {dtype = dt}),
                          ("%s full(%g)"):format(dt, v))
+        local a, b = ember.zeros(1003, {dtype = dt}), ember.zeros(1003, {dtype = dt, device = "cuda"})
+        a:narrow(0, 1, 1001):fill_(v)                      -- contiguous but not 16-byte aligned
+        b:narrow(0, 1, 1001):fill_(v)
+        b:narrow(0, 1002, 1):fill_(v)
+        a:narrow(0, 1002, 1):fill_(v)
+        assert_same_bits(b:cpu(), a, ("%s fill_(%g) unaligned"):format(dt, v))
       end
     end
   end)

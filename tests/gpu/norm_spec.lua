@@ -10,18 +10,9 @@
 local ember = require "ember"
 local F = ember.nn.functional
 
-local function rel(got, want)
-  local g, w = got:cpu():to("f64"), want:cpu():to("f64")
-  assert.same(w.shape, g.shape)
-  local num = ((g - w) ^ 2):sum():item()
-  local den = (w ^ 2):sum():item()
-  return math.sqrt(num / math.max(den, 1e-300))
-end
-
-local function close(got, want, tol, what)
-  local e = rel(got, want)
-  assert.is_true(e <= tol, string.format("%s: relative error %.3g > %.3g", what, e, tol))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local C = dofile(here .. "compare.lua")
+local rel, close = C.rel_error, C.assert_rel
 
 local seed = 4000
 local function randn(shape, dtype, scale)
