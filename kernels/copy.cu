@@ -1,13 +1,15 @@
 /* Copies, conversions and fills for CUDA tensors.
  *
  * What it computes: dst = convert(src broadcast to dst's shape) for any
- * strides and any pair of the 9 dtypes (81 kernel instances), bit for bit the
- * CPU's conversions (convert.cuh); fill of any strides; host<->device and
- * device<->device transfers. 0 FLOPs; bytes per element = sizeof(src) +
- * sizeof(dst). Launch: 256 threads, grid-stride, one element per thread per
- * step. Dims are coalesced on the host first (a contiguous copy becomes one
- * dim with no index division; a transpose two dims) and indices use 32-bit
- * division whenever the tensor has fewer than 2^31 elements.
+ * strides and any pair of the 9 dtypes, bit for bit the CPU's conversions
+ * (convert.cuh); fill of any strides; host<->device and device<->device
+ * transfers. 0 FLOPs; bytes per element = sizeof(src) + sizeof(dst).
+ * Launch: 256 threads, grid-stride. Three paths: contiguous and 16-byte
+ * aligned -> one 128-bit load of src per thread step, converted in registers,
+ * stored as wide as dst allows (the common cast, e.g. f32 -> bf16 for
+ * autocast); strided -> dims coalesced on the host first (a transpose is two
+ * dims), one element per thread, 32-bit index division; beyond 2^31
+ * elements one generic kernel with run-time dtypes.
  *
  * Transfers: contiguous same-dtype bytes move with one cudaMemcpyAsync on the
  * current stream; anything else is staged: the host side is made contiguous
@@ -39,15 +41,65 @@ static bool is_pinned_host(const em_tensor *t) {
 
 /* ---------------- kernels ---------------- */
 
-template <int DD, int SD, typename IDX>
-__global__ void convert_kernel(void *dst, const void *src, em_geom g, IDX n) {
-  constexpr bool ints = !(DD == EM_F32 || DD == EM_F64 || DD == EM_BF16 || DD == EM_F16) &&
-                        !(SD == EM_F32 || SD == EM_F64 || SD == EM_BF16 || SD == EM_F16);
-  for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (IDX)gridDim.x * blockDim.x) {
+__host__ __device__ constexpr bool is_float_dt(int dt) {
+  return dt == EM_F32 || dt == EM_F64 || dt == EM_BF16 || dt == EM_F16;
+}
+__host__ __device__ constexpr int dt_size(int dt) {
+  return dt == EM_F64 || dt == EM_I64 ? 8 : dt == EM_F32 || dt == EM_I32 ? 4 : dt == EM_U8 || dt == EM_BOOL ? 1 : 2;
+}
+
+/* dst[o0] = convert(src[o1]): through int64 between integer types, else double (as the CPU). */
+template <int DD, int SD>
+__device__ __forceinline__ void convert_one(void *dst, int64_t o0, const void *src, int64_t o1) {
+  if (!is_float_dt(DD) && !is_float_dt(SD)) em_dev_store_i64<DD>(dst, o0, em_dev_load_i64<SD>(src, o1));
+  else em_dev_store_f64<DD>(dst, o0, em_dev_load_f64<SD>(src, o1));
+}
+
+/* Strided, fewer than 2^31 elements. */
+template <int DD, int SD>
+__global__ void convert_kernel(void *dst, const void *src, em_geom g, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     int64_t o0, o1;
-    em_geom_offsets<IDX>(g, i, o0, o1);
-    if (ints) em_dev_store_i64<DD>(dst, o0, em_dev_load_i64<SD>(src, o1));
-    else em_dev_store_f64<DD>(dst, o0, em_dev_load_f64<SD>(src, o1));
+    em_geom_offsets<uint32_t>(g, i, o0, o1);
+    convert_one<DD, SD>(dst, o0, src, o1);
+  }
+}
+
+/* Contiguous, src 16-byte aligned, dst aligned to its vector: V elements per step. */
+template <int DD, int SD>
+__global__ void convert_contig_kernel(void *dst, const void *src, int64_t n) {
+  constexpr int V = 16 / dt_size(SD), DB = V * dt_size(DD);   /* elements, dst bytes per vector */
+  int64_t nvec = n / V, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    uint4 in = ((const uint4 *)src)[v];
+    alignas(16) unsigned char out[DB];
+#pragma unroll
+    for (int k = 0; k < V; k++) convert_one<DD, SD>(out, k, &in, k);
+    if constexpr (DB >= 16) {
+#pragma unroll
+      for (int c = 0; c < DB / 16; c++) ((uint4 *)dst)[v * (DB / 16) + c] = ((const uint4 *)out)[c];
+    } else if constexpr (DB == 8) {
+      ((uint2 *)dst)[v] = *(const uint2 *)out;
+    } else if constexpr (DB == 4) {
+      ((uint32_t *)dst)[v] = *(const uint32_t *)out;
+    } else {
+      ((uint16_t *)dst)[v] = *(const uint16_t *)out;
+    }
+  }
+  for (int64_t i = nvec * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    convert_one<DD, SD>(dst, i, src, i);   /* the tail */
+}
+
+/* Anything beyond 2^31 elements: one kernel, dtypes chosen at run time. */
+template <int DD>
+__device__ __forceinline__ void convert_rt_src(void *dst, int64_t o0, const void *src, int64_t o1, int sd) {
+  EM_DTYPE_CASES(sd, SD, convert_one<DD, SD>(dst, o0, src, o1))
+}
+__global__ void convert_kernel_any(void *dst, int dd, const void *src, int sd, em_geom g, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o0, o1;
+    em_geom_offsets<int64_t>(g, i, o0, o1);
+    EM_DTYPE_CASES(dd, DD, convert_rt_src<DD>(dst, o0, src, o1, sd))
   }
 }
 
@@ -59,6 +111,18 @@ __global__ void move_kernel(W *dst, const W *src, em_geom g, IDX n) {
     em_geom_offsets<IDX>(g, i, o0, o1);
     dst[o0] = src[o1];
   }
+}
+
+/* Contiguous fill, dst 16-byte aligned: one 128-bit store per step, then the tail. */
+template <typename W>
+__global__ void fill_contig_kernel(W *dst, W v, int64_t n) {
+  constexpr int V = 16 / sizeof(W);
+  Packed128<W> p;
+#pragma unroll
+  for (int k = 0; k < V; k++) p[k] = v;
+  int64_t nvec = n / V, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) store128(dst + i * V, p);
+  for (int64_t i = nvec * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = v;
 }
 
 template <typename W, typename IDX>
@@ -81,16 +145,25 @@ template <typename W>
 static void launch_fill(void *dst, uint64_t bits, const em_geom &g, int64_t n, cudaStream_t st) {
   W v;
   memcpy(&v, &bits, sizeof v);
+  if (g.ndim == 1 && g.stride[0][0] == 1 && (uintptr_t)dst % 16 == 0) {
+    fill_contig_kernel<W><<<em_grid((n + 15) / 16, 256), 256, 0, st>>>((W *)dst, v, n);
+    return;
+  }
   unsigned grid = em_grid(n, 256);
   if (n <= INT32_MAX) fill_kernel<W, uint32_t><<<grid, 256, 0, st>>>((W *)dst, v, g, (uint32_t)n);
   else fill_kernel<W, int64_t><<<grid, 256, 0, st>>>((W *)dst, v, g, n);
 }
 
+/* contig: dst and src contiguous with the same shape (no broadcast). */
 template <int DD, int SD>
-static void launch_convert(void *dst, const void *src, const em_geom &g, int64_t n, cudaStream_t st) {
-  unsigned grid = em_grid(n, 256);
-  if (n <= INT32_MAX) convert_kernel<DD, SD, uint32_t><<<grid, 256, 0, st>>>(dst, src, g, (uint32_t)n);
-  else convert_kernel<DD, SD, int64_t><<<grid, 256, 0, st>>>(dst, src, g, n);
+static void launch_convert(void *dst, const void *src, const em_geom &g, int64_t n, bool contig, cudaStream_t st) {
+  constexpr int V = 16 / dt_size(SD), DB = V * dt_size(DD);
+  if (contig && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % (DB < 16 ? DB : 16) == 0) {
+    convert_contig_kernel<DD, SD><<<em_grid((n + V - 1) / V, 256), 256, 0, st>>>(dst, src, n);
+    return;
+  }
+  if (n <= INT32_MAX) convert_kernel<DD, SD><<<em_grid(n, 256), 256, 0, st>>>(dst, src, g, (uint32_t)n);
+  else convert_kernel_any<<<em_grid(n, 256), 256, 0, st>>>(dst, DD, src, SD, g, n);
 }
 
 /* ---------------- same device ---------------- */
@@ -116,7 +189,8 @@ extern "C" int em_copy_device_cuda(em_tensor *dst, const em_tensor *src) {
       default: launch_move<uint64_t>(d, s, g, n, st); break;
     }
   } else {
-    EM_DTYPE_CASES(dst->dtype, DD, EM_DTYPE_CASES(src->dtype, SD, launch_convert<DD, SD>(d, s, g, n, st)))
+    bool contig = em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src);
+    EM_DTYPE_CASES(dst->dtype, DD, EM_DTYPE_CASES(src->dtype, SD, launch_convert<DD, SD>(d, s, g, n, contig, st)))
   }
   return em_launch_check("copy_");
 }
