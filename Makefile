@@ -29,8 +29,12 @@ MODELS ?= small
 
 all: build
 
+# A machine without network (the GPU host) brings Lua, busted and OpenBLAS in
+# .deps (shared/offline-deps) and sources /opt/deps/env.sh, which sets
+# LUA_INCLUDE_DIR: then nothing is installed here.
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+	@if [ -n "$$LUA_INCLUDE_DIR" ]; then echo "deps: using the environment's Lua and BLAS (LUA_INCLUDE_DIR=$$LUA_INCLUDE_DIR)"; exit 0; fi; \
+	missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
