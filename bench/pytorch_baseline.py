@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-tflops", type=float)
+    p.add_argument("--breakdown", action="store_true",
+                   help="after the timed steps, one more eager step measured by phase")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json")
     a = p.parse_args(argv)
@@ -79,6 +81,8 @@ def sh(cmd):
 
 
 def git_commit():
+    if os.environ.get("EMBER_COMMIT"):      # hosts without .git
+        return os.environ["EMBER_COMMIT"]
     c = sh("git rev-parse --short HEAD") or "unknown"
     if sh("git status --porcelain --untracked-files=no"):
         c += "+dirty"
@@ -159,6 +163,8 @@ def main(argv=None):
         if on_cuda:
             torch.cuda.synchronize()
 
+    model_ref, opt_ref = [None], [None]
+
     def run():
         if on_cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -168,6 +174,7 @@ def main(argv=None):
         if a.compile:
             net = torch.compile(net)
         opt = make_optimizer(a, model.parameters(), on_cuda) if a.mode == "train" else None
+        model_ref[0], opt_ref[0] = model, opt
         data = torch.randint(0, V, (B, T + 1), device=a.device)
         x, y = data[:, :T], data[:, 1:]
         amp = a.precision == "bf16"
@@ -225,7 +232,42 @@ def main(argv=None):
                 print(f"step {i + 1:3d}/{a.steps}  {samples[-1]:9.3f} ms  {tps:12.0f} tok/s{mfu}")
         final_loss = loss.item() if loss is not None else None
         peak_mem = torch.cuda.max_memory_allocated() if on_cuda else None
+        if a.breakdown and not a.graph:
+            result["breakdown"] = phase_breakdown(forward)
         return samples, final_loss, peak_mem
+
+    def phase_breakdown(forward):
+        """One eager step by phase, each synchronised: ms, allocated after, peak during."""
+        out = []
+
+        def phase(name, fn):
+            sync()
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats()
+            t0 = timeit.default_timer()
+            r = fn()
+            sync()
+            e = dict(name=name, ms=(timeit.default_timer() - t0) * 1e3)
+            if on_cuda:
+                e.update(allocated=torch.cuda.memory_allocated(), peak=torch.cuda.max_memory_allocated())
+            out.append(e)
+            return r
+
+        if a.mode == "fwd":
+            with torch.no_grad():
+                phase("forward", forward)
+        else:
+            phase("zero_grad", lambda: model_ref[0].zero_grad(set_to_none=True))
+            loss = phase("forward", forward)
+            phase("backward", loss.backward)
+            del loss
+            if opt_ref[0] is not None:
+                phase("optimizer", opt_ref[0].step)
+        for e in out:
+            mem = (f"   allocated after {e['allocated'] / 2**30:6.2f} GiB, peak during {e['peak'] / 2**30:6.2f} GiB"
+                   if "peak" in e else "")
+            print(f"breakdown: {e['name']:<9} {e['ms']:9.3f} ms{mem}")
+        return out
 
     result = dict(tool="pytorch", variant=variant, torch=torch.__version__, commit=commit, device=dev,
                   driver=driver, date=now.strftime("%Y-%m-%dT%H:%M:%SZ"), config=config,

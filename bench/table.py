@@ -15,7 +15,8 @@ def impl_name(r):
         name = "Ember" + (" + graph" if c.get("graph") else "")
         return name + f" ({c.get('attn', '?')})"
     name = "PyTorch " + r.get("variant", "eager")
-    return name + f" ({c.get('attn', '?')})"
+    extra = f", AdamW {c['optimizer']}" if c.get("optimizer", "fused") != "fused" and c.get("mode") == "train" else ""
+    return name + f" ({c.get('attn', '?')}{extra})"
 
 
 def fmt_row(r):

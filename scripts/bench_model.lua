@@ -51,6 +51,8 @@ parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
 parser:option("--seed", "Seed for weights and batch.", "0"):convert(math.tointeger)
 parser:option("--peak-tflops", "Peak TFLOP/s for MFU (default: from the device and precision).")
   :convert(tonumber)
+parser:flag("--breakdown", "After the timed steps, one more step timed and measured by phase " ..
+  "(forward, backward, optimizer): ms and memory.")
 parser:flag("--quiet", "No per-step lines.")
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
@@ -83,6 +85,7 @@ local function sh(cmd)
 end
 
 local function git_commit()
+  if os.getenv("EMBER_COMMIT") then return os.getenv("EMBER_COMMIT") end   -- hosts without .git
   local c = sh("git rev-parse --short HEAD") or "unknown"
   if sh("git status --porcelain --untracked-files=no") then c = c .. "+dirty" end
   return c
@@ -164,6 +167,40 @@ print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d bat
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
 
+--- One eager step split into phases, each synchronised: {name, ms, allocated
+-- bytes after it, peak bytes during it}. Graph mode is not split (one launch).
+local function phase_breakdown(model, opt, forward)
+  local gib = 2 ^ 30
+  local out = {}
+  local function phase(name, fn)
+    cuda_sync()
+    if on_cuda then ember.cuda.reset_peak_memory_stats() end
+    local t0 = ember.core.clock()
+    local r = fn()
+    cuda_sync()
+    local e = {name = name, ms = (ember.core.clock() - t0) * 1e3}
+    if on_cuda then
+      e.allocated, e.peak = ember.cuda.memory_allocated(), ember.cuda.max_memory_allocated()
+    end
+    out[#out + 1] = e
+    return r
+  end
+  if args.mode == "fwd" then
+    phase("forward", function() return ember.no_grad(forward) end)
+  else
+    phase("zero_grad", function() model:zero_grad() end)
+    local loss = phase("forward", forward)
+    phase("backward", function() loss:backward() end)
+    loss = nil
+    if opt then phase("optimizer", function() opt:step() end) end
+  end
+  for _, e in ipairs(out) do
+    print(("breakdown: %-9s %9.3f ms%s"):format(e.name, e.ms, e.peak and
+      ("   allocated after %6.2f GiB, peak during %6.2f GiB"):format(e.allocated / gib, e.peak / gib) or ""))
+  end
+  return out
+end
+
 local function run()
   if args.tf32 then ember.backends.tf32(true) end
   if on_cuda then ember.cuda.reset_peak_memory_stats() end
@@ -222,7 +259,8 @@ local function run()
   end
   local final_loss = loss and loss:item() or nil
   local peak_mem = on_cuda and ember.cuda.max_memory_allocated() or nil
-  return samples, final_loss, peak_mem
+  local breakdown = args.breakdown and phase_breakdown(model, opt, forward) or nil
+  return samples, final_loss, peak_mem, breakdown
 end
 
 local result = {
@@ -232,7 +270,7 @@ local result = {
   command = "ember run scripts/bench_model.lua " .. table.concat(arg, " "),
 }
 
-local ok, samples, final_loss, peak_mem = pcall(run)
+local ok, samples, final_loss, peak_mem, breakdown = pcall(run)
 collectgarbage()
 collectgarbage()
 if not ok then
@@ -255,6 +293,7 @@ else
   result.mfu = peak and tps * flops_per_token / (peak * 1e12) or nil
   result.peak_memory_bytes = peak_mem
   result.final_loss = final_loss
+  result.breakdown = breakdown
   print(("time: %.3f ± %.3f ms per step (mean ± std of %d), median %.3f ms, min %.3f ms")
     :format(stats.mean, stats.std, #samples, stats.median, stats.min))
   print(("throughput: %.0f tokens/s (%d tokens per step, from the mean)"):format(tps, tokens_per_step))

@@ -32,8 +32,11 @@ if "$build/ember" -e 'os.exit(ember.core.flash_attention and 0 or 1)'; then
 fi
 if "$build/ember" -e 'os.exit(ember.cuda.is_available() and 0 or 1)'; then
   case_ cuda-fp32-naive --device cuda
-  case_ cuda-fp32-flash --device cuda --attn flash
-  case_ cuda-bf16-flash --device cuda --precision bf16 --attn flash
+  case_ cuda-bf16-naive --device cuda --precision bf16
+  if "$build/ember" -e 'os.exit(ember.core.flash_attention and 0 or 1)'; then
+    case_ cuda-fp32-flash --device cuda --attn flash
+    case_ cuda-bf16-flash --device cuda --precision bf16 --attn flash
+  fi
 else
   echo "test-parity: no CUDA device here, CPU cases only"
 fi
