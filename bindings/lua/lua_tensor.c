@@ -9,6 +9,8 @@
 
 static const char CACHE_KEY = 'c';   /* registry key: weak table em_tensor* -> userdata */
 static size_t gc_debt = 0;           /* bytes allocated since the last GC step we asked for */
+static size_t gc_device_debt = 0;    /* fresh CUDA bytes since the last device-driven collection */
+static size_t gc_device_threshold = (size_t)1 << 30;
 
 /* ---------------- errors ---------------- */
 
@@ -74,6 +76,25 @@ void lem_push_tensor(lua_State *L, em_tensor *t) {
   if (t->storage->refcount == 1 && t->device.type == EM_CPU) gc_debt += t->storage->nbytes + sizeof(em_storage);
   if (t->grad_fn && t->grad_fn->refcount == 1) gc_debt += sizeof(em_node);
   if (gc_debt > (4u << 20)) { lua_gc(L, LUA_GCSTEP, (int)(gc_debt >> 10)); gc_debt = 0; }
+  /* Device memory on a coarser scale: once the fresh CUDA bytes since the
+   * last collection exceed max(1 GiB, a quarter of what the allocator has
+   * reserved), run a full collection so dead activations go back to the
+   * caching allocator within a step instead of lingering until an OOM retry.
+   * Full, not a young step: activations outlive several young collections
+   * during a forward and would sit in the old generation. A few per step even
+   * at 2.7B; freeing into the cache is host bookkeeping (no device sync). */
+  if (t->storage->refcount == 1 && t->device.type == EM_CUDA) {
+    gc_device_debt += t->storage->nbytes;
+    if (gc_device_debt > gc_device_threshold) {
+      lua_gc(L, LUA_GCCOLLECT);
+      gc_device_debt = 0;
+      em_cuda_memory_stats st;
+      if (em_cuda_memory_stats_get(t->device.index, &st) == 0) {
+        size_t quarter = (size_t)(st.reserved / 4);
+        gc_device_threshold = quarter > ((size_t)1 << 30) ? quarter : ((size_t)1 << 30);
+      }
+    }
+  }
 }
 
 int lem_push_result(lua_State *L, em_tensor *t) {

@@ -476,7 +476,8 @@ static int linear_validate(em_tensor *x, em_tensor *w, em_tensor *bias) {
                     "(x's last dim %lld != in_features %lld)", em_shape_str(x->ndim, x->shape, s1, 160),
                     em_shape_str(w->ndim, w->shape, s2, 160), (long long)x->shape[x->ndim - 1],
                     (long long)w->shape[1]);
-  if (!bias) return check_blas_size("linear", em_numel(x), w->shape[0], w->shape[1]);
+  int64_t rows = em_shape_numel(x->ndim - 1, x->shape);   /* M of the (M, in) gemm */
+  if (!bias) return check_blas_size("linear", rows, w->shape[0], w->shape[1]);
   if (em_check_same_device("linear", x, bias)) return -1;
   if (bias->dtype != x->dtype)
     return em_error("linear: expected bias to have x's dtype %s, got %s", em_dtype_name(x->dtype),
@@ -484,7 +485,7 @@ static int linear_validate(em_tensor *x, em_tensor *w, em_tensor *bias) {
   if (bias->ndim != 1 || bias->shape[0] != w->shape[0])
     return em_error("linear: expected bias of shape [%lld] (out_features), got %s", (long long)w->shape[0],
                     em_shape_str(bias->ndim, bias->shape, s1, 160));
-  return check_blas_size("linear", em_numel(x), w->shape[0], w->shape[1]);
+  return check_blas_size("linear", rows, w->shape[0], w->shape[1]);
 }
 
 /* y (M, out) = x (M, in) @ wᵀ (+ bias), all of dtype dt (f32/f64), y contiguous. */
