@@ -286,8 +286,15 @@ static int g_close(lua_State *L) {
 /* ---------------- registration ---------------- */
 
 static char UNHOOK_KEY;
+/* The module may be opened again in one state (busted insulates each spec
+ * file, so ember.core is reloaded): each opening replaces the registry's
+ * sentinel, and only the sentinel of the latest opening may unhook when it is
+ * collected. */
+static unsigned hook_generation = 0;
 static int unhook(lua_State *L) {
   lua_State *main = NULL;
+  unsigned *gen = lua_touserdata(L, 1);
+  if (!gen || *gen != hook_generation) return 0;   /* an older opening's sentinel */
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   main = lua_tothread(L, -1);
   lua_pop(L, 1);
@@ -349,7 +356,8 @@ void lem_open_cuda(lua_State *L, int module) {
   em_set_callsite_fn(lua_callsite);
   em_cuda_set_oom_callback(oom_collect, main);
   /* unhook when this Lua state closes */
-  lua_newuserdatauv(L, 1, 0);
+  unsigned *gen = lua_newuserdatauv(L, sizeof *gen, 0);
+  *gen = ++hook_generation;
   lua_newtable(L);
   lua_pushcfunction(L, unhook);
   lua_setfield(L, -2, "__gc");
