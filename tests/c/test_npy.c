@@ -10,35 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 #include "test.h"
+#include "test_files.h"
 
-static char tmpdir[64];
-
-static const char *tmp_path(const char *name) {
-  static char buf[4][256];
-  static int k = 0;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f) { perror(path); exit(2); }
-  if (n) fwrite(data, 1, n, f);
-  fclose(f);
-}
-
-static unsigned char *read_bytes(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc((size_t)len + 1);
-  *n = fread(b, 1, (size_t)len, f);
-  fclose(f);
-  return b;
-}
 
 /* A .npy file: version major.0, the dict padded with spaces + '\n' so the
  * data starts at a multiple of align, then dlen data bytes. */
@@ -363,8 +336,7 @@ TEST(truncated_files_never_crash) {
 }
 
 int main(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/ember_npy_XXXXXX");
-  if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 2; }
+  if (tmpdir_create("ember_npy_")) return 2;
   RUN(round_trips_every_dtype_both_load_paths);
   RUN(golden_numpy_file_byte_exact);
   RUN(golden_numpy_header_of_an_8_dim_shape);
@@ -375,17 +347,7 @@ int main(void) {
   RUN(corrupt_preamble);
   RUN(corrupt_or_unsupported_headers);
   RUN(truncated_files_never_crash);
-  DIR *d = opendir(tmpdir);
-  struct dirent *e;
-  char path[512];
-  int leftovers = 0;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-      leftovers += strstr(e->d_name, ".tmp.") != NULL;
-      snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-      unlink(path);
-    }
-  closedir(d);
+  int leftovers = clear_dir();
   rmdir(tmpdir);
   CHECK(leftovers == 0);
   TEST_MAIN_END();

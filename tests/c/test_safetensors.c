@@ -11,36 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
+#include "test_files.h"
 #include "io/json_min.h"
-
-static char tmpdir[64];
-
-static const char *tmp_path(const char *name) {
-  static char buf[4][256];
-  static int k = 0;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f) { perror(path); exit(2); }
-  if (n) fwrite(data, 1, n, f);
-  fclose(f);
-}
-
-static unsigned char *read_bytes(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc((size_t)len + 1);
-  *n = fread(b, 1, (size_t)len, f);
-  fclose(f);
-  return b;
-}
 
 /* A file with prefix = declared header length, then header text, then data. */
 static void write_st(const char *path, uint64_t declared, const char *header, size_t hlen,
@@ -94,27 +66,7 @@ static void corrupt_case(const char *header, size_t dlen, const char *needle, in
 }
 #define CORRUPT(header, dlen, needle) corrupt_case(header, dlen, needle, __LINE__)
 
-static int count_dir_entries(void) {
-  DIR *d = opendir(tmpdir);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  closedir(d);
-  return n;
-}
 
-static void clear_dir(void) {
-  DIR *d = opendir(tmpdir);
-  struct dirent *e;
-  char p[512];
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-      snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-      unlink(p);
-    }
-  closedir(d);
-}
 
 /* A CPU tensor of dtype dt filled with bytes from a fixed pseudo-random
  * stream (bools get 0/1), so every bit pattern — NaN payloads, subnormals,
@@ -647,8 +599,7 @@ TEST(save_replaces_atomically) {
 }
 
 int main(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/ember_st_XXXXXX");
-  if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 2; }
+  if (tmpdir_create("ember_st_")) return 2;
   RUN(json_min_parses_strictly);
   RUN(round_trips_every_dtype_bit_exact);
   RUN(saves_non_contiguous_views);
