@@ -48,40 +48,6 @@ em_dtype em_promote(em_dtype a, em_dtype b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
-float em_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) u = sign;
-    else { /* subnormal: normalise */
-      exp = 127 - 15 + 1;
-      while (!(man & 0x400)) { man <<= 1; exp--; }
-      man &= 0x3ff;
-      u = sign | (exp << 23) | (man << 13);
-    }
-  } else if (exp == 31) u = sign | 0x7f800000u | (man << 13);
-  else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  float f; memcpy(&f, &u, 4); return f;
-}
-
-uint16_t em_f32_to_f16(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000, absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00);          /* NaN */
-  if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);          /* overflow -> inf (incl. rounding up) */
-  if (absu < 0x38800000u) {                                           /* subnormal or zero in f16 */
-    if (absu < 0x33000000u) return (uint16_t)sign;                    /* < 2^-25: rounds to 0 */
-    uint32_t e = absu >> 23, man = (absu & 0x7fffff) | 0x800000;
-    int shift = 126 - (int)e;      /* value = man * 2^(e-150) = res * 2^-24 */
-    uint32_t res = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (res & 1))) res++;
-    return (uint16_t)(sign | res);
-  }
-  uint32_t res = ((absu >> 13) - ((127 - 15) << 10));
-  uint32_t rem = absu & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (res & 1))) res++;
-  return (uint16_t)(sign | res);
-}
-
 double em_load_f64(const void *p, em_dtype t, int64_t i) {
   switch (t) {
     case EM_F32: return ((const float *)p)[i];
@@ -97,25 +63,16 @@ double em_load_f64(const void *p, em_dtype t, int64_t i) {
   }
 }
 
-/* Float -> int conversion truncates toward zero (C/PyTorch); NaN/inf are UB in
- * C, so clamp them to 0 / the range ends to stay defined. */
-static int64_t f2i(double v) {
-  if (isnan(v)) return 0;
-  if (v >= 9.2233720368547758e18) return INT64_MAX;
-  if (v <= -9.2233720368547758e18) return INT64_MIN;
-  return (int64_t)v;
-}
-
 void em_store_f64(void *p, em_dtype t, int64_t i, double v) {
   switch (t) {
     case EM_F32: ((float *)p)[i] = (float)v; break;
     case EM_F64: ((double *)p)[i] = v; break;
     case EM_BF16: ((uint16_t *)p)[i] = em_f32_to_bf16((float)v); break;
     case EM_F16: ((uint16_t *)p)[i] = em_f32_to_f16((float)v); break;
-    case EM_I32: ((int32_t *)p)[i] = (int32_t)f2i(v); break;
-    case EM_I64: ((int64_t *)p)[i] = f2i(v); break;
-    case EM_U16: ((uint16_t *)p)[i] = (uint16_t)f2i(v); break;
-    case EM_U8: ((uint8_t *)p)[i] = (uint8_t)f2i(v); break;
+    case EM_I32: ((int32_t *)p)[i] = (int32_t)em_f2i(v); break;
+    case EM_I64: ((int64_t *)p)[i] = em_f2i(v); break;
+    case EM_U16: ((uint16_t *)p)[i] = (uint16_t)em_f2i(v); break;
+    case EM_U8: ((uint8_t *)p)[i] = (uint8_t)em_f2i(v); break;
     case EM_BOOL: ((uint8_t *)p)[i] = v != 0; break;
     default: break;
   }
@@ -128,7 +85,7 @@ int64_t em_load_i64(const void *p, em_dtype t, int64_t i) {
     case EM_U16: return ((const uint16_t *)p)[i];
     case EM_U8: return ((const uint8_t *)p)[i];
     case EM_BOOL: return ((const uint8_t *)p)[i] != 0;
-    default: return f2i(em_load_f64(p, t, i));
+    default: return em_f2i(em_load_f64(p, t, i));
   }
 }
 

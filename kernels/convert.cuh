@@ -11,55 +11,12 @@
 #include <stdint.h>
 #include "ember/dtype.h"
 
-__device__ __forceinline__ float em_dev_bf16_to_f32(uint16_t h) {
-  return __uint_as_float((uint32_t)h << 16);
-}
-__device__ __forceinline__ uint16_t em_dev_f32_to_bf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-__device__ __forceinline__ float em_dev_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) u = sign;
-    else {
-      exp = 127 - 15 + 1;
-      while (!(man & 0x400)) { man <<= 1; exp--; }
-      man &= 0x3ff;
-      u = sign | (exp << 23) | (man << 13);
-    }
-  } else if (exp == 31) u = sign | 0x7f800000u | (man << 13);
-  else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  return __uint_as_float(u);
-}
-__device__ __forceinline__ uint16_t em_dev_f32_to_f16(float f) {
-  uint32_t u = __float_as_uint(f);
-  uint32_t sign = (u >> 16) & 0x8000, absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
-  if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);
-  if (absu < 0x38800000u) {
-    if (absu < 0x33000000u) return (uint16_t)sign;
-    uint32_t e = absu >> 23, man = (absu & 0x7fffff) | 0x800000;
-    int shift = 126 - (int)e;
-    uint32_t res = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (res & 1))) res++;
-    return (uint16_t)(sign | res);
-  }
-  uint32_t res = ((absu >> 13) - ((127 - 15) << 10));
-  uint32_t rem = absu & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (res & 1))) res++;
-  return (uint16_t)(sign | res);
-}
-
-/* Float -> int64 as the CPU's f2i: NaN -> 0, out of range clamps. */
-__device__ __forceinline__ int64_t em_dev_f2i(double v) {
-  if (v != v) return 0;
-  if (v >= 9.2233720368547758e18) return INT64_MAX;
-  if (v <= -9.2233720368547758e18) return INT64_MIN;
-  return (int64_t)v;
-}
+/* The scalar conversions are ember/half.h's, shared verbatim with the CPU. */
+#define em_dev_bf16_to_f32 em_bf16_to_f32
+#define em_dev_f32_to_bf16 em_f32_to_bf16
+#define em_dev_f16_to_f32 em_f16_to_f32
+#define em_dev_f32_to_f16 em_f32_to_f16
+#define em_dev_f2i em_f2i
 
 /* Load element i of a buffer of dtype DT as double / as int64. */
 template <int DT>

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include "half.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,18 +26,7 @@ int em_dtype_is_int(em_dtype t);                /* i32 i64 u16 u8 (not bool) */
 /* PyTorch-style promotion of two operand types. */
 em_dtype em_promote(em_dtype a, em_dtype b);
 
-/* Scalar conversions (round to nearest even; NaN stays NaN). */
-static inline float em_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t em_f32_to_bf16(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-float em_f16_to_f32(uint16_t h);
-uint16_t em_f32_to_f16(float f);
+/* Scalar conversions (bf16/f16 round to nearest even): ember/half.h. */
 
 /* Read/write one element of any dtype as double / int64 (slow path). */
 double em_load_f64(const void *base, em_dtype t, int64_t i);
