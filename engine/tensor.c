@@ -121,6 +121,11 @@ em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_devi
   if (!isfinite(start) || !isfinite(end) || !isfinite(step)) {
     em_error("arange: start, end and step must be finite"); return NULL;
   }
+  if ((end - start) * step < 0) {
+    em_error("arange: the step %g points away from end %g (start %g): upper bound and step sign are "
+             "inconsistent", step, end, start);
+    return NULL;
+  }
   double n = ceil((end - start) / step);
   if (n < 0) n = 0;
   if (n > 1e12) { em_error("arange: %g elements is too many", n); return NULL; }
@@ -460,7 +465,8 @@ em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *want) {
 static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   int64_t n = em_numel(dst);
   if (dst->dtype == src->dtype && em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src)) {
-    memcpy(em_data_ptr(dst), em_data_ptr(src), (size_t)n * em_dtype_size(dst->dtype));
+    /* memmove: dst and src may be overlapping views of one storage */
+    memmove(em_data_ptr(dst), em_data_ptr(src), (size_t)n * em_dtype_size(dst->dtype));
     return;
   }
   if (em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src)) {

@@ -754,6 +754,28 @@ TEST(shape_str_and_wrap_dim) {
   EXPECT_FAIL(em_wrap_dim("myop", 3, 3, &d), "myop:", "dim 3 out of range", "3 dims", "-3..2");
 }
 
+/* copy_ between overlapping views of one storage copies as if through a
+ * temporary (memmove), and arange refuses a step pointing away from end. */
+TEST(overlapping_copy_and_arange_step_sign) {
+  int64_t n = 8;
+  em_tensor *a = em_arange(0, 8, 1, EM_F32, em_cpu());
+  CHECK(a && em_numel(a) == n);
+  em_tensor *lo = em_narrow(a, 0, 0, 6), *hi = em_narrow(a, 0, 2, 6);
+  CHECK(lo && hi && em_copy_(hi, lo) == 0);   /* a[2:8] = a[0:6] */
+  const float want[8] = {0, 1, 0, 1, 2, 3, 4, 5};
+  float *p = em_data_ptr(a);
+  for (int i = 0; i < 8; i++) CHECK_NEAR(p[i], want[i], 0);
+  em_tensor_release(lo); em_tensor_release(hi); em_tensor_release(a);
+  CHECK_ERR_CONTAINS(em_arange(0, 5, -1, EM_F32, em_cpu()) == NULL, "step sign");
+  CHECK_ERR_CONTAINS(em_arange(5, 0, 1, EM_I64, em_cpu()) == NULL, "step sign");
+  em_tensor *e = em_arange(3, 3, -1, EM_F32, em_cpu());   /* empty range: fine either way */
+  CHECK(e && em_numel(e) == 0);
+  em_tensor_release(e);
+  em_tensor *d = em_arange(5, 0, -2, EM_F32, em_cpu());   /* 5, 3, 1 */
+  CHECK(d && em_numel(d) == 3 && ((float *)em_data_ptr(d))[2] == 1.0f);
+  em_tensor_release(d);
+}
+
 int main(void) {
   RUN(creation_shapes_and_strides);
   RUN(creation_errors);
@@ -770,5 +792,6 @@ int main(void) {
   RUN(set_rebinds);
   RUN(scalar_access);
   RUN(shape_str_and_wrap_dim);
+  RUN(overlapping_copy_and_arange_step_sign);
   TEST_MAIN_END();
 }
