@@ -38,6 +38,21 @@ static inline unsigned em_grid(int64_t n, int threads) {
   return (unsigned)(b > 65535LL * 32 ? 65535LL * 32 : (b < 1 ? 1 : b));
 }
 
+/* Multiprocessors of a device (cached). */
+static inline int em_sm_count(int device) {
+  static int cache[64];
+  if (device < 0 || device >= 64) return 132;
+  if (!cache[device]) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 132;
+    }
+    cache[device] = n;
+  }
+  return cache[device];
+}
+
 /* 16 bytes of T, loaded/stored in one instruction (the pointer must be 16-byte aligned). */
 template <typename T>
 struct alignas(16) Packed128 {

@@ -101,19 +101,4 @@ static inline int em_use_device(int device, const char *op) {
   return em_cuda_check(cudaSetDevice(device), op, "cudaSetDevice");
 }
 
-/* Multiprocessors of a device (cached). */
-static inline int em_sm_count(int device) {
-  static int cache[64];
-  if (device < 0 || device >= 64) return 132;
-  if (!cache[device]) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
-      cudaGetLastError();
-      n = 132;
-    }
-    cache[device] = n;
-  }
-  return cache[device];
-}
-
 #endif

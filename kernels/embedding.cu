@@ -53,20 +53,6 @@ __global__ void gather_kernel(const I *ids, int64_t n, const E *w, int64_t rows,
   }
 }
 
-static int sm_count(int dev) {
-  static int cache[64];
-  if (dev < 0 || dev >= 64) return 132;
-  if (!cache[dev]) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-      cudaGetLastError();
-      n = 132;
-    }
-    cache[dev] = n;
-  }
-  return cache[dev];
-}
-
 template <typename E, typename I>
 static void launch_gather(const em_tensor *ids, const em_tensor *w, em_tensor *out, uint64_t poison_bits,
                           cudaStream_t s) {
@@ -77,7 +63,7 @@ static void launch_gather(const em_tensor *ids, const em_tensor *w, em_tensor *o
   memcpy(&poison, &poison_bits, sizeof(E));
   bool vec = (d * (int64_t)sizeof(E)) % 16 == 0 && (rs * (int64_t)sizeof(E)) % 16 == 0 &&
              ((uintptr_t)wp & 15) == 0 && ((uintptr_t)op & 15) == 0;
-  int64_t blocks = (n + WARPS - 1) / WARPS, cap = (int64_t)sm_count(w->device.index) * 16;
+  int64_t blocks = (n + WARPS - 1) / WARPS, cap = (int64_t)em_sm_count(w->device.index) * 16;
   gather_kernel<E, I><<<(unsigned)(blocks < cap ? (blocks < 1 ? 1 : blocks) : cap), THREADS, 0, s>>>(
       (const I *)em_data_ptr(ids), n, wp, w->shape[0], rs, d, op, poison, vec);
 }
@@ -161,7 +147,7 @@ extern "C" int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, e
   if (rows == 0 || d == 0) return 0;
   int dev = gw->device.index;
   cudaStream_t s = em_cur_stream(dev);
-  int64_t blocks = (int64_t)sm_count(dev) * 2;
+  int64_t blocks = (int64_t)em_sm_count(dev) * 2;
   if (blocks > rows) blocks = rows;
   int64_t per_block = (rows + blocks - 1) / blocks;
   blocks = (rows + per_block - 1) / per_block;

@@ -175,20 +175,6 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_kernel(const TX *x, const
   }
 }
 
-static int sm_count(int dev) {
-  static int cache[64];
-  if (dev < 0 || dev >= 64) return 132;
-  if (!cache[dev]) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-      cudaGetLastError();
-      n = 132;
-    }
-    cache[dev] = n;
-  }
-  return cache[dev];
-}
-
 template <typename TX, typename TW>
 static void launch_fwd(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd,
                        cudaStream_t s) {
@@ -200,7 +186,7 @@ static void launch_fwd(const em_tensor *x, const em_tensor *w, double eps, em_te
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   acc_t<TX> *rp = (acc_t<TX> *)em_data_ptr(rstd);
   int64_t rows_per_block = FWD_THREADS / 32, blocks = (N + rows_per_block - 1) / rows_per_block;
-  int64_t cap = (int64_t)sm_count(x->device.index) * 64;
+  int64_t cap = (int64_t)em_sm_count(x->device.index) * 64;
   if (blocks > cap) blocks = cap;
   unsigned grid = (unsigned)(blocks < 1 ? 1 : blocks);
   int64_t chunks = vec ? (D / (16 / (int64_t)sizeof(TX)) + 31) / 32 : 0;   /* 16-byte chunks per lane */
@@ -271,7 +257,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
                       em_tensor *gx, em_tensor *gw, cudaStream_t s) {
   using C = acc_t<TX>;
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
-  int64_t blocks = (int64_t)sm_count(x->device.index) * 2;
+  int64_t blocks = (int64_t)em_sm_count(x->device.index) * 2;
   if (blocks > N) blocks = N;
   if (blocks < 1) return 0;
   em_tensor *part = NULL;
