@@ -200,24 +200,35 @@ static int make_contiguous(em_tensor **t, em_tensor *orig, em_dtype dt) {
   return *t ? 0 : -1;
 }
 
+/* Bring a and b (already of dtype dt) into layouts a gemm library accepts:
+ * transposed or row-strided views pass as they are, anything else is made
+ * contiguous. Sets the plan's strides and the two operand ops; *ac and *bc
+ * are new references (release them even on failure). lib names the library
+ * in the internal-error message. Shared by the BLAS and cuBLASLt paths. */
+static int prepare_operands(mm_plan *p, em_tensor *a, em_tensor *b, em_dtype dt, em_tensor **ac,
+                            em_tensor **bc, blas_op *oa, blas_op *ob, const char *lib) {
+  *ac = em_tensor_retain(a);
+  *bc = em_tensor_retain(b);
+  matmul_strides(p, *ac, *bc);
+  if (!blas_layout(p->n, p->k, p->san, p->sak, oa)) {
+    if (make_contiguous(ac, a, dt)) return -1;
+    matmul_strides(p, *ac, *bc);
+  }
+  if (!blas_layout(p->k, p->m, p->sbk, p->sbm, ob)) {
+    if (make_contiguous(bc, b, dt)) return -1;
+    matmul_strides(p, *ac, *bc);
+  }
+  /* contiguous operands always pass; the check guards the library call regardless */
+  if (!blas_layout(p->n, p->k, p->san, p->sak, oa) || !blas_layout(p->k, p->m, p->sbk, p->sbm, ob))
+    return em_error("matmul: internal error: operand strides unusable by %s", lib);
+  return 0;
+}
+
 /* f32/f64 matmul of a and b (already of dtype dt) into a new contiguous tensor. */
 static em_tensor *matmul_blas(em_tensor *a, em_tensor *b, mm_plan *p, em_dtype dt) {
-  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *out = NULL;
+  em_tensor *ac = NULL, *bc = NULL, *out = NULL;
   blas_op oa, ob, of;
-  matmul_strides(p, ac, bc);
-  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa)) {
-    if (make_contiguous(&ac, a, dt)) goto done;
-    matmul_strides(p, ac, bc);
-  }
-  if (!blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
-    if (make_contiguous(&bc, b, dt)) goto done;
-    matmul_strides(p, ac, bc);
-  }
-  /* contiguous operands always pass; the check guards the BLAS call regardless */
-  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa) || !blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
-    em_error("matmul: internal error: operand strides unusable by BLAS");
-    goto done;
-  }
+  if (prepare_operands(p, a, b, dt, &ac, &bc, &oa, &ob, "BLAS")) goto done;
   if (!(out = em_empty(p->out_ndim, p->out_shape, dt, a->device))) goto done;
   size_t es = em_dtype_size(dt);
   char *A = em_storage_ptr(ac), *B = em_storage_ptr(bc), *C = em_data_ptr(out);
@@ -293,22 +304,10 @@ static em_tensor *matmul_cuda(em_tensor *a, em_tensor *b, mm_plan *p) {
     em_error("matmul: integer matmul is not supported on CUDA (got %s tensors)", em_dtype_name(a->dtype));
     return NULL;
   }
-  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *out = NULL;
+  em_tensor *ac = NULL, *bc = NULL, *out = NULL;
   em_dtype dt = a->dtype;
   blas_op oa, ob, of;
-  matmul_strides(p, ac, bc);
-  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa)) {
-    if (make_contiguous(&ac, a, dt)) goto done;
-    matmul_strides(p, ac, bc);
-  }
-  if (!blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
-    if (make_contiguous(&bc, b, dt)) goto done;
-    matmul_strides(p, ac, bc);
-  }
-  if (!blas_layout(p->n, p->k, p->san, p->sak, &oa) || !blas_layout(p->k, p->m, p->sbk, p->sbm, &ob)) {
-    em_error("matmul: internal error: operand strides unusable by cuBLASLt");
-    goto done;
-  }
+  if (prepare_operands(p, a, b, dt, &ac, &bc, &oa, &ob, "cuBLASLt")) goto done;
   if (!(out = em_empty(p->out_ndim, p->out_shape, dt, a->device))) goto done;
   size_t es = em_dtype_size(dt);
   const char *A = em_storage_ptr(ac), *B = em_storage_ptr(bc);
