@@ -189,6 +189,8 @@ local function phase_breakdown(model, opt, forward)
     phase("forward", function() return ember.no_grad(forward) end)
   else
     phase("zero_grad", function() model:zero_grad() end)
+    -- what a full Lua collection frees here is garbage that only waited for the GC
+    phase("full_gc", function() collectgarbage() collectgarbage() end)
     local loss = phase("forward", forward)
     phase("backward", function() loss:backward() end)
     loss = nil

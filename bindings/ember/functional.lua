@@ -103,53 +103,49 @@ function F.cross_entropy(logits, targets)
   return core.cross_entropy(logits, targets)
 end
 
-local function flash_guard(fname)
-  local fa = core.flash_attention
-  if not fa then
-    error("ember.nn.functional." .. fname ..
-      ": impl 'flash' not available yet (ember.core.flash_attention is missing)", 3)
-  end
-  return fa
+--- FlashAttention (CUDA, bf16/f16 or f32 under ember.autocast): softmax(q kᵀ
+-- · scale + causal mask) v without materialising the score matrix. Returns O
+-- and the rows' log-sum-exp L (B, H, Tq) f32.
+-- @param q tensor (B, H, Tq, d)
+-- @param k tensor (B, H, Tk, d)
+-- @param v tensor (B, H, Tk, d)
+-- @tparam[opt=false] boolean causal
+-- @tparam[opt] number scale default 1/√d
+function F.flash_attention(q, k, v, causal, scale)
+  check_tensor("flash_attention", "q", q)
+  check_tensor("flash_attention", "k", k)
+  check_tensor("flash_attention", "v", v)
+  return core.flash_attention(q, k, v, causal and true or false, scale or 0)
 end
 
---- FlashAttention: softmax(q kᵀ / √d + causal mask) v without materialising
--- the score matrix. Returns O, and whatever else the core returns (the
--- log-sum-exp L, for tests).
--- @param q tensor (B, H, T, d)
--- @param k tensor (B, H, T, d)
--- @param v tensor (B, H, T, d)
--- @tparam[opt=false] boolean causal
-function F.flash_attention(q, k, v, causal)
-  local fa = flash_guard("flash_attention")
-  return fa(q, k, v, causal and true or false)
-end
+local SDPA_IMPLS = {auto = core.attention, naive = core.attention_naive,
+  flash = function(q, k, v, causal, scale) return (core.flash_attention(q, k, v, causal, scale)) end}
 
 --- softmax(q kᵀ · scale + mask) v.
 -- @param q tensor (..., Tq, d)
 -- @param k tensor (..., Tk, d)
 -- @param v tensor (..., Tk, d)
 -- @tparam[opt] table opts `causal` (default false, as PyTorch's is_causal),
---   `scale` (default 1/√d), `impl` ("naive", the default, or "flash")
+--   `scale` (default 1/√d), `impl`: "auto" (the default: the flash kernels
+--   where they apply — CUDA, bf16/f16 or autocast, 4-D, d in {16, 32, 64, 80,
+--   96, 128} — the naive composition elsewhere), "naive" or "flash" (an error
+--   where it does not apply)
 function F.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
   if type(opts) ~= "table" then
     error("ember.nn.functional.scaled_dot_product_attention: expected an options table, got " ..
       type(opts), 2)
   end
-  local causal = opts.causal and true or false
-  local impl = opts.impl or "naive"
-  if impl == "naive" then
-    check_tensor("scaled_dot_product_attention", "q", q)
-    check_tensor("scaled_dot_product_attention", "k", k)
-    check_tensor("scaled_dot_product_attention", "v", v)
-    return core.attention_naive(q, k, v, causal, opts.scale or 0)
-  elseif impl == "flash" then
-    local fa = flash_guard("scaled_dot_product_attention")
-    if opts.scale ~= nil then return (fa(q, k, v, causal, opts.scale)) end
-    return (fa(q, k, v, causal))
+  local impl = opts.impl or "auto"
+  local fn = SDPA_IMPLS[impl]
+  if not fn then
+    error("ember.nn.functional.scaled_dot_product_attention: expected impl 'auto', 'naive' or 'flash', got " ..
+      tostring(impl), 2)
   end
-  error("ember.nn.functional.scaled_dot_product_attention: expected impl 'naive' or 'flash', got " ..
-    tostring(impl), 2)
+  check_tensor("scaled_dot_product_attention", "q", q)
+  check_tensor("scaled_dot_product_attention", "k", k)
+  check_tensor("scaled_dot_product_attention", "v", v)
+  return fn(q, k, v, opts.causal and true or false, opts.scale or 0)
 end
 
 return F

@@ -871,13 +871,10 @@ function RotaryEmbedding:extra_repr()
   return fmt("d_head=%d, theta=%s", self.d_head, fmt_float(self.theta))
 end
 
---- The default attention: naive causal softmax(q kᵀ/√d) v.
-local function naive_causal_attention(q, k, v)
-  return F.scaled_dot_product_attention(q, k, v, {causal = true})
-end
-
-local function flash_causal_attention(q, k, v)
-  return F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "flash"})
+local ATTN_IMPLS = {}
+for _, impl in ipairs({"auto", "naive", "flash"}) do
+  local opts = {causal = true, impl = impl}
+  ATTN_IMPLS[impl] = function(q, k, v) return F.scaled_dot_product_attention(q, k, v, opts) end
 end
 
 local function resolve_attn_fn(fname, opts, level)
@@ -889,10 +886,10 @@ local function resolve_attn_fn(fname, opts, level)
     end
     return opts.attn_fn
   end
-  local impl = opts.attn_impl or "naive"
-  if impl == "naive" then return naive_causal_attention end
-  if impl == "flash" then return flash_causal_attention end
-  error(fmt("%s: expected attn_impl 'naive' or 'flash', got %s", fname, tostring(impl)), level)
+  local fn = ATTN_IMPLS[opts.attn_impl or "auto"]
+  if fn then return fn end
+  error(fmt("%s: expected attn_impl 'auto', 'naive' or 'flash', got %s", fname,
+    tostring(opts.attn_impl)), level)
 end
 
 --- Multi-head causal self-attention with RoPE, no biases. Heads are
@@ -902,7 +899,8 @@ end
 -- @tparam integer d_model
 -- @tparam integer num_heads
 -- @tparam[opt] table opts `rope_theta` (default 10000; false turns RoPE
---   off), `max_len`, `attn_fn` or `attn_impl` ("naive"|"flash"), `dtype`, `device`
+--   off), `max_len`, `attn_fn` or `attn_impl` ("auto", the default: flash on
+--   CUDA in bf16/f16 or autocast, naive elsewhere; "naive"; "flash"), `dtype`, `device`
 local CausalSelfAttention = Module:extend("CausalSelfAttention")
 nn.CausalSelfAttention = CausalSelfAttention
 
@@ -1087,7 +1085,7 @@ function TransformerLM:forward(ids)
 end
 
 --- Replace the attention function of every block (e.g. a flash kernel).
--- @param fn function(q, k, v) on (B, H, T, d_head), or "naive" / "flash"
+-- @param fn function(q, k, v) on (B, H, T, d_head), or "auto" / "naive" / "flash"
 -- @return self
 function TransformerLM:set_attn_fn(fn)
   local fname = "ember.nn.TransformerLM.set_attn_fn"
@@ -1152,17 +1150,21 @@ function nn.utils.clip_grad_norm(params, max_norm)
     error("ember.nn.utils.clip_grad_norm: expected max_norm to be a non-negative number, got " ..
       tostring(max_norm), 2)
   end
+  local first
+  for _, p in ipairs(params) do
+    if core.has_grad(p) then first = p break end
+  end
+  if first == nil then return 0.0 end
+  if first.device ~= "cpu" then
+    -- gradients read in C: a Lua handle would keep a dropped gradient alive
+    local norm
+    no_grad(function() norm = core.clip_param_grads_(params, max_norm) end)
+    return norm
+  end
   local grads = {}
   for _, p in ipairs(params) do
     local g = p.grad
     if g ~= nil then grads[#grads + 1] = g end
-  end
-  if #grads == 0 then return 0.0 end
-  if grads[1].device ~= "cpu" then
-    local sumsq = core.sum_of_squares(grads)
-    local norm
-    no_grad(function() norm = core.clip_grads_(grads, sumsq, max_norm) end)
-    return norm
   end
   local total = math.sqrt(core.sum_of_squares(grads):item())
   if total > max_norm then

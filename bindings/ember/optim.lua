@@ -37,6 +37,7 @@ local function is_tensor(v)
 end
 
 local function no_grad(fn) return ember.no_grad(fn) end
+local has_grad = core.has_grad
 
 local function copy_value(v)
   if type(v) ~= "table" then return v end
@@ -143,21 +144,22 @@ function Optimizer:add_param_group(group)
   self.param_groups[#self.param_groups + 1] = g
 end
 
+-- A full collection costs about a millisecond; 64 MiB of device memory is
+-- worth it (a gradient someone read from Lua, e.g. for logging).
+local STRANDED_GC_BYTES = 64 * 2 ^ 20
+
 --- Reset gradients of every parameter: nil (the default, set_to_none), or
--- zeros in place when set_to_none is false.
+-- zeros in place when set_to_none is false. Gradients are never read into Lua
+-- here or in step(): a Lua handle would keep a dropped gradient's memory
+-- alive until the next collection.
 function Optimizer:zero_grad(set_to_none)
-  no_grad(function()
-    for _, g in ipairs(self.param_groups) do
-      for _, p in ipairs(g.params) do
-        if set_to_none == false then
-          local grad = p.grad
-          if grad ~= nil then grad:zero_() end
-        else
-          p.grad = nil
-        end
-      end
-    end
-  end)
+  local stranded = 0
+  for _, g in ipairs(self.param_groups) do
+    stranded = stranded + core.zero_grad_(g.params, set_to_none ~= false)
+  end
+  -- dropped device gradients that a Lua handle still references come back
+  -- only when the handle is collected: collect now, before the next forward
+  if stranded >= STRANDED_GC_BYTES then collectgarbage() end
 end
 
 --- Set the learning rate of every group.
@@ -265,16 +267,16 @@ end
 
 -- Append p, g and the state tensors named in `keys` to bucket `key` of
 -- `buckets` (one kernel call per step / device / dtype).
-local function bucket_add(buckets, order, key, p, grad, st, keys)
+local function bucket_add(buckets, order, key, p, st, keys)
   local b = buckets[key]
   if b == nil then
-    b = {params = {}, grads = {}}
+    b = {params = {}}
     for _, k in ipairs(keys) do b[k] = {} end
     buckets[key] = b
     order[#order + 1] = key
   end
   local n = #b.params + 1
-  b.params[n], b.grads[n] = p, grad
+  b.params[n] = p
   for _, k in ipairs(keys) do b[k][n] = st[k] end
   return b
 end
@@ -360,8 +362,7 @@ function AdamW:step(closure)
     for gi, g in ipairs(self.param_groups) do
       local buckets, order = {}, {}
       for _, p in ipairs(g.params) do
-        local grad = p.grad
-        if grad ~= nil then
+        if has_grad(p) then
           local st = self.state[p]
           if st == nil then
             st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
@@ -371,12 +372,12 @@ function AdamW:step(closure)
             if type(st.step) == "number" then
               st.step = ember.tensor(st.step, {dtype = "f32", device = p.device})
             end
-            bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, grad, st,
+            bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, st,
               ADAM_CUDA_KEYS).device = p.device
           else
             if type(st.step) ~= "number" then st.step = math.tointeger(st.step:item()) end
             st.step = st.step + 1
-            bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, grad, st,
+            bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, st,
               ADAM_KEYS).step = st.step
           end
         end
@@ -384,10 +385,10 @@ function AdamW:step(closure)
       for _, key in ipairs(order) do
         local b = buckets[key]
         if b.device then
-          core.adamw_capturable_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, b.step,
+          core.adamw_capturable_(b.params, nil, b.exp_avg, b.exp_avg_sq, b.step,
             device_lr(self, gi, g, b.device), g.lr, g.betas[1], g.betas[2], g.eps, g.weight_decay)
         else
-          core.adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
+          core.adamw_(b.params, nil, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
             g.eps, g.weight_decay, b.step)
         end
       end
@@ -457,8 +458,7 @@ function SGD:step(closure)
     for _, g in ipairs(self.param_groups) do
       local buckets, order = {}, {}
       for _, p in ipairs(g.params) do
-        local grad = p.grad
-        if grad ~= nil then
+        if has_grad(p) then
           local first = false
           local st = self.state[p]
           if g.momentum ~= 0 and (st == nil or st.momentum_buffer == nil) then
@@ -466,14 +466,14 @@ function SGD:step(closure)
             self.state[p] = st
             first = true
           end
-          bucket_add(buckets, order, fmt("%s|%s|%s", first, p.device, p.dtype), p, grad,
+          bucket_add(buckets, order, fmt("%s|%s|%s", first, p.device, p.dtype), p,
             st or {}, SGD_KEYS).first = first
         end
       end
       for _, key in ipairs(order) do
         local b = buckets[key]
         local bufs = g.momentum ~= 0 and b.momentum_buffer or nil
-        core.sgd_(b.params, b.grads, bufs, g.lr, g.momentum, g.weight_decay, b.first)
+        core.sgd_(b.params, nil, bufs, g.lr, g.momentum, g.weight_decay, b.first)
       end
     end
   end)

@@ -41,6 +41,9 @@ void lem_check_type(lua_State *L, int idx, int type, const char *fn, const char 
 int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg);
 /* Read a list (Lua array) of tensors; returns count, fills a malloc'd array in *out (caller frees). */
 int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out);
+/* The .grad of each of the n tensors p (borrowed pointers, in a malloc'd array); raises,
+ * freeing p, when one has none. For optimizers: no Lua handle to a gradient is made. */
+int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor ***out);
 /* The lua_State running the current backward (hooks call back into it). */
 extern _Thread_local lua_State *lem_current_L;
 

@@ -238,6 +238,29 @@ static int l_attention_naive(lua_State *L) {
   return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), lem_opt_number_arg(L, 5, "attention_naive", "scale", 0)));
 }
 
+static int l_attention(lua_State *L) {
+  em_tensor *q = lem_check_tensor(L, 1, "attention", "q"), *k = lem_check_tensor(L, 2, "attention", "k");
+  em_tensor *v = lem_check_tensor(L, 3, "attention", "v");
+  return lem_push_result(L, em_attention(q, k, v, lua_toboolean(L, 4), lem_opt_number_arg(L, 5, "attention", "scale", 0)));
+}
+/* core.flash_attention(q, k, v, causal[, scale]) -> o, lse */
+static int l_flash_attention(lua_State *L) {
+  em_tensor *q = lem_check_tensor(L, 1, "flash_attention", "q"), *k = lem_check_tensor(L, 2, "flash_attention", "k");
+  em_tensor *v = lem_check_tensor(L, 3, "flash_attention", "v"), *lse = NULL;
+  em_tensor *o = em_flash_attention(q, k, v, lua_toboolean(L, 4),
+                                    lem_opt_number_arg(L, 5, "flash_attention", "scale", 0), &lse);
+  if (!o) return lem_push_result(L, NULL);
+  lem_push_result(L, o);
+  lem_push_result(L, lse);
+  return 2;
+}
+/* core.flash_applies(q, k, v) -> boolean (under the current autocast state) */
+static int l_flash_applies(lua_State *L) {
+  em_tensor *q = lem_check_tensor(L, 1, "flash_applies", "q"), *k = lem_check_tensor(L, 2, "flash_applies", "k");
+  lua_pushboolean(L, em_flash_applies(q, k, lem_check_tensor(L, 3, "flash_applies", "v")));
+  return 1;
+}
+
 static int l_cat_stack(lua_State *L, int stack) {
   const char *fn = stack ? "stack" : "cat";
   em_tensor **ts;
@@ -291,7 +314,8 @@ static int l_trunc_normal_(lua_State *L) { return fill_random(L, "trunc_normal_"
 static int l_adamw_(lua_State *L) {
   em_tensor **p, **g, **m, **v;
   int n = lem_check_tensor_list(L, 1, "adamw_", &p);
-  int n2 = lem_check_tensor_list(L, 2, "adamw_", &g), n3 = lem_check_tensor_list(L, 3, "adamw_", &m);
+  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, "adamw_", n, p, &g) : lem_check_tensor_list(L, 2, "adamw_", &g);
+  int n3 = lem_check_tensor_list(L, 3, "adamw_", &m);
   int n4 = lem_check_tensor_list(L, 4, "adamw_", &v);
   int rc = -1;
   if (n != n2 || n != n3 || n != n4) em_error("adamw_: expected lists of equal length, got %d, %d, %d, %d", n, n2, n3, n4);
@@ -304,7 +328,8 @@ static int l_adamw_(lua_State *L) {
 }
 static int l_sgd_(lua_State *L) {
   em_tensor **p, **g, **b = NULL;
-  int n = lem_check_tensor_list(L, 1, "sgd_", &p), n2 = lem_check_tensor_list(L, 2, "sgd_", &g), n3 = n;
+  int n = lem_check_tensor_list(L, 1, "sgd_", &p);
+  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, "sgd_", n, p, &g) : lem_check_tensor_list(L, 2, "sgd_", &g), n3 = n;
   if (!lua_isnoneornil(L, 3)) n3 = lem_check_tensor_list(L, 3, "sgd_", &b);
   int rc = -1;
   if (n != n2 || n != n3) em_error("sgd_: expected lists of equal length, got %d, %d, %d", n, n2, n3);
@@ -339,6 +364,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
     {"sum_of_squares", l_sum_of_squares}, {NULL, NULL}};

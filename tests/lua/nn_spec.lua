@@ -463,25 +463,22 @@ describe("ember.nn.functional", function()
     assert.is_true(maxdiff(F.scaled_dot_product_attention(q, k, v, {scale = 0.5}), ref2) < TOL)
   end)
 
-  it("scaled_dot_product_attention with impl='flash' runs the core kernel or says it is missing", function()
-    local q = ember.randn(1, 2, 16, 16)
-    if ember.core.flash_attention then
-      local ok, out = pcall(F.scaled_dot_product_attention, q, q, q, {causal = true, impl = "flash"})
-      assert.is_true(ok, tostring(out))
-      assert.are.same({1, 2, 16, 16}, out.shape)
-    else
-      assert.error_matches(function()
-        F.scaled_dot_product_attention(q, q, q, {causal = true, impl = "flash"})
-      end, "not available yet", 1, true)
-      assert.error_matches(function() F.flash_attention(q, q, q, true) end,
-        "ember.nn.functional.flash_attention: impl 'flash' not available yet", 1, true)
-    end
+  it("impl='flash' on the CPU says the kernels are CUDA-only; 'auto' falls back to naive", function()
+    local q, k, v = ember.randn(1, 2, 16, 16), ember.randn(1, 2, 16, 16), ember.randn(1, 2, 16, 16)
+    assert.error_matches(function()
+      F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "flash"})
+    end, "flash_attention: the flash kernels run on CUDA only, got q on cpu", 1, true)
+    assert.error_matches(function() F.flash_attention(q, k, v, true) end, "run on CUDA only", 1, true)
+    assert.is_false(ember.core.flash_applies(q, k, v))
+    local auto = F.scaled_dot_product_attention(q, k, v, {causal = true})
+    local naive = F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "naive"})
+    assert.are.equal(0, maxdiff(auto, naive))
   end)
 
   it("rejects an unknown attention impl", function()
     local q = ember.randn(1, 2, 4)
     assert.error_matches(function() F.scaled_dot_product_attention(q, q, q, {impl = "fast"}) end,
-      "expected impl 'naive' or 'flash', got fast", 1, true)
+      "expected impl 'auto', 'naive' or 'flash', got fast", 1, true)
   end)
 
   it("swiglu is silu(a) ⊙ b and silu is x·sigmoid(x)", function()

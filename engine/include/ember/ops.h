@@ -97,6 +97,16 @@ em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);
  * top-left aligned like torch SDPA's is_causal (query i sees keys j <= i); to
  * decode one token against a KV cache (Tq = 1) pass causal = false. */
 em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
+/* FlashAttention (engine/ops/flash_attention.c): the same function on CUDA
+ * without materialising the scores. q (B, H, Tq, D), k/v (B, H, Tk, D), bf16
+ * or f16 (f32 is lowered under autocast), D in {16, 32, 64, 80, 96, 128}.
+ * lse_out, when not NULL, receives the rows' log-sum-exp (B, H, Tq) f32. */
+em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale,
+                              em_tensor **lse_out);
+/* true when em_flash_attention accepts these inputs (under the current autocast state). */
+bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v);
+/* Flash where it applies, the naive composition otherwise. */
+em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
 
 /* ---------- shape ops (engine/ops/shape.c) ---------- */
 em_tensor *em_cat(int n, em_tensor *const *ts, int64_t dim);

@@ -1,0 +1,184 @@
+/* FlashAttention: softmax(q kᵀ · scale [+ causal mask]) v computed tile by
+ * tile on the GPU (kernels/flash_fwd.cu, kernels/flash_bwd.cu), never
+ * materialising the (Tq, Tk) scores. Saves q, k, v, o and the rows'
+ * log-sum-exp (B·H·Tq floats) for backward, where the naive composition
+ * saves the T×T probabilities twice (f32 softmax output, bf16 matmul input).
+ *
+ * q (B, H, Tq, D), k and v (B, H, Tk, D): bf16 or f16 (under ember.autocast
+ * f32 inputs are lowered to the region's dtype first, as attention is on the
+ * lower-precision list), D in {16, 32, 64, 80, 96, 128}. Any strides over B,
+ * H and T: the kernels read the (B, T, H, D) layout that the head split of a
+ * linear projection produces without a copy. o, dq, dk and dv are allocated
+ * as (B, T, H, D) memory viewed as (B, H, T, D), so merging the heads back
+ * (transpose + reshape) is free. Causal masking is top-left aligned, as in
+ * em_attention_naive and PyTorch's is_causal.
+ *
+ * em_attention picks the implementation: flash where it applies (CUDA, a
+ * half dtype after autocast, a supported D, 4-D inputs of matching B and H),
+ * the naive composition everywhere else (CPU, f32 without autocast). */
+#include <math.h>
+#include <stdio.h>
+#include "internal.h"
+#include "ember/autocast.h"
+#ifdef EMBER_CUDA
+#include "flash.h"
+#endif
+
+#define OP "flash_attention"
+
+static bool half_dtype(em_dtype dt) { return dt == EM_BF16 || dt == EM_F16; }
+
+static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale) {
+  char s1[160], s2[160], s3[160];
+  em_tensor *ts[3] = {q, k, v};
+  const char *names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; i++) {
+    if (ts[i]->ndim != 4)
+      return em_error(OP ": expected %s of shape (B, H, T, D), got %s", names[i],
+                      em_shape_str(ts[i]->ndim, ts[i]->shape, s1, 160));
+    if (em_check_same_device(OP, q, ts[i])) return -1;
+    if (ts[i]->dtype != q->dtype)
+      return em_error(OP ": expected q, k and v to have the same dtype, got %s, %s and %s",
+                      em_dtype_name(q->dtype), em_dtype_name(k->dtype), em_dtype_name(v->dtype));
+  }
+  if (q->device.type != EM_CUDA)
+    return em_error(OP ": the flash kernels run on CUDA only, got q on %s (use impl 'naive' or 'auto')",
+                    q->device.type == EM_CPU ? "cpu" : "another device");
+  if (!half_dtype(q->dtype))
+    return em_error(OP ": expected bf16 or f16 q, k and v (or f32 inside ember.autocast), got %s",
+                    em_dtype_name(q->dtype));
+  if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] ||
+      v->shape[1] != q->shape[1] || k->shape[3] != q->shape[3] || v->shape[3] != q->shape[3] ||
+      v->shape[2] != k->shape[2])
+    return em_error(OP ": expected q (B, H, Tq, D), k and v (B, H, Tk, D), got %s, %s and %s",
+                    em_shape_str(q->ndim, q->shape, s1, 160), em_shape_str(k->ndim, k->shape, s2, 160),
+                    em_shape_str(v->ndim, v->shape, s3, 160));
+#ifdef EMBER_CUDA
+  if (!em_flash_supported_dim(q->shape[3]))
+    return em_error(OP ": no kernel for head dim %lld (supported: 16, 32, 64, 80, 96, 128)",
+                    (long long)q->shape[3]);
+#endif
+  if (k->shape[2] == 0 && q->shape[2] > 0) return em_error(OP ": expected at least one key, got Tk = 0");
+  if (q->shape[2] > INT32_MAX || k->shape[2] > INT32_MAX || q->shape[0] * q->shape[1] > INT32_MAX)
+    return em_error(OP ": sizes past 2^31 rows are not supported, got %s",
+                    em_shape_str(q->ndim, q->shape, s1, 160));
+  if (isnan(scale) || isinf(scale)) return em_error(OP ": expected a finite scale, got %g", scale);
+  return 0;
+}
+
+#ifdef EMBER_CUDA
+/* The kernels read 16-byte rows: last dim contiguous, other strides multiples
+ * of 8 elements, data 16-byte aligned. Anything else is copied once. */
+static em_tensor *kernel_ready(em_tensor *t) {
+  bool ok = t->stride[3] == 1 && ((uintptr_t)em_data_ptr(t) & 15) == 0;
+  for (int d = 0; d < 3 && ok; d++) ok = t->stride[d] % 8 == 0 || t->shape[d] == 1;
+  if (ok) return em_tensor_retain(t);
+  em_tensor *c = em_contiguous(t);
+  if (c && ((uintptr_t)em_data_ptr(c) & 15) != 0) {   /* a contiguous view at an odd offset */
+    em_tensor *e = em_empty(c->ndim, c->shape, c->dtype, c->device);
+    if (e && em_copy_(e, c)) { em_tensor_release(e); e = NULL; }
+    em_tensor_release(c);
+    c = e;
+  }
+  return c;
+}
+
+/* (B, H, T, D) view of fresh (B, T, H, D) memory. */
+static em_tensor *bthd_empty(int64_t b, int64_t h, int64_t t, int64_t d, em_dtype dt, em_device dev) {
+  int64_t shape[4] = {b, t, h, d};
+  em_tensor *m = em_empty(4, shape, dt, dev);
+  em_tensor *v = m ? em_transpose(m, 1, 2) : NULL;
+  em_tensor_release(m);
+  return v;
+}
+
+/* saved: q, k, v, o, lse; the op's causal flag and scale ride in n->ctx. */
+typedef struct { bool causal; double scale; } flash_ctx;
+
+static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+  const flash_ctx *c = n->ctx;
+  em_tensor *g = em_to(gout[0], q->dtype, q->device);
+  em_tensor *dout = g ? kernel_ready(g) : NULL;
+  em_tensor_release(g);
+  int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
+  int64_t dshape[3] = {B, H, Tq};
+  em_tensor *delta = dout ? em_empty(3, dshape, EM_F32, q->device) : NULL;
+  em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
+  em_tensor *dk = dq ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;
+  em_tensor *dv = dk ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;
+  int rc = dv ? em_flash_bwd_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale) : -1;
+  em_tensor_release(dout); em_tensor_release(delta);
+  if (rc) { em_tensor_release(dq); em_tensor_release(dk); em_tensor_release(dv); return -1; }
+  gin[0] = dq; gin[1] = dk; gin[2] = dv;
+  return 0;
+}
+
+static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool causal, double scale,
+                           em_tensor **lse_out) {
+  em_tensor *q = kernel_ready(q0), *k = q ? kernel_ready(k0) : NULL, *v = k ? kernel_ready(v0) : NULL;
+  int64_t B = q0->shape[0], H = q0->shape[1], Tq = q0->shape[2], D = q0->shape[3];
+  int64_t lshape[3] = {B, H, Tq};
+  em_tensor *o = v ? bthd_empty(B, H, Tq, D, q0->dtype, q0->device) : NULL;
+  em_tensor *lse = o ? em_empty(3, lshape, EM_F32, q0->device) : NULL;
+  int rc = lse ? em_flash_fwd_cuda(q, k, v, o, lse, causal, (float)scale) : -1;
+  if (rc == 0 && em_grad_needed(3, (em_tensor *[]){q0, k0, v0})) {
+    em_node *n = em_node_new(OP, flash_backward, 3, 1);
+    flash_ctx *c = n ? calloc(1, sizeof *c) : NULL;
+    if (!c) {
+      if (n) em_node_release(n);
+      rc = -1;
+    } else {
+      c->causal = causal; c->scale = scale;
+      n->ctx = c; n->ctx_free = free;
+      em_node_set_input(n, 0, q0); em_node_set_input(n, 1, k0); em_node_set_input(n, 2, v0);
+      em_node_save(n, q); em_node_save(n, k); em_node_save(n, v); em_node_save(n, o); em_node_save(n, lse);
+      em_node_finish(n, o);
+    }
+  }
+  em_tensor_release(q); em_tensor_release(k); em_tensor_release(v);
+  if (rc) { em_tensor_release(o); em_tensor_release(lse); return NULL; }
+  if (lse_out) *lse_out = lse;
+  else em_tensor_release(lse);
+  return o;
+}
+#endif
+
+em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale,
+                              em_tensor **lse_out) {
+  EM_OP_SCOPE(OP);
+  if (lse_out) *lse_out = NULL;
+  em_tensor *lq = em_autocast_lower(q), *lk = lq ? em_autocast_lower(k) : NULL;
+  em_tensor *lv = lk ? em_autocast_lower(v) : NULL, *out = NULL;
+  if (lv && flash_validate(lq, lk, lv, scale) == 0) {
+    if (scale <= 0) scale = 1.0 / sqrt((double)lq->shape[3]);
+#ifdef EMBER_CUDA
+    out = flash_op(lq, lk, lv, causal, scale, lse_out);
+#endif
+  }
+  em_tensor_release(lq); em_tensor_release(lk); em_tensor_release(lv);
+  return out;
+}
+
+bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
+#ifdef EMBER_CUDA
+  em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;
+  if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || q->device.type != EM_CUDA || !half_dtype(dt)) return false;
+  if (k->dtype != q->dtype || v->dtype != q->dtype) return false;
+  if (k->device.type != EM_CUDA || v->device.type != EM_CUDA || k->device.index != q->device.index ||
+      v->device.index != q->device.index)
+    return false;
+  for (int d = 0; d < 2; d++)
+    if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) return false;
+  return k->shape[3] == q->shape[3] && v->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] &&
+         k->shape[2] > 0 && em_flash_supported_dim(q->shape[3]);
+#else
+  (void)q; (void)k; (void)v;
+  return false;
+#endif
+}
+
+em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
+  if (em_flash_applies(q, k, v)) return em_flash_attention(q, k, v, causal, scale, NULL);
+  return em_attention_naive(q, k, v, causal, scale);
+}

@@ -1,0 +1,295 @@
+/* FlashAttention-2 backward, deterministic: with P = exp(S·scale − lse),
+ * dP = dO vᵀ, Δ = rowsum(dO ∘ o) and dS = P ∘ (dP − Δ):
+ *   dv = Pᵀ dO,  dk = scale · dSᵀ q,  dq = scale · dS k.
+ *
+ * Three kernels, no atomics (so gradients are bit-reproducible run to run):
+ *   delta    Δ per query row (reads o and dO once).
+ *   dkdv     one block per 64-key block; each warp owns 16 keys and walks the
+ *            query tiles (from the diagonal on, when causal), recomputing Sᵀ
+ *            = k qᵀ so Pᵀ and dSᵀ come out already in the A-operand layout
+ *            for dv += Pᵀ dO and dk += dSᵀ q (registers only).
+ *   dq       one block per 64-query block; each warp owns 16 queries and
+ *            walks the key tiles, recomputing S and dP = dO vᵀ.
+ * The price of determinism is recomputing S and dP in the dq kernel: 7 MMAs
+ * per tile pair instead of FA2's 5 (with atomics on dq). Cost per (batch,
+ * head): 14·Tq·Tk·D FLOPs (half with the causal mask). */
+#include "flash.h"
+#include "flash_common.cuh"
+
+using namespace flash;
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32, kBk = 64, kBq1 = 64;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
+  int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, n = (int64_t)p.B * p.H * p.Tq;
+  if (r >= n) return;
+  int i = (int)(r % p.Tq);
+  int64_t bh = r / p.Tq;
+  int b = (int)(bh / p.H), h = (int)(bh % p.H);
+  const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh + i * p.o_st;
+  const T *d = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh + i * p.do_st;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D; c += 8) {
+    Packed128<T> a = load128(o + c), e = load128(d + c);
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc += to_f32(a[j]) * to_f32(e[j]);
+  }
+  p.delta[r] = acc;
+}
+
+/* dk, dv for 64 keys; query tiles of BQ rows. */
+template <typename T, int D, int BQ>
+__global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
+  constexpr int LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sK = reinterpret_cast<T *>(smem), *sV = sK + kBk * LD, *sQ = sV + kBk * LD, *sO = sQ + BQ * LD;
+  float *sL = reinterpret_cast<float *>(sO + BQ * LD), *sD = sL + BQ;
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, k0 = blockIdx.x * kBk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
+  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
+  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+  const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
+  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+
+  load_tile<T, D, kBk, kThreads>(sK, k, p.k_st, k0, p.Tk);
+  load_tile<T, D, kBk, kThreads>(sV, v, p.v_st, k0, p.Tk);
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+  const int qstart = p.causal ? (k0 / BQ) * BQ : 0;
+
+  for (int i0 = qstart; i0 < p.Tq; i0 += BQ) {
+    __syncthreads();
+    load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, i0, p.Tq);
+    load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, i0, p.Tq);
+    for (int r = threadIdx.x; r < BQ; r += kThreads) {
+      bool in = i0 + r < p.Tq;
+      sL[r] = in ? lse[i0 + r] * kLog2e : INFINITY;   // a padded row's P is exp2(-inf) = 0
+      sD[r] = in ? delta[i0 + r] : 0.f;
+    }
+    __syncthreads();
+
+    float st[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+    for (int i = 0; i < BQ / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
+      uint32_t ak[4], av[4];
+      ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
+      ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int n2 = 0; n2 < BQ / 16; n2++) {
+        uint32_t bq[4], bo[4];
+        ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
+        ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
+        Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
+        Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
+        Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
+        Mma<T>::run(dp[2 * n2 + 1], av, bo[2], bo[3]);
+      }
+    }
+    const bool diag = p.causal && i0 < k0 + kBk;
+#pragma unroll
+    for (int i = 0; i < BQ / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int c = i * 8 + 2 * t + (e & 1);
+        float pr = exp2f(st[i][e] * p.scale_log2 - sL[c]);
+        if (diag && (e < 2 ? key0 : key1) > i0 + c) pr = 0.f;
+        st[i][e] = pr;                               // Pᵀ
+        dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
+      }
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
+      uint32_t pa[4] = {Mma<T>::pack(st[2 * kk][0], st[2 * kk][1]), Mma<T>::pack(st[2 * kk][2], st[2 * kk][3]),
+                        Mma<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                        Mma<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+      uint32_t da[4] = {Mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]), Mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]),
+                        Mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                        Mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int n2 = 0; n2 < D / 16; n2++) {
+        uint32_t bo[4], bq[4];
+        ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, n2 * 16, lane));
+        ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, n2 * 16, lane));
+        Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
+        Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
+        Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
+        Mma<T>::run(dk[2 * n2 + 1], da, bq[2], bq[3]);
+      }
+    }
+  }
+
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + h * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + h * p.dv_sh;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    int col = i * 8 + 2 * t;
+    if (key0 < p.Tk) {
+      *reinterpret_cast<uint32_t *>(gk + (int64_t)key0 * p.dk_st + col) = Mma<T>::pack(dk[i][0] * p.scale, dk[i][1] * p.scale);
+      *reinterpret_cast<uint32_t *>(gv + (int64_t)key0 * p.dv_st + col) = Mma<T>::pack(dv[i][0], dv[i][1]);
+    }
+    if (key1 < p.Tk) {
+      *reinterpret_cast<uint32_t *>(gk + (int64_t)key1 * p.dk_st + col) = Mma<T>::pack(dk[i][2] * p.scale, dk[i][3] * p.scale);
+      *reinterpret_cast<uint32_t *>(gv + (int64_t)key1 * p.dv_st + col) = Mma<T>::pack(dv[i][2], dv[i][3]);
+    }
+  }
+}
+
+/* dq for 64 queries; key tiles of BK rows. */
+template <typename T, int D, int BK>
+__global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
+  constexpr int LD = D + 8, BQ = 64;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sQ = reinterpret_cast<T *>(smem), *sO = sQ + BQ * LD, *sK = sO + BQ * LD, *sV = sK + BK * LD;
+  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, q0 = qblk * BQ;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
+  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
+  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+  const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
+  const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+  const float l0 = row0 < p.Tq ? lse[row0] * kLog2e : INFINITY, l1 = row1 < p.Tq ? lse[row1] * kLog2e : INFINITY;
+  const float d0 = row0 < p.Tq ? delta[row0] : 0.f, d1 = row1 < p.Tq ? delta[row1] : 0.f;
+
+  load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, q0, p.Tq);
+  load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, q0, p.Tq);
+  float dq[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  const int kend = p.causal ? min(p.Tk, q0 + BQ) : p.Tk;
+
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();
+    load_tile<T, D, BK, kThreads>(sK, k, p.k_st, k0, p.Tk);
+    load_tile<T, D, BK, kThreads>(sV, v, p.v_st, k0, p.Tk);
+    __syncthreads();
+    float s[BK / 8][4], dp[BK / 8][4];
+#pragma unroll
+    for (int i = 0; i < BK / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {       // S = q kᵀ and dP = dO vᵀ
+      uint32_t aq[4], ao[4];
+      ldsm_x4(aq, a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+      ldsm_x4(ao, a_addr<LD>(sO, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int n2 = 0; n2 < BK / 16; n2++) {
+        uint32_t bk[4], bv[4];
+        ldsm_x4(bk, bn_addr<LD>(sK, n2 * 16, kk * 16, lane));
+        ldsm_x4(bv, bn_addr<LD>(sV, n2 * 16, kk * 16, lane));
+        Mma<T>::run(s[2 * n2], aq, bk[0], bk[1]);
+        Mma<T>::run(s[2 * n2 + 1], aq, bk[2], bk[3]);
+        Mma<T>::run(dp[2 * n2], ao, bv[0], bv[1]);
+        Mma<T>::run(dp[2 * n2 + 1], ao, bv[2], bv[3]);
+      }
+    }
+    const bool edge = k0 + BK > p.Tk || (p.causal && k0 + BK - 1 > q0 + warp * 16);
+#pragma unroll
+    for (int i = 0; i < BK / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int col = k0 + i * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
+        float pr = exp2f(s[i][e] * p.scale_log2 - (e < 2 ? l0 : l1));
+        if (edge && (col >= p.Tk || (p.causal && col > row))) pr = 0.f;
+        dp[i][e] = pr * (dp[i][e] - (e < 2 ? d0 : d1));   // dS
+      }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {      // dq += dS k
+      uint32_t da[4] = {Mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]), Mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]),
+                        Mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                        Mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int n2 = 0; n2 < D / 16; n2++) {
+        uint32_t bk[4];
+        ldsm_x4_t(bk, bk_addr<LD>(sK, kk * 16, n2 * 16, lane));
+        Mma<T>::run(dq[2 * n2], da, bk[0], bk[1]);
+        Mma<T>::run(dq[2 * n2 + 1], da, bk[2], bk[3]);
+      }
+    }
+  }
+
+  T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    int col = i * 8 + 2 * t;
+    if (row0 < p.Tq)
+      *reinterpret_cast<uint32_t *>(gq + (int64_t)row0 * p.dq_st + col) = Mma<T>::pack(dq[i][0] * p.scale, dq[i][1] * p.scale);
+    if (row1 < p.Tq)
+      *reinterpret_cast<uint32_t *>(gq + (int64_t)row1 * p.dq_st + col) = Mma<T>::pack(dq[i][2] * p.scale, dq[i][3] * p.scale);
+  }
+}
+
+template <typename K>
+int set_smem(K kern, size_t smem) {
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+    return -1;
+  return 0;
+}
+
+template <typename T, int D>
+int launch_bwd(const Params &p, cudaStream_t s) {
+  constexpr int BQ = D <= 64 ? kBq1 : 32, BK2 = D <= 64 ? 64 : 32, LD = D + 8;
+  int64_t rows = (int64_t)p.B * p.H * p.Tq;
+  flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
+  if (em_launch_check("flash_attention backward (delta)")) return -1;
+
+  constexpr size_t smem1 = (size_t)(2 * kBk + 2 * BQ) * LD * sizeof(T) + 2 * BQ * sizeof(float);
+  auto k1 = flash_dkdv_kernel<T, D, BQ>;
+  if (set_smem(k1, smem1)) return em_launch_check("flash_attention backward (dk, dv)");
+  k1<<<dim3((unsigned)((p.Tk + kBk - 1) / kBk), (unsigned)(p.B * p.H)), kThreads, smem1, s>>>(p);
+  if (em_launch_check("flash_attention backward (dk, dv)")) return -1;
+
+  constexpr size_t smem2 = (size_t)(2 * 64 + 2 * BK2) * LD * sizeof(T);
+  auto k2 = flash_dq_kernel<T, D, BK2>;
+  if (set_smem(k2, smem2)) return em_launch_check("flash_attention backward (dq)");
+  k2<<<dim3((unsigned)((p.Tq + 63) / 64), (unsigned)(p.B * p.H)), kThreads, smem2, s>>>(p);
+  return em_launch_check("flash_attention backward (dq)");
+}
+
+}  // namespace
+
+extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                                 const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                                 em_tensor *dk, em_tensor *dv, bool causal, float scale) {
+  Params p = {};
+  p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v); p.o = em_data_ptr(o);
+  p.dout = em_data_ptr(dout);
+  p.dq = em_data_ptr(dq); p.dk = em_data_ptr(dk); p.dv = em_data_ptr(dv);
+  p.lse = static_cast<float *>(em_data_ptr(lse));
+  p.delta = static_cast<float *>(em_data_ptr(delta));
+  p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
+  p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
+  p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
+  p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
+  p.do_sb = dout->stride[0]; p.do_sh = dout->stride[1]; p.do_st = dout->stride[2];
+  p.dq_sb = dq->stride[0]; p.dq_sh = dq->stride[1]; p.dq_st = dq->stride[2];
+  p.dk_sb = dk->stride[0]; p.dk_sh = dk->stride[1]; p.dk_st = dk->stride[2];
+  p.dv_sb = dv->stride[0]; p.dv_sh = dv->stride[1]; p.dv_st = dv->stride[2];
+  p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
+  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
+  if (p.B * p.H == 0 || p.Tq == 0) return 0;
+  cudaStream_t s = em_cur_stream(q->device.index);
+  int d = (int)q->shape[3], rc = -2;
+  if (q->dtype == EM_BF16) {
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__nv_bfloat16, D>(p, s);)
+  } else {
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__half, D>(p, s);)
+  }
+  if (rc == -2) return em_error("flash_attention backward: no kernel for head dim %d", d);
+  return rc;
+}

@@ -1,0 +1,129 @@
+/* Shared pieces of the FlashAttention-2 kernels (flash_fwd.cu, flash_bwd.cu):
+ * the tensor-core MMA (m16n8k16, bf16/f16 in, f32 accumulate), ldmatrix
+ * fragment loads, packing f32 pairs into 16-bit pairs, and the tile copy from
+ * global to shared memory.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
+ *   A 16x16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+ *   B 16x8 "col":      b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+ *   C 16x8 f32:        c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+ * so the C tiles of two adjacent 8-column blocks are, packed to 16 bits,
+ * exactly the A fragment of one 16-wide k step: probabilities go from the
+ * score accumulator into the next MMA without touching shared memory.
+ *
+ * Shared tiles are row-major with a row pitch of D + 8 elements: the 16-byte
+ * pad makes the eight row addresses of every ldmatrix phase fall in distinct
+ * banks (the pitch is an odd number of 16-byte chunks for every D here). */
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include "common.cuh"
+
+namespace flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Params {          // strides in elements; the last dim is contiguous
+  const void *q, *k, *v, *o, *dout;
+  void *out, *dq, *dk, *dv;
+  float *lse, *delta;
+  int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
+  int64_t do_sb, do_sh, do_st, dq_sb, dq_sh, dq_st, dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st;
+  int B, H, Tq, Tk;
+  float scale, scale_log2;   // scale and scale·log2(e)
+  bool causal;
+};
+
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+};
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/* Address helpers for a row-major shared tile with pitch LD (elements).
+ * A operand (16x16 at row r0, col c0), also B from an [n][k] tile (two 8-wide
+ * n blocks at n0, k step at k0): registers {b0,b1} of n block 0 then of 1. */
+template <int LD, typename T>
+__device__ __forceinline__ const T *a_addr(const T *s, int r0, int c0, int lane) {
+  return s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * 8;
+}
+template <int LD, typename T>
+__device__ __forceinline__ const T *bn_addr(const T *s, int n0, int k0, int lane) {   // tile stored [n][k]
+  return s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8;
+}
+/* B from a [k][n] tile through ldmatrix.trans: k step at k0, two n blocks at n0. */
+template <int LD, typename T>
+__device__ __forceinline__ const T *bk_addr(const T *s, int k0, int n0, int lane) {
+  return s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8;
+}
+/* A = Mᵀ from a tile stored [k][m] (rows k) through ldmatrix.trans: A's rows
+ * at m0, its k step at k0. */
+template <int LD, typename T>
+__device__ __forceinline__ const T *at_addr(const T *s, int m0, int k0, int lane) {
+  return s + (k0 + (lane & 7) + (lane >> 4) * 8) * LD + m0 + ((lane >> 3) & 1) * 8;
+}
+
+/* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared
+ * tile of pitch D + 8; rows at or past n are zero. All threads of the block
+ * take part (NT threads), 16 bytes each per step. */
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t st, int r0, int n) {
+  constexpr int CH = D / 8, LD = D + 8;
+  for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
+    int r = c / CH, col = (c % CH) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < n) v = *reinterpret_cast<const uint4 *>(g + (int64_t)(r0 + r) * st + col);
+    *reinterpret_cast<uint4 *>(s + r * LD + col) = v;
+  }
+}
+
+}  // namespace flash
+
+/* The head dims the kernels are instantiated for. */
+#define FLASH_DISPATCH_D(d, D, ...)                       \
+  switch (d) {                                            \
+    case 16: { constexpr int D = 16; __VA_ARGS__ } break; \
+    case 32: { constexpr int D = 32; __VA_ARGS__ } break; \
+    case 64: { constexpr int D = 64; __VA_ARGS__ } break; \
+    case 80: { constexpr int D = 80; __VA_ARGS__ } break; \
+    case 96: { constexpr int D = 96; __VA_ARGS__ } break; \
+    case 128: { constexpr int D = 128; __VA_ARGS__ } break; \
+    default: break;                                       \
+  }
