@@ -43,8 +43,8 @@ parser:option("--warmup", "Untimed steps first.", "5"):convert(math.tointeger)
 parser:option("--steps", "Timed steps.", "10"):convert(math.tointeger)
 parser:option("--precision", "fp32, or bf16 autocast.", "fp32"):choices({"fp32", "bf16"})
 parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
-parser:option("--attn", "Attention: flash (default on cuda when built) or naive.")
-  :choices({"flash", "naive"})
+parser:option("--attn", "Attention: auto (flash kernels on CUDA with bf16, naive elsewhere), " ..
+  "flash or naive.", "auto"):choices({"auto", "flash", "naive"})
 parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
 parser:option("--device", "cpu or cuda (default: cuda when available).")
 parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
@@ -66,10 +66,8 @@ if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 
 args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
-if not args.attn then
-  args.attn = (on_cuda and ember.core.flash_attention) and "flash" or "naive"
-elseif args.attn == "flash" and not ember.core.flash_attention then
-  fail("--attn flash: this build has no flash attention (ember.core.flash_attention)")
+if args.attn == "flash" and not (on_cuda and args.precision == "bf16") then
+  fail("--attn flash: the flash kernels need --device cuda and --precision bf16")
 end
 
 -- ---------------------------------------------------------------------------
@@ -139,6 +137,14 @@ cfg.num_layers = args.layers or cfg.num_layers
 cfg.num_heads = args.heads or cfg.num_heads
 cfg.attn_impl = args.attn
 cfg.device = args.device
+-- what "auto" resolves to (the printed config and the JSON line say which ran)
+local attn_used = args.attn
+if attn_used == "auto" then
+  local dh = cfg.d_model // cfg.num_heads
+  local probe = on_cuda and args.precision == "bf16" and cfg.d_model % cfg.num_heads == 0 and
+    ember.empty({1, cfg.num_heads, 1, dh}, {dtype = "bf16", device = args.device})
+  attn_used = probe and ember.core.flash_applies(probe, probe, probe) and "flash" or "naive"
+end
 
 local n_params = nn.count_parameters(cfg)
 local n_matmul = n_params - cfg.vocab_size * cfg.d_model     -- all but token_embeddings
@@ -152,7 +158,7 @@ local peak, peak_why = peak_tflops(dev_name)
 local config = {
   model = args.model, d_model = D, d_ff = cfg.d_ff, layers = L, heads = cfg.num_heads,
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
-  tf32 = args.tf32, attn = args.attn, graph = args.graph, warmup = args.warmup,
+  tf32 = args.tf32, attn = attn_used, graph = args.graph, warmup = args.warmup,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
   params = n_params, params_matmul = n_matmul,
 }
@@ -162,7 +168,7 @@ print(("commit: %s, %s, ember %s"):format(commit, os.date("!%Y-%m-%d %H:%M UTC")
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
   "mode=%s precision=%s%s attn=%s graph=%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
-    args.precision, args.tf32 and "+tf32" or "", args.attn, tostring(args.graph), args.warmup,
+    args.precision, args.tf32 and "+tf32" or "", attn_used, tostring(args.graph), args.warmup,
     args.steps, n_params / 1e6))
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
