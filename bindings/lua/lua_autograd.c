@@ -12,6 +12,7 @@ static int l_backward(lua_State *L) {
   if (!g && !lua_isnoneornil(L, 2) && !opts)
     return lem_error(L, "backward", "expected gradient to be a tensor or nil, got %s", luaL_typename(L, 2));
   int retain = lem_opt_bool(L, opts, "retain_graph", 0);
+  lem_collect_before_backward(L, t);
   lua_State *prev = lem_current_L;
   lem_current_L = L;
   int rc = em_backward(t, g, retain);

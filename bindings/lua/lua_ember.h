@@ -15,6 +15,8 @@
 void lem_push_tensor(lua_State *L, em_tensor *t);
 /* Push a result: t or raise the engine error (prefixed "ember."). Returns 1. */
 int lem_push_result(lua_State *L, em_tensor *t);
+/* A full collection before a CUDA backward when the forward left enough device garbage (lua_tensor.c). */
+void lem_collect_before_backward(lua_State *L, const em_tensor *root);
 em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg);
 em_tensor *lem_test_tensor(lua_State *L, int idx);      /* NULL if not a tensor */
 /* Like lem_test_tensor; a closed tensor raises naming fn. */
