@@ -280,6 +280,79 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
   }
 }
 
+/* ---------------- mixed float storage types, unit stride ----------------
+ * f32 residual stream + bf16 branch output under autocast (x + attn(x)),
+ * and its kin: every operand unit-stride, storage f32/bf16/f16 in any mix,
+ * compute f32. Eight elements per thread per step, each operand loaded as
+ * one or two 16-byte vectors by its own dtype (a launch-uniform branch). */
+
+__device__ __forceinline__ void load8(const void *base, int dt, int64_t v, float x[8]) {
+  if (dt == EM_F32) {
+    const float4 *p = (const float4 *)base + 2 * v;
+    float4 a = p[0], b = p[1];
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+  } else if (dt == EM_BF16) {
+    Packed128<__nv_bfloat16> p = load128((const __nv_bfloat16 *)base + 8 * v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) x[e] = __bfloat162float(p[e]);
+  } else {
+    Packed128<__half> p = load128((const __half *)base + 8 * v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) x[e] = __half2float(p[e]);
+  }
+}
+
+__device__ __forceinline__ void store8(void *base, int dt, int64_t v, const float x[8]) {
+  if (dt == EM_F32) {
+    float4 *p = (float4 *)base + 2 * v;
+    p[0] = make_float4(x[0], x[1], x[2], x[3]);
+    p[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else if (dt == EM_BF16) {
+    Packed128<__nv_bfloat16> p;
+#pragma unroll
+    for (int e = 0; e < 8; e++) p[e] = from_compute<__nv_bfloat16, float>(x[e]);
+    store128((__nv_bfloat16 *)base + 8 * v, p);
+  } else {
+    Packed128<__half> p;
+#pragma unroll
+    for (int e = 0; e < 8; e++) p[e] = from_compute<__half, float>(x[e]);
+    store128((__half *)base + 8 * v, p);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) ew_mixed(EwArgs a) {
+  const Kern<float> k(a);
+  float cst[3];
+#pragma unroll
+  for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<float>(a.cval[j]) : 0.f;
+  const int64_t n = a.numel, nv = n / 8;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = tid; v < nv; v += step) {
+    float x[3][8], o[8];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+      if (j < a.nin && a.mode[j] == IN_PTR) load8(a.ptr[j + 1], a.dtype[j + 1], v, x[j]);
+      else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[j][e] = cst[j];
+      }
+    }
+    k.apply(o, x[0], x[1], x[2]);
+    store8(a.ptr[0], a.dtype[0], v, o);
+  }
+  const int64_t i = nv * 8 + tid;   /* the last n % 8 elements */
+  if (i < n) {
+    float x[3][1], o[1];
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+      x[j][0] = (j < a.nin && a.mode[j] == IN_PTR) ? load_as<float>(a.ptr[j + 1], a.dtype[j + 1], i) : cst[j];
+    k.apply(o, x[0], x[1], x[2]);
+    store_as<float>(a.ptr[0], a.dtype[0], i, o[0]);
+  }
+}
+
+bool half_or_f32(int dt) { return dt == EM_F32 || dt == EM_BF16 || dt == EM_F16; }
+
 /* ---------------- broadcast along rows: unit-stride last dim ----------------
  * Every tensor operand is unit-stride along the last coalesced dim, or
  * constant along it (stride 0: a per-row value, such as a (B*T, 1) scale);
@@ -506,6 +579,17 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
     return em_launch_check(op);
   }
   for (int j = 0; j < 3; j++) if (a.mode[j] == IN_SCALAR) a.mode[j] = IN_PTR;   /* (fast == false) */
+
+  /* mixed f32/bf16/f16 storage, every operand unit-stride and 16-byte aligned */
+  bool mixed = k->cls == EM_EW_F32 && p->ndim == 1 && half_or_f32(a.dtype[0]) && p->stride[0][0] == 1 &&
+               aligned16(a.ptr[0]);
+  for (int j = 0; mixed && j < nin; j++)
+    if (a.mode[j] == IN_PTR)
+      mixed = half_or_f32(a.dtype[j + 1]) && p->stride[j + 1][0] == 1 && aligned16(a.ptr[j + 1]);
+  if (mixed) {
+    ew_mixed<<<grid_for(numel / 8 > 0 ? numel / 8 : 1), kThreads, 0, s>>>(a);
+    return em_launch_check(op);
+  }
 
   /* 32-bit index arithmetic when every offset fits */
   bool idx32 = numel <= (int64_t)INT32_MAX / 2;

@@ -6,9 +6,9 @@
  * memory bound when the sin/cos is cheap, which is the point of the trick.
  *
  * Launch: one warp per row of d (rows strided over a grid of 2048-thread
- * multiples), lanes over the d/2 pairs; the row's offset in x (any strides on
- * the leading dims: q/k arrive as transposed views) and in pos (broadcast) is
- * decoded once per row.
+ * multiples), lanes over the d/2 pairs; the row's offset in x and y (any
+ * strides on the leading dims: q/k arrive as transposed views, and y keeps
+ * x's layout) and in pos (broadcast) is decoded once per row.
  *
  * The trick: the angle p·inv_freq must be formed in double (positions reach
  * 1e5 and f32 would lose the phase), but double sin/cos costs ~20x a float
@@ -29,6 +29,7 @@ typedef struct {
   int nd;                          /* leading dims */
   int64_t shape[EM_MAX_DIMS];
   int64_t xs[EM_MAX_DIMS];         /* x strides of the leading dims */
+  int64_t ys[EM_MAX_DIMS];         /* y strides of the leading dims (y's last dim is contiguous) */
   int64_t ps[EM_MAX_DIMS];         /* pos strides, 0 where broadcast */
 } rope_geom;
 
@@ -49,20 +50,25 @@ template <> __device__ __forceinline__ double st<double, double>(double x) { ret
 template <typename T, typename C, typename P>
 __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos, rope_geom g, freq_table f,
                                                        int64_t rows, int64_t half, double theta, C sign, T *y) {
+  // the table to shared memory: lanes read different entries, which from the
+  // kernel-parameter (constant) bank would serialise 32 ways
+  __shared__ double inv_s[MAX_HALF];
+  for (int64_t j = threadIdx.x; j < half && j < MAX_HALF; j += blockDim.x) inv_s[j] = f.v[j];
+  __syncthreads();
   int lane = threadIdx.x & 31;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
   for (int64_t row = warp; row < rows; row += nwarps) {
-    int64_t xo = 0, po = 0, r = row;
+    int64_t xo = 0, yo = 0, po = 0, r = row;
     for (int k = g.nd - 1; k >= 0; k--) {
       int64_t i = r % g.shape[k];
       r /= g.shape[k];
-      xo += i * g.xs[k]; po += i * g.ps[k];
+      xo += i * g.xs[k]; yo += i * g.ys[k]; po += i * g.ps[k];
     }
     double p = (double)pos[po];
     const T *xr = x + xo;
-    T *yr = y + row * 2 * half;
+    T *yr = y + yo;
     for (int64_t j = lane; j < half; j += 32) {
-      double inv = j < MAX_HALF ? f.v[j] : pow(theta, -2.0 * (double)j / (double)(2 * half));
+      double inv = j < MAX_HALF ? inv_s[j] : pow(theta, -2.0 * (double)j / (double)(2 * half));
       C c, s;
       angle_cs(p * inv, c, s);
       s = sign * s;
@@ -79,7 +85,7 @@ extern "C" int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double the
   rope_geom g;
   memset(&g, 0, sizeof g);
   g.nd = x->ndim - 1;
-  for (int k = 0; k < g.nd; k++) { g.shape[k] = x->shape[k]; g.xs[k] = x->stride[k]; }
+  for (int k = 0; k < g.nd; k++) { g.shape[k] = x->shape[k]; g.xs[k] = x->stride[k]; g.ys[k] = y->stride[k]; }
   em_broadcast_strides(pos, g.nd, x->shape, g.ps);
   freq_table f;
   for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = pow(theta, -2.0 * (double)j / (double)d);

@@ -239,7 +239,13 @@ local function run()
   end
 
   local loss
-  for _ = 1, args.warmup do loss = step() end
+  for w = 1, args.warmup do
+    loss = step()
+    if on_cuda and not args.quiet then
+      cuda_sync()
+      print(("warm-up %d/%d  peak so far %.2f GiB"):format(w, args.warmup, ember.cuda.max_memory_allocated() / 2 ^ 30))
+    end
+  end
   cuda_sync()
   local timed = step
   if args.graph then
@@ -261,8 +267,9 @@ local function run()
     if l then loss = l end
     if not args.quiet then
       local tps = tokens_per_step / samples[i] * 1e3
-      print(("step %3d/%d  %9.3f ms  %12.0f tok/s%s"):format(i, args.steps, samples[i], tps,
-        peak and ("  MFU %5.1f%%"):format(100 * tps * flops_per_token / (peak * 1e12)) or ""))
+      print(("step %3d/%d  %9.3f ms  %12.0f tok/s%s%s"):format(i, args.steps, samples[i], tps,
+        peak and ("  MFU %5.1f%%"):format(100 * tps * flops_per_token / (peak * 1e12)) or "",
+        on_cuda and ("  peak so far %.2f GiB"):format(ember.cuda.max_memory_allocated() / 2 ^ 30) or ""))
     end
   end
   local final_loss = loss and loss:item() or nil

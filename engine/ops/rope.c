@@ -129,12 +129,39 @@ static void rope_f64(const double *x, double *y, const int64_t *pos, int64_t N, 
 }
 
 #ifdef EMBER_CUDA
+/* A fresh tensor with x's memory layout when x is a dense permutation (q and
+ * k are (B, T, H, D) memory seen as (B, H, T, D)): the gradient then flows
+ * back through the head split's transpose and view without a copy.
+ * Otherwise contiguous. */
+static em_tensor *empty_like_layout(em_tensor *x) {
+  int n = x->ndim, perm[EM_MAX_DIMS];
+  for (int i = 0; i < n; i++) perm[i] = i;
+  for (int i = 1; i < n; i++)                  /* insertion sort by stride, descending (stable) */
+    for (int j = i; j > 0 && x->stride[perm[j]] > x->stride[perm[j - 1]]; j--) {
+      int t = perm[j]; perm[j] = perm[j - 1]; perm[j - 1] = t;
+    }
+  int64_t expect = 1, shape[EM_MAX_DIMS], inv[EM_MAX_DIMS];
+  bool dense = true;
+  for (int i = n - 1; i >= 0; i--) {
+    if (x->shape[perm[i]] != 1 && x->stride[perm[i]] != expect) dense = false;
+    expect *= x->shape[perm[i]];
+  }
+  bool identity = true;
+  for (int i = 0; i < n; i++) identity = identity && perm[i] == i;
+  if (!dense || identity) return em_empty(n, x->shape, x->dtype, x->device);
+  for (int i = 0; i < n; i++) { shape[i] = x->shape[perm[i]]; inv[perm[i]] = i; }
+  em_tensor *m = em_empty(n, shape, x->dtype, x->device);
+  em_tensor *v = m ? em_permute(m, n, inv) : NULL;
+  em_tensor_release(m);
+  return v;
+}
+
 static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
   int64_t d = x->shape[x->ndim - 1];
   em_tensor *xc = (x->stride[x->ndim - 1] == 1 || d <= 1) ? em_tensor_retain(x) : em_contiguous(x);
   em_tensor *pc = !xc ? NULL : (pos->dtype == EM_I32 || pos->dtype == EM_I64) ? em_tensor_retain(pos)
                                                                                 : em_contiguous_as(pos, EM_I64);
-  em_tensor *y = pc ? em_empty(x->ndim, x->shape, x->dtype, x->device) : NULL;
+  em_tensor *y = pc ? empty_like_layout(xc) : NULL;
   if (y && em_rope_cuda(xc, pc, theta, sign, y)) { em_tensor_release(y); y = NULL; }
   em_tensor_release(xc); em_tensor_release(pc);
   if (!y || out_dt == x->dtype) return y;

@@ -182,6 +182,6 @@ describe("flash attention on CUDA", function()
     assert.error_matches(function() F.flash_attention(q, q:cpu(), q, true) end, "device", 1, true)
     local q3 = q:select(0, 0)
     assert.error_matches(function() F.flash_attention(q3, q3, q3, true) end,
-      "expected q of shape (B, H, T, D), got (2, 8, 64)", 1, true)
+      "expected q of shape (B, H, T, D), got [2, 8, 64]", 1, true)
   end)
 end)
