@@ -3,7 +3,7 @@
 # numbers, fitted to a short lease: build once, then each item under its own
 # timeout (a slow item cannot starve the rest), logs and JSON lines into $OUT.
 #   bash bench/gpu_run.sh check     specs (amp, lm), parity, small: Ember eager/graph, PyTorch eager/compile
-#   bash bench/gpu_run.sh final     specs; small, xl, 2.7b (memory): Ember eager/graph, PyTorch eager/graph/compile
+#   bash bench/gpu_run.sh final     small, xl, 2.7b (memory): Ember eager/graph, PyTorch eager/graph/compile
 # Assumes the carried Debian packages in .deps (see bench/README.md).
 # DEADLINE (epoch seconds) shortens the last items so the table still prints.
 set -u
@@ -52,25 +52,23 @@ if [ "$phase" = check ]; then
   torch_bench 40 --model small --precision bf16 --mode train
   torch_bench 120 --model small --precision bf16 --mode train --compile
 else
-  item 60 specs.log "$B/ember" run "$busted_bin" -o utfTerminal tests/gpu/amp_spec.lua tests/gpu/lm_spec.lua
-  grep -E "success|Failure ->|Error ->" "$out/specs.log" | head -20 | tee -a "$out/summary.txt"
-  # small: Ember eager/graph/naive-vs-naive, phases; PyTorch eager, graph, compile
+  # (specs, memcheck and parity run before this: make test-gpu, test-gpu-memcheck, test-parity)
+  # small: Ember eager (phases) / graph / graph with naive attention / forward; PyTorch eager, graph, compile
   ember_bench 40 --model small --precision bf16 --mode train --breakdown
   ember_bench 40 --model small --precision bf16 --mode train --graph
+  ember_bench 40 --model small --precision bf16 --mode train --graph --attn naive
   ember_bench 30 --model small --precision bf16 --mode fwd --breakdown
   torch_bench 40 --model small --precision bf16 --mode train --breakdown
-  torch_bench 40 --model small --precision bf16 --mode train --attn naive
   torch_bench 40 --model small --precision bf16 --mode train --graph
-  # xl and 2.7b (one step: memory)
+  torch_bench 120 --model small --precision bf16 --mode train --compile
+  # xl
   ember_bench 60 --model xl --precision bf16 --mode train --breakdown
   ember_bench 60 --model xl --precision bf16 --mode train --graph
   torch_bench 60 --model xl --precision bf16 --mode train
-  ember_bench 60 --model 2.7b --precision bf16 --mode train --warmup 1 --steps 2 --breakdown
-  torch_bench 60 --model 2.7b --precision bf16 --mode train --warmup 1 --steps 2 --optimizer forloop --breakdown
-  torch_bench 60 --model small --precision bf16 --mode train --compile
-  item 60 memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$B/ember" run "$busted_bin" -o utfTerminal tests/gpu/amp_spec.lua
-  torch_bench 150 --model xl --precision bf16 --mode train --compile
+  # 2.7b: memory (two warm-up steps: AdamW state exists before the timed steps)
+  ember_bench 60 --model 2.7b --precision bf16 --mode train --warmup 2 --steps 2 --breakdown
+  torch_bench 60 --model 2.7b --precision bf16 --mode train --warmup 2 --steps 2 --optimizer forloop --breakdown
+  torch_bench 170 --model xl --precision bf16 --mode train --compile
 fi
 grep -E "^(time|peak memory|result|config):" "$out/bench.log" | tee -a "$out/summary.txt" >/dev/null
 python3 bench/table.py "$json" | tee "$out/table.md"

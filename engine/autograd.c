@@ -329,13 +329,24 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
     em_edge *e = &n->next[i];
     if (!e->fn && !e->leaf) continue;
     if (!gin[i]) { rc = em_error("backward: '%s' returned no gradient for input %d", n->op, i); break; }
-    em_tensor *g = conform(n, i, gin[i]);
+    em_tensor **acc = e->fn ? &e->fn->bw_grad[e->output_nr] : &e->leaf->bw_grad;
+    /* A second gradient for an f32/f64 input that already has one, arriving
+     * in bf16/f16 (from a linear under autocast): add it as is — em_add
+     * promotes to the sum's dtype in one kernel, with the same values as
+     * converting first. */
+    em_tensor *gi = gin[i], *g;
+    em_dtype want = n->in_dtype[i];
+    if (*acc && (*acc)->dtype == want && (want == EM_F32 || want == EM_F64) &&
+        (gi->dtype == EM_BF16 || gi->dtype == EM_F16) && em_same_shape(gi, *acc) &&
+        em_device_eq(gi->device, (*acc)->device))
+      g = em_tensor_retain(gi);
+    else
+      g = conform(n, i, gi);
     /* drop our references before the leaf may take the buffer as its .grad
      * (finish_leaf steals only a gradient nobody else holds) */
     em_tensor_release(gin[i]);
     gin[i] = NULL;
     if (!g) { rc = -1; break; }
-    em_tensor **acc = e->fn ? &e->fn->bw_grad[e->output_nr] : &e->leaf->bw_grad;
     rc = accumulate(acc, g);
     em_tensor_release(g);
     if (rc) break;

@@ -102,15 +102,16 @@ void lem_push_tensor(lua_State *L, em_tensor *t) {
  * activation it points to survives autograd releasing it mid-backward — so
  * the gradients would pile up on top of every activation (at 2.7B, the
  * backward peak was 9 GiB higher than PyTorch's for exactly this). One full
- * collection costs 1-4 ms; run it when the forward made at least max(2 GiB,
- * reserved/8) of fresh device memory, i.e. when it can return that much. Not
- * during a graph capture (its replays run no Lua anyway). */
+ * collection costs 0.5-3 ms; run it when the fresh device memory since the
+ * last collection reaches max(256 MiB, reserved/16), i.e. when what it can
+ * return matters next to what the process holds. Not during a graph capture
+ * (its replays run no Lua anyway). */
 void lem_collect_before_backward(lua_State *L, const em_tensor *root) {
   if (root->device.type != EM_CUDA || em_cuda_capturing()) return;
-  size_t min = (size_t)2 << 30;
+  size_t min = (size_t)256 << 20;
   em_cuda_memory_stats st;
-  if (em_cuda_memory_stats_get(root->device.index, &st) == 0 && (size_t)(st.reserved / 8) > min)
-    min = (size_t)(st.reserved / 8);
+  if (em_cuda_memory_stats_get(root->device.index, &st) == 0 && (size_t)(st.reserved / 16) > min)
+    min = (size_t)(st.reserved / 16);
   if (gc_device_debt < min) return;
   lua_gc(L, LUA_GCCOLLECT);
   gc_device_debt = 0;

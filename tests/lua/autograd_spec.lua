@@ -81,6 +81,24 @@ describe("backward", function()
     approx({2, -4, 6}, x.grad:tolist(), TOL32)
   end)
 
+  it("sums bf16 gradients into an f32 input exactly as if each were converted first", function()
+    ember.manual_seed(11)
+    local x = ember.randn(64); x.requires_grad = true
+    local a, b, c = ember.randn(64):bfloat16(), ember.randn(64):bfloat16(), ember.randn(64):bfloat16()
+    -- three bf16 uses of one f32 tensor: the second and third bf16 gradients
+    -- are added into the f32 sum without a separate conversion
+    local total = (x:bfloat16() * a):float():sum() + (x:bfloat16() * b):float():sum() +
+      (x:bfloat16() * c):float():sum()
+    total:backward()
+    assert.are.equal("f32", x.grad.dtype)
+    local want = (a:float() + b:float()) + c:float()
+    local got, w = x.grad:tolist(), want:tolist()
+    for i = 1, 64 do
+      -- gradients reach the sum in whichever order backward runs the uses
+      assert.is_true(math.abs(got[i] - w[i]) <= 1e-6 * math.max(1, math.abs(w[i])), i .. ": " .. got[i] .. " vs " .. w[i])
+    end
+  end)
+
   it("takes an explicit gradient for a non-scalar output", function()
     local x = leaf({1, 2, 3})
     local y = x * 3
