@@ -112,12 +112,9 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
       }
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
-      uint32_t pa[4] = {Mma<T>::pack(st[2 * kk][0], st[2 * kk][1]), Mma<T>::pack(st[2 * kk][2], st[2 * kk][3]),
-                        Mma<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                        Mma<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      uint32_t da[4] = {Mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]), Mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]),
-                        Mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                        Mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      uint32_t pa[4], da[4];
+      c_to_a<T>(st, kk, pa);
+      c_to_a<T>(dp, kk, da);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; n2++) {
         uint32_t bo[4], bq[4];
@@ -209,9 +206,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
       }
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {      // dq += dS k
-      uint32_t da[4] = {Mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]), Mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]),
-                        Mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                        Mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      uint32_t da[4];
+      c_to_a<T>(dp, kk, da);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; n2++) {
         uint32_t bk[4];
@@ -267,21 +263,15 @@ extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const e
                                  const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
                                  em_tensor *dk, em_tensor *dv, bool causal, float scale) {
   Params p = {};
-  p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v); p.o = em_data_ptr(o);
-  p.dout = em_data_ptr(dout);
+  set_qkv(p, q, k, v, o, causal, scale);
+  p.o = em_data_ptr(o); p.dout = em_data_ptr(dout);
   p.dq = em_data_ptr(dq); p.dk = em_data_ptr(dk); p.dv = em_data_ptr(dv);
   p.lse = static_cast<float *>(em_data_ptr(lse));
   p.delta = static_cast<float *>(em_data_ptr(delta));
-  p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
-  p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
-  p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
-  p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
   p.do_sb = dout->stride[0]; p.do_sh = dout->stride[1]; p.do_st = dout->stride[2];
   p.dq_sb = dq->stride[0]; p.dq_sh = dq->stride[1]; p.dq_st = dq->stride[2];
   p.dk_sb = dk->stride[0]; p.dk_sh = dk->stride[1]; p.dk_st = dk->stride[2];
   p.dv_sb = dv->stride[0]; p.dv_sh = dv->stride[1]; p.dv_st = dv->stride[2];
-  p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
-  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
   if (p.B * p.H == 0 || p.Tq == 0) return 0;
   cudaStream_t s = em_cur_stream(q->device.index);
   int d = (int)q->shape[3], rc = -2;

@@ -100,6 +100,29 @@ __device__ __forceinline__ const T *at_addr(const T *s, int m0, int k0, int lane
   return s + (k0 + (lane & 7) + (lane >> 4) * 8) * LD + m0 + ((lane >> 3) & 1) * 8;
 }
 
+/* The C accumulators of n blocks 2kk and 2kk+1 (16 rows x 16 columns),
+ * rounded to 16 bits, as the A fragment of one k step (see the layouts above). */
+template <typename T>
+__device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, uint32_t a[4]) {
+  a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/* q, k, v (and o when given) geometry, sizes and scale into p: the part of
+ * the launch parameters the forward and backward share. */
+inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                    bool causal, float scale) {
+  p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v);
+  p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
+  p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
+  p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
+  p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
+  p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
+  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
+}
+
 /* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared
  * tile of pitch D + 8; rows at or past n are zero. All threads of the block
  * take part (NT threads), 16 bytes each per step. */

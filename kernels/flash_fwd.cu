@@ -107,9 +107,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(Params p) {
     for (int i = 0; i < D / 8; i++) { o[i][0] *= a0; o[i][1] *= a0; o[i][2] *= a1; o[i][3] *= a1; }
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
-      uint32_t pa[4] = {Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]), Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                        Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[4];
+      c_to_a<T>(s, kk, pa);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; n2++) {
         uint32_t bf[4];
@@ -161,14 +160,8 @@ extern "C" bool em_flash_supported_dim(int64_t d) {
 extern "C" int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
                                  em_tensor *lse, bool causal, float scale) {
   Params p = {};
-  p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v);
+  set_qkv(p, q, k, v, o, causal, scale);
   p.out = em_data_ptr(o); p.lse = static_cast<float *>(em_data_ptr(lse));
-  p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
-  p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
-  p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
-  p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
-  p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
-  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
   if (p.B * p.H == 0 || p.Tq == 0) return 0;
   cudaStream_t s = em_cur_stream(q->device.index);
   int d = (int)q->shape[3], rc = -2;
