@@ -73,47 +73,11 @@ end
 -- ---------------------------------------------------------------------------
 -- environment facts for the report
 
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>/dev/null")
-  if not f then return nil end
-  local out = f:read("a")
-  f:close()
-  out = out and out:gsub("%s+$", "") or ""
-  return out ~= "" and out or nil
-end
-
-local function git_commit()
-  if os.getenv("EMBER_COMMIT") then return os.getenv("EMBER_COMMIT") end   -- hosts without .git
-  local c = sh("git rev-parse --short HEAD") or "unknown"
-  if sh("git status --porcelain --untracked-files=no") then c = c .. "+dirty" end
-  return c
-end
-
-local function device_name()
-  if not on_cuda then
-    local f = io.open("/proc/cpuinfo")
-    if f then
-      for line in f:lines() do
-        local m = line:match("^model name%s*:%s*(.+)")
-        if m then f:close() return "cpu (" .. m .. ")" end
-      end
-      f:close()
-    end
-    return "cpu"
-  end
-  for _, k in ipairs({"get_device_name", "device_name"}) do
-    if ember.cuda[k] then
-      local ok, name = pcall(ember.cuda[k])
-      if ok and name then return name end
-    end
-  end
-  return sh("nvidia-smi --query-gpu=name --format=csv,noheader -i 0") or "cuda (unknown)"
-end
-
-local function driver_version()
-  if not on_cuda then return nil end
-  return sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0")
-end
+local runinfo = require "ember.runinfo"
+local run_facts = runinfo.collect(args.device)
+local function device_name() return run_facts.device end
+local function git_commit() return run_facts.commit end
+local function driver_version() return run_facts.driver end
 
 --- Peak dense TFLOP/s the MFU divides by (H100/H200 SXM datasheet figures).
 local function peak_tflops(dev)
