@@ -25,6 +25,7 @@ em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
   if (!n) { em_error_oom("out of memory: cannot allocate an autograd node"); return NULL; }
   n->refcount = 1; n->op = op; n->backward = bw; n->n_in = n_in; n->n_out = n_out;
   n->seq = ++node_seq;
+  n->module = em_ctx_module();
   return n;
 }
 
@@ -323,7 +324,12 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
     n->bw_grad[k] = NULL;
     if (!gout[k]) rc = -1;
   }
+  /* kernels and allocations of this node belong to the module whose forward made it */
+  const char *prev_module = em_ctx_set_module(n->module);
+  const char *prev_fn = em_ctx_set_grad_fn(n->op);
   if (rc == 0) rc = n->backward(n, gout, gin) < 0 ? -1 : 0;
+  em_ctx_set_grad_fn(prev_fn);
+  em_ctx_set_module(prev_module);
   for (int k = 0; k < n->n_out; k++) em_tensor_release(gout[k]);
   for (int i = 0; i < n->n_in && rc == 0; i++) {
     em_edge *e = &n->next[i];
@@ -384,6 +390,7 @@ int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
     if (!g0) return -1;
   }
   bool prev = em_set_grad_enabled(false);
+  em_phase prev_phase = em_ctx_set_phase(EM_PHASE_BACKWARD);
   int rc = 0;
   if (!root->grad_fn) {            /* a leaf: its gradient is g0 itself */
     em_tensor *g = em_to(g0, root->dtype, root->device);
@@ -391,6 +398,7 @@ int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
     rc = g ? finish_leaf(root) : -1;
     em_tensor_release(g0);
     em_set_grad_enabled(prev);
+    em_ctx_set_phase(prev_phase);
     return rc;
   }
   bw_state s = {0};
@@ -408,5 +416,6 @@ int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
   free(s.nodes); free(s.leaves); free(s.ready);
   em_tensor_release(g0);
   em_set_grad_enabled(prev);
+  em_ctx_set_phase(prev_phase);
   return rc;
 }

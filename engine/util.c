@@ -2,8 +2,6 @@
 #include <stdio.h>
 #include "internal.h"
 
-_Thread_local const char *em_current_op = NULL;
-
 int64_t em_shape_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];

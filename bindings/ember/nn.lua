@@ -187,7 +187,11 @@ local function module_newindex(self, k, v)
   rawset(self, k, v)
 end
 
+-- While a measurement tool tracks module paths (ember.context), calls run
+-- inside their path ("layers.3.attn"); otherwise a plain forward call.
+local context = require "ember.context"
 local function module_call(self, ...)
+  if context.enabled then return context.call_module(self, ...) end
   return self:forward(...)
 end
 
@@ -296,6 +300,9 @@ function Module:register_module(name, m)
     return
   end
   mods[name] = m
+  -- its place in the tree, for the module paths of profiles (ember.context)
+  rawset(m, "_ember_name", name)
+  rawset(m, "_ember_parent", self)
   add_name(rawget(self, "_modules_order"), name)
 end
 Module.add_module = Module.register_module

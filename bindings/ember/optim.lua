@@ -37,6 +37,10 @@ local function is_tensor(v)
 end
 
 local function no_grad(fn) return ember.no_grad(fn) end
+local context = require "ember.context"
+-- An optimizer update: no autograd, and its kernels and allocations are
+-- attributed to the "optimizer" phase by the profiler and memory history.
+local function update(fn) return context.phase("optimizer", ember.no_grad, fn) end
 local has_grad = core.has_grad
 
 local function copy_value(v)
@@ -358,7 +362,7 @@ end
 function AdamW:step(closure)
   local loss
   if closure then loss = closure() end
-  no_grad(function()
+  update(function()
     for gi, g in ipairs(self.param_groups) do
       local buckets, order = {}, {}
       for _, p in ipairs(g.params) do
@@ -454,7 +458,7 @@ local SGD_KEYS = {"momentum_buffer"}
 function SGD:step(closure)
   local loss
   if closure then loss = closure() end
-  no_grad(function()
+  update(function()
     for _, g in ipairs(self.param_groups) do
       local buckets, order = {}, {}
       for _, p in ipairs(g.params) do

@@ -67,6 +67,7 @@ struct em_node {
   void *ctx;                      /* freed with ctx_free when the node dies */
   void (*ctx_free)(void *ctx);
   uint64_t seq;                   /* creation order: later nodes run first */
+  const char *module;             /* interned nn.Module path at creation (profile.h) */
   /* engine scratch, valid during one em_backward */
   bool freed;                     /* saved tensors released after a backward without retain_graph */
   int bw_deps;

@@ -16,5 +16,6 @@
 #include "io.h"
 #include "cuda.h"
 #include "autocast.h"
+#include "profile.h"
 
 #endif
