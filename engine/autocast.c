@@ -3,7 +3,7 @@
  * modified in place inside the region is cast again. */
 #include "internal.h"
 
-typedef struct { em_tensor *src, *cast; uint32_t version; } cache_entry;
+typedef struct { em_tensor *src, *cast; uint32_t version; bool history; } cache_entry;
 
 static _Thread_local int depth = 0;
 static _Thread_local em_dtype cast_dtype = EM_BF16;
@@ -26,21 +26,24 @@ int em_autocast_enter(em_dtype dt) {
   return 0;
 }
 
+static void last_act_clear(void);
 void em_autocast_exit(void) {
-  if (depth > 0 && --depth == 0) cache_clear();
+  if (depth > 0 && --depth == 0) { cache_clear(); last_act_clear(); }
 }
 
 bool em_autocast_enabled(void) { return depth > 0; }
 em_dtype em_autocast_dtype(void) { return cast_dtype; }
 
-static em_tensor *cached(em_tensor *t) {
+/* A cast of t made in this region; `history`: one that autograd can flow through. */
+static em_tensor *cached(em_tensor *t, bool history) {
   for (int i = 0; i < n_cache; i++)
-    if (cache[i].src == t && cache[i].version == t->storage->version && cache[i].cast->dtype == cast_dtype)
+    if (cache[i].src == t && cache[i].version == t->storage->version && cache[i].cast->dtype == cast_dtype &&
+        (cache[i].history || !history))
       return em_tensor_retain(cache[i].cast);
   return NULL;
 }
 
-static void remember(em_tensor *t, em_tensor *c) {
+static void remember(em_tensor *t, em_tensor *c, bool history) {
   if (n_cache == cap_cache) {
     int n = cap_cache ? cap_cache * 2 : 64;
     cache_entry *e = realloc(cache, sizeof *e * (size_t)n);
@@ -50,6 +53,7 @@ static void remember(em_tensor *t, em_tensor *c) {
   cache[n_cache].src = em_tensor_retain(t);
   cache[n_cache].cast = em_tensor_retain(c);
   cache[n_cache].version = t->storage->version;
+  cache[n_cache].history = history;
   n_cache++;
 }
 
@@ -59,11 +63,43 @@ em_tensor *em_autocast_lower(em_tensor *t) {
   bool leaf_weight = t->requires_grad && t->grad_fn == NULL && em_grad_enabled();
   bool frozen_weight = !t->requires_grad && t->grad_fn == NULL;
   if (leaf_weight || frozen_weight) {
-    em_tensor *c = cached(t);
+    em_tensor *c = cached(t, leaf_weight);
     if (c) return c;
   }
   em_tensor *c = em_to(t, cast_dtype, t->device);
-  if (c && (leaf_weight || frozen_weight) && em_numel(t) >= 4096) remember(t, c);
+  if (c && (leaf_weight || frozen_weight) && em_numel(t) >= 4096) remember(t, c, leaf_weight);
+  return c;
+}
+
+/* The last activation cast as a value: consecutive consumers of one tensor
+ * (q, k, v of a normed activation) share it. One slot only, so an activation
+ * lives no longer than until the next one is cast. */
+static _Thread_local cache_entry last_act;
+
+static void last_act_clear(void) {
+  em_tensor_release(last_act.src); em_tensor_release(last_act.cast);
+  memset(&last_act, 0, sizeof last_act);
+}
+
+em_tensor *em_autocast_value(em_tensor *t) {
+  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
+    return em_tensor_retain(t);
+  bool weight = t->grad_fn == NULL;      /* a leaf: parameter or constant, kept for the region */
+  em_tensor *c = weight ? cached(t, false) : NULL;
+  if (c) return c;
+  if (!weight && last_act.src == t && last_act.version == t->storage->version && last_act.cast->dtype == cast_dtype)
+    return em_tensor_retain(last_act.cast);
+  bool g = em_set_grad_enabled(false);
+  c = em_to(t, cast_dtype, t->device);
+  em_set_grad_enabled(g);
+  if (!c) return NULL;
+  if (weight && em_numel(t) >= 4096) {
+    remember(t, c, false);
+  } else if (!weight) {
+    last_act_clear();
+    last_act.src = em_tensor_retain(t); last_act.cast = em_tensor_retain(c);
+    last_act.version = t->storage->version;
+  }
   return c;
 }
 

@@ -66,7 +66,7 @@ static void *get_workspace(int dev) {
 /* ---------------- plan cache ---------------- */
 
 typedef struct {
-  int32_t device, dtype, tf32, a_trans, b_trans, epilogue;
+  int32_t device, dtype, tf32, a_trans, b_trans, epilogue, c_f32;
   int32_t align_a, align_b, align_c, align_bias;
   int64_t n, m, k, batch, lda, ldb, ldc, a_bs, b_bs, c_bs;
 } plan_key;
@@ -159,7 +159,7 @@ static int plan_build(cublasLtHandle_t h, const plan_key *k, const em_gemm_args 
   /* column-major Cᵀ (m x n) = Bᵀ (m x k) Aᵀ (k x n) */
   if (layout(&p->la, t, g->b_trans ? g->k : g->m, g->b_trans ? g->m : g->k, g->ldb, g->batch, g->b_bs, op) ||
       layout(&p->lb, t, g->a_trans ? g->n : g->k, g->a_trans ? g->k : g->n, g->lda, g->batch, g->a_bs, op) ||
-      layout(&p->lc, t, g->m, g->n, g->ldc, g->batch, g->c_bs, op))
+      layout(&p->lc, k->c_f32 ? CUDA_R_32F : t, g->m, g->n, g->ldc, g->batch, g->c_bs, op))
     goto done;
   if (lt_check(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate") ||
       lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), op,
@@ -192,7 +192,7 @@ static plan *get_plan(cublasLtHandle_t h, const em_gemm_args *g, bool epilogue) 
   memset(&k, 0, sizeof k);                         /* padding takes part in hash and compare */
   k.device = g->device; k.dtype = g->dtype;
   k.tf32 = g->dtype == EM_F32 && em_cuda_allow_tf32();
-  k.a_trans = g->a_trans; k.b_trans = g->b_trans; k.epilogue = epilogue;
+  k.a_trans = g->a_trans; k.b_trans = g->b_trans; k.epilogue = epilogue; k.c_f32 = g->c_f32;
   k.align_a = ptr_align(g->a); k.align_b = ptr_align(g->b); k.align_c = ptr_align(g->c);
   k.align_bias = epilogue ? ptr_align(g->bias) : 0;
   k.n = g->n; k.m = g->m; k.k = g->k; k.batch = g->batch;
@@ -220,7 +220,7 @@ __global__ void fill_rows_kernel(T *c, int64_t n, int64_t m, int64_t ldc, int64_
 static int fill_rows(const em_gemm_args *g, cudaStream_t s, const void *bias) {
   int64_t total = g->batch * g->n * g->m;
   if (total == 0) return 0;
-  EM_DISPATCH_FLOAT(g->dtype, T,
+  EM_DISPATCH_FLOAT(g->c_f32 ? EM_F32 : g->dtype, T,
     fill_rows_kernel<T><<<em_grid(total, 256), 256, 0, s>>>((T *)g->c, g->n, g->m, g->ldc, g->c_bs, total,
                                                             (const T *)bias));
   return em_launch_check(g->op);
@@ -246,6 +246,9 @@ static int run_plan(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epi
 extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   if (g->dtype != EM_F32 && g->dtype != EM_F64 && g->dtype != EM_BF16 && g->dtype != EM_F16)
     return em_error("%s: integer matmul is not supported on CUDA (got %s)", g->op, em_dtype_name(g->dtype));
+  if (g->c_f32 && (g->bias || (g->dtype != EM_BF16 && g->dtype != EM_F16)))
+    return em_error("%s: internal error: an f32 result needs bf16/f16 operands and no bias (got %s%s)", g->op,
+                    em_dtype_name(g->dtype), g->bias ? " with a bias" : "");
   if (g->n == 0 || g->m == 0 || g->batch == 0) return 0;
   cudaStream_t s = em_cur_stream(g->device);
   if (g->k == 0) return fill_rows(g, s, g->bias);

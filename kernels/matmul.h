@@ -30,6 +30,8 @@ typedef struct {
   const void *b; bool b_trans; int64_t ldb, b_bs;
   void *c; int64_t ldc, c_bs;
   const void *bias;           /* NULL: none (bias is fused as a cuBLASLt epilogue) */
+  bool c_f32;                 /* C in f32 while A and B are bf16/f16 (no bias): an
+                                 f32 gradient straight from half operands */
 } em_gemm_args;
 
 int em_gemm_cuda(const em_gemm_args *g);

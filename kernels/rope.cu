@@ -5,10 +5,10 @@
  * writes y once (2·numel·sizeof(T) bytes) and the positions once per row:
  * memory bound when the sin/cos is cheap, which is the point of the trick.
  *
- * Launch: one warp per row of d (rows strided over a grid of 2048-thread
- * multiples), lanes over the d/2 pairs; the row's offset in x and y (any
- * strides on the leading dims: q/k arrive as transposed views, and y keeps
- * x's layout) and in pos (broadcast) is decoded once per row.
+ * Launch: one warp per ROWS_PER_WARP consecutive rows of d, lanes over the
+ * d/2 pairs; the first row's offset in x and y (any strides on the leading
+ * dims: q/k arrive as transposed views, and y keeps x's layout) and in pos
+ * (broadcast) is decoded once, later rows step from it.
  *
  * The trick: the angle p·inv_freq must be formed in double (positions reach
  * 1e5 and f32 would lose the phase), but double sin/cos costs ~20x a float
@@ -24,6 +24,7 @@
 
 #define THREADS 256
 #define MAX_HALF 256
+#define ROWS_PER_WARP 4
 
 typedef struct {
   int nd;                          /* leading dims */
@@ -56,14 +57,21 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos,
   for (int64_t j = threadIdx.x; j < half && j < MAX_HALF; j += blockDim.x) inv_s[j] = f.v[j];
   __syncthreads();
   int lane = threadIdx.x & 31;
-  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  for (int64_t row = warp; row < rows; row += nwarps) {
-    int64_t xo = 0, yo = 0, po = 0, r = row;
-    for (int k = g.nd - 1; k >= 0; k--) {
-      int64_t i = r % g.shape[k];
-      r /= g.shape[k];
-      xo += i * g.xs[k]; yo += i * g.ys[k]; po += i * g.ps[k];
-    }
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t row = warp * ROWS_PER_WARP;
+  if (row >= rows) return;
+  // decode the first row once (64-bit divisions cost ~100 instructions each:
+  // per row they were most of this kernel's time), then step like an odometer
+  int64_t idx[EM_MAX_DIMS], xo = 0, yo = 0, po = 0, r = row;
+#pragma unroll
+  for (int k = EM_MAX_DIMS - 1; k >= 0; k--) {
+    if (k >= g.nd) continue;
+    idx[k] = r % g.shape[k];
+    r /= g.shape[k];
+    xo += idx[k] * g.xs[k]; yo += idx[k] * g.ys[k]; po += idx[k] * g.ps[k];
+  }
+  int64_t end = row + ROWS_PER_WARP < rows ? row + ROWS_PER_WARP : rows;
+  for (; row < end; row++) {
     double p = (double)pos[po];
     const T *xr = x + xo;
     T *yr = y + yo;
@@ -75,6 +83,14 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos,
       C a = ld<T, C>(xr[2 * j]), b = ld<T, C>(xr[2 * j + 1]);
       yr[2 * j] = st<T>(a * c - b * s);
       yr[2 * j + 1] = st<T>(a * s + b * c);
+    }
+#pragma unroll
+    for (int k = EM_MAX_DIMS - 1; k >= 0; k--) {
+      if (k >= g.nd) continue;
+      xo += g.xs[k]; yo += g.ys[k]; po += g.ps[k];
+      if (++idx[k] < g.shape[k]) break;
+      xo -= g.xs[k] * g.shape[k]; yo -= g.ys[k] * g.shape[k]; po -= g.ps[k] * g.shape[k];
+      idx[k] = 0;
     }
   }
 }
@@ -89,8 +105,9 @@ extern "C" int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double the
   em_broadcast_strides(pos, g.nd, x->shape, g.ps);
   freq_table f;
   for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = pow(theta, -2.0 * (double)j / (double)d);
-  int64_t blocks = (rows + THREADS / 32 - 1) / (THREADS / 32);
-  if (blocks > 65535) blocks = 65535;
+  int64_t rows_per_block = (THREADS / 32) * ROWS_PER_WARP;
+  int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  if (blocks > INT32_MAX) return em_error("rope: %lld rows exceed the launch limit", (long long)rows);
   cudaStream_t s = em_cur_stream(x->device.index);
 #define ROPE(P)                                                                                              \
   EM_DISPATCH_FLOAT(x->dtype, T, {                                                                           \

@@ -629,9 +629,96 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   return y;
 }
 
+#ifdef EMBER_CUDA
+/* c (n x m) = a (n x k) @ b (k x m) for 2-D half views on CUDA, c in out_dt:
+ * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators. */
+static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt) {
+  int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
+  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
+  blas_op oa, ob;
+  if (!blas_layout(n, k, a->stride[0], a->stride[1], &oa)) {
+    if (make_contiguous(&ac, a, a->dtype)) goto done;
+    blas_layout(n, k, k, 1, &oa);
+  }
+  if (!blas_layout(k, m, b->stride[0], b->stride[1], &ob)) {
+    if (make_contiguous(&bc, b, b->dtype)) goto done;
+    blas_layout(k, m, m, 1, &ob);
+  }
+  if (!(c = em_empty(2, (int64_t[]){n, m}, out_dt, a->device))) goto done;
+  em_gemm_args g = {.op = "linear", .dtype = a->dtype, .device = a->device.index, .n = n, .m = m, .k = k,
+                    .batch = 1, .a = em_data_ptr(ac), .b = em_data_ptr(bc), .c = em_data_ptr(c), .ldc = m,
+                    .c_f32 = out_dt != a->dtype};
+  set_operand(oa, &g.a_trans, &g.lda);
+  set_operand(ob, &g.b_trans, &g.ldb);
+  if (em_gemm_cuda(&g)) { em_tensor_release(c); c = NULL; }
+done:
+  em_tensor_release(ac); em_tensor_release(bc);
+  return c;
+}
+
+/* The autocast linear's backward: saved are the half copies of x and w; the
+ * gradients come out in x's and w's own dtypes (f32 for f32 weights and
+ * normed activations) in one gemm each, with no bf16 rounding and no
+ * conversion kernels. */
+static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *lx = n->saved[0], *lw = n->saved[1];
+  int64_t in = lw->shape[1], out = lw->shape[0], rows = em_shape_numel(lx->ndim - 1, lx->shape);
+  em_tensor *g = gout[0]->dtype == lw->dtype ? em_tensor_retain(gout[0]) : em_to(gout[0], lw->dtype, lw->device);
+  em_tensor *g2 = g ? em_reshape(g, 2, (int64_t[]){rows, out}) : NULL;
+  em_tensor_release(g);
+  if (!g2) return -1;
+  int rc = 0;
+  if (em_node_needs_input_grad(n, 0)) {
+    em_tensor *gx = mm2d_cuda_as(g2, lw, n->in_dtype[0]);
+    gin[0] = gx ? em_reshape(gx, lx->ndim, lx->shape) : NULL;
+    em_tensor_release(gx);
+    if (!gin[0]) rc = -1;
+  }
+  if (rc == 0 && em_node_needs_input_grad(n, 1)) {
+    em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){rows, in});
+    em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
+    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1]) : NULL;
+    em_tensor_release(x2); em_tensor_release(gt);
+    if (!gin[1]) rc = -1;
+  }
+  em_tensor_release(g2);
+  return rc;
+}
+
+/* Does the fused autocast linear apply? CUDA, no bias, gradients wanted, and
+ * x and w each f32 or already in the region's dtype (f64 and mixed halves
+ * take the general path). */
+static bool autocast_linear_applies(em_tensor *x, em_tensor *w, em_tensor *bias) {
+  em_dtype ct = em_autocast_dtype();
+  return !bias && x->device.type == EM_CUDA && em_device_eq(x->device, w->device) &&
+         (x->dtype == EM_F32 || x->dtype == ct) && (w->dtype == EM_F32 || w->dtype == ct) &&
+         x->ndim >= 1 && w->ndim == 2 && em_grad_needed(2, (em_tensor *[]){x, w});
+}
+
+static em_tensor *autocast_linear_cuda(em_tensor *x, em_tensor *w) {
+  bool grad = em_set_grad_enabled(false);
+  em_tensor *lx = em_autocast_value(x), *lw = lx ? em_autocast_value(w) : NULL;
+  em_tensor *y = lw ? linear_op(lx, lw, NULL) : NULL;
+  em_set_grad_enabled(grad);
+  if (y) {
+    em_node *n = em_node_new("linear", autocast_linear_backward, 2, 1);
+    if (!n) { em_tensor_release(y); y = NULL; goto done; }
+    em_node_set_input(n, 0, x); em_node_set_input(n, 1, w);
+    em_node_save(n, lx); em_node_save(n, lw);
+    em_node_finish(n, y);
+  }
+done:
+  em_tensor_release(lx); em_tensor_release(lw);
+  return y;
+}
+#endif
+
 em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
   EM_OP_SCOPE("linear");
   if (!em_autocast_enabled()) return linear_op(x, w, bias);
+#ifdef EMBER_CUDA
+  if (autocast_linear_applies(x, w, bias)) return autocast_linear_cuda(x, w);
+#endif
   em_tensor *lx = em_autocast_lower(x), *lw = lx ? em_autocast_lower(w) : NULL;
   em_tensor *lb = lw && bias ? em_autocast_lower(bias) : NULL;
   em_tensor *y = lw && (!bias || lb) ? linear_op(lx, lw, lb) : NULL;

@@ -71,6 +71,63 @@ describe("ember.autocast numerics (CUDA)", function()
     assert.is_true(rel(g_gpu, g_cpu) < 1e-2, tostring(rel(g_gpu, g_cpu)))
   end)
 
+  -- The CUDA autocast linear writes f32 gradients straight from cuBLASLt's
+  -- f32 accumulators: they equal the f64 products of the bf16 operands to
+  -- f32 accuracy (a bf16-rounded result would be ~4e-3 away).
+  it("gives f32 inputs f32 gradients of the bf16 operands, unrounded", function()
+    ember.manual_seed(5)
+    local x = ember.randn({4, 24, 96}, {device = "cuda", requires_grad = true})
+    local w = ember.randn({80, 96}, {device = "cuda", requires_grad = true})
+    local go = ember.randn({4, 24, 80}, {device = "cuda"}):to("bf16")
+    local y = ember.autocast("bf16", function() return F.linear(x, w) end)
+    y:backward(go)
+    assert.are.equal("f32", x.grad.dtype)
+    assert.are.equal("f32", w.grad.dtype)
+    local g64 = go:to({device = "cpu", dtype = "f64"}):reshape({96, 80})
+    local x64 = x:to("bf16"):to({device = "cpu", dtype = "f64"}):reshape({96, 96})
+    local w64 = w:to("bf16"):to({device = "cpu", dtype = "f64"})
+    local gx_ref, gw_ref = g64:matmul(w64):reshape({4, 24, 96}), g64:t():matmul(x64)
+    assert.is_true(rel(x.grad, gx_ref) < 1e-5, tostring(rel(x.grad, gx_ref)))
+    assert.is_true(rel(w.grad, gw_ref) < 1e-5, tostring(rel(w.grad, gw_ref)))
+  end)
+
+  it("gives a bf16 input a bf16 gradient and sums q/k/v-style gradients of one activation", function()
+    ember.manual_seed(6)
+    local h = ember.randn({32, 64}, {device = "cuda", requires_grad = true})
+    local xb = ember.randn({32, 64}, {device = "cuda"}):to("bf16")
+    xb.requires_grad = true
+    local ws = {}
+    for i = 1, 3 do ws[i] = ember.randn({48, 64}, {device = "cuda", requires_grad = true}) end
+    local loss = ember.autocast("bf16", function()
+      local a = h * 1          -- a non-leaf activation, shared by three projections
+      local s = F.linear(xb, ws[1]):float():sum()
+      for i = 1, 3 do s = s + (F.linear(a, ws[i]):float() * i):sum() end
+      return s
+    end)
+    loss:backward()
+    assert.are.equal("bf16", xb.grad.dtype)
+    -- d/dh of sum_i i * sum(h W_iᵀ) = sum_i i * colsum(W_i) on every row (bf16 W)
+    local ref = ember.zeros({64}, {dtype = "f64"})
+    for i = 1, 3 do ref = ref + ws[i]:to("bf16"):to({device = "cpu", dtype = "f64"}):sum(0) * i end
+    local got = h.grad:to({device = "cpu", dtype = "f64"})
+    for _, r in ipairs({0, 31}) do
+      local row = got:select(0, r)
+      assert.is_true(rel(row, ref) < 1e-5, tostring(rel(row, ref)))
+    end
+  end)
+
+  it("casts an activation again after an in-place update between two linears", function()
+    local w = ember.randn({16, 64}, {device = "cuda", requires_grad = true})
+    local h = ember.randn({8, 64}, {device = "cuda", requires_grad = true})
+    ember.autocast("bf16", function()
+      local a = h * 1
+      local y1 = F.linear(a, w)
+      ember.no_grad(function() a:mul_(2) end)
+      local y2 = F.linear(a, w)
+      assert.are.equal(0, (y2:float() - y1:float() * 2):abs():max():item())
+    end)
+  end)
+
   it("casts a CUDA weight again after an in-place update inside the region", function()
     local w = ember.randn({64, 64}, {device = "cuda"})
     w.requires_grad = true

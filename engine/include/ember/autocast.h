@@ -25,6 +25,12 @@ em_dtype em_autocast_dtype(void);
 em_tensor *em_autocast_lower(em_tensor *t);
 /* For ops on the f32 list: t cast to f32 when autocast is on and t is bf16/f16. */
 em_tensor *em_autocast_upper(em_tensor *t);
+/* t in the region's dtype as a plain value, without autograd history, for
+ * ops that record one node over the original input and write its gradient in
+ * the input's dtype themselves (linear on CUDA). Every such cast, weights and
+ * activations alike, is cached for the region: q, k and v projections of one
+ * normed activation cast it once. */
+em_tensor *em_autocast_value(em_tensor *t);
 
 #ifdef __cplusplus
 }
