@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos,
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t row = warp * ROWS_PER_WARP;
   if (row >= rows) return;
-  // decode the first row once (64-bit divisions cost ~100 instructions each:
-  // per row they were most of this kernel's time), then step like an odometer
+  // decode the first row once (64-bit divisions are ~100 instructions each),
+  // then step to the next rows like an odometer
   int64_t idx[EM_MAX_DIMS], xo = 0, yo = 0, po = 0, r = row;
 #pragma unroll
   for (int k = EM_MAX_DIMS - 1; k >= 0; k--) {
@@ -70,20 +70,16 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos,
     r /= g.shape[k];
     xo += idx[k] * g.xs[k]; yo += idx[k] * g.ys[k]; po += idx[k] * g.ps[k];
   }
-  int64_t end = row + ROWS_PER_WARP < rows ? row + ROWS_PER_WARP : rows;
-  for (; row < end; row++) {
-    double p = (double)pos[po];
-    const T *xr = x + xo;
-    T *yr = y + yo;
-    for (int64_t j = lane; j < half; j += 32) {
-      double inv = j < MAX_HALF ? inv_s[j] : pow(theta, -2.0 * (double)j / (double)(2 * half));
-      C c, s;
-      angle_cs(p * inv, c, s);
-      s = sign * s;
-      C a = ld<T, C>(xr[2 * j]), b = ld<T, C>(xr[2 * j + 1]);
-      yr[2 * j] = st<T>(a * c - b * s);
-      yr[2 * j + 1] = st<T>(a * s + b * c);
-    }
+  // offsets of this warp's rows first (odometer steps), so that the loads of
+  // all its rows are in flight together: one row at a time left the kernel
+  // waiting on memory latency (15 µs for 3 MB on an H100)
+  int64_t xr_o[ROWS_PER_WARP], yr_o[ROWS_PER_WARP];
+  double p[ROWS_PER_WARP];
+  int nr = rows - row < ROWS_PER_WARP ? (int)(rows - row) : ROWS_PER_WARP;
+#pragma unroll
+  for (int q = 0; q < ROWS_PER_WARP; q++) {
+    xr_o[q] = xo; yr_o[q] = yo;
+    p[q] = q < nr ? (double)pos[po] : 0.0;
 #pragma unroll
     for (int k = EM_MAX_DIMS - 1; k >= 0; k--) {
       if (k >= g.nd) continue;
@@ -91,6 +87,22 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *x, const P *pos,
       if (++idx[k] < g.shape[k]) break;
       xo -= g.xs[k] * g.shape[k]; yo -= g.ys[k] * g.shape[k]; po -= g.ps[k] * g.shape[k];
       idx[k] = 0;
+    }
+  }
+  for (int64_t j = lane; j < half; j += 32) {
+    double inv = j < MAX_HALF ? inv_s[j] : pow(theta, -2.0 * (double)j / (double)(2 * half));
+    C a[ROWS_PER_WARP], b[ROWS_PER_WARP];
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_WARP; q++)
+      if (q < nr) { a[q] = ld<T, C>(x[xr_o[q] + 2 * j]); b[q] = ld<T, C>(x[xr_o[q] + 2 * j + 1]); }
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_WARP; q++) {
+      if (q >= nr) continue;
+      C c, sn;
+      angle_cs(p[q] * inv, c, sn);
+      sn = sign * sn;
+      y[yr_o[q] + 2 * j] = st<T>(a[q] * c - b[q] * sn);
+      y[yr_o[q] + 2 * j + 1] = st<T>(a[q] * sn + b[q] * c);
     }
   }
 }
