@@ -252,6 +252,18 @@ static int discover(bw_state *s, em_node *root) {
 }
 
 /* acc += g (both owned by the caller; *acc may be NULL). */
+em_tensor *em_node_grad_sink(em_node *n, int i) {
+  if (i < 0 || i >= n->n_in) return NULL;
+  em_edge *e = &n->next[i];
+  if (!e->fn && !e->leaf) return NULL;
+  em_tensor *a = e->fn ? e->fn->bw_grad[e->output_nr] : e->leaf->bw_grad;
+  if (!a || a->refcount != 1 || a->storage->refcount != 1 || !em_is_contiguous(a) ||
+      a->dtype != n->in_dtype[i] || !em_device_eq(a->device, n->in_device[i]) || a->ndim != n->in_ndim[i] ||
+      memcmp(a->shape, n->in_shape[i], sizeof(int64_t) * (size_t)a->ndim) != 0)
+    return NULL;
+  return a;
+}
+
 static int accumulate(em_tensor **acc, em_tensor *g) {
   if (!*acc) { *acc = em_tensor_retain(g); return 0; }
   em_tensor *sum = em_add(*acc, g);
@@ -314,6 +326,12 @@ static em_tensor *conform(em_node *n, int i, em_tensor *g) {
   return em_to(g, n->in_dtype[i], n->in_device[i]);
 }
 
+/* One more gradient has reached e's producer: schedule it, or finish the leaf. */
+static int edge_delivered(bw_state *s, em_edge *e) {
+  if (e->fn) return --e->fn->bw_deps == 0 ? heap_push(s, e->fn) : 0;
+  return --e->leaf->bw_deps == 0 ? finish_leaf(e->leaf) : 0;
+}
+
 static int run_node(bw_state *s, em_node *n, bool retain) {
   if (check_saved(n)) return -1;
   em_tensor *gout[4] = {0}, *gin[EM_NODE_MAX_IN] = {0};
@@ -336,6 +354,12 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
     if (!e->fn && !e->leaf) continue;
     if (!gin[i]) { rc = em_error("backward: '%s' returned no gradient for input %d", n->op, i); break; }
     em_tensor **acc = e->fn ? &e->fn->bw_grad[e->output_nr] : &e->leaf->bw_grad;
+    if (gin[i] == *acc) {                /* the backward added into the sink itself */
+      em_tensor_release(gin[i]);
+      gin[i] = NULL;
+      rc = edge_delivered(s, e);
+      continue;
+    }
     /* A second gradient for an f32/f64 input that already has one, arriving
      * in bf16/f16 (from a linear under autocast): add it as is — em_add
      * promotes to the sum's dtype in one kernel, with the same values as
@@ -356,11 +380,7 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
     rc = accumulate(acc, g);
     em_tensor_release(g);
     if (rc) break;
-    if (e->fn) {
-      if (--e->fn->bw_deps == 0) rc = heap_push(s, e->fn);
-    } else if (--e->leaf->bw_deps == 0) {
-      rc = finish_leaf(e->leaf);
-    }
+    rc = edge_delivered(s, e);
   }
   for (int i = 0; i < n->n_in; i++) em_tensor_release(gin[i]);
   if (!retain) { free_saved(n); n->freed = true; }

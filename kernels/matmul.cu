@@ -249,9 +249,11 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   if (g->c_f32 && (g->bias || (g->dtype != EM_BF16 && g->dtype != EM_F16)))
     return em_error("%s: internal error: an f32 result needs bf16/f16 operands and no bias (got %s%s)", g->op,
                     em_dtype_name(g->dtype), g->bias ? " with a bias" : "");
+  if (g->accumulate && g->bias)
+    return em_error("%s: internal error: an accumulating gemm takes no bias", g->op);
   if (g->n == 0 || g->m == 0 || g->batch == 0) return 0;
   cudaStream_t s = em_cur_stream(g->device);
-  if (g->k == 0) return fill_rows(g, s, g->bias);
+  if (g->k == 0) return g->accumulate ? 0 : fill_rows(g, s, g->bias);
   if (g->batch > INT32_MAX) return em_error("%s: %lld batches exceed cuBLASLt's limit", g->op, (long long)g->batch);
   std::lock_guard<std::mutex> guard(g_lock);
   cublasLtHandle_t h;
@@ -261,7 +263,7 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   bool epi = g->bias != NULL;
   plan *p = get_plan(h, g, epi);
   if (!p) return -1;
-  if (p->ok) return run_plan(h, p, g, epi, 0.0, ws, s);
+  if (p->ok) return run_plan(h, p, g, epi, g->accumulate ? 1.0 : 0.0, ws, s);
   if (epi) {                                       /* no fused-bias algorithm: bias into C, then C += A B */
     plan *q = get_plan(h, g, false);
     if (!q) return -1;

@@ -32,6 +32,7 @@ typedef struct {
   const void *bias;           /* NULL: none (bias is fused as a cuBLASLt epilogue) */
   bool c_f32;                 /* C in f32 while A and B are bf16/f16 (no bias): an
                                  f32 gradient straight from half operands */
+  bool accumulate;            /* C += A B (beta = 1; no bias): a gradient added into its sum */
 } em_gemm_args;
 
 int em_gemm_cuda(const em_gemm_args *g);

@@ -217,7 +217,7 @@ extern "C" int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, doubl
 template <typename TX, typename TW>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const TW *w, const acc_t<TX> *rstd,
                                                               const TX *gy, int64_t N, int64_t D, TX *gx,
-                                                              acc_t<TX> *dw_part) {
+                                                              acc_t<TX> *dw_part, bool gx_acc) {
   using C = acc_t<TX>;
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;
@@ -234,7 +234,10 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
     C c = block_allsum(dot, red) / (C)D;
     for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
       C g = ld<C>(gr[j]), xh = ld<C>(xr[j]) * r;
-      if (gx) gx[i * D + j] = st<TX>(r * (g * (w ? ld<C>(w[j]) : (C)1) - xh * c));
+      if (gx) {
+        C d = r * (g * (w ? ld<C>(w[j]) : (C)1) - xh * c);
+        gx[i * D + j] = st<TX>(gx_acc ? ld<C>(gx[i * D + j]) + d : d);
+      }
       if (dw_part) dw[j] += g * xh;
     }
   }
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_reg_kernel(const TX *__re
                                                                   const acc_t<TX> *__restrict__ rstd,
                                                                   const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                   TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                  bool wvec) {
+                                                                  bool wvec, bool gx_acc) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -292,11 +295,13 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_reg_kernel(const TX *__re
       if (j < D) {
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
-        Packed128<TX> q;
+        Packed128<TX> q, prev;
+        if (gx_acc) prev = load128(gx + i * D + j);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
           C g = ld<C>(bg[v][k]), xh = ld<C>(bx[v][k]) * r;
-          q[k] = st<TX>(r * (g * wv[k] - xh * c));
+          C d = r * (g * wv[k] - xh * c);
+          q[k] = st<TX>(gx_acc ? ld<C>(prev[k]) + d : d);
           acc[v][k] += g * xh;
         }
         if (gx) store128(gx + i * D + j, q);
@@ -345,7 +350,7 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
 
 template <typename TX, typename TW>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                      em_tensor *gx, em_tensor *gw, cudaStream_t s) {
+                      em_tensor *gx, bool gx_acc, em_tensor *gw, cudaStream_t s) {
   using C = acc_t<TX>;
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
   const TX *xp = (const TX *)em_data_ptr(x), *gp = (const TX *)em_data_ptr(gy);
@@ -378,11 +383,11 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   C *pp = part ? (C *)em_data_ptr(part) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
-  if (reg && chunks <= 1) rms_bwd_reg_kernel<TX, TW, 1><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec);
-  else if (reg && chunks <= 2) rms_bwd_reg_kernel<TX, TW, 2><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec);
-  else if (reg && chunks <= 4) rms_bwd_reg_kernel<TX, TW, 4><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec);
-  else if (reg) rms_bwd_reg_kernel<TX, TW, 8><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec);
-  else rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp);
+  if (reg && chunks <= 1) rms_bwd_reg_kernel<TX, TW, 1><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
+  else if (reg && chunks <= 2) rms_bwd_reg_kernel<TX, TW, 2><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
+  else if (reg && chunks <= 4) rms_bwd_reg_kernel<TX, TW, 4><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
+  else if (reg) rms_bwd_reg_kernel<TX, TW, 8><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
+  else rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");
   if (rc == 0 && gw) {
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
@@ -394,7 +399,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
 }
 
 extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd,
-                                   const em_tensor *gy, em_tensor *gx, em_tensor *gw) {
+                                   const em_tensor *gy, em_tensor *gx, bool gx_accumulate, em_tensor *gw) {
   int64_t D = x->shape[x->ndim - 1];
   if (D == 0 || em_numel(x) == 0) {
     if (gw && em_numel(gw) > 0)                 /* no rows: gw = 0 */
@@ -405,6 +410,6 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
   cudaStream_t s = em_cur_stream(x->device.index);
   em_dtype wt = w ? w->dtype : x->dtype;
   int rc = 0;
-  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gw, s)); });
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, s)); });
   return rc;
 }

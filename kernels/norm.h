@@ -13,11 +13,12 @@ extern "C" {
  * y contiguous in x's dtype; rstd (N) f32 (f64 for f64 x). */
 int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd);
 
-/* gy, x contiguous (N, D); gx (x's shape and dtype) or NULL; gw (D, w's
- * dtype) or NULL. gw is reduced deterministically: per-block partial sums,
- * then one fixed-order pass over the blocks. */
+/* gy, x contiguous (N, D); gx (x's shape and dtype, contiguous) or NULL,
+ * written, or added to when gx_accumulate (a residual stream's gradient sum);
+ * gw (D, w's dtype) or NULL. gw is reduced deterministically: per-block
+ * partial sums, then one fixed-order pass over the blocks. */
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                        em_tensor *gx, em_tensor *gw);
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw);
 
 #ifdef __cplusplus
 }

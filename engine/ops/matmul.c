@@ -631,8 +631,9 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
 
 #ifdef EMBER_CUDA
 /* c (n x m) = a (n x k) @ b (k x m) for 2-D half views on CUDA, c in out_dt:
- * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators. */
-static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt) {
+ * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators.
+ * With `into` (contiguous n x m of out_dt), c = into += a @ b instead. */
+static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
   em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
   blas_op oa, ob;
@@ -644,10 +645,10 @@ static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt) {
     if (make_contiguous(&bc, b, b->dtype)) goto done;
     blas_layout(k, m, m, 1, &ob);
   }
-  if (!(c = em_empty(2, (int64_t[]){n, m}, out_dt, a->device))) goto done;
+  if (!(c = into ? em_tensor_retain(into) : em_empty(2, (int64_t[]){n, m}, out_dt, a->device))) goto done;
   em_gemm_args g = {.op = "linear", .dtype = a->dtype, .device = a->device.index, .n = n, .m = m, .k = k,
                     .batch = 1, .a = em_data_ptr(ac), .b = em_data_ptr(bc), .c = em_data_ptr(c), .ldc = m,
-                    .c_f32 = out_dt != a->dtype};
+                    .c_f32 = out_dt != a->dtype, .accumulate = into != NULL};
   set_operand(oa, &g.a_trans, &g.lda);
   set_operand(ob, &g.b_trans, &g.ldb);
   if (em_gemm_cuda(&g)) { em_tensor_release(c); c = NULL; }
@@ -669,15 +670,19 @@ static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gi
   if (!g2) return -1;
   int rc = 0;
   if (em_node_needs_input_grad(n, 0)) {
-    em_tensor *gx = mm2d_cuda_as(g2, lw, n->in_dtype[0]);
-    gin[0] = gx ? em_reshape(gx, lx->ndim, lx->shape) : NULL;
-    em_tensor_release(gx);
+    /* q, k and v (w1 and w3) share their input: the second and third add
+     * their gradient into the first's with beta = 1 instead of a separate add */
+    em_tensor *sink = em_node_grad_sink(n, 0);
+    em_tensor *into = sink ? em_reshape(sink, 2, (int64_t[]){rows, in}) : NULL;
+    em_tensor *gx = !sink || into ? mm2d_cuda_as(g2, lw, n->in_dtype[0], into) : NULL;
+    if (gx) gin[0] = sink ? em_tensor_retain(sink) : em_reshape(gx, lx->ndim, lx->shape);
+    em_tensor_release(into); em_tensor_release(gx);
     if (!gin[0]) rc = -1;
   }
   if (rc == 0 && em_node_needs_input_grad(n, 1)) {
     em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){rows, in});
     em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
-    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1]) : NULL;
+    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1], NULL) : NULL;
     em_tensor_release(x2); em_tensor_release(gt);
     if (!gin[1]) rc = -1;
   }

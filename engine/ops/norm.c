@@ -141,11 +141,15 @@ static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) 
   em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
   bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
   em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL;
+  /* the residual stream's gradient is summed here: add into the sum so far
+   * (the grad of the block's output) instead of a separate add kernel */
+  em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
   int rc = -1;
   if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gout[0], x->dtype))) goto done;
-  if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
+  if (sink) gx = em_tensor_retain(sink);
+  else if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
   if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
-  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, gw)) goto done;
+  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw)) goto done;
   gin[0] = gx; gx = NULL;
   if (need_w) { gin[1] = gw; gw = NULL; }
   rc = 0;

@@ -77,6 +77,27 @@ describe("rmsnorm on CUDA", function()
     assert.equals(0, rel(wg.grad, first))
   end)
 
+  -- On a residual stream, x's gradient sum is formed inside the rmsnorm
+  -- backward (it adds into the gradient the residual branch delivered first):
+  -- the result must equal the CPU's separate sum.
+  for _, shape in ipairs {{64, 768}, {5, 7, 37}} do
+    it(("adds into the residual gradient sum (%s)"):format(table.concat(shape, "x")), function()
+      local x, w, d = randn(shape, "f32", 2), randn({shape[#shape]}), randn(shape)
+      local function grads(dev)
+        local xx = x:to(dev); xx.requires_grad = true
+        local ww = w:to(dev); ww.requires_grad = true
+        local y = F.rmsnorm(xx, ww, 1e-5)
+        local r = y + xx * d:to(dev)          -- the mul's backward runs first: the sum starts there
+        r:sum():backward()
+        return xx.grad, ww.grad
+      end
+      local gxc, gwc = grads("cpu")
+      local gxg, gwg = grads("cuda")
+      close(gxg, gxc, 1e-5, "dx (sum)")
+      close(gwg, gwc, 1e-5, "dw")
+    end)
+  end
+
   it("under autocast bf16: computes in f32 and returns f32", function()
     local x, w = randn({12, 80}, "bf16"), randn({80})
     local y = ember.autocast("bf16", function() return F.rmsnorm(x:cuda(), w:cuda(), 1e-5) end)

@@ -91,6 +91,13 @@ void em_node_set_output(em_node *n, int k, em_tensor *out);
 void em_node_finish(em_node *n, em_tensor *out);  /* single output: set_output(0) + release */
 void em_node_release(em_node *n);
 bool em_node_needs_input_grad(const em_node *n, int i);
+/* During backward: the gradient already summed for input i when the caller
+ * may add into it in place (held by nobody else, contiguous, the input's
+ * shape/dtype/device), else NULL. A backward that adds its gradient into the
+ * sink returns it as gin[i] (retained); the engine then adds nothing. Lets
+ * kernels fuse the sum of a residual or q/k/v branch point (a gemm with
+ * beta = 1, an accumulating norm backward) instead of a separate add. */
+em_tensor *em_node_grad_sink(em_node *n, int i);
 
 /* ---- running backward ---- */
 /* root: the tensor to differentiate; grad: its gradient (NULL: root must have
