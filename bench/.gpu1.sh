@@ -15,6 +15,7 @@ tb() { timeout $1 python3 bench/pytorch_baseline.py --json $json "${@:2}" > $OUT
 eb 40 --model small --precision bf16 --mode train --graph --quiet
 eb 40 --model small --precision bf16 --mode train --graph --quiet
 eb 40 --model small --precision bf16 --mode train --breakdown --quiet
+timeout 200 ncu --metrics gpu__time_duration.sum --csv --print-units base --log-file $OUT/ncu.csv /tmp/b/ember run scripts/bench_model.lua --model small --precision bf16 --mode train --warmup 1 --steps 2 --quiet > $OUT/ncu_run.log 2>&1; echo ncu rc=$?
 tb 40 --model small --precision bf16 --mode train --graph --quiet
 eb 60 --model xl --precision bf16 --mode train --graph --quiet
 eb 60 --model 2.7b --precision bf16 --mode train --warmup 2 --steps 2 --quiet

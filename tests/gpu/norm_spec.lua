@@ -84,8 +84,8 @@ describe("rmsnorm on CUDA", function()
     it(("adds into the residual gradient sum (%s)"):format(table.concat(shape, "x")), function()
       local x, w, d = randn(shape, "f32", 2), randn({shape[#shape]}), randn(shape)
       local function grads(dev)
-        local xx = x:to(dev); xx.requires_grad = true
-        local ww = w:to(dev); ww.requires_grad = true
+        local xx = x:clone():to(dev); xx.requires_grad = true
+        local ww = w:clone():to(dev); ww.requires_grad = true
         local y = F.rmsnorm(xx, ww, 1e-5)
         local r = y + xx * d:to(dev)          -- the mul's backward runs first: the sum starts there
         r:sum():backward()
