@@ -323,7 +323,7 @@ function M.lines(opts)
   local data = collect(opts)
   if #data.panels == 0 then data.panels[1] = {name = "", points = {}, missing = {}} end
   local npanel = #data.panels
-  local ncols = math.min(npanel, opts.panels_per_row or 3)
+  local ncols = opts.panels_per_row or (npanel == 4 and 2 or math.min(npanel, 3))
   local nrows = math.ceil(npanel / ncols)
   local labels, longest = {}, 0
   for i, s in ipairs(data.series) do
@@ -332,7 +332,9 @@ function M.lines(opts)
   end
   local note = next(data.missing) and "× = no value there" or nil
   if note then longest = math.max(longest, utf8.len(note) - 4) end
-  local legend_w = math.min(360, 40 + 7 * longest)
+  local legend_w = 40 + 7 * longest
+  if type(opts.series) == "string" then legend_w = math.max(legend_w, 24 + 9 * #opts.series) end
+  legend_w = math.min(360, legend_w)
   local title_h = opts.title and 34 or 10
   local pw = opts.width and (opts.width - legend_w) / ncols or (npanel > 1 and 380 or 560)
   local ph = opts.height and (opts.height - title_h) / nrows or (npanel > 1 and 300 or 380)
@@ -372,6 +374,10 @@ function M.lines(opts)
   -- legend: a line sample per series; absent points counted by reason
   local lx, ly = ncols * pw + 8, title_h + m.t + 4
   out[#out + 1] = '<g class="legend">'
+  if type(opts.series) == "string" then
+    out[#out + 1] = ('<text x="%s" y="%s" font-weight="bold">%s</text>'):format(f1(lx), f1(ly + 4), esc(opts.series))
+    ly = ly + 20
+  end
   for i, s in ipairs(data.series) do
     local colour, dash = style_of(i)
     local y = ly + (i - 1) * 18
