@@ -89,25 +89,28 @@ local function md_escape(s)
   return (s:gsub("|", "\\|"):gsub("\r?\n", " "))
 end
 
---- A Markdown (GFM) table. Columns whose values are all numbers are
--- right-aligned; cells are padded so the raw text lines up too.
+--- A Markdown (GFM) table. Columns whose values are mostly numbers are
+-- right-aligned (an "OOM" among milliseconds does not change that); cells
+-- are padded so the raw text lines up too.
 function M.markdown_table(columns, rows)
   local cols = normalize_columns(columns, "markdown_table")
   rows = rows or {}
-  local cells, widths, numeric = {}, {}, {}
+  local cells, widths, numeric, nums, others = {}, {}, {}, {}, {}
   for j, c in ipairs(cols) do
-    widths[j], numeric[j] = math.max(3, width(md_escape(c.title))), true
+    widths[j], nums[j], others[j] = math.max(3, width(md_escape(c.title))), 0, 0
   end
   for i, row in ipairs(rows) do
     cells[i] = {}
     for j, c in ipairs(cols) do
       local v = cell_value(c, row)
-      if not M.missing(v) and type(v) ~= "number" then numeric[j] = false end
+      if type(v) == "number" then nums[j] = nums[j] + 1
+      elseif not M.missing(v) then others[j] = others[j] + 1 end
       local s = md_escape(cell_text(c, row))
       cells[i][j] = s
       widths[j] = math.max(widths[j], width(s))
     end
   end
+  for j = 1, #cols do numeric[j] = nums[j] > 0 and nums[j] >= others[j] end
   local function line(items)
     local parts = {}
     for j, s in ipairs(items) do
