@@ -86,6 +86,7 @@ static void print_help(FILE *f)
 	  "  ember -i setup.lua                   run setup.lua, then explore its globals\n"
 	  "  echo '1 + 1' | ember repl            the REPL reads piped input too\n"
 	  "  ember launch --nproc 2 scripts/bench_ddp.lua\n"
+	  "  ember sweep examples/sweep_campaign.lua   a grid of runs, resumable (docs/sweeps.md)\n"
 	  "\nThe `ember` Lua package is found next to the executable (build/lua) or\n"
 	  "where it was installed; LUA_PATH, LUA_CPATH and LUA_INIT work as in lua5.4.\n");
 }
