@@ -29,11 +29,13 @@ local function temp(suffix)
   return path
 end
 
--- run(script, {args...}, {prefix=}) --> stdout, stderr, exit status.
--- `prefix` is shell text run first in the same shell (e.g. a ulimit).
+-- run(script, {args...}, {prefix=, timeout=}) --> stdout, stderr, exit status.
+-- `prefix` is shell text run first in the same shell (e.g. a ulimit);
+-- `timeout` (seconds) turns a hang into a failure (exit status 124).
 local function run(script, args, opts)
   opts = opts or {}
   local parts = {"env -u LUA_INIT -u LUA_INIT_5_4", q(EMBER), "run", q("scripts/" .. script)}
+  if opts.timeout then table.insert(parts, 1, "timeout " .. opts.timeout) end
   for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
   local out, err = temp(), temp()
   local cmd = table.concat(parts, " ") .. " </dev/null >" .. q(out) .. " 2>" .. q(err)
@@ -147,7 +149,7 @@ describe("study scripts", function()
       local json = temp(".jsonl")
       local out, err, status = run("bench_attention.lua", {"--device", "cpu", "--d", "16,32", "--seq", "32,4096",
         "--passes", "1", "--warmup", "0", "--json", json},
-        {prefix = ("ulimit -v %d; export OPENBLAS_NUM_THREADS=1"):format(vm_kb + 256 * 1024)})
+        {prefix = ("ulimit -v %d; export OPENBLAS_NUM_THREADS=1"):format(vm_kb + 256 * 1024), timeout = 60})
       assert.are.equal(0, status, err)
       local status_of = {}
       for _, c in ipairs(json_lines(json)) do
