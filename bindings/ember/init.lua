@@ -63,11 +63,12 @@ ember.cuda = require "ember.cuda"      -- devices, streams, events, memory, grap
 local amp = require "ember.amp"         -- ember.autocast, ember.backends
 ember.autocast, ember.backends = amp.autocast, amp.backends
 
--- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.bench`...
+-- Submodules load on first use: `ember.nn`, `ember.optim`...
 local lazy = {nn = "ember.nn", optim = "ember.optim"}
 
---- ember.bench(fn, {warmup=5, reps=10}) -> {mean=, std=, median=, min=, max=, samples=} (seconds)
-function ember.bench(fn, opts) return require("ember.bench").bench(fn, opts) end
+--- ember.bench(fn, {warmup=5, reps=10}) -> {mean=, std=, median=, min=, max=, samples=} (seconds);
+-- a callable table, so ember.bench.format(r, label) and ember.bench.stats(samples) sit beside it.
+ember.bench = require "ember.bench"
 setmetatable(ember, {__index = function(t, k)
   local mod = lazy[k]
   if mod then

@@ -4,7 +4,7 @@
 local ember = require "ember"
 local F = ember.nn.functional
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local toy = dofile(here .. "../lua/amp_toy.lua")
+local toy = dofile(here .. "../../scripts/lib/amp_toy.lua")
 
 assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
 

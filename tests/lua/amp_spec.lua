@@ -5,7 +5,7 @@
 local ember = require "ember"
 local nn, F = ember.nn, ember.nn.functional
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local toy = dofile(here .. "amp_toy.lua")
+local toy = dofile(here .. "../../scripts/lib/amp_toy.lua")
 
 local function maxdiff(a, b)
   return (a:float() - b:float()):abs():max():item()
@@ -14,6 +14,16 @@ end
 describe("ember.autocast dtype report (CPU)", function()
   it("gives the ToyModel's parameters f32, fc1 bf16, norm f32, logits bf16, loss f32, grads f32", function()
     assert.are.same(toy.expected_report, toy.dtype_report("cpu", "bf16"))
+  end)
+
+  it("gives fc1 and logits f16 (the rest f32) under f16 autocast, the assignment's case", function()
+    assert.are.same(toy.expected("f16"), toy.dtype_report("cpu", "f16"))
+  end)
+
+  it("reports each parameter f32 with an f32 gradient", function()
+    local _, each = toy.dtype_report("cpu", "bf16")
+    assert.are.same({"fc1.weight", "ln.weight", "fc2.weight"}, {each[1].name, each[2].name, each[3].name})
+    for _, p in ipairs(each) do assert.are.same({"f32", "f32"}, {p.dtype, p.grad}) end
   end)
 
   it("leaves every dtype f32 outside autocast", function()

@@ -1,11 +1,12 @@
 -- amp_toy.lua — the ToyModel of CS336 A2 §1.1.5 (benchmarking_mixed_precision)
--- written with ember.nn, and the dtype report the assignment asks for. Shared
--- by tests/lua/amp_spec.lua (CPU) and tests/gpu/amp_spec.lua (CUDA).
+-- written with ember.nn, and the dtype report the assignment asks for. Used by
+-- scripts/mixed_precision.lua (the study), tests/lua/amp_spec.lua (CPU) and
+-- tests/gpu/amp_spec.lua (CUDA); load it with dofile (it is not a package).
 --
 -- The assignment's model is fc1 → relu → LayerNorm → fc2 (no biases on the
 -- linears). ember.nn has no LayerNorm; RMSNorm stands in for it: it is the
 -- norm this engine's models use, and autocast treats every norm the same way
--- (computed and returned in f32).
+-- (computed and returned in f32), as PyTorch's autocast treats layer_norm.
 local ember = require "ember"
 local nn, F = ember.nn, ember.nn.functional
 
@@ -30,25 +31,28 @@ function ToyModel:forward(x, seen)
   return logits
 end
 
+--- The dtype every entry of `list` has, or "mixed".
+local function common(list, get)
+  local d
+  for _, p in ipairs(list) do
+    local v = get(p)
+    if d == nil then d = v elseif d ~= v then return "mixed" end
+  end
+  return d
+end
+
 --- One forward + backward of ToyModel(20, 5) on `device` under
 -- ember.autocast(dtype); returns {parameters=, fc1=, ln=, logits=, loss=,
--- grads=} with dtype names ("mixed" if parameters or grads disagree).
+-- grads=} with dtype names ("mixed" if parameters or grads disagree), and a
+-- second table of the parameters one by one: {{name=, dtype=, grad=}, ...}.
 function M.dtype_report(device, dtype)
   ember.manual_seed(3)
   local model = ToyModel(20, 5, {device = device})
   local x = ember.randn({8, 20}, {device = device})
   local y = ember.randint(0, 5, {8}, {device = device})
-  local seen = {}
-  local function one(list, get)
-    local d
-    for _, p in ipairs(list) do
-      local v = get(p)
-      if d == nil then d = v elseif d ~= v then return "mixed" end
-    end
-    return d
-  end
+  local seen, each = {}, {}
   local loss = ember.autocast(dtype, function()
-    seen.parameters = one(model:parameters(), function(p) return p.dtype end)
+    seen.parameters = common(model:parameters(), function(p) return p.dtype end)
     local logits = model(x, seen)
     seen.logits = logits.dtype
     local l = F.cross_entropy(logits, y)
@@ -56,12 +60,21 @@ function M.dtype_report(device, dtype)
     return l
   end)
   loss:backward()
-  seen.grads = one(model:parameters(), function(p) return p.grad and p.grad.dtype or "none" end)
-  return seen
+  seen.grads = common(model:parameters(), function(p) return p.grad and p.grad.dtype or "none" end)
+  for i, np in ipairs(model:named_parameters()) do
+    each[i] = {name = np[1], dtype = np[2].dtype, grad = np[2].grad and np[2].grad.dtype or "none"}
+  end
+  return seen, each
 end
 
---- What the assignment's answer is (and PyTorch's autocast gives).
-M.expected_report = {parameters = "f32", fc1 = "bf16", ln = "f32", logits = "bf16",
-  loss = "f32", grads = "f32"}
+--- What the assignment's answer is (and PyTorch's autocast gives) for an
+-- autocast dtype ("bf16" or "f16"): linears in that dtype, the norm and the
+-- loss in f32, parameters and their gradients f32.
+function M.expected(dtype)
+  return {parameters = "f32", fc1 = dtype, ln = "f32", logits = dtype, loss = "f32", grads = "f32"}
+end
+
+--- The bf16 answer (kept for the specs that compare against it).
+M.expected_report = M.expected("bf16")
 
 return M

@@ -1,0 +1,366 @@
+--- Attention benchmark of CS336 A2 §1.2.1 (pytorch_attention) and §1.3.1
+-- (torch_compile): single-head attention on (batch, seq, d) inputs — no head
+-- dimension, as the assignment asks — over a grid of head sizes d and sequence
+-- lengths, timing `--passes` forward passes, then `--passes` backward passes,
+-- with the device synchronised after each, and recording memory in use
+-- right before the backward. Out of memory is a result ("OOM"), not a crash.
+--
+--   ember run scripts/bench_attention.lua                       # the full grid, naive/graph/flash
+--   ember run scripts/bench_attention.lua --impl naive,flash --dtype bf16 --causal --json attn.jsonl
+--   ember run scripts/bench_attention.lua --device cpu --d 16 --seq 64,128 --passes 5   # CPU, naive only
+--   (ulimit -v 900000; OPENBLAS_NUM_THREADS=1 ember run scripts/bench_attention.lua --device cpu \
+--     --d 16 --seq 64,4096)     # the OOM path on a CPU: the 512 MiB score matrix does not fit
+--   (OpenBLAS spins when its own buffer cannot be mapped: leave it room, one thread)
+--
+-- Implementations (--impl):
+--   naive  F.scaled_dot_product_attention{impl = "naive"}: the composition
+--          softmax(Q Kᵀ / √d + mask) V, which materialises B·T² scores.
+--   graph  the same naive forward captured once with ember.cuda.graph and
+--          replayed, and its backward captured as a second graph: Ember's
+--          analogue of torch.compile (no host dispatch; the same kernels,
+--          no fusion). CUDA only.
+--   flash  F.scaled_dot_product_attention{impl = "flash"}: Ember's
+--          FlashAttention-2 kernels (no T² tensor; saves O and the log-sum-exp).
+--          CUDA, bf16/f16, d in {16, 32, 64, 80, 96, 128}; the (B, T, d) inputs
+--          are viewed as (B, 1, T, d). With --dtype f32 flash runs in bf16, and
+--          its rows and columns say "flash (bf16)".
+--
+-- One cell (impl, d, seq): Q, K, V random (B, T, d) leaves with
+-- requires_grad; `--warmup` + `--passes` forwards (each one records the
+-- autograd graph, as in PyTorch); then one more forward whose graph the
+-- backward uses, after which
+--   mem_before_bwd = ember.cuda.memory_allocated()      (what the seed asks for)
+--   peak_fwd       = ember.cuda.max_memory_allocated()  (peak of that forward)
+-- then `--warmup` + `--passes` backwards of that output with a fixed random
+-- upstream gradient (retain_graph; the inputs' .grad dropped before each, so
+-- every pass allocates its gradients as a first backward does), and
+--   peak           = max_memory_allocated() over forward + backwards.
+-- Times are the mean per pass (ms) of ember.bench samples.
+--
+-- Memory accounting of naive attention (per cell, elt = bytes per element):
+--   one score matrix   S = B·T²·elt            (printed per seq below the table)
+--   forward transient  Q Kᵀ, ·1/√d, masked, softmax: up to 2 S alive at once
+--   saved for backward P = softmax(...) (1 S) + Q, K, V, O (4·B·T·d·elt)
+--   backward           dP and dS (2 S more) while P is alive
+-- so naive attention needs about 3 S at the backward's peak, which is what
+-- runs out of memory first as seq grows; flash keeps none of it.
+local ember = require "ember"
+local argparse = require "argparse"
+local F = ember.nn.functional
+
+local parser = argparse("bench_attention.lua",
+  "Time single-head attention forward and backward over a (d, seq) grid: naive, CUDA graph, flash.")
+parser:option("--impl", "Comma list of naive, graph, flash (default: all that apply on the device).")
+parser:option("--d", "Comma list of head sizes d.", "16,32,64,128")
+parser:option("--seq", "Comma list of sequence lengths.", "256,1024,4096,8192,16384")
+parser:option("--batch", "Batch size.", "8"):convert(math.tointeger)
+parser:option("--passes", "Timed forward passes, then as many backward passes.", "100"):convert(math.tointeger)
+parser:option("--warmup", "Untimed passes before each timed series.", "5"):convert(math.tointeger)
+parser:option("--dtype", "Input dtype (flash runs in bf16 when this is f32).", "f32")
+  :choices({"f32", "bf16", "f16"})
+parser:flag("--causal", "Causal mask (query i sees keys j <= i).")
+parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
+parser:flag("--flush-l2", "Overwrite a buffer bigger than L2 before every timed pass (ember.bench flush_l2).")
+parser:option("--device", "cpu or cuda[:N] (default: cuda when available).")
+parser:option("--seed", "Seed for the inputs.", "0"):convert(math.tointeger)
+parser:option("--json", "Append one JSON line per cell to this file.")
+parser:option("--markdown", "Write the final Markdown table to this file.")
+local args = parser:parse(arg)
+args.causal, args.tf32, args.flush_l2 = args.causal or false, args.tf32 or false, args.flush_l2 or false
+
+local function fail(msg) io.stderr:write("bench_attention.lua: ", msg, "\n") os.exit(2) end
+
+--- "16,32" -> {16, 32}; fails on anything but positive integers.
+local function int_list(opt, s)
+  local out = {}
+  for item in (s .. ","):gmatch("([^,]*),") do
+    local n = math.tointeger(tonumber(item))
+    if not n or n < 1 then fail(("--%s expects a comma list of positive integers, got '%s'"):format(opt, s)) end
+    out[#out + 1] = n
+  end
+  return out
+end
+
+for _, k in ipairs({"batch", "passes", "seed"}) do
+  if not args[k] or args[k] < (k == "seed" and 0 or 1) then fail("--" .. k .. " must be a positive integer") end
+end
+if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+local D_LIST, SEQ_LIST = int_list("d", args.d), int_list("seq", args.seq)
+
+args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
+if not (args.device == "cpu" or args.device == "cuda" or args.device:match("^cuda:%d+$")) then
+  fail("--device must be cpu, cuda or cuda:N, got '" .. args.device .. "'")
+end
+local on_cuda = args.device ~= "cpu"
+if on_cuda and not ember.cuda.is_available() then fail("--device " .. args.device .. ": no CUDA device is available") end
+
+local KNOWN = {naive = true, graph = true, flash = true}
+local IMPLS = {}
+if args.impl then
+  for name in (args.impl .. ","):gmatch("([^,]*),") do
+    if not KNOWN[name] then fail("--impl expects a comma list of naive, graph, flash; got '" .. args.impl .. "'") end
+    IMPLS[#IMPLS + 1] = name
+  end
+  for _, name in ipairs(IMPLS) do
+    if name ~= "naive" and not on_cuda then fail("--impl " .. name .. " needs --device cuda") end
+  end
+else
+  IMPLS = on_cuda and {"naive", "graph", "flash"} or {"naive"}
+end
+
+-- flash computes in a half dtype: bf16 when the inputs would be f32
+local function impl_dtype(impl)
+  if impl == "flash" and args.dtype == "f32" then return "bf16" end
+  return args.dtype
+end
+local function impl_label(impl)
+  return impl_dtype(impl) ~= args.dtype and ("%s (%s)"):format(impl, impl_dtype(impl)) or impl
+end
+
+-- ---------------------------------------------------------------------------
+-- header
+
+local runinfo = require "ember.runinfo"
+local facts = runinfo.collect(args.device)
+local B = args.batch
+local config = {
+  impl = IMPLS, d = D_LIST, seq = SEQ_LIST, batch = B, passes = args.passes, warmup = args.warmup,
+  dtype = args.dtype, causal = args.causal, tf32 = args.tf32, flush_l2 = args.flush_l2,
+  device = args.device, seed = args.seed,
+}
+print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
+print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+local impl_names = {}
+for i, impl in ipairs(IMPLS) do impl_names[i] = impl_label(impl) end
+print(("config: impl=%s d=%s seq=%s batch=%d dtype=%s%s causal=%s passes=%d warmup=%d flush_l2=%s device=%s")
+  :format(table.concat(impl_names, ","), args.d, args.seq, B, args.dtype, args.tf32 and "+tf32" or "",
+    tostring(args.causal), args.passes, args.warmup, tostring(args.flush_l2), args.device))
+
+-- ---------------------------------------------------------------------------
+-- one cell
+
+local function sync() if on_cuda then ember.cuda.synchronize() end end
+local function allocated() return on_cuda and ember.cuda.memory_allocated() or nil end
+local function peak() return on_cuda and ember.cuda.max_memory_allocated() or nil end
+local function reset_peak() if on_cuda then ember.cuda.reset_peak_memory_stats() end end
+
+--- Give memory back after a cell (also after an OOM): the Lua handles first,
+-- then the allocator's cached segments.
+local function free_all()
+  collectgarbage()
+  collectgarbage()
+  if on_cuda then ember.cuda.empty_cache() end
+end
+
+local ELT = {f32 = 4, bf16 = 2, f16 = 2}
+
+--- Measure one (impl, d, T) cell; returns the fields of its row (raises on OOM).
+local function measure(impl, d, T)
+  local dtype = impl_dtype(impl)
+  if impl == "flash" then
+    local probe = ember.empty({1, 1, 1, d}, {dtype = dtype, device = args.device})
+    if not ember.core.flash_applies(probe, probe, probe) then
+      return {status = "unsupported", note = ("flash kernels have no d=%d"):format(d)}
+    end
+  end
+  reset_peak()
+  ember.manual_seed(args.seed)
+  local o = {dtype = dtype, device = args.device, requires_grad = true}
+  local q, k, v = ember.randn({B, T, d}, o), ember.randn({B, T, d}, o), ember.randn({B, T, d}, o)
+  local sdpa = {impl = impl == "flash" and "flash" or "naive", causal = args.causal}
+  local function attend()
+    if impl == "flash" then
+      return F.scaled_dot_product_attention(q:unsqueeze(1), k:unsqueeze(1), v:unsqueeze(1), sdpa)
+    end
+    return F.scaled_dot_product_attention(q, k, v, sdpa)
+  end
+  local gout = ember.randn(impl == "flash" and {B, 1, T, d} or {B, T, d}, {dtype = dtype, device = args.device})
+  local out
+  local function drop_out() out = nil collectgarbage() end
+  local function drop_grads() q.grad, k.grad, v.grad = nil, nil, nil end
+  local bopts = {warmup = args.warmup, reps = args.passes, device = args.device, flush_l2 = args.flush_l2}
+
+  local fwd_fn, bwd_fn, graphs
+  if impl == "graph" then
+    -- eager passes first (workspaces, the mask), then one capture of each direction
+    for _ = 1, math.max(args.warmup, 1) do
+      drop_out()
+      out = attend()
+      drop_grads()
+      out:backward(gout, {retain_graph = true})
+    end
+    drop_out()
+    drop_grads()
+    sync()
+    local gf, o1 = ember.cuda.graph(function() return attend() end, {warmup = 0})
+    out = o1
+    local gb = ember.cuda.graph(function() out:backward(gout, {retain_graph = true}) end, {warmup = 0})
+    graphs = {gf, gb}
+    fwd_fn = function() gf:replay() end
+    bwd_fn = function() gb:replay() end
+  else
+    fwd_fn = function() out = attend() end
+    bwd_fn = function() out:backward(gout, {retain_graph = true}) end
+  end
+
+  -- forward passes (eager: the previous output and its graph are freed first, untimed)
+  local fwd = ember.bench(fwd_fn, {warmup = bopts.warmup, reps = bopts.reps, device = bopts.device,
+    flush_l2 = bopts.flush_l2, setup = impl ~= "graph" and drop_out or nil})
+  -- the forward the backward passes use, and the memory right before them
+  if impl ~= "graph" then drop_out() end
+  collectgarbage()
+  sync()
+  reset_peak()
+  fwd_fn()
+  sync()
+  local mem_before_bwd, peak_fwd = allocated(), peak()
+  local bwd = ember.bench(bwd_fn, {warmup = bopts.warmup, reps = bopts.reps, device = bopts.device,
+    flush_l2 = bopts.flush_l2, setup = impl ~= "graph" and drop_grads or nil})
+  sync()
+  local peak_all = peak()
+  if graphs then for _, g in ipairs(graphs) do g:close() end end
+  return {status = "ok", fwd = fwd, bwd = bwd, mem_before_bwd = mem_before_bwd, peak_fwd = peak_fwd,
+    peak = peak_all}
+end
+
+-- ---------------------------------------------------------------------------
+-- the grid
+
+local MiB = 2 ^ 20
+local function mib(b) return b and ("%.1f"):format(b / MiB) or "n/a" end
+local function ms(s) return ("%.3f"):format(s * 1e3) end
+
+local cjson = args.json and require "cjson" or nil
+-- every JSON line has these keys; null where a cell has no value (OOM, CPU memory)
+local NULLABLE = {"fwd_ms", "fwd_std_ms", "fwd_median_ms", "bwd_ms", "bwd_std_ms", "bwd_median_ms",
+  "mem_before_bwd_bytes", "peak_fwd_bytes", "peak_bytes", "clock_mhz_before", "clock_mhz_after",
+  "error", "note", "driver"}
+local json_file
+if args.json then
+  local err
+  json_file, err = io.open(args.json, "a")
+  if not json_file then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
+end
+
+if args.tf32 then ember.backends.tf32(true) end
+local cells, any_error = {}, false
+for _, d in ipairs(D_LIST) do
+  for _, T in ipairs(SEQ_LIST) do
+    for _, impl in ipairs(IMPLS) do
+      local ok, r = pcall(measure, impl, d, T)
+      free_all()
+      if not ok then
+        local msg = tostring(r)
+        if msg:match("^out of memory") then r = {status = "OOM", error = msg}
+        else r = {status = "error", error = msg} any_error = true end
+      end
+      r.impl, r.d, r.seq, r.dtype = impl, d, T, impl_dtype(impl)
+      cells[#cells + 1] = r
+      local head = ("%-14s d=%-4d seq=%-6d"):format(impl_label(impl), d, T)
+      if r.status == "ok" then
+        print(("%s fwd %9.3f ± %.3f ms   bwd %9.3f ± %.3f ms   %s")
+          :format(head, r.fwd.mean * 1e3, r.fwd.std * 1e3, r.bwd.mean * 1e3, r.bwd.std * 1e3,
+            r.mem_before_bwd and ("mem before bwd %s MiB, peak %s MiB"):format(mib(r.mem_before_bwd), mib(r.peak))
+              or "memory n/a on the CPU"))
+      elseif r.status == "unsupported" then
+        print(("%s unsupported (%s)"):format(head, r.note))
+      else
+        print(("%s %s (%s)"):format(head, r.status, (r.error:gsub("\n.*", ""))))
+      end
+      if json_file then
+        local line = {
+          impl = impl, d = d, seq = T, batch = B, dtype = r.dtype, causal = args.causal, tf32 = args.tf32,
+          status = r.status, error = r.error, note = r.note, passes = args.passes, warmup = args.warmup,
+          fwd_ms = r.fwd and r.fwd.mean * 1e3, fwd_std_ms = r.fwd and r.fwd.std * 1e3,
+          fwd_median_ms = r.fwd and r.fwd.median * 1e3,
+          bwd_ms = r.bwd and r.bwd.mean * 1e3, bwd_std_ms = r.bwd and r.bwd.std * 1e3,
+          bwd_median_ms = r.bwd and r.bwd.median * 1e3,
+          mem_before_bwd_bytes = r.mem_before_bwd, peak_fwd_bytes = r.peak_fwd, peak_bytes = r.peak,
+          score_bytes = B * T * T * ELT[r.dtype],
+          clock_mhz_before = r.fwd and r.fwd.clock_mhz_before, clock_mhz_after = r.bwd and r.bwd.clock_mhz_after,
+          tool = "ember", commit = facts.commit, device = facts.device, driver = facts.driver,
+          date = os.date("!%Y-%m-%dT%H:%M:%SZ"), flush_l2 = args.flush_l2,
+          command = "ember run scripts/bench_attention.lua " .. table.concat(arg, " "),
+        }
+        for _, key in ipairs(NULLABLE) do
+          if line[key] == nil then line[key] = cjson.null end
+        end
+        json_file:write(cjson.encode(line), "\n")
+        json_file:flush()
+      end
+    end
+  end
+end
+if json_file then json_file:close() end
+
+-- ---------------------------------------------------------------------------
+-- the table: rows d × seq, three columns per implementation
+
+local function md_table(headers, rows)
+  local width = {}
+  for i, h in ipairs(headers) do width[i] = utf8.len(h) end
+  for _, row in ipairs(rows) do
+    for i, c in ipairs(row) do width[i] = math.max(width[i], utf8.len(c)) end
+  end
+  local function line(cells)
+    local parts = {}
+    for i, c in ipairs(cells) do parts[i] = c .. (" "):rep(width[i] - utf8.len(c)) end
+    return "| " .. table.concat(parts, " | ") .. " |"
+  end
+  local out = {line(headers)}
+  local rule = {}
+  for i = 1, #headers do rule[i] = ("-"):rep(width[i]) end
+  out[2] = line(rule)
+  for _, row in ipairs(rows) do out[#out + 1] = line(row) end
+  return table.concat(out, "\n")
+end
+
+local headers = {"d", "seq"}
+for _, impl in ipairs(IMPLS) do
+  local l = impl_label(impl)
+  headers[#headers + 1] = l .. " fwd ms"
+  headers[#headers + 1] = l .. " bwd ms"
+  headers[#headers + 1] = l .. " mem MiB"
+end
+local rows, by_key = {}, {}
+for _, c in ipairs(cells) do by_key[c.impl .. "/" .. c.d .. "/" .. c.seq] = c end
+for _, d in ipairs(D_LIST) do
+  for _, T in ipairs(SEQ_LIST) do
+    local row = {tostring(d), tostring(T)}
+    for _, impl in ipairs(IMPLS) do
+      local c = by_key[impl .. "/" .. d .. "/" .. T]
+      local s = c.status == "unsupported" and "n/a" or c.status
+      local ok = c.status == "ok"
+      table.insert(row, ok and ms(c.fwd.mean) or s)
+      table.insert(row, ok and ms(c.bwd.mean) or s)
+      table.insert(row, ok and mib(c.mem_before_bwd) or s)
+    end
+    rows[#rows + 1] = row
+  end
+end
+
+local title = ("Attention, batch %d, %s%s, %d passes each way (mean ms per pass; mem = MiB allocated before the backward%s)")
+  :format(B, args.dtype, args.causal and ", causal" or "", args.passes,
+    on_cuda and "" or "; n/a on the CPU")
+local tbl = md_table(headers, rows)
+local notes = {}
+for _, T in ipairs(SEQ_LIST) do
+  notes[#notes + 1] = ("seq %d: one B×T×T score matrix = %d·%d²·%d B = %.1f MiB (%s)"):format(T, B, T,
+    ELT[args.dtype], B * T * T * ELT[args.dtype] / MiB, args.dtype)
+end
+print()
+print(title)
+print()
+print(tbl)
+print()
+print("naive attention keeps ~1 score matrix (softmax P) for the backward and ~3 at its peak:")
+for _, n in ipairs(notes) do print("  " .. n) end
+if args.markdown then
+  local f, err = io.open(args.markdown, "w")
+  if not f then fail("cannot open " .. args.markdown .. ": " .. tostring(err)) end
+  f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
+  f:write(title, "\n\n", tbl, "\n\n")
+  for _, n in ipairs(notes) do f:write("- ", n, "\n") end
+  f:close()
+end
+os.exit(any_error and 1 or 0)

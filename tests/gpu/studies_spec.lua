@@ -1,0 +1,146 @@
+-- studies_spec.lua (GPU) — the CUDA side of the study scripts and of
+-- ember.bench, which the CPU specs cannot reach: bench_attention's graph and
+-- flash cells and its memory columns, memory_profile's allocator figures,
+-- mixed_precision on device tensors, and ember.bench's device flush and SM
+-- clocks. Small grids: the whole file runs in seconds.
+local ember = require "ember"
+local cjson = require "cjson"
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local BUILD = os.getenv("EMBER_BUILD") or "./build"
+local EMBER = BUILD .. "/ember"
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+local function tmp() local p = os.tmpname() os.remove(p) return p end
+
+-- run(script, args) --> stdout, stderr, status, JSON lines (when --json was given a file by us)
+local function run(script, args)
+  local out, err, json = tmp(), tmp(), tmp()
+  local parts = {"env -u LUA_INIT -u LUA_INIT_5_4", q(EMBER), "run", q("scripts/" .. script)}
+  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
+  parts[#parts + 1] = "--json " .. q(json)
+  local _, _, status = os.execute(table.concat(parts, " ") .. " </dev/null >" .. q(out) .. " 2>" .. q(err))
+  local o, e, j = slurp(out), slurp(err), {}
+  for l in (slurp(json) or ""):gmatch("[^\n]+") do j[#j + 1] = cjson.decode(l) end
+  os.remove(out) os.remove(err) os.remove(json)
+  return o, e, status, j
+end
+
+describe("ember.bench on CUDA", function()
+  it("flushes L2 with a 256 MiB device buffer and reads the SM clocks", function()
+    local a = ember.randn({1024, 1024}, {device = "cuda"})
+    local r = ember.bench(function() a:matmul(a) end, {warmup = 2, reps = 5, flush_l2 = true})
+    assert.are.equal("cuda", r.device)
+    assert.are.equal(256 * 1024 * 1024, r.flush_bytes)
+    assert.are.equal(5, #r.samples)
+    if os.execute("command -v nvidia-smi >/dev/null 2>&1") then
+      assert.is_true(r.clock_mhz_before > 0 and r.clock_mhz_after > 0 and r.clock_mhz_max >= r.clock_mhz_after,
+        ("clocks %s %s %s"):format(tostring(r.clock_mhz_before), tostring(r.clock_mhz_after), tostring(r.clock_mhz_max)))
+      assert.matches(", SM %d+→%d+ MHz%)$", ember.bench.format(r))
+    end
+  end)
+
+  it("counts asynchronous device work (synchronises after each rep)", function()
+    local a = ember.randn({4096, 4096}, {device = "cuda"})
+    local synced = ember.bench(function() for _ = 1, 4 do a:matmul(a) end end, {warmup = 1, reps = 3, clocks = false})
+    -- 4 f32 4096³ matmuls are > 2 ms on any current GPU without TF32
+    assert.is_true(synced.min > 1e-3, "min " .. synced.min)
+  end)
+end)
+
+describe("bench_attention.lua on CUDA", function()
+  local out, err, status, cells
+
+  setup(function()
+    out, err, status, cells = run("bench_attention.lua", {"--d", "16,64,256", "--seq", "128,1024", "--passes", "3",
+      "--warmup", "1"})
+  end)
+
+  it("runs naive, graph and flash (in bf16 for f32) on every cell and exits 0", function()
+    assert.are.equal(0, status, err)
+    assert.truthy(out:find("config: impl=naive,graph,flash (bf16) ", 1, true))
+    assert.truthy(out:find("| d   | seq  | naive fwd ms | naive bwd ms | naive mem MiB | graph fwd ms", 1, true))
+    assert.are.equal(3 * 3 * 2, #cells)
+    for _, c in ipairs(cells) do
+      if c.impl == "flash" and c.d == 256 then
+        assert.are.equal("unsupported", c.status)            -- no flash kernel for d = 256
+      else
+        assert.are.equal("ok", c.status, ("%s d=%d seq=%d: %s"):format(c.impl, c.d, c.seq, tostring(c.error)))
+        assert.are.equal(c.impl == "flash" and "bf16" or "f32", c.dtype)
+        assert.is_true(c.fwd_ms > 0 and c.bwd_ms > 0)
+        assert.is_true(c.mem_before_bwd_bytes > 0 and c.peak_bytes >= c.mem_before_bwd_bytes)
+      end
+    end
+  end)
+
+  it("keeps a score matrix alive before the naive backward, and none before flash's", function()
+    for _, c in ipairs(cells) do
+      if c.seq == 1024 and c.d == 64 then
+        local inputs = 4 * 8 * 1024 * 64 * (c.dtype == "f32" and 4 or 2)     -- q, k, v, o
+        if c.impl == "naive" then
+          assert.is_true(c.mem_before_bwd_bytes >= c.score_bytes + inputs, "naive " .. c.mem_before_bwd_bytes)
+        elseif c.impl == "flash" then
+          -- q, k, v, o, the upstream grad and the log-sum-exp, far below one (B, T, T) bf16 matrix
+          assert.is_true(c.mem_before_bwd_bytes < c.score_bytes, "flash " .. c.mem_before_bwd_bytes)
+        end
+      end
+    end
+  end)
+
+  it("replays the same work faster or no slower than 1.5x the eager naive pass", function()
+    local naive, graph = {}, {}
+    for _, c in ipairs(cells) do
+      local key = c.d .. "/" .. c.seq
+      if c.impl == "naive" then naive[key] = c elseif c.impl == "graph" then graph[key] = c end
+    end
+    for key, g in pairs(graph) do
+      assert.is_true(g.fwd_ms < 1.5 * naive[key].fwd_ms + 0.05, key .. " fwd " .. g.fwd_ms .. " vs " .. naive[key].fwd_ms)
+    end
+  end)
+end)
+
+describe("memory_profile.lua on CUDA", function()
+  it("measures peak above the step's start, training above forward-only", function()
+    local _, err, status, cells = run("memory_profile.lua", {"--model", "tiny", "--context", "64,128", "--vocab", "1000"})
+    assert.are.equal(0, status, err)
+    assert.are.equal(8, #cells)
+    local by = {}
+    for _, c in ipairs(cells) do
+      assert.are.equal("ok", c.status, tostring(c.error))
+      assert.is_true(c.start_bytes > 0 and c.peak_bytes > c.start_bytes)
+      by[c.precision .. "/" .. c.mode .. "/" .. math.tointeger(c.context)] = c
+    end
+    for _, prec in ipairs({"fp32", "bf16"}) do
+      for _, T in ipairs({64, 128}) do
+        local f, t = by[prec .. "/fwd/" .. T], by[prec .. "/train/" .. T]
+        -- a training step starts with the AdamW moments (8N bytes) on top of what a forward starts with
+        assert.is_true(t.start_bytes - f.start_bytes >= 8 * t.params, prec .. " " .. T)
+        assert.is_true(t.peak_bytes > f.peak_bytes, prec .. " " .. T)
+      end
+      assert.is_true(by[prec .. "/train/128"].peak_bytes > by[prec .. "/train/64"].peak_bytes)
+    end
+  end)
+end)
+
+describe("mixed_precision.lua on CUDA", function()
+  it("gives the CPU's sums and the same autocast dtypes", function()
+    local _, err, status, gpu = run("mixed_precision.lua", {"--device", "cuda"})
+    assert.are.equal(0, status, err)
+    local _, err2, status2, cpu = run("mixed_precision.lua", {"--device", "cpu"})
+    assert.are.equal(0, status2, err2)
+    for i, v in ipairs(gpu[1].accumulation) do
+      assert.are.equal(cpu[1].accumulation[i].result, v.result, "variant " .. i)
+    end
+    for _, dt in ipairs({"bf16", "f16"}) do
+      assert.is_true(gpu[1].autocast[dt].matches_pytorch, dt)
+    end
+  end)
+end)
