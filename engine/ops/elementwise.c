@@ -778,6 +778,13 @@ em_tensor *em_unary(em_unop op, em_tensor *a, em_tensor *out) {
   const char *name = em_unop_name(op);
   EM_CHECK_NULL((unsigned)op < EM_NUNOPS, "unary: invalid op %d", (int)op);
   EM_CHECK_NULL(a, "%s: expected a tensor, got NULL", name);
+  /* exp, log and rsqrt are on autocast's f32 list (as in PyTorch) */
+  if (!out && (op == EM_EXP || op == EM_LOG || op == EM_RSQRT) && em_autocast_enabled() &&
+      (a->dtype == EM_BF16 || a->dtype == EM_F16)) {
+    em_tensor *u = em_autocast_upper(a), *r = u ? em_unary(op, u, NULL) : NULL;
+    em_tensor_release(u);
+    return r;
+  }
   em_dtype rt, ct;
   if (unary_dtypes(name, op, a->dtype, &rt, &ct)) return NULL;
   bool grad = unary_grad[op].diff && em_grad_needed(1, &a);

@@ -331,9 +331,19 @@ static int mean_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
+/* sum is on autocast's f32 list (as in PyTorch; mean and var are not: they
+ * accumulate in f32 and return the input's dtype): true when a must be
+ * upcast first. */
+#define AUTOCAST_F32(a) (em_autocast_enabled() && ((a)->dtype == EM_BF16 || (a)->dtype == EM_F16))
+
 em_tensor *em_sum(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
   EM_OP_SCOPE("sum");
   EM_CHECK_NULL(a, "sum: expected a tensor, got NULL");
+  if (AUTOCAST_F32(a)) {
+    em_tensor *u = em_autocast_upper(a), *r = u ? em_sum(u, ndims, dims, keepdim) : NULL;
+    em_tensor_release(u);
+    return r;
+  }
   rdims r;
   if (parse_dims("sum", a, ndims, dims, keepdim, &r)) return NULL;
   bool ints = !em_dtype_is_float(a->dtype);

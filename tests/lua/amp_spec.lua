@@ -96,6 +96,23 @@ describe("ember.autocast numerics (CPU)", function()
     end)
   end)
 
+  it("computes sum, exp, log and rsqrt of bf16 in f32 (PyTorch's f32 list); mean keeps bf16", function()
+    local x = (ember.rand({64}) + 0.5):to("bf16")
+    local x32 = x:float()
+    local got = ember.autocast("bf16", function()
+      return {sum = x:sum(), exp = x:exp(), log = x:log(), rsqrt = x:rsqrt(), mean = x:mean()}
+    end)
+    for _, k in ipairs({"sum", "exp", "log", "rsqrt"}) do
+      assert.are.equal("f32", got[k].dtype, k)
+      local want = x32[k](x32)
+      assert.are.equal(0, (got[k] - want):abs():max():item(), k)
+    end
+    assert.are.equal("bf16", got.mean.dtype)
+    -- and outside a region they stay bf16
+    assert.are.equal("bf16", x:sum().dtype)
+    assert.are.equal("bf16", x:exp().dtype)
+  end)
+
   it("sends f32 gradients to f32 weights, close to the f32 gradients", function()
     ember.manual_seed(5)
     local w = ember.randn(16, 32)
