@@ -23,6 +23,10 @@ local function tmp() local p = os.tmpname() os.remove(p) return p end
 
 -- run(script, args) --> stdout, stderr, status, JSON lines (when --json was given a file by us)
 local function run(script, args)
+  -- the child process needs device memory that this one's caching allocator
+  -- may still hold from earlier specs (their OOM tests fill the GPU)
+  collectgarbage()
+  ember.cuda.empty_cache()
   local out, err, json = tmp(), tmp(), tmp()
   local parts = {"env -u LUA_INIT -u LUA_INIT_5_4", q(EMBER), "run", q("scripts/" .. script)}
   for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
