@@ -344,7 +344,7 @@ em_profile *em_profiler_stop(void) {
   pthread_mutex_lock(&lock);
   S.running = false;
   pthread_mutex_unlock(&lock);
-  if (S.backend == EM_PROF_CUPTI) p->dropped = em_cupti_stop(&p->before_window);
+  if (S.backend == EM_PROF_CUPTI) p->dropped = em_cupti_stop(S.t_start, &p->before_window);
   if (S.backend == EM_PROF_EVENTS) events_resolve(S.ops, S.n_ops);
 
   pthread_mutex_lock(&lock);

@@ -88,8 +88,9 @@ int em_cupti_init(char *why, size_t cap);
 /* Begin recording launches and activity. 0, or -1 with a reason. */
 int em_cupti_start(int64_t t_start, char *why, size_t cap);
 /* Flush (the device must be synchronised) and hand records to em_prof_add_gpu.
- * Returns records dropped by CUPTI; *before gets those launched before t_start. */
-int64_t em_cupti_stop(int64_t *before);
+ * Returns records dropped by CUPTI; *before counts unattributed activity
+ * that ran before t_start (left out). */
+int64_t em_cupti_stop(int64_t t_start, int64_t *before);
 
 #ifdef __cplusplus
 }
