@@ -255,7 +255,7 @@ function Profile:kernel_table(opts)
                    "Avg µs", "Min µs", "Max µs", "% GPU"}
   if split then for _, h in ipairs({"Fwd ms", "Bwd ms", "Opt ms"}) do headers[#headers + 1] = h end end
   local s = self:stats()
-  local footer = ("%d of %d rows; sum of durations %.3f ms; GPU busy %s ms of %.3f ms wall (%s)")
+  local footer = ("%d of %d rows; sum of their durations %.3f ms; the profile: GPU busy %s ms of %.3f ms wall (%s)")
     :format(#out, #rows, sum, ms(s.gpu_busy_ms), s.wall_ms, pct(s.gpu_busy_pct))
   return render(title, headers, out, footer)
 end
@@ -286,9 +286,10 @@ function Profile:op_table(opts)
     out[#out + 1] = {r.key, tostring(r.calls), ms(r.total_ms), ms(r.self_ms), us(r.avg_us),
                      r.kernels and tostring(r.kernels) or "-", ms(r.device_ms)}
   end
-  local s = self:stats()
-  local footer = ("%d of %d ops; %d op calls (%d top-level, %s µs host per top-level op)")
-    :format(#out, #rows, s.ops, s.top_ops, us(s.host_us_per_op))
+  local s, calls = self:stats(), 0
+  for _, r in ipairs(rows) do calls = calls + r.calls end
+  local footer = ("%d of %d ops, %d calls; the profile: %d top-level op calls, %s µs host each on average")
+    :format(#out, #rows, calls, s.top_ops, us(s.host_us_per_op))
   return render(title, {"Op", "Calls", "Host ms", "Self ms", "Avg µs", "Kernels", "Device ms"}, out, footer)
 end
 
