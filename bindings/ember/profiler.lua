@@ -354,8 +354,9 @@ function Profile:summary()
   if self.backend == "cupti" and s.steps then
     add("kernels per step", ("%.1f"):format(s.kernels / s.steps))
   end
-  add("host dispatch", ("%d top-level ops, %s µs each on average (%.3f ms in ops; %d op calls in all)")
-    :format(s.top_ops, us(s.host_us_per_op), s.top_op_ms, s.ops))
+  -- on CUDA tensors this is dispatch cost (kernels run asynchronously); on CPU tensors it is the compute
+  add("host time per op", ("%s µs on average over %d top-level ops (%.3f ms in ops; %d op calls in all)")
+    :format(us(s.host_us_per_op), s.top_ops, s.top_op_ms, s.ops))
   if s.ranges > 0 or s.marks > 0 then add("user ranges", ("%d ranges, %d marks"):format(s.ranges, s.marks)) end
   if s.dropped > 0 then add("DROPPED", ("%d records lost (buffers full): totals are low"):format(s.dropped)) end
   return table.concat(lines, "\n")

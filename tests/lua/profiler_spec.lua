@@ -123,7 +123,7 @@ describe("ember.profiler on the CPU", function()
     assert.truthy(t:find("^Ops: host timing per op only"))
     assert.truthy(t:find("Self ms"))
     local s = P:summary()
-    assert.truthy(s:find("host dispatch"))
+    assert.truthy(s:find("host time per op"))
     assert.truthy(s:find("forward%s+1 interval"))
     local out = {}
     local real = print
