@@ -126,7 +126,8 @@ describe("ember.profiler with CUPTI", function()
     assert.truthy(s.kernels >= 10)
     -- one stream: kernels do not overlap, so their sum is the busy time and fits in the window
     assert.truthy(s.kernel_ms <= s.wall_ms, ("%.3f ms of kernels in %.3f ms"):format(s.kernel_ms, s.wall_ms))
-    assert.truthy(math.abs(s.gpu_busy_ms - s.kernel_ms) < 0.01 * s.kernel_ms + 0.01)
+    assert.truthy(s.gpu_busy_ms >= 0.99 * s.kernel_ms and s.gpu_busy_ms <= s.kernel_ms + s.copy_ms + 0.01,
+      ("busy %.3f ms, kernels %.3f ms, copies %.3f ms"):format(s.gpu_busy_ms, s.kernel_ms, s.copy_ms))
     assert.truthy(s.kernel_ms >= 0.7 * s.wall_ms, ("%.3f ms of kernels in %.3f ms"):format(s.kernel_ms, s.wall_ms))
     p:close()
   end)
