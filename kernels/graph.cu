@@ -169,8 +169,14 @@ extern "C" int em_graph_replay(em_graph *g) {
   if (!g) return em_error("graph.replay: expected a graph");
   if (tl_cap.active) return em_error("graph.replay: cannot replay a graph during another capture");
   EmDeviceGuard guard(g->device);
-  return ck(cudaGraphLaunch(g->exec, (cudaStream_t)em_cuda_cur_stream_handle(g->device)), "graph.replay",
-            "cudaGraphLaunch");
+  /* an op scope: replays show in op tables and traces, and name the kernels
+   * of graphs captured before CUPTI could map their nodes */
+  em_op_scope_t scope;
+  em_op_scope_enter(&scope, "graph_replay");
+  int rc = ck(cudaGraphLaunch(g->exec, (cudaStream_t)em_cuda_cur_stream_handle(g->device)), "graph.replay",
+              "cudaGraphLaunch");
+  em_op_scope_exit(&scope);
+  return rc;
 }
 
 extern "C" void em_graph_free(em_graph *g) {

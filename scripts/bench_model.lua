@@ -23,6 +23,16 @@
 -- causal discount), like PaLM. Peak: H100/H200 SXM dense bf16 989.4 TFLOP/s,
 -- TF32 494.7, plain fp32 66.9 (--peak-tflops overrides); the script prints
 -- the peak it divides by.
+--
+-- Measurement (docs/profiling.md):
+--   --profile   after the timed steps, profile one more step and one forward
+--               with ember.profiler: top kernels per phase, forward vs train,
+--               attention kernels by op (softmax vs matmul), the check line
+--               "sum of kernel durations vs wall"; --profile-trace FILE adds a
+--               Chrome trace (Perfetto) of the profiled step.
+--   NVTX        ranges "warmup", "step N", and the phases forward / backward /
+--               optimizer are always emitted; --nvtx adds one range per op:
+--     nsys profile -t cuda,nvtx -o bench ember run scripts/bench_model.lua --model xl --nvtx
 local ember = require "ember"
 local argparse = require "argparse"
 local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
@@ -53,10 +63,15 @@ parser:option("--peak-tflops", "Peak TFLOP/s for MFU (default: from the device a
   :convert(tonumber)
 parser:flag("--breakdown", "After the timed steps, one more step timed and measured by phase " ..
   "(forward, backward, optimizer): ms and memory.")
+parser:flag("--profile", "After the timed steps, profile one step and one forward (ember.profiler): " ..
+  "top kernels per phase, forward vs train, attention kernels by op.")
+parser:option("--profile-trace", "With --profile: write the profiled step's Chrome trace (Perfetto) here.")
+parser:flag("--nvtx", "NVTX range per op (ember.nvtx.enable) for Nsight Systems; step and phase ranges are always on.")
 parser:flag("--quiet", "No per-step lines.")
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
+args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
 for _, k in ipairs({"context", "batch", "vocab", "steps", "seed"}) do
@@ -136,6 +151,10 @@ print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d bat
     args.steps, n_params / 1e6))
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
+local nvtx, context = ember.nvtx, ember.context
+if args.nvtx then nvtx.enable(true) end
+-- CUPTI subscribed before a graph capture maps replayed kernels to their ops
+if args.profile and on_cuda then ember.profiler.init() end
 
 --- One eager step split into phases, each synchronised: {name, ms, allocated
 -- bytes after it, peak bytes during it}. Graph mode is not split (one launch).
@@ -173,6 +192,77 @@ local function phase_breakdown(model, opt, forward)
   return out
 end
 
+--- --profile: one more step and one forward under ember.profiler, and the
+-- tables that answer "which kernels, in which phase, inside attention".
+-- Returns the figures for the JSON line.
+local function profile_report(timed, forward, samples)
+  local prof = ember.profiler
+  local mean = require("ember.bench").stats(samples).mean
+  local train = ember.profile(function()
+    nvtx.range("profiled step", timed)
+    prof.step()
+  end, {print = false})
+  local fwd = ember.profile(function() nvtx.range("profiled forward", ember.no_grad, forward) end, {print = false})
+  local ts, fs = train:stats(), fwd:stats()
+  local kernels = train:has_kernels()
+  print()
+  print(("profile: one %s step%s and one forward, after the timed steps"):format(args.mode,
+    args.graph and " (a graph replay)" or ""))
+  print(train:summary())
+  for _, ph in ipairs({"forward", "backward", "optimizer"}) do
+    if ts.phases[ph].count > 0 or ts.phases[ph].kernels > 0 then
+      print()
+      print(kernels and train:kernel_table{phase = ph, top = 10} or train:op_table{phase = ph, top = 10})
+    end
+  end
+  print()
+  print("forward vs train (profiled):")
+  local function line(name, n, kms, wall)
+    print(("  %-28s %8s kernels  %10s ms of kernels  %10s ms wall"):format(name, n and tostring(n) or "-",
+      kms and ("%.3f"):format(kms) or "-", wall and ("%.3f"):format(wall) or "-"))
+  end
+  line("forward only (no_grad)", kernels and fs.kernels, kernels and fs.kernel_ms, fs.wall_ms)
+  for _, ph in ipairs({"forward", "backward", "optimizer"}) do
+    local p = ts.phases[ph]
+    if p.count > 0 or p.kernels > 0 then
+      line(("%s phase of the step"):format(ph), kernels and p.kernels, kernels and p.kernel_ms,
+        p.count > 0 and p.wall_ms or nil)
+    end
+  end
+  line("whole " .. args.mode .. " step", kernels and ts.kernels, kernels and ts.kernel_ms, ts.wall_ms)
+  print()
+  print(kernels and train:kernel_table{by = "op", module = "*.attn*", top = 12}
+    or train:op_table{module = "*.attn*", top = 12})
+  local figures = {
+    backend = train.backend, label = train.label,
+    train = {wall_ms = ts.wall_ms, kernel_ms = ts.kernel_ms, gpu_busy_ms = ts.gpu_busy_ms, kernels = ts.kernels,
+             phases = ts.phases},
+    forward = {wall_ms = fs.wall_ms, kernel_ms = fs.kernel_ms, gpu_busy_ms = fs.gpu_busy_ms, kernels = fs.kernels},
+  }
+  -- the check: kernel time is honest when it is close to the wall time of a device-bound step
+  local timed_fwd = args.mode == "fwd" and not args.graph and mean or nil
+  if kernels then
+    print(("profile check: forward: sum of kernel durations %.3f ms, GPU busy %.3f ms, profiled wall %.3f ms%s")
+      :format(fs.kernel_ms, fs.gpu_busy_ms, fs.wall_ms, timed_fwd and
+        (", timed forward mean %.3f ms (kernels %+.1f%%)"):format(timed_fwd, 100 * (fs.kernel_ms / timed_fwd - 1)) or ""))
+    print(("profile check: %s step: sum of kernel durations %.3f ms, GPU busy %.3f ms, profiled wall %.3f ms, " ..
+      "timed mean %.3f ms (kernels %+.1f%%)"):format(args.mode, ts.kernel_ms, ts.gpu_busy_ms, ts.wall_ms, mean,
+      100 * (ts.kernel_ms / mean - 1)))
+  else
+    print(("profile check: no kernel times (%s); forward profiled wall %.3f ms, step %.3f ms, timed mean %.3f ms")
+      :format(train.label, fs.wall_ms, ts.wall_ms, mean))
+  end
+  if args.profile_trace then
+    local bytes = train:export_chrome_trace(args.profile_trace)
+    print(("profile trace: %s (%.1f MB, %d ops, %d kernels; open in ui.perfetto.dev)")
+      :format(args.profile_trace, bytes / 1e6, ts.ops, ts.kernels))
+    figures.trace = args.profile_trace
+  end
+  train:close()
+  fwd:close()
+  return figures
+end
+
 local function run()
   if args.tf32 then ember.backends.tf32(true) end
   if on_cuda then ember.cuda.reset_peak_memory_stats() end
@@ -186,8 +276,10 @@ local function run()
     local logits = model(x)
     return F.cross_entropy(logits, y)
   end
-  local forward = args.precision == "bf16"
+  local autocast_fn = args.precision == "bf16"
     and function() return ember.autocast("bf16", loss_fn) end or loss_fn
+  -- the phase names the NVTX range and the profiler's attribution
+  local function forward() return context.phase("forward", autocast_fn) end
 
   local step
   if args.mode == "fwd" then
@@ -196,21 +288,23 @@ local function run()
     step = function()
       model:zero_grad()              -- grads to nil: backward allocates them fresh
       local loss = forward()
-      loss:backward()
-      if opt then opt:step() end
+      context.phase("backward", loss.backward, loss)
+      if opt then opt:step() end     -- the optimizer marks its own phase
       return loss
     end
   end
 
   local loss
-  for w = 1, args.warmup do
-    loss = step()
-    if on_cuda and not args.quiet then
-      cuda_sync()
-      print(("warm-up %d/%d  peak so far %.2f GiB"):format(w, args.warmup, ember.cuda.max_memory_allocated() / 2 ^ 30))
+  nvtx.range("warmup", function()
+    for w = 1, args.warmup do
+      loss = step()
+      if on_cuda and not args.quiet then
+        cuda_sync()
+        print(("warm-up %d/%d  peak so far %.2f GiB"):format(w, args.warmup, ember.cuda.max_memory_allocated() / 2 ^ 30))
+      end
     end
-  end
-  cuda_sync()
+    cuda_sync()
+  end)
   local timed = step
   if args.graph then
     if args.warmup == 0 then loss = step() cuda_sync() end   -- state and workspaces exist before capture
@@ -225,8 +319,11 @@ local function run()
   for i = 1, args.steps do
     cuda_sync()
     local t0 = ember.core.clock()
-    local l = timed()
-    cuda_sync()
+    local l = nvtx.range("step " .. i, function()
+      local r = timed()
+      cuda_sync()
+      return r
+    end)
     samples[i] = (ember.core.clock() - t0) * 1e3
     if l then loss = l end
     if not args.quiet then
@@ -239,7 +336,8 @@ local function run()
   local final_loss = loss and loss:item() or nil
   local peak_mem = on_cuda and ember.cuda.max_memory_allocated() or nil
   local breakdown = args.breakdown and phase_breakdown(model, opt, forward) or nil
-  return samples, final_loss, peak_mem, breakdown
+  local profiled = args.profile and profile_report(timed, forward, samples) or nil
+  return samples, final_loss, peak_mem, breakdown, profiled
 end
 
 local result = {
@@ -249,7 +347,7 @@ local result = {
   command = "ember run scripts/bench_model.lua " .. table.concat(arg, " "),
 }
 
-local ok, samples, final_loss, peak_mem, breakdown = pcall(run)
+local ok, samples, final_loss, peak_mem, breakdown, profiled = pcall(run)
 collectgarbage()
 collectgarbage()
 if not ok then
@@ -273,6 +371,7 @@ else
   result.peak_memory_bytes = peak_mem
   result.final_loss = final_loss
   result.breakdown = breakdown
+  result.profile = profiled
   print(("time: %.3f ± %.3f ms per step (mean ± std of %d), median %.3f ms, min %.3f ms")
     :format(stats.mean, stats.std, #samples, stats.median, stats.min))
   print(("throughput: %.0f tokens/s (%d tokens per step, from the mean)"):format(tps, tokens_per_step))

@@ -63,8 +63,16 @@ ember.cuda = require "ember.cuda"      -- devices, streams, events, memory, grap
 local amp = require "ember.amp"         -- ember.autocast, ember.backends
 ember.autocast, ember.backends = amp.autocast, amp.backends
 
--- Submodules load on first use: `ember.nn`, `ember.optim`...
-local lazy = {nn = "ember.nn", optim = "ember.optim"}
+-- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.profiler`, `ember.nvtx`...
+local lazy = {nn = "ember.nn", optim = "ember.optim", context = "ember.context", profiler = "ember.profiler",
+              nvtx = "ember.nvtx"}
+
+--- ember.profile(fn, opts) -> profile, fn's results: run fn under the kernel
+-- profiler and print its tables (ember.profiler; opts.print = false to not print).
+function ember.profile(fn, opts)
+  if type(fn) ~= "function" then error("ember.profile: expected a function, got " .. type(fn), 2) end
+  return require("ember.profiler").profile(fn, opts)
+end
 
 --- ember.bench(fn, {warmup=5, reps=10}) -> {mean=, std=, median=, min=, max=, samples=} (seconds);
 -- a callable table, so ember.bench.format(r, label) and ember.bench.stats(samples) sit beside it.

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ember/profile.h"
+#include "profiler_internal.h"
 
 _Thread_local const char *em_current_op = NULL;
 static _Thread_local const char *cur_module = "";
@@ -35,9 +36,14 @@ const char *em_ctx_set_module(const char *m) {
   return prev;
 }
 
+/* A phase change also closes/opens the phase's NVTX range and, while a
+ * profile runs, its phase interval. */
 em_phase em_ctx_set_phase(em_phase p) {
   em_phase prev = cur_phase;
+  if (p == prev) return prev;
   cur_phase = p;
+  em_nvtx_phase(prev, p);
+  em_prof_phase_change(prev, p);
   return prev;
 }
 
