@@ -63,8 +63,13 @@ ember.cuda = require "ember.cuda"      -- devices, streams, events, memory, grap
 local amp = require "ember.amp"         -- ember.autocast, ember.backends
 ember.autocast, ember.backends = amp.autocast, amp.backends
 
--- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.bench`...
-local lazy = {nn = "ember.nn", optim = "ember.optim"}
+-- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.memory`...
+local lazy = {nn = "ember.nn", optim = "ember.optim", memory = "ember.memory"}
+
+-- PyTorch's torch.cuda.memory spellings for the memory history (ember.memory,
+-- which covers CPU storages too). Tail calls: errors name the caller's line.
+function ember.cuda.record_memory_history(...) return require("ember.memory").record_history(...) end
+function ember.cuda.memory_snapshot(...) return require("ember.memory").snapshot(...) end
 
 --- ember.bench(fn, {warmup=5, reps=10}) -> {mean=, std=, median=, min=, max=, samples=} (seconds)
 function ember.bench(fn, opts) return require("ember.bench").bench(fn, opts) end

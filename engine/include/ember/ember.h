@@ -17,5 +17,6 @@
 #include "cuda.h"
 #include "autocast.h"
 #include "profile.h"
+#include "memory.h"
 
 #endif
