@@ -135,6 +135,7 @@ int em_set_grad(em_tensor *t, em_tensor *g) {
   em_tensor_retain(g);
   em_tensor_release(t->grad);
   t->grad = g;
+  if (g && em_mem_history_on()) em_mem_tag(g->storage, EM_MEM_GRADIENT);   /* e.g. a view into a DDP bucket */
   return 0;
 }
 
@@ -284,6 +285,7 @@ static int finish_leaf(em_tensor *leaf) {
   em_tensor *g = leaf->bw_grad;
   leaf->bw_grad = NULL;
   int rc = 0;
+  bool fresh = !leaf->grad;
   if (!leaf->grad) {
     /* own a fresh contiguous buffer: g may alias another tensor or be an expanded view */
     if (g->refcount == 1 && g->storage->refcount == 1 && em_is_contiguous(g) && g->dtype == leaf->dtype) {
@@ -299,6 +301,8 @@ static int finish_leaf(em_tensor *leaf) {
     em_tensor_release(r);
   }
   em_tensor_release(g);
+  /* a fresh .grad was allocated as a backward temporary: memory history retags it */
+  if (rc == 0 && fresh && em_mem_history_on()) em_mem_tag(leaf->grad->storage, EM_MEM_GRADIENT);
   if (rc == 0) rc = call_hooks(leaf);
   return rc;
 }

@@ -44,6 +44,13 @@ int em_cuda_memory_stats_get(int device, em_cuda_memory_stats *out) {
 void em_cuda_reset_peak_memory_stats(int device) { EM_UNUSED(device); }
 void em_cuda_empty_cache(int device) { EM_UNUSED(device); }
 void em_cuda_set_oom_callback(void (*fn)(void *ud), void *ud) { EM_UNUSED(fn); EM_UNUSED(ud); }
+int em_cuda_memory_segments(int device, em_cuda_segment_info **out, int64_t *n) {
+  EM_UNUSED(device);
+  *out = NULL;
+  *n = 0;
+  return 0;                                    /* no allocator, no segments */
+}
+void em_cuda_segments_free(em_cuda_segment_info *s, int64_t n) { EM_UNUSED(n); free(s); }
 
 em_tensor *em_pin_memory(em_tensor *t) { EM_UNUSED(t); no_cuda("pin_memory"); return NULL; }
 bool em_is_pinned(const em_tensor *t) { EM_UNUSED(t); return false; }

@@ -70,6 +70,8 @@ int em_check_inplace(const char *op, const em_tensor *t);
 /* CPU allocator (engine/alloc/cpu.c): 64-byte aligned. */
 void *em_cpu_alloc(size_t nbytes);
 void em_cpu_free(void *p);
+/* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least one). */
+static inline size_t em_cpu_alloc_size(size_t nbytes) { return nbytes ? (nbytes + 63) & ~(size_t)63 : 64; }
 
 /* CUDA hooks (kernels/ via engine/cuda_backend.c); NULL when built without CUDA. */
 typedef struct {

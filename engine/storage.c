@@ -1,5 +1,7 @@
 /* Refcounted storage. CPU memory comes from the CPU allocator; CUDA memory
- * from the CUDA backend's caching allocator (em_cuda, NULL without CUDA). */
+ * from the CUDA backend's caching allocator (em_cuda, NULL without CUDA).
+ * CPU allocations and frees are reported to memory history here (the
+ * caching allocator reports its own); wrapped memory is not an allocation. */
 #include <stdio.h>
 #include "internal.h"
 
@@ -18,6 +20,7 @@ em_storage *em_storage_new(size_t nbytes, em_device dev) {
       em_error_oom("out of memory: cannot allocate %zu bytes on the CPU", nbytes);
       return NULL;
     }
+    if (em_mem_history_on()) em_mem_record(EM_MEM_ALLOC, -1, s->data, em_cpu_alloc_size(nbytes), nbytes, NULL);
   } else {
     if (!em_cuda) {
       free(s);
@@ -44,7 +47,10 @@ void em_storage_retain(em_storage *s) { if (s) s->refcount++; }
 void em_storage_release(em_storage *s) {
   if (!s || --s->refcount > 0) return;
   if (s->deleter) s->deleter(s);
-  else if (s->device.type == EM_CPU) em_cpu_free(s->data);
+  else if (s->device.type == EM_CPU) {
+    if (em_mem_history_on()) em_mem_record(EM_MEM_FREE, -1, s->data, em_cpu_alloc_size(s->nbytes), 0, NULL);
+    em_cpu_free(s->data);
+  }
   else if (em_cuda) em_cuda->free(s->data, s->device.index);
   free(s);
 }

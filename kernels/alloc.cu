@@ -27,17 +27,21 @@
  *   cudaMalloc'ed in relaxed capture mode (as PyTorch does: a captured
  *   cudaMalloc gives the graph new addresses and is not replayed) and go back
  *   to the driver only when the graph is freed and every block is free.
- * - Every allocation and free passes through record_event(): the single
- *   place memory history (issue 4) hooks in, with em_current_op and
- *   em_callsite() at hand. */
+ * - Every block allocation and free and every segment taken from or given
+ *   back to the driver passes through record_event(): the single place
+ *   memory history (engine/alloc/history.c) hooks in. Off, it costs one
+ *   relaxed load of a flag. em_cuda_memory_segments() lists the segments and
+ *   their blocks for snapshots. */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <unordered_map>
 #include <vector>
 #include "runtime.h"
 #include "internal.h"
+#include "ember/memory.h"
 
 namespace {
 
@@ -84,6 +88,7 @@ struct DeviceAlloc {
   std::mutex m;
   Pools global{nullptr};
   std::unordered_map<void *, Block *> live;
+  std::set<em_mempool *> pools;        /* graphs' private pools (for segment listings) */
   em_cuda_memory_stats st{};
 };
 
@@ -108,11 +113,9 @@ size_t segment_size(size_t size) {
 }
 double mib(int64_t b) { return (double)b / (1024.0 * 1024.0); }
 
-enum { EV_ALLOC, EV_FREE, EV_SEGMENT_ALLOC, EV_SEGMENT_FREE };
-
 /* The one place every allocator event passes (memory history hooks in here). */
-void record_event(int kind, int device, void *ptr, size_t size, cudaStream_t stream) {
-  (void)kind; (void)device; (void)ptr; (void)size; (void)stream;
+void record_event(em_mem_action kind, int device, void *ptr, size_t size, size_t requested, cudaStream_t stream) {
+  if (em_mem_history_on()) em_mem_record(kind, device, ptr, size, requested, stream);
 }
 
 void bump_peaks(em_cuda_memory_stats &s) {
@@ -194,7 +197,7 @@ void release_segments(DeviceAlloc &d, int device, FreeList &list) {
     cudaGetLastError();
     d.st.reserved -= (int64_t)b->size;
     d.st.cuda_free_count++;
-    record_event(EV_SEGMENT_FREE, device, b->ptr, b->size, b->stream);
+    record_event(EM_MEM_SEGMENT_FREE, device, b->ptr, b->size, 0, b->stream);
     delete b;
   }
 }
@@ -209,6 +212,7 @@ void release_cached(DeviceAlloc &d, int device) {
 /* Give a closed, fully free private pool back to the driver. Lock held. */
 void release_pool(DeviceAlloc &d, em_mempool *p) {
   EmDeviceGuard g(p->device);
+  d.pools.erase(p);
   release_segments(d, p->device, p->pools.small);
   release_segments(d, p->device, p->pools.large);
   delete p;
@@ -233,7 +237,7 @@ Block *find_or_grow(DeviceAlloc &d, int device, Pools &pools, cudaStream_t strea
   d.st.reserved += (int64_t)seg;
   d.st.cuda_malloc_count++;
   bump_peaks(d.st);
-  record_event(EV_SEGMENT_ALLOC, device, p, seg, stream);
+  record_event(EM_MEM_SEGMENT_ALLOC, device, p, seg, 0, stream);
   return new Block{p, seg, stream, false, nullptr, nullptr, &list};
 }
 
@@ -288,7 +292,7 @@ extern "C" void *em_cuda_caching_alloc(size_t nbytes, int device) {
   d.st.allocated += (int64_t)b->size;
   d.st.alloc_count++;
   bump_peaks(d.st);
-  record_event(EV_ALLOC, device, b->ptr, b->size, stream);
+  record_event(EM_MEM_ALLOC, device, b->ptr, b->size, nbytes, stream);
   return b->ptr;
 }
 
@@ -305,7 +309,7 @@ extern "C" void em_cuda_caching_free(void *p, int device) {
   d.live.erase(it);
   d.st.allocated -= (int64_t)b->size;
   d.st.free_count++;
-  record_event(EV_FREE, device, b->ptr, b->size, b->stream);
+  record_event(EM_MEM_FREE, device, b->ptr, b->size, 0, b->stream);
   em_mempool *pool = b->list->owner;         /* a graph's private pool, or NULL */
   put_free(b);
   if (pool && --pool->live_blocks == 0 && pool->closed) {
@@ -320,6 +324,9 @@ extern "C" em_mempool *em_mempool_new(int device, void *stream) {
   em_mempool *p = new em_mempool();
   p->device = device;
   p->stream = (cudaStream_t)stream;
+  DeviceAlloc &d = *dev_alloc(device);
+  std::lock_guard<std::mutex> g(d.m);
+  d.pools.insert(p);
   return p;
 }
 
@@ -367,6 +374,75 @@ extern "C" void em_cuda_empty_cache(int device) {
   DeviceAlloc &d = *dev_alloc(device);
   std::lock_guard<std::mutex> g(d.m);
   release_cached(d, device);                 /* a no-op while this thread captures */
+}
+
+/* ---- segment listing (memory snapshots) ---- */
+
+static void add_free_blocks(const FreeList &l, std::vector<Block *> &out) {
+  for (Block *b : l.blocks) out.push_back(b);
+}
+
+/* One segment from its first block: the blocks in address order. Lock held. */
+static int describe_segment(int device, Block *head, em_cuda_segment_info *s) {
+  int64_t n = 0;
+  for (Block *b = head; b; b = b->next) n++;
+  *s = em_cuda_segment_info{};
+  s->blocks = (em_cuda_block_info *)malloc((size_t)n * sizeof *s->blocks);
+  if (!s->blocks) return -1;
+  s->device = device;
+  s->addr = (uint64_t)(uintptr_t)head->ptr;
+  s->stream = (uint64_t)(uintptr_t)head->stream;
+  s->small = head->list->small;
+  s->graph_pool = head->list->owner != nullptr;
+  for (Block *b = head; b; b = b->next) {
+    s->blocks[s->n_blocks++] = em_cuda_block_info{(uint64_t)(uintptr_t)b->ptr, b->size, b->allocated};
+    s->size += b->size;
+  }
+  return 0;
+}
+
+extern "C" int em_cuda_memory_segments(int device, em_cuda_segment_info **out, int64_t *n) {
+  *out = nullptr;
+  *n = 0;
+  std::vector<em_cuda_segment_info> segs;
+  bool oom = false;
+  for (int dev = 0; dev < EM_CUDA_MAX_DEVICES && !oom; dev++) {
+    if (device >= 0 && dev != device) continue;
+    DeviceAlloc *d;
+    { std::lock_guard<std::mutex> g(devices_m); d = devices[dev]; }
+    if (!d) continue;                           /* never allocated on */
+    std::lock_guard<std::mutex> g(d->m);
+    std::vector<Block *> all;
+    for (auto &kv : d->live) all.push_back(kv.second);
+    add_free_blocks(d->global.small, all);
+    add_free_blocks(d->global.large, all);
+    for (em_mempool *p : d->pools) { add_free_blocks(p->pools.small, all); add_free_blocks(p->pools.large, all); }
+    for (Block *b : all) {
+      if (b->prev) continue;                    /* not the first block of its segment */
+      em_cuda_segment_info s;
+      if (describe_segment(dev, b, &s)) { oom = true; break; }
+      segs.push_back(s);
+    }
+  }
+  if (!oom && !segs.empty()) {
+    *out = (em_cuda_segment_info *)malloc(segs.size() * sizeof **out);
+    oom = !*out;
+  }
+  if (oom) {
+    for (auto &s : segs) free(s.blocks);
+    return em_error_oom("out of memory: cannot list the allocator's segments");
+  }
+  std::sort(segs.begin(), segs.end(), [](const em_cuda_segment_info &a, const em_cuda_segment_info &b) {
+    return a.device != b.device ? a.device < b.device : a.addr < b.addr;
+  });
+  for (size_t i = 0; i < segs.size(); i++) (*out)[i] = segs[i];
+  *n = (int64_t)segs.size();
+  return 0;
+}
+
+extern "C" void em_cuda_segments_free(em_cuda_segment_info *s, int64_t n) {
+  for (int64_t i = 0; s && i < n; i++) free(s[i].blocks);
+  free(s);
 }
 
 extern "C" void em_cuda_set_oom_callback(void (*fn)(void *ud), void *ud) {

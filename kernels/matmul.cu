@@ -32,6 +32,7 @@
 #include <string.h>
 #include "common.cuh"
 #include "matmul.h"
+#include "ember/memory.h"
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 #define MAX_DEVICES 16
@@ -58,8 +59,12 @@ static int get_handle(int dev, const char *op, cublasLtHandle_t *out) {
 static void *get_workspace(int dev) {
   if (!g_ws[dev]) {
     em_device d = {EM_CUDA, dev};
+    em_mem_category prev = em_mem_set_category_override(EM_MEM_WORKSPACE);   /* memory history */
     g_ws[dev] = em_storage_new(WORKSPACE_BYTES, d);
+    em_mem_set_category_override(prev);
   }
+  /* one made before memory history started gets its category on first use while recording */
+  if (g_ws[dev] && em_mem_history_on()) em_mem_tag(g_ws[dev], EM_MEM_WORKSPACE);
   return g_ws[dev] ? g_ws[dev]->data : NULL;
 }
 

@@ -63,9 +63,14 @@ ember.cuda = require "ember.cuda"      -- devices, streams, events, memory, grap
 local amp = require "ember.amp"         -- ember.autocast, ember.backends
 ember.autocast, ember.backends = amp.autocast, amp.backends
 
--- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.profiler`, `ember.nvtx`...
+-- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.profiler`, `ember.nvtx`, `ember.memory`...
 local lazy = {nn = "ember.nn", optim = "ember.optim", context = "ember.context", profiler = "ember.profiler",
-              nvtx = "ember.nvtx"}
+              nvtx = "ember.nvtx", memory = "ember.memory"}
+
+-- PyTorch's torch.cuda.memory spellings for the memory history (ember.memory,
+-- which covers CPU storages too). Tail calls: errors name the caller's line.
+function ember.cuda.record_memory_history(...) return require("ember.memory").record_history(...) end
+function ember.cuda.memory_snapshot(...) return require("ember.memory").snapshot(...) end
 
 --- ember.profile(fn, opts) -> profile, fn's results: run fn under the kernel
 -- profiler and print its tables (ember.profiler; opts.print = false to not print).

@@ -259,6 +259,15 @@ end
 --- Class name of the module ("Linear").
 function Module:type_name() return self.__name end
 
+-- Every registered parameter, weakly: memory history tags their storages
+-- "parameter" (and their grads "gradient") when recording starts after they
+-- were made (ember.memory). While recording, registering tags at once.
+nn._live_parameters = setmetatable({}, {__mode = "k"})
+local function note_parameter(p)
+  nn._live_parameters[p] = true
+  core.mem_tag(p, "parameter")
+end
+
 --- Register (or replace) a parameter; `nil` removes it.
 -- @tparam string name
 -- @param p a tensor (made a leaf requiring grad by the caller) or nil
@@ -280,6 +289,7 @@ function Module:register_parameter(name, p)
   end
   params[name] = p
   add_name(rawget(self, "_parameters_order"), name)
+  note_parameter(p)
 end
 
 --- Register (or replace) a child module; `nil` removes it.
@@ -523,12 +533,14 @@ function Module:to(...)
             q = q:detach()
             if pcall(p.set_, p, q) then
               if g ~= nil then p.grad = g:to(spec_for(g)) end
+              core.mem_tag(p, "parameter")         -- its new storage (memory history)
             else
               -- The core's set_ cannot change dtype/device: register a new
               -- tensor instead (references held elsewhere go stale).
               q.requires_grad = p.requires_grad
               if g ~= nil then q.grad = g:to(spec_for(g)) end
               params[name], replaced[p] = q, q
+              note_parameter(q)
             end
           end
         end

@@ -91,6 +91,10 @@ end
 -- ---------------------------------------------------------------------------
 -- Optimizer
 
+-- Every optimizer, weakly: memory history tags their state
+-- "optimizer_state" when recording starts after it was made (ember.memory).
+optim._live_optimizers = setmetatable({}, {__mode = "k"})
+
 --- Base class: parameter groups, state, zero_grad and (de)serialisation.
 -- Subclasses implement `__init` (validate, then call
 -- `optim.Optimizer.__init(self, params, defaults)`) and `step`.
@@ -113,6 +117,7 @@ function Optimizer:__init(params, defaults)
   self.defaults = defaults
   self.param_groups = {}
   self.state = {}
+  optim._live_optimizers[self] = true
   if is_tensor(params[1]) then
     self:add_param_group({params = params})
   else

@@ -40,6 +40,10 @@ static const char *lua_callsite(void) {
   return NULL;
 }
 
+/* The thread whose stack names the current call site: the one running a
+ * backward or a capture, else the main thread (memory history uses it too). */
+lua_State *lem_callsite_state(void) { return lem_current_L ? lem_current_L : callsite_L; }
+
 static void oom_collect(void *ud) {
   lua_gc((lua_State *)ud, LUA_GCCOLLECT);   /* finalizers release unreachable tensors */
 }

@@ -48,6 +48,9 @@ int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***ou
 int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor ***out);
 /* The lua_State running the current backward (hooks call back into it). */
 extern _Thread_local lua_State *lem_current_L;
+/* The thread whose stack holds the current call site (lua_cuda.c): lem_current_L, else
+ * the main (or capturing) thread; NULL once the state is closing. */
+lua_State *lem_callsite_state(void);
 
 /* registration of each part */
 void lem_open_tensor(lua_State *L, int methods, int module);
@@ -59,6 +62,7 @@ void lem_open_cuda(lua_State *L, int module);      /* lua_cuda.c: streams, event
 void lem_open_amp(lua_State *L, int module);      /* autocast, tf32 (lua_amp.c) */
 void lem_open_context(lua_State *L, int module);  /* module paths and phases (lua_context.c) */
 void lem_open_profiler(lua_State *L, int module); /* profiler sessions, profiles, NVTX (lua_profiler.c) */
+void lem_open_memory(lua_State *L, int module);   /* memory history and snapshots (lua_memory.c) */
 void lem_open_nn_cuda(lua_State *L, int module);  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
 /* Register funcs both as methods and module functions. */
 void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs);

@@ -103,7 +103,10 @@ static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor_release(g);
   int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
   int64_t dshape[3] = {B, H, Tq};
+  /* delta (rowsum(dO * o)) is scratch of the three kernels: workspace in memory history */
+  em_mem_category prev_cat = em_mem_set_category_override(EM_MEM_WORKSPACE);
   em_tensor *delta = dout ? em_empty(3, dshape, EM_F32, q->device) : NULL;
+  em_mem_set_category_override(prev_cat);
   em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
   em_tensor *dk = dq ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;
   em_tensor *dv = dk ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;

@@ -46,6 +46,20 @@ void em_cuda_reset_peak_memory_stats(int device);
 void em_cuda_empty_cache(int device);
 /* Called once on OOM before the retry (the Lua binding runs a full GC here). */
 void em_cuda_set_oom_callback(void (*fn)(void *ud), void *ud);
+/* The caching allocator's segments (memory snapshots): each with its blocks
+ * in address order, covering it exactly. device < 0: every device. Sorted by
+ * (device, address); free with em_cuda_segments_free. 0, or -1 out of memory. */
+typedef struct { uint64_t addr, size; bool allocated; } em_cuda_block_info;
+typedef struct {
+  int device;
+  uint64_t addr, size, stream;                 /* stream: the cudaStream_t as an integer */
+  bool small;                                  /* the small pool (2 MiB segments) */
+  bool graph_pool;                             /* owned by a CUDA graph's private pool */
+  int64_t n_blocks;
+  em_cuda_block_info *blocks;
+} em_cuda_segment_info;
+int em_cuda_memory_segments(int device, em_cuda_segment_info **out, int64_t *n);
+void em_cuda_segments_free(em_cuda_segment_info *s, int64_t n);
 
 /* ---- pinned host memory ---- */
 em_tensor *em_pin_memory(em_tensor *t);      /* a page-locked CPU copy */

@@ -18,5 +18,6 @@
 #include "autocast.h"
 #include "profile.h"
 #include "profiler.h"
+#include "memory.h"
 
 #endif
