@@ -34,7 +34,7 @@
 -- --snapshot DIR records the allocator's history for each configuration
 -- (from after the model is built, through the warm-up and the measured step)
 -- and writes DIR/<model>_<mode>_<precision>_ctx<T>.json. It needs
--- ember.memory.record_history and ember.memory.snapshot (or dump_snapshot);
+-- ember.memory.record_history and ember.memory.snapshot;
 -- without them it stops with a message saying so.
 local ember = require "ember"
 local argparse = require "argparse"
@@ -102,8 +102,7 @@ local function memory_api()
     local ok, m = pcall(require, "ember.memory")
     mem = ok and m or nil
   end
-  if type(mem) ~= "table" or type(mem.record_history) ~= "function" or
-      (type(mem.snapshot) ~= "function" and type(mem.dump_snapshot) ~= "function") then
+  if type(mem) ~= "table" or type(mem.record_history) ~= "function" or type(mem.snapshot) ~= "function" then
     return nil
   end
   return mem
@@ -113,7 +112,7 @@ local mem_api
 if args.snapshot then
   mem_api = memory_api()
   if not mem_api then
-    fail("--snapshot needs ember.memory.record_history and ember.memory.snapshot (or dump_snapshot), " ..
+    fail("--snapshot needs ember.memory.record_history and ember.memory.snapshot, " ..
       "which this build does not have; run without --snapshot, or on a build with memory history")
   end
   if not os.execute("mkdir -p '" .. args.snapshot:gsub("'", "'\\''") .. "'") then
@@ -121,17 +120,8 @@ if args.snapshot then
   end
 end
 
---- Write the recorded history to path (PyTorch's _dump_snapshot shape: the
--- API writes the file, or returns the snapshot as a string or table).
-local function write_snapshot(path)
-  if mem_api.dump_snapshot then return mem_api.dump_snapshot(path) end
-  local s = mem_api.snapshot()
-  if type(s) == "table" then s = require("cjson").encode(s) end
-  if type(s) ~= "string" then error("ember.memory.snapshot returned " .. type(s)) end
-  local f = assert(io.open(path, "w"))
-  f:write(s)
-  f:close()
-end
+--- Write the recorded history to path (JSON; memviz.lua reads it).
+local function write_snapshot(path) return mem_api.snapshot(path) end
 
 -- ---------------------------------------------------------------------------
 -- header
@@ -188,7 +178,7 @@ local function measure(prec, mode, T)
   local snap_path
   if mem_api then
     snap_path = ("%s/%s_%s_%s_ctx%d.json"):format(args.snapshot, args.model, mode, prec, T)
-    mem_api.record_history({max_entries = 1000000})
+    mem_api.record_history(true, {max_entries = 1000000})
   end
   local ok, err = pcall(function()
     for _ = 1, args.warmup do step() end
