@@ -283,7 +283,7 @@ end
 local clock0 = os.clock()
 if streamed then
   -- time, action, device, addr, size, (requested, stream), category, phase, op, module, call site
-  local ROW = '^%[(%-?%d+),"(%a+)","([%w:]+)",(%d+),(%d+),%d+,%d+,"([%w_]+)","(%a+)",(%d+),(%d+),(%d+)%]'
+  local ROW = '^%[(%-?%d+),"([%a_]+)","([%w:]+)",(%d+),(%d+),%d+,%d+,"([%w_]+)","(%a+)",(%d+),(%d+),(%d+)%]'
   for line in next_row do
     local t, action, dev, addr, size, category, phase, op, module, site = line:match(ROW)
     if not t then error("memviz: cannot read trace row: " .. line:sub(1, 200), 0) end

@@ -70,7 +70,8 @@ end)
 -- printing, synchronize) raises an error naming the op and the Lua line, and
 -- the capture is discarded. Random ops replay the numbers drawn at capture.
 -- g:replay() launches on the current stream; g:close() frees the graph and,
--- once its outputs are garbage, its memory.
+-- once its outputs are garbage, its memory. Module paths are tracked during
+-- the capture, so profiles of replays name each kernel's module.
 cuda.graph = wrap("graph", function(fn, opts)
   if type(fn) ~= "function" then
     error(("ember.cuda.graph: expected argument 1 to be a function, got %s"):format(type(fn)), 2)
@@ -91,7 +92,12 @@ cuda.graph = wrap("graph", function(fn, opts)
     if gc_running then collectgarbage("restart") end
     error(err, 0)
   end
+  -- module paths on while capturing (a capture-time cost only): a profiler
+  -- started later attributes the replayed kernels to their modules
+  local context = require "ember.context"
+  context.track(true)
   local res = table.pack(pcall(fn))
+  context.track(false)
   if not res[1] then
     core.cuda_graph_abort()
     if gc_running then collectgarbage("restart") end

@@ -75,7 +75,8 @@ local function tag_existing()
     for o in pairs(optim._live_optimizers) do
       for _, st in pairs(o.state or {}) do
         for _, v in pairs(st) do
-          if core.is_tensor(v) then pcall(core.mem_tag, v, "optimizer_state") end
+          -- pcall: a state tensor may be closed (<close>) or from a dead optimizer
+          if type(v) == "userdata" then pcall(core.mem_tag, v, "optimizer_state") end
         end
       end
     end

@@ -86,17 +86,20 @@ describe("bench_attention.lua on CUDA", function()
   end)
 
   it("keeps a score matrix alive before the naive backward, and none before flash's", function()
+    local naive, flash
     for _, c in ipairs(cells) do
       if c.seq == 1024 and c.d == 64 then
-        local inputs = 4 * 8 * 1024 * 64 * (c.dtype == "f32" and 4 or 2)     -- q, k, v, o
-        if c.impl == "naive" then
-          assert.is_true(c.mem_before_bwd_bytes >= c.score_bytes + inputs, "naive " .. c.mem_before_bwd_bytes)
-        elseif c.impl == "flash" then
-          -- q, k, v, o, the upstream grad and the log-sum-exp, far below one (B, T, T) bf16 matrix
-          assert.is_true(c.mem_before_bwd_bytes < c.score_bytes, "flash " .. c.mem_before_bwd_bytes)
-        end
+        if c.impl == "naive" then naive = c elseif c.impl == "flash" then flash = c end
       end
     end
+    assert.is_not_nil(naive) assert.is_not_nil(flash)
+    local inputs = 4 * 8 * 1024 * 64 * 4     -- q, k, v, o in f32
+    assert.is_true(naive.mem_before_bwd_bytes >= naive.score_bytes + inputs, "naive " .. naive.mem_before_bwd_bytes)
+    -- the process holds the same fixed buffers for both (cuBLASLt workspace...):
+    -- flash saves at least one (B, T, T) f32 matrix less than naive
+    assert.is_true(flash.mem_before_bwd_bytes + naive.score_bytes <= naive.mem_before_bwd_bytes,
+      ("flash %d, naive %d, one score matrix %d"):format(flash.mem_before_bwd_bytes, naive.mem_before_bwd_bytes,
+        naive.score_bytes))
   end)
 
   it("replays the same work faster or no slower than 1.5x the eager naive pass", function()
