@@ -71,8 +71,11 @@ test-gpu: build
 # misaligned device access, or a failing CUDA call, fails the run. The two specs
 # that exhaust device memory on purpose (OOM handling) are left out: their
 # deliberate cudaMalloc failures would be reported as API errors. The profiler
-# spec is left out too: it needs CUPTI, which serves one client per process.
-MEMCHECK_SPECS = $(filter-out tests/gpu/device_spec.lua tests/gpu/lm_spec.lua tests/gpu/profiler_spec.lua,\
+# spec is left out too: it needs CUPTI, which serves one client per process;
+# and the studies spec, which runs the study scripts as child processes (their
+# kernels are the ops the other specs cover).
+MEMCHECK_SPECS = $(filter-out tests/gpu/device_spec.lua tests/gpu/lm_spec.lua tests/gpu/profiler_spec.lua \
+  tests/gpu/studies_spec.lua,\
   $(wildcard tests/gpu/*_spec.lua))
 test-gpu-memcheck: build
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/ember run $(BUSTED) $(MEMCHECK_SPECS)
