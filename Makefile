@@ -78,7 +78,7 @@ MEMCHECK_SPECS = $(filter-out tests/gpu/device_spec.lua tests/gpu/lm_spec.lua te
   tests/gpu/studies_spec.lua,\
   $(wildcard tests/gpu/*_spec.lua))
 test-gpu-memcheck: build
-	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/ember run $(BUSTED) $(MEMCHECK_SPECS)
+	EMBER_BUILD=$(BUILD) compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/ember run $(BUSTED) $(MEMCHECK_SPECS)
 
 # PyTorch parity of the TransformerLM (logits, loss, every gradient; f32 and
 # bf16 autocast; CPU, and CUDA when present). Needs python3 with torch.
