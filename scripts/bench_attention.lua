@@ -296,24 +296,7 @@ if json_file then json_file:close() end
 -- ---------------------------------------------------------------------------
 -- the table: rows d × seq, three columns per implementation
 
-local function md_table(headers, rows)
-  local width = {}
-  for i, h in ipairs(headers) do width[i] = utf8.len(h) end
-  for _, row in ipairs(rows) do
-    for i, c in ipairs(row) do width[i] = math.max(width[i], utf8.len(c)) end
-  end
-  local function line(cells)
-    local parts = {}
-    for i, c in ipairs(cells) do parts[i] = c .. (" "):rep(width[i] - utf8.len(c)) end
-    return "| " .. table.concat(parts, " | ") .. " |"
-  end
-  local out = {line(headers)}
-  local rule = {}
-  for i = 1, #headers do rule[i] = ("-"):rep(width[i]) end
-  out[2] = line(rule)
-  for _, row in ipairs(rows) do out[#out + 1] = line(row) end
-  return table.concat(out, "\n")
-end
+local md_table = require("ember.report").text_table
 
 local headers = {"d", "seq"}
 for _, impl in ipairs(IMPLS) do

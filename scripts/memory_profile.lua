@@ -265,23 +265,7 @@ if json_file then json_file:close() end
 -- ---------------------------------------------------------------------------
 -- tables
 
-local function md_table(headers, rows)
-  local width = {}
-  for i, h in ipairs(headers) do width[i] = utf8.len(h) end
-  for _, row in ipairs(rows) do
-    for i, c in ipairs(row) do width[i] = math.max(width[i], utf8.len(c)) end
-  end
-  local function line(cells)
-    local parts = {}
-    for i, c in ipairs(cells) do parts[i] = c .. (" "):rep(width[i] - utf8.len(c)) end
-    return "| " .. table.concat(parts, " | ") .. " |"
-  end
-  local out, rule = {line(headers)}, {}
-  for i = 1, #headers do rule[i] = ("-"):rep(width[i]) end
-  out[2] = line(rule)
-  for _, row in ipairs(rows) do out[#out + 1] = line(row) end
-  return table.concat(out, "\n")
-end
+local md_table = require("ember.report").text_table
 
 local function cell(r, field)
   if r.status ~= "ok" then return r.status end

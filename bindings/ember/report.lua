@@ -129,6 +129,27 @@ function M.markdown_table(columns, rows)
   return table.concat(out, "\n") .. "\n"
 end
 
+--- A Markdown table of cells already formatted as strings (headers: a list
+-- of titles, rows: lists of strings), columns padded to their widest cell.
+-- For scripts that format each cell themselves ("8.71 ± 0.03", "OOM").
+function M.text_table(headers, rows)
+  local width = {}
+  for i, h in ipairs(headers) do width[i] = utf8.len(h) end
+  for _, row in ipairs(rows) do
+    for i, c in ipairs(row) do width[i] = math.max(width[i], utf8.len(c)) end
+  end
+  local function line(cells)
+    local parts = {}
+    for i, c in ipairs(cells) do parts[i] = c .. (" "):rep(width[i] - utf8.len(c)) end
+    return "| " .. table.concat(parts, " | ") .. " |"
+  end
+  local out, rule = {line(headers)}, {}
+  for i = 1, #headers do rule[i] = ("-"):rep(width[i]) end
+  out[2] = line(rule)
+  for _, row in ipairs(rows) do out[#out + 1] = line(row) end
+  return table.concat(out, "\n")
+end
+
 -- ---------------------------------------------------------------------------
 -- CSV (RFC 4180: CRLF line ends, fields with , " CR LF quoted, quotes doubled)
 

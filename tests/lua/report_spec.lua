@@ -80,6 +80,17 @@ describe("ember.report.format_value", function()
   end)
 end)
 
+describe("ember.report.text_table", function()
+  it("pads preformatted cells to the widest in each column (multi-byte aware)", function()
+    local t = report.text_table({"d", "fwd ms"}, {{"16", "8.71 ± 0.03"}, {"128", "OOM"}})
+    assert.are.equal(table.concat({
+      "| d   | fwd ms      |",
+      "| --- | ----------- |",
+      "| 16  | 8.71 ± 0.03 |",
+      "| 128 | OOM         |"}, "\n"), t)
+  end)
+end)
+
 describe("ember.report.markdown_table", function()
   local cols = {"model", {key = "ms", title = "ms/step", fmt = "%.2f"}, "status"}
   local rows = {
