@@ -21,37 +21,8 @@ local MiB = 1024 * 1024
 local function here() return debug.getinfo(2, "l").currentline end
 local function site(line) return SPEC .. ":" .. line end
 
-local temps = {}
-local function temp(suffix)
-  local p = os.tmpname()
-  os.remove(p)
-  p = p .. suffix
-  temps[#temps + 1] = p
-  return p
-end
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("a")
-  local ok = p:close()
-  return out, ok
-end
-
-local function find(trace, want)
-  local out = {}
-  for _, e in ipairs(trace) do
-    local ok = true
-    for k, v in pairs(want) do if e[k] ~= v then ok = false break end end
-    if ok then out[#out + 1] = e end
-  end
-  return out
-end
+local U = dofile((SPEC:match("^(.*/)") or "./") .. "../lua/memory_util.lua")
+local temp, slurp, q, sh, find = U.temp, U.slurp, U.q, U.sh, U.find
 
 local function block_at(snap, t)
   for _, b in ipairs(snap.blocks) do if b.address == t:data_ptr() then return b end end
@@ -96,8 +67,7 @@ describe("ember.memory on CUDA", function()
   after_each(function()
     memory.record_history(false)
     memory.clear_history()
-    for _, p in ipairs(temps) do os.remove(p) end
-    temps = {}
+    U.remove_temps()
   end)
 
   it("records block and segment events of the caching allocator", function()
