@@ -57,20 +57,6 @@ static void remember(em_tensor *t, em_tensor *c, bool history) {
   n_cache++;
 }
 
-em_tensor *em_autocast_lower(em_tensor *t) {
-  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
-    return em_tensor_retain(t);
-  bool leaf_weight = t->requires_grad && t->grad_fn == NULL && em_grad_enabled();
-  bool frozen_weight = !t->requires_grad && t->grad_fn == NULL;
-  if (leaf_weight || frozen_weight) {
-    em_tensor *c = cached(t, leaf_weight);
-    if (c) return c;
-  }
-  em_tensor *c = em_to(t, cast_dtype, t->device);
-  if (c && (leaf_weight || frozen_weight) && em_numel(t) >= 4096) remember(t, c, leaf_weight);
-  return c;
-}
-
 /* The last activation cast as a value: consecutive consumers of one tensor
  * (q, k, v of a normed activation) share it. One slot only, so an activation
  * lives no longer than until the next one is cast. */
@@ -81,25 +67,49 @@ static void last_act_clear(void) {
   memset(&last_act, 0, sizeof last_act);
 }
 
+static em_tensor *act_cached(em_tensor *t) {
+  if (last_act.src == t && last_act.version == t->storage->version && last_act.cast->dtype == cast_dtype)
+    return em_tensor_retain(last_act.cast);
+  return NULL;
+}
+
+static void act_remember(em_tensor *t, em_tensor *c) {
+  last_act_clear();
+  last_act.src = em_tensor_retain(t); last_act.cast = em_tensor_retain(c);
+  last_act.version = t->storage->version;
+}
+
+/* As PyTorch: leaf tensors that require grad (parameters) are cached for the
+ * region, whatever the grad mode; anything else is an activation or a
+ * constant, shared only by consecutive consumers through the one slot — an
+ * inference forward must not keep every activation it casts alive until the
+ * region ends. A cast that autograd must see is never taken from the slot. */
+em_tensor *em_autocast_lower(em_tensor *t) {
+  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
+    return em_tensor_retain(t);
+  bool param = t->requires_grad && t->grad_fn == NULL;
+  bool history = t->requires_grad && em_grad_enabled();     /* the cast must be recorded */
+  em_tensor *c = param ? cached(t, history) : !history ? act_cached(t) : NULL;
+  if (c) return c;
+  c = em_to(t, cast_dtype, t->device);
+  if (!c) return NULL;
+  if (param && em_numel(t) >= 4096) remember(t, c, history);
+  else if (!param && !history) act_remember(t, c);
+  return c;
+}
+
 em_tensor *em_autocast_value(em_tensor *t) {
   if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
     return em_tensor_retain(t);
-  bool weight = t->grad_fn == NULL;      /* a leaf: parameter or constant, kept for the region */
-  em_tensor *c = weight ? cached(t, false) : NULL;
+  bool param = t->requires_grad && t->grad_fn == NULL;
+  em_tensor *c = param ? cached(t, false) : act_cached(t);
   if (c) return c;
-  if (!weight && last_act.src == t && last_act.version == t->storage->version && last_act.cast->dtype == cast_dtype)
-    return em_tensor_retain(last_act.cast);
   bool g = em_set_grad_enabled(false);
   c = em_to(t, cast_dtype, t->device);
   em_set_grad_enabled(g);
   if (!c) return NULL;
-  if (weight && em_numel(t) >= 4096) {
-    remember(t, c, false);
-  } else if (!weight) {
-    last_act_clear();
-    last_act.src = em_tensor_retain(t); last_act.cast = em_tensor_retain(c);
-    last_act.version = t->storage->version;
-  }
+  if (param && em_numel(t) >= 4096) remember(t, c, false);
+  else if (!param) act_remember(t, c);
   return c;
 }
 

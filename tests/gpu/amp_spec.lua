@@ -128,6 +128,41 @@ describe("ember.autocast numerics (CUDA)", function()
     end)
   end)
 
+  it("keeps no activation or constant alive through an inference forward (no_grad)", function()
+    -- frozen weights (no requires_grad) are cast per use, as in PyTorch
+    local ws = {}
+    for i = 1, 8 do ws[i] = ember.randn({1024, 1024}, {device = "cuda"}) end
+    local x = ember.randn({512, 1024}, {device = "cuda"})
+    local function forward()
+      return ember.no_grad(function()
+        return ember.autocast("bf16", function()
+          local h = x:clone()
+          for i = 1, 8 do
+            -- every intermediate is closed as soon as it is dead: what stays
+            -- alive is what the autocast caches hold
+            local prev <close> = h
+            local y1 <close> = F.linear(prev, ws[i])
+            local a <close> = y1:float()              -- a fresh f32 activation per layer
+            local y2 <close> = F.linear(a, ws[i])      -- `a` feeds the next layer too
+            local y2f <close> = y2:float()
+            h = a + y2f
+          end
+          return h:sum():item()
+        end)
+      end)
+    end
+    forward()
+    collectgarbage()
+    ember.cuda.synchronize()
+    ember.cuda.reset_peak_memory_stats()
+    local before = ember.cuda.memory_allocated()
+    forward()
+    local peak = ember.cuda.max_memory_allocated() - before
+    -- one f32 activation is 2 MiB: a layer's working set is ~11 MiB; caching
+    -- every cast activation and weight would add ~8 MiB a layer
+    assert.is_true(peak < 16 * 2 ^ 20, ("peak above the start: %.1f MiB"):format(peak / 2 ^ 20))
+  end)
+
   it("casts a CUDA weight again after an in-place update inside the region", function()
     local w = ember.randn({64, 64}, {device = "cuda"})
     w.requires_grad = true

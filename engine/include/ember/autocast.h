@@ -20,16 +20,19 @@ void em_autocast_exit(void);
 bool em_autocast_enabled(void);
 em_dtype em_autocast_dtype(void);
 /* For ops on the lower-precision list: returns t cast to the autocast dtype
- * (cached for leaves that require grad), or t retained when autocast is off,
- * t is not floating point, or already that dtype. Recorded by autograd. */
+ * (recorded by autograd when t requires grad), or t retained when autocast
+ * is off, t is not floating point, or already that dtype. As in PyTorch,
+ * casts of leaves that require grad (parameters) are cached for the region;
+ * other tensors share a one-slot cache, so consecutive consumers of one
+ * activation cast it once and no activation outlives the next one's cast. */
 em_tensor *em_autocast_lower(em_tensor *t);
 /* For ops on the f32 list: t cast to f32 when autocast is on and t is bf16/f16. */
 em_tensor *em_autocast_upper(em_tensor *t);
 /* t in the region's dtype as a plain value, without autograd history, for
  * ops that record one node over the original input and write its gradient in
- * the input's dtype themselves (linear on CUDA). Every such cast, weights and
- * activations alike, is cached for the region: q, k and v projections of one
- * normed activation cast it once. */
+ * the input's dtype themselves (linear on CUDA). Cached like
+ * em_autocast_lower's casts: q, k and v projections of one normed
+ * activation cast it once. */
 em_tensor *em_autocast_value(em_tensor *t);
 
 #ifdef __cplusplus
