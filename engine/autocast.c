@@ -79,15 +79,17 @@ static void act_remember(em_tensor *t, em_tensor *c) {
   last_act.version = t->storage->version;
 }
 
-/* As PyTorch: leaf tensors that require grad (parameters) are cached for the
- * region, whatever the grad mode; anything else is an activation or a
- * constant, shared only by consecutive consumers through the one slot — an
- * inference forward must not keep every activation it casts alive until the
- * region ends. A cast that autograd must see is never taken from the slot. */
+/* Leaf tensors that require grad (parameters) are cached for the region
+ * while grad mode is on (training); anything else — activations, constants,
+ * parameters under no_grad — shares the one slot with consecutive consumers:
+ * an inference forward keeps neither every cast activation nor a bf16 copy
+ * of every weight alive until the region ends (PyTorch's cache keeps the
+ * weights: 6.8 GB for a 2.7B model). A cast that autograd must see is never
+ * taken from the slot. */
 em_tensor *em_autocast_lower(em_tensor *t) {
   if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
     return em_tensor_retain(t);
-  bool param = t->requires_grad && t->grad_fn == NULL;
+  bool param = t->requires_grad && t->grad_fn == NULL && em_grad_enabled();
   bool history = t->requires_grad && em_grad_enabled();     /* the cast must be recorded */
   em_tensor *c = param ? cached(t, history) : !history ? act_cached(t) : NULL;
   if (c) return c;

@@ -21,10 +21,11 @@ bool em_autocast_enabled(void);
 em_dtype em_autocast_dtype(void);
 /* For ops on the lower-precision list: returns t cast to the autocast dtype
  * (recorded by autograd when t requires grad), or t retained when autocast
- * is off, t is not floating point, or already that dtype. As in PyTorch,
- * casts of leaves that require grad (parameters) are cached for the region;
- * other tensors share a one-slot cache, so consecutive consumers of one
- * activation cast it once and no activation outlives the next one's cast. */
+ * is off, t is not floating point, or already that dtype. Casts of leaves
+ * that require grad (parameters) are cached for the region while grad mode
+ * is on; other tensors (and parameters under no_grad) share a one-slot
+ * cache, so consecutive consumers of one activation cast it once and no
+ * activation outlives the next one's cast. */
 em_tensor *em_autocast_lower(em_tensor *t);
 /* For ops on the f32 list: t cast to f32 when autocast is on and t is bf16/f16. */
 em_tensor *em_autocast_upper(em_tensor *t);
