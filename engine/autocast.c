@@ -26,9 +26,9 @@ int em_autocast_enter(em_dtype dt) {
   return 0;
 }
 
-static void last_act_clear(void);
+static void recent_clear(void);
 void em_autocast_exit(void) {
-  if (depth > 0 && --depth == 0) { cache_clear(); last_act_clear(); }
+  if (depth > 0 && --depth == 0) { cache_clear(); recent_clear(); }
 }
 
 bool em_autocast_enabled(void) { return depth > 0; }
@@ -57,31 +57,41 @@ static void remember(em_tensor *t, em_tensor *c, bool history) {
   n_cache++;
 }
 
-/* The last activation cast as a value: consecutive consumers of one tensor
- * (q, k, v of a normed activation) share it. One slot only, so an activation
- * lives no longer than until the next one is cast. */
-static _Thread_local cache_entry last_act;
+/* Recent casts of anything but training parameters, most recent first:
+ * consecutive consumers of one tensor (q, k, v of a normed activation, with
+ * their weights' casts in between under no_grad) cast it once. A few slots
+ * only, so no activation outlives the next few casts. */
+#define N_RECENT 4
+static _Thread_local cache_entry recent[N_RECENT];
 
-static void last_act_clear(void) {
-  em_tensor_release(last_act.src); em_tensor_release(last_act.cast);
-  memset(&last_act, 0, sizeof last_act);
+static void recent_clear(void) {
+  for (int i = 0; i < N_RECENT; i++) {
+    em_tensor_release(recent[i].src); em_tensor_release(recent[i].cast);
+  }
+  memset(recent, 0, sizeof recent);
 }
 
 static em_tensor *act_cached(em_tensor *t) {
-  if (last_act.src == t && last_act.version == t->storage->version && last_act.cast->dtype == cast_dtype)
-    return em_tensor_retain(last_act.cast);
+  for (int i = 0; i < N_RECENT; i++) {
+    cache_entry e = recent[i];
+    if (e.src == t && e.version == t->storage->version && e.cast->dtype == cast_dtype) {
+      memmove(&recent[1], &recent[0], sizeof *recent * (size_t)i);   /* to the front */
+      recent[0] = e;
+      return em_tensor_retain(e.cast);
+    }
+  }
   return NULL;
 }
 
 static void act_remember(em_tensor *t, em_tensor *c) {
-  last_act_clear();
-  last_act.src = em_tensor_retain(t); last_act.cast = em_tensor_retain(c);
-  last_act.version = t->storage->version;
+  em_tensor_release(recent[N_RECENT - 1].src); em_tensor_release(recent[N_RECENT - 1].cast);
+  memmove(&recent[1], &recent[0], sizeof *recent * (N_RECENT - 1));
+  recent[0] = (cache_entry){em_tensor_retain(t), em_tensor_retain(c), t->storage->version, false};
 }
 
 /* Leaf tensors that require grad (parameters) are cached for the region
  * while grad mode is on (training); anything else — activations, constants,
- * parameters under no_grad — shares the one slot with consecutive consumers:
+ * parameters under no_grad — goes through the few recent slots:
  * an inference forward keeps neither every cast activation nor a bf16 copy
  * of every weight alive until the region ends (PyTorch's cache keeps the
  * weights: 6.8 GB for a 2.7B model). A cast that autograd must see is never

@@ -23,9 +23,9 @@ em_dtype em_autocast_dtype(void);
  * (recorded by autograd when t requires grad), or t retained when autocast
  * is off, t is not floating point, or already that dtype. Casts of leaves
  * that require grad (parameters) are cached for the region while grad mode
- * is on; other tensors (and parameters under no_grad) share a one-slot
- * cache, so consecutive consumers of one activation cast it once and no
- * activation outlives the next one's cast. */
+ * is on; other tensors (and parameters under no_grad) share a cache of the
+ * 4 most recent casts, so consecutive consumers of one activation cast it
+ * once and no activation outlives the next few casts. */
 em_tensor *em_autocast_lower(em_tensor *t);
 /* For ops on the f32 list: t cast to f32 when autocast is on and t is bf16/f16. */
 em_tensor *em_autocast_upper(em_tensor *t);
