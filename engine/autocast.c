@@ -89,6 +89,25 @@ static void act_remember(em_tensor *t, em_tensor *c) {
   recent[0] = (cache_entry){em_tensor_retain(t), em_tensor_retain(c), t->storage->version, false};
 }
 
+/* t cast to the region's dtype through the caches. `param`: cached for the
+ * region (with `history` when autograd must see the cast, which is then
+ * recorded); otherwise through the recent slots, and without history. */
+static em_tensor *cast_cached(em_tensor *t, bool param, bool history) {
+  em_tensor *c = param ? cached(t, history) : !history ? act_cached(t) : NULL;
+  if (c) return c;
+  bool prev = history ? true : em_set_grad_enabled(false);   /* history: grad mode is on */
+  c = em_to(t, cast_dtype, t->device);
+  if (!history) em_set_grad_enabled(prev);
+  if (!c) return NULL;
+  if (param && em_numel(t) >= 4096) remember(t, c, history);
+  else if (!param && !history) act_remember(t, c);
+  return c;
+}
+
+static bool keeps_dtype(const em_tensor *t) {
+  return depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64;
+}
+
 /* Leaf tensors that require grad (parameters) are cached for the region
  * while grad mode is on (training); anything else — activations, constants,
  * parameters under no_grad — goes through the few recent slots:
@@ -97,32 +116,16 @@ static void act_remember(em_tensor *t, em_tensor *c) {
  * weights: 6.8 GB for a 2.7B model). A cast that autograd must see is never
  * taken from the slot. */
 em_tensor *em_autocast_lower(em_tensor *t) {
-  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
-    return em_tensor_retain(t);
-  bool param = t->requires_grad && t->grad_fn == NULL && em_grad_enabled();
+  if (keeps_dtype(t)) return em_tensor_retain(t);
   bool history = t->requires_grad && em_grad_enabled();     /* the cast must be recorded */
-  em_tensor *c = param ? cached(t, history) : !history ? act_cached(t) : NULL;
-  if (c) return c;
-  c = em_to(t, cast_dtype, t->device);
-  if (!c) return NULL;
-  if (param && em_numel(t) >= 4096) remember(t, c, history);
-  else if (!param && !history) act_remember(t, c);
-  return c;
+  return cast_cached(t, history && t->grad_fn == NULL, history);
 }
 
+/* Called with grad mode off by ops that record their own node: a parameter
+ * is a leaf that requires grad, whatever the mode. */
 em_tensor *em_autocast_value(em_tensor *t) {
-  if (depth == 0 || !em_dtype_is_float(t->dtype) || t->dtype == cast_dtype || t->dtype == EM_F64)
-    return em_tensor_retain(t);
-  bool param = t->requires_grad && t->grad_fn == NULL;
-  em_tensor *c = param ? cached(t, false) : act_cached(t);
-  if (c) return c;
-  bool g = em_set_grad_enabled(false);
-  c = em_to(t, cast_dtype, t->device);
-  em_set_grad_enabled(g);
-  if (!c) return NULL;
-  if (param && em_numel(t) >= 4096) remember(t, c, false);
-  else if (!param) act_remember(t, c);
-  return c;
+  if (keeps_dtype(t)) return em_tensor_retain(t);
+  return cast_cached(t, t->requires_grad && t->grad_fn == NULL, false);
 }
 
 em_tensor *em_autocast_upper(em_tensor *t) {
