@@ -11,12 +11,7 @@ parser:option("--lm-steps", "Tiny-LM forwards per sample.", "20"):convert(tonumb
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 
-local function git_commit()
-  local f = io.popen("git rev-parse --short HEAD 2>/dev/null")
-  local c = f and f:read("l") or nil
-  if f then f:close() end
-  return c or "unknown"
-end
+local git_commit = require("ember.runinfo").git_commit
 
 local function cpu_name()
   local f = io.open("/proc/cpuinfo")

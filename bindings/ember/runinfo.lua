@@ -2,12 +2,12 @@
 -- traced to the code, the machine and the moment that produced it.
 --   runinfo.collect(device) --> {commit=, device=, driver=, date=, ember=, host=}
 -- `device` is "cpu", "cuda" or "cuda:N" (default: cuda when available).
--- EMBER_COMMIT overrides the git lookup (hosts whose checkout has no .git).
+-- EMBER_COMMIT overrides the commit lookup (a host whose copy has stale git metadata).
 local M = {}
 
 --- Run a shell command, return its trimmed output or nil.
 function M.sh(cmd)
-  local f = io.popen(cmd .. " 2>/dev/null")
+  local f = io.popen("(" .. cmd .. ") 2>/dev/null")
   if not f then return nil end
   local out = f:read("a")
   f:close()
@@ -15,13 +15,36 @@ function M.sh(cmd)
   return out ~= "" and out or nil
 end
 
---- Short git commit of the working directory, "+dirty" when tracked files changed.
-function M.git_commit()
+local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+--- Ember's commit: EMBER_COMMIT when set; else the short commit of Ember's own
+-- source tree (the one this build came from, "+dirty" when tracked files
+-- changed); else the commit stamped at build time (an installed ember whose
+-- source is gone); else "unknown". Never the repository around the working
+-- directory, nor one that merely encloses a copy of Ember's tree.
+-- `src` (default: ember.core.source_dir) is for tests.
+function M.git_commit(src)
   local env = os.getenv("EMBER_COMMIT")
   if env and env ~= "" then return env end
-  local c = M.sh("git rev-parse --short HEAD") or "unknown"
-  if M.sh("git status --porcelain --untracked-files=no") then c = c .. "+dirty" end
-  return c
+  if src == nil then
+    local ok, core = pcall(require, "ember.core")
+    src = ok and type(core) == "table" and core.source_dir or nil
+  end
+  if src then
+    local real = M.sh("cd " .. shq(src) .. " && pwd -P")
+    local top = real and M.sh("git -C " .. shq(real) .. " rev-parse --show-toplevel")
+    top = top and M.sh("cd " .. shq(top) .. " && pwd -P")
+    if real and top == real then
+      local c = M.sh("git -C " .. shq(real) .. " rev-parse --short HEAD")
+      if c then
+        if M.sh("git -C " .. shq(real) .. " status --porcelain --untracked-files=no") then c = c .. "+dirty" end
+        return c
+      end
+    end
+  end
+  local ok, stamp = pcall(require, "ember.build_stamp")
+  if ok and type(stamp) == "table" and type(stamp.commit) == "string" then return stamp.commit end
+  return "unknown"
 end
 
 local function cpu_name()

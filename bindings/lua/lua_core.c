@@ -42,6 +42,10 @@ int luaopen_ember_core(lua_State *L) {
   lem_open_memory(L, module);
   lua_pushliteral(L, EMBER_VERSION);
   lua_setfield(L, module, "version");
+#ifdef EMBER_SOURCE_DIR
+  lua_pushliteral(L, EMBER_SOURCE_DIR);   /* Ember's own tree: ember.runinfo's commit lookup */
+  lua_setfield(L, module, "source_dir");
+#endif
   lua_settop(L, module);
   return 1;
 }

@@ -99,7 +99,7 @@ describe("ember.bench", function()
   end)
 
   it("refuses a CUDA device when none is available", function()
-    if ember.cuda.is_available() then return end
+    if ember.cuda.is_available() then pending("a CUDA device is available here: nothing to refuse") return end
     local ok, err = pcall(bench, function() end, {device = "cuda:0"})
     assert.is_false(ok)
     assert.matches("ember.bench: device cuda:0 asked for, but no CUDA device is available", err, 1, true)

@@ -232,6 +232,51 @@ describe("ember executable", function()
     end)
   end)
 
+  describe("shared libraries", function()
+    -- The dynamic loader run with --inhibit-cache ignores /etc/ld.so.cache (the
+    -- ld.so.conf entries) and LD_LIBRARY_PATH is unset: what the binaries need
+    -- outside the system dirs must come from their RUNPATH.
+    local function interp(path)
+      local p = io.popen("readelf -l " .. q(path) .. " 2>/dev/null")
+      local text = p:read("a")
+      p:close()
+      return text:match("program interpreter: ([^%]]+)%]")
+    end
+    local function needs_cudart(path)
+      local p = io.popen("readelf -d " .. q(path) .. " 2>/dev/null")
+      local text = p:read("a")
+      p:close()
+      return text:find("libcudart", 1, true) ~= nil
+    end
+
+    for _, bin in ipairs({ "ember", "test_tensor" }) do
+      it(bin .. " finds the CUDA libraries without LD_LIBRARY_PATH or the ld.so cache", function()
+        local path = BUILD .. "/" .. bin
+        if not needs_cudart(path) then pending("a build without CUDA: no CUDA library to find") return end
+        local ld = interp(path)
+        assert.is_string(ld, "readelf found no program interpreter in " .. path)
+        local args = bin == "ember" and " -e 'io.write(ember.version)' >/dev/null" or " >/dev/null"
+        local _, _, status = os.execute("env -u LD_LIBRARY_PATH " .. ld .. " --inhibit-cache " .. q(path) ..
+          args .. " 2>/dev/null")
+        assert.equals(0, status)
+      end)
+    end
+
+    it("core.so loads into a stock lua5.4 without LD_LIBRARY_PATH or the ld.so cache", function()
+      local so = BUILD .. "/lua/ember/core.so"
+      if not needs_cudart(so) then pending("a build without CUDA: no CUDA library to find") return end
+      local lua = io.popen("command -v lua5.4"):read("l")
+      if not lua then pending("no lua5.4 on PATH") return end
+      local ld = interp(lua)
+      local code = ("package.cpath = %q .. package.cpath; io.write(require('ember.core').version)")
+        :format(BUILD .. "/lua/?.so;")
+      local p = io.popen("env -u LD_LIBRARY_PATH " .. ld .. " --inhibit-cache " .. q(lua) .. " -e " .. q(code) .. " 2>&1")
+      local out = p:read("a")
+      p:close()
+      assert.equals((run({ "-e", "io.write(ember.version)" })), out)
+    end)
+  end)
+
   describe("subcommands written in Lua", function()
     for _, name in ipairs({ "launch", "sweep" }) do
       it("`ember " .. name .. "` runs ember." .. name .. "_cli or says it is missing", function()
