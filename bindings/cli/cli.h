@@ -4,7 +4,9 @@
  * Ember: ember_main.c parses the command line and dispatches subcommands,
  * cli_state.c prepares a lua_State (libraries, the statically linked
  * ember.core, package.path, LUA_INIT) and runs chunks under a traceback
- * handler and a SIGINT hook, repl.c is the interactive prompt. They are
+ * handler and a SIGINT hook, repl.c is the interactive prompt, launch.c is
+ * `ember launch` (mpirun underneath) and rank_env.c what every rank does
+ * at start (EMBER_RANK, fatal-signal records). They are
  * separate so each stays short enough to read in one sitting. */
 #ifndef EMBER_CLI_H
 #define EMBER_CLI_H
@@ -17,6 +19,25 @@
 
 #ifndef EMBER_VERSION_STR
 #define EMBER_VERSION_STR "0.0.0-dev"
+/* ---- launch.c ---- */
+
+/* `ember launch`: argv[0] = "launch", then its options, script and args.
+ * Returns the process exit status (0, 1 failed rank, 2 usage, 130/143). */
+int cli_launch(int argc, char **argv);
+
+/* "SIGSEGV" for 11; "unknown signal" otherwise. Safe in a signal handler. */
+const char *cli_signal_name(int sig);
+
+/* ---- rank_env.c ---- */
+
+/* When EMBER_RANK is unset: EMBER_RANK, EMBER_WORLD_SIZE, EMBER_LOCAL_RANK
+ * from Open MPI's, PMIx's or Slurm's variables (mpirun/srun by hand). */
+void cli_rank_env(void);
+
+/* Under `ember launch` (EMBER_LAUNCH_DIR set): SIGSEGV, SIGBUS, SIGFPE,
+ * SIGABRT and SIGILL write a failure record, then end the process as usual. */
+void cli_rank_fatal_signals(void);
+
 #endif
 
 /* Exit statuses: 1 for a failed script, 2 for a command line we refuse. */
@@ -65,5 +86,24 @@ void cli_repl_preload(lua_State *L);
 /* Tab completion of Lua names (globals, fields, methods) for readline;
  * nothing without readline. */
 void cli_complete_init(lua_State *L);
+
+/* ---- launch.c ---- */
+
+/* `ember launch`: argv[0] = "launch", then its options, script and args.
+ * Returns the process exit status (0, 1 failed rank, 2 usage, 130/143). */
+int cli_launch(int argc, char **argv);
+
+/* "SIGSEGV" for 11; "unknown signal" otherwise. Safe in a signal handler. */
+const char *cli_signal_name(int sig);
+
+/* ---- rank_env.c ---- */
+
+/* When EMBER_RANK is unset: EMBER_RANK, EMBER_WORLD_SIZE, EMBER_LOCAL_RANK
+ * from Open MPI's, PMIx's or Slurm's variables (mpirun/srun by hand). */
+void cli_rank_env(void);
+
+/* Under `ember launch` (EMBER_LAUNCH_DIR set): SIGSEGV, SIGBUS, SIGFPE,
+ * SIGABRT and SIGILL write a failure record, then end the process as usual. */
+void cli_rank_fatal_signals(void);
 
 #endif

@@ -7,7 +7,8 @@
  * --help/--version, status 2 for a command line we refuse).
  *
  * Subcommands dispatch through one table, `commands` below. `run` and `repl`
- * are the interpreter in a fixed mode; the others are written in Lua: a line
+ * are the interpreter in a fixed mode, `launch` is C (launch.c: it only runs
+ * mpirun); the others are written in Lua: a line
  * {"NAME", cmd_lua, ...} makes `ember NAME args...` require the module
  * `ember.NAME_cli` (bindings/ember/NAME_cli.lua) and call its main(arg), where
  * `arg` is the usual table (arg[0] = "NAME", arg[1..] = the arguments). main
@@ -28,6 +29,7 @@
 #include <lualib.h>
 
 #include "cli.h"
+#include "ember/launch.h"
 
 struct cli {
 	int argc;
@@ -50,11 +52,12 @@ static int cmd_run(lua_State *L, struct cli *c);
 static int cmd_repl(lua_State *L, struct cli *c);
 static int cmd_lua(lua_State *L, struct cli *c);
 static int cmd_help(lua_State *L, struct cli *c);
+static int cmd_launch(lua_State *L, struct cli *c);
 
 static const struct command commands[] = {
 	{"run", cmd_run, "run SCRIPT [ARGS]", "run a Lua script (also: ember SCRIPT [ARGS])"},
 	{"repl", cmd_repl, "repl", "interactive prompt with `ember` and `F` preloaded (also for -e)"},
-	{"launch", cmd_lua, "launch ...", "run a script on N ranks (ember launch --help)"},
+	{"launch", cmd_launch, "launch --nproc N SCRIPT", "run a script on N ranks through mpirun (ember launch --help)"},
 	{"sweep", cmd_lua, "sweep ...", "run a campaign of configurations (ember sweep --help)"},
 	{"help", cmd_help, "help", "show this help"},
 };
@@ -168,11 +171,23 @@ static void create_arg_table(lua_State *L, struct cli *c)
 	lua_setglobal(L, "arg");
 }
 
+/* cli_report; under `ember launch` the rank's failure record goes first, so
+ * the launcher can name this error as the first failure. */
+static int report(lua_State *L, int status)
+{
+	if (status != LUA_OK && lua_type(L, -1) == LUA_TSTRING) {
+		const char *msg = lua_tostring(L, -1);
+		bool stopped = strncmp(msg, "interrupted!", 12) == 0; /* SIGINT, not a bug */
+		em_launch_report_failure(stopped ? "terminated" : "error", msg);
+	}
+	return cli_report(L, status, true);
+}
+
 static int dochunk(lua_State *L, int status)
 {
 	if (status == LUA_OK)
 		status = cli_docall(L, 0, 0);
-	return cli_report(L, status, true);
+	return report(L, status);
 }
 
 static int dostring(lua_State *L, const char *code, const char *name)
@@ -189,7 +204,7 @@ static int dolibrary(lua_State *L, const char *spec)
 	lua_pushstring(L, mod);
 	int status = cli_docall(L, 1, 1);
 	if (status != LUA_OK)
-		return cli_report(L, status, true);
+		return report(L, status);
 	if (eq)
 		lua_pushlstring(L, spec, (size_t)(eq - spec));
 	else
@@ -258,7 +273,7 @@ static int run_script(lua_State *L, struct cli *c)
 		int n = push_script_args(L);
 		status = cli_docall(L, n, LUA_MULTRET);
 	}
-	return cli_report(L, status, true);
+	return report(L, status);
 }
 
 enum mode { MODE_DEFAULT, MODE_RUN, MODE_REPL };
@@ -318,6 +333,13 @@ static int cmd_run(lua_State *L, struct cli *c)
 static int cmd_repl(lua_State *L, struct cli *c)
 {
 	return interpreter(L, c, MODE_REPL);
+}
+
+/* The launcher needs no Lua: it parses its options and runs mpirun. */
+static int cmd_launch(lua_State *L, struct cli *c)
+{
+	(void)L;
+	return cli_launch(c->argc - 1, c->argv + 1);
 }
 
 static int cmd_help(lua_State *L, struct cli *c)
@@ -396,7 +418,7 @@ static int cmd_lua(lua_State *L, struct cli *c)
 		lua_getglobal(L, "arg");
 		status = cli_docall(L, 1, 1);
 	}
-	if (cli_report(L, status, true) != LUA_OK)
+	if (report(L, status) != LUA_OK)
 		return EXIT_FAILURE;
 	return status_from_result(L);
 }
@@ -430,6 +452,8 @@ int main(int argc, char **argv)
 		argc = 1;
 		argv = no_args;
 	}
+	cli_rank_env();           /* EMBER_RANK & co under mpirun or srun */
+	cli_rank_fatal_signals(); /* failure records under `ember launch` */
 	lua_State *L = luaL_newstate();
 	if (L == NULL) {
 		fprintf(stderr, "%s: cannot create Lua state: not enough memory\n", EMBER_PROGNAME);
@@ -438,7 +462,7 @@ int main(int argc, char **argv)
 	struct cli c = {.argc = argc, .argv = argv};
 	lua_pushcfunction(L, pmain);
 	lua_pushlightuserdata(L, &c);
-	int status = cli_report(L, lua_pcall(L, 1, 0, 0), true);
+	int status = report(L, lua_pcall(L, 1, 0, 0));
 	fflush(stdout);
 	lua_close(L);
 	return status == LUA_OK ? c.status : EXIT_FAILURE;
