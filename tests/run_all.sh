@@ -55,10 +55,32 @@ if ls $specs/*_spec.lua >/dev/null 2>&1; then
 fi
 
 # ---- distributed specs (ember launch) ----
+# Each tests/dist/*_spec.lua runs as a script on 2 and on 3 ranks (a comment
+# "-- nproc: 2" in its first 5 lines restricts that). Rank 0 ends with the
+# line "dist: N passed, M failed" (tests/dist/harness.lua); a run that exits
+# non-zero counts at least 1 failed, one without that line exactly 1.
+dist_nprocs() {
+  local line
+  line=$(head -n 5 "$1" | grep -E '^--[[:space:]]*nproc:' | head -1)
+  if [ -n "$line" ]; then echo "${line#*:}"; else echo "2 3"; fi
+}
 if [ -z "${EMBER_TEST_GPU:-}" ] && ls tests/dist/*_spec.lua >/dev/null 2>&1; then
   for spec in tests/dist/*_spec.lua; do
-    if "$build/ember" launch --nproc 2 "$spec" >"$log/dist" 2>&1; then passed=$((passed + 1))
-    else cat "$log/dist"; failed=$((failed + 1)); fi
+    for np in $(dist_nprocs "$spec"); do
+      timeout 600 "$build/ember" launch --nproc "$np" "$spec" >"$log/dist" 2>&1
+      rc=$?
+      line=$(grep -E '^dist: [0-9]+ passed, [0-9]+ failed' "$log/dist" | tail -1)
+      if [ -n "$line" ]; then
+        read -r np_pass np_fail <<<"$(echo "$line" | sed -E 's/^dist: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/')"
+        [ "$rc" -ne 0 ] && [ "$np_fail" -eq 0 ] && np_fail=1
+      else
+        np_pass=0 np_fail=1
+      fi
+      [ "$np_fail" -gt 0 ] && cat "$log/dist"
+      [ "$rc" -eq 124 ] && echo "run_all: $spec on $np ranks timed out after 600 s"
+      echo "dist: $spec on $np ranks: $np_pass passed, $np_fail failed (exit $rc)"
+      passed=$((passed + np_pass)); failed=$((failed + np_fail))
+    done
   done
 fi
 
