@@ -1196,4 +1196,11 @@ function nn.utils.clip_grad_norm(params, max_norm)
 end
 nn.utils.clip_grad_norm_ = nn.utils.clip_grad_norm
 
+-- ember.nn.parallel.DDP and its strategies live in ember/ddp*.lua, loaded on first use
+nn.parallel = setmetatable({}, {__index = function(t, k)
+  local v = require("ember.ddp")[k]
+  if v ~= nil then rawset(t, k, v) end
+  return v
+end})
+
 return nn

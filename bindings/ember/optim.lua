@@ -653,4 +653,13 @@ function optim.tensors_to_state(flat)
   return sd
 end
 
+-- ZeRO-1 (ember/zero.lua), loaded on first use
+setmetatable(optim, {__index = function(t, k)
+  if k == "ShardedOptimizer" then
+    local v = require("ember.zero").ShardedOptimizer
+    rawset(t, k, v)
+    return v
+  end
+end})
+
 return optim
