@@ -63,7 +63,8 @@ void lem_open_amp(lua_State *L, int module);      /* autocast, tf32 (lua_amp.c) 
 void lem_open_context(lua_State *L, int module);  /* module paths and phases (lua_context.c) */
 void lem_open_profiler(lua_State *L, int module); /* profiler sessions, profiles, NVTX (lua_profiler.c) */
 void lem_open_memory(lua_State *L, int module);   /* memory history and snapshots (lua_memory.c) */
-void lem_open_nn_cuda(lua_State *L, int module);  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
+void lem_open_nn_cuda(lua_State *L, int module);
+void lem_open_dist(lua_State *L, int module);     /* collectives and work handles (lua_dist.c) */  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
 /* Register funcs both as methods and module functions. */
 void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs);
 
