@@ -580,6 +580,7 @@ static void merge_report(struct mpi_report *into, const struct mpi_report *r)
 struct reader {
 	char buf[1 << 16];
 	size_t len;
+	bool partial_sent;   /* the start of the current line went out already */
 	char *box;           /* the open box's lines, NULL when none is open */
 	size_t box_len, box_lines;
 	struct mpi_report report;
@@ -634,7 +635,8 @@ static void box_close(struct reader *r)
 
 static void on_line(struct reader *r, const char *line, size_t n)
 {
-	bool rule = is_rule(line, n);
+	bool rule = !r->partial_sent && is_rule(line, n);
+	r->partial_sent = false;
 	if (r->box == NULL && !rule) {
 		fwrite(line, 1, n, stderr);
 		fputc('\n', stderr);
@@ -652,7 +654,12 @@ static void on_data(struct reader *r, const char *data, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (r->len == sizeof r->buf) { /* a line this long: pass it on in pieces */
-			on_line(r, r->buf, r->len);
+			if (r->box != NULL)
+				on_line(r, r->buf, r->len);
+			else {
+				fwrite(r->buf, 1, r->len, stderr);
+				r->partial_sent = true;
+			}
 			r->len = 0;
 		}
 		if (data[i] == '\n') {
@@ -661,6 +668,17 @@ static void on_data(struct reader *r, const char *data, size_t n)
 		} else
 			r->buf[r->len++] = data[i];
 	}
+}
+
+/* Quiet for a moment: a line without its newline yet (a progress meter)
+ * goes out now, unless it is inside a box or may be a box's rule. */
+static void on_idle(struct reader *r)
+{
+	if (r->box != NULL || r->len == 0 || r->buf[0] == '-')
+		return;
+	fwrite(r->buf, 1, r->len, stderr);
+	r->len = 0;
+	r->partial_sent = true;
 }
 
 static void on_eof(struct reader *r)
@@ -922,7 +940,8 @@ static int pump(pid_t pid, int err_r, struct reader *rd)
 				on_data(rd, chunk, (size_t)n);
 			else if (n == 0 || errno != EINTR)
 				eof = true;
-		}
+		} else if (ready == 0)
+			on_idle(rd);
 		if (!exited && waitpid(pid, &wstatus, WNOHANG) == pid) {
 			exited = true;
 			exited_at = now_s();

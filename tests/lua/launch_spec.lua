@@ -221,6 +221,33 @@ end
                              "  (mpirun noticed rank 1 first: exit status 1)\n", 1, true), err)
     end)
 
+    it("reads Open MPI 5's wording of mpirun's boxes and shows a box it cannot read", function()
+      -- a stand-in mpirun that prints what prterun prints when rank 2 dies
+      local bin = os.tmpname()
+      os.remove(bin)
+      assert(os.execute("mkdir " .. q(bin)))
+      local rule = ("-"):rep(74)
+      local fake = bin .. "/mpirun"
+      local f = assert(io.open(fake, "w"))
+      f:write("#!/bin/sh\ncat >&2 <<'EOF'\nrank 0 says hi\n", rule, "\n",
+              "prterun noticed that process rank 2 with PID 4242 on node nodeB exited on\n",
+              "signal 11 (Segmentation fault).\n", rule, "\n", rule, "\n",
+              "Something else went wrong that the launcher cannot read.\n", rule, "\nEOF\nexit 1\n")
+      f:close()
+      os.execute("chmod +x " .. q(fake))
+      local script = temp("print(1)", ".lua")
+      local _, err, status = ember({ "launch", "--nproc", "3", script },
+                                   { prefix = "env PATH=" .. q(bin .. ":" .. os.getenv("PATH")) })
+      os.execute("rm -rf " .. q(bin))
+      assert.equals(1, status)
+      assert.truthy(err:find("rank 0 says hi\n", 1, true), err)
+      assert.truthy(err:find(rule .. "\nSomething else went wrong that the launcher cannot read.\n" ..
+                             rule .. "\n", 1, true), err)
+      assert.is_nil(err:find("prterun noticed", 1, true), err)
+      assert.equals("ember launch: rank 2 (host nodeB, pid 4242) failed first: killed by signal 11 (SIGSEGV)",
+                    lines_matching(err, "^ember launch: ")[1])
+    end)
+
     launching("Ctrl-C and SIGTERM stop mpirun and the ranks: status 130 and 143", function()
       local script = temp(SLEEP_REST, ".lua")
       for sig, expected in pairs({ INT = 130, TERM = 143 }) do
