@@ -57,7 +57,7 @@ static int cmd_launch(lua_State *L, struct cli *c);
 static const struct command commands[] = {
 	{"run", cmd_run, "run SCRIPT [ARGS]", "run a Lua script (also: ember SCRIPT [ARGS])"},
 	{"repl", cmd_repl, "repl", "interactive prompt with `ember` and `F` preloaded (also for -e)"},
-	{"launch", cmd_launch, "launch --nproc N SCRIPT", "run a script on N ranks through mpirun (ember launch --help)"},
+	{"launch", cmd_launch, "launch --nproc N ...", "run a script on N ranks through mpirun (ember launch --help)"},
 	{"sweep", cmd_lua, "sweep ...", "run a campaign of configurations (ember sweep --help)"},
 	{"help", cmd_help, "help", "show this help"},
 };
