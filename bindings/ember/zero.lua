@@ -200,11 +200,11 @@ local function describe(st)
   for _, k in ipairs(keys) do
     local v = st[k]
     if is_tensor(v) then
-      parts[#parts + 1] = fmt("%s=T:%s:%s:%s", k, v.dtype, v.device, table.concat(v.shape, "x"))
+      parts[#parts + 1] = fmt("%s=T/%s/%s/%s", k, v.dtype, v.device, table.concat(v.shape, "x"))
     elseif math.type(v) == "integer" then
-      parts[#parts + 1] = fmt("%s=I:%d", k, v)
+      parts[#parts + 1] = fmt("%s=I/%d", k, v)
     elseif type(v) == "number" then
-      parts[#parts + 1] = fmt("%s=F:%a", k, v)    -- hex float: exact round trip
+      parts[#parts + 1] = fmt("%s=F/%a", k, v)    -- hex float: exact round trip
     else
       error(fmt("%s.state_dict: state '%s' is a %s; only tensors and numbers can be gathered",
         FNAME, k, type(v)), 4)
@@ -216,11 +216,11 @@ end
 local function parse(desc)
   local out = {}
   for item in desc:gmatch("[^;]+") do
-    local k, kind, rest = item:match("^(.-)=(%a):(.*)$")
+    local k, kind, rest = item:match("^(.-)=(%a)/(.*)$")
     if kind == "I" then out[k] = math.tointeger(tonumber(rest))
     elseif kind == "F" then out[k] = tonumber(rest)
     else
-      local dtype, device, shape = rest:match("^(.-):(.-):(.*)$")
+      local dtype, device, shape = rest:match("^(.-)/(.-)/(.*)$")
       local dims = {}
       for n in shape:gmatch("%d+") do dims[#dims + 1] = math.tointeger(tonumber(n)) end
       out[k] = {dtype = dtype, device = device, shape = dims}
@@ -229,10 +229,11 @@ local function parse(desc)
   return out
 end
 
--- Broadcast a string from rank src (length, then bytes, as CPU tensors).
-local function broadcast_string(s, src, rank)
+-- Broadcast a string from rank src (length, then bytes, as tensors on
+-- `device`: the parameters' device, so a backend="nccl" job works too).
+local function broadcast_string(s, src, rank, device)
   local dist = require "ember.dist"
-  local n = ember.tensor({rank == src and #s or 0}, {dtype = "i64"})
+  local n = ember.tensor({rank == src and #s or 0}, {dtype = "i64", device = device})
   dist.broadcast(n, {src = src})
   local len = math.tointeger(n:item())
   if len == 0 then return "" end
@@ -242,7 +243,7 @@ local function broadcast_string(s, src, rank)
   else
     for i = 1, len do codes[i] = 0 end
   end
-  local bytes = ember.tensor(codes, {dtype = "u8"})
+  local bytes = ember.tensor(codes, {dtype = "u8", device = device})
   dist.broadcast(bytes, {src = src})
   if rank == src then return s end
   local chars = {}
@@ -275,7 +276,7 @@ function ShardedOptimizer:state_dict()
   local mine = table.concat(lines, "\n")
   local meta = {}
   for r = 0, self.world_size - 1 do
-    local s = broadcast_string(mine, r, self.rank)
+    local s = broadcast_string(mine, r, self.rank, params[1].device)
     for line in s:gmatch("[^\n]+") do
       local i, desc = line:match("^(%d+)|(.*)$")
       meta[math.tointeger(tonumber(i))] = parse(desc)
@@ -297,7 +298,8 @@ function ShardedOptimizer:state_dict()
             t = by_local[p][k]             -- the optimizer's own tensor, as unsharded
             if not t:is_contiguous() then t = t:contiguous() end
           else
-            t = ember.empty(v.shape, {dtype = v.dtype, device = v.device})
+            -- on this rank's device for the parameter (the owner's "cuda:N" is its own GPU)
+            t = ember.empty(v.shape, {dtype = v.dtype, device = v.device == "cpu" and "cpu" or p.device})
           end
           works[#works + 1] = dist.broadcast(t, {src = self.owner[p], async = true})
           st[k] = t
@@ -387,7 +389,7 @@ function ShardedOptimizer:memory_stats()
       end
     end
   end
-  local total = ember.tensor({here}, {dtype = "f64"})
+  local total = ember.tensor({here}, {dtype = "f64", device = self.param_groups[1].params[1].device})
   dist.all_reduce(total, {op = "sum"})
   return {rank = here, unsharded = math.tointeger(total:item()) or total:item(),
     params_owned = owned}
