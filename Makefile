@@ -1,7 +1,7 @@
 # Ember — the two set-up commands on a fresh Debian 12 machine are
 #   make demo    (installs what is missing, builds, trains the tiny LM)
 #   make test    (installs what is missing, builds, runs every CPU test)
-# Other targets: deps build install test-asan test-gpu test-gpu-memcheck
+# Other targets: deps build install test-asan test-gpu test-gpu-memcheck test-dist-gpu
 #   test-parity bench bench-compare clean.
 # Variables: BUILD (build dir), CUDA=ON|OFF|auto, PREFIX (install prefix).
 
@@ -24,7 +24,7 @@ SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BUSTED ?= $(shell command -v busted || echo /usr/bin/busted)
 MODELS ?= small
 
-.PHONY: all deps build demo test test-asan test-gpu test-gpu-memcheck test-parity install bench \
+.PHONY: all deps build demo test test-asan test-gpu test-gpu-memcheck test-parity test-dist-gpu install bench \
   bench-compare clean
 
 all: build
@@ -79,6 +79,12 @@ MEMCHECK_SPECS = $(filter-out tests/gpu/device_spec.lua tests/gpu/lm_spec.lua te
   $(wildcard tests/gpu/*_spec.lua))
 test-gpu-memcheck: build
 	EMBER_BUILD=$(BUILD) compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/ember run $(BUSTED) $(MEMCHECK_SPECS)
+
+# The distributed specs (tests/dist) on CUDA tensors over NCCL, one rank per
+# GPU (run on a host with 2 or more GPUs; EMBER_DIST_NPROCS overrides).
+NGPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
+test-dist-gpu: build
+	EMBER_BUILD=$(BUILD) EMBER_TEST_DIST=1 EMBER_DIST_DEVICE=cuda EMBER_DIST_NPROCS="$(NGPUS)" bash tests/run_all.sh
 
 # PyTorch parity of the TransformerLM (logits, loss, every gradient; f32 and
 # bf16 autocast; CPU, and CUDA when present). Needs python3 with torch.

@@ -6,6 +6,8 @@
 #   EMBER_BUILD       build directory (default build)
 #   EMBER_LUA_RUNNER  "lua" (stock lua5.4, default) or "ember" (the built executable)
 #   EMBER_TEST_GPU=1  run tests/gpu instead of the CPU specs
+#   EMBER_TEST_DIST=1 run only tests/dist (make test-dist-gpu: with EMBER_DIST_DEVICE=cuda
+#                     and EMBER_DIST_NPROCS=<number of GPUs>, over NCCL)
 set -u
 cd "$(dirname "$0")/.."
 build=${EMBER_BUILD:-build}
@@ -15,7 +17,7 @@ passed=0 failed=0 skipped=0
 log=$(mktemp -d)
 
 # ---- ctest ----
-if [ -z "${EMBER_TEST_GPU:-}" ]; then
+if [ -z "${EMBER_TEST_GPU:-}" ] && [ -z "${EMBER_TEST_DIST:-}" ]; then
   (cd "$build" && ctest --output-on-failure -j 2) >"$log/ctest" 2>&1
   cat "$log/ctest"
   line=$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log/ctest" | tail -1)
@@ -41,7 +43,7 @@ if [ "${EMBER_LUA_RUNNER:-lua}" = ember ]; then
 else
   runner=(lua5.4 "$busted_bin")
 fi
-if ls $specs/*_spec.lua >/dev/null 2>&1; then
+if [ -z "${EMBER_TEST_DIST:-}" ] && ls $specs/*_spec.lua >/dev/null 2>&1; then
   "${runner[@]}" --output=utfTerminal "$specs" >"$log/busted" 2>&1
   rc=$?
   cat "$log/busted"
@@ -62,9 +64,10 @@ fi
 dist_nprocs() {
   local line
   line=$(head -n 5 "$1" | grep -E '^--[[:space:]]*nproc:' | head -1)
-  if [ -n "$line" ]; then echo "${line#*:}"; else echo "2 3"; fi
+  if [ -n "${EMBER_DIST_NPROCS:-}" ]; then echo "$EMBER_DIST_NPROCS"
+  elif [ -n "$line" ]; then echo "${line#*:}"; else echo "2 3"; fi
 }
-if [ -z "${EMBER_TEST_GPU:-}" ] && ls tests/dist/*_spec.lua >/dev/null 2>&1; then
+if { [ -z "${EMBER_TEST_GPU:-}" ] || [ -n "${EMBER_TEST_DIST:-}" ]; } && ls tests/dist/*_spec.lua >/dev/null 2>&1; then
   for spec in tests/dist/*_spec.lua; do
     for np in $(dist_nprocs "$spec"); do
       timeout 600 "$build/ember" launch --nproc "$np" "$spec" >"$log/dist" 2>&1
