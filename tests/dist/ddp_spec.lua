@@ -15,6 +15,7 @@ local dist = ember.dist
 if not dist.is_initialized() then dist.init() end
 
 local RANK, WORLD = dist.rank(), dist.world_size()
+local DEVICE = os.getenv("EMBER_DIST_DEVICE") or "cpu"   -- "cuda": make test-dist-gpu (NCCL)
 local TOL = 1e-12
 local STEPS, LR = 5, 0.1
 local PER_RANK = 4                       -- rows per rank; the full batch has PER_RANK * WORLD
@@ -82,27 +83,28 @@ local function rows(t, r) return t:narrow(0, r * PER_RANK, PER_RANK) end
 
 local MODELS = {
   mlp = {
-    make = function() return ToyMLP() end,
+    make = function() return ToyMLP():to(DEVICE) end,
     -- loss of rows [lo, lo+n) of the batch, with the branch on rank 0's rows only
     loss = function(m, step, lo, n)
       local x, y = mlp_batch(step)
-      x, y = x:narrow(0, lo, n), y:narrow(0, lo, n)
+      x, y = x:narrow(0, lo, n):to(DEVICE), y:narrow(0, lo, n):to(DEVICE)
       local mask
       if lo == 0 then
         mask = ember.ones(n, 1, F64)                       -- rank 0's rows are 0..PER_RANK-1
         if n > PER_RANK then
           mask = ember.cat({ember.ones(PER_RANK, 1, F64), ember.zeros(n - PER_RANK, 1, F64)}, 0)
         end
+        mask = mask:to(DEVICE)
       end
       local d = m(x, mask) - y
       return (d * d):mean()
     end,
   },
   tied = {
-    make = function() return Tied() end,
+    make = function() return Tied():to(DEVICE) end,
     loss = function(m, step, lo, n)
       local ids, tgt = tied_batch(step)
-      return F.cross_entropy(m(ids:narrow(0, lo, n)), tgt:narrow(0, lo, n))
+      return F.cross_entropy(m(ids:narrow(0, lo, n):to(DEVICE)), tgt:narrow(0, lo, n):to(DEVICE))
     end,
   },
 }
@@ -181,7 +183,7 @@ end
 
 T.case("bucketed: gradients are views of the bucket buffers (no copies)", function()
   ember.manual_seed(100 + RANK)
-  local model = ToyMLP()
+  local model = ToyMLP():to(DEVICE)
   local ddp = nn.parallel.DDP(model, {strategy = "bucketed", bucket_mb = 600 / 2^20})
   local opt = optim.SGD(model:parameters(), {lr = LR})
   for step = 1, 2 do
@@ -204,7 +206,7 @@ end)
 
 T.case("bucketed: buckets in reverse registration order, small first bucket, big params alone", function()
   ember.manual_seed(100 + RANK)
-  local model = ToyMLP()
+  local model = ToyMLP():to(DEVICE)
   -- trainable, registration order (the root's own parameter first): never 56 B,
   -- fc1.weight 1280, fc1.bias 128, fc2.weight 640, branch.weight 400, branch.bias 40
   local ddp = nn.parallel.DDP(model, {strategy = "bucketed", bucket_mb = 1100 / 2^20,
@@ -216,7 +218,7 @@ T.case("bucketed: buckets in reverse registration order, small first bucket, big
   local want = {"branch.bias", "branch.weight,fc2.weight", "fc1.bias", "fc1.weight", "never"}
   assert(table.concat(got, " | ") == table.concat(want, " | "),
     "bucket plan: expected " .. table.concat(want, " | ") .. ", got " .. table.concat(got, " | "))
-  local tiny = nn.parallel.DDP(ToyMLP(), {strategy = "bucketed", bucket_mb = 8 / 2^20})
+  local tiny = nn.parallel.DDP(ToyMLP():to(DEVICE), {strategy = "bucketed", bucket_mb = 8 / 2^20})
   assert(#tiny.buckets == 6, ("8-byte buckets: expected one bucket per parameter (6), got %d"):format(
     #tiny.buckets))
 end)
@@ -231,7 +233,7 @@ T.case("flat and bucketed issue few collectives, naive and overlap one per param
   local ok, err = pcall(function()
     for _, c in ipairs({{"naive", 6}, {"flat", 1}, {"overlap", 6}, {"bucketed", 1}}) do
       ember.manual_seed(100 + RANK)
-      local model = ToyMLP()
+      local model = ToyMLP():to(DEVICE)
       local ddp = nn.parallel.DDP(model, {strategy = c[1]})
       count = 0
       ddp:on_train_batch_start()
@@ -246,9 +248,9 @@ end)
 
 T.case("ddp(x) and ddp:forward(x) run the module; state_dict passes through", function()
   ember.manual_seed(100 + RANK)
-  local model = ToyMLP()
+  local model = ToyMLP():to(DEVICE)
   local ddp = nn.parallel.DDP(model, {strategy = "naive"})
-  local x = ember.randn(2, 10, F64)
+  local x = ember.randn(2, 10, F64):to(DEVICE)
   assert(max_diff(ddp(x), model(x)) == 0 and max_diff(ddp:forward(x), model(x)) == 0)
   local sd = ddp:state_dict()
   assert(sd["fc1.weight"] ~= nil and sd["module.fc1.weight"] == nil)
