@@ -48,7 +48,7 @@ local function is_float(dt) for _, f in ipairs(FLOATS) do if f == dt then return
 local function tol(dt, op) return op == "avg" and (dt == "bf16" and 0.02 or dt == "f16" and 2e-3 or 1e-6) or 0 end
 
 T.case("rank, world_size, local_rank and EMBER_RANK agree", function()
-  assert(W >= 2, "run with --nproc 2 or more, got " .. W)
+  assert(W >= 1)
   assert(R >= 0 and R < W)
   assert(dist.local_rank() == R, "one host: local rank " .. dist.local_rank() .. " ~= rank " .. R)
   assert(tonumber(os.getenv("EMBER_RANK")) == R, "EMBER_RANK " .. tostring(os.getenv("EMBER_RANK")))
@@ -161,6 +161,8 @@ T.case("reduce_scatter from a list, async, and with out inside t", function()
   T.close(inside, reduce_ref(W * n, "f32", "sum"):narrow(0, R * n, n), 0, "in place")
 end)
 
+-- A world of 1 (NCCL on a single-GPU host) has no peer and no mismatch to find.
+if W >= 2 then
 T.case("send/recv around a ring", function()
   local nxt, prev = (R + 1) % W, (R - 1) % W
   local got = ember.zeros({8}, {device = DEVICE})
@@ -172,9 +174,9 @@ T.case("send/recv around a ring", function()
     dist.recv(got, prev)
     dist.send(input(R, 8, "f32"), nxt)
   end
-  if W % 2 == 1 and R == 0 then end
   T.close(got, input(prev, 8, "f32"), 0, "ring")
 end)
+end
 
 T.case("barrier", function()
   dist.barrier()
@@ -194,12 +196,15 @@ T.case("argument errors name the collective and what was expected", function()
            "expected out to have t's dtype f32, got f64")
   T.raises(function() dist.reduce_scatter(ember.zeros({2}), ember.zeros({2 * W + 1})) end,
            "dist.reduce_scatter: expected t to have world_size")
-  T.raises(function() dist.all_gather({ember.zeros(2)}, ember.zeros(2)) end,
-           ("expected out to hold world_size (%d) tensors, got 1"):format(W))
-  T.raises(function() dist.send(t, R) end, "cannot send to this rank itself")
+  local short = {}
+  for i = 1, W + 1 do short[i] = ember.zeros(2) end
+  T.raises(function() dist.all_gather(short, ember.zeros(2)) end,
+           ("expected out to hold world_size (%d) tensors, got %d"):format(W, W + 1))
+  T.raises(function() dist.send(t, R) end, W > 1 and "cannot send to this rank itself" or "expected dst in [0, 1)")
   T.raises(function() dist.init() end, "already initialized")
 end)
 
+if W >= 2 then
 T.case("order check: a size mismatch names the ranks and call sites", function()
   local cpu_check = dist.check_enabled()
   assert(cpu_check == true, "the order check is on by default for CPU tensors")
@@ -216,6 +221,7 @@ T.case("order check: different collectives at the same step", function()
   end, "collective mismatch")
   assert(err:find("broadcast", 1, true) and err:find("all_reduce", 1, true), err)
 end)
+end
 
 T.case("counters: calls and payload bytes per collective", function()
   dist.reset_stats()
