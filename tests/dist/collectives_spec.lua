@@ -200,7 +200,7 @@ T.case("argument errors name the collective and what was expected", function()
   for i = 1, W + 1 do short[i] = ember.zeros(2) end
   T.raises(function() dist.all_gather(short, ember.zeros(2)) end,
            ("expected out to hold world_size (%d) tensors, got %d"):format(W, W + 1))
-  T.raises(function() dist.send(t, R) end, W > 1 and "cannot send to this rank itself" or "expected dst in [0, 1)")
+  T.raises(function() dist.send(t, R) end, "cannot send to this rank itself")
   T.raises(function() dist.init() end, "already initialized")
 end)
 
