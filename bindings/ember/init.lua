@@ -65,7 +65,8 @@ ember.autocast, ember.backends = amp.autocast, amp.backends
 
 -- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.profiler`, `ember.nvtx`, `ember.memory`...
 local lazy = {nn = "ember.nn", optim = "ember.optim", context = "ember.context", profiler = "ember.profiler",
-              nvtx = "ember.nvtx", memory = "ember.memory", dist = "ember.dist"}
+              nvtx = "ember.nvtx", memory = "ember.memory", dist = "ember.dist",
+              ddp = "ember.ddp"}
 
 -- PyTorch's torch.cuda.memory spellings for the memory history (ember.memory,
 -- which covers CPU storages too). Tail calls: errors name the caller's line.

@@ -394,5 +394,6 @@ function ShardedOptimizer:memory_stats()
   return {rank = here, unsharded = math.tointeger(total:item()) or total:item(),
     params_owned = owned}
 end
+ShardedOptimizer.memory = ShardedOptimizer.memory_stats
 
 return zero
