@@ -5,13 +5,17 @@
 
 _Thread_local lua_State *lem_current_L = NULL;
 
+static const char *const BACKWARD_KEYS[] = {"retain_graph", NULL};
+
+/* t:backward([gradient][, {retain_graph=}]) */
 static int l_backward(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "backward", "self");
-  em_tensor *g = lem_test_tensor(L, 2);
-  int opts = lua_istable(L, 2) && !g ? 2 : (lua_istable(L, 3) ? 3 : 0);
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  em_tensor *g = lem_test_tensor(L, 2, fn);
+  int opts = lem_opts(L, lua_istable(L, 2) ? 2 : 3, fn, BACKWARD_KEYS);
   if (!g && !lua_isnoneornil(L, 2) && !opts)
-    return lem_error(L, "backward", "expected gradient to be a tensor or nil, got %s", luaL_typename(L, 2));
-  int retain = lem_opt_bool(L, opts, "retain_graph", 0);
+    return lem_error(L, fn, "expected gradient to be a tensor or nil, got %s", luaL_typename(L, 2));
+  int retain = lem_field_bool(L, opts, fn, "retain_graph", 0);
   lem_collect_before_backward(L, t);
   lua_State *prev = lem_current_L;
   lem_current_L = L;
@@ -28,7 +32,7 @@ static int l_set_grad_enabled(lua_State *L) {
 static int l_is_grad_enabled(lua_State *L) { lua_pushboolean(L, em_grad_enabled()); return 1; }
 
 static int l_requires_grad_(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "requires_grad_", "self");
+  em_tensor *t = lem_check_tensor(L, 1, lem_name(L), "self");
   if (em_set_requires_grad(t, lua_isnone(L, 2) ? 1 : lua_toboolean(L, 2))) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
@@ -67,15 +71,16 @@ static void hook_free(void *ud) {
 }
 
 static int hook_remove(lua_State *L) {
-  em_tensor *t = lem_test_tensor(L, lua_upvalueindex(1));
+  em_tensor *t = lem_test_tensor(L, lua_upvalueindex(1), NULL);
   int id = (int)lua_tointeger(L, lua_upvalueindex(2));
   if (t) em_remove_hook(t, id);
   return 0;
 }
 
 static int l_register_hook(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "register_post_accumulate_grad_hook", "self");
-  lem_check_type(L, 2, LUA_TFUNCTION, "register_post_accumulate_grad_hook", "hook");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  lem_check_type(L, 2, fn, "hook", LUA_TFUNCTION);
   lua_hook *h = malloc(sizeof *h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   h->main = lua_tothread(L, -1);

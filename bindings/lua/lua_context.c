@@ -6,16 +6,19 @@
 
 /* core.ctx_intern(path) -> light userdata naming the interned path */
 static int l_ctx_intern(lua_State *L) {
-  const char *s = lem_check_string(L, 1, "ctx_intern", "path");
+  const char *fn = lem_name(L);
+  const char *s = lem_check_string(L, 1, fn, "path");
   const char *p = em_intern(s);
-  if (!p) return lem_error(L, "ctx_intern", "out of memory interning a module path");
+  if (!p) return lem_error(L, fn, "out of memory interning a module path");
   lua_pushlightuserdata(L, (void *)p);
   return 1;
 }
 
 /* core.ctx_set_module(handle) -> previous handle (from ctx_intern) */
 static int l_ctx_set_module(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TLIGHTUSERDATA);
+  if (!lua_islightuserdata(L, 1))
+    return lem_error(L, lem_name(L), "expected argument 1 (handle) to be a module path from ctx_intern, got %s",
+                     luaL_typename(L, 1));
   const char *prev = em_ctx_set_module((const char *)lua_touserdata(L, 1));
   lua_pushlightuserdata(L, (void *)prev);
   return 1;
@@ -29,10 +32,11 @@ static int l_ctx_module(lua_State *L) {
 
 /* core.ctx_set_phase(name) -> previous phase name */
 static int l_ctx_set_phase(lua_State *L) {
-  const char *name = lem_check_string(L, 1, "ctx_set_phase", "phase");
+  const char *fn = lem_name(L);
+  const char *name = lem_check_string(L, 1, fn, "phase");
   int p = em_phase_parse(name);
   if (p < 0)
-    return lem_error(L, "ctx_set_phase",
+    return lem_error(L, fn,
                      "expected \"forward\", \"backward\", \"optimizer\" or \"none\", got \"%s\"", name);
   lua_pushstring(L, em_phase_name(em_ctx_set_phase((em_phase)p)));
   return 1;

@@ -64,31 +64,36 @@ static int opt_device(lua_State *L, int idx, const char *fn) {
 /* ---------------- devices ---------------- */
 
 static int l_set_device(lua_State *L) {
-  if (em_cuda_set_device(opt_device(L, 1, "cuda.set_device"))) return lem_raise(L);
+  const char *fn = lem_name(L);
+  if (em_cuda_set_device(opt_device(L, 1, fn))) return lem_raise(L);
   return 0;
 }
 static int l_current_device(lua_State *L) {
+  const char *fn = lem_name(L);
   int d = em_cuda_current_device();
-  if (d < 0) return lem_error(L, "cuda.current_device", "no CUDA device is available");
+  if (d < 0) return lem_error(L, fn, "no CUDA device is available");
   lua_pushinteger(L, d);
   return 1;
 }
 static int l_device_name(lua_State *L) {
-  const char *n = em_cuda_device_name(opt_device(L, 1, "cuda.device_name"));
+  const char *fn = lem_name(L);
+  const char *n = em_cuda_device_name(opt_device(L, 1, fn));
   if (!n) return lem_raise(L);
   lua_pushstring(L, n);
   return 1;
 }
 static int l_synchronize(lua_State *L) {
-  if (em_cuda_synchronize(opt_device(L, 1, "cuda.synchronize"))) return lem_raise(L);
+  const char *fn = lem_name(L);
+  if (em_cuda_synchronize(opt_device(L, 1, fn))) return lem_raise(L);
   return 0;
 }
 
 /* ---------------- memory ---------------- */
 
 static int l_memory_stats(lua_State *L) {
+  const char *fn = lem_name(L);
   em_cuda_memory_stats s;
-  if (em_cuda_memory_stats_get(opt_device(L, 1, "cuda.memory_stats"), &s)) return lem_raise(L);
+  if (em_cuda_memory_stats_get(opt_device(L, 1, fn), &s)) return lem_raise(L);
   lua_createtable(L, 0, 9);
   struct { const char *k; int64_t v; } f[] = {
     {"allocated_bytes", s.allocated}, {"reserved_bytes", s.reserved},
@@ -102,11 +107,13 @@ static int l_memory_stats(lua_State *L) {
   return 1;
 }
 static int l_reset_peak(lua_State *L) {
-  em_cuda_reset_peak_memory_stats(opt_device(L, 1, "cuda.reset_peak_memory_stats"));
+  const char *fn = lem_name(L);
+  em_cuda_reset_peak_memory_stats(opt_device(L, 1, fn));
   return 0;
 }
 static int l_empty_cache(lua_State *L) {
-  em_cuda_empty_cache(opt_device(L, 1, "cuda.empty_cache"));
+  const char *fn = lem_name(L);
+  em_cuda_empty_cache(opt_device(L, 1, fn));
   return 0;
 }
 
@@ -134,20 +141,23 @@ static em_stream *check_stream(lua_State *L, int idx, const char *fn) {
 }
 
 static int l_stream_new(lua_State *L) {
-  em_stream *s = em_stream_new(opt_device(L, 1, "cuda.Stream"));
+  const char *fn = lem_name(L);
+  em_stream *s = em_stream_new(opt_device(L, 1, fn));
   if (!s) return lem_raise(L);
   push_stream(L, s, 1);
   return 1;
 }
 static int l_current_stream(lua_State *L) {
-  int d = opt_device(L, 1, "cuda.current_stream");
-  if (d < 0 && em_cuda_current_device() < 0) return lem_error(L, "cuda.current_stream", "no CUDA device is available");
+  const char *fn = lem_name(L);
+  int d = opt_device(L, 1, fn);
+  if (d < 0 && em_cuda_current_device() < 0) return lem_error(L, fn, "no CUDA device is available");
   push_stream(L, em_stream_current(d), 0);
   return 1;
 }
 /* core.cuda_set_stream(s): make s current on its device (the default stream's handle restores the default). */
 static int l_set_stream(lua_State *L) {
-  em_stream_set_current(-1, check_stream(L, 1, "cuda.set_stream"));
+  const char *fn = lem_name(L);
+  em_stream_set_current(-1, check_stream(L, 1, fn));
   return 0;
 }
 static int s_gc(lua_State *L) {
@@ -157,7 +167,8 @@ static int s_gc(lua_State *L) {
   return 0;
 }
 static int s_synchronize(lua_State *L) {
-  if (em_stream_synchronize(check_stream(L, 1, "Stream.synchronize"))) return lem_raise(L);
+  const char *fn = lem_name(L);
+  if (em_stream_synchronize(check_stream(L, 1, fn))) return lem_raise(L);
   return 0;
 }
 static event_box *check_event_box(lua_State *L, int idx, const char *fn) {
@@ -166,13 +177,15 @@ static event_box *check_event_box(lua_State *L, int idx, const char *fn) {
   return b;
 }
 static int s_wait_event(lua_State *L) {
-  em_stream *s = check_stream(L, 1, "Stream.wait_event");
-  if (em_stream_wait_event(s, check_event_box(L, 2, "Stream.wait_event")->e)) return lem_raise(L);
+  const char *fn = lem_name(L);
+  em_stream *s = check_stream(L, 1, fn);
+  if (em_stream_wait_event(s, check_event_box(L, 2, fn)->e)) return lem_raise(L);
   return 0;
 }
 /* s:wait_stream(other): s waits for the work queued so far on other (no host sync). */
 static int s_wait_stream(lua_State *L) {
-  em_stream *s = check_stream(L, 1, "Stream.wait_stream"), *o = check_stream(L, 2, "Stream.wait_stream");
+  const char *fn = lem_name(L);
+  em_stream *s = check_stream(L, 1, fn), *o = check_stream(L, 2, fn);
   em_event *e = em_event_new(false);
   if (!e) return lem_raise(L);
   int rc = em_event_record(e, o);
@@ -196,8 +209,11 @@ static int s_tostring(lua_State *L) {
 
 /* ---------------- events ---------------- */
 
+static const char *const EVENT_KEYS[] = {"enable_timing", NULL};
+
 static int l_event_new(lua_State *L) {
-  int timing = lua_istable(L, 1) ? lem_opt_bool(L, 1, "enable_timing", 0) : 0;
+  const char *fn = lem_name(L);
+  int timing = lem_field_bool(L, lem_opts(L, 1, fn, EVENT_KEYS), fn, "enable_timing", 0);
   em_event *e = em_event_new(timing);
   if (!e) return lem_raise(L);
   event_box *b = lua_newuserdatauv(L, sizeof *b, 0);
@@ -212,25 +228,29 @@ static int e_gc(lua_State *L) {
   return 0;
 }
 static int e_record(lua_State *L) {
-  event_box *b = check_event_box(L, 1, "Event.record");
-  em_stream *s = lua_isnoneornil(L, 2) ? NULL : check_stream(L, 2, "Event.record");
+  const char *fn = lem_name(L);
+  event_box *b = check_event_box(L, 1, fn);
+  em_stream *s = lua_isnoneornil(L, 2) ? NULL : check_stream(L, 2, fn);
   if (em_event_record(b->e, s)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
 static int e_synchronize(lua_State *L) {
-  if (em_event_synchronize(check_event_box(L, 1, "Event.synchronize")->e)) return lem_raise(L);
+  const char *fn = lem_name(L);
+  if (em_event_synchronize(check_event_box(L, 1, fn)->e)) return lem_raise(L);
   return 0;
 }
 static int e_query(lua_State *L) {
-  int r = em_event_query(check_event_box(L, 1, "Event.query")->e);
+  const char *fn = lem_name(L);
+  int r = em_event_query(check_event_box(L, 1, fn)->e);
   if (r < 0) return lem_raise(L);
   lua_pushboolean(L, r);
   return 1;
 }
 static int e_elapsed_time(lua_State *L) {
+  const char *fn = lem_name(L);
   float ms = 0;
-  em_event *a = check_event_box(L, 1, "Event.elapsed_time")->e, *b = check_event_box(L, 2, "Event.elapsed_time")->e;
+  em_event *a = check_event_box(L, 1, fn)->e, *b = check_event_box(L, 2, fn)->e;
   if (em_event_elapsed_ms(a, b, &ms)) return lem_raise(L);
   lua_pushnumber(L, ms);
   return 1;
@@ -241,9 +261,10 @@ static int e_elapsed_time(lua_State *L) {
 static lua_State *capture_prev_L;
 
 static int l_graph_begin(lua_State *L) {
+  const char *fn = lem_name(L);
   capture_prev_L = callsite_L;
   callsite_L = L;                        /* the captured function runs on this Lua thread */
-  if (em_graph_begin(opt_device(L, 1, "cuda.graph"))) { callsite_L = capture_prev_L; return lem_raise(L); }
+  if (em_graph_begin(opt_device(L, 1, fn))) { callsite_L = capture_prev_L; return lem_raise(L); }
   return 0;
 }
 
@@ -270,14 +291,14 @@ static int l_graph_abort(lua_State *L) {
   return 0;
 }
 
-static graph_box *check_graph(lua_State *L, const char *fn) {
-  graph_box *b = luaL_testudata(L, 1, GRAPH_MT);
-  if (!b) lem_error(L, fn, "expected an ember.cuda.Graph, got %s", luaL_typename(L, 1));
+static graph_box *check_graph(lua_State *L, int idx, const char *fn) {
+  graph_box *b = luaL_testudata(L, idx, GRAPH_MT);
+  if (!b) lem_error(L, fn, "expected an ember.cuda.Graph, got %s", luaL_typename(L, idx));
   if (!b->g) lem_error(L, fn, "this graph was closed");
   return b;
 }
 static int g_replay(lua_State *L) {
-  if (em_graph_replay(check_graph(L, "Graph.replay")->g)) return lem_raise(L);
+  if (em_graph_replay(check_graph(L, 1, lem_name(L))->g)) return lem_raise(L);
   return 0;
 }
 static int g_close(lua_State *L) {
@@ -310,10 +331,10 @@ static int unhook(lua_State *L) {
   return 0;
 }
 
-static void new_class(lua_State *L, const char *mt, const luaL_Reg *methods, lua_CFunction gc) {
+static void new_class(lua_State *L, const char *mt, const lem_Reg *methods, lua_CFunction gc) {
   luaL_newmetatable(L, mt);
   lua_newtable(L);
-  luaL_setfuncs(L, methods, 0);
+  lem_register_named(L, 0, lua_gettop(L), methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, gc);
   lua_setfield(L, -2, "__gc");
@@ -322,17 +343,21 @@ static void new_class(lua_State *L, const char *mt, const luaL_Reg *methods, lua
 }
 
 void lem_open_cuda(lua_State *L, int module) {
-  static const luaL_Reg stream_m[] = {{"synchronize", s_synchronize}, {"wait_event", s_wait_event},
-                                      {"wait_stream", s_wait_stream}, {NULL, NULL}};
+  static const lem_Reg stream_m[] = {{"synchronize", s_synchronize, "Stream.synchronize"},
+                                     {"wait_event", s_wait_event, "Stream.wait_event"},
+                                     {"wait_stream", s_wait_stream, "Stream.wait_stream"}, {NULL, NULL, NULL}};
   new_class(L, STREAM_MT, stream_m, s_gc);
   lua_pushcfunction(L, s_eq); lua_setfield(L, -2, "__eq");
   lua_pushcfunction(L, s_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
-  static const luaL_Reg event_m[] = {{"record", e_record}, {"synchronize", e_synchronize}, {"query", e_query},
-                                     {"elapsed_time", e_elapsed_time}, {NULL, NULL}};
+  static const lem_Reg event_m[] = {{"record", e_record, "Event.record"},
+                                    {"synchronize", e_synchronize, "Event.synchronize"},
+                                    {"query", e_query, "Event.query"},
+                                    {"elapsed_time", e_elapsed_time, "Event.elapsed_time"}, {NULL, NULL, NULL}};
   new_class(L, EVENT_MT, event_m, e_gc);
   lua_pop(L, 1);
-  static const luaL_Reg graph_m[] = {{"replay", g_replay}, {"close", g_close}, {NULL, NULL}};
+  static const lem_Reg graph_m[] = {{"replay", g_replay, "Graph.replay"}, {"close", g_close, "Graph.close"},
+                                    {NULL, NULL, NULL}};
   new_class(L, GRAPH_MT, graph_m, g_close);
   lua_pushcfunction(L, g_close); lua_setfield(L, -2, "__close");
   lua_pop(L, 1);
@@ -344,14 +369,23 @@ void lem_open_cuda(lua_State *L, int module) {
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &STREAMS_KEY);
 
-  static const luaL_Reg f[] = {
-    {"cuda_set_device", l_set_device}, {"cuda_current_device", l_current_device},
-    {"cuda_device_name", l_device_name}, {"cuda_synchronize", l_synchronize},
-    {"cuda_memory_stats", l_memory_stats}, {"cuda_reset_peak_memory_stats", l_reset_peak},
-    {"cuda_empty_cache", l_empty_cache}, {"cuda_Stream", l_stream_new}, {"cuda_current_stream", l_current_stream},
-    {"cuda_set_stream", l_set_stream}, {"cuda_Event", l_event_new}, {"cuda_graph_begin", l_graph_begin},
-    {"cuda_graph_end", l_graph_end}, {"cuda_graph_abort", l_graph_abort}, {NULL, NULL}};
-  lem_register(L, 0, module, f);
+  /* named as ember.cuda (bindings/ember/cuda.lua) shows them */
+  static const lem_Reg f[] = {
+    {"cuda_set_device", l_set_device, "cuda.set_device"},
+    {"cuda_current_device", l_current_device, "cuda.current_device"},
+    {"cuda_device_name", l_device_name, "cuda.device_name"},
+    {"cuda_synchronize", l_synchronize, "cuda.synchronize"},
+    {"cuda_memory_stats", l_memory_stats, "cuda.memory_stats"},
+    {"cuda_reset_peak_memory_stats", l_reset_peak, "cuda.reset_peak_memory_stats"},
+    {"cuda_empty_cache", l_empty_cache, "cuda.empty_cache"},
+    {"cuda_Stream", l_stream_new, "cuda.Stream"},
+    {"cuda_current_stream", l_current_stream, "cuda.current_stream"},
+    {"cuda_set_stream", l_set_stream, "cuda.set_stream"},
+    {"cuda_Event", l_event_new, "cuda.Event"},
+    {"cuda_graph_begin", l_graph_begin, "cuda.graph"},
+    {"cuda_graph_end", l_graph_end, "cuda.graph"},
+    {"cuda_graph_abort", l_graph_abort, "cuda.graph"}, {NULL, NULL, NULL}};
+  lem_register_named(L, 0, module, f);
 
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   lua_State *main = lua_tothread(L, -1);

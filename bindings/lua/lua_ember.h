@@ -10,6 +10,74 @@
 
 #define EM_TENSOR_MT "ember.Tensor"
 
+/* ---- Names: every error reads "ember.<name>: <what was expected>, got <what came>" ----
+ * A C function learns its public name from the table that registers it: each
+ * is pushed as a closure whose first upvalue is that name, and lem_name(L)
+ * reads it back. A luaL_Reg entry's name is its key; a core function that Lua
+ * shows under another name is registered with that name
+ * ({"cuda_synchronize", l_synchronize, "cuda.synchronize"}: what users call).
+ * A binding then reads like lauxlib, one line per argument:
+ *   static int l_softmax(lua_State *L) {            // {"softmax", l_softmax} in a luaL_Reg
+ *     const char *fn = lem_name(L);                 // "softmax"
+ *     em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+ *     return lem_push_result(L, em_softmax(a, lem_opt_int(L, 2, fn, "dim", -1)));
+ *   } */
+typedef struct { const char *key; lua_CFunction func; const char *name; } lem_Reg;
+/* Set each of funcs (up to a NULL key) in methods and/or module (0: skip that table), named by its key. */
+void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs);
+/* The same for entries that carry their public name. */
+void lem_register_named(lua_State *L, int methods, int module, const lem_Reg *funcs);
+/* Push func as a closure named name, taking the nup values on the stack as upvalues 2..nup+1. */
+void lem_push_function(lua_State *L, lua_CFunction func, const char *name, int nup);
+/* The registered name of the running C function. */
+const char *lem_name(lua_State *L);
+/* Raise "ember.<fn>: <formatted>". */
+int lem_error(lua_State *L, const char *fn, const char *fmt, ...);
+/* Raise the last engine error as a Lua error ("ember.<msg>", OOM unprefixed). */
+int lem_raise(lua_State *L);
+
+/* ---- Arguments, as lauxlib checks them: (L, index, function name, argument name[, default]) ----
+ * A wrong argument raises "ember.<fn>: expected argument N (arg) to be ..., got ...";
+ * opt forms return the default for none or nil. */
+em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg);
+em_tensor *lem_opt_tensor(lua_State *L, int idx, const char *fn, const char *arg);   /* default NULL */
+/* The tensor at idx, or NULL if it is not one; a closed tensor raises naming fn
+ * (fn NULL: "ember.Tensor: this tensor was already closed ..."). */
+em_tensor *lem_test_tensor(lua_State *L, int idx, const char *fn);
+double lem_check_number(lua_State *L, int idx, const char *fn, const char *arg);
+double lem_opt_number(lua_State *L, int idx, const char *fn, const char *arg, double def);
+/* An integer: a dim, an index, a size (0-based where it is a position). */
+int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg);
+int64_t lem_opt_int(lua_State *L, int idx, const char *fn, const char *arg, int64_t def);
+const char *lem_check_string(lua_State *L, int idx, const char *fn, const char *arg);
+const char *lem_opt_string(lua_State *L, int idx, const char *fn, const char *arg, const char *def);
+void lem_check_type(lua_State *L, int idx, const char *fn, const char *arg, int type);
+/* A shape from varargs numbers starting at idx, or from a table at idx.
+ * Returns ndim; *next = first index after the shape. */
+int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *next);
+/* A list (Lua array) of tensors; returns count, fills a malloc'd array in *out (caller frees). */
+int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out);
+/* The .grad of each of the n tensors p (borrowed pointers, in a malloc'd array); raises,
+ * freeing p, when one has none. For optimizers: no Lua handle to a gradient is made. */
+int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor ***out);
+
+/* ---- Options tables: (L, options index, function name, key[, default]) ----
+ * lem_opts finds the table: idx when the argument there is a table, else 0
+ * (0 reads as "no options" everywhere below). keys (a NULL-terminated list, or
+ * NULL where a Lua wrapper owns the table) are the options fn reads. */
+int lem_opts(lua_State *L, int idx, const char *fn, const char *const *keys);
+/* The one reader: push opts[key] and return 1, or push nothing and return 0
+ * when it is nil (or opts is 0). type (LUA_T*, LUA_TNONE: any) is checked:
+ * "ember.<fn>: expected option 'key' to be a <type>, got <type>". */
+int lem_field(lua_State *L, int opts, const char *fn, const char *key, int type);
+int lem_field_bool(lua_State *L, int opts, const char *fn, const char *key, int def);   /* Lua truth */
+double lem_field_number(lua_State *L, int opts, const char *fn, const char *key, double def);
+em_tensor *lem_field_tensor(lua_State *L, int opts, const char *fn, const char *key);   /* default NULL */
+em_dtype lem_field_dtype(lua_State *L, int opts, const char *fn, const char *key, em_dtype def);
+/* A device name; a CUDA one must exist in this build and on this machine. */
+em_device lem_field_device(lua_State *L, int opts, const char *fn, const char *key, em_device def);
+
+/* ---- Tensors as userdata ---- */
 /* Push t (takes ownership of one reference). Pushes the existing userdata when
  * t already has one, so identity (p == p2) holds for parameters and grads. */
 void lem_push_tensor(lua_State *L, em_tensor *t);
@@ -17,35 +85,6 @@ void lem_push_tensor(lua_State *L, em_tensor *t);
 int lem_push_result(lua_State *L, em_tensor *t);
 /* A full collection before a CUDA backward when the forward left enough device garbage (lua_tensor.c). */
 void lem_collect_before_backward(lua_State *L, const em_tensor *root);
-em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg);
-em_tensor *lem_test_tensor(lua_State *L, int idx);      /* NULL if not a tensor */
-/* Like lem_test_tensor; a closed tensor raises naming fn. */
-em_tensor *lem_test_tensor_named(lua_State *L, int idx, const char *fn);
-/* Raise the last engine error as a Lua error ("ember.<msg>", OOM unprefixed). */
-int lem_raise(lua_State *L);
-/* Raise "ember.<fn>: <formatted>". */
-int lem_error(lua_State *L, const char *fn, const char *fmt, ...);
-/* Read a shape from varargs numbers starting at idx, or from a table at idx.
- * Returns ndim; *next = first index after the shape. */
-int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *next);
-/* Options table helpers (idx may be 0/none). */
-int lem_opt_dtype(lua_State *L, int opts, const char *fn, em_dtype def, em_dtype *out);
-int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out);
-int lem_opt_bool(lua_State *L, int opts, const char *key, int def);
-double lem_opt_number(lua_State *L, int opts, const char *fn, const char *key, double def);
-em_tensor *lem_opt_tensor(lua_State *L, int opts, const char *key, const char *fn);
-/* Argument checks that raise "ember.<fn>: expected argument N (arg) to be ..., got ...". */
-double lem_check_number(lua_State *L, int idx, const char *fn, const char *arg);
-double lem_opt_number_arg(lua_State *L, int idx, const char *fn, const char *arg, double def);
-const char *lem_check_string(lua_State *L, int idx, const char *fn, const char *arg);
-void lem_check_type(lua_State *L, int idx, int type, const char *fn, const char *arg);
-/* Integer argument as a dim/index (0-based). */
-int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg);
-/* Read a list (Lua array) of tensors; returns count, fills a malloc'd array in *out (caller frees). */
-int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out);
-/* The .grad of each of the n tensors p (borrowed pointers, in a malloc'd array); raises,
- * freeing p, when one has none. For optimizers: no Lua handle to a gradient is made. */
-int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor ***out);
 /* The lua_State running the current backward (hooks call back into it). */
 extern _Thread_local lua_State *lem_current_L;
 /* The thread whose stack holds the current call site (lua_cuda.c): lem_current_L, else
@@ -63,9 +102,7 @@ void lem_open_amp(lua_State *L, int module);      /* autocast, tf32 (lua_amp.c) 
 void lem_open_context(lua_State *L, int module);  /* module paths and phases (lua_context.c) */
 void lem_open_profiler(lua_State *L, int module); /* profiler sessions, profiles, NVTX (lua_profiler.c) */
 void lem_open_memory(lua_State *L, int module);   /* memory history and snapshots (lua_memory.c) */
-void lem_open_nn_cuda(lua_State *L, int module);
-void lem_open_dist(lua_State *L, int module);     /* collectives and work handles (lua_dist.c) */  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
-/* Register funcs both as methods and module functions. */
-void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs);
+void lem_open_nn_cuda(lua_State *L, int module);  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
+void lem_open_dist(lua_State *L, int module);     /* collectives and work handles (lua_dist.c) */
 
 #endif

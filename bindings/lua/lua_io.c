@@ -6,30 +6,34 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
+static const char *const SAVE_KEYS[] = {"metadata", NULL};
+static const char *const LOAD_NPY_KEYS[] = {"mmap", NULL};
+
 /* ember.save(path, {name = tensor, ...}, {metadata = {k = v}}) */
 static int l_save(lua_State *L) {
-  const char *path = lem_check_string(L, 1, "save", "path");
-  if (!lua_istable(L, 2) || lem_test_tensor(L, 2))
-    return lem_error(L, "save", "expected argument 2 to be a table {name = tensor}, got %s", luaL_typename(L, 2));
+  const char *fn = lem_name(L);
+  const char *path = lem_check_string(L, 1, fn, "path");
+  int opts = lem_opts(L, 3, fn, SAVE_KEYS);
+  if (!lua_istable(L, 2))
+    return lem_error(L, fn, "expected argument 2 to be a table {name = tensor}, got %s", luaL_typename(L, 2));
   int n = 0;
   for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1)) n++;
   const char **names = calloc((size_t)n + 1, sizeof *names);
   em_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
   int k = 0;
   for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1)) {
-    if (lua_type(L, -2) != LUA_TSTRING || !lem_test_tensor(L, -1)) {
+    if (lua_type(L, -2) != LUA_TSTRING || !lem_test_tensor(L, -1, NULL)) {
       free(names); free(ts);
-      return lem_error(L, "save", "expected string keys and tensor values, got %s = %s",
+      return lem_error(L, fn, "expected string keys and tensor values, got %s = %s",
                        luaL_typename(L, -2), luaL_typename(L, -1));
     }
     names[k++] = lua_tostring(L, -2);   /* anchored by the table */
   }
   qsort(names, (size_t)n, sizeof *names, cmp_str);   /* deterministic file layout */
-  for (int i = 0; i < n; i++) { lua_getfield(L, 2, names[i]); ts[i] = lem_test_tensor(L, -1); lua_pop(L, 1); }
+  for (int i = 0; i < n; i++) { lua_getfield(L, 2, names[i]); ts[i] = lem_test_tensor(L, -1, NULL); lua_pop(L, 1); }
   /* metadata: string keys and values (other values are tostring'd) */
   int nm = 0; char **mk = NULL, **mv = NULL;
-  if (lua_istable(L, 3)) {
-    lua_getfield(L, 3, "metadata");
+  if (lem_field(L, opts, fn, "metadata", LUA_TNONE)) {
     if (lua_istable(L, -1)) {
       int mt = lua_gettop(L), cnt = 0;
       for (lua_pushnil(L); lua_next(L, mt); lua_pop(L, 1)) cnt++;
@@ -53,7 +57,7 @@ static int l_save(lua_State *L) {
 
 /* ember.load(path) -> {name = tensor}, metadata */
 static int l_load(lua_State *L) {
-  const char *path = lem_check_string(L, 1, "load", "path");
+  const char *path = lem_check_string(L, 1, lem_name(L), "path");
   char **names = NULL, **mk = NULL, **mv = NULL; em_tensor **ts = NULL; int nm = 0;
   int n = em_st_load(path, &names, &ts, &nm, &mk, &mv);
   if (n < 0) return lem_raise(L);
@@ -83,17 +87,19 @@ static int raise_renamed(lua_State *L, const char *from, const char *to) {
 }
 
 static int l_load_npy(lua_State *L) {
-  const char *path = lem_check_string(L, 1, "load_npy", "path");
-  int mm = lem_opt_bool(L, lua_istable(L, 2) ? 2 : 0, "mmap", 0);
+  const char *fn = lem_name(L);
+  const char *path = lem_check_string(L, 1, fn, "path");
+  int mm = lem_field_bool(L, lem_opts(L, 2, fn, LOAD_NPY_KEYS), fn, "mmap", 0);
   em_tensor *t = em_npy_load(path, mm);
-  if (!t) return raise_renamed(L, "load", "load_npy");
+  if (!t) return raise_renamed(L, "load", fn);
   return lem_push_result(L, t);
 }
 
 static int l_save_npy(lua_State *L) {
-  const char *path = lem_check_string(L, 1, "save_npy", "path");
-  em_tensor *t = lem_check_tensor(L, 2, "save_npy", "tensor");
-  if (em_npy_save(path, t)) return raise_renamed(L, "save", "save_npy");
+  const char *fn = lem_name(L);
+  const char *path = lem_check_string(L, 1, fn, "path");
+  em_tensor *t = lem_check_tensor(L, 2, fn, "tensor");
+  if (em_npy_save(path, t)) return raise_renamed(L, "save", fn);
   return 0;
 }
 

@@ -6,7 +6,9 @@
 #include <string.h>
 #include "lua_ember.h"
 
-static int opts_at(lua_State *L, int idx) { return lua_istable(L, idx) && !lem_test_tensor(L, idx) ? idx : 0; }
+static const char *const OUT_KEYS[] = {"out", NULL};
+static const char *const KEEPDIM_KEYS[] = {"keepdim", NULL};
+static const char *const VAR_KEYS[] = {"correction", "keepdim", NULL};
 
 static double scalar_arg(lua_State *L, int idx, const char *fn) {
   if (lua_type(L, idx) == LUA_TNUMBER) return lua_tonumber(L, idx);
@@ -17,12 +19,10 @@ static double scalar_arg(lua_State *L, int idx, const char *fn) {
 
 /* a OP b where either side may be a number; out from opts or in-place. */
 static int binop(lua_State *L, em_binop op, int inplace) {
-  const char *fn = em_binop_name(op);
-  char nm[40];
-  if (inplace) { snprintf(nm, sizeof nm, "%s_", fn); fn = nm; }
-  em_tensor *a = lem_test_tensor_named(L, 1, fn), *b = lem_test_tensor_named(L, 2, fn), *out = NULL;
-  int opts = opts_at(L, 3);
-  if (opts) out = lem_opt_tensor(L, opts, "out", fn);
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_test_tensor(L, 1, fn), *b = lem_test_tensor(L, 2, fn), *out = NULL;
+  int opts = lem_opts(L, 3, fn, OUT_KEYS);
+  if (opts) out = lem_field_tensor(L, opts, fn, "out");
   if (inplace) {
     if (!a) return lem_error(L, fn, "expected argument 1 (self) to be a tensor, got %s", luaL_typename(L, 1));
     out = a;
@@ -43,10 +43,10 @@ BIN(maximum, EM_MAXIMUM) BIN(minimum, EM_MINIMUM) BIN(eq, EM_EQ) BIN(ne, EM_NE) 
 BIN(le, EM_LE) BIN(gt, EM_GT) BIN(ge, EM_GE) BIN(logical_and, EM_LOGICAL_AND) BIN(logical_or, EM_LOGICAL_OR)
 
 static int unop(lua_State *L, em_unop op, int inplace) {
-  const char *fn = em_unop_name(op);
+  const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *out = inplace ? a : NULL;
-  int opts = opts_at(L, 2);
-  if (opts && !inplace) out = lem_opt_tensor(L, opts, "out", fn);
+  int opts = lem_opts(L, 2, fn, OUT_KEYS);
+  if (opts && !inplace) out = lem_field_tensor(L, opts, fn, "out");
   return lem_push_result(L, em_unary(op, a, out));
 }
 #define UN(name, OP) \
@@ -57,13 +57,12 @@ UN(tanh, EM_TANH) UN(sigmoid, EM_SIGMOID) UN(silu, EM_SILU) UN(relu, EM_RELU) UN
 UN(sin, EM_SIN) UN(cos, EM_COS) UN(square, EM_SQUARE) UN(reciprocal, EM_RECIPROCAL) UN(sign, EM_SIGN)
 UN(logical_not, EM_LOGICAL_NOT) UN(floor, EM_FLOOR) UN(ceil, EM_CEIL) UN(round, EM_ROUND)
 
-static int mm_unm(lua_State *L) { return lem_push_result(L, em_unary(EM_NEG, lem_check_tensor(L, 1, "neg", "self"), NULL)); }
+static int mm_unm(lua_State *L) { return lem_push_result(L, em_unary(EM_NEG, lem_check_tensor(L, 1, lem_name(L), "self"), NULL)); }
 
-static double opt_bound(lua_State *L, int idx, const char *fn) { return lem_opt_number_arg(L, idx, fn, idx == 2 ? "min" : "max", NAN); }
 static int clamp_impl(lua_State *L, int inplace) {
-  const char *fn = inplace ? "clamp_" : "clamp";
+  const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self");
-  double lo = opt_bound(L, 2, fn), hi = opt_bound(L, 3, fn);
+  double lo = lem_opt_number(L, 2, fn, "min", NAN), hi = lem_opt_number(L, 3, fn, "max", NAN);
   if (!isnan(lo) && !isnan(hi) && lo > hi) return lem_error(L, fn, "expected min <= max, got min=%g max=%g", lo, hi);
   return lem_push_result(L, em_clamp(a, lo, hi, inplace ? a : NULL));
 }
@@ -71,8 +70,8 @@ static int lf_clamp(lua_State *L) { return clamp_impl(L, 0); }
 static int lf_clamp_(lua_State *L) { return clamp_impl(L, 1); }
 
 /* where(cond, a, b): a/b may be numbers (become 0-d tensors of the other's dtype). */
-static em_tensor *tensor_or_scalar(lua_State *L, int idx, em_tensor *like, const char *fn) {
-  em_tensor *t = lem_test_tensor(L, idx);
+static em_tensor *tensor_or_scalar(lua_State *L, int idx, const char *fn, em_tensor *like) {
+  em_tensor *t = lem_test_tensor(L, idx, fn);
   if (t) return em_tensor_retain(t);
   double v = scalar_arg(L, idx, fn);
   em_dtype dt = like ? like->dtype : (v == floor(v) ? EM_I64 : EM_F32);
@@ -80,27 +79,30 @@ static em_tensor *tensor_or_scalar(lua_State *L, int idx, em_tensor *like, const
   return em_scalar_tensor(v, dt, like ? like->device : em_cpu());
 }
 static int l_where(lua_State *L) {
-  em_tensor *c = lem_check_tensor(L, 1, "where", "condition");
-  em_tensor *ta = lem_test_tensor(L, 2), *tb = lem_test_tensor(L, 3);
-  em_tensor *a = tensor_or_scalar(L, 2, tb, "where");
-  em_tensor *b = tensor_or_scalar(L, 3, ta ? ta : a, "where");
+  const char *fn = lem_name(L);
+  em_tensor *c = lem_check_tensor(L, 1, fn, "condition");
+  em_tensor *ta = lem_test_tensor(L, 2, fn), *tb = lem_test_tensor(L, 3, fn);
+  em_tensor *a = tensor_or_scalar(L, 2, fn, tb);
+  em_tensor *b = tensor_or_scalar(L, 3, fn, ta ? ta : a);
   em_tensor *r = (a && b) ? em_where(c, a, b) : NULL;
   em_tensor_release(a); em_tensor_release(b);
   return lem_push_result(L, r);
 }
 
 static int masked_fill_impl(lua_State *L, int inplace) {
-  const char *fn = inplace ? "masked_fill_" : "masked_fill";
+  const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *m = lem_check_tensor(L, 2, fn, "mask");
   return lem_push_result(L, em_masked_fill(a, m, scalar_arg(L, 3, fn), inplace ? a : NULL));
 }
 static int lf_masked_fill(lua_State *L) { return masked_fill_impl(L, 0); }
 static int lf_masked_fill_(lua_State *L) { return masked_fill_impl(L, 1); }
 static int l_triu(lua_State *L) {
-  return lem_push_result(L, em_triu(lem_check_tensor(L, 1, "triu", "self"), lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "triu", "diagonal")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_triu(lem_check_tensor(L, 1, fn, "self"), lem_opt_int(L, 2, fn, "diagonal", 0)));
 }
 static int l_tril(lua_State *L) {
-  return lem_push_result(L, em_tril(lem_check_tensor(L, 1, "tril", "self"), lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "tril", "diagonal")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_tril(lem_check_tensor(L, 1, fn, "self"), lem_opt_int(L, 2, fn, "diagonal", 0)));
 }
 
 /* ---------------- reductions ---------------- */
@@ -110,7 +112,7 @@ static int read_dims(lua_State *L, int idx, const char *fn, int64_t *dims) {
   int tp = lua_type(L, idx);
   if (tp == LUA_TNONE || tp == LUA_TNIL) return 0;
   if (tp == LUA_TNUMBER) { dims[0] = lem_check_int(L, idx, fn, "dim"); return 1; }
-  if (tp != LUA_TTABLE || lem_test_tensor(L, idx))
+  if (tp != LUA_TTABLE)
     return lem_error(L, fn, "expected dim to be an integer or a table of integers, got %s", luaL_typename(L, idx));
   int n = (int)luaL_len(L, idx);     /* 0: an options table */
   if (n > EM_MAX_DIMS) lem_error(L, fn, "too many dims (%d)", n);
@@ -124,35 +126,40 @@ static int read_dims(lua_State *L, int idx, const char *fn, int64_t *dims) {
 }
 
 /* The options table is the last table argument that is not a dims list. */
-static int reduce_opts(lua_State *L, int from) {
+static int reduce_opts(lua_State *L, int from, const char *fn, const char *const *keys) {
   for (int i = lua_gettop(L); i >= from; i--)
-    if (lua_istable(L, i) && !lem_test_tensor(L, i) && luaL_len(L, i) == 0) return i;
+    if (lua_istable(L, i) && luaL_len(L, i) == 0) return lem_opts(L, i, fn, keys);
   return 0;
 }
 
 static int l_sum(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "sum", "self");
-  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "sum", dims);
-  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, fn, dims);
+  int kd = lem_field_bool(L, reduce_opts(L, 2, fn, KEEPDIM_KEYS), fn, "keepdim", 0);
   return lem_push_result(L, em_sum(a, nd, dims, kd));
 }
 static int l_mean(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "mean", "self");
-  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "mean", dims);
-  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, fn, dims);
+  int kd = lem_field_bool(L, reduce_opts(L, 2, fn, KEEPDIM_KEYS), fn, "keepdim", 0);
   return lem_push_result(L, em_mean(a, nd, dims, kd));
 }
 static int l_var(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "var", "self");
-  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "var", dims);
-  int o = reduce_opts(L, 2);
-  return lem_push_result(L, em_var(a, nd, dims, lem_opt_number(L, o, "var", "correction", 1), lem_opt_bool(L, o, "keepdim", 0)));
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, fn, dims);
+  int o = reduce_opts(L, 2, fn, VAR_KEYS);
+  return lem_push_result(L, em_var(a, nd, dims, lem_field_number(L, o, fn, "correction", 1),
+                                   lem_field_bool(L, o, fn, "keepdim", 0)));
 }
 static int l_std(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "std", "self");
-  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, "std", dims);
-  int o = reduce_opts(L, 2);
-  em_tensor *v = em_var(a, nd, dims, lem_opt_number(L, o, "std", "correction", 1), lem_opt_bool(L, o, "keepdim", 0));
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t dims[EM_MAX_DIMS]; int nd = read_dims(L, 2, fn, dims);
+  int o = reduce_opts(L, 2, fn, VAR_KEYS);
+  em_tensor *v = em_var(a, nd, dims, lem_field_number(L, o, fn, "correction", 1), lem_field_bool(L, o, fn, "keepdim", 0));
   if (!v) return lem_raise(L);
   em_tensor *s = em_unary(EM_SQRT, v, NULL);
   em_tensor_release(v);
@@ -160,15 +167,15 @@ static int l_std(lua_State *L) {
 }
 
 static int minmax(lua_State *L, int is_max) {
-  const char *fn = is_max ? "max" : "min";
+  const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self");
-  em_tensor *b = lem_test_tensor(L, 2);
+  em_tensor *b = lem_test_tensor(L, 2, fn);
   if (b) return lem_push_result(L, em_binary(is_max ? EM_MAXIMUM : EM_MINIMUM, a, b, NULL));
-  if (lua_isnoneornil(L, 2) || opts_at(L, 2)) {
+  if (lua_isnoneornil(L, 2) || lem_opts(L, 2, fn, KEEPDIM_KEYS)) {
     return lem_push_result(L, is_max ? em_max(a, EM_ALL_DIMS, false, NULL) : em_min(a, EM_ALL_DIMS, false, NULL));
   }
   int64_t d = lem_check_int(L, 2, fn, "dim");
-  int kd = lem_opt_bool(L, opts_at(L, 3), "keepdim", 0);
+  int kd = lem_field_bool(L, lem_opts(L, 3, fn, KEEPDIM_KEYS), fn, "keepdim", 0);
   em_tensor *idx = NULL;
   em_tensor *v = is_max ? em_max(a, d, kd, &idx) : em_min(a, d, kd, &idx);
   if (!v) return lem_raise(L);
@@ -180,75 +187,88 @@ static int l_max(lua_State *L) { return minmax(L, 1); }
 static int l_min(lua_State *L) { return minmax(L, 0); }
 
 static int argminmax(lua_State *L, int is_max) {
-  const char *fn = is_max ? "argmax" : "argmin";
+  const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self");
-  int64_t d = (lua_isnoneornil(L, 2) || opts_at(L, 2)) ? EM_ALL_DIMS : lem_check_int(L, 2, fn, "dim");
-  int kd = lem_opt_bool(L, reduce_opts(L, 2), "keepdim", 0);
+  int64_t d = lua_istable(L, 2) ? EM_ALL_DIMS : lem_opt_int(L, 2, fn, "dim", EM_ALL_DIMS);
+  int kd = lem_field_bool(L, reduce_opts(L, 2, fn, KEEPDIM_KEYS), fn, "keepdim", 0);
   return lem_push_result(L, is_max ? em_argmax(a, d, kd) : em_argmin(a, d, kd));
 }
 static int l_argmax(lua_State *L) { return argminmax(L, 1); }
 static int l_argmin(lua_State *L) { return argminmax(L, 0); }
 
 static int l_logsumexp(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "logsumexp", "self");
-  int64_t d = lem_check_int(L, 2, "logsumexp", "dim");
-  return lem_push_result(L, em_logsumexp(a, d, lem_opt_bool(L, opts_at(L, 3), "keepdim", 0)));
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  int64_t d = lem_check_int(L, 2, fn, "dim");
+  return lem_push_result(L, em_logsumexp(a, d, lem_field_bool(L, lem_opts(L, 3, fn, KEEPDIM_KEYS), fn, "keepdim", 0)));
 }
 static int l_softmax(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "softmax", "self");
-  return lem_push_result(L, em_softmax(a, lua_isnoneornil(L, 2) ? -1 : lem_check_int(L, 2, "softmax", "dim")));
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_softmax(a, lem_opt_int(L, 2, fn, "dim", -1)));
 }
 static int l_log_softmax(lua_State *L) {
-  em_tensor *a = lem_check_tensor(L, 1, "log_softmax", "self");
-  return lem_push_result(L, em_log_softmax(a, lua_isnoneornil(L, 2) ? -1 : lem_check_int(L, 2, "log_softmax", "dim")));
+  const char *fn = lem_name(L);
+  em_tensor *a = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_log_softmax(a, lem_opt_int(L, 2, fn, "dim", -1)));
 }
 
 /* ---------------- matmul and NN ops ---------------- */
 
 static int l_matmul(lua_State *L) {
-  return lem_push_result(L, em_matmul(lem_check_tensor(L, 1, "matmul", "self"), lem_check_tensor(L, 2, "matmul", "other")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_matmul(lem_check_tensor(L, 1, fn, "self"), lem_check_tensor(L, 2, fn, "other")));
 }
 static int l_linear(lua_State *L) {
-  em_tensor *x = lem_check_tensor(L, 1, "linear", "input"), *w = lem_check_tensor(L, 2, "linear", "weight");
-  em_tensor *b = lua_isnoneornil(L, 3) ? NULL : lem_check_tensor(L, 3, "linear", "bias");
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *w = lem_check_tensor(L, 2, fn, "weight");
+  em_tensor *b = lem_opt_tensor(L, 3, fn, "bias");
   return lem_push_result(L, em_linear(x, w, b));
 }
 static int l_embedding(lua_State *L) {
-  return lem_push_result(L, em_embedding(lem_check_tensor(L, 1, "embedding", "input"), lem_check_tensor(L, 2, "embedding", "weight")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_embedding(lem_check_tensor(L, 1, fn, "input"), lem_check_tensor(L, 2, fn, "weight")));
 }
 static int l_cross_entropy(lua_State *L) {
-  return lem_push_result(L, em_cross_entropy(lem_check_tensor(L, 1, "cross_entropy", "input"),
-                                             lem_check_tensor(L, 2, "cross_entropy", "target")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_cross_entropy(lem_check_tensor(L, 1, fn, "input"),
+                                             lem_check_tensor(L, 2, fn, "target")));
 }
 static int l_rmsnorm(lua_State *L) {
-  em_tensor *x = lem_check_tensor(L, 1, "rmsnorm", "input");
-  em_tensor *w = lua_isnoneornil(L, 2) ? NULL : lem_check_tensor(L, 2, "rmsnorm", "weight");
-  return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number_arg(L, 3, "rmsnorm", "eps", 1e-5)));
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input");
+  em_tensor *w = lem_opt_tensor(L, 2, fn, "weight");
+  return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number(L, 3, fn, "eps", 1e-5)));
 }
 static int l_rope(lua_State *L) {
-  em_tensor *x = lem_check_tensor(L, 1, "rope", "input"), *p = lem_check_tensor(L, 2, "rope", "positions");
-  return lem_push_result(L, em_rope(x, p, lem_opt_number_arg(L, 3, "rope", "theta", 10000.0)));
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *p = lem_check_tensor(L, 2, fn, "positions");
+  return lem_push_result(L, em_rope(x, p, lem_opt_number(L, 3, fn, "theta", 10000.0)));
 }
 static int l_swiglu(lua_State *L) {
-  return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, "swiglu", "a"), lem_check_tensor(L, 2, "swiglu", "b")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, fn, "a"), lem_check_tensor(L, 2, fn, "b")));
 }
 static int l_attention_naive(lua_State *L) {
-  em_tensor *q = lem_check_tensor(L, 1, "attention_naive", "q"), *k = lem_check_tensor(L, 2, "attention_naive", "k");
-  em_tensor *v = lem_check_tensor(L, 3, "attention_naive", "v");
-  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), lem_opt_number_arg(L, 5, "attention_naive", "scale", 0)));
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
+  em_tensor *v = lem_check_tensor(L, 3, fn, "v");
+  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), lem_opt_number(L, 5, fn, "scale", 0)));
 }
 
 static int l_attention(lua_State *L) {
-  em_tensor *q = lem_check_tensor(L, 1, "attention", "q"), *k = lem_check_tensor(L, 2, "attention", "k");
-  em_tensor *v = lem_check_tensor(L, 3, "attention", "v");
-  return lem_push_result(L, em_attention(q, k, v, lua_toboolean(L, 4), lem_opt_number_arg(L, 5, "attention", "scale", 0)));
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
+  em_tensor *v = lem_check_tensor(L, 3, fn, "v");
+  return lem_push_result(L, em_attention(q, k, v, lua_toboolean(L, 4), lem_opt_number(L, 5, fn, "scale", 0)));
 }
 /* core.flash_attention(q, k, v, causal[, scale]) -> o, lse */
 static int l_flash_attention(lua_State *L) {
-  em_tensor *q = lem_check_tensor(L, 1, "flash_attention", "q"), *k = lem_check_tensor(L, 2, "flash_attention", "k");
-  em_tensor *v = lem_check_tensor(L, 3, "flash_attention", "v"), *lse = NULL;
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
+  em_tensor *v = lem_check_tensor(L, 3, fn, "v"), *lse = NULL;
   em_tensor *o = em_flash_attention(q, k, v, lua_toboolean(L, 4),
-                                    lem_opt_number_arg(L, 5, "flash_attention", "scale", 0), &lse);
+                                    lem_opt_number(L, 5, fn, "scale", 0), &lse);
   if (!o) return lem_push_result(L, NULL);
   lem_push_result(L, o);
   lem_push_result(L, lse);
@@ -256,16 +276,17 @@ static int l_flash_attention(lua_State *L) {
 }
 /* core.flash_applies(q, k, v) -> boolean (under the current autocast state) */
 static int l_flash_applies(lua_State *L) {
-  em_tensor *q = lem_check_tensor(L, 1, "flash_applies", "q"), *k = lem_check_tensor(L, 2, "flash_applies", "k");
-  lua_pushboolean(L, em_flash_applies(q, k, lem_check_tensor(L, 3, "flash_applies", "v")));
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
+  lua_pushboolean(L, em_flash_applies(q, k, lem_check_tensor(L, 3, fn, "v")));
   return 1;
 }
 
 static int l_cat_stack(lua_State *L, int stack) {
-  const char *fn = stack ? "stack" : "cat";
+  const char *fn = lem_name(L);
   em_tensor **ts;
   int n = lem_check_tensor_list(L, 1, fn, &ts);
-  int64_t d = lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, fn, "dim");
+  int64_t d = lem_opt_int(L, 2, fn, "dim", 0);
   em_tensor *r = stack ? em_stack(n, ts, d) : em_cat(n, ts, d);
   free(ts);
   return lem_push_result(L, r);
@@ -276,7 +297,8 @@ static int l_stack(lua_State *L) { return l_cat_stack(L, 1); }
 /* ---------------- random ---------------- */
 
 static int l_manual_seed(lua_State *L) {
-  em_manual_seed((uint64_t)lem_check_int(L, 1, "manual_seed", "seed"));
+  const char *fn = lem_name(L);
+  em_manual_seed((uint64_t)lem_check_int(L, 1, fn, "seed"));
   return 0;
 }
 static int l_get_rng_state(lua_State *L) {
@@ -286,62 +308,67 @@ static int l_get_rng_state(lua_State *L) {
   return 1;
 }
 static int l_set_rng_state(lua_State *L) {
-  lem_check_type(L, 1, LUA_TTABLE, "set_rng_state", "state");
+  const char *fn = lem_name(L);
+  lem_check_type(L, 1, fn, "state", LUA_TTABLE);
   lua_getfield(L, 1, "seed"); lua_getfield(L, 1, "offset");
   if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
-    return lem_error(L, "set_rng_state", "expected a table {seed = integer, offset = integer} (from get_rng_state)");
+    return lem_error(L, fn, "expected a table {seed = integer, offset = integer} (from get_rng_state)");
   em_rng_set_state((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1));
   return 0;
 }
-static int fill_random(lua_State *L, const char *fn, int kind) {
+static int fill_random(lua_State *L, int kind) {
+  const char *fn = lem_name(L);
   em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   int rc;
-  double a = lem_opt_number_arg(L, 2, fn, kind == 0 ? "from" : "mean", 0);
-  double b = lem_opt_number_arg(L, 3, fn, kind == 0 ? "to" : "std", 1);
+  double a = lem_opt_number(L, 2, fn, kind == 0 ? "from" : "mean", 0);
+  double b = lem_opt_number(L, 3, fn, kind == 0 ? "to" : "std", 1);
   if (kind == 0) rc = em_uniform_(t, a, b);
   else if (kind == 1) rc = em_normal_(t, a, b);
-  else rc = em_trunc_normal_(t, a, b, lem_opt_number_arg(L, 4, fn, "a", -2), lem_opt_number_arg(L, 5, fn, "b", 2));
+  else rc = em_trunc_normal_(t, a, b, lem_opt_number(L, 4, fn, "a", -2), lem_opt_number(L, 5, fn, "b", 2));
   if (rc) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
-static int l_uniform_(lua_State *L) { return fill_random(L, "uniform_", 0); }
-static int l_normal_(lua_State *L) { return fill_random(L, "normal_", 1); }
-static int l_trunc_normal_(lua_State *L) { return fill_random(L, "trunc_normal_", 2); }
+static int l_uniform_(lua_State *L) { return fill_random(L, 0); }
+static int l_normal_(lua_State *L) { return fill_random(L, 1); }
+static int l_trunc_normal_(lua_State *L) { return fill_random(L, 2); }
 
 /* ---------------- optimizer kernels ---------------- */
 
 static int l_adamw_(lua_State *L) {
+  const char *fn = lem_name(L);
   em_tensor **p, **g, **m, **v;
-  int n = lem_check_tensor_list(L, 1, "adamw_", &p);
-  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, "adamw_", n, p, &g) : lem_check_tensor_list(L, 2, "adamw_", &g);
-  int n3 = lem_check_tensor_list(L, 3, "adamw_", &m);
-  int n4 = lem_check_tensor_list(L, 4, "adamw_", &v);
+  int n = lem_check_tensor_list(L, 1, fn, &p);
+  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, fn, n, p, &g) : lem_check_tensor_list(L, 2, fn, &g);
+  int n3 = lem_check_tensor_list(L, 3, fn, &m);
+  int n4 = lem_check_tensor_list(L, 4, fn, &v);
   int rc = -1;
-  if (n != n2 || n != n3 || n != n4) em_error("adamw_: expected lists of equal length, got %d, %d, %d, %d", n, n2, n3, n4);
-  else rc = em_adamw_(n, p, g, m, v, lem_check_number(L, 5, "adamw_", "lr"), lem_check_number(L, 6, "adamw_", "beta1"),
-                      lem_check_number(L, 7, "adamw_", "beta2"), lem_check_number(L, 8, "adamw_", "eps"),
-                      lem_check_number(L, 9, "adamw_", "weight_decay"), lem_check_int(L, 10, "adamw_", "step"));
+  if (n != n2 || n != n3 || n != n4) em_error("%s: expected lists of equal length, got %d, %d, %d, %d", fn, n, n2, n3, n4);
+  else rc = em_adamw_(n, p, g, m, v, lem_check_number(L, 5, fn, "lr"), lem_check_number(L, 6, fn, "beta1"),
+                      lem_check_number(L, 7, fn, "beta2"), lem_check_number(L, 8, fn, "eps"),
+                      lem_check_number(L, 9, fn, "weight_decay"), lem_check_int(L, 10, fn, "step"));
   free(p); free(g); free(m); free(v);
   if (rc) return lem_raise(L);
   return 0;
 }
 static int l_sgd_(lua_State *L) {
+  const char *fn = lem_name(L);
   em_tensor **p, **g, **b = NULL;
-  int n = lem_check_tensor_list(L, 1, "sgd_", &p);
-  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, "sgd_", n, p, &g) : lem_check_tensor_list(L, 2, "sgd_", &g), n3 = n;
-  if (!lua_isnoneornil(L, 3)) n3 = lem_check_tensor_list(L, 3, "sgd_", &b);
+  int n = lem_check_tensor_list(L, 1, fn, &p);
+  int n2 = lua_isnil(L, 2) ? lem_grads_of(L, fn, n, p, &g) : lem_check_tensor_list(L, 2, fn, &g), n3 = n;
+  if (!lua_isnoneornil(L, 3)) n3 = lem_check_tensor_list(L, 3, fn, &b);
   int rc = -1;
-  if (n != n2 || n != n3) em_error("sgd_: expected lists of equal length, got %d, %d, %d", n, n2, n3);
-  else rc = em_sgd_(n, p, g, b, lem_check_number(L, 4, "sgd_", "lr"), lem_opt_number_arg(L, 5, "sgd_", "momentum", 0),
-                    lem_opt_number_arg(L, 6, "sgd_", "weight_decay", 0), lua_toboolean(L, 7));
+  if (n != n2 || n != n3) em_error("%s: expected lists of equal length, got %d, %d, %d", fn, n, n2, n3);
+  else rc = em_sgd_(n, p, g, b, lem_check_number(L, 4, fn, "lr"), lem_opt_number(L, 5, fn, "momentum", 0),
+                    lem_opt_number(L, 6, fn, "weight_decay", 0), lua_toboolean(L, 7));
   free(p); free(g); free(b);
   if (rc) return lem_raise(L);
   return 0;
 }
 static int l_sum_of_squares(lua_State *L) {
+  const char *fn = lem_name(L);
   em_tensor **ts;
-  int n = lem_check_tensor_list(L, 1, "sum_of_squares", &ts);
+  int n = lem_check_tensor_list(L, 1, fn, &ts);
   em_tensor *r = em_sum_of_squares(n, ts);
   free(ts);
   return lem_push_result(L, r);
@@ -371,8 +398,9 @@ void lem_open_math(lua_State *L, int methods, int module) {
   lem_register(L, 0, module, module_only);
   /* operators */
   luaL_getmetatable(L, EM_TENSOR_MT);
-  static const struct { const char *mm; lua_CFunction f; } ops[] = {
-    {"__add", lf_add}, {"__sub", lf_sub}, {"__mul", lf_mul}, {"__div", lf_div}, {"__pow", lf_pow}, {"__unm", mm_unm}};
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) { lua_pushcfunction(L, ops[i].f); lua_setfield(L, -2, ops[i].mm); }
+  static const lem_Reg ops[] = {{"__add", lf_add, "add"}, {"__sub", lf_sub, "sub"}, {"__mul", lf_mul, "mul"},
+                                 {"__div", lf_div, "div"}, {"__pow", lf_pow, "pow"}, {"__unm", mm_unm, "neg"},
+                                 {NULL, NULL, NULL}};
+  lem_register_named(L, 0, lua_gettop(L), ops);
   lua_pop(L, 1);
 }

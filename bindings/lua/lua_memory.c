@@ -114,8 +114,8 @@ static const char *mem_callsite(int depth) {
 
 /* core.mem_set_internal_prefix("@/path/ember/"): frames whose source starts so are skipped. */
 static int l_set_internal_prefix(lua_State *L) {
-  size_t n;
-  const char *p = luaL_checklstring(L, 1, &n);
+  const char *p = lem_check_string(L, 1, lem_name(L), "prefix");
+  size_t n = strlen(p);
   if (n >= sizeof internal_prefix) n = 0;              /* too long to be ours: skip nothing */
   memcpy(internal_prefix, p, n);
   internal_prefix[n] = 0;
@@ -136,10 +136,11 @@ static int check_category(lua_State *L, int idx, const char *fn) {
 
 /* core.mem_record_history(on, max_entries, stack_depth, cpu) */
 static int l_record_history(lua_State *L) {
+  const char *fn = lem_name(L);
   em_mem_history_opts o = {EM_MEM_DEFAULT_MAX_ENTRIES, 0, true};
   int on = lua_toboolean(L, 1);
-  if (!lua_isnoneornil(L, 2)) o.max_entries = (int64_t)luaL_checkinteger(L, 2);
-  if (!lua_isnoneornil(L, 3)) o.stack_depth = (int)luaL_checkinteger(L, 3);
+  o.max_entries = lem_opt_int(L, 2, fn, "max_entries", o.max_entries);
+  o.stack_depth = (int)lem_opt_int(L, 3, fn, "stack_depth", o.stack_depth);
   if (!lua_isnoneornil(L, 4)) o.cpu = lua_toboolean(L, 4);
   if (on) owner = pthread_self();                       /* the thread that records walks its stacks */
   if (em_mem_record_history(on, &o)) return lem_raise(L);
@@ -180,15 +181,17 @@ static int l_history_stats(lua_State *L) {
 
 /* core.mem_tag(t, category): t's storage changes category (no-op unless recording). */
 static int l_tag(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "memory.tag", "tensor");
-  em_mem_tag(t->storage, (em_mem_category)check_category(L, 2, "memory.tag"));
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "tensor");
+  em_mem_tag(t->storage, (em_mem_category)check_category(L, 2, fn));
   return 0;
 }
 
 /* core.mem_tag_grad(t, category): tag t.grad's storage without making a Lua handle to it. */
 static int l_tag_grad(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "memory.tag", "tensor");
-  int c = check_category(L, 2, "memory.tag");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "tensor");
+  int c = check_category(L, 2, fn);
   if (t->grad) em_mem_tag(t->grad->storage, (em_mem_category)c);
   return 0;
 }
@@ -196,7 +199,7 @@ static int l_tag_grad(lua_State *L) {
 /* core.mem_set_category_override(name | nil) -> the previous one (nil: inferred) */
 static int l_set_override(lua_State *L) {
   em_mem_category c = lua_isnoneornil(L, 1) ? EM_MEM_AUTO
-                                            : (em_mem_category)check_category(L, 1, "memory.category");
+                                            : (em_mem_category)check_category(L, 1, lem_name(L));
   em_mem_category prev = em_mem_set_category_override(c);
   if (prev == EM_MEM_AUTO) lua_pushnil(L);
   else lua_pushstring(L, em_mem_category_name(prev));
@@ -207,8 +210,9 @@ static int l_set_override(lua_State *L) {
 
 /* core.mem_snapshot_save(path, "json" | "pickle") */
 static int l_snapshot_save(lua_State *L) {
-  const char *path = lem_check_string(L, 1, "memory.snapshot", "path");
-  const char *fmt = lem_check_string(L, 2, "memory.snapshot", "format");
+  const char *fn = lem_name(L);
+  const char *path = lem_check_string(L, 1, fn, "path");
+  const char *fmt = lem_check_string(L, 2, fn, "format");
   em_mem_format f = strcmp(fmt, "pickle") == 0 ? EM_MEM_FORMAT_PICKLE : EM_MEM_FORMAT_JSON;
   if (em_mem_snapshot_save(path, f)) return lem_raise(L);
   return 0;
@@ -374,12 +378,16 @@ static void find_coroutine_functions(lua_State *L) {
 }
 
 void lem_open_memory(lua_State *L, int module) {
-  static const luaL_Reg f[] = {
-    {"mem_record_history", l_record_history}, {"mem_clear_history", l_clear_history},
-    {"mem_history_stats", l_history_stats}, {"mem_tag", l_tag}, {"mem_tag_grad", l_tag_grad},
-    {"mem_set_category_override", l_set_override}, {"mem_snapshot_save", l_snapshot_save},
-    {"mem_snapshot", l_snapshot}, {"mem_set_internal_prefix", l_set_internal_prefix}, {NULL, NULL}};
-  lem_register(L, 0, module, f);
+  /* named as ember.memory (bindings/ember/memory.lua) shows them */
+  static const lem_Reg f[] = {
+    {"mem_record_history", l_record_history, "memory.record_history"},
+    {"mem_clear_history", l_clear_history, "memory.clear_history"},
+    {"mem_history_stats", l_history_stats, "memory.stats"},
+    {"mem_tag", l_tag, "memory.tag"}, {"mem_tag_grad", l_tag_grad, "memory.tag"},
+    {"mem_set_category_override", l_set_override, "memory.category"},
+    {"mem_snapshot_save", l_snapshot_save, "memory.snapshot"}, {"mem_snapshot", l_snapshot, "memory.snapshot"},
+    {"mem_set_internal_prefix", l_set_internal_prefix, "memory.set_internal_prefix"}, {NULL, NULL, NULL}};
+  lem_register_named(L, 0, module, f);
   owner = pthread_self();
   find_coroutine_functions(L);
   em_mem_set_callsite_fn(mem_callsite);

@@ -18,11 +18,11 @@
 /* The .grad of each of params (all must have one); fails naming the first without. */
 int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor ***out) {
   em_tensor **g = malloc(sizeof *g * (size_t)(n > 0 ? n : 1));
-  if (!g) { free(p); return luaL_error(L, "%s: out of host memory", fn); }
+  if (!g) { free(p); return lem_error(L, fn, "out of host memory"); }
   for (int i = 0; i < n; i++) {
     if (!p[i]->grad) {
       free(g); free(p);
-      return luaL_error(L, "ember.core.%s: parameter %d has no gradient", fn, i + 1);
+      return lem_error(L, fn, "parameter %d has no gradient", i + 1);
     }
     g[i] = p[i]->grad;
   }
@@ -31,8 +31,8 @@ int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor *
 }
 
 static int l_adamw_capturable_(lua_State *L) {
-  const char *fn = "adamw_capturable_";
-  em_tensor *lr_t = lua_isnoneornil(L, 6) ? NULL : lem_check_tensor(L, 6, fn, "lr");
+  const char *fn = lem_name(L);
+  em_tensor *lr_t = lem_opt_tensor(L, 6, fn, "lr");
   double lr = lem_check_number(L, 7, fn, "lr"), b1 = lem_check_number(L, 8, fn, "beta1");
   double b2 = lem_check_number(L, 9, fn, "beta2"), eps = lem_check_number(L, 10, fn, "eps");
   double wd = lem_check_number(L, 11, fn, "weight_decay");
@@ -51,7 +51,7 @@ static int l_adamw_capturable_(lua_State *L) {
 }
 
 static int l_clip_grads_(lua_State *L) {
-  const char *fn = "clip_grads_";
+  const char *fn = lem_name(L);
   em_tensor *sumsq = lem_check_tensor(L, 2, fn, "sumsq");
   double max_norm = lem_check_number(L, 3, fn, "max_norm");
   em_tensor **g = NULL;
@@ -62,7 +62,7 @@ static int l_clip_grads_(lua_State *L) {
 }
 
 static int l_clip_param_grads_(lua_State *L) {
-  const char *fn = "clip_param_grads_";
+  const char *fn = lem_name(L);
   double max_norm = lem_check_number(L, 2, fn, "max_norm");
   em_tensor **p = NULL;
   int n = lem_check_tensor_list(L, 1, fn, &p), k = 0;
@@ -76,7 +76,7 @@ static int l_clip_param_grads_(lua_State *L) {
 }
 
 static int l_has_grad(lua_State *L) {
-  lua_pushboolean(L, lem_check_tensor(L, 1, "has_grad", "self")->grad != NULL);
+  lua_pushboolean(L, lem_check_tensor(L, 1, lem_name(L), "self")->grad != NULL);
   return 1;
 }
 
@@ -85,7 +85,7 @@ static int l_has_grad(lua_State *L) {
  * view) still referenced them: memory that comes back only at the next
  * collection, which the caller can then ask for. */
 static int l_zero_grad_(lua_State *L) {
-  const char *fn = "zero_grad_";
+  const char *fn = lem_name(L);
   bool to_none = lua_toboolean(L, 2);
   em_tensor **p = NULL;
   int n = lem_check_tensor_list(L, 1, fn, &p);

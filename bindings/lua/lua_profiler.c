@@ -12,18 +12,12 @@ typedef struct { em_profile *p; } profile_box;
 
 /* ---------------- session ---------------- */
 
-/* core.prof_start({backend=}) */
+/* core.prof_start({backend=}): the table is ember.profiler.start's, which reads other keys. */
 static int l_prof_start(lua_State *L) {
+  const char *fn = lem_name(L);
   em_prof_opts o = {0};
-  if (!lua_isnoneornil(L, 1)) {
-    lem_check_type(L, 1, LUA_TTABLE, "profiler.start", "opts");
-    lua_getfield(L, 1, "backend");
-    if (!lua_isnil(L, -1)) {
-      if (lua_type(L, -1) != LUA_TSTRING)
-        return lem_error(L, "profiler.start", "expected option 'backend' to be a string, got %s", luaL_typename(L, -1));
-      o.backend = lua_tostring(L, -1);
-    }
-  }
+  if (!lua_isnoneornil(L, 1)) lem_check_type(L, 1, fn, "opts", LUA_TTABLE);
+  if (lem_field(L, lem_opts(L, 1, fn, NULL), fn, "backend", LUA_TSTRING)) o.backend = lua_tostring(L, -1);
   if (em_profiler_start(&o)) return lem_raise(L);
   return 0;
 }
@@ -62,15 +56,15 @@ static int l_prof_auto_backend(lua_State *L) {
 static int l_nvtx_available(lua_State *L) { lua_pushboolean(L, em_nvtx_available()); return 1; }
 static int l_nvtx_enable(lua_State *L) { lua_pushboolean(L, em_nvtx_enable(lua_toboolean(L, 1))); return 1; }
 static int l_nvtx_enabled(lua_State *L) { lua_pushboolean(L, em_nvtx_enabled()); return 1; }
-static int l_nvtx_push(lua_State *L) { em_nvtx_push(lem_check_string(L, 1, "nvtx.push", "name")); return 0; }
+static int l_nvtx_push(lua_State *L) { em_nvtx_push(lem_check_string(L, 1, lem_name(L), "name")); return 0; }
 static int l_nvtx_pop(lua_State *L) { em_nvtx_pop(); return 0; }
-static int l_nvtx_mark(lua_State *L) { em_nvtx_mark(lem_check_string(L, 1, "nvtx.mark", "name")); return 0; }
+static int l_nvtx_mark(lua_State *L) { em_nvtx_mark(lem_check_string(L, 1, lem_name(L), "name")); return 0; }
 
 /* ---------------- profile objects ---------------- */
 
-static em_profile *check_profile(lua_State *L, const char *fn) {
-  profile_box *b = luaL_testudata(L, 1, PROFILE_MT);
-  if (!b) lem_error(L, fn, "expected a profile (from ember.profiler.stop), got %s", luaL_typename(L, 1));
+static em_profile *check_profile(lua_State *L, int idx, const char *fn) {
+  profile_box *b = luaL_testudata(L, idx, PROFILE_MT);
+  if (!b) lem_error(L, fn, "expected a profile (from ember.profiler.stop), got %s", luaL_typename(L, idx));
   if (!b->p) lem_error(L, fn, "this profile was closed");
   return b->p;
 }
@@ -83,15 +77,14 @@ static int p_close(lua_State *L) {
 }
 
 /* An option that must be one of names (nil: def); errors list `expected`. */
-static int opt_enum(lua_State *L, int opts, const char *key, const char *const names[], const char *expected,
-                    int def) {
-  lua_getfield(L, opts, key);
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return def; }
+static int field_enum(lua_State *L, int opts, const char *fn, const char *key, int def, const char *const names[],
+                      const char *expected) {
+  if (!lem_field(L, opts, fn, key, LUA_TNONE)) return def;
   const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
   for (int i = 0; s && names[i]; i++)
     if (!strcmp(s, names[i])) { lua_pop(L, 1); return i; }
-  if (s) return lem_error(L, "profile", "expected option '%s' to be %s, got \"%s\"", key, expected, s);
-  return lem_error(L, "profile", "expected option '%s' to be %s, got %s", key, expected, luaL_typename(L, -1));
+  if (s) return lem_error(L, fn, "expected option '%s' to be %s, got \"%s\"", key, expected, s);
+  return lem_error(L, fn, "expected option '%s' to be %s, got %s", key, expected, luaL_typename(L, -1));
 }
 
 static void set_ms(lua_State *L, const char *key, int64_t ns) {
@@ -110,24 +103,26 @@ static void set_int(lua_State *L, const char *key, int64_t v) {
  *         depth=, rollup=, kernels_only=} -> {{key=, calls=, total_ms=, self_ms=,
  *         avg_us=, min_us=, max_us=, forward_ms=, ..., kernels=, device_ms=}, ...} */
 static int p_group(lua_State *L) {
-  em_profile *p = check_profile(L, "profile.group");
+  const char *fn = lem_name(L);
+  em_profile *p = check_profile(L, 1, fn);
   static const char *const sources[] = {"gpu", "ops", NULL};
   static const char *const keys[] = {"name", "op", "module", "phase", NULL};
   static const char *const phases[] = {"none", "forward", "backward", "optimizer", NULL};
   em_prof_query q = {.phase = -1};
-  if (!lua_isnoneornil(L, 2)) {
-    lem_check_type(L, 2, LUA_TTABLE, "profile.group", "opts");
-    q.source = (em_prof_source)opt_enum(L, 2, "source", sources, "\"gpu\" or \"ops\"", 0);
-    q.key = (em_prof_key)opt_enum(L, 2, "by", keys, "\"name\", \"op\", \"module\" or \"phase\"", 0);
-    q.phase = opt_enum(L, 2, "phase", phases, "\"forward\", \"backward\", \"optimizer\" or \"none\"", -1);
-    lua_getfield(L, 2, "module");
-    if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-      return lem_error(L, "profile", "expected option 'module' to be a pattern string, got %s", luaL_typename(L, -1));
-    q.module_glob = lua_tostring(L, -1);
-    q.depth = (int)lem_opt_number(L, 2, "profile.group", "depth", 0);
-    q.rollup = lem_opt_bool(L, 2, "rollup", 0);
-    q.kernels_only = lem_opt_bool(L, 2, "kernels_only", 0);
+  if (!lua_isnoneornil(L, 2)) lem_check_type(L, 2, fn, "opts", LUA_TTABLE);
+  int opts = lem_opts(L, 2, fn, NULL);   /* ember.profile's methods pass the user's table on */
+  q.source = (em_prof_source)field_enum(L, opts, fn, "source", 0, sources, "\"gpu\" or \"ops\"");
+  q.key = (em_prof_key)field_enum(L, opts, fn, "by", 0, keys, "\"name\", \"op\", \"module\" or \"phase\"");
+  q.phase = field_enum(L, opts, fn, "phase", -1, phases, "\"forward\", \"backward\", \"optimizer\" or \"none\"");
+  if (lem_field(L, opts, fn, "module", LUA_TNONE)) {
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return lem_error(L, fn, "expected option 'module' to be a pattern string, got %s", luaL_typename(L, -1));
+    q.module_glob = lua_tostring(L, -1);   /* the table keeps it alive */
+    lua_pop(L, 1);
   }
+  q.depth = (int)lem_field_number(L, opts, fn, "depth", 0);
+  q.rollup = lem_field_bool(L, opts, fn, "rollup", 0);
+  q.kernels_only = lem_field_bool(L, opts, fn, "kernels_only", 0);
   em_prof_row *rows = NULL;
   size_t n = 0;
   if (em_profile_group(p, &q, &rows, &n)) return lem_raise(L);
@@ -163,7 +158,7 @@ static int p_group(lua_State *L) {
 
 /* p:summary() -> table of counts and times (ms) */
 static int p_summary(lua_State *L) {
-  em_profile *p = check_profile(L, "profile.summary");
+  em_profile *p = check_profile(L, 1, lem_name(L));
   em_prof_summary s;
   em_profile_summary(p, &s);
   lua_createtable(L, 0, 32);
@@ -203,8 +198,9 @@ static int p_summary(lua_State *L) {
 
 /* p:write_chrome_trace(path) -> bytes written */
 static int p_write_trace(lua_State *L) {
-  em_profile *p = check_profile(L, "profile.export_chrome_trace");
-  const char *path = lem_check_string(L, 2, "profile.export_chrome_trace", "path");
+  const char *fn = lem_name(L);
+  em_profile *p = check_profile(L, 1, fn);
+  const char *path = lem_check_string(L, 2, fn, "path");
   int64_t n = em_profile_write_chrome_trace(p, path);
   if (n < 0) return lem_raise(L);
   lua_pushinteger(L, n);
@@ -212,11 +208,13 @@ static int p_write_trace(lua_State *L) {
 }
 
 void lem_open_profiler(lua_State *L, int module) {
-  static const luaL_Reg methods[] = {{"group", p_group}, {"summary", p_summary},
-                                     {"write_chrome_trace", p_write_trace}, {"close", p_close}, {NULL, NULL}};
+  /* named as ember.profile's methods (bindings/ember/profiler.lua) show them */
+  static const lem_Reg methods[] = {{"group", p_group, "profile"}, {"summary", p_summary, "profile.summary"},
+                                    {"write_chrome_trace", p_write_trace, "profile.export_chrome_trace"},
+                                    {"close", p_close, "profile.close"}, {NULL, NULL, NULL}};
   luaL_newmetatable(L, PROFILE_MT);
   lua_newtable(L);
-  luaL_setfuncs(L, methods, 0);
+  lem_register_named(L, 0, lua_gettop(L), methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, p_close);
   lua_setfield(L, -2, "__gc");
@@ -226,9 +224,13 @@ void lem_open_profiler(lua_State *L, int module) {
   lua_setfield(L, -2, "__name");
   lua_pop(L, 1);
   static const luaL_Reg f[] = {
-    {"prof_start", l_prof_start}, {"prof_stop", l_prof_stop}, {"prof_running", l_prof_running},
-    {"prof_step", l_prof_step}, {"prof_init", l_prof_init}, {"prof_auto_backend", l_prof_auto_backend},
-    {"nvtx_available", l_nvtx_available}, {"nvtx_enable", l_nvtx_enable}, {"nvtx_enabled", l_nvtx_enabled},
-    {"nvtx_push", l_nvtx_push}, {"nvtx_pop", l_nvtx_pop}, {"nvtx_mark", l_nvtx_mark}, {NULL, NULL}};
+    {"prof_running", l_prof_running}, {"prof_step", l_prof_step}, {"prof_init", l_prof_init},
+    {"prof_auto_backend", l_prof_auto_backend}, {"nvtx_available", l_nvtx_available},
+    {"nvtx_enable", l_nvtx_enable}, {"nvtx_enabled", l_nvtx_enabled}, {"nvtx_pop", l_nvtx_pop}, {NULL, NULL}};
   lem_register(L, 0, module, f);
+  /* named as ember.profiler and ember.nvtx show them */
+  static const lem_Reg named[] = {
+    {"prof_start", l_prof_start, "profiler.start"}, {"prof_stop", l_prof_stop, "profiler.stop"},
+    {"nvtx_push", l_nvtx_push, "nvtx.push"}, {"nvtx_mark", l_nvtx_mark, "nvtx.mark"}, {NULL, NULL, NULL}};
+  lem_register_named(L, 0, module, named);
 }

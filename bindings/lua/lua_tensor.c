@@ -12,7 +12,7 @@ static size_t gc_debt = 0;           /* bytes allocated since the last GC step w
 static size_t gc_device_debt = 0;    /* fresh CUDA bytes since the last device-driven collection */
 static size_t gc_device_threshold = (size_t)1 << 30;
 
-/* ---------------- errors ---------------- */
+/* ---------------- names and errors ---------------- */
 
 /* Errors carry no "file:line:" prefix: the API promises messages that start
  * with the function name ("ember.add: ..."); tracebacks give the location. */
@@ -30,13 +30,41 @@ int lem_error(lua_State *L, const char *fn, const char *fmt, ...) {
   return lua_error(L);
 }
 
+const char *lem_name(lua_State *L) {
+  int up = lua_upvalueindex(1);
+  return lua_type(L, up) == LUA_TSTRING ? lua_tostring(L, up) : "core";   /* "core": pushed unnamed (a bug) */
+}
+
+void lem_push_function(lua_State *L, lua_CFunction func, const char *name, int nup) {
+  lua_pushstring(L, name);
+  lua_insert(L, -nup - 1);
+  lua_pushcclosure(L, func, nup + 1);
+}
+
+static void set_function(lua_State *L, int methods, int module, const char *key, lua_CFunction func,
+                         const char *name) {
+  lem_push_function(L, func, name, 0);
+  if (methods) { lua_pushvalue(L, -1); lua_setfield(L, methods, key); }
+  if (module) lua_setfield(L, module, key); else lua_pop(L, 1);
+}
+
+void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs) {
+  for (const luaL_Reg *r = funcs; r->name; r++) set_function(L, methods, module, r->name, r->func, r->name);
+}
+
+void lem_register_named(lua_State *L, int methods, int module, const lem_Reg *funcs) {
+  for (const lem_Reg *r = funcs; r->key; r++) set_function(L, methods, module, r->key, r->func, r->name);
+}
+
+/* ---------------- arguments ---------------- */
+
 double lem_check_number(lua_State *L, int idx, const char *fn, const char *arg) {
   if (lua_type(L, idx) != LUA_TNUMBER)
     lem_error(L, fn, "expected argument %d (%s) to be a number, got %s", idx, arg, luaL_typename(L, idx));
   return lua_tonumber(L, idx);
 }
 
-double lem_opt_number_arg(lua_State *L, int idx, const char *fn, const char *arg, double def) {
+double lem_opt_number(lua_State *L, int idx, const char *fn, const char *arg, double def) {
   return lua_isnoneornil(L, idx) ? def : lem_check_number(L, idx, fn, arg);
 }
 
@@ -46,7 +74,11 @@ const char *lem_check_string(lua_State *L, int idx, const char *fn, const char *
   return lua_tostring(L, idx);
 }
 
-void lem_check_type(lua_State *L, int idx, int type, const char *fn, const char *arg) {
+const char *lem_opt_string(lua_State *L, int idx, const char *fn, const char *arg, const char *def) {
+  return lua_isnoneornil(L, idx) ? def : lem_check_string(L, idx, fn, arg);
+}
+
+void lem_check_type(lua_State *L, int idx, const char *fn, const char *arg, int type) {
   if (lua_type(L, idx) != type)
     lem_error(L, fn, "expected argument %d (%s) to be a %s, got %s", idx, arg, lua_typename(L, type), luaL_typename(L, idx));
 }
@@ -123,9 +155,10 @@ int lem_push_result(lua_State *L, em_tensor *t) {
   return 1;
 }
 
-em_tensor *lem_test_tensor(lua_State *L, int idx) {
+em_tensor *lem_test_tensor(lua_State *L, int idx, const char *fn) {
   em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
   if (box && !*box) {
+    if (fn) lem_error(L, fn, "argument %d is a tensor that was already closed (by <close>)", idx);
     lua_pushliteral(L, "ember.Tensor: this tensor was already closed (by <close>) and cannot be used");
     lua_error(L);
   }
@@ -139,6 +172,10 @@ em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *a
   return *box;
 }
 
+em_tensor *lem_opt_tensor(lua_State *L, int idx, const char *fn, const char *arg) {
+  return lua_isnoneornil(L, idx) ? NULL : lem_check_tensor(L, idx, fn, arg);
+}
+
 int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg) {
   int isnum;
   lua_Integer v = lua_tointegerx(L, idx, &isnum);
@@ -150,9 +187,13 @@ int64_t lem_check_int(lua_State *L, int idx, const char *fn, const char *arg) {
   return (int64_t)v;
 }
 
+int64_t lem_opt_int(lua_State *L, int idx, const char *fn, const char *arg, int64_t def) {
+  return lua_isnoneornil(L, idx) ? def : lem_check_int(L, idx, fn, arg);
+}
+
 int lem_check_shape(lua_State *L, int idx, const char *fn, int64_t *shape, int *next) {
   int n = 0;
-  if (lua_istable(L, idx) && !lem_test_tensor(L, idx)) {
+  if (lua_istable(L, idx)) {
     n = (int)luaL_len(L, idx);
     if (n > EM_MAX_DIMS) lem_error(L, fn, "expected at most %d dims, got %d", EM_MAX_DIMS, n);
     for (int i = 0; i < n; i++) {
@@ -180,20 +221,14 @@ static void check_sizes(lua_State *L, const char *fn, int ndim, const int64_t *s
     if (shape[i] < 0) lem_error(L, fn, "negative size %lld in dim %d (expected sizes >= 0)", (long long)shape[i], i);
 }
 
-em_tensor *lem_test_tensor_named(lua_State *L, int idx, const char *fn) {
-  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
-  if (box && !*box) lem_error(L, fn, "argument %d is a tensor that was already closed (by <close>)", idx);
-  return box ? *box : NULL;
-}
-
 int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***out) {
-  if (!lua_istable(L, idx) || luaL_testudata(L, idx, EM_TENSOR_MT))
+  if (!lua_istable(L, idx))
     lem_error(L, fn, "expected argument %d to be a table (a list of tensors), got %s", idx, luaL_typename(L, idx));
   int n = (int)luaL_len(L, idx);
   em_tensor **ts = malloc(sizeof *ts * (size_t)(n > 0 ? n : 1));
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
-    ts[i] = lem_test_tensor(L, -1);
+    ts[i] = lem_test_tensor(L, -1, NULL);
     lua_pop(L, 1);   /* the table keeps it alive */
     if (!ts[i]) { free(ts); lem_error(L, fn, "expected a list of tensors, element %d is not a tensor", i + 1); }
   }
@@ -203,70 +238,70 @@ int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***ou
 
 /* ---------------- options ---------------- */
 
-static int opt_field(lua_State *L, int opts, const char *key) {
+int lem_opts(lua_State *L, int idx, const char *fn, const char *const *keys) {
+  (void)fn; (void)keys;   /* unknown keys are not checked yet */
+  if (idx == 0 || !lua_istable(L, idx)) return 0;
+  return idx;
+}
+
+int lem_field(lua_State *L, int opts, const char *fn, const char *key, int type) {
   if (opts == 0 || !lua_istable(L, opts)) return 0;
-  lua_getfield(L, opts, key);
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return 0; }
+  if (lua_getfield(L, opts, key) == LUA_TNIL) { lua_pop(L, 1); return 0; }
+  if (type != LUA_TNONE && lua_type(L, -1) != type)
+    lem_error(L, fn, "expected option '%s' to be a %s, got %s", key, lua_typename(L, type), luaL_typename(L, -1));
   return 1;
 }
 
-int lem_opt_dtype(lua_State *L, int opts, const char *fn, em_dtype def, em_dtype *out) {
-  *out = def;
-  if (!opt_field(L, opts, "dtype")) return 0;
-  const char *s = lua_tostring(L, -1);
-  if (!s || em_dtype_from_name(s, out))
-    lem_error(L, fn, "expected dtype to be one of f32, f64, bf16, f16, i32, i64, u16, u8, bool; got %s",
-              s ? s : luaL_typename(L, -1));
-  lua_pop(L, 1);
-  return 1;
-}
-
-int lem_opt_device(lua_State *L, int opts, const char *fn, em_device *out) {
-  *out = em_cpu();
-  if (!opt_field(L, opts, "device")) return 0;
-  const char *s = lua_tostring(L, -1);
-  if (!s || em_device_parse(s, out)) lem_error(L, fn, "expected device \"cpu\", \"cuda\" or \"cuda:N\", got %s",
-                                               s ? s : luaL_typename(L, -1));
-  lua_pop(L, 1);
-  if (out->type == EM_CUDA) {
-    if (!em_cuda_compiled()) lem_error(L, fn, "device %s requested, but this build of Ember has no CUDA backend "
-                                       "(rebuild with -DEMBER_CUDA=ON)", s);
-    int count = em_cuda_device_count();
-    if (count == 0) lem_error(L, fn, "device %s requested, but no CUDA device is available", s);
-    if (out->index >= count)
-      lem_error(L, fn, "device %s requested, but only %d CUDA device(s) are available (cuda:0..cuda:%d)", s, count, count - 1);
-  }
-  return 1;
-}
-
-int lem_opt_bool(lua_State *L, int opts, const char *key, int def) {
-  if (!opt_field(L, opts, key)) return def;
+int lem_field_bool(lua_State *L, int opts, const char *fn, const char *key, int def) {
+  if (!lem_field(L, opts, fn, key, LUA_TNONE)) return def;
   int v = lua_toboolean(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
-double lem_opt_number(lua_State *L, int opts, const char *fn, const char *key, double def) {
-  if (!opt_field(L, opts, key)) return def;
-  if (lua_type(L, -1) != LUA_TNUMBER) lem_error(L, fn, "expected option '%s' to be a number, got %s", key, luaL_typename(L, -1));
+double lem_field_number(lua_State *L, int opts, const char *fn, const char *key, double def) {
+  if (!lem_field(L, opts, fn, key, LUA_TNUMBER)) return def;
   double v = lua_tonumber(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
-em_tensor *lem_opt_tensor(lua_State *L, int opts, const char *key, const char *fn) {
-  if (!opt_field(L, opts, key)) return NULL;
-  em_tensor *t = lem_test_tensor(L, -1);
+em_tensor *lem_field_tensor(lua_State *L, int opts, const char *fn, const char *key) {
+  if (!lem_field(L, opts, fn, key, LUA_TNONE)) return NULL;
+  em_tensor *t = lem_test_tensor(L, -1, NULL);
   if (!t) lem_error(L, fn, "expected option '%s' to be a tensor, got %s", key, luaL_typename(L, -1));
   lua_pop(L, 1);    /* the options table keeps it alive */
   return t;
 }
 
-/* Index of a trailing options table among args [from, top], or 0. */
-static int trailing_opts(lua_State *L, int from) {
-  int top = lua_gettop(L);
-  if (top >= from && lua_istable(L, top) && !lem_test_tensor(L, top)) return top;
-  return 0;
+em_dtype lem_field_dtype(lua_State *L, int opts, const char *fn, const char *key, em_dtype def) {
+  if (!lem_field(L, opts, fn, key, LUA_TNONE)) return def;
+  const char *s = lua_tostring(L, -1);
+  em_dtype dt;
+  if (!s || em_dtype_from_name(s, &dt))
+    lem_error(L, fn, "expected %s to be one of f32, f64, bf16, f16, i32, i64, u16, u8, bool; got %s", key,
+              s ? s : luaL_typename(L, -1));
+  lua_pop(L, 1);
+  return dt;
+}
+
+em_device lem_field_device(lua_State *L, int opts, const char *fn, const char *key, em_device def) {
+  if (!lem_field(L, opts, fn, key, LUA_TNONE)) return def;
+  const char *s = lua_tostring(L, -1);
+  em_device d;
+  if (!s || em_device_parse(s, &d))
+    lem_error(L, fn, "expected %s \"cpu\", \"cuda\" or \"cuda:N\", got %s", key, s ? s : luaL_typename(L, -1));
+  if (d.type == EM_CUDA) {
+    if (!em_cuda_compiled()) lem_error(L, fn, "%s %s requested, but this build of Ember has no CUDA backend "
+                                       "(rebuild with -DEMBER_CUDA=ON)", key, s);
+    int count = em_cuda_device_count();
+    if (count == 0) lem_error(L, fn, "%s %s requested, but no CUDA device is available", key, s);
+    if (d.index >= count)
+      lem_error(L, fn, "%s %s requested, but only %d CUDA device(s) are available (cuda:0..cuda:%d)", key, s,
+                count, count - 1);
+  }
+  lua_pop(L, 1);
+  return d;
 }
 
 /* ---------------- lifetime ---------------- */
@@ -299,19 +334,20 @@ static int t_close(lua_State *L) {
 /* ---------------- creation ---------------- */
 
 /* Walk nested tables to find the shape of ember.tensor's data. */
-static void data_shape(lua_State *L, int idx, int depth, int *ndim, int64_t *shape, int *has_bool) {
+static void data_shape(lua_State *L, int idx, const char *fn, int depth, int *ndim, int64_t *shape, int *has_bool) {
   if (lua_type(L, idx) == LUA_TBOOLEAN) { *has_bool = 1; *ndim = depth; return; }
   if (lua_type(L, idx) != LUA_TTABLE) { *ndim = depth; return; }
-  if (depth >= EM_MAX_DIMS) lem_error(L, "tensor", "data is nested more than %d deep", EM_MAX_DIMS);
+  if (depth >= EM_MAX_DIMS) lem_error(L, fn, "data is nested more than %d deep", EM_MAX_DIMS);
   int64_t n = (int64_t)luaL_len(L, idx);
   shape[depth] = n;
   if (n == 0) { *ndim = depth + 1; return; }
   lua_geti(L, idx, 1);
-  data_shape(L, lua_gettop(L), depth + 1, ndim, shape, has_bool);
+  data_shape(L, lua_gettop(L), fn, depth + 1, ndim, shape, has_bool);
   lua_pop(L, 1);
 }
 
-static void fill_data(lua_State *L, int idx, int depth, int ndim, const int64_t *shape, em_tensor *t, int64_t *pos) {
+static void fill_data(lua_State *L, int idx, const char *fn, int depth, int ndim, const int64_t *shape, em_tensor *t,
+                      int64_t *pos) {
   if (depth == ndim) {
     int tp = lua_type(L, idx);
     if (tp == LUA_TNUMBER) {
@@ -321,32 +357,35 @@ static void fill_data(lua_State *L, int idx, int depth, int ndim, const int64_t 
     } else if (tp == LUA_TBOOLEAN) {
       em_store_f64(t->storage->data, t->dtype, (*pos)++, lua_toboolean(L, idx));
     } else {
-      lem_error(L, "tensor", "expected numbers or booleans in the data, got %s", luaL_typename(L, idx));
+      lem_error(L, fn, "expected numbers or booleans in the data, got %s", luaL_typename(L, idx));
     }
     return;
   }
   if (lua_type(L, idx) != LUA_TTABLE || (int64_t)luaL_len(L, idx) != shape[depth])
-    lem_error(L, "tensor", "ragged nested data: expected a list of length %lld at depth %d",
-               (long long)shape[depth], depth + 1);
+    lem_error(L, fn, "ragged nested data: expected a list of length %lld at depth %d",
+              (long long)shape[depth], depth + 1);
   for (int64_t i = 1; i <= shape[depth]; i++) {
     lua_geti(L, idx, i);
-    fill_data(L, lua_gettop(L), depth + 1, ndim, shape, t, pos);
+    fill_data(L, lua_gettop(L), fn, depth + 1, ndim, shape, t, pos);
     lua_pop(L, 1);
   }
 }
 
-/* Wrap a new tensor with dtype/device/requires_grad options applied. */
+/* The options of creation functions; *_like take no device (they keep the input's). */
+static const char *const NEW_KEYS[] = {"device", "dtype", "requires_grad", NULL};
+static const char *const LIKE_KEYS[] = {"dtype", "requires_grad", NULL};
+
+/* Wrap a new tensor with device/requires_grad options applied. */
 static int finish_new(lua_State *L, em_tensor *t, int opts, const char *fn) {
   if (!t) return lem_raise(L);
-  em_device dev;
-  lem_opt_device(L, opts, fn, &dev);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
   if (dev.type != t->device.type || dev.index != t->device.index) {
     em_tensor *d = em_to(t, t->dtype, dev);
     em_tensor_release(t);
     if (!d) return lem_raise(L);
     t = d;
   }
-  if (lem_opt_bool(L, opts, "requires_grad", 0) && em_set_requires_grad(t, true)) {
+  if (lem_field_bool(L, opts, fn, "requires_grad", 0) && em_set_requires_grad(t, true)) {
     em_tensor_release(t);
     return lem_raise(L);
   }
@@ -355,45 +394,45 @@ static int finish_new(lua_State *L, em_tensor *t, int opts, const char *fn) {
 }
 
 static int l_tensor(lua_State *L) {
-  int opts = lua_istable(L, 2) ? 2 : 0;
+  const char *fn = lem_name(L);
+  int opts = lem_opts(L, 2, fn, NEW_KEYS);
   int64_t shape[EM_MAX_DIMS]; int ndim = 0, has_bool = 0;
-  em_tensor *src = lem_test_tensor(L, 1);
+  em_tensor *src = lem_test_tensor(L, 1, NULL);
   if (src) {   /* ember.tensor(t): a copy without history */
-    em_dtype dt; lem_opt_dtype(L, opts, "tensor", src->dtype, &dt);
+    em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", src->dtype);
     em_tensor *d = em_detach(src);
     em_tensor *c = em_to(d, dt, src->device);
     if (c == d) { em_tensor_release(c); c = em_clone(d); }
     em_tensor_release(d);
-    return finish_new(L, c, opts, "tensor");
+    return finish_new(L, c, opts, fn);
   }
   int tp = lua_type(L, 1);
   if (tp != LUA_TTABLE && tp != LUA_TNUMBER && tp != LUA_TBOOLEAN)
-    return lem_error(L, "tensor", "expected data to be a number, boolean or nested table, got %s", luaL_typename(L, 1));
-  data_shape(L, 1, 0, &ndim, shape, &has_bool);
-  em_dtype dt;
-  lem_opt_dtype(L, opts, "tensor", has_bool ? EM_BOOL : EM_F32, &dt);
+    return lem_error(L, fn, "expected data to be a number, boolean or nested table, got %s", luaL_typename(L, 1));
+  data_shape(L, 1, fn, 0, &ndim, shape, &has_bool);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", has_bool ? EM_BOOL : EM_F32);
   em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
   if (!t) return lem_raise(L);
   int64_t pos = 0;
   lem_push_tensor(L, t);   /* anchor it so an error in fill_data does not leak */
-  fill_data(L, 1, 0, ndim, shape, t, &pos);
+  fill_data(L, 1, fn, 0, ndim, shape, t, &pos);
   em_tensor_retain(t);
   lua_pop(L, 1);
-  return finish_new(L, t, opts, "tensor");
+  return finish_new(L, t, opts, fn);
 }
 
 typedef enum { K_EMPTY, K_ZEROS, K_ONES, K_RAND, K_RANDN } new_kind;
 
-static int new_filled(lua_State *L, const char *fn, new_kind kind) {
+static int new_filled(lua_State *L, new_kind kind) {
+  const char *fn = lem_name(L);
   int64_t shape[EM_MAX_DIMS]; int next;
   int ndim = lem_check_shape(L, 1, fn, shape, &next);
   check_sizes(L, fn, ndim, shape);
-  int opts = lua_istable(L, next) ? next : 0;
+  int opts = lem_opts(L, next, fn, NEW_KEYS);
   if (!opts && !lua_isnone(L, next)) lem_error(L, fn, "expected sizes then an options table, got %s at argument %d",
                                                luaL_typename(L, next), next);
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, fn, EM_F32, &dt);
-  lem_opt_device(L, opts, fn, &dev);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", EM_F32);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
   em_tensor *t = NULL;
   switch (kind) {
     case K_EMPTY: t = em_empty(ndim, shape, dt, dev); break;
@@ -404,30 +443,31 @@ static int new_filled(lua_State *L, const char *fn, new_kind kind) {
   }
   return finish_new(L, t, opts, fn);
 }
-static int l_empty(lua_State *L) { return new_filled(L, "empty", K_EMPTY); }
-static int l_zeros(lua_State *L) { return new_filled(L, "zeros", K_ZEROS); }
-static int l_ones(lua_State *L) { return new_filled(L, "ones", K_ONES); }
-static int l_rand(lua_State *L) { return new_filled(L, "rand", K_RAND); }
-static int l_randn(lua_State *L) { return new_filled(L, "randn", K_RANDN); }
+static int l_empty(lua_State *L) { return new_filled(L, K_EMPTY); }
+static int l_zeros(lua_State *L) { return new_filled(L, K_ZEROS); }
+static int l_ones(lua_State *L) { return new_filled(L, K_ONES); }
+static int l_rand(lua_State *L) { return new_filled(L, K_RAND); }
+static int l_randn(lua_State *L) { return new_filled(L, K_RANDN); }
 
 static int l_full(lua_State *L) {
+  const char *fn = lem_name(L);
   int64_t shape[EM_MAX_DIMS]; int next;
-  int ndim = lem_check_shape(L, 1, "full", shape, &next);
-  check_sizes(L, "full", ndim, shape);
+  int ndim = lem_check_shape(L, 1, fn, shape, &next);
+  check_sizes(L, fn, ndim, shape);
   if (lua_type(L, next) != LUA_TNUMBER && lua_type(L, next) != LUA_TBOOLEAN)
-    return lem_error(L, "full", "expected a fill value (number) after the shape, got %s", luaL_typename(L, next));
+    return lem_error(L, fn, "expected a fill value (number) after the shape, got %s", luaL_typename(L, next));
   double v = lua_isboolean(L, next) ? lua_toboolean(L, next) : lua_tonumber(L, next);
-  int opts = lua_istable(L, next + 1) ? next + 1 : 0;
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, "full", lua_isboolean(L, next) ? EM_BOOL : EM_F32, &dt);
-  lem_opt_device(L, opts, "full", &dev);
-  return finish_new(L, em_full(ndim, shape, v, dt, dev), opts, "full");
+  int opts = lem_opts(L, next + 1, fn, NEW_KEYS);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", lua_isboolean(L, next) ? EM_BOOL : EM_F32);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
+  return finish_new(L, em_full(ndim, shape, v, dt, dev), opts, fn);
 }
 
-static int like(lua_State *L, const char *fn, new_kind kind) {
+static int like(lua_State *L, new_kind kind) {
+  const char *fn = lem_name(L);
   em_tensor *t = lem_check_tensor(L, 1, fn, "input");
-  int opts = lua_istable(L, 2) ? 2 : 0;
-  em_dtype dt; lem_opt_dtype(L, opts, fn, t->dtype, &dt);
+  int opts = lem_opts(L, 2, fn, LIKE_KEYS);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", t->dtype);
   em_tensor *r = NULL;
   switch (kind) {
     case K_ZEROS: r = em_zeros(t->ndim, t->shape, dt, t->device); break;
@@ -437,63 +477,68 @@ static int like(lua_State *L, const char *fn, new_kind kind) {
     default: r = em_empty(t->ndim, t->shape, dt, t->device); break;
   }
   if (!r) return lem_raise(L);
-  if (lem_opt_bool(L, opts, "requires_grad", 0) && em_set_requires_grad(r, true)) { em_tensor_release(r); return lem_raise(L); }
+  if (lem_field_bool(L, opts, fn, "requires_grad", 0) && em_set_requires_grad(r, true)) {
+    em_tensor_release(r);
+    return lem_raise(L);
+  }
   return lem_push_result(L, r);
 }
-static int l_zeros_like(lua_State *L) { return like(L, "zeros_like", K_ZEROS); }
-static int l_ones_like(lua_State *L) { return like(L, "ones_like", K_ONES); }
-static int l_empty_like(lua_State *L) { return like(L, "empty_like", K_EMPTY); }
-static int l_rand_like(lua_State *L) { return like(L, "rand_like", K_RAND); }
-static int l_randn_like(lua_State *L) { return like(L, "randn_like", K_RANDN); }
+static int l_zeros_like(lua_State *L) { return like(L, K_ZEROS); }
+static int l_ones_like(lua_State *L) { return like(L, K_ONES); }
+static int l_empty_like(lua_State *L) { return like(L, K_EMPTY); }
+static int l_rand_like(lua_State *L) { return like(L, K_RAND); }
+static int l_randn_like(lua_State *L) { return like(L, K_RANDN); }
 
 static int l_arange(lua_State *L) {
+  const char *fn = lem_name(L);
   int nargs = 0;
   while (nargs < 3 && lua_type(L, nargs + 1) == LUA_TNUMBER) nargs++;
-  if (nargs == 0) return lem_error(L, "arange", "expected arange(end), arange(start, end) or arange(start, end, step), got %s", luaL_typename(L, 1));
-  int opts = lua_istable(L, nargs + 1) ? nargs + 1 : 0;
+  if (nargs == 0)
+    return lem_error(L, fn, "expected arange(end), arange(start, end) or arange(start, end, step), got %s",
+                     luaL_typename(L, 1));
+  int opts = lem_opts(L, nargs + 1, fn, NEW_KEYS);
   double start = 0, end, step = 1;
   int all_int = 1;
   for (int i = 1; i <= nargs; i++) all_int &= lua_isinteger(L, i);
   if (nargs == 1) end = lua_tonumber(L, 1);
   else { start = lua_tonumber(L, 1); end = lua_tonumber(L, 2); if (nargs == 3) step = lua_tonumber(L, 3); }
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, "arange", all_int ? EM_I64 : EM_F32, &dt);
-  lem_opt_device(L, opts, "arange", &dev);
-  return finish_new(L, em_arange(start, end, step, dt, dev), opts, "arange");
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", all_int ? EM_I64 : EM_F32);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
+  return finish_new(L, em_arange(start, end, step, dt, dev), opts, fn);
 }
 
 static int l_linspace(lua_State *L) {
-  double a = lem_check_number(L, 1, "linspace", "start"), b = lem_check_number(L, 2, "linspace", "end");
-  int64_t n = lem_check_int(L, 3, "linspace", "steps");
-  int opts = lua_istable(L, 4) ? 4 : 0;
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, "linspace", EM_F32, &dt);
-  lem_opt_device(L, opts, "linspace", &dev);
-  return finish_new(L, em_linspace(a, b, n, dt, dev), opts, "linspace");
+  const char *fn = lem_name(L);
+  double a = lem_check_number(L, 1, fn, "start"), b = lem_check_number(L, 2, fn, "end");
+  int64_t n = lem_check_int(L, 3, fn, "steps");
+  int opts = lem_opts(L, 4, fn, NEW_KEYS);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", EM_F32);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
+  return finish_new(L, em_linspace(a, b, n, dt, dev), opts, fn);
 }
 
 static int l_eye(lua_State *L) {
-  int64_t n = lem_check_int(L, 1, "eye", "n");
-  int64_t m = lua_type(L, 2) == LUA_TNUMBER ? lem_check_int(L, 2, "eye", "m") : n;
-  int opts = lua_istable(L, 2) ? 2 : (lua_istable(L, 3) ? 3 : 0);
-  if (n < 0 || m < 0) return lem_error(L, "eye", "expected non-negative sizes, got %lld x %lld", (long long)n, (long long)m);
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, "eye", EM_F32, &dt);
-  lem_opt_device(L, opts, "eye", &dev);
-  return finish_new(L, em_eye(n, m, dt, dev), opts, "eye");
+  const char *fn = lem_name(L);
+  int64_t n = lem_check_int(L, 1, fn, "n");
+  int64_t m = lua_type(L, 2) == LUA_TNUMBER ? lem_check_int(L, 2, fn, "m") : n;
+  int opts = lem_opts(L, lua_istable(L, 2) ? 2 : 3, fn, NEW_KEYS);
+  if (n < 0 || m < 0) return lem_error(L, fn, "expected non-negative sizes, got %lld x %lld", (long long)n, (long long)m);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", EM_F32);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
+  return finish_new(L, em_eye(n, m, dt, dev), opts, fn);
 }
 
 static int l_randint(lua_State *L) {
-  int64_t lo = lem_check_int(L, 1, "randint", "low"), hi = lem_check_int(L, 2, "randint", "high");
+  const char *fn = lem_name(L);
+  int64_t lo = lem_check_int(L, 1, fn, "low"), hi = lem_check_int(L, 2, fn, "high");
   int64_t shape[EM_MAX_DIMS]; int next;
-  int ndim = lem_check_shape(L, 3, "randint", shape, &next);
-  check_sizes(L, "randint", ndim, shape);
-  int opts = lua_istable(L, next) ? next : 0;
-  if (hi <= lo) return lem_error(L, "randint", "expected low < high, got low=%lld high=%lld", (long long)lo, (long long)hi);
-  em_dtype dt; em_device dev;
-  lem_opt_dtype(L, opts, "randint", EM_I64, &dt);
-  lem_opt_device(L, opts, "randint", &dev);
-  return finish_new(L, em_randint(lo, hi, ndim, shape, dt, dev), opts, "randint");
+  int ndim = lem_check_shape(L, 3, fn, shape, &next);
+  check_sizes(L, fn, ndim, shape);
+  int opts = lem_opts(L, next, fn, NEW_KEYS);
+  if (hi <= lo) return lem_error(L, fn, "expected low < high, got low=%lld high=%lld", (long long)lo, (long long)hi);
+  em_dtype dt = lem_field_dtype(L, opts, fn, "dtype", EM_I64);
+  em_device dev = lem_field_device(L, opts, fn, "device", em_cpu());
+  return finish_new(L, em_randint(lo, hi, ndim, shape, dt, dev), opts, fn);
 }
 
 /* ---------------- properties ---------------- */
@@ -542,15 +587,15 @@ static void push_ints(lua_State *L, int n, const int64_t *v) {
 }
 
 static int t_index(lua_State *L) {
-  /* methods first (upvalue 1) */
   lua_pushvalue(L, 2);
-  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+  if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL) return 1;   /* methods first */
   lua_pop(L, 1);
-  em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   if (lua_type(L, 2) != LUA_TSTRING) {
     if (lua_type(L, 2) == LUA_TNUMBER)
-      return lem_error(L, "Tensor", "indexing with t[i] is not supported; use t:select(0, i) (0-based) or t:narrow");
-    return lem_error(L, "Tensor", "invalid key of type %s", luaL_typename(L, 2));
+      return lem_error(L, fn, "indexing with t[i] is not supported; use t:select(0, i) (0-based) or t:narrow");
+    return lem_error(L, fn, "invalid key of type %s", luaL_typename(L, 2));
   }
   const char *k = lua_tostring(L, 2);
   char buf[32];
@@ -570,61 +615,67 @@ static int t_index(lua_State *L) {
   }
   if (!strcmp(k, "ndim")) { lua_pushinteger(L, t->ndim); return 1; }
   if (!strcmp(k, "is_cuda")) { lua_pushboolean(L, t->device.type == EM_CUDA); return 1; }
-  return lem_error(L, "Tensor", "no field or method '%s'", k);
+  return lem_error(L, fn, "no field or method '%s'", k);
 }
 
 static int t_newindex(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "Tensor", "self");
-  const char *k = lem_check_string(L, 2, "Tensor", "key");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  const char *k = lem_check_string(L, 2, fn, "key");
   if (!strcmp(k, "requires_grad")) {
     if (em_set_requires_grad(t, lua_toboolean(L, 3))) return lem_raise(L);
     return 0;
   }
   if (!strcmp(k, "grad")) {
-    em_tensor *g = lua_isnil(L, 3) ? NULL : lem_check_tensor(L, 3, "Tensor.grad", "value");
+    em_tensor *g = lem_opt_tensor(L, 3, "Tensor.grad", "value");   /* the field set names this error */
     if (em_set_grad(t, g)) return lem_raise(L);
     return 0;
   }
-  return lem_error(L, "Tensor", "cannot set field '%s' (settable: requires_grad, grad)", k);
+  return lem_error(L, fn, "cannot set field '%s' (settable: requires_grad, grad)", k);
 }
 
 /* ---------------- inspection ---------------- */
 
 static int t_size(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "size", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   if (lua_isnoneornil(L, 2)) { push_shape(L, t->ndim, t->shape); return 1; }
   int d;
-  if (em_wrap_dim("size", lem_check_int(L, 2, "size", "dim"), t->ndim, &d)) return lem_raise(L);
+  if (em_wrap_dim(fn, lem_check_int(L, 2, fn, "dim"), t->ndim, &d)) return lem_raise(L);
   lua_pushinteger(L, t->ndim ? t->shape[d] : 1);
   return 1;
 }
 static int t_stride(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "stride", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   if (lua_isnoneornil(L, 2)) { push_ints(L, t->ndim, t->stride); return 1; }
   int d;
-  if (em_wrap_dim("stride", lem_check_int(L, 2, "stride", "dim"), t->ndim, &d)) return lem_raise(L);
+  if (em_wrap_dim(fn, lem_check_int(L, 2, fn, "dim"), t->ndim, &d)) return lem_raise(L);
   lua_pushinteger(L, t->ndim ? t->stride[d] : 1);
   return 1;
 }
-static int t_dim(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "dim", "self")->ndim); return 1; }
-static int t_numel(lua_State *L) { lua_pushinteger(L, em_numel(lem_check_tensor(L, 1, "numel", "self"))); return 1; }
+static int t_dim(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, lem_name(L), "self")->ndim); return 1; }
+static int t_numel(lua_State *L) { lua_pushinteger(L, em_numel(lem_check_tensor(L, 1, lem_name(L), "self"))); return 1; }
 static int t_len(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "len", "self");
-  if (t->ndim == 0) return lem_error(L, "len", "a 0-dim tensor has no length");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  if (t->ndim == 0) return lem_error(L, fn, "a 0-dim tensor has no length");
   lua_pushinteger(L, t->shape[0]);
   return 1;
 }
-static int t_is_contiguous(lua_State *L) { lua_pushboolean(L, em_is_contiguous(lem_check_tensor(L, 1, "is_contiguous", "self"))); return 1; }
+static int t_is_contiguous(lua_State *L) { lua_pushboolean(L, em_is_contiguous(lem_check_tensor(L, 1, lem_name(L), "self"))); return 1; }
 static int t_data_ptr(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)(intptr_t)em_data_ptr(lem_check_tensor(L, 1, "data_ptr", "self")));
+  const char *fn = lem_name(L);
+  lua_pushinteger(L, (lua_Integer)(intptr_t)em_data_ptr(lem_check_tensor(L, 1, fn, "self")));
   return 1;
 }
 static int t_element_size(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)em_dtype_size(lem_check_tensor(L, 1, "element_size", "self")->dtype));
+  const char *fn = lem_name(L);
+  lua_pushinteger(L, (lua_Integer)em_dtype_size(lem_check_tensor(L, 1, fn, "self")->dtype));
   return 1;
 }
-static int t_storage_offset(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "storage_offset", "self")->offset); return 1; }
-static int t_version(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, "_version", "self")->storage->version); return 1; }
+static int t_storage_offset(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, lem_name(L), "self")->offset); return 1; }
+static int t_version(lua_State *L) { lua_pushinteger(L, lem_check_tensor(L, 1, lem_name(L), "self")->storage->version); return 1; }
 
 static void push_elem(lua_State *L, const em_tensor *host, int64_t off) {
   const void *p = host->storage->data;
@@ -645,12 +696,13 @@ static em_tensor *host_copy(lua_State *L, em_tensor *t, const char *fn) {
 }
 
 static int t_item(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "item", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   if (em_numel(t) != 1) {
     char b[160];
-    return lem_error(L, "item", "expected a tensor with one element, got shape %s", em_shape_str(t->ndim, t->shape, b, 160));
+    return lem_error(L, fn, "expected a tensor with one element, got shape %s", em_shape_str(t->ndim, t->shape, b, 160));
   }
-  em_tensor *h = host_copy(L, t, "item");
+  em_tensor *h = host_copy(L, t, fn);
   push_elem(L, h, h->offset);
   em_tensor_release(h);
   return 1;
@@ -666,7 +718,8 @@ static void tolist_rec(lua_State *L, const em_tensor *h, int d, int64_t off) {
 }
 
 static int t_tolist(lua_State *L) {
-  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "tolist", "self"), "tolist");
+  const char *fn = lem_name(L);
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, fn, "self"), fn);
   tolist_rec(L, h, 0, h->offset);
   em_tensor_release(h);
   return 1;
@@ -674,7 +727,8 @@ static int t_tolist(lua_State *L) {
 
 /* Flat list of values (row-major), for printing. */
 static int t_flat_values(lua_State *L) {
-  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, "_flat_values", "self"), "print");
+  const char *fn = lem_name(L);
+  em_tensor *h = host_copy(L, lem_check_tensor(L, 1, fn, "self"), fn);
   int64_t n = em_numel(h);
   lua_createtable(L, (int)n, 0);
   em_iter it;
@@ -690,93 +744,107 @@ static int t_flat_values(lua_State *L) {
 
 /* ---------------- views ---------------- */
 
-static int t_view_like(lua_State *L, const char *fn, int reshape) {
+static int t_view_like(lua_State *L, int reshape) {
+  const char *fn = lem_name(L);
   em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   int64_t shape[EM_MAX_DIMS]; int next;
   int nd = lem_check_shape(L, 2, fn, shape, &next);
   if (!lua_isnone(L, next)) return lem_error(L, fn, "expected integer sizes or one table of sizes, got %s at argument %d", luaL_typename(L, next), next);
   return lem_push_result(L, reshape ? em_reshape(t, nd, shape) : em_view(t, nd, shape));
 }
-static int t_view(lua_State *L) { return t_view_like(L, "view", 0); }
-static int t_reshape(lua_State *L) { return t_view_like(L, "reshape", 1); }
+static int t_view(lua_State *L) { return t_view_like(L, 0); }
+static int t_reshape(lua_State *L) { return t_view_like(L, 1); }
 
 static int t_expand(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "expand", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   int64_t shape[EM_MAX_DIMS]; int next;
-  int nd = lem_check_shape(L, 2, "expand", shape, &next);
+  int nd = lem_check_shape(L, 2, fn, shape, &next);
   return lem_push_result(L, em_expand(t, nd, shape));
 }
 
 static int t_permute(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "permute", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   int64_t p[EM_MAX_DIMS]; int next;
-  int nd = lem_check_shape(L, 2, "permute", p, &next);
+  int nd = lem_check_shape(L, 2, fn, p, &next);
   return lem_push_result(L, em_permute(t, nd, p));
 }
 
 static int t_transpose(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "transpose", "self");
-  int64_t a = lem_check_int(L, 2, "transpose", "dim0"), b = lem_check_int(L, 3, "transpose", "dim1");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  int64_t a = lem_check_int(L, 2, fn, "dim0"), b = lem_check_int(L, 3, fn, "dim1");
   return lem_push_result(L, em_transpose(t, a, b));
 }
 static int t_T(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "t", "self");
-  if (t->ndim > 2) return lem_error(L, "t", "expected a tensor with at most 2 dims, got %d (use transpose)", t->ndim);
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  if (t->ndim > 2) return lem_error(L, fn, "expected a tensor with at most 2 dims, got %d (use transpose)", t->ndim);
   if (t->ndim < 2) return lem_push_result(L, em_alias(t));
   return lem_push_result(L, em_transpose(t, 0, 1));
 }
 
 static int t_narrow(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "narrow", "self");
-  return lem_push_result(L, em_narrow(t, lem_check_int(L, 2, "narrow", "dim"), lem_check_int(L, 3, "narrow", "start"),
-                                      lem_check_int(L, 4, "narrow", "length")));
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_narrow(t, lem_check_int(L, 2, fn, "dim"), lem_check_int(L, 3, fn, "start"),
+                                      lem_check_int(L, 4, fn, "length")));
 }
 static int t_select(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "select", "self");
-  return lem_push_result(L, em_select(t, lem_check_int(L, 2, "select", "dim"), lem_check_int(L, 3, "select", "index")));
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_select(t, lem_check_int(L, 2, fn, "dim"), lem_check_int(L, 3, fn, "index")));
 }
 static int t_squeeze(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "squeeze", "self");
-  int64_t d = lua_isnoneornil(L, 2) ? EM_ALL_DIMS : lem_check_int(L, 2, "squeeze", "dim");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  int64_t d = lem_opt_int(L, 2, fn, "dim", EM_ALL_DIMS);
   return lem_push_result(L, em_squeeze(t, d));
 }
 static int t_unsqueeze(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "unsqueeze", "self");
-  return lem_push_result(L, em_unsqueeze(t, lem_check_int(L, 2, "unsqueeze", "dim")));
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  return lem_push_result(L, em_unsqueeze(t, lem_check_int(L, 2, fn, "dim")));
 }
 static int t_flatten(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "flatten", "self");
-  int64_t s = lua_isnoneornil(L, 2) ? 0 : lem_check_int(L, 2, "flatten", "start_dim");
-  int64_t e = lua_isnoneornil(L, 3) ? -1 : lem_check_int(L, 3, "flatten", "end_dim");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  int64_t s = lem_opt_int(L, 2, fn, "start_dim", 0);
+  int64_t e = lem_opt_int(L, 3, fn, "end_dim", -1);
   return lem_push_result(L, em_flatten(t, s, e));
 }
-static int t_contiguous(lua_State *L) { return lem_push_result(L, em_contiguous(lem_check_tensor(L, 1, "contiguous", "self"))); }
-static int t_clone(lua_State *L) { return lem_push_result(L, em_clone(lem_check_tensor(L, 1, "clone", "self"))); }
-static int t_detach(lua_State *L) { return lem_push_result(L, em_detach(lem_check_tensor(L, 1, "detach", "self"))); }
+static int t_contiguous(lua_State *L) { return lem_push_result(L, em_contiguous(lem_check_tensor(L, 1, lem_name(L), "self"))); }
+static int t_clone(lua_State *L) { return lem_push_result(L, em_clone(lem_check_tensor(L, 1, lem_name(L), "self"))); }
+static int t_detach(lua_State *L) { return lem_push_result(L, em_detach(lem_check_tensor(L, 1, lem_name(L), "self"))); }
 
 static int t_copy_(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "copy_", "self");
-  em_tensor *s = lem_check_tensor(L, 2, "copy_", "src");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  em_tensor *s = lem_check_tensor(L, 2, fn, "src");
   if (em_copy_(t, s)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
 static int t_fill_(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "fill_", "self");
-  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : lem_check_number(L, 2, "fill_", "value");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : lem_check_number(L, 2, fn, "value");
   if (em_fill_(t, v)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
 static int t_zero_(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "zero_", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   if (em_fill_(t, 0)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
 static int t_set_(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "set_", "self");
-  if (em_set_(t, lem_check_tensor(L, 2, "set_", "source"))) return lem_raise(L);
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  if (em_set_(t, lem_check_tensor(L, 2, fn, "source"))) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }
@@ -784,30 +852,31 @@ static int t_set_(lua_State *L) {
 /* t:to("cuda") / t:to("bf16") / t:to({device=, dtype=}) / t:to(other_tensor);
  * {non_blocking=true}: with a pinned host side the copy does not wait for the
  * device (synchronize before reading the result), as in PyTorch. */
+static const char *const TO_KEYS[] = {"device", "dtype", "non_blocking", NULL};
+
 static int t_to(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "to", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   em_dtype dt = t->dtype; em_device dev = t->device;
   int non_blocking = 0;
   for (int i = 2; i <= lua_gettop(L); i++) {
-    em_tensor *o = lem_test_tensor(L, i);
+    em_tensor *o = lem_test_tensor(L, i, fn);
     if (o) { dt = o->dtype; dev = o->device; continue; }
     if (lua_type(L, i) == LUA_TSTRING) {
       const char *s = lua_tostring(L, i);
       if (em_dtype_from_name(s, &dt) == 0) continue;
       if (em_device_parse(s, &dev) == 0) continue;
-      return lem_error(L, "to", "expected a dtype (f32, bf16, ...) or a device (cpu, cuda, cuda:N), got \"%s\"", s);
+      return lem_error(L, fn, "expected a dtype (f32, bf16, ...) or a device (cpu, cuda, cuda:N), got \"%s\"", s);
     }
-    if (lua_istable(L, i)) {
-      non_blocking |= lem_opt_bool(L, i, "non_blocking", 0);
-      lem_opt_dtype(L, i, "to", dt, &dt);
-      lua_getfield(L, i, "device");
-      int has = !lua_isnil(L, -1);
-      lua_pop(L, 1);
-      if (has) lem_opt_device(L, i, "to", &dev);
+    int opts = lem_opts(L, i, fn, TO_KEYS);
+    if (opts) {
+      non_blocking |= lem_field_bool(L, opts, fn, "non_blocking", 0);
+      dt = lem_field_dtype(L, opts, fn, "dtype", dt);
+      dev = lem_field_device(L, opts, fn, "device", dev);
       continue;
     }
     if (lua_isnil(L, i)) continue;
-    return lem_error(L, "to", "expected a dtype, a device, a tensor or an options table, got %s", luaL_typename(L, i));
+    return lem_error(L, fn, "expected a dtype, a device, a tensor or an options table, got %s", luaL_typename(L, i));
   }
   bool changes = dt != t->dtype || !em_device_eq(dev, t->device);
   if (non_blocking && changes && em_cuda_available() && !(em_grad_enabled() && t->requires_grad)) {
@@ -822,43 +891,39 @@ static int t_to(lua_State *L) {
 
 /* t:pin_memory(): a page-locked CPU copy (fast, asynchronous transfers); t:is_pinned(). */
 static int t_pin_memory(lua_State *L) {
-  return lem_push_result(L, em_pin_memory(lem_check_tensor(L, 1, "pin_memory", "self")));
+  const char *fn = lem_name(L);
+  return lem_push_result(L, em_pin_memory(lem_check_tensor(L, 1, fn, "self")));
 }
 static int t_is_pinned(lua_State *L) {
-  lua_pushboolean(L, em_is_pinned(lem_check_tensor(L, 1, "is_pinned", "self")));
+  const char *fn = lem_name(L);
+  lua_pushboolean(L, em_is_pinned(lem_check_tensor(L, 1, fn, "self")));
   return 1;
 }
 
-static int to_dtype(lua_State *L, const char *fn, em_dtype dt) {
-  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+static int to_dtype(lua_State *L, em_dtype dt) {
+  em_tensor *t = lem_check_tensor(L, 1, lem_name(L), "self");
   return lem_push_result(L, em_to(t, dt, t->device));
 }
-static int t_float(lua_State *L) { return to_dtype(L, "float", EM_F32); }
-static int t_double(lua_State *L) { return to_dtype(L, "double", EM_F64); }
-static int t_half(lua_State *L) { return to_dtype(L, "half", EM_F16); }
-static int t_bfloat16(lua_State *L) { return to_dtype(L, "bfloat16", EM_BF16); }
-static int t_long(lua_State *L) { return to_dtype(L, "long", EM_I64); }
-static int t_int(lua_State *L) { return to_dtype(L, "int", EM_I32); }
-static int t_bool(lua_State *L) { return to_dtype(L, "bool", EM_BOOL); }
+static int t_float(lua_State *L) { return to_dtype(L, EM_F32); }
+static int t_double(lua_State *L) { return to_dtype(L, EM_F64); }
+static int t_half(lua_State *L) { return to_dtype(L, EM_F16); }
+static int t_bfloat16(lua_State *L) { return to_dtype(L, EM_BF16); }
+static int t_long(lua_State *L) { return to_dtype(L, EM_I64); }
+static int t_int(lua_State *L) { return to_dtype(L, EM_I32); }
+static int t_bool(lua_State *L) { return to_dtype(L, EM_BOOL); }
 static int t_cpu(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "cpu", "self");
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   return lem_push_result(L, em_to(t, t->dtype, em_cpu()));
 }
 static int t_cuda(lua_State *L) {
-  em_tensor *t = lem_check_tensor(L, 1, "cuda", "self");
-  em_device d = {EM_CUDA, lua_isnoneornil(L, 2) ? 0 : (int)lem_check_int(L, 2, "cuda", "device")};
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "self");
+  em_device d = {EM_CUDA, (int)lem_opt_int(L, 2, fn, "device", 0)};
   return lem_push_result(L, em_to(t, t->dtype, d));
 }
 
-static int l_is_tensor(lua_State *L) { lua_pushboolean(L, lem_test_tensor(L, 1) != NULL); return 1; }
-
-void lem_register(lua_State *L, int methods, int module, const luaL_Reg *funcs) {
-  for (const luaL_Reg *r = funcs; r->name; r++) {
-    lua_pushcfunction(L, r->func);
-    if (methods) { lua_pushvalue(L, -1); lua_setfield(L, methods, r->name); }
-    if (module) lua_setfield(L, module, r->name); else lua_pop(L, 1);
-  }
-}
+static int l_is_tensor(lua_State *L) { lua_pushboolean(L, lem_test_tensor(L, 1, NULL) != NULL); return 1; }
 
 void lem_open_tensor(lua_State *L, int methods, int module) {
   /* weak-valued identity cache */
@@ -877,12 +942,12 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
   luaL_newmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);
   lua_pushvalue(L, methods);
-  lua_pushcclosure(L, t_index, 1);
+  lem_push_function(L, t_index, "Tensor", 1);     /* upvalue 2: the methods, looked up first */
   lua_setfield(L, mt, "__index");
-  lua_pushcfunction(L, t_newindex); lua_setfield(L, mt, "__newindex");
+  lem_push_function(L, t_newindex, "Tensor", 0); lua_setfield(L, mt, "__newindex");
   lua_pushcfunction(L, t_gc); lua_setfield(L, mt, "__gc");
   lua_pushcfunction(L, t_close); lua_setfield(L, mt, "__close");
-  lua_pushcfunction(L, t_len); lua_setfield(L, mt, "__len");
+  lem_push_function(L, t_len, "len", 0); lua_setfield(L, mt, "__len");
   lua_pushliteral(L, "ember.Tensor"); lua_setfield(L, mt, "__name");
   lua_setfield(L, module, "Tensor_mt");
 
@@ -897,7 +962,6 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
     {"size", t_size}, {"stride", t_stride}, {"dim", t_dim}, {"numel", t_numel}, {"nelement", t_numel},
     {"is_contiguous", t_is_contiguous}, {"data_ptr", t_data_ptr}, {"element_size", t_element_size},
     {"storage_offset", t_storage_offset}, {"_version", t_version}, {"item", t_item}, {"tolist", t_tolist},
-    {"_flat_values", t_flat_values},
     {"view", t_view}, {"reshape", t_reshape}, {"expand", t_expand}, {"permute", t_permute},
     {"transpose", t_transpose}, {"t", t_T}, {"narrow", t_narrow}, {"select", t_select}, {"squeeze", t_squeeze},
     {"unsqueeze", t_unsqueeze}, {"flatten", t_flatten}, {"contiguous", t_contiguous}, {"clone", t_clone},
@@ -906,5 +970,6 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
     {"long", t_long}, {"int", t_int}, {"bool", t_bool}, {"cpu", t_cpu}, {"cuda", t_cuda},
     {"pin_memory", t_pin_memory}, {"is_pinned", t_is_pinned}, {NULL, NULL}};
   lem_register(L, methods, module, both);
-  (void)trailing_opts;
+  static const lem_Reg named[] = {{"_flat_values", t_flat_values, "print"}, {NULL, NULL, NULL}};   /* printing's */
+  lem_register_named(L, methods, module, named);
 }
