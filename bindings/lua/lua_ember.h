@@ -63,8 +63,10 @@ int lem_grads_of(lua_State *L, const char *fn, int n, em_tensor **p, em_tensor *
 
 /* ---- Options tables: (L, options index, function name, key[, default]) ----
  * lem_opts finds the table: idx when the argument there is a table, else 0
- * (0 reads as "no options" everywhere below). keys (a NULL-terminated list, or
- * NULL where a Lua wrapper owns the table) are the options fn reads. */
+ * (0 reads as "no options" everywhere below). With keys (a NULL-terminated
+ * list), any other key raises "ember.<fn>: unknown option 'k' (expected a, b)",
+ * as ember.dist and ember.memory do; NULL keys accept any (a Lua wrapper that
+ * owns the table checks it). */
 int lem_opts(lua_State *L, int idx, const char *fn, const char *const *keys);
 /* The one reader: push opts[key] and return 1, or push nothing and return 0
  * when it is nil (or opts is 0). type (LUA_T*, LUA_TNONE: any) is checked:

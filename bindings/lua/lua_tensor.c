@@ -239,8 +239,18 @@ int lem_check_tensor_list(lua_State *L, int idx, const char *fn, em_tensor ***ou
 /* ---------------- options ---------------- */
 
 int lem_opts(lua_State *L, int idx, const char *fn, const char *const *keys) {
-  (void)fn; (void)keys;   /* unknown keys are not checked yet */
   if (idx == 0 || !lua_istable(L, idx)) return 0;
+  if (!keys) return idx;
+  for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+    int known = 0;
+    if (lua_type(L, -2) == LUA_TSTRING)
+      for (const char *const *k = keys; *k && !known; k++) known = strcmp(lua_tostring(L, -2), *k) == 0;
+    if (known) continue;
+    char expected[256] = "";
+    for (const char *const *k = keys; *k; k++)
+      snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s", k == keys ? "" : ", ", *k);
+    lem_error(L, fn, "unknown option '%s' (expected %s)", luaL_tolstring(L, -2, NULL), expected);
+  }
   return idx;
 }
 
