@@ -14,11 +14,7 @@
 local core = require "ember.core"
 local M = {backends = {}}
 
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and mt.__call ~= nil
-end
+local is_callable = require("ember.util").is_callable
 
 --- Run fn(...) and return its results; `close()` runs afterwards whether fn
 -- returned or raised (the error is re-raised unchanged).

@@ -135,11 +135,7 @@ end
 -- ---------------------------------------------------------------------------
 -- bench
 
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and mt.__call ~= nil
-end
+local is_callable = require("ember.util").is_callable
 
 local function check_opts(opts)
   if opts == nil then return {} end

@@ -19,16 +19,10 @@ end
 local methods = core.methods
 local Tensor_mt = core.Tensor_mt
 
---- Run fn with autograd recording switched on/off; restores the mode on error.
-local function with_grad_mode(on, fn, ...)
-  local prev = core.set_grad_enabled(on)
-  local res = table.pack(pcall(fn, ...))
-  core.set_grad_enabled(prev)
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
-end
-function ember.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
-function ember.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
+--- ember.no_grad(fn, ...) / ember.enable_grad(fn, ...): run fn with autograd
+-- recording switched off/on; the mode is restored when fn raises (ember.util).
+local util = require "ember.util"
+ember.no_grad, ember.enable_grad = util.no_grad, util.enable_grad
 
 --- t:split(size, dim) -> list of views of at most `size` along dim (0-based dim).
 function methods.split(t, size, dim)

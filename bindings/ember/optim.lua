@@ -26,51 +26,17 @@ package.loaded["ember.optim"] = optim
 
 local core = require "ember.core"
 local ember = require "ember"
+local util = require "ember.util"
 
 local fmt = string.format
-
-local function is_tensor(v)
-  if type(v) ~= "userdata" then return false end
-  local f = ember.is_tensor
-  if f then return f(v) end
-  return true
-end
-
-local function no_grad(fn) return ember.no_grad(fn) end
+local is_tensor, no_grad, copy_value = util.is_tensor, util.no_grad, util.copy_value
+local same_shape, shape_str, sorted_keys = util.same_shape, util.shape_str, util.sorted_keys
+local check_opts, FLOAT_DTYPES = util.check_opts, util.FLOAT_DTYPES
 local context = require "ember.context"
 -- An optimizer update: no autograd, and its kernels and allocations are
 -- attributed to the "optimizer" phase by the profiler and memory history.
-local function update(fn) return context.phase("optimizer", ember.no_grad, fn) end
+local function update(fn) return context.phase("optimizer", no_grad, fn) end
 local has_grad = core.has_grad
-
-local function copy_value(v)
-  if type(v) ~= "table" then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = x end
-  return c
-end
-
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
-
-local function shape_str(shape)
-  local parts = {}
-  for i, n in ipairs(shape) do parts[i] = tostring(n) end
-  return "[" .. table.concat(parts, ", ") .. "]"
-end
-
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks, function(a, b)
-    if type(a) == type(b) then return a < b end
-    return type(a) == "number"
-  end)
-  return ks
-end
 
 -- Minimal classes: calling the class makes an instance and runs __init.
 local function class(name, parent)
@@ -251,11 +217,8 @@ function Optimizer:load_state_dict(sd)
       local new = {}
       for k, v in pairs(st) do
         if is_tensor(v) then
-          local float = (v.dtype == "f32" or v.dtype == "f64" or v.dtype == "bf16" or
-            v.dtype == "f16")
-          local pfloat = (p.dtype == "f32" or p.dtype == "f64" or p.dtype == "bf16" or
-            p.dtype == "f16")
-          local t = ember.empty(v.shape, {dtype = (float and pfloat) and p.dtype or v.dtype,
+          local float = FLOAT_DTYPES[v.dtype] and FLOAT_DTYPES[p.dtype]
+          local t = ember.empty(v.shape, {dtype = float and p.dtype or v.dtype,
             device = p.device})
           t:copy_(v)
           new[k] = t
@@ -312,10 +275,7 @@ local AdamW = Optimizer:extend("AdamW")
 optim.AdamW = AdamW
 
 local function adam_defaults(fname, opts, wd_default)
-  if opts ~= nil and type(opts) ~= "table" then
-    error(fmt("%s: expected an options table, got %s", fname, type(opts)), 4)
-  end
-  opts = opts or {}
+  opts = check_opts(fname, opts, 5)
   local d = {
     lr = opts.lr or 1e-3,
     betas = opts.betas or {0.9, 0.999},
@@ -443,10 +403,7 @@ optim.SGD = SGD
 
 function SGD:__init(params, opts)
   local fname = "ember.optim.SGD"
-  if opts ~= nil and type(opts) ~= "table" then
-    error(fmt("%s: expected an options table, got %s", fname, type(opts)), 3)
-  end
-  opts = opts or {}
+  opts = check_opts(fname, opts, 4)
   local d = {lr = opts.lr or 1e-3, momentum = opts.momentum or 0,
     weight_decay = opts.weight_decay or 0}
   check_number(4, fname, "lr", d.lr, 0)

@@ -32,12 +32,7 @@ local PLOT_KEYS = {x = true, y = true, series = true, facet = true, xlog = true,
 
 M.DEFAULT_TIMEOUT = 3600
 
-local function sorted_keys(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted_keys = require("ember.util").sorted_keys
 
 local function describe(v)
   local t = type(v)

@@ -1,0 +1,128 @@
+--- ember.nn.TransformerBlock and the reference TransformerLM (LLaMA-style,
+-- pre-norm, RoPE, SwiGLU, untied lm_head), with the parameter names of the
+-- reference checkpoints (token_embeddings, layers.{i}.{ln1,attn,ln2,ffn},
+-- ln_final, lm_head).
+--
+-- The RoPE positions are built once per forward pass (cached per length and
+-- device in the first block's RotaryEmbedding) and handed to every block.
+-- @module ember.nn.transformer
+
+local util = require "ember.util"
+local module = require "ember.nn.module"
+local ModuleList = require("ember.nn.container").ModuleList
+local Linear = require "ember.nn.linear"
+local Embedding = require "ember.nn.embedding"
+local RMSNorm = require "ember.nn.norm"
+local SwiGLU = require "ember.nn.swiglu"
+local attention = require "ember.nn.attention"
+local configs = require "ember.nn.configs"
+
+local fmt = string.format
+local Module, CTOR_LEVEL = module.Module, module.CTOR_LEVEL
+local CausalSelfAttention, resolve_attn_fn = attention.CausalSelfAttention,
+  attention.resolve_attn_fn
+local is_tensor, shape_str = util.is_tensor, util.shape_str
+local M = {}
+
+--- Pre-norm Transformer block: x + attn(ln1(x)), then x + ffn(ln2(x)).
+-- @type TransformerBlock
+-- @tparam integer d_model
+-- @tparam integer num_heads
+-- @tparam integer d_ff
+-- @tparam[opt] table opts as CausalSelfAttention's, plus `eps`
+local TransformerBlock = Module:extend("TransformerBlock")
+M.TransformerBlock = TransformerBlock
+
+function TransformerBlock:__init(d_model, num_heads, d_ff, opts)
+  opts = util.check_opts("ember.nn.TransformerBlock", opts, CTOR_LEVEL)
+  local nopts = {eps = opts.eps, dtype = opts.dtype, device = opts.device}
+  self.ln1 = RMSNorm(d_model, nopts)
+  self.attn = CausalSelfAttention(d_model, num_heads, opts)
+  self.ln2 = RMSNorm(d_model, nopts)
+  self.ffn = SwiGLU(d_model, d_ff, opts)
+end
+
+function TransformerBlock:forward(x, pos)
+  x = x + self.attn(self.ln1(x), pos)
+  return x + self.ffn(self.ln2(x))
+end
+
+--- LLaMA-style decoder-only language model with the reference names
+-- (token_embeddings, layers.{i}.{ln1,attn,ln2,ffn}, ln_final, lm_head).
+-- @type TransformerLM
+-- @tparam table cfg vocab_size, context_length, d_model, d_ff, num_layers,
+--   num_heads, rope_theta (10000), eps (1e-5); optional attn_fn / attn_impl,
+--   dtype, device
+local TransformerLM = Module:extend("TransformerLM")
+M.TransformerLM = TransformerLM
+
+function TransformerLM:__init(cfg)
+  local fname = "ember.nn.TransformerLM"
+  if type(cfg) ~= "table" then
+    error(fname .. ": expected a config table (see nn.configs), got " .. type(cfg), 3)
+  end
+  for _, k in ipairs(configs.REQUIRED) do
+    if not util.is_positive_int(cfg[k]) then
+      error(fmt("%s: expected cfg.%s to be a positive integer, got %s", fname, k,
+        tostring(cfg[k])), 3)
+    end
+  end
+  if cfg.d_model % cfg.num_heads ~= 0 or (cfg.d_model // cfg.num_heads) % 2 ~= 0 then
+    error(fmt("%s: expected d_model divisible by num_heads with an even head size, " ..
+      "got d_model %d and num_heads %d", fname, cfg.d_model, cfg.num_heads), 3)
+  end
+  local config = {}
+  for k, v in pairs(cfg) do config[k] = v end
+  config.rope_theta = config.rope_theta or 10000
+  self.config = config
+  self.vocab_size, self.context_length = cfg.vocab_size, cfg.context_length
+
+  local dev, dt = cfg.device, cfg.dtype
+  local bopts = {rope_theta = config.rope_theta, max_len = cfg.context_length,
+    attn_fn = resolve_attn_fn(fname, cfg, CTOR_LEVEL), eps = cfg.eps, dtype = dt, device = dev}
+  self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, {dtype = dt, device = dev})
+  local layers = ModuleList()
+  for _ = 1, cfg.num_layers do
+    layers:append(TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, bopts))
+  end
+  self.layers = layers
+  self.ln_final = RMSNorm(cfg.d_model, {eps = cfg.eps, dtype = dt, device = dev})
+  self.lm_head = Linear(cfg.d_model, cfg.vocab_size, {bias = false, dtype = dt, device = dev})
+end
+
+--- ids (..., T) integer -> logits (..., T, vocab_size).
+function TransformerLM:forward(ids)
+  if not is_tensor(ids) then
+    error("ember.nn.TransformerLM: expected token ids as an integer tensor, got " ..
+      type(ids), 2)
+  end
+  local shape = ids.shape
+  local T = shape[#shape]
+  if #shape < 1 or T > self.context_length then
+    error(fmt("ember.nn.TransformerLM: expected ids (..., T) with T <= context_length %d, " ..
+      "got shape %s", self.context_length, shape_str(shape)), 2)
+  end
+  local x = self.token_embeddings(ids)
+  local layers = self.layers
+  local pos
+  for i = 1, #layers do
+    local block = layers[i]
+    if pos == nil and block.attn.rope then pos = block.attn.rope:positions(T, ids.device) end
+    x = block(x, pos)
+  end
+  return self.lm_head(self.ln_final(x))
+end
+
+--- Replace the attention function of every block (e.g. a flash kernel).
+-- @param fn function(q, k, v) on (B, H, T, d_head), or "auto" / "naive" / "flash"
+-- @return self
+function TransformerLM:set_attn_fn(fn)
+  local fname = "ember.nn.TransformerLM.set_attn_fn"
+  local f = resolve_attn_fn(fname, type(fn) == "string" and {attn_impl = fn} or {attn_fn = fn}, 3)
+  for _, m in ipairs(self:modules()) do
+    if getmetatable(m) == CausalSelfAttention then m.attn_fn = f end
+  end
+  return self
+end
+
+return M

@@ -1,0 +1,130 @@
+--- ember.util: the small Lua helpers the package shares (nn, optim, init,
+-- amp, bench, ...), so each is written once: type tests, option and integer
+-- checks, shape strings, dtype names, grad-mode wrappers.
+--
+-- Internal to the package (not part of the documented API). It needs only
+-- `ember.core`, so any file may require it while `ember` itself is loading;
+-- and only the tensor and grad-mode helpers need that, so the pure-Lua sweep
+-- tools use the rest where no core.so is built.
+-- Error levels: `level` is what error() receives, counted from the helper
+-- (1 the helper, 2 its caller, 3 the caller's caller, ...).
+-- @module ember.util
+
+local has_core, core = pcall(require, "ember.core")
+if not has_core then core = {} end
+
+local M = {}
+local fmt = string.format
+M.fmt = fmt
+
+-- ---------------------------------------------------------------------------
+-- types
+
+local core_is_tensor = core.is_tensor
+
+--- True when v is an Ember tensor.
+function M.is_tensor(v)
+  return type(v) == "userdata" and core_is_tensor(v)
+end
+
+--- True for functions and for values whose metatable has __call.
+function M.is_callable(f)
+  if type(f) == "function" then return true end
+  local mt = getmetatable(f)
+  return type(mt) == "table" and mt.__call ~= nil
+end
+
+function M.is_positive_int(v)
+  return math.type(v) == "integer" and v > 0
+end
+
+-- ---------------------------------------------------------------------------
+-- argument checks ("fname: expected ..., got ...")
+
+--- opts, or {} when nil; anything but a table is an error.
+function M.check_opts(fname, opts, level)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(fmt("%s: expected an options table, got %s", fname, type(opts)), level)
+  end
+  return opts or {}
+end
+
+function M.check_positive_int(fname, argname, v, level)
+  if not M.is_positive_int(v) then
+    error(fmt("%s: expected %s to be a positive integer, got %s", fname, argname,
+      tostring(v)), level)
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- shapes, tables, numbers
+
+--- "[2, 3]" for a shape array (PyTorch's wording in error messages).
+function M.shape_str(shape)
+  local parts = {}
+  for i, s in ipairs(shape) do parts[i] = tostring(s) end
+  return "[" .. table.concat(parts, ", ") .. "]"
+end
+
+function M.same_shape(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+--- The keys of t, sorted: numbers first, then the rest in `<` order.
+function M.sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks, function(a, b)
+    if type(a) == type(b) then return a < b end
+    return type(a) == "number"
+  end)
+  return ks
+end
+
+--- A one-level copy of a table (other values as they are).
+function M.copy_value(v)
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = x end
+  return c
+end
+
+--- Python's repr of a float: 1e-05, 0.1, 10000.0 (module reprs match PyTorch's).
+function M.float_repr(x)
+  local s = fmt("%g", x)
+  s = s:gsub("e([-+])0*(%d%d)", "e%1%2")
+  if not s:find("[%.e]") and not s:find("inf") and not s:find("nan") then s = s .. ".0" end
+  return s
+end
+
+-- ---------------------------------------------------------------------------
+-- dtypes
+
+--- dtype names and the aliases the core accepts, mapped to canonical names.
+M.DTYPES = {
+  f32 = "f32", float32 = "f32", float = "f32", f64 = "f64", float64 = "f64", double = "f64",
+  bf16 = "bf16", bfloat16 = "bf16", f16 = "f16", float16 = "f16", half = "f16",
+  i32 = "i32", int32 = "i32", int = "i32", i64 = "i64", int64 = "i64", long = "i64",
+  u16 = "u16", uint16 = "u16", u8 = "u8", uint8 = "u8", byte = "u8", bool = "bool",
+}
+M.FLOAT_DTYPES = {f32 = true, f64 = true, bf16 = true, f16 = true}
+
+-- ---------------------------------------------------------------------------
+-- grad mode
+
+local set_grad_enabled = core.set_grad_enabled
+
+--- Run fn(...) with autograd recording switched on/off; restores the mode on error.
+local function with_grad_mode(on, fn, ...)
+  local prev = set_grad_enabled(on)
+  local res = table.pack(pcall(fn, ...))
+  set_grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+function M.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
+function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
+
+return M
