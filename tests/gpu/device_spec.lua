@@ -10,6 +10,7 @@
 -- kernels/rng.h, rounded once); f64 within 1e-13 relative (CUDA's and glibc's
 -- double log/sin/cos/erf may differ by an ulp or two, see ember/rng.h).
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 local cuda = ember.cuda
 
 assert(cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
@@ -18,17 +19,7 @@ local MiB = 1024 * 1024
 local DTYPES = {"f32", "f64", "bf16", "f16", "i32", "i64", "u16", "u8", "bool"}
 
 -- The raw bytes of a tensor's elements (row-major), through a safetensors file.
-local function raw_bytes(t)
-  t = t:detach():cpu():contiguous()
-  local path = os.tmpname()
-  ember.save(path, {x = t})
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  os.remove(path)
-  local n = string.unpack("<I8", s)
-  return s:sub(9 + n)
-end
+local raw_bytes = H.raw_bytes
 
 local function assert_same_bits(got, want, what)
   assert.are.same(want.shape, got.shape, what .. ": shape")

@@ -21,7 +21,7 @@ local MiB = 1024 * 1024
 local function here() return debug.getinfo(2, "l").currentline end
 local function site(line) return SPEC .. ":" .. line end
 
-local U = dofile((SPEC:match("^(.*/)") or "./") .. "../lua/memory_util.lua")
+local U = dofile((SPEC:match("^(.*/)") or "./") .. "../lua/helpers.lua")
 local temp, slurp, q, sh, find = U.temp, U.slurp, U.q, U.sh, U.find
 
 local function block_at(snap, t)

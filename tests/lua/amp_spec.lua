@@ -3,13 +3,12 @@
 -- parameters and gradients f32), the ToyModel dtype report of CS336 A2
 -- §1.1.5, nesting, restoring on error, and the TF32 switch.
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local nn, F = ember.nn, ember.nn.functional
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local toy = dofile(here .. "../../scripts/lib/amp_toy.lua")
 
-local function maxdiff(a, b)
-  return (a:float() - b:float()):abs():max():item()
-end
+local maxdiff = H.maxdiff
 
 describe("ember.autocast dtype report (CPU)", function()
   it("gives the ToyModel's parameters f32, fc1 bf16, norm f32, logits bf16, loss f32, grads f32", function()

@@ -17,9 +17,10 @@
 --     that, and ~1000× smaller than any indexing or masking mistake.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function flat(t) return t:reshape(-1):tolist() end
+local flat = H.flat
 
 -- attention for one (Tq, d) q, (Tk, d) k and (Tk, dv) v given as Lua lists
 local function attend(q, k, v, causal, scale)
@@ -48,23 +49,9 @@ local function attend(q, k, v, causal, scale)
   return out
 end
 
-local function assert_abs(got, want, atol, what)
-  local function walk(g, w, path)
-    if type(w) == "table" then
-      assert.equals(#w, #g, what .. ": size at " .. path)
-      for i = 1, #w do walk(g[i], w[i], path .. "[" .. i .. "]") end
-    else
-      assert.is_true(math.abs(g - w) <= atol,
-        string.format("%s%s: got %.17g, expected %.17g", what, path, g, w))
-    end
-  end
-  walk(got, want, "")
-end
+local function assert_abs(got, want, atol, what) return H.assert_close(got, want, 0, atol, what) end
 
-local function randn(seed, shape, dtype)
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f64")
-end
+local randn = H.randn
 
 local function qkv(seed, qshape, kshape, vshape, dtype)
   return randn(seed, qshape, dtype), randn(seed + 1, kshape, dtype), randn(seed + 2, vshape or kshape, dtype)

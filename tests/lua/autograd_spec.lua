@@ -10,6 +10,7 @@
 --     busted tests/lua/autograd_spec.lua
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
 -- f32 sums of a few products of O(1) numbers: 1e-5 is ~100 f32 ulps.
@@ -29,7 +30,7 @@ local function leaf(values, dtype)
   return ember.tensor(values, {dtype = dtype or "f32", requires_grad = true})
 end
 
-local function strip_where(msg) return (tostring(msg):gsub("^[^%s]+:%d+: ", "", 1)) end
+local strip_where = H.strip_where
 
 describe("recording", function()
   it("a fresh tensor does not require grad and is a leaf", function()

@@ -14,11 +14,10 @@
 -- "out of memory ...".
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function strip_where(msg)
-  return (msg:gsub("^[^%s]+:%d+: ", "", 1))
-end
+local strip_where = H.strip_where
 
 -- Run fn, expect an error from ember.NAME whose text contains fragment.
 -- name may be a list of acceptable names (e.g. a method and the op it wraps).
@@ -37,20 +36,7 @@ local function expect_error(name, fragment, fn)
   assert(msg:find(fragment, 1, true), ("expected the message to contain %q, got: %s"):format(fragment, err))
 end
 
-local temps = {}
-local function tmp(suffix)
-  local p = os.tmpname()
-  os.remove(p)
-  p = p .. (suffix or "")
-  temps[#temps + 1] = p
-  return p
-end
-local function write_file(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-  return path
-end
+local tmp, write_file = H.temp, H.spit
 
 local z23 = function() return ember.zeros(2, 3) end
 
@@ -429,10 +415,7 @@ local FILE_CASES = {
 }
 
 describe("bad input", function()
-  after_each(function()
-    for _, p in ipairs(temps) do os.remove(p) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   it("has at least 60 distinct cases", function()
     assert(#CASES + #FILE_CASES >= 60, "only " .. (#CASES + #FILE_CASES) .. " cases")

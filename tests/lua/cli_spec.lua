@@ -5,62 +5,21 @@
 -- EMBER_BUILD defaults to ./build. The scripts here use plain Lua only, so the
 -- spec checks the interpreter, not tensor features (one case requires "ember").
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local BUILD, EMBER, q, spit = H.BUILD, H.EMBER, H.q, H.spit
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+-- a temporary file holding text, removed after each case
+local function temp(text, suffix) return spit(H.temp(suffix), text or "") end
 
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function spit(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
-
-local temps = {}
-local function temp(text, suffix)
-  local path = os.tmpname()
-  os.remove(path)
-  path = path .. (suffix or "")
-  temps[#temps + 1] = path
-  return spit(path, text or "")
-end
-
--- run({args...}, {stdin=, env={NAME=value}, prefix=}) --> stdout, stderr, status
-local function run(args, opts)
-  opts = opts or {}
-  local parts = { "env -u LUA_INIT -u LUA_INIT_5_4" }
-  for name, value in pairs(opts.env or {}) do
-    parts[#parts + 1] = name .. "=" .. q(value)
-  end
-  if opts.prefix then parts[#parts + 1] = opts.prefix end
-  parts[#parts + 1] = q(EMBER)
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
-  local out, err = temp(), temp()
-  local input = opts.stdin and temp(opts.stdin) or "/dev/null"
-  local cmd = table.concat(parts, " ") .. " <" .. q(input) .. " >" .. q(out) .. " 2>" .. q(err)
-  local _, _, status = os.execute(cmd)
-  return slurp(out), slurp(err), status
-end
+-- run({args...}, {stdin=, env={NAME=value}, wrap=}) --> stdout, stderr, status
+local run = H.ember
 
 describe("ember executable", function()
   setup(function()
     assert(io.open(EMBER, "rb"), "no executable at " .. EMBER .. " (set EMBER_BUILD)"):close()
   end)
 
-  after_each(function()
-    for _, path in ipairs(temps) do os.remove(path) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   describe("--version and --help", function()
     it("prints the version with the Lua release and the CUDA flag", function()
@@ -123,7 +82,7 @@ describe("ember executable", function()
 
     it("finds the ember package without any environment", function()
       local out, err, status = run({ "-e", "print(type(require 'ember'))" },
-                                   { prefix = "env -u LUA_PATH -u LUA_PATH_5_4" })
+                                   { wrap = "env -u LUA_PATH -u LUA_PATH_5_4" })
       assert.equals("", err)
       assert.equals(0, status)
       assert.equals("table\n", out)
@@ -189,7 +148,7 @@ describe("ember executable", function()
 
     it("turns SIGINT into the error 'interrupted!'", function()
       local _, err, status = run({ "-e", "while true do end" },
-                                 { prefix = "timeout --preserve-status -s INT 0.5" })
+                                 { wrap = "timeout --preserve-status -s INT 0.5" })
       assert.equals(1, status)
       assert.matches("^ember: [^\n]*interrupted!", err)
     end)

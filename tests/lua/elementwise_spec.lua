@@ -25,6 +25,7 @@
 --     by series, tanh through expm1).
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 local F32_RTOL, F32_ATOL = 8 * 2 ^ -23, 2 ^ -22
 local F64_RTOL, F64_ATOL = 1e-13, 1e-15
@@ -33,11 +34,7 @@ local F64_RTOL, F64_ATOL = 1e-13, 1e-15
 -- reference helpers (plain Lua)
 ---------------------------------------------------------------------------
 
-local function flat(t) return t:reshape(-1):tolist() end
-
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
-
-local function isnan(x) return x ~= x end
+local flat, f32, isnan, erf = H.flat, H.f32, H.isnan, H.erf
 
 -- Round half to even (IEEE roundTiesToEven, torch.round).
 local function round_half_even(x)
@@ -60,21 +57,6 @@ local function round_sig(x, bits)
   if 2.0 ^ e > math.abs(x) then e = e - 1 elseif 2.0 ^ (e + 1) <= math.abs(x) then e = e + 1 end
   local q = 2.0 ^ (e - bits + 1)
   return round_half_even(x / q) * q
-end
-
--- erf(x) = 2/√π · e^(−x²) · Σ_n 2^n x^(2n+1) / (1·3·5···(2n+1)): every term is
--- positive, so no cancellation; converges for every x (≈ x² + 40 terms).
-local function erf(x)
-  if x < 0 then return -erf(-x) end
-  if x == 0 then return 0.0 end
-  if x > 6 then return 1.0 end
-  local term, sum, n = x, x, 0
-  repeat
-    n = n + 1
-    term = term * 2 * x * x / (2 * n + 1)
-    sum = sum + term
-  until term < 1e-17 * sum
-  return 2 / math.sqrt(math.pi) * math.exp(-x * x) * sum
 end
 
 -- erfc(z) for z >= 0 without the cancellation of 1 − erf(z): below 2, 1 − erf
@@ -115,28 +97,11 @@ end
 local function sigmoid(x) return 1 / (1 + math.exp(-x)) end
 
 -- Element-by-element comparison; NaN equals NaN, infinities must match exactly.
-local function assert_close(got, ref, rtol, atol, what)
-  assert.equals(#ref, #got, (what or "") .. ": element count")
-  for i = 1, #ref do
-    local g, r = got[i], ref[i]
-    local ok
-    if isnan(r) then ok = isnan(g)
-    elseif r == math.huge or r == -math.huge then ok = g == r
-    else ok = math.abs(g - r) <= (atol or 0) + (rtol or 0) * math.abs(r) end
-    if not ok then
-      error(string.format("%s: element %d: got %.17g, expected %.17g (rtol %g, atol %g)",
-        what or "values", i, g, r, rtol or 0, atol or 0), 2)
-    end
-  end
-end
+local assert_close = H.assert_close
 
 local function assert_exact(got, ref, what) assert_close(got, ref, 0, 0, what) end
 
-local function map(list, f)
-  local out = {}
-  for i, x in ipairs(list) do out[i] = f(x) end
-  return out
-end
+local map = H.map
 
 local function map2(a, b, f)
   local out = {}
@@ -145,10 +110,7 @@ local function map2(a, b, f)
 end
 
 -- Fresh seeded inputs: standard normal scaled, or uniform in [lo, hi).
-local function randn(seed, n, dtype, scale)
-  ember.manual_seed(seed)
-  return (ember.randn(n, {dtype = "f64"}) * (scale or 1)):to(dtype or "f32")
-end
+local function randn(seed, n, dtype, scale) return H.randn(seed, n, dtype or "f32", scale) end
 local function uniform(seed, n, lo, hi, dtype)
   ember.manual_seed(seed)
   return (ember.rand(n, {dtype = "f64"}) * (hi - lo) + lo):to(dtype or "f32")

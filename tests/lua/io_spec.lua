@@ -8,35 +8,9 @@
 -- Files are written as raw bytes, so every comparison here is exact.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local temps = {}
-local function tmp(suffix)
-  local p = os.tmpname()
-  os.remove(p)
-  p = p .. (suffix or "")
-  temps[#temps + 1] = p
-  return p
-end
-
-local function tmpdir()
-  local p = tmp()
-  assert(os.execute("mkdir -p '" .. p .. "'"))
-  return p
-end
-
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function spit(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-  return path
-end
+local tmp, tmpdir, slurp, spit = H.temp, H.tmpdir, H.slurp, H.spit
 
 local function list_dir(dir)
   local names = {}
@@ -67,10 +41,7 @@ local function npy_bytes(dict, data, version)
   return "\x93NUMPY" .. string.char(version, 0) .. len .. header .. data
 end
 
-after_each(function()
-  for i = #temps, 1, -1 do os.execute("rm -rf '" .. temps[i] .. "'") end
-  temps = {}
-end)
+after_each(H.remove_temps)
 
 describe("ember.save / ember.load", function()
   local function one_of_each()

@@ -7,12 +7,11 @@
 --   LUA_CPATH="build-lua/lua/?.so;;" busted tests/lua/lm_spec.lua
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local nn, optim = ember.nn, ember.optim
 local F = nn.functional
 
-local function maxdiff(a, b)
-  return (a:float() - b:float()):abs():max():item()
-end
+local maxdiff = H.maxdiff
 
 describe("nn.TransformerLM structure", function()
   it("uses the reference parameter names, shapes and order", function()

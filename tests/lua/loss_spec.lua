@@ -18,9 +18,10 @@
 --     is within 1 bf16 ulp (2^-8 relative) of the Lua value of the same inputs.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function flat(t) return t:reshape(-1):tolist() end
+local flat = H.flat
 
 -- mean over rows of logsumexp(row) - row[t]; rows: list of lists; targets 0-based
 local function xent_ref(rows, targets)

@@ -17,17 +17,14 @@
 -- magnitude, and loose enough for any BLAS blocking.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
 local U64, U32 = 2 ^ -53, 2 ^ -24
 
-local function flat(t) return t:reshape(-1):tolist() end
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+local flat, f32 = H.flat, H.f32
 
-local function randn(seed, shape, dtype)
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f64")
-end
+local randn = H.randn
 
 -- Reference matmul of two 2-D Lua tables: values and the Σ|a·b| bound per element.
 local function mm(a, b)

@@ -14,7 +14,7 @@ local SPEC = debug.getinfo(1, "S").source:match("^@(.*)$")
 local function here() return debug.getinfo(2, "l").currentline end
 local function site(line) return SPEC .. ":" .. line end
 
-local U = dofile((SPEC:match("^(.*/)") or "./") .. "memory_util.lua")
+local U = dofile((SPEC:match("^(.*/)") or "./") .. "helpers.lua")
 local temp, slurp, q, sh, find = U.temp, U.slurp, U.q, U.sh, U.find
 
 local function tiny_lm()

@@ -7,13 +7,12 @@
 --   LUA_CPATH="build-lua/lua/?.so;;" busted tests/lua/nn_spec.lua
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local nn = ember.nn
 local F = nn.functional
 
 -- Largest absolute elementwise difference, as a Lua number.
-local function maxdiff(a, b)
-  return (a:float() - b:float()):abs():max():item()
-end
+local maxdiff = H.maxdiff
 
 local function names_of(named)
   local out = {}

@@ -17,9 +17,10 @@
 --     of the widened values converted back, and within 1 ulp of the formula.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function flat(t) return t:reshape(-1):tolist() end
+local flat = H.flat
 
 -- rmsnorm over the last dim of a tensor of `shape`, on flat values
 local function rms_ref(vals, D, w, eps)
@@ -33,18 +34,9 @@ local function rms_ref(vals, D, w, eps)
   return out
 end
 
-local function assert_close(got, want, rtol, atol, what)
-  assert.equals(#want, #got)
-  for i = 1, #want do
-    assert.is_true(math.abs(got[i] - want[i]) <= atol + rtol * math.abs(want[i]),
-      string.format("%s element %d: got %.17g, expected %.17g", what, i, got[i], want[i]))
-  end
-end
+local assert_close = H.assert_close
 
-local function randn(seed, shape, dtype, scale)
-  ember.manual_seed(seed)
-  return (ember.randn(shape, {dtype = "f64"}) * (scale or 1)):to(dtype or "f64")
-end
+local randn = H.randn
 
 describe("F.rmsnorm", function()
   it("matches x / sqrt(mean(x²) + eps) · w per row (f64, (2, 3, 16))", function()

@@ -6,18 +6,13 @@
 --   LUA_CPATH="build-lua/lua/?.so;;" busted tests/lua/optim_spec.lua
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local nn, optim = ember.nn, ember.optim
 
-local function flat(t) return t:reshape(-1):tolist() end
+local flat = H.flat
 
 -- Elementwise |a − b| ≤ tol over Lua arrays.
-local function assert_close(a, b, tol, what)
-  assert.are.equal(#a, #b, what)
-  for i = 1, #a do
-    assert.is_true(math.abs(a[i] - b[i]) <= tol,
-      string.format("%s[%d]: %.9g vs %.9g (tol %g)", what or "value", i, a[i], b[i], tol))
-  end
-end
+local function assert_close(a, b, tol, what) return H.assert_close(a, b, 0, tol, what) end
 
 local function param(shape)
   local p = ember.randn(shape)

@@ -19,29 +19,13 @@
 --     expf/logf are within 1-2 ulps and the normalisation adds a few roundings.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 local F64_RTOL = 1e-13
 local F32_SUM_RTOL = 2 ^ -22
 local F32_RTOL, F32_ATOL = 8 * 2 ^ -23, 1e-7
 
-local function flat(t) return t:reshape(-1):tolist() end
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
-local function isnan(x) return x ~= x end
-
-local function assert_close(got, ref, rtol, atol, what)
-  assert.equals(#ref, #got, (what or "") .. ": element count")
-  for i = 1, #ref do
-    local g, r = got[i], ref[i]
-    local ok
-    if isnan(r) then ok = isnan(g)
-    elseif r == math.huge or r == -math.huge then ok = g == r
-    else ok = math.abs(g - r) <= (atol or 0) + (rtol or 0) * math.abs(r) end
-    if not ok then
-      error(string.format("%s: element %d: got %.17g, expected %.17g (rtol %g, atol %g)",
-        what or "values", i, g, r, rtol or 0, atol or 0), 2)
-    end
-  end
-end
+local flat, f32, isnan, assert_close = H.flat, H.f32, H.isnan, H.assert_close
 
 -- Split the row-major values of a tensor of `shape` into groups, one per
 -- output element (row-major over the kept dims); each group lists its values
@@ -87,11 +71,7 @@ end
 local function gt(a, b) return a > b end
 local function lt(a, b) return a < b end
 
-local function map(list, f)
-  local out = {}
-  for i, x in ipairs(list) do out[i] = f(x) end
-  return out
-end
+local map = H.map
 
 local SHAPE = {3, 4, 5}
 local function input(seed, dtype)

@@ -4,24 +4,9 @@
 -- Run from the repository root:  EMBER_BUILD=$PWD/build bash tests/run_all.sh
 local report = require "ember.report"
 local cjson = require "cjson"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local function tmpfile()
-  local p = os.tmpname()
-  return p
-end
-
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function spit(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local tmpfile, slurp, spit = os.tmpname, H.slurp, H.spit
 
 local function count(s, pattern)
   local n = 0

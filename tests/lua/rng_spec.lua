@@ -18,9 +18,9 @@
 -- seed irrelevant.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local function flat(t) return t:reshape(-1):tolist() end
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+local flat, f32 = H.flat, H.f32
 
 ---------------------------------------------------------------------------
 -- Philox4x32-10 in Lua 5.4 (64-bit integers)
@@ -88,18 +88,7 @@ local function umod(u, s)
 end
 
 -- erf by its all-positive series (no cancellation), and erfinv by Newton on it
-local function erf(x)
-  if x < 0 then return -erf(-x) end
-  if x == 0 then return 0.0 end
-  if x > 6 then return 1.0 end
-  local term, sum, n = x, x, 0
-  repeat
-    n = n + 1
-    term = term * 2 * x * x / (2 * n + 1)
-    sum = sum + term
-  until term < 1e-17 * sum
-  return 2 / math.sqrt(math.pi) * math.exp(-x * x) * sum
-end
+local erf = H.erf
 local function erfinv(y)
   local x = 0.0
   for _ = 1, 100 do

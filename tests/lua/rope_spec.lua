@@ -22,9 +22,10 @@
 --     carry ~1e-13 of absolute error in double).
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function flat(t) return t:reshape(-1):tolist() end
+local flat = H.flat
 
 -- rope of flat values of a (..., T, d) tensor; pos_of(row) gives the row's position
 local function rope_ref(vals, d, pos_of, theta)
@@ -42,18 +43,9 @@ local function rope_ref(vals, d, pos_of, theta)
   return out
 end
 
-local function assert_abs(got, want, atol, what)
-  assert.equals(#want, #got)
-  for i = 1, #want do
-    assert.is_true(math.abs(got[i] - want[i]) <= atol,
-      string.format("%s element %d: got %.17g, expected %.17g", what, i, got[i], want[i]))
-  end
-end
+local function assert_abs(got, want, atol, what) return H.assert_close(got, want, 0, atol, what) end
 
-local function randn(seed, shape, dtype)
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f64")
-end
+local randn = H.randn
 
 local function arange(T) return ember.arange(0, T, 1, {dtype = "i64"}) end
 

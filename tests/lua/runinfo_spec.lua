@@ -4,7 +4,7 @@
 -- would override every lookup) and in a scratch directory with its own git
 -- repositories.
 local SPEC = debug.getinfo(1, "S").source:match("^@(.*)$")
-local U = dofile((SPEC:match("^(.*/)") or "./") .. "memory_util.lua")
+local U = dofile((SPEC:match("^(.*/)") or "./") .. "helpers.lua")
 local q, sh = U.q, U.sh
 -- absolute: the children run in other directories
 local BUILD = (sh("cd " .. q(os.getenv("EMBER_BUILD") or "./build") .. " && pwd")):gsub("%s+$", "")

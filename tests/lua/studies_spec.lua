@@ -7,41 +7,17 @@
 -- Run from the repository root:  EMBER_BUILD=$PWD/build busted tests/lua/studies_spec.lua
 local cjson = require "cjson"
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local temps = {}
-local function temp(suffix)
-  local path = os.tmpname()
-  os.remove(path)
-  path = path .. (suffix or "")
-  temps[#temps + 1] = path
-  return path
-end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local EMBER, q, slurp, temp = H.EMBER, H.q, H.slurp, H.temp
 
 -- run(script, {args...}, {prefix=, timeout=}) --> stdout, stderr, exit status.
 -- `prefix` is shell text run first in the same shell (e.g. a ulimit);
 -- `timeout` (seconds) turns a hang into a failure (exit status 124).
 local function run(script, args, opts)
   opts = opts or {}
-  local parts = {"env -u LUA_INIT -u LUA_INIT_5_4", q(EMBER), "run", q("scripts/" .. script)}
-  if opts.timeout then table.insert(parts, 1, "timeout " .. opts.timeout) end
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
-  local out, err = temp(), temp()
-  local cmd = table.concat(parts, " ") .. " </dev/null >" .. q(out) .. " 2>" .. q(err)
-  if opts.prefix then cmd = "(" .. opts.prefix .. "; " .. cmd .. ")" end
-  local _, _, status = os.execute(cmd)
-  return slurp(out), slurp(err), status
+  local argv = {"run", "scripts/" .. script}
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  return H.ember(argv, {before = opts.prefix, wrap = opts.timeout and ("timeout " .. opts.timeout)})
 end
 
 local function lines(s)
@@ -76,10 +52,7 @@ describe("study scripts", function()
     assert(io.open(EMBER, "rb"), "no executable at " .. EMBER .. " (set EMBER_BUILD)"):close()
   end)
 
-  after_each(function()
-    for _, path in ipairs(temps) do os.remove(path) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   -- -------------------------------------------------------------------------
   describe("bench_attention.lua", function()

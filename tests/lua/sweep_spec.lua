@@ -9,41 +9,13 @@ local sweep = require "ember.sweep"
 local runner = require "ember.sweep_run"
 local report = require "ember.report"
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function spit(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local EMBER, q, slurp, spit = H.EMBER, H.q, H.slurp, H.spit
 
 local function exists(path) return slurp(path) ~= nil end
 
--- sh({args...}, {cwd=}) --> stdout, stderr, exit status of `ember ARGS`
-local function ember(args, cwd)
-  local out, err = os.tmpname(), os.tmpname()
-  local parts = {}
-  for i, a in ipairs(args) do parts[i] = q(a) end
-  local cmd = ("cd %s && env -u LUA_INIT -u LUA_INIT_5_4 %s %s </dev/null >%s 2>%s"):format(
-    q(cwd or "."), q(EMBER), table.concat(parts, " "), q(out), q(err))
-  local _, _, status = os.execute(cmd)
-  local o, e = slurp(out), slurp(err)
-  os.remove(out)
-  os.remove(err)
-  return o, e, status
-end
+-- ember({args...}, cwd) --> stdout, stderr, exit status of `ember ARGS` run in cwd
+local function ember(args, cwd) return H.ember(args, {cwd = cwd}) end
 
 local function absolute(path)
   local p = io.popen("cd " .. q(path) .. " && pwd")

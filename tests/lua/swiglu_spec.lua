@@ -16,20 +16,14 @@
 --     same values converted to bf16 (exact), and so within 1 bf16 ulp of Lua's.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local F = ember.nn.functional
 
-local function flat(t) return t:reshape(-1):tolist() end
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+local flat, f32 = H.flat, H.f32
 
 local function ref(a, b) return a / (1 + math.exp(-a)) * b end
 
-local function assert_close(got, want, rtol, atol, what)
-  assert.equals(#want, #got)
-  for i = 1, #want do
-    assert.is_true(math.abs(got[i] - want[i]) <= atol + rtol * math.abs(want[i]),
-      string.format("%s element %d: got %.17g, expected %.17g", what, i, got[i], want[i]))
-  end
-end
+local assert_close = H.assert_close
 
 local function ab(seed, shape, dtype)
   ember.manual_seed(seed)

@@ -9,19 +9,11 @@
 -- tolerances below say why they are what they are.
 
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 -- The little-endian bytes of t's elements, read back from a safetensors file
 -- (the one place a tensor's raw bit patterns are visible from Lua).
-local function raw_bytes(t)
-  local path = os.tmpname()
-  ember.save(path, {x = t})
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  os.remove(path)
-  local n = string.unpack("<I8", s)
-  return s:sub(9 + n)
-end
+local raw_bytes = H.raw_bytes
 
 local function u16_bits(t)
   local b, out = raw_bytes(t), {}

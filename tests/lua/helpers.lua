@@ -1,0 +1,219 @@
+-- helpers.lua — what the specs of tests/lua and tests/gpu share, written once:
+-- temporary files, reading and writing them, shell quoting, running the
+-- `ember` executable as a user does, seeded inputs, and element-by-element
+-- comparisons that name the element and the tolerance when they fail.
+--
+-- Not a spec (busted runs *_spec.lua only). A spec loads it beside itself:
+--   local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+-- (from tests/gpu: .. "../lua/helpers.lua"). Each dofile is a fresh copy, so
+-- a spec's temporary files are its own. Tensor helpers require "ember" when
+-- first called, so specs of the executable alone (cli_spec) load it too.
+local H = {}
+
+H.BUILD = os.getenv("EMBER_BUILD") or "./build"
+H.EMBER = H.BUILD .. "/ember"
+
+local function ember() return require "ember" end
+
+---------------------------------------------------------------------------
+-- files and the shell
+---------------------------------------------------------------------------
+
+local temps = {}
+
+--- A fresh temporary path ending in `suffix` (nothing created), removed by
+-- H.remove_temps().
+function H.temp(suffix)
+  local p = os.tmpname()
+  os.remove(p)
+  p = p .. (suffix or "")
+  temps[#temps + 1] = p
+  return p
+end
+
+--- A fresh temporary directory, removed by H.remove_temps().
+function H.tmpdir()
+  local p = H.temp()
+  assert(os.execute("mkdir -p " .. H.q(p)))
+  return p
+end
+
+--- Remove every path H.temp gave out, newest first (directories recursively).
+function H.remove_temps()
+  for i = #temps, 1, -1 do
+    local ok, _, errno = os.remove(temps[i])
+    if not ok and errno ~= 2 then os.execute("rm -rf " .. H.q(temps[i])) end   -- 2: ENOENT
+  end
+  temps = {}
+end
+
+--- The bytes of a file, or nil when it cannot be opened.
+function H.slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- Write bytes to path (replacing it); returns path.
+function H.spit(path, bytes)
+  local f = assert(io.open(path, "wb"))
+  f:write(bytes)
+  f:close()
+  return path
+end
+
+--- s quoted for the shell.
+function H.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+--- Run a shell command: its output (stdout and stderr) and whether it succeeded.
+function H.sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("a")
+  local ok = p:close()
+  return out, ok
+end
+
+--- Run `ember ARGS...` through the shell as a user does (LUA_INIT unset):
+-- stdout, stderr and the exit status. opts: `stdin` (text; /dev/null
+-- otherwise), `env` {NAME = value}, `wrap` (words before the executable, e.g.
+-- "timeout 60"), `before` (shell text run first in the same shell, e.g. a
+-- ulimit), `cwd`.
+function H.ember(args, opts)
+  opts = opts or {}
+  local parts = {"env -u LUA_INIT -u LUA_INIT_5_4"}
+  for name, value in pairs(opts.env or {}) do parts[#parts + 1] = name .. "=" .. H.q(value) end
+  if opts.wrap then parts[#parts + 1] = opts.wrap end
+  parts[#parts + 1] = H.q(H.EMBER)
+  for _, a in ipairs(args) do parts[#parts + 1] = H.q(a) end
+  local out, err = H.temp(), H.temp()
+  local input = opts.stdin and H.spit(H.temp(), opts.stdin) or "/dev/null"
+  local cmd = table.concat(parts, " ") .. " <" .. H.q(input) .. " >" .. H.q(out) .. " 2>" .. H.q(err)
+  if opts.before then cmd = "(" .. opts.before .. "; " .. cmd .. ")" end
+  if opts.cwd then cmd = "cd " .. H.q(opts.cwd) .. " && " .. cmd end
+  local _, _, status = os.execute(cmd)
+  local o, e = H.slurp(out), H.slurp(err)
+  os.remove(out)
+  os.remove(err)
+  if opts.stdin then os.remove(input) end
+  return o, e, status
+end
+
+--- The message of an error without its "file:line: " prefix.
+function H.strip_where(msg) return (tostring(msg):gsub("^[^%s]+:%d+: ", "", 1)) end
+
+--- Events of a trace (a list of tables) that match every field of `want`.
+function H.find(trace, want)
+  local out = {}
+  for _, e in ipairs(trace) do
+    local ok = true
+    for k, v in pairs(want) do if e[k] ~= v then ok = false break end end
+    if ok then out[#out + 1] = e end
+  end
+  return out
+end
+
+---------------------------------------------------------------------------
+-- numbers and tensors
+---------------------------------------------------------------------------
+
+--- A tensor's values as a flat Lua list.
+function H.flat(t) return t:reshape(-1):tolist() end
+
+--- x rounded to the nearest f32 (an IEEE cast through string.pack).
+function H.f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+
+function H.isnan(x) return x ~= x end
+
+--- Seeded standard normal values, drawn in f64, times `scale` (default 1),
+-- then converted to dtype (default f64): the same values in every dtype.
+function H.randn(seed, shape, dtype, scale)
+  local e = ember()
+  e.manual_seed(seed)
+  local t = e.randn(shape, {dtype = "f64"})
+  if scale then t = t * scale end
+  return t:to(dtype or "f64")
+end
+
+--- A randn(shape, dtype, scale) that seeds itself first+1, first+2, ... on
+-- each call (the GPU specs draw a fresh input per case); default dtype f32,
+-- default scale `scale`.
+function H.seeded_randn(first, scale)
+  local seed = first
+  return function(shape, dtype, s)
+    seed = seed + 1
+    return H.randn(seed, shape, dtype or "f32", s or scale)
+  end
+end
+
+--- {f(list[1]), f(list[2]), ...}
+function H.map(list, f)
+  local out = {}
+  for i, x in ipairs(list) do out[i] = f(x) end
+  return out
+end
+
+--- Largest |a - b| over the elements, compared in f32.
+function H.maxdiff(a, b)
+  return (a:float() - b:float()):abs():max():item()
+end
+
+--- The tensor's data bytes as ember.save writes them (contiguous, on the CPU).
+function H.raw_bytes(t)
+  t = t:detach():cpu():contiguous()
+  local path = os.tmpname()
+  ember().save(path, {x = t})
+  local s = H.slurp(path)
+  os.remove(path)
+  local n = string.unpack("<I8", s)
+  return s:sub(9 + n)
+end
+
+--- got and ref, Lua lists (nested for tensors of more dims), agree element by
+-- element within atol + rtol·|ref|; NaN matches NaN and an infinity only
+-- itself. A failure names the element, both values and the tolerances.
+function H.assert_close(got, ref, rtol, atol, what)
+  rtol, atol = rtol or 0, atol or 0
+  local function walk(g, r, path)            -- nil, or what is wrong
+    if type(r) == "table" then
+      if type(g) ~= "table" or #g ~= #r then
+        return string.format("%s: expected %d elements, got %s", path, #r,
+          type(g) == "table" and tostring(#g) or type(g))
+      end
+      for i = 1, #r do
+        local bad = walk(g[i], r[i], path .. "[" .. i .. "]")
+        if bad then return bad end
+      end
+      return nil
+    end
+    local ok
+    if r ~= r then ok = g ~= g
+    elseif r == math.huge or r == -math.huge then ok = g == r
+    else ok = type(g) == "number" and math.abs(g - r) <= atol + rtol * math.abs(r) end
+    if not ok then
+      return string.format("element %s: got %s, expected %.17g (rtol %g, atol %g)", path,
+        type(g) == "number" and string.format("%.17g", g) or tostring(g), r, rtol, atol)
+    end
+  end
+  local bad = walk(got, ref, "")
+  if bad then error((what or "values") .. ": " .. bad, 2) end
+end
+
+--- erf(x) to double precision (Lua has none): 2/√π · e^(−x²) · Σ_n 2^n
+-- x^(2n+1) / (1·3·5···(2n+1)); every term is positive, so no cancellation;
+-- converges for every x (≈ x² + 40 terms); ±1 beyond |x| = 6.
+function H.erf(x)
+  if x < 0 then return -H.erf(-x) end
+  if x == 0 then return 0.0 end
+  if x > 6 then return 1.0 end
+  local term, sum, n = x, x, 0
+  repeat
+    n = n + 1
+    term = term * 2 * x * x / (2 * n + 1)
+    sum = sum + term
+  until term < 1e-17 * sum
+  return 2 / math.sqrt(math.pi) * math.exp(-x * x) * sum
+end
+
+return H
