@@ -6,6 +6,7 @@
 -- f64) and rounds once, exactly as the CPU's sequential scatter-add does, so
 -- it is bit-exact against the CPU as well, and bit-identical across runs.
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 local F = ember.nn.functional
 
 local function max_diff(got, want)
@@ -14,17 +15,9 @@ local function max_diff(got, want)
   return (g - w):abs():max():item()
 end
 
-local seed = 3000
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f32")
-end
-local function ids(shape, n, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randint(0, n, shape):to(dtype or "i64")
-end
+local R = H.seeded(3000)
+local randn = R.randn
+local function ids(shape, n, dtype) return R.randint(n, shape, dtype) end
 
 describe("embedding on CUDA", function()
   assert.is_true(ember.cuda.is_available(), "the GPU specs need a CUDA device")

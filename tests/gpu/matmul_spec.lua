@@ -17,14 +17,10 @@ local F = ember.nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
+local H = dofile(here .. "../lua/helpers.lua")
 local rel, close = C.rel_error, C.assert_rel
 
-local seed = 1000
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f32")
-end
+local randn = H.seeded(1000).randn
 
 -- a (CPU) and its CUDA twin, both leaves that require grad when asked
 local function pair(shape, dtype, grad)

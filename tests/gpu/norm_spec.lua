@@ -12,14 +12,10 @@ local F = ember.nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
+local H = dofile(here .. "../lua/helpers.lua")
 local rel, close = C.rel_error, C.assert_rel
 
-local seed = 4000
-local function randn(shape, dtype, scale)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return (ember.randn(shape, {dtype = "f64"}) * (scale or 1)):to(dtype or "f32")
-end
+local randn = H.seeded(4000).randn
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2}
 

@@ -13,14 +13,10 @@ local core = ember.core
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
+local H = dofile(here .. "../lua/helpers.lua")
 local rel, close = C.rel_error, C.assert_rel
 
-local seed = 7000
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f32")
-end
+local randn = H.seeded(7000).randn
 
 local SHAPES = {{37, 53}, {29}, {70001}, {3, 5, 7}}   -- 70001: two 64Ki chunks, odd tail
 

@@ -13,14 +13,11 @@ local F = ember.nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
+local H = dofile(here .. "../lua/helpers.lua")
 local rel, close = C.rel_error, C.assert_rel
 
-local seed = 5000
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype or "f32")
-end
+local R = H.seeded(5000)
+local randn = R.randn
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f64 = 1e-12}
 
@@ -54,9 +51,7 @@ describe("rope on CUDA", function()
   end)
 
   it("f32: per-batch positions (2, 1, 17) broadcast over heads, i32, up to 1e5", function()
-    seed = seed + 1
-    ember.manual_seed(seed)
-    local pos = ember.randint(0, 100000, {2, 1, 17}):to("i32")
+    local pos = R.randint(100000, {2, 1, 17}, "i32")
     check(randn({2, 3, 17, 32}), pos, "f32", nil, "positions 1e5")
   end)
 

@@ -8,18 +8,7 @@ local cjson = require "cjson"
 
 assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-local function tmp() local p = os.tmpname() os.remove(p) return p end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 
 -- run(script, args) --> stdout, stderr, status, JSON lines (when --json was given a file by us)
 local function run(script, args)
@@ -27,14 +16,15 @@ local function run(script, args)
   -- may still hold from earlier specs (their OOM tests fill the GPU)
   collectgarbage()
   ember.cuda.empty_cache()
-  local out, err, json = tmp(), tmp(), tmp()
-  local parts = {"env -u LUA_INIT -u LUA_INIT_5_4", q(EMBER), "run", q("scripts/" .. script)}
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
-  parts[#parts + 1] = "--json " .. q(json)
-  local _, _, status = os.execute(table.concat(parts, " ") .. " </dev/null >" .. q(out) .. " 2>" .. q(err))
-  local o, e, j = slurp(out), slurp(err), {}
-  for l in (slurp(json) or ""):gmatch("[^\n]+") do j[#j + 1] = cjson.decode(l) end
-  os.remove(out) os.remove(err) os.remove(json)
+  local json = H.temp()
+  local argv = {"run", "scripts/" .. script}
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  argv[#argv + 1] = "--json"
+  argv[#argv + 1] = json
+  local o, e, status = H.ember(argv)
+  local j = {}
+  for l in (H.slurp(json) or ""):gmatch("[^\n]+") do j[#j + 1] = cjson.decode(l) end
+  os.remove(json)
   return o, e, status, j
 end
 

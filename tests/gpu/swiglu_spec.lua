@@ -9,14 +9,10 @@ local F = ember.nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
+local H = dofile(here .. "../lua/helpers.lua")
 local rel, close = C.rel_error, C.assert_rel
 
-local seed = 6000
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return (ember.randn(shape, {dtype = "f64"}) * 3):to(dtype or "f32")
-end
+local randn = H.seeded(6000, 3).randn
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f64 = 1e-12}
 

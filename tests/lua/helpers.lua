@@ -136,15 +136,23 @@ function H.randn(seed, shape, dtype, scale)
   return t:to(dtype or "f64")
 end
 
---- A randn(shape, dtype, scale) that seeds itself first+1, first+2, ... on
--- each call (the GPU specs draw a fresh input per case); default dtype f32,
--- default scale `scale`.
-function H.seeded_randn(first, scale)
-  local seed = first
-  return function(shape, dtype, s)
+--- A stream of fresh seeded inputs (the GPU specs draw new ones per case):
+-- R.randn(shape, dtype, scale) and R.randint(n, shape, dtype) in [0, n) seed
+-- the generator with first+1, first+2, ... in turn, so one spec's cases
+-- never share inputs. Defaults: dtype f32 (randint i64), scale `scale` or 1.
+function H.seeded(first, scale)
+  local seed, R = first, {}
+  function R.randn(shape, dtype, s)
     seed = seed + 1
     return H.randn(seed, shape, dtype or "f32", s or scale)
   end
+  function R.randint(n, shape, dtype)
+    seed = seed + 1
+    local e = ember()
+    e.manual_seed(seed)
+    return e.randint(0, n, shape):to(dtype or "i64")
+  end
+  return R
 end
 
 --- {f(list[1]), f(list[2]), ...}
