@@ -132,6 +132,14 @@ function M.temp(suffix)
   return p .. (suffix or "")
 end
 
+-- JSON null (PyTorch's None) as a missing value.
+local function drop_nulls(recs)
+  for _, r in ipairs(recs or {}) do
+    for k, v in pairs(r) do if v == require("cjson").null then r[k] = nil end end
+  end
+  return recs
+end
+
 --- `ember launch --nproc N script worker_args --json tmp`: the records rank 0
 -- wrote, or nil and why.
 function M.launch_ember(script, nproc, worker_args, timeout)
@@ -142,7 +150,7 @@ function M.launch_ember(script, nproc, worker_args, timeout)
   for _, a in ipairs(worker_args) do parts[#parts + 1] = M.q(a) end
   parts[#parts + 1] = "--json " .. M.q(json)
   local ok, how = M.run(table.concat(parts, " "))
-  local recs = report.read_jsonl(json)
+  local recs = drop_nulls(report.read_jsonl(json))
   os.remove(json)
   if not ok and not (recs and #recs > 0) then return nil, "ember launch failed (" .. how .. ")" end
   if not recs or #recs == 0 then return nil, "the ranks wrote no JSON line" end
@@ -166,7 +174,7 @@ function M.torchrun(python, nproc, pyscript, py_args, commit)
   for _, a in ipairs(py_args) do parts[#parts + 1] = M.q(a) end
   parts[#parts + 1] = "--json " .. M.q(json)
   local ok, how = M.run(table.concat(parts, " "))
-  local recs = report.read_jsonl(json)
+  local recs = drop_nulls(report.read_jsonl(json))
   os.remove(json)
   if not ok and not (recs and #recs > 0) then return nil, "torchrun failed (" .. how .. ")" end
   if not recs or #recs == 0 then return nil, "the PyTorch ranks wrote no JSON line" end

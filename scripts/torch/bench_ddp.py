@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""scripts/bench_ddp.lua's measurement in PyTorch: the reference TransformerLM
+(bench/torch_lm.py), the same batch per GPU, bf16 autocast, AdamW, wrapped in
+DistributedDataParallel(bucket_cap_mb=B, gradient_as_bucket_view=True) for
+each --bucket-mb (rows "bucketed"), and the compute-only step under
+ddp.no_sync() (row "none"). Same figures and JSON fields as the Lua script:
+
+  step_ms     median of --steps timed steps (host clock between synchronisations), slowest rank
+  compute_ms  the step under no_sync() (no all-reduce)
+  comm_ms     all-reduces of DDP's buckets alone, back to back, CUDA events; bucket sizes
+              rebuilt as DDP's first plan: reverse parameter order, first bucket 1 MiB, then
+              bucket_cap_mb (DDP may re-bucket after step 1 by gradient order; sizes are similar)
+  exposed_ms  step_ms - compute_ms;  hidden_frac = 1 - exposed_ms / comm_ms
+
+  torchrun --standalone --nproc_per_node 2 scripts/torch/bench_ddp.py --model small --bucket-mb 25
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+from common import MiB, emit, header, init, reduce_number, runinfo, sizes_list, time_calls  # noqa: E402
+from torch_lm import CONFIGS, TransformerLM, count_parameters  # noqa: E402
+
+FIRST_BUCKET_BYTES = 1 * MiB      # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="DDP step time, exposed communication and memory (PyTorch).")
+    p.add_argument("--model", default="small", choices=list(CONFIGS))
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--d-ff", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int, default=10000)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "naive"])
+    p.add_argument("--bucket-mb", default="25")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--comm-reps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", default="fused", choices=["fused", "foreach"])
+    p.add_argument("--no-bucket-view", action="store_true", help="gradient_as_bucket_view=False")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json")
+    return p.parse_args()
+
+
+def adamw(params, a, on_cuda):
+    if a.optimizer == "fused" and on_cuda:
+        try:
+            return torch.optim.AdamW(params, lr=a.lr, fused=True)
+        except (TypeError, RuntimeError):
+            pass
+    return torch.optim.AdamW(params, lr=a.lr, foreach=True)
+
+
+def bucket_sizes(params, cap_bytes):
+    """Element counts of DDP's buckets: reverse order, first bucket 1 MiB, then cap."""
+    sizes, cur, first = [], 0, True
+    for p in reversed(params):
+        nb = p.numel() * p.element_size()
+        cap = min(FIRST_BUCKET_BYTES, cap_bytes) if first else cap_bytes
+        if cur and cur + nb > cap:
+            sizes.append(cur)
+            cur, first = 0, False
+            cap = cap_bytes
+        cur += nb
+        if cur >= cap:
+            sizes.append(cur)
+            cur, first = 0, False
+    if cur:
+        sizes.append(cur)
+    return [s // params[0].element_size() for s in sizes]
+
+
+def main():
+    a = parse_args()
+    rank, n, dev = init(a.device)
+    on_cuda = dev.type == "cuda"
+    D, FF, L, H = CONFIGS[a.model]
+    D, FF, L, H = a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
+    B, T, V = a.batch, a.context, a.vocab
+    n_params = count_parameters(V, D, FF, L)
+    facts = runinfo(dev)
+    config = dict(study="ddp", model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T,
+                  batch=B, precision=a.precision, attn=a.attn, warmup=a.warmup, steps=a.steps,
+                  comm_reps=a.comm_reps, lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type,
+                  optimizer=a.optimizer, gradient_as_bucket_view=not a.no_bucket_view)
+    if rank == 0:
+        header(facts, f"torch DDP ranks={n} {a.model} d_model={D} d_ff={FF} layers={L} heads={H} vocab={V} "
+                      f"context={T} batch/GPU={B} precision={a.precision} params={n_params / 1e6:.1f}M")
+    torch.manual_seed(a.seed + 1 + rank)
+    data = torch.randint(0, V, (B, T + 1), device=dev)
+    x, y = data[:, :T], data[:, 1:]
+
+    def sync():
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    compute_ms = None
+
+    def measure(name, mb, discard=False):
+        nonlocal compute_ms
+        sync()
+        if on_cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(a.seed)
+        model = TransformerLM(V, T, D, FF, L, H, attn=a.attn).to(dev)
+        ddp = DDP(model, device_ids=[dev.index] if on_cuda else None, bucket_cap_mb=mb,
+                  gradient_as_bucket_view=not a.no_bucket_view)
+        opt = adamw(ddp.parameters(), a, on_cuda)
+        params = [p for p in model.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                logits = ddp(x)
+                loss = F.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss
+
+        def step_no_sync():
+            with ddp.no_sync():
+                return step()
+
+        fn = step_no_sync if name == "none" else step
+        for _ in range(a.warmup):
+            fn()
+        sync()
+        dist.barrier()
+        samples = []
+        loss = None
+        for _ in range(a.steps):
+            sync()
+            t0 = time.perf_counter()
+            loss = fn()
+            sync()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        peak = reduce_number(torch.cuda.max_memory_allocated(dev), "max", dev) if on_cuda else None
+        step_ms = reduce_number(statistics.median(samples), "max", dev)
+        final_loss = loss.item()
+        del ddp, opt, model
+        if discard:
+            return
+        comm_ms, ncoll = 0.0, 0
+        if name != "none":
+            sizes = bucket_sizes(params, mb * MiB)
+            ncoll = len(sizes)
+            buf = torch.zeros(sum(sizes), dtype=params[0].dtype, device=dev)
+            views, off = [], 0
+            for s in sizes:
+                views.append(buf[off:off + s])
+                off += s
+
+            def all_reduce_all():
+                for v in views:
+                    dist.all_reduce(v)
+            all_reduce_all()
+            sync()
+            reps = []
+            for _ in range(a.comm_reps):
+                dist.barrier()
+                reps.append(time_calls(all_reduce_all, 1, dev))
+            comm_ms = reduce_number(statistics.median(reps), "max", dev)
+            del buf, views
+        if name == "none":
+            compute_ms = step_ms
+        exposed = step_ms - compute_ms if name != "none" and compute_ms is not None else None
+        factor = 2 * (n - 1) / n
+        rec = dict(facts, impl="pytorch", strategy=name, bucket_mb=mb if name == "bucketed" else None,
+                   world_size=n, status="ok", step_ms=step_ms, samples_ms=samples,
+                   step_mean_ms=statistics.mean(samples), compute_ms=compute_ms, comm_ms=comm_ms,
+                   exposed_ms=exposed,
+                   hidden_frac=(1 - exposed / comm_ms) if exposed is not None and comm_ms > 0 else None,
+                   collectives_per_step=ncoll, peak_memory_bytes=peak, tokens_per_s=n * B * T / step_ms * 1e3,
+                   final_loss=final_loss, grad_bytes=grad_bytes, formula_wire_bytes_per_step=factor * grad_bytes,
+                   config=config)
+        if rank == 0:
+            emit(rec, a.json)
+
+    mbs = sizes_list(a.bucket_mb)
+    measure("none", mbs[0], discard=True)
+    measure("none", mbs[0])
+    for mb in mbs:
+        measure("bucketed", mb)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
