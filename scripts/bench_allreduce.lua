@@ -176,7 +176,12 @@ local function driver()
     {key = "t_alg", title = "PyTorch algbw GB/s", fmt = "%.2f"},
     {key = "t_bus", title = "PyTorch busbw GB/s", fmt = "%.2f"},
     {key = "ratio", title = "Ember/PyTorch busbw", fmt = "%.3f",
-     value = function(r) return r.e_bus and r.t_bus and r.e_bus / r.t_bus or nil end},
+     -- one rank moves nothing (busbw 0): compare algbw there
+     value = function(r)
+       if not (r.e_bus and r.t_bus) then return nil end
+       if r.t_bus > 0 then return r.e_bus / r.t_bus end
+       return r.e_alg and r.t_alg and r.t_alg > 0 and r.e_alg / r.t_alg or nil
+     end},
   }
   local report = require "ember.report"
   local tbl = report.markdown_table(columns, rows)

@@ -202,4 +202,11 @@ function ddp.DDP(model, opts)
   return self
 end
 
+--- ember.nn.parallel.plan_buckets(model, loss_fn, opts): the bucket size for
+-- bucketed DDP from one measured backward and the measured all-reduce link
+-- (ember/ddp_planner.lua; every rank calls it).
+function ddp.plan_buckets(model, loss_fn, opts)
+  return require("ember.ddp_planner").plan_buckets(model, loss_fn, opts)
+end
+
 return ddp
