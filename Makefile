@@ -54,11 +54,16 @@ test: build
 	EMBER_BUILD=$(BUILD) bash tests/run_all.sh
 
 # AddressSanitizer + UBSan over the C tests and the Lua specs (run through the
-# instrumented ember executable, so no LD_PRELOAD is needed).
+# instrumented ember executable, so no LD_PRELOAD is needed). The distributed
+# specs run too: Open MPI's own once-per-process allocations are suppressed by
+# library (tests/lsan_mpi.supp), which needs exact unwinding (MPI has no frame
+# pointers) and its plugins kept loaded.
 test-asan: deps
 	cmake -S . -B build-asan -G Ninja -DEMBER_CUDA=OFF -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build build-asan -j $(JOBS)
-	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+	EMBER_BUILD=build-asan EMBER_LUA_RUNNER=ember \
+	  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:fast_unwind_on_malloc=0 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan_mpi.supp OMPI_MCA_mca_base_component_disable_dlclose=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run_all.sh
 
 # GPU specs (tests/gpu: every op on CUDA against the CPU, autocast, the LM on
