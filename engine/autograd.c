@@ -252,12 +252,26 @@ static int discover(bw_state *s, em_node *root) {
   return 0;
 }
 
-/* acc += g (both owned by the caller; *acc may be NULL). */
+/* The buffer input i's gradient is being summed in, when a backward may add
+ * into it directly (gemm beta = 1, an accumulating kernel) instead of handing
+ * back a new tensor to add: the sum so far when this node holds it alone, or a
+ * leaf's own .grad when this is the leaf's only gradient in this backward
+ * (a DDP bucket view, or the sum of earlier micro-batches: no separate add
+ * kernel and no second buffer). The backward then returns the sink itself
+ * as gin[i]. NULL: produce a new tensor. */
 em_tensor *em_node_grad_sink(em_node *n, int i) {
   if (i < 0 || i >= n->n_in) return NULL;
   em_edge *e = &n->next[i];
   if (!e->fn && !e->leaf) return NULL;
   em_tensor *a = e->fn ? e->fn->bw_grad[e->output_nr] : e->leaf->bw_grad;
+  if (!a && e->leaf && e->leaf->grad && e->leaf->bw_deps == 1) {
+    em_tensor *gr = e->leaf->grad;
+    if (!em_is_contiguous(gr) || gr->dtype != n->in_dtype[i] || !em_device_eq(gr->device, n->in_device[i]) ||
+        gr->ndim != n->in_ndim[i] || memcmp(gr->shape, n->in_shape[i], sizeof(int64_t) * (size_t)gr->ndim) != 0)
+      return NULL;
+    e->leaf->bw_grad = em_tensor_retain(gr);      /* finish_leaf sees it is .grad: nothing left to add */
+    return gr;
+  }
   if (!a || a->refcount != 1 || a->storage->refcount != 1 || !em_is_contiguous(a) ||
       a->dtype != n->in_dtype[i] || !em_device_eq(a->device, n->in_device[i]) || a->ndim != n->in_ndim[i] ||
       memcmp(a->shape, n->in_shape[i], sizeof(int64_t) * (size_t)a->ndim) != 0)
@@ -295,6 +309,8 @@ static int finish_leaf(em_tensor *leaf) {
       if (!c || em_copy_(c, g)) { em_tensor_release(c); rc = -1; }
       else leaf->grad = c;
     }
+  } else if (g == leaf->grad) {
+    em_bump_version(leaf->grad);           /* the backward accumulated into .grad itself (a sink) */
   } else {
     em_tensor *r = em_binary(EM_ADD, leaf->grad, g, leaf->grad);  /* in place: .grad may be a bucket view */
     if (!r) rc = -1;

@@ -119,7 +119,16 @@ function Bucketed:on_train_batch_start()
   ember.no_grad(function()
     for _, b in ipairs(self.buckets) do
       if b.work then b.work:wait(); b.work = nil end
-      for j, p in ipairs(b.params) do adopt(b.views[j], p) end
+      local all_dropped = true           -- the usual case after opt:zero_grad()
+      for _, p in ipairs(b.params) do
+        if p.grad ~= nil then all_dropped = false; break end
+      end
+      if all_dropped then
+        b.buffer:zero_()                 -- one fill per bucket, not one per parameter
+        for j, p in ipairs(b.params) do p.grad = b.views[j] end
+      else
+        for j, p in ipairs(b.params) do adopt(b.views[j], p) end
+      end
       b.ready, b.pending = {}, #b.params
     end
   end)

@@ -680,9 +680,11 @@ static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gi
     if (!gin[0]) rc = -1;
   }
   if (rc == 0 && em_node_needs_input_grad(n, 1)) {
+    /* a weight whose .grad already exists (a DDP bucket view, accumulated
+     * micro-batches) gets its gradient added in by the gemm (beta = 1) */
     em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){rows, in});
     em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
-    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1], NULL) : NULL;
+    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1], em_node_grad_sink(n, 1)) : NULL;
     em_tensor_release(x2); em_tensor_release(gt);
     if (!gin[1]) rc = -1;
   }

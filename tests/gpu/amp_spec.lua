@@ -220,3 +220,42 @@ describe("ember.backends.tf32 on CUDA", function()
     assert.is_true(e > 1e-5 and e < 5e-3, tostring(e))
   end)
 end)
+
+describe("an autocast linear's weight gradient into an existing .grad (CUDA)", function()
+  -- the gemm adds into the .grad in place (beta = 1): DDP's bucket views and
+  -- accumulated micro-batches need no separate add and no second buffer
+  local function setup()
+    ember.manual_seed(7)
+    local x = ember.randn({6, 40}, {device = "cuda"})
+    local w = ember.randn({24, 40}, {device = "cuda", requires_grad = true})
+    local function step()
+      local y = ember.autocast("bf16", function() return F.linear(x, w) end)
+      y:float():pow(2):sum():backward()
+    end
+    return w, step
+  end
+
+  it("adds into a .grad that is a view into a larger buffer, keeping the view", function()
+    local w, step = setup()
+    step()
+    local fresh = w.grad:clone()
+    local buf = ember.zeros({2000}, {device = "cuda"})
+    local view = buf:narrow(0, 100, 24 * 40):view(24, 40)
+    view:copy_(fresh * 0.5)
+    w.grad = view
+    step()
+    assert.are.equal(view:data_ptr(), w.grad:data_ptr(), "the gradient stays the bucket view")
+    assert.is_true(rel(w.grad, fresh * 1.5) < 1e-6, tostring(rel(w.grad, fresh * 1.5)))
+    assert.are.equal(0, buf:narrow(0, 0, 100):abs():sum():item(), "nothing written before the view")
+    assert.are.equal(0, buf:narrow(0, 100 + 24 * 40, 2000 - 100 - 24 * 40):abs():sum():item(),
+      "nothing written after the view")
+  end)
+
+  it("accumulates micro-batches like separate adds, and leaves other leaves alone", function()
+    local w, step = setup()
+    step()
+    local once = w.grad:clone()
+    step(); step()
+    assert.is_true(rel(w.grad, once * 3) < 1e-6, tostring(rel(w.grad, once * 3)))
+  end)
+end)

@@ -96,7 +96,9 @@ bool em_node_needs_input_grad(const em_node *n, int i);
  * shape/dtype/device), else NULL. A backward that adds its gradient into the
  * sink returns it as gin[i] (retained); the engine then adds nothing. Lets
  * kernels fuse the sum of a residual or q/k/v branch point (a gemm with
- * beta = 1, an accumulating norm backward) instead of a separate add. */
+ * beta = 1, an accumulating norm backward) instead of a separate add. For a
+ * leaf whose only gradient in this backward this is, the sink is its existing
+ * .grad (a DDP bucket view, earlier micro-batches), added into in place. */
 em_tensor *em_node_grad_sink(em_node *n, int i);
 
 /* ---- running backward ---- */
