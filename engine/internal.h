@@ -73,7 +73,7 @@ void em_cpu_free(void *p);
 /* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least one). */
 static inline size_t em_cpu_alloc_size(size_t nbytes) { return nbytes ? (nbytes + 63) & ~(size_t)63 : 64; }
 
-/* CUDA hooks (kernels/ via engine/cuda_backend.c); NULL when built without CUDA. */
+/* CUDA hooks, installed by kernels/device.cu when the runtime starts; NULL without CUDA. */
 typedef struct {
   void *(*alloc)(size_t nbytes, int device);
   void (*free)(void *p, int device);
