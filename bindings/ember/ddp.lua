@@ -83,10 +83,39 @@ function Strategy:remove_hooks()
   self.hooks = {}
 end
 
---- Register fn(param) as p's post-accumulate-grad hook, remembered for remove_hooks.
+--- Register fn(param) as p's post-accumulate-grad hook, remembered for
+-- remove_hooks. Inside no_sync the hook calls self:unsynced_grad(param) instead.
 function Strategy:add_hook(p, fn)
   self.hooks = self.hooks or {}
-  self.hooks[#self.hooks + 1] = p:register_post_accumulate_grad_hook(fn)
+  self.hooks[#self.hooks + 1] = p:register_post_accumulate_grad_hook(function(param)
+    if self.sync_off then return self:unsynced_grad(param) end
+    return fn(param)
+  end)
+end
+
+--- A gradient landed inside no_sync: nothing to launch (a strategy whose
+-- gradients must stay somewhere particular, as bucket views, overrides this).
+function Strategy:unsynced_grad(param) end
+
+--- ddp:no_sync(fn, ...) -> fn's results: run fn (a micro-batch's forward and
+-- backward) without synchronising, as PyTorch's `with ddp.no_sync():`.
+-- Gradients accumulate locally; the next backward outside no_sync, then
+-- finish_gradient_synchronization, reduce the sum of every micro-batch:
+--     ddp:on_train_batch_start()
+--     ddp:no_sync(function() (loss_fn(ddp(x1), y1) / 2):backward() end)
+--     (loss_fn(ddp(x2), y2) / 2):backward()
+--     ddp:finish_gradient_synchronization(); opt:step()
+function Strategy:no_sync(fn, ...)
+  if type(fn) ~= "function" then
+    error(fmt("%s.no_sync: expected a function (the micro-batch's forward and backward), got %s",
+      FNAME, type(fn)), 2)
+  end
+  local prev = self.sync_off
+  self.sync_off = true
+  local res = table.pack(pcall(fn, ...))
+  self.sync_off = prev
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
 end
 
 function Strategy:forward(...) return self.module(...) end

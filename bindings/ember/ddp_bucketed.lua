@@ -90,6 +90,15 @@ local function adopt(view, p)
   p.grad = view
 end
 
+--- Inside no_sync: keep the accumulated gradient in its bucket view.
+function Bucketed:unsynced_grad(p)
+  for _, b in ipairs(self.buckets) do
+    for j, q in ipairs(b.params) do
+      if q == p then ember.no_grad(adopt, b.views[j], p) return end
+    end
+  end
+end
+
 --- Hook: gradient j of bucket bi is complete.
 function Bucketed:grad_ready(bi, j, p)
   local b = self.buckets[bi]

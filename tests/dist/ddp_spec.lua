@@ -246,6 +246,41 @@ T.case("flat and bucketed issue few collectives, naive and overlap one per param
   if not ok then error(err, 0) end
 end)
 
+-- no_sync: two micro-batches per rank, the first without synchronising; the
+-- sum of both (each loss halved) equals the full batch.
+for _, s in ipairs(STRATEGIES) do
+  local label, opts = s[1], s[2]
+  T.case(label .. ": no_sync micro-batches equal the full batch, no collective inside", function()
+    local M = MODELS.tied
+    ember.manual_seed(100)
+    local ref = M.make()
+    ember.manual_seed(100 + RANK)
+    local ddp = nn.parallel.DDP(M.make(), opts)
+    local opt, ref_opt = optim.SGD(ddp.module:parameters(), {lr = LR}), optim.SGD(ref:parameters(), {lr = LR})
+    local half = PER_RANK // 2
+    local real, inside = dist.all_reduce, 0
+    for step = 1, 3 do
+      opt:zero_grad()
+      ddp:on_train_batch_start()
+      dist.all_reduce = function(t, o) inside = inside + 1; return real(t, o) end
+      local ok, err = pcall(ddp.no_sync, ddp, function()
+        (M.loss(ddp, step, RANK * PER_RANK, half) / 2):backward()
+      end)
+      dist.all_reduce = real
+      if not ok then error(err, 0) end
+      (M.loss(ddp, step, RANK * PER_RANK + half, half) / 2):backward()
+      ddp:finish_gradient_synchronization()
+      opt:step()
+      ref_opt:zero_grad()
+      M.loss(ref, step, 0, PER_RANK * WORLD):backward()
+      ref_opt:step()
+    end
+    assert(inside == 0, ("%d all-reduce(s) ran inside no_sync"):format(inside))
+    assert_close(ddp.module, ref, label .. " with no_sync")
+    T.raises(function() ddp:no_sync(42) end, "no_sync: expected a function")
+  end)
+end
+
 T.case("ddp(x) and ddp:forward(x) run the module; state_dict passes through", function()
   ember.manual_seed(100 + RANK)
   local model = ToyMLP():to(DEVICE)
