@@ -6,7 +6,7 @@
 #include <string.h>
 #include <math.h>
 #include "ember/ember.h"
-#include "profile/op_scope.h"
+#include "backend/backend.h"   /* the op scope, tensor geometry helpers, the CUDA boundary */
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,10 +28,6 @@ int em_check_ndim(const char *op, const char *arg, const em_tensor *t, int ndim)
 /* Compute the broadcast shape of two shapes; error names op and both shapes. */
 int em_broadcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
                        int *nout, int64_t *sout);
-/* Strides of t viewed as broadcast to (ndim, shape): 0 for broadcast dims. t's shape must be compatible. */
-void em_broadcast_strides(const em_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
-void em_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
-int64_t em_shape_numel(int ndim, const int64_t *shape);
 /* Validate an output tensor for an op: shape must match exactly, device too, no grad conflict. */
 int em_check_out(const char *op, const em_tensor *out, int ndim, const int64_t *shape, em_device dev);
 
@@ -60,10 +56,6 @@ static inline void em_iter_next(em_iter *it) {
 /* Base pointer of t's storage (element 0 of the storage, not of t). */
 static inline void *em_storage_ptr(const em_tensor *t) { return t->storage->data; }
 
-/* A contiguous CPU f64/f32 copy helper: returns a contiguous tensor of dtype
- * dt with t's values (t itself retained when already so). */
-em_tensor *em_contiguous_as(em_tensor *t, em_dtype dt);
-
 /* Error when writing in place into t is not allowed under autograd. */
 int em_check_inplace(const char *op, const em_tensor *t);
 
@@ -72,16 +64,6 @@ void *em_cpu_alloc(size_t nbytes);
 void em_cpu_free(void *p);
 /* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least one). */
 static inline size_t em_cpu_alloc_size(size_t nbytes) { return nbytes ? (nbytes + 63) & ~(size_t)63 : 64; }
-
-/* CUDA hooks, installed by kernels/device.cu when the runtime starts; NULL without CUDA. */
-typedef struct {
-  void *(*alloc)(size_t nbytes, int device);
-  void (*free)(void *p, int device);
-  int (*memcpy_h2d)(void *dst, const void *src, size_t n, int device);
-  int (*memcpy_d2h)(void *dst, const void *src, size_t n, int device);
-  int (*memcpy_d2d)(void *dst, const void *src, size_t n, int device);
-} em_cuda_backend;
-extern const em_cuda_backend *em_cuda;
 
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);

@@ -13,7 +13,7 @@
  * (through f32 for bf16/f16). */
 #include <stdatomic.h>
 #include "internal.h"
-#include "../kernels/rng.h"   /* the distributions, shared with kernels/rng.cu */
+#include "backend/rng_math.h"   /* the distributions, shared with kernels/rng.cu */
 
 /* ---------------- the generator ---------------- */
 
@@ -79,12 +79,8 @@ static uint64_t blocks_for(const dist *d, int64_t n) {
 static int fill(const char *op, em_tensor *t, const dist *d) {
   int64_t n = em_numel(t);
   if (t->device.type != EM_CPU) {
-#ifdef EMBER_CUDA
     uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
     return em_rng_fill_cuda(t, d, seed, ctr0);   /* the same stream, drawn on the device */
-#else
-    return em_error_device(op, t);
-#endif
   }
   uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
   if (em_is_contiguous(t)) { cpu_fill(em_data_ptr(t), t->dtype, n, seed, ctr0, d); return 0; }

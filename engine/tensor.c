@@ -3,7 +3,6 @@
  * storage's version counter catches in-place writes to saved tensors. */
 #include <stdio.h>
 #include "internal.h"
-#include "../kernels/copy.h"
 
 /* ---------------- lifetime ---------------- */
 

@@ -26,7 +26,7 @@
  * then one block adds the partials in order: deterministic. */
 #include <type_traits>
 #include "common.cuh"
-#include "optim.h"
+#include "backend.h"
 
 #define MT_MAX 320
 #define MT_THREADS 512

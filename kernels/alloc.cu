@@ -40,7 +40,7 @@
 #include <unordered_map>
 #include <vector>
 #include "runtime.h"
-#include "internal.h"
+#include "backend.h"
 #include "ember/memory.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "internal.h"
+#include "backend.h"
 #include "ember/cuda.h"
 
 /* The stream every op launches on. */

@@ -20,11 +20,10 @@
  * the caller synchronises before reading (PyTorch's non_blocking=True). */
 #include <cuda_runtime.h>
 #include <stdio.h>
-#include "copy.h"
+#include "backend.h"
 #include "common.cuh"
 #include "convert.cuh"
 #include "runtime.h"
-#include "internal.h"
 
 static thread_local bool tl_nonblocking = false;
 

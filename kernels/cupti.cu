@@ -41,7 +41,7 @@
 #include <unordered_map>
 #include <vector>
 #include "ember/cuda.h"
-#include "profile/profiler_internal.h"
+#include "backend.h"
 
 namespace {
 

@@ -8,9 +8,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <mutex>
-#include "kernels.h"
+#include "backend.h"
 #include "runtime.h"
-#include "internal.h"
 
 static int ck(cudaError_t e, const char *op, const char *what) {
   if (e == cudaSuccess) return 0;

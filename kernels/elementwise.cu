@@ -29,7 +29,7 @@
  * every op instead of hundreds of template instances. */
 #include "common.cuh"
 #include "dtype_io.cuh"
-#include "elementwise.h"
+#include "backend.h"
 #include <type_traits>
 
 namespace {

@@ -24,7 +24,7 @@
  * n sequential row additions (~0.5 us each), fine for text. */
 #include <type_traits>
 #include "common.cuh"
-#include "embedding.h"
+#include "backend.h"
 
 #define THREADS 256
 #define WARPS (THREADS / 32)

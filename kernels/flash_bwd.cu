@@ -13,7 +13,7 @@
  * The price of determinism is recomputing S and dP in the dq kernel: 7 MMAs
  * per tile pair instead of FA2's 5 (with atomics on dq). Cost per (batch,
  * head): 14·Tq·Tk·D FLOPs (half with the causal mask). */
-#include "flash.h"
+#include "backend.h"
 #include "flash_common.cuh"
 
 using namespace flash;

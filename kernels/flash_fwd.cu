@@ -16,7 +16,7 @@
  * into log2 e), then o += P v with P taken straight from the S registers
  * (see flash_common.cuh). Query blocks with the most work (the causal
  * diagonal's far end) are scheduled first. */
-#include "flash.h"
+#include "backend.h"
 #include "flash_common.cuh"
 
 using namespace flash;

@@ -21,7 +21,7 @@
 #include <vector>
 #include <utility>
 #include "runtime.h"
-#include "internal.h"
+#include "backend.h"
 
 struct em_graph {
   int device;

@@ -31,7 +31,7 @@
 #include <unordered_map>
 #include <string.h>
 #include "common.cuh"
-#include "matmul.h"
+#include "backend.h"
 #include "ember/memory.h"
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)

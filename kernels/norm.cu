@@ -24,7 +24,7 @@
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
 #include <type_traits>
 #include "common.cuh"
-#include "norm.h"
+#include "backend.h"
 
 #define FWD_THREADS 256
 #define BWD_THREADS 256

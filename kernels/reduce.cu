@@ -30,7 +30,7 @@
  * integers in wrapping i64. */
 #include "common.cuh"
 #include "dtype_io.cuh"
-#include "reduce.h"
+#include "backend.h"
 #include <type_traits>
 
 namespace {

@@ -11,11 +11,11 @@
  * blocks. The one trick: counter-based, so element j needs only (seed,
  * ctr0 + j/4) and any strides are written in place in logical order. */
 #include <cuda_runtime.h>
-#include "rng.h"
+#include "rng_math.h"
 #include "common.cuh"
 #include "convert.cuh"
 #include "runtime.h"
-#include "internal.h"
+#include "backend.h"
 
 template <int DT, bool RANDINT>
 __global__ void rng_kernel(void *out, em_geom g, int64_t n, uint64_t nblocks, em_rng_dist d, uint64_t seed,

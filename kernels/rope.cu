@@ -20,7 +20,7 @@
  * f64 x uses double sincos throughout. */
 #include <type_traits>
 #include "common.cuh"
-#include "rope.h"
+#include "backend.h"
 
 #define THREADS 256
 #define MAX_HALF 256

@@ -1,13 +1,13 @@
 /* Internal interfaces between the pieces of Ember's CUDA runtime
  * (device.cu, alloc.cu, stream.cu, graph.cu, copy.cu, rng.cu). Not public:
- * the public contract is ember/cuda.h. C ABI so the engine could call it too. */
+ * the public contract is ember/cuda.h, the engine's is engine/backend/backend.h. */
 #ifndef EMBER_KERNELS_RUNTIME_H
 #define EMBER_KERNELS_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
-#include "ember/cuda.h"
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,9 +34,7 @@ void em_mempool_set_active(em_mempool *p);        /* NULL: none (this thread) */
 /* The owner lets go: segments are returned once every block is free. */
 void em_mempool_close(em_mempool *p);
 
-/* ---- stream.cu ---- */
-/* The stream handle (cudaStream_t) ops on `device` launch on, for this thread. */
-void *em_cuda_cur_stream_handle(int device);
+/* ---- stream.cu: em_cuda_cur_stream_handle (backend.h) ---- */
 
 /* ---- graph.cu ---- */
 /* Run fn(arg) now, or after the capture when this thread is capturing (host

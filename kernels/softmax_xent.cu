@@ -22,7 +22,7 @@
  * logits), bf16/f16 widened on load and rounded once on store. */
 #include <type_traits>
 #include "common.cuh"
-#include "softmax_xent.h"
+#include "backend.h"
 
 #define THREADS 256
 #define UNROLL 4      /* 16-byte loads in flight per thread before the first use */

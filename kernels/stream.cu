@@ -7,7 +7,7 @@
  * cudaEventElapsedTime (ms, ~0.5 us resolution). No kernels here. */
 #include <cuda_runtime.h>
 #include "runtime.h"
-#include "internal.h"
+#include "backend.h"
 
 struct em_stream {
   cudaStream_t s;

@@ -13,7 +13,7 @@
  * those) and one pass. Math in f32 (f64 for f64), one rounding on store. */
 #include <type_traits>
 #include "common.cuh"
-#include "swiglu.h"
+#include "backend.h"
 
 #define THREADS 256
 

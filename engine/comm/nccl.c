@@ -20,11 +20,10 @@
 #include "comm_internal.h"
 #include "ember/launch.h"
 
-#if defined(EMBER_CUDA) && defined(EMBER_NCCL)
+#ifdef EMBER_NCCL   /* CUDA builds that found NCCL (and MPI) */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
-#include "runtime.h"
 
 static ncclComm_t nc;
 static int nc_device = -1;

@@ -23,7 +23,7 @@
  * softmax, on the f32 list, widens the scores; the second matmul lowers them
  * again), so the result comes back in the autocast dtype. */
 #include <stdio.h>
-#include "internal.h"
+#include "op.h"
 
 #define OP "scaled_dot_product_attention"
 
@@ -99,10 +99,9 @@ static em_tensor *attention_op(em_tensor *q, em_tensor *k, em_tensor *v, bool ca
 
 em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
   EM_OP_SCOPE(OP);
-  if (!em_autocast_enabled()) return attention_op(q, k, v, causal, scale);
-  em_tensor *lq = em_autocast_lower(q), *lk = lq ? em_autocast_lower(k) : NULL;
-  em_tensor *lv = lk ? em_autocast_lower(v) : NULL;
-  em_tensor *out = lv ? attention_op(lq, lk, lv, causal, scale) : NULL;
-  em_tensor_release(lq); em_tensor_release(lk); em_tensor_release(lv);
+  em_op_args l;
+  if (em_op_autocast(&l, EM_AUTOCAST_LOWER, 3, (em_tensor *[]){q, k, v})) return NULL;
+  em_tensor *out = attention_op(l.t[0], l.t[1], l.t[2], causal, scale);
+  em_op_args_release(&l);
   return out;
 }

@@ -25,8 +25,7 @@
  *    on either device.
  *  - The float kernels are written once as macro bodies over a type T and
  *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
-#include "../internal.h"
-#include "elementwise.h"   /* kernels/: codes, plan and the CUDA launchers */
+#include "op.h"
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -407,7 +406,6 @@ static bool needs_temp(const em_tensor *out, int nin, const operand *in) {
 static int device_loop(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
                        int nd, const int64_t *shape) {
   if (out->device.type == EM_CPU) { cpu_loop(k, out, nin, in, nd, shape); return 0; }
-#ifdef EMBER_CUDA
   if (out->device.type == EM_CUDA) {
     const em_tensor *ts[4] = {out, NULL, NULL, NULL};
     for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
@@ -415,7 +413,6 @@ static int device_loop(const char *name, const kern *k, em_tensor *out, int nin,
     int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
     return em_elementwise_cuda(name, k, out, nin, in, &p, numel);
   }
-#endif
   return em_error_device(name, out);
 }
 
@@ -833,14 +830,9 @@ em_tensor *em_clamp(em_tensor *a, double lo, double hi, em_tensor *out) {
   kern k = {K_UNARY, U_CLAMP, dtype_class(dt), l, h};
   operand in[1] = {{a, 0}};
   if (run_kernel("clamp", &k, res, 1, in, a->ndim, a->shape)) { em_tensor_release(res); return NULL; }
-  if (grad) {
-    em_node *n = em_node_new("clamp", clamp_backward, 1, 1);
-    if (!n) { em_tensor_release(res); return NULL; }
-    em_node_set_input(n, 0, a);
-    em_node_save(n, a);
-    n->f[0] = l; n->f[1] = h;
-    em_node_finish(n, res);
-  }
+  em_node *n;
+  res = em_op_record(res, &n, "clamp", clamp_backward, 1, &a, 1, &a);
+  if (n) { n->f[0] = l; n->f[1] = h; }
   return res;
 }
 
@@ -900,13 +892,7 @@ em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b) {
   operand oa = {a, 0}, ob = {b, 0};
   em_tensor *res = where_raw("where", cond, oa, ob, result_type(a, b), NULL, false);
   if (!res || !grad) return res;
-  em_node *n = em_node_new("where", where_backward, 2, 1);
-  if (!n) { em_tensor_release(res); return NULL; }
-  em_node_set_input(n, 0, a);
-  em_node_set_input(n, 1, b);
-  em_node_save(n, cond);
-  em_node_finish(n, res);
-  return res;
+  return em_op_record(res, NULL, "where", where_backward, 2, (em_tensor *[]){a, b}, 1, &cond);
 }
 
 static int masked_fill_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
@@ -925,12 +911,7 @@ em_tensor *em_masked_fill(em_tensor *a, em_tensor *mask, double v, em_tensor *ou
   operand ov = {NULL, v}, oa = {a, 0};
   em_tensor *res = where_raw("masked_fill", mask, ov, oa, a->dtype, out, grad);
   if (!res || !grad) return res;
-  em_node *n = em_node_new("masked_fill", masked_fill_backward, 1, 1);
-  if (!n) { em_tensor_release(res); return NULL; }
-  em_node_set_input(n, 0, a);
-  em_node_save(n, mask);
-  em_node_finish(n, res);
-  return res;
+  return em_op_record(res, NULL, "masked_fill", masked_fill_backward, 1, &a, 1, &mask);
 }
 
 /* ---------------- triu, tril ---------------- */
@@ -975,18 +956,11 @@ static em_tensor *triangle(const char *name, em_tensor *a, int64_t k, bool upper
   if (!res) return NULL;
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_triangle(res, a, k, upper);
-#ifdef EMBER_CUDA
-  else if (a->device.type == EM_CUDA) rc = em_triangle_cuda(name, res, a, k, upper);
-#endif
-  else rc = em_error_device(name, a);
+  else rc = em_triangle_cuda(name, res, a, k, upper);
   if (rc) { em_tensor_release(res); return NULL; }
-  if (em_grad_needed(1, &a)) {
-    em_node *n = em_node_new(name, triangle_backward, 1, 1);
-    if (!n) { em_tensor_release(res); return NULL; }
-    em_node_set_input(n, 0, a);
-    n->i[0] = k; n->i[1] = upper;
-    em_node_finish(n, res);
-  }
+  em_node *n;
+  res = em_op_record(res, &n, name, triangle_backward, 1, &a, 0, NULL);
+  if (n) { n->i[0] = k; n->i[1] = upper; }
   return res;
 }
 

@@ -16,10 +16,7 @@
  * would synchronise): an out-of-range id gives a NaN row forward and is
  * skipped backward. */
 #include <stdio.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "embedding.h"
-#endif
+#include "op.h"
 
 static int embedding_validate(em_tensor *ids, em_tensor *w) {
   if (em_check_int("embedding", "ids", ids)) return -1;
@@ -71,7 +68,6 @@ static void scatter_add_f64(double *gw, const double *g, const int64_t *ix, int6
   }
 }
 
-#ifdef EMBER_CUDA
 /* Contiguous ids of a dtype the kernels read (i32/i64; others widened to i64). */
 static em_tensor *cuda_ids(em_tensor *ids) {
   if (ids->dtype == EM_I32 || ids->dtype == EM_I64) return em_contiguous(ids);
@@ -99,14 +95,11 @@ static int embedding_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin
   gin[0] = gw;
   return gw ? 0 : -1;
 }
-#endif
 
 /* saved: ids. input 0: w (ids are integers and never need grad). */
 static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *ids = n->saved[0];
-#ifdef EMBER_CUDA
-  if (gout[0]->device.type == EM_CUDA) return embedding_backward_cuda(n, gout, gin);
-#endif
+  if (gout[0]->device.type != EM_CPU) return embedding_backward_cuda(n, gout, gin);
   em_dtype ct = n->in_dtype[0] == EM_F64 ? EM_F64 : EM_F32;
   int64_t cnt = em_numel(ids), d = n->in_shape[0][1];
   em_tensor *id = em_contiguous_as(ids, EM_I64);
@@ -122,19 +115,6 @@ static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_embedding(em_tensor *ids, em_tensor *w) {
   EM_OP_SCOPE("embedding");
   if (embedding_validate(ids, w)) return NULL;
-  em_tensor *out;
-  if (w->device.type == EM_CPU) out = embedding_cpu(ids, w);
-#ifdef EMBER_CUDA
-  else out = embedding_cuda(ids, w);
-#else
-  else { em_error_device("embedding", w); return NULL; }
-#endif
-  if (out && em_grad_needed(1, &w)) {
-    em_node *n = em_node_new("embedding", embedding_backward, 1, 1);
-    if (!n) { em_tensor_release(out); return NULL; }
-    em_node_set_input(n, 0, w);
-    em_node_save(n, ids);
-    em_node_finish(n, out);
-  }
-  return out;
+  em_tensor *out = w->device.type == EM_CPU ? embedding_cpu(ids, w) : embedding_cuda(ids, w);
+  return em_op_record(out, NULL, "embedding", embedding_backward, 1, &w, 1, &ids);
 }

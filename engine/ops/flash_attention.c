@@ -18,11 +18,7 @@
  * the naive composition everywhere else (CPU, f32 without autocast). */
 #include <math.h>
 #include <stdio.h>
-#include "internal.h"
-#include "ember/autocast.h"
-#ifdef EMBER_CUDA
-#include "flash.h"
-#endif
+#include "op.h"
 
 #define OP "flash_attention"
 
@@ -53,11 +49,9 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale
     return em_error(OP ": expected q (B, H, Tq, D), k and v (B, H, Tk, D), got %s, %s and %s",
                     em_shape_str(q->ndim, q->shape, s1, 160), em_shape_str(k->ndim, k->shape, s2, 160),
                     em_shape_str(v->ndim, v->shape, s3, 160));
-#ifdef EMBER_CUDA
   if (!em_flash_supported_dim(q->shape[3]))
     return em_error(OP ": no kernel for head dim %lld (supported: 16, 32, 64, 80, 96, 128)",
                     (long long)q->shape[3]);
-#endif
   if (k->shape[2] == 0 && q->shape[2] > 0) return em_error(OP ": expected at least one key, got Tk = 0");
   if (q->shape[2] > INT32_MAX || k->shape[2] > INT32_MAX || q->shape[0] * q->shape[1] > INT32_MAX)
     return em_error(OP ": sizes past 2^31 rows are not supported, got %s",
@@ -66,7 +60,6 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale
   return 0;
 }
 
-#ifdef EMBER_CUDA
 /* The kernels read 16-byte rows: last dim contiguous, other strides multiples
  * of 8 elements, data 16-byte aligned. Anything else is copied once. */
 static em_tensor *kernel_ready(em_tensor *t) {
@@ -125,46 +118,41 @@ static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool cau
   em_tensor *o = v ? bthd_empty(B, H, Tq, D, q0->dtype, q0->device) : NULL;
   em_tensor *lse = o ? em_empty(3, lshape, EM_F32, q0->device) : NULL;
   int rc = lse ? em_flash_fwd_cuda(q, k, v, o, lse, causal, (float)scale) : -1;
-  if (rc == 0 && em_grad_needed(3, (em_tensor *[]){q0, k0, v0})) {
-    em_node *n = em_node_new(OP, flash_backward, 3, 1);
-    flash_ctx *c = n ? calloc(1, sizeof *c) : NULL;
-    if (!c) {
-      if (n) em_node_release(n);
-      rc = -1;
-    } else {
-      c->causal = causal; c->scale = scale;
-      n->ctx = c; n->ctx_free = free;
-      em_node_set_input(n, 0, q0); em_node_set_input(n, 1, k0); em_node_set_input(n, 2, v0);
-      em_node_save(n, q); em_node_save(n, k); em_node_save(n, v); em_node_save(n, o); em_node_save(n, lse);
-      em_node_finish(n, o);
-    }
+  flash_ctx *c = NULL;
+  if (rc == 0 && em_grad_needed(3, (em_tensor *[]){q0, k0, v0}) && !(c = calloc(1, sizeof *c))) {
+    em_error_oom("out of memory: " OP " (a node's attributes)");
+    rc = -1;
   }
+  if (rc == 0) {
+    em_node *n;
+    o = em_op_record(o, &n, OP, flash_backward, 3, (em_tensor *[]){q0, k0, v0}, 5, (em_tensor *[]){q, k, v, o, lse});
+    if (n) { c->causal = causal; c->scale = scale; n->ctx = c; n->ctx_free = free; c = NULL; }
+    if (!o) rc = -1;
+  }
+  free(c);
   em_tensor_release(q); em_tensor_release(k); em_tensor_release(v);
   if (rc) { em_tensor_release(o); em_tensor_release(lse); return NULL; }
   if (lse_out) *lse_out = lse;
   else em_tensor_release(lse);
   return o;
 }
-#endif
 
 em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale,
                               em_tensor **lse_out) {
   EM_OP_SCOPE(OP);
   if (lse_out) *lse_out = NULL;
-  em_tensor *lq = em_autocast_lower(q), *lk = lq ? em_autocast_lower(k) : NULL;
-  em_tensor *lv = lk ? em_autocast_lower(v) : NULL, *out = NULL;
-  if (lv && flash_validate(lq, lk, lv, scale) == 0) {
-    if (scale <= 0) scale = 1.0 / sqrt((double)lq->shape[3]);
-#ifdef EMBER_CUDA
-    out = flash_op(lq, lk, lv, causal, scale, lse_out);
-#endif
+  em_op_args l;
+  if (em_op_autocast(&l, EM_AUTOCAST_LOWER, 3, (em_tensor *[]){q, k, v})) return NULL;
+  em_tensor *out = NULL;
+  if (flash_validate(l.t[0], l.t[1], l.t[2], scale) == 0) {
+    if (scale <= 0) scale = 1.0 / sqrt((double)l.t[0]->shape[3]);
+    out = flash_op(l.t[0], l.t[1], l.t[2], causal, scale, lse_out);
   }
-  em_tensor_release(lq); em_tensor_release(lk); em_tensor_release(lv);
+  em_op_args_release(&l);
   return out;
 }
 
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
-#ifdef EMBER_CUDA
   em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;
   if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || q->device.type != EM_CUDA || !half_dtype(dt)) return false;
   if (k->dtype != q->dtype || v->dtype != q->dtype) return false;
@@ -175,10 +163,6 @@ bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
     if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) return false;
   return k->shape[3] == q->shape[3] && v->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] &&
          k->shape[2] > 0 && em_flash_supported_dim(q->shape[3]);
-#else
-  (void)q; (void)k; (void)v;
-  return false;
-#endif
 }
 
 em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {

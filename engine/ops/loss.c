@@ -16,10 +16,7 @@
  * Autocast: cross-entropy is on the f32 list; under ember.autocast, bf16/f16
  * logits are widened to f32 first and the loss comes back in f32. */
 #include <stdio.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "softmax_xent.h"
-#endif
+#include "op.h"
 
 static int xent_validate(em_tensor *logits, em_tensor *targets) {
   char s1[160], s2[160];
@@ -108,7 +105,6 @@ static void xent_grad_f64(const double *x, const int64_t *t, const double *lse, 
   }
 }
 
-#ifdef EMBER_CUDA
 /* Contiguous targets of a dtype the kernels read (i32/i64; others widened to i64). */
 static em_tensor *cuda_targets(em_tensor *targets) {
   if (targets->dtype == EM_I32 || targets->dtype == EM_I64) return em_contiguous(targets);
@@ -138,15 +134,12 @@ static int xent_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
   gin[0] = gx;
   return gx ? 0 : -1;
 }
-#endif
 
 /* saved: logits, targets, lse. The gradient is produced in the compute dtype;
  * the engine rounds it to the logits' dtype. */
 static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
-#ifdef EMBER_CUDA
-  if (logits->device.type == EM_CUDA) return xent_backward_cuda(n, gout, gin);
-#endif
+  if (logits->device.type != EM_CPU) return xent_backward_cuda(n, gout, gin);
   int64_t V = logits->shape[logits->ndim - 1], N = em_numel(targets);
   em_dtype ct = lse->dtype;
   double g;
@@ -168,28 +161,20 @@ static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 
 static em_tensor *xent_op(em_tensor *logits, em_tensor *targets) {
   if (xent_validate(logits, targets)) return NULL;
-  em_tensor *lse = NULL, *loss;
-  if (logits->device.type == EM_CPU) loss = xent_cpu(logits, targets, &lse);
-#ifdef EMBER_CUDA
-  else loss = xent_cuda(logits, targets, &lse);
-#else
-  else { em_error_device("cross_entropy", logits); return NULL; }
-#endif
-  if (loss && em_grad_needed(1, &logits)) {
-    em_node *n = em_node_new("cross_entropy", xent_backward, 1, 1);
-    if (!n) { em_tensor_release(loss); em_tensor_release(lse); return NULL; }
-    em_node_set_input(n, 0, logits);
-    em_node_save(n, logits); em_node_save(n, targets); em_node_save(n, lse);
-    em_node_finish(n, loss);
-  }
+  em_tensor *lse = NULL;
+  em_tensor *loss = logits->device.type == EM_CPU ? xent_cpu(logits, targets, &lse)
+                                                  : xent_cuda(logits, targets, &lse);
+  loss = em_op_record(loss, NULL, "cross_entropy", xent_backward, 1, &logits, 3,
+                      (em_tensor *[]){logits, targets, lse});
   em_tensor_release(lse);
   return loss;
 }
 
 em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets) {
   EM_OP_SCOPE("cross_entropy");
-  em_tensor *x = em_autocast_upper(logits);
-  em_tensor *loss = x ? xent_op(x, targets) : NULL;
-  em_tensor_release(x);
+  em_op_args a;
+  if (em_op_autocast(&a, EM_AUTOCAST_F32, 1, &logits)) return NULL;
+  em_tensor *loss = xent_op(a.t[0], targets);
+  em_op_args_release(&a);
   return loss;
 }

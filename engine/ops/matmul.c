@@ -27,10 +27,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <cblas.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "matmul.h"
-#endif
+#include "op.h"
 
 /* ---------------- BLAS operands ---------------- */
 
@@ -293,7 +290,6 @@ static em_tensor *matmul_cpu(em_tensor *a, em_tensor *b, mm_plan *p) {
 
 /* ---------------- matmul CUDA ---------------- */
 
-#ifdef EMBER_CUDA
 static void set_operand(blas_op o, bool *trans, int64_t *ld) {
   *trans = o.trans == CblasTrans;
   *ld = o.ld;
@@ -360,7 +356,6 @@ done:
   em_tensor_release(ac); em_tensor_release(bc);
   return out;
 }
-#endif
 
 /* ---------------- matmul backward ---------------- */
 
@@ -433,29 +428,16 @@ static int matmul_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 static em_tensor *matmul_op(em_tensor *a, em_tensor *b) {
   mm_plan p;
   if (matmul_validate(a, b, &p)) return NULL;
-  em_tensor *out;
-  if (a->device.type == EM_CPU) out = matmul_cpu(a, b, &p);
-#ifdef EMBER_CUDA
-  else out = matmul_cuda(a, b, &p);
-#else
-  else { em_error_device("matmul", a); return NULL; }
-#endif
-  if (out && em_grad_needed(2, (em_tensor *[]){a, b})) {
-    em_node *n = em_node_new("matmul", matmul_backward, 2, 1);
-    if (!n) { em_tensor_release(out); return NULL; }
-    em_node_set_input(n, 0, a); em_node_set_input(n, 1, b);
-    em_node_save(n, a); em_node_save(n, b);
-    em_node_finish(n, out);
-  }
-  return out;
+  em_tensor *out = a->device.type == EM_CPU ? matmul_cpu(a, b, &p) : matmul_cuda(a, b, &p);
+  return em_op_record(out, NULL, "matmul", matmul_backward, 2, (em_tensor *[]){a, b}, 2, (em_tensor *[]){a, b});
 }
 
 em_tensor *em_matmul(em_tensor *a, em_tensor *b) {
   EM_OP_SCOPE("matmul");
-  if (!em_autocast_enabled()) return matmul_op(a, b);
-  em_tensor *la = em_autocast_lower(a), *lb = la ? em_autocast_lower(b) : NULL;
-  em_tensor *out = lb ? matmul_op(la, lb) : NULL;
-  em_tensor_release(la); em_tensor_release(lb);
+  em_op_args l;
+  if (em_op_autocast(&l, EM_AUTOCAST_LOWER, 2, (em_tensor *[]){a, b})) return NULL;
+  em_tensor *out = matmul_op(l.t[0], l.t[1]);
+  em_op_args_release(&l);
   return out;
 }
 
@@ -538,7 +520,6 @@ static em_tensor *linear_cpu(em_tensor *x, em_tensor *w, em_tensor *bias) {
   return r;
 }
 
-#ifdef EMBER_CUDA
 /* y (..., out) = x @ wᵀ (+ bias) with cuBLASLt, bias fused as the epilogue. */
 static em_tensor *linear_cuda(em_tensor *x, em_tensor *w, em_tensor *bias) {
   int64_t in = w->shape[1], out = w->shape[0], M = em_shape_numel(x->ndim - 1, x->shape), rs, shape[EM_MAX_DIMS];
@@ -575,7 +556,6 @@ static em_tensor *linear_bias_grad_cuda(em_tensor *g2, em_dtype dt) {
   em_tensor_release(gc);
   return gb;
 }
-#endif
 
 /* g (..., out) -> grad_x = g @ w, grad_w = g2ᵀ @ x2 over all leading dims, grad_bias = sum g2. */
 static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
@@ -598,10 +578,8 @@ static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
     if (!gin[1]) rc = -1;
   }
   if (rc == 0 && n->n_in > 2 && em_node_needs_input_grad(n, 2)) {
-#ifdef EMBER_CUDA
     if (g2->device.type == EM_CUDA) gin[2] = linear_bias_grad_cuda(g2, n->in_dtype[2]);
     else
-#endif
     gin[2] = em_sum(g2, 1, (int64_t[]){0}, false);
     if (!gin[2]) rc = -1;
   }
@@ -611,25 +589,10 @@ static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 
 static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   if (linear_validate(x, w, bias)) return NULL;
-  em_tensor *y;
-  if (x->device.type == EM_CPU) y = linear_cpu(x, w, bias);
-#ifdef EMBER_CUDA
-  else y = linear_cuda(x, w, bias);
-#else
-  else { em_error_device("linear", x); return NULL; }
-#endif
-  if (y && em_grad_needed(3, (em_tensor *[]){x, w, bias})) {
-    em_node *n = em_node_new("linear", linear_backward, bias ? 3 : 2, 1);
-    if (!n) { em_tensor_release(y); return NULL; }
-    em_node_set_input(n, 0, x); em_node_set_input(n, 1, w);
-    if (bias) em_node_set_input(n, 2, bias);
-    em_node_save(n, x); em_node_save(n, w);
-    em_node_finish(n, y);
-  }
-  return y;
+  em_tensor *y = x->device.type == EM_CPU ? linear_cpu(x, w, bias) : linear_cuda(x, w, bias);
+  return em_op_record(y, NULL, "linear", linear_backward, 3, (em_tensor *[]){x, w, bias}, 2, (em_tensor *[]){x, w});
 }
 
-#ifdef EMBER_CUDA
 /* c (n x m) = a (n x k) @ b (k x m) for 2-D half views on CUDA, c in out_dt:
  * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators.
  * With `into` (contiguous n x m of out_dt), c = into += a @ b instead. */
@@ -707,28 +670,18 @@ static em_tensor *autocast_linear_cuda(em_tensor *x, em_tensor *w) {
   em_tensor *lx = em_autocast_value(x), *lw = lx ? em_autocast_value(w) : NULL;
   em_tensor *y = lw ? linear_op(lx, lw, NULL) : NULL;
   em_set_grad_enabled(grad);
-  if (y) {
-    em_node *n = em_node_new("linear", autocast_linear_backward, 2, 1);
-    if (!n) { em_tensor_release(y); y = NULL; goto done; }
-    em_node_set_input(n, 0, x); em_node_set_input(n, 1, w);
-    em_node_save(n, lx); em_node_save(n, lw);
-    em_node_finish(n, y);
-  }
-done:
+  /* one node over the original x and w, saving their casts */
+  y = em_op_record(y, NULL, "linear", autocast_linear_backward, 2, (em_tensor *[]){x, w}, 2, (em_tensor *[]){lx, lw});
   em_tensor_release(lx); em_tensor_release(lw);
   return y;
 }
-#endif
 
 em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias) {
   EM_OP_SCOPE("linear");
-  if (!em_autocast_enabled()) return linear_op(x, w, bias);
-#ifdef EMBER_CUDA
-  if (autocast_linear_applies(x, w, bias)) return autocast_linear_cuda(x, w);
-#endif
-  em_tensor *lx = em_autocast_lower(x), *lw = lx ? em_autocast_lower(w) : NULL;
-  em_tensor *lb = lw && bias ? em_autocast_lower(bias) : NULL;
-  em_tensor *y = lw && (!bias || lb) ? linear_op(lx, lw, lb) : NULL;
-  em_tensor_release(lx); em_tensor_release(lw); em_tensor_release(lb);
+  if (em_autocast_enabled() && autocast_linear_applies(x, w, bias)) return autocast_linear_cuda(x, w);
+  em_op_args l;
+  if (em_op_autocast(&l, EM_AUTOCAST_LOWER, 3, (em_tensor *[]){x, w, bias})) return NULL;
+  em_tensor *y = linear_op(l.t[0], l.t[1], l.t[2]);
+  em_op_args_release(&l);
   return y;
 }

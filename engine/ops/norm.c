@@ -16,10 +16,7 @@
  * Autocast: rmsnorm is on the f32 list; under ember.autocast bf16/f16 x (and
  * w) are widened to f32 first and y comes back in f32. */
 #include <stdio.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "norm.h"
-#endif
+#include "op.h"
 
 static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
   char s1[160], s2[160];
@@ -121,7 +118,6 @@ static em_tensor *gw_tensor(const double *acc, int64_t D, em_dtype ct, em_device
   return t;
 }
 
-#ifdef EMBER_CUDA
 static em_tensor *rmsnorm_cuda(em_tensor *x, em_tensor *w, double eps, em_tensor **rstd_out) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
@@ -157,14 +153,11 @@ done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx); em_tensor_release(gw);
   return rc;
 }
-#endif
 
 /* saved: x, rstd, [w]; inputs: x, [w]. Gradients come out in the compute dtype. */
 static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
-#ifdef EMBER_CUDA
-  if (x->device.type == EM_CUDA) return rmsnorm_backward_cuda(n, gout, gin);
-#endif
+  if (x->device.type != EM_CPU) return rmsnorm_backward_cuda(n, gout, gin);
   em_dtype ct = rstd->dtype;
   int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
   bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
@@ -194,31 +187,18 @@ done:
 
 static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
   if (rmsnorm_validate(x, w, eps)) return NULL;
-  em_tensor *rstd = NULL, *y;
-  if (x->device.type == EM_CPU) y = rmsnorm_cpu(x, w, eps, &rstd);
-#ifdef EMBER_CUDA
-  else y = rmsnorm_cuda(x, w, eps, &rstd);
-#else
-  else { em_error_device("rmsnorm", x); return NULL; }
-#endif
-  if (y && em_grad_needed(2, (em_tensor *[]){x, w})) {
-    em_node *n = em_node_new("rmsnorm", rmsnorm_backward, w ? 2 : 1, 1);
-    if (!n) { em_tensor_release(y); em_tensor_release(rstd); return NULL; }
-    em_node_set_input(n, 0, x);
-    if (w) em_node_set_input(n, 1, w);
-    em_node_save(n, x); em_node_save(n, rstd);
-    if (w) em_node_save(n, w);
-    em_node_finish(n, y);
-  }
+  em_tensor *rstd = NULL;
+  em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, &rstd) : rmsnorm_cuda(x, w, eps, &rstd);
+  y = em_op_record(y, NULL, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
   em_tensor_release(rstd);
   return y;
 }
 
 em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
   EM_OP_SCOPE("rmsnorm");
-  if (!em_autocast_enabled()) return rmsnorm_op(x, w, eps);
-  em_tensor *ux = em_autocast_upper(x), *uw = ux && w ? em_autocast_upper(w) : NULL;
-  em_tensor *y = ux && (!w || uw) ? rmsnorm_op(ux, uw, eps) : NULL;
-  em_tensor_release(ux); em_tensor_release(uw);
+  em_op_args a;
+  if (em_op_autocast(&a, EM_AUTOCAST_F32, 2, (em_tensor *[]){x, w})) return NULL;
+  em_tensor *y = rmsnorm_op(a.t[0], a.t[1], eps);
+  em_op_args_release(&a);
   return y;
 }

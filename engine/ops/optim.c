@@ -30,9 +30,6 @@
  * clip_grad_norm needs no host round trip either. */
 #include <stdio.h>
 #include "internal.h"
-#ifdef EMBER_CUDA
-#include "optim.h"
-#endif
 
 /* ---------------- checks ---------------- */
 
@@ -164,14 +161,10 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
                     (const char *const[]){"grads", "exp_avg", "exp_avg_sq"}, 3))
     return -1;
   if (n > 0 && params[0]->device.type == EM_CUDA) {
-#ifdef EMBER_CUDA
     if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, NULL, NULL))
       return -1;
     for (int i = 0; i < n; i++) { em_bump_version(params[i]); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]); }
     return 0;
-#else
-    return em_error_device("adamw_", params[0]);
-#endif
   }
   double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
   adamw_consts c = {1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, -(lr / bc1), sqrt(bc2), eps};
@@ -228,7 +221,6 @@ int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor
   if (n == 0) return 0;
   if (lr_t && check_scalar_tensor(op, "lr", lr_t, EM_F32, EM_F64, params[0]->device)) return -1;
   if (params[0]->device.type == EM_CUDA) {
-#ifdef EMBER_CUDA
     if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, 0, steps, lr_t))
       return -1;
     for (int i = 0; i < n; i++) {
@@ -236,9 +228,6 @@ int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor
       em_bump_version(steps[i]);
     }
     return 0;
-#else
-    return em_error_device(op, params[0]);
-#endif
   }
   /* CPU: the same contract through the host path, one tensor at a time */
   if (lr_t && em_item(lr_t, &lr)) return -1;
@@ -316,16 +305,12 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
                     (const char *const[]){"grads", "bufs"}, 2))
     return -1;
   if (n > 0 && params[0]->device.type == EM_CUDA) {
-#ifdef EMBER_CUDA
     if (em_sgd_cuda(n, params, grads, momentum != 0 ? bufs : NULL, lr, momentum, weight_decay, first_step)) return -1;
     for (int i = 0; i < n; i++) {
       em_bump_version(params[i]);
       if (momentum != 0) em_bump_version(bufs[i]);
     }
     return 0;
-#else
-    return em_error_device("sgd_", params[0]);
-#endif
   }
   sgd_consts c = {lr, momentum, weight_decay, first_step};
   for (int i = 0; i < n; i++) {
@@ -363,7 +348,6 @@ static double sumsq_one(em_tensor *t) {
 
 /* Contiguous float views of ts (widened to f64 when not float), then one multi-tensor reduction. */
 static em_tensor *sum_of_squares_cuda(int n, em_tensor **ts, em_device dev) {
-#ifdef EMBER_CUDA
   em_tensor **cs = calloc((size_t)EM_MAX(n, 1), sizeof *cs), *out = NULL;
   if (!cs) { em_error_oom("out of memory: sum_of_squares (%d tensors)", n); return NULL; }
   int ok = 1;
@@ -378,10 +362,6 @@ static em_tensor *sum_of_squares_cuda(int n, em_tensor **ts, em_device dev) {
   for (int i = 0; i < n; i++) em_tensor_release(cs[i]);
   free(cs);
   return out;
-#else
-  em_error_device("sum_of_squares", ts[0]);
-  return NULL;
-#endif
 }
 
 em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
@@ -434,15 +414,10 @@ em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max
     }
   }
   if (sumsq->device.type == EM_CUDA) {
-#ifdef EMBER_CUDA
     em_tensor *norm = em_empty(0, NULL, EM_F32, sumsq->device);
     if (norm && em_clip_grads_cuda(n, grads, sumsq, max_norm, norm)) { em_tensor_release(norm); return NULL; }
     for (int i = 0; norm && i < n; i++) em_bump_version(grads[i]);
     return norm;
-#else
-    em_error_device(op, sumsq);
-    return NULL;
-#endif
   }
   double ss;
   if (em_item(sumsq, &ss)) return NULL;

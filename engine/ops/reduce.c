@@ -20,8 +20,7 @@
  *    CUDA launchers of kernels/reduce.h over the same rplan) -> record autograd.
  *    On CUDA, softmax/log_softmax backward is one fused kernel instead of the
  *    composed formula, and max/min over a dim scatter with a kernel. */
-#include "../internal.h"
-#include "reduce.h"   /* kernels/: the plan and the CUDA launchers */
+#include "op.h"
 
 #define CHUNK 256
 
@@ -312,9 +311,7 @@ static void cpu_sum(em_tensor *res, const em_tensor *a, const rdims *r, bool int
 /* The device switch for sum and mean. */
 static int run_sum(const char *name, em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
   if (a->device.type == EM_CPU) { cpu_sum(res, a, r, ints, div); return 0; }
-#ifdef EMBER_CUDA
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_sum_cuda(name, res, a, &p, div); }
-#endif
   return em_error_device(name, a);
 }
 
@@ -414,9 +411,7 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
   double dof = EM_MAX(0.0, (double)p.n_red - correction);
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_var(res, a, &p, dof);
-#ifdef EMBER_CUDA
   else if (a->device.type == EM_CUDA) rc = em_var_cuda("var", res, a, &p, dof);
-#endif
   else rc = em_error_device("var", a);
   if (rc) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
@@ -454,9 +449,7 @@ static void cpu_extreme(const em_tensor *a, const rdims *r, bool is_max, em_tens
 /* The device switch for max/min/argmax/argmin. */
 static int run_extreme(const char *name, const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
   if (a->device.type == EM_CPU) { cpu_extreme(a, r, is_max, vals, idx); return 0; }
-#ifdef EMBER_CUDA
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_extreme_cuda(name, a, &p, is_max, vals, idx); }
-#endif
   return em_error_device(name, a);
 }
 
@@ -501,13 +494,11 @@ static int extreme_dim_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   if (!res) return -1;
   int rc;
   if (g->device.type == EM_CPU) rc = cpu_scatter_grad(res, g, n->saved[0], n);
-#ifdef EMBER_CUDA
   else if (g->device.type == EM_CUDA) {
     int64_t ks[EM_MAX_DIMS];
     keep_shape_of(n, ks);
     rc = em_scatter_dim_cuda(n->op, res, g, n->saved[0], (int)n->i[2], ks);
   }
-#endif
   else rc = em_error_device(n->op, g);
   if (rc) { em_tensor_release(res); return -1; }
   gin[0] = res;
@@ -632,9 +623,7 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
   rplan p; plan_init(&p, a, r.mask);
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_logsumexp(res, a, &p);
-#ifdef EMBER_CUDA
   else if (a->device.type == EM_CUDA) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
-#endif
   else rc = em_error_device("logsumexp", a);
   if (rc) { em_tensor_release(res); return NULL; }
   if (!em_grad_needed(1, &a)) return res;
@@ -700,7 +689,6 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0], *g = gout[0];
   int64_t dim = n->i[2];
   bool log_out = n->i[3] != 0;
-#ifdef EMBER_CUDA
   if (g->device.type == EM_CUDA) {   /* one fused kernel: two passes over (g, y) per row */
     em_tensor *gx = em_empty(y->ndim, y->shape, em_promote(g->dtype, y->dtype), y->device);
     if (!gx) return -1;
@@ -708,7 +696,6 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
     gin[0] = gx;
     return 0;
   }
-#endif
   scratch s = {0};
   em_tensor *r;
   if (log_out) {   /* g - exp(y) * sum(g) */
@@ -735,35 +722,29 @@ static em_tensor *softmax_like(const char *name, em_tensor *a, int64_t dim, bool
   if (!res) return NULL;
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_softmax(res, a, d, log_out);
-#ifdef EMBER_CUDA
-  else if (a->device.type == EM_CUDA) rc = em_softmax_cuda(name, res, a, a->ndim ? d : 0, log_out);
-#endif
-  else rc = em_error_device(name, a);
+  else rc = em_softmax_cuda(name, res, a, a->ndim ? d : 0, log_out);
   if (rc) { em_tensor_release(res); return NULL; }
-  if (!em_grad_needed(1, &a)) return res;
-  em_node *n = em_node_new(name, softmax_backward, 1, 1);
-  if (n) {
-    em_node_set_input(n, 0, a);
-    n->i[2] = a->ndim ? d : 0; n->i[3] = log_out;
-    em_node_save(n, res);
-  }
-  return finish_node(n, res);
+  em_node *n;
+  res = em_op_record(res, &n, name, softmax_backward, 1, &a, 1, &res);
+  if (n) { n->i[2] = a->ndim ? d : 0; n->i[3] = log_out; }
+  return res;
 }
 
+/* softmax and log_softmax are on autocast's f32 list */
 em_tensor *em_softmax(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("softmax");
-  em_tensor *u = em_autocast_upper(a);   /* on autocast's f32 list */
-  if (!u) return NULL;
-  em_tensor *r = softmax_like("softmax", u, dim, false);
-  em_tensor_release(u);
+  em_op_args u;
+  if (em_op_autocast(&u, EM_AUTOCAST_F32, 1, &a)) return NULL;
+  em_tensor *r = softmax_like("softmax", u.t[0], dim, false);
+  em_op_args_release(&u);
   return r;
 }
 
 em_tensor *em_log_softmax(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("log_softmax");
-  em_tensor *u = em_autocast_upper(a);   /* on autocast's f32 list */
-  if (!u) return NULL;
-  em_tensor *r = softmax_like("log_softmax", u, dim, true);
-  em_tensor_release(u);
+  em_op_args u;
+  if (em_op_autocast(&u, EM_AUTOCAST_F32, 1, &a)) return NULL;
+  em_tensor *r = softmax_like("log_softmax", u.t[0], dim, true);
+  em_op_args_release(&u);
   return r;
 }

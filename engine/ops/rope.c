@@ -17,10 +17,7 @@
  * head views) and computing each angle in double from the position, with no
  * table (building one needs the position range: a host read). */
 #include <stdio.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "rope.h"
-#endif
+#include "op.h"
 
 static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
@@ -128,7 +125,6 @@ static void rope_f64(const double *x, double *y, const int64_t *pos, int64_t N, 
   }
 }
 
-#ifdef EMBER_CUDA
 /* A fresh tensor with x's memory layout when x is a dense permutation (q and
  * k are (B, T, H, D) memory seen as (B, H, T, D)): the gradient then flows
  * back through the head split's transpose and view without a copy.
@@ -169,13 +165,10 @@ static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, do
   em_tensor_release(y);
   return r;
 }
-#endif
 
 /* Rotate x by sign * angle; result in out_dt. Shared by forward (+1) and backward (-1). */
 static em_tensor *rope_apply(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
-#ifdef EMBER_CUDA
   if (x->device.type == EM_CUDA) return rope_apply_cuda(x, pos, theta, sign, out_dt);
-#endif
   int64_t d = x->shape[x->ndim - 1];
   int64_t N = em_shape_numel(x->ndim - 1, x->shape);
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
@@ -204,17 +197,9 @@ static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
   EM_OP_SCOPE("rope");
   if (rope_validate(x, pos, theta)) return NULL;
-#ifndef EMBER_CUDA
-  if (x->device.type != EM_CPU) { em_error_device("rope", x); return NULL; }
-#endif
+  em_node *n;
   em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
-  if (y && em_grad_needed(1, &x)) {
-    em_node *n = em_node_new("rope", rope_backward, 1, 1);
-    if (!n) { em_tensor_release(y); return NULL; }
-    em_node_set_input(n, 0, x);
-    em_node_save(n, pos);
-    n->f[0] = theta;
-    em_node_finish(n, y);
-  }
+  y = em_op_record(y, &n, "rope", rope_backward, 1, &x, 1, &pos);
+  if (n) n->f[0] = theta;
   return y;
 }

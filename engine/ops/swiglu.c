@@ -10,10 +10,7 @@
  * On CUDA (kernels/swiglu.cu) forward and backward are one vectorised kernel
  * each, gradients written directly in a's dtype. */
 #include <stdio.h>
-#include "internal.h"
-#ifdef EMBER_CUDA
-#include "swiglu.h"
-#endif
+#include "op.h"
 
 static int swiglu_validate(em_tensor *a, em_tensor *b) {
   char s1[160], s2[160];
@@ -66,7 +63,6 @@ static em_tensor *swiglu_cpu(em_tensor *a, em_tensor *b) {
   return out;
 }
 
-#ifdef EMBER_CUDA
 static em_tensor *swiglu_cuda(em_tensor *a, em_tensor *b) {
   em_tensor *ac = em_contiguous(a), *bc = ac ? em_contiguous(b) : NULL;
   em_tensor *y = bc ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
@@ -88,14 +84,11 @@ static int swiglu_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
   gin[0] = ga; gin[1] = gb;
   return 0;
 }
-#endif
 
 /* saved: a, b. Gradients in the compute dtype; the engine rounds them. */
 static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0], *b = n->saved[1];
-#ifdef EMBER_CUDA
   if (a->device.type == EM_CUDA) return swiglu_backward_cuda(n, gout, gin);
-#endif
   em_dtype ct = a->dtype == EM_F64 ? EM_F64 : EM_F32;
   bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
   int64_t cnt = em_numel(a);
@@ -120,19 +113,6 @@ static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 em_tensor *em_swiglu(em_tensor *a, em_tensor *b) {
   EM_OP_SCOPE("swiglu");
   if (swiglu_validate(a, b)) return NULL;
-  em_tensor *y;
-  if (a->device.type == EM_CPU) y = swiglu_cpu(a, b);
-#ifdef EMBER_CUDA
-  else y = swiglu_cuda(a, b);
-#else
-  else { em_error_device("swiglu", a); return NULL; }
-#endif
-  if (y && em_grad_needed(2, (em_tensor *[]){a, b})) {
-    em_node *n = em_node_new("swiglu", swiglu_backward, 2, 1);
-    if (!n) { em_tensor_release(y); return NULL; }
-    em_node_set_input(n, 0, a); em_node_set_input(n, 1, b);
-    em_node_save(n, a); em_node_save(n, b);
-    em_node_finish(n, y);
-  }
-  return y;
+  em_tensor *y = a->device.type == EM_CPU ? swiglu_cpu(a, b) : swiglu_cuda(a, b);
+  return em_op_record(y, NULL, "swiglu", swiglu_backward, 2, (em_tensor *[]){a, b}, 2, (em_tensor *[]){a, b});
 }

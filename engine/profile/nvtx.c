@@ -15,7 +15,7 @@
 #include "internal.h"
 #include "profiler_internal.h"
 
-#ifdef EMBER_CUDA
+#ifdef EMBER_NVTX   /* CUDA builds: NVTX3 is header-only */
 #include <nvtx3/nvToolsExt.h>
 #define HAVE_NVTX 1
 #else

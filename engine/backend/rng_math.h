@@ -1,6 +1,7 @@
 /* The random distributions of ember/rng.h, shared verbatim by the CPU
- * (engine/rng.c) and the CUDA kernels (kernels/rng.cu), and the CUDA
- * launcher. One copy of the double-precision math (uniform, Box-Muller,
+ * (engine/rng.c) and the CUDA kernels (kernels/rng.cu): part of the
+ * engine -> CUDA boundary (backend.h holds the distribution type and the
+ * launcher). One copy of the double-precision math (uniform, Box-Muller,
  * erfinv) serves both devices, so f32/bf16 results agree bit for bit.
  *
  * On the device every product that feeds a sum is written with __dmul_rn /
@@ -8,37 +9,12 @@
  * of two) and the GPU would drift from the CPU by an ulp. The remaining
  * differences are the libraries' log/sin/cos/erf/erfc/exp in double (CUDA's
  * and glibc's agree within an ulp or two), far below f32's resolution. */
-#ifndef EMBER_KERNELS_RNG_H
-#define EMBER_KERNELS_RNG_H
+#ifndef EMBER_BACKEND_RNG_MATH_H
+#define EMBER_BACKEND_RNG_MATH_H
 
 #include <math.h>
 #include <stdint.h>
-#include "ember/rng.h"
-#include "ember/tensor.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-enum { EM_RNG_UNIFORM, EM_RNG_NORMAL, EM_RNG_TRUNC, EM_RNG_RANDINT };
-
-typedef struct {
-  int kind;
-  double p0, p1;          /* uniform: lo, hi; normal/trunc: mean, std */
-  double a, b;            /* trunc: clamp bounds */
-  double v0, v1;          /* trunc: the uniform interval [2 Phi(a') - 1, 2 Phi(b') - 1] */
-  int64_t lo;             /* randint: lower bound */
-  uint64_t span;          /* randint: hi - lo */
-} em_rng_dist;
-
-/* Fill t (a CUDA tensor, any strides) with the stream that starts at counter
- * ctr0 under key seed: element j in t's logical row-major order gets the value
- * the CPU gives element j. Launches on the current stream. */
-int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0);
-
-#ifdef __cplusplus
-}
-#endif
+#include "backend.h"   /* em_rng_dist */
 
 /* ---- the shared math ---- */
 

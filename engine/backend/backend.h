@@ -1,0 +1,434 @@
+/* The engine -> CUDA boundary: the one header through which engine/ reaches
+ * Ember's CUDA code (kernels/), and the only engine header kernels/ include
+ * besides the public ember/ headers. The arrow runs one way, as in ggml's
+ * ggml-backend-impl.h: the engine asks, the backend answers; kernels never
+ * see the engine's private headers (internal.h, profile/).
+ *
+ *   1. What the engine lends the backend: the op scope (the op's name for
+ *      errors and memory history; NVTX and profiler ranges), the tensor
+ *      geometry helpers, and the profiler's hooks for CUPTI records.
+ *   2. What the backend gives the engine: memory hooks (allocator, copies
+ *      between host and device), the current stream, the CUPTI side of the
+ *      profiler, what the kernels support (em_flash_supported_dim), and the
+ *      launchers, one section per op family (engine/ops/<stem>.c ->
+ *      kernels/<stem>.cu).
+ *
+ * A launcher takes tensors the engine op has validated, launches on the
+ * current stream, returns 0 or -1 with the error set (em_error) and never
+ * synchronises the host. A build with CUDA links kernels/; a build without
+ * links engine/backend/no_cuda.c, where every entry point answers
+ * "<op>: this build of Ember has no CUDA backend". So no op decides its
+ * device with an #ifdef: an op calls its launcher for a CUDA tensor and the
+ * build decides who answers. Plain C ABI, compiled by cc and nvcc alike. */
+#ifndef EMBER_BACKEND_H
+#define EMBER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include "ember/ember.h"
+
+#ifdef __cplusplus
+extern "C" thread_local const char *em_current_op;
+extern "C" {
+#else
+/* The innermost op running on this thread ("rmsnorm"), NULL outside ops. */
+extern _Thread_local const char *em_current_op;
+#endif
+
+/* ======================= 1. the engine, for the backend ======================= */
+
+/* ---- the op scope ----
+ * The one entry point every op passes through: EM_OP_SCOPE("name") at the
+ * top of an op names it for NVTX ranges, the profiler and memory-history
+ * context. While nothing measures, a scope costs two stores, one load and
+ * one predictable branch on entry and on exit; the measuring work (NVTX
+ * push/pop, host timestamps, launch counts, CUDA events) is out of line in
+ * engine/profile/scope.c and only runs while ember.nvtx or ember.profiler
+ * switched it on. The backend opens one for work it starts itself (graph
+ * replay). */
+
+/* Bits of em_measure_flags: what a scope does besides naming its op. */
+enum { EM_MEASURE_NVTX = 1, EM_MEASURE_PROFILE = 2 };
+/* Written by ember.nvtx.enable and the profiler's start/stop, read relaxed. */
+extern int em_measure_flags;
+
+typedef struct em_op_scope {
+  const char *prev;
+  int on;                         /* em_measure_flags at entry: 0 on the fast path */
+  /* filled only while measuring (engine/profile/scope.c) */
+  const char *name;
+  struct em_op_scope *parent;     /* the enclosing measured scope on this thread */
+  int64_t t0, child_ns;           /* host ns at entry; inclusive ns of nested scopes */
+  uint32_t launches0, child_launches;
+  uint32_t gen;                   /* profiler session this scope belongs to */
+  int32_t ev;                     /* CUDA-event backend: event pair index, -1 none */
+} em_op_scope_t;
+
+void em_op_scope_begin(em_op_scope_t *s, const char *name);
+void em_op_scope_end(em_op_scope_t *s);
+
+static inline void em_op_scope_enter(em_op_scope_t *s, const char *name) {
+  s->prev = em_current_op;
+  em_current_op = name;
+  s->on = __atomic_load_n(&em_measure_flags, __ATOMIC_RELAXED);
+  if (__builtin_expect(s->on != 0, 0)) em_op_scope_begin(s, name);
+}
+
+static inline void em_op_scope_exit(em_op_scope_t *s) {
+  if (__builtin_expect(s->on != 0, 0)) em_op_scope_end(s);
+  em_current_op = s->prev;
+}
+
+/* ---- tensor geometry (engine/util.c) ---- */
+/* Strides of t viewed as broadcast to (ndim, shape): 0 for broadcast dims. t's shape must be compatible. */
+void em_broadcast_strides(const em_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
+/* Row-major strides of a contiguous tensor of this shape. */
+void em_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* The product of the sizes (1 for ndim 0). */
+int64_t em_shape_numel(int ndim, const int64_t *shape);
+/* A contiguous tensor of dtype dt with t's values (t itself retained when already so). */
+em_tensor *em_contiguous_as(em_tensor *t, em_dtype dt);
+
+/* ---- profiler hooks (engine/profile/profiler.c), for the CUPTI side ---- */
+/* Host CLOCK_MONOTONIC nanoseconds: the clock every profile record uses. */
+int64_t em_prof_now_ns(void);
+
+enum { EM_GPU_KERNEL = 0, EM_GPU_MEMCPY, EM_GPU_MEMSET };
+enum { EM_GPU_EAGER = 0, EM_GPU_GRAPH, EM_GPU_GRAPH_CAPTURED };
+
+/* One GPU activity with the context of the API call that launched it. */
+typedef struct {
+  const char *name;                 /* interned: short demangled kernel name, "[memcpy HtoD]", ... */
+  const char *op, *module, *grad_fn;
+  int64_t t0, t1;
+  uint64_t bytes;
+  uint32_t device, stream;
+  uint8_t kind, phase, graph;
+} em_prof_gpu;
+
+/* One kernel launched on this thread (counted into the open op scopes). */
+void em_prof_note_launch(void);
+/* Hand over one GPU record at stop (any thread; copies *g). */
+int em_prof_add_gpu(const em_prof_gpu *g);
+
+/* ======================= 2. the backend, for the engine ======================= */
+
+/* ---- memory hooks (kernels/device.cu installs them when the runtime starts) ---- */
+typedef struct {
+  void *(*alloc)(size_t nbytes, int device);
+  void (*free)(void *p, int device);
+  int (*memcpy_h2d)(void *dst, const void *src, size_t n, int device);
+  int (*memcpy_d2h)(void *dst, const void *src, size_t n, int device);
+  int (*memcpy_d2d)(void *dst, const void *src, size_t n, int device);
+} em_cuda_backend;
+/* NULL until a CUDA runtime with at least one device has started (always NULL without CUDA). */
+extern const em_cuda_backend *em_cuda;
+
+/* ---- the current stream (kernels/stream.cu) ---- */
+/* The cudaStream_t ops on `device` launch on, for this thread. */
+void *em_cuda_cur_stream_handle(int device);
+
+/* ---- the CUPTI side of the profiler (kernels/cupti.cu) ---- */
+/* Load libcupti and subscribe (once). 0, or -1 with a reason in why. */
+int em_cupti_init(char *why, size_t cap);
+/* Begin recording launches and activity. 0, or -1 with a reason. */
+int em_cupti_start(int64_t t_start, char *why, size_t cap);
+/* Flush (the device must be synchronised) and hand records to em_prof_add_gpu.
+ * Returns records dropped by CUPTI; *before counts unattributed activity
+ * that ran before t_start (left out). */
+int64_t em_cupti_stop(int64_t t_start, int64_t *before);
+
+/* ---- random fills (kernels/rng.cu; the math both sides share: engine/backend/rng_math.h) ---- */
+enum { EM_RNG_UNIFORM, EM_RNG_NORMAL, EM_RNG_TRUNC, EM_RNG_RANDINT };
+
+/* A distribution, as engine/rng.c describes it to the CPU loop and the kernel alike. */
+typedef struct {
+  int kind;
+  double p0, p1;          /* uniform: lo, hi; normal/trunc: mean, std */
+  double a, b;            /* trunc: clamp bounds */
+  double v0, v1;          /* trunc: the uniform interval [2 Phi(a') - 1, 2 Phi(b') - 1] */
+  int64_t lo;             /* randint: lower bound */
+  uint64_t span;          /* randint: hi - lo */
+} em_rng_dist;
+
+/* Fill t (a CUDA tensor, any strides) with the stream that starts at counter
+ * ctr0 under key seed: element j in t's logical row-major order gets the value
+ * the CPU gives element j. Launches on the current stream. */
+int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0);
+
+/* ---- copies (kernels/copy.cu) ---- */
+/* Copies and fills involving CUDA tensors (kernels/copy.cu). engine/tensor.c
+ * routes em_copy_/em_fill_ here for every non-CPU case; em_to, em_contiguous
+ * and em_clone reach it through em_copy_. Everything is stream-ordered on the
+ * current stream; only copies to pageable host memory wait for the device. */
+
+/* dst[...] = src[...] with src broadcast to dst's shape, any strides, any of
+ * the 9 dtypes (converted exactly as the CPU converts), any devices (at least
+ * one CUDA). Validation (shapes, in-place rules) is em_copy_'s job. */
+int em_copy_cuda(em_tensor *dst, em_tensor *src);
+/* Fill a CUDA tensor of any strides with v converted to its dtype. */
+int em_fill_cuda(em_tensor *dst, double v);
+/* A same-device copy/convert kernel launch: dst and src on one CUDA device. */
+int em_copy_device_cuda(em_tensor *dst, const em_tensor *src);
+
+/* ---- elementwise (kernels/elementwise.cu) ---- */
+/* Elementwise launchers (kernels/elementwise.cu) behind a C ABI, and the
+ * descriptions engine/ops/elementwise.c shares with them: the op codes beyond
+ * the public enums (clamp, the fused unary gradients), compute classes, and
+ * the coalesced broadcast loop plan. Plain C. */
+
+/* Compute classes: f32 (f32/bf16/f16 storage), f64, i64 (integers and bool). */
+enum { EM_EW_F32, EM_EW_F64, EM_EW_I64 };
+/* Kernel arities. */
+enum { EM_EW_BINARY, EM_EW_UNARY, EM_EW_WHERE };
+/* Unary code beyond em_unop: clamp to [lo, hi]. */
+enum { EM_EW_CLAMP = EM_NUNOPS };
+/* Binary codes beyond em_binop: fused gradients of unary ops, g' = f(g, v)
+ * with v the saved input x or output y (see unary_grad in elementwise.c). */
+enum {
+  EM_EW_G_ABS = EM_NBINOPS, EM_EW_G_SQRT, EM_EW_G_RSQRT, EM_EW_G_TANH, EM_EW_G_SIGMOID,
+  EM_EW_G_SILU, EM_EW_G_RELU, EM_EW_G_GELU, EM_EW_G_SIN, EM_EW_G_COS, EM_EW_G_SQUARE,
+  EM_EW_G_RECIP, EM_EW_G_CLAMP,
+};
+
+/* What to compute: arity, op code, compute class, clamp bounds (+-inf when unbounded). */
+typedef struct {
+  int kind, code, cls;
+  double lo, hi;
+} em_ew_kern;
+
+/* An operand: a tensor broadcast to the loop shape, or the constant c (t NULL). */
+typedef struct {
+  const em_tensor *t;
+  double c;
+} em_ew_operand;
+
+/* The broadcast iteration space with size-1 dims dropped and mergeable dims
+ * merged; operand 0 is the output, operand j+1 input j. Strides in elements
+ * (0 for broadcast dims and constants), relative to each tensor's offset. */
+typedef struct {
+  int ndim, n;
+  int64_t shape[EM_MAX_DIMS];
+  int64_t stride[4][EM_MAX_DIMS];
+} em_ew_plan;
+
+/* out = k(in...) over plan p (numel elements). out does not overlap any input
+ * except as the very same view (the engine routes other overlaps through a
+ * temporary). Launches on the current stream; no host synchronisation. */
+int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tensor *out, int nin,
+                        const em_ew_operand *in, const em_ew_plan *p, int64_t numel);
+
+/* res (contiguous, a's shape and dtype) = a with the part of each trailing
+ * matrix outside the triangle zeroed: upper keeps j - i >= k, lower j - i <= k. */
+int em_triangle_cuda(const char *op, em_tensor *res, const em_tensor *a, int64_t k, bool upper);
+
+/* ---- reductions (kernels/reduce.cu) ---- */
+/* Reduction launchers (kernels/reduce.cu) behind a C ABI, and the reduction
+ * plan engine/ops/reduce.c shares with them. */
+
+/* An input's dims split into kept (outer, one output each) and reduced
+ * (inner) dims, each list coalesced where memory allows (nr >= 1; a
+ * reduction over nothing has rshape {1}, rstride {0}). Strides in elements
+ * relative to the input's offset. Outputs are numbered row-major over the
+ * kept dims; reduced positions row-major over the reduced dims (the index
+ * max/min/argmax return). */
+typedef struct {
+  int nk, nr;
+  int64_t kshape[EM_MAX_DIMS], kstride[EM_MAX_DIMS];
+  int64_t rshape[EM_MAX_DIMS], rstride[EM_MAX_DIMS];
+  int64_t n_out, n_red;
+} em_red_plan;
+
+/* All launchers: outputs are contiguous and freshly allocated by the engine,
+ * work goes on the current stream, nothing synchronises the host. */
+
+/* res = sum over the plan's reduced dims / div. Floats accumulate in f32
+ * (f64 for f64) and res has a's dtype; integers and bool sum exactly in i64
+ * (wrapping) and res is i64. */
+int em_sum_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p, double div);
+/* res = sum((a - mean)^2) / dof, two passes, float inputs only. */
+int em_var_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p, double dof);
+/* Extremes: vals (a's dtype, may be NULL) and i64 indices (may be NULL);
+ * the first index wins ties and the first NaN wins over everything. */
+int em_extreme_cuda(const char *op, const em_tensor *a, const em_red_plan *p, bool is_max,
+                    em_tensor *vals, em_tensor *idx);
+/* res = max + log(sum(exp(a - max))) (shift 0 for an infinite max, NaN for a NaN max). */
+int em_logsumexp_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p);
+/* Softmax / log-softmax of a along dim into res (contiguous, a's shape and dtype). */
+int em_softmax_cuda(const char *op, em_tensor *res, em_tensor *a, int dim, bool log_out);
+/* Fused backward: gx = y * (g - sum(g * y)) (softmax) or g - exp(y) * sum(g)
+ * (log_softmax), sums along dim; gx contiguous with y's shape. */
+int em_softmax_backward_cuda(const char *op, em_tensor *gx, em_tensor *g, em_tensor *y, int dim, bool log_out);
+/* max/min over one dim, backward: res (contiguous, zeroed, the input's shape)
+ * gets g[o] at the position idx[o] names along dim; g and idx have the input's
+ * shape with dim set to 1 (keep_shape). */
+int em_scatter_dim_cuda(const char *op, em_tensor *res, em_tensor *g, em_tensor *idx, int dim,
+                        const int64_t *keep_shape);
+
+/* ---- matmul (kernels/matmul.cu) ---- */
+/* Matmul on CUDA through cuBLASLt (kernels/matmul.cu), and the bias
+ * gradient of linear. engine/ops/matmul.c plans the product (1-D promotion,
+ * batch broadcast, folding a shared right operand into one big gemm,
+ * transposed views read in place) and hands each gemm over in row-major
+ * BLAS terms, exactly as it calls cblas_?gemm on the CPU. */
+
+/* One strided-batched row-major gemm: for each batch index i < batch,
+ *   C_i (n x m) = op(A_i) (n x k) @ op(B_i) (k x m) [+ bias (m) on every row]
+ * with op(X) = X when !x_trans (X stored row-major, leading dim ldx) and
+ * op(X) = Xᵀ when x_trans (Xᵀ stored row-major, leading dim ldx), A_i at
+ * a + i * a_bs elements (a_bs 0: shared by every batch), likewise B; C rows
+ * are contiguous with row stride ldc. All operands have dtype `dtype` (f32,
+ * f64, bf16, f16); bf16/f16/f32 accumulate in f32 (TF32 only when
+ * em_cuda_allow_tf32()), f64 in f64. Launches on the current stream. */
+typedef struct {
+  const char *op;             /* names errors: "matmul", "linear" */
+  em_dtype dtype;
+  int device;
+  int64_t n, m, k, batch;
+  const void *a; bool a_trans; int64_t lda, a_bs;
+  const void *b; bool b_trans; int64_t ldb, b_bs;
+  void *c; int64_t ldc, c_bs;
+  const void *bias;           /* NULL: none (bias is fused as a cuBLASLt epilogue) */
+  bool c_f32;                 /* C in f32 while A and B are bf16/f16 (no bias): an
+                                 f32 gradient straight from half operands */
+  bool accumulate;            /* C += A B (beta = 1; no bias): a gradient added into its sum */
+} em_gemm_args;
+
+int em_gemm_cuda(const em_gemm_args *g);
+
+/* grad_bias (out) = sum over rows of g (rows, out); g contiguous, both on
+ * one device, g of a float dtype, grad_bias of any float dtype. Sums in f32
+ * (f64 for f64) in a fixed order: bit-reproducible. */
+int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias);
+
+/* ---- norms (kernels/norm.cu) ---- */
+/* RMSNorm on CUDA (kernels/norm.cu), the device half of engine/ops/norm.c.
+ * Tensors are validated by the engine op. */
+
+/* x contiguous (N rows of D), w (D) contiguous or NULL (any float dtype);
+ * y contiguous in x's dtype; rstd (N) f32 (f64 for f64 x). */
+int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd);
+
+/* gy, x contiguous (N, D); gx (x's shape and dtype, contiguous) or NULL,
+ * written, or added to when gx_accumulate (a residual stream's gradient sum);
+ * gw (D, w's dtype) or NULL. gw is reduced deterministically: per-block
+ * partial sums, then one fixed-order pass over the blocks. */
+int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw);
+
+/* ---- rope (kernels/rope.cu) ---- */
+/* RoPE on CUDA (kernels/rope.cu), the device half of engine/ops/rope.c.
+ * Tensors are validated by the engine op. */
+
+/* y = x with each adjacent pair (x[2j], x[2j+1]) rotated by sign · pos · theta^(-2j/d).
+ * x (..., d): last-dim stride 1, any strides on the leading dims (a transposed
+ * (B, H, T, d) view of (B, T, H, d) is read in place); pos: i32 or i64, any
+ * strides, broadcast to x's leading dims; y: x's shape and dtype, last dim contiguous,
+ * any strides on the leading dims (the engine gives it x's layout).
+ * Forward is sign = +1, backward (the transpose) sign = -1. */
+int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double theta, double sign, em_tensor *y);
+
+/* ---- swiglu (kernels/swiglu.cu) ---- */
+/* SwiGLU on CUDA (kernels/swiglu.cu), the device half of engine/ops/swiglu.c.
+ * Tensors are validated by the engine op. */
+
+/* y = silu(a) * b; a, b, y contiguous, same shape and dtype. */
+int em_swiglu_fwd_cuda(const em_tensor *a, const em_tensor *b, em_tensor *y);
+
+/* ga = g * b * s * (1 + a (1 - s)), gb = g * a * s with s = sigmoid(a);
+ * all contiguous, a's shape and dtype; ga or gb may be NULL. */
+int em_swiglu_bwd_cuda(const em_tensor *a, const em_tensor *b, const em_tensor *g, em_tensor *ga, em_tensor *gb);
+
+/* ---- embedding (kernels/embedding.cu) ---- */
+/* Embedding on CUDA (kernels/embedding.cu), the device half of
+ * engine/ops/embedding.c. Tensors are validated by the engine op. */
+
+/* out (n, d) = w[ids[i], :] for n contiguous ids (i32 or i64); w (rows, d)
+ * with unit column stride (any row stride); out contiguous, w's dtype. An id
+ * outside [0, rows) gives a row of NaN (no host-side check: it would sync). */
+int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *out);
+
+/* gw (rows, d) = sum over i with ids[i] == r of g[i, :], deterministically
+ * (bit-identical on every run: no float atomics). g contiguous (n, d) of any
+ * float dtype; gw contiguous, any float dtype; ids contiguous i32 or i64;
+ * ids outside [0, rows) are skipped. */
+int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw);
+
+/* ---- cross-entropy (kernels/softmax_xent.cu) ---- */
+/* Fused softmax cross-entropy on CUDA (kernels/softmax_xent.cu), the device
+ * half of engine/ops/loss.c. Tensors are validated by the engine op. */
+
+/* logits: contiguous (N, V) float; targets: contiguous (N) i32 or i64.
+ * Writes lse (N; f32, or f64 for f64 logits) = logsumexp of each row and
+ * loss (0-d, any float dtype) = mean over rows of lse - logits[row, target],
+ * the mean taken on the device. A target outside [0, V) makes its row, and so
+ * the loss, NaN (a host-side check would synchronise). */
+int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, em_tensor *lse, em_tensor *loss);
+
+/* dlogits (N, V, logits' dtype, contiguous) = g / N * (exp(logits - lse) - onehot(target)),
+ * g a one-element float tensor on the device (read there: no host sync). */
+int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_tensor *lse, const em_tensor *g,
+                     em_tensor *dlogits);
+
+/* ---- flash attention (kernels/flash_fwd.cu, kernels/flash_bwd.cu) ---- */
+/* FlashAttention-2 on CUDA (kernels/flash_fwd.cu, kernels/flash_bwd.cu), the
+ * device half of engine/ops/flash_attention.c. Tensors are validated by the
+ * engine op: q (B, H, Tq, D), k and v (B, H, Tk, D), any strides over B, H and
+ * T (multiples of 8 elements, 16-byte aligned data) with the last dim
+ * contiguous; bf16 or f16; D one of em_flash_supported_dim(). lse and delta are
+ * contiguous f32 (B, H, Tq). */
+
+/* true for the head dims the kernels are built for (16, 32, 64, 80, 96, 128). */
+bool em_flash_supported_dim(int64_t d);
+
+/* o = softmax(q kᵀ · scale [+ causal mask]) v, lse = the rows' log-sum-exp
+ * (natural log, of the scaled scores). o has q's shape and dtype. */
+int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o, em_tensor *lse,
+                      bool causal, float scale);
+
+/* dq, dk, dv from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
+ * Deterministic: no atomics (dk/dv and dq are two kernels). */
+int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                      const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
+                      em_tensor *dv, bool causal, float scale);
+
+/* ---- optimizers (kernels/adamw.cu) ---- */
+/* Optimizer steps and gradient-norm helpers on CUDA (kernels/adamw.cu), the
+ * device half of engine/ops/optim.c. All are multi-tensor: one launch covers
+ * up to a few hundred tensors (their pointers and sizes ride in the kernel's
+ * arguments, PyTorch's multi_tensor_apply), so a whole model's step is one or
+ * two launches and replays from a CUDA graph unchanged. Lists are validated
+ * by the engine (same device, shapes, dtypes; contiguous tensors). */
+
+/* PyTorch AdamW in place, bit for bit the CPU's per-element arithmetic.
+ * steps == NULL: the step count is `step` (host) and lr is `lr`.
+ * steps != NULL (capturable): steps[i] is a 0-d f32/i64 device tensor holding
+ * the steps taken so far; it is incremented on the device first and the new
+ * value used; lr_t (0-d f32/f64 on the device) overrides lr when not NULL. */
+int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
+                  const em_tensor *lr_t);
+
+/* PyTorch SGD (momentum, weight decay; no dampening/Nesterov). bufs NULL when momentum == 0. */
+int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr, double momentum,
+                double weight_decay, bool first_step);
+
+/* out (0-d f32 on the device) = sum of squares of every element of every tensor,
+ * accumulated in f64 with a fixed order (deterministic). */
+int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out);
+
+/* With total = sqrt(sumsq[0]) read on the device: when total > max_norm,
+ * every grad *= max_norm / (total + 1e-6); norm_out (0-d f32) = total. */
+int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm, em_tensor *norm_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* Name the op for NVTX, the profiler and memory history until the scope ends. */
+#define EM_OP_SCOPE(name)                                                \
+  em_op_scope_t em__scope __attribute__((cleanup(em_op_scope_exit)));    \
+  em_op_scope_enter(&em__scope, (name))
+
+#endif

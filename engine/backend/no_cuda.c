@@ -1,0 +1,155 @@
+/* The CUDA side of the engine -> CUDA boundary (backend.h) in a build
+ * without CUDA: CMake links this file instead of kernels/. Queries answer
+ * "none" (no devices, not capturing, not pinned, no flash head dims); every
+ * launcher and every other entry point of ember/cuda.h fails with
+ * "<op>: this build of Ember has no CUDA backend (rebuild with -DEMBER_CUDA=ON)",
+ * <op> being the op running (EM_OP_SCOPE). The call-site hook and the TF32
+ * flag work anyway (they are plain state); the profiler's CUPTI side is
+ * never available, so profiles fall back to host timing. */
+#include <stdio.h>
+#include "internal.h"
+
+/* "<op>: this build of Ember has no CUDA backend": op NULL names the op running now. */
+static int no_cuda(const char *op) {
+  if (!op) op = em_current_op ? em_current_op : "cuda";
+  return em_error("%s: this build of Ember has no CUDA backend (rebuild with -DEMBER_CUDA=ON)", op);
+}
+
+int em_cuda_available(void) { return 0; }
+int em_cuda_device_count(void) { return 0; }
+int em_cuda_compiled(void) { return 0; }
+
+int em_cuda_set_device(int device) { EM_UNUSED(device); return no_cuda("set_device"); }
+int em_cuda_current_device(void) { return -1; }
+int em_cuda_synchronize(int device) { EM_UNUSED(device); return no_cuda("synchronize"); }
+const char *em_cuda_device_name(int device) { EM_UNUSED(device); no_cuda("device_name"); return NULL; }
+
+em_stream *em_stream_new(int device) { EM_UNUSED(device); no_cuda("Stream"); return NULL; }
+void em_stream_free(em_stream *s) { EM_UNUSED(s); }
+em_stream *em_stream_current(int device) { EM_UNUSED(device); return NULL; }
+void em_stream_set_current(int device, em_stream *s) { EM_UNUSED(device); EM_UNUSED(s); }
+int em_stream_synchronize(em_stream *s) { EM_UNUSED(s); return no_cuda("Stream.synchronize"); }
+int em_stream_wait_event(em_stream *s,
+                         em_event *e) { EM_UNUSED(s); EM_UNUSED(e); return no_cuda("Stream.wait_event"); }
+void *em_stream_handle(em_stream *s) { EM_UNUSED(s); return NULL; }
+em_event *em_event_new(bool enable_timing) { EM_UNUSED(enable_timing); no_cuda("Event"); return NULL; }
+void em_event_free(em_event *e) { EM_UNUSED(e); }
+int em_event_record(em_event *e, em_stream *s) { EM_UNUSED(e); EM_UNUSED(s); return no_cuda("Event.record"); }
+int em_event_synchronize(em_event *e) { EM_UNUSED(e); return no_cuda("Event.synchronize"); }
+int em_event_query(em_event *e) { EM_UNUSED(e); return no_cuda("Event.query"); }
+int em_event_elapsed_ms(em_event *start, em_event *end, float *ms) {
+  EM_UNUSED(start); EM_UNUSED(end); EM_UNUSED(ms);
+  return no_cuda("Event.elapsed_time");
+}
+
+int em_cuda_memory_stats_get(int device, em_cuda_memory_stats *out) {
+  EM_UNUSED(device);
+  memset(out, 0, sizeof *out);
+  return no_cuda("memory_stats");
+}
+void em_cuda_reset_peak_memory_stats(int device) { EM_UNUSED(device); }
+void em_cuda_empty_cache(int device) { EM_UNUSED(device); }
+void em_cuda_set_oom_callback(void (*fn)(void *ud), void *ud) { EM_UNUSED(fn); EM_UNUSED(ud); }
+int em_cuda_memory_segments(int device, em_cuda_segment_info **out, int64_t *n) {
+  EM_UNUSED(device);
+  *out = NULL;
+  *n = 0;
+  return 0;                                    /* no allocator, no segments */
+}
+void em_cuda_segments_free(em_cuda_segment_info *s, int64_t n) { EM_UNUSED(n); free(s); }
+
+em_tensor *em_pin_memory(em_tensor *t) { EM_UNUSED(t); no_cuda("pin_memory"); return NULL; }
+bool em_is_pinned(const em_tensor *t) { EM_UNUSED(t); return false; }
+/* CPU <-> CPU copies have nothing to overlap: a plain copy. */
+int em_copy_nonblocking_(em_tensor *dst, em_tensor *src) { return em_copy_(dst, src); }
+
+int em_graph_begin(int device) { EM_UNUSED(device); return no_cuda("graph"); }
+em_graph *em_graph_end(void) { no_cuda("graph"); return NULL; }
+int em_graph_replay(em_graph *g) { EM_UNUSED(g); return no_cuda("graph.replay"); }
+void em_graph_free(em_graph *g) { EM_UNUSED(g); }
+bool em_cuda_capturing(void) { return false; }
+int em_cuda_check_not_capturing(const char *op) { EM_UNUSED(op); return 0; }
+
+static const char *(*callsite_fn)(void);
+void em_set_callsite_fn(const char *(*fn)(void)) { callsite_fn = fn; }
+const char *em_callsite(void) {
+  const char *s = callsite_fn ? callsite_fn() : NULL;
+  return s && *s ? s : "(unknown call site)";
+}
+
+static bool allow_tf32;
+void em_cuda_set_allow_tf32(bool on) { allow_tf32 = on; }
+bool em_cuda_allow_tf32(void) { return allow_tf32; }
+
+
+/* ---- the boundary's backend half ---- */
+void *em_cuda_cur_stream_handle(int device) { EM_UNUSED(device); return NULL; }
+
+int em_cupti_init(char *why, size_t cap) {
+  snprintf(why, cap, "this build has no CUDA backend");
+  return -1;
+}
+int em_cupti_start(int64_t t_start, char *why, size_t cap) {
+  EM_UNUSED(t_start);
+  return em_cupti_init(why, cap);
+}
+int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
+  EM_UNUSED(t_start);
+  *before = 0;
+  return 0;
+}
+
+/* The launchers, in backend.h's order. */
+int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0) { return no_cuda(NULL); }
+int em_copy_cuda(em_tensor *dst, em_tensor *src) { return no_cuda("copy_"); }
+int em_fill_cuda(em_tensor *dst, double v) { return no_cuda("fill_"); }
+int em_copy_device_cuda(em_tensor *dst, const em_tensor *src) { return no_cuda("copy_"); }
+int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tensor *out, int nin,
+                        const em_ew_operand *in, const em_ew_plan *p, int64_t numel) { return no_cuda(op); }
+int em_triangle_cuda(const char *op, em_tensor *res, const em_tensor *a, int64_t k,
+                     bool upper) { return no_cuda(op); }
+int em_sum_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                double div) { return no_cuda(op); }
+int em_var_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                double dof) { return no_cuda(op); }
+int em_extreme_cuda(const char *op, const em_tensor *a, const em_red_plan *p, bool is_max, em_tensor *vals,
+                    em_tensor *idx) { return no_cuda(op); }
+int em_logsumexp_cuda(const char *op, em_tensor *res, const em_tensor *a,
+                      const em_red_plan *p) { return no_cuda(op); }
+int em_softmax_cuda(const char *op, em_tensor *res, em_tensor *a, int dim,
+                    bool log_out) { return no_cuda(op); }
+int em_softmax_backward_cuda(const char *op, em_tensor *gx, em_tensor *g, em_tensor *y, int dim,
+                             bool log_out) { return no_cuda(op); }
+int em_scatter_dim_cuda(const char *op, em_tensor *res, em_tensor *g, em_tensor *idx, int dim,
+                        const int64_t *keep_shape) { return no_cuda(op); }
+int em_gemm_cuda(const em_gemm_args *g) { return no_cuda(NULL); }
+int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias) { return no_cuda(NULL); }
+int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y,
+                        em_tensor *rstd) { return no_cuda(NULL); }
+int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw) { return no_cuda(NULL); }
+int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double theta, double sign,
+                 em_tensor *y) { return no_cuda(NULL); }
+int em_swiglu_fwd_cuda(const em_tensor *a, const em_tensor *b, em_tensor *y) { return no_cuda(NULL); }
+int em_swiglu_bwd_cuda(const em_tensor *a, const em_tensor *b, const em_tensor *g, em_tensor *ga,
+                       em_tensor *gb) { return no_cuda(NULL); }
+int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *out) { return no_cuda(NULL); }
+int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw) { return no_cuda(NULL); }
+int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, em_tensor *lse,
+                     em_tensor *loss) { return no_cuda(NULL); }
+int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_tensor *lse,
+                     const em_tensor *g, em_tensor *dlogits) { return no_cuda(NULL); }
+bool em_flash_supported_dim(int64_t d) { return false; }
+int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
+                      em_tensor *lse, bool causal, float scale) { return no_cuda(NULL); }
+int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                      const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                      em_tensor *dk, em_tensor *dv, bool causal, float scale) { return no_cuda(NULL); }
+int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
+                  const em_tensor *lr_t) { return no_cuda(NULL); }
+int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr, double momentum,
+                double weight_decay, bool first_step) { return no_cuda(NULL); }
+int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }
+int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm,
+                       em_tensor *norm_out) { return no_cuda(NULL); }
