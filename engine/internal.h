@@ -56,6 +56,14 @@ static inline void em_iter_next(em_iter *it) {
 /* Base pointer of t's storage (element 0 of the storage, not of t). */
 static inline void *em_storage_ptr(const em_tensor *t) { return t->storage->data; }
 
+/* Raw alias: a new header over t's storage, nothing recorded by autograd, no
+ * checks. The view ops (engine/tensor.c) build on it and record the view. */
+em_tensor *em_alias(const em_tensor *t);
+/* em_alias with new geometry; no checks beyond ndim (the caller keeps the
+ * view inside the storage). */
+em_tensor *em_as_strided(const em_tensor *t, int ndim, const int64_t *shape,
+                         const int64_t *stride, int64_t offset);
+
 /* Error when writing in place into t is not allowed under autograd. */
 int em_check_inplace(const char *op, const em_tensor *t);
 

@@ -35,7 +35,7 @@ uint64_t em_rng_reserve(uint64_t blocks) { return atomic_fetch_add(&rng_offset, 
 
 /* ---------------- distributions ---------------- */
 
-/* The distributions and their double-precision math live in kernels/rng.h,
+/* The distributions and their double-precision math live in backend/rng_math.h,
  * one source shared with the CUDA kernels (so both devices agree bit for bit). */
 typedef em_rng_dist dist;
 enum { D_UNIFORM = EM_RNG_UNIFORM, D_NORMAL = EM_RNG_NORMAL, D_TRUNC = EM_RNG_TRUNC, D_RANDINT = EM_RNG_RANDINT };

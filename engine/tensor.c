@@ -497,7 +497,7 @@ static void cpu_copy(em_tensor *dst, const em_tensor *src) {
 }
 
 /* Copies involving a CUDA tensor (any strides, dtypes, devices) are
- * kernels/copy.cu's: em_copy_cuda / em_fill_cuda (cuda_stub.c without CUDA). */
+ * kernels/copy.cu's: em_copy_cuda / em_fill_cuda (backend/no_cuda.c without CUDA). */
 
 int em_copy_(em_tensor *dst, em_tensor *src) {
   EM_OP_SCOPE("copy_");

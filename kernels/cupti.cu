@@ -1,4 +1,4 @@
-/* The CUPTI side of the profiler (engine/profile/profiler_internal.h). No
+/* The CUPTI side of the profiler (its hooks: engine/backend/backend.h). No
  * kernels here: host code that nvcc compiles because it is CUDA-only.
  *
  * Two CUPTI APIs work together:

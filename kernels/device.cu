@@ -1,5 +1,5 @@
 /* CUDA devices: runtime start-up, device queries and selection, the hooks the
- * engine's storage uses (em_cuda in internal.h: the caching allocator and
+ * engine's storage uses (em_cuda in backend.h: the caching allocator and
  * plain synchronous copies for scalar reads), the TF32 switch and the
  * call-site function the binding installs.
  *

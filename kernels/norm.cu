@@ -413,3 +413,163 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
   EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, s)); });
   return rc;
 }
+
+/* ---------------- layer_norm ----------------
+ * y = (x - mean) · rstd · w + b per row, rstd = 1/sqrt(var + eps) (biased
+ * variance), and its backward
+ *   xhat = (x - mean)·rstd, u = gy·w,
+ *   gx = rstd·(u − mean(u) − xhat·mean(u·xhat)), gw = Σ_rows gy·xhat, gb = Σ_rows gy.
+ * Cost like rmsnorm's (one more pass over the row in registers/L1, memory
+ * bound). Launch: forward one warp per row (8 rows per 256-thread block), two
+ * passes over the row (mean, then the centred sum of squares: no
+ * cancellation); backward one block per group of rows whose threads split D,
+ * dw and db kept in shared memory per block and summed over blocks in a fixed
+ * order by dw_reduce_kernel: bit-reproducible. Plain (unvectorised) loads:
+ * this is the straightforward version; rmsnorm's register-resident variants
+ * are the template if layer_norm ever sits on a hot path. */
+
+template <typename TX, typename TW>
+__global__ void __launch_bounds__(FWD_THREADS) ln_fwd_kernel(const TX *x, const TW *w, const TW *b, int64_t N,
+                                                             int64_t D, acc_t<TX> eps, TX *y, acc_t<TX> *mean,
+                                                             acc_t<TX> *rstd) {
+  using C = acc_t<TX>;
+  int lane = threadIdx.x & 31;
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = warp; i < N; i += nwarps) {
+    const TX *xr = x + i * D;
+    TX *yr = y + i * D;
+    C s = 0;
+    for (int64_t j = lane; j < D; j += 32) s += ld<C>(xr[j]);
+    C m = warp_allsum(s) / (C)D, ss = 0;
+    for (int64_t j = lane; j < D; j += 32) { C d = ld<C>(xr[j]) - m; ss += d * d; }
+    C r = rsqrt_exact(warp_allsum(ss) / (C)D + eps);
+    if (lane == 0) { mean[i] = m; rstd[i] = r; }
+    for (int64_t j = lane; j < D; j += 32) {
+      C v = (ld<C>(xr[j]) - m) * r;
+      if (w) v *= ld<C>(w[j]);
+      if (b) v += ld<C>(b[j]);
+      yr[j] = st<TX>(v);
+    }
+  }
+}
+
+extern "C" int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps,
+                                      em_tensor *y, em_tensor *mean, em_tensor *rstd) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
+  if (em_numel(x) == 0) {
+    if (em_numel(rstd) == 0 || D != 0) return 0;
+    return em_error("layer_norm: rows of length 0 are not supported on CUDA");
+  }
+  if (w && b && w->dtype != b->dtype) return em_error("layer_norm: weight and bias of different dtypes on CUDA");
+  cudaStream_t s = em_cur_stream(x->device.index);
+  em_dtype wt = w ? w->dtype : b ? b->dtype : x->dtype;
+  int64_t blocks = (N + FWD_THREADS / 32 - 1) / (FWD_THREADS / 32), cap = (int64_t)em_sm_count(x->device.index) * 64;
+  unsigned grid = (unsigned)(blocks > cap ? cap : blocks);
+  EM_DISPATCH_FLOAT(x->dtype, TX, {
+    EM_DISPATCH_FLOAT(wt, TW, {
+      using C = acc_t<TX>;
+      ln_fwd_kernel<TX, TW><<<grid, FWD_THREADS, 0, s>>>(
+          (const TX *)em_data_ptr(x), w ? (const TW *)em_data_ptr(w) : nullptr,
+          b ? (const TW *)em_data_ptr(b) : nullptr, N, D, (C)eps, (TX *)em_data_ptr(y), (C *)em_data_ptr(mean),
+          (C *)em_data_ptr(rstd));
+    });
+  });
+  return em_launch_check("layer_norm");
+}
+
+/* dynamic shared memory: 2·D accumulators (dw, then db) when either is wanted */
+template <typename TX, typename TW>
+__global__ void __launch_bounds__(BWD_THREADS) ln_bwd_kernel(const TX *x, const TW *w, const acc_t<TX> *mean,
+                                                             const acc_t<TX> *rstd, const TX *gy, int64_t N, int64_t D,
+                                                             TX *gx, acc_t<TX> *dw_part, acc_t<TX> *db_part) {
+  using C = acc_t<TX>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  C *dw = (C *)smem, *db = dw + D;
+  __shared__ C red[32];
+  bool part = dw_part || db_part;
+  if (part)
+    for (int64_t j = threadIdx.x; j < 2 * D; j += BWD_THREADS) dw[j] = 0;
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    const TX *xr = x + i * D, *gr = gy + i * D;
+    C m = mean[i], r = rstd[i], su = 0, sux = 0;
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+      C u = ld<C>(gr[j]) * (w ? ld<C>(w[j]) : (C)1);
+      su += u;
+      sux += u * ((ld<C>(xr[j]) - m) * r);
+    }
+    C cu = block_allsum(su, red) / (C)D;
+    C cx = block_allsum(sux, red) / (C)D;
+    for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+      C g = ld<C>(gr[j]), xh = (ld<C>(xr[j]) - m) * r;
+      if (gx) gx[i * D + j] = st<TX>(r * (g * (w ? ld<C>(w[j]) : (C)1) - cu - xh * cx));
+      if (part) { dw[j] += g * xh; db[j] += g; }
+    }
+  }
+  if (!part) return;
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+    if (dw_part) dw_part[blockIdx.x * D + j] = dw[j];
+    if (db_part) db_part[blockIdx.x * D + j] = db[j];
+  }
+}
+
+template <typename TX, typename TW>
+static int ln_launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *mean, const em_tensor *rstd,
+                         const em_tensor *gy, em_tensor *gx, em_tensor *gw, em_tensor *gb, cudaStream_t s) {
+  using C = acc_t<TX>;
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D;
+  int64_t cap = (int64_t)em_sm_count(x->device.index) * 2, blocks = N > cap ? cap : N;
+  if (blocks < 1) return 0;
+  em_dtype pt = std::is_same<C, double>::value ? EM_F64 : EM_F32;
+  int64_t pshape[2] = {blocks, D};
+  em_tensor *pw = gw ? em_empty(2, pshape, pt, x->device) : NULL, *pb = gb ? em_empty(2, pshape, pt, x->device) : NULL;
+  int rc = -1;
+  size_t smem = (gw || gb) ? 2 * (size_t)D * sizeof(C) : 0;
+  if ((gw && !pw) || (gb && !pb)) goto done;
+  if (smem > 48 * 1024 &&
+      em_cuda_check(cudaFuncSetAttribute(ln_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    "layer_norm backward", "raising the shared-memory limit"))
+    goto done;
+  ln_bwd_kernel<TX, TW><<<(unsigned)blocks, BWD_THREADS, smem, s>>>(
+      (const TX *)em_data_ptr(x), w ? (const TW *)em_data_ptr(w) : nullptr, (const C *)em_data_ptr(mean),
+      (const C *)em_data_ptr(rstd), (const TX *)em_data_ptr(gy), N, D, gx ? (TX *)em_data_ptr(gx) : nullptr,
+      pw ? (C *)em_data_ptr(pw) : nullptr, pb ? (C *)em_data_ptr(pb) : nullptr);
+  rc = em_launch_check("layer_norm backward");
+  if (rc == 0 && gw) {
+    EM_DISPATCH_FLOAT(gw->dtype, TG, {
+      dw_reduce_kernel<C, TG><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
+          (const C *)em_data_ptr(pw), blocks, D, (TG *)em_data_ptr(gw));
+    });
+    rc = em_launch_check("layer_norm backward");
+  }
+  if (rc == 0 && gb) {
+    EM_DISPATCH_FLOAT(gb->dtype, TG, {
+      dw_reduce_kernel<C, TG><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
+          (const C *)em_data_ptr(pb), blocks, D, (TG *)em_data_ptr(gb));
+    });
+    rc = em_launch_check("layer_norm backward");
+  }
+done:
+  em_tensor_release(pw); em_tensor_release(pb);
+  return rc;
+}
+
+extern "C" int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *mean,
+                                      const em_tensor *rstd, const em_tensor *gy, em_tensor *gx, em_tensor *gw,
+                                      em_tensor *gb) {
+  int64_t D = x->shape[x->ndim - 1];
+  if (D == 0 || em_numel(x) == 0) {             /* no rows: gw = gb = 0 */
+    em_tensor *z[2] = {gw, gb};
+    for (int k = 0; k < 2; k++)
+      if (z[k] && em_numel(z[k]) > 0 &&
+          em_cuda_check(cudaMemsetAsync(em_data_ptr(z[k]), 0, (size_t)em_numel(z[k]) * em_dtype_size(z[k]->dtype),
+                                        em_cur_stream(z[k]->device.index)), "layer_norm backward", "cudaMemsetAsync"))
+        return -1;
+    return 0;
+  }
+  cudaStream_t s = em_cur_stream(x->device.index);
+  em_dtype wt = w ? w->dtype : x->dtype;
+  int rc = 0;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = ln_launch_bwd<TX, TW>(x, w, mean, rstd, gy, gx, gw, gb, s)); });
+  return rc;
+}

@@ -4,7 +4,7 @@
  *
  * What it computes: one thread per Philox4x32-10 block (10 rounds of two
  * 32x32->64 multiplies), i.e. per 4 elements (2 for randint spans > 2^32),
- * then the distribution in double with the shared code of kernels/rng.h
+ * then the distribution in double with the shared code of engine/backend/rng_math.h
  * (the same source the CPU runs; products are kept unfused), rounded once
  * to the dtype by the CPU's conversions (convert.cuh). Bytes per element:
  * sizeof(dtype) written, nothing read. Launch: 256 threads, grid-stride over

@@ -57,6 +57,37 @@ function F.rmsnorm(x, w, eps)
   return core.rmsnorm(x, w, eps or 1e-5)
 end
 
+--- (x - mean) / sqrt(var + eps) * weight + bias over the last dim (PyTorch's
+-- layer_norm), computed in f32. normalized_shape is the last dim (a number or
+-- {d}); a longer shape {..., d} normalizes over that many trailing dims.
+-- @param x tensor (..., *normalized_shape)
+-- @param normalized_shape number or table
+-- @param[opt] weight tensor (normalized_shape)
+-- @param[opt] bias tensor (normalized_shape)
+-- @tparam[opt=1e-5] number eps
+function F.layer_norm(x, normalized_shape, weight, bias, eps)
+  check_tensor("layer_norm", "x", x)
+  local ns = type(normalized_shape) == "table" and normalized_shape or {normalized_shape}
+  local shape, k = x.shape, #ns
+  if k < 1 or k > #shape then
+    error(("ember.nn.functional.layer_norm: expected normalized_shape of 1..%d dims, got %d"):format(#shape, k), 2)
+  end
+  local d = 1
+  for i = 1, k do
+    if ns[i] ~= shape[#shape - k + i] then
+      error(("ember.nn.functional.layer_norm: normalized_shape {%s} does not match x's trailing dims (x has shape {%s})")
+        :format(table.concat(ns, ", "), table.concat(shape, ", ")), 2)
+    end
+    d = d * ns[i]
+  end
+  if k == 1 then return core.layer_norm(x, weight, bias, eps or 1e-5) end
+  local flat = {}
+  for i = 1, #shape - k do flat[i] = shape[i] end
+  flat[#flat + 1] = d
+  local y = core.layer_norm(x:reshape(flat), weight and weight:reshape({d}), bias and bias:reshape({d}), eps or 1e-5)
+  return y:reshape(shape)
+end
+
 --- Rotary position embedding: rotates adjacent pairs (x[2j], x[2j+1]) of the
 -- last dim by pos · theta^(−2j/d).
 -- @param x tensor (..., T, d), d even

@@ -51,6 +51,7 @@ nn.ModuleList, nn.Sequential = container.ModuleList, container.Sequential
 nn.Linear = require "ember.nn.linear"
 nn.Embedding = require "ember.nn.embedding"
 nn.RMSNorm = require "ember.nn.norm"
+nn.LayerNorm = require "ember.nn.layer_norm"
 nn.RotaryEmbedding = require "ember.nn.rope"
 nn.CausalSelfAttention = require("ember.nn.attention").CausalSelfAttention
 nn.SwiGLU = require "ember.nn.swiglu"

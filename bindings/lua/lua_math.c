@@ -240,6 +240,12 @@ static int l_rmsnorm(lua_State *L) {
   em_tensor *w = lem_opt_tensor(L, 2, fn, "weight");
   return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number(L, 3, fn, "eps", 1e-5)));
 }
+static int l_layer_norm(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input");
+  em_tensor *w = lem_opt_tensor(L, 2, fn, "weight"), *b = lem_opt_tensor(L, 3, fn, "bias");
+  return lem_push_result(L, em_layer_norm(x, w, b, lem_opt_number(L, 4, fn, "eps", 1e-5)));
+}
 static int l_rope(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *p = lem_check_tensor(L, 2, fn, "positions");
@@ -390,7 +396,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
-    {"rmsnorm", l_rmsnorm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},

@@ -303,8 +303,8 @@ int em_gemm_cuda(const em_gemm_args *g);
 int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias);
 
 /* ---- norms (kernels/norm.cu) ---- */
-/* RMSNorm on CUDA (kernels/norm.cu), the device half of engine/ops/norm.c.
- * Tensors are validated by the engine op. */
+/* RMSNorm and LayerNorm on CUDA (kernels/norm.cu), the device half of
+ * engine/ops/norm.c. Tensors are validated by the engine op. */
 
 /* x contiguous (N rows of D), w (D) contiguous or NULL (any float dtype);
  * y contiguous in x's dtype; rstd (N) f32 (f64 for f64 x). */
@@ -316,6 +316,16 @@ int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_t
  * partial sums, then one fixed-order pass over the blocks. */
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
                         em_tensor *gx, bool gx_accumulate, em_tensor *gw);
+
+/* layer_norm: x contiguous (N rows of D); w, b (D) contiguous or NULL (any
+ * float dtype); y contiguous in x's dtype; mean, rstd (N) f32 (f64 for f64 x). */
+int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps, em_tensor *y,
+                           em_tensor *mean, em_tensor *rstd);
+/* gy, x contiguous (N, D); gx (x's shape and dtype), gw (D, w's dtype), gb
+ * (D, b's dtype), each NULL when not wanted. gw and gb are reduced
+ * deterministically like rmsnorm's gw. */
+int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *mean, const em_tensor *rstd,
+                           const em_tensor *gy, em_tensor *gx, em_tensor *gw, em_tensor *gb);
 
 /* ---- rope (kernels/rope.cu) ---- */
 /* RoPE on CUDA (kernels/rope.cu), the device half of engine/ops/rope.c.

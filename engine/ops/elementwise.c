@@ -19,7 +19,7 @@
  *  - Every op is validate -> device implementation -> record autograd. The
  *    device switch is device_loop(): the CPU loop, or kernels/elementwise.cu
  *    over the same coalesced plan, op codes and compute classes (shared
- *    through kernels/elementwise.h). Backward formulas are compositions of
+ *    through backend/backend.h). Backward formulas are compositions of
  *    public ops (device-agnostic), except unary gradients, which are one fused
  *    internal kernel f(grad, x or y) each — PyTorch's sigmoid_backward shape —
  *    on either device.
@@ -49,7 +49,7 @@ const char *em_unop_name(em_unop op) {
 /* ---------------- kernels ---------------- */
 
 /* Codes, compute classes and the kernel/operand descriptions are shared with
- * the CUDA kernels (kernels/elementwise.h); short local names for them: */
+ * the CUDA kernels (backend/backend.h); short local names for them: */
 enum { C_F32 = EM_EW_F32, C_F64 = EM_EW_F64, C_I64 = EM_EW_I64 };   /* compute classes */
 enum { K_BINARY = EM_EW_BINARY, K_UNARY = EM_EW_UNARY, K_WHERE = EM_EW_WHERE };   /* kernel arities */
 /* Internal codes beyond the public enums: clamp (unary) and the fused

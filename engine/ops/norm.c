@@ -14,7 +14,17 @@
  * gradients come back directly in the inputs' dtypes.
  *
  * Autocast: rmsnorm is on the f32 list; under ember.autocast bf16/f16 x (and
- * w) are widened to f32 first and y comes back in f32. */
+ * w) are widened to f32 first and y comes back in f32.
+ *
+ * layer_norm (PyTorch's, over the last dim): y = (x - mean) * rstd * w + b
+ * with rstd = 1 / sqrt(var + eps), var the biased variance of the row. The
+ * same layout as rmsnorm: f32 compute (f64 for f64), sums in double on the
+ * CPU, w and b optional and of any float dtype, mean and rstd (N values each)
+ * saved for one-pass backward:
+ *   xhat = (x - mean) * rstd, u = gy * w
+ *   gx   = rstd * (u - mean(u) - xhat * mean(u * xhat))
+ *   gw   = sum over rows of gy * xhat,  gb = sum over rows of gy
+ * On the f32 autocast list like rmsnorm; kernels/norm.cu has its kernels. */
 #include <stdio.h>
 #include "op.h"
 
@@ -199,6 +209,208 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
   em_op_args a;
   if (em_op_autocast(&a, EM_AUTOCAST_F32, 2, (em_tensor *[]){x, w})) return NULL;
   em_tensor *y = rmsnorm_op(a.t[0], a.t[1], eps);
+  em_op_args_release(&a);
+  return y;
+}
+
+/* ---------------- layer_norm ---------------- */
+
+static int layer_norm_validate(em_tensor *x, em_tensor *w, em_tensor *b, double eps) {
+  char s1[160], s2[160];
+  if (em_check_float("layer_norm", "x", x)) return -1;
+  if (x->ndim < 1) return em_error("layer_norm: expected x with at least 1 dim (..., D), got a 0-dim tensor");
+  if (!(eps >= 0) || isinf(eps))
+    return em_error("layer_norm: expected eps to be a finite number >= 0, got %g", eps);
+  em_tensor *ps[2] = {w, b};
+  const char *names[2] = {"weight", "bias"};
+  for (int i = 0; i < 2; i++) {
+    if (!ps[i]) continue;
+    if (em_check_float("layer_norm", names[i], ps[i]) || em_check_same_device("layer_norm", x, ps[i])) return -1;
+    if (ps[i]->ndim != 1 || ps[i]->shape[0] != x->shape[x->ndim - 1])
+      return em_error("layer_norm: expected %s of shape [%lld] (x's last dim), got %s (x has shape %s)", names[i],
+                      (long long)x->shape[x->ndim - 1], em_shape_str(ps[i]->ndim, ps[i]->shape, s1, 160),
+                      em_shape_str(x->ndim, x->shape, s2, 160));
+  }
+  return 0;
+}
+
+/* y, mean and rstd for N rows; w and b may be NULL. Sums in double. */
+static void ln_fwd_f32(const float *x, const float *w, const float *b, int64_t N, int64_t D, float eps, float *y,
+                       float *mean, float *rstd) {
+  for (int64_t i = 0; i < N; i++, x += D, y += D) {
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < D; j++) s += x[j];
+    double m = s / (double)D;
+    for (int64_t j = 0; j < D; j++) ss += (x[j] - m) * (x[j] - m);
+    float mu = (float)m, r = 1.0f / sqrtf((float)(ss / (double)D) + eps);
+    mean[i] = mu; rstd[i] = r;
+    for (int64_t j = 0; j < D; j++) {
+      float v = (x[j] - mu) * r;
+      y[j] = (w ? v * w[j] : v) + (b ? b[j] : 0.0f);
+    }
+  }
+}
+
+static void ln_fwd_f64(const double *x, const double *w, const double *b, int64_t N, int64_t D, double eps,
+                       double *y, double *mean, double *rstd) {
+  for (int64_t i = 0; i < N; i++, x += D, y += D) {
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < D; j++) s += x[j];
+    double m = s / (double)D;
+    for (int64_t j = 0; j < D; j++) ss += (x[j] - m) * (x[j] - m);
+    double r = 1.0 / sqrt(ss / (double)D + eps);
+    mean[i] = m; rstd[i] = r;
+    for (int64_t j = 0; j < D; j++) {
+      double v = (x[j] - m) * r;
+      y[j] = (w ? v * w[j] : v) + (b ? b[j] : 0.0);
+    }
+  }
+}
+
+static em_tensor *layer_norm_cpu(em_tensor *x, em_tensor *w, em_tensor *b, double eps, em_tensor **mean_out,
+                                 em_tensor **rstd_out) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
+  em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *xc, *wc, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL, *out = NULL;
+  if (rms_inputs(x, w, ct, &xc, &wc) || (b && !(bc = em_contiguous_as(b, ct)))) goto done;
+  if (!(y = em_empty(x->ndim, x->shape, ct, x->device)) || !(mean = em_empty(1, &N, ct, x->device)) ||
+      !(rstd = em_empty(1, &N, ct, x->device)))
+    goto done;
+  if (ct == EM_F32)
+    ln_fwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, N, D, (float)eps,
+               em_data_ptr(y), em_data_ptr(mean), em_data_ptr(rstd));
+  else
+    ln_fwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, N, D, eps,
+               em_data_ptr(y), em_data_ptr(mean), em_data_ptr(rstd));
+  out = em_contiguous_as(y, x->dtype);
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc); em_tensor_release(y);
+  if (out) { *mean_out = mean; *rstd_out = rstd; }
+  else { em_tensor_release(mean); em_tensor_release(rstd); }
+  return out;
+}
+
+/* One row's gradients in double: gx (may be NULL), gw/gb accumulators (may be NULL). */
+#define LN_BWD_ROW(T)                                                                            \
+  static void ln_bwd_##T(const T *x, const T *w, const T *gy, const T *mean, const T *rstd,     \
+                         int64_t N, int64_t D, T *gx, double *gw, double *gb) {                 \
+    for (int64_t i = 0; i < N; i++, x += D, gy += D) {                                          \
+      double m = mean[i], r = rstd[i], su = 0, sux = 0;                                         \
+      for (int64_t j = 0; j < D; j++) {                                                         \
+        double u = (double)gy[j] * (w ? (double)w[j] : 1.0);                                    \
+        su += u;                                                                                \
+        sux += u * ((x[j] - m) * r);                                                            \
+      }                                                                                         \
+      double cu = su / (double)D, cx = sux / (double)D;                                         \
+      for (int64_t j = 0; j < D; j++) {                                                         \
+        double xh = (x[j] - m) * r;                                                             \
+        if (gx) gx[j] = (T)(r * ((double)gy[j] * (w ? (double)w[j] : 1.0) - cu - xh * cx));     \
+        if (gw) gw[j] += (double)gy[j] * xh;                                                    \
+        if (gb) gb[j] += (double)gy[j];                                                         \
+      }                                                                                         \
+      if (gx) gx += D;                                                                          \
+    }                                                                                           \
+  }
+LN_BWD_ROW(float)
+LN_BWD_ROW(double)
+
+static int layer_norm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2];
+  em_tensor *w = (int)n->i[0] >= 0 ? n->saved[n->i[0]] : NULL;
+  int wi = 1, bi = w ? 2 : 1;                           /* input slots of w and b */
+  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, wi);
+  bool has_b = n->i[1] != 0, need_b = has_b && em_node_needs_input_grad(n, bi);
+  em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
+  int rc = -1;
+  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gout[0], x->dtype))) goto done;
+  if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
+  if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
+  if (need_b && !(gb = em_empty(1, &n->in_shape[bi][0], n->in_dtype[bi], x->device))) goto done;
+  if (em_layer_norm_bwd_cuda(xc, wc, mean, rstd, g, gx, gw, gb)) goto done;
+  gin[0] = gx; gx = NULL;
+  if (need_w) { gin[wi] = gw; gw = NULL; }
+  if (need_b) { gin[bi] = gb; gb = NULL; }
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g);
+  em_tensor_release(gx); em_tensor_release(gw); em_tensor_release(gb);
+  return rc;
+}
+
+/* saved: x, mean, rstd, [w]; i[0] = w's saved slot (-1 none), i[1] = has a bias.
+ * inputs: x, [w], [b] (b is input 1 when there is no w). */
+static int layer_norm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2];
+  if (x->device.type != EM_CPU) return layer_norm_backward_cuda(n, gout, gin);
+  em_tensor *w = (int)n->i[0] >= 0 ? n->saved[n->i[0]] : NULL;
+  int wi = 1, bi = w ? 2 : 1;
+  em_dtype ct = rstd->dtype;
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
+  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, wi);
+  bool need_b = n->i[1] != 0 && em_node_needs_input_grad(n, bi);
+  em_tensor *xc, *wc, *g = NULL, *gx = NULL;
+  double *acc = NULL;
+  int rc = -1;
+  if (rms_inputs(x, w, ct, &xc, &wc) || !(g = em_contiguous_as(gout[0], ct))) goto done;
+  if (need_x && !(gx = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
+  if ((need_w || need_b) && !(acc = calloc((size_t)EM_MAX(2 * D, 1), sizeof *acc))) {
+    em_error_oom("out of memory: layer_norm backward (%lld doubles)", (long long)(2 * D));
+    goto done;
+  }
+  if (ct == EM_F32)
+    ln_bwd_float(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(mean),
+                 em_data_ptr(rstd), N, D, gx ? em_data_ptr(gx) : NULL, need_w ? acc : NULL, need_b ? acc + D : NULL);
+  else
+    ln_bwd_double(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(mean),
+                  em_data_ptr(rstd), N, D, gx ? em_data_ptr(gx) : NULL, need_w ? acc : NULL, need_b ? acc + D : NULL);
+  if (need_w && !(gin[wi] = gw_tensor(acc, D, ct, x->device))) goto done;
+  if (need_b && !(gin[bi] = gw_tensor(acc + D, D, ct, x->device))) goto done;
+  gin[0] = gx; gx = NULL;
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx);
+  free(acc);
+  return rc;
+}
+
+static em_tensor *layer_norm_cuda(em_tensor *x, em_tensor *w, em_tensor *b, double eps, em_tensor **mean_out,
+                                  em_tensor **rstd_out) {
+  int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
+  em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *xc = em_contiguous(x), *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+  if (!xc || (w && !(wc = em_contiguous(w))) || (b && !(bc = em_contiguous(b)))) goto fail;
+  if (!(y = em_empty(x->ndim, x->shape, x->dtype, x->device)) || !(mean = em_empty(1, &N, ct, x->device)) ||
+      !(rstd = em_empty(1, &N, ct, x->device)))
+    goto fail;
+  if (em_layer_norm_fwd_cuda(xc, wc, bc, eps, y, mean, rstd)) goto fail;
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);
+  *mean_out = mean; *rstd_out = rstd;
+  return y;
+fail:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);
+  em_tensor_release(y); em_tensor_release(mean); em_tensor_release(rstd);
+  return NULL;
+}
+
+static em_tensor *layer_norm_op(em_tensor *x, em_tensor *w, em_tensor *b, double eps) {
+  if (layer_norm_validate(x, w, b, eps)) return NULL;
+  em_tensor *mean = NULL, *rstd = NULL;
+  em_tensor *y = x->device.type == EM_CPU ? layer_norm_cpu(x, w, b, eps, &mean, &rstd)
+                                          : layer_norm_cuda(x, w, b, eps, &mean, &rstd);
+  em_node *n;
+  /* inputs packed (x, w, b without gaps) so a missing w leaves no hole */
+  em_tensor *in[3] = {x, w ? w : b, w ? b : NULL};
+  y = em_op_record(y, &n, "layer_norm", layer_norm_backward, 3, in, 4, (em_tensor *[]){x, mean, rstd, w});
+  if (n) { n->i[0] = w ? 3 : -1; n->i[1] = b != NULL; }
+  em_tensor_release(mean); em_tensor_release(rstd);
+  return y;
+}
+
+em_tensor *em_layer_norm(em_tensor *x, em_tensor *w, em_tensor *b, double eps) {
+  EM_OP_SCOPE("layer_norm");
+  em_op_args a;
+  if (em_op_autocast(&a, EM_AUTOCAST_F32, 3, (em_tensor *[]){x, w, b})) return NULL;
+  em_tensor *y = layer_norm_op(a.t[0], a.t[1], a.t[2], eps);
   em_op_args_release(&a);
   return y;
 }

@@ -17,7 +17,7 @@
  *  - Backward formulas are compositions of public ops (device-agnostic), except
  *    max/min over a dim, which scatters the gradient to the saved indices.
  *  - Each op: validate -> device implementation (the CPU walk here, or the
- *    CUDA launchers of kernels/reduce.h over the same rplan) -> record autograd.
+ *    CUDA launchers of backend/backend.h over the same rplan) -> record autograd.
  *    On CUDA, softmax/log_softmax backward is one fused kernel instead of the
  *    composed formula, and max/min over a dim scatter with a kernel. */
 #include "op.h"
@@ -63,7 +63,7 @@ static int parse_dims(const char *name, const em_tensor *a, int ndims, const int
 /* ---------------- the walk ---------------- */
 
 /* Kept (outer) and reduced (inner) dims, coalesced; nr >= 1. Shared with the
- * CUDA launchers (kernels/reduce.h). */
+ * CUDA launchers (backend/backend.h). */
 typedef em_red_plan rplan;
 
 static void push_dim(int *n, int64_t *shape, int64_t *stride, int64_t size, int64_t st) {

@@ -1,4 +1,4 @@
-/* The out-of-line half of EM_OP_SCOPE (op_scope.h): runs only while NVTX op
+/* The out-of-line half of EM_OP_SCOPE (backend/backend.h): runs only while NVTX op
  * ranges or a profiler session are on. NVTX is pushed before the host clock
  * is read and popped after it, so the profiler's host times leave the NVTX
  * cost out. */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include "test.h"
+#include "internal.h"   /* em_as_strided */
 
 #define ARR(...) (int64_t[]){__VA_ARGS__}
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}

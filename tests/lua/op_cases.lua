@@ -335,6 +335,12 @@ case("F.rmsnorm with a weight", "rmsnorm",
 case("F.rmsnorm without a weight, larger eps", "rmsnorm",
   function(x) return F.rmsnorm(x, nil, 0.1) end,
   function(T) return {T.randn({3, 6})} end)
+case("F.layer_norm with weight and bias", "layer_norm",
+  function(x, w, b) return F.layer_norm(x, 8, w, b) end,
+  function(T) return {T.randn({2, 3, 8}), T.randn({8}), T.randn({8})} end)
+case("F.layer_norm without weight or bias, larger eps", "layer_norm",
+  function(x) return F.layer_norm(x, {6}, nil, nil, 0.1) end,
+  function(T) return {T.randn({3, 6})} end)
 case("F.rope over (2,4,6) with positions 0..3", "rope",
   function(x, pos) return F.rope(x, pos) end,
   function(T) return {T.randn({2, 4, 6}), T.positions(4)} end)

@@ -68,7 +68,8 @@ struct em_node {
   void (*ctx_free)(void *ctx);
   uint64_t seq;                   /* creation order: later nodes run first */
   const char *module;             /* interned nn.Module path at creation (profile.h) */
-  /* engine scratch, valid during one em_backward */
+  /* engine-private (engine/autograd.c): scratch valid during one em_backward;
+   * a backward function or C user never reads or writes them */
   bool freed;                     /* saved tensors released after a backward without retain_graph */
   int bw_deps;
   uint64_t bw_epoch;

@@ -89,6 +89,8 @@ em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets);
 em_tensor *em_embedding(em_tensor *ids, em_tensor *w);
 /* x / sqrt(mean(x^2, -1) + eps) * w, computed in f32 (or f64 for f64), result in x's dtype. w may be NULL. */
 em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
+/* (x - mean) / sqrt(var + eps) * w + b over the last dim (PyTorch's layer_norm), in f32 (f64 for f64); w, b may be NULL. */
+em_tensor *em_layer_norm(em_tensor *x, em_tensor *w, em_tensor *b, double eps);
 /* Rotate adjacent pairs (x[2j], x[2j+1]) of the last dim by pos * theta^(-2j/d).
  * x (..., T, d), d even; pos integer (T) or broadcastable to x's leading dims + T. */
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);

@@ -2,7 +2,7 @@
  * profiler, NVTX ranges and memory history so that every kernel and every
  * allocation can be attributed without stack unwinding.
  *
- *   op      the innermost op (EM_OP_SCOPE in engine/profile/op_scope.h)
+ *   op      the innermost op (EM_OP_SCOPE in engine/backend/backend.h)
  *   module  the nn.Module path being run ("layers.3.attn"; "" = the root),
  *           set by the Lua binding around Module calls while tracking is on;
  *           autograd nodes remember it, so backward kernels carry the module

@@ -52,7 +52,8 @@ typedef struct em_tensor {
   int output_nr;                  /* which output of grad_fn */
   struct em_hook *hooks;          /* post-accumulate-grad hooks (leaves) */
   void *binding;                  /* owned by the language binding (Lua userdata flag) */
-  /* engine scratch for leaves during one em_backward */
+  /* engine-private (engine/autograd.c): a leaf's scratch during one
+   * em_backward. Meaningless outside it; a C user never reads or writes them. */
   int bw_deps;
   uint64_t bw_epoch;
   struct em_tensor *bw_grad;
@@ -105,11 +106,6 @@ em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *shape); /* -1 keeps 
 em_tensor *em_flatten(em_tensor *t, int64_t start, int64_t end);
 /* An alias without autograd history (shares storage). */
 em_tensor *em_detach(em_tensor *t);
-/* Raw alias: a new header over the same storage, nothing recorded. Internal use. */
-em_tensor *em_alias(const em_tensor *t);
-/* Like em_alias with new geometry; no checks beyond ndim. Internal use. */
-em_tensor *em_as_strided(const em_tensor *t, int ndim, const int64_t *shape,
-                         const int64_t *stride, int64_t offset);
 
 #define EM_ALL_DIMS INT64_MIN
 
