@@ -178,16 +178,23 @@ end
 -- state_to_tensors / tensors_to_state). Group structure must match. State
 -- tensors are copied onto each parameter's device (and dtype, for float
 -- state of float parameters).
-function Optimizer:load_state_dict(sd)
-  local fname = "ember.optim." .. self.__name .. ".load_state_dict"
+--- The shape every load_state_dict needs (this one and ShardedOptimizer's):
+-- {state = {...}, param_groups = {...}} with `ngroups` groups; errors name
+-- `fname` and point `level` frames up.
+function optim.check_state_dict(sd, fname, ngroups, level)
   if type(sd) ~= "table" or type(sd.state) ~= "table" or type(sd.param_groups) ~= "table" then
     error(fname .. ": expected {state = {...}, param_groups = {...}}, got " ..
-      (type(sd) == "table" and "a table without state/param_groups" or type(sd)), 2)
+      (type(sd) == "table" and "a table without state/param_groups" or type(sd)), level)
   end
-  if #sd.param_groups ~= #self.param_groups then
+  if #sd.param_groups ~= ngroups then
     error(fmt("%s: the state has %d parameter group(s), the optimizer %d", fname,
-      #sd.param_groups, #self.param_groups), 2)
+      #sd.param_groups, ngroups), level)
   end
+end
+
+function Optimizer:load_state_dict(sd)
+  local fname = "ember.optim." .. self.__name .. ".load_state_dict"
+  optim.check_state_dict(sd, fname, #self.param_groups, 3)
   local by_index = {}
   for gi, g in ipairs(self.param_groups) do
     local sg = sd.param_groups[gi]

@@ -328,14 +328,7 @@ end
 -- communication; every rank must pass the same table.
 function ShardedOptimizer:load_state_dict(sd)
   local fname = FNAME .. ".load_state_dict"
-  if type(sd) ~= "table" or type(sd.state) ~= "table" or type(sd.param_groups) ~= "table" then
-    error(fname .. ": expected {state = {...}, param_groups = {...}}, got " ..
-      (type(sd) == "table" and "a table without state/param_groups" or type(sd)), 2)
-  end
-  if #sd.param_groups ~= #self.param_groups then
-    error(fmt("%s: the state has %d parameter group(s), the optimizer %d", fname,
-      #sd.param_groups, #self.param_groups), 2)
-  end
+  ember.optim.check_state_dict(sd, fname, #self.param_groups, 3)
   -- global index -> parameter, and parameter -> local index
   local by_index = {}
   for gi, g in ipairs(self.param_groups) do
