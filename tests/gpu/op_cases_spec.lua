@@ -1,5 +1,6 @@
--- op_cases_spec.lua (GPU) — every case of the shared op registry
--- (tests/lua/op_cases.lua) run on CUDA in f32, bf16 and f16 and compared
+-- op_cases_spec.lua (GPU) — the registry's eval mode: every case of the
+-- shared op registry (tests/lua/op_cases.lua) run on CUDA in f32, bf16 and
+-- f16 (or the case's cuda_dtypes) and compared
 -- with the same case on the CPU in f64:
 --   * inputs: the case's inputs built in the dtype on "cuda"; the reference
 --     gets exactly those values (already rounded to the dtype) as f64 CPU
@@ -55,7 +56,7 @@ local function weights_for(out)
 end
 
 for _, c in ipairs(cases) do
-  for _, dtype in ipairs(DTYPES) do
+  for _, dtype in ipairs(c.cuda_dtypes or DTYPES) do
     it(("%s [%s]"):format(c.name, dtype), function()
       local rtol = cmp.rtol(dtype) * (c.op == "composite" and COMPOSITE_FACTOR or 1)
       local inputs = cases.make_inputs(c, {dtype = dtype, device = "cuda"})

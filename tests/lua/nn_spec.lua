@@ -462,16 +462,30 @@ describe("ember.nn.functional", function()
     assert.is_true(maxdiff(F.scaled_dot_product_attention(q, k, v, {scale = 0.5}), ref2) < TOL)
   end)
 
-  it("impl='flash' on the CPU says the kernels are CUDA-only; 'auto' falls back to naive", function()
-    local q, k, v = ember.randn(1, 2, 16, 16), ember.randn(1, 2, 16, 16), ember.randn(1, 2, 16, 16)
-    assert.error_matches(function()
-      F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "flash"})
-    end, "flash_attention: the flash kernels run on CUDA only, got q on cpu", 1, true)
-    assert.error_matches(function() F.flash_attention(q, k, v, true) end, "run on CUDA only", 1, true)
-    assert.is_false(ember.core.flash_applies(q, k, v))
-    local auto = F.scaled_dot_product_attention(q, k, v, {causal = true})
-    local naive = F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "naive"})
-    assert.are.equal(0, maxdiff(auto, naive))
+  it("impl='flash' on the CPU runs the f64 reference path: naive attention's values, its log-sum-exp", function()
+    for _, causal in ipairs({true, false}) do
+      for _, dt in ipairs({"f64", "f32"}) do
+        local q = ember.randn(2, 3, 9, 16, {dtype = dt})
+        local k, v = ember.randn(2, 3, 13, 16, {dtype = dt}), ember.randn(2, 3, 13, 16, {dtype = dt})
+        local flash = F.scaled_dot_product_attention(q, k, v, {causal = causal, impl = "flash"})
+        local naive = F.scaled_dot_product_attention(q, k, v, {causal = causal, impl = "naive"})
+        assert.are.equal(dt, flash.dtype)
+        assert.is_true(maxdiff(flash, naive) < (dt == "f64" and 1e-12 or 1e-5), dt)
+        local s = q:to("f64"):matmul(k:to("f64"):transpose(-2, -1)) / 4
+        if causal then s = s:masked_fill(ember.ones(9, 13):triu(1):eq(1), -math.huge) end
+        local _, lse = ember.core.flash_attention(q, k, v, causal)
+        assert.are.equal(dt == "f64" and "f64" or "f32", lse.dtype)
+        assert.is_true(maxdiff(lse:to("f64"), s:logsumexp(-1)) < 1e-5)
+      end
+    end
+    local q = ember.randn(1, 2, 16, 16)
+    assert.is_false(ember.core.flash_applies(q, q, q))   -- 'auto' still picks naive on the CPU
+    assert.error_matches(function() F.flash_attention(q, q, q:narrow(3, 0, 8)) end,
+      "expected q (B, H, Tq, D), k and v (B, H, Tk, D)", 1, true)
+    assert.error_matches(function() F.flash_attention(ember.randn(1, 1, 4, 24), ember.randn(1, 1, 4, 24),
+      ember.randn(1, 1, 4, 24)) end, "no kernel for head dim 24", 1, true)
+    local i = ember.ones(1, 1, 4, 16, {dtype = "i32"})
+    assert.error_matches(function() F.flash_attention(i, i, i) end, "flash_attention: expected", 1, true)
   end)
 
   it("rejects an unknown attention impl", function()

@@ -1,0 +1,78 @@
+-- op_cases/nn.lua — neural-net ops: linear, embedding, cross_entropy, norms, rope, swiglu, attention, and one composite.
+-- Loaded by tests/lua/op_cases.lua, which says what case() and perf() take.
+return function(case, perf, ember, F)
+  ---------------------------------------------------------------------------
+  -- neural-net ops
+  ---------------------------------------------------------------------------
+
+  case("F.linear with bias, (2,3,4) x (5,4) + (5)", "linear",
+    function(x, w, b) return F.linear(x, w, b) end,
+    function(T) return {T.randn({2, 3, 4}), T.randn({5, 4}), T.randn({5})} end)
+  case("F.linear without bias", "linear",
+    function(x, w) return F.linear(x, w) end,
+    function(T) return {T.randn({3, 4}), T.randn({2, 4})} end)
+  case("F.embedding: gradient w.r.t. the weight, repeated ids accumulate", "embedding",
+    function(w, ids) return F.embedding(ids, w) end,
+    function(T)
+      return {T.randn({5, 4}), T.long({{0, 2, 2}, {4, 0, 1}})}
+    end)
+  case("F.cross_entropy over (2,3,5) logits", "cross_entropy",
+    function(logits, targets) return F.cross_entropy(logits, targets) end,
+    function(T) return {T.randn({2, 3, 5}), T.ids({2, 3}, 5)} end)
+  case("F.cross_entropy over (4,3) logits", "cross_entropy",
+    function(logits, targets) return F.cross_entropy(logits, targets) end,
+    function(T) return {T.randn({4, 3}), T.ids({4}, 3)} end)
+  case("F.rmsnorm with a weight", "rmsnorm",
+    function(x, w) return F.rmsnorm(x, w) end,
+    function(T) return {T.randn({2, 3, 8}), T.randn({8})} end)
+  case("F.rmsnorm without a weight, larger eps", "rmsnorm",
+    function(x) return F.rmsnorm(x, nil, 0.1) end,
+    function(T) return {T.randn({3, 6})} end)
+  case("F.layer_norm with weight and bias", "layer_norm",
+    function(x, w, b) return F.layer_norm(x, 8, w, b) end,
+    function(T) return {T.randn({2, 3, 8}), T.randn({8}), T.randn({8})} end)
+  case("F.layer_norm without weight or bias, larger eps", "layer_norm",
+    function(x) return F.layer_norm(x, {6}, nil, nil, 0.1) end,
+    function(T) return {T.randn({3, 6})} end)
+  case("F.rope over (2,4,6) with positions 0..3", "rope",
+    function(x, pos) return F.rope(x, pos) end,
+    function(T) return {T.randn({2, 4, 6}), T.positions(4)} end)
+  case("F.rope over heads (1,2,4,4) with theta 100", "rope",
+    function(x, pos) return F.rope(x, pos, 100) end,
+    function(T) return {T.randn({1, 2, 4, 4}), T.positions(4)} end)
+  case("F.rope with default positions", "rope",
+    function(x) return F.rope(x) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("F.swiglu(a, b) = silu(a) * b", "swiglu",
+    function(a, b) return F.swiglu(a, b) end,
+    function(T) return {T.randn({2, 5}), T.randn({2, 5})} end)
+  case("F.silu", "silu",
+    function(a) return F.silu(a) end,
+    function(T) return {T.randn({2, 5})} end)
+  case("scaled_dot_product_attention, not causal, Tq != Tk, dv != d", "scaled_dot_product_attention",
+    function(q, k, v) return F.scaled_dot_product_attention(q, k, v) end,
+    function(T) return {T.randn({1, 2, 3, 4}), T.randn({1, 2, 5, 4}), T.randn({1, 2, 5, 3})} end)
+  case("scaled_dot_product_attention, causal, Tq == Tk", "scaled_dot_product_attention",
+    function(q, k, v) return F.scaled_dot_product_attention(q, k, v, {causal = true}) end,
+    function(T) return {T.randn({2, 4, 3}), T.randn({2, 4, 3}), T.randn({2, 4, 3})} end)
+  case("scaled_dot_product_attention, causal, Tq != Tk (top-left aligned)", "scaled_dot_product_attention",
+    function(q, k, v) return F.scaled_dot_product_attention(q, k, v, {causal = true}) end,
+    function(T) return {T.randn({1, 3, 4}), T.randn({1, 5, 4}), T.randn({1, 5, 4})} end)
+  case("scaled_dot_product_attention with an explicit scale", "scaled_dot_product_attention",
+    function(q, k, v) return F.scaled_dot_product_attention(q, k, v, {scale = 0.3}) end,
+    function(T) return {T.randn({3, 2}), T.randn({4, 2}), T.randn({4, 2})} end)
+
+  ---------------------------------------------------------------------------
+  -- composites (several ops in one graph)
+  ---------------------------------------------------------------------------
+
+  case("a small attention block: rmsnorm -> linear -> rope -> attention -> linear", "composite",
+    function(x, wn, wq, wo)
+      local h = F.rmsnorm(x, wn)
+      local q = F.rope(F.linear(h, wq), nil)
+      local o = F.scaled_dot_product_attention(q, q, h, {causal = true})
+      return F.linear(o, wo)
+    end,
+    function(T) return {T.randn({3, 4}), T.randn({4}), T.randn({4, 4}), T.randn({2, 4})} end)
+
+end

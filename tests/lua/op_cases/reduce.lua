@@ -1,0 +1,72 @@
+-- op_cases/reduce.lua — reductions: sum, mean, max, min, var, logsumexp, softmax, log_softmax.
+-- Loaded by tests/lua/op_cases.lua, which says what case() and perf() take.
+return function(case, perf, ember, F)
+  ---------------------------------------------------------------------------
+  -- reductions
+  ---------------------------------------------------------------------------
+
+  case("sum over all elements", "sum",
+    function(a) return a:sum() end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("sum over one dim", "sum",
+    function(a) return a:sum(1) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("sum over several dims {0, 2}", "sum",
+    function(a) return a:sum({0, 2}) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("sum over a negative dim with keepdim", "sum",
+    function(a) return a:sum(-1, {keepdim = true}) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("mean over all elements", "mean",
+    function(a) return a:mean() end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("mean over one dim", "mean",
+    function(a) return a:mean(-1) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("mean over several dims with keepdim", "mean",
+    function(a) return a:mean({0, 1}, {keepdim = true}) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("max over a dim (values), no ties", "max",
+    function(a) local v = a:max(1); return v end,
+    function(T) return {T.distinct({3, 4}, 0.3)} end)
+  case("max over a dim with keepdim", "max",
+    function(a) local v = a:max(0, {keepdim = true}); return v end,
+    function(T) return {T.distinct({3, 4}, 0.3)} end)
+  case("max over all elements", "max",
+    function(a) return a:max() end,
+    function(T) return {T.distinct({3, 4}, 0.3)} end)
+  case("min over a dim (values), no ties", "min",
+    function(a) local v = a:min(-1); return v end,
+    function(T) return {T.distinct({3, 4}, 0.3)} end)
+  case("min over all elements", "min",
+    function(a) return a:min() end,
+    function(T) return {T.distinct({2, 5}, 0.3)} end)
+  case("var over all elements (unbiased)", "var",
+    function(a) return a:var() end,
+    function(T) return {T.randn({3, 4})} end)
+  case("var over one dim", "var",
+    function(a) return a:var(1) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("var with correction 0 and keepdim", "var",
+    function(a) return a:var(0, {correction = 0, keepdim = true}) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("logsumexp over the last dim", "logsumexp",
+    function(a) return a:logsumexp(-1) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("logsumexp over dim 0 with keepdim", "logsumexp",
+    function(a) return a:logsumexp(0, {keepdim = true}) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("softmax over the last dim", "softmax",
+    function(a) return a:softmax(-1) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("softmax over dim 0", "softmax",
+    function(a) return a:softmax(0) end,
+    function(T) return {T.randn({3, 4})} end)
+  case("log_softmax over the last dim", "log_softmax",
+    function(a) return a:log_softmax(-1) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+  case("log_softmax over dim 1", "log_softmax",
+    function(a) return F.log_softmax(a, 1) end,
+    function(T) return {T.randn({2, 3, 4})} end)
+
+end
