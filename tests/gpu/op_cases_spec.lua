@@ -69,6 +69,7 @@ for _, c in ipairs(cases) do
       assert.are.equal(same.dtype, out.dtype, "result dtype differs from the CPU's for " .. dtype .. " inputs")
       cmp.assert_close(out, ref, rtol, "forward")
 
+      if not c.grad then return end   -- an op without a gradient: the forward is the check
       local w = weights_for(out)
       weighted_sum(out, w):backward()
       weighted_sum(ref, w):backward()

@@ -54,7 +54,7 @@ end)
 
 describe("gradcheck", function()
   for _, c in ipairs(cases) do
-    it(c.name, function()
+    if c.grad then it(c.name, function()
       local inputs = cases.make_inputs(c, {dtype = "f64", device = "cpu"})
       local out = c.fn(table.unpack(inputs))
       assert.is_true(out.requires_grad, "the output does not require grad: nothing was recorded")
@@ -62,6 +62,6 @@ describe("gradcheck", function()
       for k, v in pairs(c.gradcheck or {}) do o[k] = v end
       local ok, msg = ember.autograd.gradcheck(c.fn, inputs, o)
       assert(ok, msg)
-    end)
+    end) end
   end
 end)

@@ -26,9 +26,15 @@
 --   inputs     function(T) -> list of inputs, built with the factory T below
 --              so that dtype/device/requires_grad come from the caller
 --   gradcheck  optional tolerances for ember.autograd.gradcheck
---   extra      optional {cuda_dtypes = {...}}: the dtypes the eval mode runs
---              on CUDA when not all of f32, bf16 and f16 apply (flash
---              attention has no f32 kernel)
+--   extra      optional table:
+--                cuda_dtypes = {...}  the dtypes the eval mode runs on CUDA
+--                  when not all of f32, bf16 and f16 apply (flash attention
+--                  has no f32 kernel)
+--                grad = false  an op without a gradient (sort's indices,
+--                  nonzero, randperm, comparisons): the eval mode compares
+--                  its forward, the grad mode leaves it out
+--                dtypes = {...}  the float dtypes the eval mode runs on CUDA
+--                  for an op whose inputs are not floats (alias of cuda_dtypes)
 -- perf(op, name, fn, inputs [, o]): a timing shape for bench_ops.lua; fn and
 --   inputs as for case (inputs built without requires_grad unless
 --   o.backward). o:
@@ -53,8 +59,9 @@ local cases = {perf = {}}
 local FAMILIES = {"elementwise", "reduce", "matmul", "nn", "attention", "shape"}
 
 local function case(name, op, fn, inputs, gradcheck, extra)
+  extra = extra or {}
   cases[#cases + 1] = {name = name, op = op, fn = fn, inputs = inputs, gradcheck = gradcheck,
-                       cuda_dtypes = extra and extra.cuda_dtypes}
+                       cuda_dtypes = extra.cuda_dtypes or extra.dtypes, grad = extra.grad ~= false}
 end
 
 local function perf(op, name, fn, inputs, o)
