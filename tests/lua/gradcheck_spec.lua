@@ -36,6 +36,19 @@ describe("the op registry", function()
     assert.same({}, missing)
   end)
 
+  it("has a perf entry (scripts/bench_ops.lua) for every op with a case", function()
+    local timed = {}
+    for _, p in ipairs(cases.perf) do timed[p.op] = true end
+    local missing, seen = {}, {}
+    for _, c in ipairs(cases) do
+      if c.op ~= "composite" and not timed[c.op] and not seen[c.op] then
+        missing[#missing + 1] = c.op
+        seen[c.op] = true
+      end
+    end
+    assert.same({}, missing)
+  end)
+
   it("gives every case a unique name", function()
     local seen = {}
     for _, c in ipairs(cases) do

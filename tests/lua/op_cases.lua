@@ -46,6 +46,9 @@
 --     backward  true: time forward + backward (out:backward(ones)) as well
 --     dtypes    the dtypes to time (default {"f32", "bf16"})
 --     device    "cpu" or "cuda": time the entry only there (default: both)
+--     torch     the same op as a PyTorch expression over the inputs a, b, c,
+--               d (torch and F = torch.nn.functional in scope), timed beside
+--               ours by bench_ops.lua --torch, e.g. "F.softmax(a, -1)"
 -- Inputs avoid kinks: abs/relu/clamp/maximum/max inputs are kept at least
 -- 0.1 away from their non-differentiable points (eps is 1e-6), and
 -- sqrt/log/div see values bounded away from 0.
@@ -67,7 +70,8 @@ end
 local function perf(op, name, fn, inputs, o)
   o = o or {}
   cases.perf[#cases.perf + 1] = {op = op, name = name, fn = fn, inputs = inputs, flops = o.flops,
-                                 bytes = o.bytes, backward = o.backward, dtypes = o.dtypes, device = o.device}
+                                 bytes = o.bytes, backward = o.backward, dtypes = o.dtypes, device = o.device,
+                                 torch = o.torch}
 end
 
 ---------------------------------------------------------------------------

@@ -104,4 +104,41 @@ return function(case, perf, ember, F)
     function(a) return ember.tril(a) end,
     function(T) return {T.randn({3, 3})} end)
 
+  ---------------------------------------------------------------------------
+  -- perf: 2^24 elements (64 MiB in f32), contiguous; broadcasting over a row
+  ---------------------------------------------------------------------------
+
+  local N = {4096, 4096}
+  local binary_torch = {add = "a + b", sub = "a - b", mul = "a * b", div = "a / b", pow = "a ** b",
+                        maximum = "torch.maximum(a, b)", minimum = "torch.minimum(a, b)"}
+  for _, op in ipairs({"add", "sub", "mul", "div", "pow", "maximum", "minimum"}) do
+    local fn = ({add = function(a, b) return a + b end, sub = function(a, b) return a - b end,
+                 mul = function(a, b) return a * b end, div = function(a, b) return a / b end,
+                 pow = function(a, b) return a ^ b end, maximum = ember.maximum, minimum = ember.minimum})[op]
+    perf(op, op .. " (4096,4096) x (4096,4096)", fn,
+      function(T) return {T.uniform(N, 0.5, 2), T.uniform(N, 0.5, 2)} end,
+      {backward = true, torch = binary_torch[op]})
+  end
+  perf("add", "add (4096,4096) + (4096) broadcast row", function(a, b) return a + b end,
+    function(T) return {T.randn(N), T.randn({4096})} end, {backward = true, torch = "a + b"})
+  perf("mul", "mul (4096,4096) * scalar", function(a) return a * 1.5 end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a * 1.5"})
+  local torch_unary = {neg = "-a", abs = "a.abs()", sqrt = "a.sqrt()", rsqrt = "a.rsqrt()", exp = "a.exp()",
+    log = "a.log()", tanh = "a.tanh()", sigmoid = "a.sigmoid()", silu = "F.silu(a)", relu = "F.relu(a)",
+    gelu = "F.gelu(a)", sin = "a.sin()", cos = "a.cos()", square = "a.square()", reciprocal = "a.reciprocal()"}
+  for _, op in ipairs({"neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu",
+                       "sin", "cos", "square", "reciprocal"}) do
+    perf(op, op .. " (4096,4096)", function(a) return a[op](a) end,
+      function(T) return {T.uniform(N, 0.5, 2)} end, {backward = true, torch = torch_unary[op]})
+  end
+  perf("clamp", "clamp(-0.5, 0.5) (4096,4096)", function(a) return a:clamp(-0.5, 0.5) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.clamp(-0.5, 0.5)"})
+  perf("where", "where (4096,4096)", function(c, a, b) return ember.where(c, a, b) end,
+    function(T) return {T.mask(N), T.randn(N), T.randn(N)} end, {backward = true, torch = "torch.where(a, b, c)"})
+  perf("masked_fill", "masked_fill (4096,4096)", function(a, m) return a:masked_fill(m, 0) end,
+    function(T) return {T.randn(N), T.mask(N)} end, {backward = true, torch = "a.masked_fill(b, 0)"})
+  perf("triu", "triu (4096,4096)", function(a) return a:triu(1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.triu(1)"})
+  perf("tril", "tril (4096,4096)", function(a) return a:tril() end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.tril()"})
 end

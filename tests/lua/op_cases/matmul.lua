@@ -30,4 +30,20 @@ return function(case, perf, ember, F)
     function(a, b) return a:matmul(b:t()) end,
     function(T) return {T.randn({3, 4}), T.randn({2, 4})} end)
 
+  ---------------------------------------------------------------------------
+  -- perf: square and LM-shaped GEMMs (2 M N K FLOPs)
+  ---------------------------------------------------------------------------
+
+  local function mm_flops(inputs)
+    local a, b = inputs[1], inputs[2]
+    local batch = 1
+    for i = 1, #a.shape - 2 do batch = batch * a.shape[i] end
+    return 2 * batch * a.shape[#a.shape - 1] * a.shape[#a.shape] * b.shape[#b.shape]
+  end
+  perf("matmul", "matmul (4096,4096) @ (4096,4096)", function(a, b) return a:matmul(b) end,
+    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end,
+    {flops = mm_flops, backward = true, torch = "a @ b"})
+  perf("matmul", "matmul batched (16,1024,128) @ (16,128,1024)", function(a, b) return a:matmul(b) end,
+    function(T) return {T.randn({16, 1024, 128}), T.randn({16, 128, 1024})} end,
+    {flops = mm_flops, backward = true, torch = "a @ b"})
 end

@@ -75,4 +75,37 @@ return function(case, perf, ember, F)
     end,
     function(T) return {T.randn({3, 4}), T.randn({4}), T.randn({4, 4}), T.randn({2, 4})} end)
 
+  ---------------------------------------------------------------------------
+  -- perf: the xl model's shapes (B·T = 2048 rows, d_model 1600, d_ff 6400
+  -- rounded to 6400, vocab 10000; heads of 64)
+  ---------------------------------------------------------------------------
+
+  perf("linear", "linear (2048,1600) x (6400,1600)ᵀ + bias", function(x, w, b) return F.linear(x, w, b) end,
+    function(T) return {T.randn({2048, 1600}), T.randn({6400, 1600}), T.randn({6400})} end,
+    {flops = function(i) return 2 * 2048 * 1600 * 6400 end, backward = true, torch = "F.linear(a, b, c)"})
+  perf("embedding", "embedding of 2048 ids in (50304,1600)", function(w, ids) return F.embedding(ids, w) end,
+    function(T) return {T.randn({50304, 1600}), T.ids({4, 512}, 50304)} end,
+    {bytes = function(i, out) return 2 * out:numel() * out:element_size() + i[2]:numel() * 8 end,
+     backward = true, torch = "F.embedding(b, a)"})
+  perf("cross_entropy", "cross_entropy (2048,50304) logits", function(l, t) return F.cross_entropy(l, t) end,
+    function(T) return {T.randn({2048, 50304}), T.ids({2048}, 50304)} end,
+    {backward = true, torch = "F.cross_entropy(a, b)"})
+  perf("rmsnorm", "rmsnorm (2048,1600)", function(x, w) return F.rmsnorm(x, w) end,
+    function(T) return {T.randn({8192, 1600}), T.randn({1600})} end,
+    {backward = true, torch = "F.rms_norm(a, (1600,), b)"})
+  perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
+    function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
+    {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
+  perf("rope", "rope (8,25,1024,64) heads", function(x, pos) return F.rope(x, pos) end,
+    function(T) return {T.randn({8, 25, 1024, 64}), T.positions(1024)} end, {backward = true})
+  perf("swiglu", "swiglu (8192,6400)", function(a, b) return F.swiglu(a, b) end,
+    function(T) return {T.randn({8192, 6400}), T.randn({8192, 6400})} end,
+    {backward = true, torch = "F.silu(a) * b"})
+  perf("silu", "silu (8192,6400)", function(a) return F.silu(a) end,
+    function(T) return {T.randn({8192, 6400})} end, {backward = true, torch = "F.silu(a)"})
+  perf("scaled_dot_product_attention", "naive attention causal (4,16,512,64)",
+    function(q, k, v) return F.scaled_dot_product_attention(q, k, v, {causal = true, impl = "naive"}) end,
+    function(T) return {T.randn({4, 16, 512, 64}), T.randn({4, 16, 512, 64}), T.randn({4, 16, 512, 64})} end,
+    {flops = function(i) return 4 * 4 * 16 * 512 * 512 * 64 end, backward = true,
+     torch = "F.scaled_dot_product_attention(a, b, c, is_causal=True)"})
 end

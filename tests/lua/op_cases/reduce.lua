@@ -69,4 +69,29 @@ return function(case, perf, ember, F)
     function(a) return F.log_softmax(a, 1) end,
     function(T) return {T.randn({2, 3, 4})} end)
 
+  ---------------------------------------------------------------------------
+  -- perf: 2^24 elements; rows of the LM head's width for the softmaxes
+  ---------------------------------------------------------------------------
+
+  local N = {4096, 4096}
+  perf("sum", "sum over all (4096,4096)", function(a) return a:sum() end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.sum()"})
+  perf("sum", "sum over the last dim (4096,4096)", function(a) return a:sum(-1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.sum(-1)"})
+  perf("sum", "sum over dim 0 (4096,4096)", function(a) return a:sum(0) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.sum(0)"})
+  perf("mean", "mean over the last dim (4096,4096)", function(a) return a:mean(-1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.mean(-1)"})
+  perf("max", "max over the last dim (4096,4096)", function(a) return (a:max(-1)) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.max(-1).values"})
+  perf("min", "min over the last dim (4096,4096)", function(a) return (a:min(-1)) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.min(-1).values"})
+  perf("var", "var over the last dim (4096,4096)", function(a) return a:var(-1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.var(-1)"})
+  perf("logsumexp", "logsumexp over the last dim (4096,4096)", function(a) return a:logsumexp(-1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.logsumexp(-1)"})
+  perf("softmax", "softmax over the last dim (2048,8192)", function(a) return a:softmax(-1) end,
+    function(T) return {T.randn({2048, 8192})} end, {backward = true, torch = "a.softmax(-1)"})
+  perf("log_softmax", "log_softmax over the last dim (2048,8192)", function(a) return a:log_softmax(-1) end,
+    function(T) return {T.randn({2048, 8192})} end, {backward = true, torch = "a.log_softmax(-1)"})
 end

@@ -69,4 +69,41 @@ return function(case, perf, ember, F)
     function(a) local c = a:chunk(3); return c[#c] end,
     function(T) return {T.randn({6, 2})} end)
 
+  ---------------------------------------------------------------------------
+  -- perf: joins and copies of 2^24 elements; views cost host time only (no
+  -- bytes move: the table shows their time, no rate)
+  ---------------------------------------------------------------------------
+
+  local N = {4096, 4096}
+  local function no_bytes() return 0 end
+  perf("cat", "cat two (4096,2048) along dim 1", function(a, b) return ember.cat({a, b}, 1) end,
+    function(T) return {T.randn({4096, 2048}), T.randn({4096, 2048})} end,
+    {backward = true, torch = "torch.cat([a, b], 1)"})
+  perf("stack", "stack two (4096,2048)", function(a, b) return ember.stack({a, b}, 0) end,
+    function(T) return {T.randn({4096, 2048}), T.randn({4096, 2048})} end,
+    {backward = true, torch = "torch.stack([a, b], 0)"})
+  perf("contiguous", "contiguous of a transposed (4096,4096)", function(a) return a:t():contiguous() end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.t().contiguous()"})
+  perf("reshape", "reshape of a transposed (4096,4096) (a copy)", function(a) return a:t():reshape(-1) end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.t().reshape(-1)"})
+  perf("clone", "clone (4096,4096)", function(a) return a:clone() end,
+    function(T) return {T.randn(N)} end, {backward = true, torch = "a.clone()"})
+  local views = {
+    {"view", function(a) return a:view(2048, 8192) end, "a.view(2048, 8192)"},
+    {"transpose", function(a) return a:transpose(0, 1) end, "a.transpose(0, 1)"},
+    {"t", function(a) return a:t() end, "a.t()"},
+    {"permute", function(a) return a:permute(1, 0) end, "a.permute(1, 0)"},
+    {"narrow", function(a) return a:narrow(0, 1, 2048) end, "a.narrow(0, 1, 2048)"},
+    {"select", function(a) return a:select(0, 7) end, "a.select(0, 7)"},
+    {"squeeze", function(a) return a:unsqueeze(0):squeeze() end, "a.unsqueeze(0).squeeze()"},
+    {"unsqueeze", function(a) return a:unsqueeze(1) end, "a.unsqueeze(1)"},
+    {"expand", function(a) return a:narrow(0, 0, 1):expand(4096, 4096) end, "a.narrow(0, 0, 1).expand(4096, 4096)"},
+    {"flatten", function(a) return a:flatten() end, "a.flatten()"},
+    {"split", function(a) return a:split(1024, 0)[2] end, "a.split(1024, 0)[1]"},
+    {"chunk", function(a) return a:chunk(4)[4] end, "a.chunk(4)[3]"},
+  }
+  for _, v in ipairs(views) do
+    perf(v[1], v[1] .. " of (4096,4096) (a view: host time only)", v[2],
+      function(T) return {T.randn(N)} end, {bytes = no_bytes, torch = v[3]})
+  end
 end

@@ -1,0 +1,271 @@
+--- The op registry's perf mode (ggml's test-backend-ops -p): every perf entry
+-- of tests/lua/op_cases.lua timed on one device, per op, shape and dtype:
+-- forward time, forward + backward time where the entry asks for it, GB/s or
+-- TF/s and the fraction of the device's peak; PyTorch's figure beside ours
+-- with --torch (scripts/torch/bench_ops.py, the same shapes and expressions).
+--
+--   ember run scripts/bench_ops.lua                       # CPU, every op
+--   ember run scripts/bench_ops.lua --device cuda --op add,softmax --torch
+--   ember run scripts/bench_ops.lua --device cuda --out bench/results/ops
+--
+-- Each timed call: ember.bench with an L2 flush before every rep (cold
+-- caches, as Triton's do_bench), the device synchronised around it, the
+-- median of --reps. Forward runs under no_grad; forward + backward records the
+-- graph and calls out:backward(ones), the inputs' .grad dropped (untimed)
+-- before each rep. Bytes default to every tensor input read once plus the
+-- output written once (the least any implementation must move); entries with
+-- FLOPs (matmul, attention) report TF/s instead. Peaks: scripts/lib/device_peaks.lua
+-- (datasheet figures; a CPU has none unless --peak-gbs is given).
+-- Output: a Markdown table on stdout (and in DIR/ops.md with --out), one JSON
+-- line per measurement (DIR/ops.jsonl, or --json FILE).
+local ember = require "ember"
+local argparse = require "argparse"
+local cjson = require "cjson"
+local runinfo = require "ember.runinfo"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local root = here .. "../"
+local peaks = dofile(here .. "lib/device_peaks.lua")
+
+local parser = argparse("bench_ops.lua", "Time every op of the op registry (perf mode) on one device.")
+parser:option("--device", "cpu or cuda.", "cpu")
+parser:option("--op", "Only these ops (comma list of registry op names, e.g. add,softmax).")
+parser:option("--dtype", "Only these dtypes (comma list; default: each entry's, f32 only on the CPU).")
+parser:option("--reps", "Timed reps per measurement (the median is reported).", "20"):convert(math.tointeger)
+parser:option("--warmup", "Untimed calls first.", "3"):convert(math.tointeger)
+parser:flag("--no-backward", "Time forwards only.")
+parser:flag("--no-flush", "Do not flush the L2 (or CPU caches) before each rep.")
+parser:flag("--torch", "Time the same expressions in PyTorch (python3 scripts/torch/bench_ops.py).")
+parser:option("--peak-gbs", "Peak memory bandwidth to divide by (GB/s)."):convert(tonumber)
+parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(tonumber)
+parser:option("--out", "Write DIR/ops.jsonl and DIR/ops.md.")
+parser:option("--json", "Append the JSON lines to this file.")
+parser:flag("--list", "List the perf entries and exit.")
+local args = parser:parse(arg)
+
+local function split(s)
+  if not s then return nil end
+  local t = {}
+  for w in s:gmatch("[^,%s]+") do t[#t + 1] = w end
+  return t
+end
+local function set(list)
+  if not list then return nil end
+  local s = {}
+  for _, v in ipairs(list) do s[v] = true end
+  return s
+end
+
+local device = args.device
+if device ~= "cpu" and not device:match("^cuda") then
+  parser:error(("--device: expected cpu or cuda[:N], got %s"):format(device))
+end
+local on_cuda = device:match("^cuda") ~= nil
+if on_cuda and not ember.cuda.is_available() then
+  io.stderr:write("bench_ops.lua: --device " .. device .. " but no CUDA device is available\n")
+  os.exit(1)
+end
+if args.reps < 1 then parser:error("--reps: expected an integer >= 1, got " .. args.reps) end
+
+local cases = dofile(root .. "tests/lua/op_cases.lua")
+local want_ops, want_dtypes = set(split(args.op)), set(split(args.dtype))
+if want_ops then
+  local known = {}
+  for _, p in ipairs(cases.perf) do known[p.op] = true end
+  for op in pairs(want_ops) do
+    if not known[op] then
+      local names = {}
+      for k in pairs(known) do names[#names + 1] = k end
+      table.sort(names)
+      parser:error(("--op: no perf entry for %s (entries: %s)"):format(op, table.concat(names, ", ")))
+    end
+  end
+end
+
+-- the (entry, dtype) pairs to time
+local todo = {}
+for _, p in ipairs(cases.perf) do
+  local dev_ok = not p.device or (p.device == "cuda") == on_cuda
+  if dev_ok and (not want_ops or want_ops[p.op]) then
+    local dtypes = p.dtypes or {"f32", "bf16"}
+    for _, dt in ipairs(dtypes) do
+      local keep = want_dtypes and want_dtypes[dt] or (not want_dtypes and (on_cuda or dt == "f32" or p.dtypes))
+      if keep then todo[#todo + 1] = {p = p, dtype = dt} end
+    end
+  end
+end
+
+if args.list then
+  for _, t in ipairs(todo) do print(("%-24s %-6s %s"):format(t.p.op, t.dtype, t.p.name)) end
+  os.exit(0)
+end
+
+local facts = runinfo.collect(device)
+local peak = peaks.lookup(facts.device)
+local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs)
+local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
+print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
+print(("commit: %s, %s"):format(facts.commit, facts.date))
+print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, backward %s, peaks %s"):format(
+  #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.no_backward and "off" or "on",
+  peak_gbs and ("%s GB/s%s"):format(peak_gbs, peak and (" (" .. peak.name .. " datasheet)") or "") or "none"))
+io.stdout:flush()
+
+-- ---------------------------------------------------------------------------
+-- measuring
+
+local function tensors_of(inputs)
+  local ts = {}
+  for _, x in ipairs(inputs) do
+    if ember.is_tensor(x) then ts[#ts + 1] = x end
+  end
+  return ts
+end
+
+local function nbytes(t) return t:numel() * t:element_size() end
+
+local function default_bytes(inputs, out)
+  local b = nbytes(out)
+  for _, x in ipairs(tensors_of(inputs)) do b = b + nbytes(x) end
+  return b
+end
+
+local function bench(fn, setup)
+  return ember.bench(fn, {warmup = args.warmup, reps = args.reps, device = device, setup = setup,
+                          flush_l2 = not args.no_flush})
+end
+
+-- One (entry, dtype): {fwd_ms, fwd_bwd_ms, bytes, flops, ...} or {error = msg}.
+local function measure(p, dtype)
+  local grads = p.backward and not args.no_backward
+  local inputs = cases.make_inputs(p, {dtype = dtype, device = device, requires_grad = grads})
+  local out = ember.no_grad(function() return p.fn(table.unpack(inputs)) end)
+  local r = {bytes = (p.bytes or default_bytes)(inputs, out), flops = p.flops and p.flops(inputs, out),
+             out_shape = out.shape}
+  r.fwd = bench(function() ember.no_grad(function() return p.fn(table.unpack(inputs)) end) end).median
+  if grads then
+    local ones = ember.ones(out.shape, {dtype = out.dtype, device = out.device})
+    local leaves = {}
+    for _, x in ipairs(tensors_of(inputs)) do
+      if x.requires_grad then leaves[#leaves + 1] = x end
+    end
+    r.fwd_bwd = bench(function() p.fn(table.unpack(inputs)):backward(ones) end,
+      function() for _, x in ipairs(leaves) do x.grad = nil end end).median
+  end
+  return r
+end
+
+-- ---------------------------------------------------------------------------
+-- PyTorch's side (--torch): the entries' torch expressions on inputs of the
+-- same shapes, dtypes and value ranges
+
+local torch = {}
+if args.torch then
+  local spec = {}
+  for i, t in ipairs(todo) do
+    if t.p.torch then
+      local inputs = cases.make_inputs(t.p, {dtype = t.dtype, device = "cpu", requires_grad = false})
+      local desc = {}
+      for _, x in ipairs(inputs) do
+        if ember.is_tensor(x) then
+          local fl = x.dtype == "f32" or x.dtype == "bf16" or x.dtype == "f16" or x.dtype == "f64"
+          desc[#desc + 1] = {shape = x.shape, dtype = x.dtype,
+                             high = (not fl and x.dtype ~= "bool" and x:numel() > 0) and x:max():item() + 1 or nil}
+        else
+          desc[#desc + 1] = {value = x}
+        end
+      end
+      spec[#spec + 1] = {key = i, expr = t.p.torch, inputs = desc, backward = t.p.backward and not args.no_backward}
+    end
+  end
+  if #spec > 0 then
+    local tmp = os.tmpname()
+    local f = assert(io.open(tmp, "w"))
+    f:write(cjson.encode({device = device, reps = args.reps, warmup = args.warmup, flush = not args.no_flush,
+                          cases = spec}))
+    f:close()
+    local cmd = ("python3 %sscripts/torch/bench_ops.py --spec %s 2>&1"):format(root, tmp)
+    print("pytorch: " .. cmd)
+    local pipe = io.popen(cmd)
+    for line in pipe:lines() do
+      local ok, rec = pcall(cjson.decode, line)
+      if ok and type(rec) == "table" and rec.key then torch[rec.key] = rec
+      elseif line:match("%S") then print("  torch| " .. line) end
+    end
+    pipe:close()
+    os.remove(tmp)
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- the table
+
+local function fmt_ms(s) return s and ("%.4f"):format(s * 1e3) or "-" end
+local function shape_str(s) return "(" .. table.concat(s, ",") .. ")" end
+
+local rows, lines = {}, {}
+local header = "| op | case | dtype | fwd ms | rate | of peak | fwd+bwd ms | torch fwd ms | torch fwd+bwd ms |"
+print()
+print(header)
+print("|---|---|---|---|---|---|---|---|---|")
+for i, t in ipairs(todo) do
+  local p, dtype = t.p, t.dtype
+  local ok, r = pcall(measure, p, dtype)
+  local rec = {op = p.op, case = p.name, dtype = dtype, commit = facts.commit, device = facts.device,
+               date = facts.date, reps = args.reps}
+  local rate, frac = "-", "-"
+  if ok then
+    rec.fwd_ms, rec.fwd_bwd_ms, rec.bytes, rec.flops = r.fwd * 1e3, r.fwd_bwd and r.fwd_bwd * 1e3, r.bytes, r.flops
+    if r.flops then
+      rec.tflops = r.flops / r.fwd / 1e12
+      rate = (rec.tflops < 10 and "%.2f TF/s" or "%.1f TF/s"):format(rec.tflops)
+      local pk = peak_tflops(dtype)
+      if pk then rec.peak_fraction = rec.tflops / pk end
+    elseif r.bytes > 0 then
+      rec.gbs = r.bytes / r.fwd / 1e9
+      rate = (rec.gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.gbs)
+      if peak_gbs then rec.peak_fraction = rec.gbs / peak_gbs end
+    end
+    if rec.peak_fraction then frac = ("%.0f%%"):format(rec.peak_fraction * 100) end
+  else
+    rec.error = tostring(r)
+  end
+  local tr = torch[i]
+  if tr then
+    rec.torch_fwd_ms, rec.torch_fwd_bwd_ms, rec.torch_error = tr.fwd_ms, tr.fwd_bwd_ms, tr.error
+  end
+  local function tms(v) return v and ("%.4f"):format(v) or (tr and tr.error and "error" or "-") end
+  local line = ("| %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(p.op, p.name, dtype,
+    ok and fmt_ms(r.fwd) or "error", rate, frac, ok and fmt_ms(r.fwd_bwd) or "-", tms(rec.torch_fwd_ms),
+    tms(rec.torch_fwd_bwd_ms))
+  print(line)
+  if not ok then print("  error: " .. rec.error) end
+  io.stdout:flush()
+  lines[#lines + 1] = line
+  rows[#rows + 1] = rec
+  collectgarbage()
+  if on_cuda then ember.cuda.empty_cache() end
+end
+
+local function append_json(path)
+  local f = assert(io.open(path, "a"))
+  for _, rec in ipairs(rows) do f:write(cjson.encode(rec), "\n") end
+  f:close()
+end
+if args.json then append_json(args.json) end
+if args.out then
+  os.execute(("mkdir -p '%s'"):format(args.out))
+  append_json(args.out .. "/ops.jsonl")
+  local f = assert(io.open(args.out .. "/ops.md", "w"))
+  f:write(("Device %s, commit %s, %s; median of %d reps, L2 flush %s.\n\n"):format(facts.device, facts.commit,
+    facts.date, args.reps, args.no_flush and "off" or "on"))
+  f:write(header, "\n|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
+  f:close()
+  print("wrote " .. args.out .. "/ops.jsonl and ops.md")
+end
+local failed = 0
+for _, rec in ipairs(rows) do if rec.error then failed = failed + 1 end end
+if failed > 0 then
+  io.stderr:write(("bench_ops.lua: %d of %d measurements failed\n"):format(failed, #rows))
+  os.exit(1)
+end
