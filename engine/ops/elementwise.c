@@ -593,20 +593,18 @@ static int binary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return scratch_end(&s);
 }
 
-static int record_binary(int op, em_tensor *a, em_tensor *b, em_tensor *out) {
-  em_node *n = em_node_new(binop_names[op], binary_backward, 2, 1);
-  if (!n) return -1;
-  em_node_set_input(n, 0, a);
-  em_node_set_input(n, 1, b);
-  n->i[0] = op;
+static em_tensor *record_binary(int op, em_tensor *a, em_tensor *b, em_tensor *out) {
+  em_tensor *sv[3] = {NULL, NULL, NULL};
   switch (op) {
-    case EM_MUL: case EM_MAXIMUM: case EM_MINIMUM: em_node_save(n, a); em_node_save(n, b); break;
-    case EM_DIV: em_node_save(n, b); em_node_save(n, out); break;
-    case EM_POW: em_node_save(n, a); em_node_save(n, b); em_node_save(n, out); break;
+    case EM_MUL: case EM_MAXIMUM: case EM_MINIMUM: sv[0] = a; sv[1] = b; break;
+    case EM_DIV: sv[0] = b; sv[1] = out; break;
+    case EM_POW: sv[0] = a; sv[1] = b; sv[2] = out; break;
     default: break;
   }
-  em_node_finish(n, out);
-  return 0;
+  em_node *n;
+  out = em_op_record(out, &n, binop_names[op], binary_backward, 2, (em_tensor *[]){a, b}, 3, sv);
+  if (n) n->i[0] = op;
+  return out;
 }
 
 /* Scalar ops: f[0] = s, i[0] = op, i[1] = scalar_first; saved[0] = a, saved[1] = out when used. */
@@ -653,17 +651,14 @@ static int scalar_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return scratch_end(&s);
 }
 
-static int record_scalar(int op, em_tensor *a, double sc, bool first, em_tensor *out) {
-  em_node *n = em_node_new(binop_names[op], scalar_backward, 1, 1);
-  if (!n) return -1;
-  em_node_set_input(n, 0, a);
-  n->f[0] = sc; n->i[0] = op; n->i[1] = first;
+static em_tensor *record_scalar(int op, em_tensor *a, double sc, bool first, em_tensor *out) {
   bool save_a = op == EM_POW || op == EM_MAXIMUM || op == EM_MINIMUM || (op == EM_DIV && first);
   bool save_out = first && (op == EM_POW || op == EM_DIV);
-  if (save_a || save_out) em_node_save(n, a);
-  if (save_out) em_node_save(n, out);
-  em_node_finish(n, out);
-  return 0;
+  em_node *n;
+  out = em_op_record(out, &n, binop_names[op], scalar_backward, 1, &a, 2,
+                     (em_tensor *[]){save_a || save_out ? a : NULL, save_out ? out : NULL});
+  if (n) { n->f[0] = sc; n->i[0] = op; n->i[1] = first; }
+  return out;
 }
 
 /* ---------------- binary ops ---------------- */
@@ -684,11 +679,8 @@ em_tensor *em_binary(em_binop op, em_tensor *a, em_tensor *b, em_tensor *out) {
   if (!res) return NULL;
   kern k = {K_BINARY, op, dtype_class(ct), 0, 0};
   operand in[2] = {{a, 0}, {b, 0}};
-  if (run_kernel(name, &k, res, 2, in, nd, shape) || (grad && record_binary(op, a, b, res))) {
-    em_tensor_release(res);
-    return NULL;
-  }
-  return res;
+  if (run_kernel(name, &k, res, 2, in, nd, shape)) { em_tensor_release(res); return NULL; }
+  return grad ? record_binary(op, a, b, res) : res;
 }
 
 em_tensor *em_binary_scalar(em_binop op, em_tensor *a, double sc, bool scalar_first, em_tensor *out) {
@@ -711,12 +703,8 @@ em_tensor *em_binary_scalar(em_binop op, em_tensor *a, double sc, bool scalar_fi
   kern k = {K_BINARY, op, dtype_class(ct), 0, 0};
   operand t = {a, 0}, c = {NULL, sc};
   operand in[2] = {scalar_first ? c : t, scalar_first ? t : c};
-  if (run_kernel(name, &k, res, 2, in, a->ndim, a->shape) ||
-      (grad && record_scalar(op, a, sc, scalar_first, res))) {
-    em_tensor_release(res);
-    return NULL;
-  }
-  return res;
+  if (run_kernel(name, &k, res, 2, in, a->ndim, a->shape)) { em_tensor_release(res); return NULL; }
+  return grad ? record_scalar(op, a, sc, scalar_first, res) : res;
 }
 
 /* ---------------- unary ops ---------------- */
@@ -759,15 +747,12 @@ static int unary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-static int record_unary(int op, em_tensor *a, em_tensor *out) {
-  em_node *n = em_node_new(unop_names[op], unary_backward, 1, 1);
-  if (!n) return -1;
-  em_node_set_input(n, 0, a);
-  n->i[0] = op;
-  if (unary_grad[op].save == SAVE_X) em_node_save(n, a);
-  if (unary_grad[op].save == SAVE_Y) em_node_save(n, out);
-  em_node_finish(n, out);
-  return 0;
+static em_tensor *record_unary(int op, em_tensor *a, em_tensor *out) {
+  em_tensor *sv = unary_grad[op].save == SAVE_X ? a : unary_grad[op].save == SAVE_Y ? out : NULL;
+  em_node *n;
+  out = em_op_record(out, &n, unop_names[op], unary_backward, 1, &a, 1, &sv);
+  if (n) n->i[0] = op;
+  return out;
 }
 
 em_tensor *em_unary(em_unop op, em_tensor *a, em_tensor *out) {
@@ -789,11 +774,8 @@ em_tensor *em_unary(em_unop op, em_tensor *a, em_tensor *out) {
   if (!res) return NULL;
   kern k = {K_UNARY, op, dtype_class(ct), 0, 0};
   operand in[1] = {{a, 0}};
-  if (run_kernel(name, &k, res, 1, in, a->ndim, a->shape) || (grad && record_unary(op, a, res))) {
-    em_tensor_release(res);
-    return NULL;
-  }
-  return res;
+  if (run_kernel(name, &k, res, 1, in, a->ndim, a->shape)) { em_tensor_release(res); return NULL; }
+  return grad ? record_unary(op, a, res) : res;
 }
 
 /* Internal binary kernel (gradients): broadcast + promote, no autograd. */

@@ -238,18 +238,15 @@ static int mask_dims(int64_t mask, int ndim, int64_t *dims) {
   return nd;
 }
 
-/* Node attributes: i[0] = reduced-dims mask, i[1] = keepdim, f[0] = n_red, f[1] = correction. */
-static em_node *reduction_node(const char *op, em_backward_fn bw, em_tensor *a, const rdims *r, bool keepdim) {
-  em_node *n = em_node_new(op, bw, 1, 1);
-  if (!n) return NULL;
-  em_node_set_input(n, 0, a);
-  n->i[0] = r->mask; n->i[1] = keepdim; n->f[0] = (double)r->n_red;
-  return n;
-}
-
-static em_tensor *finish_node(em_node *n, em_tensor *res) {
-  if (!n) { em_tensor_release(res); return NULL; }
-  em_node_finish(n, res);
+/* Record a reduction's node (em_op_record) with its attributes: i[0] =
+ * reduced-dims mask, i[1] = keepdim, f[0] = n_red; saved s0, s1 (NULLs
+ * skipped). *node (may be NULL) gets the node for more attributes. */
+static em_tensor *record_reduction(em_tensor *res, em_node **node, const char *op, em_backward_fn bw, em_tensor *a,
+                                   const rdims *r, bool keepdim, em_tensor *s0, em_tensor *s1) {
+  em_node *n;
+  res = em_op_record(res, &n, op, bw, 1, &a, 2, (em_tensor *[]){s0, s1});
+  if (n) { n->i[0] = r->mask; n->i[1] = keepdim; n->f[0] = (double)r->n_red; }
+  if (node) *node = n;
   return res;
 }
 
@@ -347,8 +344,7 @@ em_tensor *em_sum(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, ints ? EM_I64 : a->dtype, a->device);
   if (!res) return NULL;
   if (run_sum("sum", res, a, &r, ints, 1.0)) { em_tensor_release(res); return NULL; }
-  if (!em_grad_needed(1, &a)) return res;
-  return finish_node(reduction_node("sum", sum_backward, a, &r, keepdim), res);
+  return record_reduction(res, NULL, "sum", sum_backward, a, &r, keepdim, NULL, NULL);
 }
 
 em_tensor *em_mean(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
@@ -364,8 +360,7 @@ em_tensor *em_mean(em_tensor *a, int ndims, const int64_t *dims, bool keepdim) {
     em_tensor_release(res);
     return NULL;
   }
-  if (!em_grad_needed(1, &a)) return res;
-  return finish_node(reduction_node("mean", mean_backward, a, &r, keepdim), res);
+  return record_reduction(res, NULL, "mean", mean_backward, a, &r, keepdim, NULL, NULL);
 }
 
 /* ---------------- var ---------------- */
@@ -414,10 +409,10 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
   else if (a->device.type == EM_CUDA) rc = em_var_cuda("var", res, a, &p, dof);
   else rc = em_error_device("var", a);
   if (rc) { em_tensor_release(res); return NULL; }
-  if (!em_grad_needed(1, &a)) return res;
-  em_node *n = reduction_node("var", var_backward, a, &r, keepdim);
-  if (n) { n->f[1] = correction; em_node_save(n, a); }
-  return finish_node(n, res);
+  em_node *n;
+  res = record_reduction(res, &n, "var", var_backward, a, &r, keepdim, a, NULL);
+  if (n) n->f[1] = correction;
+  return res;
 }
 
 /* ---------------- max, min, argmax, argmin ---------------- */
@@ -535,16 +530,14 @@ static em_tensor *extreme(const char *name, em_tensor *a, int64_t dim, bool keep
   if (run_extreme(name, a, &r, is_max, vals, idx)) {
     em_tensor_release(vals); em_tensor_release(idx); return NULL;
   }
-  if (em_grad_needed(1, &a)) {
-    em_node *n = reduction_node(name, all ? extreme_all_backward : extreme_dim_backward, a, &r, keepdim);
-    if (n && all) { em_node_save(n, a); em_node_save(n, vals); }
-    if (n && !all) {
-      int d = 0;
-      if (a->ndim) em_wrap_dim(name, dim, a->ndim, &d);
-      em_node_save(n, idx);
-      n->i[2] = d;
-    }
-    if (!finish_node(n, vals)) { em_tensor_release(idx); return NULL; }
+  em_node *n;
+  vals = record_reduction(vals, &n, name, all ? extreme_all_backward : extreme_dim_backward, a, &r, keepdim,
+                          all ? a : idx, all ? vals : NULL);
+  if (!vals) { em_tensor_release(idx); return NULL; }
+  if (n && !all) {
+    int d = 0;
+    if (a->ndim) em_wrap_dim(name, dim, a->ndim, &d);
+    n->i[2] = d;
   }
   if (indices) *indices = idx; else em_tensor_release(idx);
   return vals;
@@ -626,10 +619,7 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
   else if (a->device.type == EM_CUDA) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
   else rc = em_error_device("logsumexp", a);
   if (rc) { em_tensor_release(res); return NULL; }
-  if (!em_grad_needed(1, &a)) return res;
-  em_node *n = reduction_node("logsumexp", logsumexp_backward, a, &r, keepdim);
-  if (n) { em_node_save(n, a); em_node_save(n, res); }
-  return finish_node(n, res);
+  return record_reduction(res, NULL, "logsumexp", logsumexp_backward, a, &r, keepdim, a, res);
 }
 
 /* ---------------- softmax, log_softmax ---------------- */

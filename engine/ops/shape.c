@@ -9,7 +9,7 @@
  * An autograd node holds at most EM_NODE_MAX_IN inputs, so a cat of more
  * tensors that needs grad is built as a cat of cats (only then: one extra copy).
  * stack = unsqueeze each input + cat, recorded through those two ops. */
-#include "../internal.h"
+#include "op.h"
 
 static bool skipped(const em_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
 
@@ -104,11 +104,12 @@ static em_tensor *cat_impl(int n, em_tensor *const *ts, int64_t dim) {
   }
   em_set_grad_enabled(g);
   if (!grad) return res;
-  em_node *node = em_node_new("cat", cat_backward, n, 1);
-  if (!node) { em_tensor_release(res); return NULL; }
-  node->i[0] = d;
-  for (int i = 0; i < n; i++) { em_node_set_input(node, i, ts[i]); node->i[1 + i] = offs[i]; }
-  em_node_finish(node, res);
+  em_node *node;
+  res = em_op_record(res, &node, "cat", cat_backward, n, ts, 0, NULL);
+  if (node) {
+    node->i[0] = d;
+    for (int i = 0; i < n; i++) node->i[1 + i] = offs[i];
+  }
   return res;
 }
 
