@@ -90,7 +90,7 @@ return function(case, perf, ember, F)
   perf("cross_entropy", "cross_entropy (2048,50304) logits", function(l, t) return F.cross_entropy(l, t) end,
     function(T) return {T.randn({2048, 50304}), T.ids({2048}, 50304)} end,
     {backward = true, torch = "F.cross_entropy(a, b)"})
-  perf("rmsnorm", "rmsnorm (2048,1600)", function(x, w) return F.rmsnorm(x, w) end,
+  perf("rmsnorm", "rmsnorm (8192,1600)", function(x, w) return F.rmsnorm(x, w) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600})} end,
     {backward = true, torch = "F.rms_norm(a, (1600,), b)"})
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
