@@ -30,6 +30,14 @@
 
 static bool half_dtype(em_dtype dt) { return dt == EM_BF16 || dt == EM_F16; }
 
+/* The head dims the op accepts: the kernels' on CUDA; on the CPU the same
+ * list, so a script written on the CPU runs on the GPU (and a CPU-only
+ * build, whose backend stub supports nothing, still has its reference). */
+static bool supported_dim(em_device dev, int64_t d) {
+  if (dev.type == EM_CUDA) return em_flash_supported_dim(d);
+  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+}
+
 static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale) {
   char s1[160], s2[160], s3[160];
   em_tensor *ts[3] = {q, k, v};
@@ -53,7 +61,7 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale
     return em_error(OP ": expected q (B, H, Tq, D), k and v (B, H, Tk, D), got %s, %s and %s",
                     em_shape_str(q->ndim, q->shape, s1, 160), em_shape_str(k->ndim, k->shape, s2, 160),
                     em_shape_str(v->ndim, v->shape, s3, 160));
-  if (!em_flash_supported_dim(q->shape[3]))
+  if (!supported_dim(q->device, q->shape[3]))
     return em_error(OP ": no kernel for head dim %lld (supported: 16, 32, 64, 80, 96, 128)",
                     (long long)q->shape[3]);
   if (k->shape[2] == 0 && q->shape[2] > 0) return em_error(OP ": expected at least one key, got Tk = 0");
