@@ -289,9 +289,11 @@ function F.nll_loss(input, target, opts)
     end
   end
   if o.weight ~= nil then check_tensor("nll_loss", "weight", o.weight) end
+  local valid = target:ne(ignore)   -- ignore_index may be a real class: mask it out of the one-hot
   local onehot = ember.arange(0, C, 1, {dtype = "i64", device = logp.device}):eq(target:unsqueeze(-1))
+    :logical_and(valid:unsqueeze(-1))
   local picked = logp:masked_fill(onehot:logical_not(), 0):sum(-1)
-  local w = o.weight and (onehot:to(logp.dtype) * o.weight):sum(-1) or target:ne(ignore):to(logp.dtype)
+  local w = o.weight and (onehot:to(logp.dtype) * o.weight):sum(-1) or valid:to(logp.dtype)
   local l = (0 - picked) * w   -- not -(picked * w): an ignored target's loss is +0, not -0
   if r == "mean" then return l:sum() / w:sum() end
   return reduce(l, r)
