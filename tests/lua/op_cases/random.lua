@@ -47,12 +47,14 @@ return function(case, perf, ember, F)
   -- perf
   ---------------------------------------------------------------------------
   perf("dropout", "F.dropout p=0.1 of 2^24 elements", function(x) return F.dropout(x, 0.1) end,
-    function(T) return {T.randn({4096, 4096})} end, {backward = true})
+    function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda"})
+  perf("dropout", "F.dropout p=0.1 of 2^20 elements on the CPU", function(x) return F.dropout(x, 0.1) end,
+    function(T) return {T.randn({1024, 1024})} end, {backward = true, device = "cpu", dtypes = {"f32"}})
   perf("bernoulli", "bernoulli of 2^24 probabilities", function(p) return ember.bernoulli(p) end,
-    function(T) return {T.uniform({4096, 4096}, 0, 1)} end)
+    function(T) return {T.uniform({4096, 4096}, 0, 1)} end, {device = "cuda"})
   perf("randperm", "randperm(2^24)", function(x) return ember.randperm(1 << 24, {device = x.device}) end,
-    function(T) return {T.const({1})} end, {dtypes = {"f32"}})
+    function(T) return {T.const({1})} end, {dtypes = {"f32"}, device = "cuda"})
   perf("multinomial", "multinomial (64, 50304) probs, 1 sample with replacement",
     function(p) return ember.multinomial(p, 1, {replacement = true}) end,
-    function(T) return {T.uniform({64, 50304}, 0, 1)} end, {dtypes = {"f32"}})
+    function(T) return {T.uniform({64, 50304}, 0, 1)} end, {dtypes = {"f32"}, device = "cuda"})
 end
