@@ -33,6 +33,15 @@ void em_rng_set_state(uint64_t seed, uint64_t offset) {
 
 uint64_t em_rng_reserve(uint64_t blocks) { return atomic_fetch_add(&rng_offset, blocks); }
 
+/* During a CUDA graph capture nothing runs, so nothing is reserved here: the
+ * graph reserves its whole range from this generator at each replay. */
+em_philox_state em_rng_cuda_state(uint64_t blocks) {
+  em_philox_state s = {0, 0, NULL};
+  s.cell = em_cuda_graph_rng_reserve(blocks, &s.offset);
+  if (!s.cell) { s.seed = em_rng_seed(); s.offset = em_rng_reserve(blocks); }
+  return s;
+}
+
 /* ---------------- distributions ---------------- */
 
 /* The distributions and their double-precision math live in backend/rng_math.h,
@@ -78,10 +87,8 @@ static uint64_t blocks_for(const dist *d, int64_t n) {
 /* Reserve the stream for t's elements (in logical row-major order) and fill t. */
 static int fill(const char *op, em_tensor *t, const dist *d) {
   int64_t n = em_numel(t);
-  if (t->device.type != EM_CPU) {
-    uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
-    return em_rng_fill_cuda(t, d, seed, ctr0);   /* the same stream, drawn on the device */
-  }
+  if (t->device.type != EM_CPU)   /* the same stream, drawn on the device (capturable) */
+    return em_rng_fill_cuda(t, d, em_rng_cuda_state(blocks_for(d, n)));
   uint64_t seed = em_rng_seed(), ctr0 = em_rng_reserve(blocks_for(d, n));
   if (em_is_contiguous(t)) { cpu_fill(em_data_ptr(t), t->dtype, n, seed, ctr0, d); return 0; }
   em_tensor *tmp = em_empty(t->ndim, t->shape, t->dtype, t->device);

@@ -37,6 +37,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kGeluPdf = 0.5 * 1.12837916709551257390 * 0.70710678118654752440;   /* 0.5 * 2/sqrt(pi) * 1/sqrt(2) */
+constexpr double kGeluTanhK = 0.79788456080286535588, kGeluTanhC = 0.044715;         /* sqrt(2/pi), gelu "tanh" */
 
 /* Operand modes. */
 enum { IN_PTR = 0, IN_CONST = 1, IN_SCALAR = 2 };
@@ -122,6 +123,11 @@ __device__ __forceinline__ void float_binary(int code, T (&o)[V], const T (&x)[V
     BCASE(EM_EW_G_SQUARE, 2 * a * b)
     BCASE(EM_EW_G_RECIP, -a * b * b)
     BCASE(EM_EW_G_CLAMP, (b >= lo && b <= hi) ? a : (T)0)
+    case EM_EW_G_GELU_TANH:
+      EW_FOR(const T a = x[e]; const T b = y[e];
+             const T t = m_tanh((T)kGeluTanhK * (b + (T)kGeluTanhC * b * b * b));
+             o[e] = a * ((T)0.5 * (1 + t) + (T)0.5 * b * (1 - t * t) * (T)kGeluTanhK * (1 + (T)(3 * kGeluTanhC) * b * b));)
+      return;
     default: EW_FOR(o[e] = 0;) return;
   }
 }
@@ -149,6 +155,7 @@ __device__ __forceinline__ void float_unary(int code, T (&o)[V], const T (&x)[V]
     UCASE(EM_FLOOR, m_floor(a))
     UCASE(EM_CEIL, m_ceil(a))
     UCASE(EM_ROUND, m_rint(a))
+    UCASE(EM_GELU_TANH, (T)0.5 * a * (1 + m_tanh((T)kGeluTanhK * (a + (T)kGeluTanhC * a * a * a))))
     case EM_EW_CLAMP: EW_FOR(const T v = x[e] < lo ? lo : x[e]; o[e] = v > hi ? hi : v;) return;
     default: EW_FOR(o[e] = 0;) return;
   }

@@ -16,7 +16,17 @@
  * and the Lua line; an allocation made while another stream is current is
  * an error; frees that would call into the driver (graph frees, pinned
  * memory, pool releases) are deferred to the end of the capture. Replays
- * launch on the current stream. No kernels here. */
+ * launch on the current stream. No kernels here.
+ *
+ * Random ops: each graph owns a 16-byte device cell {seed, base}. A random
+ * kernel captured here reads its key and first counter from the cell
+ * (cell[1] + its offset within the graph, em_cuda_graph_rng_reserve), never
+ * a host value baked into the graph. Each replay first reserves the graph's
+ * whole range from the host generator (em_rng_reserve) and writes it into
+ * the cell with a one-thread kernel on the replay stream: replays draw fresh
+ * numbers, the host generator stays the one state (manual_seed, checkpoints,
+ * eager ops after a replay never reuse a counter), and replay k draws exactly
+ * what the captured ops would have drawn run eagerly at that point. */
 #include <cuda_runtime.h>
 #include <vector>
 #include <utility>
@@ -29,6 +39,8 @@ struct em_graph {
   cudaGraphExec_t exec;
   em_mempool *pool;
   em_stream *side;
+  uint64_t *rng_cell;       /* device {seed, base}; see the opening comment */
+  uint64_t rng_blocks;      /* Philox blocks one replay consumes */
 };
 
 namespace {
@@ -39,6 +51,8 @@ struct Capture {
   em_stream *side = nullptr;
   em_stream *prev = nullptr;
   em_mempool *pool = nullptr;
+  uint64_t *rng_cell = nullptr;
+  uint64_t rng_blocks = 0;
 };
 
 thread_local Capture tl_cap;
@@ -68,6 +82,11 @@ void destroy_graph(void *arg) {
   }
   em_mempool_close(g->pool);
   em_stream_free(g->side);
+  if (g->rng_cell) {
+    EmDeviceGuard guard(g->device);
+    cudaFree(g->rng_cell);
+    cudaGetLastError();
+  }
   delete g;
 }
 
@@ -90,6 +109,14 @@ extern "C" void em_cuda_run_deferred(void) {
 /* ---- capture ---- */
 
 extern "C" bool em_cuda_capturing(void) { return tl_cap.active; }
+
+extern "C" const uint64_t *em_cuda_graph_rng_reserve(uint64_t blocks, uint64_t *offset) {
+  *offset = 0;
+  if (!tl_cap.active) return NULL;
+  *offset = tl_cap.rng_blocks;
+  tl_cap.rng_blocks += blocks;
+  return tl_cap.rng_cell;
+}
 
 extern "C" void em_set_callsite_fn(const char *(*fn)(void)) { callsite_fn = fn; }
 extern "C" const char *em_callsite(void) {
@@ -118,7 +145,11 @@ extern "C" int em_graph_begin(int device) {
     if (rc == 0) rc = ck(cudaStreamWaitEvent((cudaStream_t)em_stream_handle(side), ready, 0), "graph", "cudaStreamWaitEvent");
     cudaEventDestroy(ready);
   }
+  uint64_t *cell = nullptr;   /* allocated before capture: cudaMalloc is not capturable */
+  if (rc == 0) rc = ck(cudaMalloc((void **)&cell, 2 * sizeof(uint64_t)), "graph", "cudaMalloc");
   if (rc) { em_stream_free(side); return -1; }
+  tl_cap.rng_cell = cell;
+  tl_cap.rng_blocks = 0;
   tl_cap.device = device;
   tl_cap.side = side;
   tl_cap.prev = em_stream_current(device);
@@ -127,6 +158,7 @@ extern "C" int em_graph_begin(int device) {
          "cudaStreamBeginCapture")) {
     em_mempool_close(tl_cap.pool);
     em_stream_free(side);
+    cudaFree(cell);
     tl_cap = Capture();
     return -1;
   }
@@ -144,7 +176,7 @@ extern "C" em_graph *em_graph_end(void) {
   cudaError_t e = cudaStreamEndCapture((cudaStream_t)em_stream_handle(cap.side), &graph);
   leave_capture();
   tl_cap = Capture();
-  em_graph *g = new em_graph{cap.device, graph, nullptr, cap.pool, cap.side};
+  em_graph *g = new em_graph{cap.device, graph, nullptr, cap.pool, cap.side, cap.rng_cell, cap.rng_blocks};
   if (e != cudaSuccess || !graph) {
     cudaGetLastError();
     em_error("graph: the capture failed: %s (an operation in the captured function synchronised the host or "
@@ -173,8 +205,10 @@ extern "C" int em_graph_replay(em_graph *g) {
    * of graphs captured before CUPTI could map their nodes */
   em_op_scope_t scope;
   em_op_scope_enter(&scope, "graph_replay");
-  int rc = ck(cudaGraphLaunch(g->exec, (cudaStream_t)em_cuda_cur_stream_handle(g->device)), "graph.replay",
-              "cudaGraphLaunch");
+  cudaStream_t st = (cudaStream_t)em_cuda_cur_stream_handle(g->device);
+  int rc = 0;
+  if (g->rng_blocks) rc = em_rng_cell_set_cuda(g->rng_cell, em_rng_seed(), em_rng_reserve(g->rng_blocks), st);
+  if (rc == 0) rc = ck(cudaGraphLaunch(g->exec, st), "graph.replay", "cudaGraphLaunch");
   em_op_scope_exit(&scope);
   return rc;
 }

@@ -18,8 +18,10 @@
 #include "backend.h"
 
 template <int DT, bool RANDINT>
-__global__ void rng_kernel(void *out, em_geom g, int64_t n, uint64_t nblocks, em_rng_dist d, uint64_t seed,
-                           uint64_t ctr0, bool wide) {
+__global__ void rng_kernel(void *out, em_geom g, int64_t n, uint64_t nblocks, em_rng_dist d, em_philox_state st,
+                           bool wide) {
+  uint64_t seed, ctr0;
+  em_philox_resolve(st, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   const int per = wide ? 2 : 4;
   for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks;
@@ -49,7 +51,7 @@ __global__ void rng_kernel(void *out, em_geom g, int64_t n, uint64_t nblocks, em
   }
 }
 
-extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0) {
+extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state ps) {
   const char *op = em_current_op ? em_current_op : "random";
   if (em_cuda_check_device(op, t->device.index)) return -1;
   int64_t n = em_numel(t);
@@ -62,15 +64,27 @@ extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t see
   void *out = em_data_ptr(t);
   unsigned grid = em_grid((int64_t)nblocks, 256);
   if (randint) {
-    EM_DTYPE_CASES(t->dtype, DT, rng_kernel<DT, true><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, seed, ctr0, wide))
+    EM_DTYPE_CASES(t->dtype, DT, rng_kernel<DT, true><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, ps, wide))
   } else {
     switch (t->dtype) {
-      case EM_F32: rng_kernel<EM_F32, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, seed, ctr0, false); break;
-      case EM_F64: rng_kernel<EM_F64, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, seed, ctr0, false); break;
-      case EM_BF16: rng_kernel<EM_BF16, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, seed, ctr0, false); break;
-      case EM_F16: rng_kernel<EM_F16, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, seed, ctr0, false); break;
+      case EM_F32: rng_kernel<EM_F32, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, ps, false); break;
+      case EM_F64: rng_kernel<EM_F64, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, ps, false); break;
+      case EM_BF16: rng_kernel<EM_BF16, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, ps, false); break;
+      case EM_F16: rng_kernel<EM_F16, false><<<grid, 256, 0, st>>>(out, g, n, nblocks, *d, ps, false); break;
       default: return em_error("%s: expected a floating-point tensor, got %s", op, em_dtype_name(t->dtype));
     }
   }
   return em_launch_check(op);
+}
+
+/* The graph's Philox cell {seed, base}, written on the replay stream right
+ * before the graph launches (graph.cu): one thread, two stores. */
+__global__ void rng_cell_set_kernel(uint64_t *cell, uint64_t seed, uint64_t base) {
+  cell[0] = seed;
+  cell[1] = base;
+}
+
+extern "C" int em_rng_cell_set_cuda(uint64_t *cell, uint64_t seed, uint64_t base, void *stream) {
+  rng_cell_set_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(cell, seed, base);
+  return em_launch_check("graph.replay");
 }

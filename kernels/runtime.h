@@ -42,6 +42,11 @@ void em_mempool_close(em_mempool *p);
 void em_cuda_defer(void (*fn)(void *), void *arg);
 void em_cuda_run_deferred(void);
 
+/* ---- rng.cu ---- */
+/* cell[0] = seed, cell[1] = base, launched on `stream` (a cudaStream_t):
+ * a graph's Philox cell set before a replay. */
+int em_rng_cell_set_cuda(uint64_t *cell, uint64_t seed, uint64_t base, void *stream);
+
 #ifdef __cplusplus
 }
 

@@ -1,5 +1,8 @@
-/* Fused softmax cross-entropy: loss = mean_i (logsumexp(x_i) - x_i[t_i]) and
- * dlogits = g/N · (softmax(x_i) - onehot(t_i)), for logits x (N, V).
+/* Fused softmax cross-entropy: row losses l_i = logsumexp(x_i) - x_i[t_i]
+ * (with label smoothing eps: (1 - eps) l_i + eps (lse_i - mean_j x_ij); 0 for
+ * a row whose target is ignore_index), reduced by mean over the counted rows,
+ * sum or none, and dlogits = w_i · (softmax(x_i) - eps/V - (1 - eps) onehot(t_i)),
+ * for logits x (N, V).
  *
  * Cost: forward reads x once (N·V·sizeof(T) bytes; ~4 FLOPs and one exp per
  * element), writes N lse values and the 0-d loss; backward reads x once and
@@ -58,15 +61,21 @@ __device__ __forceinline__ int64_t head_len(const T *p, int64_t n) {
 template <typename I>
 __device__ __forceinline__ int64_t target_of(const I *t, int64_t row) { return (int64_t)t[row]; }
 
-/* One block per row: lse[row] = m + log(s). */
+/* One block per row: lse[row] = m + log(s); rowsum[row] = sum of the row
+ * (label smoothing only; NULL otherwise, the sum then costs nothing). */
 template <typename T>
-__global__ void __launch_bounds__(THREADS) xent_fwd_kernel(const T *__restrict__ x, int64_t V, acc_t<T> *__restrict__ lse) {
+__global__ void __launch_bounds__(THREADS) xent_fwd_kernel(const T *__restrict__ x, int64_t V, acc_t<T> *__restrict__ lse,
+                                                           acc_t<T> *__restrict__ rowsum) {
   using C = acc_t<T>;
   constexpr int VEC = 16 / sizeof(T);
   const T *row = x + (int64_t)blockIdx.x * V;
-  C m = -INFINITY, s = 0;
+  C m = -INFINITY, s = 0, sx = 0;
+  const bool want_sum = rowsum != nullptr;
   int64_t h = head_len(row, V), nv = (V - h) / VEC;
-  for (int64_t j = threadIdx.x; j < h; j += THREADS) merge(m, s, ld<C>(row[j]), (C)1);
+  for (int64_t j = threadIdx.x; j < h; j += THREADS) {
+    merge(m, s, ld<C>(row[j]), (C)1);
+    if (want_sum) sx += ld<C>(row[j]);
+  }
   const T *mid = row + h;
   for (int64_t v0 = threadIdx.x; v0 < nv; v0 += THREADS * UNROLL) {
     Packed128<T> p[UNROLL];
@@ -79,71 +88,117 @@ __global__ void __launch_bounds__(THREADS) xent_fwd_kernel(const T *__restrict__
       C cm = ld<C>(p[u][0]);
 #pragma unroll
       for (int k = 1; k < VEC; k++) cm = fmax(cm, ld<C>(p[u][k]));
+      if (want_sum) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) sx += ld<C>(p[u][k]);
+      }
       if (cm == -INFINITY) continue;
       if (cm > m) { s = m == -INFINITY ? (C)0 : s * ex(m - cm); m = cm; }
 #pragma unroll
       for (int k = 0; k < VEC; k++) s += ex(ld<C>(p[u][k]) - m);
     }
   }
-  for (int64_t j = h + nv * VEC + threadIdx.x; j < V; j += THREADS) merge(m, s, ld<C>(row[j]), (C)1);
+  for (int64_t j = h + nv * VEC + threadIdx.x; j < V; j += THREADS) {
+    merge(m, s, ld<C>(row[j]), (C)1);
+    if (want_sum) sx += ld<C>(row[j]);
+  }
   /* warp, then block */
   for (int o = 16; o > 0; o >>= 1) {
     C m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
     merge(m, s, m2, s2);
   }
-  __shared__ C sm[THREADS / 32], ss[THREADS / 32];
+  if (want_sum)
+    for (int o = 16; o > 0; o >>= 1) sx += __shfl_xor_sync(0xffffffffu, sx, o);
+  __shared__ C sm[THREADS / 32], ss[THREADS / 32], ssx[THREADS / 32];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+  if (lane == 0) { sm[warp] = m; ss[warp] = s; ssx[warp] = sx; }
   __syncthreads();
   if (warp == 0) {
     m = lane < THREADS / 32 ? sm[lane] : (C)-INFINITY;
     s = lane < THREADS / 32 ? ss[lane] : (C)0;
+    sx = lane < THREADS / 32 ? ssx[lane] : (C)0;
     for (int o = 16; o > 0; o >>= 1) {
       C m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
       merge(m, s, m2, s2);
+      if (want_sum) sx += __shfl_xor_sync(0xffffffffu, sx, o);
     }
-    if (lane == 0) lse[blockIdx.x] = m + lg(s);
+    if (lane == 0) {
+      lse[blockIdx.x] = m + lg(s);
+      if (want_sum) rowsum[blockIdx.x] = sx;
+    }
   }
 }
 
-/* loss = sum_i (lse_i - x_i[t_i]) / N, in double, fixed order; NaN for a bad target. */
+/* Row i's loss in double: 0 for an ignored row, NaN for a bad target. */
+template <typename T, typename I>
+__device__ __forceinline__ double row_loss(const T *x, const I *t, const acc_t<T> *lse, const acc_t<T> *rowsum,
+                                           int64_t i, int64_t V, em_xent_opts o) {
+  int64_t ti = target_of(t, i);
+  if (ti == o.ignore_index) return 0.0;
+  if (ti < 0 || ti >= V) return NAN;
+  double l = (double)lse[i] - (double)ld<acc_t<T>>(x[i * V + ti]);
+  if (rowsum) l = (1.0 - o.label_smoothing) * l + o.label_smoothing * ((double)lse[i] - (double)rowsum[i] / (double)V);
+  return l;
+}
+
+/* reduction "none": loss[i] = l_i, one thread per row. */
 template <typename T, typename I, typename L>
-__global__ void __launch_bounds__(1024) xent_mean_kernel(const T *x, const I *t, const acc_t<T> *lse, int64_t N,
-                                                         int64_t V, L *loss) {
-  __shared__ double part[1024 / 32];
-  double acc = 0;
+__global__ void xent_rows_kernel(const T *x, const I *t, const acc_t<T> *lse, const acc_t<T> *rowsum, int64_t N,
+                                 int64_t V, em_xent_opts o, L *loss) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
+    loss[i] = st<L>((acc_t<L>)row_loss(x, t, lse, rowsum, i, V, o));
+}
+
+/* "sum" / "mean": one block, in double, fixed order (deterministic); count = rows not ignored. */
+template <typename T, typename I, typename L>
+__global__ void __launch_bounds__(1024) xent_reduce_kernel(const T *x, const I *t, const acc_t<T> *lse,
+                                                           const acc_t<T> *rowsum, int64_t N, int64_t V,
+                                                           em_xent_opts o, L *loss, float *count) {
+  __shared__ double part[1024 / 32], cpart[1024 / 32];
+  double acc = 0, cnt = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
-    int64_t ti = target_of(t, i);
-    if (ti < 0 || ti >= V) acc += NAN;
-    else acc += (double)lse[i] - (double)ld<acc_t<T>>(x[i * V + ti]);
+    acc += row_loss(x, t, lse, rowsum, i, V, o);
+    cnt += target_of(t, i) != o.ignore_index;
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  for (int off = 16; off > 0; off >>= 1) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
+  }
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) part[warp] = acc;
+  if (lane == 0) { part[warp] = acc; cpart[warp] = cnt; }
   __syncthreads();
   if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += part[w];
-    loss[0] = st<L>((acc_t<L>)(s / (double)N));
+    double s = 0, c = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) { s += part[w]; c += cpart[w]; }
+    bool mean = o.reduction == EM_REDUCTION_MEAN;
+    loss[0] = st<L>((acc_t<L>)(mean ? (c > 0 ? s / c : (double)NAN) : s));
+    if (count) count[0] = (float)c;
   }
 }
 
-/* One block per row: dx = scale * exp(x - lse), minus scale at the target (the CPU's order of operations). */
+/* One block per row: dx = scale * exp(x - lse) - scale * eps / V, minus
+ * scale (1 - eps) at the target (the CPU's order of operations); scale =
+ * g[r * gstride] (/ count[0] for a mean), 0 for an ignored row. */
 template <typename T, typename I, typename G>
 __global__ void __launch_bounds__(THREADS) xent_bwd_kernel(const T *__restrict__ x, const I *__restrict__ t,
                                                            const acc_t<T> *__restrict__ lse, const G *__restrict__ g,
-                                                           int64_t N, int64_t V, T *__restrict__ dx, bool vec_ok) {
+                                                           int64_t gstride, const float *__restrict__ count,
+                                                           em_xent_opts o, int64_t V, T *__restrict__ dx, bool vec_ok) {
   using C = acc_t<T>;
   constexpr int VEC = 16 / sizeof(T);
   int64_t r = blockIdx.x;
   const T *row = x + r * V;
   T *out = dx + r * V;
-  C l = lse[r], scale = (C)((double)ld<acc_t<G>>(g[0]) / (double)N);
   int64_t ti = target_of(t, r);
+  double w = (double)ld<acc_t<G>>(g[r * gstride]) / (count ? (double)count[0] : 1.0);
+  C l = lse[r], scale = ti == o.ignore_index ? (C)0 : (C)w;
+  C sm = scale * (C)(o.label_smoothing / (double)V), st_ = scale * (C)(1.0 - o.label_smoothing);
+  const bool smooth = o.label_smoothing > 0;
   int64_t h = vec_ok ? head_len(row, V) : V, nv = vec_ok ? (V - h) / VEC : 0;
   for (int64_t j = threadIdx.x; j < h; j += THREADS) {
     C v = scale * ex(ld<C>(row[j]) - l);
-    out[j] = st<T>(j == ti ? v - scale : v);
+    if (smooth) v -= sm;
+    out[j] = st<T>(j == ti ? v - st_ : v);
   }
   int64_t tl = ti - h;                      /* the target's index within the vector body */
   for (int64_t v0 = threadIdx.x; v0 < nv; v0 += THREADS * UNROLL) {
@@ -159,14 +214,16 @@ __global__ void __launch_bounds__(THREADS) xent_bwd_kernel(const T *__restrict__
 #pragma unroll
       for (int k = 0; k < VEC; k++) {
         C e = scale * ex(ld<C>(p[u][k]) - l);
-        q[k] = st<T>(v * VEC + k == tl ? e - scale : e);
+        if (smooth) e -= sm;
+        q[k] = st<T>(v * VEC + k == tl ? e - st_ : e);
       }
       store128(out + h + v * VEC, q);
     }
   }
   for (int64_t j = h + nv * VEC + threadIdx.x; j < V; j += THREADS) {
     C v = scale * ex(ld<C>(row[j]) - l);
-    out[j] = st<T>(j == ti ? v - scale : v);
+    if (smooth) v -= sm;
+    out[j] = st<T>(j == ti ? v - st_ : v);
   }
 }
 
@@ -177,33 +234,63 @@ __global__ void __launch_bounds__(THREADS) xent_bwd_kernel(const T *__restrict__
     default: return em_error("cross_entropy: CUDA targets must be i32 or i64, got %s", em_dtype_name(dt)); \
   }
 
-extern "C" int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, em_tensor *lse, em_tensor *loss) {
+/* The reduction of the row losses into loss (and count), after lse (and rowsum) exist. */
+static int xent_finish(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
+                       const em_tensor *rowsum, em_tensor *loss, em_tensor *count, cudaStream_t s) {
   int64_t V = logits->shape[logits->ndim - 1], N = em_numel(targets);
-  cudaStream_t s = em_cur_stream(logits->device.index);
-  if (N > 0) {
-    if (N > INT32_MAX) return em_error("cross_entropy: %lld rows exceed the CUDA grid", (long long)N);
-    EM_DISPATCH_FLOAT(logits->dtype, T,
-      xent_fwd_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((const T *)em_data_ptr(logits), V,
-                                                          (acc_t<T> *)em_data_ptr(lse)));
-    if (em_launch_check("cross_entropy")) return -1;
-  }
+  if (o->reduction == EM_REDUCTION_NONE && N == 0) return 0;
+  float *cnt = count ? (float *)em_data_ptr(count) : nullptr;
   EM_DISPATCH_FLOAT(logits->dtype, T, {
+    const acc_t<T> *rs = rowsum ? (const acc_t<T> *)em_data_ptr(rowsum) : nullptr;
     DISPATCH_TARGET(targets->dtype, I, {
-      EM_DISPATCH_FLOAT(loss->dtype, L,
-        xent_mean_kernel<T, I, L><<<1, 1024, 0, s>>>((const T *)em_data_ptr(logits), (const I *)em_data_ptr(targets),
-                                                     (const acc_t<T> *)em_data_ptr(lse), N, V,
-                                                     (L *)em_data_ptr(loss)));
+      EM_DISPATCH_FLOAT(loss->dtype, L, {
+        const T *xp = (const T *)em_data_ptr(logits);
+        const I *tp = (const I *)em_data_ptr(targets);
+        const acc_t<T> *lp = (const acc_t<T> *)em_data_ptr(lse);
+        if (o->reduction == EM_REDUCTION_NONE)
+          xent_rows_kernel<T, I, L><<<em_grid(N, 256), 256, 0, s>>>(xp, tp, lp, rs, N, V, *o, (L *)em_data_ptr(loss));
+        else
+          xent_reduce_kernel<T, I, L><<<1, 1024, 0, s>>>(xp, tp, lp, rs, N, V, *o, (L *)em_data_ptr(loss), cnt);
+      });
     });
   });
   return em_launch_check("cross_entropy");
 }
 
-extern "C" int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_tensor *lse,
-                                const em_tensor *g, em_tensor *dlogits) {
+extern "C" int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o,
+                                em_tensor *lse, em_tensor *loss, em_tensor *count) {
+  int64_t V = logits->shape[logits->ndim - 1], N = em_numel(targets);
+  cudaStream_t s = em_cur_stream(logits->device.index);
+  em_tensor *rowsum = NULL;   /* label smoothing: each row's sum, beside lse */
+  if (o->label_smoothing > 0 && N > 0 && !(rowsum = em_empty(1, &N, lse->dtype, lse->device))) return -1;
+  int rc = 0;
+  if (N > 0) {
+    if (N > INT32_MAX) { em_tensor_release(rowsum); return em_error("cross_entropy: %lld rows exceed the CUDA grid", (long long)N); }
+    switch (logits->dtype) {   /* not EM_DISPATCH_FLOAT: its default returns, and rowsum must be released */
+#define FWD(T) xent_fwd_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((const T *)em_data_ptr(logits), V, \
+                 (acc_t<T> *)em_data_ptr(lse), rowsum ? (acc_t<T> *)em_data_ptr(rowsum) : nullptr); break
+      case EM_F32: FWD(float);
+      case EM_F64: FWD(double);
+      case EM_BF16: FWD(__nv_bfloat16);
+      case EM_F16: FWD(__half);
+#undef FWD
+      default: rc = em_error("cross_entropy: unsupported dtype %s", em_dtype_name(logits->dtype));
+    }
+    if (rc == 0) rc = em_launch_check("cross_entropy");
+  }
+  if (rc == 0) rc = xent_finish(logits, targets, o, lse, rowsum, loss, count, s);
+  em_tensor_release(rowsum);
+  return rc;
+}
+
+extern "C" int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o,
+                                const em_tensor *lse, const em_tensor *g, const em_tensor *count, em_tensor *dlogits) {
   int64_t V = logits->shape[logits->ndim - 1], N = em_numel(targets);
   if (N == 0 || V == 0) return 0;
   if (N > INT32_MAX) return em_error("cross_entropy: %lld rows exceed the CUDA grid", (long long)N);
   cudaStream_t s = em_cur_stream(logits->device.index);
+  int64_t gstride = o->reduction == EM_REDUCTION_NONE ? 1 : 0;
+  const float *cnt = o->reduction == EM_REDUCTION_MEAN && count ? (const float *)em_data_ptr(count) : nullptr;
   /* 16-byte chunks line up in x and dx only when their bases agree modulo 16 */
   bool vec_ok = (((uintptr_t)em_data_ptr(logits) - (uintptr_t)em_data_ptr(dlogits)) & 15) == 0;
   EM_DISPATCH_FLOAT(logits->dtype, T, {
@@ -212,7 +299,7 @@ extern "C" int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *target
         xent_bwd_kernel<T, I, G><<<(unsigned)N, THREADS, 0, s>>>((const T *)em_data_ptr(logits),
                                                                  (const I *)em_data_ptr(targets),
                                                                  (const acc_t<T> *)em_data_ptr(lse),
-                                                                 (const G *)em_data_ptr(g), N, V,
+                                                                 (const G *)em_data_ptr(g), gstride, cnt, *o, V,
                                                                  (T *)em_data_ptr(dlogits), vec_ok));
     });
   });

@@ -68,7 +68,9 @@ end)
 -- outputs); tensors fn reads must be updated in place (x:copy_(new)) before
 -- a replay (static inputs). Host synchronisation inside fn (item, cpu,
 -- printing, synchronize) raises an error naming the op and the Lua line, and
--- the capture is discarded. Random ops replay the numbers drawn at capture.
+-- the capture is discarded. Random ops (rand, randn, dropout, ...) draw fresh
+-- numbers at every replay: they read their Philox counter from the graph's
+-- device cell, which each replay sets from the global generator.
 -- g:replay() launches on the current stream; g:close() frees the graph and,
 -- once its outputs are garbage, its memory. Module paths are tracked during
 -- the capture, so profiles of replays name each kernel's module.

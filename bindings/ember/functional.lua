@@ -110,8 +110,17 @@ end
 function F.silu(x) return core.silu(x) end
 --- max(x, 0).
 function F.relu(x) return core.relu(x) end
---- Exact (erf) GELU, as PyTorch's default.
-function F.gelu(x) return core.gelu(x) end
+--- GELU: exact (erf) by default, as PyTorch's; opts.approximate = "tanh"
+-- gives 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))) (issue 12).
+function F.gelu(x, opts)
+  local approx = opts and opts.approximate or "none"
+  if type(opts) == "string" then approx = opts end   -- F.gelu(x, "tanh")
+  if approx == "tanh" then return core.gelu_tanh(x) end
+  if approx ~= "none" then
+    error(("ember.nn.functional.gelu: expected approximate \"none\" or \"tanh\", got %s"):format(tostring(approx)), 2)
+  end
+  return core.gelu(x)
+end
 --- silu(a) ⊙ b, fused.
 function F.swiglu(a, b)
   check_tensor("swiglu", "a", a)
@@ -124,15 +133,7 @@ function F.softmax(x, dim) return core.softmax(x, dim or -1) end
 --- Log-softmax along `dim` (default -1, the last).
 function F.log_softmax(x, dim) return core.log_softmax(x, dim or -1) end
 
---- Mean cross-entropy over all targets.
--- @param logits float tensor (..., V)
--- @param targets integer tensor (...) with values in [0, V)
--- @return 0-d tensor
-function F.cross_entropy(logits, targets)
-  check_tensor("cross_entropy", "logits", logits)
-  check_tensor("cross_entropy", "targets", targets)
-  return core.cross_entropy(logits, targets)
-end
+-- F.cross_entropy (with its options) is defined in the issue 12 block below.
 
 --- FlashAttention (CUDA, bf16/f16 or f32 under ember.autocast): softmax(q kᵀ
 -- · scale + causal mask) v without materialising the score matrix. Returns O
@@ -177,6 +178,148 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   check_tensor("scaled_dot_product_attention", "k", k)
   check_tensor("scaled_dot_product_attention", "v", v)
   return fn(q, k, v, opts.causal and true or false, opts.scale or 0)
+end
+
+-- ---------------------------------------------------------------------------
+-- issue 12: dropout and losses (see docs/api/random.md, docs/api/loss.md)
+
+local REDUCTIONS = {mean = true, sum = true, none = true}
+
+-- opts as a table whose keys are all in `allowed`; "ember.nn.functional.<f>: ..." otherwise.
+local function loss_opts(fname, opts, allowed)
+  if opts == nil then return {}, "mean" end
+  if type(opts) ~= "table" then
+    error(("ember.nn.functional.%s: expected an options table, got %s"):format(fname, type(opts)), 3)
+  end
+  for k in pairs(opts) do
+    if not allowed[k] then
+      error(("ember.nn.functional.%s: unknown option '%s'"):format(fname, tostring(k)), 3)
+    end
+  end
+  local r = opts.reduction or "mean"
+  if not REDUCTIONS[r] then
+    error(("ember.nn.functional.%s: expected reduction \"mean\", \"sum\" or \"none\", got %s")
+      :format(fname, tostring(r)), 3)
+  end
+  return opts, r
+end
+
+local function reduce(l, r)
+  if r == "mean" then return l:mean() elseif r == "sum" then return l:sum() end
+  return l
+end
+
+--- Dropout: in training, zero each element with probability p and scale the
+-- rest by 1/(1-p) (the mask from the Philox stream, regenerated for backward);
+-- otherwise (or p == 0) x itself.
+-- @param x float tensor
+-- @tparam[opt=0.5] number p in [0, 1]
+-- @tparam[opt=true] boolean training
+function F.dropout(x, p, training)
+  check_tensor("dropout", "x", x)
+  p = p == nil and 0.5 or p
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
+    error(("ember.nn.functional.dropout: expected p in [0, 1], got %s"):format(tostring(p)), 2)
+  end
+  if training == false or p == 0 then return x end
+  return core.dropout(x, p)
+end
+
+--- Cross-entropy of logits (..., V) against integer targets (...), fused.
+-- opts: reduction ("mean" over the targets that are not ignore_index, "sum",
+-- "none": the per-target losses), ignore_index (-100), label_smoothing (0).
+function F.cross_entropy(logits, targets, opts)
+  check_tensor("cross_entropy", "logits", logits)
+  check_tensor("cross_entropy", "targets", targets)
+  local o, r = loss_opts("cross_entropy", opts, {reduction = true, ignore_index = true, label_smoothing = true})
+  return core.cross_entropy_ex(logits, targets, o.ignore_index or -100, o.label_smoothing or 0, r)
+end
+
+--- (input - target)² reduced; target broadcasts to input.
+function F.mse_loss(input, target, opts)
+  check_tensor("mse_loss", "input", input)
+  check_tensor("mse_loss", "target", target)
+  local _, r = loss_opts("mse_loss", opts, {reduction = true})
+  return reduce((input - target):square(), r)
+end
+
+--- |input - target| reduced; target broadcasts to input.
+function F.l1_loss(input, target, opts)
+  check_tensor("l1_loss", "input", input)
+  check_tensor("l1_loss", "target", target)
+  local _, r = loss_opts("l1_loss", opts, {reduction = true})
+  return reduce((input - target):abs(), r)
+end
+
+--- Negative log-likelihood of log-probabilities input (N, C), (N, C, d...)
+-- or (C) at integer targets (N), (N, d...) or (): −w[t] · input[n, t].
+-- opts: weight (C), ignore_index (-100), reduction ("mean": divided by the
+-- summed weights of the targets that count, as PyTorch).
+function F.nll_loss(input, target, opts)
+  check_tensor("nll_loss", "input", input)
+  check_tensor("nll_loss", "target", target)
+  local o, r = loss_opts("nll_loss", opts, {weight = true, ignore_index = true, reduction = true})
+  local ignore = o.ignore_index or -100
+  local nd = input:dim()
+  if nd < 1 or target:dim() ~= math.max(nd - 1, 0) then
+    error(("ember.nn.functional.nll_loss: expected input (N, C, d...) and target (N, d...), got input of %d dims "
+      .. "and target of %d dims"):format(nd, target:dim()), 2)
+  end
+  local logp = input
+  if nd >= 3 then   -- (N, C, d...) -> (N, d..., C): the class dim last, as a view
+    local perm = {0}
+    for d = 2, nd - 1 do perm[#perm + 1] = d end
+    perm[#perm + 1] = 1
+    logp = input:permute(table.unpack(perm))
+  end
+  local C = logp.shape[#logp.shape]
+  for i = 1, #target.shape do
+    if target.shape[i] ~= logp.shape[i] then
+      error(("ember.nn.functional.nll_loss: expected target of shape [%s] for input of shape [%s], got [%s]")
+        :format(table.concat(logp.shape, ", ", 1, #logp.shape - 1), table.concat(input.shape, ", "),
+          table.concat(target.shape, ", ")), 2)
+    end
+  end
+  if target.device == "cpu" and target:numel() > 0 then   -- on CUDA a check would read the device
+    local bad = target:ne(ignore):logical_and(target:lt(0):logical_or(target:ge(C)))
+    if bad:sum():item() > 0 then
+      local t = target:masked_fill(bad:logical_not(), 0):abs():max():item()
+      error(("ember.nn.functional.nll_loss: expected targets in [0, %d) or ignore_index %d, got %d")
+        :format(C, ignore, math.tointeger(t) or t), 2)
+    end
+  end
+  if o.weight ~= nil then check_tensor("nll_loss", "weight", o.weight) end
+  local valid = target:ne(ignore)   -- ignore_index may be a real class: mask it out of the one-hot
+  local onehot = ember.arange(0, C, 1, {dtype = "i64", device = logp.device}):eq(target:unsqueeze(-1))
+    :logical_and(valid:unsqueeze(-1))
+  local picked = logp:masked_fill(onehot:logical_not(), 0):sum(-1)
+  local w = o.weight and (onehot:to(logp.dtype) * o.weight):sum(-1) or valid:to(logp.dtype)
+  local l = (0 - picked) * w   -- not -(picked * w): an ignored target's loss is +0, not -0
+  if r == "mean" then return l:sum() / w:sum() end
+  return reduce(l, r)
+end
+
+--- Binary cross-entropy on logits, numerically stable for any |x|:
+-- (1 − y) x + (1 + (pos_weight − 1) y) softplus(−x), softplus(−x) =
+-- logsumexp(0, −x) (smooth, no overflow). opts: weight (broadcasts to the
+-- loss), pos_weight (broadcasts along the last dim), reduction.
+function F.binary_cross_entropy_with_logits(input, target, opts)
+  check_tensor("binary_cross_entropy_with_logits", "input", input)
+  check_tensor("binary_cross_entropy_with_logits", "target", target)
+  local o, r = loss_opts("binary_cross_entropy_with_logits", opts, {weight = true, pos_weight = true, reduction = true})
+  local sp = ember.stack({ember.zeros_like(input), -input}, -1):logsumexp(-1)
+  local l
+  if o.pos_weight ~= nil then
+    check_tensor("binary_cross_entropy_with_logits", "pos_weight", o.pos_weight)
+    l = (1 - target) * input + (1 + (o.pos_weight - 1) * target) * sp
+  else
+    l = (1 - target) * input + sp
+  end
+  if o.weight ~= nil then
+    check_tensor("binary_cross_entropy_with_logits", "weight", o.weight)
+    l = l * o.weight
+  end
+  return reduce(l, r)
 end
 
 return F

@@ -55,6 +55,14 @@ nn.LayerNorm = require "ember.nn.layer_norm"
 nn.RotaryEmbedding = require "ember.nn.rope"
 nn.CausalSelfAttention = require("ember.nn.attention").CausalSelfAttention
 nn.SwiGLU = require "ember.nn.swiglu"
+-- issue 12: dropout, GELU and the loss modules
+nn.Dropout = require "ember.nn.dropout"
+nn.GELU = require("ember.nn.activation").GELU
+do
+  local loss = require "ember.nn.loss"
+  nn.MSELoss, nn.L1Loss, nn.NLLLoss = loss.MSELoss, loss.L1Loss, loss.NLLLoss
+  nn.BCEWithLogitsLoss, nn.CrossEntropyLoss = loss.BCEWithLogitsLoss, loss.CrossEntropyLoss
+end
 
 local transformer = require "ember.nn.transformer"
 nn.TransformerBlock, nn.TransformerLM = transformer.TransformerBlock, transformer.TransformerLM

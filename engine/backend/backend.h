@@ -152,10 +152,31 @@ typedef struct {
   uint64_t span;          /* randint: hi - lo */
 } em_rng_dist;
 
-/* Fill t (a CUDA tensor, any strides) with the stream that starts at counter
- * ctr0 under key seed: element j in t's logical row-major order gets the value
- * the CPU gives element j. Launches on the current stream. */
-int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0);
+/* Where a CUDA random op's Philox stream starts (its key and first counter).
+ *   eager:    cell == NULL; key = seed, first counter = offset (both by value).
+ *   captured: cell points at the capturing graph's device-resident pair
+ *             {seed, base}; key = cell[0], first counter = cell[1] + offset,
+ *             offset being the op's position within the graph's range.
+ * A kernel resolves it on the device (em_philox_resolve, rng_math.h), so a
+ * CUDA graph never bakes a host counter into its kernels: em_graph_replay
+ * writes {seed, em_rng_reserve(graph's blocks)} into the cell (a stream-ordered
+ * one-thread kernel) before each launch, and every replay draws fresh numbers
+ * -- the very numbers running the captured ops eagerly at that point would. */
+typedef struct { uint64_t seed, offset; const uint64_t *cell; } em_philox_state;
+
+/* (engine/rng.c) The state for a random op about to consume `blocks` Philox
+ * blocks on a CUDA device: the graph's cell while this thread captures, else
+ * the global generator's (seed, em_rng_reserve(blocks)). */
+em_philox_state em_rng_cuda_state(uint64_t blocks);
+/* (kernels/graph.cu) While this thread captures: reserve `blocks` of the
+ * graph's Philox range, set *offset to their start within it and return the
+ * graph's cell; NULL (nothing reserved) when not capturing. */
+const uint64_t *em_cuda_graph_rng_reserve(uint64_t blocks, uint64_t *offset);
+
+/* Fill t (a CUDA tensor, any strides) with the stream that starts at st:
+ * element j in t's logical row-major order gets the value the CPU gives
+ * element j. Launches on the current stream. */
+int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state st);
 
 /* ---- copies (kernels/copy.cu) ---- */
 /* Copies and fills involving CUDA tensors (kernels/copy.cu). engine/tensor.c
@@ -190,6 +211,7 @@ enum {
   EM_EW_G_ABS = EM_NBINOPS, EM_EW_G_SQRT, EM_EW_G_RSQRT, EM_EW_G_TANH, EM_EW_G_SIGMOID,
   EM_EW_G_SILU, EM_EW_G_RELU, EM_EW_G_GELU, EM_EW_G_SIN, EM_EW_G_COS, EM_EW_G_SQUARE,
   EM_EW_G_RECIP, EM_EW_G_CLAMP,
+  EM_EW_G_GELU_TANH,   /* issue 12 */
 };
 
 /* What to compute: arity, op code, compute class, clamp bounds (+-inf when unbounded). */
@@ -369,17 +391,27 @@ int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *g
 /* Fused softmax cross-entropy on CUDA (kernels/softmax_xent.cu), the device
  * half of engine/ops/loss.c. Tensors are validated by the engine op. */
 
-/* logits: contiguous (N, V) float; targets: contiguous (N) i32 or i64.
- * Writes lse (N; f32, or f64 for f64 logits) = logsumexp of each row and
- * loss (0-d, any float dtype) = mean over rows of lse - logits[row, target],
- * the mean taken on the device. A target outside [0, V) makes its row, and so
- * the loss, NaN (a host-side check would synchronise). */
-int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, em_tensor *lse, em_tensor *loss);
+/* The options the kernels need (engine/ops/loss.c): targets equal to
+ * ignore_index count for nothing; label smoothing eps; reduction an
+ * em_reduction (ops.h). */
+typedef struct { int64_t ignore_index; double label_smoothing; int reduction; } em_xent_opts;
 
-/* dlogits (N, V, logits' dtype, contiguous) = g / N * (exp(logits - lse) - onehot(target)),
- * g a one-element float tensor on the device (read there: no host sync). */
-int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_tensor *lse, const em_tensor *g,
-                     em_tensor *dlogits);
+/* logits: contiguous (N, V) float; targets: contiguous (N) i32 or i64.
+ * Writes lse (N; f32, or f64 for f64 logits) = logsumexp of each row and the
+ * row losses l_i = (1 - eps)(lse_i - x_i[t_i]) + eps (lse_i - mean_j x_ij)
+ * (0 for an ignored row) reduced into loss (any float dtype): "none" (loss
+ * has N elements), "sum" or "mean" (0-d; mean over the M rows not ignored,
+ * NaN when M = 0, and count, a 0-d f32, receives M for the backward). All on
+ * the device. A target outside [0, V) other than ignore_index makes its row,
+ * and so the loss, NaN (a host-side check would synchronise). */
+int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, em_tensor *lse,
+                     em_tensor *loss, em_tensor *count);
+
+/* dlogits (N, V, logits' dtype, contiguous) = w_i (exp(logits - lse) - eps / V - (1 - eps) onehot(t_i)),
+ * w_i = g[i] ("none": g has N elements), g[0] ("sum") or g[0] / count[0]
+ * ("mean"), 0 for an ignored row; g and count are read on the device. */
+int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
+                     const em_tensor *g, const em_tensor *count, em_tensor *dlogits);
 
 /* ---- flash attention (kernels/flash_fwd.cu, kernels/flash_bwd.cu) ---- */
 /* FlashAttention-2 on CUDA (kernels/flash_fwd.cu, kernels/flash_bwd.cu), the
@@ -431,6 +463,29 @@ int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out);
 /* With total = sqrt(sumsq[0]) read on the device: when total > max_norm,
  * every grad *= max_norm / (total + 1e-6); norm_out (0-d f32) = total. */
 int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm, em_tensor *norm_out);
+
+/* ======== issue 12: random ops and dropout (engine/ops/{random,dropout}.c) ======== */
+
+/* ---- dropout (kernels/dropout.cu) ----
+ * y = x * m_j / (1 - p) with m_j = u(w_j) < 1 - p on the stream st (word j % 4
+ * of block j / 4, as rng.h); x, y contiguous, one shape and float dtype
+ * (f32/bf16/f16 multiply in f32). Backward is the same call on the gradient
+ * with the forward's st. */
+int em_dropout_cuda(const em_tensor *x, em_tensor *y, double p, em_philox_state st);
+
+/* ---- random sampling (kernels/random.cu) ---- */
+/* out (contiguous, any dtype) = 1 where u(w_j) < p_j else 0; p a contiguous
+ * f64 tensor of out's numel, or NULL for the constant pc. */
+int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state st);
+/* out (contiguous (n), i64) = 0..n-1 sorted by (64-bit key, index), element
+ * i's key em_rng_u64 of block i / 2 (one radix sort). */
+int em_randperm_cuda(em_tensor *out, em_philox_state st);
+/* out (N, k) i64 contiguous: per row of probs (N, C) contiguous float, the
+ * argmax of race keys p_j / E (engine/ops/random.c); with replacement a new
+ * race per sample (element (r k + s) C + j), without the k largest keys of
+ * one race (element r C + j), ties to the lower index. */
+int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement, em_philox_state st);
+/* ======== end issue 12 ======== */
 
 #ifdef __cplusplus
 }

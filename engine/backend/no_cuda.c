@@ -100,7 +100,8 @@ int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
 }
 
 /* The launchers, in backend.h's order. */
-int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, uint64_t seed, uint64_t ctr0) { return no_cuda(NULL); }
+int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state st) { return no_cuda(NULL); }
+const uint64_t *em_cuda_graph_rng_reserve(uint64_t blocks, uint64_t *offset) { *offset = 0; return NULL; }
 int em_copy_cuda(em_tensor *dst, em_tensor *src) { return no_cuda("copy_"); }
 int em_fill_cuda(em_tensor *dst, double v) { return no_cuda("fill_"); }
 int em_copy_device_cuda(em_tensor *dst, const em_tensor *src) { return no_cuda("copy_"); }
@@ -139,10 +140,10 @@ int em_swiglu_bwd_cuda(const em_tensor *a, const em_tensor *b, const em_tensor *
                        em_tensor *gb) { return no_cuda(NULL); }
 int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *out) { return no_cuda(NULL); }
 int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw) { return no_cuda(NULL); }
-int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, em_tensor *lse,
-                     em_tensor *loss) { return no_cuda(NULL); }
-int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_tensor *lse,
-                     const em_tensor *g, em_tensor *dlogits) { return no_cuda(NULL); }
+int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, em_tensor *lse,
+                     em_tensor *loss, em_tensor *count) { return no_cuda(NULL); }
+int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
+                     const em_tensor *g, const em_tensor *count, em_tensor *dlogits) { return no_cuda(NULL); }
 bool em_flash_supported_dim(int64_t d) { return false; }
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
                       em_tensor *lse, bool causal, float scale) { return no_cuda(NULL); }
@@ -157,3 +158,10 @@ int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr
 int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }
 int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm,
                        em_tensor *norm_out) { return no_cuda(NULL); }
+
+/* ---- issue 12: random ops and dropout ---- */
+int em_dropout_cuda(const em_tensor *x, em_tensor *y, double p, em_philox_state st) { return no_cuda(NULL); }
+int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state st) { return no_cuda(NULL); }
+int em_randperm_cuda(em_tensor *out, em_philox_state st) { return no_cuda(NULL); }
+int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement,
+                        em_philox_state st) { return no_cuda(NULL); }

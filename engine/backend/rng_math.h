@@ -72,6 +72,31 @@ static inline EM_HOSTDEV double em_rng_erfinv(double y) {
   return x;
 }
 
+/* dropout and bernoulli: element j is kept (is 1) when u(w_j) < q, with
+ * q = 1 - p for dropout and q = p_j for bernoulli, compared in double. */
+static inline EM_HOSTDEV int em_rng_below(uint32_t w, double q) { return em_rng_u24(w) < q; }
+
+/* multinomial and randperm take 64-bit draws: two words of a block per
+ * element (element e uses block e / 2, words 2(e%2) and 2(e%2)+1). */
+static inline EM_HOSTDEV uint64_t em_rng_u64(const em_philox_block *b, int half) {
+  return (uint64_t)b->v[2 * half] | ((uint64_t)b->v[2 * half + 1] << 32);
+}
+/* multinomial's race key p / E, E = -log(1 - u) ~ Exp(1) with u of 53 bits:
+ * the largest key over a row is category j with probability p_j / sum p. */
+static inline EM_HOSTDEV double em_rng_race_key(double p, uint64_t r) {
+  double u = (double)(r >> 11) * 0x1p-53;
+  return p > 0 ? p / -log1p(-u) : 0.0;
+}
+
+/* The key and first counter of a CUDA op's stream (backend.h, em_philox_state):
+ * read from the capturing graph's device cell when there is one. */
+#if defined(__CUDACC__)
+static inline __device__ void em_philox_resolve(const em_philox_state &s, uint64_t *seed, uint64_t *ctr0) {
+  if (s.cell) { *seed = s.cell[0]; *ctr0 = s.cell[1] + s.offset; }
+  else { *seed = s.seed; *ctr0 = s.offset; }
+}
+#endif
+
 /* uniform_/rand: a value that rounds to hi in the tensor's dtype (bf16/f16
  * near 1, say) is replaced by lo -- PyTorch's rule on CUDA -- so every dtype
  * draws from [lo, hi). `stored` is the value as stored (rounded). */

@@ -37,6 +37,7 @@ static const char *const binop_names[EM_NBINOPS] = {
 static const char *const unop_names[EM_NUNOPS] = {
   "neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu",
   "sin", "cos", "square", "reciprocal", "sign", "logical_not", "floor", "ceil", "round",
+  "gelu_tanh",
 };
 
 const char *em_binop_name(em_binop op) {
@@ -59,8 +60,12 @@ enum {
   G_ABS = EM_EW_G_ABS, G_SQRT = EM_EW_G_SQRT, G_RSQRT = EM_EW_G_RSQRT, G_TANH = EM_EW_G_TANH,
   G_SIGMOID = EM_EW_G_SIGMOID, G_SILU = EM_EW_G_SILU, G_RELU = EM_EW_G_RELU, G_GELU = EM_EW_G_GELU,
   G_SIN = EM_EW_G_SIN, G_COS = EM_EW_G_COS, G_SQUARE = EM_EW_G_SQUARE, G_RECIP = EM_EW_G_RECIP,
-  G_CLAMP = EM_EW_G_CLAMP,
+  G_CLAMP = EM_EW_G_CLAMP, G_GELU_TANH = EM_EW_G_GELU_TANH,
 };
+
+/* gelu(x, approximate="tanh") = 0.5 x (1 + tanh(k (x + c x^3))), k = sqrt(2/pi), c = 0.044715. */
+#define GELU_TANH_K 0.79788456080286535588
+#define GELU_TANH_C 0.044715
 
 /* kind, code, cls, and clamp bounds lo/hi (G_CLAMP / U_CLAMP; +-inf when unbounded). */
 typedef em_ew_kern kern;
@@ -127,6 +132,10 @@ static int64_t ipow(int64_t b, int64_t e) {
     case G_SQUARE: LOOP(o[i] = 2 * a[i] * b[i]);                                         \
     case G_RECIP: LOOP(o[i] = -a[i] * b[i] * b[i]);                                      \
     case G_CLAMP: LOOP(o[i] = (b[i] >= (T)k->lo && b[i] <= (T)k->hi) ? a[i] : 0);        \
+    case G_GELU_TANH: LOOP(T x = b[i];                                                   \
+                           T t = tanh((T)GELU_TANH_K * (x + (T)GELU_TANH_C * x * x * x)); \
+                           o[i] = a[i] * ((T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) *  \
+                                          (T)GELU_TANH_K * (1 + (T)(3 * GELU_TANH_C) * x * x))); \
     default: break;                                                                      \
   }
 
@@ -152,6 +161,8 @@ static int64_t ipow(int64_t b, int64_t e) {
     case EM_FLOOR: LOOP(o[i] = floor(a[i]));                                             \
     case EM_CEIL: LOOP(o[i] = ceil(a[i]));                                               \
     case EM_ROUND: LOOP(o[i] = nearbyint(a[i]));   /* half to even, as torch.round */    \
+    case EM_GELU_TANH: LOOP(T x = a[i];                                                  \
+                            o[i] = (T)0.5 * x * (1 + tanh((T)GELU_TANH_K * (x + (T)GELU_TANH_C * x * x * x)))); \
     case U_CLAMP: LOOP(T v = a[i]; v = v < (T)k->lo ? (T)k->lo : v;                      \
                        o[i] = v > (T)k->hi ? (T)k->hi : v);                              \
     default: break;                                                                      \
@@ -712,7 +723,7 @@ em_tensor *em_binary_scalar(em_binop op, em_tensor *a, double sc, bool scalar_fi
 static bool float_only(int op) {
   switch (op) {
     case EM_SQRT: case EM_RSQRT: case EM_EXP: case EM_LOG: case EM_TANH: case EM_SIGMOID:
-    case EM_SILU: case EM_GELU: case EM_SIN: case EM_COS: case EM_RECIPROCAL: return true;
+    case EM_SILU: case EM_GELU: case EM_SIN: case EM_COS: case EM_RECIPROCAL: case EM_GELU_TANH: return true;
     default: return false;
   }
 }
@@ -737,7 +748,7 @@ static const struct { bool diff; int code, save; } unary_grad[EM_NUNOPS] = {
   [EM_SILU] = {true, G_SILU, SAVE_X}, [EM_RELU] = {true, G_RELU, SAVE_Y},
   [EM_GELU] = {true, G_GELU, SAVE_X}, [EM_SIN] = {true, G_SIN, SAVE_X},
   [EM_COS] = {true, G_COS, SAVE_X}, [EM_SQUARE] = {true, G_SQUARE, SAVE_X},
-  [EM_RECIPROCAL] = {true, G_RECIP, SAVE_Y},
+  [EM_RECIPROCAL] = {true, G_RECIP, SAVE_Y}, [EM_GELU_TANH] = {true, G_GELU_TANH, SAVE_X},
 };
 
 static int unary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {

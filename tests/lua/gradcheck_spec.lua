@@ -25,6 +25,8 @@ local REQUIRED = {
   "linear", "embedding", "cross_entropy", "rmsnorm", "layer_norm", "rope", "swiglu", "scaled_dot_product_attention", "flash_attention",
   "cat", "stack", "view", "reshape", "transpose", "t", "permute", "narrow", "select", "squeeze",
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
+  -- issue 12: dropout and losses
+  "dropout", "mse_loss", "l1_loss", "nll_loss", "binary_cross_entropy_with_logits", "gelu_tanh",
 }
 
 describe("the op registry", function()

@@ -147,3 +147,217 @@ describe("F.cross_entropy", function()
     close(r:item(), math.log(math.exp(1) + math.exp(2) + math.exp(3)) - 1, 1e-15)
   end)
 end)
+
+---------------------------------------------------------------------------
+-- issue 12: cross_entropy's options, mse/l1/nll/BCE-with-logits, gelu tanh,
+-- the loss modules. References in plain Lua doubles; f64 inputs, so the
+-- tolerance is 1e-12 relative (sums in a different order) unless stated.
+---------------------------------------------------------------------------
+
+local nn = ember.nn
+
+local function raises(fn, pattern)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error matching " .. pattern)
+  assert.is_truthy(tostring(err):find(pattern, 1, true), ("error %q does not contain %q"):format(tostring(err), pattern))
+end
+
+-- per-row losses with PyTorch's label smoothing: (1-eps)(lse - x_t) + eps (lse - mean x); nil for ignored rows
+local function xent_rows(rows, targets, eps, ignore)
+  local out = {}
+  for i, row in ipairs(rows) do
+    if targets[i] == ignore then out[i] = false else
+      local m = -math.huge
+      for _, v in ipairs(row) do m = math.max(m, v) end
+      local s, sx = 0.0, 0.0
+      for _, v in ipairs(row) do s = s + math.exp(v - m); sx = sx + v end
+      local lse = m + math.log(s)
+      out[i] = (1 - eps) * (lse - row[targets[i] + 1]) + eps * (lse - sx / #row)
+    end
+  end
+  return out
+end
+
+describe("F.cross_entropy options", function()
+  local function setup(seed)
+    ember.manual_seed(seed)
+    local logits = ember.randn(6, 5, {dtype = "f64"}) * 2
+    local targets = ember.tensor({0, -100, 4, 2, -100, 1}, {dtype = "i64"})
+    return logits, targets, rows_of(logits, targets)
+  end
+
+  it("ignores targets equal to ignore_index (default -100): mean over the other rows", function()
+    local logits, targets, rows, tl = setup(11)
+    local l = xent_rows(rows, tl, 0, -100)
+    close(F.cross_entropy(logits, targets):item(), (l[1] + l[3] + l[4] + l[6]) / 4, 1e-12)
+  end)
+
+  it("label_smoothing eps: (1-eps)(lse - x_t) + eps (lse - mean_j x_j) per row", function()
+    local logits, targets, rows, tl = setup(12)
+    local l = xent_rows(rows, tl, 0.2, -100)
+    close(F.cross_entropy(logits, targets, {label_smoothing = 0.2}):item(), (l[1] + l[3] + l[4] + l[6]) / 4, 1e-12)
+  end)
+
+  it("reduction sum and none (0 at ignored rows, targets' shape)", function()
+    local logits, targets, rows = setup(13)
+    local t2 = targets:clone():masked_fill(targets:eq(-100), 0)
+    local _, tl2 = rows_of(logits, t2)
+    local l = xent_rows(rows, tl2, 0.1, 4)
+    local none = flat(F.cross_entropy(logits, t2, {reduction = "none", label_smoothing = 0.1, ignore_index = 4}))
+    local sum = 0
+    for i = 1, 6 do
+      if l[i] then close(none[i], l[i], 1e-12, "row " .. i) ; sum = sum + l[i] else assert.equals(0, none[i]) end
+    end
+    close(F.cross_entropy(logits, t2, {reduction = "sum", label_smoothing = 0.1, ignore_index = 4}):item(), sum, 1e-12)
+    local r = F.cross_entropy(logits:view(2, 3, 5), t2:view(2, 3), {reduction = "none"})
+    assert.same({2, 3}, r.shape)
+  end)
+
+  it("a mean over only ignored targets is NaN, and its gradient is zero", function()
+    local x = ember.randn(2, 3, {dtype = "f64", requires_grad = true})
+    local l = F.cross_entropy(x, ember.tensor({-100, -100}, {dtype = "i64"}))
+    assert.is_true(l:item() ~= l:item())
+    l:backward()
+    assert.equals(0, x.grad:abs():sum():item())
+  end)
+
+  it("gradient of an ignored row is zero, of the others softmax - (1-eps) onehot - eps/V, over M", function()
+    local x = ember.randn(3, 4, {dtype = "f64", requires_grad = true})
+    local t = ember.tensor({1, -100, 3}, {dtype = "i64"})
+    F.cross_entropy(x, t, {label_smoothing = 0.3}):backward()
+    local sm, g = F.softmax(x:detach(), -1):tolist(), x.grad:tolist()
+    for j = 1, 4 do assert.equals(0, g[2][j]) end
+    for _, i in ipairs({1, 3}) do
+      local ti = ({1, -100, 3})[i]
+      for j = 1, 4 do
+        local want = (sm[i][j] - 0.3 / 4 - (j - 1 == ti and 0.7 or 0)) / 2
+        assert.is_true(math.abs(g[i][j] - want) < 1e-14, ("grad[%d][%d] %g vs %g"):format(i, j, g[i][j], want))
+      end
+    end
+  end)
+
+  it("rejects bad options and out-of-range targets, naming ignore_index", function()
+    local x, t = ember.randn(2, 3), ember.tensor({0, 1}, {dtype = "i64"})
+    raises(function() F.cross_entropy(x, t, {label_smoothing = 1.5}) end,
+      "cross_entropy: expected label_smoothing in [0, 1], got 1.5")
+    raises(function() F.cross_entropy(x, t, {reduction = "avg"}) end,
+      "cross_entropy: expected reduction \"mean\", \"sum\" or \"none\", got avg")
+    raises(function() F.cross_entropy(x, t, {weight = x}) end, "cross_entropy: unknown option 'weight'")
+    raises(function() F.cross_entropy(x, ember.tensor({0, 3}, {dtype = "i64"})) end,
+      "cross_entropy: target 3 (at flat index 1) is out of range for 3 classes (expected 0..2, or ignore_index -100)")
+  end)
+end)
+
+describe("F.mse_loss and F.l1_loss", function()
+  it("are the mean, sum or elementwise (x - y)^2 and |x - y|, y broadcast", function()
+    local x = ember.tensor({{1, -2, 3}, {0.5, 4, -1}}, {dtype = "f64"})
+    local y = ember.tensor({0, 1, 2}, {dtype = "f64"})
+    -- differences: {1, -3, 1}, {0.5, 3, -3}
+    assert.equals((1 + 9 + 1 + 0.25 + 9 + 9) / 6, F.mse_loss(x, y):item())
+    assert.equals(1 + 3 + 1 + 0.5 + 3 + 3, F.l1_loss(x, y, {reduction = "sum"}):item())
+    assert.same({{1, 9, 1}, {0.25, 9, 9}}, F.mse_loss(x, y, {reduction = "none"}):tolist())
+  end)
+end)
+
+describe("F.nll_loss", function()
+  it("(N, C) with weight and ignore_index: -sum w[t] x[t] / sum w[t] over counted rows", function()
+    local x = ember.tensor({{-1, -2, -3}, {-0.5, -1.5, -2.5}, {-2, -0.1, -3}, {-1, -1, -1}}, {dtype = "f64"})
+    local w = ember.tensor({1, 2, 0.5}, {dtype = "f64"})
+    local t = ember.tensor({2, 0, 1, 1}, {dtype = "i64"})
+    local num = 0.5 * 3 + 1 * 0.5 + 2 * 0.1   -- row 3 (target 1) ignored below
+    local den = 0.5 + 1 + 2
+    close(F.nll_loss(x, t, {weight = w, ignore_index = 1}):item(), (num - 2 * 0.1 + 0) / (den - 2), 1e-15)
+    close(F.nll_loss(x, t):item(), (3 + 0.5 + 0.1 + 1) / 4, 1e-15)
+    assert.same({3, 0.5, 0.1, 1}, F.nll_loss(x, t, {reduction = "none"}):tolist())
+  end)
+
+  it("(N, C, d) takes the class from dim 1, and equals cross_entropy of the logits", function()
+    ember.manual_seed(21)
+    local logits = ember.randn(2, 4, 3, {dtype = "f64"})
+    local t = ember.randint(0, 4, {2, 3})
+    local a = F.nll_loss(F.log_softmax(logits, 1), t):item()
+    local b = F.cross_entropy(logits:permute(0, 2, 1), t):item()
+    close(a, b, 1e-13)
+  end)
+
+  it("rejects a target out of range and a shape mismatch", function()
+    local x = ember.randn(2, 3)
+    raises(function() F.nll_loss(x, ember.tensor({0, 5}, {dtype = "i64"})) end,
+      "nll_loss: expected targets in [0, 3) or ignore_index -100, got 5")
+    raises(function() F.nll_loss(x, ember.tensor({0, 1, 2}, {dtype = "i64"})) end,
+      "nll_loss: expected target of shape [2] for input of shape [2, 3], got [3]")
+  end)
+end)
+
+describe("F.binary_cross_entropy_with_logits", function()
+  -- -(pw y log s(x) + (1 - y) log(1 - s(x))), stable form: (1-y)x + (1 + (pw-1)y) softplus(-x)
+  local function ref(x, y, pw)
+    local sp = math.max(-x, 0) + math.log(1 + math.exp(-math.abs(x)))
+    return (1 - y) * x + (1 + ((pw or 1) - 1) * y) * sp
+  end
+
+  it("matches the formula, finite for |x| = 100 where exp overflows nothing", function()
+    local xs, ys = {-100, -3, -0.5, 0, 0.7, 5, 100}, {0, 1, 0.3, 1, 0, 0.5, 1}
+    local got = F.binary_cross_entropy_with_logits(ember.tensor(xs, {dtype = "f64"}), ember.tensor(ys, {dtype = "f64"}),
+      {reduction = "none"}):tolist()
+    for i = 1, #xs do close(got[i] + 1, ref(xs[i], ys[i]) + 1, 1e-14, "x = " .. xs[i]) end
+  end)
+
+  it("pos_weight weighs the positive term along the last dim; weight scales the loss", function()
+    local x = ember.tensor({{0.2, -1.3}, {2.0, 0.4}}, {dtype = "f64"})
+    local y = ember.tensor({{1, 0}, {0.5, 1}}, {dtype = "f64"})
+    local pw, w = ember.tensor({2, 3}, {dtype = "f64"}), ember.tensor({{1, 0.5}, {2, 1}}, {dtype = "f64"})
+    local want = 1 * ref(0.2, 1, 2) + 0.5 * ref(-1.3, 0, 3) + 2 * ref(2.0, 0.5, 2) + 1 * ref(0.4, 1, 3)
+    close(F.binary_cross_entropy_with_logits(x, y, {pos_weight = pw, weight = w, reduction = "sum"}):item(), want, 1e-14)
+  end)
+
+  it("has the gradient sigmoid(x) - y at x = 0 too (no kink from |x|)", function()
+    local x = ember.zeros(3, {dtype = "f64", requires_grad = true})
+    local y = ember.tensor({0, 1, 0.25}, {dtype = "f64"})
+    F.binary_cross_entropy_with_logits(x, y, {reduction = "sum"}):backward()
+    assert.same({0.5, -0.5, 0.25}, x.grad:tolist())
+  end)
+end)
+
+describe("F.gelu approximate tanh", function()
+  it("is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", function()
+    local xs = {-3, -1, -0.1, 0, 0.5, 2, 6}
+    local got = F.gelu(ember.tensor(xs, {dtype = "f64"}), {approximate = "tanh"}):tolist()
+    for i, x in ipairs(xs) do
+      local want = 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
+      assert.is_true(math.abs(got[i] - want) <= 1e-15 * math.max(1, math.abs(want)), "x = " .. x)
+    end
+    -- and differs from the exact (erf) form
+    assert.is_true(math.abs(F.gelu(ember.tensor({1.0}, {dtype = "f64"})):item() - got[5 - 1 + 1]) > 0)
+  end)
+
+  it("rejects an unknown approximation", function()
+    raises(function() F.gelu(ember.ones(2), {approximate = "fast"}) end,
+      "gelu: expected approximate \"none\" or \"tanh\", got fast")
+    raises(function() nn.GELU({approximate = "fast"}) end, "ember.nn.GELU: expected approximate")
+  end)
+end)
+
+describe("loss modules", function()
+  it("equal their functional forms with the same options", function()
+    ember.manual_seed(31)
+    local x, y = ember.randn(4, 3, {dtype = "f64"}), ember.randn(4, 3, {dtype = "f64"})
+    local t = ember.tensor({0, 2, -100, 1}, {dtype = "i64"})
+    local p = ember.rand(4, 3, {dtype = "f64"})
+    assert.equals(F.mse_loss(x, y):item(), nn.MSELoss()(x, y):item())
+    assert.equals(F.l1_loss(x, y, {reduction = "sum"}):item(), nn.L1Loss({reduction = "sum"})(x, y):item())
+    assert.equals(F.cross_entropy(x, t, {label_smoothing = 0.1}):item(),
+      nn.CrossEntropyLoss({label_smoothing = 0.1})(x, t):item())
+    local w = ember.tensor({1, 2, 3}, {dtype = "f64"})
+    assert.equals(F.nll_loss(x, t, {weight = w}):item(), nn.NLLLoss({weight = w})(x, t):item())
+    assert.equals(F.binary_cross_entropy_with_logits(x, p, {pos_weight = w}):item(),
+      nn.BCEWithLogitsLoss({pos_weight = w})(x, p):item())
+  end)
+
+  it("keep class weights as buffers (state_dict) and refuse unknown options", function()
+    local m = nn.NLLLoss({weight = ember.ones(3)})
+    assert.is_not_nil(m:state_dict().weight)
+    raises(function() nn.MSELoss({ignore_index = 1}) end, "ember.nn.MSELoss: unknown option 'ignore_index'")
+    raises(function() nn.L1Loss({reduction = "avg"}) end, "ember.nn.L1Loss: expected reduction")
+  end)
+end)

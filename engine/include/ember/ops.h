@@ -33,6 +33,7 @@ typedef enum {
   EM_NEG, EM_ABS, EM_SQRT, EM_RSQRT, EM_EXP, EM_LOG, EM_TANH, EM_SIGMOID,
   EM_SILU, EM_RELU, EM_GELU /* exact (erf), as torch default */, EM_SIN, EM_COS,
   EM_SQUARE, EM_RECIPROCAL, EM_SIGN, EM_LOGICAL_NOT, EM_FLOOR, EM_CEIL, EM_ROUND,
+  EM_GELU_TANH /* issue 12: gelu(x, approximate="tanh") */,
   EM_NUNOPS
 } em_unop;
 
@@ -148,6 +149,29 @@ int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor
  * every grad in place by max_norm / (total + 1e-6). Returns total as a 0-d f32
  * tensor on sumsq's device. On CUDA: one multi-tensor launch, no host read. */
 em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max_norm);
+
+/* ---------- issue 12: random ops, dropout, losses (engine/ops/{random,dropout,loss}.c) ---------- */
+/* A loss's reduction, as PyTorch's reduction="none" | "mean" | "sum". */
+typedef enum { EM_REDUCTION_NONE, EM_REDUCTION_MEAN, EM_REDUCTION_SUM } em_reduction;
+/* cross_entropy with PyTorch's options: rows whose target is ignore_index
+ * count for nothing (mean divides by the others); label_smoothing in [0, 1];
+ * "none" returns the row losses in targets' shape. */
+em_tensor *em_cross_entropy_ex(em_tensor *logits, em_tensor *targets, int64_t ignore_index, double label_smoothing,
+                               em_reduction reduction);
+/* Training-mode dropout: x * m / (1 - p), m_j ~ Bernoulli(1 - p) from the
+ * global Philox stream; p in [0, 1]. Differentiable (the mask is regenerated). */
+em_tensor *em_dropout(em_tensor *x, double p);
+/* A tensor of p's shape and dtype: 1 with probability p_j, else 0. */
+em_tensor *em_bernoulli(em_tensor *p);
+/* t (any dtype, in place) = Bernoulli draws with probability p (a float
+ * tensor broadcastable to t) or, when p is NULL, the number pc. */
+int em_bernoulli_(em_tensor *t, em_tensor *p, double pc);
+/* A random permutation of 0..n-1 of dtype dt on dev. */
+em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev);
+/* num_samples category indices (i64) per row of probs (C) or (N, C), with
+ * or without replacement; probs need not sum to 1. */
+em_tensor *em_multinomial(em_tensor *probs, int64_t num_samples, bool replacement);
+/* ---------- end issue 12 ---------- */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,213 @@
+/* Random sampling on the device: bernoulli, randperm, multinomial -- the
+ * device half of engine/ops/random.c, drawing exactly the CPU's numbers from
+ * the Philox stream (counter-based: element e needs only (seed, ctr0 + e/4)
+ * or, for 64-bit draws, (seed, ctr0 + e/2)).
+ *
+ *   bernoulli    one thread per Philox block (4 elements): ~10 rounds and
+ *                sizeof(out) + 8 bytes of p per element. Memory bound.
+ *   randperm     one thread per block makes two (key, index) pairs, then
+ *                cub::DeviceRadixSort sorts them by key (stable, so equal
+ *                keys keep index order, as the CPU's (key, index) sort).
+ *                ~2 x 16 bytes per element per radix pass.
+ *   multinomial  the exponential race: one block of 256 threads per row
+ *                (without replacement) or per (row, sample) (with), each
+ *                thread computing keys p_j / E_j for its strided categories
+ *                and a block argmax (largest key, then lowest index). Without
+ *                replacement, keys are written once to scratch and the
+ *                block takes k argmaxes, knocking each winner out: O(k C)
+ *                per row, fine for the usual small k.
+ * Nothing reads the device from the host; every launch goes on the current
+ * stream, and the stream start is resolved on the device (em_philox_resolve)
+ * so all three can be captured in a CUDA graph. */
+#include <cub/device/device_radix_sort.cuh>
+#include "rng_math.h"
+#include "common.cuh"
+#include "convert.cuh"
+#include "backend.h"
+
+namespace {
+
+/* ---- bernoulli ---- */
+
+template <int DT>
+__global__ void bernoulli_kernel(void *out, const double *p, double pc, int64_t n, em_philox_state s) {
+  uint64_t seed, ctr0;
+  em_philox_resolve(s, &seed, &ctr0);
+  const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (n + 3) / 4; b += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t c = ctr0 + (uint64_t)b;
+    em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+    for (int k = 0; k < 4 && b * 4 + k < n; k++) {
+      int64_t j = b * 4 + k;
+      em_dev_store_f64<DT>(out, j, em_rng_below(pb.v[k], p ? p[j] : pc) ? 1.0 : 0.0);
+    }
+  }
+}
+
+/* ---- randperm ---- */
+
+__global__ void randperm_keys_kernel(uint64_t *keys, int64_t *idx, int64_t n, em_philox_state s) {
+  uint64_t seed, ctr0;
+  em_philox_resolve(s, &seed, &ctr0);
+  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (n + 1) / 2; b += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t c = ctr0 + (uint64_t)b;
+    em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, (uint32_t)seed, (uint32_t)(seed >> 32));
+    for (int h = 0; h < 2 && b * 2 + h < n; h++) {
+      keys[b * 2 + h] = em_rng_u64(&pb, h);
+      idx[b * 2 + h] = b * 2 + h;
+    }
+  }
+}
+
+/* ---- multinomial ---- */
+
+constexpr int kThreads = 256;
+
+/* A probability as a double: exact for every float dtype (f64 not through f32). */
+template <typename T> __device__ __forceinline__ double prob(T x) { return (double)to_f32(x); }
+template <> __device__ __forceinline__ double prob<double>(double x) { return x; }
+
+__device__ __forceinline__ double race_key(double p, uint64_t e, uint64_t seed, uint64_t ctr0) {
+  uint64_t c = ctr0 + e / 2;
+  em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, (uint32_t)seed, (uint32_t)(seed >> 32));
+  return em_rng_race_key(p, em_rng_u64(&pb, (int)(e % 2)));
+}
+
+/* (key, j) beats (k2, j2): larger key, then lower index. */
+__device__ __forceinline__ bool beats(double k, int64_t j, double k2, int64_t j2) {
+  return k > k2 || (k == k2 && j < j2);
+}
+
+/* The block's best (key, j); every thread gets it. */
+__device__ void block_argmax(double &k, int64_t &j) {
+  __shared__ double sk[kThreads / 32];
+  __shared__ int64_t sj[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    double k2 = __shfl_xor_sync(0xffffffffu, k, o);
+    int64_t j2 = __shfl_xor_sync(0xffffffffu, j, o);
+    if (beats(k2, j2, k, j)) { k = k2; j = j2; }
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) { sk[warp] = k; sj[warp] = j; }
+  __syncthreads();
+  k = lane < kThreads / 32 ? sk[lane] : -1.0;
+  j = lane < kThreads / 32 ? sj[lane] : INT64_MAX;
+  for (int o = 16; o > 0; o >>= 1) {
+    double k2 = __shfl_xor_sync(0xffffffffu, k, o);
+    int64_t j2 = __shfl_xor_sync(0xffffffffu, j, o);
+    if (beats(k2, j2, k, j)) { k = k2; j = j2; }
+  }
+}
+
+/* With replacement: block (r, s) races row r once. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) multinomial_repl_kernel(const T *probs, int64_t C, int64_t k, int64_t *out,
+                                                                    em_philox_state s) {
+  uint64_t seed, ctr0;
+  em_philox_resolve(s, &seed, &ctr0);
+  int64_t r = blockIdx.y, smp = blockIdx.x;
+  const T *p = probs + r * C;
+  uint64_t e0 = (uint64_t)((r * k + smp) * C);
+  double best = -1.0;
+  int64_t bj = INT64_MAX;
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+    double key = race_key(prob(p[j]), e0 + (uint64_t)j, seed, ctr0);
+    if (beats(key, j, best, bj)) { best = key; bj = j; }
+  }
+  block_argmax(best, bj);
+  if (threadIdx.x == 0) out[r * k + smp] = bj;
+}
+
+/* Without replacement: one race per row, keys to scratch, then k argmaxes. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) multinomial_norepl_kernel(const T *probs, int64_t C, int64_t k, double *keys,
+                                                                      int64_t *out, em_philox_state s) {
+  uint64_t seed, ctr0;
+  em_philox_resolve(s, &seed, &ctr0);
+  int64_t r = blockIdx.x;
+  const T *p = probs + r * C;
+  double *kr = keys + r * C;
+  for (int64_t j = threadIdx.x; j < C; j += kThreads)
+    kr[j] = race_key(prob(p[j]), (uint64_t)(r * C + j), seed, ctr0);
+  __syncthreads();
+  for (int64_t smp = 0; smp < k; smp++) {
+    double best = -1.0;
+    int64_t bj = INT64_MAX;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads)
+      if (beats(kr[j], j, best, bj)) { best = kr[j]; bj = j; }
+    block_argmax(best, bj);
+    if (threadIdx.x == 0) { out[r * k + smp] = bj; kr[bj] = -2.0; }   /* below every real key */
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+extern "C" int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state s) {
+  int64_t n = em_numel(out);
+  if (n == 0) return 0;
+  cudaStream_t stream = em_cur_stream(out->device.index);
+  const double *pp = p ? (const double *)em_data_ptr(p) : nullptr;
+  unsigned grid = em_grid((n + 3) / 4, 256);
+  EM_DTYPE_CASES(out->dtype, DT, bernoulli_kernel<DT><<<grid, 256, 0, stream>>>(em_data_ptr(out), pp, pc, n, s))
+  return em_launch_check("bernoulli");
+}
+
+extern "C" int em_randperm_cuda(em_tensor *out, em_philox_state s) {
+  int64_t n = em_numel(out);
+  if (n == 0) return 0;
+  if (n > INT32_MAX) return em_error("randperm: n = %lld exceeds the CUDA sort's limit (2^31 - 1)", (long long)n);
+  cudaStream_t stream = em_cur_stream(out->device.index);
+  int64_t two_n = 2 * n;
+  /* scratch: keys in/out (u64) and indices in (i64), then the sort's temporary storage */
+  em_tensor *scratch = em_empty(1, &two_n, EM_I64, out->device), *idx_in = NULL, *tmp = NULL;
+  idx_in = scratch ? em_empty(1, &n, EM_I64, out->device) : NULL;
+  int rc = idx_in ? 0 : -1;
+  size_t tmp_bytes = 0;
+  uint64_t *keys = scratch ? (uint64_t *)em_data_ptr(scratch) : nullptr;
+  if (rc == 0)
+    rc = em_cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, tmp_bytes, keys, keys + n,
+                                                       (const int64_t *)em_data_ptr(idx_in),
+                                                       (int64_t *)em_data_ptr(out), (int)n, 0, 64, stream),
+                       "randperm", "cub::DeviceRadixSort (size query)");
+  int64_t tb = (int64_t)tmp_bytes > 0 ? (int64_t)tmp_bytes : 1;
+  if (rc == 0 && !(tmp = em_empty(1, &tb, EM_U8, out->device))) rc = -1;
+  if (rc == 0) {
+    randperm_keys_kernel<<<em_grid((n + 1) / 2, 256), 256, 0, stream>>>(keys, (int64_t *)em_data_ptr(idx_in), n, s);
+    rc = em_launch_check("randperm");
+  }
+  if (rc == 0)
+    rc = em_cuda_check(cub::DeviceRadixSort::SortPairs(em_data_ptr(tmp), tmp_bytes, keys, keys + n,
+                                                       (const int64_t *)em_data_ptr(idx_in),
+                                                       (int64_t *)em_data_ptr(out), (int)n, 0, 64, stream),
+                       "randperm", "cub::DeviceRadixSort");
+  /* released now, reused by later work on this stream only: the caching allocator is stream-ordered */
+  em_tensor_release(tmp); em_tensor_release(idx_in); em_tensor_release(scratch);
+  return rc;
+}
+
+extern "C" int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement, em_philox_state s) {
+  int64_t C = probs->shape[probs->ndim - 1], N = probs->ndim == 2 ? probs->shape[0] : 1;
+  int64_t k = out->shape[out->ndim - 1];
+  if (N == 0) return 0;
+  if (N > 65535 || (replacement && k > INT32_MAX))
+    return em_error("multinomial: %lld rows x %lld samples exceed the CUDA grid", (long long)N, (long long)k);
+  cudaStream_t stream = em_cur_stream(probs->device.index);
+  if (replacement) {
+    dim3 grid((unsigned)k, (unsigned)N);
+    EM_DISPATCH_FLOAT(probs->dtype, T,
+      multinomial_repl_kernel<T><<<grid, kThreads, 0, stream>>>((const T *)em_data_ptr(probs), C, k,
+                                                                (int64_t *)em_data_ptr(out), s));
+    return em_launch_check("multinomial");
+  }
+  int64_t nk = N * C;
+  em_tensor *keys = em_empty(1, &nk, EM_F64, probs->device);
+  if (!keys) return -1;
+  EM_DISPATCH_FLOAT(probs->dtype, T,
+    multinomial_norepl_kernel<T><<<(unsigned)N, kThreads, 0, stream>>>((const T *)em_data_ptr(probs), C, k,
+                                                                       (double *)em_data_ptr(keys),
+                                                                       (int64_t *)em_data_ptr(out), s));
+  em_tensor_release(keys);
+  return em_launch_check("multinomial");
+}
