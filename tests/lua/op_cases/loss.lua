@@ -42,19 +42,25 @@ return function(case, perf, ember, F)
 
   perf("cross_entropy", "cross_entropy (8192, 50304) logits, label smoothing 0.1",
     function(x, t) return F.cross_entropy(x, t, {label_smoothing = 0.1}) end,
-    function(T) return {T.randn({8192, 50304}), T.ids({8192}, 50304)} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({8192, 50304}), T.ids({8192}, 50304)} end, {backward = true, device = "cuda",
+    torch = "F.cross_entropy(a, b, label_smoothing=0.1)"})
   perf("cross_entropy", "cross_entropy (512, 8192) logits, label smoothing 0.1, on the CPU",
     function(x, t) return F.cross_entropy(x, t, {label_smoothing = 0.1}) end,
     function(T) return {T.randn({512, 8192}), T.ids({512}, 8192)} end, {backward = true, device = "cpu", dtypes = {"f32"}})
   perf("nll_loss", "nll_loss (8192, 1024) log-probs", function(x, t) return F.nll_loss(x, t) end,
-    function(T) return {T.randn({8192, 1024}), T.ids({8192}, 1024)} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({8192, 1024}), T.ids({8192}, 1024)} end, {backward = true, device = "cuda",
+    torch = "F.nll_loss(a, b)"})
   perf("mse_loss", "mse_loss of 2^24 elements", function(x, y) return F.mse_loss(x, y) end,
-    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end, {backward = true, device = "cuda",
+    torch = "F.mse_loss(a, b)"})
   perf("l1_loss", "l1_loss of 2^24 elements", function(x, y) return F.l1_loss(x, y) end,
-    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end, {backward = true, device = "cuda",
+    torch = "F.l1_loss(a, b)"})
   perf("binary_cross_entropy_with_logits", "BCE with logits of 2^24 elements",
     function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
-    function(T) return {T.randn({4096, 4096}), T.uniform({4096, 4096}, 0, 1)} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({4096, 4096}), T.uniform({4096, 4096}, 0, 1)} end, {backward = true, device = "cuda",
+    torch = "F.binary_cross_entropy_with_logits(a, b)"})
   perf("gelu_tanh", "gelu tanh of 2^24 elements", function(x) return F.gelu(x, {approximate = "tanh"}) end,
-    function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda",
+    torch = "F.gelu(a, approximate='tanh')"})
 end

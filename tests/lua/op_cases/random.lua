@@ -47,14 +47,25 @@ return function(case, perf, ember, F)
   -- perf
   ---------------------------------------------------------------------------
   perf("dropout", "F.dropout p=0.1 of 2^24 elements", function(x) return F.dropout(x, 0.1) end,
-    function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda"})
+    function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda",
+    torch = "F.dropout(a, 0.1)"})
   perf("dropout", "F.dropout p=0.1 of 2^20 elements on the CPU", function(x) return F.dropout(x, 0.1) end,
     function(T) return {T.randn({1024, 1024})} end, {backward = true, device = "cpu", dtypes = {"f32"}})
   perf("bernoulli", "bernoulli of 2^24 probabilities", function(p) return ember.bernoulli(p) end,
-    function(T) return {T.uniform({4096, 4096}, 0, 1)} end, {device = "cuda"})
+    function(T) return {T.uniform({4096, 4096}, 0, 1)} end, {device = "cuda", torch = "torch.bernoulli(a)"})
   perf("randperm", "randperm(2^24)", function(x) return ember.randperm(1 << 24, {device = x.device}) end,
-    function(T) return {T.const({1})} end, {dtypes = {"f32"}, device = "cuda"})
+    function(T) return {T.const({1})} end, {dtypes = {"f32"}, device = "cuda",
+    torch = "torch.randperm(1 << 24, device=a.device)"})
   perf("multinomial", "multinomial (64, 50304) probs, 1 sample with replacement",
     function(p) return ember.multinomial(p, 1, {replacement = true}) end,
-    function(T) return {T.uniform({64, 50304}, 0, 1)} end, {dtypes = {"f32"}, device = "cuda"})
+    function(T) return {T.uniform({64, 50304}, 0, 1)} end, {dtypes = {"f32"}, device = "cuda",
+    torch = "torch.multinomial(a, 1, replacement=True)"})
+  -- in-place fills write their tensor once and read nothing
+  local function written(_, out) return out:numel() * out:element_size() end
+  perf("bernoulli_", "bernoulli_(0.3) into 2^24 elements", function(x) return x:bernoulli_(0.3) end,
+    function(T) return {T.const({4096, 4096})} end, {bytes = written, torch = "a.bernoulli_(0.3)"})
+  perf("uniform_", "uniform_(-2, 3) into 2^24 elements", function(x) return x:uniform_(-2, 3) end,
+    function(T) return {T.const({4096, 4096})} end, {bytes = written, torch = "a.uniform_(-2, 3)"})
+  perf("normal_", "normal_(1, 2) into 2^24 elements", function(x) return x:normal_(1, 2) end,
+    function(T) return {T.const({4096, 4096})} end, {bytes = written, torch = "a.normal_(1, 2)"})
 end
