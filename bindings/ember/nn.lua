@@ -66,6 +66,7 @@ end
 
 local transformer = require "ember.nn.transformer"
 nn.TransformerBlock, nn.TransformerLM = transformer.TransformerBlock, transformer.TransformerLM
+nn.GPT2 = require("ember.nn.gpt2").GPT2   -- GPT-2-style decoder from public ops (issue 12)
 
 local configs = require "ember.nn.configs"
 nn.configs, nn.config_names = configs.configs, configs.config_names
