@@ -1,4 +1,4 @@
-"""The reference TransformerLM in PyTorch: API.md's parameter names and math,
+"""The reference TransformerLM in PyTorch: the parameter names and math of docs/api.md §5 (TransformerLM),
 so an Ember safetensors checkpoint loads with no renaming (tests/reference)
 and bench/pytorch_baseline.py times the same model Ember runs.
 

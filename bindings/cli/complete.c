@@ -1,6 +1,6 @@
 /* complete.c — Tab completion of Lua names in the REPL (readline only).
  *
- * Exploring `ember.nn.<Tab>` or `opt:<Tab>` beats reading API.md in the
+ * Exploring `ember.nn.<Tab>` or `opt:<Tab>` beats reading docs/api.md in the
  * middle of a profiling session. The matching is a short Lua function (it
  * walks live values: tables and their __index chains), so it sees whatever
  * the session has defined; C only hands its results to readline. '.' and ':'
