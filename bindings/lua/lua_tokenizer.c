@@ -164,10 +164,10 @@ static int m_encode(lua_State *L) {
   const char *text = lua_tolstring(L, 2, &len);
   int opts = lem_opts(L, 3, fn, ENCODE_KEYS);
   bool cache = lem_field_bool(L, opts, fn, "cache", 1);
-  if (!cache) em_tokenizer_set_cache(t, 0);
+  size_t bound = cache ? 0 : em_tokenizer_set_cache(t, 0);
   int32_t *ids;
   int64_t n = em_tokenizer_encode(t, text, len, &ids);
-  if (!cache) em_tokenizer_set_cache(t, 65536);
+  if (!cache) em_tokenizer_set_cache(t, bound);
   if (n < 0) return lem_raise(L);
   lua_createtable(L, (int)(n < 0x7fffffff ? n : 0), 0);
   for (int64_t i = 0; i < n; i++) { lua_pushinteger(L, ids[i]); lua_rawseti(L, -2, i + 1); }

@@ -2,8 +2,8 @@
  * decoding, and streaming a file into a .npy of ids.
  *
  * Encoding a pre-token applies its merges by rank, lowest first, as GPT-2's
- * encoder.py and tiktoken do: O(n^2) in the pre-token's length n, which is a
- * handful of bytes for text; a cache (pre-token -> ids, cleared when full)
+ * encoder.py and tiktoken do: a scan per merge for the few bytes of a word, a
+ * heap for long pre-tokens (no quadratic time on a megabyte of 'a'); a cache (pre-token -> ids, cleared when full)
  * makes repeated words a hash look-up. Special tokens are found first
  * (leftmost, then longest) and never reach the pattern.
  *
@@ -189,13 +189,83 @@ void bpe_cache_free(bpe_cache *c) {
   c->ids = NULL; c->ids_len = c->ids_cap = 0;
 }
 
-void em_tokenizer_set_cache(em_tokenizer *t, size_t max_entries) {
+size_t em_tokenizer_set_cache(em_tokenizer *t, size_t max_entries) {
+  size_t old = t->cache.max;
   bpe_cache_free(&t->cache);
   t->cache.max = max_entries;
+  return old;
+}
+
+/* A long pre-token (a run of one character, a base64 blob): the lowest rank
+ * found through a min-heap of (rank, position) over a linked list of symbols,
+ * entries checked when popped; O(n log n) where the scan below is O(n^2). The
+ * same merges in the same order: lowest rank, then leftmost. */
+typedef struct { int32_t rank, pos, left, right; } wheap_ent;
+
+static bool wh_less(const wheap_ent *a, const wheap_ent *b) {
+  return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void wh_push(wheap_ent *h, size_t *n, wheap_ent e) {
+  size_t i = (*n)++;
+  while (i > 0 && wh_less(&e, &h[(i - 1) / 2])) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
+  h[i] = e;
+}
+
+static wheap_ent wh_pop(wheap_ent *h, size_t *n) {
+  wheap_ent top = h[0], last = h[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, b = i;
+    const wheap_ent *best = &last;
+    if (l < *n && wh_less(&h[l], best)) { b = l; best = &h[l]; }
+    if (r < *n && wh_less(&h[r], best)) b = r;
+    if (b == i) break;
+    h[i] = h[b];
+    i = b;
+  }
+  if (*n) h[i] = last;
+  return top;
+}
+
+static int encode_long_word(const em_tokenizer *t, const char *p, size_t n, bpe_ids *out) {
+  int32_t *id = malloc(n * sizeof *id), *nx = malloc(n * sizeof *nx), *pv = malloc(n * sizeof *pv);
+  wheap_ent *h = malloc(2 * n * sizeof *h);       /* n - 1 initial pairs + at most 2 per merge (n - 1 merges) */
+  int rc = 0;
+  if (!id || !nx || !pv || !h) { rc = em_error_oom("out of memory: tokenizer.encode: a pre-token of %zu bytes", n); goto out; }
+  size_t nh = 0;
+  for (size_t i = 0; i < n; i++) {
+    id[i] = t->byte_id[(unsigned char)p[i]];
+    nx[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    pv[i] = (int32_t)i - 1;
+  }
+  for (size_t i = 0; i + 1 < n; i++) {
+    int32_t r = bpe_pmap_get(&t->ranks, bpe_pair(id[i], id[i + 1]));
+    if (r >= 0) wh_push(h, &nh, (wheap_ent){r, (int32_t)i, id[i], id[i + 1]});
+  }
+  while (nh) {
+    wheap_ent e = wh_pop(h, &nh);
+    int32_t q = nx[e.pos];
+    if (id[e.pos] != e.left || q < 0 || id[q] != e.right) continue;   /* stale: a neighbour merged */
+    id[e.pos] = t->merges[e.rank][2];
+    id[q] = -1;                                   /* gone */
+    nx[e.pos] = nx[q];
+    if (nx[q] >= 0) pv[nx[q]] = e.pos;
+    int32_t a = pv[e.pos], b = nx[e.pos], r;
+    if (a >= 0 && (r = bpe_pmap_get(&t->ranks, bpe_pair(id[a], id[e.pos]))) >= 0)
+      wh_push(h, &nh, (wheap_ent){r, a, id[a], id[e.pos]});
+    if (b >= 0 && (r = bpe_pmap_get(&t->ranks, bpe_pair(id[e.pos], id[b]))) >= 0)
+      wh_push(h, &nh, (wheap_ent){r, e.pos, id[e.pos], id[b]});
+  }
+  for (int32_t i = 0; i >= 0 && !rc; i = nx[i]) rc = bpe_ids_push(out, id[i]);
+out:
+  free(id); free(nx); free(pv); free(h);
+  return rc;
 }
 
 /* Merge the bytes of one pre-token by rank and append the ids. */
 static int encode_word(const em_tokenizer *t, const char *p, size_t n, bpe_ids *out) {
+  if (n > 64) return encode_long_word(t, p, n, out);
   int32_t stack[64], *sym = n <= 64 ? stack : malloc(n * sizeof *sym);
   if (!sym) return em_error_oom("out of memory: tokenizer.encode: a pre-token of %zu bytes", n);
   for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[(unsigned char)p[i]];

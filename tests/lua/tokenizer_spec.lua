@@ -261,6 +261,35 @@ describe("ember.tokenizer", function()
       assert.are.equal("low", t:token_of(ids[1]))
     end)
 
+    it("merges short and long pre-tokens as a naive by-rank encoder does", function()
+      local t = T.train_text(corpus(11, 2000, {"ab", "aab", "abb", "ba", "aaaa", "bab"}, {"", "", " "}), {vocab_size = 300})
+      local rank = {}
+      for r, m in ipairs(t:merges()) do rank[m[1] .. "\0" .. m[2]] = rank[m[1] .. "\0" .. m[2]] or r end
+      local function ref(word)                    -- the lowest rank, then the leftmost, until none applies
+        local s = {}
+        for k = 1, #word do s[k] = word:sub(k, k) end
+        while true do
+          local best, at
+          for k = 1, #s - 1 do
+            local r = rank[s[k] .. "\0" .. s[k + 1]]
+            if r and (not best or r < best) then best, at = r, k end
+          end
+          if not best then break end
+          s[at] = s[at] .. table.remove(s, at + 1)
+        end
+        local ids = {}
+        for k, piece in ipairs(s) do ids[k] = t:id_of(piece) end
+        return ids
+      end
+      local r = rng(5)
+      for _, n in ipairs({3, 20, 64, 65, 100, 300, 2000}) do
+        local w = {}
+        for k = 1, n do w[k] = r(3) == 1 and "b" or "a" end
+        w = table.concat(w)
+        assert_same(t:encode(w, {cache = false}), ref(w), "ids of a " .. n .. "-byte word")
+      end
+    end)
+
     it("replaces invalid UTF-8 as Python's bytes.decode(errors='replace') does", function()
       local function dec(bytes) return tok:decode(tok:encode(bytes), {errors = "replace"}) end
       local R = "\u{FFFD}"

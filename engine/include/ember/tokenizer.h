@@ -63,8 +63,8 @@ const char *em_tokenizer_pattern(const em_tokenizer *t);
 
 /* Encode len bytes: count of ids (>= 0, *ids malloc'd, NULL when 0) or a negative status. */
 int64_t em_tokenizer_encode(em_tokenizer *t, const char *text, size_t len, int32_t **ids);
-/* Bound the pre-token -> ids cache (entries; 0 turns it off). Default 65536. */
-void em_tokenizer_set_cache(em_tokenizer *t, size_t max_entries);
+/* Bound the pre-token -> ids cache (entries; 0 turns it off; default 65536); returns the previous bound. */
+size_t em_tokenizer_set_cache(em_tokenizer *t, size_t max_entries);
 /* Decode n ids to bytes: length (*out malloc'd, NUL-terminated) or a negative status. */
 int64_t em_tokenizer_decode(const em_tokenizer *t, const int32_t *ids, size_t n, char **out);
 /* Python's bytes.decode("utf-8", errors="replace"): each maximal invalid subpart
