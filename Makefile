@@ -11,7 +11,8 @@ PREFIX ?= /usr/local
 JOBS   ?= $(shell nproc)
 
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config lua5.4 liblua5.4-dev \
-  lua-cjson lua-busted lua-argparse libopenblas-dev libopenmpi-dev openmpi-bin libreadline-dev
+  lua-cjson lua-busted lua-argparse libopenblas-dev libopenmpi-dev openmpi-bin libreadline-dev \
+  libpcre2-dev
 
 ifeq ($(CUDA),auto)
 CUDA_FLAG =

@@ -107,5 +107,6 @@ void lem_open_memory(lua_State *L, int module);   /* memory history and snapshot
 void lem_open_nn_cuda(lua_State *L, int module);  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
 void lem_open_dist(lua_State *L, int module);     /* collectives and work handles (lua_dist.c) */
 void lem_open_random(lua_State *L, int methods, int module); /* issue 12: sampling, dropout, loss options (lua_random.c) */
+void lem_open_tokenizer(lua_State *L, int module); /* byte-level BPE tokenizer userdata (lua_tokenizer.c) */
 
 #endif

@@ -359,14 +359,14 @@ static const char *dtype_to_descr(em_dtype dt) {
   return NULL;
 }
 
-/* numpy.save's v1.0 header for t into out (>= 512 bytes); returns its length. */
-static size_t build_header(const em_tensor *t, const char *descr, char *out) {
+/* numpy.save's v1.0 header for an array of this shape into out (>= 512 bytes); returns its length. */
+static size_t build_header(int ndim, const int64_t *shape, const char *descr, char *out) {
   char dict[400];
   int k = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
-  for (int i = 0; i < t->ndim; i++) k += snprintf(dict + k, sizeof dict - (size_t)k, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-  k += snprintf(dict + k, sizeof dict - (size_t)k, "%s), }", t->ndim == 1 ? "," : "");
-  if (t->ndim > 0) {                             /* room to grow shape[0] in place, as numpy leaves */
-    int digits = snprintf(NULL, 0, "%lld", (long long)t->shape[0]);
+  for (int i = 0; i < ndim; i++) k += snprintf(dict + k, sizeof dict - (size_t)k, i ? ", %lld" : "%lld", (long long)shape[i]);
+  k += snprintf(dict + k, sizeof dict - (size_t)k, "%s), }", ndim == 1 ? "," : "");
+  if (ndim > 0) {                                /* room to grow shape[0] in place, as numpy leaves */
+    int digits = snprintf(NULL, 0, "%lld", (long long)shape[0]);
     for (int i = digits; i < NPY_GROWTH_DIGITS; i++) dict[k++] = ' ';
   }
   size_t hlen = (size_t)k + 1;                   /* + the final newline */
@@ -388,7 +388,7 @@ int em_npy_save(const char *path, em_tensor *t) {
     return em_error("save: dtype %s has no .npy equivalent (NumPy has no bfloat16); convert to f32 first",
                     em_dtype_name(t->dtype));
   char header[512];
-  size_t hn = build_header(t, descr, header);
+  size_t hn = build_header(t->ndim, t->shape, descr, header);
   em_tensor *c = em_io_host_contiguous(t);
   if (!c) {
     char why[1024];
@@ -405,4 +405,58 @@ int em_npy_save(const char *path, em_tensor *t) {
   else em_atomic_abort(&f);
   em_tensor_release(c);
   return rc;
+}
+
+/* ---- writing as it grows ---- */
+
+struct em_npy_writer {
+  em_atomic_file f;
+  em_dtype dtype;
+  int64_t n;
+  size_t header_len;
+  const char *descr;
+};
+
+em_npy_writer *em_npy_writer_open(const char *path, em_dtype dtype) {
+  const char *descr = dtype_to_descr(dtype);
+  if (!descr) { em_error("save: dtype %s has no .npy equivalent", em_dtype_name(dtype)); return NULL; }
+  em_npy_writer *w = calloc(1, sizeof *w);
+  if (!w) { em_error_oom("out of memory: save: npy writer"); return NULL; }
+  w->f.fd = -1; w->dtype = dtype; w->descr = descr;
+  char header[512];
+  int64_t zero = 0;
+  w->header_len = build_header(1, &zero, descr, header);   /* the same length for any count (growth padding) */
+  if (em_atomic_open(&w->f, path, "save") || em_atomic_write(&w->f, header, w->header_len)) {
+    em_atomic_abort(&w->f);
+    free(w);
+    return NULL;
+  }
+  return w;
+}
+
+int em_npy_writer_append(em_npy_writer *w, const void *data, int64_t n) {
+  if (n <= 0) return 0;
+  int rc = em_atomic_write(&w->f, data, (size_t)n * em_dtype_size(w->dtype));
+  if (rc == 0) w->n += n;
+  return rc;
+}
+
+int em_npy_writer_close(em_npy_writer *w) {
+  char header[512];
+  size_t hn = build_header(1, &w->n, w->descr, header);
+  int rc = 0;
+  if (hn != w->header_len) rc = em_error("save: npy writer: header length changed (%zu vs %zu)", hn, w->header_len);
+  else if (w->f.fd < 0) rc = em_error_code(EM_ERR_IO, "save: npy writer: the file was already abandoned");
+  else if (pwrite(w->f.fd, header, hn, 0) != (ssize_t)hn)
+    rc = em_error_code(EM_ERR_IO, "save: cannot write the header of '%s': %s", w->f.path, strerror(errno));
+  if (rc == 0) rc = em_atomic_commit(&w->f);
+  else em_atomic_abort(&w->f);
+  free(w);
+  return rc;
+}
+
+void em_npy_writer_abort(em_npy_writer *w) {
+  if (!w) return;
+  em_atomic_abort(&w->f);
+  free(w);
 }

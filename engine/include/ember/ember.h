@@ -19,5 +19,6 @@
 #include "profile.h"
 #include "profiler.h"
 #include "memory.h"
+#include "tokenizer.h"
 
 #endif

@@ -67,6 +67,20 @@ int em_st_save(const char *path, int n, const char *const *names, em_tensor *con
 em_tensor *em_npy_load(const char *path, bool mmap);
 int em_npy_save(const char *path, em_tensor *t);
 
+/* A 1-D .npy written as it grows (token ids of a corpus larger than memory):
+ * open writes a header with room for any length, append adds elements, close
+ * writes the final length into the header and renames atomically; abort (or
+ * any failure) leaves no file. Same header bytes as em_npy_save. */
+typedef struct em_npy_writer em_npy_writer;
+/* Start PATH.tmp.<pid> for a 1-D array of dtype. NULL + error ("save: ..."). */
+em_npy_writer *em_npy_writer_open(const char *path, em_dtype dtype);
+/* Append n elements (n * dtype size bytes at data). 0 or a negative status (the writer is then aborted). */
+int em_npy_writer_append(em_npy_writer *w, const void *data, int64_t n);
+/* Write the length, fsync and rename over PATH; frees w. 0 or a negative status. */
+int em_npy_writer_close(em_npy_writer *w);
+/* Remove the temporary; frees w (NULL is fine). */
+void em_npy_writer_abort(em_npy_writer *w);
+
 #ifdef __cplusplus
 }
 #endif
