@@ -25,8 +25,8 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from common import (MiB, add_model_args, emit, fresh_ddp, header, init, lm_batch, lm_loss,  # noqa: E402
-                    model_dims, reduce_number, runinfo, sizes_list, sync, time_calls, timed_steps)
+from common import (MiB, add_model_args, emit, fresh_ddp, header, lm_batch, lm_loss,  # noqa: E402
+                    reduce_number, sizes_list, start_study, sync, time_calls, timed_steps)
 from torch_lm import CONFIGS, TransformerLM, count_parameters  # noqa: E402
 
 FIRST_BUCKET_BYTES = 1 * MiB      # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
@@ -35,6 +35,7 @@ FIRST_BUCKET_BYTES = 1 * MiB      # torch.distributed's _DEFAULT_FIRST_BUCKET_BY
 def parse_args():
     p = argparse.ArgumentParser(description="DDP step time, exposed communication and memory (PyTorch).")
     add_model_args(p, CONFIGS)
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "naive"])
     p.add_argument("--bucket-mb", default="25")
     p.add_argument("--warmup", type=int, default=3)
@@ -79,16 +80,11 @@ def bucket_sizes(params, cap_bytes):
 
 def main():
     a = parse_args()
-    rank, n, dev = init(a.device)
+    rank, n, dev, (D, FF, L, H), n_params, facts, config = start_study(a, "ddp", CONFIGS, count_parameters)
     on_cuda = dev.type == "cuda"
-    D, FF, L, H = model_dims(a, CONFIGS)
     B, T, V = a.batch, a.context, a.vocab
-    n_params = count_parameters(V, D, FF, L)
-    facts = runinfo(dev)
-    config = dict(study="ddp", model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T,
-                  batch=B, precision=a.precision, attn=a.attn, warmup=a.warmup, steps=a.steps,
-                  comm_reps=a.comm_reps, lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type,
-                  optimizer=a.optimizer, gradient_as_bucket_view=not a.no_bucket_view)
+    config.update(attn=a.attn, comm_reps=a.comm_reps, optimizer=a.optimizer,
+                  gradient_as_bucket_view=not a.no_bucket_view)
     if rank == 0:
         header(facts, f"torch DDP ranks={n} {a.model} d_model={D} d_ff={FF} layers={L} heads={H} vocab={V} "
                       f"context={T} batch/GPU={B} precision={a.precision} params={n_params / 1e6:.1f}M")

@@ -21,14 +21,15 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from common import (add_model_args, emit, fresh_ddp, header, init, lm_batch, lm_loss, model_dims,  # noqa: E402
-                    reduce_number, runinfo, sync, timed_steps)
+from common import (add_model_args, emit, fresh_ddp, header, lm_batch, lm_loss, reduce_number,  # noqa: E402
+                    start_study, sync, timed_steps)
 from torch_lm import CONFIGS, TransformerLM, count_parameters  # noqa: E402
 
 
 def parse_args():
     p = argparse.ArgumentParser(description="Memory and step time: AdamW vs ZeroRedundancyOptimizer (PyTorch).")
     add_model_args(p, CONFIGS)
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--variants", default="adamw,sharded")
     p.add_argument("--bucket-mb", type=float, default=25)
     p.add_argument("--warmup", type=int, default=2)
@@ -48,15 +49,10 @@ def state_bytes(opt):
 
 def main():
     a = parse_args()
-    rank, n, dev = init(a.device)
+    rank, n, dev, (D, FF, L, H), n_params, facts, config = start_study(a, "zero", CONFIGS, count_parameters)
     on_cuda = dev.type == "cuda"
-    D, FF, L, H = model_dims(a, CONFIGS)
     B, T, V = a.batch, a.context, a.vocab
-    n_params = count_parameters(V, D, FF, L)
-    facts = runinfo(dev)
-    config = dict(study="zero", model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T,
-                  batch=B, precision=a.precision, bucket_mb=a.bucket_mb, warmup=a.warmup, steps=a.steps,
-                  lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type)
+    config.update(bucket_mb=a.bucket_mb)
     if rank == 0:
         header(facts, f"torch ZeRO-1 ranks={n} {a.model} d_model={D} layers={L} vocab={V} context={T} "
                       f"batch/GPU={B} precision={a.precision} params={n_params / 1e6:.1f}M")

@@ -125,7 +125,7 @@ def sizes_list(text):
 
 
 def add_model_args(p, configs):
-    """--model and its overrides, --vocab, --batch, --context, --precision."""
+    """--model and its overrides, --vocab, --batch, --context (bench/pytorch_baseline.py takes them too)."""
     p.add_argument("--model", default="small", choices=list(configs))
     p.add_argument("--d-model", type=int)
     p.add_argument("--d-ff", type=int)
@@ -134,13 +134,24 @@ def add_model_args(p, configs):
     p.add_argument("--vocab", type=int, default=10000)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--context", type=int, default=512)
-    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
 
 
 def model_dims(a, configs):
     """(d_model, d_ff, layers, heads) of --model, each overridden when given."""
     D, FF, L, H = configs[a.model]
     return a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
+
+
+def start_study(a, study, configs, count_parameters):
+    """One rank of a model study: the process group, the model shape, the runinfo facts and the
+    config fields both studies record. Returns rank, world, device, (D, FF, L, H), params, facts, config."""
+    rank, n, dev = init(a.device)
+    D, FF, L, H = model_dims(a, configs)
+    n_params = count_parameters(a.vocab, D, FF, L)
+    config = dict(study=study, model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=a.vocab,
+                  context=a.context, batch=a.batch, precision=a.precision, warmup=a.warmup, steps=a.steps,
+                  lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type)
+    return rank, n, dev, (D, FF, L, H), n_params, runinfo(dev), config
 
 
 def sync(dev):
