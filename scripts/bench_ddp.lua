@@ -40,6 +40,7 @@ local nn, optim = ember.nn, ember.optim
 local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
 local DB = dofile(script_dir .. "lib/dist_bench.lua")
 local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local STRATEGY_SET = {naive = true, flat = true, overlap = true, bucketed = true}
 
@@ -83,7 +84,7 @@ if not strategies then fail(err) end
 local bucket_mbs
 bucket_mbs, err = DB.numbers(args.bucket_mb, "--bucket-mb")
 if not bucket_mbs then fail(err) end
-MF.check_counts(args, {"batch", "context", "vocab", "steps", "comm_reps"}, fail)
+S.check_counts(args, {"batch", "context", "vocab", "steps", "comm_reps"}, fail)
 local ok_common, err_common = DB.resolve_common(args, "ddp")
 if not ok_common then fail(err_common) end
 local on_cuda = args.device == "cuda"

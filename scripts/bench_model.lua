@@ -39,6 +39,7 @@ local nn, optim = ember.nn, ember.optim
 
 local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
 local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local parser = argparse("bench_model.lua",
   "Time forward / backward / training steps of the reference TransformerLM.")
@@ -69,7 +70,7 @@ args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, arg
 args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
-MF.check_counts(args, {"context", "batch", "vocab", "steps", "seed"}, fail)
+S.check_counts(args, {"context", "batch", "vocab", "steps", "seed"}, fail)
 args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
@@ -128,8 +129,7 @@ local config = {
   params = n_params, params_matmul = n_matmul,
 }
 
-print(("device: %s%s"):format(dev_name, driver_version() and (", driver " .. driver_version()) or ""))
-print(("commit: %s, %s, ember %s"):format(commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+S.print_header(run_facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
   "mode=%s precision=%s%s attn=%s graph=%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
@@ -367,11 +367,5 @@ else
   if final_loss then print(("loss: %.4f"):format(final_loss)) end
 end
 
-if args.json then
-  local cjson = require "cjson"
-  local f, err = io.open(args.json, "a")
-  if not f then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
-  f:write(cjson.encode(result), "\n")
-  f:close()
-end
+if args.json then S.append_json(args.json, result, fail) end
 os.exit(result.status == "error" and 1 or 0)

@@ -26,6 +26,7 @@ local nn, optim = ember.nn, ember.optim
 local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
 local DB = dofile(script_dir .. "lib/dist_bench.lua")
 local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local parser = argparse("bench_zero.lua",
   "Memory and step time of AdamW vs ZeRO-1 ShardedOptimizer(AdamW) under DDP (Ember and PyTorch).")
@@ -54,7 +55,7 @@ local args = parser:parse(arg)
 local function fail(msg) io.stderr:write("bench_zero.lua: ", msg, "\n") os.exit(2) end
 local variants, err = DB.names(args.variants, "--variants", {adamw = true, sharded = true})
 if not variants then fail(err) end
-MF.check_counts(args, {"batch", "context", "vocab", "steps"}, fail)
+S.check_counts(args, {"batch", "context", "vocab", "steps"}, fail)
 if not args.bucket_mb or args.bucket_mb <= 0 then fail("--bucket-mb must be a positive number") end
 local ok_common, err_common = DB.resolve_common(args, "zero")
 if not ok_common then fail(err_common) end

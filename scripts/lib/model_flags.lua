@@ -2,7 +2,7 @@
 -- (bench_model.lua, bench_ddp.lua, bench_zero.lua, memory_profile.lua) share,
 -- written once so their options, checks and steps cannot drift apart: the
 -- model options (--model and its overrides, --vocab, --batch, --context),
--- the count checks, the nn config they build, a fresh seeded model, the
+-- the nn config they build, a fresh seeded model, the
 -- random batch, the loss under autocast, the timed step loop, and the
 -- command line a driver hands on to its ranks. scripts/torch/common.py is
 -- the same for the PyTorch twins. Load it with dofile (not a package):
@@ -25,17 +25,6 @@ function M.add_options(parser, help)
   parser:option("--vocab", "Vocabulary size.", "10000"):convert(math.tointeger)
   parser:option("--batch", help.batch or "Batch size per GPU (rank).", "4"):convert(math.tointeger)
   parser:option("--context", help.context or "Context length T.", "512"):convert(math.tointeger)
-end
-
---- fail(message) unless every args[k] of keys is an integer >= 1 (seed: >= 0)
--- and args.warmup one >= 0.
-function M.check_counts(args, keys, fail)
-  for _, k in ipairs(keys) do
-    if not args[k] or args[k] < (k == "seed" and 0 or 1) then
-      fail("--" .. k:gsub("_", "-") .. " must be a positive integer")
-    end
-  end
-  if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
 end
 
 --- The nn config of args.model with the overrides given, on args.device, with
