@@ -120,6 +120,24 @@ function H.ember(args, opts)
   return o, e, status, seconds
 end
 
+--- The hooks of the ember.memory specs (tests/lua and tests/gpu), given
+-- busted's before_each and after_each: every case starts with the history
+-- off and empty (after a full collection) and ends with it off and empty and
+-- its temporary files removed.
+function H.fresh_memory_history(before_each, after_each)
+  local memory = ember().memory
+  before_each(function()
+    collectgarbage()
+    memory.record_history(false)
+    memory.clear_history()
+  end)
+  after_each(function()
+    memory.record_history(false)
+    memory.clear_history()
+    H.remove_temps()
+  end)
+end
+
 --- The message of an error without its "file:line: " prefix.
 function H.strip_where(msg) return (tostring(msg):gsub("^[^%s]+:%d+: ", "", 1)) end
 
