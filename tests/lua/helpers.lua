@@ -246,6 +246,10 @@ function H.assert_close(got, ref, rtol, atol, what)
   if bad then error((what or "values") .. ": " .. bad, 2) end
 end
 
+--- H.assert_close with an absolute tolerance only (values of a known O(1)
+-- scale: rotations, softmax averages).
+function H.assert_abs(got, ref, atol, what) return H.assert_close(got, ref, 0, atol, what) end
+
 --- erf(x) to double precision (Lua has none): 2/√π · e^(−x²) · Σ_n 2^n
 -- x^(2n+1) / (1·3·5···(2n+1)); every term is positive, so no cancellation;
 -- converges for every x (≈ x² + 40 terms); ±1 beyond |x| = 6.
