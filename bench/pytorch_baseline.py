@@ -25,28 +25,23 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import timeit
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "scripts", "torch"))
+from common import add_model_args, sh  # noqa: E402  (the options and the shell helper the study twins use)
 from torch_lm import CONFIGS, TransformerLM, WithLoss, count_parameters  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Time forward / backward / training steps of the "
                                 "reference TransformerLM in PyTorch.")
-    p.add_argument("--model", default="small", choices=list(CONFIGS))
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--d-ff", type=int)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=10000)
+    add_model_args(p, CONFIGS)
     p.add_argument("--mode", default="train", choices=["fwd", "fwd_bwd", "train"])
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
@@ -70,14 +65,6 @@ def parse_args(argv=None):
     if a.graph and not a.device.startswith("cuda"):
         p.error("--graph needs --device cuda")
     return a
-
-
-def sh(cmd):
-    try:
-        out = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
-        return out or None
-    except Exception:
-        return None
 
 
 def git_commit():

@@ -48,6 +48,9 @@ local ember = require "ember"
 local argparse = require "argparse"
 local F = ember.nn.functional
 
+local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
+local S = dofile(script_dir .. "lib/study.lua")
+
 local parser = argparse("bench_attention.lua",
   "Time single-head attention forward and backward over a (d, seq) grid: naive, CUDA graph, flash.")
 parser:option("--impl", "Comma list of naive, graph, flash (default: all that apply on the device).")
@@ -70,29 +73,10 @@ args.causal, args.tf32, args.flush_l2 = args.causal or false, args.tf32 or false
 
 local function fail(msg) io.stderr:write("bench_attention.lua: ", msg, "\n") os.exit(2) end
 
---- "16,32" -> {16, 32}; fails on anything but positive integers.
-local function int_list(opt, s)
-  local out = {}
-  for item in (s .. ","):gmatch("([^,]*),") do
-    local n = math.tointeger(tonumber(item))
-    if not n or n < 1 then fail(("--%s expects a comma list of positive integers, got '%s'"):format(opt, s)) end
-    out[#out + 1] = n
-  end
-  return out
-end
+S.check_counts(args, {"batch", "passes", "seed"}, fail)
+local D_LIST, SEQ_LIST = S.int_list("d", args.d, fail), S.int_list("seq", args.seq, fail)
 
-for _, k in ipairs({"batch", "passes", "seed"}) do
-  if not args[k] or args[k] < (k == "seed" and 0 or 1) then fail("--" .. k .. " must be a positive integer") end
-end
-if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
-local D_LIST, SEQ_LIST = int_list("d", args.d), int_list("seq", args.seq)
-
-args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
-if not (args.device == "cpu" or args.device == "cuda" or args.device:match("^cuda:%d+$")) then
-  fail("--device must be cpu, cuda or cuda:N, got '" .. args.device .. "'")
-end
-local on_cuda = args.device ~= "cpu"
-if on_cuda and not ember.cuda.is_available() then fail("--device " .. args.device .. ": no CUDA device is available") end
+local on_cuda = S.resolve_device(args, fail)
 
 local KNOWN = {naive = true, graph = true, flash = true}
 local IMPLS = {}
@@ -128,8 +112,7 @@ local config = {
   dtype = args.dtype, causal = args.causal, tf32 = args.tf32, flush_l2 = args.flush_l2,
   device = args.device, seed = args.seed,
 }
-print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
-print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+S.print_header(facts)
 local impl_names = {}
 for i, impl in ipairs(IMPLS) do impl_names[i] = impl_label(impl) end
 print(("config: impl=%s d=%s seq=%s batch=%d dtype=%s%s causal=%s passes=%d warmup=%d flush_l2=%s device=%s")
@@ -144,13 +127,7 @@ local function allocated() return on_cuda and ember.cuda.memory_allocated() or n
 local function peak() return on_cuda and ember.cuda.max_memory_allocated() or nil end
 local function reset_peak() if on_cuda then ember.cuda.reset_peak_memory_stats() end end
 
---- Give memory back after a cell (also after an OOM): the Lua handles first,
--- then the allocator's cached segments.
-local function free_all()
-  collectgarbage()
-  collectgarbage()
-  if on_cuda then ember.cuda.empty_cache() end
-end
+local function free_all() S.free_all(on_cuda) end   -- after a cell, also after an OOM
 
 local ELT = {f32 = 4, bf16 = 2, f16 = 2}
 
@@ -235,12 +212,7 @@ local cjson = args.json and require "cjson" or nil
 local NULLABLE = {"fwd_ms", "fwd_std_ms", "fwd_median_ms", "bwd_ms", "bwd_std_ms", "bwd_median_ms",
   "mem_before_bwd_bytes", "peak_fwd_bytes", "peak_bytes", "clock_mhz_before", "clock_mhz_after",
   "error", "note", "driver"}
-local json_file
-if args.json then
-  local err
-  json_file, err = io.open(args.json, "a")
-  if not json_file then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
-end
+local json_file = S.open_json(args.json, fail)
 
 if args.tf32 then ember.backends.tf32(true) end
 local cells, any_error = {}, false
@@ -251,8 +223,8 @@ for _, d in ipairs(D_LIST) do
       free_all()
       if not ok then
         local msg = tostring(r)
-        if msg:match("^out of memory") then r = {status = "OOM", error = msg}
-        else r = {status = "error", error = msg} any_error = true end
+        r = {status = S.failure_status(msg), error = msg}
+        any_error = any_error or r.status == "error"
       end
       r.impl, r.d, r.seq, r.dtype = impl, d, T, impl_dtype(impl)
       cells[#cells + 1] = r
@@ -339,11 +311,8 @@ print()
 print("naive attention keeps ~1 score matrix (softmax P) for the backward and ~3 at its peak:")
 for _, n in ipairs(notes) do print("  " .. n) end
 if args.markdown then
-  local f, err = io.open(args.markdown, "w")
-  if not f then fail("cannot open " .. args.markdown .. ": " .. tostring(err)) end
-  f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
-  f:write(title, "\n\n", tbl, "\n\n")
-  for _, n in ipairs(notes) do f:write("- ", n, "\n") end
-  f:close()
+  local lines = {title, "", tbl, ""}
+  for _, n in ipairs(notes) do lines[#lines + 1] = "- " .. n end
+  S.write_markdown(args.markdown, facts, lines, fail)
 end
 os.exit(any_error and 1 or 0)

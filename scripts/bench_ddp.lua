@@ -35,10 +35,12 @@
 -- communication of bucketed DDP per bucket size, printed beside the measured one.
 local ember = require "ember"
 local argparse = require "argparse"
-local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
+local nn, optim = ember.nn, ember.optim
 
 local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
 local DB = dofile(script_dir .. "lib/dist_bench.lua")
+local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local STRATEGY_SET = {naive = true, flat = true, overlap = true, bucketed = true}
 
@@ -59,15 +61,7 @@ Examples:
   ember run scripts/bench_ddp.lua --nproc 2 --out results/
   ember run scripts/bench_ddp.lua --nproc 2 --strategies bucketed --bucket-mb 1,5,25,100,1000 --plan
   ember run scripts/bench_ddp.lua --device cpu --model tiny --context 32 --nproc 2 --precision fp32]])
-parser:option("--model", "Model size (nn.configs).", "small"):choices(nn.config_names or
-  {"tiny", "small", "medium", "large", "xl", "2.7b"})
-parser:option("--d-model", "Override d_model."):convert(math.tointeger)
-parser:option("--d-ff", "Override d_ff."):convert(math.tointeger)
-parser:option("--layers", "Override num_layers."):convert(math.tointeger)
-parser:option("--heads", "Override num_heads."):convert(math.tointeger)
-parser:option("--vocab", "Vocabulary size.", "10000"):convert(math.tointeger)
-parser:option("--batch", "Batch size per GPU (rank).", "4"):convert(math.tointeger)
-parser:option("--context", "Context length T.", "512"):convert(math.tointeger)
+MF.add_options(parser)
 parser:option("--precision", "bf16 autocast or fp32.", "bf16"):choices({"bf16", "fp32"})
 parser:option("--attn", "Ember attention: auto, flash or naive (PyTorch uses sdpa).", "auto")
   :choices({"auto", "flash", "naive"})
@@ -90,28 +84,14 @@ if not strategies then fail(err) end
 local bucket_mbs
 bucket_mbs, err = DB.numbers(args.bucket_mb, "--bucket-mb")
 if not bucket_mbs then fail(err) end
-for _, k in ipairs({"batch", "context", "vocab", "steps", "comm_reps"}) do
-  if not args[k] or args[k] < 1 then fail("--" .. k:gsub("_", "-") .. " must be a positive integer") end
-end
-if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+S.check_counts(args, {"batch", "context", "vocab", "steps", "comm_reps"}, fail)
 local ok_common, err_common = DB.resolve_common(args, "ddp")
 if not ok_common then fail(err_common) end
 local on_cuda = args.device == "cuda"
 
-local cfg = nn.configs[args.model]{vocab_size = args.vocab, context_length = args.context}
-cfg.d_model = args.d_model or cfg.d_model
-cfg.d_ff = args.d_ff or cfg.d_ff
-cfg.num_layers = args.layers or cfg.num_layers
-cfg.num_heads = args.heads or cfg.num_heads
-cfg.attn_impl = args.attn
-cfg.device = args.device
-local n_params = nn.count_parameters(cfg)
+local cfg = MF.config(args)
 local B, T = args.batch, args.context
-
-local config = {study = "ddp", model = args.model, d_model = cfg.d_model, d_ff = cfg.d_ff,
-  layers = cfg.num_layers, heads = cfg.num_heads, vocab = cfg.vocab_size, context = T, batch = B,
-  precision = args.precision, attn = args.attn, warmup = args.warmup, steps = args.steps,
-  comm_reps = args.comm_reps, lr = args.lr, seed = args.seed, params = n_params, device_kind = args.device}
+local config, n_params = MF.study_config("ddp", args, cfg, {attn = args.attn, comm_reps = args.comm_reps})
 local config_text = ("%s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch/GPU=%d " ..
   "precision=%s params=%.1fM warmup=%d steps=%d"):format(args.model, cfg.d_model, cfg.d_ff, cfg.num_layers,
   cfg.num_heads, cfg.vocab_size, T, B, args.precision, n_params / 1e6, args.warmup, args.steps)
@@ -133,13 +113,8 @@ local function worker()
   local None = ddp.Strategy:extend("none")
 
   ember.manual_seed(args.seed + 1 + rank)
-  local data = ember.randint(0, cfg.vocab_size, {B, T + 1}, {device = device})
-  local x, y = data:narrow(1, 0, T), data:narrow(1, 1, T)
-  local function forward(m)
-    local fn = function() return F.cross_entropy(m(x), y) end
-    if args.precision == "bf16" then return ember.autocast("bf16", fn) end
-    return fn()
-  end
+  local x, y = MF.batch(B, T, cfg.vocab_size, device)
+  local function forward(m) return MF.loss_fn(m, x, y, args.precision)() end
 
   local grad_bytes
   --- The sizes of the strategy's collectives: {{numel =, dtype =}...}.
@@ -187,12 +162,7 @@ local function worker()
   -- measured one does not pay for the process's first steps (allocator growth,
   -- library set-up)
   local function measure(name, bucket_mb, discard)
-    collectgarbage()
-    collectgarbage()
-    sync()
-    if on_cuda then ember.cuda.reset_peak_memory_stats() end
-    ember.manual_seed(args.seed)
-    local model = nn.TransformerLM(cfg)
+    local model = MF.fresh_model(cfg, args.seed, on_cuda)
     local cls = name == "none" and None or name
     local w = nn.parallel.DDP(model, {strategy = cls, bucket_mb = bucket_mb})
     local opt = optim.AdamW(model:parameters(), {lr = args.lr})
@@ -213,14 +183,7 @@ local function worker()
     sync()
     dist.barrier()
     dist.reset_stats()
-    local samples = {}
-    for i = 1, args.steps do
-      sync()
-      local t0 = ember.core.clock()
-      step()
-      sync()
-      samples[i] = (ember.core.clock() - t0) * 1e3
-    end
+    local samples = MF.timed_steps(step, args.steps, sync)
     local st = dist.stats().all_reduce
     local peak = on_cuda and DB.reduce_number(ember.cuda.max_memory_allocated(), "max", device) or nil
     local final_loss = loss:item()
@@ -313,16 +276,7 @@ end
 local function driver()
   local facts, header = DB.print_header(args.device, ("DDP nproc=%d device=%s strategies=%s bucket_mb=%s %s")
     :format(args.nproc, args.device, args.strategies, args.bucket_mb, config_text))
-  local common = {"--model", args.model, "--vocab", tostring(args.vocab), "--batch", tostring(B), "--context",
-    tostring(T), "--precision", args.precision, "--warmup", tostring(args.warmup), "--steps",
-    tostring(args.steps), "--comm-reps", tostring(args.comm_reps), "--lr", tostring(args.lr), "--seed",
-    tostring(args.seed), "--bucket-mb", args.bucket_mb, "--device", args.device}
-  for _, k in ipairs({"d_model", "d_ff", "layers", "heads"}) do
-    if args[k] then
-      common[#common + 1] = "--" .. k:gsub("_", "-")
-      common[#common + 1] = tostring(args[k])
-    end
-  end
+  local common = MF.argv(args, {"precision", "warmup", "steps", "comm_reps", "lr", "seed", "bucket_mb", "device"})
   local wargs = {table.unpack(common)}
   for _, a in ipairs({"--strategies", args.strategies, "--attn", args.attn}) do wargs[#wargs + 1] = a end
   if args.plan then wargs[#wargs + 1] = "--plan" end

@@ -35,19 +35,15 @@
 --     nsys profile -t cuda,nvtx -o bench ember run scripts/bench_model.lua --model xl --nvtx
 local ember = require "ember"
 local argparse = require "argparse"
-local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
+local nn, optim = ember.nn, ember.optim
+
+local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
+local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local parser = argparse("bench_model.lua",
   "Time forward / backward / training steps of the reference TransformerLM.")
-parser:option("--model", "Model size (nn.configs).", "small")
-  :choices({"tiny", "small", "medium", "large", "xl", "2.7b"})
-parser:option("--d-model", "Override d_model."):convert(math.tointeger)
-parser:option("--d-ff", "Override d_ff."):convert(math.tointeger)
-parser:option("--layers", "Override num_layers."):convert(math.tointeger)
-parser:option("--heads", "Override num_heads."):convert(math.tointeger)
-parser:option("--context", "Context length T (tokens per sequence).", "512"):convert(math.tointeger)
-parser:option("--batch", "Batch size B.", "4"):convert(math.tointeger)
-parser:option("--vocab", "Vocabulary size.", "10000"):convert(math.tointeger)
+MF.add_options(parser, {batch = "Batch size B.", context = "Context length T (tokens per sequence)."})
 parser:option("--mode", "What one step does.", "train"):choices({"fwd", "fwd_bwd", "train"})
 parser:option("--warmup", "Untimed steps first.", "5"):convert(math.tointeger)
 parser:option("--steps", "Timed steps.", "10"):convert(math.tointeger)
@@ -74,10 +70,7 @@ args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, arg
 args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
-for _, k in ipairs({"context", "batch", "vocab", "steps", "seed"}) do
-  if not args[k] or args[k] < (k == "seed" and 0 or 1) then fail("--" .. k .. " must be a positive integer") end
-end
-if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+S.check_counts(args, {"context", "batch", "vocab", "steps", "seed"}, fail)
 args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
@@ -109,13 +102,7 @@ end
 -- ---------------------------------------------------------------------------
 -- the model, the batch and one step
 
-local cfg = nn.configs[args.model]{vocab_size = args.vocab, context_length = args.context}
-cfg.d_model = args.d_model or cfg.d_model
-cfg.d_ff = args.d_ff or cfg.d_ff
-cfg.num_layers = args.layers or cfg.num_layers
-cfg.num_heads = args.heads or cfg.num_heads
-cfg.attn_impl = args.attn
-cfg.device = args.device
+local cfg = MF.config(args)
 -- what "auto" resolves to (the printed config and the JSON line say which ran)
 local attn_used = args.attn
 if attn_used == "auto" then
@@ -142,8 +129,7 @@ local config = {
   params = n_params, params_matmul = n_matmul,
 }
 
-print(("device: %s%s"):format(dev_name, driver_version() and (", driver " .. driver_version()) or ""))
-print(("commit: %s, %s, ember %s"):format(commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+S.print_header(run_facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
   "mode=%s precision=%s%s attn=%s graph=%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
@@ -269,15 +255,8 @@ local function run()
   ember.manual_seed(args.seed)
   local model = nn.TransformerLM(cfg)
   local opt = args.mode == "train" and optim.AdamW(model:parameters(), {lr = args.lr}) or nil
-  local data = ember.randint(0, cfg.vocab_size, {B, T + 1}, {device = args.device})
-  local x, y = data:narrow(1, 0, T), data:narrow(1, 1, T)
-
-  local function loss_fn()
-    local logits = model(x)
-    return F.cross_entropy(logits, y)
-  end
-  local autocast_fn = args.precision == "bf16"
-    and function() return ember.autocast("bf16", loss_fn) end or loss_fn
+  local x, y = MF.batch(B, T, cfg.vocab_size, args.device)
+  local autocast_fn = MF.loss_fn(model, x, y, args.precision)
   -- the phase names the NVTX range and the profiler's attribution
   local function forward() return context.phase("forward", autocast_fn) end
 
@@ -388,11 +367,5 @@ else
   if final_loss then print(("loss: %.4f"):format(final_loss)) end
 end
 
-if args.json then
-  local cjson = require "cjson"
-  local f, err = io.open(args.json, "a")
-  if not f then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
-  f:write(cjson.encode(result), "\n")
-  f:close()
-end
+if args.json then S.append_json(args.json, result, fail) end
 os.exit(result.status == "error" and 1 or 0)

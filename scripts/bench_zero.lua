@@ -21,10 +21,12 @@
 -- the tensors themselves; `state_unsharded` is what one unsharded AdamW holds.
 local ember = require "ember"
 local argparse = require "argparse"
-local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
+local nn, optim = ember.nn, ember.optim
 
 local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
 local DB = dofile(script_dir .. "lib/dist_bench.lua")
+local MF = dofile(script_dir .. "lib/model_flags.lua")
+local S = dofile(script_dir .. "lib/study.lua")
 
 local parser = argparse("bench_zero.lua",
   "Memory and step time of AdamW vs ZeRO-1 ShardedOptimizer(AdamW) under DDP (Ember and PyTorch).")
@@ -39,15 +41,7 @@ PyTorch: torch.optim.AdamW vs torch.distributed.optim.ZeroRedundancyOptimizer(Ad
 Examples:
   ember run scripts/bench_zero.lua --nproc 2 --model xl --out results/
   ember run scripts/bench_zero.lua --device cpu --model tiny --context 32 --nproc 2 --precision fp32]])
-parser:option("--model", "Model size (nn.configs).", "small"):choices(nn.config_names or
-  {"tiny", "small", "medium", "large", "xl", "2.7b"})
-parser:option("--d-model", "Override d_model."):convert(math.tointeger)
-parser:option("--d-ff", "Override d_ff."):convert(math.tointeger)
-parser:option("--layers", "Override num_layers."):convert(math.tointeger)
-parser:option("--heads", "Override num_heads."):convert(math.tointeger)
-parser:option("--vocab", "Vocabulary size.", "10000"):convert(math.tointeger)
-parser:option("--batch", "Batch size per GPU (rank).", "4"):convert(math.tointeger)
-parser:option("--context", "Context length T.", "512"):convert(math.tointeger)
+MF.add_options(parser)
 parser:option("--precision", "bf16 autocast or fp32.", "bf16"):choices({"bf16", "fp32"})
 parser:option("--variants", "Optimizers: adamw, sharded (a comma list).", "adamw,sharded")
 parser:option("--bucket-mb", "DDP bucket size in MiB.", "25"):convert(tonumber)
@@ -61,27 +55,15 @@ local args = parser:parse(arg)
 local function fail(msg) io.stderr:write("bench_zero.lua: ", msg, "\n") os.exit(2) end
 local variants, err = DB.names(args.variants, "--variants", {adamw = true, sharded = true})
 if not variants then fail(err) end
-for _, k in ipairs({"batch", "context", "vocab", "steps"}) do
-  if not args[k] or args[k] < 1 then fail("--" .. k .. " must be a positive integer") end
-end
-if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+S.check_counts(args, {"batch", "context", "vocab", "steps"}, fail)
 if not args.bucket_mb or args.bucket_mb <= 0 then fail("--bucket-mb must be a positive number") end
 local ok_common, err_common = DB.resolve_common(args, "zero")
 if not ok_common then fail(err_common) end
 local on_cuda = args.device == "cuda"
 
-local cfg = nn.configs[args.model]{vocab_size = args.vocab, context_length = args.context}
-cfg.d_model = args.d_model or cfg.d_model
-cfg.d_ff = args.d_ff or cfg.d_ff
-cfg.num_layers = args.layers or cfg.num_layers
-cfg.num_heads = args.heads or cfg.num_heads
-cfg.device = args.device
-local n_params = nn.count_parameters(cfg)
+local cfg = MF.config(args)
 local B, T = args.batch, args.context
-local config = {study = "zero", model = args.model, d_model = cfg.d_model, d_ff = cfg.d_ff,
-  layers = cfg.num_layers, heads = cfg.num_heads, vocab = cfg.vocab_size, context = T, batch = B,
-  precision = args.precision, bucket_mb = args.bucket_mb, warmup = args.warmup, steps = args.steps,
-  lr = args.lr, seed = args.seed, params = n_params, device_kind = args.device}
+local config, n_params = MF.study_config("zero", args, cfg, {bucket_mb = args.bucket_mb})
 local config_text = ("%s d_model=%d layers=%d vocab=%d context=%d batch/GPU=%d precision=%s params=%.1fM " ..
   "DDP bucketed %g MB, warmup=%d steps=%d"):format(args.model, cfg.d_model, cfg.num_layers, cfg.vocab_size,
   T, B, args.precision, n_params / 1e6, args.bucket_mb, args.warmup, args.steps)
@@ -113,16 +95,10 @@ local function worker()
   local function maxr(v) return v and DB.reduce_number(v, "max", device) or nil end
 
   ember.manual_seed(args.seed + 1 + rank)
-  local data = ember.randint(0, cfg.vocab_size, {B, T + 1}, {device = device})
-  local x, y = data:narrow(1, 0, T), data:narrow(1, 1, T)
+  local x, y = MF.batch(B, T, cfg.vocab_size, device)
 
   for _, variant in ipairs(variants) do
-    collectgarbage()
-    collectgarbage()
-    sync()
-    if on_cuda then ember.cuda.reset_peak_memory_stats() end
-    ember.manual_seed(args.seed)
-    local model = nn.TransformerLM(cfg)
+    local model = MF.fresh_model(cfg, args.seed, on_cuda)
     local w = nn.parallel.DDP(model, {strategy = "bucketed", bucket_mb = args.bucket_mb})
     sync()
     local after_init = allocated()
@@ -132,8 +108,7 @@ local function worker()
     local function fwd_bwd()
       opt:zero_grad()
       w:on_train_batch_start()
-      local fn = function() return F.cross_entropy(w(x), y) end
-      loss = args.precision == "bf16" and ember.autocast("bf16", fn) or fn()
+      loss = MF.loss_fn(w, x, y, args.precision)()
       loss:backward()
       w:finish_gradient_synchronization()
     end
@@ -143,18 +118,11 @@ local function worker()
     opt:step()
     sync()
     local after_step = allocated()
-    for _ = 1, args.warmup do fwd_bwd(); opt:step() end
+    local function step() fwd_bwd() opt:step() end
+    for _ = 1, args.warmup do step() end
     sync()
     dist.barrier()
-    local samples = {}
-    for i = 1, args.steps do
-      sync()
-      local t0 = ember.core.clock()
-      fwd_bwd()
-      opt:step()
-      sync()
-      samples[i] = (ember.core.clock() - t0) * 1e3
-    end
+    local samples = MF.timed_steps(step, args.steps, sync)
     local peak = on_cuda and ember.cuda.max_memory_allocated() or nil
     local pbytes, gbytes = 0, 0
     for _, p in ipairs(model:parameters()) do
@@ -192,16 +160,7 @@ end
 local function driver()
   local facts, header = DB.print_header(args.device, ("ZeRO-1 nproc=%d device=%s variants=%s %s")
     :format(args.nproc, args.device, args.variants, config_text))
-  local common = {"--model", args.model, "--vocab", tostring(args.vocab), "--batch", tostring(B), "--context",
-    tostring(T), "--precision", args.precision, "--warmup", tostring(args.warmup), "--steps", tostring(args.steps),
-    "--lr", tostring(args.lr), "--seed", tostring(args.seed), "--bucket-mb", tostring(args.bucket_mb),
-    "--variants", args.variants, "--device", args.device}
-  for _, k in ipairs({"d_model", "d_ff", "layers", "heads"}) do
-    if args[k] then
-      common[#common + 1] = "--" .. k:gsub("_", "-")
-      common[#common + 1] = tostring(args[k])
-    end
-  end
+  local common = MF.argv(args, {"precision", "warmup", "steps", "lr", "seed", "bucket_mb", "variants", "device"})
   print()
   print(("== Ember: %d ranks (ember launch)"):format(args.nproc))
   local all, failures = {}, {}

@@ -38,7 +38,11 @@
 -- without them it stops with a message saying so.
 local ember = require "ember"
 local argparse = require "argparse"
-local nn, optim, F = ember.nn, ember.optim, ember.nn.functional
+local nn, optim = ember.nn, ember.optim
+
+local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
+local S = dofile(script_dir .. "lib/study.lua")
+local MF = dofile(script_dir .. "lib/model_flags.lua")
 
 local parser = argparse("memory_profile.lua",
   "Peak memory of forward-only runs and training steps of the reference TransformerLM.")
@@ -73,24 +77,11 @@ local function word_list(opt, s, allowed, alias)
 end
 local function set(list) for _, v in ipairs(list) do list[v] = true end return list end
 
-local CONTEXTS = {}
-for item in (args.context .. ","):gmatch("([^,]*),") do
-  local n = math.tointeger(tonumber(item))
-  if not n or n < 1 then fail("--context expects a comma list of positive integers, got '" .. args.context .. "'") end
-  CONTEXTS[#CONTEXTS + 1] = n
-end
+local CONTEXTS = S.int_list("context", args.context, fail)
 local MODES = word_list("mode", args.mode, set({"fwd", "fwd_bwd", "train"}))
 local PRECISIONS = word_list("precision", args.precision, set({"fp32", "bf16"}), {f32 = "fp32"})
-for _, k in ipairs({"batch", "vocab", "seed"}) do
-  if not args[k] or args[k] < (k == "seed" and 0 or 1) then fail("--" .. k .. " must be a positive integer") end
-end
-if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
-args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
-if not (args.device == "cpu" or args.device == "cuda" or args.device:match("^cuda:%d+$")) then
-  fail("--device must be cpu, cuda or cuda:N, got '" .. args.device .. "'")
-end
-local on_cuda = args.device ~= "cpu"
-if on_cuda and not ember.cuda.is_available() then fail("--device " .. args.device .. ": no CUDA device is available") end
+S.check_counts(args, {"batch", "vocab", "seed"}, fail)
+local on_cuda = S.resolve_device(args, fail)
 if args.attn == "flash" and not on_cuda then fail("--attn flash needs --device cuda") end
 
 -- ---------------------------------------------------------------------------
@@ -132,8 +123,7 @@ local B, D = args.batch, base_cfg.d_model
 local GiB, MiB = 2 ^ 30, 2 ^ 20
 local runinfo = require "ember.runinfo"
 local facts = runinfo.collect(args.device)
-print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
-print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+S.print_header(facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d batch=%d context=%s mode=%s precision=%s " ..
   "attn=%s warmup=%d snapshot=%s params=%.1fM")
   :format(args.model, D, base_cfg.d_ff, base_cfg.num_layers, base_cfg.num_heads, args.vocab, B, args.context,
@@ -146,23 +136,16 @@ print(("static memory, N = %d parameters in f32: weights 4N = %s, gradients 4N =
 -- one configuration
 
 local function sync() if on_cuda then ember.cuda.synchronize() end end
-local function free_all()
-  collectgarbage()
-  collectgarbage()
-  if on_cuda then ember.cuda.empty_cache() end
-end
+local function free_all() S.free_all(on_cuda) end
 
 local function measure(prec, mode, T)
   free_all()
-  local cfg = nn.configs[args.model]{vocab_size = args.vocab, context_length = T}
-  cfg.device, cfg.attn_impl = args.device, args.attn
+  local cfg = MF.config(args, T)
   ember.manual_seed(args.seed)
   local model = nn.TransformerLM(cfg)
   local opt = mode == "train" and optim.AdamW(model:parameters(), {lr = args.lr}) or nil
-  local data = ember.randint(0, args.vocab, {B, T + 1}, {device = args.device})
-  local x, y = data:narrow(1, 0, T), data:narrow(1, 1, T)
-  local function loss_fn() return F.cross_entropy(model(x), y) end
-  local forward = prec == "bf16" and function() return ember.autocast("bf16", loss_fn) end or loss_fn
+  local x, y = MF.batch(B, T, args.vocab, args.device)
+  local forward = MF.loss_fn(model, x, y, prec)
   local step
   if mode == "fwd" then
     step = function() ember.no_grad(forward) end
@@ -214,12 +197,7 @@ end
 
 local function gib(b) return b and ("%.2f"):format(b / GiB) or "n/a" end
 local cjson = args.json and require "cjson" or nil
-local json_file
-if args.json then
-  local err
-  json_file, err = io.open(args.json, "a")
-  if not json_file then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
-end
+local json_file = S.open_json(args.json, fail)
 
 local results, any_error = {}, false
 for _, prec in ipairs(PRECISIONS) do
@@ -230,7 +208,7 @@ for _, prec in ipairs(PRECISIONS) do
       if ok then r.status = "ok"
       else
         local msg = tostring(r)
-        r = {status = msg:match("^out of memory") and "OOM" or "error", error = msg}
+        r = {status = S.failure_status(msg), error = msg}
         any_error = any_error or r.status == "error"
       end
       r.precision, r.mode, r.context = prec, mode, T
@@ -314,11 +292,5 @@ for _, T in ipairs(CONTEXTS) do
 end
 emit("(under bf16 autocast the residual stream stays f32; the matmul outputs are bf16)")
 
-if args.markdown then
-  local f, err = io.open(args.markdown, "w")
-  if not f then fail("cannot open " .. args.markdown .. ": " .. tostring(err)) end
-  f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
-  f:write(table.concat(md, "\n"), "\n")
-  f:close()
-end
+if args.markdown then S.write_markdown(args.markdown, facts, md, fail) end
 os.exit(any_error and 1 or 0)

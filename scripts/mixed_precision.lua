@@ -35,26 +35,20 @@ local args = parser:parse(arg)
 
 local function fail(msg) io.stderr:write("mixed_precision.lua: ", msg, "\n") os.exit(2) end
 
-args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
-if not (args.device == "cpu" or args.device == "cuda" or args.device:match("^cuda:%d+$")) then
-  fail("--device must be cpu, cuda or cuda:N, got '" .. args.device .. "'")
-end
-if args.device ~= "cpu" and not ember.cuda.is_available() then
-  fail("--device " .. args.device .. ": no CUDA device is available")
-end
+local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
+local S = dofile(script_dir .. "lib/study.lua")
+local toy = dofile(script_dir .. "lib/amp_toy.lua")
+
+S.resolve_device(args, fail)
 local AUTOCAST = {}
 for name in (args.autocast .. ","):gmatch("([^,]*),") do
   if name ~= "bf16" and name ~= "f16" then fail("--autocast expects a comma list of bf16, f16; got '" .. args.autocast .. "'") end
   AUTOCAST[#AUTOCAST + 1] = name
 end
 
-local script_dir = (arg and arg[0] or ""):match("^(.*/)") or "./"
-local toy = dofile(script_dir .. "lib/amp_toy.lua")
-
 local runinfo = require "ember.runinfo"
 local facts = runinfo.collect(args.device)
-print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
-print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+S.print_header(facts)
 print(("config: part=%s autocast=%s device=%s"):format(args.part, table.concat(AUTOCAST, ","), args.device))
 
 local md_table = require("ember.report").text_table
@@ -189,18 +183,6 @@ if args.part ~= "accumulation" then
   end
 end
 
-if args.json then
-  local cjson = require "cjson"
-  local f, err = io.open(args.json, "a")
-  if not f then fail("cannot open " .. args.json .. ": " .. tostring(err)) end
-  f:write(cjson.encode(result), "\n")
-  f:close()
-end
-if args.markdown then
-  local f, err = io.open(args.markdown, "w")
-  if not f then fail("cannot open " .. args.markdown .. ": " .. tostring(err)) end
-  f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
-  f:write(table.concat(markdown, "\n"), "\n")
-  f:close()
-end
+if args.json then S.append_json(args.json, result, fail) end
+if args.markdown then S.write_markdown(args.markdown, facts, markdown, fail) end
 os.exit(any_mismatch and 1 or 0)

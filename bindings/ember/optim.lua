@@ -192,24 +192,34 @@ function optim.check_state_dict(sd, fname, ngroups, level)
   end
 end
 
-function Optimizer:load_state_dict(sd)
-  local fname = "ember.optim." .. self.__name .. ".load_state_dict"
-  optim.check_state_dict(sd, fname, #self.param_groups, 3)
+--- The parameters a checked state's ids name, also shared by both
+-- load_state_dicts: {id = parameter} from the ids of sd.param_groups[gi].params
+-- against param_groups[gi].params, in order. Errors (`level` frames up) when a
+-- group's counts differ or a state entry names a parameter no group lists.
+function optim.params_by_id(sd, param_groups, fname, level)
   local by_index = {}
-  for gi, g in ipairs(self.param_groups) do
-    local sg = sd.param_groups[gi]
-    local ids = sg.params or {}
+  for gi, g in ipairs(param_groups) do
+    local ids = sd.param_groups[gi].params or {}
     if #ids ~= #g.params then
       error(fmt("%s: group %d has %d parameter(s) in the state, %d in the optimizer", fname,
-        gi, #ids, #g.params), 2)
+        gi, #ids, #g.params), level)
     end
     for j, id in ipairs(ids) do by_index[id] = g.params[j] end
   end
+  for id in pairs(sd.state) do
+    if by_index[id] == nil then
+      error(fmt("%s: state for parameter %s, which no group lists", fname, tostring(id)), level)
+    end
+  end
+  return by_index
+end
+
+function Optimizer:load_state_dict(sd)
+  local fname = "ember.optim." .. self.__name .. ".load_state_dict"
+  optim.check_state_dict(sd, fname, #self.param_groups, 3)
+  local by_index = optim.params_by_id(sd, self.param_groups, fname, 3)
   for id, st in pairs(sd.state) do
     local p = by_index[id]
-    if p == nil then
-      error(fmt("%s: state for parameter %s, which no group lists", fname, tostring(id)), 2)
-    end
     for k, v in pairs(st) do
       if is_tensor(v) and #v.shape > 0 and not same_shape(v.shape, p.shape) then
         error(fmt("%s: state '%s' of parameter %s has shape %s, the parameter %s", fname, k,

@@ -330,15 +330,7 @@ function ShardedOptimizer:load_state_dict(sd)
   local fname = FNAME .. ".load_state_dict"
   ember.optim.check_state_dict(sd, fname, #self.param_groups, 3)
   -- global index -> parameter, and parameter -> local index
-  local by_index = {}
-  for gi, g in ipairs(self.param_groups) do
-    local ids = sd.param_groups[gi].params or {}
-    if #ids ~= #g.params then
-      error(fmt("%s: group %d has %d parameter(s) in the state, %d in the optimizer", fname,
-        gi, #ids, #g.params), 2)
-    end
-    for j, id in ipairs(ids) do by_index[id] = g.params[j] end
-  end
+  local by_index = ember.optim.params_by_id(sd, self.param_groups, fname, 3)
   local local_index, li = {}, 0
   local local_groups = {}
   for gi, g in ipairs(self.optim.param_groups) do
@@ -355,9 +347,6 @@ function ShardedOptimizer:load_state_dict(sd)
   local local_state = {}
   for id, st in pairs(sd.state) do
     local p = by_index[id]
-    if p == nil then
-      error(fmt("%s: state for parameter %s, which no group lists", fname, tostring(id)), 2)
-    end
     if local_index[p] then local_state[local_index[p]] = st end
   end
   self.optim:load_state_dict({state = local_state, param_groups = local_groups})

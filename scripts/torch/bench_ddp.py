@@ -18,17 +18,15 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from common import MiB, emit, header, init, reduce_number, runinfo, sizes_list, time_calls  # noqa: E402
+from common import (MiB, add_model_args, emit, fresh_ddp, header, lm_batch, lm_loss,  # noqa: E402
+                    reduce_number, sizes_list, start_study, sync, time_calls, timed_steps)
 from torch_lm import CONFIGS, TransformerLM, count_parameters  # noqa: E402
 
 FIRST_BUCKET_BYTES = 1 * MiB      # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
@@ -36,14 +34,7 @@ FIRST_BUCKET_BYTES = 1 * MiB      # torch.distributed's _DEFAULT_FIRST_BUCKET_BY
 
 def parse_args():
     p = argparse.ArgumentParser(description="DDP step time, exposed communication and memory (PyTorch).")
-    p.add_argument("--model", default="small", choices=list(CONFIGS))
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--d-ff", type=int)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--vocab", type=int, default=10000)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--context", type=int, default=512)
+    add_model_args(p, CONFIGS)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "naive"])
     p.add_argument("--bucket-mb", default="25")
@@ -89,49 +80,29 @@ def bucket_sizes(params, cap_bytes):
 
 def main():
     a = parse_args()
-    rank, n, dev = init(a.device)
+    rank, n, dev, (D, FF, L, H), n_params, facts, config = start_study(a, "ddp", CONFIGS, count_parameters)
     on_cuda = dev.type == "cuda"
-    D, FF, L, H = CONFIGS[a.model]
-    D, FF, L, H = a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
     B, T, V = a.batch, a.context, a.vocab
-    n_params = count_parameters(V, D, FF, L)
-    facts = runinfo(dev)
-    config = dict(study="ddp", model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T,
-                  batch=B, precision=a.precision, attn=a.attn, warmup=a.warmup, steps=a.steps,
-                  comm_reps=a.comm_reps, lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type,
-                  optimizer=a.optimizer, gradient_as_bucket_view=not a.no_bucket_view)
+    config.update(attn=a.attn, comm_reps=a.comm_reps, optimizer=a.optimizer,
+                  gradient_as_bucket_view=not a.no_bucket_view)
     if rank == 0:
         header(facts, f"torch DDP ranks={n} {a.model} d_model={D} d_ff={FF} layers={L} heads={H} vocab={V} "
                       f"context={T} batch/GPU={B} precision={a.precision} params={n_params / 1e6:.1f}M")
-    torch.manual_seed(a.seed + 1 + rank)
-    data = torch.randint(0, V, (B, T + 1), device=dev)
-    x, y = data[:, :T], data[:, 1:]
-
-    def sync():
-        if on_cuda:
-            torch.cuda.synchronize()
+    x, y = lm_batch(a, rank, dev)
 
     compute_ms = None
 
     def measure(name, mb, discard=False):
         nonlocal compute_ms
-        sync()
-        if on_cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        torch.manual_seed(a.seed)
-        model = TransformerLM(V, T, D, FF, L, H, attn=a.attn).to(dev)
-        ddp = DDP(model, device_ids=[dev.index] if on_cuda else None, bucket_cap_mb=mb,
-                  gradient_as_bucket_view=not a.no_bucket_view)
+        model, ddp = fresh_ddp(lambda: TransformerLM(V, T, D, FF, L, H, attn=a.attn), dev, a.seed, mb,
+                               not a.no_bucket_view)
         opt = adamw(ddp.parameters(), a, on_cuda)
         params = [p for p in model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                logits = ddp(x)
-                loss = F.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
+            loss = lm_loss(ddp, x, y, a, dev)
             loss.backward()
             opt.step()
             return loss
@@ -143,16 +114,9 @@ def main():
         fn = step_no_sync if name == "none" else step
         for _ in range(a.warmup):
             fn()
-        sync()
+        sync(dev)
         dist.barrier()
-        samples = []
-        loss = None
-        for _ in range(a.steps):
-            sync()
-            t0 = time.perf_counter()
-            loss = fn()
-            sync()
-            samples.append((time.perf_counter() - t0) * 1e3)
+        samples, loss = timed_steps(fn, a.steps, dev)
         peak = reduce_number(torch.cuda.max_memory_allocated(dev), "max", dev) if on_cuda else None
         step_ms = reduce_number(statistics.median(samples), "max", dev)
         final_loss = loss.item()
@@ -173,7 +137,7 @@ def main():
                 for v in views:
                     dist.all_reduce(v)
             all_reduce_all()
-            sync()
+            sync(dev)
             reps = []
             for _ in range(a.comm_reps):
                 dist.barrier()

@@ -13,31 +13,22 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from common import emit, header, init, reduce_number, runinfo  # noqa: E402
+from common import (add_model_args, emit, fresh_ddp, header, lm_batch, lm_loss, reduce_number,  # noqa: E402
+                    start_study, sync, timed_steps)
 from torch_lm import CONFIGS, TransformerLM, count_parameters  # noqa: E402
 
 
 def parse_args():
     p = argparse.ArgumentParser(description="Memory and step time: AdamW vs ZeroRedundancyOptimizer (PyTorch).")
-    p.add_argument("--model", default="small", choices=list(CONFIGS))
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--d-ff", type=int)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--vocab", type=int, default=10000)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--context", type=int, default=512)
+    add_model_args(p, CONFIGS)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--variants", default="adamw,sharded")
     p.add_argument("--bucket-mb", type=float, default=25)
@@ -58,26 +49,14 @@ def state_bytes(opt):
 
 def main():
     a = parse_args()
-    rank, n, dev = init(a.device)
+    rank, n, dev, (D, FF, L, H), n_params, facts, config = start_study(a, "zero", CONFIGS, count_parameters)
     on_cuda = dev.type == "cuda"
-    D, FF, L, H = CONFIGS[a.model]
-    D, FF, L, H = a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
     B, T, V = a.batch, a.context, a.vocab
-    n_params = count_parameters(V, D, FF, L)
-    facts = runinfo(dev)
-    config = dict(study="zero", model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T,
-                  batch=B, precision=a.precision, bucket_mb=a.bucket_mb, warmup=a.warmup, steps=a.steps,
-                  lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type)
+    config.update(bucket_mb=a.bucket_mb)
     if rank == 0:
         header(facts, f"torch ZeRO-1 ranks={n} {a.model} d_model={D} layers={L} vocab={V} context={T} "
                       f"batch/GPU={B} precision={a.precision} params={n_params / 1e6:.1f}M")
-    torch.manual_seed(a.seed + 1 + rank)
-    data = torch.randint(0, V, (B, T + 1), device=dev)
-    x, y = data[:, :T], data[:, 1:]
-
-    def sync():
-        if on_cuda:
-            torch.cuda.synchronize()
+    x, y = lm_batch(a, rank, dev)
 
     def allocated():
         return torch.cuda.memory_allocated(dev) if on_cuda else None
@@ -86,15 +65,8 @@ def main():
         return reduce_number(v, "max", dev) if v is not None else None
 
     for variant in a.variants.split(","):
-        sync()
-        if on_cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-        torch.manual_seed(a.seed)
-        model = TransformerLM(V, T, D, FF, L, H).to(dev)
-        ddp = DDP(model, device_ids=[dev.index] if on_cuda else None, bucket_cap_mb=a.bucket_mb,
-                  gradient_as_bucket_view=True)
-        sync()
+        model, ddp = fresh_ddp(lambda: TransformerLM(V, T, D, FF, L, H), dev, a.seed, a.bucket_mb, True)
+        sync(dev)
         after_init = allocated()
         kw = dict(lr=a.lr, foreach=True)
         if variant == "sharded":
@@ -106,30 +78,24 @@ def main():
         def fwd_bwd():
             nonlocal loss
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                logits = ddp(x)
-                loss = F.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
+            loss = lm_loss(ddp, x, y, a, dev)
             loss.backward()
 
+        def step():
+            fwd_bwd()
+            opt.step()
+
         fwd_bwd()
-        sync()
+        sync(dev)
         before_step = allocated()
         opt.step()
-        sync()
+        sync(dev)
         after_step = allocated()
         for _ in range(a.warmup):
-            fwd_bwd()
-            opt.step()
-        sync()
+            step()
+        sync(dev)
         dist.barrier()
-        samples = []
-        for _ in range(a.steps):
-            sync()
-            t0 = time.perf_counter()
-            fwd_bwd()
-            opt.step()
-            sync()
-            samples.append((time.perf_counter() - t0) * 1e3)
+        samples, _ = timed_steps(step, a.steps, dev)
         peak = torch.cuda.max_memory_allocated(dev) if on_cuda else None
         pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         gbytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)

@@ -1,7 +1,9 @@
 """What scripts/torch/bench_*.py share: the process group from torchrun's
 environment (NCCL for cuda, gloo for cpu), the runinfo facts every JSON line
-carries (as ember.runinfo: commit, device, driver, date, host), and the JSON
-output. The Lua studies (scripts/bench_allreduce.lua, bench_ddp.lua,
+carries (as ember.runinfo: commit, device, driver, date, host), the JSON
+output, and for the model studies (bench_ddp.py, bench_zero.py) the model
+and batch options, the seeded batch, a fresh DDP-wrapped model, the autocast
+loss and the timed step loop, so both twins measure the same way. The Lua studies (scripts/bench_allreduce.lua, bench_ddp.lua,
 bench_zero.lua) run these under torchrun in their driver mode and pass
 EMBER_COMMIT, so both sides carry Ember's commit.
 """
@@ -10,9 +12,12 @@ import json
 import os
 import socket
 import subprocess
+import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 MiB = 2 ** 20
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
@@ -100,7 +105,6 @@ def time_calls(fn, reps, dev):
         e.record()
         e.synchronize()
         return s.elapsed_time(e) / reps
-    import time
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
@@ -113,3 +117,82 @@ def sizes_list(text):
         v = float(item)
         out.append(int(v) if v == int(v) else v)
     return out
+
+
+# ---------------------------------------------------------------------------
+# the model studies (bench_ddp.py, bench_zero.py): the same options, batch and
+# step as scripts/lib/model_flags.lua gives their Lua twins
+
+
+def add_model_args(p, configs):
+    """--model and its overrides, --vocab, --batch, --context (bench/pytorch_baseline.py takes them too)."""
+    p.add_argument("--model", default="small", choices=list(configs))
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--d-ff", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int, default=10000)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--context", type=int, default=512)
+
+
+def model_dims(a, configs):
+    """(d_model, d_ff, layers, heads) of --model, each overridden when given."""
+    D, FF, L, H = configs[a.model]
+    return a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
+
+
+def start_study(a, study, configs, count_parameters):
+    """One rank of a model study: the process group, the model shape, the runinfo facts and the
+    config fields both studies record. Returns rank, world, device, (D, FF, L, H), params, facts, config."""
+    rank, n, dev = init(a.device)
+    D, FF, L, H = model_dims(a, configs)
+    n_params = count_parameters(a.vocab, D, FF, L)
+    config = dict(study=study, model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=a.vocab,
+                  context=a.context, batch=a.batch, precision=a.precision, warmup=a.warmup, steps=a.steps,
+                  lr=a.lr, seed=a.seed, params=n_params, device_kind=dev.type)
+    return rank, n, dev, (D, FF, L, H), n_params, runinfo(dev), config
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def lm_batch(a, rank, dev):
+    """This rank's tokens (seed + 1 + rank): inputs x and next-token targets y, (batch, context)."""
+    torch.manual_seed(a.seed + 1 + rank)
+    data = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=dev)
+    return data[:, :a.context], data[:, 1:]
+
+
+def fresh_ddp(build, dev, seed, bucket_cap_mb, bucket_view):
+    """build() afresh with `seed` after the allocator's cache and peak are reset; (model, DDP(model))."""
+    sync(dev)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    torch.manual_seed(seed)
+    model = build().to(dev)
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb,
+              gradient_as_bucket_view=bucket_view)
+    return model, ddp
+
+
+def lm_loss(model, x, y, a, dev):
+    """Forward and cross-entropy under bf16 autocast (--precision bf16) or none."""
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, a.vocab).float(), y.reshape(-1))
+
+
+def timed_steps(fn, steps, dev):
+    """ms of each of `steps` calls of fn (host clock, device synchronised around each), and fn's last result."""
+    samples, last = [], None
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        last = fn()
+        sync(dev)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples, last

@@ -9,13 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include "test.h"
-
-#define ARR(...) (int64_t[]){__VA_ARGS__}
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static void rel(em_tensor **ts, int n) { for (int i = 0; i < n; i++) em_tensor_release(ts[i]); }
-#define REL(...) rel((em_tensor *[]){__VA_ARGS__}, (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)))
+#include "test_util.h"   /* ARR, SHAPE, REL, at, CHECK_VALS */
 
 static em_tensor *vec(int n, const double *v, em_dtype dt, bool rg) {
   em_tensor *t = em_empty(SHAPE(n), dt, em_cpu());
@@ -25,29 +19,6 @@ static em_tensor *vec(int n, const double *v, em_dtype dt, bool rg) {
 }
 #define VEC(dt, ...) vec((int)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)), (double[]){__VA_ARGS__}, dt, false)
 #define LEAF(dt, ...) vec((int)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)), (double[]){__VA_ARGS__}, dt, true)
-
-static double at(const em_tensor *t, int64_t i) {
-  int64_t idx[EM_MAX_DIMS];
-  for (int d = t->ndim - 1; d >= 0; d--) { idx[d] = i % t->shape[d]; i /= t->shape[d]; }
-  double v = NAN;
-  if (em_get_f64(t, idx, &v)) return NAN;
-  return v;
-}
-
-#define CHECK_VALS(t, ...) do {                                                         \
-    const double _e[] = {__VA_ARGS__};                                                  \
-    int _n = (int)(sizeof _e / sizeof _e[0]);                                           \
-    const em_tensor *_t = (t);                                                          \
-    test_checks++;                                                                      \
-    if (!_t || em_numel(_t) != _n) { test_failures++;                                   \
-      fprintf(stderr, "%s:%d: %s: expected %d elements, got %lld\n", __FILE__, __LINE__, #t, _n, \
-              _t ? (long long)em_numel(_t) : -1LL); break; }                            \
-    for (int _i = 0; _i < _n; _i++) {                                                   \
-      double _v = at(_t, _i);                                                           \
-      if (_v != _e[_i]) { test_failures++;                                              \
-        fprintf(stderr, "%s:%d: %s[%d] = %.17g, expected %.17g\n", __FILE__, __LINE__, #t, _i, _v, _e[_i]); break; } \
-    }                                                                                   \
-  } while (0)
 
 static em_tensor *sum_all(em_tensor *t) { return em_sum(t, 0, NULL, false); }
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include "test.h"
 #include "test_files.h"
-
+#include "test_util.h"   /* patterned, same_bytes */
 
 /* A .npy file: version major.0, the dict padded with spaces + '\n' so the
  * data starts at a multiple of align, then dlen data bytes. */
@@ -31,24 +31,6 @@ static void write_npy(const char *path, int major, const char *dict, size_t alig
   if (dlen) memcpy(b + total, data, dlen);
   write_bytes(path, b, total + dlen);
   free(b);
-}
-
-static em_tensor *patterned(int ndim, const int64_t *shape, em_dtype dt, uint32_t seed) {
-  em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
-  unsigned char *p = em_data_ptr(t);
-  size_t n = (size_t)em_numel(t) * em_dtype_size(dt);
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = dt == EM_BOOL ? (unsigned char)((seed >> 24) & 1) : (unsigned char)(seed >> 24);
-  }
-  return t;
-}
-
-static int same_bytes(const em_tensor *a, const em_tensor *b) {
-  if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
-  for (int i = 0; i < a->ndim; i++) if (a->shape[i] != b->shape[i]) return 0;
-  size_t n = (size_t)em_numel(a) * em_dtype_size(a->dtype);
-  return n == 0 || memcmp(em_data_ptr(a), em_data_ptr(b), n) == 0;
 }
 
 /* Both load paths must fail with needle in a load: message naming the path. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "test.h"
 #include "test_files.h"
+#include "test_util.h"   /* patterned, same_bytes */
 #include "io/json_min.h"
 
 /* A file with prefix = declared header length, then header text, then data. */
@@ -65,29 +66,6 @@ static void corrupt_case(const char *header, size_t dlen, const char *needle, in
   expect_corrupt(p, needle, line);
 }
 #define CORRUPT(header, dlen, needle) corrupt_case(header, dlen, needle, __LINE__)
-
-
-
-/* A CPU tensor of dtype dt filled with bytes from a fixed pseudo-random
- * stream (bools get 0/1), so every bit pattern — NaN payloads, subnormals,
- * -0 in bf16/f16 — must survive the trip. */
-static em_tensor *patterned(int ndim, const int64_t *shape, em_dtype dt, uint32_t seed) {
-  em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
-  unsigned char *p = em_data_ptr(t);
-  size_t n = (size_t)em_numel(t) * em_dtype_size(dt);
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = dt == EM_BOOL ? (unsigned char)((seed >> 24) & 1) : (unsigned char)(seed >> 24);
-  }
-  return t;
-}
-
-static int same_bytes(const em_tensor *a, const em_tensor *b) {
-  if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
-  for (int i = 0; i < a->ndim; i++) if (a->shape[i] != b->shape[i]) return 0;
-  size_t n = (size_t)em_numel(a) * em_dtype_size(a->dtype);
-  return n == 0 || memcmp(em_data_ptr(a), em_data_ptr(b), n) == 0;
-}
 
 /* ------------------------------------------------------------------ */
 

@@ -6,19 +6,13 @@
  * EM_ERR_OOM with an "out of memory" message, no crash). */
 #include <stdint.h>
 #include <stdlib.h>
-#include "test.h"
+#include "test_util.h"   /* ARR, SHAPE, REL */
 #include "internal.h"
 
 /* Under AddressSanitizer, let the huge allocations below fail with NULL (as
  * malloc does) instead of aborting the process; ASAN_OPTIONS still overrides. */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
-
-#define ARR(...) (int64_t[]){__VA_ARGS__}
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static void rel(em_tensor **ts, int n) { for (int i = 0; i < n; i++) em_tensor_release(ts[i]); }
-#define REL(...) rel((em_tensor *[]){__VA_ARGS__}, (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)))
 
 /* A storage over a malloc'd float buffer 0..n-1 whose deleter counts its calls. */
 static int frees = 0;

@@ -7,43 +7,14 @@
  * what was expected vs received. */
 #include <stdint.h>
 #include <stdlib.h>
-#include "test.h"
+#include "test_util.h"   /* ARR, SHAPE, REL, at, shape_is, CHECK_VALS */
 #include "internal.h"   /* em_as_strided */
 
-#define ARR(...) (int64_t[]){__VA_ARGS__}
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static bool shape_is(const em_tensor *t, int ndim, const int64_t *shape) {
-  return t && t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0;
-}
 static bool stride_is(const em_tensor *t, int ndim, const int64_t *stride) {
   return t && t->ndim == ndim && memcmp(t->stride, stride, sizeof(int64_t) * (size_t)ndim) == 0;
 }
 #define CHECK_SHAPE(t, ...) CHECK(shape_is((t), SHAPE(__VA_ARGS__)))
 #define CHECK_STRIDE(t, ...) CHECK(stride_is((t), SHAPE(__VA_ARGS__)))
-
-/* Element i (logical row-major order) of any tensor, as a double. */
-static double at(const em_tensor *t, int64_t i) {
-  int64_t idx[EM_MAX_DIMS];
-  for (int d = t->ndim - 1; d >= 0; d--) { idx[d] = i % t->shape[d]; i /= t->shape[d]; }
-  double v = NAN;
-  if (em_get_f64(t, idx, &v)) return NAN;
-  return v;
-}
-
-#define CHECK_VALS(t, ...) do {                                                         \
-    const double _e[] = {__VA_ARGS__};                                                  \
-    int _n = (int)(sizeof _e / sizeof _e[0]);                                           \
-    test_checks++;                                                                      \
-    if (!(t) || em_numel(t) != _n) { test_failures++;                                   \
-      fprintf(stderr, "%s:%d: %s: expected %d elements, got %lld\n", __FILE__, __LINE__, #t, _n, \
-              (t) ? (long long)em_numel(t) : -1LL); break; }                            \
-    for (int _i = 0; _i < _n; _i++) {                                                   \
-      double _v = at((t), _i);                                                          \
-      if (_v != _e[_i]) { test_failures++;                                              \
-        fprintf(stderr, "%s:%d: %s[%d] = %.17g, expected %.17g\n", __FILE__, __LINE__, #t, _i, _v, _e[_i]); break; } \
-    }                                                                                   \
-  } while (0)
 
 /* 0, 1, ..., n-1 as f32 viewed with the given shape (fresh contiguous tensor). */
 static em_tensor *iota(int ndim, const int64_t *shape, em_dtype dt) {
@@ -58,9 +29,6 @@ static em_tensor *vec(int n, const double *v, em_dtype dt) {
   return t;
 }
 #define VEC(dt, ...) vec((int)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)), (double[]){__VA_ARGS__}, dt)
-
-static void rel(em_tensor **ts, int n) { for (int i = 0; i < n; i++) em_tensor_release(ts[i]); }
-#define REL(...) rel((em_tensor *[]){__VA_ARGS__}, (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)))
 
 /* Expect NULL and a message containing all of the needles. */
 static void expect_null_msg(em_tensor *r, const char *const *needles, int n, int line) {

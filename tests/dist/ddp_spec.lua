@@ -109,14 +109,27 @@ local MODELS = {
   },
 }
 
+--- The reference model (rank 0's seed, on every rank) and this rank's model
+-- (a seed of its own, so the ranks start apart), both of MODELS entry M.
+local function make_models(M)
+  ember.manual_seed(100)                                 -- rank 0's seed
+  local ref = M.make()
+  ember.manual_seed(100 + RANK)                          -- ranks start apart
+  return ref, M.make()
+end
+
+--- One step of the single-process reference on the whole batch (every rank's rows).
+local function ref_step(M, ref, ref_opt, step)
+  ref_opt:zero_grad()
+  M.loss(ref, step, 0, PER_RANK * WORLD):backward()
+  ref_opt:step()
+end
+
 --- Train `kind` with a DDP strategy; returns the wrapper, the reference model
 -- and the initial copies of the never-used and frozen parameters.
 local function train(kind, opts)
   local M = MODELS[kind]
-  ember.manual_seed(100)                                 -- rank 0's seed
-  local ref = M.make()
-  ember.manual_seed(100 + RANK)                          -- ranks start apart
-  local model = M.make()
+  local ref, model = make_models(M)
   if RANK ~= 0 then
     assert(max_diff(model:parameters()[1], ref:parameters()[1]) > 0.01,
       "ranks must start from different weights for the broadcast check to mean anything")
@@ -133,10 +146,7 @@ local function train(kind, opts)
     M.loss(ddp, step, RANK * PER_RANK, PER_RANK):backward()
     ddp:finish_gradient_synchronization()
     opt:step()
-
-    ref_opt:zero_grad()
-    M.loss(ref, step, 0, PER_RANK * WORLD):backward()
-    ref_opt:step()
+    ref_step(M, ref, ref_opt, step)
   end
   return ddp, ref, init
 end
@@ -252,10 +262,8 @@ for _, s in ipairs(STRATEGIES) do
   local label, opts = s[1], s[2]
   T.case(label .. ": no_sync micro-batches equal the full batch, no collective inside", function()
     local M = MODELS.tied
-    ember.manual_seed(100)
-    local ref = M.make()
-    ember.manual_seed(100 + RANK)
-    local ddp = nn.parallel.DDP(M.make(), opts)
+    local ref, model = make_models(M)
+    local ddp = nn.parallel.DDP(model, opts)
     local opt, ref_opt = optim.SGD(ddp.module:parameters(), {lr = LR}), optim.SGD(ref:parameters(), {lr = LR})
     local half = PER_RANK // 2
     local real, inside = dist.all_reduce, 0
@@ -271,9 +279,7 @@ for _, s in ipairs(STRATEGIES) do
       (M.loss(ddp, step, RANK * PER_RANK + half, half) / 2):backward()
       ddp:finish_gradient_synchronization()
       opt:step()
-      ref_opt:zero_grad()
-      M.loss(ref, step, 0, PER_RANK * WORLD):backward()
-      ref_opt:step()
+      ref_step(M, ref, ref_opt, step)
     end
     assert(inside == 0, ("%d all-reduce(s) ran inside no_sync"):format(inside))
     assert_close(ddp.module, ref, label .. " with no_sync")

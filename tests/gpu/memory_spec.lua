@@ -59,16 +59,7 @@ local function tiny(attn)
 end
 
 describe("ember.memory on CUDA", function()
-  before_each(function()
-    collectgarbage()
-    memory.record_history(false)
-    memory.clear_history()
-  end)
-  after_each(function()
-    memory.record_history(false)
-    memory.clear_history()
-    U.remove_temps()
-  end)
+  U.fresh_memory_history(before_each, after_each)
 
   it("records block and segment events of the caching allocator", function()
     cuda.synchronize()

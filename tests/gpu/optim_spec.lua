@@ -11,9 +11,7 @@ local ember = require "ember"
 local nn, optim = ember.nn, ember.optim
 local core = ember.core
 
-local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local C = dofile(here .. "compare.lua")
-local H = dofile(here .. "../lua/helpers.lua")
+local C, H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "compare.lua")
 local rel, close = C.rel_error, C.assert_rel
 
 local randn = H.seeded(7000).randn

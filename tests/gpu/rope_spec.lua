@@ -11,9 +11,7 @@
 local ember = require "ember"
 local F = ember.nn.functional
 
-local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local C = dofile(here .. "compare.lua")
-local H = dofile(here .. "../lua/helpers.lua")
+local C, H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "compare.lua")
 local rel, close = C.rel_error, C.assert_rel
 
 local R = H.seeded(5000)

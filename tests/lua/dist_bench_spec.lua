@@ -9,7 +9,7 @@
 local cjson = require "cjson"
 
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
-local HAVE_MPIRUN = os.execute("command -v mpirun >/dev/null 2>&1") == true
+local HAVE_MPIRUN = H.have("mpirun")
 
 -- Run a study in driver mode (not under a launch: the rank variables unset).
 local function study(script, args)

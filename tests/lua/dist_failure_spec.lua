@@ -5,39 +5,16 @@
 -- (EMBER_DIST_TIMEOUT), and a script that ends without destroy().
 -- Each case runs `ember launch --nproc 2|3` on a small script (CPU, MPI).
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
-local HAVE_MPIRUN = os.execute("command -v mpirun >/dev/null 2>&1") == true
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local temps = {}
-local function temp(text)
-  local path = os.tmpname()
-  temps[#temps + 1] = path
-  local f = assert(io.open(path, "wb"))
-  f:write(text or "")
-  f:close()
-  return path
-end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local EMBER = H.EMBER
+local HAVE_MPIRUN = H.have("mpirun")
 
 -- launch(nproc, script text, env) --> stdout, stderr, ok, seconds
 local function launch(nproc, script, env)
-  local parts = {"env -u EMBER_RANK -u EMBER_LAUNCH_DIR -u EMBER_DIST_CHECK -u EMBER_DIST_TIMEOUT"}
-  for k, v in pairs(env or {}) do parts[#parts + 1] = k .. "=" .. q(v) end
-  local path = temp(script)
-  local out, err = temp(), temp()
-  parts[#parts + 1] = ("%s launch --nproc %d %s </dev/null >%s 2>%s"):format(q(EMBER), nproc, q(path), q(out), q(err))
-  local t0 = os.time()
-  local ok = os.execute("timeout 300 " .. table.concat(parts, " "))
-  return slurp(out), slurp(err), ok == true, os.time() - t0
+  local out, err, status, seconds = H.ember({"launch", "--nproc", tostring(nproc), H.temp_file(script)}, {
+    env = env, wrap = "timeout 300",
+    unset = {"EMBER_RANK", "EMBER_LAUNCH_DIR", "EMBER_DIST_CHECK", "EMBER_DIST_TIMEOUT"}})
+  return out, err, status == 0, seconds
 end
 
 local function summary(err)
@@ -62,10 +39,7 @@ describe("ember.dist failures end the run", function()
   setup(function()
     assert(io.open(EMBER, "rb"), "no executable at " .. EMBER .. " (set EMBER_BUILD)"):close()
   end)
-  after_each(function()
-    for _, p in ipairs(temps) do os.remove(p) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   launching("a rank that raises while the others wait in an all_reduce", function()
     local _, err, ok, secs = launch(3, PRELUDE .. [[

@@ -64,6 +64,22 @@ function H.spit(path, bytes)
   return path
 end
 
+--- A fresh temporary file holding `text` (empty by default), removed by
+-- H.remove_temps(): a script or input a spec hands to the executable.
+function H.temp_file(text, suffix) return H.spit(H.temp(suffix), text or "") end
+
+--- Whether `cmd` is on PATH (specs that need mpirun, python3... are pending without).
+function H.have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == true end
+
+--- The lines of `text` that match a Lua pattern, in order.
+function H.lines_matching(text, pattern)
+  local found = {}
+  for line in text:gmatch("[^\n]*") do
+    if line:find(pattern) then found[#found + 1] = line end
+  end
+  return found
+end
+
 --- s quoted for the shell.
 function H.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -76,13 +92,15 @@ function H.sh(cmd)
 end
 
 --- Run `ember ARGS...` through the shell as a user does (LUA_INIT unset):
--- stdout, stderr and the exit status. opts: `stdin` (text; /dev/null
--- otherwise), `env` {NAME = value}, `wrap` (words before the executable, e.g.
--- "timeout 60"), `before` (shell text run first in the same shell, e.g. a
--- ulimit), `cwd`.
+-- stdout, stderr, the exit status and the whole seconds it took. opts:
+-- `stdin` (text; /dev/null otherwise), `unset` {NAME...} (more variables
+-- removed, e.g. EMBER_RANK so a spec run under a launch starts no rank),
+-- `env` {NAME = value}, `wrap` (words before the executable, e.g. "timeout
+-- 60"), `before` (shell text run first in the same shell, e.g. a ulimit), `cwd`.
 function H.ember(args, opts)
   opts = opts or {}
   local parts = {"env -u LUA_INIT -u LUA_INIT_5_4"}
+  for _, name in ipairs(opts.unset or {}) do parts[#parts + 1] = "-u " .. name end
   for name, value in pairs(opts.env or {}) do parts[#parts + 1] = name .. "=" .. H.q(value) end
   if opts.wrap then parts[#parts + 1] = opts.wrap end
   parts[#parts + 1] = H.q(H.EMBER)
@@ -92,12 +110,32 @@ function H.ember(args, opts)
   local cmd = table.concat(parts, " ") .. " <" .. H.q(input) .. " >" .. H.q(out) .. " 2>" .. H.q(err)
   if opts.before then cmd = "(" .. opts.before .. "; " .. cmd .. ")" end
   if opts.cwd then cmd = "cd " .. H.q(opts.cwd) .. " && " .. cmd end
+  local t0 = os.time()
   local _, _, status = os.execute(cmd)
+  local seconds = os.time() - t0
   local o, e = H.slurp(out), H.slurp(err)
   os.remove(out)
   os.remove(err)
   if opts.stdin then os.remove(input) end
-  return o, e, status
+  return o, e, status, seconds
+end
+
+--- The hooks of the ember.memory specs (tests/lua and tests/gpu), given
+-- busted's before_each and after_each: every case starts with the history
+-- off and empty (after a full collection) and ends with it off and empty and
+-- its temporary files removed.
+function H.fresh_memory_history(before_each, after_each)
+  local memory = ember().memory
+  before_each(function()
+    collectgarbage()
+    memory.record_history(false)
+    memory.clear_history()
+  end)
+  after_each(function()
+    memory.record_history(false)
+    memory.clear_history()
+    H.remove_temps()
+  end)
 end
 
 --- The message of an error without its "file:line: " prefix.
@@ -207,6 +245,10 @@ function H.assert_close(got, ref, rtol, atol, what)
   local bad = walk(got, ref, "")
   if bad then error((what or "values") .. ": " .. bad, 2) end
 end
+
+--- H.assert_close with an absolute tolerance only (values of a known O(1)
+-- scale: rotations, softmax averages).
+function H.assert_abs(got, ref, atol, what) return H.assert_close(got, ref, 0, atol, what) end
 
 --- erf(x) to double precision (Lua has none): 2/√π · e^(−x²) · Σ_n 2^n
 -- x^(2n+1) / (1·3·5···(2n+1)); every term is positive, so no cancellation;

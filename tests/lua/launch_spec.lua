@@ -7,59 +7,44 @@
 -- Failing ranks fail within a second; the others would sleep 60 s, so the
 -- elapsed-time checks show the launcher stops them.
 
-local BUILD = os.getenv("EMBER_BUILD") or "./build"
-local EMBER = BUILD .. "/ember"
-local HAVE_MPIRUN = os.execute("command -v mpirun >/dev/null 2>&1") == true
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local EMBER = H.EMBER
+local HAVE_MPIRUN = H.have("mpirun")
+local q, temp = H.q, H.temp_file
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local temps = {}
-local function temp(text, suffix)
-  local path = os.tmpname()
-  os.remove(path)
-  path = path .. (suffix or "")
-  temps[#temps + 1] = path
-  local f = assert(io.open(path, "wb"))
-  f:write(text or "")
-  f:close()
-  return path
-end
-
--- ember(args, {env=, prefix=}) --> stdout, stderr, status, seconds
+-- ember(args, {env=, wrap=}) --> stdout, stderr, status, seconds; run as a
+-- user runs it outside any launch (no inherited rank or launch dir)
 local function ember(args, opts)
   opts = opts or {}
-  local parts = { "env -u LUA_INIT -u LUA_INIT_5_4 -u EMBER_RANK -u EMBER_LAUNCH_DIR" }
-  for name, value in pairs(opts.env or {}) do parts[#parts + 1] = name .. "=" .. q(value) end
-  if opts.prefix then parts[#parts + 1] = opts.prefix end
-  parts[#parts + 1] = q(EMBER)
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
-  local out, err = temp(), temp()
-  local cmd = table.concat(parts, " ") .. " </dev/null >" .. q(out) .. " 2>" .. q(err)
-  local t0 = os.time()
-  local _, _, status = os.execute(cmd)
-  return slurp(out), slurp(err), status, os.time() - t0
+  return H.ember(args, {env = opts.env, wrap = opts.wrap, unset = {"EMBER_RANK", "EMBER_LAUNCH_DIR"}})
 end
 
-local function lines_matching(text, pattern)
-  local found = {}
-  for line in text:gmatch("[^\n]*") do
-    if line:find(pattern) then found[#found + 1] = line end
-  end
-  return found
+--- The one "ember launch: " summary line of stderr (there must be exactly one).
+local function one_summary(err)
+  local summary = H.lines_matching(err, "^ember launch: ")
+  assert.equals(1, #summary, err)
+  return summary[1]
 end
 
 -- What every failing case shares: rank 0 sleeps for 60 s unless stopped.
 local SLEEP_REST = "for _ = 1, 300 do os.execute('sleep 0.2') end\n"
 local MY_PID = "local pid = io.open('/proc/self/stat'):read('n')\n"
+
+--- A script whose rank 0 leaves `record` as its failure record in the launch
+-- dir at once, while rank 1 fails with "boom" 0.3 s later.
+local function record_then_boom(record)
+  return ([[
+local dir = os.getenv("EMBER_LAUNCH_DIR")
+if os.getenv("EMBER_RANK") == "0" then
+  local f = io.open(dir .. "/rank0.fail", "w")
+  f:write(%q)
+  f:close()
+else
+  os.execute("sleep 0.3")
+  error("boom")
+end
+]]):format(record) .. SLEEP_REST
+end
 
 local function launching(name, fn)
   if HAVE_MPIRUN then it(name, fn) else pending(name .. " (no mpirun on PATH)") end
@@ -70,10 +55,7 @@ describe("ember launch", function()
     assert(io.open(EMBER, "rb"), "no executable at " .. EMBER .. " (set EMBER_BUILD)"):close()
   end)
 
-  after_each(function()
-    for _, path in ipairs(temps) do os.remove(path) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   describe("ranks that succeed", function()
     local show = [[
@@ -127,9 +109,7 @@ print(os.getenv("EMBER_DIST_BACKEND"), os.getenv("EMBER_DIST_TIMEOUT"), dir, pro
       local _, err, status, seconds = ember({ "launch", "--nproc", "2", script })
       assert.equals(1, status)
       assert.is_true(seconds < 30, "took " .. seconds .. " s: rank 0 was not stopped")
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
-      assert.matches("^ember launch: rank 1 %(host %S+, pid %d+%) failed first: .*:1: boom$", summary[1])
+      assert.matches("^ember launch: rank 1 %(host %S+, pid %d+%) failed first: .*:1: boom$", one_summary(err))
       local after = err:match("failed first: [^\n]*\n(.*)$")
       assert.matches("^  stack traceback:\n  \t%[C%]: in function 'error'", after)
       assert.is_nil(err:find("Primary job", 1, true), "mpirun's abort box was not replaced")
@@ -140,9 +120,8 @@ print(os.getenv("EMBER_DIST_BACKEND"), os.getenv("EMBER_DIST_TIMEOUT"), dir, pro
       local _, err, status, seconds = ember({ "launch", "--nproc", "3", script })
       assert.equals(1, status)
       assert.is_true(seconds < 30, "took " .. seconds .. " s")
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
-      assert.matches("^ember launch: rank 2 .* failed first: .*boom on two$", summary[1])
+      local summary = one_summary(err)
+      assert.matches("^ember launch: rank 2 .* failed first: .*boom on two$", summary)
     end)
 
     launching("names a rank killed by SIGKILL (no record: mpirun's report)", function()
@@ -151,9 +130,8 @@ print(os.getenv("EMBER_DIST_BACKEND"), os.getenv("EMBER_DIST_TIMEOUT"), dir, pro
       local _, err, status, seconds = ember({ "launch", "--nproc", "2", script })
       assert.equals(1, status)
       assert.is_true(seconds < 30, "took " .. seconds .. " s")
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
-      assert.matches("^ember launch: rank 1 .*failed first: killed by signal 9 %(SIGKILL%)$", summary[1])
+      local summary = one_summary(err)
+      assert.matches("^ember launch: rank 1 .*failed first: killed by signal 9 %(SIGKILL%)$", summary)
     end)
 
     launching("names a rank that called os.exit(3) with its exit status", function()
@@ -161,9 +139,8 @@ print(os.getenv("EMBER_DIST_BACKEND"), os.getenv("EMBER_DIST_TIMEOUT"), dir, pro
       local _, err, status, seconds = ember({ "launch", "--nproc", "3", script })
       assert.equals(1, status)
       assert.is_true(seconds < 30, "took " .. seconds .. " s")
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
-      assert.matches("^ember launch: rank 1 .*failed first: exit status 3$", summary[1])
+      local summary = one_summary(err)
+      assert.matches("^ember launch: rank 1 .*failed first: exit status 3$", summary)
     end)
 
     launching("records a fatal signal in the rank (SIGSEGV): host, pid and signal name", function()
@@ -173,94 +150,66 @@ print(os.getenv("EMBER_DIST_BACKEND"), os.getenv("EMBER_DIST_TIMEOUT"), dir, pro
       local out, err, status = ember({ "launch", "--nproc", "2", script })
       assert.equals(1, status)
       local pid = assert(out:match("(%d+)\n"), out)
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
+      local summary = one_summary(err)
       assert.equals(("ember launch: rank 1 (host %s, pid %s) failed first: killed by signal 11 (SIGSEGV)")
-                      :format(summary[1]:match("host (%S+),"), pid), summary[1])
+                      :format(summary:match("host (%S+),"), pid), summary)
     end)
 
     launching("never names a 'terminated' record, even an earlier one", function()
-      local script = temp([[
-local dir = os.getenv("EMBER_LAUNCH_DIR")
-if os.getenv("EMBER_RANK") == "0" then
-  local f = io.open(dir .. "/rank0.fail", "w")
-  f:write("1 0 otherhost 42 terminated\nstopped by mpirun, not a failure")
-  f:close()
-else
-  os.execute("sleep 0.3")
-  error("boom")
-end
-]] .. SLEEP_REST, ".lua")
+      local script = temp(record_then_boom("1 0 otherhost 42 terminated\nstopped by mpirun, not a failure"), ".lua")
       local _, err, status = ember({ "launch", "--nproc", "2", script })
       assert.equals(1, status)
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
-      assert.matches("^ember launch: rank 1 .*boom$", summary[1])
+      local summary = one_summary(err)
+      assert.matches("^ember launch: rank 1 .*boom$", summary)
       assert.is_nil(err:find("not a failure", 1, true))
     end)
 
     launching("names the earliest record, and what mpirun noticed when that differs", function()
-      local script = temp([[
-local dir = os.getenv("EMBER_LAUNCH_DIR")
-if os.getenv("EMBER_RANK") == "0" then
-  local f = io.open(dir .. "/rank0.fail", "w")
-  f:write("1000 0 otherhost 42 timeout\nallreduce waited 30 s\nfor rank 1")
-  f:close()
-else
-  os.execute("sleep 0.3")
-  error("boom")
-end
-]] .. SLEEP_REST, ".lua")
+      local script = temp(record_then_boom("1000 0 otherhost 42 timeout\nallreduce waited 30 s\nfor rank 1"), ".lua")
       local _, err, status = ember({ "launch", "--nproc", "2", script })
       assert.equals(1, status)
-      local summary = lines_matching(err, "^ember launch: ")
-      assert.equals(1, #summary, err)
+      local summary = one_summary(err)
       assert.equals("ember launch: rank 0 (host otherhost, pid 42) failed first: allreduce waited 30 s",
-                    summary[1])
+                    summary)
       assert.truthy(err:find("failed first: allreduce waited 30 s\n  for rank 1\n" ..
                              "  (mpirun noticed rank 1 first: exit status 1)\n", 1, true), err)
     end)
 
     it("reads Open MPI 5's wording of mpirun's boxes and shows a box it cannot read", function()
       -- a stand-in mpirun that prints what prterun prints when rank 2 dies
-      local bin = os.tmpname()
-      os.remove(bin)
-      assert(os.execute("mkdir " .. q(bin)))
+      local bin = H.tmpdir()
       local rule = ("-"):rep(74)
-      local fake = bin .. "/mpirun"
-      local f = assert(io.open(fake, "w"))
-      f:write("#!/bin/sh\ncat >&2 <<'EOF'\nrank 0 says hi\n", rule, "\n",
-              "prterun noticed that process rank 2 with PID 4242 on node nodeB exited on\n",
-              "signal 11 (Segmentation fault).\n", rule, "\n", rule, "\n",
-              "Something else went wrong that the launcher cannot read.\n", rule, "\nEOF\nexit 1\n")
-      f:close()
+      local fake = H.spit(bin .. "/mpirun", table.concat({
+        "#!/bin/sh\ncat >&2 <<'EOF'\nrank 0 says hi\n", rule, "\n",
+        "prterun noticed that process rank 2 with PID 4242 on node nodeB exited on\n",
+        "signal 11 (Segmentation fault).\n", rule, "\n", rule, "\n",
+        "Something else went wrong that the launcher cannot read.\n", rule, "\nEOF\nexit 1\n"}))
       os.execute("chmod +x " .. q(fake))
       local script = temp("print(1)", ".lua")
       local _, err, status = ember({ "launch", "--nproc", "3", script },
-                                   { prefix = "env PATH=" .. q(bin .. ":" .. os.getenv("PATH")) })
-      os.execute("rm -rf " .. q(bin))
+                                   { wrap = "env PATH=" .. q(bin .. ":" .. os.getenv("PATH")) })
       assert.equals(1, status)
       assert.truthy(err:find("rank 0 says hi\n", 1, true), err)
       assert.truthy(err:find(rule .. "\nSomething else went wrong that the launcher cannot read.\n" ..
                              rule .. "\n", 1, true), err)
       assert.is_nil(err:find("prterun noticed", 1, true), err)
       assert.equals("ember launch: rank 2 (host nodeB, pid 4242) failed first: killed by signal 11 (SIGSEGV)",
-                    lines_matching(err, "^ember launch: ")[1])
+                    H.lines_matching(err, "^ember launch: ")[1])
     end)
 
     launching("Ctrl-C and SIGTERM stop mpirun and the ranks: status 130 and 143", function()
       local script = temp(SLEEP_REST, ".lua")
       for sig, expected in pairs({ INT = 130, TERM = 143 }) do
-        local out = temp()
+        local out = H.temp()
         local t0 = os.time()
         local p = io.popen(("env -u EMBER_RANK %s launch --nproc 2 %s >%s 2>&1 & pid=$!; " ..
                             "sleep 2; kill -%s $pid; wait $pid; echo $?")
                            :format(q(EMBER), q(script), q(out), sig))
         local rc = tonumber(p:read("l"))
         p:close()
-        assert.equals(expected, rc, slurp(out))
+        assert.equals(expected, rc, H.slurp(out))
         assert.is_true(os.time() - t0 < 30)
-        assert.truthy(slurp(out):find("stopped by SIG" .. sig, 1, true))
+        assert.truthy(H.slurp(out):find("stopped by SIG" .. sig, 1, true))
         -- mpirun and the ranks are gone: no `ember run` of this script is
         -- left ("[e]" keeps the pattern from matching this shell's own line)
         local ps = io.popen("pgrep -f " .. q("[e]mber run " .. script) .. " | wc -l")
@@ -337,14 +286,11 @@ end)
 describe("rank environment without the launcher", function()
   local show = "print(os.getenv('EMBER_RANK'), os.getenv('EMBER_WORLD_SIZE'), os.getenv('EMBER_LOCAL_RANK'))"
 
-  after_each(function()
-    for _, path in ipairs(temps) do os.remove(path) end
-    temps = {}
-  end)
+  after_each(H.remove_temps)
 
   it("derives EMBER_RANK & co from Slurm's variables (srun)", function()
     local out, err, status = ember({ "-e", show }, {
-      prefix = "env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1" })
+      wrap = "env -u OMPI_COMM_WORLD_RANK -u PMIX_RANK SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=1" })
     assert.equals(0, status, err)
     assert.equals("3\t4\t1\n", out)
   end)
@@ -352,16 +298,16 @@ describe("rank environment without the launcher", function()
   it("prefers Open MPI's over Slurm's, and a set EMBER_RANK over both", function()
     local vars = "OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1 " ..
                  "SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=0"
-    local out = ember({ "-e", show }, { prefix = "env " .. vars })
+    local out = ember({ "-e", show }, { wrap = "env " .. vars })
     assert.equals("5\t8\t1\n", out)
-    out = ember({ "-e", show }, { prefix = "env EMBER_RANK=7 " .. vars })
+    out = ember({ "-e", show }, { wrap = "env EMBER_RANK=7 " .. vars })
     assert.equals("7\tnil\tnil\n", out)
   end)
 
   launching("works under mpirun by hand", function()
     local script = temp(show, ".lua")
     local out, err, status = ember({ "run", script }, {
-      prefix = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
+      wrap = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
                "OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun -np 2 --oversubscribe" })
     assert.equals(0, status, err)
     local seen = {}
@@ -371,16 +317,11 @@ describe("rank environment without the launcher", function()
   end)
 
   it("a failing `ember run` leaves a record in EMBER_LAUNCH_DIR: time rank host pid kind, message", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(os.execute("mkdir " .. q(dir)))
+    local dir = H.tmpdir()
     local script = temp("error('boom')", ".lua")
     local _, err, status = ember({ "run", script }, { env = { EMBER_LAUNCH_DIR = dir },
-                                                      prefix = "env EMBER_RANK=5" })
-    local f = io.open(dir .. "/rank5.fail", "rb")
-    local record = f and f:read("a")
-    if f then f:close() end
-    os.execute("rm -rf " .. q(dir))
+                                                      wrap = "env EMBER_RANK=5" })
+    local record = H.slurp(dir .. "/rank5.fail")
     assert.equals(1, status)
     assert.truthy(err:find("boom", 1, true))
     assert.is_not_nil(record, "no rank5.fail")

@@ -32,16 +32,7 @@ local function block_at(snap, t)
 end
 
 describe("ember.memory", function()
-  before_each(function()
-    collectgarbage()
-    memory.record_history(false)
-    memory.clear_history()
-  end)
-  after_each(function()
-    memory.record_history(false)
-    memory.clear_history()
-    U.remove_temps()
-  end)
+  U.fresh_memory_history(before_each, after_each)
 
   it("records the allocations and frees of a small computation with their ops and call site", function()
     memory.record_history(true)

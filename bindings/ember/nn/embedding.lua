@@ -4,12 +4,10 @@
 -- @module ember.nn.embedding
 
 local F = require "ember.functional"
-local util = require "ember.util"
 local module = require "ember.nn.module"
 local parameter = require "ember.nn.parameter"
 
 local fmt = string.format
-local CTOR_LEVEL = module.CTOR_LEVEL
 
 --- A lookup table of n vectors of size d, initialised truncated normal
 -- std 1 cut at ±3.
@@ -17,9 +15,8 @@ local CTOR_LEVEL = module.CTOR_LEVEL
 local Embedding = module.Module:extend("Embedding")
 
 function Embedding:__init(num_embeddings, embedding_dim, opts)
-  util.check_positive_int("ember.nn.Embedding", "num_embeddings", num_embeddings, CTOR_LEVEL)
-  util.check_positive_int("ember.nn.Embedding", "embedding_dim", embedding_dim, CTOR_LEVEL)
-  opts = util.check_opts("ember.nn.Embedding", opts, CTOR_LEVEL)
+  opts = module.check_ctor("ember.nn.Embedding", opts, "num_embeddings", num_embeddings,
+    "embedding_dim", embedding_dim)
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
   self.weight = parameter.new({num_embeddings, embedding_dim}, opts.dtype, opts.device,
     function(t) t:trunc_normal_(0, 1, -3, 3) end)

@@ -4,12 +4,10 @@
 -- @module ember.nn.linear
 
 local F = require "ember.functional"
-local util = require "ember.util"
 local module = require "ember.nn.module"
 local parameter = require "ember.nn.parameter"
 
 local fmt = string.format
-local CTOR_LEVEL = module.CTOR_LEVEL
 local new_param = parameter.new
 
 --- y = x Wᵀ + b, W (out, in) initialised truncated normal with
@@ -21,9 +19,7 @@ local new_param = parameter.new
 local Linear = module.Module:extend("Linear")
 
 function Linear:__init(in_features, out_features, opts)
-  util.check_positive_int("ember.nn.Linear", "in_features", in_features, CTOR_LEVEL)
-  util.check_positive_int("ember.nn.Linear", "out_features", out_features, CTOR_LEVEL)
-  opts = util.check_opts("ember.nn.Linear", opts, CTOR_LEVEL)
+  opts = module.check_ctor("ember.nn.Linear", opts, "in_features", in_features, "out_features", out_features)
   self.in_features, self.out_features = in_features, out_features
   local std = math.sqrt(2 / (in_features + out_features))
   self.weight = new_param({out_features, in_features}, opts.dtype, opts.device,

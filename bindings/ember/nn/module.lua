@@ -25,6 +25,37 @@ local note_parameter = parameter.note
 -- 4 is the caller of `nn.Linear(...)`.
 M.CTOR_LEVEL = 4
 
+-- Construction helpers the layers share (ember/nn/*.lua), so every
+-- constructor checks its arguments in the same order with the same messages.
+-- They are one call deeper than __init: their error level is CTOR_LEVEL + 1.
+
+--- A constructor's checks in one call: each (argname, value) pair of ... a
+-- positive integer, then opts a table or nil; returns opts ({} for nil).
+-- An error names fname and the line that called the constructor.
+function M.check_ctor(fname, opts, ...)
+  for i = 1, select("#", ...), 2 do
+    local argname, v = select(i, ...)
+    util.check_positive_int(fname, argname, v, M.CTOR_LEVEL + 1)
+  end
+  opts = util.check_opts(fname, opts, M.CTOR_LEVEL + 1)
+  return opts
+end
+
+--- What the norms over the last dim (LayerNorm, RMSNorm) share: the checks
+-- of (d, opts), self.d, self.eps (opts.eps, 1e-5 by default) and a weight of
+-- ones; returns opts.
+function M.init_norm(self, fname, d, opts)
+  util.check_positive_int(fname, "d", d, M.CTOR_LEVEL + 1)
+  opts = util.check_opts(fname, opts, M.CTOR_LEVEL + 1)
+  self.d, self.eps = d, opts.eps or 1e-5
+  self.weight = parameter.new({d}, opts.dtype, opts.device, function(t) t:fill_(1) end)
+  return opts
+end
+
+--- The norms' extra_repr: "(d,), eps=...", as PyTorch prints them.
+function M.norm_repr(self)
+  return fmt("(%d,), eps=%s", self.d, util.float_repr(self.eps))
+end
 
 --- Base class of every module.
 -- @type Module

@@ -3,20 +3,15 @@
 -- @module ember.nn.swiglu
 
 local F = require "ember.functional"
-local util = require "ember.util"
 local module = require "ember.nn.module"
 local Linear = require "ember.nn.linear"
-
-local CTOR_LEVEL = module.CTOR_LEVEL
 
 --- SwiGLU feed-forward: w2(silu(w1 x) ⊙ w3 x), no biases.
 -- @type SwiGLU
 local SwiGLU = module.Module:extend("SwiGLU")
 
 function SwiGLU:__init(d_model, d_ff, opts)
-  util.check_positive_int("ember.nn.SwiGLU", "d_model", d_model, CTOR_LEVEL)
-  util.check_positive_int("ember.nn.SwiGLU", "d_ff", d_ff, CTOR_LEVEL)
-  opts = util.check_opts("ember.nn.SwiGLU", opts, CTOR_LEVEL)
+  opts = module.check_ctor("ember.nn.SwiGLU", opts, "d_model", d_model, "d_ff", d_ff)
   local lopts = {bias = false, dtype = opts.dtype, device = opts.device}
   self.w1 = Linear(d_model, d_ff, lopts)
   self.w2 = Linear(d_ff, d_model, lopts)

@@ -1,0 +1,92 @@
+--- study.lua — what the one-process study scripts (bench_model.lua,
+-- bench_attention.lua, memory_profile.lua, mixed_precision.lua) share, so
+-- they check, print and write the same way: the count and --device checks, the header
+-- lines, the comma lists they take, freeing memory between configurations,
+-- telling an out-of-memory result from an error, and the JSON-lines and
+-- Markdown files. Load it with dofile (not a package):
+--   local S = dofile(script_dir .. "lib/study.lua")
+-- Functions that can refuse take `fail` (the script's: message to stderr, exit 2).
+local ember = require "ember"
+
+local M = {}
+
+--- Fill args.device (default: cuda when available) and check it is cpu,
+-- cuda or cuda:N with a device there; returns whether it is a CUDA device.
+function M.resolve_device(args, fail)
+  args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
+  if not (args.device == "cpu" or args.device == "cuda" or args.device:match("^cuda:%d+$")) then
+    fail("--device must be cpu, cuda or cuda:N, got '" .. args.device .. "'")
+  end
+  local on_cuda = args.device ~= "cpu"
+  if on_cuda and not ember.cuda.is_available() then fail("--device " .. args.device .. ": no CUDA device is available") end
+  return on_cuda
+end
+
+--- Print the device and commit lines every study opens with (facts: ember.runinfo.collect).
+function M.print_header(facts)
+  print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
+  print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
+end
+
+--- fail(message) unless every args[k] of keys is an integer >= 1 (seed: >= 0)
+-- and args.warmup one >= 0.
+function M.check_counts(args, keys, fail)
+  for _, k in ipairs(keys) do
+    if not args[k] or args[k] < (k == "seed" and 0 or 1) then
+      fail("--" .. k:gsub("_", "-") .. " must be a positive integer")
+    end
+  end
+  if not args.warmup or args.warmup < 0 then fail("--warmup must be an integer >= 0") end
+end
+
+--- "16,32" -> {16, 32}; fail unless every item is a positive integer (opt names the option).
+function M.int_list(opt, s, fail)
+  local out = {}
+  for item in (s .. ","):gmatch("([^,]*),") do
+    local n = math.tointeger(tonumber(item))
+    if not n or n < 1 then fail(("--%s expects a comma list of positive integers, got '%s'"):format(opt, s)) end
+    out[#out + 1] = n
+  end
+  return out
+end
+
+--- Give memory back after a configuration (also after an OOM): the Lua
+-- handles first, then the allocator's cached segments.
+function M.free_all(on_cuda)
+  collectgarbage()
+  collectgarbage()
+  if on_cuda then ember.cuda.empty_cache() end
+end
+
+--- The status of a configuration that raised `msg`: "OOM" for out of memory
+-- (a result, not a crash), otherwise "error".
+function M.failure_status(msg)
+  return tostring(msg):match("^out of memory") and "OOM" or "error"
+end
+
+--- path opened for appending JSON lines (nil when path is nil).
+function M.open_json(path, fail)
+  if not path then return nil end
+  local f, err = io.open(path, "a")
+  if not f then fail("cannot open " .. path .. ": " .. tostring(err)) end
+  return f
+end
+
+--- Append one JSON line (record encoded by cjson) to path.
+function M.append_json(path, record, fail)
+  local f = M.open_json(path, fail)
+  f:write(require("cjson").encode(record), "\n")
+  f:close()
+end
+
+--- Write lines (joined by newlines) to the Markdown file path, after a
+-- comment naming the device, commit and date they come from.
+function M.write_markdown(path, facts, lines, fail)
+  local f, err = io.open(path, "w")
+  if not f then fail("cannot open " .. path .. ": " .. tostring(err)) end
+  f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+end
+
+return M
