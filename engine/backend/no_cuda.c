@@ -157,3 +157,14 @@ int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr
 int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }
 int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm,
                        em_tensor *norm_out) { return no_cuda(NULL); }
+/* ==== indexing — ops-indexing block begin ==== */
+int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
+                  em_tensor *other) { return no_cuda(op); }
+int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos) { return no_cuda(op); }
+int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos,
+                          em_tensor *out) { return no_cuda(op); }
+int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *pos,
+                           em_tensor *gx) { return no_cuda(op); }
+int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape,
+                    em_tensor *out) { return no_cuda(op); }
+/* ==== ops-indexing block end ==== */
