@@ -25,6 +25,9 @@ local REQUIRED = {
   "linear", "embedding", "cross_entropy", "rmsnorm", "layer_norm", "rope", "swiglu", "scaled_dot_product_attention", "flash_attention",
   "cat", "stack", "view", "reshape", "transpose", "t", "permute", "narrow", "select", "squeeze",
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
+  -- ops-indexing
+  "index_select", "gather", "scatter", "scatter_add", "index_add", "masked_select", "take_along_dim",
+  "index", "embedding_bag",
 }
 
 describe("the op registry", function()
