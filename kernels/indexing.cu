@@ -103,8 +103,11 @@ static int64_t extent(int ndim, const int64_t *shape, const int64_t *st) {
   return e;
 }
 
+/* 32-bit offsets: every extent below 2^31, and positions below 2^30 so that a
+ * grid-stride step (at most 2^29) never overflows. */
 static bool fits32(const em_index_plan *p, int64_t n) {
   const int64_t lim = INT32_MAX;
+  if (n >= (int64_t)1 << 30) return false;
   int64_t self_ext = extent(p->ndim, p->shape, p->self_stride) + (p->dim_size - 1) * p->dim_stride;
   return n < lim && self_ext < lim && extent(p->ndim, p->shape, p->index_stride) < lim &&
          extent(p->ndim, p->shape, p->other_stride) < lim;

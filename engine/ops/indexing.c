@@ -445,7 +445,8 @@ static int scan_count(em_tensor *pos, int64_t *count) {
   int64_t n = em_numel(pos);
   *count = 0;
   if (n == 0) return 0;
-  em_tensor *last = em_as_strided(pos, 0, NULL, NULL, pos->offset + n - 1);
+  int64_t none[1] = {0};
+  em_tensor *last = em_as_strided(pos, 0, none, none, pos->offset + n - 1);
   double v = 0;
   int rc = last ? em_item(last, &v) : -1;
   em_tensor_release(last);
