@@ -321,5 +321,19 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   end
   return reduce(l, r)
 end
+-- ops-indexing block begin
+--- One-hot encoding (PyTorch's F.one_hot): integer ids (...) -> (..., num_classes) i64.
+-- num_classes -1 (the default) infers max(ids) + 1 (a host read: synchronises on CUDA).
+function F.one_hot(ids, num_classes)
+  check_tensor("one_hot", "ids", ids)
+  return core.one_hot(ids, num_classes or -1)
+end
+
+--- Sums or means of embedding rows per bag (ember.indexing): ids (B, L), or
+-- 1-D ids with 1-D offsets; mode "mean" (default) or "sum". -> (B, d)
+function F.embedding_bag(ids, weight, offsets, mode)
+  return require("ember.indexing").embedding_bag(ids, weight, offsets, mode)
+end
+-- ops-indexing block end
 
 return F

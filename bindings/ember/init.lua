@@ -47,6 +47,11 @@ end
 
 ember.split, ember.chunk = methods.split, methods.chunk
 
+-- ops-indexing block begin: t:index({...}) and t[idx] (ember.indexing)
+require "ember.indexing"
+ember.index = methods.index
+-- ops-indexing block end
+
 local printing = require "ember.printing"
 Tensor_mt.__tostring = printing.tostring
 ember.set_printoptions = printing.set_printoptions

@@ -486,6 +486,56 @@ int em_randperm_cuda(em_tensor *out, em_philox_state st);
  * one race (element r C + j), ties to the lower index. */
 int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement, em_philox_state st);
 /* ======== end issue 12 ======== */
+/* ==== indexing (kernels/indexing.cu) — ops-indexing block begin ==== */
+/* Gathers and scatters along one dim, masked_select and nonzero on CUDA
+ * (kernels/indexing.cu), the device half of engine/ops/indexing.c. Tensors
+ * are validated by the engine op. */
+
+/* What an em_index_plan does at each position p it walks. */
+enum { EM_IX_GATHER, EM_IX_SCATTER, EM_IX_SCATTER_VALUE, EM_IX_SCATTER_ADD };
+
+/* One walk over the positions p of `shape` (ndim dims, 0 <= ndim <= 8). With
+ *   s = self  at sum_d p[d] * self_stride[d] + index[p] * dim_stride
+ *   o = other at sum_d p[d] * other_stride[d]
+ *   i = index at sum_d p[d] * index_stride[d]       (0 strides broadcast)
+ * GATHER: o = s; SCATTER: s = o; SCATTER_VALUE: s = value (converted to
+ * self's dtype); SCATTER_ADD: s += alpha * o. index_select is a GATHER whose
+ * index strides are 0 but along dim, index_add a SCATTER_ADD likewise, gather
+ * and scatter walk the index's own shape. Strides are in elements from each
+ * tensor's data pointer (offset included). */
+typedef struct {
+  int kind, ndim, dim;
+  int64_t shape[EM_MAX_DIMS];
+  int64_t self_stride[EM_MAX_DIMS];    /* self's strides, 0 at dim */
+  int64_t index_stride[EM_MAX_DIMS];
+  int64_t other_stride[EM_MAX_DIMS];
+  int64_t dim_stride, dim_size;        /* self's stride and size along dim */
+  double value, alpha;
+} em_index_plan;
+
+/* Run plan p. self and other (NULL for SCATTER_VALUE) share one dtype;
+ * index is i32 or i64. No host check of the indices (it would synchronise):
+ * an index outside [0, dim_size) is never followed — a GATHER writes NaN
+ * there (0 for integer dtypes), a scatter skips the element. Duplicate
+ * indices: SCATTER's writes race (one wins, unspecified which); SCATTER_ADD
+ * adds with atomics (f32, f64, bf16, f16, i32, i64), so float sums may differ
+ * in the last bits from run to run. */
+int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
+                  em_tensor *other);
+
+/* pos (n, i64, contiguous) = inclusive prefix count of the nonzero elements
+ * of x (contiguous, n elements, any dtype; NaN counts, -0.0 does not), one
+ * CUB device scan; pos[n-1] is the count. Element i is selected when
+ * pos[i] > pos[i-1] (pos[-1] = 0), and lands at pos[i] - 1. */
+int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos);
+/* out[pos[i] - 1] = x[i] for each selected i (x contiguous, n = pos's length; out contiguous). */
+int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos, em_tensor *out);
+/* masked_select's backward: gx[i] = selected ? g[pos[i] - 1] : 0 (gx contiguous, n elements, g's dtype). */
+int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *pos, em_tensor *gx);
+/* nonzero: row pos[i] - 1 of out (count, ndim; i64 contiguous) = the coordinates of
+ * selected flat index i in shape (row-major). */
+int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out);
+/* ==== ops-indexing block end ==== */
 
 #ifdef __cplusplus
 }

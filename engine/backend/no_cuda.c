@@ -165,3 +165,14 @@ int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_s
 int em_randperm_cuda(em_tensor *out, em_philox_state st) { return no_cuda(NULL); }
 int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement,
                         em_philox_state st) { return no_cuda(NULL); }
+/* ==== indexing — ops-indexing block begin ==== */
+int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
+                  em_tensor *other) { return no_cuda(op); }
+int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos) { return no_cuda(op); }
+int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos,
+                          em_tensor *out) { return no_cuda(op); }
+int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *pos,
+                           em_tensor *gx) { return no_cuda(op); }
+int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape,
+                    em_tensor *out) { return no_cuda(op); }
+/* ==== ops-indexing block end ==== */

@@ -27,6 +27,9 @@ local REQUIRED = {
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
   -- issue 12: dropout and losses
   "dropout", "mse_loss", "l1_loss", "nll_loss", "binary_cross_entropy_with_logits", "gelu_tanh",
+  -- ops-indexing
+  "index_select", "gather", "scatter", "scatter_add", "index_add", "masked_select", "take_along_dim",
+  "index", "embedding_bag",
 }
 
 describe("the op registry", function()

@@ -172,6 +172,30 @@ em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev);
  * or without replacement; probs need not sum to 1. */
 em_tensor *em_multinomial(em_tensor *probs, int64_t num_samples, bool replacement);
 /* ---------- end issue 12 ---------- */
+/* ---------- indexing (engine/ops/indexing.c) — ops-indexing block begin ---------- */
+/* PyTorch semantics; dims 0-based, negative dims count from the end; index
+ * tensors i32 or i64 (on the CPU out-of-range values are an error before
+ * anything is written; on CUDA see backend.h's em_index_cuda). */
+/* x's slices along dim picked by the 1-D index: shape of x with dim's size = numel(index). */
+em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index);
+/* out[p] = x[p with p[dim] = index[p]]; index has x's ndim, out has index's shape. */
+em_tensor *em_gather(em_tensor *x, int64_t dim, em_tensor *index);
+/* x with x[p with p[dim] = index[p]] = src[p] (src NULL: value) for every p of index.
+ * inplace: writes x itself and returns it retained (scatter_), not recorded by autograd. */
+em_tensor *em_scatter(em_tensor *x, int64_t dim, em_tensor *index, em_tensor *src, double value, bool inplace);
+/* The same with += (duplicates accumulate). */
+em_tensor *em_scatter_add(em_tensor *x, int64_t dim, em_tensor *index, em_tensor *src, bool inplace);
+/* x with x.select(dim, index[i]) += alpha * src.select(dim, i) for each i (index 1-D). */
+em_tensor *em_index_add(em_tensor *x, int64_t dim, em_tensor *index, em_tensor *src, double alpha, bool inplace);
+/* The elements of x where the bool mask (broadcast with x) is true, as a 1-D tensor. */
+em_tensor *em_masked_select(em_tensor *x, em_tensor *mask);
+/* (count, ndim) i64 coordinates of x's nonzero elements in row-major order. */
+em_tensor *em_nonzero(em_tensor *x);
+/* gather after broadcasting x and indices over every dim but dim; EM_ALL_DIMS: both flattened. */
+em_tensor *em_take_along_dim(em_tensor *x, em_tensor *indices, int64_t dim);
+/* ids (...) integer -> (..., num_classes) i64 with a 1 at each id; num_classes -1: max(ids) + 1. */
+em_tensor *em_one_hot(em_tensor *ids, int64_t num_classes);
+/* ---------- ops-indexing block end ---------- */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,311 @@
+/* Indexing on CUDA: one gather/scatter kernel for every em_index_plan
+ * (index_select, gather, scatter, scatter_add, index_add, one_hot), and the
+ * scan-based masked_select / nonzero.
+ *
+ * Gather/scatter: no FLOPs (scatter_add: one add per element); each position
+ * reads one index and moves one element (gather: read self + write other;
+ * scatter_add: read other + atomic read-modify-write of self). One thread per
+ * position, grid-stride; a position's offsets come from its coordinates
+ * (divmod over at most 8 dims). The decision that matters: offsets are
+ * 32-bit whenever every tensor's extent fits (it nearly always does), since
+ * 64-bit divmod costs several times more instructions than 32-bit; the kind
+ * of a copy (gather / scatter / value) is a uniform runtime branch, the
+ * element type is moved as raw bits of its size (1, 2, 4 or 8 bytes), so a
+ * handful of instantiations cover every dtype. scatter_add adds with atomics
+ * (f32, f64, bf16, f16 on sm_80+; i32, i64 wrap): duplicates accumulate, in
+ * an unspecified order for floats. An index outside [0, dim_size) is never
+ * followed: a gather writes NaN (0 for integers), a scatter skips.
+ *
+ * masked_select / nonzero: flags (x != 0) written as i64, one in-place CUB
+ * inclusive scan (memcpy speed), and pos[n-1] is the count the engine reads
+ * on the host. A selected element i (pos[i] > pos[i-1]) goes to pos[i] - 1:
+ * the compaction kernels need only pos, whatever the source dtype, and the
+ * backward of masked_select reuses the same scan. Bytes: flags 1 read + 8
+ * written, scan ~16, compaction 8 (+ element) per input element. */
+#include <cub/cub.cuh>
+#include "common.cuh"
+#include "backend.h"
+
+#define THREADS 256
+
+/* ---------------- the gather/scatter walk ---------------- */
+
+template <typename O>
+struct Geo {
+  int ndim;
+  O shape[EM_MAX_DIMS], self_st[EM_MAX_DIMS], index_st[EM_MAX_DIMS], other_st[EM_MAX_DIMS];
+  O dim_stride;
+  int64_t dim_size;
+};
+
+/* Offsets of position l in self (without dim's part), index and other. */
+template <typename O>
+__device__ __forceinline__ void offsets(const Geo<O> &g, O l, O &so, O &io, O &oo) {
+  so = 0; io = 0; oo = 0;
+#pragma unroll
+  for (int d = EM_MAX_DIMS - 1; d >= 0; d--) {
+    if (d >= g.ndim) continue;
+    O c = l % g.shape[d];
+    l /= g.shape[d];
+    so += c * g.self_st[d]; io += c * g.index_st[d]; oo += c * g.other_st[d];
+  }
+}
+
+/* GATHER: other = self[..]; SCATTER: self[..] = other; SCATTER_VALUE: self[..] = value (T: raw bits). */
+template <typename T, typename I, typename O>
+__global__ void copy_kernel(Geo<O> g, O n, int kind, T *self, const I *index, T *other, T value, T poison) {
+  for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
+    O so, io, oo;
+    offsets(g, l, so, io, oo);
+    int64_t ix = (int64_t)index[io];
+    bool ok = ix >= 0 && ix < g.dim_size;
+    so += (O)ix * g.dim_stride;
+    if (kind == EM_IX_GATHER) other[oo] = ok ? self[so] : poison;
+    else if (!ok) continue;
+    else if (kind == EM_IX_SCATTER) self[so] = other[oo];
+    else self[so] = value;
+  }
+}
+
+__device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double *p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(__nv_bfloat16 *p, __nv_bfloat16 v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(__half *p, __half v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(int32_t *p, int32_t v) { atomicAdd((int *)p, (int)v); }
+__device__ __forceinline__ void atomic_add(int64_t *p, int64_t v) {
+  atomicAdd((unsigned long long *)p, (unsigned long long)v);   /* two's complement: wraps like the CPU */
+}
+
+/* alpha * v in T: floats scale in f32 (f64 for f64), integers in i64. */
+template <typename T> __device__ __forceinline__ T scaled(T v, double a) { return from_f32<T>(to_f32(v) * (float)a); }
+template <> __device__ __forceinline__ double scaled<double>(double v, double a) { return v * a; }
+template <> __device__ __forceinline__ float scaled<float>(float v, double a) { return a == 1.0 ? v : (float)((double)v * a); }
+template <> __device__ __forceinline__ int32_t scaled<int32_t>(int32_t v, double a) { return (int32_t)((int64_t)v * (int64_t)a); }
+template <> __device__ __forceinline__ int64_t scaled<int64_t>(int64_t v, double a) {
+  return (int64_t)((uint64_t)v * (uint64_t)(int64_t)a);
+}
+
+template <typename T, typename I, typename O>
+__global__ void add_kernel(Geo<O> g, O n, T *self, const I *index, const T *other, double alpha) {
+  for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
+    O so, io, oo;
+    offsets(g, l, so, io, oo);
+    int64_t ix = (int64_t)index[io];
+    if (ix < 0 || ix >= g.dim_size) continue;
+    atomic_add(self + so + (O)ix * g.dim_stride, scaled(other[oo], alpha));
+  }
+}
+
+/* The largest element offset a strided walk reaches (strides are non-negative in Ember). */
+static int64_t extent(int ndim, const int64_t *shape, const int64_t *st) {
+  int64_t e = 0;
+  for (int d = 0; d < ndim; d++) e += (shape[d] - 1) * (st[d] < 0 ? -st[d] : st[d]);
+  return e;
+}
+
+/* 32-bit offsets: every extent below 2^31, and positions below 2^30 so that a
+ * grid-stride step (at most 2^29) never overflows. */
+static bool fits32(const em_index_plan *p, int64_t n) {
+  const int64_t lim = INT32_MAX;
+  if (n >= (int64_t)1 << 30) return false;
+  int64_t self_ext = extent(p->ndim, p->shape, p->self_stride) + (p->dim_size - 1) * p->dim_stride;
+  return n < lim && self_ext < lim && extent(p->ndim, p->shape, p->index_stride) < lim &&
+         extent(p->ndim, p->shape, p->other_stride) < lim;
+}
+
+template <typename O>
+static Geo<O> geo(const em_index_plan *p) {
+  Geo<O> g;
+  memset(&g, 0, sizeof g);
+  g.ndim = p->ndim;
+  for (int d = 0; d < p->ndim; d++) {
+    g.shape[d] = (O)p->shape[d]; g.self_st[d] = (O)p->self_stride[d];
+    g.index_st[d] = (O)p->index_stride[d]; g.other_st[d] = (O)p->other_stride[d];
+  }
+  g.dim_stride = (O)p->dim_stride;
+  g.dim_size = p->dim_size;
+  return g;
+}
+
+/* NaN in the dtype (an out-of-range gather must not pass silently), 0 for integers. */
+static uint64_t poison_bits(em_dtype dt) {
+  switch (dt) {
+    case EM_F32: return 0x7fc00000u;
+    case EM_F64: return 0x7ff8000000000000ull;
+    case EM_BF16: return 0x7fc0u;
+    case EM_F16: return 0x7e00u;
+    default: return 0;
+  }
+}
+
+template <typename T, typename I, typename O>
+static void launch_copy(const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *index, em_tensor *other,
+                        cudaStream_t s) {
+  uint64_t vb = 0, pb = poison_bits(self->dtype);
+  if (p->kind == EM_IX_SCATTER_VALUE) em_store_f64(&vb, self->dtype, 0, p->value);
+  T value, poison;
+  memcpy(&value, &vb, sizeof(T));
+  memcpy(&poison, &pb, sizeof(T));
+  copy_kernel<T, I, O><<<em_grid(n, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)n, p->kind, (T *)em_data_ptr(self),
+      (const I *)em_data_ptr(index), other ? (T *)em_data_ptr(other) : NULL, value, poison);
+}
+
+template <typename I, typename O>
+static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
+                            const em_tensor *index, em_tensor *other, cudaStream_t s) {
+  if (p->kind != EM_IX_SCATTER_ADD) {
+    switch (em_dtype_size(self->dtype)) {
+      case 1: launch_copy<uint8_t, I, O>(p, n, self, index, other, s); return 0;
+      case 2: launch_copy<uint16_t, I, O>(p, n, self, index, other, s); return 0;
+      case 4: launch_copy<uint32_t, I, O>(p, n, self, index, other, s); return 0;
+      default: launch_copy<uint64_t, I, O>(p, n, self, index, other, s); return 0;
+    }
+  }
+  Geo<O> g = geo<O>(p);
+  unsigned grid = em_grid(n, THREADS);
+  const I *ix = (const I *)em_data_ptr(index);
+#define ADD(T) add_kernel<T, I, O><<<grid, THREADS, 0, s>>>(g, (O)n, (T *)em_data_ptr(self), ix, \
+                                                           (const T *)em_data_ptr(other), p->alpha)
+  switch (self->dtype) {
+    case EM_F32: ADD(float); return 0;
+    case EM_F64: ADD(double); return 0;
+    case EM_BF16: ADD(__nv_bfloat16); return 0;
+    case EM_F16: ADD(__half); return 0;
+    case EM_I32: ADD(int32_t); return 0;
+    case EM_I64: ADD(int64_t); return 0;
+    default:
+      return em_error("%s: CUDA adds need f32, f64, bf16, f16, i32 or i64 (atomics), got %s", op,
+                      em_dtype_name(self->dtype));
+  }
+#undef ADD
+}
+
+extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
+                             em_tensor *other) {
+  int64_t n = em_shape_numel(p->ndim, p->shape);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(self->device.index);
+  bool small = fits32(p, n);
+  int rc;
+  if (index->dtype == EM_I64)
+    rc = small ? dispatch_offsets<int64_t, int32_t>(op, p, n, self, index, other, s)
+               : dispatch_offsets<int64_t, int64_t>(op, p, n, self, index, other, s);
+  else if (index->dtype == EM_I32)
+    rc = small ? dispatch_offsets<int32_t, int32_t>(op, p, n, self, index, other, s)
+               : dispatch_offsets<int32_t, int64_t>(op, p, n, self, index, other, s);
+  else
+    return em_error("%s: CUDA indices must be i32 or i64, got %s", op, em_dtype_name(index->dtype));
+  return rc ? rc : em_launch_check(op);
+}
+
+/* ---------------- masked_select, nonzero ---------------- */
+
+template <typename T> __device__ __forceinline__ bool nonzero_of(T v) { return v != T(0); }
+template <> __device__ __forceinline__ bool nonzero_of<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v) != 0.f; }
+template <> __device__ __forceinline__ bool nonzero_of<__half>(__half v) { return __half2float(v) != 0.f; }
+
+template <typename T>
+__global__ void flags_kernel(const T *x, int64_t n, int64_t *pos) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    pos[i] = nonzero_of(x[i]) ? 1 : 0;
+}
+
+extern "C" int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos) {
+  int64_t n = em_numel(x);
+  if (n == 0) return 0;
+  int dev = x->device.index;
+  cudaStream_t s = em_cur_stream(dev);
+  int64_t *pp = (int64_t *)em_data_ptr(pos);
+  unsigned grid = em_grid(n, THREADS);
+#define FLAGS(T) flags_kernel<T><<<grid, THREADS, 0, s>>>((const T *)em_data_ptr(x), n, pp)
+  switch (x->dtype) {
+    case EM_F32: FLAGS(float); break;
+    case EM_F64: FLAGS(double); break;
+    case EM_BF16: FLAGS(__nv_bfloat16); break;
+    case EM_F16: FLAGS(__half); break;
+    case EM_I32: FLAGS(int32_t); break;
+    case EM_I64: FLAGS(int64_t); break;
+    case EM_U16: FLAGS(uint16_t); break;
+    default: FLAGS(uint8_t); break;    /* u8, bool */
+  }
+#undef FLAGS
+  if (em_launch_check(op)) return -1;
+  size_t bytes = 0;
+  if (em_cuda_check(cub::DeviceScan::InclusiveSum(NULL, bytes, pp, n, s), op, "cub::DeviceScan (size)")) return -1;
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = em_empty(1, &nb, EM_U8, x->device);
+  if (!tmp) return -1;
+  int rc = em_cuda_check(cub::DeviceScan::InclusiveSum(em_data_ptr(tmp), bytes, pp, n, s), op, "cub::DeviceScan");
+  em_tensor_release(tmp);   /* stream-ordered: reused only after the scan */
+  return rc ? rc : em_launch_check(op);
+}
+
+__device__ __forceinline__ bool selected(const int64_t *pos, int64_t i) { return pos[i] > (i ? pos[i - 1] : 0); }
+
+template <typename T>
+__global__ void compact_kernel(const T *x, const int64_t *pos, int64_t n, T *out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (selected(pos, i)) out[pos[i] - 1] = x[i];
+}
+
+template <typename T>
+__global__ void expand_kernel(const T *g, const int64_t *pos, int64_t n, T *gx) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    gx[i] = selected(pos, i) ? g[pos[i] - 1] : T(0);
+}
+
+extern "C" int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos, em_tensor *out) {
+  int64_t n = em_numel(pos);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(x->device.index);
+  unsigned grid = em_grid(n, THREADS);
+  const void *xp = em_data_ptr(x);
+  const int64_t *pp = (const int64_t *)em_data_ptr(pos);
+  void *op_ = em_data_ptr(out);
+  switch (em_dtype_size(x->dtype)) {
+    case 1: compact_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)xp, pp, n, (uint8_t *)op_); break;
+    case 2: compact_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)xp, pp, n, (uint16_t *)op_); break;
+    case 4: compact_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)xp, pp, n, (uint32_t *)op_); break;
+    default: compact_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)xp, pp, n, (uint64_t *)op_); break;
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *pos, em_tensor *gx) {
+  int64_t n = em_numel(pos);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(gx->device.index);
+  unsigned grid = em_grid(n, THREADS);
+  const void *gp = em_data_ptr(g);
+  const int64_t *pp = (const int64_t *)em_data_ptr(pos);
+  void *xp = em_data_ptr(gx);
+  switch (em_dtype_size(gx->dtype)) {
+    case 1: expand_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)gp, pp, n, (uint8_t *)xp); break;
+    case 2: expand_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)gp, pp, n, (uint16_t *)xp); break;
+    case 4: expand_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)gp, pp, n, (uint32_t *)xp); break;
+    default: expand_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)gp, pp, n, (uint64_t *)xp); break;
+  }
+  return em_launch_check(op);
+}
+
+struct Shape { int ndim; int64_t s[EM_MAX_DIMS]; };
+
+__global__ void coords_kernel(const int64_t *pos, int64_t n, Shape sh, int64_t *out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (!selected(pos, i)) continue;
+    int64_t *row = out + (pos[i] - 1) * sh.ndim, l = i;
+    for (int d = sh.ndim - 1; d >= 0; d--) { row[d] = l % sh.s[d]; l /= sh.s[d]; }
+  }
+}
+
+extern "C" int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out) {
+  int64_t n = em_numel(pos);
+  if (n == 0 || ndim == 0) return 0;
+  Shape sh;
+  sh.ndim = ndim;
+  for (int d = 0; d < ndim; d++) sh.s[d] = shape[d];
+  cudaStream_t s = em_cur_stream(out->device.index);
+  coords_kernel<<<em_grid(n, THREADS), THREADS, 0, s>>>((const int64_t *)em_data_ptr(pos), n, sh,
+                                                          (int64_t *)em_data_ptr(out));
+  return em_launch_check(op);
+}

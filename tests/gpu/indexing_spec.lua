@@ -1,0 +1,123 @@
+-- indexing_spec.lua (GPU) — what the op registry's eval mode does not cover
+-- for the indexing ops on CUDA (kernels/indexing.cu): larger shapes against
+-- the CPU, i32 indices, strided operands, integer atomics, and the
+-- documented out-of-range behaviour (a gather writes NaN, a scatter skips,
+-- nothing is read or written out of bounds).
+--
+-- Tolerance: none except where floats are added by atomics in an unspecified
+-- order (scatter_add/index_add f32: 1e-5 relative). Gathers, masked_select and
+-- nonzero move values, so they are exact; integer adds are exact.
+local ember = require "ember"
+local F = ember.nn.functional
+
+local function long(v) return ember.tensor(v, {dtype = "i64"}) end
+
+local function max_diff(got, want)
+  local g, w = got:cpu():to("f64"), want:cpu():to("f64")
+  assert.same(w.shape, g.shape)
+  if g:numel() == 0 then return 0 end
+  return (g - w):abs():max():item()
+end
+
+describe("indexing on CUDA", function()
+  assert.is_true(ember.cuda.is_available(), "the GPU specs need a CUDA device")
+
+  for _, idt in ipairs({"i64", "i32"}) do
+    it("index_select and gather of (300, 257) f32 with " .. idt .. " indices match the CPU exactly", function()
+      ember.manual_seed(1)
+      local x = ember.randn(300, 257)
+      local i = ember.randint(0, 300, {1000}):to(idt)
+      assert.equals(0, max_diff(x:cuda():index_select(0, i:cuda()), x:index_select(0, i)))
+      local gi = ember.randint(0, 257, {300, 100}):to(idt)
+      assert.equals(0, max_diff(x:cuda():gather(1, gi:cuda()), x:gather(1, gi)))
+    end)
+  end
+
+  it("gathers from a transposed x and scatters into a transposed target", function()
+    ember.manual_seed(2)
+    local x = ember.randn(64, 48)
+    local i = ember.randint(0, 64, {48, 30})
+    assert.equals(0, max_diff(x:cuda():t():gather(1, i:cuda()), x:t():gather(1, i)))
+    local base, cbase = ember.zeros(64, 48), ember.zeros(64, 48):cuda()
+    local si = ember.arange(48):view(48, 1):expand(48, 30):contiguous()   -- distinct per row: no races
+    local src = ember.randn(48, 30)
+    base:t():scatter_(0, si, src)
+    cbase:t():scatter_(0, si:cuda(), src:cuda())
+    assert.equals(0, max_diff(cbase, base))
+  end)
+
+  it("scatter_add and index_add of i64 and i32 are exact with many duplicates", function()
+    ember.manual_seed(3)
+    for _, dt in ipairs({"i64", "i32"}) do
+      local src = ember.randint(-50, 50, {4000, 8}):to(dt)
+      local i = ember.randint(0, 7, {4000, 8})
+      local want = ember.zeros(7, 8, {dtype = dt}):scatter_add(0, i, src)
+      assert.equals(0, max_diff(ember.zeros(7, 8, {dtype = dt}):cuda():scatter_add(0, i:cuda(), src:cuda()), want))
+      local r = ember.randint(0, 7, {4000})
+      local want2 = ember.zeros(7, 8, {dtype = dt}):index_add(0, r, src, 3)
+      assert.equals(0, max_diff(ember.zeros(7, 8, {dtype = dt}):cuda():index_add(0, r:cuda(), src:cuda(), 3), want2))
+    end
+  end)
+
+  it("scatter_add of f32 and bf16 with duplicates is close to the CPU (atomics, order unspecified)", function()
+    ember.manual_seed(4)
+    local src, i = ember.randn(2000, 16), ember.randint(0, 5, {2000, 16})
+    local want = ember.zeros(5, 16, {dtype = "f64"}):scatter_add(0, i, src:double())
+    local got = ember.zeros(5, 16):cuda():scatter_add(0, i:cuda(), src:cuda())
+    assert.is_true(max_diff(got, want) <= 1e-5 * 2000)
+    -- bf16 atomics round at every add: a sanity bound on sums of ~40 values of size ~1
+    local sb, ib = src:narrow(0, 0, 200):to("bf16"), i:narrow(0, 0, 200)
+    local wantb = ember.zeros(5, 16, {dtype = "f64"}):scatter_add(0, ib, sb:double())
+    local gotb = ember.zeros(5, 16, {dtype = "bf16"}):cuda():scatter_add(0, ib:cuda(), sb:cuda())
+    assert.equals("bf16", gotb.dtype)
+    assert.is_true(max_diff(gotb, wantb) <= 1.0)
+  end)
+
+  it("masked_select and nonzero of 2^20 elements match the CPU exactly", function()
+    ember.manual_seed(5)
+    local x, m = ember.randn(1024, 1024), ember.rand(1024, 1024):lt(0.3)
+    assert.equals(0, max_diff(x:cuda():masked_select(m:cuda()), x:masked_select(m)))
+    assert.equals(0, max_diff(m:cuda():nonzero(), m:nonzero()))
+    assert.equals(0, max_diff(x:cuda():nonzero(), x:nonzero()))
+    assert.same({0, 2}, ember.zeros(3, 3):cuda():nonzero().shape)
+  end)
+
+  it("masked_select's backward puts the gradient back under a broadcast mask", function()
+    local x = ember.randn(1, 5)
+    x.requires_grad = true
+    local xc = x:detach():cuda()
+    xc.requires_grad = true
+    local m = ember.tensor({{true, false, true, false, true}, {true, true, false, false, false}}, {dtype = "bool"})
+    local g = ember.arange(5):float()
+    x:masked_select(m):backward(g)
+    xc:masked_select(m:cuda()):backward(g:cuda())
+    assert.equals(0, max_diff(xc.grad, x.grad))
+  end)
+
+  it("an out-of-range gather index gives NaN (0 for integers), never a read out of bounds", function()
+    local x = ember.arange(6):float():view(2, 3):cuda()
+    local r = x:index_select(1, long({0, 7}):cuda()):cpu():tolist()
+    assert.equals(0, r[1][1])
+    assert.is_true(r[1][2] ~= r[1][2])
+    local gi = x:to("i64"):gather(1, long({{-1}, {2}}):cuda()):cpu():tolist()
+    assert.same({{0}, {5}}, gi)
+    local t = ember.arange(12):float():view(3, 4):cuda()
+    local bad = t:index({long({1, 9}):cuda()}):cpu():tolist()   -- t:index: no host read, a NaN row
+    assert.same({4, 5, 6, 7}, bad[1])
+    for _, v in ipairs(bad[2]) do assert.is_true(v ~= v) end
+  end)
+
+  it("out-of-range scatter indices are skipped", function()
+    local z = ember.zeros(3):cuda():scatter_add(0, long({0, 5, -2, 2}):cuda(), ember.ones(4):cuda())
+    assert.same({1, 0, 1}, z:cpu():tolist())
+    local y = ember.zeros(2, 2):cuda():index_add(0, long({1, 2}):cuda(), ember.ones(2, 2):cuda())
+    assert.same({{0, 0}, {1, 1}}, y:cpu():tolist())
+    assert.same({{0, 1}, {0, 0}}, F.one_hot(long({1, 7}):cuda(), 2):cpu():tolist())
+  end)
+
+  it("one_hot infers num_classes on the device and matches the CPU", function()
+    ember.manual_seed(6)
+    local i = ember.randint(0, 50, {4, 33})
+    assert.equals(0, max_diff(F.one_hot(i:cuda()), F.one_hot(i)))
+  end)
+end)

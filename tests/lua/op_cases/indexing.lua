@@ -1,0 +1,146 @@
+-- op_cases/indexing.lua — indexing: index_select, gather, scatter, scatter_add,
+-- index_add, masked_select, take_along_dim, t:index / t[idx], embedding_bag,
+-- and (forward only) nonzero and one_hot.
+-- Loaded by tests/lua/op_cases.lua, which says what case() and perf() take.
+-- Scatter cases keep the indices along the scattered dim distinct where a
+-- duplicate would make the result depend on which write wins (CUDA does not
+-- order them); scatter_add / index_add cases repeat indices on purpose.
+return function(case, perf, ember, F)
+  ---------------------------------------------------------------------------
+  -- gathers
+  ---------------------------------------------------------------------------
+
+  case("index_select rows with repeats (dim 0)", "index_select",
+    function(x, i) return x:index_select(0, i) end,
+    function(T) return {T.randn({4, 3}), T.long({2, 0, 2, 3})} end)
+  case("index_select along the last dim with an i32 index", "index_select",
+    function(x, i) return ember.index_select(x, -1, i) end,
+    function(T) return {T.randn({2, 3, 5}), T.long({4, 0, 4}):int()} end)
+  case("index_select from a transposed (strided) x", "index_select",
+    function(x, i) return x:transpose(0, 1):index_select(1, i) end,
+    function(T) return {T.randn({5, 3}), T.long({1, 4, 1})} end)
+  case("gather along dim 1 with repeats", "gather",
+    function(x, i) return x:gather(1, i) end,
+    function(T) return {T.randn({3, 4}), T.long({{0, 3}, {1, 1}, {2, 0}})} end)
+  case("gather along dim 0 with an index smaller than x", "gather",
+    function(x, i) return x:gather(0, i) end,
+    function(T) return {T.randn({4, 5}), T.long({{3, 0, 3}, {1, 1, 2}})} end)
+  case("take_along_dim along dim 1, broadcasting the indices' dim 0", "take_along_dim",
+    function(x, i) return x:take_along_dim(i, 1) end,
+    function(T) return {T.randn({3, 4}), T.long({{3, 0}})} end)
+  case("take_along_dim without a dim (flattened)", "take_along_dim",
+    function(x, i) return ember.take_along_dim(x, i) end,
+    function(T) return {T.randn({3, 4}), T.long({11, 0, 5, 5})} end)
+
+  ---------------------------------------------------------------------------
+  -- scatters
+  ---------------------------------------------------------------------------
+
+  case("scatter src along dim 1 (src larger than index)", "scatter",
+    function(x, src, i) return x:scatter(1, i, src) end,
+    function(T) return {T.randn({3, 5}), T.randn({2, 5}), T.long({{4, 0, 2, 1}, {3, 1, 0, 2}})} end)
+  case("scatter a value along dim 0", "scatter",
+    function(x, i) return x:scatter(0, i, 1.5) end,
+    function(T) return {T.randn({3, 4}), T.long({{2, 0, 1, 2}})} end)
+  case("scatter_add along dim 0 with duplicate indices", "scatter_add",
+    function(x, src, i) return x:scatter_add(0, i, src) end,
+    function(T) return {T.randn({3, 4}), T.randn({4, 4}), T.long({{0, 1, 2, 0}, {0, 1, 1, 2}, {2, 2, 0, 0}})} end)
+  case("scatter_add along the last dim of a 3-D x", "scatter_add",
+    function(x, src, i) return x:scatter_add(-1, i, src) end,
+    function(T) return {T.randn({2, 2, 3}), T.randn({2, 2, 4}), T.long({{{0, 0, 2, 1}, {1, 1, 1, 0}}, {{2, 0, 2, 2}, {0, 1, 2, 0}}})} end)
+  case("index_add along dim 0 with duplicates and alpha 0.5", "index_add",
+    function(x, src, i) return x:index_add(0, i, src, 0.5) end,
+    function(T) return {T.randn({4, 3}), T.randn({5, 3}), T.long({3, 0, 3, 1, 3})} end)
+  case("index_add along dim 1", "index_add",
+    function(x, src, i) return x:index_add(1, i, src, {alpha = 1}) end,
+    function(T) return {T.randn({2, 4}), T.randn({2, 3}), T.long({1, 1, 2})} end)
+
+  ---------------------------------------------------------------------------
+  -- masks and tensor indexing
+  ---------------------------------------------------------------------------
+
+  case("masked_select with a broadcast mask", "masked_select",
+    function(x, m) return x:masked_select(m) end,
+    function(T) return {T.randn({3, 4}), T.long({1, 0, 1, 1}):to("bool")} end)
+  case("masked_select of a broadcast x (gradient summed over dim 0)", "masked_select",
+    function(x, m) return ember.masked_select(x, m) end,
+    function(T) return {T.randn({1, 4}), T.mask({3, 4})} end)
+  case("t[idx] with an i64 tensor on dim 0", "index",
+    function(x, i) return x[i] end,
+    function(T) return {T.randn({4, 3}), T.long({{3, 0}, {3, 1}})} end)
+  case("t:index with non-adjacent tensors (index dims first)", "index",
+    function(x, i, j) return x:index({i, nil, j}) end,
+    function(T) return {T.randn({3, 4, 5}), T.long({2, 0, 2}), T.long({-1, 0, 3})} end)
+  case("t:index with an integer and a tensor after a full dim", "index",
+    function(x, j) return x:index({nil, 1, j}) end,
+    function(T) return {T.randn({2, 3, 4}), T.long({{3, 0}, {0, 0}})} end)
+  case("t:index with adjacent tensors after a full dim", "index",
+    function(x, i, j) return x:index({nil, i, j}) end,
+    function(T) return {T.randn({2, 3, 4}), T.long({{2}, {0}}), T.long({1, 3})} end)
+  case("t:index with a bool mask", "index",
+    function(x, m) return x:index({nil, m}) end,
+    function(T) return {T.randn({2, 3, 2}), T.long({{1, 0}, {0, 0}, {1, 1}}):to("bool")} end)
+  case("F.embedding_bag sum with offsets", "embedding_bag",
+    function(w, ids, offs) return F.embedding_bag(ids, w, offs, "sum") end,
+    function(T) return {T.randn({5, 3}), T.long({0, 4, 4, 2, 1}), T.long({0, 2, 2})} end)
+  case("F.embedding_bag mean over (B, L) ids", "embedding_bag",
+    function(w, ids) return F.embedding_bag(ids, w, nil, {mode = "mean"}) end,
+    function(T) return {T.randn({5, 3}), T.long({{0, 4, 4}, {2, 1, 0}})} end)
+
+  ---------------------------------------------------------------------------
+  -- no gradient: compared forward only
+  ---------------------------------------------------------------------------
+
+  case("nonzero of a 3-D x with zeros", "nonzero",
+    function(x) return x:nonzero() end,
+    function(T) return {T.values({0, 1.5, 0, -2, 0, 0, 3, 0.5, 0, 0, 0, -1}, {2, 3, 2})} end,
+    nil, {grad = false})
+  case("one_hot of (2, 3) ids with 5 classes", "one_hot",
+    function(i) return F.one_hot(i, 5) end,
+    function(T) return {T.long({{0, 4, 2}, {2, 2, 1}})} end,
+    nil, {grad = false, dtypes = {"f32"}})
+  case("one_hot inferring num_classes", "one_hot",
+    function(i) return F.one_hot(i) end,
+    function(T) return {T.long({3, 0, 1})} end,
+    nil, {grad = false, dtypes = {"f32"}})
+
+  ---------------------------------------------------------------------------
+  -- perf: 2^24 elements moved; bytes count what the op must touch
+  ---------------------------------------------------------------------------
+
+  local function nbytes(t) return t:numel() * t:element_size() end
+  -- a gather reads one element and one index (per position, or per row) and writes one
+  local function gather_bytes(inputs, out) return 2 * nbytes(out) + nbytes(inputs[2]) end
+  perf("index_select", "index_select 65536 random rows of (65536, 256)",
+    function(x, i) return x:index_select(0, i) end,
+    function(T) return {T.randn({65536, 256}), T.ids({65536}, 65536)} end, {bytes = gather_bytes})
+  perf("gather", "gather (4096, 4096) along dim 1",
+    function(x, i) return x:gather(1, i) end,
+    function(T) return {T.randn({4096, 4096}), T.ids({4096, 4096}, 4096)} end, {bytes = gather_bytes})
+  perf("take_along_dim", "take_along_dim (4096, 4096) along dim 1",
+    function(x, i) return x:take_along_dim(i, 1) end,
+    function(T) return {T.randn({4096, 4096}), T.ids({4096, 4096}, 4096)} end, {bytes = gather_bytes})
+  -- scatter-add: read src and the index, read-modify-write the target (its copy included)
+  local function scatter_bytes(inputs, out) return 3 * nbytes(out) + nbytes(inputs[2]) + nbytes(inputs[3]) end
+  perf("scatter_add", "scatter_add (4096, 4096) into (4096, 4096) along dim 0",
+    function(x, src, i) return x:scatter_add(0, i, src) end,
+    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096}), T.ids({4096, 4096}, 4096)} end,
+    {bytes = scatter_bytes})
+  perf("scatter", "scatter (4096, 4096) along dim 1",
+    function(x, src, i) return x:scatter(1, i, src) end,
+    function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096}), T.ids({4096, 4096}, 4096)} end,
+    {bytes = scatter_bytes})
+  perf("index_add", "index_add 65536 rows of 256 into (65536, 256)",
+    function(x, src, i) return x:index_add(0, i, src) end,
+    function(T) return {T.randn({65536, 256}), T.randn({65536, 256}), T.ids({65536}, 65536)} end,
+    {bytes = function(inputs, out) return 3 * nbytes(out) + nbytes(inputs[2]) + nbytes(inputs[3]) end})
+  perf("masked_select", "masked_select of 2^24 elements, half selected",
+    function(x, m) return x:masked_select(m) end,
+    function(T) return {T.randn({4096, 4096}), T.mask({4096, 4096})} end)
+  perf("nonzero", "nonzero of 2^24 elements, half nonzero",
+    function(m) return m:nonzero() end,
+    function(T) return {T.mask({4096, 4096})} end)
+  perf("one_hot", "one_hot of 131072 ids over 128 classes",
+    function(i) return F.one_hot(i, 128) end,
+    function(T) return {T.ids({131072}, 128)} end)
+end
