@@ -157,3 +157,17 @@ int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr
 int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }
 int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm,
                        em_tensor *norm_out) { return no_cuda(NULL); }
+/* ---- sorting, selection and scans ---- */
+int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
+                 bool median_nan, em_tensor *vals, em_tensor *idx) { return no_cuda(op); }
+int em_unique_ids_cuda(const char *op, const em_tensor *sorted, em_tensor *ids, em_tensor *count) { return no_cuda(op); }
+int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tensor *order, const em_tensor *ids,
+                          em_tensor *vals, em_tensor *inverse, em_tensor *counts) { return no_cuda(op); }
+int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out) { return no_cuda(op); }
+int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right,
+                         em_tensor *out) { return no_cuda(op); }
+int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
+                 bool reverse, em_tensor *res) { return no_cuda(op); }
+int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
+                             int64_t inner, em_tensor *gx) { return no_cuda(op); }
+/* ---- end sorting ---- */

@@ -25,6 +25,8 @@ local REQUIRED = {
   "linear", "embedding", "cross_entropy", "rmsnorm", "layer_norm", "rope", "swiglu", "scaled_dot_product_attention", "flash_attention",
   "cat", "stack", "view", "reshape", "transpose", "t", "permute", "narrow", "select", "squeeze",
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
+  -- sorting, selection, scans
+  "sort", "topk", "kthvalue", "median", "cumsum", "cumprod",
 }
 
 describe("the op registry", function()
