@@ -28,62 +28,100 @@ static void split_dims(const em_tensor *a, int d, int64_t *outer, int64_t *L, in
 
 /* ---------------- CPU ---------------- */
 
-/* res (contiguous, f32/f64/bf16/f16 or i64) = the scan of a (any strides, any dtype) along d. */
-static void scan_cpu(const em_tensor *a, int d, bool prod, bool reverse, em_tensor *res) {
-  int64_t outer, L, inner;
-  split_dims(a, d, &outer, &L, &inner);
-  int64_t st = a->ndim ? a->stride[d] : 0;
-  int no = 0;
-  int64_t oshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS], pos[EM_MAX_DIMS] = {0}, off = a->offset;
-  for (int k = 0; k < a->ndim; k++)
-    if (k != d) { oshape[no] = a->shape[k]; ostride[no++] = a->stride[k]; }
-  bool ints = res->dtype == EM_I64;
-  const void *src = a->storage->data;
-  void *dst = em_data_ptr(res);
-  for (int64_t r = 0, rows = outer * inner; r < rows; r++) {
-    int64_t ob = (r / inner) * L * inner + r % inner;
-    double acc = prod ? 1 : 0;
-    uint64_t iacc = prod ? 1 : 0;
-    for (int64_t jj = 0; jj < L; jj++) {
-      int64_t j = reverse ? L - 1 - jj : jj, si = off + j * st, o = ob + j * inner;
-      if (ints) {
-        uint64_t v = (uint64_t)em_load_i64(src, a->dtype, si);
-        iacc = prod ? iacc * v : iacc + v;
-        ((int64_t *)dst)[o] = (int64_t)iacc;
-        continue;
-      }
-      double v = a->dtype == EM_F32 ? ((const float *)src)[si]
-               : a->dtype == EM_F64 ? ((const double *)src)[si] : em_load_f64(src, a->dtype, si);
-      acc = prod ? acc * v : acc + v;
-      if (res->dtype == EM_F32) ((float *)dst)[o] = (float)acc;
-      else if (res->dtype == EM_F64) ((double *)dst)[o] = acc;
-      else em_store_f64(dst, res->dtype, o, acc);
-    }
-    for (int k = no - 1; k >= 0; k--) {   /* next row */
-      off += ostride[k];
-      if (++pos[k] < oshape[k]) break;
-      off -= ostride[k] * oshape[k];
-      pos[k] = 0;
-    }
+/* Element offsets of the positions of dims [lo, hi) of a, row-major (n of them). */
+static void dim_offsets(const em_tensor *a, int lo, int hi, int64_t *off) {
+  int64_t n = 1;
+  off[0] = 0;
+  for (int k = hi - 1; k >= lo; k--) {   /* innermost dim first: each dim repeats the block so far */
+    int64_t size = a->shape[k], st = a->stride[k];
+    for (int64_t i = size - 1; i >= 0; i--)
+      for (int64_t b = 0; b < n; b++) off[i * n + b] = off[b] + i * st;
+    n *= size;
   }
 }
 
-/* cumprod's gradient for one row (stride s), in double. */
-static void cumprod_grad_row(const double *x, const double *g, double *gx, int64_t L, int64_t s) {
-  int64_t z = 0;
-  while (z < L && x[z * s] != 0) z++;
-  double p = 1;
-  for (int64_t j = 0; j < z; j++) { p *= x[j * s]; gx[j * s] = g[j * s] * p; }
-  double acc = 0;
-  for (int64_t j = z - 1; j >= 0; j--) { acc += gx[j * s]; gx[j * s] = acc / x[j * s]; }
-  if (z == L) return;
-  double q = p, sum = 0;
-  for (int64_t j = z; j < L; j++) {
-    if (j > z) q *= x[j * s];
-    sum += g[j * s] * q;
-    if (j > z) gx[j * s] = 0;
+/* res (contiguous, f32/f64/bf16/f16 or i64) = the scan of a (any strides, any
+ * dtype) along d. Walks (outer, L, inner) with one accumulator per inner
+ * column, so a scan over a leading dim streams whole rows instead of striding
+ * down columns. */
+static int scan_cpu(const em_tensor *a, int d, bool prod, bool reverse, em_tensor *res) {
+  int64_t outer, L, inner;
+  split_dims(a, d, &outer, &L, &inner);
+  int64_t st = a->ndim ? a->stride[d] : 0;
+  int64_t *ooff = malloc(sizeof(int64_t) * (size_t)outer), *coff = malloc(sizeof(int64_t) * (size_t)inner);
+  double *acc = malloc(sizeof(double) * (size_t)inner);
+  if (!ooff || !coff || !acc) {
+    free(ooff); free(coff); free(acc);
+    return em_error_oom("out of memory: scan offsets for %lld rows", (long long)(outer + inner));
   }
-  gx[z * s] = sum;
+  dim_offsets(a, 0, a->ndim ? d : 0, ooff);
+  dim_offsets(a, a->ndim ? d + 1 : 0, a->ndim, coff);
+  bool ints = res->dtype == EM_I64;
+  uint64_t *iacc = (uint64_t *)acc;   /* same width: integers accumulate in wrapping u64 */
+  const void *src = a->storage->data;
+  void *dst = em_data_ptr(res);
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t c = 0; c < inner; c++) { if (ints) iacc[c] = prod ? 1 : 0; else acc[c] = prod ? 1 : 0; }
+    for (int64_t jj = 0; jj < L; jj++) {
+      int64_t j = reverse ? L - 1 - jj : jj, base = a->offset + ooff[o] + j * st, ob = (o * L + j) * inner;
+      if (ints) {
+        for (int64_t c = 0; c < inner; c++) {
+          uint64_t v = (uint64_t)em_load_i64(src, a->dtype, base + coff[c]);
+          iacc[c] = prod ? iacc[c] * v : iacc[c] + v;
+          ((int64_t *)dst)[ob + c] = (int64_t)iacc[c];
+        }
+      } else if (a->dtype == EM_F32 && res->dtype == EM_F32) {
+        const float *x = (const float *)src + base;
+        float *y = (float *)dst + ob;
+        if (prod) for (int64_t c = 0; c < inner; c++) { acc[c] *= x[coff[c]]; y[c] = (float)acc[c]; }
+        else for (int64_t c = 0; c < inner; c++) { acc[c] += x[coff[c]]; y[c] = (float)acc[c]; }
+      } else if (a->dtype == EM_F64 && res->dtype == EM_F64) {
+        const double *x = (const double *)src + base;
+        double *y = (double *)dst + ob;
+        if (prod) for (int64_t c = 0; c < inner; c++) { acc[c] *= x[coff[c]]; y[c] = acc[c]; }
+        else for (int64_t c = 0; c < inner; c++) { acc[c] += x[coff[c]]; y[c] = acc[c]; }
+      } else {
+        for (int64_t c = 0; c < inner; c++) {
+          double v = em_load_f64(src, a->dtype, base + coff[c]);
+          acc[c] = prod ? acc[c] * v : acc[c] + v;
+          em_store_f64(dst, res->dtype, ob + c, acc[c]);
+        }
+      }
+    }
+  }
+  free(ooff); free(coff); free(acc);
+  return 0;
+}
+
+/* cumprod's gradient for one (L, inner) slice, every column at once (f64). */
+static int cumprod_grad_slice(const double *x, const double *g, double *gx, int64_t L, int64_t inner) {
+  int64_t *z = malloc(sizeof(int64_t) * (size_t)inner);
+  double *p = malloc(sizeof(double) * (size_t)inner), *acc = malloc(sizeof(double) * (size_t)inner);
+  if (!z || !p || !acc) { free(z); free(p); free(acc); return em_error_oom("out of memory: cumprod backward"); }
+  for (int64_t c = 0; c < inner; c++) { z[c] = L; p[c] = 1; acc[c] = 0; }
+  for (int64_t j = 0; j < L; j++)           /* the first zero of each column */
+    for (int64_t c = 0; c < inner; c++) if (z[c] == L && x[j * inner + c] == 0) z[c] = j;
+  for (int64_t j = 0; j < L; j++)           /* before it: g * y, then the reversed sum / x */
+    for (int64_t c = 0; c < inner; c++) {
+      int64_t o = j * inner + c;
+      if (j < z[c]) { p[c] *= x[o]; gx[o] = g[o] * p[c]; } else gx[o] = 0;
+    }
+  for (int64_t j = L - 1; j >= 0; j--)
+    for (int64_t c = 0; c < inner; c++) {
+      int64_t o = j * inner + c;
+      if (j < z[c]) { acc[c] += gx[o]; gx[o] = acc[c] / x[o]; }
+    }
+  for (int64_t c = 0; c < inner; c++) acc[c] = 0;   /* at it: sum of g[j] * prod_{k<=j, k!=z} x[k] */
+  for (int64_t j = 0; j < L; j++)
+    for (int64_t c = 0; c < inner; c++) {
+      if (j < z[c]) continue;
+      int64_t o = j * inner + c;
+      if (j > z[c]) p[c] *= x[o];
+      acc[c] += g[o] * p[c];
+    }
+  for (int64_t c = 0; c < inner; c++) if (z[c] < L) gx[z[c] * inner + c] = acc[c];
+  free(z); free(p); free(acc);
+  return 0;
 }
 
 /* ---------------- the device switch ---------------- */
@@ -92,7 +130,10 @@ static void cumprod_grad_row(const double *x, const double *g, double *gx, int64
 static em_tensor *run_scan(const char *op, em_tensor *a, int d, bool prod, bool reverse, em_dtype rt) {
   em_tensor *res = em_empty(a->ndim, a->shape, rt, a->device);
   if (!res || em_numel(a) == 0) return res;
-  if (a->device.type == EM_CPU) { scan_cpu(a, d, prod, reverse, res); return res; }
+  if (a->device.type == EM_CPU) {
+    if (scan_cpu(a, d, prod, reverse, res)) { em_tensor_release(res); return NULL; }
+    return res;
+  }
   if (a->device.type != EM_CUDA) { em_error_device(op, a); em_tensor_release(res); return NULL; }
   int64_t outer, L, inner;
   split_dims(a, d, &outer, &L, &inner);
@@ -133,12 +174,9 @@ static int cumprod_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   else if (gx && cpu) {
     const double *xv = em_data_ptr(xc), *gv = em_data_ptr(gc);
     double *ov = em_data_ptr(gx);
-    for (int64_t o = 0; o < outer; o++)
-      for (int64_t i = 0; i < inner; i++) {
-        int64_t b = o * L * inner + i;
-        cumprod_grad_row(xv + b, gv + b, ov + b, L, inner);
-      }
     rc = 0;
+    for (int64_t o = 0; o < outer && !rc; o++)
+      rc = cumprod_grad_slice(xv + o * L * inner, gv + o * L * inner, ov + o * L * inner, L, inner);
   } else if (gx && x->device.type == EM_CUDA) rc = em_cumprod_backward_cuda("cumprod", xc, gc, outer, L, inner, gx);
   else if (gx) rc = em_error_device("cumprod", x);
   em_tensor_release(xc);
