@@ -1,7 +1,9 @@
 /* Scans: cumsum and cumprod along a dim — the checks, the CPU forward, the
  * backward formulas and the calls into kernels/scan.cu.
  *
- * Dtypes as PyTorch: floats keep their dtype, integers and bool give i64.
+ * Dtypes as PyTorch: floats keep their dtype, integers and bool give i64;
+ * both are on autocast's f32 list (bf16/f16 inputs widened to f32 inside an
+ * autocast region).
  * The CPU accumulates floats in double and integers in wrapping i64; CUDA
  * accumulates in f32 (f64 for f64, i64 for integers) and rounds each output
  * once.
@@ -141,7 +143,7 @@ static em_tensor *run_scan(const char *op, em_tensor *a, int d, bool prod, bool 
   em_tensor *ac = em_contiguous_as(a, acc);
   em_tensor *tmp = ac && acc != rt ? em_empty(a->ndim, a->shape, acc, a->device) : NULL;
   em_tensor *out = acc != rt ? tmp : res;
-  int rc = out ? em_scan_cuda(op, ac, outer, L, inner, prod, reverse, out) : -1;
+  int rc = ac && out ? em_scan_cuda(op, ac, outer, L, inner, prod, reverse, out) : -1;
   if (!rc && tmp) rc = em_copy_(res, tmp);   /* round once to the result dtype */
   em_tensor_release(ac);
   em_tensor_release(tmp);
@@ -200,12 +202,21 @@ static em_tensor *scan_op(const char *op, em_tensor *a, int64_t dim, bool prod) 
   return res;
 }
 
+/* cumsum and cumprod are on autocast's f32 list, as in PyTorch */
 em_tensor *em_cumsum(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("cumsum");
-  return scan_op("cumsum", a, dim, false);
+  em_op_args u;
+  if (em_op_autocast(&u, EM_AUTOCAST_F32, 1, &a)) return NULL;
+  em_tensor *r = scan_op("cumsum", u.t[0], dim, false);
+  em_op_args_release(&u);
+  return r;
 }
 
 em_tensor *em_cumprod(em_tensor *a, int64_t dim) {
   EM_OP_SCOPE("cumprod");
-  return scan_op("cumprod", a, dim, true);
+  em_op_args u;
+  if (em_op_autocast(&u, EM_AUTOCAST_F32, 1, &a)) return NULL;
+  em_tensor *r = scan_op("cumprod", u.t[0], dim, true);
+  em_op_args_release(&u);
+  return r;
 }

@@ -227,6 +227,15 @@ describe("cumsum and cumprod", function()
     assert.are.equal("bf16", ember.ones(4, {dtype = "bf16"}):cumsum(0).dtype)
   end)
 
+  it("cumsum and cumprod are on autocast's f32 list", function()
+    local x = ember.tensor({1, 2, 3}, {dtype = "bf16"})
+    ember.autocast("bf16", function()
+      assert.are.equal("f32", x:cumsum(0).dtype)
+      assert.are.equal("f32", x:cumprod(0).dtype)
+    end)
+    assert.are.equal("bf16", x:cumsum(0).dtype)
+  end)
+
   it("cumsum of a long f32 row accumulates in double", function()
     local n = 100000
     local c = ember.full({n}, 0.1, {dtype = "f32"}):cumsum(0)
