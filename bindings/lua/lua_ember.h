@@ -109,5 +109,6 @@ void lem_open_dist(lua_State *L, int module);     /* collectives and work handle
 void lem_open_random(lua_State *L, int methods, int module); /* issue 12: sampling, dropout, loss options (lua_random.c) */
 void lem_open_tokenizer(lua_State *L, int module); /* byte-level BPE tokenizer userdata (lua_tokenizer.c) */
 void lem_open_indexing(lua_State *L, int methods, int module); /* gather/scatter, masked_select, t[idx] (lua_indexing.c) */
+void lem_open_sort(lua_State *L, int methods, int module); /* sorting, selection, scans (lua_sort.c) */
 
 #endif

@@ -536,6 +536,48 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
  * selected flat index i in shape (row-major). */
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out);
 /* ==== ops-indexing block end ==== */
+/* ---- sorting, selection and scans (kernels/sort.cu, kernels/scan.cu) ---- */
+/* The device half of engine/ops/sort.c and engine/ops/scan.c. Tensors are
+ * validated by the engine op. */
+
+/* Sort every row of a along dim (any strides, any dtype; the rows are the
+ * positions of the other dims) in one stable CUB radix sort over all rows,
+ * NaN as the largest, -0 equal to +0; write sorted positions [j0, j0 + cnt)
+ * of each row into vals (a's dtype; may be NULL) and idx (i64), contiguous
+ * with a's shape but cnt at dim (a dropped dim of size 1 has the same
+ * layout). median_nan (float a, ascending): a row whose largest element is
+ * NaN gives its first NaN instead of position j0. Temp storage comes from the
+ * engine's allocator. At most 2^31 - 1 elements. */
+int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
+                 bool median_nan, em_tensor *vals, em_tensor *idx);
+/* unique, step 1: sorted (n, contiguous) -> ids (n, i64) = the run of equal
+ * neighbours each element belongs to (NaN equals nothing), count (0-d i64) =
+ * the number of runs, on the device. */
+int em_unique_ids_cuda(const char *op, const em_tensor *sorted, em_tensor *ids, em_tensor *count);
+/* unique, step 2 (count read by the engine): vals (count) = each run's first
+ * value; inverse (n, may be NULL): inverse[order[i]] = ids[i]; counts
+ * (count, i64, may be NULL) = the runs' lengths. */
+int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tensor *order, const em_tensor *ids,
+                          em_tensor *vals, em_tensor *inverse, em_tensor *counts);
+/* out (zeroed; i64, f32 or f64) gets 1 (or weights[i], out's dtype,
+ * contiguous; may be NULL) added at x[i] (contiguous integers, checked by the
+ * engine to lie in [0, numel(out))). Atomic adds: float sums in any order. */
+int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out);
+/* out (i64, values' shape, contiguous) = insertion points of values
+ * (contiguous) in the rows of seq (contiguous; 1-D: one row for every value;
+ * else one row per leading index of values). right: after equal elements.
+ * Compared in f64 (i64 when both are integers), PyTorch's bisection. */
+int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right, em_tensor *out);
+/* res = inclusive scan (sum, or product when prod) of a along the middle dim
+ * of (outer, L, inner); a and res contiguous, one dtype: f32, f64 or i64.
+ * reverse: from the end of each row. One device-wide scan for a single row. */
+int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
+                 bool reverse, em_tensor *res);
+/* cumprod's backward with zeros handled (engine/ops/scan.c has the formula):
+ * x, g, gx contiguous (outer, L, inner), one dtype, f32 or f64. */
+int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
+                             int64_t inner, em_tensor *gx);
+/* ---- end sorting ---- */
 
 #ifdef __cplusplus
 }

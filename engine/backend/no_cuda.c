@@ -176,3 +176,17 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape,
                     em_tensor *out) { return no_cuda(op); }
 /* ==== ops-indexing block end ==== */
+/* ---- sorting, selection and scans ---- */
+int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
+                 bool median_nan, em_tensor *vals, em_tensor *idx) { return no_cuda(op); }
+int em_unique_ids_cuda(const char *op, const em_tensor *sorted, em_tensor *ids, em_tensor *count) { return no_cuda(op); }
+int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tensor *order, const em_tensor *ids,
+                          em_tensor *vals, em_tensor *inverse, em_tensor *counts) { return no_cuda(op); }
+int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out) { return no_cuda(op); }
+int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right,
+                         em_tensor *out) { return no_cuda(op); }
+int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
+                 bool reverse, em_tensor *res) { return no_cuda(op); }
+int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
+                             int64_t inner, em_tensor *gx) { return no_cuda(op); }
+/* ---- end sorting ---- */

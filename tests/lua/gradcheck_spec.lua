@@ -30,6 +30,8 @@ local REQUIRED = {
   -- ops-indexing
   "index_select", "gather", "scatter", "scatter_add", "index_add", "masked_select", "take_along_dim",
   "index", "embedding_bag",
+  -- sorting, selection, scans
+  "sort", "topk", "kthvalue", "median", "cumsum", "cumprod",
 }
 
 describe("the op registry", function()

@@ -76,6 +76,28 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim);
 em_tensor *em_softmax(em_tensor *a, int64_t dim);
 em_tensor *em_log_softmax(em_tensor *a, int64_t dim);
 
+/* ---------- sorting, selection and scans (engine/ops/sort.c, engine/ops/scan.c) ---------- */
+/* Stable sort along dim (NaN largest): values, and i64 indices in *indices (may be NULL). */
+em_tensor *em_sort(em_tensor *a, int64_t dim, bool descending, bool stable, em_tensor **indices);
+/* The i64 indices em_sort would give. */
+em_tensor *em_argsort(em_tensor *a, int64_t dim, bool descending, bool stable);
+/* The k largest (smallest when !largest) along dim, in sorted order; k in [0, size]. */
+em_tensor *em_topk(em_tensor *a, int64_t k, int64_t dim, bool largest, bool sorted, em_tensor **indices);
+/* The k-th smallest (k from 1) along dim, with its index. */
+em_tensor *em_kthvalue(em_tensor *a, int64_t k, int64_t dim, bool keepdim, em_tensor **indices);
+/* Lower median along dim (a NaN in a row gives NaN); dim = EM_ALL_DIMS: over all, 0-d, no indices. */
+em_tensor *em_median(em_tensor *a, int64_t dim, bool keepdim, em_tensor **indices);
+/* Inclusive cumulative sum / product along dim; integers and bool give i64. */
+em_tensor *em_cumsum(em_tensor *a, int64_t dim);
+em_tensor *em_cumprod(em_tensor *a, int64_t dim);
+/* Sorted distinct values of the flattened tensor; inverse (a's shape) and counts (i64) may be NULL. Synchronises. */
+em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor **counts);
+/* Counts (or summed weights) of each value of a 1-D non-negative integer tensor; weights may be NULL. Synchronises. */
+em_tensor *em_bincount(em_tensor *a, em_tensor *weights, int64_t minlength);
+/* i64 insertion points of values in the (last-dim) rows of seq; right: after equal elements. */
+em_tensor *em_searchsorted(em_tensor *seq, em_tensor *values, bool right);
+/* ---------- end sorting ---------- */
+
 /* ---------- matmul (engine/ops/matmul.c) ---------- */
 /* torch.matmul semantics: 1-D, 2-D, batched with broadcast batch dims. f32/f64
  * through BLAS; bf16/f16 accumulate in f32; integer types in i64. */

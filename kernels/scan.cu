@@ -1,0 +1,188 @@
+/* Scans on CUDA: cumsum and cumprod along a dim, and cumprod's backward — the
+ * device half of engine/ops/scan.c. The engine hands over contiguous tensors
+ * of the accumulation dtype (f32 for f32/bf16/f16, f64, i64), seen as
+ * (outer, L, inner) around the scanned dim, and rounds to the result dtype
+ * afterwards.
+ *
+ * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
+ * Launch shapes, by where the scanned dim lies:
+ *  - one row (outer = inner = 1, cumsum of a long vector): cub::DeviceScan,
+ *    the decoupled look-back single-pass scan, at copy bandwidth. Reverse
+ *    (cumsum's backward) reverses into scratch, scans, reverses back.
+ *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
+ *    256 x 4 elements with the running total carried between tiles.
+ *  - scanned dim not innermost (inner > 1): one thread per (outer, inner)
+ *    column walking L; neighbouring threads read neighbouring addresses, so
+ *    every step is one coalesced row.
+ * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
+ * the column walk with three passes per row. */
+#include <cub/cub.cuh>
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "backend.h"
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kItems = 4;
+
+struct SumOp {
+  template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a + b; }
+};
+struct ProdOp {
+  template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a * b; }
+};
+
+template <typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_rows(const A *in, A *out, int64_t L, bool reverse, Op op, A identity) {
+  typedef cub::BlockScan<A, kBlock> BlockScan;
+  __shared__ typename BlockScan::TempStorage tmp;
+  const A *row = in + (int64_t)blockIdx.x * L;
+  A *orow = out + (int64_t)blockIdx.x * L;
+  A carry = identity;
+  for (int64_t base = 0; base < L; base += kBlock * kItems) {
+    A v[kItems];
+#pragma unroll
+    for (int i = 0; i < kItems; i++) {
+      int64_t j = base + threadIdx.x * kItems + i;
+      v[i] = j < L ? row[reverse ? L - 1 - j : j] : identity;
+    }
+    A total;
+    BlockScan(tmp).InclusiveScan(v, v, op, total);
+#pragma unroll
+    for (int i = 0; i < kItems; i++) {
+      int64_t j = base + threadIdx.x * kItems + i;
+      if (j < L) orow[reverse ? L - 1 - j : j] = op(carry, v[i]);
+    }
+    carry = op(carry, total);
+    __syncthreads();   /* tmp is reused by the next tile */
+  }
+}
+
+template <typename A, typename Op>
+__global__ void scan_cols(const A *in, A *out, int64_t outer, int64_t L, int64_t inner, bool reverse, Op op,
+                          A identity) {
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < outer * inner;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t base = (t / inner) * L * inner + t % inner;
+    A acc = identity;
+    for (int64_t jj = 0; jj < L; jj++) {
+      int64_t o = base + (reverse ? L - 1 - jj : jj) * inner;
+      acc = op(acc, in[o]);
+      out[o] = acc;
+    }
+  }
+}
+
+template <typename A>
+__global__ void reverse_copy(const A *in, A *out, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[n - 1 - i] = in[i];
+}
+
+/* One long row: cub's device-wide scan (reverse through scratch). */
+template <typename A, typename Op>
+int scan_one_row(const char *op, const em_tensor *a, const A *in, A *out, int64_t L, bool reverse, Op f,
+                 cudaStream_t s) {
+  if (L > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 elements in one row, got %lld", op, (long long)L);
+  size_t temp = 0;
+  if (em_cuda_check(cub::DeviceScan::InclusiveScan(nullptr, temp, in, out, f, (int)L, s), op, "cub scan (temp size)"))
+    return -1;
+  const size_t rb = reverse ? ((size_t)L * sizeof(A) + 255) & ~(size_t)255 : 0;
+  int64_t total = (int64_t)(rb + temp);
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  A *rev = (A *)p;
+  int rc;
+  if (reverse) {
+    reverse_copy<A><<<em_grid(L, kBlock), kBlock, 0, s>>>(in, rev, L);
+    rc = em_cuda_check(cub::DeviceScan::InclusiveScan(p + rb, temp, (const A *)rev, out, f, (int)L, s), op, "cub scan");
+    if (!rc) reverse_copy<A><<<em_grid(L, kBlock), kBlock, 0, s>>>(out, rev, L);
+    if (!rc) rc = em_cuda_check(cudaMemcpyAsync(out, rev, (size_t)L * sizeof(A), cudaMemcpyDeviceToDevice, s), op,
+                                "cudaMemcpyAsync");
+  } else {
+    rc = em_cuda_check(cub::DeviceScan::InclusiveScan(p, temp, in, out, f, (int)L, s), op, "cub scan");
+  }
+  if (!rc) rc = em_launch_check(op);
+  em_tensor_release(ws);   /* stream-ordered: safe to reuse after the work above */
+  return rc;
+}
+
+template <typename A, typename Op>
+int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
+              A identity, em_tensor *res, cudaStream_t s) {
+  const A *in = (const A *)em_data_ptr(a);
+  A *out = (A *)em_data_ptr(res);
+  if (outer == 1 && inner == 1) return scan_one_row<A, Op>(op, a, in, out, L, reverse, f, s);
+  if (inner == 1) {
+    if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
+    scan_rows<A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
+  } else {
+    scan_cols<A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f, identity);
+  }
+  return em_launch_check(op);
+}
+
+template <typename A>
+int scan_typed(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod, bool reverse,
+               em_tensor *res, cudaStream_t s) {
+  if (prod) return scan_impl<A, ProdOp>(op, a, outer, L, inner, reverse, ProdOp(), (A)1, res, s);
+  return scan_impl<A, SumOp>(op, a, outer, L, inner, reverse, SumOp(), (A)0, res, s);
+}
+
+/* cumprod's gradient along each column (stride inner); see engine/ops/scan.c. */
+template <typename A>
+__global__ void cumprod_grad(const A *x, const A *g, A *gx, int64_t outer, int64_t L, int64_t inner) {
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < outer * inner;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t b = (t / inner) * L * inner + t % inner, s = inner;
+    int64_t z = 0;
+    while (z < L && x[b + z * s] != (A)0) z++;
+    A p = 1;
+    for (int64_t j = 0; j < z; j++) { p *= x[b + j * s]; gx[b + j * s] = g[b + j * s] * p; }
+    A acc = 0;
+    for (int64_t j = z - 1; j >= 0; j--) { acc += gx[b + j * s]; gx[b + j * s] = acc / x[b + j * s]; }
+    if (z == L) continue;
+    A q = p, sum = 0;
+    for (int64_t j = z; j < L; j++) {
+      if (j > z) { q *= x[b + j * s]; gx[b + j * s] = 0; }
+      sum += g[b + j * s] * q;
+    }
+    gx[b + z * s] = sum;
+  }
+}
+
+}  // namespace
+
+extern "C" int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
+                            bool reverse, em_tensor *res) {
+  if (outer * L * inner == 0) return 0;
+  if (!em_is_contiguous(a) || !em_is_contiguous(res) || a->dtype != res->dtype)
+    return em_error("%s: internal error: scan operands must be contiguous of one dtype", op);
+  const int dev = a->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  switch (a->dtype) {
+    case EM_F32: return scan_typed<float>(op, a, outer, L, inner, prod, reverse, res, s);
+    case EM_F64: return scan_typed<double>(op, a, outer, L, inner, prod, reverse, res, s);
+    case EM_I64: return scan_typed<long long>(op, a, outer, L, inner, prod, reverse, res, s);
+    default: return em_error("%s: internal error: no scan for %s", op, em_dtype_name(a->dtype));
+  }
+}
+
+extern "C" int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
+                                        int64_t inner, em_tensor *gx) {
+  if (outer * L * inner == 0) return 0;
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  unsigned grid = em_grid(outer * inner, kBlock);
+  if (x->dtype == EM_F64)
+    cumprod_grad<double><<<grid, kBlock, 0, s>>>((const double *)em_data_ptr(x), (const double *)em_data_ptr(g),
+                                                 (double *)em_data_ptr(gx), outer, L, inner);
+  else
+    cumprod_grad<float><<<grid, kBlock, 0, s>>>((const float *)em_data_ptr(x), (const float *)em_data_ptr(g),
+                                                (float *)em_data_ptr(gx), outer, L, inner);
+  return em_launch_check(op);
+}

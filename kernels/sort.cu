@@ -1,0 +1,382 @@
+/* Sorting and selection on CUDA: the device half of engine/ops/sort.c —
+ * sort/argsort/topk/kthvalue/median (em_sort_cuda), unique, bincount,
+ * searchsorted.
+ *
+ * Sort along a dim: three launches whatever the number of rows.
+ *   1. make_keys: each element of a (any strides, any dtype) becomes an
+ *      order-preserving unsigned key of its own width (f32 -> u32, bf16 ->
+ *      u16, f64 -> u64, ...: the radix sort makes width/8 passes, so a bf16
+ *      sort moves half the bytes of an f32 one) plus its int32 position in
+ *      its row. Floats: sign-flipped bits, -0 folded into +0, every NaN the
+ *      largest key; integers: sign bit flipped.
+ *   2. one CUB sort over all rows: cub::DeviceRadixSort (onesweep) for a
+ *      single row, cub::DeviceSegmentedSort::StableSortPairs otherwise (it
+ *      picks warp, block or radix sorting per segment size). Both are stable,
+ *      so ties keep input order and the indices match the CPU's.
+ *   3. gather_window: the kept window of each sorted row (all of it for sort,
+ *      [0, k) for topk, one position for kthvalue/median): i64 indices and the
+ *      values gathered from a by index, bit for bit.
+ * Bytes: ~ (key + 4) x 2 x passes per element inside CUB, plus one read of a
+ * and the outputs. Temp storage (keys, positions, segment offsets, CUB's own)
+ * is one byte tensor from the engine's stream-ordered allocator.
+ *
+ * unique = sort + run ids (flags, DeviceScan) + count read by the engine +
+ * scatter of each run's first value; bincount = atomics (shared-memory
+ * histograms when the bins fit); searchsorted = one thread per value, a
+ * binary search with PyTorch's comparisons. */
+#include <cub/cub.cuh>
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "backend.h"
+
+namespace {
+
+constexpr int kBlock = 256;
+
+/* a's rows along the sorted dim: row r starts at row_offset(r). */
+struct RowGeo {
+  int no;
+  int64_t oshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS];
+  int64_t off, st, L, inner;
+  bool rowmajor;              /* rows are back to back: row r at off + r * L, st 1 */
+};
+
+RowGeo row_geo(const em_tensor *a, int d, int64_t *rows) {
+  RowGeo g;
+  memset(&g, 0, sizeof g);
+  g.off = a->offset;
+  g.L = a->ndim ? a->shape[d] : 1;
+  g.st = a->ndim ? a->stride[d] : 1;
+  g.inner = 1;
+  *rows = 1;
+  for (int k = 0; k < a->ndim; k++) {
+    if (k == d) continue;
+    *rows *= a->shape[k];
+    if (k > d) g.inner *= a->shape[k];
+    g.oshape[g.no] = a->shape[k]; g.ostride[g.no] = a->stride[k]; g.no++;
+  }
+  g.rowmajor = em_is_contiguous(a) && (a->ndim == 0 || d == a->ndim - 1);
+  if (g.rowmajor) g.st = 1;
+  return g;
+}
+
+__device__ __forceinline__ int64_t row_offset(const RowGeo &g, int64_t r) {
+  if (g.rowmajor) return g.off + r * g.L;
+  int64_t off = g.off;
+  for (int k = g.no - 1; k >= 0; k--) {
+    int64_t c = r % g.oshape[k];
+    r /= g.oshape[k];
+    off += c * g.ostride[k];
+  }
+  return off;
+}
+
+/* ---- order-preserving keys: raw bits of width K in, K out ---- */
+__device__ __forceinline__ uint16_t key_half(uint16_t b, uint16_t inf) {
+  if ((b & 0x7FFFu) > inf) return 0xFFFFu;          /* NaN: the largest */
+  if (b == 0x8000u) b = 0;                          /* -0 == +0 */
+  return (b >> 15) ? (uint16_t)~b : (uint16_t)(b | 0x8000u);
+}
+template <typename K> __device__ K key_at(const K *x, int dt, int64_t i);
+template <> __device__ __forceinline__ uint8_t key_at<uint8_t>(const uint8_t *x, int dt, int64_t i) {
+  return dt == EM_BOOL ? (uint8_t)(x[i] != 0) : x[i];
+}
+template <> __device__ __forceinline__ uint16_t key_at<uint16_t>(const uint16_t *x, int dt, int64_t i) {
+  uint16_t b = x[i];
+  return dt == EM_BF16 ? key_half(b, 0x7F80u) : dt == EM_F16 ? key_half(b, 0x7C00u) : b;
+}
+template <> __device__ __forceinline__ uint32_t key_at<uint32_t>(const uint32_t *x, int dt, int64_t i) {
+  uint32_t b = x[i];
+  if (dt != EM_F32) return b ^ 0x80000000u;
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFFFFFFu;
+  if (b == 0x80000000u) b = 0;
+  return (b >> 31) ? ~b : b | 0x80000000u;
+}
+template <> __device__ __forceinline__ uint64_t key_at<uint64_t>(const uint64_t *x, int dt, int64_t i) {
+  const uint64_t s = 1ull << 63;
+  uint64_t b = x[i];
+  if (dt != EM_F64) return b ^ s;
+  if ((b & ~s) > 0x7FF0000000000000ull) return ~0ull;
+  if (b == s) b = 0;
+  return (b >> 63) ? ~b : b | s;
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlock) make_keys(const K *x, int dt, RowGeo g, int64_t n, K *keys, int *pos) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / g.L, j = i - r * g.L;
+    keys[i] = key_at<K>(x, dt, row_offset(g, r) + j * g.st);
+    pos[i] = (int)j;
+  }
+}
+
+__global__ void segment_offsets(int *offs, int64_t rows, int64_t L) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= rows; r += (int64_t)gridDim.x * blockDim.x)
+    offs[r] = (int)(r * L);
+}
+
+/* Sorted positions [s, s + cnt) of each row (s = j0, or a NaN row's first NaN
+ * for median) -> idx (i64) and vals (a's bits) at (outer, cnt, inner). */
+template <typename K>
+__global__ void __launch_bounds__(kBlock) gather_window(const K *x, RowGeo g, const K *skeys, const int *spos,
+                                                        int64_t total, int64_t j0, int64_t cnt, bool median_nan,
+                                                        K *vals, int64_t *idx) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / cnt, jj = i - r * cnt, s = j0;
+    const K *rk = skeys + r * g.L;
+    const K top = (K)~(K)0;
+    if (median_nan && rk[g.L - 1] == top) {   /* NaNs sort last, in input order: the first one */
+      int64_t lo = 0, hi = g.L - 1;
+      while (lo < hi) { int64_t mid = (lo + hi) / 2; if (rk[mid] == top) hi = mid; else lo = mid + 1; }
+      s = lo;
+    }
+    int64_t at = spos[r * g.L + s + jj];
+    int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
+    idx[o] = at;
+    if (vals) vals[o] = x[row_offset(g, r) + at * g.st];
+  }
+}
+
+size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+template <typename K>
+int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, bool median_nan,
+              em_tensor *vals, em_tensor *idx) {
+  int64_t rows;
+  RowGeo g = row_geo(a, d, &rows);
+  const int64_t n = rows * g.L;
+  if (n == 0 || cnt == 0) return 0;
+  if (n > INT32_MAX)
+    return em_error("%s: CUDA sorts at most 2^31 - 1 elements, got %lld", op, (long long)n);
+  const int dev = a->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const int end_bit = 8 * (int)sizeof(K);
+  size_t temp = 0;
+  cudaError_t e;
+  if (rows == 1)
+    e = desc ? cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+                                                         (const int *)nullptr, (int *)nullptr, (int)n, 0, end_bit, s)
+             : cub::DeviceRadixSort::SortPairs(nullptr, temp, (const K *)nullptr, (K *)nullptr, (const int *)nullptr,
+                                               (int *)nullptr, (int)n, 0, end_bit, s);
+  else
+    e = desc ? cub::DeviceSegmentedSort::StableSortPairsDescending(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+                                                                   (const int *)nullptr, (int *)nullptr, n, rows,
+                                                                   (const int *)nullptr, (const int *)nullptr, s)
+             : cub::DeviceSegmentedSort::StableSortPairs(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+                                                         (const int *)nullptr, (int *)nullptr, n, rows,
+                                                         (const int *)nullptr, (const int *)nullptr, s);
+  if (em_cuda_check(e, op, "cub sort (temp size)")) return -1;
+  const size_t kb = align256((size_t)n * sizeof(K)), pb = align256((size_t)n * sizeof(int));
+  const size_t ob = rows > 1 ? align256((size_t)(rows + 1) * sizeof(int)) : 0;
+  int64_t total = (int64_t)(2 * kb + 2 * pb + ob + temp);
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  K *kin = (K *)p, *kout = (K *)(p + kb);
+  int *pin = (int *)(p + 2 * kb), *pout = (int *)(p + 2 * kb + pb), *offs = (int *)(p + 2 * kb + 2 * pb);
+  void *tmp = p + 2 * kb + 2 * pb + ob;
+  make_keys<K><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, n, kin, pin);
+  if (rows == 1) {
+    e = desc ? cub::DeviceRadixSort::SortPairsDescending(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s)
+             : cub::DeviceRadixSort::SortPairs(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s);
+  } else {
+    segment_offsets<<<em_grid(rows + 1, kBlock), kBlock, 0, s>>>(offs, rows, g.L);
+    e = desc ? cub::DeviceSegmentedSort::StableSortPairsDescending(tmp, temp, kin, kout, pin, pout, n, rows, offs,
+                                                                   offs + 1, s)
+             : cub::DeviceSegmentedSort::StableSortPairs(tmp, temp, kin, kout, pin, pout, n, rows, offs, offs + 1, s);
+  }
+  int rc = em_cuda_check(e, op, "cub sort");
+  if (!rc) {
+    int64_t win = rows * cnt;
+    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, g, kout, pout, win, j0,
+                                                             cnt, median_nan, vals ? (K *)em_data_ptr(vals) : nullptr,
+                                                             (int64_t *)em_data_ptr(idx));
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* back to the stream-ordered cache: later work on this stream reuses it safely */
+  return rc;
+}
+
+/* ---- unique ---- */
+
+template <typename C>
+__global__ void run_flags(const void *v, int dt, int64_t n, int64_t *flags) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    flags[i] = (i == 0 || !(load_as<C>(v, dt, i) == load_as<C>(v, dt, i - 1))) ? 1 : 0;   /* NaN != NaN */
+}
+
+/* inclusive run counts -> 0-based run ids; count = the last one + 1 */
+__global__ void ids_from_counts(int64_t *ids, int64_t n, int64_t *count) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (i == n - 1) *count = ids[i];
+    ids[i] -= 1;
+  }
+}
+
+template <typename E>
+__global__ void unique_scatter(const E *sorted, const int64_t *order, const int64_t *ids, int64_t n, E *vals,
+                               int64_t *inverse, int64_t *starts) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t id = ids[i];
+    if (i == 0 || ids[i - 1] != id) { vals[id] = sorted[i]; if (starts) starts[id] = i; }
+    if (inverse) inverse[order[i]] = id;
+  }
+}
+
+__global__ void run_lengths(const int64_t *starts, int64_t U, int64_t n, int64_t *counts) {
+  for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < U; u += (int64_t)gridDim.x * blockDim.x)
+    counts[u] = (u + 1 < U ? starts[u + 1] : n) - starts[u];
+}
+
+/* ---- bincount ---- */
+
+constexpr int kSharedBins = 12288;   /* u32 counters: 48 KiB of shared memory */
+
+__global__ void __launch_bounds__(kBlock) bincount_shared(const void *x, int dt, int64_t n, int nb,
+                                                          unsigned long long *out) {
+  __shared__ unsigned int h[kSharedBins];
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) h[b] = 0;
+  __syncthreads();
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    atomicAdd(&h[load_as<int64_t>(x, dt, i)], 1u);
+  __syncthreads();
+  for (int b = threadIdx.x; b < nb; b += blockDim.x)
+    if (h[b]) atomicAdd(&out[b], (unsigned long long)h[b]);
+}
+
+template <typename W>
+__global__ void bincount_global(const void *x, int dt, const W *w, int64_t n, W *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    atomicAdd(&out[load_as<int64_t>(x, dt, i)], w ? w[i] : (W)1);
+}
+
+/* ---- searchsorted ---- */
+
+template <typename C>
+__global__ void searchsorted_k(const void *seq, int sdt, const void *v, int vdt, int64_t nv, int64_t L, int64_t M,
+                               bool one_row, bool right, int64_t *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t base = one_row ? 0 : (i / M) * L;
+    const C x = load_as<C>(v, vdt, i);
+    int64_t lo = 0, hi = L;
+    while (lo < hi) {   /* PyTorch's bisection: a NaN value lands at the end */
+      int64_t mid = lo + (hi - lo) / 2;
+      C m = load_as<C>(seq, sdt, base + mid);
+      if (right ? !(m > x) : !(m >= x)) lo = mid + 1; else hi = mid;
+    }
+    out[i] = lo;
+  }
+}
+
+}  // namespace
+
+extern "C" int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
+                            bool median_nan, em_tensor *vals, em_tensor *idx) {
+  switch (em_dtype_size(a->dtype)) {
+    case 1: return sort_impl<uint8_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    case 2: return sort_impl<uint16_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    case 4: return sort_impl<uint32_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    default: return sort_impl<uint64_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+  }
+}
+
+extern "C" int em_unique_ids_cuda(const char *op, const em_tensor *sorted, em_tensor *ids, em_tensor *count) {
+  const int64_t n = em_numel(sorted);
+  const int dev = sorted->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  if (n > INT32_MAX) return em_error("%s: CUDA unique takes at most 2^31 - 1 elements, got %lld", op, (long long)n);
+  size_t temp = 0;
+  int64_t *idv = (int64_t *)em_data_ptr(ids);
+  if (em_cuda_check(cub::DeviceScan::InclusiveSum(nullptr, temp, (const int64_t *)nullptr, (int64_t *)nullptr, (int)n, s),
+                    op, "cub scan (temp size)"))
+    return -1;
+  int64_t total = (int64_t)(align256((size_t)n * sizeof(int64_t)) + temp);
+  em_tensor *ws = em_empty(1, &total, EM_U8, sorted->device);
+  if (!ws) return -1;
+  int64_t *flags = (int64_t *)em_data_ptr(ws);
+  void *tmp = (char *)em_data_ptr(ws) + align256((size_t)n * sizeof(int64_t));
+  if (em_dtype_is_float(sorted->dtype))
+    run_flags<double><<<em_grid(n, kBlock), kBlock, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, flags);
+  else
+    run_flags<int64_t><<<em_grid(n, kBlock), kBlock, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, flags);
+  int rc = em_cuda_check(cub::DeviceScan::InclusiveSum(tmp, temp, flags, idv, (int)n, s), op, "cub scan");
+  if (!rc) {
+    ids_from_counts<<<em_grid(n, kBlock), kBlock, 0, s>>>(idv, n, (int64_t *)em_data_ptr(count));
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);
+  return rc;
+}
+
+extern "C" int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tensor *order,
+                                     const em_tensor *ids, em_tensor *vals, em_tensor *inverse, em_tensor *counts) {
+  const int64_t n = em_numel(sorted), U = em_numel(vals);
+  if (n == 0) return 0;
+  const int dev = sorted->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  em_tensor *starts = counts ? em_empty(1, &U, EM_I64, sorted->device) : NULL;
+  if (counts && !starts) return -1;
+  int64_t *st = starts ? (int64_t *)em_data_ptr(starts) : nullptr;
+  int64_t *inv = inverse ? (int64_t *)em_data_ptr(inverse) : nullptr;
+  const int64_t *ov = (const int64_t *)em_data_ptr(order), *iv = (const int64_t *)em_data_ptr(ids);
+  unsigned grid = em_grid(n, kBlock);
+  switch (em_dtype_size(sorted->dtype)) {
+    case 1: unique_scatter<uint8_t><<<grid, kBlock, 0, s>>>((const uint8_t *)em_data_ptr(sorted), ov, iv, n, (uint8_t *)em_data_ptr(vals), inv, st); break;
+    case 2: unique_scatter<uint16_t><<<grid, kBlock, 0, s>>>((const uint16_t *)em_data_ptr(sorted), ov, iv, n, (uint16_t *)em_data_ptr(vals), inv, st); break;
+    case 4: unique_scatter<uint32_t><<<grid, kBlock, 0, s>>>((const uint32_t *)em_data_ptr(sorted), ov, iv, n, (uint32_t *)em_data_ptr(vals), inv, st); break;
+    default: unique_scatter<uint64_t><<<grid, kBlock, 0, s>>>((const uint64_t *)em_data_ptr(sorted), ov, iv, n, (uint64_t *)em_data_ptr(vals), inv, st); break;
+  }
+  if (counts && U > 0) run_lengths<<<em_grid(U, kBlock), kBlock, 0, s>>>(st, U, n, (int64_t *)em_data_ptr(counts));
+  int rc = em_launch_check(op);
+  em_tensor_release(starts);
+  return rc;
+}
+
+extern "C" int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out) {
+  const int64_t n = em_numel(x), nb = em_numel(out);
+  if (n == 0) return 0;
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const void *xv = em_data_ptr(x);
+  if (!weights) {
+    unsigned long long *o = (unsigned long long *)em_data_ptr(out);
+    if (nb <= kSharedBins) {
+      int64_t blocks = (n + kBlock - 1) / kBlock, cap = (int64_t)em_sm_count(dev) * 4;
+      unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
+      bincount_shared<<<grid, kBlock, 0, s>>>(xv, x->dtype, n, (int)nb, o);
+    } else {
+      bincount_global<unsigned long long><<<em_grid(n, kBlock), kBlock, 0, s>>>(xv, x->dtype, nullptr, n, o);
+    }
+  } else if (out->dtype == EM_F32) {
+    bincount_global<float><<<em_grid(n, kBlock), kBlock, 0, s>>>(xv, x->dtype, (const float *)em_data_ptr(weights), n,
+                                                                 (float *)em_data_ptr(out));
+  } else {
+    bincount_global<double><<<em_grid(n, kBlock), kBlock, 0, s>>>(xv, x->dtype, (const double *)em_data_ptr(weights),
+                                                                  n, (double *)em_data_ptr(out));
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right,
+                                    em_tensor *out) {
+  const int64_t nv = em_numel(values), L = seq->shape[seq->ndim - 1];
+  if (nv == 0) return 0;
+  const int dev = values->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const bool one_row = seq->ndim == 1;
+  const int64_t M = values->ndim ? values->shape[values->ndim - 1] : 1;
+  unsigned grid = em_grid(nv, kBlock);
+  if (em_dtype_is_float(seq->dtype) || em_dtype_is_float(values->dtype))
+    searchsorted_k<double><<<grid, kBlock, 0, s>>>(em_data_ptr(seq), seq->dtype, em_data_ptr(values), values->dtype,
+                                                   nv, L, M, one_row, right, (int64_t *)em_data_ptr(out));
+  else
+    searchsorted_k<int64_t><<<grid, kBlock, 0, s>>>(em_data_ptr(seq), seq->dtype, em_data_ptr(values), values->dtype,
+                                                    nv, L, M, one_row, right, (int64_t *)em_data_ptr(out));
+  return em_launch_check(op);
+}

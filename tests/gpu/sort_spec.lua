@@ -1,0 +1,173 @@
+-- sort_spec.lua (GPU) — kernels/sort.cu and kernels/scan.cu against the CPU
+-- (engine/ops/sort.c, engine/ops/scan.c) on the same inputs and dtype, over
+-- shapes chosen to drive every path: one long row (cub::DeviceRadixSort),
+-- many short rows and a few long ones (cub::DeviceSegmentedSort's warp,
+-- block and radix paths), a dim that is not the last, a transposed view;
+-- every key width (u8/bool, bf16/f16/u16, f32/i32, f64/i64); heavy ties
+-- (stability: the indices must match the CPU's exactly) and NaNs.
+-- Scans: the single-row device scan (forward and reversed, through
+-- cumsum's backward), the block-per-row scan and the column scan.
+--
+-- Selections move values without arithmetic: values and indices must match
+-- exactly. Scans: compare.lua's tolerance for the result dtype (the GPU
+-- accumulates in f32, the CPU in double).
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+-- Run f on the CPU input(s) and on CUDA copies; compare every returned tensor.
+local function agree(what, f, inputs, exact)
+  local cpu, gpu = {}, {}
+  for i, x in ipairs(inputs) do cpu[i] = x; gpu[i] = x:to("cuda") end
+  local r = table.pack(f(table.unpack(cpu)))
+  local g = table.pack(f(table.unpack(gpu)))
+  assert.are.equal(r.n, g.n, what .. ": number of results")
+  for i = 1, r.n do
+    assert.are.equal("cuda:0", g[i].device, what .. ": device")
+    assert.are.equal(r[i].dtype, g[i].dtype, what .. ": dtype")
+    cmp.assert_close(g[i], r[i], exact and 0 or cmp.rtol(r[i].dtype), ("%s (result %d)"):format(what, i))
+  end
+end
+
+local function with_nans(x)
+  return x:masked_fill(ember.rand(x.shape):lt(0.05), 0 / 0)
+end
+
+local SHAPES = {
+  {"one long row", {100003}, 0},
+  {"many short rows", {2000, 7}, 1},
+  {"medium rows", {64, 3000}, -1},
+  {"a few long rows", {3, 70001}, 1},
+  {"along dim 0", {500, 9}, 0},
+  {"along the middle dim", {6, 400, 5}, 1},
+}
+
+describe("sort on CUDA matches the CPU exactly", function()
+  ember.manual_seed(11)
+  for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+    for _, s in ipairs(SHAPES) do
+      it(("%s %s, NaNs included, ascending and descending"):format(s[1], dt), function()
+        local x = with_nans(ember.randn(s[2], {dtype = "f64"})):to(dt)
+        agree("sort", function(a) return a:sort(s[3]) end, {x}, true)
+        agree("sort desc", function(a) return a:sort(s[3], {descending = true}) end, {x}, true)
+      end)
+    end
+  end
+  for _, dt in ipairs({"i32", "i64", "u8", "u16", "bool", "f32", "bf16"}) do
+    it(("heavy ties keep input order (%s)"):format(dt), function()
+      local x = ember.randint(0, 3, {300, 257}):to(dt)
+      agree("sort ties", function(a) return a:sort(1) end, {x}, true)
+      agree("sort ties desc", function(a) return a:sort(0, {descending = true}) end, {x}, true)
+      agree("sort ties one row", function(a) return a:reshape(-1):sort(0) end, {x}, true)
+    end)
+  end
+  it("reads a transposed view", function()
+    local x = ember.randn({700, 33})
+    agree("sort of a transpose", function(a) return a:t():sort(1) end, {x}, true)
+    agree("argsort of a transpose", function(a) return a:t():argsort(0, {descending = true}) end, {x}, true)
+  end)
+  it("keeps -0 and +0 apart in the values but equal in the order", function()
+    local x = ember.tensor({0.0, -0.0, 1, -0.0, 0.0, -1})
+    agree("signed zeros", function(a) return a:sort() end, {x}, true)
+    local v = x:to("cuda"):sort():cpu():tolist()
+    assert.are.equal(1 / 0, 1 / v[2])
+    assert.are.equal(-1 / 0, 1 / v[3])
+  end)
+end)
+
+describe("topk, kthvalue, median on CUDA", function()
+  ember.manual_seed(12)
+  it("topk k=50 of logits rows, largest and smallest", function()
+    local x = with_nans(ember.randn({16, 20000}))
+    agree("topk", function(a) return a:topk(50) end, {x}, true)
+    agree("topk smallest dim 0", function(a) return a:topk(5, 0, {largest = false}) end, {x}, true)
+  end)
+  it("kthvalue and median along dims, NaN rows included", function()
+    local x = with_nans(ember.randn({40, 301}))
+    agree("kthvalue", function(a) return a:kthvalue(17, 1) end, {x}, true)
+    agree("kthvalue keepdim dim 0", function(a) return a:kthvalue(3, 0, {keepdim = true}) end, {x}, true)
+    agree("median", function(a) return a:median(1) end, {x}, true)
+    agree("median over all", function(a) return a:median() end, {ember.randn({1001})}, true)
+    agree("median over all with NaN", function(a) return a:median() end, {x}, true)
+  end)
+  it("the values' gradient is scattered through the indices", function()
+    local x = ember.randn({8, 100}, {dtype = "f32"})
+    local g = ember.randn({8, 10})
+    local function grad_of(a, w)
+      a = a:detach(); a.requires_grad = true
+      local v = a:topk(10, 1)
+      local loss = (v * w):sum()
+      loss:backward()
+      return a.grad
+    end
+    agree("topk backward", grad_of, {x, g}, true)
+  end)
+end)
+
+describe("cumsum and cumprod on CUDA", function()
+  ember.manual_seed(13)
+  for _, dt in ipairs({"f32", "bf16", "f64"}) do
+    it(("every launch shape (%s), forward and backward"):format(dt), function()
+      local cases = {{{1 << 20}, 0}, {{300, 2500}, 1}, {{300, 2500}, 0}, {{7, 300, 5}, 1}}
+      for _, c in ipairs(cases) do
+        local x = ember.randn(c[1], {dtype = "f64"}):to(dt)
+        agree("cumsum", function(a) return a:cumsum(c[2]) end, {x})
+        local function grad_of(a)
+          a = a:detach(); a.requires_grad = true
+          a:cumsum(c[2]):backward(ember.ones(a.shape, {dtype = a.dtype, device = a.device}))
+          return a.grad
+        end
+        agree("cumsum backward (reversed scan)", grad_of, {x})
+      end
+    end)
+  end
+  it("cumprod with zeros: forward and the exact backward", function()
+    local x = ember.rand({64, 200}, {dtype = "f64"}) * 0.2 + 0.9
+    x = x:masked_fill(ember.rand({64, 200}):lt(0.01), 0)
+    agree("cumprod", function(a) return a:cumprod(1) end, {x})
+    local function grad_of(a)
+      a = a:detach(); a.requires_grad = true
+      a:cumprod(1):sum():backward()
+      return a.grad
+    end
+    agree("cumprod backward", grad_of, {x})
+    agree("cumprod backward f32 dim 0", grad_of, {x:t():contiguous():to("f32")})
+  end)
+  it("integer scans give i64 and match exactly", function()
+    local x = ember.randint(-5, 6, {4096}):to("i32")
+    agree("cumsum i32", function(a) return a:cumsum(0) end, {x}, true)
+    agree("cumsum rows i32", function(a) return a:reshape(64, 64):cumsum(1) end, {x}, true)
+  end)
+end)
+
+describe("unique, bincount, searchsorted on CUDA", function()
+  ember.manual_seed(14)
+  it("unique with inverse and counts", function()
+    for _, dt in ipairs({"i64", "f32", "bf16", "u8"}) do
+      local x = ember.randint(0, 200, {50, 401}):to(dt)
+      agree("unique " .. dt, function(a) return a:unique({return_inverse = true, return_counts = true}) end, {x}, true)
+    end
+    agree("unique with NaNs", function(a) return a:unique() end, {with_nans(ember.randint(0, 9, {999}):to("f32"))},
+      true)
+  end)
+  it("bincount in shared memory, in global memory, and weighted", function()
+    agree("bincount small", function(a) return a:bincount() end, {ember.randint(0, 1000, {200000})}, true)
+    agree("bincount large", function(a) return a:bincount() end, {ember.randint(0, 50000, {200000})}, true)
+    agree("bincount weighted f64", function(a, w) return a:bincount(w) end,
+      {ember.randint(0, 100, {5000}), ember.rand({5000}, {dtype = "f64"})})
+    agree("bincount weighted f32", function(a, w) return a:bincount(w, 300) end,
+      {ember.randint(0, 100, {5000}), ember.rand({5000})})
+  end)
+  it("searchsorted left and right, 1-D and row-wise", function()
+    local seq = ember.randint(0, 50, {1000}):to("f32"):sort()
+    local v = ember.randint(-2, 53, {37, 11}):to("f32")
+    agree("searchsorted left", function(s, a) return ember.searchsorted(s, a) end, {seq, v}, true)
+    agree("searchsorted right", function(s, a) return ember.searchsorted(s, a, {right = true}) end, {seq, v}, true)
+    local rows = ember.randn({37, 200}):sort(1)
+    agree("searchsorted rows", function(s, a) return ember.searchsorted(s, a) end, {rows, ember.randn({37, 9})}, true)
+    agree("searchsorted ints", function(s, a) return ember.searchsorted(s, a, {right = true}) end,
+      {ember.randint(0, 30, {100}):sort(), ember.randint(0, 30, {500})}, true)
+  end)
+end)
