@@ -41,6 +41,7 @@ int luaopen_ember_core(lua_State *L) {
   lem_open_profiler(L, module);
   lem_open_memory(L, module);
   lem_open_dist(L, module);
+  lem_open_shape_math(L, methods, module);   /* issue 12 */
   lua_pushliteral(L, EMBER_VERSION);
   lua_setfield(L, module, "version");
 #ifdef EMBER_SOURCE_DIR

@@ -106,5 +106,6 @@ void lem_open_profiler(lua_State *L, int module); /* profiler sessions, profiles
 void lem_open_memory(lua_State *L, int module);   /* memory history and snapshots (lua_memory.c) */
 void lem_open_nn_cuda(lua_State *L, int module);  /* capturable AdamW, clip_grads_ (lua_nn_cuda.c) */
 void lem_open_dist(lua_State *L, int module);     /* collectives and work handles (lua_dist.c) */
+void lem_open_shape_math(lua_State *L, int methods, int module);   /* issue 12: shape & math ops (lua_shape_math.c) */
 
 #endif

@@ -157,3 +157,10 @@ int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr
 int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }
 int em_clip_grads_cuda(int n, em_tensor **grads, const em_tensor *sumsq, double max_norm,
                        em_tensor *norm_out) { return no_cuda(NULL); }
+
+/* ---- shape & math ops (issue 12) ---- */
+int em_dimmap_cuda(const char *op, em_tensor *out, const em_tensor *in, const em_dimmap *m) { return no_cuda(op); }
+int em_float_class_cuda(const char *op, em_tensor *out, const em_tensor *x, bool nan) { return no_cuda(op); }
+int em_reduce_math_cuda(const char *op, int kind, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                        double pw) { return no_cuda(op); }
+/* ---- end shape & math ops ---- */
