@@ -25,6 +25,9 @@ local REQUIRED = {
   "linear", "embedding", "cross_entropy", "rmsnorm", "layer_norm", "rope", "swiglu", "scaled_dot_product_attention", "flash_attention",
   "cat", "stack", "view", "reshape", "transpose", "t", "permute", "narrow", "select", "squeeze",
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
+  -- issue 12: shape & math ops
+  "repeat", "tile", "flip", "roll", "diag", "outer", "einsum", "baddbmm", "prod", "norm", "amax", "amin",
+  "lerp", "addcmul", "addcdiv",
 }
 
 describe("the op registry", function()

@@ -56,7 +56,8 @@ local F = ember.nn.functional
 local cases = {perf = {}}
 
 -- the family files, in the order their cases run
-local FAMILIES = {"elementwise", "reduce", "matmul", "nn", "attention", "shape"}
+local FAMILIES = {"elementwise", "reduce", "matmul", "nn", "attention", "shape",
+                  "shape_math"}   -- issue 12
 
 local function case(name, op, fn, inputs, gradcheck, extra)
   extra = extra or {}
