@@ -204,6 +204,25 @@ __device__ __forceinline__ int64_t int_unary(int code, int64_t a, int64_t lo, in
   }
 }
 
+/* ---- issue 12: ternary ops o = f(x, y, z; value v): lerp, addcmul, addcdiv ---- */
+template <typename C, int V>
+__device__ __forceinline__ void ternary(int code, C (&o)[V], const C (&x)[V], const C (&y)[V], const C (&z)[V], C v) {
+  if constexpr (std::is_same<C, int64_t>::value) {   /* addcmul only, wrapping */
+    EW_FOR(o[e] = (int64_t)((uint64_t)x[e] + (uint64_t)v * (uint64_t)y[e] * (uint64_t)z[e]);)
+  } else {
+    switch (code) {
+      case EM_EW_LERP:   /* PyTorch's two-sided formula: exact at w = 0 and w = 1 */
+        EW_FOR(const C d = y[e] - x[e]; const C w = z[e];
+               o[e] = (w < (C)0.5 && w > (C)-0.5) ? x[e] + w * d : y[e] - d * (1 - w);)
+        return;
+      case EM_EW_ADDCMUL: EW_FOR(o[e] = x[e] + v * y[e] * z[e];) return;
+      case EM_EW_ADDCDIV: EW_FOR(o[e] = x[e] + v * y[e] / z[e];) return;
+      default: EW_FOR(o[e] = 0;) return;
+    }
+  }
+}
+/* ---- end issue 12 ---- */
+
 /* The op of a launch, with its bounds already in the compute type. */
 template <typename C>
 struct Kern {
@@ -217,6 +236,7 @@ struct Kern {
   template <int V>
   __device__ __forceinline__ void apply(C (&o)[V], const C (&x)[V], const C (&y)[V], const C (&z)[V]) const {
     if (kind == EM_EW_WHERE) { EW_FOR(o[e] = x[e] != (C)0 ? y[e] : z[e];) return; }
+    if (kind == EM_EW_TERNARY) { ternary<C, V>(code, o, x, y, z, lo); return; }   /* issue 12 */
     if constexpr (std::is_same<C, int64_t>::value) {
       if (kind == EM_EW_BINARY) EW_FOR(o[e] = int_binary(code, x[e], y[e]);)
       else EW_FOR(o[e] = int_unary(code, x[e], lo, hi);)

@@ -37,7 +37,8 @@ namespace {
 
 constexpr int kBlock = 256;
 
-enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN };
+enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN,
+       R_PROD, R_ASUM, R_SSQ, R_AMAX, R_PSUM };   /* issue 12: prod and the vector norms */
 
 struct RedArgs {
   const void *in;
@@ -74,6 +75,14 @@ template <typename C> __device__ __forceinline__ C highest() {
   if constexpr (std::is_floating_point<C>::value) return INFINITY;
   else return INT64_MAX;
 }
+/* issue 12: wrapping product for integers; max that lets a NaN win */
+template <typename C> __device__ __forceinline__ C rmul(C a, C b) {
+  if constexpr (std::is_floating_point<C>::value) return a * b;
+  else return (int64_t)((uint64_t)a * (uint64_t)b);
+}
+template <typename C> __device__ __forceinline__ C nan_max(C a, C b) {
+  return (m_isnan(a) || a >= b) ? a : b;
+}
 template <typename C> __device__ __forceinline__ C radd(C a, C b) {
   if constexpr (std::is_floating_point<C>::value) return a + b;
   else return (int64_t)((uint64_t)a + (uint64_t)b);
@@ -91,7 +100,7 @@ struct Acc {
   C v;
   int64_t i;
   __device__ __forceinline__ void init() {
-    v = OP == R_MAX ? lowest<C>() : OP == R_MIN ? highest<C>() : (C)0;
+    v = OP == R_MAX ? lowest<C>() : OP == R_MIN ? highest<C>() : OP == R_PROD ? (C)1 : (C)0;
     i = -1;
   }
   /* Is candidate (x, ix) better than the current (v, i)? NaN first (lowest
@@ -107,11 +116,25 @@ struct Acc {
     if constexpr (OP == R_SUM) v = radd(v, x);
     else if constexpr (OP == R_SQDEV) { C d = x - sh; v += d * d; }
     else if constexpr (OP == R_SUMEXP) v += m_exp(x - sh);
+    else if constexpr (OP == R_PROD || OP == R_ASUM || OP == R_SSQ || OP == R_AMAX || OP == R_PSUM) more(x, sh);
     else if (better(x, ix)) { v = x; i = ix; }
   }
   __device__ __forceinline__ void merge(C ov, int64_t oi) {
     if constexpr (ext) { if (oi >= 0 && better(ov, oi)) { v = ov; i = oi; } }
+    else if constexpr (OP == R_PROD) v = rmul(v, ov);
+    else if constexpr (OP == R_AMAX) v = nan_max(v, ov);
     else v = radd(v, ov);
+  }
+  /* issue 12: prod and the norms' terms (sh: the order p of R_PSUM) */
+  __device__ __forceinline__ void more(C x, C sh) {
+    if constexpr (OP == R_PROD) v = rmul(v, x);
+    else if constexpr (std::is_floating_point<C>::value) {
+      const C ax = x < 0 ? -x : x;
+      if constexpr (OP == R_ASUM) v += ax;
+      else if constexpr (OP == R_SSQ) v += x * x;
+      else if constexpr (OP == R_AMAX) v = nan_max(v, ax);
+      else v += pow(ax, sh);
+    }
   }
   __device__ __forceinline__ void warp_merge() {
 #pragma unroll
@@ -141,6 +164,7 @@ struct Acc {
 template <typename C> __device__ __forceinline__ C lse_shift(C m) { return (isinf(m) || isnan(m)) ? (C)0 : m; }
 
 template <typename C, int OP> __device__ __forceinline__ C ref_of(const RedArgs &a, int64_t o) {
+  if constexpr (OP == R_PSUM) return (C)a.scale;   /* issue 12: the norm's order p */
   if (!a.ref) return 0;
   C r = ((const C *)a.ref)[o];
   if constexpr (OP == R_SUMEXP) return lse_shift(r);
@@ -158,6 +182,12 @@ __device__ __forceinline__ void finalize(const RedArgs &a, int64_t o, C v, int64
     else store_as<C>(a.out, a.out_dtype, o, v);
   } else if constexpr (OP == R_SQDEV) {
     store_as<C>(a.out, a.out_dtype, o, v / (C)a.scale);
+  } else if constexpr (OP == R_PROD || OP == R_ASUM || OP == R_AMAX) {   /* issue 12 */
+    store_as<C>(a.out, a.out_dtype, o, v);
+  } else if constexpr (OP == R_SSQ) {
+    store_as<C>(a.out, a.out_dtype, o, sqrt(v));
+  } else if constexpr (OP == R_PSUM) {
+    store_as<C>(a.out, a.out_dtype, o, pow(v, (C)1 / (C)a.scale));
   } else {
     C m = ((const C *)a.ref)[o];
     store_as<C>(a.out, a.out_dtype, o, isnan(m) ? (C)NAN : lse_shift(m) + m_log(v));
@@ -887,3 +917,27 @@ extern "C" int em_scatter_dim_cuda(const char *op, em_tensor *res, em_tensor *g_
   em_tensor_release(idx);
   return em_launch_check(op);
 }
+
+/* ======== issue 12: prod and vector norms over the same plan and kernels ======== */
+extern "C" int em_reduce_math_cuda(const char *op, int kind, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                                   double pw) {
+  const bool f64 = is_f64(a);
+  if (kind == EM_RED_PROD) {
+    if (f64) return reduce_pass<double, R_PROD>(op, a, p, NULL, res, NULL, 1);
+    if (em_dtype_is_float(a->dtype)) return reduce_pass<float, R_PROD>(op, a, p, NULL, res, NULL, 1);
+    return reduce_pass<int64_t, R_PROD>(op, a, p, NULL, res, NULL, 1);
+  }
+  if (!em_dtype_is_float(a->dtype)) return em_error("%s: expected a floating-point input", op);
+  switch (kind) {
+    case EM_RED_NORM1: return f64 ? reduce_pass<double, R_ASUM>(op, a, p, NULL, res, NULL, 1)
+                                  : reduce_pass<float, R_ASUM>(op, a, p, NULL, res, NULL, 1);
+    case EM_RED_NORM2: return f64 ? reduce_pass<double, R_SSQ>(op, a, p, NULL, res, NULL, 1)
+                                  : reduce_pass<float, R_SSQ>(op, a, p, NULL, res, NULL, 1);
+    case EM_RED_NORMINF: return f64 ? reduce_pass<double, R_AMAX>(op, a, p, NULL, res, NULL, 1)
+                                    : reduce_pass<float, R_AMAX>(op, a, p, NULL, res, NULL, 1);
+    case EM_RED_NORMP: return f64 ? reduce_pass<double, R_PSUM>(op, a, p, NULL, res, NULL, pw)
+                                  : reduce_pass<float, R_PSUM>(op, a, p, NULL, res, NULL, pw);
+    default: return em_error("%s: internal error: unknown reduction %d", op, kind);
+  }
+}
+/* ======== end issue 12 ======== */

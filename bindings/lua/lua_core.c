@@ -45,6 +45,7 @@ int luaopen_ember_core(lua_State *L) {
   lem_open_tokenizer(L, module);
   lem_open_indexing(L, methods, module);   /* after lem_open_tensor: wraps the tensor __index */
   lem_open_sort(L, methods, module);   /* sorting, selection, scans (lua_sort.c) */
+  lem_open_shape_math(L, methods, module);   /* issue 12 */
   lua_pushliteral(L, EMBER_VERSION);
   lua_setfield(L, module, "version");
 #ifdef EMBER_SOURCE_DIR

@@ -110,5 +110,6 @@ void lem_open_random(lua_State *L, int methods, int module); /* issue 12: sampli
 void lem_open_tokenizer(lua_State *L, int module); /* byte-level BPE tokenizer userdata (lua_tokenizer.c) */
 void lem_open_indexing(lua_State *L, int methods, int module); /* gather/scatter, masked_select, t[idx] (lua_indexing.c) */
 void lem_open_sort(lua_State *L, int methods, int module); /* sorting, selection, scans (lua_sort.c) */
+void lem_open_shape_math(lua_State *L, int methods, int module);   /* issue 12: shape & math ops (lua_shape_math.c) */
 
 #endif

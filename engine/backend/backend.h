@@ -578,6 +578,44 @@ int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, i
 int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
                              int64_t inner, em_tensor *gx);
 /* ---- end sorting ---- */
+/* ---- shape & math ops (kernels/shape_ops.cu, kernels/math_ops.cu, kernels/reduce.cu; issue 12) ---- */
+/* Gather by a per-dim index map, the one kernel behind repeat, tile, flip and
+ * roll: out (contiguous, ndim dims of out_size) gets
+ *   out[i] = in[sum_d src_d(i_d) * in_stride[d]],
+ *   src_d(i) = i (EM_MAP_ID), in_size[d] - 1 - i (EM_MAP_FLIP),
+ *              (i + off[d]) mod in_size[d] (EM_MAP_MOD: roll, repeat).
+ * in_stride in elements relative to in's offset; in and out share a dtype. */
+enum { EM_MAP_ID, EM_MAP_FLIP, EM_MAP_MOD };
+typedef struct {
+  int ndim;
+  int64_t out_size[EM_MAX_DIMS], in_size[EM_MAX_DIMS], in_stride[EM_MAX_DIMS], off[EM_MAX_DIMS];
+  int kind[EM_MAX_DIMS];
+} em_dimmap;
+int em_dimmap_cuda(const char *op, em_tensor *out, const em_tensor *in, const em_dimmap *m);
+
+/* out (bool, contiguous) = isnan(x) (nan true) or isfinite(x) (nan false);
+ * x contiguous, any dtype (integers: never NaN, always finite). */
+int em_float_class_cuda(const char *op, em_tensor *out, const em_tensor *x, bool nan);
+
+/* Ternary elementwise kernels through em_elementwise_cuda (kind EM_EW_TERNARY,
+ * three operands x, y, z, the scalar value in lo):
+ *   lerp     x + z (y - x)   (PyTorch's two-sided formula: y - (y - x)(1 - z) for z >= 0.5)
+ *   addcmul  x + lo * y * z
+ *   addcdiv  x + lo * y / z
+ * The kind's number leaves room for other families' kinds. */
+enum { EM_EW_TERNARY = 12 };
+enum { EM_EW_LERP, EM_EW_ADDCMUL, EM_EW_ADDCDIV };
+
+/* More reductions over em_red_plan (kernels/reduce.cu): res (contiguous) =
+ *   prod             product (floats in f32, f64 for f64; integers in wrapping i64)
+ *   norm1            sum |x|
+ *   norm2            sqrt(sum x^2)
+ *   norminf          max |x| (NaN wins)
+ *   normp            (sum |x|^p)^(1/p), p = pw
+ * Norms take float inputs only. */
+enum { EM_RED_PROD, EM_RED_NORM1, EM_RED_NORM2, EM_RED_NORMINF, EM_RED_NORMP };
+int em_reduce_math_cuda(const char *op, int kind, em_tensor *res, const em_tensor *a, const em_red_plan *p, double pw);
+/* ---- end shape & math ops ---- */
 
 #ifdef __cplusplus
 }

@@ -190,3 +190,9 @@ int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, i
 int em_cumprod_backward_cuda(const char *op, const em_tensor *x, const em_tensor *g, int64_t outer, int64_t L,
                              int64_t inner, em_tensor *gx) { return no_cuda(op); }
 /* ---- end sorting ---- */
+/* ---- shape & math ops (issue 12) ---- */
+int em_dimmap_cuda(const char *op, em_tensor *out, const em_tensor *in, const em_dimmap *m) { return no_cuda(op); }
+int em_float_class_cuda(const char *op, em_tensor *out, const em_tensor *x, bool nan) { return no_cuda(op); }
+int em_reduce_math_cuda(const char *op, int kind, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                        double pw) { return no_cuda(op); }
+/* ---- end shape & math ops ---- */

@@ -213,7 +213,31 @@ static void unary_i64(const kern *k, int64_t *o, const int64_t *a, int64_t n) {
 #define WHERE_LOOP(T) { T *o = dst; const T *c = src[0], *a = src[1], *b = src[2]; \
                         LOOP(o[i] = c[i] != 0 ? a[i] : b[i]); }
 
+/* ---- issue 12: ternary kernels o = f(x, y, z; value in lo): lerp, addcmul, addcdiv ---- */
+#define TERNARY_BODY(T)                                                                        \
+  { T *o = dst; const T *x = src[0], *y = src[1], *z = src[2]; const T v = (T)k->lo;          \
+    switch (k->code) {                                                                         \
+      case EM_EW_LERP: LOOP(T d = y[i] - x[i]; T w = z[i];                                     \
+                            o[i] = fabs(w) < (T)0.5 ? x[i] + w * d : y[i] - d * (1 - w));      \
+      case EM_EW_ADDCMUL: LOOP(o[i] = x[i] + v * y[i] * z[i]);                                \
+      case EM_EW_ADDCDIV: LOOP(o[i] = x[i] + v * y[i] / z[i]);                                \
+      default: break;                                                                          \
+    } }
+
+static void ternary(const kern *k, void *dst, const void *const *src, int64_t n) {
+  if (k->cls == C_F32) TERNARY_BODY(float)
+  else if (k->cls == C_F64) TERNARY_BODY(double)
+  else {   /* integers: addcmul only (the op refuses the rest), wrapping */
+    int64_t *o = dst; const int64_t *x = src[0], *y = src[1], *z = src[2];
+    uint64_t v = (uint64_t)sat_i64(k->lo);
+    for (int64_t i = 0; i < n; i++) o[i] = (int64_t)((uint64_t)x[i] + v * (uint64_t)y[i] * (uint64_t)z[i]);
+  }
+}
+#undef TERNARY_BODY
+/* ---- end issue 12 ---- */
+
 static void compute(const kern *k, void *dst, const void *const *src, int64_t n) {
+  if (k->kind == EM_EW_TERNARY) { ternary(k, dst, src, n); return; }   /* issue 12 */
   if (k->kind == K_WHERE) {
     switch (k->cls) {
       case C_F32: WHERE_LOOP(float)
@@ -959,3 +983,17 @@ static em_tensor *triangle(const char *name, em_tensor *a, int64_t k, bool upper
 
 em_tensor *em_triu(em_tensor *a, int64_t k) { EM_OP_SCOPE("triu"); return triangle("triu", a, k, true); }
 em_tensor *em_tril(em_tensor *a, int64_t k) { EM_OP_SCOPE("tril"); return triangle("tril", a, k, false); }
+
+/* ======== shared with engine/ops/math_ops.c (issue 12; declared in math_support.h) ======== */
+#include "math_support.h"
+
+em_tensor *em_ew_result(const char *name, em_tensor *out, int nd, const int64_t *shape, em_dtype dt,
+                        em_device dev, bool grad) {
+  return make_result(name, out, nd, shape, dt, dev, grad);
+}
+
+int em_ew_run(const char *name, const em_ew_kern *k, em_tensor *out, int nin, const em_ew_operand *in,
+              int nd, const int64_t *shape) {
+  return run_kernel(name, k, out, nin, in, nd, shape);
+}
+/* ======== end issue 12 ======== */

@@ -738,3 +738,108 @@ em_tensor *em_log_softmax(em_tensor *a, int64_t dim) {
   em_op_args_release(&u);
   return r;
 }
+
+/* ======== shared with engine/ops/math_ops.c (issue 12: prod, norm, amax/amin) ========
+ * The entry points those ops need from this file's machinery (declared in
+ * engine/ops/math_support.h): the dims parser, the walk with more
+ * accumulators (prod, the vector norms) and the extremes without indices. */
+#include "math_support.h"
+
+typedef struct { double acc, p; } fpow;   /* p: the norm's order */
+
+static void prod_f(void *s, const void *vv, int64_t n, int64_t base) {
+  const double *v = vv;
+  double acc = ((fsum *)s)->acc;
+  for (int64_t i = 0; i < n; i++) acc *= v[i];
+  ((fsum *)s)->acc = acc;
+  EM_UNUSED(base);
+}
+
+static void prod_i(void *s, const void *vv, int64_t n, int64_t base) {
+  const int64_t *v = vv;
+  uint64_t acc = (uint64_t)((isum *)s)->acc;
+  for (int64_t i = 0; i < n; i++) acc *= (uint64_t)v[i];
+  ((isum *)s)->acc = (int64_t)acc;
+  EM_UNUSED(base);
+}
+
+static void asum_f(void *s, const void *vv, int64_t n, int64_t base) {
+  const double *v = vv;
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += fabs(v[i]);
+  ((fpow *)s)->acc += acc;
+  EM_UNUSED(base);
+}
+
+static void ssq_f(void *s, const void *vv, int64_t n, int64_t base) {
+  const double *v = vv;
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += v[i] * v[i];
+  ((fpow *)s)->acc += acc;
+  EM_UNUSED(base);
+}
+
+static void amax_f(void *s, const void *vv, int64_t n, int64_t base) {   /* max |x|, NaN wins */
+  const double *v = vv;
+  double acc = ((fpow *)s)->acc;
+  for (int64_t i = 0; i < n; i++) { double x = fabs(v[i]); if (!isnan(acc) && (isnan(x) || x > acc)) acc = x; }
+  ((fpow *)s)->acc = acc;
+  EM_UNUSED(base);
+}
+
+static void psum_f(void *s, const void *vv, int64_t n, int64_t base) {
+  const double *v = vv;
+  fpow *f = s;
+  double acc = 0;
+  for (int64_t i = 0; i < n; i++) acc += pow(fabs(v[i]), f->p);
+  f->acc += acc;
+  EM_UNUSED(base);
+}
+
+static void cpu_reduce_math(int kind, em_tensor *res, const em_tensor *a, const rplan *p, double pw) {
+  kiter it = {{0}, a->offset};
+  bool ints = kind == EM_RED_PROD && !em_dtype_is_float(a->dtype);
+  void *out = em_data_ptr(res);
+  for (int64_t o = 0; o < p->n_out; o++) {
+    if (ints) {
+      isum s = {1};
+      walk(a, p, it.off, true, prod_i, &s);
+      em_store_i64(out, res->dtype, o, s.acc);
+    } else if (kind == EM_RED_PROD) {
+      fsum s = {1, 0};
+      walk(a, p, it.off, false, prod_f, &s);
+      em_store_f64(out, res->dtype, o, s.acc);
+    } else {
+      static const chunk_fn fns[] = {[EM_RED_NORM1] = asum_f, [EM_RED_NORM2] = ssq_f,
+                                     [EM_RED_NORMINF] = amax_f, [EM_RED_NORMP] = psum_f};
+      fpow s = {0, pw};
+      walk(a, p, it.off, false, fns[kind], &s);
+      double v = kind == EM_RED_NORM2 ? sqrt(s.acc) : kind == EM_RED_NORMP ? pow(s.acc, 1.0 / pw) : s.acc;
+      em_store_f64(out, res->dtype, o, v);
+    }
+    kiter_next(&it, p);
+  }
+}
+
+int em_reduce_dims(const char *name, const em_tensor *a, int ndims, const int64_t *dims, bool keepdim,
+                   uint32_t *mask, int *out_ndim, int64_t *out_shape, int64_t *n_red) {
+  rdims r;
+  if (parse_dims(name, a, ndims, dims, keepdim, &r)) return -1;
+  *mask = r.mask; *out_ndim = r.out_ndim; *n_red = r.n_red;
+  memcpy(out_shape, r.out_shape, sizeof(int64_t) * (size_t)r.out_ndim);
+  return 0;
+}
+
+int em_reduce_math(const char *name, int kind, em_tensor *res, const em_tensor *a, uint32_t mask, double pw) {
+  rplan p; plan_init(&p, a, mask);
+  if (a->device.type == EM_CPU) { cpu_reduce_math(kind, res, a, &p, pw); return 0; }
+  if (a->device.type == EM_CUDA) return em_reduce_math_cuda(name, kind, res, a, &p, pw);
+  return em_error_device(name, a);
+}
+
+int em_reduce_extreme(const char *name, const em_tensor *a, uint32_t mask, bool is_max, em_tensor *vals) {
+  rdims r;
+  rdims_from_mask(a, mask, false, &r);
+  return run_extreme(name, a, &r, is_max, vals, NULL);
+}
+/* ======== end issue 12 ======== */

@@ -32,6 +32,9 @@ local REQUIRED = {
   "index", "embedding_bag",
   -- sorting, selection, scans
   "sort", "topk", "kthvalue", "median", "cumsum", "cumprod",
+  -- issue 12: shape & math ops
+  "repeat", "tile", "flip", "roll", "diag", "outer", "einsum", "baddbmm", "prod", "norm", "amax", "amin",
+  "lerp", "addcmul", "addcdiv",
 }
 
 describe("the op registry", function()

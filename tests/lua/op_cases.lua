@@ -60,7 +60,7 @@ local cases = {perf = {}}
 
 -- the family files, in the order their cases run
 local FAMILIES = {"elementwise", "reduce", "matmul", "nn", "attention", "shape",
-  "random", "loss", "indexing", "sort",   -- issue 12
+  "random", "loss", "indexing", "sort", "shape_math",   -- issue 12
 }
 
 local function case(name, op, fn, inputs, gradcheck, extra)

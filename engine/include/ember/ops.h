@@ -218,6 +218,39 @@ em_tensor *em_take_along_dim(em_tensor *x, em_tensor *indices, int64_t dim);
 /* ids (...) integer -> (..., num_classes) i64 with a 1 at each id; num_classes -1: max(ids) + 1. */
 em_tensor *em_one_hot(em_tensor *ids, int64_t num_classes);
 /* ---------- ops-indexing block end ---------- */
+/* ---------- shape & math ops (engine/ops/shape_ops.c, math_ops.c, einsum.c; issue 12) ---------- */
+/* torch.Tensor.repeat: sizes (n >= a->ndim) copies along each dim (a's shape padded with leading 1s). */
+em_tensor *em_repeat(em_tensor *a, int n, const int64_t *sizes);
+/* torch.tile: em_repeat with reps padded with leading 1s to a's ndim. */
+em_tensor *em_tile(em_tensor *a, int n, const int64_t *reps);
+/* Reverse the order along each of dims (a copy). */
+em_tensor *em_flip(em_tensor *a, int n, const int64_t *dims);
+/* Roll by shifts[i] along dims[i]; n_dims == 0: roll the flattened tensor by shifts[0] (n_shifts 1). */
+em_tensor *em_roll(em_tensor *a, int n_shifts, const int64_t *shifts, int n_dims, const int64_t *dims);
+/* torch.diag: 1-D -> square matrix with a on diagonal k; 2-D -> its diagonal k (a copy). */
+em_tensor *em_diag(em_tensor *a, int64_t k);
+/* a (n) outer b (m) -> (n, m). */
+em_tensor *em_outer(em_tensor *a, em_tensor *b);
+/* torch.einsum for one or two operands (no ellipsis, no repeated label within an operand). */
+em_tensor *em_einsum(const char *equation, int n, em_tensor *const *operands);
+/* beta * input + alpha * (b1 @ b2); b1 (B, n, k), b2 (B, k, m), input broadcastable to (B, n, m). */
+em_tensor *em_baddbmm(em_tensor *input, em_tensor *b1, em_tensor *b2, double beta, double alpha);
+/* Product over dim (EM_ALL_DIMS: all). Integers and bool give i64. */
+em_tensor *em_prod(em_tensor *a, int64_t dim, bool keepdim);
+/* torch.linalg.vector_norm: p = 1, 2, INFINITY or any p > 0; float inputs. dims NULL/0: all. */
+em_tensor *em_norm(em_tensor *a, double p, int ndims, const int64_t *dims, bool keepdim);
+/* Max/min values over dims (NULL/0: all); gradients shared evenly among ties. */
+em_tensor *em_amax(em_tensor *a, int ndims, const int64_t *dims, bool keepdim);
+em_tensor *em_amin(em_tensor *a, int ndims, const int64_t *dims, bool keepdim);
+/* a + w (b - a); w a tensor (broadcast) or, with w NULL, the number ws. */
+em_tensor *em_lerp(em_tensor *a, em_tensor *b, em_tensor *w, double ws);
+/* x + value * t1 * t2 and x + value * t1 / t2; out as for em_binary (out == x: in place). */
+em_tensor *em_addcmul(em_tensor *x, em_tensor *t1, em_tensor *t2, double value, em_tensor *out);
+em_tensor *em_addcdiv(em_tensor *x, em_tensor *t1, em_tensor *t2, double value, em_tensor *out);
+/* bool tensors: NaN elements; finite elements (not NaN, not +-inf). */
+em_tensor *em_isnan(em_tensor *a);
+em_tensor *em_isfinite(em_tensor *a);
+/* ---------- end shape & math ops ---------- */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,90 @@
+/* isnan and isfinite (engine/ops/math_ops.c): out (bool) = the class test of
+ * each element of a contiguous float tensor. (lerp, addcmul and addcdiv are
+ * a ternary kind of kernels/elementwise.cu; prod and the norms are
+ * accumulators of kernels/reduce.cu.)
+ *
+ * Cost: 0 FLOPs; read es + write 1 byte per element (5 B for f32). Memory-
+ * bound: the ceiling is the copy bandwidth.
+ *
+ * Launch shape: 256 threads, grid-stride; a thread reads one 16-byte
+ * Packed128 of input (4 f32, 8 bf16/f16, 2 f64) and writes its 2-8 bools as
+ * one store, so loads and stores are both wide. The scalar tail and
+ * unaligned tensors take the one-element path. The test is done on the bits
+ * (exponent all ones), identical for every float type, without converting. */
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "backend.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+/* Exponent bits all set: inf or NaN; mantissa nonzero on top: NaN. */
+template <typename T> struct Bits;
+template <> struct Bits<float> { typedef uint32_t U; static constexpr U exp = 0x7f800000u, man = 0x007fffffu; };
+template <> struct Bits<double> {
+  typedef uint64_t U;
+  static constexpr U exp = 0x7ff0000000000000ull, man = 0x000fffffffffffffull;
+};
+template <> struct Bits<__nv_bfloat16> { typedef uint16_t U; static constexpr U exp = 0x7f80, man = 0x007f; };
+template <> struct Bits<__half> { typedef uint16_t U; static constexpr U exp = 0x7c00, man = 0x03ff; };
+
+template <typename T>
+__device__ __forceinline__ uint8_t classify(typename Bits<T>::U u, bool nan) {
+  const bool special = (u & Bits<T>::exp) == Bits<T>::exp;
+  return nan ? (uint8_t)(special && (u & Bits<T>::man) != 0) : (uint8_t)!special;
+}
+
+template <int V> struct alignas(V) Bools { uint8_t v[V]; };
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *in, int64_t n, bool nan) {
+  typedef typename Bits<T>::U U;
+  constexpr int V = VEC ? 16 / (int)sizeof(T) : 1;
+  const U *u = reinterpret_cast<const U *>(in);
+  const int64_t units = n / V, step = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t k = tid; k < units; k += step) {
+    Bools<V> b;
+    if constexpr (VEC) {
+      Packed128<U> p = load128(u + k * V);
+#pragma unroll
+      for (int e = 0; e < V; e++) b.v[e] = classify<T>(p[e], nan);
+    } else {
+      b.v[0] = classify<T>(u[k], nan);
+    }
+    *reinterpret_cast<Bools<V> *>(out + k * V) = b;
+  }
+  const int64_t i = units * V + tid;   /* the last n % V elements */
+  if (VEC && i < n) out[i] = classify<T>(u[i], nan);
+}
+
+template <typename T>
+void launch(uint8_t *out, const void *in, int64_t n, bool nan, cudaStream_t s) {
+  constexpr int V = 16 / (int)sizeof(T);
+  const bool vec = ((uintptr_t)in & 15) == 0 && ((uintptr_t)out % V) == 0;
+  if (vec) float_class<T, true><<<em_grid(n / V > 0 ? n / V : 1, kThreads), kThreads, 0, s>>>(out, (const T *)in, n, nan);
+  else float_class<T, false><<<em_grid(n, kThreads), kThreads, 0, s>>>(out, (const T *)in, n, nan);
+}
+
+}  // namespace
+
+extern "C" int em_float_class_cuda(const char *op, em_tensor *out, const em_tensor *x, bool nan) {
+  const int64_t n = em_numel(out);
+  if (n == 0) return 0;
+  if (!em_is_contiguous(out) || !em_is_contiguous(x) || out->dtype != EM_BOOL || em_numel(x) != n)
+    return em_error("%s: internal error: class test of mismatched tensors", op);
+  const int dev = out->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  uint8_t *o = (uint8_t *)em_data_ptr(out);
+  const void *i = em_data_ptr(x);
+  switch (x->dtype) {
+    case EM_F32: launch<float>(o, i, n, nan, s); break;
+    case EM_F64: launch<double>(o, i, n, nan, s); break;
+    case EM_BF16: launch<__nv_bfloat16>(o, i, n, nan, s); break;
+    case EM_F16: launch<__half>(o, i, n, nan, s); break;
+    default: return em_error("%s: internal error: a class test of a %s tensor", op, em_dtype_name(x->dtype));
+  }
+  return em_launch_check(op);
+}
