@@ -182,8 +182,18 @@ if args.torch then
       for _, x in ipairs(inputs) do
         if ember.is_tensor(x) then
           local fl = x.dtype == "f32" or x.dtype == "bf16" or x.dtype == "f16" or x.dtype == "f64"
-          desc[#desc + 1] = {shape = x.shape, dtype = x.dtype,
-                             high = (not fl and x.dtype ~= "bool" and x:numel() > 0) and x:max():item() + 1 or nil}
+          local d = {shape = x.shape, dtype = x.dtype}
+          if x:numel() > 0 and x.dtype ~= "bool" then
+            if fl then
+              -- non-negative float inputs (probabilities, sqrt/log arguments) are drawn
+              -- uniform over the same range on PyTorch's side; the rest randn
+              local lo = x:min():item()
+              if lo >= 0 then d.low, d.high = lo, x:max():item() end
+            else
+              d.high = x:max():item() + 1
+            end
+          end
+          desc[#desc + 1] = d
         else
           desc[#desc + 1] = {value = x}
         end
@@ -217,6 +227,12 @@ local function fmt_ms(s) return s and ("%.4f"):format(s * 1e3) or "-" end
 local function shape_str(s) return "(" .. table.concat(s, ",") .. ")" end
 
 local rows, lines = {}, {}
+local json_files = {}
+if args.json then json_files[#json_files + 1] = assert(io.open(args.json, "a")) end
+if args.out then
+  os.execute(("mkdir -p '%s'"):format(args.out))
+  json_files[#json_files + 1] = assert(io.open(args.out .. "/ops.jsonl", "a"))
+end
 local header = "| op | case | dtype | fwd ms | rate | of peak | fwd+bwd ms | torch fwd ms | torch fwd+bwd ms |"
 print()
 print(header)
@@ -256,19 +272,13 @@ for i, t in ipairs(todo) do
   io.stdout:flush()
   lines[#lines + 1] = line
   rows[#rows + 1] = rec
+  for _, f in ipairs(json_files) do f:write(cjson.encode(rec), "\n"); f:flush() end   -- as it goes: a cut run keeps its rows
   collectgarbage()
   if on_cuda then ember.cuda.empty_cache() end
 end
 
-local function append_json(path)
-  local f = assert(io.open(path, "a"))
-  for _, rec in ipairs(rows) do f:write(cjson.encode(rec), "\n") end
-  f:close()
-end
-if args.json then append_json(args.json) end
+for _, f in ipairs(json_files) do f:close() end
 if args.out then
-  os.execute(("mkdir -p '%s'"):format(args.out))
-  append_json(args.out .. "/ops.jsonl")
   local f = assert(io.open(args.out .. "/ops.md", "w"))
   f:write(("Device %s, commit %s, %s; median of %d reps, L2 flush %s.\n\n"):format(facts.device, facts.commit,
     facts.date, args.reps, args.no_flush and "off" or "on"))

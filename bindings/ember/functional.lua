@@ -181,7 +181,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
 end
 
 -- ---------------------------------------------------------------------------
--- issue 12: dropout and losses (see docs/api/random.md, docs/api/loss.md)
+-- issue 12: dropout and losses (docs/api.md §19, §20)
 
 local REDUCTIONS = {mean = true, sum = true, none = true}
 

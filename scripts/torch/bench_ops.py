@@ -5,8 +5,9 @@ the device synchronised, the median of `reps`).
     python3 scripts/torch/bench_ops.py --spec spec.json
 
 The spec (written by bench_ops.lua): {"device", "reps", "warmup", "flush",
-"cases": [{"key", "expr", "inputs": [{"shape", "dtype", "high"} | {"value"}],
-"backward"}]}. Float inputs are randn, integer inputs randint(0, high), bool
+"cases": [{"key", "expr", "inputs": [{"shape", "dtype", "low", "high"} | {"value"}],
+"backward"}]}. Float inputs are randn (uniform in [low, high] when given: a
+non-negative input on Ember's side), integer inputs randint(0, high), bool
 inputs rand < 0.5; the expression sees them as a, b, c, d with torch and
 F = torch.nn.functional in scope. Prints one JSON line per case:
 {"key", "fwd_ms", "fwd_bwd_ms"} or {"key", "error"}.
@@ -29,7 +30,11 @@ def make_input(d, dev, grad):
         return d["value"]
     shape, dt = d["shape"], d["dtype"]
     if dt in FLOATS:
-        return torch.randn(shape, device=dev).to(DTYPES[dt]).requires_grad_(grad)
+        if d.get("low") is not None:   # a non-negative input on Ember's side: the same range
+            x = torch.rand(shape, device=dev) * (d["high"] - d["low"]) + d["low"]
+        else:
+            x = torch.randn(shape, device=dev)
+        return x.to(DTYPES[dt]).requires_grad_(grad)
     if dt == "bool":
         return torch.rand(shape, device=dev) < 0.5
     return torch.randint(0, max(1, int(d.get("high") or 1)), shape, device=dev, dtype=DTYPES[dt])

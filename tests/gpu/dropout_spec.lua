@@ -145,7 +145,7 @@ describe("cross_entropy options on CUDA", function()
     ember.manual_seed(3)
     local logits = ember.randn(67, 1003):to(dt)
     local tl = ember.randint(0, 1003, {67}):tolist()
-    tl[1] = -100                                   -- one ignored row (the default ignore_index)
+    tl[1] = opts.ignore_index or -100             -- one ignored row (the option's, or the default -100)
     local t = ember.tensor(tl, {dtype = "i64"})
     local xc, xg = logits:clone(), logits:cuda()
     xc.requires_grad, xg.requires_grad = true, true

@@ -143,4 +143,14 @@ return function(case, perf, ember, F)
   perf("one_hot", "one_hot of 131072 ids over 128 classes",
     function(i) return F.one_hot(i, 128) end,
     function(T) return {T.ids({131072}, 128)} end)
+  perf("index", "t:index({ids}) of 65536 random rows of (65536, 256)",
+    function(x, i) return x:index({i}) end,
+    function(T) return {T.randn({65536, 256}), T.ids({65536}, 65536)} end,
+    {backward = true, torch = "a[b]",
+     bytes = function(inputs, out) return 2 * nbytes(out) + nbytes(inputs[2]) end})
+  perf("embedding_bag", "embedding_bag sum of (4096, 16) ids in (50304, 512)",
+    function(w, i) return F.embedding_bag(i, w, nil, "sum") end,
+    function(T) return {T.randn({50304, 512}), T.ids({4096, 16}, 50304)} end,
+    {backward = true, torch = "F.embedding_bag(b, a, mode='sum')",
+     bytes = function(inputs, out) return inputs[2]:numel() * 512 * inputs[1]:element_size() + nbytes(out) end})
 end
