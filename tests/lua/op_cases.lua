@@ -159,7 +159,16 @@ end
 
 local here = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
 for _, family in ipairs(FAMILIES) do
-  dofile(here .. "op_cases/" .. family .. ".lua")(case, perf, ember, F)
+  -- a family may return {[perf entry name] = PyTorch expression} for entries
+  -- registered without one (a name that matches no entry is an error)
+  local torch = dofile(here .. "op_cases/" .. family .. ".lua")(case, perf, ember, F)
+  for name, expr in pairs(torch or {}) do
+    local found = false
+    for _, p in ipairs(cases.perf) do
+      if p.name == name then p.torch, found = p.torch or expr, true end
+    end
+    if not found then error(("op_cases/%s.lua: torch expression for no perf entry: %s"):format(family, name)) end
+  end
 end
 
 ---------------------------------------------------------------------------

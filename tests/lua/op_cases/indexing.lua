@@ -153,4 +153,16 @@ return function(case, perf, ember, F)
     function(T) return {T.randn({50304, 512}), T.ids({4096, 16}, 50304)} end,
     {backward = true, torch = "F.embedding_bag(b, a, mode='sum')",
      bytes = function(inputs, out) return inputs[2]:numel() * 512 * inputs[1]:element_size() + nbytes(out) end})
+  -- PyTorch beside ours in bench_ops.lua --torch
+  return {
+    ["index_select 65536 random rows of (65536, 256)"] = [[a.index_select(0, b)]],
+    ["gather (4096, 4096) along dim 1"] = [[a.gather(1, b)]],
+    ["take_along_dim (4096, 4096) along dim 1"] = [[torch.take_along_dim(a, b, 1)]],
+    ["scatter_add (4096, 4096) into (4096, 4096) along dim 0"] = [[a.scatter_add(0, c, b)]],
+    ["scatter (4096, 4096) along dim 1"] = [[a.scatter(1, c, b)]],
+    ["index_add 65536 rows of 256 into (65536, 256)"] = [[a.index_add(0, c, b)]],
+    ["masked_select of 2^24 elements, half selected"] = [[a.masked_select(b)]],
+    ["nonzero of 2^24 elements, half nonzero"] = [[a.nonzero()]],
+    ["one_hot of 131072 ids over 128 classes"] = [[F.one_hot(a, 128)]],
+  }
 end

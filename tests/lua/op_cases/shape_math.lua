@@ -220,4 +220,25 @@ return function(case, perf, ember, F)
     function(T) return {T.randn({N, N}), T.randn({N, N}), T.randn({N, N})} end)
   perf("isnan", "isnan of 2^24 elements", function(a) return a:isnan() end, T2)
   perf("isfinite", "isfinite of 2^24 elements", function(a) return a:isfinite() end, T2)
+  -- PyTorch beside ours in bench_ops.lua --torch
+  return {
+    ["repeat (2048,2048) by (4,1)"] = [[a.repeat(4, 1)]],
+    ["tile (1,4096) by {4096,1}"] = [[a.tile((4096, 1))]],
+    ["flip the last dim of (4096,4096)"] = [[a.flip(-1)]],
+    ["roll (4096,4096) by 17 along the last dim"] = [[a.roll(17, 1)]],
+    ["diag of a 4096 vector -> (4096,4096)"] = [[a.diag()]],
+    ["outer (4096) x (4096)"] = [[torch.outer(a, b)]],
+    ["einsum bhqd,bhkd->bhqk (8,16,1024,64)"] = [[torch.einsum('bhqd,bhkd->bhqk', a, b)]],
+    ["baddbmm (32,1024,1024) + (32,1024,64) @ (32,64,1024)"] = [[torch.baddbmm(a, b, c, beta=0.5, alpha=2)]],
+    ["prod over the last dim of (4096,4096)"] = [[a.prod(-1)]],
+    ["norm (p = 2) of 2^24 elements"] = [[torch.linalg.vector_norm(a)]],
+    ["norm p = 1 over the last dim of (4096,4096)"] = [[torch.linalg.vector_norm(a, 1, -1)]],
+    ["amax over the last dim of (4096,4096)"] = [[a.amax(-1)]],
+    ["amin over dim 0 of (4096,4096)"] = [[a.amin(0)]],
+    ["lerp of 2^24 elements, tensor weight"] = [[torch.lerp(a, b, c)]],
+    ["addcmul of 2^24 elements"] = [[torch.addcmul(a, b, c, value=0.5)]],
+    ["addcdiv of 2^24 elements"] = [[torch.addcdiv(a, b, c, value=0.5)]],
+    ["isnan of 2^24 elements"] = [[a.isnan()]],
+    ["isfinite of 2^24 elements"] = [[a.isfinite()]],
+  }
 end

@@ -180,4 +180,21 @@ return function(case, perf, ember, F)
   perf("searchsorted", "searchsorted of 2^20 values in 4096 boundaries",
     function(s, v) return ember.searchsorted(s, v) end,
     function(T) local s = T.const({4096}):sort(); return {s, T.const({1048576})} end)
+  -- PyTorch beside ours in bench_ops.lua --torch
+  return {
+    ["sort (4096, 4096) along the last dim"] = [[a.sort(-1).values]],
+    ["sort (2^24) one row"] = [[a.sort().values]],
+    ["sort (256, 4096) along the last dim"] = [[a.sort(-1).values]],
+    ["argsort (4096, 4096) along the last dim"] = [[a.argsort(-1)]],
+    ["topk k=50 over (64, 128000) logits"] = [[a.topk(50).values]],
+    ["topk k=50 over (8, 32000) logits"] = [[a.topk(50).values]],
+    ["kthvalue k=100 over (1024, 4096)"] = [[a.kthvalue(100).values]],
+    ["median over the last dim of (1024, 4096)"] = [[a.median(-1).values]],
+    ["cumsum of 2^24 elements"] = [[a.cumsum(0)]],
+    ["cumsum along the last dim of (4096, 4096)"] = [[a.cumsum(1)]],
+    ["cumprod along dim 0 of (4096, 4096)"] = [[a.cumprod(0)]],
+    ["unique of 2^22 ids in [0, 100000)"] = [[torch.unique(a)]],
+    ["bincount of 2^24 ids in [0, 4096)"] = [[torch.bincount(a)]],
+    ["searchsorted of 2^20 values in 4096 boundaries"] = [[torch.searchsorted(a.sort().values, b)]],
+  }
 end
