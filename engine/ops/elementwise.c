@@ -527,29 +527,6 @@ static bool binop_differentiable(int op) { return op <= EM_MINIMUM; }
 
 /* ---------------- backward helpers ---------------- */
 
-/* Temporaries of one backward formula, released together. TMP evaluates its
- * expression only while nothing has failed, so a chain of statements stops at
- * the first error and keeps its message. */
-typedef struct { em_tensor *t[16]; int n; bool failed; } scratch;
-static em_tensor *keep(scratch *s, em_tensor *t) {
-  if (!t) { s->failed = true; return NULL; }
-  if (s->n == 16) { em_tensor_release(t); s->failed = true; em_error("backward: too many temporaries"); return NULL; }
-  return s->t[s->n++] = t;
-}
-#define TMP(s, expr) ((s)->failed ? NULL : keep((s), (expr)))
-static int scratch_end(scratch *s) {
-  for (int i = 0; i < s->n; i++) em_tensor_release(s->t[i]);
-  return s->failed ? -1 : 0;
-}
-
-/* gin[i] = g summed to input i's shape, when input i needs a gradient. */
-static void give(scratch *s, em_node *n, int i, em_tensor *g, em_tensor **gin) {
-  if (s->failed || !em_node_needs_input_grad(n, i)) return;
-  if (!g) { s->failed = true; return; }
-  gin[i] = em_sum_to(g, n->in_ndim[i], n->in_shape[i]);
-  if (!gin[i]) s->failed = true;
-}
-
 /* Forward declarations for kernels used by backward formulas. */
 static em_tensor *raw_binary(const char *name, int code, em_tensor *a, em_tensor *b, double lo, double hi);
 static em_tensor *where_raw(const char *name, em_tensor *cond, operand a, operand b, em_dtype dt,
@@ -557,38 +534,38 @@ static em_tensor *where_raw(const char *name, em_tensor *cond, operand a, operan
 
 /* Gradient weight of maximum/minimum for the first operand: 1 where it won,
  * 1/2 on ties (PyTorch splits evenly), 0 where it lost. f32 (exact values). */
-static em_tensor *minmax_weight(scratch *s, bool is_max, em_tensor *a, em_tensor *b, double sb) {
+static em_tensor *minmax_weight(em_scratch *s, bool is_max, em_tensor *a, em_tensor *b, double sb) {
   em_tensor *w, *e;
   if (b) {
-    w = TMP(s, em_binary(is_max ? EM_GT : EM_LT, a, b, NULL));
-    e = TMP(s, em_binary(EM_EQ, a, b, NULL));
+    w = EM_TMP(s, em_binary(is_max ? EM_GT : EM_LT, a, b, NULL));
+    e = EM_TMP(s, em_binary(EM_EQ, a, b, NULL));
   } else {
-    w = TMP(s, em_binary_scalar(is_max ? EM_GT : EM_LT, a, sb, false, NULL));
-    e = TMP(s, em_binary_scalar(EM_EQ, a, sb, false, NULL));
+    w = EM_TMP(s, em_binary_scalar(is_max ? EM_GT : EM_LT, a, sb, false, NULL));
+    e = EM_TMP(s, em_binary_scalar(EM_EQ, a, sb, false, NULL));
   }
-  em_tensor *h = TMP(s, em_binary_scalar(EM_MUL, e, 0.5, false, NULL));
-  return TMP(s, em_binary(EM_ADD, h, w, NULL));
+  em_tensor *h = EM_TMP(s, em_binary_scalar(EM_MUL, e, 0.5, false, NULL));
+  return EM_TMP(s, em_binary(EM_ADD, h, w, NULL));
 }
 
 /* d/da a^b = b a^(b-1) (0 where b == 0); d/db a^b = a^b ln a (0 where a == 0, b >= 0). */
-static void pow_grads(scratch *s, em_node *n, em_tensor *g, em_tensor **ga, em_tensor **gb) {
+static void pow_grads(em_scratch *s, em_node *n, em_tensor *g, em_tensor **ga, em_tensor **gb) {
   em_tensor *a = n->saved[0], *b = n->saved[1], *out = n->saved[2];
   if (em_node_needs_input_grad(n, 0)) {
-    em_tensor *bm1 = TMP(s, em_binary_scalar(EM_SUB, b, 1, false, NULL));
-    em_tensor *p = TMP(s, em_binary(EM_POW, a, bm1, NULL));
-    em_tensor *t = TMP(s, em_binary(EM_MUL, p, b, NULL));
-    em_tensor *z = TMP(s, em_binary_scalar(EM_EQ, b, 0, false, NULL));
-    em_tensor *m = TMP(s, em_masked_fill(t, z, 0, NULL));
-    *ga = TMP(s, em_binary(EM_MUL, g, m, NULL));
+    em_tensor *bm1 = EM_TMP(s, em_binary_scalar(EM_SUB, b, 1, false, NULL));
+    em_tensor *p = EM_TMP(s, em_binary(EM_POW, a, bm1, NULL));
+    em_tensor *t = EM_TMP(s, em_binary(EM_MUL, p, b, NULL));
+    em_tensor *z = EM_TMP(s, em_binary_scalar(EM_EQ, b, 0, false, NULL));
+    em_tensor *m = EM_TMP(s, em_masked_fill(t, z, 0, NULL));
+    *ga = EM_TMP(s, em_binary(EM_MUL, g, m, NULL));
   }
   if (em_node_needs_input_grad(n, 1)) {
-    em_tensor *la = TMP(s, em_unary(EM_LOG, a, NULL));
-    em_tensor *t = TMP(s, em_binary(EM_MUL, out, la, NULL));
-    em_tensor *a0 = TMP(s, em_binary_scalar(EM_EQ, a, 0, false, NULL));
-    em_tensor *bp = TMP(s, em_binary_scalar(EM_GE, b, 0, false, NULL));
-    em_tensor *z = TMP(s, em_binary(EM_LOGICAL_AND, a0, bp, NULL));
-    em_tensor *m = TMP(s, em_masked_fill(t, z, 0, NULL));
-    *gb = TMP(s, em_binary(EM_MUL, g, m, NULL));
+    em_tensor *la = EM_TMP(s, em_unary(EM_LOG, a, NULL));
+    em_tensor *t = EM_TMP(s, em_binary(EM_MUL, out, la, NULL));
+    em_tensor *a0 = EM_TMP(s, em_binary_scalar(EM_EQ, a, 0, false, NULL));
+    em_tensor *bp = EM_TMP(s, em_binary_scalar(EM_GE, b, 0, false, NULL));
+    em_tensor *z = EM_TMP(s, em_binary(EM_LOGICAL_AND, a0, bp, NULL));
+    em_tensor *m = EM_TMP(s, em_masked_fill(t, z, 0, NULL));
+    *gb = EM_TMP(s, em_binary(EM_MUL, g, m, NULL));
   }
 }
 
@@ -596,36 +573,36 @@ static void pow_grads(scratch *s, em_node *n, em_tensor *g, em_tensor **ga, em_t
 static int binary_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0], **sv = n->saved, *ga = NULL, *gb = NULL;
   bool nb = em_node_needs_input_grad(n, 1);
-  scratch s = {0};
+  em_scratch s = {0};
   switch ((int)n->i[0]) {
     case EM_ADD: ga = gb = g; break;
     case EM_SUB:
       ga = g;
-      if (nb) gb = TMP(&s, em_unary(EM_NEG, g, NULL));
+      if (nb) gb = EM_TMP(&s, em_unary(EM_NEG, g, NULL));
       break;
     case EM_MUL:
-      ga = TMP(&s, em_binary(EM_MUL, g, sv[1], NULL));
-      if (nb) gb = TMP(&s, em_binary(EM_MUL, g, sv[0], NULL));
+      ga = EM_TMP(&s, em_binary(EM_MUL, g, sv[1], NULL));
+      if (nb) gb = EM_TMP(&s, em_binary(EM_MUL, g, sv[0], NULL));
       break;
     case EM_DIV: {   /* d/db a/b = -(g/b) * (a/b) */
-      ga = TMP(&s, em_binary(EM_DIV, g, sv[0], NULL));
-      em_tensor *t = nb ? TMP(&s, em_binary(EM_MUL, ga, sv[1], NULL)) : NULL;
-      if (nb) gb = TMP(&s, em_unary(EM_NEG, t, NULL));
+      ga = EM_TMP(&s, em_binary(EM_DIV, g, sv[0], NULL));
+      em_tensor *t = nb ? EM_TMP(&s, em_binary(EM_MUL, ga, sv[1], NULL)) : NULL;
+      if (nb) gb = EM_TMP(&s, em_unary(EM_NEG, t, NULL));
       break;
     }
     case EM_POW: pow_grads(&s, n, g, &ga, &gb); break;
     case EM_MAXIMUM: case EM_MINIMUM: {
       em_tensor *wa = minmax_weight(&s, n->i[0] == EM_MAXIMUM, sv[0], sv[1], 0);
-      ga = TMP(&s, em_binary(EM_MUL, g, wa, NULL));
-      em_tensor *wb = nb ? TMP(&s, em_binary_scalar(EM_SUB, wa, 1, true, NULL)) : NULL;
-      if (nb) gb = TMP(&s, em_binary(EM_MUL, g, wb, NULL));
+      ga = EM_TMP(&s, em_binary(EM_MUL, g, wa, NULL));
+      em_tensor *wb = nb ? EM_TMP(&s, em_binary_scalar(EM_SUB, wa, 1, true, NULL)) : NULL;
+      if (nb) gb = EM_TMP(&s, em_binary(EM_MUL, g, wb, NULL));
       break;
     }
     default: em_error("backward: unknown binary op %d", (int)n->i[0]); s.failed = true; break;
   }
-  give(&s, n, 0, ga, gin);
-  give(&s, n, 1, gb, gin);
-  return scratch_end(&s);
+  em_scratch_give(&s, n, 0, ga, gin);
+  em_scratch_give(&s, n, 1, gb, gin);
+  return em_scratch_end(&s);
 }
 
 static em_tensor *record_binary(int op, em_tensor *a, em_tensor *b, em_tensor *out) {
@@ -647,43 +624,43 @@ static int scalar_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0], *a = n->saved[0], *out = n->saved[1], *ga = NULL;
   double sc = n->f[0];
   bool first = n->i[1] != 0;
-  scratch s = {0};
+  em_scratch s = {0};
   switch ((int)n->i[0]) {
     case EM_ADD: ga = g; break;
-    case EM_SUB: ga = first ? TMP(&s, em_unary(EM_NEG, g, NULL)) : g; break;
-    case EM_MUL: ga = TMP(&s, em_binary_scalar(EM_MUL, g, sc, false, NULL)); break;
+    case EM_SUB: ga = first ? EM_TMP(&s, em_unary(EM_NEG, g, NULL)) : g; break;
+    case EM_MUL: ga = EM_TMP(&s, em_binary_scalar(EM_MUL, g, sc, false, NULL)); break;
     case EM_DIV:
-      if (!first) { ga = TMP(&s, em_binary_scalar(EM_DIV, g, sc, false, NULL)); break; }
+      if (!first) { ga = EM_TMP(&s, em_binary_scalar(EM_DIV, g, sc, false, NULL)); break; }
       {   /* d/da s/a = -(s/a)/a */
-        em_tensor *t = TMP(&s, em_binary(EM_MUL, g, out, NULL));
-        em_tensor *u = TMP(&s, em_binary(EM_DIV, t, a, NULL));
-        ga = TMP(&s, em_unary(EM_NEG, u, NULL));
+        em_tensor *t = EM_TMP(&s, em_binary(EM_MUL, g, out, NULL));
+        em_tensor *u = EM_TMP(&s, em_binary(EM_DIV, t, a, NULL));
+        ga = EM_TMP(&s, em_unary(EM_NEG, u, NULL));
       }
       break;
     case EM_POW:
-      if (!first && sc == 0) { ga = TMP(&s, em_zeros(g->ndim, g->shape, g->dtype, g->device)); break; }
+      if (!first && sc == 0) { ga = EM_TMP(&s, em_zeros(g->ndim, g->shape, g->dtype, g->device)); break; }
       if (!first) {   /* s a^(s-1) */
-        em_tensor *p = TMP(&s, em_binary_scalar(EM_POW, a, sc - 1, false, NULL));
-        em_tensor *t = TMP(&s, em_binary_scalar(EM_MUL, p, sc, false, NULL));
-        ga = TMP(&s, em_binary(EM_MUL, g, t, NULL));
+        em_tensor *p = EM_TMP(&s, em_binary_scalar(EM_POW, a, sc - 1, false, NULL));
+        em_tensor *t = EM_TMP(&s, em_binary_scalar(EM_MUL, p, sc, false, NULL));
+        ga = EM_TMP(&s, em_binary(EM_MUL, g, t, NULL));
       } else {        /* s^a ln s, 0 where s == 0 and a >= 0 */
-        em_tensor *t = TMP(&s, em_binary_scalar(EM_MUL, out, log(sc), false, NULL));
+        em_tensor *t = EM_TMP(&s, em_binary_scalar(EM_MUL, out, log(sc), false, NULL));
         if (sc == 0) {
-          em_tensor *m = TMP(&s, em_binary_scalar(EM_GE, a, 0, false, NULL));
-          t = TMP(&s, em_masked_fill(t, m, 0, NULL));
+          em_tensor *m = EM_TMP(&s, em_binary_scalar(EM_GE, a, 0, false, NULL));
+          t = EM_TMP(&s, em_masked_fill(t, m, 0, NULL));
         }
-        ga = TMP(&s, em_binary(EM_MUL, g, t, NULL));
+        ga = EM_TMP(&s, em_binary(EM_MUL, g, t, NULL));
       }
       break;
     case EM_MAXIMUM: case EM_MINIMUM: {
       em_tensor *w = minmax_weight(&s, n->i[0] == EM_MAXIMUM, a, NULL, sc);
-      ga = TMP(&s, em_binary(EM_MUL, g, w, NULL));
+      ga = EM_TMP(&s, em_binary(EM_MUL, g, w, NULL));
       break;
     }
     default: em_error("backward: unknown scalar op %d", (int)n->i[0]); s.failed = true; break;
   }
-  give(&s, n, 0, ga, gin);
-  return scratch_end(&s);
+  em_scratch_give(&s, n, 0, ga, gin);
+  return em_scratch_end(&s);
 }
 
 static em_tensor *record_scalar(int op, em_tensor *a, double sc, bool first, em_tensor *out) {
@@ -893,12 +870,12 @@ static em_tensor *where_raw(const char *name, em_tensor *cond, operand a, operan
 static int where_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0], *cond = n->saved[0];
   operand zero = {NULL, 0}, tg = {g, 0};
-  scratch s = {0};
-  em_tensor *ga = em_node_needs_input_grad(n, 0) ? TMP(&s, where_raw("where", cond, tg, zero, g->dtype, NULL, false)) : NULL;
-  em_tensor *gb = em_node_needs_input_grad(n, 1) ? TMP(&s, where_raw("where", cond, zero, tg, g->dtype, NULL, false)) : NULL;
-  give(&s, n, 0, ga, gin);
-  give(&s, n, 1, gb, gin);
-  return scratch_end(&s);
+  em_scratch s = {0};
+  em_tensor *ga = em_node_needs_input_grad(n, 0) ? EM_TMP(&s, where_raw("where", cond, tg, zero, g->dtype, NULL, false)) : NULL;
+  em_tensor *gb = em_node_needs_input_grad(n, 1) ? EM_TMP(&s, where_raw("where", cond, zero, tg, g->dtype, NULL, false)) : NULL;
+  em_scratch_give(&s, n, 0, ga, gin);
+  em_scratch_give(&s, n, 1, gb, gin);
+  return em_scratch_end(&s);
 }
 
 em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b) {
@@ -915,10 +892,10 @@ em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b) {
 static int masked_fill_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0];
   operand zero = {NULL, 0}, tg = {g, 0};
-  scratch s = {0};
-  em_tensor *ga = TMP(&s, where_raw("masked_fill", n->saved[0], zero, tg, g->dtype, NULL, false));
-  give(&s, n, 0, ga, gin);
-  return scratch_end(&s);
+  em_scratch s = {0};
+  em_tensor *ga = EM_TMP(&s, where_raw("masked_fill", n->saved[0], zero, tg, g->dtype, NULL, false));
+  em_scratch_give(&s, n, 0, ga, gin);
+  return em_scratch_end(&s);
 }
 
 em_tensor *em_masked_fill(em_tensor *a, em_tensor *mask, double v, em_tensor *out) {

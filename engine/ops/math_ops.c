@@ -25,28 +25,6 @@
 
 /* ---------------- helpers ---------------- */
 
-/* Temporaries of one backward formula, released together; TMP stops a chain
- * at the first failure and keeps its message. */
-typedef struct { em_tensor *t[24]; int n; bool failed; } scratch;
-static em_tensor *keep(scratch *s, em_tensor *t) {
-  if (!t) { s->failed = true; return NULL; }
-  if (s->n == 24) { em_tensor_release(t); s->failed = true; em_error("backward: too many temporaries"); return NULL; }
-  return s->t[s->n++] = t;
-}
-#define TMP(s, expr) ((s)->failed ? NULL : keep((s), (expr)))
-static int scratch_end(scratch *s) {
-  for (int i = 0; i < s->n; i++) em_tensor_release(s->t[i]);
-  return s->failed ? -1 : 0;
-}
-
-/* gin[i] = g summed to input i's shape, when input i needs a gradient. */
-static void give(scratch *s, em_node *n, int i, em_tensor *g, em_tensor **gin) {
-  if (s->failed || !em_node_needs_input_grad(n, i)) return;
-  if (!g) { s->failed = true; return; }
-  gin[i] = em_sum_to(g, n->in_ndim[i], n->in_shape[i]);
-  if (!gin[i]) s->failed = true;
-}
-
 static int mask_dims(uint32_t mask, int ndim, int64_t *dims) {
   int nd = 0;
   for (int d = 0; d < ndim; d++) if (mask & (1u << d)) dims[nd++] = d;
@@ -76,13 +54,13 @@ static em_tensor *sum_kept(const em_node *n, em_tensor *t) {
 static em_tensor *zero_like_scalar(const em_tensor *t) { return em_scalar_tensor(0, t->dtype, t->device); }
 
 /* 1 where a equals the (kept) extreme e, NaN meeting NaN; in dtype dt. */
-static em_tensor *ties(scratch *s, em_tensor *a, em_tensor *e, em_dtype dt) {
-  em_tensor *eq = TMP(s, em_binary(EM_EQ, a, e, NULL));
-  em_tensor *na = TMP(s, em_binary(EM_NE, a, a, NULL));
-  em_tensor *ne = TMP(s, em_binary(EM_NE, e, e, NULL));
-  em_tensor *nn = TMP(s, em_binary(EM_LOGICAL_AND, na, ne, NULL));
-  em_tensor *m = TMP(s, em_binary(EM_LOGICAL_OR, eq, nn, NULL));
-  return m ? TMP(s, em_to(m, dt, m->device)) : NULL;
+static em_tensor *ties(em_scratch *s, em_tensor *a, em_tensor *e, em_dtype dt) {
+  em_tensor *eq = EM_TMP(s, em_binary(EM_EQ, a, e, NULL));
+  em_tensor *na = EM_TMP(s, em_binary(EM_NE, a, a, NULL));
+  em_tensor *ne = EM_TMP(s, em_binary(EM_NE, e, e, NULL));
+  em_tensor *nn = EM_TMP(s, em_binary(EM_LOGICAL_AND, na, ne, NULL));
+  em_tensor *m = EM_TMP(s, em_binary(EM_LOGICAL_OR, eq, nn, NULL));
+  return m ? EM_TMP(s, em_to(m, dt, m->device)) : NULL;
 }
 
 /* Node attributes of the reductions: i[0] = reduced-dims mask, f[0] = p (norm). */
@@ -107,23 +85,23 @@ static em_tensor *prod_kept(const em_node *n, em_tensor *a) {
 
 static int prod_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0];
-  scratch s = {0};
-  em_tensor *gk = TMP(&s, kept(n, gout[0]));
-  em_tensor *z = TMP(&s, em_binary_scalar(EM_EQ, a, 0, false, NULL));
-  em_tensor *zf = z ? TMP(&s, em_to(z, a->dtype, a->device)) : NULL;
-  em_tensor *cnt = zf ? TMP(&s, sum_kept(n, zf)) : NULL;
-  em_tensor *a1 = TMP(&s, em_masked_fill(a, z, 1, NULL));               /* zeros -> 1 */
-  em_tensor *p1 = a1 ? TMP(&s, prod_kept(n, a1)) : NULL;                /* product of the nonzeros */
-  em_tensor *gp = TMP(&s, em_binary(EM_MUL, gk, p1, NULL));
-  em_tensor *none = TMP(&s, em_binary(EM_DIV, gp, a1, NULL));           /* no zero: g * prod / x */
-  em_tensor *c1 = TMP(&s, em_binary_scalar(EM_EQ, cnt, 1, false, NULL));
-  em_tensor *at = TMP(&s, em_binary(EM_LOGICAL_AND, c1, z, NULL));      /* the one zero of its slice */
-  em_tensor *zero = gp ? TMP(&s, zero_like_scalar(gp)) : NULL;
-  em_tensor *one = TMP(&s, em_where(at, gp, zero));
-  em_tensor *c0 = TMP(&s, em_binary_scalar(EM_EQ, cnt, 0, false, NULL));
-  em_tensor *r = TMP(&s, em_where(c0, none, one));
-  give(&s, n, 0, r, gin);
-  return scratch_end(&s);
+  em_scratch s = {0};
+  em_tensor *gk = EM_TMP(&s, kept(n, gout[0]));
+  em_tensor *z = EM_TMP(&s, em_binary_scalar(EM_EQ, a, 0, false, NULL));
+  em_tensor *zf = z ? EM_TMP(&s, em_to(z, a->dtype, a->device)) : NULL;
+  em_tensor *cnt = zf ? EM_TMP(&s, sum_kept(n, zf)) : NULL;
+  em_tensor *a1 = EM_TMP(&s, em_masked_fill(a, z, 1, NULL));               /* zeros -> 1 */
+  em_tensor *p1 = a1 ? EM_TMP(&s, prod_kept(n, a1)) : NULL;                /* product of the nonzeros */
+  em_tensor *gp = EM_TMP(&s, em_binary(EM_MUL, gk, p1, NULL));
+  em_tensor *none = EM_TMP(&s, em_binary(EM_DIV, gp, a1, NULL));           /* no zero: g * prod / x */
+  em_tensor *c1 = EM_TMP(&s, em_binary_scalar(EM_EQ, cnt, 1, false, NULL));
+  em_tensor *at = EM_TMP(&s, em_binary(EM_LOGICAL_AND, c1, z, NULL));      /* the one zero of its slice */
+  em_tensor *zero = gp ? EM_TMP(&s, zero_like_scalar(gp)) : NULL;
+  em_tensor *one = EM_TMP(&s, em_where(at, gp, zero));
+  em_tensor *c0 = EM_TMP(&s, em_binary_scalar(EM_EQ, cnt, 0, false, NULL));
+  em_tensor *r = EM_TMP(&s, em_where(c0, none, one));
+  em_scratch_give(&s, n, 0, r, gin);
+  return em_scratch_end(&s);
 }
 
 em_tensor *em_prod(em_tensor *a_in, int64_t dim, bool keepdim) {
@@ -149,38 +127,38 @@ em_tensor *em_prod(em_tensor *a_in, int64_t dim, bool keepdim) {
 static int norm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0];
   double p = n->f[0];
-  scratch s = {0};
-  em_tensor *gk = TMP(&s, kept(n, gout[0]));
-  em_tensor *nk = TMP(&s, kept(n, n->saved[1]));
-  em_tensor *sg = TMP(&s, em_unary(EM_SIGN, a, NULL));
+  em_scratch s = {0};
+  em_tensor *gk = EM_TMP(&s, kept(n, gout[0]));
+  em_tensor *nk = EM_TMP(&s, kept(n, n->saved[1]));
+  em_tensor *sg = EM_TMP(&s, em_unary(EM_SIGN, a, NULL));
   em_tensor *r = NULL;
   if (p == 1) {
-    r = TMP(&s, em_binary(EM_MUL, sg, gk, NULL));
+    r = EM_TMP(&s, em_binary(EM_MUL, sg, gk, NULL));
   } else if (isinf(p)) {   /* shared evenly among the entries of largest |x| */
-    em_tensor *ab = TMP(&s, em_unary(EM_ABS, a, NULL));
+    em_tensor *ab = EM_TMP(&s, em_unary(EM_ABS, a, NULL));
     em_tensor *m = ab ? ties(&s, ab, nk, gk->dtype) : NULL;
-    em_tensor *cnt = m ? TMP(&s, sum_kept(n, m)) : NULL;
-    em_tensor *w = TMP(&s, em_binary(EM_DIV, m, cnt, NULL));
-    em_tensor *t = TMP(&s, em_binary(EM_MUL, w, sg, NULL));
-    r = TMP(&s, em_binary(EM_MUL, t, gk, NULL));
+    em_tensor *cnt = m ? EM_TMP(&s, sum_kept(n, m)) : NULL;
+    em_tensor *w = EM_TMP(&s, em_binary(EM_DIV, m, cnt, NULL));
+    em_tensor *t = EM_TMP(&s, em_binary(EM_MUL, w, sg, NULL));
+    r = EM_TMP(&s, em_binary(EM_MUL, t, gk, NULL));
   } else {   /* sign(x) |x|^(p-1) g / norm^(p-1); 0 where the norm is 0 */
     em_tensor *t;
     if (p == 2) {
-      t = TMP(&s, em_binary(EM_MUL, a, gk, NULL));
+      t = EM_TMP(&s, em_binary(EM_MUL, a, gk, NULL));
     } else {
-      em_tensor *ab = TMP(&s, em_unary(EM_ABS, a, NULL));
-      em_tensor *pw = TMP(&s, em_binary_scalar(EM_POW, ab, p - 1, false, NULL));
-      em_tensor *sp = TMP(&s, em_binary(EM_MUL, sg, pw, NULL));
-      t = TMP(&s, em_binary(EM_MUL, sp, gk, NULL));
+      em_tensor *ab = EM_TMP(&s, em_unary(EM_ABS, a, NULL));
+      em_tensor *pw = EM_TMP(&s, em_binary_scalar(EM_POW, ab, p - 1, false, NULL));
+      em_tensor *sp = EM_TMP(&s, em_binary(EM_MUL, sg, pw, NULL));
+      t = EM_TMP(&s, em_binary(EM_MUL, sp, gk, NULL));
     }
-    em_tensor *np = p == 2 ? nk : TMP(&s, em_binary_scalar(EM_POW, nk, p - 1, false, NULL));
-    em_tensor *q = TMP(&s, em_binary(EM_DIV, t, np, NULL));
-    em_tensor *z = TMP(&s, em_binary_scalar(EM_EQ, nk, 0, false, NULL));
-    em_tensor *zero = q ? TMP(&s, zero_like_scalar(q)) : NULL;
-    r = TMP(&s, em_where(z, zero, q));
+    em_tensor *np = p == 2 ? nk : EM_TMP(&s, em_binary_scalar(EM_POW, nk, p - 1, false, NULL));
+    em_tensor *q = EM_TMP(&s, em_binary(EM_DIV, t, np, NULL));
+    em_tensor *z = EM_TMP(&s, em_binary_scalar(EM_EQ, nk, 0, false, NULL));
+    em_tensor *zero = q ? EM_TMP(&s, zero_like_scalar(q)) : NULL;
+    r = EM_TMP(&s, em_where(z, zero, q));
   }
-  give(&s, n, 0, r, gin);
-  return scratch_end(&s);
+  em_scratch_give(&s, n, 0, r, gin);
+  return em_scratch_end(&s);
 }
 
 em_tensor *em_norm(em_tensor *a_in, double p, int ndims, const int64_t *dims, bool keepdim) {
@@ -206,15 +184,15 @@ em_tensor *em_norm(em_tensor *a_in, double p, int ndims, const int64_t *dims, bo
 /* ---------------- amax, amin ---------------- */
 
 static int amax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
-  scratch s = {0};
-  em_tensor *gk = TMP(&s, kept(n, gout[0]));
-  em_tensor *ek = TMP(&s, kept(n, n->saved[1]));
+  em_scratch s = {0};
+  em_tensor *gk = EM_TMP(&s, kept(n, gout[0]));
+  em_tensor *ek = EM_TMP(&s, kept(n, n->saved[1]));
   em_tensor *m = ek ? ties(&s, n->saved[0], ek, gk->dtype) : NULL;
-  em_tensor *cnt = m ? TMP(&s, sum_kept(n, m)) : NULL;
-  em_tensor *w = TMP(&s, em_binary(EM_DIV, m, cnt, NULL));
-  em_tensor *r = TMP(&s, em_binary(EM_MUL, w, gk, NULL));
-  give(&s, n, 0, r, gin);
-  return scratch_end(&s);
+  em_tensor *cnt = m ? EM_TMP(&s, sum_kept(n, m)) : NULL;
+  em_tensor *w = EM_TMP(&s, em_binary(EM_DIV, m, cnt, NULL));
+  em_tensor *r = EM_TMP(&s, em_binary(EM_MUL, w, gk, NULL));
+  em_scratch_give(&s, n, 0, r, gin);
+  return em_scratch_end(&s);
 }
 
 static em_tensor *amax_like(const char *name, em_tensor *a, int ndims, const int64_t *dims, bool keepdim,
@@ -276,22 +254,22 @@ static em_tensor *ternary(const char *name, int code, em_tensor *x, em_tensor *y
 static int lerp_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = gout[0], *a = n->saved[0], *b = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
   double ws = n->f[1];
-  scratch s = {0};
+  em_scratch s = {0};
   em_tensor *ga = NULL, *gb = NULL, *gw = NULL;
   if (em_node_needs_input_grad(n, 0)) {
-    em_tensor *omw = w ? TMP(&s, em_binary_scalar(EM_SUB, w, 1, true, NULL)) : NULL;
-    ga = w ? TMP(&s, em_binary(EM_MUL, g, omw, NULL)) : TMP(&s, em_binary_scalar(EM_MUL, g, 1 - ws, false, NULL));
+    em_tensor *omw = w ? EM_TMP(&s, em_binary_scalar(EM_SUB, w, 1, true, NULL)) : NULL;
+    ga = w ? EM_TMP(&s, em_binary(EM_MUL, g, omw, NULL)) : EM_TMP(&s, em_binary_scalar(EM_MUL, g, 1 - ws, false, NULL));
   }
   if (em_node_needs_input_grad(n, 1))
-    gb = w ? TMP(&s, em_binary(EM_MUL, g, w, NULL)) : TMP(&s, em_binary_scalar(EM_MUL, g, ws, false, NULL));
+    gb = w ? EM_TMP(&s, em_binary(EM_MUL, g, w, NULL)) : EM_TMP(&s, em_binary_scalar(EM_MUL, g, ws, false, NULL));
   if (w && em_node_needs_input_grad(n, 2)) {
-    em_tensor *d = TMP(&s, em_binary(EM_SUB, b, a, NULL));
-    gw = TMP(&s, em_binary(EM_MUL, g, d, NULL));
+    em_tensor *d = EM_TMP(&s, em_binary(EM_SUB, b, a, NULL));
+    gw = EM_TMP(&s, em_binary(EM_MUL, g, d, NULL));
   }
-  give(&s, n, 0, ga, gin);
-  give(&s, n, 1, gb, gin);
-  if (w) give(&s, n, 2, gw, gin);
-  return scratch_end(&s);
+  em_scratch_give(&s, n, 0, ga, gin);
+  em_scratch_give(&s, n, 1, gb, gin);
+  if (w) em_scratch_give(&s, n, 2, gw, gin);
+  return em_scratch_end(&s);
 }
 
 em_tensor *em_lerp(em_tensor *a, em_tensor *b, em_tensor *w, double ws) {
@@ -310,23 +288,23 @@ em_tensor *em_lerp(em_tensor *a, em_tensor *b, em_tensor *w, double ws) {
 static int addc_backward(em_node *n, em_tensor **gout, em_tensor **gin, bool div) {
   em_tensor *g = gout[0], *t1 = n->saved[1], *t2 = n->saved[2];
   double v = n->f[0];
-  scratch s = {0};
-  em_tensor *gv = TMP(&s, em_binary_scalar(EM_MUL, g, v, false, NULL));
+  em_scratch s = {0};
+  em_tensor *gv = EM_TMP(&s, em_binary_scalar(EM_MUL, g, v, false, NULL));
   em_tensor *g1 = NULL, *g2 = NULL;
-  if (em_node_needs_input_grad(n, 1)) g1 = TMP(&s, em_binary(div ? EM_DIV : EM_MUL, gv, t2, NULL));
+  if (em_node_needs_input_grad(n, 1)) g1 = EM_TMP(&s, em_binary(div ? EM_DIV : EM_MUL, gv, t2, NULL));
   if (em_node_needs_input_grad(n, 2)) {
-    if (!div) g2 = TMP(&s, em_binary(EM_MUL, gv, t1, NULL));
+    if (!div) g2 = EM_TMP(&s, em_binary(EM_MUL, gv, t1, NULL));
     else {
-      em_tensor *q = TMP(&s, em_binary(EM_DIV, t1, t2, NULL));
-      em_tensor *r = TMP(&s, em_binary(EM_DIV, q, t2, NULL));
-      em_tensor *m = TMP(&s, em_binary(EM_MUL, gv, r, NULL));
-      g2 = TMP(&s, em_unary(EM_NEG, m, NULL));
+      em_tensor *q = EM_TMP(&s, em_binary(EM_DIV, t1, t2, NULL));
+      em_tensor *r = EM_TMP(&s, em_binary(EM_DIV, q, t2, NULL));
+      em_tensor *m = EM_TMP(&s, em_binary(EM_MUL, gv, r, NULL));
+      g2 = EM_TMP(&s, em_unary(EM_NEG, m, NULL));
     }
   }
-  give(&s, n, 0, g, gin);
-  give(&s, n, 1, g1, gin);
-  give(&s, n, 2, g2, gin);
-  return scratch_end(&s);
+  em_scratch_give(&s, n, 0, g, gin);
+  em_scratch_give(&s, n, 1, g1, gin);
+  em_scratch_give(&s, n, 2, g2, gin);
+  return em_scratch_end(&s);
 }
 static int addcmul_backward(em_node *n, em_tensor **gout, em_tensor **gin) { return addc_backward(n, gout, gin, false); }
 static int addcdiv_backward(em_node *n, em_tensor **gout, em_tensor **gin) { return addc_backward(n, gout, gin, true); }

@@ -57,4 +57,42 @@ void em_op_args_release(em_op_args *a);
 em_tensor *em_op_record(em_tensor *y, em_node **node, const char *op, em_backward_fn backward, int n_in,
                         em_tensor *const *in, int n_sv, em_tensor *const *sv);
 
+/* ---- backward formulas built from ops ----
+ * Temporaries of one backward formula, released together. EM_TMP evaluates
+ * its expression only while nothing has failed, so a chain of statements
+ * stops at the first error and keeps its message:
+ *   em_scratch s = {0};
+ *   em_tensor *t = EM_TMP(&s, em_binary(EM_MUL, g, y, NULL));
+ *   em_scratch_give(&s, n, 0, t, gin);      // summed to input 0's shape
+ *   return em_scratch_end(&s);              // releases t; 0 or -1 */
+typedef struct { em_tensor *t[24]; int n; bool failed; } em_scratch;
+
+static inline em_tensor *em_scratch_keep(em_scratch *s, em_tensor *t) {
+  if (!t) { s->failed = true; return NULL; }
+  if (s->n == 24) { em_tensor_release(t); s->failed = true; em_error("backward: too many temporaries"); return NULL; }
+  return s->t[s->n++] = t;
+}
+#define EM_TMP(s, expr) ((s)->failed ? NULL : em_scratch_keep((s), (expr)))
+
+/* Release the temporaries: 0, or -1 when a step failed (its error is set). */
+static inline int em_scratch_end(em_scratch *s) {
+  for (int i = 0; i < s->n; i++) em_tensor_release(s->t[i]);
+  return s->failed ? -1 : 0;
+}
+
+/* The same, handing `result` (retained) to *gin first; -1 also when it is NULL. */
+static inline int em_scratch_end_into(em_scratch *s, em_tensor *result, em_tensor **gin) {
+  if (!s->failed && result) *gin = em_tensor_retain(result);
+  em_scratch_end(s);
+  return s->failed || !result ? -1 : 0;
+}
+
+/* gin[i] = g summed to input i's shape, when input i needs a gradient. */
+static inline void em_scratch_give(em_scratch *s, em_node *n, int i, em_tensor *g, em_tensor **gin) {
+  if (s->failed || !em_node_needs_input_grad(n, i)) return;
+  if (!g) { s->failed = true; return; }
+  gin[i] = em_sum_to(g, n->in_ndim[i], n->in_shape[i]);
+  if (!gin[i]) s->failed = true;
+}
+
 #endif

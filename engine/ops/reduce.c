@@ -198,20 +198,6 @@ static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
 
 /* ---------------- backward helpers ---------------- */
 
-typedef struct { em_tensor *t[16]; int n; bool failed; } scratch;
-static em_tensor *keep(scratch *s, em_tensor *t) {
-  if (!t) { s->failed = true; return NULL; }
-  if (s->n == 16) { em_tensor_release(t); s->failed = true; em_error("backward: too many temporaries"); return NULL; }
-  return s->t[s->n++] = t;
-}
-/* Evaluates expr only while nothing failed: a chain stops at the first error. */
-#define TMP(s, expr) ((s)->failed ? NULL : keep((s), (expr)))
-static int scratch_end(scratch *s, em_tensor *result, em_tensor **gin) {
-  if (!s->failed && result) *gin = em_tensor_retain(result);
-  for (int i = 0; i < s->n; i++) em_tensor_release(s->t[i]);
-  return s->failed || !result ? -1 : 0;
-}
-
 /* The node's input shape with the reduced dims (n->i[0], a bitmask) set to 1. */
 static void keep_shape_of(const em_node *n, int64_t *shape) {
   for (int d = 0; d < n->in_ndim[0]; d++) shape[d] = (n->i[0] & (1 << d)) ? 1 : n->in_shape[0][d];
@@ -370,13 +356,13 @@ static int var_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   int64_t dims[EM_MAX_DIMS];
   int nd = mask_dims(n->i[0], n->in_ndim[0], dims);
   double dof = EM_MAX(0.0, n->f[0] - n->f[1]);
-  scratch s = {0};
-  em_tensor *m = TMP(&s, nd ? em_mean(a, nd, dims, true) : em_clone(a));
-  em_tensor *d = TMP(&s, em_binary(EM_SUB, a, m, NULL));
-  em_tensor *gk = TMP(&s, unsqueeze_grad(n, gout[0]));
-  em_tensor *t = TMP(&s, em_binary(EM_MUL, d, gk, NULL));
-  em_tensor *r = TMP(&s, em_binary_scalar(EM_MUL, t, 2.0 / dof, false, NULL));
-  return scratch_end(&s, r, &gin[0]);
+  em_scratch s = {0};
+  em_tensor *m = EM_TMP(&s, nd ? em_mean(a, nd, dims, true) : em_clone(a));
+  em_tensor *d = EM_TMP(&s, em_binary(EM_SUB, a, m, NULL));
+  em_tensor *gk = EM_TMP(&s, unsqueeze_grad(n, gout[0]));
+  em_tensor *t = EM_TMP(&s, em_binary(EM_MUL, d, gk, NULL));
+  em_tensor *r = EM_TMP(&s, em_binary_scalar(EM_MUL, t, 2.0 / dof, false, NULL));
+  return em_scratch_end_into(&s, r, &gin[0]);
 }
 
 /* Two passes per output: the mean, then the squared deviations from it. */
@@ -504,18 +490,18 @@ static int extreme_dim_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
  * extreme (NaN counts as equal to a NaN result), as PyTorch does. saved: a, out. */
 static int extreme_all_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0], *out = n->saved[1];
-  scratch s = {0};
-  em_tensor *eq = TMP(&s, em_binary(EM_EQ, a, out, NULL));
-  em_tensor *na = TMP(&s, em_binary(EM_NE, a, a, NULL));
-  em_tensor *no = TMP(&s, em_binary(EM_NE, out, out, NULL));
-  em_tensor *nn = TMP(&s, em_binary(EM_LOGICAL_AND, na, no, NULL));
-  em_tensor *m = TMP(&s, em_binary(EM_LOGICAL_OR, eq, nn, NULL));
-  em_tensor *mf = TMP(&s, em_to(m, gout[0]->dtype, gout[0]->device));
-  em_tensor *cnt = TMP(&s, em_sum(mf, 0, NULL, false));
-  em_tensor *w = TMP(&s, em_binary(EM_DIV, mf, cnt, NULL));
-  em_tensor *gk = TMP(&s, unsqueeze_grad(n, gout[0]));
-  em_tensor *r = TMP(&s, em_binary(EM_MUL, w, gk, NULL));
-  return scratch_end(&s, r, &gin[0]);
+  em_scratch s = {0};
+  em_tensor *eq = EM_TMP(&s, em_binary(EM_EQ, a, out, NULL));
+  em_tensor *na = EM_TMP(&s, em_binary(EM_NE, a, a, NULL));
+  em_tensor *no = EM_TMP(&s, em_binary(EM_NE, out, out, NULL));
+  em_tensor *nn = EM_TMP(&s, em_binary(EM_LOGICAL_AND, na, no, NULL));
+  em_tensor *m = EM_TMP(&s, em_binary(EM_LOGICAL_OR, eq, nn, NULL));
+  em_tensor *mf = EM_TMP(&s, em_to(m, gout[0]->dtype, gout[0]->device));
+  em_tensor *cnt = EM_TMP(&s, em_sum(mf, 0, NULL, false));
+  em_tensor *w = EM_TMP(&s, em_binary(EM_DIV, mf, cnt, NULL));
+  em_tensor *gk = EM_TMP(&s, unsqueeze_grad(n, gout[0]));
+  em_tensor *r = EM_TMP(&s, em_binary(EM_MUL, w, gk, NULL));
+  return em_scratch_end_into(&s, r, &gin[0]);
 }
 
 static em_tensor *extreme(const char *name, em_tensor *a, int64_t dim, bool keepdim, em_tensor **indices, bool is_max) {
@@ -596,13 +582,13 @@ static int cpu_logsumexp(em_tensor *res, const em_tensor *a, const rplan *p) {
 }
 
 static int logsumexp_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
-  scratch s = {0};
-  em_tensor *ok = TMP(&s, unsqueeze_grad(n, n->saved[1]));
-  em_tensor *d = TMP(&s, em_binary(EM_SUB, n->saved[0], ok, NULL));
-  em_tensor *e = TMP(&s, em_unary(EM_EXP, d, NULL));
-  em_tensor *gk = TMP(&s, unsqueeze_grad(n, gout[0]));
-  em_tensor *r = TMP(&s, em_binary(EM_MUL, e, gk, NULL));
-  return scratch_end(&s, r, &gin[0]);
+  em_scratch s = {0};
+  em_tensor *ok = EM_TMP(&s, unsqueeze_grad(n, n->saved[1]));
+  em_tensor *d = EM_TMP(&s, em_binary(EM_SUB, n->saved[0], ok, NULL));
+  em_tensor *e = EM_TMP(&s, em_unary(EM_EXP, d, NULL));
+  em_tensor *gk = EM_TMP(&s, unsqueeze_grad(n, gout[0]));
+  em_tensor *r = EM_TMP(&s, em_binary(EM_MUL, e, gk, NULL));
+  return em_scratch_end_into(&s, r, &gin[0]);
 }
 
 em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
@@ -686,20 +672,20 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
     gin[0] = gx;
     return 0;
   }
-  scratch s = {0};
+  em_scratch s = {0};
   em_tensor *r;
   if (log_out) {   /* g - exp(y) * sum(g) */
-    em_tensor *sg = TMP(&s, em_sum(g, 1, &dim, true));
-    em_tensor *p = TMP(&s, em_unary(EM_EXP, y, NULL));
-    em_tensor *t = TMP(&s, em_binary(EM_MUL, p, sg, NULL));
-    r = TMP(&s, em_binary(EM_SUB, g, t, NULL));
+    em_tensor *sg = EM_TMP(&s, em_sum(g, 1, &dim, true));
+    em_tensor *p = EM_TMP(&s, em_unary(EM_EXP, y, NULL));
+    em_tensor *t = EM_TMP(&s, em_binary(EM_MUL, p, sg, NULL));
+    r = EM_TMP(&s, em_binary(EM_SUB, g, t, NULL));
   } else {         /* y * (g - sum(g * y)) */
-    em_tensor *gy = TMP(&s, em_binary(EM_MUL, g, y, NULL));
-    em_tensor *sg = TMP(&s, em_sum(gy, 1, &dim, true));
-    em_tensor *d = TMP(&s, em_binary(EM_SUB, g, sg, NULL));
-    r = TMP(&s, em_binary(EM_MUL, y, d, NULL));
+    em_tensor *gy = EM_TMP(&s, em_binary(EM_MUL, g, y, NULL));
+    em_tensor *sg = EM_TMP(&s, em_sum(gy, 1, &dim, true));
+    em_tensor *d = EM_TMP(&s, em_binary(EM_SUB, g, sg, NULL));
+    r = EM_TMP(&s, em_binary(EM_MUL, y, d, NULL));
   }
-  return scratch_end(&s, r, &gin[0]);
+  return em_scratch_end_into(&s, r, &gin[0]);
 }
 
 static em_tensor *softmax_like(const char *name, em_tensor *a, int64_t dim, bool log_out) {
