@@ -1,7 +1,7 @@
 -- philox_ref.lua — Philox4x32-10 and Ember's stream layout (ember/rng.h) in
 -- plain Lua 5.4, the reference the random and dropout specs check draws
--- against (the same algorithm as rng_spec.lua's, which verifies it against
--- Random123's known answers). Returns {block, words, u24, u64}.
+-- against; rng_spec.lua pins it to Random123's known answers. Returns
+-- {philox, block, words, u24, u64}.
 local MASK = 0xffffffff
 local M0, M1 = 0xD2511F53, 0xCD9E8D57
 local W0, W1 = 0x9E3779B9, 0xBB67AE85
@@ -23,6 +23,8 @@ local function philox(c0, c1, c2, c3, k0, k1)
 end
 
 local R = {}
+--- Philox4x32-10 of counter (c0..c3) under key (k0, k1): the four output words
+R.philox = philox
 --- the block at counter c under key seed
 function R.block(seed, c) return philox(c & MASK, (c >> 32) & MASK, 0, 0, seed & MASK, (seed >> 32) & MASK) end
 --- the n words of an op starting at counter ctr0 (element j: word j % 4 of block j / 4)

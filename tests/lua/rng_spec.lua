@@ -1,9 +1,9 @@
 -- rng_spec.lua — Ember's random numbers (engine/rng.c, layout documented in
 -- engine/include/ember/rng.h): reproducibility (manual_seed, get/set_rng_state),
 -- the distributions' statistics, and a bit-for-bit cross-check of the stream
--- against Philox4x32-10 implemented here in plain Lua from its definition
--- (Salmon et al., SC'11; the Random123 reference's known-answer vectors pin
--- our Lua implementation). The cross-check is what keeps the CPU stream, the
+-- against Philox4x32-10 implemented in plain Lua from its definition
+-- (tests/lua/philox_ref.lua; Salmon et al., SC'11; the Random123 reference's
+-- known-answer vectors below pin that implementation). The cross-check is what keeps the CPU stream, the
 -- CUDA stream and every checkpointed seed meaning the same numbers.
 --
 -- Run from the repository root:
@@ -23,49 +23,13 @@ local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "hel
 local flat, f32 = H.flat, H.f32
 
 ---------------------------------------------------------------------------
--- Philox4x32-10 in Lua 5.4 (64-bit integers)
+-- Philox4x32-10 in Lua 5.4 (64-bit integers): tests/lua/philox_ref.lua,
+-- pinned below to Random123's known answers
 ---------------------------------------------------------------------------
 
+local R = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "philox_ref.lua")
+local philox, block, words, u24 = R.philox, R.block, R.words, R.u24
 local MASK = 0xffffffff
-local M0, M1 = 0xD2511F53, 0xCD9E8D57          -- multipliers
-local W0, W1 = 0x9E3779B9, 0xBB67AE85          -- Weyl key increments (golden ratio, sqrt 3)
-
--- The 64-bit product of two 32-bit words as (hi, lo). The product is below
--- 2^64 but may exceed 2^63: Lua 5.4 integer multiplication wraps modulo 2^64
--- (reference manual §3.4.1), so the bits are exact, and >> is a logical shift.
-local function mulhilo(a, b)
-  local p = a * b
-  return (p >> 32) & MASK, p & MASK
-end
-
-local function philox(c0, c1, c2, c3, k0, k1)
-  for _ = 1, 10 do
-    local hi0, lo0 = mulhilo(M0, c0)
-    local hi1, lo1 = mulhilo(M1, c2)
-    c0, c1, c2, c3 = hi1 ~ c1 ~ k0, lo1, hi0 ~ c3 ~ k1, lo0
-    k0, k1 = (k0 + W0) & MASK, (k1 + W1) & MASK
-  end
-  return {c0, c1, c2, c3}
-end
-
--- Ember's stream (rng.h): key = (seed lo32, seed hi32); block b of an op whose
--- first counter is ctr0 is philox(counter = (c lo32, c hi32, 0, 0)), c = ctr0 + b.
-local function block(seed, c)
-  return philox(c & MASK, (c >> 32) & MASK, 0, 0, seed & MASK, (seed >> 32) & MASK)
-end
-
--- the n words an op starting at counter ctr0 gives its elements (4 per block)
-local function words(seed, ctr0, n)
-  local out = {}
-  for j = 0, n - 1 do
-    if j % 4 == 0 then out.blk = block(seed, ctr0 + j // 4) end
-    out[j + 1] = out.blk[j % 4 + 1]
-  end
-  out.blk = nil
-  return out
-end
-
-local function u24(w) return (w >> 8) * 2.0 ^ -24 end
 
 -- Box-Muller on word pairs (0,1) and (2,3) of each block, as rng.h documents
 local function normals(seed, ctr0, n)
