@@ -38,6 +38,18 @@ static inline unsigned em_grid(int64_t n, int threads) {
   return (unsigned)(b > 65535LL * 32 ? 65535LL * 32 : (b < 1 ? 1 : b));
 }
 
+/* The bits of a quiet NaN in dtype dt (0 for integer dtypes): what a gather
+ * writes for an out-of-range index, so a bad id cannot pass silently. */
+static inline uint64_t em_nan_bits(em_dtype dt) {
+  switch (dt) {
+    case EM_F32: return 0x7fc00000u;
+    case EM_F64: return 0x7ff8000000000000ull;
+    case EM_BF16: return 0x7fc0u;
+    case EM_F16: return 0x7e00u;
+    default: return 0;
+  }
+}
+
 /* Multiprocessors of a device (cached). */
 static inline int em_sm_count(int device) {
   static int cache[64];

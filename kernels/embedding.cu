@@ -68,20 +68,9 @@ static void launch_gather(const em_tensor *ids, const em_tensor *w, em_tensor *o
       (const I *)em_data_ptr(ids), n, wp, w->shape[0], rs, d, op, poison, vec);
 }
 
-/* NaN in the table's dtype (a bad id must not pass silently), 0 for integer tables. */
-static uint64_t poison_bits(em_dtype dt) {
-  switch (dt) {
-    case EM_F32: return 0x7fc00000u;
-    case EM_F64: return 0x7ff8000000000000ull;
-    case EM_BF16: return 0x7fc0u;
-    case EM_F16: return 0x7e00u;
-    default: return 0;
-  }
-}
-
 template <typename I>
 static int gather_dispatch(const em_tensor *ids, const em_tensor *w, em_tensor *out, cudaStream_t s) {
-  uint64_t pb = poison_bits(w->dtype);
+  uint64_t pb = em_nan_bits(w->dtype);
   switch (em_dtype_size(w->dtype)) {
     case 1: launch_gather<uint8_t, I>(ids, w, out, pb, s); break;
     case 2: launch_gather<uint16_t, I>(ids, w, out, pb, s); break;

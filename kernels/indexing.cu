@@ -127,21 +127,10 @@ static Geo<O> geo(const em_index_plan *p) {
   return g;
 }
 
-/* NaN in the dtype (an out-of-range gather must not pass silently), 0 for integers. */
-static uint64_t poison_bits(em_dtype dt) {
-  switch (dt) {
-    case EM_F32: return 0x7fc00000u;
-    case EM_F64: return 0x7ff8000000000000ull;
-    case EM_BF16: return 0x7fc0u;
-    case EM_F16: return 0x7e00u;
-    default: return 0;
-  }
-}
-
 template <typename T, typename I, typename O>
 static void launch_copy(const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *index, em_tensor *other,
                         cudaStream_t s) {
-  uint64_t vb = 0, pb = poison_bits(self->dtype);
+  uint64_t vb = 0, pb = em_nan_bits(self->dtype);
   if (p->kind == EM_IX_SCATTER_VALUE) em_store_f64(&vb, self->dtype, 0, p->value);
   T value, poison;
   memcpy(&value, &vb, sizeof(T));
