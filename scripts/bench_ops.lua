@@ -26,6 +26,7 @@ local runinfo = require "ember.runinfo"
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local root = here .. "../"
 local peaks = dofile(here .. "lib/device_peaks.lua")
+local S = dofile(here .. "lib/study.lua")
 
 local parser = argparse("bench_ops.lua", "Time every op of the op registry (perf mode) on one device.")
 parser:option("--device", "cpu or cuda.", "cpu")
@@ -104,8 +105,7 @@ local facts = runinfo.collect(device)
 local peak = peaks.lookup(facts.device)
 local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs)
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
-print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
-print(("commit: %s, %s"):format(facts.commit, facts.date))
+S.print_header(facts)
 print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, backward %s, peaks %s"):format(
   #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.no_backward and "off" or "on",
   peak_gbs and ("%s GB/s%s"):format(peak_gbs, peak and (" (" .. peak.name .. " datasheet)") or "") or "none"))
@@ -228,10 +228,11 @@ local function shape_str(s) return "(" .. table.concat(s, ",") .. ")" end
 
 local rows, lines = {}, {}
 local json_files = {}
-if args.json then json_files[#json_files + 1] = assert(io.open(args.json, "a")) end
+local function fail(msg) parser:error(msg) end
+if args.json then json_files[#json_files + 1] = S.open_json(args.json, fail) end
 if args.out then
   os.execute(("mkdir -p '%s'"):format(args.out))
-  json_files[#json_files + 1] = assert(io.open(args.out .. "/ops.jsonl", "a"))
+  json_files[#json_files + 1] = S.open_json(args.out .. "/ops.jsonl", fail)
 end
 local header = "| op | case | dtype | fwd ms | rate | of peak | fwd+bwd ms | torch fwd ms | torch fwd+bwd ms |"
 print()
@@ -273,8 +274,7 @@ for i, t in ipairs(todo) do
   lines[#lines + 1] = line
   rows[#rows + 1] = rec
   for _, f in ipairs(json_files) do f:write(cjson.encode(rec), "\n"); f:flush() end   -- as it goes: a cut run keeps its rows
-  collectgarbage()
-  if on_cuda then ember.cuda.empty_cache() end
+  S.free_all(on_cuda)
 end
 
 for _, f in ipairs(json_files) do f:close() end
