@@ -235,21 +235,20 @@ function F.cross_entropy(logits, targets, opts)
   return core.cross_entropy_ex(logits, targets, o.ignore_index or -100, o.label_smoothing or 0, r)
 end
 
---- (input - target)² reduced; target broadcasts to input.
-function F.mse_loss(input, target, opts)
-  check_tensor("mse_loss", "input", input)
-  check_tensor("mse_loss", "target", target)
-  local _, r = loss_opts("mse_loss", opts, {reduction = true})
-  return reduce((input - target):square(), r)
+-- A loss of the difference alone: f(input - target) reduced; target broadcasts to input.
+local function difference_loss(fname, f)
+  return function(input, target, opts)
+    check_tensor(fname, "input", input)
+    check_tensor(fname, "target", target)
+    local _, r = loss_opts(fname, opts, {reduction = true})
+    return reduce(f(input - target), r)
+  end
 end
 
---- |input - target| reduced; target broadcasts to input.
-function F.l1_loss(input, target, opts)
-  check_tensor("l1_loss", "input", input)
-  check_tensor("l1_loss", "target", target)
-  local _, r = loss_opts("l1_loss", opts, {reduction = true})
-  return reduce((input - target):abs(), r)
-end
+--- (input - target)² reduced.
+F.mse_loss = difference_loss("mse_loss", function(d) return d:square() end)
+--- |input - target| reduced.
+F.l1_loss = difference_loss("l1_loss", function(d) return d:abs() end)
 
 --- Negative log-likelihood of log-probabilities input (N, C), (N, C, d...)
 -- or (C) at integer targets (N), (N, d...) or (): −w[t] · input[n, t].
