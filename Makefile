@@ -12,7 +12,7 @@ JOBS   ?= $(shell nproc)
 
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config lua5.4 liblua5.4-dev \
   lua-cjson lua-busted lua-argparse libopenblas-dev libopenmpi-dev openmpi-bin libreadline-dev \
-  libpcre2-dev
+  libpcre2-dev fortunes
 
 ifeq ($(CUDA),auto)
 CUDA_FLAG =
