@@ -24,9 +24,9 @@ local S = dofile(script_dir .. "lib/study.lua")
 local peaks = dofile(script_dir .. "lib/device_peaks.lua")
 
 local parser = argparse("train.lua", "Train the reference TransformerLM on a tokenized corpus (ember.trainer).")
-  :epilog("Defaults marked 'resolved' are worked out at run time; a resumed run keeps its saved config and " ..
-    "takes only the flags given. Exit status: 0 done, 1 error, 2 bad options, 130 stopped by Ctrl-C after " ..
-    "writing a checkpoint. See docs/training.md.")
+  :epilog("A resumed run keeps its saved config and takes only the flags given (not the model's shape). " ..
+    "Exit status: 0 done, 1 error, 2 bad options, 130 stopped by Ctrl-C after writing a checkpoint. " ..
+    "See docs/training.md.")
 local function to_int(s) return math.tointeger(tonumber(s)) end
 for _, o in ipairs(trainer.OPTIONS) do
   local key, kind, default, help, choices = o[1], o[2], o[3], o[4], o[5]

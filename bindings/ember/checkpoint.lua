@@ -153,21 +153,27 @@ function M.write(dir, parts)
   return dir
 end
 
---- The checkpoint folders of a run folder (step_* names, oldest first).
-function M.list(run_dir)
+-- Names in a run's checkpoints folder: complete ones (step_N) and leftovers
+-- of an interrupted write (step_N.tmp, step_N.old).
+local function entries(run_dir)
   local p = io.popen("ls -1 " .. q(run_dir .. "/checkpoints") .. " 2>/dev/null")
-  local names = {}
+  local names, leftovers = {}, {}
   for name in p:lines() do
-    if name:match("^step_%d+$") then names[#names + 1] = name end
+    if name:match("^step_%d+$") then names[#names + 1] = name
+    elseif name:match("^step_%d+%.tmp$") or name:match("^step_%d+%.old$") then leftovers[#leftovers + 1] = name end
   end
   p:close()
   table.sort(names)
-  return names
+  return names, leftovers
 end
+
+--- The checkpoint folders of a run folder (step_* names, oldest first).
+function M.list(run_dir) return (entries(run_dir)) end
 
 --- save_run(run_dir, step, parts[, {keep = 1}]) -> the checkpoint folder
 -- run_dir/checkpoints/step_%08d (write), then checkpoints/latest names it,
--- then all but the `keep` newest are removed (keep = 0: none are).
+-- then all but the `keep` newest are removed (keep = 0: none are), and
+-- the leftovers of an interrupted write (step_N.tmp, step_N.old).
 function M.save_run(run_dir, step, parts, opts)
   local fname = "ember.checkpoint.save_run"
   opts = util.check_opts(fname, opts, 3)
@@ -186,8 +192,9 @@ function M.save_run(run_dir, step, parts, opts)
   all.step = all.step or step
   M.write(ckdir .. "/" .. name, all)
   require("ember.report").write_file(ckdir .. "/latest", name .. "\n")
+  local names, leftovers = entries(run_dir)
+  for _, left in ipairs(leftovers) do rm_rf(fname, ckdir .. "/" .. left) end
   if keep > 0 then
-    local names = M.list(run_dir)
     for i = 1, #names - keep do
       if names[i] ~= name then rm_rf(fname, ckdir .. "/" .. names[i]) end
     end

@@ -95,8 +95,10 @@ describe("ember.checkpoint", function()
     assert.are.equal(3, ckpt.load(run).step)
     ckpt.save_run(run, 4, {model = model, config = cfg})           -- keep = 1 by default
     assert.same({"step_00000004"}, ckpt.list(run))
+    assert(os.execute("mkdir -p " .. H.q(run .. "/checkpoints/step_00000009.tmp")))   -- a killed write
     ckpt.save_run(run, 5, {model = model, config = cfg}, {keep = 0})
     assert.same({"step_00000004", "step_00000005"}, ckpt.list(run))
+    assert.is_false(ckpt.exists(run .. "/checkpoints/step_00000009.tmp"))
   end)
 
   it("says what it looked for when a folder is not a checkpoint", function()
