@@ -618,6 +618,7 @@ function M.run(opts)
     end
   end
 
+  local start_step = step
   if step >= cfg.steps then say(fmt("train: already at step %d of %d: nothing to do", step, cfg.steps)) end
   local prev_defer = debug.getregistry()["ember.defer_interrupt"]
   util.defer_interrupts(true)
@@ -629,7 +630,7 @@ function M.run(opts)
       flush()
       if interrupted then
         say(fmt("interrupted at step %d (Ctrl-C): writing a checkpoint (a second Ctrl-C stops at once)", step))
-      elseif val_loader and last_eval ~= step and step > 0 then
+      elseif val_loader and last_eval ~= step and step > start_step then
         val_loss = evaluate()
       end
       if step > 0 then save() end
