@@ -482,7 +482,7 @@ function M.run(opts)
   local log_file = rank == 0 and assert(io.open(log_path, "ab")) or nil
   local t_start = ember.core.clock()
   local t_flush, steps_since = t_start, 0
-  local last_loss
+  local last_loss = ck and ck.state.loss or nil
 
   local function flush()
     local n = #pending
