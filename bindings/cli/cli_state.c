@@ -15,7 +15,8 @@
  * and SIGINT turned into a Lua error "interrupted!" through a debug hook, so
  * Ctrl-C stops a long training loop without killing the REPL around it. A
  * second Ctrl-C while the hook has not fired yet (e.g. inside a long C call)
- * gets the default action and ends the process, as in lua.c. */
+ * gets the default action and ends the process, as in lua.c. A script may
+ * defer the error to a point of its choosing (see stop_hook). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <limits.h>
@@ -123,10 +124,22 @@ void cli_open(lua_State *L, bool noenv)
 static lua_State *running_L;
 static volatile sig_atomic_t sigint_seen;
 
+/* While the registry field "ember.defer_interrupt" is true (a training loop
+ * between steps sets it, bindings/ember/util.lua), Ctrl-C does not raise: it
+ * sets "ember.interrupt_pending", which the loop reads at a step boundary, so
+ * a checkpoint never holds a half-applied optimizer step. */
 static void stop_hook(lua_State *L, lua_Debug *ar)
 {
 	(void)ar;
 	lua_sethook(L, NULL, 0, 0);
+	lua_getfield(L, LUA_REGISTRYINDEX, "ember.defer_interrupt");
+	int defer = lua_toboolean(L, -1);
+	lua_pop(L, 1);
+	if (defer) {
+		lua_pushboolean(L, 1);
+		lua_setfield(L, LUA_REGISTRYINDEX, "ember.interrupt_pending");
+		return;
+	}
 	luaL_error(L, "interrupted!");
 }
 

@@ -63,10 +63,11 @@ local amp = require "ember.amp"         -- ember.autocast, ember.backends
 ember.autocast, ember.backends = amp.autocast, amp.backends
 
 -- Submodules load on first use: `ember.nn`, `ember.optim`, `ember.profiler`, `ember.nvtx`, `ember.memory`,
--- `ember.tokenizer`...
+-- `ember.tokenizer`, `ember.data`, `ember.checkpoint`, `ember.trainer`...
 local lazy = {nn = "ember.nn", optim = "ember.optim", context = "ember.context", profiler = "ember.profiler",
               nvtx = "ember.nvtx", memory = "ember.memory", dist = "ember.dist",
-              ddp = "ember.ddp", tokenizer = "ember.tokenizer", data = "ember.data"}
+              ddp = "ember.ddp", tokenizer = "ember.tokenizer", data = "ember.data",
+              checkpoint = "ember.checkpoint", trainer = "ember.trainer"}
 
 -- PyTorch's torch.cuda.memory spellings for the memory history (ember.memory,
 -- which covers CPU storages too). Tail calls: errors name the caller's line.

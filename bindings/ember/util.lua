@@ -127,4 +127,107 @@ end
 function M.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
 function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
 
+-- ---------------------------------------------------------------------------
+-- JSON that round-trips numbers exactly
+
+-- lua-cjson writes 14 significant digits (0.1 + 0.2 comes back as 0.3) and
+-- large integers as floats; logs whose losses are compared bit for bit and
+-- checkpoints whose learning rates must survive a resume need all 17.
+local function json_value(v, depth, out, key_order)
+  local t = type(v)
+  if t == "number" then
+    if math.type(v) == "integer" then out[#out + 1] = fmt("%d", v)
+    elseif v ~= v then out[#out + 1] = '"nan"'
+    elseif v == math.huge then out[#out + 1] = '"inf"'
+    elseif v == -math.huge then out[#out + 1] = '"-inf"'
+    else
+      local s = fmt("%.15g", v)                  -- the shortest of 15..17 digits that reads back as v
+      if tonumber(s) ~= v then s = fmt("%.16g", v) end
+      if tonumber(s) ~= v then s = fmt("%.17g", v) end
+      out[#out + 1] = s
+    end
+  elseif t == "string" then
+    out[#out + 1] = (require("cjson").encode(v):gsub("\\/", "/"))   -- cjson escapes every "/"
+  elseif t == "boolean" then
+    out[#out + 1] = tostring(v)
+  elseif t == "table" then
+    if depth > 32 then error("ember.util.json_encode: tables nested deeper than 32", 0) end
+    local n = #v
+    if n > 0 or next(v) == nil and getmetatable(v) == M.ARRAY then
+      out[#out + 1] = "["
+      for i = 1, n do
+        if i > 1 then out[#out + 1] = "," end
+        json_value(v[i], depth + 1, out)
+      end
+      out[#out + 1] = "]"
+      return
+    end
+    local keys, seen = {}, {}
+    for _, k in ipairs(key_order or {}) do
+      if v[k] ~= nil then keys[#keys + 1] = k; seen[k] = true end
+    end
+    local rest = {}
+    for k in pairs(v) do
+      if not seen[k] then rest[#rest + 1] = tostring(k) end
+    end
+    table.sort(rest)
+    for _, k in ipairs(rest) do keys[#keys + 1] = k end
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+      if i > 1 then out[#out + 1] = "," end
+      out[#out + 1] = require("cjson").encode(k)
+      out[#out + 1] = ":"
+      local x = v[k]
+      if x == nil then x = v[math.tointeger(tonumber(k))] end
+      json_value(x, depth + 1, out)
+    end
+    out[#out + 1] = "}"
+  elseif v == nil then
+    out[#out + 1] = "null"
+  else
+    error("ember.util.json_encode: cannot encode a " .. t, 0)
+  end
+end
+
+--- Mark an empty table as a JSON array ([] rather than {}).
+M.ARRAY = {}
+
+--- v as JSON text: numbers with up to 17 significant digits (the fewest
+-- that read back exactly), integers whole, NaN/inf as strings, object keys sorted after those
+-- listed in key_order (top level only).
+function M.json_encode(v, key_order)
+  local out = {}
+  json_value(v, 0, out, key_order)
+  return table.concat(out)
+end
+
+-- ---------------------------------------------------------------------------
+-- Ctrl-C at a point of the script's choosing
+
+-- The `ember` executable turns SIGINT into the error "interrupted!" at the
+-- next Lua instruction (bindings/cli/cli_state.c). While the registry field
+-- below is true it records the Ctrl-C instead, and a loop reads it where
+-- stopping is safe (between training steps). A stock lua5.4 ignores the
+-- field and raises at once; a second Ctrl-C always ends the process.
+local DEFER, PENDING = "ember.defer_interrupt", "ember.interrupt_pending"
+
+--- defer_interrupts(true): Ctrl-C is recorded, not raised; (false): raised
+-- again, at once if one was recorded meanwhile and not taken.
+function M.defer_interrupts(on)
+  local reg = debug.getregistry()
+  reg[DEFER] = on and true or nil
+  if not on and reg[PENDING] then
+    reg[PENDING] = nil
+    error("interrupted!", 0)
+  end
+end
+
+--- True (once) when a Ctrl-C was recorded since the last call.
+function M.take_interrupt()
+  local reg = debug.getregistry()
+  local pending = reg[PENDING] == true
+  reg[PENDING] = nil
+  return pending
+end
+
 return M

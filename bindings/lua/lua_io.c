@@ -48,6 +48,12 @@ static int l_save(lua_State *L) {
     }
     lua_pop(L, 1);
   }
+  /* metadata in key order too: the same content gives the same bytes */
+  for (int i = 1; i < nm; i++)
+    for (int j = i; j > 0 && strcmp(mk[j - 1], mk[j]) > 0; j--) {
+      char *k = mk[j]; mk[j] = mk[j - 1]; mk[j - 1] = k;
+      char *v = mv[j]; mv[j] = mv[j - 1]; mv[j - 1] = v;
+    }
   int rc = em_st_save(path, n, names, ts, nm, (const char *const *)mk, (const char *const *)mv);
   for (int i = 0; i < nm; i++) { free(mk[i]); free(mv[i]); }
   free(names); free(ts); free(mk); free(mv);

@@ -828,11 +828,19 @@ static int t_contiguous(lua_State *L) { return lem_push_result(L, em_contiguous(
 static int t_clone(lua_State *L) { return lem_push_result(L, em_clone(lem_check_tensor(L, 1, lem_name(L), "self"))); }
 static int t_detach(lua_State *L) { return lem_push_result(L, em_detach(lem_check_tensor(L, 1, lem_name(L), "self"))); }
 
+/* t:copy_(src[, {non_blocking = true}]): with non_blocking and a pinned host
+ * side, a host<->device copy does not wait for the device (as t:to's option):
+ * a data loader fills a static device batch without a host sync per step. */
+static const char *const COPY_KEYS[] = {"non_blocking", NULL};
+
 static int t_copy_(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *t = lem_check_tensor(L, 1, fn, "self");
   em_tensor *s = lem_check_tensor(L, 2, fn, "src");
-  if (em_copy_(t, s)) return lem_raise(L);
+  int nb = lem_field_bool(L, lem_opts(L, 3, fn, COPY_KEYS), fn, "non_blocking", 0);
+  if (nb && !(em_grad_enabled() && (s->requires_grad || t->requires_grad))) {
+    if (em_copy_nonblocking_(t, s)) return lem_raise(L);
+  } else if (em_copy_(t, s)) return lem_raise(L);
   lua_settop(L, 1);
   return 1;
 }

@@ -273,6 +273,12 @@ describe("pinned memory", function()
     local gb = p:to({device = "cuda", dtype = "bf16", non_blocking = true})
     cuda.synchronize()
     assert_same_bits(gb:cpu(), x:to("bf16"), "non_blocking with conversion")
+    -- copy_ with non_blocking: into an existing device tensor, with a dtype change on the device
+    local ids = ember.randint(0, 60000, {64, 129}):to("u16"):pin_memory()
+    local dst = ember.empty({64, 129}, {dtype = "i64", device = "cuda"})
+    dst:copy_(ids, {non_blocking = true})
+    cuda.synchronize()
+    assert.same(ids:to("i64"):tolist(), dst:cpu():tolist())
     -- downloads into a pinned tensor without waiting, then after synchronize
     local back = g:to({device = "cpu", dtype = "f64", non_blocking = true})
     cuda.synchronize()

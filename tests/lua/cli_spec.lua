@@ -153,6 +153,15 @@ describe("ember executable", function()
       assert.equals(1, status)
       assert.matches("^ember: [^\n]*interrupted!", err)
     end)
+
+    it("records SIGINT instead of raising while a script defers it (ember.util.defer_interrupts)", function()
+      local code = "local u = require 'ember.util'; u.defer_interrupts(true); " ..
+        "while not u.take_interrupt() do end; print('taken at a safe point'); os.exit(7)"
+      local out, err, status = run({ "-e", code }, { wrap = "timeout --preserve-status -s INT 2" })
+      assert.equals("taken at a safe point\n", out)
+      assert.is_nil(err:find("interrupted!", 1, true), err)
+      assert.equals(7, status)
+    end)
   end)
 
   describe("piped REPL", function()

@@ -74,3 +74,125 @@ describe("ember.data.batches", function()
     assert.same({0, 4, 8, 12, 16}, got)
   end)
 end)
+
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+
+describe("ember.data.open", function()
+  after_each(function() H.remove_temps() end)
+
+  it("memory-maps a 1-D token .npy (the tokens read back as saved)", function()
+    local path = H.temp(".npy")
+    ember.manual_seed(3)
+    local t = ember.randint(0, 60000, {1234}):to("u16")
+    ember.save_npy(path, t)
+    local m = ember.data.open(path)
+    assert.are.equal("u16", m.dtype)
+    assert.same({1234}, m.shape)
+    assert.same(t:tolist(), m:tolist())
+    assert.same(t:tolist(), ember.data.open(path, {mmap = false}):tolist())
+  end)
+
+  it("refuses a missing file, a 2-D or float array and unknown options, naming ember.data.open", function()
+    assert.error_matches(function() ember.data.open("/nonexistent/x.npy") end,
+      "ember.data.open: cannot open '/nonexistent/x.npy'", 1, true)
+    local path = H.temp(".npy")
+    ember.save_npy(path, ember.zeros(2, 3))
+    assert.error_matches(function() ember.data.open(path) end,
+      "ember.data.open: expected a 1-D array of integer token ids (i64, i32, u16 or u8) in '" .. path ..
+      "', got f32 [2, 3]", 1, true)
+    assert.error_matches(function() ember.data.open(path, {mmpa = true}) end,
+      "ember.data.open: unknown option 'mmpa' (expected: mmap)", 1, true)
+  end)
+end)
+
+describe("ember.data.Loader", function()
+  local tokens = arange_tokens(5000, "u16")
+
+  it("draws get_batch's windows under manual_seed(seed), from its own generator", function()
+    local loader = ember.data.Loader(tokens, {batch = 6, context = 16, seed = 11})
+    ember.manual_seed(99)
+    local before = ember.get_rng_state()
+    local x1, y1 = loader:next()
+    x1, y1 = x1:clone(), y1:clone()
+    local x2 = loader:next():clone()
+    assert.same(before, ember.get_rng_state())          -- the global generator is left alone
+    ember.manual_seed(11)
+    local gx1, gy1 = ember.data.get_batch(tokens, 6, 16)
+    local gx2 = ember.data.get_batch(tokens, 6, 16)
+    assert.same(gx1:tolist(), x1:tolist())
+    assert.same(gy1:tolist(), y1:tolist())
+    assert.same(gx2:tolist(), x2:tolist())
+    assert.are_not.same(x1:tolist(), x2:tolist())
+  end)
+
+  it("gives rank r rows [r*B, (r+1)*B) of one process's batch of world_size*B", function()
+    local whole = ember.data.Loader(tokens, {batch = 9, context = 8, seed = 4})
+    local parts = {}
+    for r = 0, 2 do parts[r] = ember.data.Loader(tokens, {batch = 3, context = 8, seed = 4, rank = r, world_size = 3}) end
+    for _ = 1, 3 do
+      local w = whole:next():tolist()
+      for r = 0, 2 do
+        local got = parts[r]:next():tolist()
+        for i = 1, 3 do assert.same(w[r * 3 + i], got[i]) end
+      end
+    end
+  end)
+
+  it("resumes exactly from state_dict (random and sequential)", function()
+    for _, order in ipairs({"random", "sequential"}) do
+      local a = ember.data.Loader(tokens, {batch = 5, context = 100, order = order, seed = 7})
+      for _ = 1, 4 do a:next() end
+      local s = a:state_dict()
+      local want = {}
+      for i = 1, 12 do want[i] = a:next():tolist() end   -- past the end: a sequential loader wraps
+      local b = ember.data.Loader(tokens, {batch = 5, context = 100, order = order, seed = 1234})
+      b:load_state_dict(s)
+      for i = 1, 12 do assert.same(want[i], b:next():tolist(), order .. " batch " .. i) end
+    end
+  end)
+
+  it("walks non-overlapping windows in order with order 'sequential', then starts an epoch again", function()
+    local t = arange_tokens(41)              -- (41 - 1) // 4 = 10 windows of 4 (+1 target)
+    local a = ember.data.Loader(t, {batch = 2, context = 4, order = "sequential", rank = 1, world_size = 2})
+    local starts = {}
+    for _ = 1, 3 do
+      local x, y = a:next()
+      local xs = x:tolist()
+      starts[#starts + 1] = xs[1][1]
+      starts[#starts + 1] = xs[2][1]
+      assert.are.equal(xs[2][4] + 1, y:tolist()[2][4])
+    end
+    -- global batches of 4 windows: [0..3], [4..7], then [8, 9] is too short -> epoch 1 from 0
+    assert.same({8, 12, 24, 28, 8, 12}, starts)
+    assert.are.equal(1, a:state_dict().epoch)
+  end)
+
+  it("fills its slots in turn: the views of one slot are the same tensors every `slots` calls", function()
+    local a = ember.data.Loader(tokens, {batch = 2, context = 4, slots = 2})
+    local x1 = a:next()
+    local x2 = a:next()
+    local x3 = a:next()
+    assert.are.equal(x1, x3)
+    assert.are_not.equal(x1, x2)
+    assert.are_not.equal(x1:data_ptr(), x2:data_ptr())
+  end)
+
+  it("refuses bad options and states with the expectation named", function()
+    assert.error_matches(function() ember.data.Loader(tokens, {batch = 2, context = 4, order = "shuffled"}) end,
+      "ember.data.Loader: expected order 'random' or 'sequential', got shuffled", 1, true)
+    assert.error_matches(function() ember.data.Loader(tokens, {batch = 2, context = 4, rank = 2, world_size = 2}) end,
+      "ember.data.Loader: expected rank in [0, world_size = 2), got 2", 1, true)
+    assert.error_matches(function() ember.data.Loader(tokens, {batch = 2, contxt = 4}) end,
+      "ember.data.Loader: unknown option 'contxt'", 1, true)
+    -- (16 - 1) // 4 = 3 windows of 4 (+1 target) for a global batch of 4
+    assert.error_matches(function() ember.data.Loader(arange_tokens(16), {batch = 4, context = 4, order = "sequential"}) end,
+      "ember.data.Loader: expected at least batch * world_size = 4 windows of context + 1 tokens for order " ..
+      "'sequential', got 3 (16 tokens)", 1, true)
+    assert.has_no.errors(function() ember.data.Loader(arange_tokens(17), {batch = 4, context = 4, order = "sequential"}) end)
+    local a = ember.data.Loader(tokens, {batch = 2, context = 4})
+    assert.error_matches(function() a:load_state_dict({order = "sequential", seed = 0, offset = 0, position = 0, epoch = 0}) end,
+      "ember.data.Loader.load_state_dict: the state is of order 'sequential', this loader's is 'random'", 1, true)
+    assert.error_matches(function() a:load_state_dict({order = "random", seed = 0, offset = "x", position = 0, epoch = 0}) end,
+      "ember.data.Loader.load_state_dict: expected offset to be an integer, got x", 1, true)
+  end)
+end)

@@ -84,6 +84,18 @@ describe("ember.save / ember.load", function()
     assert.same({step = "10", run = "baseline"}, meta)
   end)
 
+  it("writes the metadata in key order (the same content, the same bytes)", function()
+    local path = tmp(".safetensors")
+    local meta = {}
+    for _, k in ipairs({"zeta", "step", "config", "alpha", "m1", "m0"}) do meta[k] = k:upper() end
+    ember.save(path, {w = ember.zeros(2)}, {metadata = meta})
+    local f = assert(io.open(path, "rb"))
+    local header = f:read(200)
+    f:close()
+    assert.truthy(header:find('"__metadata__":{"alpha":"ALPHA","config":"CONFIG","m0":"M0","m1":"M1",' ..
+      '"step":"STEP","zeta":"ZETA"}', 1, true), header)
+  end)
+
   it("returns an empty metadata table when the file has none", function()
     local path = tmp(".safetensors")
     ember.save(path, {w = ember.zeros(2)})

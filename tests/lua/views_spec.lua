@@ -350,6 +350,13 @@ describe("copy_, fill_, zero_", function()
     assert.same({{0, 3}, {1, 4}, {2, 5}}, d:tolist())
   end)
 
+  it("copy_ takes {non_blocking = true} (on the CPU a plain copy) and refuses other options", function()
+    local d = ember.zeros(2, {dtype = "i64"})
+    assert.is_true(rawequal(d, d:copy_(ember.tensor({3, 4}, {dtype = "u16"}), {non_blocking = true})))
+    assert.same({3, 4}, d:tolist())
+    assert.error_matches(function() d:copy_(d, {nonblocking = true}) end, "unknown option 'nonblocking'", 1, true)
+  end)
+
   it("copy_ of a 0-dim source fills everything", function()
     local d = ember.zeros(2, 2)
     d:copy_(ember.tensor(4))
