@@ -27,7 +27,7 @@ parser:option("--device", "cpu or cuda (default: cuda when available).")
 parser:option("--corpus", "A folder of fortune files, or one text file (default: $EMBER_DEMO_CORPUS, " ..
   "else /usr/share/games/fortunes).")
 parser:option("--out", "Working folder: corpus, tokenizer, tokens, the run.", "runs/demo")
-parser:option("--steps", "Training steps (default: 300 on the CPU, 2000 on CUDA)."):convert(math.tointeger)
+parser:option("--steps", "Training steps (default: 300 on the CPU, 600 on CUDA: about 5 passes over the corpus, past which the model overfits)."):convert(math.tointeger)
 parser:option("--samples", "Samples to print at the end.", "3"):convert(math.tointeger)
 parser:flag("--fresh", "Start over: retrain the tokenizer and the model even if --out has them.")
 local args = parser:parse(arg)
@@ -43,8 +43,8 @@ end
 local SIZES = {
   cpu = {d_model = 128, d_ff = 384, layers = 4, heads = 4, context = 128, batch = 8, steps = 300,
          lr = 3e-3, log_every = 10, eval_every = 100},
-  cuda = {d_model = 384, d_ff = 1024, layers = 6, heads = 6, context = 256, batch = 32, steps = 2000,
-          lr = 2e-3, log_every = 100, eval_every = 500},
+  cuda = {d_model = 384, d_ff = 1024, layers = 6, heads = 6, context = 256, batch = 32, steps = 600,
+          lr = 2e-3, log_every = 50, eval_every = 200},
 }
 local size = SIZES[device]
 local steps = args.steps or size.steps

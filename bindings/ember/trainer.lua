@@ -510,6 +510,7 @@ function M.run(opts)
     pending, t_flush, steps_since = {}, now, 0
   end
 
+  local last_val   -- the latest validation loss (the summary reports it when taken at the last step)
   local function evaluate()
     if not val_loader then return nil end
     local nb = math.min(cfg.eval_batches, val_loader.n_windows // (B * world))
@@ -525,7 +526,7 @@ function M.run(opts)
     model:train()
     if distributed then dist.all_reduce(acc, {op = "avg"}) end
     local v = acc:item() / nb
-    last_eval = step
+    last_eval, last_val = step, v
     if log_file then
       log_file:write(util.json_encode({step = step, val_loss = v, val_tokens = nb * B * T * world},
         {"step", "val_loss"}), "\n")
@@ -632,6 +633,8 @@ function M.run(opts)
         say(fmt("interrupted at step %d (Ctrl-C): writing a checkpoint (a second Ctrl-C stops at once)", step))
       elseif val_loader and last_eval ~= step and step > start_step then
         val_loss = evaluate()
+      elseif last_eval == step and step > start_step then
+        val_loss = last_val
       end
       if step > 0 then save() end
       if rank == 0 then M.plot(out) end

@@ -175,6 +175,20 @@ describe("ember.trainer", function()
     end, "already holds a run", 1, true)
   end)
 
+  it("reports the validation loss of the last step in its summary, taken once", function()
+    local dir = corpus()
+    local s = trainer.run({train = dir .. "/train.npy", val = dir .. "/val.npy", vocab = VOCAB, model = "tiny",
+      context = 8, batch = 2, steps = 4, eval_every = 2, eval_batches = 2, out = dir .. "/run", quiet = true})
+    local evals = {}
+    for line in io.lines(dir .. "/run/log.jsonl") do
+      local r = cjson.decode(line)
+      if r.val_loss then evals[#evals + 1] = r end
+    end
+    assert.are.equal(2, #evals)                 -- steps 2 and 4; no second evaluation at the end
+    assert.are.equal(4, evals[2].step)
+    assert.are.equal(evals[2].val_loss, s.val_loss)
+  end)
+
   it("accumulates gradients: 2 micro-batches of 4 train as one batch of 8 (the same windows)", function()
     -- Philox gives 4 draws per counter block, so two draws of 4 starts take
     -- the numbers one draw of 8 takes: the same windows in the same order
