@@ -1,5 +1,5 @@
 # Ember — the two set-up commands on a fresh Debian 12 machine are
-#   make demo    (installs what is missing, builds, trains the tiny LM)
+#   make demo    (installs what is missing, builds, trains a small LM on Debian's fortunes, samples it)
 #   make test    (installs what is missing, builds, runs every CPU test)
 # Other targets: deps build install test-asan test-gpu test-gpu-memcheck test-dist-gpu
 #   test-parity bench bench-compare clean.
@@ -48,8 +48,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# DEMO_FLAGS: e.g. --device cpu, --steps 100, --fresh (see ember run examples/demo.lua --help)
 demo: build
-	$(BUILD)/ember run examples/quickstart.lua
+	$(BUILD)/ember run examples/demo.lua $(DEMO_FLAGS)
 
 test: build
 	EMBER_BUILD=$(BUILD) bash tests/run_all.sh
