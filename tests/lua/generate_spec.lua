@@ -88,6 +88,20 @@ describe("nn.KVCache with TransformerLM:forward(ids, {cache = kv})", function()
     end
   end)
 
+  it("a decode step takes its position from kv.pos only (what lets one CUDA graph serve every step)", function()
+    local m = tiny(11)
+    local ids = ember.randint(0, 64, {1, 16})
+    local full = uncached(m, ids)
+    local kv = nn.KVCache(m)
+    m:forward(ids:narrow(1, 0, 4), {cache = kv})
+    for t = 4, 15 do
+      kv.len = 4            -- the host count frozen, as a replayed graph leaves it
+      local got = m:forward(ids:narrow(1, t, 1), {cache = kv})
+      assert.is_true(H.maxdiff(got, full:narrow(1, t, 1)) < 1e-12, "position " .. t)
+      assert.are.equal(t + 1, kv.pos:item())
+    end
+  end)
+
   it("keys are rotated at their absolute positions (RoPE): a shifted prompt gives other logits", function()
     local m = tiny(4)
     local ids = ember.randint(0, 64, {1, 6})
