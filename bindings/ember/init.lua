@@ -67,7 +67,8 @@ ember.autocast, ember.backends = amp.autocast, amp.backends
 local lazy = {nn = "ember.nn", optim = "ember.optim", context = "ember.context", profiler = "ember.profiler",
               nvtx = "ember.nvtx", memory = "ember.memory", dist = "ember.dist",
               ddp = "ember.ddp", tokenizer = "ember.tokenizer", data = "ember.data",
-              checkpoint = "ember.checkpoint", trainer = "ember.trainer"}
+              checkpoint = "ember.checkpoint", trainer = "ember.trainer",
+              generate = "ember.generate"}
 
 -- PyTorch's torch.cuda.memory spellings for the memory history (ember.memory,
 -- which covers CPU storages too). Tail calls: errors name the caller's line.

@@ -66,6 +66,7 @@ end
 
 local transformer = require "ember.nn.transformer"
 nn.TransformerBlock, nn.TransformerLM = transformer.TransformerBlock, transformer.TransformerLM
+nn.KVCache = require "ember.nn.kv_cache"   -- nn.KVCache(model, opts): for generation (ember.generate)
 nn.GPT2 = require("ember.nn.gpt2").GPT2   -- GPT-2-style decoder from public ops (issue 12)
 
 local configs = require "ember.nn.configs"

@@ -73,8 +73,10 @@ function CausalSelfAttention:__init(d_model, num_heads, opts)
   end
 end
 
---- x (..., T, d_model) -> (..., T, d_model); pos optional (T) positions.
-function CausalSelfAttention:forward(x, pos)
+--- x (..., T, d_model) -> (..., T, d_model); pos optional (T) positions;
+-- kv optional: this layer's slot of an nn.KVCache (nn/kv_cache.lua), which
+-- stores k and v and attends over the cached keys.
+function CausalSelfAttention:forward(x, pos, kv)
   local shape = x.shape
   local nd = #shape
   if nd < 2 or shape[nd] ~= self.d_model then
@@ -93,7 +95,8 @@ function CausalSelfAttention:forward(x, pos)
     pos = pos or rope:positions(T, x.device)
     q, k = rope(q, pos), rope(k, pos)
   end
-  local y = self.attn_fn(q, k, v)                     -- (..., H, T, dh)
+  local y                                             -- (..., H, T, dh)
+  if kv then y = kv:attend(q, k, v, self.attn_fn) else y = self.attn_fn(q, k, v) end
   y = y:transpose(-3, -2):reshape(table.unpack(shape))
   return self.output_proj(y)
 end

@@ -16,12 +16,13 @@ local RMSNorm = require "ember.nn.norm"
 local SwiGLU = require "ember.nn.swiglu"
 local attention = require "ember.nn.attention"
 local configs = require "ember.nn.configs"
+local KVCache = require("ember.nn.kv_cache").KVCache
 
 local fmt = string.format
 local Module, CTOR_LEVEL = module.Module, module.CTOR_LEVEL
 local CausalSelfAttention, resolve_attn_fn = attention.CausalSelfAttention,
   attention.resolve_attn_fn
-local is_tensor, shape_str = util.is_tensor, util.shape_str
+local is_tensor, shape_str, no_grad = util.is_tensor, util.shape_str, util.no_grad
 local M = {}
 
 --- Pre-norm Transformer block: x + attn(ln1(x)), then x + ffn(ln2(x)).
@@ -42,8 +43,8 @@ function TransformerBlock:__init(d_model, num_heads, d_ff, opts)
   self.ffn = SwiGLU(d_model, d_ff, opts)
 end
 
-function TransformerBlock:forward(x, pos)
-  x = x + self.attn(self.ln1(x), pos)
+function TransformerBlock:forward(x, pos, kv)
+  x = x + self.attn(self.ln1(x), pos, kv)
   return x + self.ffn(self.ln2(x))
 end
 
@@ -90,8 +91,14 @@ function TransformerLM:__init(cfg)
   self.lm_head = Linear(cfg.d_model, cfg.vocab_size, {bias = false, dtype = dt, device = dev})
 end
 
---- ids (..., T) integer -> logits (..., T, vocab_size).
-function TransformerLM:forward(ids)
+--- ids (..., T) integer -> logits (..., T, vocab_size). With opts.cache (an
+-- nn.KVCache), ids (B, T) are appended to the cache and attend to what it
+-- holds (see cached_forward).
+function TransformerLM:forward(ids, opts)
+  if opts ~= nil then
+    local logits = self:cached_forward(ids, opts)   -- not a tail call: error levels count this frame
+    return logits
+  end
   if not is_tensor(ids) then
     error("ember.nn.TransformerLM: expected token ids as an integer tensor, got " ..
       type(ids), 2)
@@ -111,6 +118,47 @@ function TransformerLM:forward(ids)
     x = block(x, pos)
   end
   return self.lm_head(self.ln_final(x))
+end
+
+local CACHED_FORWARD_LEVEL = 3   -- error(): the caller of forward (cached_forward <- forward <- caller)
+
+--- forward(ids, {cache = kv}): ids (B, T) appended to the KVCache kv at
+-- positions kv.len .. kv.len + T - 1, attending to every cached position;
+-- returns logits (B, T, vocab_size) and advances kv. Runs without autograd.
+-- The uncached forward above is untouched by this (training path).
+function TransformerLM:cached_forward(ids, opts)
+  local fname = "ember.nn.TransformerLM"
+  if type(opts) ~= "table" then
+    error(fmt("%s: expected an options table {cache = KVCache}, got %s", fname, type(opts)), CACHED_FORWARD_LEVEL)
+  end
+  for k in pairs(opts) do
+    if k ~= "cache" then
+      error(fmt("%s: unknown option '%s' (expected cache)", fname, tostring(k)), CACHED_FORWARD_LEVEL)
+    end
+  end
+  local kv = opts.cache
+  if getmetatable(kv) ~= KVCache then
+    error(fmt("%s: expected opts.cache to be an nn.KVCache, got %s", fname, type(kv)), CACHED_FORWARD_LEVEL)
+  end
+  if #kv.layers ~= #self.layers then
+    error(fmt("%s: expected a KV cache of %d layers (this model's), got %d", fname, #self.layers,
+      #kv.layers), CACHED_FORWARD_LEVEL)
+  end
+  local shape = is_tensor(ids) and ids.shape
+  if not shape or #shape ~= 2 or shape[2] < 1 then
+    error(fmt("%s: expected ids (B, T) as an integer tensor with a KV cache, got %s", fname,
+      shape and ("shape " .. shape_str(shape)) or type(ids)), CACHED_FORWARD_LEVEL)
+  end
+  kv:check_append(fname, shape[1], shape[2], CACHED_FORWARD_LEVEL)
+  local logits = no_grad(function()
+    local pos = kv:begin_step(shape[2])
+    local x = self.token_embeddings(ids)
+    local layers = self.layers
+    for i = 1, #layers do x = layers[i](x, pos, kv.layers[i]) end
+    return self.lm_head(self.ln_final(x))
+  end)
+  kv:end_step()
+  return logits
 end
 
 --- Replace the attention function of every block (e.g. a flash kernel).
