@@ -180,7 +180,7 @@ print(fmt("[5/5] samples (temperature 0.8, top-p 0.95, up to 60 tokens each):"))
 for i = 1, math.min(args.samples, #prompts) do
   local text, info = ember.generate(model, tok, prompts[i], {max_tokens = 60, temperature = 0.8, top_p = 0.95,
     seed = i})
-  print(fmt("--- sample %d%s\n%s%s", i, info and info.tokens_per_s and fmt(" (%.0f tokens/s)", info.tokens_per_s)
+  print(fmt("--- sample %d%s\n%s%s", i, info and info.decode_tokens_per_s and fmt(" (%.0f tokens/s)", info.decode_tokens_per_s)
     or "", prompts[i], text))
 end
 print(fmt("demo: done in %.0f s. Next: ember run scripts/train.lua --help, ember run scripts/generate.lua --help",
