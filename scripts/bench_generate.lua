@@ -143,6 +143,10 @@ if args.torch then
   pipe:close()
 end
 
+for _, mode in ipairs(modes) do   -- a failed PyTorch mode says why (the table has one word)
+  local t = torch[mode]
+  if t and t.error then print(("  torch| %s: %s: %s"):format(mode, t.status or "error", t.error)) end
+end
 print()
 print("| mode | decode tokens/s | ms/token | prefill ms | graph capture ms | torch tokens/s | torch ms/token |")
 print("|---|---|---|---|---|---|---|")
