@@ -478,6 +478,10 @@ function M.load(dir, opts)
       error(fmt("%s: unknown option '%s' (expected device, dtype, tokenizer, attn_impl)", fname, tostring(k)), 2)
     end
   end
+  -- a checkpoint folder, or a train.lua run folder (its latest checkpoint)
+  local okr, resolved = pcall(require("ember.checkpoint").resolve, dir, fname)
+  if not okr then error(strip_where(resolved), 2) end
+  dir = resolved
   local path = dir .. "/model.safetensors"
   local ok, sd, meta = pcall(ember.load, path)
   if not ok then error(fmt("%s: cannot read the checkpoint: %s", fname, tostring(sd)), 2) end

@@ -77,11 +77,21 @@ describe("a checkpoint in train.lua's layout", function()
     assert.are.equal(" in the old", text:sub(1, 11))
   end)
 
+  it_tok("loads a train.lua run folder: its latest checkpoint", function()
+    local run = H.tmpdir()
+    assert(os.execute(("mkdir -p %s/checkpoints && cp -r %s %s/checkpoints/step_00000007 && " ..
+      "echo step_00000007 > %s/checkpoints/latest"):format(H.q(run), H.q(dir), H.q(run), H.q(run))))
+    local m2, tok2 = ember.generate.load(run)
+    assert.are.equal(tok:vocab_size(), tok2:vocab_size())
+    local a = ember.generate(m2, tok2, "a bird", {max_tokens = 6, temperature = 0})
+    assert.are.equal(ember.generate(model, tok, "a bird", {max_tokens = 6, temperature = 0}), a)
+  end)
+
   it_tok("refuses a folder without a model, or a model without its config, naming the file", function()
     local ok, err = pcall(ember.generate.load, dir .. "/nowhere")
     assert.is_false(ok)
-    assert.matches("ember.generate.load: cannot read the checkpoint: ", H.strip_where(err), 1, true)
-    assert.matches("nowhere/model.safetensors", err, 1, true)
+    assert.are.equal(("ember.generate.load: expected a checkpoint folder (with model.safetensors) or a run " ..
+      "folder (with checkpoints/latest), got '%s/nowhere'"):format(dir), H.strip_where(err))
     local bare = H.tmpdir()
     ember.save(bare .. "/model.safetensors", model:state_dict())
     ok, err = pcall(ember.generate.load, bare)
@@ -126,7 +136,7 @@ describe("a checkpoint in train.lua's layout", function()
       {{"--checkpoint", dir, "--top-p", "0"}, "generate.lua: --top-p must be in (0, 1]"},
       {{"--checkpoint", dir, "--max-tokens=-3"}, "generate.lua: --max-tokens must be an integer >= 0"},
       {{"--checkpoint", dir, "--device", "tpu"}, "generate.lua: --device must be cpu, cuda or cuda:N, got 'tpu'"},
-      {{"--checkpoint", dir .. "/missing", "--device", "cpu"}, "generate.lua: ember.generate.load: cannot read"},
+      {{"--checkpoint", dir .. "/missing", "--device", "cpu"}, "generate.lua: ember.generate.load: expected a checkpoint folder (with model.safetensors) or a run folder"},
       {{"--checkpoint", dir, "--device", "cpu", "--prompt", TEXT:rep(3)}, "the prompt has"},
     }
     for _, c in ipairs(cases) do
