@@ -261,7 +261,9 @@ int launch_bwd(const Params &p, cudaStream_t s) {
 
 extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                                  const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
-                                 em_tensor *dk, em_tensor *dv, bool causal, float scale) {
+                                 em_tensor *dk, em_tensor *dv, int causal, float scale) {
+  if (causal == 2 || k->shape[1] != q->shape[1])
+    return em_error("flash_attention backward: bottom-right causal alignment and grouped-query attention are not on CUDA yet");
   Params p = {};
   set_qkv(p, q, k, v, o, causal, scale);
   p.o = em_data_ptr(o); p.dout = em_data_ptr(dout);

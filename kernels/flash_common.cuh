@@ -113,14 +113,14 @@ __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, uint32_t a[4
 /* q, k, v (and o when given) geometry, sizes and scale into p: the part of
  * the launch parameters the forward and backward share. */
 inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
-                    bool causal, float scale) {
+                    int causal, float scale) {
   p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v);
   p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
   p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
   p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
   p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
   p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
-  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
+  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal != 0;
 }
 
 /* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared

@@ -158,7 +158,9 @@ extern "C" bool em_flash_supported_dim(int64_t d) {
 }
 
 extern "C" int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
-                                 em_tensor *lse, bool causal, float scale) {
+                                 em_tensor *lse, int causal, float scale) {
+  if (causal == 2 || k->shape[1] != q->shape[1])
+    return em_error("flash_attention: bottom-right causal alignment and grouped-query attention are not on CUDA yet");
   Params p = {};
   set_qkv(p, q, k, v, o, causal, scale);
   p.out = em_data_ptr(o); p.lse = static_cast<float *>(em_data_ptr(lse));

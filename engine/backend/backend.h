@@ -427,13 +427,13 @@ bool em_flash_supported_dim(int64_t d);
 /* o = softmax(q kᵀ · scale [+ causal mask]) v, lse = the rows' log-sum-exp
  * (natural log, of the scaled scores). o has q's shape and dtype. */
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o, em_tensor *lse,
-                      bool causal, float scale);
+                      int causal, float scale);
 
 /* dq, dk, dv from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
  * Deterministic: no atomics (dk/dv and dq are two kernels). */
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
-                      em_tensor *dv, bool causal, float scale);
+                      em_tensor *dv, int causal, float scale);
 
 /* ---- optimizers (kernels/adamw.cu) ---- */
 /* Optimizer steps and gradient-norm helpers on CUDA (kernels/adamw.cu), the
