@@ -12,7 +12,15 @@
  *            walks the key tiles, recomputing S and dP = dO vᵀ.
  * The price of determinism is recomputing S and dP in the dq kernel: 7 MMAs
  * per tile pair instead of FA2's 5 (with atomics on dq). Cost per (batch,
- * head): 14·Tq·Tk·D FLOPs (half with the causal mask). */
+ * head): 14·Tq·Tk·D FLOPs (half with the causal mask).
+ *
+ * Grouped-query attention: a dkdv block belongs to one kv head and walks the
+ * query tiles of each q head of its group in turn (h = hk·group + g, g
+ * ascending), so dk and dv are the group's sums in a fixed order. Causal
+ * masks keep key j for row i when j <= i + off (flash_fwd.cu). At D = 256 the
+ * dk/dv and dq accumulators are split over two blocks by columns (grid z):
+ * each recomputes S and dP over all of D, which costs 1.5x the MMAs but
+ * keeps 128 accumulators per thread instead of 256. */
 #include "backend.h"
 #include "flash_common.cuh"
 
@@ -41,98 +49,103 @@ __global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
   p.delta[r] = acc;
 }
 
-/* dk, dv for 64 keys; query tiles of BQ rows. */
-template <typename T, int D, int BQ>
+/* dk, dv for 64 keys of one kv head, columns [blockIdx.z·NC, +NC) of D; query
+ * tiles of BQ rows, of every q head of the kv head's group in turn. */
+template <typename T, int D, int BQ, int NC>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem), *sV = sK + kBk * LD, *sQ = sV + kBk * LD, *sO = sQ + BQ * LD;
   float *sL = reinterpret_cast<float *>(sO + BQ * LD), *sD = sL + BQ;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, k0 = blockIdx.x * kBk;
+  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = blockIdx.x * kBk, c0 = blockIdx.z * NC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
-  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
-  const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
-  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
 
   load_tile<T, D, kBk, kThreads>(sK, k, p.k_st, k0, p.Tk);
   load_tile<T, D, kBk, kThreads>(sV, v, p.v_st, k0, p.Tk);
 
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[NC / 8][4], dv[NC / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++)
+  for (int i = 0; i < NC / 8; i++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
   const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
-  const int qstart = p.causal ? (k0 / BQ) * BQ : 0;
+  // the first query row that sees key k0 is k0 - off (causal), on a tile boundary
+  const int qstart = p.causal ? (max(0, k0 - p.off) / BQ) * BQ : 0;
 
-  for (int i0 = qstart; i0 < p.Tq; i0 += BQ) {
-    __syncthreads();
-    load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, i0, p.Tq);
-    load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, i0, p.Tq);
-    for (int r = threadIdx.x; r < BQ; r += kThreads) {
-      bool in = i0 + r < p.Tq;
-      sL[r] = in ? lse[i0 + r] * kLog2e : INFINITY;   // a padded row's P is exp2(-inf) = 0
-      sD[r] = in ? delta[i0 + r] : 0.f;
-    }
-    __syncthreads();
+  for (int hg = 0; hg < p.group; hg++) {      // the q heads of this kv head, in order: deterministic sums
+    const int h = hk * p.group + hg, bh = b * p.H + h;
+    const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
+    const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
+    const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+    for (int i0 = qstart; i0 < p.Tq; i0 += BQ) {
+      __syncthreads();
+      load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, i0, p.Tq);
+      load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, i0, p.Tq);
+      for (int r = threadIdx.x; r < BQ; r += kThreads) {
+        bool in = i0 + r < p.Tq;
+        sL[r] = in ? lse[i0 + r] * kLog2e : INFINITY;   // a padded row's P is exp2(-inf) = 0
+        sD[r] = in ? delta[i0 + r] : 0.f;
+      }
+      __syncthreads();
 
-    float st[BQ / 8][4], dp[BQ / 8][4];
+      float st[BQ / 8][4], dp[BQ / 8][4];
 #pragma unroll
-    for (int i = 0; i < BQ / 8; i++)
+      for (int i = 0; i < BQ / 8; i++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
+        for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
-      uint32_t ak[4], av[4];
-      ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
-      ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
+      for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
+        uint32_t ak[4], av[4];
+        ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
+        ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
 #pragma unroll
-      for (int n2 = 0; n2 < BQ / 16; n2++) {
-        uint32_t bq[4], bo[4];
-        ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
-        ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
-        Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
-        Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
-        Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
-        Mma<T>::run(dp[2 * n2 + 1], av, bo[2], bo[3]);
+        for (int n2 = 0; n2 < BQ / 16; n2++) {
+          uint32_t bq[4], bo[4];
+          ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
+          ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
+          Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
+          Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
+          Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
+          Mma<T>::run(dp[2 * n2 + 1], av, bo[2], bo[3]);
+        }
       }
-    }
-    const bool diag = p.causal && i0 < k0 + kBk;
+      const bool diag = p.causal && i0 + p.off < k0 + kBk;
 #pragma unroll
-    for (int i = 0; i < BQ / 8; i++)
+      for (int i = 0; i < BQ / 8; i++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int c = i * 8 + 2 * t + (e & 1);
-        float pr = exp2f(st[i][e] * p.scale_log2 - sL[c]);
-        if (diag && (e < 2 ? key0 : key1) > i0 + c) pr = 0.f;
-        st[i][e] = pr;                               // Pᵀ
-        dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
-      }
+        for (int e = 0; e < 4; e++) {
+          int c = i * 8 + 2 * t + (e & 1);
+          float pr = exp2f(st[i][e] * p.scale_log2 - sL[c]);
+          if (diag && (e < 2 ? key0 : key1) > i0 + c + p.off) pr = 0.f;
+          st[i][e] = pr;                               // Pᵀ
+          dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
+        }
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
-      uint32_t pa[4], da[4];
-      c_to_a<T>(st, kk, pa);
-      c_to_a<T>(dp, kk, da);
+      for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
+        uint32_t pa[4], da[4];
+        c_to_a<T>(st, kk, pa);
+        c_to_a<T>(dp, kk, da);
 #pragma unroll
-      for (int n2 = 0; n2 < D / 16; n2++) {
-        uint32_t bo[4], bq[4];
-        ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, n2 * 16, lane));
-        ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, n2 * 16, lane));
-        Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
-        Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
-        Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
-        Mma<T>::run(dk[2 * n2 + 1], da, bq[2], bq[3]);
+        for (int n2 = 0; n2 < NC / 16; n2++) {
+          uint32_t bo[4], bq[4];
+          ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, c0 + n2 * 16, lane));
+          ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, c0 + n2 * 16, lane));
+          Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
+          Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
+          Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
+          Mma<T>::run(dk[2 * n2 + 1], da, bq[2], bq[3]);
+        }
       }
     }
   }
 
-  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + h * p.dk_sh;
-  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + h * p.dv_sh;
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) {
-    int col = i * 8 + 2 * t;
+  for (int i = 0; i < NC / 8; i++) {
+    int col = c0 + i * 8 + 2 * t;
     if (key0 < p.Tk) {
       *reinterpret_cast<uint32_t *>(gk + (int64_t)key0 * p.dk_st + col) = Mma<T>::pack(dk[i][0] * p.scale, dk[i][1] * p.scale);
       *reinterpret_cast<uint32_t *>(gv + (int64_t)key0 * p.dv_st + col) = Mma<T>::pack(dv[i][0], dv[i][1]);
@@ -144,17 +157,18 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
   }
 }
 
-/* dq for 64 queries; key tiles of BK rows. */
-template <typename T, int D, int BK>
+/* dq for 64 queries, columns [blockIdx.z·NC, +NC) of D; key tiles of BK rows. */
+template <typename T, int D, int BK, int NC>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
   constexpr int LD = D + 8, BQ = 64;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem), *sO = sQ + BQ * LD, *sK = sO + BQ * LD, *sV = sK + BK * LD;
   const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, q0 = qblk * BQ;
+  const int hk = h / p.group, c0 = blockIdx.z * NC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
-  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
   const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
   const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
   const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
@@ -163,10 +177,10 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
 
   load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, q0, p.Tq);
   load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, q0, p.Tq);
-  float dq[D / 8][4];
+  float dq[NC / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-  const int kend = p.causal ? min(p.Tk, q0 + BQ) : p.Tk;
+  for (int i = 0; i < NC / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  const int kend = p.causal ? min(p.Tk, q0 + BQ + p.off) : p.Tk;
 
   for (int k0 = 0; k0 < kend; k0 += BK) {
     __syncthreads();
@@ -194,14 +208,14 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
         Mma<T>::run(dp[2 * n2 + 1], ao, bv[2], bv[3]);
       }
     }
-    const bool edge = k0 + BK > p.Tk || (p.causal && k0 + BK - 1 > q0 + warp * 16);
+    const bool edge = k0 + BK > p.Tk || (p.causal && k0 + BK - 1 > q0 + warp * 16 + p.off);
 #pragma unroll
     for (int i = 0; i < BK / 8; i++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int col = k0 + i * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
         float pr = exp2f(s[i][e] * p.scale_log2 - (e < 2 ? l0 : l1));
-        if (edge && (col >= p.Tk || (p.causal && col > row))) pr = 0.f;
+        if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
         dp[i][e] = pr * (dp[i][e] - (e < 2 ? d0 : d1));   // dS
       }
 #pragma unroll
@@ -209,9 +223,9 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
       uint32_t da[4];
       c_to_a<T>(dp, kk, da);
 #pragma unroll
-      for (int n2 = 0; n2 < D / 16; n2++) {
+      for (int n2 = 0; n2 < NC / 16; n2++) {
         uint32_t bk[4];
-        ldsm_x4_t(bk, bk_addr<LD>(sK, kk * 16, n2 * 16, lane));
+        ldsm_x4_t(bk, bk_addr<LD>(sK, kk * 16, c0 + n2 * 16, lane));
         Mma<T>::run(dq[2 * n2], da, bk[0], bk[1]);
         Mma<T>::run(dq[2 * n2 + 1], da, bk[2], bk[3]);
       }
@@ -220,8 +234,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
 
   T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) {
-    int col = i * 8 + 2 * t;
+  for (int i = 0; i < NC / 8; i++) {
+    int col = c0 + i * 8 + 2 * t;
     if (row0 < p.Tq)
       *reinterpret_cast<uint32_t *>(gq + (int64_t)row0 * p.dq_st + col) = Mma<T>::pack(dq[i][0] * p.scale, dq[i][1] * p.scale);
     if (row1 < p.Tq)
@@ -239,21 +253,24 @@ int set_smem(K kern, size_t smem) {
 
 template <typename T, int D>
 int launch_bwd(const Params &p, cudaStream_t s) {
-  constexpr int BQ = D <= 64 ? kBq1 : 32, BK2 = D <= 64 ? 64 : 32, LD = D + 8;
+  // NC: the columns of dk/dv (dq) one block accumulates; at D = 256 two
+  // blocks split them, each recomputing S and dP, as 2·128 f32 accumulators
+  // per thread would not fit in registers
+  constexpr int BQ = D <= 64 ? kBq1 : 32, BK2 = D <= 64 ? 64 : 32, LD = D + 8, NC = D <= 128 ? D : 128;
   int64_t rows = (int64_t)p.B * p.H * p.Tq;
   flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
   if (em_launch_check("flash_attention backward (delta)")) return -1;
 
   constexpr size_t smem1 = (size_t)(2 * kBk + 2 * BQ) * LD * sizeof(T) + 2 * BQ * sizeof(float);
-  auto k1 = flash_dkdv_kernel<T, D, BQ>;
+  auto k1 = flash_dkdv_kernel<T, D, BQ, NC>;
   if (set_smem(k1, smem1)) return em_launch_check("flash_attention backward (dk, dv)");
-  k1<<<dim3((unsigned)((p.Tk + kBk - 1) / kBk), (unsigned)(p.B * p.H)), kThreads, smem1, s>>>(p);
+  k1<<<dim3((unsigned)((p.Tk + kBk - 1) / kBk), (unsigned)(p.B * p.Hkv), D / NC), kThreads, smem1, s>>>(p);
   if (em_launch_check("flash_attention backward (dk, dv)")) return -1;
 
   constexpr size_t smem2 = (size_t)(2 * 64 + 2 * BK2) * LD * sizeof(T);
-  auto k2 = flash_dq_kernel<T, D, BK2>;
+  auto k2 = flash_dq_kernel<T, D, BK2, NC>;
   if (set_smem(k2, smem2)) return em_launch_check("flash_attention backward (dq)");
-  k2<<<dim3((unsigned)((p.Tq + 63) / 64), (unsigned)(p.B * p.H)), kThreads, smem2, s>>>(p);
+  k2<<<dim3((unsigned)((p.Tq + 63) / 64), (unsigned)(p.B * p.H), D / NC), kThreads, smem2, s>>>(p);
   return em_launch_check("flash_attention backward (dq)");
 }
 
@@ -261,7 +278,7 @@ int launch_bwd(const Params &p, cudaStream_t s) {
 
 extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                                  const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
-                                 em_tensor *dk, em_tensor *dv, bool causal, float scale) {
+                                 em_tensor *dk, em_tensor *dv, int causal, float scale) {
   Params p = {};
   set_qkv(p, q, k, v, o, causal, scale);
   p.o = em_data_ptr(o); p.dout = em_data_ptr(dout);

@@ -32,9 +32,20 @@ struct Params {          // strides in elements; the last dim is contiguous
   int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
   int64_t do_sb, do_sh, do_st, dq_sb, dq_sh, dq_st, dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st;
   int B, H, Tq, Tk;
+  int Hkv, group;            // kv heads; q heads per kv head (head h reads kv head h / group)
+  int off;                   // causal: row i sees keys j <= i + off (0 top-left, Tk - Tq bottom-right)
   float scale, scale_log2;   // scale and scale·log2(e)
   bool causal;
+  // the decode path (flash_decode.cu): key splits, keys per split, f32 partials
+  int nsplit, chunk;
+  float *opart, *mpart, *lpart;
 };
+
+/* Up to this many queries the forward takes the split-key decode kernel. */
+constexpr int kDecodeMaxTq = 16;
+
+/* The decode forward (flash_decode.cu) for validated p (o, lse set): 0 or -1 with the error set. */
+int decode_fwd(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
 
 template <typename T> struct Mma;
 template <> struct Mma<__nv_bfloat16> {
@@ -113,14 +124,16 @@ __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, uint32_t a[4
 /* q, k, v (and o when given) geometry, sizes and scale into p: the part of
  * the launch parameters the forward and backward share. */
 inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
-                    bool causal, float scale) {
+                    int causal, float scale) {
   p.q = em_data_ptr(q); p.k = em_data_ptr(k); p.v = em_data_ptr(v);
   p.q_sb = q->stride[0]; p.q_sh = q->stride[1]; p.q_st = q->stride[2];
   p.k_sb = k->stride[0]; p.k_sh = k->stride[1]; p.k_st = k->stride[2];
   p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
   p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
   p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
-  p.scale = scale; p.scale_log2 = scale * kLog2e; p.causal = causal;
+  p.Hkv = (int)k->shape[1]; p.group = p.H / p.Hkv;
+  p.causal = causal != 0; p.off = causal == 2 ? p.Tk - p.Tq : 0;   // 2: EM_CAUSAL_BOTTOM_RIGHT
+  p.scale = scale; p.scale_log2 = scale * kLog2e;
 }
 
 /* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared
@@ -148,5 +161,6 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t st, int r0, 
     case 80: { constexpr int D = 80; __VA_ARGS__ } break; \
     case 96: { constexpr int D = 96; __VA_ARGS__ } break; \
     case 128: { constexpr int D = 128; __VA_ARGS__ } break; \
+    case 256: { constexpr int D = 256; __VA_ARGS__ } break; \
     default: break;                                       \
   }

@@ -15,7 +15,13 @@
  * memory, S = q kᵀ (mma.sync), online softmax in base 2 (the scale is folded
  * into log2 e), then o += P v with P taken straight from the S registers
  * (see flash_common.cuh). Query blocks with the most work (the causal
- * diagonal's far end) are scheduled first. */
+ * diagonal's far end) are scheduled first. At D = 256 the q fragments stay
+ * in shared memory (o's 128 f32 accumulators leave no registers for them).
+ *
+ * Grouped-query attention: head h reads kv head h / group (Params). Causal
+ * masks keep key j for row i when j <= i + off: off 0 is top-left aligned,
+ * Tk - Tq bottom-right. Few queries against many keys go to the split-key
+ * decode kernel instead (flash_decode.cu), chosen in em_flash_fwd_cuda. */
 #include "backend.h"
 #include "flash_common.cuh"
 
@@ -30,25 +36,30 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(Params p) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem), *sK = sQ + kBr * LD, *sV = sK + kBc * LD;
-  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
-  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+  const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
   const int q0 = qblk * kBr;
 
   load_tile<T, D, kBr, kThreads>(sQ, q, p.q_st, q0, p.Tq);
   __syncthreads();
-  uint32_t qf[D / 16][4];
+  // q fragments live in registers up to D = 128; at 256 they would not fit
+  // beside o's 128 accumulators, so they are read from sQ at every k step
+  constexpr bool kQReg = D <= 128;
+  uint32_t qf[kQReg ? D / 16 : 1][4];
+  if constexpr (kQReg) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+    for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+  }
 
   float o[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
-  const int kend = p.causal ? min(p.Tk, q0 + kBr) : p.Tk;
+  const int kend = p.causal ? min(p.Tk, q0 + kBr + p.off) : p.Tk;
 
   for (int k0 = 0; k0 < kend; k0 += kBc) {
     __syncthreads();   // every warp is done with the previous k, v tiles
@@ -61,15 +72,21 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(Params p) {
     for (int i = 0; i < kBc / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t qa[4];
+      if constexpr (kQReg) {
+        qa[0] = qf[kk][0]; qa[1] = qf[kk][1]; qa[2] = qf[kk][2]; qa[3] = qf[kk][3];
+      } else {
+        ldsm_x4(qa, a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+      }
 #pragma unroll
       for (int n2 = 0; n2 < kBc / 16; n2++) {
         uint32_t bf[4];
         ldsm_x4(bf, bn_addr<LD>(sK, n2 * 16, kk * 16, lane));
-        Mma<T>::run(s[2 * n2], qf[kk], bf[0], bf[1]);
-        Mma<T>::run(s[2 * n2 + 1], qf[kk], bf[2], bf[3]);
+        Mma<T>::run(s[2 * n2], qa, bf[0], bf[1]);
+        Mma<T>::run(s[2 * n2 + 1], qa, bf[2], bf[3]);
       }
     }
-    const bool edge = k0 + kBc > p.Tk || (p.causal && k0 + kBc - 1 > q0 + warp * 16);
+    const bool edge = k0 + kBc > p.Tk || (p.causal && k0 + kBc - 1 > q0 + warp * 16 + p.off);
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int i = 0; i < kBc / 8; i++) {
@@ -78,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(Params p) {
         float x = s[i][e] * p.scale_log2;
         if (edge) {
           int col = k0 + i * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
-          if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+          if (col >= p.Tk || (p.causal && col > row + p.off)) x = -INFINITY;
         }
         s[i][e] = x;
       }
@@ -154,17 +171,18 @@ int launch_fwd(const Params &p, cudaStream_t s) {
 }  // namespace
 
 extern "C" bool em_flash_supported_dim(int64_t d) {
-  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
 }
 
 extern "C" int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
-                                 em_tensor *lse, bool causal, float scale) {
+                                 em_tensor *lse, int causal, float scale) {
   Params p = {};
   set_qkv(p, q, k, v, o, causal, scale);
   p.out = em_data_ptr(o); p.lse = static_cast<float *>(em_data_ptr(lse));
   if (p.B * p.H == 0 || p.Tq == 0) return 0;
   cudaStream_t s = em_cur_stream(q->device.index);
   int d = (int)q->shape[3], rc = -2;
+  if (p.Tq <= kDecodeMaxTq) return decode_fwd(p, q->dtype, d, q->device.index, s);
   if (q->dtype == EM_BF16) {
     FLASH_DISPATCH_D(d, D, rc = launch_fwd<__nv_bfloat16, D>(p, s);)
   } else {

@@ -8,6 +8,10 @@
 --   ember run scripts/bench_attention.lua                       # the full grid, naive/graph/flash
 --   ember run scripts/bench_attention.lua --impl naive,flash --dtype bf16 --causal --json attn.jsonl
 --   ember run scripts/bench_attention.lua --device cpu --d 16 --seq 64,128 --passes 5   # CPU, naive only
+--   ember run scripts/bench_attention.lua --device cpu --impl naive,flash --d 64 --seq 256,1024 --passes 5
+--     (CPU: naive against the tiled flash path)
+--   ember run scripts/bench_attention.lua --impl flash --heads 32 --kv-heads 8 --tq 1 --seq 4096,65536 \
+--     --batch 4 --d 128 --dtype bf16 --causal --align bottom_right --fwd-only        # decode (flash_decode.cu)
 --   (ulimit -v 900000; OPENBLAS_NUM_THREADS=1 ember run scripts/bench_attention.lua --device cpu \
 --     --d 16 --seq 64,4096)     # the OOM path on a CPU: the 512 MiB score matrix does not fit
 --   (OpenBLAS spins when its own buffer cannot be mapped: leave it room, one thread)
@@ -20,10 +24,20 @@
 --          analogue of torch.compile (no host dispatch; the same kernels,
 --          no fusion). CUDA only.
 --   flash  F.scaled_dot_product_attention{impl = "flash"}: Ember's
---          FlashAttention-2 kernels (no T² tensor; saves O and the log-sum-exp).
---          CUDA, bf16/f16, d in {16, 32, 64, 80, 96, 128}; the (B, T, d) inputs
---          are viewed as (B, 1, T, d). With --dtype f32 flash runs in bf16, and
---          its rows and columns say "flash (bf16)".
+--          FlashAttention (no T² tensor; saves O and the log-sum-exp), d in
+--          {16, 32, 64, 80, 96, 128, 256}. CUDA: the FlashAttention-2 kernels,
+--          or the split-key decode kernels when Tq <= 16 (--tq), bf16/f16: with
+--          --dtype f32 flash runs in bf16, and its rows and columns say
+--          "flash (bf16)". CPU: the tiled path (engine/ops/flash_cpu.c) in the
+--          input dtype.
+--
+-- Shapes: (B, T, d) for q, k and v by default (one head, the course's
+-- shape); --heads H [--kv-heads Hkv] makes them (B, H, T, d) and (B, Hkv, T,
+-- d) (grouped-query attention when Hkv < H); --tq N gives q N rows against
+-- the seq rows of k and v (N <= 16 is the decode case); --causal masks,
+-- aligned top-left (PyTorch's is_causal) or, with --align bottom_right, to
+-- the end of the keys (what a KV cache needs); --fwd-only skips the backward
+-- (generation has none).
 --
 -- One cell (impl, d, seq): Q, K, V random (B, T, d) leaves with
 -- requires_grad; `--warmup` + `--passes` forwards (each one records the
@@ -57,6 +71,13 @@ parser:option("--impl", "Comma list of naive, graph, flash (default: all that ap
 parser:option("--d", "Comma list of head sizes d.", "16,32,64,128")
 parser:option("--seq", "Comma list of sequence lengths.", "256,1024,4096,8192,16384")
 parser:option("--batch", "Batch size.", "8"):convert(math.tointeger)
+parser:option("--heads", "Query heads: (B, H, T, d) inputs instead of (B, T, d).", nil, math.tointeger)
+parser:option("--kv-heads", "Key/value heads (grouped-query attention; needs --heads, divides it).", nil,
+  math.tointeger)
+parser:option("--tq", "Query rows (default: seq); k and v keep seq rows. <= 16 is decoding.", nil, math.tointeger)
+parser:option("--align", "Causal alignment with --causal: top_left (is_causal) or bottom_right (end of the keys).",
+  "top_left"):choices({"top_left", "bottom_right"})
+parser:flag("--fwd-only", "Time the forward only (no backward passes).")
 parser:option("--passes", "Timed forward passes, then as many backward passes.", "100"):convert(math.tointeger)
 parser:option("--warmup", "Untimed passes before each timed series.", "5"):convert(math.tointeger)
 parser:option("--dtype", "Input dtype (flash runs in bf16 when this is f32).", "f32")
@@ -70,10 +91,19 @@ parser:option("--json", "Append one JSON line per cell to this file.")
 parser:option("--markdown", "Write the final Markdown table to this file.")
 local args = parser:parse(arg)
 args.causal, args.tf32, args.flush_l2 = args.causal or false, args.tf32 or false, args.flush_l2 or false
+args.fwd_only = args.fwd_only or false
 
 local function fail(msg) io.stderr:write("bench_attention.lua: ", msg, "\n") os.exit(2) end
 
 S.check_counts(args, {"batch", "passes", "seed"}, fail)
+for _, k in ipairs({"heads", "kv_heads", "tq"}) do
+  if args[k] ~= nil and args[k] < 1 then fail("--" .. k:gsub("_", "-") .. " must be a positive integer") end
+end
+if args.kv_heads and not args.heads then fail("--kv-heads needs --heads") end
+if args.kv_heads and args.heads % args.kv_heads ~= 0 then
+  fail(("--kv-heads %d must divide --heads %d"):format(args.kv_heads, args.heads))
+end
+if args.align == "bottom_right" and not args.causal then fail("--align bottom_right needs --causal") end
 local D_LIST, SEQ_LIST = S.int_list("d", args.d, fail), S.int_list("seq", args.seq, fail)
 
 local on_cuda = S.resolve_device(args, fail)
@@ -86,15 +116,15 @@ if args.impl then
     IMPLS[#IMPLS + 1] = name
   end
   for _, name in ipairs(IMPLS) do
-    if name ~= "naive" and not on_cuda then fail("--impl " .. name .. " needs --device cuda") end
+    if name == "graph" and not on_cuda then fail("--impl graph needs --device cuda") end
   end
 else
   IMPLS = on_cuda and {"naive", "graph", "flash"} or {"naive"}
 end
 
--- flash computes in a half dtype: bf16 when the inputs would be f32
+-- flash on CUDA computes in a half dtype: bf16 when the inputs would be f32
 local function impl_dtype(impl)
-  if impl == "flash" and args.dtype == "f32" then return "bf16" end
+  if impl == "flash" and on_cuda and args.dtype == "f32" then return "bf16" end
   return args.dtype
 end
 local function impl_label(impl)
@@ -110,14 +140,18 @@ local B = args.batch
 local config = {
   impl = IMPLS, d = D_LIST, seq = SEQ_LIST, batch = B, passes = args.passes, warmup = args.warmup,
   dtype = args.dtype, causal = args.causal, tf32 = args.tf32, flush_l2 = args.flush_l2,
-  device = args.device, seed = args.seed,
+  device = args.device, seed = args.seed, heads = args.heads, kv_heads = args.kv_heads, tq = args.tq,
+  align = args.align, fwd_only = args.fwd_only,
 }
 S.print_header(facts)
 local impl_names = {}
 for i, impl in ipairs(IMPLS) do impl_names[i] = impl_label(impl) end
-print(("config: impl=%s d=%s seq=%s batch=%d dtype=%s%s causal=%s passes=%d warmup=%d flush_l2=%s device=%s")
+print(("config: impl=%s d=%s seq=%s batch=%d dtype=%s%s causal=%s passes=%d warmup=%d flush_l2=%s device=%s " ..
+  "heads=%s kv_heads=%s tq=%s align=%s fwd_only=%s")
   :format(table.concat(impl_names, ","), args.d, args.seq, B, args.dtype, args.tf32 and "+tf32" or "",
-    tostring(args.causal), args.passes, args.warmup, tostring(args.flush_l2), args.device))
+    tostring(args.causal), args.passes, args.warmup, tostring(args.flush_l2), args.device,
+    tostring(args.heads or 1), tostring(args.kv_heads or args.heads or 1), tostring(args.tq or "seq"),
+    args.causal and args.align or "-", tostring(args.fwd_only)))
 
 -- ---------------------------------------------------------------------------
 -- one cell
@@ -131,27 +165,30 @@ local function free_all() S.free_all(on_cuda) end   -- after a cell, also after 
 
 local ELT = {f32 = 4, bf16 = 2, f16 = 2}
 
+-- q's and k's (v's) shapes of a cell
+local function shapes(d, T)
+  local tq = args.tq or T
+  if args.heads then return {B, args.heads, tq, d}, {B, args.kv_heads or args.heads, T, d} end
+  return {B, tq, d}, {B, T, d}
+end
+
 --- Measure one (impl, d, T) cell; returns the fields of its row (raises on OOM).
 local function measure(impl, d, T)
   local dtype = impl_dtype(impl)
-  if impl == "flash" then
-    local probe = ember.empty({1, 1, 1, d}, {dtype = dtype, device = args.device})
-    if not ember.core.flash_applies(probe, probe, probe) then
-      return {status = "unsupported", note = ("flash kernels have no d=%d"):format(d)}
-    end
+  if impl == "flash" then   -- a one-row call says whether flash takes this d and dtype here
+    local probe = ember.zeros({1, 1, 1, d}, {dtype = dtype, device = args.device})
+    local ok, err = pcall(function() ember.no_grad(function() F.flash_attention(probe, probe, probe) end) end)
+    if not ok then return {status = "unsupported", note = tostring(err):gsub("^[^%s]+:%d+: ", "")} end
   end
   reset_peak()
   ember.manual_seed(args.seed)
-  local o = {dtype = dtype, device = args.device, requires_grad = true}
-  local q, k, v = ember.randn({B, T, d}, o), ember.randn({B, T, d}, o), ember.randn({B, T, d}, o)
-  local sdpa = {impl = impl == "flash" and "flash" or "naive", causal = args.causal}
-  local function attend()
-    if impl == "flash" then
-      return F.scaled_dot_product_attention(q:unsqueeze(1), k:unsqueeze(1), v:unsqueeze(1), sdpa)
-    end
-    return F.scaled_dot_product_attention(q, k, v, sdpa)
-  end
-  local gout = ember.randn(impl == "flash" and {B, 1, T, d} or {B, T, d}, {dtype = dtype, device = args.device})
+  local o = {dtype = dtype, device = args.device, requires_grad = not args.fwd_only}
+  local qs, ks = shapes(d, T)
+  local q, k, v = ember.randn(qs, o), ember.randn(ks, o), ember.randn(ks, o)
+  local sdpa = {impl = impl == "flash" and "flash" or "naive", causal = args.causal and args.align,
+    enable_gqa = true}
+  local function attend() return F.scaled_dot_product_attention(q, k, v, sdpa) end
+  local gout = ember.randn(qs, {dtype = dtype, device = args.device})
   local out
   local function drop_out() out = nil collectgarbage() end
   local function drop_grads() q.grad, k.grad, v.grad = nil, nil, nil end
@@ -164,17 +201,20 @@ local function measure(impl, d, T)
       drop_out()
       out = attend()
       drop_grads()
-      out:backward(gout, {retain_graph = true})
+      if not args.fwd_only then out:backward(gout, {retain_graph = true}) end
     end
     drop_out()
     drop_grads()
     sync()
     local gf, o1 = ember.cuda.graph(function() return attend() end, {warmup = 0})
     out = o1
-    local gb = ember.cuda.graph(function() out:backward(gout, {retain_graph = true}) end, {warmup = 0})
-    graphs = {gf, gb}
+    graphs = {gf}
     fwd_fn = function() gf:replay() end
-    bwd_fn = function() gb:replay() end
+    if not args.fwd_only then
+      local gb = ember.cuda.graph(function() out:backward(gout, {retain_graph = true}) end, {warmup = 0})
+      graphs[2] = gb
+      bwd_fn = function() gb:replay() end
+    end
   else
     fwd_fn = function() out = attend() end
     bwd_fn = function() out:backward(gout, {retain_graph = true}) end
@@ -183,6 +223,10 @@ local function measure(impl, d, T)
   -- forward passes (eager: the previous output and its graph are freed first, untimed)
   local fwd = ember.bench(fwd_fn, {warmup = bopts.warmup, reps = bopts.reps, device = bopts.device,
     flush_l2 = bopts.flush_l2, setup = impl ~= "graph" and drop_out or nil})
+  if args.fwd_only then
+    if graphs then for _, g in ipairs(graphs) do g:close() end end
+    return {status = "ok", fwd = fwd, peak = peak()}
+  end
   -- the forward the backward passes use, and the memory right before them
   if impl ~= "graph" then drop_out() end
   collectgarbage()
@@ -211,7 +255,7 @@ local cjson = args.json and require "cjson" or nil
 -- every JSON line has these keys; null where a cell has no value (OOM, CPU memory)
 local NULLABLE = {"fwd_ms", "fwd_std_ms", "fwd_median_ms", "bwd_ms", "bwd_std_ms", "bwd_median_ms",
   "mem_before_bwd_bytes", "peak_fwd_bytes", "peak_bytes", "clock_mhz_before", "clock_mhz_after",
-  "error", "note", "driver"}
+  "error", "note", "driver", "align"}
 local json_file = S.open_json(args.json, fail)
 
 if args.tf32 then ember.backends.tf32(true) end
@@ -229,7 +273,10 @@ for _, d in ipairs(D_LIST) do
       r.impl, r.d, r.seq, r.dtype = impl, d, T, impl_dtype(impl)
       cells[#cells + 1] = r
       local head = ("%-14s d=%-4d seq=%-6d"):format(impl_label(impl), d, T)
-      if r.status == "ok" then
+      if r.status == "ok" and not r.bwd then
+        print(("%s fwd %9.3f ± %.3f ms   %s"):format(head, r.fwd.mean * 1e3, r.fwd.std * 1e3,
+          r.peak and ("peak %s MiB"):format(mib(r.peak)) or "memory n/a on the CPU"))
+      elseif r.status == "ok" then
         print(("%s fwd %9.3f ± %.3f ms   bwd %9.3f ± %.3f ms   %s")
           :format(head, r.fwd.mean * 1e3, r.fwd.std * 1e3, r.bwd.mean * 1e3, r.bwd.std * 1e3,
             r.mem_before_bwd and ("mem before bwd %s MiB, peak %s MiB"):format(mib(r.mem_before_bwd), mib(r.peak))
@@ -242,13 +289,15 @@ for _, d in ipairs(D_LIST) do
       if json_file then
         local line = {
           impl = impl, d = d, seq = T, batch = B, dtype = r.dtype, causal = args.causal, tf32 = args.tf32,
+          heads = args.heads or 1, kv_heads = args.kv_heads or args.heads or 1, tq = args.tq or T,
+          align = args.causal and args.align or nil, fwd_only = args.fwd_only,
           status = r.status, error = r.error, note = r.note, passes = args.passes, warmup = args.warmup,
           fwd_ms = r.fwd and r.fwd.mean * 1e3, fwd_std_ms = r.fwd and r.fwd.std * 1e3,
           fwd_median_ms = r.fwd and r.fwd.median * 1e3,
           bwd_ms = r.bwd and r.bwd.mean * 1e3, bwd_std_ms = r.bwd and r.bwd.std * 1e3,
           bwd_median_ms = r.bwd and r.bwd.median * 1e3,
           mem_before_bwd_bytes = r.mem_before_bwd, peak_fwd_bytes = r.peak_fwd, peak_bytes = r.peak,
-          score_bytes = B * T * T * ELT[r.dtype],
+          score_bytes = B * (args.heads or 1) * (args.tq or T) * T * ELT[r.dtype],
           clock_mhz_before = r.fwd and r.fwd.clock_mhz_before, clock_mhz_after = r.bwd and r.bwd.clock_mhz_after,
           tool = "ember", commit = facts.commit, device = facts.device, driver = facts.driver,
           date = os.date("!%Y-%m-%dT%H:%M:%SZ"), flush_l2 = args.flush_l2,
@@ -287,21 +336,30 @@ for _, d in ipairs(D_LIST) do
       local s = c.status == "unsupported" and "n/a" or c.status
       local ok = c.status == "ok"
       table.insert(row, ok and ms(c.fwd.mean) or s)
-      table.insert(row, ok and ms(c.bwd.mean) or s)
-      table.insert(row, ok and mib(c.mem_before_bwd) or s)
+      table.insert(row, ok and (c.bwd and ms(c.bwd.mean) or "-") or s)
+      table.insert(row, ok and (c.bwd and mib(c.mem_before_bwd) or mib(c.peak)) or s)
     end
     rows[#rows + 1] = row
   end
 end
 
-local title = ("Attention, batch %d, %s%s, %d passes each way (mean ms per pass; mem = MiB allocated before the backward%s)")
-  :format(B, args.dtype, args.causal and ", causal" or "", args.passes,
-    on_cuda and "" or "; n/a on the CPU")
+local shape_note = (args.heads and (", %d heads (%d kv)"):format(args.heads, args.kv_heads or args.heads) or "") ..
+  (args.tq and (", %d queries"):format(args.tq) or "")
+local title = ("Attention, batch %d%s, %s%s, %d passes each way (mean ms per pass; mem = MiB allocated %s%s)")
+  :format(B, shape_note, args.dtype, args.causal and (", causal " .. args.align) or "", args.passes,
+    args.fwd_only and "at the forward's peak" or "before the backward", on_cuda and "" or "; n/a on the CPU")
 local tbl = md_table(headers, rows)
 local notes = {}
+local HN = args.heads or 1
 for _, T in ipairs(SEQ_LIST) do
-  notes[#notes + 1] = ("seq %d: one B×T×T score matrix = %d·%d²·%d B = %.1f MiB (%s)"):format(T, B, T,
-    ELT[args.dtype], B * T * T * ELT[args.dtype] / MiB, args.dtype)
+  local tq = args.tq or T
+  if HN == 1 and tq == T then
+    notes[#notes + 1] = ("seq %d: one B×T×T score matrix = %d·%d²·%d B = %.1f MiB (%s)"):format(T, B, T,
+      ELT[args.dtype], B * T * T * ELT[args.dtype] / MiB, args.dtype)
+  else
+    notes[#notes + 1] = ("seq %d: one score matrix = B·H·Tq·T·elt = %d·%d·%d·%d·%d B = %.1f MiB (%s)"):format(T,
+      B, HN, tq, T, ELT[args.dtype], B * HN * tq * T * ELT[args.dtype] / MiB, args.dtype)
+  end
 end
 print()
 print(title)

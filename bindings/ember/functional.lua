@@ -135,38 +135,52 @@ function F.log_softmax(x, dim) return core.log_softmax(x, dim or -1) end
 
 -- F.cross_entropy (with its options) is defined in the issue 12 block below.
 
---- FlashAttention (CUDA, bf16/f16 or f32 under ember.autocast): softmax(q kᵀ
--- · scale + causal mask) v without materialising the score matrix. Returns O
--- and the rows' log-sum-exp L (B, H, Tq) f32.
--- @param q tensor (B, H, Tq, d)
--- @param k tensor (B, H, Tk, d)
--- @param v tensor (B, H, Tk, d)
--- @tparam[opt=false] boolean causal
+--- FlashAttention: softmax(q kᵀ · scale + causal mask) v without
+-- materialising the score matrix — the CUDA kernels (bf16/f16, or f32 under
+-- ember.autocast) or the tiled CPU path (any float dtype). Returns O and the
+-- rows' log-sum-exp L (B, H, Tq) or (B, Tq), f32 (f64 for f64 inputs).
+-- @param q tensor (B, H, Tq, d) or (B, Tq, d) (one head)
+-- @param k tensor (B, Hkv, Tk, d) or (B, Tk, d); H a multiple of Hkv
+--   (grouped-query attention: head h reads kv head h // (H / Hkv))
+-- @param v tensor shaped as k
+-- @param[opt=false] causal false, true or "top_left" (query i sees keys
+--   j <= i, PyTorch's is_causal) or "bottom_right" (j <= i + Tk - Tq: the
+--   queries are the last Tq positions of a KV cache; needs Tq <= Tk)
 -- @tparam[opt] number scale default 1/√d
 function F.flash_attention(q, k, v, causal, scale)
   check_tensor("flash_attention", "q", q)
   check_tensor("flash_attention", "k", k)
   check_tensor("flash_attention", "v", v)
-  return core.flash_attention(q, k, v, causal and true or false, scale or 0)
+  return core.flash_attention(q, k, v, causal, scale or 0)
 end
 
 local SDPA_IMPLS = {auto = core.attention, naive = core.attention_naive,
   flash = function(q, k, v, causal, scale) return (core.flash_attention(q, k, v, causal, scale)) end}
+local SDPA_KEYS = {causal = true, scale = true, impl = true, enable_gqa = true}
 
 --- softmax(q kᵀ · scale + mask) v.
 -- @param q tensor (..., Tq, d)
 -- @param k tensor (..., Tk, d)
 -- @param v tensor (..., Tk, d)
--- @tparam[opt] table opts `causal` (default false, as PyTorch's is_causal),
---   `scale` (default 1/√d), `impl`: "auto" (the default: the flash kernels
---   where they apply — CUDA, bf16/f16 or autocast, 4-D, d in {16, 32, 64, 80,
---   96, 128} — the naive composition elsewhere), "naive" or "flash" (an error
---   where it does not apply)
+-- @tparam[opt] table opts `causal` (default false; true or "top_left" is
+--   PyTorch's is_causal, "bottom_right" aligns the mask to the end of the
+--   keys), `scale` (default 1/√d), `enable_gqa` (as PyTorch's: q with H heads
+--   in dim -3 against k, v with Hkv heads, H a multiple of Hkv), `impl`:
+--   "auto" (the default: flash where it applies — CUDA with bf16/f16 or
+--   autocast, or the CPU from 256 keys; 3-D or 4-D, d in {16, 32, 64, 80,
+--   96, 128, 256} — the naive composition elsewhere), "naive" or "flash" (an
+--   error where it does not apply)
 function F.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
   if type(opts) ~= "table" then
     error("ember.nn.functional.scaled_dot_product_attention: expected an options table, got " ..
       type(opts), 2)
+  end
+  for key in pairs(opts) do
+    if not SDPA_KEYS[key] then
+      error(("ember.nn.functional.scaled_dot_product_attention: unknown option '%s' (expected causal, " ..
+        "scale, impl or enable_gqa)"):format(tostring(key)), 2)
+    end
   end
   local impl = opts.impl or "auto"
   local fn = SDPA_IMPLS[impl]
@@ -177,7 +191,16 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   check_tensor("scaled_dot_product_attention", "q", q)
   check_tensor("scaled_dot_product_attention", "k", k)
   check_tensor("scaled_dot_product_attention", "v", v)
-  return fn(q, k, v, opts.causal and true or false, opts.scale or 0)
+  -- as PyTorch: heads that differ (and do not broadcast) need enable_gqa
+  local qs, ks = q.shape, k.shape
+  if not opts.enable_gqa and #qs >= 3 and #ks >= 3 then
+    local hq, hk = qs[#qs - 2], ks[#ks - 2]
+    if hk ~= hq and hk ~= 1 then
+      error(("ember.nn.functional.scaled_dot_product_attention: q has %d heads (dim -3) and k %d: " ..
+        "pass enable_gqa = true for grouped-query attention"):format(hq, hk), 2)
+    end
+  end
+  return fn(q, k, v, opts.causal, opts.scale or 0)
 end
 
 -- ---------------------------------------------------------------------------

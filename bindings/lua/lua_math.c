@@ -255,37 +255,72 @@ static int l_swiglu(lua_State *L) {
   const char *fn = lem_name(L);
   return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, fn, "a"), lem_check_tensor(L, 2, fn, "b")));
 }
+/* A causal argument: nil/false (none), true or "top_left" (PyTorch's
+ * is_causal), "bottom_right" (aligned to the end of the keys). */
+static em_causal check_causal(lua_State *L, int idx, const char *fn) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TNONE || t == LUA_TNIL) return EM_CAUSAL_NONE;
+  if (t == LUA_TBOOLEAN) return lua_toboolean(L, idx) ? EM_CAUSAL_TOP_LEFT : EM_CAUSAL_NONE;
+  if (t == LUA_TSTRING) {
+    const char *s = lua_tostring(L, idx);
+    if (strcmp(s, "top_left") == 0) return EM_CAUSAL_TOP_LEFT;
+    if (strcmp(s, "bottom_right") == 0) return EM_CAUSAL_BOTTOM_RIGHT;
+    lem_error(L, fn, "expected causal true, false, 'top_left' or 'bottom_right', got '%s'", s);
+  }
+  lem_error(L, fn, "expected causal true, false, 'top_left' or 'bottom_right', got %s", luaL_typename(L, idx));
+  return EM_CAUSAL_NONE;
+}
+
 static int l_attention_naive(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
   em_tensor *v = lem_check_tensor(L, 3, fn, "v");
-  return lem_push_result(L, em_attention_naive(q, k, v, lua_toboolean(L, 4), lem_opt_number(L, 5, fn, "scale", 0)));
+  return lem_push_result(L, em_attention_naive(q, k, v, check_causal(L, 4, fn), lem_opt_number(L, 5, fn, "scale", 0)));
 }
 
 static int l_attention(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
   em_tensor *v = lem_check_tensor(L, 3, fn, "v");
-  return lem_push_result(L, em_attention(q, k, v, lua_toboolean(L, 4), lem_opt_number(L, 5, fn, "scale", 0)));
+  return lem_push_result(L, em_attention(q, k, v, check_causal(L, 4, fn), lem_opt_number(L, 5, fn, "scale", 0)));
 }
 /* core.flash_attention(q, k, v, causal[, scale]) -> o, lse */
 static int l_flash_attention(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
   em_tensor *v = lem_check_tensor(L, 3, fn, "v"), *lse = NULL;
-  em_tensor *o = em_flash_attention(q, k, v, lua_toboolean(L, 4),
+  em_tensor *o = em_flash_attention(q, k, v, check_causal(L, 4, fn),
                                     lem_opt_number(L, 5, fn, "scale", 0), &lse);
   if (!o) return lem_push_result(L, NULL);
   lem_push_result(L, o);
   lem_push_result(L, lse);
   return 2;
 }
-/* core.flash_applies(q, k, v) -> boolean (under the current autocast state) */
+/* core.flash_applies(q, k, v) -> boolean: em_attention (impl "auto") takes the
+ * flash path for these inputs (under the current autocast state) */
 static int l_flash_applies(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
   lua_pushboolean(L, em_flash_applies(q, k, lem_check_tensor(L, 3, fn, "v")));
   return 1;
+}
+/* core.flash_cpu_tiles([bq, bk]) -> bq, bk: the CPU tile sizes for head dim
+ * 64; with arguments, force them for every head dim first (tests: several
+ * tiles at small T; 0, 0 restores the defaults). */
+static int l_flash_cpu_tiles(lua_State *L) {
+  const char *fn = lem_name(L);
+  if (!lua_isnoneornil(L, 1)) {
+    int64_t bq = lem_opt_int(L, 1, fn, "bq", 0), bk = lem_opt_int(L, 2, fn, "bk", 0);
+    if (bq < 0 || bk < 0 || bq > 4096 || bk > 4096 || (bq == 0) != (bk == 0))
+      return lem_error(L, fn, "expected tile sizes in [1, 4096] (or 0, 0 for the defaults), got %lld and %lld",
+                       (long long)bq, (long long)bk);
+    em_flash_cpu_set_tiles((int)bq, (int)bk);
+  }
+  int bq, bk;
+  em_flash_cpu_tiles(64, &bq, &bk);
+  lua_pushinteger(L, bq);
+  lua_pushinteger(L, bk);
+  return 2;
 }
 
 static int l_cat_stack(lua_State *L, int stack) {
@@ -398,6 +433,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
+    {"flash_cpu_tiles", l_flash_cpu_tiles},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
     {"sum_of_squares", l_sum_of_squares}, {NULL, NULL}};

@@ -413,27 +413,31 @@ int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em
 int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
                      const em_tensor *g, const em_tensor *count, em_tensor *dlogits);
 
-/* ---- flash attention (kernels/flash_fwd.cu, kernels/flash_bwd.cu) ---- */
-/* FlashAttention-2 on CUDA (kernels/flash_fwd.cu, kernels/flash_bwd.cu), the
- * device half of engine/ops/flash_attention.c. Tensors are validated by the
- * engine op: q (B, H, Tq, D), k and v (B, H, Tk, D), any strides over B, H and
- * T (multiples of 8 elements, 16-byte aligned data) with the last dim
- * contiguous; bf16 or f16; D one of em_flash_supported_dim(). lse and delta are
- * contiguous f32 (B, H, Tq). */
+/* ---- flash attention (kernels/flash_fwd.cu, flash_bwd.cu, flash_decode.cu) ---- */
+/* FlashAttention-2 on CUDA, the device half of engine/ops/flash_attention.c.
+ * Tensors are validated by the engine op: q (B, H, Tq, D), k and v (B, Hkv,
+ * Tk, D) with H a multiple of Hkv (grouped-query attention), any strides over
+ * B, H and T (multiples of 8 elements, 16-byte aligned data) with the last dim
+ * contiguous; bf16 or f16; D one of em_flash_supported_dim(). lse and delta
+ * are contiguous f32 (B, H, Tq). causal is an em_causal (0 none, 1 top-left,
+ * 2 bottom-right; bottom-right has Tq <= Tk). */
 
-/* true for the head dims the kernels are built for (16, 32, 64, 80, 96, 128). */
+/* true for the head dims the kernels are built for (16, 32, 64, 80, 96, 128, 256). */
 bool em_flash_supported_dim(int64_t d);
 
 /* o = softmax(q kᵀ · scale [+ causal mask]) v, lse = the rows' log-sum-exp
- * (natural log, of the scaled scores). o has q's shape and dtype. */
+ * (natural log, of the scaled scores). o has q's shape and dtype. Up to 16
+ * queries take the split-key decode kernels (flash_decode.cu), more the
+ * FlashAttention-2 kernel (flash_fwd.cu); both write the same o and lse. */
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o, em_tensor *lse,
-                      bool causal, float scale);
+                      int causal, float scale);
 
-/* dq, dk, dv from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
+/* dq (q's shape), dk and dv (k's shape: summed over each kv head's group)
+ * from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
  * Deterministic: no atomics (dk/dv and dq are two kernels). */
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
-                      em_tensor *dv, bool causal, float scale);
+                      em_tensor *dv, int causal, float scale);
 
 /* ---- optimizers (kernels/adamw.cu) ---- */
 /* Optimizer steps and gradient-norm helpers on CUDA (kernels/adamw.cu), the

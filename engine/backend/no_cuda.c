@@ -146,10 +146,10 @@ int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em
                      const em_tensor *g, const em_tensor *count, em_tensor *dlogits) { return no_cuda(NULL); }
 bool em_flash_supported_dim(int64_t d) { return false; }
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
-                      em_tensor *lse, bool causal, float scale) { return no_cuda(NULL); }
+                      em_tensor *lse, int causal, float scale) { return no_cuda(NULL); }
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
-                      em_tensor *dk, em_tensor *dv, bool causal, float scale) { return no_cuda(NULL); }
+                      em_tensor *dk, em_tensor *dv, int causal, float scale) { return no_cuda(NULL); }
 int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
                   const em_tensor *lr_t) { return no_cuda(NULL); }

@@ -1,29 +1,36 @@
 /* FlashAttention: softmax(q kᵀ · scale [+ causal mask]) v computed tile by
- * tile on the GPU (kernels/flash_fwd.cu, kernels/flash_bwd.cu), never
- * materialising the (Tq, Tk) scores. Saves q, k, v, o and the rows'
- * log-sum-exp (B·H·Tq floats) for backward, where the naive composition
+ * tile, never materialising the (Tq, Tk) scores: on CUDA by the kernels
+ * (kernels/flash_fwd.cu, flash_bwd.cu, flash_decode.cu), on the CPU by the
+ * tiled loops of engine/ops/flash_cpu.c. Saves q, k, v, o and the rows'
+ * log-sum-exp (B·H·Tq values) for backward, where the naive composition
  * saves the T×T probabilities twice (f32 softmax output, bf16 matmul input).
  *
- * q (B, H, Tq, D), k and v (B, H, Tk, D): bf16 or f16 (under ember.autocast
- * f32 inputs are lowered to the region's dtype first, as attention is on the
- * lower-precision list), D in {16, 32, 64, 80, 96, 128}. Any strides over B,
- * H and T: the kernels read the (B, T, H, D) layout that the head split of a
- * linear projection produces without a copy. o, dq, dk and dv are allocated
- * as (B, T, H, D) memory viewed as (B, H, T, D), so merging the heads back
- * (transpose + reshape) is free. Causal masking is top-left aligned, as in
- * em_attention_naive and PyTorch's is_causal.
+ * Inputs: q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of Hkv
+ * (grouped-query attention: head h reads kv head h / (H / Hkv); Hkv = H is
+ * plain multi-head attention), or 3-D (B, T, D) as one head (viewed as
+ * (B, 1, T, D) here, so the views carry the gradients). D in {16, 32, 64,
+ * 80, 96, 128, 256}, on the CPU too, so a script written on the CPU runs on
+ * the GPU. Causal masks are top-left (PyTorch's is_causal) or bottom-right
+ * aligned (em_causal, ember/ops.h).
  *
- * On the CPU the same algorithm (online softmax forward, the log-sum-exp
- * backward) runs row by row in double for any float dtype: the reference the
- * op registry's eval mode compares the kernels with, and the path its grad
- * mode checks against finite differences in f64. It is not fast (issue 11's
- * tiled CPU attention is).
+ * CUDA: bf16 or f16 (under ember.autocast f32 inputs are lowered to the
+ * region's dtype first, as attention is on the lower-precision list). Any
+ * strides over B, H and T: the kernels read the (B, T, H, D) layout that the
+ * head split of a linear projection produces without a copy. o, dq, dk and
+ * dv are allocated as (B, T, H, D) memory viewed as (B, H, T, D), so merging
+ * the heads back (transpose + reshape) is free.
  *
- * em_attention picks the implementation: flash where it applies (CUDA, a
- * half dtype after autocast, a supported D, 4-D inputs of matching B and H),
- * the naive composition everywhere else (CPU, f32 without autocast). */
+ * CPU: any float dtype; f32 arithmetic for f32, bf16 and f16 (converted to
+ * f32 once), f64 for f64 — which makes the tiled code also the path the op
+ * registry's grad mode checks against finite differences, and the reference
+ * its eval mode compares the kernels with.
+ *
+ * em_attention picks the implementation: flash where em_flash_applies (CUDA
+ * with a half dtype after autocast; the CPU from EM_FLASH_CPU_MIN_TK keys),
+ * the naive composition everywhere else. */
 #include <math.h>
 #include <stdio.h>
+#include "flash_cpu.h"
 #include "op.h"
 
 #define OP "flash_attention"
@@ -31,20 +38,21 @@
 static bool half_dtype(em_dtype dt) { return dt == EM_BF16 || dt == EM_F16; }
 
 /* The head dims the op accepts: the kernels' on CUDA; on the CPU the same
- * list, so a script written on the CPU runs on the GPU (and a CPU-only
- * build, whose backend stub supports nothing, still has its reference). */
+ * list (a CPU-only build, whose backend stub supports nothing, included). */
 static bool supported_dim(em_device dev, int64_t d) {
   if (dev.type == EM_CUDA) return em_flash_supported_dim(d);
-  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
 }
 
-static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale) {
+/* The checks shared by the op and em_flash_applies; dt is the dtype the op
+ * will compute in (q's, or the autocast region's). 0, or -1 with the error set. */
+static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, em_dtype dt, em_causal causal, double scale) {
   char s1[160], s2[160], s3[160];
   em_tensor *ts[3] = {q, k, v};
   const char *names[3] = {"q", "k", "v"};
   for (int i = 0; i < 3; i++) {
-    if (ts[i]->ndim != 4)
-      return em_error(OP ": expected %s of shape (B, H, T, D), got %s", names[i],
+    if (ts[i]->ndim != 4 && ts[i]->ndim != 3)
+      return em_error(OP ": expected %s of shape (B, H, T, D) or (B, T, D), got %s", names[i],
                       em_shape_str(ts[i]->ndim, ts[i]->shape, s1, 160));
     if (em_check_same_device(OP, q, ts[i])) return -1;
     if (ts[i]->dtype != q->dtype)
@@ -52,22 +60,34 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, double scale
                       em_dtype_name(q->dtype), em_dtype_name(k->dtype), em_dtype_name(v->dtype));
   }
   if (em_check_float(OP, "q", q)) return -1;
-  if (q->device.type == EM_CUDA && !half_dtype(q->dtype))
+  if (q->device.type == EM_CUDA && !half_dtype(dt))
     return em_error(OP ": expected bf16 or f16 q, k and v (or f32 inside ember.autocast), got %s",
-                    em_dtype_name(q->dtype));
-  if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] ||
-      v->shape[1] != q->shape[1] || k->shape[3] != q->shape[3] || v->shape[3] != q->shape[3] ||
-      v->shape[2] != k->shape[2])
-    return em_error(OP ": expected q (B, H, Tq, D), k and v (B, H, Tk, D), got %s, %s and %s",
-                    em_shape_str(q->ndim, q->shape, s1, 160), em_shape_str(k->ndim, k->shape, s2, 160),
-                    em_shape_str(v->ndim, v->shape, s3, 160));
-  if (!supported_dim(q->device, q->shape[3]))
-    return em_error(OP ": no kernel for head dim %lld (supported: 16, 32, 64, 80, 96, 128)",
-                    (long long)q->shape[3]);
-  if (k->shape[2] == 0 && q->shape[2] > 0) return em_error(OP ": expected at least one key, got Tk = 0");
-  if (q->shape[2] > INT32_MAX || k->shape[2] > INT32_MAX || q->shape[0] * q->shape[1] > INT32_MAX)
-    return em_error(OP ": sizes past 2^31 rows are not supported, got %s",
-                    em_shape_str(q->ndim, q->shape, s1, 160));
+                    em_dtype_name(dt));
+  em_shape_str(q->ndim, q->shape, s1, 160);
+  em_shape_str(k->ndim, k->shape, s2, 160);
+  em_shape_str(v->ndim, v->shape, s3, 160);
+  if (k->ndim != q->ndim || v->ndim != q->ndim)
+    return em_error(OP ": expected q, k and v with the same number of dims, got %s, %s and %s", s1, s2, s3);
+  const int n = q->ndim, t = n - 2;   /* dims of T and D: 2, 3 (4-D) or 1, 2 (3-D) */
+  bool ok = k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0] && k->shape[n - 1] == q->shape[n - 1] &&
+            v->shape[n - 1] == q->shape[n - 1] && v->shape[t] == k->shape[t];
+  if (n == 4) ok = ok && k->shape[1] == v->shape[1] && k->shape[1] > 0 && q->shape[1] % k->shape[1] == 0;
+  if (!ok)
+    return n == 4 ? em_error(OP ": expected q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of Hkv, "
+                                "got %s, %s and %s", s1, s2, s3)
+                  : em_error(OP ": expected q (B, Tq, D), k and v (B, Tk, D), got %s, %s and %s", s1, s2, s3);
+  const int64_t D = q->shape[n - 1], Tq = q->shape[t], Tk = k->shape[t];
+  if (!supported_dim(q->device, D))
+    return em_error(OP ": no kernel for head dim %lld (supported: 16, 32, 64, 80, 96, 128, 256)", (long long)D);
+  if (Tk == 0 && Tq > 0) return em_error(OP ": expected at least one key, got Tk = 0 (k has shape %s)", s2);
+  if (causal != EM_CAUSAL_NONE && causal != EM_CAUSAL_TOP_LEFT && causal != EM_CAUSAL_BOTTOM_RIGHT)
+    return em_error(OP ": expected causal none (0), top-left (1) or bottom-right (2), got %d", (int)causal);
+  if (causal == EM_CAUSAL_BOTTOM_RIGHT && Tq > Tk)
+    return em_error(OP ": expected Tq <= Tk for bottom-right causal alignment (the first Tq - Tk queries would "
+                       "see no key), got Tq = %lld and Tk = %lld", (long long)Tq, (long long)Tk);
+  int64_t rows = q->shape[0] * (n == 4 ? q->shape[1] : 1);
+  if (Tq > INT32_MAX || Tk > INT32_MAX || rows > INT32_MAX)
+    return em_error(OP ": sizes past 2^31 rows are not supported, got %s", s1);
   if (isnan(scale) || isinf(scale)) return em_error(OP ": expected a finite scale, got %g", scale);
   return 0;
 }
@@ -97,104 +117,83 @@ static em_tensor *bthd_empty(int64_t b, int64_t h, int64_t t, int64_t d, em_dtyp
   return v;
 }
 
-/* saved: q, k, v, o, lse; the op's causal flag, scale and input dtype ride in n->ctx. */
-typedef struct { bool causal; double scale; em_dtype dtype; } flash_ctx;
-
-/* ---- the CPU path: f64 contiguous (B, H, T, D) q, k, v, o, dout; lse (B, H, Tq) ---- */
-
-/* The last key row i attends to: all of them, or j <= i (top-left aligned). */
-static int64_t last_key(bool causal, int64_t i, int64_t Tk) { return causal ? EM_MIN(i, Tk - 1) : Tk - 1; }
-
-static double dot(const double *a, const double *b, int64_t n) {
-  double s = 0;
-  for (int64_t d = 0; d < n; d++) s += a[d] * b[d];
-  return s;
+/* t (B, H, T, D) as dtype dt in fresh (B, T, H, D) memory; t retained when already dt. */
+static em_tensor *bthd_as(em_tensor *t, em_dtype dt) {
+  if (!t || t->dtype == dt) return t ? em_tensor_retain(t) : NULL;
+  em_tensor *r = bthd_empty(t->shape[0], t->shape[1], t->shape[2], t->shape[3], dt, t->device);
+  if (r && em_copy_(r, t)) { em_tensor_release(r); r = NULL; }
+  return r;
 }
 
-static void flash_fwd_cpu(const double *q, const double *k, const double *v, double *o, double *lse, int64_t BH,
-                          int64_t Tq, int64_t Tk, int64_t D, bool causal, double scale) {
-  for (int64_t bh = 0; bh < BH; bh++) {
-    const double *K = k + bh * Tk * D, *V = v + bh * Tk * D;
-    for (int64_t i = 0; i < Tq; i++) {
-      const double *qi = q + (bh * Tq + i) * D;
-      double *oi = o + (bh * Tq + i) * D, m = -INFINITY, l = 0;
-      for (int64_t d = 0; d < D; d++) oi[d] = 0;
-      for (int64_t j = 0; j <= last_key(causal, i, Tk); j++) {   /* online softmax */
-        double s = scale * dot(qi, K + j * D, D);
-        if (s > m) {
-          double r = exp(m - s);
-          for (int64_t d = 0; d < D; d++) oi[d] *= r;
-          l *= r;
-          m = s;
-        }
-        double p = exp(s - m);
-        l += p;
-        for (int64_t d = 0; d < D; d++) oi[d] += p * V[j * D + d];
-      }
-      for (int64_t d = 0; d < D; d++) oi[d] /= l;
-      lse[bh * Tq + i] = m + log(l);
-    }
+/* saved: q, k, v, o, lse; the op's causal mode, scale and input dtype ride in n->ctx. */
+typedef struct { em_causal causal; double scale; em_dtype dtype; } flash_ctx;
+
+/* ---- the CPU path (engine/ops/flash_cpu.c) ---- */
+
+/* An operand as the CPU loops read it: the compute dtype, last dim
+ * contiguous, rows at least D apart (BLAS's leading dimension). */
+static em_tensor *cpu_ready(em_tensor *t, em_dtype cdt) {
+  bool ok = t->dtype == cdt && t->stride[3] == 1 && (t->stride[2] >= t->shape[3] || t->shape[2] <= 1);
+  return ok ? em_tensor_retain(t) : em_contiguous_as(t, cdt);
+}
+
+static em_flash_mat mat_of(em_tensor *t) {
+  return (em_flash_mat){em_data_ptr(t), t->stride[0], t->stride[1], t->shape[2] <= 1 ? t->shape[3] : t->stride[2]};
+}
+
+static em_flash_cpu_args cpu_args(em_tensor *q, em_tensor *k, em_tensor *v, em_tensor *o, em_tensor *lse,
+                                  em_causal causal, double scale) {
+  return (em_flash_cpu_args){.q = mat_of(q), .k = mat_of(k), .v = mat_of(v), .o = mat_of(o),
+                             .lse = em_data_ptr(lse), .B = q->shape[0], .H = q->shape[1], .Hkv = k->shape[1],
+                             .Tq = q->shape[2], .Tk = k->shape[2], .D = q->shape[3], .causal = causal,
+                             .scale = scale, .f64 = q->dtype == EM_F64};
+}
+
+/* The CPU forward: q, k, v in the compute dtype (f64 for f64, else f32), o
+ * and lse in it too, saved; *y is o as q0's dtype. 0 or -1 with the error set. */
+static int flash_cpu(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale, em_tensor **sv,
+                     em_tensor **y) {
+  em_dtype cdt = q0->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *q = sv[0] = cpu_ready(q0, cdt), *k = sv[1] = q ? cpu_ready(k0, cdt) : NULL;
+  em_tensor *v = sv[2] = k ? cpu_ready(v0, cdt) : NULL;
+  int64_t lshape[3] = {q0->shape[0], q0->shape[1], q0->shape[2]};
+  em_tensor *o = sv[3] = v ? bthd_empty(q0->shape[0], q0->shape[1], q0->shape[2], q0->shape[3], cdt, q0->device)
+                           : NULL;
+  em_tensor *lse = sv[4] = o ? em_empty(3, lshape, cdt, q0->device) : NULL;
+  if (!lse) return -1;
+  em_flash_cpu_args a = cpu_args(q, k, v, o, lse, causal, scale);
+  if (em_flash_cpu_fwd(&a)) return -1;
+  *y = bthd_as(o, q0->dtype);
+  return *y ? 0 : -1;
+}
+
+static int flash_backward_cpu(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+  const flash_ctx *c = n->ctx;
+  em_dtype cdt = q->dtype;
+  em_tensor *g = cpu_ready(gout[0], cdt);
+  em_tensor *d[3] = {NULL};
+  d[0] = g ? bthd_empty(q->shape[0], q->shape[1], q->shape[2], q->shape[3], cdt, q->device) : NULL;
+  d[1] = d[0] ? bthd_empty(k->shape[0], k->shape[1], k->shape[2], k->shape[3], cdt, k->device) : NULL;
+  d[2] = d[1] ? bthd_empty(v->shape[0], v->shape[1], v->shape[2], v->shape[3], cdt, v->device) : NULL;
+  int rc = -1;
+  if (d[2]) {
+    em_flash_cpu_args a = cpu_args(q, k, v, o, lse, c->causal, c->scale);
+    a.dout = mat_of(g); a.dq = mat_of(d[0]); a.dk = mat_of(d[1]); a.dv = mat_of(d[2]);
+    rc = em_flash_cpu_bwd(&a);
   }
-}
-
-/* P = exp(s - lse); dV = Pᵀ dO; dS = P (dO Vᵀ - rowsum(dO o)); dQ = scale dS K; dK = scale dSᵀ Q. */
-static void flash_bwd_cpu(const double *q, const double *k, const double *v, const double *o, const double *lse,
-                          const double *dout, double *dq, double *dk, double *dv, int64_t BH, int64_t Tq, int64_t Tk,
-                          int64_t D, bool causal, double scale) {
-  for (int64_t bh = 0; bh < BH; bh++) {
-    const double *K = k + bh * Tk * D, *V = v + bh * Tk * D;
-    double *dK = dk + bh * Tk * D, *dV = dv + bh * Tk * D;
-    for (int64_t i = 0; i < Tq; i++) {
-      int64_t r = bh * Tq + i;
-      const double *qi = q + r * D, *gi = dout + r * D;
-      double delta = dot(gi, o + r * D, D), *dqi = dq + r * D;
-      for (int64_t j = 0; j <= last_key(causal, i, Tk); j++) {
-        double p = exp(scale * dot(qi, K + j * D, D) - lse[r]);
-        double ds = p * (dot(gi, V + j * D, D) - delta) * scale;
-        for (int64_t d = 0; d < D; d++) {
-          dV[j * D + d] += p * gi[d];
-          dqi[d] += ds * K[j * D + d];
-          dK[j * D + d] += ds * qi[d];
-        }
-      }
-    }
-  }
-}
-
-static em_tensor *zeros_f64(int n, const int64_t *shape) {
-  em_tensor *t = em_empty(n, shape, EM_F64, (em_device){EM_CPU, 0});
-  if (t) memset(em_data_ptr(t), 0, (size_t)em_numel(t) * sizeof(double));
-  return t;
-}
-
-/* gin[i] = the f64 gradient as the input's dtype. */
-static int cast_grads(em_tensor **g64, em_dtype dt, em_tensor **gin) {
-  int rc = 0;
+  em_tensor_release(g);
   for (int i = 0; i < 3; i++) {
-    gin[i] = rc ? NULL : em_contiguous_as(g64[i], dt);
+    gin[i] = rc == 0 ? bthd_as(d[i], c->dtype) : NULL;
     if (!gin[i]) rc = -1;
-    em_tensor_release(g64[i]);
+    em_tensor_release(d[i]);
   }
   if (rc)
     for (int i = 0; i < 3; i++) { em_tensor_release(gin[i]); gin[i] = NULL; }
   return rc;
 }
 
-static int flash_backward_cpu(em_node *n, em_tensor **gout, em_tensor **gin) {
-  em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
-  const flash_ctx *c = n->ctx;
-  em_tensor *g = em_contiguous_as(gout[0], EM_F64);
-  if (!g) return -1;
-  em_tensor *d[3] = {zeros_f64(4, q->shape), zeros_f64(4, k->shape), zeros_f64(4, v->shape)};
-  int rc = d[0] && d[1] && d[2] ? 0 : -1;
-  if (rc == 0)
-    flash_bwd_cpu(em_data_ptr(q), em_data_ptr(k), em_data_ptr(v), em_data_ptr(o), em_data_ptr(lse),
-                  em_data_ptr(g), em_data_ptr(d[0]), em_data_ptr(d[1]), em_data_ptr(d[2]),
-                  q->shape[0] * q->shape[1], q->shape[2], k->shape[2], q->shape[3], c->causal, c->scale);
-  em_tensor_release(g);
-  if (rc) { for (int i = 0; i < 3; i++) em_tensor_release(d[i]); return -1; }
-  return cast_grads(d, c->dtype, gin);
-}
+/* ---- the CUDA path (kernels/flash_*.cu) ---- */
 
 static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   if (n->saved[0]->device.type == EM_CPU) return flash_backward_cpu(n, gout, gin);
@@ -203,15 +202,15 @@ static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g = em_to(gout[0], q->dtype, q->device);
   em_tensor *dout = g ? kernel_ready(g) : NULL;
   em_tensor_release(g);
-  int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
+  int64_t B = q->shape[0], H = q->shape[1], Hkv = k->shape[1], Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
   int64_t dshape[3] = {B, H, Tq};
   /* delta (rowsum(dO * o)) is scratch of the three kernels: workspace in memory history */
   em_mem_category prev_cat = em_mem_set_category_override(EM_MEM_WORKSPACE);
   em_tensor *delta = dout ? em_empty(3, dshape, EM_F32, q->device) : NULL;
   em_mem_set_category_override(prev_cat);
   em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
-  em_tensor *dk = dq ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;
-  em_tensor *dv = dk ? bthd_empty(B, H, Tk, D, q->dtype, q->device) : NULL;
+  em_tensor *dk = dq ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
+  em_tensor *dv = dk ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
   int rc = dv ? em_flash_bwd_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale) : -1;
   em_tensor_release(dout); em_tensor_release(delta);
   if (rc) { em_tensor_release(dq); em_tensor_release(dk); em_tensor_release(dv); return -1; }
@@ -219,24 +218,8 @@ static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return 0;
 }
 
-/* The CPU forward: f64 copies of q, k, v (saved for backward), o and lse in
- * f64; *y is o as q0's dtype. 0 or -1 with the error set. */
-static int flash_cpu(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool causal, double scale, em_tensor **sv,
-                     em_tensor **y) {
-  em_tensor *q = sv[0] = em_contiguous_as(q0, EM_F64), *k = sv[1] = q ? em_contiguous_as(k0, EM_F64) : NULL;
-  em_tensor *v = sv[2] = k ? em_contiguous_as(v0, EM_F64) : NULL;
-  int64_t lshape[3] = {q0->shape[0], q0->shape[1], q0->shape[2]};
-  em_tensor *o = sv[3] = v ? em_empty(4, q0->shape, EM_F64, q0->device) : NULL;
-  em_tensor *lse = sv[4] = o ? em_empty(3, lshape, EM_F64, q0->device) : NULL;
-  if (!lse) return -1;
-  flash_fwd_cpu(em_data_ptr(q), em_data_ptr(k), em_data_ptr(v), em_data_ptr(o), em_data_ptr(lse),
-                q->shape[0] * q->shape[1], q->shape[2], k->shape[2], q->shape[3], causal, scale);
-  *y = em_contiguous_as(o, q0->dtype);
-  return *y ? 0 : -1;
-}
-
 /* The CUDA forward: kernel-ready q, k, v, o and lse (f32) saved; *y is o. */
-static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool causal, double scale, em_tensor **sv,
+static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale, em_tensor **sv,
                       em_tensor **y) {
   em_tensor *q = sv[0] = kernel_ready(q0), *k = sv[1] = q ? kernel_ready(k0) : NULL;
   em_tensor *v = sv[2] = k ? kernel_ready(v0) : NULL;
@@ -249,7 +232,8 @@ static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool causal, 
   return 0;
 }
 
-static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool causal, double scale,
+/* 4-D validated inputs: the forward on their device and the autograd node. */
+static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale,
                            em_tensor **lse_out) {
   em_tensor *sv[5] = {NULL}, *y = NULL;   /* saved: q, k, v, o, lse */
   int rc = q0->device.type == EM_CPU ? flash_cpu(q0, k0, v0, causal, scale, sv, &y)
@@ -275,16 +259,30 @@ static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, bool cau
   return y;
 }
 
-em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale,
+/* (B, T, D) inputs as one head: (B, 1, T, D) views in, the head dim squeezed out of o and lse. */
+static em_tensor *flash_op_3d(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
+                              em_tensor **lse_out) {
+  em_tensor *q4 = em_unsqueeze(q, 1), *k4 = q4 ? em_unsqueeze(k, 1) : NULL, *v4 = k4 ? em_unsqueeze(v, 1) : NULL;
+  em_tensor *lse4 = NULL, *o4 = v4 ? flash_op(q4, k4, v4, causal, scale, lse_out ? &lse4 : NULL) : NULL;
+  em_tensor *o = o4 ? em_squeeze(o4, 1) : NULL, *lse = NULL;
+  if (o && lse_out && !(lse = em_squeeze(lse4, 1))) { em_tensor_release(o); o = NULL; }
+  em_tensor *tmp[5] = {q4, k4, v4, o4, lse4};
+  for (int i = 0; i < 5; i++) em_tensor_release(tmp[i]);
+  if (o && lse_out) *lse_out = lse;
+  return o;
+}
+
+em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                               em_tensor **lse_out) {
   EM_OP_SCOPE(OP);
   if (lse_out) *lse_out = NULL;
   em_op_args l;
   if (em_op_autocast(&l, EM_AUTOCAST_LOWER, 3, (em_tensor *[]){q, k, v})) return NULL;
   em_tensor *out = NULL;
-  if (flash_validate(l.t[0], l.t[1], l.t[2], scale) == 0) {
-    if (scale <= 0) scale = 1.0 / sqrt((double)l.t[0]->shape[3]);
-    out = flash_op(l.t[0], l.t[1], l.t[2], causal, scale, lse_out);
+  if (flash_validate(l.t[0], l.t[1], l.t[2], l.t[0]->dtype, causal, scale) == 0) {
+    if (scale <= 0) scale = 1.0 / sqrt((double)l.t[0]->shape[l.t[0]->ndim - 1]);
+    out = l.t[0]->ndim == 3 ? flash_op_3d(l.t[0], l.t[1], l.t[2], causal, scale, lse_out)
+                            : flash_op(l.t[0], l.t[1], l.t[2], causal, scale, lse_out);
   }
   em_op_args_release(&l);
   return out;
@@ -292,18 +290,13 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool cau
 
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
   em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;
-  if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || q->device.type != EM_CUDA || !half_dtype(dt)) return false;
-  if (k->dtype != q->dtype || v->dtype != q->dtype) return false;
-  if (k->device.type != EM_CUDA || v->device.type != EM_CUDA || k->device.index != q->device.index ||
-      v->device.index != q->device.index)
-    return false;
-  for (int d = 0; d < 2; d++)
-    if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) return false;
-  return k->shape[3] == q->shape[3] && v->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] &&
-         k->shape[2] > 0 && em_flash_supported_dim(q->shape[3]);
+  if ((q->ndim != 3 && q->ndim != 4) || k->ndim != q->ndim || v->ndim != q->ndim) return false;
+  if (q->device.type == EM_CUDA && !half_dtype(dt)) return false;
+  if (q->device.type == EM_CPU && k->shape[q->ndim - 2] < EM_FLASH_CPU_MIN_TK) return false;
+  return flash_validate(q, k, v, dt, EM_CAUSAL_NONE, 1.0) == 0;
 }
 
-em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale) {
+em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale) {
   if (em_flash_applies(q, k, v)) return em_flash_attention(q, k, v, causal, scale, NULL);
   return em_attention_naive(q, k, v, causal, scale);
 }

@@ -1,5 +1,8 @@
 -- flash_spec.lua (GPU) — the FlashAttention-2 kernels (kernels/flash_fwd.cu,
--- kernels/flash_bwd.cu) against the naive composition.
+-- kernels/flash_bwd.cu) and the split-key decode kernels (flash_decode.cu, up
+-- to 16 queries) against the naive composition and the CPU's tiled path:
+-- every head dim (256 included), grouped-query attention, 3-D inputs, both
+-- causal alignments.
 --
 -- Reference: the naive attention in f64 on the CPU, from the same bf16/f16
 -- inputs (so input rounding is not counted), with autograd for the
@@ -29,15 +32,27 @@ local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; ret
 -- (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it
 local function bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
 
+-- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d)
+local function repeat_kv(k, H)
+  if #k.shape == 3 or k.shape[2] == H then return k end
+  local B, Hkv, T, d = table.unpack(k.shape)
+  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
+end
+
+-- naive attention in f64 on the CPU (autograd through repeat_kv sums a kv
+-- head's gradient over its group) and the log-sum-exp of its scores
 local function naive64(q, k, v, g, causal, scale)
   local q6, k6, v6 = leaf(q:cpu():to("f64")), leaf(k:cpu():to("f64")), leaf(v:cpu():to("f64"))
-  local o = F.scaled_dot_product_attention(q6, k6, v6, {causal = causal, scale = scale, impl = "naive"})
+  local nd, H = #q.shape, q.shape[2]
+  local kr, vr = repeat_kv(k6, H), repeat_kv(v6, H)
+  local o = F.scaled_dot_product_attention(q6, kr, vr, {causal = causal, scale = scale, impl = "naive"})
   o:backward(g:cpu():to("f64"))
-  local d = q.shape[4]
-  local s = q6:detach():matmul(k6:detach():transpose(-2, -1)) * (scale or 1 / math.sqrt(d))
+  local d = q.shape[nd]
+  local s = q6:detach():matmul(kr:detach():transpose(-2, -1)) * (scale or 1 / math.sqrt(d))
   if causal then
-    local tq, tk = q.shape[3], k.shape[3]
-    s = s:masked_fill(ember.ones(tq, tk):triu(1):eq(1), -math.huge)
+    local tq, tk = q.shape[nd - 1], k.shape[nd - 1]
+    local off = causal == "bottom_right" and tk - tq or 0
+    s = s:masked_fill(ember.ones(tq, tk):triu(1 + off):eq(1), -math.huge)
   end
   return o:detach(), q6.grad, k6.grad, v6.grad, s:logsumexp(-1)
 end
@@ -59,7 +74,8 @@ local function check(shape_q, shape_k, dt, causal, opts)
   local ref = {naive64(q, k, v, g, causal, opts.scale)}
   local fl = {run(function(a, b, c) return F.flash_attention(a, b, c, causal, opts.scale) end, q, k, v, g)}
   local nv = {run(function(a, b, c)
-    return F.scaled_dot_product_attention(a, b, c, {causal = causal, scale = opts.scale, impl = "naive"})
+    return F.scaled_dot_product_attention(a, b, c, {causal = causal, scale = opts.scale, impl = "naive",
+      enable_gqa = true})
   end, q, k, v, g)}
   local what = string.format("%s q%s k%s causal=%s", dt, table.concat(shape_q, "x"), table.concat(shape_k, "x"),
     tostring(causal))
@@ -98,6 +114,50 @@ describe("flash attention on CUDA", function()
     check({1, 2, 64, 64}, {1, 2, 64, 64}, "bf16", true)
     check({1, 2, 65, 128}, {1, 2, 65, 128}, "f16", true)
     check({1, 1, 1024, 64}, {1, 1, 1024, 64}, "bf16", true)
+  end)
+
+  it("runs head dim 256 (q fragments from shared memory, dk/dv/dq split over two blocks)", function()
+    check({2, 2, 130, 256}, {2, 2, 130, 256}, "bf16", true)
+    check({1, 2, 70, 256}, {1, 2, 150, 256}, "f16", false)
+  end)
+
+  it("runs grouped-query attention: head h reads kv head h // (H / Hkv), dk/dv summed over the group", function()
+    check({2, 8, 130, 64}, {2, 2, 130, 64}, "bf16", true)
+    check({1, 6, 77, 128}, {1, 3, 100, 128}, "f16", "bottom_right")
+    check({1, 4, 65, 32}, {1, 1, 65, 32}, "bf16", false)
+    check({1, 4, 40, 256}, {1, 2, 40, 256}, "bf16", true)
+  end)
+
+  it("aligns causal = 'bottom_right' to the end of the keys (Tq < Tk: queries at the end of a cache)", function()
+    check({1, 2, 100, 64}, {1, 2, 230, 64}, "bf16", "bottom_right")
+    check({2, 2, 130, 96}, {2, 2, 130, 96}, "f16", "bottom_right")   -- Tq = Tk: the usual mask
+  end)
+
+  it("takes 3-D (B, T, d) inputs as one head (the course's shape)", function()
+    local fl = check({3, 100, 64}, {3, 100, 64}, "bf16", true)
+    assert.same({3, 100, 64}, fl[1].shape)
+    assert.same({3, 100}, fl[5].shape)
+    check({2, 9, 128}, {2, 300, 128}, "f16", "bottom_right")   -- 3-D through the decode kernel
+  end)
+
+  it("decodes few queries against a long cache with the split-key kernel (splits combined, or one split)", function()
+    check({1, 8, 1, 128}, {1, 2, 3000, 128}, "bf16", "bottom_right")   -- one query, GQA, 12 splits
+    check({2, 4, 16, 64}, {2, 4, 777, 64}, "f16", "bottom_right")      -- 16 queries: still the decode kernel
+    check({2, 4, 17, 64}, {2, 4, 777, 64}, "bf16", "bottom_right")     -- 17: the FlashAttention-2 kernel
+    check({1, 2, 5, 256}, {1, 2, 1000, 256}, "bf16", true)             -- top-left: row i sees keys 0..i
+    check({33, 8, 1, 32}, {33, 8, 64, 32}, "bf16", false)              -- 264 blocks: one split, o written directly
+    for _, d in ipairs({16, 80, 96}) do check({1, 2, 3, d}, {1, 2, 600, d}, "bf16", "bottom_right") end
+  end)
+
+  it("gives the decode kernel's result bit for bit on repeat, and the CPU tiled path's within bf16 rounding", function()
+    local q, k, v = randn({2, 8, 1, 128}, "bf16"), randn({2, 2, 2048, 128}, "bf16"), randn({2, 2, 2048, 128}, "bf16")
+    local a = F.flash_attention(q:cuda(), k:cuda(), v:cuda(), "bottom_right")
+    local b = F.flash_attention(q:cuda(), k:cuda(), v:cuda(), "bottom_right")
+    C.assert_equal(b, a, "decode repeat")
+    local cpu, lse_cpu = F.flash_attention(q:float(), k:float(), v:float(), "bottom_right")
+    local _, lse = F.flash_attention(q:cuda(), k:cuda(), v:cuda(), "bottom_right")
+    assert.is_true(rel(a, cpu) < 8e-3, "decode vs the CPU tiled path")
+    assert.is_true(rel(lse, lse_cpu) < 1e-5, "decode lse vs the CPU tiled path")
   end)
 
   it("honours a given scale", function()
@@ -176,12 +236,16 @@ describe("flash attention on CUDA", function()
       "no kernel for head dim 48", 1, true)
     local k3 = ember.randn(1, 3, 8, 64, {device = "cuda", dtype = "bf16"})
     assert.error_matches(function() F.flash_attention(q, k3, k3, true) end,
-      "expected q (B, H, Tq, D), k and v (B, H, Tk, D)", 1, true)
+      "expected q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of Hkv, got [1, 2, 8, 64], " ..
+      "[1, 3, 8, 64] and [1, 3, 8, 64]", 1, true)
     assert.error_matches(function() F.flash_attention(q, q:half(), q, true) end,
       "expected q, k and v to have the same dtype", 1, true)
     assert.error_matches(function() F.flash_attention(q, q:cpu(), q, true) end, "device", 1, true)
-    local q3 = q:select(0, 0)
-    assert.error_matches(function() F.flash_attention(q3, q3, q3, true) end,
-      "expected q of shape (B, H, T, D), got [2, 8, 64]", 1, true)
+    local q2 = q:select(0, 0):select(0, 0)
+    assert.error_matches(function() F.flash_attention(q2, q2, q2, true) end,
+      "expected q of shape (B, H, T, D) or (B, T, D), got [8, 64]", 1, true)
+    local k4 = ember.randn(1, 2, 4, 64, {device = "cuda", dtype = "bf16"})
+    assert.error_matches(function() F.flash_attention(q, k4, k4, "bottom_right") end,
+      "expected Tq <= Tk for bottom-right causal alignment", 1, true)
   end)
 end)

@@ -138,6 +138,29 @@ describe("study scripts", function()
       assert.matches("^naive%s+d=16%s+seq=4096%s+OOM %(out of memory", lines(out)[5])
     end)
 
+    it("times the tiled flash path on the CPU in the decode shape (GQA, one query, bottom-right, forward only)", function()
+      local json = temp(".jsonl")
+      local out, err, status = run("bench_attention.lua", {"--device", "cpu", "--impl", "naive,flash", "--d", "16",
+        "--seq", "300", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--tq", "1", "--causal", "--align",
+        "bottom_right", "--fwd-only", "--passes", "2", "--warmup", "0", "--json", json})
+      assert.are.equal(0, status, err)
+      assert.truthy(find(out, "heads=4 kv_heads=2 tq=1 align=bottom_right fwd_only=true"))
+      assert.truthy(find(out, "seq 300: one score matrix = B·H·Tq·T·elt = 2·4·1·300·4 B"))
+      local cells = json_lines(json)
+      assert.are.equal(2, #cells)
+      for i, c in ipairs(cells) do
+        assert.are.same({({"naive", "flash"})[i], 4, 2, 1, "bottom_right", true, "ok"},
+          {c.impl, c.heads, c.kv_heads, c.tq, c.align, c.fwd_only, c.status})
+        assert.is_true(c.fwd_ms > 0)
+        assert.are.equal(cjson.null, c.bwd_ms)
+        assert.are.equal(2 * 4 * 1 * 300 * 4, c.score_bytes)
+      end
+      local rows = md_rows(out, "%d+")
+      assert.are.same({"16", "300"}, {rows[1][1], rows[1][2]})
+      assert.are.equal("-", rows[1][4])   -- no backward column values
+      assert.is_true(tonumber(rows[1][6]) > 0, "flash fwd ms")
+    end)
+
     it("rejects bad options with a clear message and a non-zero status", function()
       local cases = {
         {{"--device", "cpu", "--impl", "graph"}, "--impl graph needs --device cuda"},
@@ -147,6 +170,11 @@ describe("study scripts", function()
         {{"--device", "cpu", "--passes", "0"}, "--passes must be a positive integer"},
         {{"--device", "tpu"}, "--device must be cpu, cuda or cuda:N"},
         {{"--device", "cpu", "--dtype", "f64"}, "argument for option '--dtype' must be one of"},
+        {{"--device", "cpu", "--kv-heads", "2"}, "--kv-heads needs --heads"},
+        {{"--device", "cpu", "--heads", "3", "--kv-heads", "2"}, "--kv-heads 2 must divide --heads 3"},
+        {{"--device", "cpu", "--tq", "0"}, "--tq must be a positive integer"},
+        {{"--device", "cpu", "--align", "bottom_right"}, "--align bottom_right needs --causal"},
+        {{"--device", "cpu", "--causal", "--align", "end"}, "argument for option '--align' must be one of"},
       }
       for _, c in ipairs(cases) do
         local out, err, status = run("bench_attention.lua", c[1])

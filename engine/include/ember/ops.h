@@ -117,21 +117,39 @@ em_tensor *em_layer_norm(em_tensor *x, em_tensor *w, em_tensor *b, double eps);
 /* Rotate adjacent pairs (x[2j], x[2j+1]) of the last dim by pos * theta^(-2j/d).
  * x (..., T, d), d even; pos integer (T) or broadcastable to x's leading dims + T. */
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);
-/* softmax(q k^T * scale + causal mask) v. q (..., Tq, d), k/v (..., Tk, d).
- * scale <= 0 means 1/sqrt(d). Naive: materialises the score matrix. causal is
- * top-left aligned like torch SDPA's is_causal (query i sees keys j <= i); to
- * decode one token against a KV cache (Tq = 1) pass causal = false. */
-em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
-/* FlashAttention (engine/ops/flash_attention.c): the same function on CUDA
- * without materialising the scores. q (B, H, Tq, D), k/v (B, H, Tk, D), bf16
- * or f16 (f32 is lowered under autocast), D in {16, 32, 64, 80, 96, 128}.
- * lse_out, when not NULL, receives the rows' log-sum-exp (B, H, Tq) f32. */
-em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale,
+/* Causal masking of attention. Query i sees keys j <= i + offset:
+ * top-left aligned, offset 0 (PyTorch SDPA's is_causal; `true` converts to
+ * it), or bottom-right aligned, offset Tk - Tq (the last query sees every
+ * key: queries at the end of a KV cache; needs Tq <= Tk). Equal for Tq = Tk. */
+typedef enum { EM_CAUSAL_NONE = 0, EM_CAUSAL_TOP_LEFT = 1, EM_CAUSAL_BOTTOM_RIGHT = 2 } em_causal;
+
+/* softmax(q k^T * scale + causal mask) v. q (..., Tq, d), k/v (..., Tk, d),
+ * batch dims broadcast; grouped-query attention when q has H heads (dim -3)
+ * and k/v Hkv, H a multiple of Hkv (head h reads kv head h / (H / Hkv)).
+ * scale <= 0 means 1/sqrt(d). Naive: materialises the score matrix. */
+em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale);
+/* FlashAttention (engine/ops/flash_attention.c): the same function without
+ * the score matrix. q (B, H, Tq, D) or (B, Tq, D) (one head), k/v (B, Hkv,
+ * Tk, D) or (B, Tk, D), H a multiple of Hkv, D in {16, 32, 64, 80, 96, 128,
+ * 256}. CUDA: bf16 or f16 (f32 is lowered under autocast), kernels/flash_*.cu;
+ * CPU: any float dtype, tiled (engine/ops/flash_cpu.c). lse_out, when not
+ * NULL, receives the rows' log-sum-exp (B, H, Tq) or (B, Tq), f32 (f64 for
+ * f64 inputs). */
+em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                               em_tensor **lse_out);
-/* true when em_flash_attention accepts these inputs (under the current autocast state). */
+/* true when em_attention takes the flash path for these inputs (under the
+ * current autocast state): em_flash_attention accepts them and, on the CPU,
+ * Tk >= EM_FLASH_CPU_MIN_TK (shorter rows run faster through BLAS's one big
+ * matmul than through tiles). */
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v);
+#define EM_FLASH_CPU_MIN_TK 256
+/* The CPU path's tile sizes (query rows bq, key rows bk) for head dim d.
+ * em_flash_cpu_set_tiles forces them for every d — a test hook (several tiles
+ * at small T), process-wide and not thread-safe; 0, 0 restores the defaults. */
+void em_flash_cpu_tiles(int64_t d, int *bq, int *bk);
+void em_flash_cpu_set_tiles(int bq, int bk);
 /* Flash where it applies, the naive composition otherwise. */
-em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double scale);
+em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale);
 
 /* ---------- shape ops (engine/ops/shape.c) ---------- */
 em_tensor *em_cat(int n, em_tensor *const *ts, int64_t dim);

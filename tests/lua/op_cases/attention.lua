@@ -1,8 +1,11 @@
 -- op_cases/attention.lua — FlashAttention (F.flash_attention): every head dim
--- the kernels have (16, 32, 64, 80, 96, 128), causal and not, odd lengths and
--- Tq != Tk. On the CPU the op runs its f64 reference path (grad mode); on
+-- the kernels have (16, 32, 64, 80, 96, 128, 256), causal and not, odd
+-- lengths, Tq != Tk, both causal alignments, grouped-query attention, 3-D
+-- (B, T, d) inputs and one query against many keys (the decode path on
+-- CUDA). On the CPU the op runs its tiled path in f64 (engine/ops/
+-- flash_cpu.c), which the grad mode checks against finite differences; on
 -- CUDA the kernels, in bf16 and f16 only (there is no f32 kernel), against
--- that reference on the same values (eval mode).
+-- that path on the same values (eval mode).
 -- Loaded by tests/lua/op_cases.lua, which says what case() and perf() take.
 return function(case, perf, ember, F)
   local HALF = {cuda_dtypes = {"bf16", "f16"}}
@@ -18,6 +21,22 @@ return function(case, perf, ember, F)
   end
   case("flash_attention causal, Tq 9 > Tk 4 (top-left aligned), explicit scale", "flash_attention", flash(true, 0.2),
     function(T) return {T.randn({1, 1, 9, 16}), T.randn({1, 1, 4, 16}), T.randn({1, 1, 4, 16})} end, nil, HALF)
+  case("flash_attention d256 causal, T = 5", "flash_attention", flash(true),
+    function(T) return {T.randn({1, 1, 5, 256}), T.randn({1, 1, 5, 256}), T.randn({1, 1, 5, 256})} end, nil, HALF)
+  case("flash_attention bottom-right causal, Tq 4 < Tk 11", "flash_attention", flash("bottom_right"),
+    function(T) return {T.randn({2, 2, 4, 32}), T.randn({2, 2, 11, 32}), T.randn({2, 2, 11, 32})} end, nil, HALF)
+  case("flash_attention grouped-query (H 6, Hkv 2), causal", "flash_attention", flash(true),
+    function(T) return {T.randn({1, 6, 7, 16}), T.randn({1, 2, 7, 16}), T.randn({1, 2, 7, 16})} end, nil, HALF)
+  case("flash_attention grouped-query (H 4, Hkv 1), bottom-right, Tq 3 < Tk 8", "flash_attention",
+    flash("bottom_right"),
+    function(T) return {T.randn({2, 4, 3, 64}), T.randn({2, 1, 8, 64}), T.randn({2, 1, 8, 64})} end, nil, HALF)
+  case("flash_attention 3-D (B, T, d) inputs as one head, causal", "flash_attention", flash(true),
+    function(T) return {T.randn({3, 6, 32}), T.randn({3, 6, 32}), T.randn({3, 6, 32})} end, nil, HALF)
+  case("flash_attention decode: Tq 1 against Tk 29, grouped-query (H 4, Hkv 2), bottom-right", "flash_attention",
+    flash("bottom_right"),
+    function(T) return {T.randn({1, 4, 1, 32}), T.randn({1, 2, 29, 32}), T.randn({1, 2, 29, 32})} end, nil, HALF)
+  case("flash_attention decode: Tq 3 against Tk 13, 3-D, d 128, not causal", "flash_attention", flash(false),
+    function(T) return {T.randn({1, 3, 128}), T.randn({1, 13, 128}), T.randn({1, 13, 128})} end, nil, HALF)
   case("flash_attention over a (B, T, H, D) head view (strided q, k, v)", "flash_attention",
     function(q, k, v) return F.flash_attention(q:transpose(1, 2), k:transpose(1, 2), v:transpose(1, 2), true) end,
     function(T) return {T.randn({1, 11, 2, 32}), T.randn({1, 11, 2, 32}), T.randn({1, 11, 2, 32})} end, nil, HALF)
@@ -36,7 +55,16 @@ return function(case, perf, ember, F)
         {flops = attn_flops, backward = true, dtypes = {"bf16"}, device = "cuda"})
     end
   end
-  perf("flash_attention", "flash_attention causal (1,4,256,64) on the CPU reference", flash(true),
+  -- decode: one new token per sequence against a 16k cache, grouped-query
+  -- (32 q heads, 8 kv heads, d 128): bytes, not FLOPs, bound it (k and v
+  -- read once)
+  perf("flash_attention", "flash_attention decode (4,32,1,128) vs cache (4,8,16384,128)", flash("bottom_right"),
+    function(T) return {T.randn({4, 32, 1, 128}), T.randn({4, 8, 16384, 128}), T.randn({4, 8, 16384, 128})} end,
+    {bytes = function(inputs)
+      local k = inputs[2]
+      return 2 * k:numel() * k:element_size() + 2 * inputs[1]:numel() * inputs[1]:element_size()
+    end, dtypes = {"bf16"}, device = "cuda"})
+  perf("flash_attention", "flash_attention causal (1,4,256,64) on the CPU (tiled)", flash(true),
     function(T) return {T.randn({1, 4, 256, 64}), T.randn({1, 4, 256, 64}), T.randn({1, 4, 256, 64})} end,
     {flops = attn_flops, backward = true, dtypes = {"f32"}, device = "cpu"})
 end
