@@ -358,8 +358,9 @@ function M.run(opts)
   -- ranks
   local distributed = cfg.distributed
   if distributed == nil then
-    distributed = dist.is_initialized() or (tonumber(os.getenv("EMBER_WORLD_SIZE") or "1") or 1) > 1
-      or cfg.ddp ~= nil or cfg.zero
+    -- a process group of one rank (initialised by someone else) trains as a single process
+    distributed = (dist.is_initialized() and dist.world_size() > 1)
+      or (tonumber(os.getenv("EMBER_WORLD_SIZE") or "1") or 1) > 1 or cfg.ddp ~= nil or cfg.zero
   end
   if distributed and not dist.is_initialized() then dist.init() end
   local rank, world = distributed and dist.rank() or 0, distributed and dist.world_size() or 1

@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -196,7 +197,10 @@ def main(argv=None):
         except torch.cuda.OutOfMemoryError as e:
             rec.update(status="OOM", error=str(e))
         except Exception as e:  # a result line either way: the Lua side prints it
-            rec.update(status="error", error=f"{type(e).__name__}: {e}")
+            ours = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith((".py",))
+                    and "site-packages" not in f.filename]
+            where = f" (at {ours[-1].filename.rsplit('/', 1)[-1]}:{ours[-1].lineno}: {ours[-1].line})" if ours else ""
+            rec.update(status="error", error=f"{type(e).__name__}: {e}{where}")
         print(json.dumps(rec), flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
