@@ -531,7 +531,8 @@ int em_dropout_cuda(const em_tensor *x, em_tensor *y, double p, em_philox_state 
 
 /* ---- random sampling (kernels/random.cu) ---- */
 /* out (contiguous, any dtype) = 1 where u(w_j) < p_j else 0; p a contiguous
- * f64 tensor of out's numel, or NULL for the constant pc. */
+ * float tensor (any float dtype, compared in double) of out's numel, or NULL
+ * for the constant pc. */
 int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state st);
 /* out (contiguous (n), i64) = 0..n-1 sorted by (64-bit key, index), element
  * i's key em_rng_u64 of block i / 2 (one radix sort). */
