@@ -16,7 +16,9 @@
  *    honoured whatever it says, and CPU and CUDA give the same indices for ties.
  *  - topk, kthvalue and median are the sort with a window of each sorted row
  *    kept ([0, k), [k - 1, k), [(n - 1) / 2, ...)): O(n log n) where a
- *    selection could be O(n), but one segmented sort on CUDA, no per-row launch.
+ *    selection could be O(n), but one segmented sort on CUDA, no per-row
+ *    launch. On CUDA a window within the first 1024 positions is a radix
+ *    select per row instead (kernels/sort.cu decides; the same results).
  *  - The gradient of selected values goes back to the positions their
  *    indices name (distinct within a row): a scatter into zeros.
  *  - unique and bincount need their output size on the host, so they read a
