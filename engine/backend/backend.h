@@ -592,6 +592,13 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
 /* nonzero: row pos[i] - 1 of out (count, ndim; i64 contiguous) = the coordinates of
  * selected flat index i in shape (row-major). */
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out);
+/* nonzero in two reads of x instead of a scan: count (0-d i64) = the number
+ * of nonzero elements of x (contiguous, any dtype; NaN counts, -0.0 does
+ * not), one CUB reduction; then, with that count read by the engine, out
+ * (count, ndim; i64 contiguous) = their coordinates in shape, row-major order
+ * (cub::DeviceSelect over the flat indices, then one expansion for ndim > 1). */
+int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count);
+int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape, em_tensor *out);
 /* ==== ops-indexing block end ==== */
 /* ---- sorting, selection and scans (kernels/sort.cu, kernels/scan.cu) ---- */
 /* The device half of engine/ops/sort.c and engine/ops/scan.c. Tensors are
@@ -626,8 +633,9 @@ int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weight
  * Compared in f64 (i64 when both are integers), PyTorch's bisection. */
 int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right, em_tensor *out);
 /* res = inclusive scan (sum, or product when prod) of a along the middle dim
- * of (outer, L, inner); a and res contiguous, one dtype: f32, f64 or i64.
- * reverse: from the end of each row. One device-wide scan for a single row. */
+ * of (outer, L, inner); a and res contiguous, one dtype: f32, f64, i64, or
+ * bf16/f16 (accumulated in f32, rounded once on store). reverse: from the
+ * end of each row. One device-wide scan for a single row. */
 int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
                  bool reverse, em_tensor *res);
 /* cumprod's backward with zeros handled (engine/ops/scan.c has the formula):

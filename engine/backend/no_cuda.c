@@ -185,6 +185,9 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
                            em_tensor *gx) { return no_cuda(op); }
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape,
                     em_tensor *out) { return no_cuda(op); }
+int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count) { return no_cuda(op); }
+int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape,
+                           em_tensor *out) { return no_cuda(op); }
 /* ==== ops-indexing block end ==== */
 /* ---- sorting, selection and scans ---- */
 int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
