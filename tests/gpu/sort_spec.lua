@@ -196,6 +196,15 @@ describe("unique, bincount, searchsorted on CUDA", function()
     agree("unique with NaNs", function(a) return a:unique() end, {with_nans(ember.randint(0, 9, {999}):to("f32"))},
       true)
   end)
+  it("unique of integers sorted as narrowed keys (u8, u16, i32) and unnarrowed (a span past 2^31)", function()
+    local cases = {{-3, 100, "i64"}, {-1000, 50000, "i32"}, {0, 100000, "i64"}, {0, 60000, "u16"},
+                   {-(1 << 40), 1 << 40, "i64"}}
+    for _, c in ipairs(cases) do
+      local x = ember.randint(c[1], c[2], {3, 70001}):to(c[3])
+      agree(("unique [%d, %d) %s"):format(c[1], c[2], c[3]),
+        function(a) return a:unique({return_inverse = true, return_counts = true}) end, {x}, true)
+    end
+  end)
   it("bincount in shared memory, in global memory, and weighted", function()
     agree("bincount small", function(a) return a:bincount() end, {ember.randint(0, 1000, {200000})}, true)
     agree("bincount large", function(a) return a:bincount() end, {ember.randint(0, 50000, {200000})}, true)
