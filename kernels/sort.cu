@@ -15,7 +15,8 @@
  *      so ties keep input order and the indices match the CPU's.
  *   3. gather_window: the kept window of each sorted row (all of it for sort,
  *      [0, k) for topk, one position for kthvalue/median): i64 indices and the
- *      values gathered from a by index, bit for bit.
+ *      values, bit for bit: rebuilt from the sorted keys, gathered from a by
+ *      index only where a key does not say the bits (+-0, NaN, bool).
  * Bytes: ~ (key + 4) x 2 x passes per element inside CUB, plus one read of a
  * and the outputs. Temp storage (keys, positions, segment offsets, CUB's own)
  * is one byte tensor from the engine's stream-ordered allocator.
@@ -125,10 +126,29 @@ __global__ void segment_offsets(int *offs, int64_t rows, int64_t L) {
     offs[r] = (int)(r * L);
 }
 
-/* Sorted positions [s, s + cnt) of each row (s = j0, or a NaN row's first NaN
- * for median) -> idx (i64) and vals (a's bits) at (outer, cnt, inner). */
+/* The element a key came from, when the key says it exactly: every key but
+ * the one -0 and +0 share and NaN's (all ones); bool keys fold every nonzero
+ * byte. *exact false: gather the element instead. */
 template <typename K>
-__global__ void __launch_bounds__(kBlock) gather_window(const K *x, RowGeo g, const K *skeys, const int *spos,
+__device__ __forceinline__ K key_value(K k, int dt, bool *exact) {
+  const K sign = (K)((K)1 << (8 * sizeof(K) - 1));
+  const bool is_float = dt == EM_F32 || dt == EM_F64 || dt == EM_BF16 || dt == EM_F16;
+  if (is_float) {
+    *exact = k != sign && k != (K)~(K)0;
+    return (k & sign) ? (K)(k & ~sign) : (K)~k;
+  }
+  *exact = dt != EM_BOOL;
+  const bool flipped = dt == EM_I32 || dt == EM_I64;   /* key_at flips the sign bit of signed integers */
+  return flipped ? (K)(k ^ sign) : k;
+}
+
+/* Sorted positions [s, s + cnt) of each row (s = j0, or a NaN row's first NaN
+ * for median) -> idx (i64) and vals (a's bits) at (outer, cnt, inner). The
+ * values come back from the sorted keys -- a sequential read -- and only
+ * where a key cannot say the bits (+-0, NaN, bool) from a by index (a
+ * random read of a, which for one long row costs a 32-byte sector each). */
+template <typename K>
+__global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowGeo g, const K *skeys, const int *spos,
                                                         int64_t total, int64_t j0, int64_t cnt, bool median_nan,
                                                         K *vals, int64_t *idx) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -143,7 +163,11 @@ __global__ void __launch_bounds__(kBlock) gather_window(const K *x, RowGeo g, co
     int64_t at = spos[r * g.L + s + jj];
     int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
     idx[o] = at;
-    if (vals) vals[o] = x[row_offset(g, r) + at * g.st];
+    if (vals) {
+      bool exact;
+      const K v = key_value<K>(rk[s + jj], dt, &exact);
+      vals[o] = exact ? v : x[row_offset(g, r) + at * g.st];
+    }
   }
 }
 
@@ -199,7 +223,7 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   int rc = em_cuda_check(e, op, "cub sort");
   if (!rc) {
     int64_t win = rows * cnt;
-    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, g, kout, pout, win, j0,
+    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout, win, j0,
                                                              cnt, median_nan, vals ? (K *)em_data_ptr(vals) : nullptr,
                                                              (int64_t *)em_data_ptr(idx));
     rc = em_launch_check(op);
