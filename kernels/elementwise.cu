@@ -309,12 +309,21 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
 
 /* ---------------- mixed float storage types, unit stride ----------------
  * f32 residual stream + bf16 branch output under autocast (x + attn(x)),
- * and its kin: every operand unit-stride, storage f32/bf16/f16 in any mix,
+ * and its kin: every operand unit-stride, storage f32/bf16/f16 in any mix
+ * (inputs may also be bool/u8: where's condition, masked_fill's mask),
  * compute f32. Eight elements per thread per step, each operand loaded as
- * one or two 16-byte vectors by its own dtype (a launch-uniform branch). */
+ * one or two 16-byte vectors (8 bytes for bool/u8) by its own dtype (a
+ * launch-uniform branch). */
 
 __device__ __forceinline__ void load8(const void *base, int dt, int64_t v, float x[8]) {
-  if (dt == EM_F32) {
+  if (dt == EM_BOOL || dt == EM_U8) {   /* where's condition, masked_fill's mask: 8 bytes */
+    const uint2 q = ((const uint2 *)base)[v];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const unsigned b = ((e < 4 ? q.x : q.y) >> (8 * (e & 3))) & 0xFFu;
+      x[e] = dt == EM_BOOL ? (b != 0 ? 1.f : 0.f) : (float)b;
+    }
+  } else if (dt == EM_F32) {
     const float4 *p = (const float4 *)base + 2 * v;
     float4 a = p[0], b = p[1];
     x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
@@ -612,7 +621,8 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
                aligned16(a.ptr[0]);
   for (int j = 0; mixed && j < nin; j++)
     if (a.mode[j] == IN_PTR)
-      mixed = half_or_f32(a.dtype[j + 1]) && p->stride[j + 1][0] == 1 && aligned16(a.ptr[j + 1]);
+      mixed = (half_or_f32(a.dtype[j + 1]) || a.dtype[j + 1] == EM_BOOL || a.dtype[j + 1] == EM_U8) &&
+              p->stride[j + 1][0] == 1 && aligned16(a.ptr[j + 1]);
   if (mixed) {
     ew_mixed<<<grid_for(numel / 8 > 0 ? numel / 8 : 1), kThreads, 0, s>>>(a);
     return em_launch_check(op);

@@ -16,13 +16,25 @@
  * an unspecified order for floats. An index outside [0, dim_size) is never
  * followed: a gather writes NaN (0 for integers), a scatter skips.
  *
- * masked_select / nonzero: flags (x != 0) written as i64, one in-place CUB
+ * Gathers of whole contiguous rows (index_select of a contiguous x) take
+ * rows_kernel instead: one 16-byte vector per thread, one division per
+ * vector, the row's index read once per vector (cached).
+ *
+ * nonzero: a CUB reduction counts the nonzeros, the engine reads the
+ * count (the output's size), and cub::DeviceSelect writes their
+ * coordinates (through an output iterator for 1-4 dims; flat indices and
+ * one expansion beyond): x read twice, 8 ndim bytes written per nonzero.
+ *
+ * masked_select: flags (x != 0) written as i64, one in-place CUB
  * inclusive scan (memcpy speed), and pos[n-1] is the count the engine reads
  * on the host. A selected element i (pos[i] > pos[i-1]) goes to pos[i] - 1:
  * the compaction kernels need only pos, whatever the source dtype, and the
  * backward of masked_select reuses the same scan. Bytes: flags 1 read + 8
  * written, scan ~16, compaction 8 (+ element) per input element. */
 #include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
 #include "common.cuh"
 #include "backend.h"
 
@@ -169,11 +181,99 @@ static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, e
 #undef ADD
 }
 
+/* ---------------- gathers of whole rows (index_select) ----------------
+ * A GATHER whose index varies along dim only, where the dims after dim are
+ * contiguous rows in self and other is contiguous (index_select of a
+ * contiguous x, embedding-style lookups), moves rows: each thread copies one
+ * 16-byte vector, its row's offset from one division and the row's index.
+ * An out-of-range index writes the row as NaN (0 for integers), as the
+ * element kernel does. */
+struct RowsPlan {
+  int no;                              /* dims before dim */
+  int64_t oshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS];   /* their sizes and self's strides (bytes) */
+  int64_t nidx, idx_stride, dim_size, dim_stride;      /* dim_stride in bytes */
+  int64_t vpr, rows;                   /* 16-byte vectors per row; output rows (outer x nidx) */
+};
+
+template <typename I>
+__global__ void __launch_bounds__(THREADS) rows_kernel(const char *__restrict__ self, const I *__restrict__ index,
+                                                       uint4 *__restrict__ other, RowsPlan g, uint4 poison) {
+  const int64_t total = g.rows * g.vpr;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t R = v / g.vpr, c = v - R * g.vpr;
+    int64_t o = R / g.nidx;
+    const int64_t i = R - o * g.nidx, id = (int64_t)index[i * g.idx_stride];
+    uint4 val = poison;
+    if (id >= 0 && id < g.dim_size) {
+      int64_t off = id * g.dim_stride;
+      for (int k = g.no - 1; k >= 0; k--) {
+        const int64_t q = o / g.oshape[k];
+        off += (o - q * g.oshape[k]) * g.ostride[k];
+        o = q;
+      }
+      val = reinterpret_cast<const uint4 *>(self + off)[c];
+    }
+    other[v] = val;
+  }
+}
+
+/* Is p a gather of whole rows that rows_kernel can move with aligned 16-byte vectors? */
+static bool rows_plan(const em_index_plan *p, const em_tensor *self, const em_tensor *other, RowsPlan *g) {
+  if (p->kind != EM_IX_GATHER || !other || !em_is_contiguous(other)) return false;
+  const int d = p->dim, nd = p->ndim;
+  const int64_t es = (int64_t)em_dtype_size(self->dtype);
+  if (nd < 1 || d >= nd || d >= EM_MAX_DIMS) return false;
+  for (int k = 0; k < nd; k++) if (k != d && p->index_stride[k] != 0) return false;
+  int64_t inner = 1;
+  for (int k = nd - 1; k > d; k--) {   /* self's dims after dim: row-major contiguous */
+    if (p->shape[k] != 1 && p->self_stride[k] != inner) return false;
+    inner *= p->shape[k];
+  }
+  if ((inner * es) % 16 != 0 || ((uintptr_t)em_data_ptr(self) & 15) || ((uintptr_t)em_data_ptr(other) & 15) ||
+      (p->dim_stride * es) % 16 != 0)
+    return false;
+  memset(g, 0, sizeof *g);
+  g->no = d;
+  int64_t outer = 1;
+  for (int k = 0; k < d; k++) {
+    if ((p->self_stride[k] * es) % 16 != 0) return false;
+    g->oshape[k] = p->shape[k]; g->ostride[k] = p->self_stride[k] * es;
+    outer *= p->shape[k];
+  }
+  g->nidx = p->shape[d];
+  g->idx_stride = p->index_stride[d];
+  g->dim_size = p->dim_size;
+  g->dim_stride = p->dim_stride * es;
+  g->vpr = inner * es / 16;
+  g->rows = outer * g->nidx;
+  return g->vpr > 0;
+}
+
+template <typename I>
+static int launch_rows(const RowsPlan &g, em_tensor *self, const em_tensor *index, em_tensor *other, cudaStream_t s) {
+  uint64_t nb = em_nan_bits(self->dtype);
+  const int64_t es = (int64_t)em_dtype_size(self->dtype);
+  uint32_t w[4];
+  unsigned char *b = (unsigned char *)w;
+  for (int k = 0; k < 16; k++) b[k] = (unsigned char)(nb >> (8 * (k % es)));   /* little-endian NaN per element */
+  uint4 poison = make_uint4(w[0], w[1], w[2], w[3]);
+  rows_kernel<I><<<em_grid(g.rows * g.vpr, THREADS), THREADS, 0, s>>>((const char *)em_data_ptr(self),
+                                                                       (const I *)em_data_ptr(index),
+                                                                       (uint4 *)em_data_ptr(other), g, poison);
+  return 0;
+}
+
 extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
                              em_tensor *other) {
   int64_t n = em_shape_numel(p->ndim, p->shape);
   if (n == 0) return 0;
   cudaStream_t s = em_cur_stream(self->device.index);
+  RowsPlan rp;
+  if ((index->dtype == EM_I64 || index->dtype == EM_I32) && rows_plan(p, self, other, &rp)) {
+    if (index->dtype == EM_I64) launch_rows<int64_t>(rp, self, index, other, s);
+    else launch_rows<int32_t>(rp, self, index, other, s);
+    return em_launch_check(op);
+  }
   bool small = fits32(p, n);
   int rc;
   if (index->dtype == EM_I64)
@@ -297,4 +397,135 @@ extern "C" int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, c
   coords_kernel<<<em_grid(n, THREADS), THREADS, 0, s>>>((const int64_t *)em_data_ptr(pos), n, sh,
                                                           (int64_t *)em_data_ptr(out));
   return em_launch_check(op);
+}
+
+/* ---- nonzero in two reads: count, then select ----
+ * The predicate reads x by its runtime dtype (a launch-uniform switch), so
+ * one CUB instantiation serves all nine dtypes. For 2-4 dims the selection
+ * writes the coordinates directly (an output iterator turning each flat
+ * index into an N-int64 row); other ranks go through flat indices and one
+ * expansion. */
+
+__device__ __forceinline__ bool nonzero_at(const void *x, int dt, int64_t i) {
+  switch (dt) {
+    case EM_F32: return nonzero_of(((const float *)x)[i]);
+    case EM_F64: return nonzero_of(((const double *)x)[i]);
+    case EM_BF16: return nonzero_of(((const __nv_bfloat16 *)x)[i]);
+    case EM_F16: return nonzero_of(((const __half *)x)[i]);
+    case EM_I32: return ((const int32_t *)x)[i] != 0;
+    case EM_I64: return ((const int64_t *)x)[i] != 0;
+    case EM_U16: return ((const uint16_t *)x)[i] != 0;
+    default: return ((const uint8_t *)x)[i] != 0;   /* u8, bool */
+  }
+}
+
+struct IsNonzero {
+  const void *x;
+  int dt;
+  __device__ __forceinline__ bool operator()(int64_t i) const { return nonzero_at(x, dt, i); }
+};
+struct NonzeroFlag {
+  const void *x;
+  int dt;
+  __device__ __forceinline__ int64_t operator()(int64_t i) const { return nonzero_at(x, dt, i) ? 1 : 0; }
+};
+
+/* One row of N coordinates, and the functor that makes it from a flat index. */
+template <int N> struct Coords { int64_t c[N]; };
+template <int N>
+struct ToCoords {
+  int64_t s[N];
+  __host__ __device__ __forceinline__ Coords<N> operator()(int64_t l) const {
+    Coords<N> r;
+#pragma unroll
+    for (int d = N - 1; d >= 0; d--) { r.c[d] = l % s[d]; l /= s[d]; }
+    return r;
+  }
+};
+
+static int count_nonzero(const char *op, const em_tensor *x, em_tensor *count, cudaStream_t s) {
+  const int64_t n = em_numel(x);
+  thrust::transform_iterator<NonzeroFlag, thrust::counting_iterator<int64_t>, int64_t> in(
+      thrust::counting_iterator<int64_t>(0), NonzeroFlag{em_data_ptr(x), x->dtype});
+  int64_t *out = (int64_t *)em_data_ptr(count);
+  size_t bytes = 0;
+  if (em_cuda_check(cub::DeviceReduce::Sum(nullptr, bytes, in, out, n, s), op, "cub::DeviceReduce (size)")) return -1;
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = em_empty(1, &nb, EM_U8, x->device);
+  if (!tmp) return -1;
+  int rc = em_cuda_check(cub::DeviceReduce::Sum(em_data_ptr(tmp), bytes, in, out, n, s), op, "cub::DeviceReduce");
+  em_tensor_release(tmp);   /* stream-ordered */
+  return rc ? rc : em_launch_check(op);
+}
+
+/* The selected flat indices, in order, through the output iterator out. */
+template <typename Out>
+static int select_nonzero(const char *op, const em_tensor *x, Out out, cudaStream_t s) {
+  const int64_t n = em_numel(x);
+  thrust::counting_iterator<int64_t> in(0);
+  IsNonzero pred{em_data_ptr(x), x->dtype};
+  int64_t one = 1;
+  em_tensor *num = em_empty(1, &one, EM_I64, x->device);   /* the count again, on the device: not read */
+  if (!num) return -1;
+  size_t bytes = 0;
+  int rc = em_cuda_check(cub::DeviceSelect::If(nullptr, bytes, in, out, (int64_t *)em_data_ptr(num), n, pred, s), op,
+                         "cub::DeviceSelect (size)");
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = rc ? NULL : em_empty(1, &nb, EM_U8, x->device);
+  if (!rc && !tmp) rc = -1;
+  if (!rc)
+    rc = em_cuda_check(cub::DeviceSelect::If(em_data_ptr(tmp), bytes, in, out, (int64_t *)em_data_ptr(num), n, pred, s),
+                       op, "cub::DeviceSelect");
+  em_tensor_release(tmp);
+  em_tensor_release(num);
+  return rc ? rc : em_launch_check(op);
+}
+
+template <int N>
+static int select_coords(const char *op, const em_tensor *x, const int64_t *shape, em_tensor *out, cudaStream_t s) {
+  ToCoords<N> f;
+  for (int d = 0; d < N; d++) f.s[d] = shape[d];
+  return select_nonzero(op, x, thrust::make_transform_output_iterator((Coords<N> *)em_data_ptr(out), f), s);
+}
+
+/* row k of out = the coordinates of flat index flat[k] */
+__global__ void flat_coords_kernel(const int64_t *flat, int64_t count, Shape sh, int64_t *out) {
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < count; k += (int64_t)gridDim.x * blockDim.x) {
+    int64_t l = flat[k], *row = out + k * sh.ndim;
+    for (int d = sh.ndim - 1; d >= 0; d--) { row[d] = l % sh.s[d]; l /= sh.s[d]; }
+  }
+}
+
+extern "C" int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count) {
+  cudaStream_t s = em_cur_stream(x->device.index);
+  if (em_numel(x) == 0)
+    return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  return count_nonzero(op, x, count, s);
+}
+
+extern "C" int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape,
+                                      em_tensor *out) {
+  const int64_t count = out->ndim ? out->shape[0] : 0;
+  if (count == 0 || ndim == 0) return 0;
+  cudaStream_t s = em_cur_stream(x->device.index);
+  switch (ndim) {
+    case 1: return select_nonzero(op, x, (int64_t *)em_data_ptr(out), s);
+    case 2: return select_coords<2>(op, x, shape, out, s);
+    case 3: return select_coords<3>(op, x, shape, out, s);
+    case 4: return select_coords<4>(op, x, shape, out, s);
+    default: break;
+  }
+  em_tensor *flat = em_empty(1, &count, EM_I64, x->device);
+  if (!flat) return -1;
+  int64_t *fp = (int64_t *)em_data_ptr(flat);
+  int rc = select_nonzero(op, x, fp, s);
+  if (!rc) {
+    Shape sh;
+    sh.ndim = ndim;
+    for (int d = 0; d < ndim; d++) sh.s[d] = shape[d];
+    flat_coords_kernel<<<em_grid(count, THREADS), THREADS, 0, s>>>(fp, count, sh, (int64_t *)em_data_ptr(out));
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(flat);
+  return rc;
 }

@@ -4,7 +4,8 @@
  * or, for 64-bit draws, (seed, ctr0 + e/2)).
  *
  *   bernoulli    one thread per Philox block (4 elements): ~10 rounds and
- *                sizeof(out) + 8 bytes of p per element. Memory bound.
+ *                sizeof(out) + sizeof(p) bytes per element, one 4-element
+ *                store. Memory bound.
  *   randperm     one thread per block makes two (key, index) pairs, then
  *                cub::DeviceRadixSort sorts them by key (stable, so equal
  *                keys keep index order, as the CPU's (key, index) sort).
@@ -23,24 +24,38 @@
 #include "rng_math.h"
 #include "common.cuh"
 #include "convert.cuh"
+#include "dtype_io.cuh"
 #include "backend.h"
 
 namespace {
 
-/* ---- bernoulli ---- */
+/* ---- bernoulli ----
+ * Only bits move: out's elements are 0 or the bit pattern `one` of 1 in its
+ * dtype (S: an unsigned type of its width), four per thread from one Philox
+ * block, stored as one 4-element vector when out is aligned for it. p is read
+ * in its own float dtype (widening to double is exact, so u < p_j compares
+ * exactly as the CPU's f64 copy does) -- 4 bytes a probability for f32, not 8. */
 
-template <int DT>
-__global__ void bernoulli_kernel(void *out, const double *p, double pc, int64_t n, em_philox_state s) {
+template <typename S> struct alignas(4 * sizeof(S)) Vec4S { S v[4]; };
+
+template <typename S>
+__global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *p, int pdt, double pc, int64_t n,
+                                                        em_philox_state s, bool vec) {
   uint64_t seed, ctr0;
   em_philox_resolve(s, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (n + 3) / 4; b += (int64_t)gridDim.x * blockDim.x) {
     uint64_t c = ctr0 + (uint64_t)b;
     em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    for (int k = 0; k < 4 && b * 4 + k < n; k++) {
-      int64_t j = b * 4 + k;
-      em_dev_store_f64<DT>(out, j, em_rng_below(pb.v[k], p ? p[j] : pc) ? 1.0 : 0.0);
+    const int64_t j0 = b * 4;
+    Vec4S<S> v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int64_t j = j0 + k < n ? j0 + k : n - 1;
+      v.v[k] = em_rng_below(pb.v[k], p ? load_as<double>(p, pdt, j) : pc) ? one : (S)0;
     }
+    if (vec && j0 + 4 <= n) *reinterpret_cast<Vec4S<S> *>(out + j0) = v;
+    else for (int k = 0; k < 4 && j0 + k < n; k++) out[j0 + k] = v.v[k];
   }
 }
 
@@ -147,10 +162,24 @@ __global__ void __launch_bounds__(kThreads) multinomial_norepl_kernel(const T *p
 extern "C" int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state s) {
   int64_t n = em_numel(out);
   if (n == 0) return 0;
+  if (p && (!em_dtype_is_float(p->dtype) || em_numel(p) != n))
+    return em_error("bernoulli: internal error: probabilities of dtype %s and %lld elements for %lld draws",
+                    em_dtype_name(p->dtype), (long long)em_numel(p), (long long)n);
   cudaStream_t stream = em_cur_stream(out->device.index);
-  const double *pp = p ? (const double *)em_data_ptr(p) : nullptr;
-  unsigned grid = em_grid((n + 3) / 4, 256);
-  EM_DTYPE_CASES(out->dtype, DT, bernoulli_kernel<DT><<<grid, 256, 0, stream>>>(em_data_ptr(out), pp, pc, n, s))
+  const void *pp = p ? em_data_ptr(p) : nullptr;
+  const int pdt = p ? p->dtype : EM_F64;
+  uint64_t one = 0;                       /* 1 in out's dtype, as the CPU converts it */
+  em_store_f64(&one, out->dtype, 0, 1.0);
+  const size_t es = em_dtype_size(out->dtype);
+  const bool vec = ((uintptr_t)em_data_ptr(out) % (4 * es)) == 0;
+  const unsigned grid = em_grid((n + 3) / 4, 256);
+  void *o = em_data_ptr(out);
+  switch (es) {
+    case 1: bernoulli_kernel<uint8_t><<<grid, 256, 0, stream>>>((uint8_t *)o, (uint8_t)one, pp, pdt, pc, n, s, vec); break;
+    case 2: bernoulli_kernel<uint16_t><<<grid, 256, 0, stream>>>((uint16_t *)o, (uint16_t)one, pp, pdt, pc, n, s, vec); break;
+    case 4: bernoulli_kernel<uint32_t><<<grid, 256, 0, stream>>>((uint32_t *)o, (uint32_t)one, pp, pdt, pc, n, s, vec); break;
+    default: bernoulli_kernel<uint64_t><<<grid, 256, 0, stream>>>((uint64_t *)o, one, pp, pdt, pc, n, s, vec); break;
+  }
   return em_launch_check("bernoulli");
 }
 

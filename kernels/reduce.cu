@@ -18,7 +18,9 @@
  *    over it (sum over the batch of (B*T, D): the bias-gradient shape). A
  *    (32 x 8) block: 32 neighbouring outputs read one coalesced row segment
  *    per step, 32 rows in flight (8 threads x 4 loads); the 8 partials meet
- *    in shared memory.
+ *    in shared memory. With float storage and 16-byte aligned rows each
+ *    thread takes a Packed128 of neighbouring outputs instead
+ *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace and a second kernel finishes them — deterministic, no atomics.
@@ -311,6 +313,61 @@ __global__ void __launch_bounds__(kBlock) reduce_cols(RedArgs a) {
   }
 }
 
+/* cols with 16-byte loads: blockDim (32, 8) as reduce_cols, but thread x
+ * covers V = 16 / sizeof(T) neighbouring outputs, so a warp reads 512
+ * contiguous bytes of a row per load (reduce_cols: 32 elements, 64 bytes in
+ * bf16). The host checks K % V == 0 and that every row start is 16-byte
+ * aligned. */
+template <typename T, typename C, int OP>
+__global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr bool ext = Acc<C, OP>::ext;
+  const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
+  const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
+  const bool live = k < K;
+  Acc<C, OP> acc[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) acc[e].init();
+  if (live) {
+    const T *p = (const T *)a.in + kept_offset(a, ob, a.nk - 1) + k;
+    const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+    const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+    C sh[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) sh[e] = ref_of<C, OP>(a, ob * K + k + e);
+    int64_t r = r0 + threadIdx.y;
+    for (; r + 24 < r1; r += 32) {   /* four rows in flight */
+      Packed128<T> pk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) pk[u] = load128(p + red_offset(a, r + u * 8));
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[e].push(to_compute<C, T>(pk[u][e]), r + u * 8, sh[e]);
+    }
+    for (; r < r1; r += 8) {
+      Packed128<T> pk = load128(p + red_offset(a, r));
+#pragma unroll
+      for (int e = 0; e < V; e++) acc[e].push(to_compute<C, T>(pk[e]), r, sh[e]);
+    }
+  }
+  __shared__ C sv[8][32 * V];
+  __shared__ int64_t si[ext ? 8 : 1][ext ? 32 * V : 1];
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    sv[threadIdx.y][threadIdx.x * V + e] = acc[e].v;
+    if constexpr (ext) si[threadIdx.y][threadIdx.x * V + e] = acc[e].i;
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      for (int y = 1; y < 8; y++) acc[e].merge(sv[y][threadIdx.x * V + e], ext ? si[y][threadIdx.x * V + e] : 0);
+      emit<C, OP>(a, ob * K + k + e, acc[e]);
+    }
+  }
+}
+
 /* Merge the splits' partials of each output (a warp per output), then finalize. */
 template <typename C, int OP>
 __global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
@@ -356,11 +413,20 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   const size_t es = em_dtype_size(a->dtype);
 
   bool cols = p->nk > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
+  /* cols with 16-byte loads: a float storage the compute type reads, K a
+   * multiple of the vector, every row start 16-byte aligned */
+  const int cv = (int)(16 / es);
+  bool cvec = cols && (std::is_same<C, double>::value ? a->dtype == EM_F64
+                                                      : std::is_same<C, float>::value &&
+                                                        (a->dtype == EM_F32 || a->dtype == EM_BF16 || a->dtype == EM_F16)) &&
+              p->kshape[p->nk - 1] % cv == 0 && ((uintptr_t)r.in & 15) == 0;
+  for (int d = 0; cvec && d < p->nr; d++) cvec = (p->rstride[d] * (int64_t)es) % 16 == 0;
+  for (int d = 0; cvec && d < p->nk - 1; d++) cvec = (p->kstride[d] * (int64_t)es) % 16 == 0;
   int tpo = p->n_red <= 1024 ? 32 : kBlock;
   int64_t blocks;
   if (cols) {
-    int64_t K = p->kshape[p->nk - 1];
-    blocks = (p->n_out / K) * ((K + 31) / 32);
+    int64_t K = p->kshape[p->nk - 1], w = cvec ? 32 * cv : 32;
+    blocks = (p->n_out / K) * ((K + w - 1) / w);
   } else {
     blocks = (p->n_out + (kBlock / tpo) - 1) / (kBlock / tpo);
   }
@@ -402,7 +468,16 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
   }
   dim3 grid((unsigned)blocks, (unsigned)splits);
-  if (cols) {
+  if (cols && cvec) {
+    if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+    else if constexpr (std::is_same<C, float>::value) {
+      switch (a->dtype) {
+        case EM_F32: reduce_cols_vec<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        case EM_BF16: reduce_cols_vec<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        default: reduce_cols_vec<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+      }
+    }
+  } else if (cols) {
     reduce_cols<C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
   } else if (vec) {
 #define EM_ROWS(T)                                                                     \

@@ -1,8 +1,10 @@
 /* Scans on CUDA: cumsum and cumprod along a dim, and cumprod's backward — the
  * device half of engine/ops/scan.c. The engine hands over contiguous tensors
- * of the accumulation dtype (f32 for f32/bf16/f16, f64, i64), seen as
- * (outer, L, inner) around the scanned dim, and rounds to the result dtype
- * afterwards.
+ * (f32, f64, i64, or bf16/f16 in and out of the same dtype), seen as
+ * (outer, L, inner) around the scanned dim. bf16/f16 are widened to f32 as
+ * they are read and rounded once as they are written (inside CUB's scan
+ * through a transform iterator), so a half-precision cumsum moves 2 + 2
+ * bytes per element, not the 2 + 4 + 4 + 4 + 4 + 2 of widen, scan, round.
  *
  * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
  * Launch shapes, by where the scanned dim lies:
@@ -16,7 +18,10 @@
  *    every step is one coalesced row.
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
  * the column walk with three passes per row. */
+#include <type_traits>
 #include <cub/cub.cuh>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
@@ -33,34 +38,52 @@ struct ProdOp {
   template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a * b; }
 };
 
-template <typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_rows(const A *in, A *out, int64_t L, bool reverse, Op op, A identity) {
+/* Storage T <-> accumulator A: 16-bit floats widen to f32 on load and round once on store. */
+template <typename A, typename T> __device__ __forceinline__ A widen(T x) { return (A)x; }
+template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float widen<float, __half>(__half x) { return __half2float(x); }
+template <typename T, typename A> __device__ __forceinline__ T narrow(A x) { return (T)x; }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half narrow<__half, float>(float x) { return __float2half_rn(x); }
+
+/* 16-bit floats read as f32 by CUB's device scan, and written back rounded once. */
+template <typename T, typename A>
+struct Widen {
+  __host__ __device__ __forceinline__ A operator()(const T &x) const { return widen<A, T>(x); }
+};
+template <typename T, typename A>
+struct Narrow {
+  __host__ __device__ __forceinline__ T operator()(const A &x) const { return narrow<T, A>(x); }
+};
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, Op op, A identity) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
-  const A *row = in + (int64_t)blockIdx.x * L;
-  A *orow = out + (int64_t)blockIdx.x * L;
+  const T *row = in + (int64_t)blockIdx.x * L;
+  T *orow = out + (int64_t)blockIdx.x * L;
   A carry = identity;
   for (int64_t base = 0; base < L; base += kBlock * kItems) {
     A v[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; i++) {
       int64_t j = base + threadIdx.x * kItems + i;
-      v[i] = j < L ? row[reverse ? L - 1 - j : j] : identity;
+      v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
     }
     A total;
     BlockScan(tmp).InclusiveScan(v, v, op, total);
 #pragma unroll
     for (int i = 0; i < kItems; i++) {
       int64_t j = base + threadIdx.x * kItems + i;
-      if (j < L) orow[reverse ? L - 1 - j : j] = op(carry, v[i]);
+      if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
     }
     carry = op(carry, total);
     __syncthreads();   /* tmp is reused by the next tile */
   }
 }
 
-template <typename A, typename Op>
-__global__ void scan_cols(const A *in, A *out, int64_t outer, int64_t L, int64_t inner, bool reverse, Op op,
+template <typename T, typename A, typename Op>
+__global__ void scan_cols(const T *in, T *out, int64_t outer, int64_t L, int64_t inner, bool reverse, Op op,
                           A identity) {
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < outer * inner;
        t += (int64_t)gridDim.x * blockDim.x) {
@@ -68,8 +91,8 @@ __global__ void scan_cols(const A *in, A *out, int64_t outer, int64_t L, int64_t
     A acc = identity;
     for (int64_t jj = 0; jj < L; jj++) {
       int64_t o = base + (reverse ? L - 1 - jj : jj) * inner;
-      acc = op(acc, in[o]);
-      out[o] = acc;
+      acc = op(acc, widen<A, T>(in[o]));
+      out[o] = narrow<T, A>(acc);
     }
   }
 }
@@ -80,55 +103,69 @@ __global__ void reverse_copy(const A *in, A *out, int64_t n) {
     out[n - 1 - i] = in[i];
 }
 
-/* One long row: cub's device-wide scan (reverse through scratch). */
-template <typename A, typename Op>
-int scan_one_row(const char *op, const em_tensor *a, const A *in, A *out, int64_t L, bool reverse, Op f,
+/* CUB's device scan from in to out: raw pointers when T is the accumulator
+ * (CUB's vectorised loads), else widening / rounding iterators. */
+template <typename T, typename A, typename Op>
+cudaError_t device_scan(void *tmp, size_t &temp, const T *in, T *out, Op f, int n, cudaStream_t s) {
+  if constexpr (std::is_same<T, A>::value) {
+    return cub::DeviceScan::InclusiveScan(tmp, temp, in, out, f, n, s);
+  } else {
+    typedef thrust::transform_iterator<Widen<T, A>, const T *, A> InIt;
+    typedef thrust::transform_output_iterator<Narrow<T, A>, T *> OutIt;
+    return cub::DeviceScan::InclusiveScan(tmp, temp, InIt(in, Widen<T, A>()), OutIt(out, Narrow<T, A>()), f, n, s);
+  }
+}
+
+/* One long row: cub's device-wide scan, decoupled look-back, accumulating in
+ * A whatever T stores (reverse through scratch). */
+template <typename T, typename A, typename Op>
+int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
                  cudaStream_t s) {
   if (L > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 elements in one row, got %lld", op, (long long)L);
   size_t temp = 0;
-  if (em_cuda_check(cub::DeviceScan::InclusiveScan(nullptr, temp, in, out, f, (int)L, s), op, "cub scan (temp size)"))
-    return -1;
-  const size_t rb = reverse ? ((size_t)L * sizeof(A) + 255) & ~(size_t)255 : 0;
+  if (em_cuda_check(device_scan<T, A, Op>(nullptr, temp, in, out, f, (int)L, s), op, "cub scan (temp size)")) return -1;
+  const size_t rb = reverse ? ((size_t)L * sizeof(T) + 255) & ~(size_t)255 : 0;
   int64_t total = (int64_t)(rb + temp);
   em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
   if (!ws) return -1;
   char *p = (char *)em_data_ptr(ws);
-  A *rev = (A *)p;
+  T *rev = (T *)p;
   int rc;
   if (reverse) {
-    reverse_copy<A><<<em_grid(L, kBlock), kBlock, 0, s>>>(in, rev, L);
-    rc = em_cuda_check(cub::DeviceScan::InclusiveScan(p + rb, temp, (const A *)rev, out, f, (int)L, s), op, "cub scan");
-    if (!rc) reverse_copy<A><<<em_grid(L, kBlock), kBlock, 0, s>>>(out, rev, L);
-    if (!rc) rc = em_cuda_check(cudaMemcpyAsync(out, rev, (size_t)L * sizeof(A), cudaMemcpyDeviceToDevice, s), op,
+    reverse_copy<T><<<em_grid(L, kBlock), kBlock, 0, s>>>(in, rev, L);
+    rc = em_cuda_check(device_scan<T, A, Op>(p + rb, temp, rev, out, f, (int)L, s), op, "cub scan");
+    if (!rc) reverse_copy<T><<<em_grid(L, kBlock), kBlock, 0, s>>>(out, rev, L);
+    if (!rc) rc = em_cuda_check(cudaMemcpyAsync(out, rev, (size_t)L * sizeof(T), cudaMemcpyDeviceToDevice, s), op,
                                 "cudaMemcpyAsync");
   } else {
-    rc = em_cuda_check(cub::DeviceScan::InclusiveScan(p, temp, in, out, f, (int)L, s), op, "cub scan");
+    rc = em_cuda_check(device_scan<T, A, Op>(p, temp, in, out, f, (int)L, s), op, "cub scan");
   }
   if (!rc) rc = em_launch_check(op);
   em_tensor_release(ws);   /* stream-ordered: safe to reuse after the work above */
   return rc;
 }
 
-template <typename A, typename Op>
+template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
               A identity, em_tensor *res, cudaStream_t s) {
-  const A *in = (const A *)em_data_ptr(a);
-  A *out = (A *)em_data_ptr(res);
-  if (outer == 1 && inner == 1) return scan_one_row<A, Op>(op, a, in, out, L, reverse, f, s);
+  const T *in = (const T *)em_data_ptr(a);
+  T *out = (T *)em_data_ptr(res);
+  if (outer == 1 && inner == 1) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
-    scan_rows<A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
+    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
   } else {
-    scan_cols<A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f, identity);
+    scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
+                                                                          identity);
   }
   return em_launch_check(op);
 }
 
-template <typename A>
+template <typename T, typename A = T>
 int scan_typed(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod, bool reverse,
                em_tensor *res, cudaStream_t s) {
-  if (prod) return scan_impl<A, ProdOp>(op, a, outer, L, inner, reverse, ProdOp(), (A)1, res, s);
-  return scan_impl<A, SumOp>(op, a, outer, L, inner, reverse, SumOp(), (A)0, res, s);
+  if (prod) return scan_impl<T, A, ProdOp>(op, a, outer, L, inner, reverse, ProdOp(), (A)1, res, s);
+  return scan_impl<T, A, SumOp>(op, a, outer, L, inner, reverse, SumOp(), (A)0, res, s);
 }
 
 /* cumprod's gradient along each column (stride inner); see engine/ops/scan.c. */
@@ -167,6 +204,8 @@ extern "C" int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, i
     case EM_F32: return scan_typed<float>(op, a, outer, L, inner, prod, reverse, res, s);
     case EM_F64: return scan_typed<double>(op, a, outer, L, inner, prod, reverse, res, s);
     case EM_I64: return scan_typed<long long>(op, a, outer, L, inner, prod, reverse, res, s);
+    case EM_BF16: return scan_typed<__nv_bfloat16, float>(op, a, outer, L, inner, prod, reverse, res, s);
+    case EM_F16: return scan_typed<__half, float>(op, a, outer, L, inner, prod, reverse, res, s);
     default: return em_error("%s: internal error: no scan for %s", op, em_dtype_name(a->dtype));
   }
 }

@@ -15,15 +15,26 @@
  *      so ties keep input order and the indices match the CPU's.
  *   3. gather_window: the kept window of each sorted row (all of it for sort,
  *      [0, k) for topk, one position for kthvalue/median): i64 indices and the
- *      values gathered from a by index, bit for bit.
+ *      values, bit for bit: rebuilt from the sorted keys, gathered from a by
+ *      index only where a key does not say the bits (+-0, NaN, bool).
  * Bytes: ~ (key + 4) x 2 x passes per element inside CUB, plus one read of a
  * and the outputs. Temp storage (keys, positions, segment offsets, CUB's own)
  * is one byte tensor from the engine's stream-ordered allocator.
+ *
+ * Two shortcuts come first. Windows that end within the first kSelMaxK
+ * (1024) sorted positions (topk, kthvalue with small k; rows of at most
+ * 1024) take a radix select: one block per row reads the row two or three
+ * times and sorts only the few candidates, in shared memory (select_rows).
+ * Other rows of at most 4096 elements (a (4096, 4096) sort, median of such
+ * rows) are each sorted whole by one block with cub::BlockRadixSort in
+ * shared memory (block_sort_rows): the row is read once and the window
+ * written once, no key/position arrays through global memory.
  *
  * unique = sort + run ids (flags, DeviceScan) + count read by the engine +
  * scatter of each run's first value; bincount = atomics (shared-memory
  * histograms when the bins fit); searchsorted = one thread per value, a
  * binary search with PyTorch's comparisons. */
+#include <climits>
 #include <cub/cub.cuh>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -115,10 +126,29 @@ __global__ void segment_offsets(int *offs, int64_t rows, int64_t L) {
     offs[r] = (int)(r * L);
 }
 
-/* Sorted positions [s, s + cnt) of each row (s = j0, or a NaN row's first NaN
- * for median) -> idx (i64) and vals (a's bits) at (outer, cnt, inner). */
+/* The element a key came from, when the key says it exactly: every key but
+ * the one -0 and +0 share and NaN's (all ones); bool keys fold every nonzero
+ * byte. *exact false: gather the element instead. */
 template <typename K>
-__global__ void __launch_bounds__(kBlock) gather_window(const K *x, RowGeo g, const K *skeys, const int *spos,
+__device__ __forceinline__ K key_value(K k, int dt, bool *exact) {
+  const K sign = (K)((K)1 << (8 * sizeof(K) - 1));
+  const bool is_float = dt == EM_F32 || dt == EM_F64 || dt == EM_BF16 || dt == EM_F16;
+  if (is_float) {
+    *exact = k != sign && k != (K)~(K)0;
+    return (k & sign) ? (K)(k & ~sign) : (K)~k;
+  }
+  *exact = dt != EM_BOOL;
+  const bool flipped = dt == EM_I32 || dt == EM_I64;   /* key_at flips the sign bit of signed integers */
+  return flipped ? (K)(k ^ sign) : k;
+}
+
+/* Sorted positions [s, s + cnt) of each row (s = j0, or a NaN row's first NaN
+ * for median) -> idx (i64) and vals (a's bits) at (outer, cnt, inner). The
+ * values come back from the sorted keys -- a sequential read -- and only
+ * where a key cannot say the bits (+-0, NaN, bool) from a by index (a
+ * random read of a, which for one long row costs a 32-byte sector each). */
+template <typename K>
+__global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowGeo g, const K *skeys, const int *spos,
                                                         int64_t total, int64_t j0, int64_t cnt, bool median_nan,
                                                         K *vals, int64_t *idx) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -133,7 +163,11 @@ __global__ void __launch_bounds__(kBlock) gather_window(const K *x, RowGeo g, co
     int64_t at = spos[r * g.L + s + jj];
     int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
     idx[o] = at;
-    if (vals) vals[o] = x[row_offset(g, r) + at * g.st];
+    if (vals) {
+      bool exact;
+      const K v = key_value<K>(rk[s + jj], dt, &exact);
+      vals[o] = exact ? v : x[row_offset(g, r) + at * g.st];
+    }
   }
 }
 
@@ -189,13 +223,263 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   int rc = em_cuda_check(e, op, "cub sort");
   if (!rc) {
     int64_t win = rows * cnt;
-    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, g, kout, pout, win, j0,
+    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout, win, j0,
                                                              cnt, median_nan, vals ? (K *)em_data_ptr(vals) : nullptr,
                                                              (int64_t *)em_data_ptr(idx));
     rc = em_launch_check(op);
   }
   em_tensor_release(ws);   /* back to the stream-ordered cache: later work on this stream reuses it safely */
   return rc;
+}
+
+/* ---- selection: topk / kthvalue windows that end within the first kSelMaxK sorted positions ----
+ * One block per row, the row read 2-3 times instead of sorted: a radix
+ * select over the order-preserving keys (descending: complemented), 11 bits
+ * a pass, narrows the rows' elements to the ones whose leading bits are
+ * those of the K-th smallest key (K = j0 + cnt); as soon as those plus the
+ * elements known to rank before them fit in kSelSlots, one more pass gathers
+ * them into shared memory, a bitonic sort orders them by (key, position) --
+ * the stable sort's order, ties to the lower index, NaN as the largest --
+ * and positions [j0, j0 + cnt) are written. Rows of at most kSelSlots
+ * elements skip straight to the gather. Only when more than kSelSlots
+ * elements share the K-th key bit for bit (a row of zeros) does the gather
+ * take the first ones in index order, with a block scan. */
+constexpr int kSelSlots = 2048, kSelMaxK = 1024, kSelBits = 11;
+
+template <typename K, int T>
+struct SelShared {
+  int hist[1 << kSelBits];
+  K key[kSelSlots];
+  int pos[kSelSlots];
+  int n, bin, before, count;
+  typename cub::BlockScan<int, T>::TempStorage scan;
+};
+
+/* Visit every (position, key) of the row: 16-byte loads, U in flight, when
+ * the row is contiguous and aligned (vec), else strided scalar loads. */
+template <typename K, int T, typename F>
+__device__ __forceinline__ void for_row(const K *row, int64_t st, int L, bool vec, F f) {
+  constexpr int VK = 16 / (int)sizeof(K), U = VK >= 8 ? 16 / VK : 4;   /* at most 16 keys in flight per thread */
+  if (vec) {
+    const int nv = L / VK;
+    for (int v0 = threadIdx.x; v0 < nv; v0 += T * U) {
+      Packed128<K> p[U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (v0 + u * T < nv) p[u] = load128(row + (int64_t)(v0 + u * T) * VK);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (v0 + u * T >= nv) break;
+#pragma unroll
+        for (int e = 0; e < VK; e++) f((v0 + u * T) * VK + e, p[u][e]);
+      }
+    }
+    return;
+  }
+  for (int j0 = threadIdx.x; j0 < L; j0 += T * U) {
+    K k[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (j0 + u * T < L) k[u] = row[(int64_t)(j0 + u * T) * st];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (j0 + u * T < L) f(j0 + u * T, k[u]);
+  }
+}
+
+/* (k1, p1) before (k2, p2) in the stable order */
+template <typename K>
+__device__ __forceinline__ bool sel_before(K k1, int p1, K k2, int p2) { return k1 < k2 || (k1 == k2 && p1 < p2); }
+
+template <typename K, int T>
+__global__ void __launch_bounds__(T) select_rows(const K *x, int dt, RowGeo g, bool desc, bool vec, int64_t j0,
+                                                 int64_t cnt, K *vals, int64_t *idx) {
+  __shared__ SelShared<K, T> sh;
+  const int64_t r = blockIdx.x;
+  const K *row = x + row_offset(g, r);
+  const int L = (int)g.L, need_total = (int)(j0 + cnt);
+  constexpr int KB = 8 * (int)sizeof(K);
+  /* raw bits -> order-preserving key, complemented for descending */
+  auto key = [&](K raw) -> K { const K k = key_at<K>(&raw, dt, 0); return desc ? (K)~k : k; };
+  K prefix = 0, mask = 0;
+  int shift = KB, below = 0, matching = L, need = need_total;
+  while (shift > 0 && below + matching > kSelSlots) {
+    const int bits = shift < kSelBits ? shift : kSelBits;
+    shift -= bits;
+    const int nb = 1 << bits;
+    for (int b = threadIdx.x; b < nb; b += T) sh.hist[b] = 0;
+    __syncthreads();
+    for_row<K, T>(row, g.st, L, vec, [&](int, K raw) {
+      const K k = key(raw);
+      if ((k & mask) == prefix) atomicAdd(&sh.hist[(int)((k >> shift) & (K)(nb - 1))], 1);
+    });
+    __syncthreads();
+    /* the bin holding the need-th smallest: thread t owns bins [t per, (t + 1) per) */
+    const int per = nb > T ? nb / T : 1, b0 = threadIdx.x * per;
+    int mine = 0;
+    for (int b = b0; b < b0 + per && b < nb; b++) mine += sh.hist[b];
+    int excl;
+    cub::BlockScan<int, T>(sh.scan).ExclusiveSum(mine, excl);
+    if (excl < need && need <= excl + mine) {
+      int c = excl, b = b0;
+      while (c + sh.hist[b] < need) c += sh.hist[b++];
+      sh.bin = b; sh.before = c; sh.count = sh.hist[b];
+    }
+    __syncthreads();
+    below += sh.before;
+    need -= sh.before;
+    matching = sh.count;
+    prefix |= (K)sh.bin << shift;
+    mask |= (K)(nb - 1) << shift;
+    __syncthreads();   /* hist and the results are rewritten by the next pass */
+  }
+  /* gather: every key whose leading bits are below the prefix, and those equal to it
+   * (all of them when they fit; else, every bit being known, the first `need` by position) */
+  if (threadIdx.x == 0) sh.n = 0;
+  __syncthreads();
+  const bool all = below + matching <= kSelSlots;
+  for_row<K, T>(row, g.st, L, vec, [&](int j, K raw) {
+    const K k = key(raw);
+    const K m = k & mask;
+    if (m < prefix || (all && m == prefix)) {
+      const int at = atomicAdd(&sh.n, 1);
+      sh.key[at] = k; sh.pos[at] = j;
+    }
+  });
+  __syncthreads();
+  if (!all) {   /* ties at the K-th key beyond the slots: the first `need` of them in index order */
+    int taken = 0;
+    for (int t0 = 0; t0 < L && taken < need; t0 += T) {
+      const int j = t0 + threadIdx.x;
+      K k = 0;
+      bool eq = false;
+      if (j < L) {
+        k = key(row[(int64_t)j * g.st]);
+        eq = k == prefix;
+      }
+      int at, tot;
+      cub::BlockScan<int, T>(sh.scan).ExclusiveSum(eq ? 1 : 0, at, tot);
+      if (eq && taken + at < need) { sh.key[below + taken + at] = k; sh.pos[below + taken + at] = j; }
+      taken += tot;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) sh.n = below + need;
+    __syncthreads();
+  }
+  /* bitonic sort of the n gathered (key, position) pairs, padded to a power of two */
+  const int n = sh.n;
+  int P = 1;
+  while (P < n) P <<= 1;
+  for (int i = n + threadIdx.x; i < P; i += T) { sh.key[i] = (K)~(K)0; sh.pos[i] = INT_MAX; }
+  __syncthreads();
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < P / 2; t += T) {
+        const int i = 2 * t - (t & (stride - 1)), jn = i + stride;   /* the pair (i, i + stride) */
+        const bool up = (i & size) == 0;
+        const K ki = sh.key[i], kj = sh.key[jn];
+        const int pi = sh.pos[i], pj = sh.pos[jn];
+        if (sel_before(kj, pj, ki, pi) == up) { sh.key[i] = kj; sh.pos[i] = pj; sh.key[jn] = ki; sh.pos[jn] = pi; }
+      }
+      __syncthreads();
+    }
+  }
+  for (int jj = threadIdx.x; jj < cnt; jj += T) {
+    const int at = sh.pos[j0 + jj];
+    const int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
+    idx[o] = at;
+    if (vals) vals[o] = row[(int64_t)at * g.st];
+  }
+}
+
+template <typename K>
+int select_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, em_tensor *vals,
+                em_tensor *idx) {
+  int64_t rows;
+  RowGeo g = row_geo(a, d, &rows);
+  if (rows == 0 || cnt == 0) return 0;
+  const int dev = a->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const K *x = (const K *)a->storage->data;
+  const bool vec = g.rowmajor && (g.L * (int64_t)sizeof(K)) % 16 == 0 && ((uintptr_t)(x + g.off) & 15) == 0;
+  K *v = vals ? (K *)em_data_ptr(vals) : nullptr;
+  int64_t *ix = (int64_t *)em_data_ptr(idx);
+  if (g.L >= 16384) select_rows<K, 1024><<<(unsigned)rows, 1024, 0, s>>>(x, a->dtype, g, desc, vec, j0, cnt, v, ix);
+  else select_rows<K, 256><<<(unsigned)rows, 256, 0, s>>>(x, a->dtype, g, desc, vec, j0, cnt, v, ix);
+  return em_launch_check(op);
+}
+
+/* ---- rows of at most 4096: one block sorts a whole row in shared memory ----
+ * cub::BlockRadixSort on the row's keys (its own width) with 16-bit
+ * positions as the payload: stable (an LSD radix sort of keys given in index
+ * order), so ties keep input order; padding keys (all ones, positions past
+ * the row) sort after every real key. Nothing goes through global memory but
+ * the row read once and the window written once -- where the segmented sort
+ * moved keys and positions through several global passes. median_nan: a row
+ * whose largest key is NaN's (all ones) answers its first NaN, found by
+ * counting the keys below it. */
+constexpr int kBlockSortMax = 4096;
+
+template <typename K, int T, int IPT>
+__global__ void __launch_bounds__(T, 1024 / T) block_sort_rows(const K *x, int dt, RowGeo g, bool desc, int64_t j0, int64_t cnt,
+                                                     bool median_nan, K *vals, int64_t *idx) {
+  typedef cub::BlockRadixSort<K, T, IPT, uint16_t> Sort;
+  __shared__ typename Sort::TempStorage tmp;
+  __shared__ int below_top;
+  const int64_t r = blockIdx.x;
+  const K *row = x + row_offset(g, r);
+  const int L = (int)g.L;
+  const K top = (K)~(K)0;
+  K keys[IPT];
+  uint16_t pos[IPT];
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < IPT; i++) {   /* blocked: thread t holds positions t IPT .. t IPT + IPT - 1 */
+    const int j = threadIdx.x * IPT + i;
+    K k = top;
+    if (j < L) {
+      k = key_at<K>(row, dt, (int64_t)j * g.st);
+      if (desc) k = (K)~k;
+      mine += k != top;
+    }
+    keys[i] = k;
+    pos[i] = (uint16_t)j;
+  }
+  if (median_nan) {
+    if (threadIdx.x == 0) below_top = 0;
+    __syncthreads();
+    atomicAdd(&below_top, mine);
+  }
+  Sort(tmp).SortBlockedToStriped(keys, pos);   /* ends with a barrier: below_top is final */
+  const int64_t s = median_nan && below_top < L ? below_top : j0;   /* a NaN row: its first NaN */
+#pragma unroll
+  for (int i = 0; i < IPT; i++) {   /* striped: item i of thread t is rank i T + t */
+    const int64_t rank = (int64_t)i * T + threadIdx.x, jj = rank - s;
+    if (jj < 0 || jj >= cnt) continue;
+    const int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
+    idx[o] = pos[i];
+    if (vals) vals[o] = row[(int64_t)pos[i] * g.st];
+  }
+}
+
+template <typename K>
+int block_sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, bool median_nan,
+                    em_tensor *vals, em_tensor *idx) {
+  int64_t rows;
+  RowGeo g = row_geo(a, d, &rows);
+  if (rows == 0 || cnt == 0) return 0;
+  const int dev = a->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  const K *x = (const K *)a->storage->data;
+  K *v = vals ? (K *)em_data_ptr(vals) : nullptr;
+  int64_t *ix = (int64_t *)em_data_ptr(idx);
+  const unsigned grid = (unsigned)rows;
+  if (g.L <= 1024) block_sort_rows<K, 128, 8><<<grid, 128, 0, s>>>(x, a->dtype, g, desc, j0, cnt, median_nan, v, ix);
+  else if (g.L <= 2048) block_sort_rows<K, 256, 8><<<grid, 256, 0, s>>>(x, a->dtype, g, desc, j0, cnt, median_nan, v, ix);
+  else block_sort_rows<K, 512, 8><<<grid, 512, 0, s>>>(x, a->dtype, g, desc, j0, cnt, median_nan, v, ix);
+  return em_launch_check(op);
 }
 
 /* ---- unique ---- */
@@ -273,6 +557,23 @@ __global__ void searchsorted_k(const void *seq, int sdt, const void *v, int vdt,
 
 extern "C" int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
                             bool median_nan, em_tensor *vals, em_tensor *idx) {
+  const int64_t L = a->ndim ? a->shape[dim] : 1;
+  if (!median_nan && j0 + cnt <= kSelMaxK && L <= INT32_MAX && em_numel(a) / (L > 0 ? L : 1) <= INT32_MAX) {
+    switch (em_dtype_size(a->dtype)) {   /* a window within the first kSelMaxK: select, do not sort */
+      case 1: return select_impl<uint8_t>(op, a, dim, descending, j0, cnt, vals, idx);
+      case 2: return select_impl<uint16_t>(op, a, dim, descending, j0, cnt, vals, idx);
+      case 4: return select_impl<uint32_t>(op, a, dim, descending, j0, cnt, vals, idx);
+      default: return select_impl<uint64_t>(op, a, dim, descending, j0, cnt, vals, idx);
+    }
+  }
+  if (L <= kBlockSortMax && em_numel(a) / (L > 0 ? L : 1) <= INT32_MAX) {
+    switch (em_dtype_size(a->dtype)) {   /* short rows: each sorted by one block in shared memory */
+      case 1: return block_sort_impl<uint8_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+      case 2: return block_sort_impl<uint16_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+      case 4: return block_sort_impl<uint32_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+      default: return block_sort_impl<uint64_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    }
+  }
   switch (em_dtype_size(a->dtype)) {
     case 1: return sort_impl<uint8_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
     case 2: return sort_impl<uint16_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);

@@ -274,27 +274,27 @@ F.mse_loss = difference_loss("mse_loss", function(d) return d:square() end)
 F.l1_loss = difference_loss("l1_loss", function(d) return d:abs() end)
 
 --- Negative log-likelihood of log-probabilities input (N, C), (N, C, d...)
--- or (C) at integer targets (N), (N, d...) or (): −w[t] · input[n, t].
--- opts: weight (C), ignore_index (-100), reduction ("mean": divided by the
--- summed weights of the targets that count, as PyTorch).
+-- or (C) at integer targets (N), (N, d...) or (): −w[t] · input[n, t], one
+-- fused gather (engine/ops/loss_nll.c). opts: weight (C), ignore_index
+-- (-100), reduction ("mean": divided by the summed weights of the targets
+-- that count, as PyTorch). On the CPU a target outside [0, C) that is not
+-- ignore_index is an error; on CUDA it makes the loss NaN (no device read).
 function F.nll_loss(input, target, opts)
   check_tensor("nll_loss", "input", input)
   check_tensor("nll_loss", "target", target)
   local o, r = loss_opts("nll_loss", opts, {weight = true, ignore_index = true, reduction = true})
-  local ignore = o.ignore_index or -100
   local nd = input:dim()
   if nd < 1 or target:dim() ~= math.max(nd - 1, 0) then
     error(("ember.nn.functional.nll_loss: expected input (N, C, d...) and target (N, d...), got input of %d dims "
       .. "and target of %d dims"):format(nd, target:dim()), 2)
   end
   local logp = input
-  if nd >= 3 then   -- (N, C, d...) -> (N, d..., C): the class dim last, as a view
+  if nd >= 3 then   -- (N, C, d...) -> (N, d..., C): the class dim last, as a view (read in place)
     local perm = {0}
     for d = 2, nd - 1 do perm[#perm + 1] = d end
     perm[#perm + 1] = 1
     logp = input:permute(table.unpack(perm))
   end
-  local C = logp.shape[#logp.shape]
   for i = 1, #target.shape do
     if target.shape[i] ~= logp.shape[i] then
       error(("ember.nn.functional.nll_loss: expected target of shape [%s] for input of shape [%s], got [%s]")
@@ -302,46 +302,21 @@ function F.nll_loss(input, target, opts)
           table.concat(target.shape, ", ")), 2)
     end
   end
-  if target.device == "cpu" and target:numel() > 0 then   -- on CUDA a check would read the device
-    local bad = target:ne(ignore):logical_and(target:lt(0):logical_or(target:ge(C)))
-    if bad:sum():item() > 0 then
-      local t = target:masked_fill(bad:logical_not(), 0):abs():max():item()
-      error(("ember.nn.functional.nll_loss: expected targets in [0, %d) or ignore_index %d, got %d")
-        :format(C, ignore, math.tointeger(t) or t), 2)
-    end
-  end
   if o.weight ~= nil then check_tensor("nll_loss", "weight", o.weight) end
-  local valid = target:ne(ignore)   -- ignore_index may be a real class: mask it out of the one-hot
-  local onehot = ember.arange(0, C, 1, {dtype = "i64", device = logp.device}):eq(target:unsqueeze(-1))
-    :logical_and(valid:unsqueeze(-1))
-  local picked = logp:masked_fill(onehot:logical_not(), 0):sum(-1)
-  local w = o.weight and (onehot:to(logp.dtype) * o.weight):sum(-1) or valid:to(logp.dtype)
-  local l = (0 - picked) * w   -- not -(picked * w): an ignored target's loss is +0, not -0
-  if r == "mean" then return l:sum() / w:sum() end
-  return reduce(l, r)
+  return core.nll_loss(logp, target, o.weight, o.ignore_index or -100, r)
 end
 
---- Binary cross-entropy on logits, numerically stable for any |x|:
--- (1 − y) x + (1 + (pos_weight − 1) y) softplus(−x), softplus(−x) =
--- logsumexp(0, −x) (smooth, no overflow). opts: weight (broadcasts to the
--- loss), pos_weight (broadcasts along the last dim), reduction.
+--- Binary cross-entropy on logits, numerically stable for any |x|, fused
+-- (engine/ops/loss_bce.c): (1 − y) x + (1 + (pos_weight − 1) y) softplus(−x),
+-- softplus(−x) = max(−x, 0) + log1p(exp(−|x|)). opts: weight (broadcasts to
+-- the loss), pos_weight (broadcasts along the last dim), reduction.
 function F.binary_cross_entropy_with_logits(input, target, opts)
   check_tensor("binary_cross_entropy_with_logits", "input", input)
   check_tensor("binary_cross_entropy_with_logits", "target", target)
   local o, r = loss_opts("binary_cross_entropy_with_logits", opts, {weight = true, pos_weight = true, reduction = true})
-  local sp = ember.stack({ember.zeros_like(input), -input}, -1):logsumexp(-1)
-  local l
-  if o.pos_weight ~= nil then
-    check_tensor("binary_cross_entropy_with_logits", "pos_weight", o.pos_weight)
-    l = (1 - target) * input + (1 + (o.pos_weight - 1) * target) * sp
-  else
-    l = (1 - target) * input + sp
-  end
-  if o.weight ~= nil then
-    check_tensor("binary_cross_entropy_with_logits", "weight", o.weight)
-    l = l * o.weight
-  end
-  return reduce(l, r)
+  if o.pos_weight ~= nil then check_tensor("binary_cross_entropy_with_logits", "pos_weight", o.pos_weight) end
+  if o.weight ~= nil then check_tensor("binary_cross_entropy_with_logits", "weight", o.weight) end
+  return core.bce_with_logits(input, target, o.weight, o.pos_weight, r)
 end
 -- ops-indexing block begin
 --- One-hot encoding (PyTorch's F.one_hot): integer ids (...) -> (..., num_classes) i64.

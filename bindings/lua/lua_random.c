@@ -1,6 +1,7 @@
 /* Bindings for issue 12's sampling ops, dropout, the cross-entropy options
  * and gelu's tanh form: randperm, multinomial, bernoulli/bernoulli_,
- * core.dropout, core.cross_entropy_ex, core.gelu_tanh. The Lua wrappers
+ * core.dropout, core.cross_entropy_ex, core.gelu_tanh, and the fused losses
+ * core.bce_with_logits and core.nll_loss. The Lua wrappers
  * (ember.randperm, F.dropout, F.cross_entropy, nn.*Loss) live in
  * bindings/ember/; these are the checked calls into the engine. */
 #include <string.h>
@@ -56,19 +57,46 @@ static int l_dropout(lua_State *L) {
   return lem_push_result(L, em_dropout(x, lem_check_number(L, 2, fn, "p")));
 }
 
+/* The reduction named by the string at idx ("mean" when absent); -1 after raising. */
+static int opt_reduction(lua_State *L, int idx, const char *fn, em_reduction *red) {
+  const char *r = lem_opt_string(L, idx, fn, "reduction", "mean");
+  if (strcmp(r, "mean") == 0) *red = EM_REDUCTION_MEAN;
+  else if (strcmp(r, "sum") == 0) *red = EM_REDUCTION_SUM;
+  else if (strcmp(r, "none") == 0) *red = EM_REDUCTION_NONE;
+  else return lem_error(L, fn, "expected reduction \"mean\", \"sum\" or \"none\", got \"%s\"", r);
+  return 0;
+}
+
 /* core.cross_entropy_ex(logits, targets, ignore_index, label_smoothing, reduction) */
 static int l_cross_entropy_ex(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *t = lem_check_tensor(L, 2, fn, "target");
   int64_t ignore = lem_opt_int(L, 3, fn, "ignore_index", -100);
   double eps = lem_opt_number(L, 4, fn, "label_smoothing", 0);
-  const char *r = lem_opt_string(L, 5, fn, "reduction", "mean");
   em_reduction red;
-  if (strcmp(r, "mean") == 0) red = EM_REDUCTION_MEAN;
-  else if (strcmp(r, "sum") == 0) red = EM_REDUCTION_SUM;
-  else if (strcmp(r, "none") == 0) red = EM_REDUCTION_NONE;
-  else return lem_error(L, fn, "expected reduction \"mean\", \"sum\" or \"none\", got \"%s\"", r);
+  opt_reduction(L, 5, fn, &red);
   return lem_push_result(L, em_cross_entropy_ex(x, t, ignore, eps, red));
+}
+
+/* core.bce_with_logits(input, target, weight|nil, pos_weight|nil, reduction) */
+static int l_bce_with_logits(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *y = lem_check_tensor(L, 2, fn, "target");
+  em_tensor *w = lem_opt_tensor(L, 3, fn, "weight"), *pw = lem_opt_tensor(L, 4, fn, "pos_weight");
+  em_reduction red;
+  opt_reduction(L, 5, fn, &red);
+  return lem_push_result(L, em_bce_with_logits(x, y, w, pw, red));
+}
+
+/* core.nll_loss(logp (..., C), target (...), weight|nil, ignore_index, reduction) */
+static int l_nll_loss(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *t = lem_check_tensor(L, 2, fn, "target");
+  em_tensor *w = lem_opt_tensor(L, 3, fn, "weight");
+  int64_t ignore = lem_opt_int(L, 4, fn, "ignore_index", -100);
+  em_reduction red;
+  opt_reduction(L, 5, fn, &red);
+  return lem_push_result(L, em_nll_loss(x, t, w, ignore, red));
 }
 
 /* core.gelu_tanh(x): gelu(x, approximate="tanh") */
@@ -83,6 +111,7 @@ void lem_open_random(lua_State *L, int methods, int module) {
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {{"randperm", l_randperm}, {"dropout", l_dropout},
                                          {"cross_entropy_ex", l_cross_entropy_ex}, {"gelu_tanh", l_gelu_tanh},
+                                         {"bce_with_logits", l_bce_with_logits}, {"nll_loss", l_nll_loss},
                                          {NULL, NULL}};
   lem_register(L, 0, module, module_only);
 }

@@ -413,6 +413,62 @@ int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em
 int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
                      const em_tensor *g, const em_tensor *count, em_tensor *dlogits);
 
+/* ---- fused losses: BCE with logits (kernels/loss_bce.cu), NLL (kernels/loss_nll.cu) ---- */
+/* The device halves of engine/ops/loss_bce.c and engine/ops/loss_nll.c;
+ * tensors validated and laid out by the engine op. */
+
+/* How binary_cross_entropy_with_logits reads weight / pos_weight at flat
+ * element i of the loss: absent (1), [i], [i % C] (a row along the last dim)
+ * or [0]. */
+enum { EM_BCE_NONE, EM_BCE_FULL, EM_BCE_ROW, EM_BCE_SCALAR };
+typedef struct {
+  int64_t n, C;              /* the loss's elements; its last dim (1 for 0-d) */
+  int w_mode, pw_mode;       /* EM_BCE_* */
+  int reduction;             /* em_reduction */
+} em_bce_args;
+
+/* x, y (n elements) and w, pw (NULL, or laid out as their modes say) are
+ * contiguous, of one float dtype, the loss's. out: n elements ("none") or
+ * 0-d (the sum, or the mean: NaN for n = 0), reduced on the device in a
+ * fixed order (deterministic) in double. Math in f32 (f64 for f64). */
+int em_bce_fwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw,
+                    const em_bce_args *a, em_tensor *out);
+/* Gradients of the n loss elements (each NULL when not wanted; contiguous,
+ * n elements, the loss's dtype): upstream gradient g[i] ("none") or g[0]
+ * times scale (1, or 1/n for a mean), read on the device. */
+int em_bce_bwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw,
+                    const em_bce_args *a, const em_tensor *g, double scale, em_tensor *gx, em_tensor *gy,
+                    em_tensor *gw, em_tensor *gpw);
+
+/* nll_loss over N rows of log-probabilities with the class dim last: row r
+ * (row-major over shape[0..nd)) starts at sum_d r_d * stride[d] elements
+ * from logp's data pointer, class c at c * cstride more (any strides, so a
+ * permuted (N, C, d...) view is read in place). */
+typedef struct {
+  int nd;
+  int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
+  int64_t cstride, C, N;
+  int64_t ignore_index;
+  int reduction;             /* em_reduction */
+} em_nll_args;
+
+/* Row r's loss -w[t_r] logp[r, t_r] (weight: NULL or contiguous (C), f32
+ * or f64; target: contiguous (N) i32 or i64; 0 for an ignored row; NaN for
+ * a target outside [0, C) that is not ignore_index -- checking would read
+ * the device). out: N elements ("none") or 0-d, any float dtype; stats
+ * (2, f64, "mean"/"sum" only, else NULL) = {sum of the row losses, sum of
+ * the counted rows' weights}; the mean is their quotient. Per-row math in
+ * double; the sums in a fixed order. */
+int em_nll_fwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,
+                    const em_nll_args *a, em_tensor *out, em_tensor *stats);
+/* gx ((N, C) contiguous, zeros but -w[t_r] gr at [r, t_r]; any float dtype)
+ * and gw (NULL, or (C) zeroed f32/f64: += per counted row gr (-logp[r, t_r])
+ * for sum/none, gr (-logp[r, t_r] - L) for a mean L, atomically), with gr =
+ * g[r] ("none"), g[0] ("sum") or g[0] / stats[1] ("mean"). */
+int em_nll_bwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,
+                    const em_nll_args *a, const em_tensor *g, const em_tensor *stats, em_tensor *gx,
+                    em_tensor *gw);
+
 /* ---- flash attention (kernels/flash_fwd.cu, flash_bwd.cu, flash_decode.cu) ---- */
 /* FlashAttention-2 on CUDA, the device half of engine/ops/flash_attention.c.
  * Tensors are validated by the engine op: q (B, H, Tq, D), k and v (B, Hkv,
@@ -479,7 +535,8 @@ int em_dropout_cuda(const em_tensor *x, em_tensor *y, double p, em_philox_state 
 
 /* ---- random sampling (kernels/random.cu) ---- */
 /* out (contiguous, any dtype) = 1 where u(w_j) < p_j else 0; p a contiguous
- * f64 tensor of out's numel, or NULL for the constant pc. */
+ * float tensor (any float dtype, compared in double) of out's numel, or NULL
+ * for the constant pc. */
 int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, em_philox_state st);
 /* out (contiguous (n), i64) = 0..n-1 sorted by (64-bit key, index), element
  * i's key em_rng_u64 of block i / 2 (one radix sort). */
@@ -539,6 +596,13 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
 /* nonzero: row pos[i] - 1 of out (count, ndim; i64 contiguous) = the coordinates of
  * selected flat index i in shape (row-major). */
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out);
+/* nonzero in two reads of x instead of a scan: count (0-d i64) = the number
+ * of nonzero elements of x (contiguous, any dtype; NaN counts, -0.0 does
+ * not), one CUB reduction; then, with that count read by the engine, out
+ * (count, ndim; i64 contiguous) = their coordinates in shape, row-major order
+ * (cub::DeviceSelect over the flat indices, then one expansion for ndim > 1). */
+int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count);
+int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape, em_tensor *out);
 /* ==== ops-indexing block end ==== */
 /* ---- sorting, selection and scans (kernels/sort.cu, kernels/scan.cu) ---- */
 /* The device half of engine/ops/sort.c and engine/ops/scan.c. Tensors are
@@ -573,8 +637,9 @@ int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weight
  * Compared in f64 (i64 when both are integers), PyTorch's bisection. */
 int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right, em_tensor *out);
 /* res = inclusive scan (sum, or product when prod) of a along the middle dim
- * of (outer, L, inner); a and res contiguous, one dtype: f32, f64 or i64.
- * reverse: from the end of each row. One device-wide scan for a single row. */
+ * of (outer, L, inner); a and res contiguous, one dtype: f32, f64, i64, or
+ * bf16/f16 (accumulated in f32, rounded once on store). reverse: from the
+ * end of each row. One device-wide scan for a single row. */
 int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
                  bool reverse, em_tensor *res);
 /* cumprod's backward with zeros handled (engine/ops/scan.c has the formula):

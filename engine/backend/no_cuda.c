@@ -144,6 +144,16 @@ int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em
                      em_tensor *loss, em_tensor *count) { return no_cuda(NULL); }
 int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,
                      const em_tensor *g, const em_tensor *count, em_tensor *dlogits) { return no_cuda(NULL); }
+int em_bce_fwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw,
+                    const em_bce_args *a, em_tensor *out) { return no_cuda(NULL); }
+int em_bce_bwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw,
+                    const em_bce_args *a, const em_tensor *g, double scale, em_tensor *gx, em_tensor *gy,
+                    em_tensor *gw, em_tensor *gpw) { return no_cuda(NULL); }
+int em_nll_fwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,
+                    const em_nll_args *a, em_tensor *out, em_tensor *stats) { return no_cuda(NULL); }
+int em_nll_bwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,
+                    const em_nll_args *a, const em_tensor *g, const em_tensor *stats, em_tensor *gx,
+                    em_tensor *gw) { return no_cuda(NULL); }
 bool em_flash_supported_dim(int64_t d) { return false; }
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
                       em_tensor *lse, int causal, float scale) { return no_cuda(NULL); }
@@ -175,6 +185,9 @@ int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *
                            em_tensor *gx) { return no_cuda(op); }
 int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape,
                     em_tensor *out) { return no_cuda(op); }
+int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count) { return no_cuda(op); }
+int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape,
+                           em_tensor *out) { return no_cuda(op); }
 /* ==== ops-indexing block end ==== */
 /* ---- sorting, selection and scans ---- */
 int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,

@@ -554,15 +554,23 @@ static em_tensor *nonzero_cpu(em_tensor *x) {
   return out;
 }
 
+/* CUDA: count (one reduction), read the count (synchronises), select (one more read of x). */
 static em_tensor *nonzero_cuda(em_tensor *x) {
-  em_tensor *pos = scan_cuda("nonzero", x, x->ndim, x->shape);
+  em_tensor *c = em_contiguous_as(x, x->dtype);
+  em_tensor *cnt = c ? em_empty(0, NULL, EM_I64, x->device) : NULL;
   int64_t shape[2] = {0, x->ndim};
-  em_tensor *out = pos && !scan_count(pos, &shape[0]) ? em_empty(2, shape, EM_I64, x->device) : NULL;
-  if (out && shape[0] > 0 && x->ndim > 0 && em_nonzero_cuda("nonzero", pos, x->ndim, x->shape, out)) {
+  double v = 0;
+  em_tensor *out = NULL;
+  if (cnt && em_count_nonzero_cuda("nonzero", c, cnt) == 0 && em_item(cnt, &v) == 0) {
+    shape[0] = (int64_t)v;
+    out = em_empty(2, shape, EM_I64, x->device);
+  }
+  if (out && shape[0] > 0 && x->ndim > 0 && em_nonzero_select_cuda("nonzero", c, x->ndim, x->shape, out)) {
     em_tensor_release(out);
     out = NULL;
   }
-  em_tensor_release(pos);
+  em_tensor_release(c);
+  em_tensor_release(cnt);
   return out;
 }
 

@@ -59,12 +59,12 @@ static int check_probs_cpu(const char *op, const double *p, int64_t n) {
 static int bernoulli_fill(const char *op, em_tensor *t, em_tensor *p, double pc) {
   int64_t n = em_numel(t);
   em_tensor *pe = NULL, *pd = NULL;
-  if (p) {   /* p broadcast to t's shape, contiguous f64: element j lines up with t's element j */
+  if (p) {   /* p broadcast to t's shape, contiguous (f64 on the CPU, its own dtype on CUDA): element j lines up with t's element j */
     bool g = em_set_grad_enabled(false);   /* sampling has no gradient: no view node for p */
     pe = em_expand(p, t->ndim, t->shape);
     em_set_grad_enabled(g);
     if (!pe) return -1;
-    pd = em_contiguous_as(pe, EM_F64);
+    pd = em_contiguous_as(pe, t->device.type == EM_CPU ? EM_F64 : pe->dtype);
     em_tensor_release(pe);
     if (!pd) return -1;
     if (t->device.type == EM_CPU && check_probs_cpu(op, em_data_ptr(pd), n)) { em_tensor_release(pd); return -1; }

@@ -140,6 +140,7 @@ static em_tensor *run_scan(const char *op, em_tensor *a, int d, bool prod, bool 
   int64_t outer, L, inner;
   split_dims(a, d, &outer, &L, &inner);
   em_dtype acc = rt == EM_I64 ? EM_I64 : rt == EM_F64 ? EM_F64 : EM_F32;
+  if ((rt == EM_BF16 || rt == EM_F16) && a->dtype == rt) acc = rt;   /* the kernels widen to f32 themselves */
   em_tensor *ac = em_contiguous_as(a, acc);
   em_tensor *tmp = ac && acc != rt ? em_empty(a->ndim, a->shape, acc, a->device) : NULL;
   em_tensor *out = acc != rt ? tmp : res;

@@ -16,11 +16,15 @@
  *    honoured whatever it says, and CPU and CUDA give the same indices for ties.
  *  - topk, kthvalue and median are the sort with a window of each sorted row
  *    kept ([0, k), [k - 1, k), [(n - 1) / 2, ...)): O(n log n) where a
- *    selection could be O(n), but one segmented sort on CUDA, no per-row launch.
+ *    selection could be O(n), but one segmented sort on CUDA, no per-row
+ *    launch. On CUDA a window within the first 1024 positions is a radix
+ *    select per row instead (kernels/sort.cu decides; the same results).
  *  - The gradient of selected values goes back to the positions their
  *    indices name (distinct within a row): a scatter into zeros.
  *  - unique and bincount need their output size on the host, so they read a
- *    count (one device->host copy) and synchronise, as in PyTorch. */
+ *    count (one device->host copy) and synchronise, as in PyTorch. On CUDA,
+ *    unique of integers also reads their range first and sorts them shifted
+ *    into the narrowest dtype that holds it (fewer radix passes). */
 #include <stdio.h>
 #include "op.h"
 
@@ -347,6 +351,27 @@ static void unique_finish_cpu(const em_tensor *sorted, const em_tensor *order, c
   }
 }
 
+static int int_range(em_tensor *a, int64_t *lo, int64_t *hi);
+
+/* CUDA, integers: the values minus their minimum in the narrowest dtype that
+ * holds them (u8, u16 or i32), so the radix sort makes 1, 2 or 4 passes
+ * instead of 8 for ids in [0, 100000). NULL (nothing to narrow) or a new
+ * tensor; *lo gets the minimum. unique reads a count anyway: one more read. */
+static int narrow_keys(em_tensor *flat, em_tensor **keys, int64_t *lo) {
+  int64_t hi;
+  *keys = NULL;
+  if (int_range(flat, lo, &hi)) return -1;
+  const double lim = 9007199254740992.0;   /* the shift goes through a double scalar: exact below 2^53 */
+  if ((double)*lo <= -lim || (double)hi >= lim) return 0;
+  uint64_t span = (uint64_t)(hi - *lo);
+  em_dtype kt = span < 256 ? EM_U8 : span < 65536 ? EM_U16 : span <= INT32_MAX ? EM_I32 : flat->dtype;
+  if (em_dtype_size(kt) >= em_dtype_size(flat->dtype)) return 0;
+  em_tensor *d = em_binary_scalar(EM_SUB, flat, (double)*lo, false, NULL);
+  *keys = d ? em_to(d, kt, flat->device) : NULL;
+  em_tensor_release(d);
+  return *keys ? 0 : -1;
+}
+
 em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor **counts) {
   EM_OP_SCOPE("unique");
   EM_UNUSED(sorted);   /* always sorted, as PyTorch on CUDA */
@@ -362,7 +387,25 @@ em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor *
   em_tensor *ids = order ? em_empty(1, &n, EM_I64, a->device) : NULL;
   em_tensor *cnt = NULL, *vals = NULL, *inv = NULL, *cts = NULL;
   int rc = -1;
-  if (!ids || sort_rows("unique", flat, 0, false, 0, n, false, sv, order)) goto done;
+  if (!ids) goto done;
+  if (!cpu && n > 0 && em_dtype_is_int(a->dtype) && em_dtype_size(a->dtype) > 1) {
+    em_tensor *keys, *skeys = NULL, *wide = NULL, *back = NULL;
+    int64_t lo;
+    if (narrow_keys(flat, &keys, &lo)) goto done;
+    if (keys) {   /* sort the narrow keys, then sv = their values + lo (in i64) in a's dtype */
+      skeys = em_empty(1, &n, keys->dtype, a->device);
+      if (skeys && !sort_rows("unique", keys, 0, false, 0, n, false, skeys, order) &&
+          (wide = em_to(skeys, EM_I64, a->device)) && (back = em_binary_scalar(EM_ADD, wide, (double)lo, false, NULL)))
+        rc = em_copy_(sv, back);   /* converts to a's dtype */
+      em_tensor_release(keys); em_tensor_release(skeys); em_tensor_release(wide); em_tensor_release(back);
+      if (rc) goto done;
+      rc = -1;
+    } else if (sort_rows("unique", flat, 0, false, 0, n, false, sv, order)) {
+      goto done;
+    }
+  } else if (sort_rows("unique", flat, 0, false, 0, n, false, sv, order)) {
+    goto done;
+  }
   if (cpu) unique_ids_cpu(sv, ids, &U);
   else {
     double u;

@@ -308,6 +308,11 @@ describe("the device RNG", function()
         {"uniform_", function(dev) return ember.empty(N, {dtype = dt, device = dev}):uniform_(-2, 5) end},
         {"trunc_normal_", function(dev) return ember.empty(N, {dtype = dt, device = dev}):trunc_normal_(0, 0.02, -0.04, 0.04) end},
         {"trunc_normal_ wide", function(dev) return ember.empty(N, {dtype = dt, device = dev}):trunc_normal_(1, 2, -5, 7) end},
+        {"uniform_ into a view one element off 16-byte alignment (the per-element path)", function(dev)
+          local t = ember.zeros(N + 1, {dtype = dt, device = dev})
+          t:narrow(0, 1, N):uniform_(-1, 1)
+          return t
+        end},
         {"normal_ on a transposed view", function(dev)
           local t = ember.zeros(33, 65, {dtype = dt, device = dev})
           t:t():narrow(0, 3, 60):normal_(0, 1)

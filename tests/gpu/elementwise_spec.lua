@@ -197,6 +197,14 @@ describe("clamp, where, masked_fill on CUDA", function()
     end
     agree("where with a number", function(m, x) return ember.where(m, x, -0.25) end, c, vals("f32", {5, 3, 7}))
     agree("where f32/bf16 promotes", function(m, x, y) return ember.where(m, x, y) end, c, vals("f32", {7}), vals("bf16", {7}))
+    -- same-shape contiguous operands: the mixed-storage kernel reads the bool condition 8 bytes at a time
+    local cc = ember.rand({4099}):lt(0.5)
+    for _, dt in ipairs({"bf16", "f16", "f32"}) do
+      agree("where same shape " .. dt, function(m, x, y) return ember.where(m, x, y) end, cc, vals(dt, {4099}), vals(dt, {4099}))
+      agree("masked_fill same shape " .. dt, function(x, k) return x:masked_fill(k, -2.5) end, vals(dt, {4099}), cc)
+    end
+    agree("where with a u8 condition", function(m, x, y) return ember.where(m, x, y) end, cc:to("u8"), vals("bf16", {4099}),
+      vals("bf16", {4099}))
   end)
 
   it("fills under a broadcast mask, out of place and in place", function()

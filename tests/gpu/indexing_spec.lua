@@ -33,6 +33,24 @@ describe("indexing on CUDA", function()
     end)
   end
 
+  it("index_select of whole 16-byte rows (the row-copy kernel): dtypes, outer dims, strided and bad indices", function()
+    ember.manual_seed(11)
+    local x = ember.randn(300, 256, {dtype = "f64"})
+    local i = ember.randint(0, 300, {1000, 2}):select(1, 0)   -- a strided index
+    for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+      local xd = x:mul(20):to(dt)
+      assert.equals(0, max_diff(xd:cuda():index_select(0, i:cuda()), xd:index_select(0, i)), dt)
+    end
+    local x3 = ember.randn(3, 50, 64)
+    local j = ember.randint(0, 50, {77}):to("i32")
+    assert.equals(0, max_diff(x3:cuda():index_select(1, j:cuda()), x3:index_select(1, j)))
+    assert.equals(0, max_diff(x3:cuda():narrow(0, 1, 2):index_select(1, j:cuda()), x3:narrow(0, 1, 2):index_select(1, j)))
+    local r = x3:cuda():index_select(1, long({3, 50, -1}):cuda()):cpu()
+    assert.equals(0, max_diff(r:select(1, 0), x3:select(1, 3)))
+    for _, v in ipairs(r:select(1, 1):reshape(-1):tolist()) do assert.is_true(v ~= v) end
+    for _, v in ipairs(r:select(1, 2):reshape(-1):tolist()) do assert.is_true(v ~= v) end
+  end)
+
   it("gathers from a transposed x and scatters into a transposed target", function()
     ember.manual_seed(2)
     local x = ember.randn(64, 48)
@@ -80,6 +98,23 @@ describe("indexing on CUDA", function()
     assert.equals(0, max_diff(m:cuda():nonzero(), m:nonzero()))
     assert.equals(0, max_diff(x:cuda():nonzero(), x:nonzero()))
     assert.same({0, 2}, ember.zeros(3, 3):cuda():nonzero().shape)
+  end)
+
+  it("nonzero (count, then select) of 1-D, 3-D and 0-d tensors, every dtype; NaN counts, -0 does not", function()
+    ember.manual_seed(6)
+    local v = ember.randn(100003):masked_fill(ember.rand(100003):lt(0.5), 0)
+    v:narrow(0, 0, 1):fill_(0 / 0)
+    v:narrow(0, 1, 1):fill_(-0.0)
+    for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+      assert.equals(0, max_diff(v:to(dt):cuda():nonzero(), v:to(dt):nonzero()), dt)
+    end
+    local ints = ember.randint(-1, 2, {7, 33, 65})
+    for _, dt in ipairs({"i64", "i32", "u16", "u8", "bool"}) do
+      assert.equals(0, max_diff(ints:to(dt):cuda():nonzero(), ints:to(dt):nonzero()), dt)
+    end
+    assert.same({1, 0}, ember.tensor(3.0):cuda():nonzero().shape)
+    assert.same({0, 0}, ember.tensor(0.0):cuda():nonzero().shape)
+    assert.same({0, 1}, ember.zeros(0):cuda():nonzero().shape)
   end)
 
   it("masked_select's backward puts the gradient back under a broadcast mask", function()

@@ -83,3 +83,129 @@ describe("cross_entropy on CUDA", function()
     close(l, F.cross_entropy(x:to("f32"), t), 1e-5, "autocast loss")
   end)
 end)
+
+-- issue 12's fused losses (kernels/loss_bce.cu, kernels/loss_nll.cu) against
+-- the CPU (which computes in double): f32 1e-5, bf16 1e-2 (compare.lua).
+local function leaf(t, device)
+  local c = t:detach():to(device)
+  c.requires_grad = true
+  return c
+end
+
+-- the loss and the gradients of every float input, on the CPU and on CUDA
+local function both_devices(fn, inputs, g)
+  local out = {}
+  for k, dev in ipairs({"cpu", "cuda"}) do
+    local ins = {}
+    for i, x in ipairs(inputs) do
+      ins[i] = (x.dtype == "f32" or x.dtype == "bf16" or x.dtype == "f64" or x.dtype == "f16") and leaf(x, dev) or x:to(dev)
+    end
+    local l = fn(table.unpack(ins))
+    if g then l:backward(g:to({dtype = l.dtype, device = dev})) else l:backward() end
+    out[k] = {l = l, ins = ins}
+  end
+  return out[1], out[2]
+end
+
+local function check_grads(c, g, rtol)
+  for i, x in ipairs(c.ins) do
+    if x.requires_grad then
+      assert.equals("cuda:0", g.ins[i].grad.device)
+      C.assert_close(g.ins[i].grad, x.grad, rtol, "gradient of input " .. i)
+    end
+  end
+end
+
+describe("binary_cross_entropy_with_logits on CUDA", function()
+  for _, dt in ipairs {"f32", "bf16"} do
+    it(dt .. ": 100003 elements (odd: vector tail), mean, pos_weight row and weight full", function()
+      local x, y = randn({7, 14287}, dt, 4), (randn({7, 14287}, "f32") * 0.3 + 0.5):clamp(0, 1):to(dt)
+      local pw, w = (randn({14287}, "f32"):abs() + 0.5):to(dt), (randn({7, 14287}, "f32"):abs() + 0.1):to(dt)
+      local c, g = both_devices(function(a, b, p, q)
+        return F.binary_cross_entropy_with_logits(a, b, {pos_weight = p, weight = q}) end, {x, y, pw, w})
+      assert.equals(dt, g.l.dtype)
+      C.assert_close(g.l, c.l, TOL[dt], "loss")
+      check_grads(c, g, TOL[dt])
+    end)
+  end
+
+  it("f32: reduction none and sum, a scalar weight, upstream gradients", function()
+    local x, y = randn({33, 65}, "f32", 10), randn({33, 65}, "f32"):sigmoid()
+    local w = ember.tensor({0.7})
+    for _, r in ipairs({"none", "sum"}) do
+      local gup = r == "none" and randn({33, 65}, "f32") or ember.tensor(2.5)
+      local c, g = both_devices(function(a, b, q) return F.binary_cross_entropy_with_logits(a, b, {weight = q, reduction = r}) end,
+        {x, y, w}, gup)
+      C.assert_close(g.l, c.l, 1e-5, r .. " loss")
+      check_grads(c, g, 1e-5)
+    end
+  end)
+
+  it("f32: views 4 bytes off 16-byte alignment take the element path and agree", function()
+    local xb, yb = randn({4099}, "f32", 3):cuda(), randn({4099}, "f32"):sigmoid():cuda()
+    local x, y = xb:narrow(0, 1, 4098), yb:narrow(0, 1, 4098)
+    local got = F.binary_cross_entropy_with_logits(x, y, {reduction = "none"})
+    C.assert_close(got, F.binary_cross_entropy_with_logits(x:cpu(), y:cpu(), {reduction = "none"}), 1e-5, "loss")
+  end)
+
+  it("f32: |x| = 1e4 stays finite, gradient sigmoid(x) - y", function()
+    local x = ember.tensor({-1e4, -50, 0, 50, 1e4})
+    local y = ember.tensor({0.5, 1, 0.25, 0, 0.5})
+    local c, g = both_devices(function(a, b) return F.binary_cross_entropy_with_logits(a, b, {reduction = "none"}) end,
+      {x, y}, ember.ones(5))
+    C.assert_close(g.l, c.l, 1e-5, "loss")
+    C.assert_close(g.ins[1].grad, c.ins[1].grad, 1e-5, "dx")
+  end)
+
+  it("the mean of no elements is NaN", function()
+    local v = F.binary_cross_entropy_with_logits(ember.zeros(0):cuda(), ember.zeros(0):cuda()):item()
+    assert.is_true(v ~= v)
+  end)
+end)
+
+describe("nll_loss on CUDA", function()
+  for _, dt in ipairs {"f32", "bf16"} do
+    it(dt .. ": (8192, 1000) log-probs with weight, ignore_index, mean: loss, d input, d weight", function()
+      local x = F.log_softmax(randn({8192, 1000}, "f32"), -1):to(dt)
+      local t = targets({8192}, 1000)
+      t = t:masked_fill(t:lt(50), -100)
+      local w = (randn({1000}, "f32"):abs() + 0.5):to(dt)
+      local c, g = both_devices(function(a, q, tt) return F.nll_loss(a, tt, {weight = q}) end, {x, w, t})
+      C.assert_close(g.l, c.l, TOL[dt], "loss")
+      check_grads(c, g, TOL[dt])
+    end)
+  end
+
+  it("f32: (N, C, d) input read through the permuted view, i32 targets, none and sum", function()
+    local x = randn({3, 5, 7, 2}, "f32")
+    local t = targets({3, 7, 2}, 5, "i32")
+    for _, r in ipairs({"none", "sum"}) do
+      local gup = r == "none" and randn({3, 7, 2}, "f32") or ember.tensor(-1.5)
+      local c, g = both_devices(function(a, tt) return F.nll_loss(a, tt, {reduction = r}) end, {x, t}, gup)
+      C.assert_close(g.l, c.l, 1e-5, r .. " loss")
+      check_grads(c, g, 1e-5)
+    end
+  end)
+
+  it("f32: 3 classes (narrower than a vector) and a (C) input", function()
+    local x, t = randn({5, 3}, "f32"), targets({5}, 3)
+    local c, g = both_devices(function(a, tt) return F.nll_loss(a, tt) end, {x, t})
+    C.assert_close(g.l, c.l, 1e-5, "loss")
+    check_grads(c, g, 1e-5)
+    local c1, g1 = both_devices(function(a, tt) return F.nll_loss(a, tt) end, {randn({9}, "f32"), ember.tensor(4, {dtype = "i64"})})
+    C.assert_close(g1.l, c1.l, 1e-5, "(C) loss")
+    check_grads(c1, g1, 1e-5)
+  end)
+
+  it("an out-of-range target makes the loss NaN (no host-side check on CUDA)", function()
+    local v = F.nll_loss(randn({3, 4}, "f32"):cuda(), ember.tensor({1, 7, 2}, {dtype = "i64"}):cuda()):item()
+    assert.is_true(v ~= v, "expected NaN, got " .. tostring(v))
+  end)
+
+  it("under autocast bf16 the loss is computed in f32 and returned in f32", function()
+    local x, t = F.log_softmax(randn({16, 40}, "f32"), -1):to("bf16"), targets({16}, 40)
+    local l = ember.autocast("bf16", function() return F.nll_loss(x:cuda(), t:cuda()) end)
+    assert.equals("f32", l.dtype)
+    C.assert_close(l, F.nll_loss(x:to("f32"), t), 1e-5, "autocast loss")
+  end)
+end)

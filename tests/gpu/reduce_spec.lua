@@ -44,6 +44,8 @@ local LAYOUTS = {
   {"columns (dim 0)", {3000, 70}, {0}},
   {"columns split (tall, narrow)", {200000, 3}, {0}},
   {"columns over the middle dim", {16, 300, 5}, {1}},
+  {"columns, 16-byte vectors of outputs", {3000, 64}, {0}},
+  {"columns over the middle dim, vectors, split", {4, 20000, 24}, {1}},
   {"two dims {0, 2}", {7, 9, 11}, {0, 2}},
 }
 
@@ -105,7 +107,8 @@ describe("max, min, argmax, argmin on CUDA", function()
   -- small integer values: many ties, so the first-index rule is exercised
   local function tied(dt, shape) return ember.randint(0, 4, shape):to(dt) end
   local ONE_DIM = {{"warp rows", {37, 1000}, 1}, {"block rows", {6, 5000}, -1}, {"split rows", {2, 300007}, 1},
-                   {"columns", {3000, 70}, 0}, {"tall columns", {200000, 3}, 0}, {"middle dim", {16, 300, 5}, 1}}
+                   {"columns", {3000, 70}, 0}, {"tall columns", {200000, 3}, 0}, {"middle dim", {16, 300, 5}, 1},
+                   {"columns, vectors", {3000, 64}, 0}, {"middle dim, vectors", {3, 5000, 32}, 1}}
   for _, L in ipairs(ONE_DIM) do
     it("returns the values and first indices: " .. L[1], function()
       ember.manual_seed(5)

@@ -4,7 +4,9 @@
 -- many short rows and a few long ones (cub::DeviceSegmentedSort's warp,
 -- block and radix paths), a dim that is not the last, a transposed view;
 -- every key width (u8/bool, bf16/f16/u16, f32/i32, f64/i64); heavy ties
--- (stability: the indices must match the CPU's exactly) and NaNs.
+-- (stability: the indices must match the CPU's exactly) and NaNs. Sorts of
+-- rows of at most 1024 take the selection path (kernels/sort.cu's
+-- select_rows: a shared-memory bitonic sort per row); longer ones CUB.
 -- Scans: the single-row device scan (forward and reversed, through
 -- cumsum's backward), the block-per-row scan and the column scan.
 --
@@ -63,6 +65,20 @@ describe("sort on CUDA matches the CPU exactly", function()
       agree("sort ties one row", function(a) return a:reshape(-1):sort(0) end, {x}, true)
     end)
   end
+  it("rows of 1025 to 4096 (one block sorts each in shared memory) and 4097 (CUB): ties, every key width", function()
+    for _, L in ipairs({1025, 2048, 4096, 4097}) do
+      local ties = ember.randint(0, 5, {33, L})
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8", "bool"}) do
+        agree(("sort ties L=%d %s"):format(L, dt), function(a) return a:sort(1) end, {ties:to(dt)}, true)
+        agree(("sort ties desc L=%d %s"):format(L, dt), function(a) return a:sort(1, {descending = true}) end, {ties:to(dt)}, true)
+      end
+      local x = with_nans(ember.randn({9, L}, {dtype = "f64"})):to("f16")
+      agree("argsort f16 L=" .. L, function(a) return a:argsort(1) end, {x}, true)
+      agree("median with NaN rows L=" .. L, function(a) return a:median(1) end, {x}, true)
+      agree("kthvalue past 1024 L=" .. L, function(a) return a:kthvalue(1025, 1) end, {x}, true)
+      agree("sort along dim 0, L=" .. L, function(a) return a:t():sort(1) end, {x:t():contiguous()}, true)
+    end
+  end)
   it("reads a transposed view", function()
     local x = ember.randn({700, 33})
     agree("sort of a transpose", function(a) return a:t():sort(1) end, {x}, true)
@@ -74,6 +90,16 @@ describe("sort on CUDA matches the CPU exactly", function()
     local v = x:to("cuda"):sort():cpu():tolist()
     assert.are.equal(1 / 0, 1 / v[2])
     assert.are.equal(-1 / 0, 1 / v[3])
+    -- a long row (CUB, values rebuilt from the keys): the zeros' signs come back from the input, in order
+    local long = ember.randint(-3, 4, {20011}):to("f32"):mul(0.5):masked_fill(ember.rand(20011):lt(0.2), -0.0)
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      local c, g = long:to(dt):sort(0), long:to(dt):to("cuda"):sort(0):cpu()
+      local cl, gl = c:tolist(), g:tolist()
+      for i = 1, #cl do
+        assert.are.equal(cl[i], gl[i])
+        if cl[i] == 0 then assert.are.equal(1 / cl[i], 1 / gl[i], dt .. ": sign of zero at " .. i) end
+      end
+    end
   end)
 end)
 
@@ -83,6 +109,34 @@ describe("topk, kthvalue, median on CUDA", function()
     local x = with_nans(ember.randn({16, 20000}))
     agree("topk", function(a) return a:topk(50) end, {x}, true)
     agree("topk smallest dim 0", function(a) return a:topk(5, 0, {largest = false}) end, {x}, true)
+  end)
+  -- topk/kthvalue with K = j0 + cnt <= 1024 take the radix select of
+  -- kernels/sort.cu (select_rows): long rows (1024 threads) and short ones,
+  -- aligned rows (16-byte loads) and not, every key width, and ties at the
+  -- K-th key beyond the 2048 shared slots (the gather in index order).
+  it("topk by radix select: every key width, long and unaligned rows, k up to 1024 and past it", function()
+    local x = with_nans(ember.randn({5, 40001}, {dtype = "f64"}))   -- 40001: rows not 16-byte aligned
+    for _, dt in ipairs({"f32", "f64", "bf16", "f16"}) do
+      local xd = x:to(dt)
+      agree("topk " .. dt, function(a) return a:topk(100) end, {xd}, true)
+      agree("topk smallest " .. dt, function(a) return a:topk(7, 1, {largest = false}) end, {xd}, true)
+      agree("topk k=1024 " .. dt, function(a) return a:narrow(1, 0, 40000):topk(1024) end, {xd}, true)
+      agree("topk k=1025 (sorted) " .. dt, function(a) return a:topk(1025) end, {xd}, true)
+    end
+    local ids = ember.randint(-50, 50, {6, 30000})
+    for _, dt in ipairs({"i64", "i32", "u8", "bool"}) do
+      agree("topk ints " .. dt, function(a) return a:topk(33) end, {ids:to(dt)}, true)
+    end
+  end)
+  it("topk and kthvalue with thousands of ties at the k-th value keep the lowest indices", function()
+    local z = ember.zeros(4, 9000)
+    z:narrow(1, 100, 5):fill_(1)
+    agree("topk over zeros", function(a) return a:topk(10) end, {z}, true)
+    agree("topk smallest over zeros", function(a) return a:topk(300, 1, {largest = false}) end, {z}, true)
+    local few = ember.randint(0, 3, {8, 9000}):to("f32")   -- ~3000 copies of each value
+    agree("topk few values", function(a) return a:topk(500) end, {few}, true)
+    agree("kthvalue few values", function(a) return a:kthvalue(1000, 1) end, {few}, true)
+    agree("topk bf16 long rows", function(a) return a:topk(64) end, {ember.randn({3, 70001}):to("bf16")}, true)
   end)
   it("kthvalue and median along dims, NaN rows included", function()
     local x = with_nans(ember.randn({40, 301}))
@@ -108,7 +162,7 @@ end)
 
 describe("cumsum and cumprod on CUDA", function()
   ember.manual_seed(13)
-  for _, dt in ipairs({"f32", "bf16", "f64"}) do
+  for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do   -- bf16/f16: widened and rounded inside the scan
     it(("every launch shape (%s), forward and backward"):format(dt), function()
       local cases = {{{1 << 20}, 0}, {{300, 2500}, 1}, {{300, 2500}, 0}, {{7, 300, 5}, 1}}
       for _, c in ipairs(cases) do
@@ -151,6 +205,15 @@ describe("unique, bincount, searchsorted on CUDA", function()
     end
     agree("unique with NaNs", function(a) return a:unique() end, {with_nans(ember.randint(0, 9, {999}):to("f32"))},
       true)
+  end)
+  it("unique of integers sorted as narrowed keys (u8, u16, i32) and unnarrowed (a span past 2^31)", function()
+    local cases = {{-3, 100, "i64"}, {-1000, 50000, "i32"}, {0, 100000, "i64"}, {0, 60000, "u16"},
+                   {-(1 << 40), 1 << 40, "i64"}}
+    for _, c in ipairs(cases) do
+      local x = ember.randint(c[1], c[2], {3, 70001}):to(c[3])
+      agree(("unique [%d, %d) %s"):format(c[1], c[2], c[3]),
+        function(a) return a:unique({return_inverse = true, return_counts = true}) end, {x}, true)
+    end
   end)
   it("bincount in shared memory, in global memory, and weighted", function()
     agree("bincount small", function(a) return a:bincount() end, {ember.randint(0, 1000, {200000})}, true)

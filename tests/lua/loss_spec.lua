@@ -319,6 +319,146 @@ describe("F.binary_cross_entropy_with_logits", function()
   end)
 end)
 
+describe("F.binary_cross_entropy_with_logits, fused (engine/ops/loss_bce.c)", function()
+  local function sig(x) return 1 / (1 + math.exp(-x)) end
+
+  it("has the gradient sigmoid(x) - y for |x| = 100 too: no overflow, no NaN, exact in f64", function()
+    local xs, ys = {-100, -30, 30, 100}, {0.25, 1, 0, 0.5}
+    local x = ember.tensor(xs, {dtype = "f64", requires_grad = true})
+    F.binary_cross_entropy_with_logits(x, ember.tensor(ys, {dtype = "f64"}), {reduction = "sum"}):backward()
+    local g = x.grad:tolist()
+    for i = 1, 4 do close(g[i] + 2, sig(xs[i]) - ys[i] + 2, 1e-15, "x = " .. xs[i]) end
+  end)
+
+  it("with pos_weight: d/dx = (1 - y) - (1 + (pw - 1) y) sigmoid(-x), d/dy = (pw - 1) softplus(-x) - x", function()
+    local xs, ys, pws = {-2, 0, 0.5, 40}, {0.2, 1, 0.7, 0.4}, {3, 0.5, 2, 1.5}
+    local x = ember.tensor(xs, {dtype = "f64", requires_grad = true})
+    local y = ember.tensor(ys, {dtype = "f64", requires_grad = true})
+    F.binary_cross_entropy_with_logits(x, y, {pos_weight = ember.tensor(pws, {dtype = "f64"}), reduction = "sum"}):backward()
+    local gx, gy = x.grad:tolist(), y.grad:tolist()
+    for i = 1, 4 do
+      local sp = math.max(-xs[i], 0) + math.log(1 + math.exp(-math.abs(xs[i])))
+      close(gx[i] + 4, (1 - ys[i]) - (1 + (pws[i] - 1) * ys[i]) * sig(-xs[i]) + 4, 1e-15, "dx " .. i)
+      close(gy[i] + 4, (pws[i] - 1) * sp - xs[i] + 4, 1e-15, "dy " .. i)
+    end
+  end)
+
+  it("reads weight and pos_weight as a row, a scalar or full-size: all equal the expanded form", function()
+    ember.manual_seed(41)
+    local x, y = ember.randn(3, 4, {dtype = "f64"}), ember.rand(3, 4, {dtype = "f64"})
+    local row, one = ember.rand(4, {dtype = "f64"}) + 0.5, ember.tensor({1.7}, {dtype = "f64"})
+    local function full(t) return t:expand(3, 4):contiguous() end
+    for _, r in ipairs({"none", "sum", "mean"}) do
+      local want = F.binary_cross_entropy_with_logits(x, y, {weight = full(one), pos_weight = full(row), reduction = r})
+      local got = F.binary_cross_entropy_with_logits(x, y, {weight = one, pos_weight = row, reduction = r})
+      assert.same(want.shape, got.shape)
+      assert.same(want:tolist(), got:tolist())
+      local got2 = F.binary_cross_entropy_with_logits(x, y, {weight = row:view(1, 4), pos_weight = one, reduction = r})
+      local want2 = F.binary_cross_entropy_with_logits(x, y, {weight = full(row), pos_weight = full(one), reduction = r})
+      assert.same(want2:tolist(), got2:tolist())
+    end
+  end)
+
+  it("broadcasts target and weight like the composition did; their gradients sum back", function()
+    local x = ember.tensor({{0.5, -1}, {2, 0.1}, {-0.3, 1.2}}, {dtype = "f64", requires_grad = true})
+    local y = ember.tensor({0.25, 0.75}, {dtype = "f64", requires_grad = true})
+    local w = ember.tensor({{2}, {1}, {0.5}}, {dtype = "f64", requires_grad = true})   -- a column: the full-size path
+    local l = F.binary_cross_entropy_with_logits(x, y, {weight = w, reduction = "sum"})
+    local xl, yl, wl = x:tolist(), y:tolist(), w:tolist()
+    local want, gy = 0, {0, 0}
+    for i = 1, 3 do for j = 1, 2 do
+      local xv = xl[i][j]
+      local sp = math.max(-xv, 0) + math.log(1 + math.exp(-math.abs(xv)))
+      want = want + wl[i][1] * ((1 - yl[j]) * xv + sp)
+      gy[j] = gy[j] - wl[i][1] * xv
+    end end
+    close(l:item(), want, 1e-14)
+    l:backward()
+    assert.same({2}, y.grad.shape)
+    assert.same({3, 1}, w.grad.shape)
+    for j = 1, 2 do close(y.grad:tolist()[j], gy[j], 1e-14, "dy " .. j) end
+  end)
+
+  it("f32 computes in double and rounds once; bf16 is the f32 loss of the same values, rounded", function()
+    ember.manual_seed(42)
+    local x, y = ember.randn(64, {dtype = "f64"}) * 4, ember.rand(64, {dtype = "f64"})
+    local want = F.binary_cross_entropy_with_logits(x:float():double(), y:float():double()):item()
+    local got = F.binary_cross_entropy_with_logits(x:float(), y:float())
+    assert.equals("f32", got.dtype)
+    close(got:item(), want, 2 ^ -23)
+    local b = F.binary_cross_entropy_with_logits(x:to("bf16"), y:to("bf16"))
+    assert.equals("bf16", b.dtype)
+    assert.equals(F.binary_cross_entropy_with_logits(x:to("bf16"):float(), y:to("bf16"):float()):to("bf16"):item(), b:item())
+  end)
+
+  it("mean of no elements is NaN, their sum 0", function()
+    local x, y = ember.zeros(0, 3), ember.zeros(0, 3)
+    local m = F.binary_cross_entropy_with_logits(x, y):item()
+    assert.is_true(m ~= m)
+    assert.equals(0, F.binary_cross_entropy_with_logits(x, y, {reduction = "sum"}):item())
+  end)
+
+  it("rejects an integer target and shapes that do not broadcast, naming the op", function()
+    raises(function() F.binary_cross_entropy_with_logits(ember.randn(2, 3), ember.ones(2, 3, {dtype = "i64"})) end,
+      "binary_cross_entropy_with_logits: expected target to be a floating-point tensor")
+    raises(function() F.binary_cross_entropy_with_logits(ember.randn(2, 3), ember.rand(2, 4)) end,
+      "binary_cross_entropy_with_logits: cannot broadcast shapes [2, 3] and [2, 4]")
+  end)
+end)
+
+describe("F.nll_loss, fused (engine/ops/loss_nll.c)", function()
+  it("takes a (C) input with a 0-d target", function()
+    local x = ember.tensor({-1.5, -0.25, -3}, {dtype = "f64"})
+    assert.equals(0.25, F.nll_loss(x, ember.tensor(1, {dtype = "i64"})):item())
+    local w = ember.tensor({1, 4, 1}, {dtype = "f64"})
+    assert.equals(1, F.nll_loss(x, ember.tensor(1, {dtype = "i64"}), {weight = w, reduction = "sum"}):item())
+  end)
+
+  it("accepts u8, i32 and i64 targets with the same result", function()
+    ember.manual_seed(43)
+    local x = F.log_softmax(ember.randn(7, 5, {dtype = "f64"}), -1)
+    local t = ember.randint(0, 5, {7})
+    local want = F.nll_loss(x, t):item()
+    for _, dt in ipairs({"u8", "i32"}) do assert.equals(want, F.nll_loss(x, t:to(dt)):item()) end
+  end)
+
+  it("d input is -w[t] g at the target and zero elsewhere; d weight sums (-x - L) / W per class (mean)", function()
+    local x = ember.tensor({{-1, -2, -3}, {-0.5, -1.5, -2.5}, {-2, -0.1, -3}}, {dtype = "f64", requires_grad = true})
+    local w = ember.tensor({1, 2, 0.5}, {dtype = "f64", requires_grad = true})
+    local t = ember.tensor({2, 0, 2}, {dtype = "i64"})
+    local l = F.nll_loss(x, t, {weight = w})
+    local W = 0.5 + 1 + 0.5
+    local L = (0.5 * 3 + 1 * 0.5 + 0.5 * 3) / W
+    close(l:item(), L, 1e-15)
+    l:backward()
+    assert.same({{0, 0, -0.5 / W}, {-1 / W, 0, 0}, {0, 0, -0.5 / W}}, x.grad:tolist())
+    local gw = w.grad:tolist()
+    close(gw[1], (0.5 - L) / W, 1e-15, "dw[0]")
+    assert.equals(0, gw[2])
+    close(gw[3], 2 * (3 - L) / W, 1e-15, "dw[2]")
+  end)
+
+  it("(N, C, d): the gradient through the permuted view equals cross_entropy's", function()
+    ember.manual_seed(44)
+    local a = ember.randn(2, 4, 3, {dtype = "f64", requires_grad = true})
+    local b = a:detach():clone()
+    b.requires_grad = true
+    local t = ember.randint(0, 4, {2, 3})
+    F.nll_loss(F.log_softmax(a, 1), t, {reduction = "sum"}):backward()
+    F.cross_entropy(b:permute(0, 2, 1), t, {reduction = "sum"}):backward()
+    local ga, gb = flat(a.grad), flat(b.grad)
+    for i = 1, #ga do assert.is_true(math.abs(ga[i] - gb[i]) < 1e-14, "element " .. i) end
+  end)
+
+  it("names the first bad target and its flat index; checks weight's shape", function()
+    local x = ember.randn(3, 4)
+    raises(function() F.nll_loss(x, ember.tensor({0, -100, -2}, {dtype = "i64"})) end,
+      "nll_loss: expected targets in [0, 4) or ignore_index -100, got -2 (at flat index 2)")
+    raises(function() F.nll_loss(x, ember.tensor({0, 1, 2}, {dtype = "i64"}), {weight = ember.ones(3)}) end,
+      "nll_loss: expected weight of shape [4] (one per class), got [3]")
+  end)
+end)
+
 describe("F.gelu approximate tanh", function()
   it("is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", function()
     local xs = {-3, -1, -0.1, 0, 0.5, 2, 6}

@@ -198,6 +198,17 @@ typedef enum { EM_REDUCTION_NONE, EM_REDUCTION_MEAN, EM_REDUCTION_SUM } em_reduc
  * "none" returns the row losses in targets' shape. */
 em_tensor *em_cross_entropy_ex(em_tensor *logits, em_tensor *targets, int64_t ignore_index, double label_smoothing,
                                em_reduction reduction);
+/* binary_cross_entropy_with_logits, fused (engine/ops/loss_bce.c):
+ * w [(1 - y) x + (1 + (pw - 1) y) softplus(-x)] reduced; target, weight and
+ * pos_weight (weight, pos_weight may be NULL) broadcast with input. */
+em_tensor *em_bce_with_logits(em_tensor *input, em_tensor *target, em_tensor *weight, em_tensor *pos_weight,
+                              em_reduction reduction);
+/* nll_loss, fused (engine/ops/loss_nll.c): -w[t] logp[..., t] per target
+ * for log-probabilities logp (..., C) (class dim last) and integer targets
+ * (...); targets equal to ignore_index count for nothing; weight (C) or
+ * NULL; mean divides by the summed weights of the counted targets. */
+em_tensor *em_nll_loss(em_tensor *logp, em_tensor *target, em_tensor *weight, int64_t ignore_index,
+                       em_reduction reduction);
 /* Training-mode dropout: x * m / (1 - p), m_j ~ Bernoulli(1 - p) from the
  * global Philox stream; p in [0, 1]. Differentiable (the mask is regenerated). */
 em_tensor *em_dropout(em_tensor *x, double p);

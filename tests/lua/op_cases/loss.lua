@@ -36,6 +36,12 @@ return function(case, perf, ember, F)
   case("F.binary_cross_entropy_with_logits with pos_weight and weight, sum", "binary_cross_entropy_with_logits",
     function(x, y, pw, w) return F.binary_cross_entropy_with_logits(x, y, {pos_weight = pw, weight = w, reduction = "sum"}) end,
     function(T) return {T.randn({2, 3}), T.uniform({2, 3}, 0, 1), T.uniform({3}, 0.5, 3), T.uniform({2, 3}, 0.5, 1.5)} end)
+  case("F.binary_cross_entropy_with_logits none, weight row, pos_weight scalar, target broadcast", "binary_cross_entropy_with_logits",
+    function(x, y, w, pw) return F.binary_cross_entropy_with_logits(x, y, {weight = w, pos_weight = pw, reduction = "none"}) end,
+    function(T) return {T.randn({3, 5}), T.uniform({5}, 0, 1), T.uniform({5}, 0.5, 1.5), T.uniform({1}, 0.5, 3)} end)
+  case("F.nll_loss (N, C) sum with weight", "nll_loss",
+    function(x, w, t) return F.nll_loss(x, t, {weight = w, reduction = "sum"}) end,
+    function(T) return {T.randn({6, 3}), T.uniform({3}, 0.5, 2), T.long({0, 2, 2, 1, 0, 2})} end)
   case("F.gelu approximate tanh", "gelu_tanh",
     function(x) return F.gelu(x, {approximate = "tanh"}) end,
     function(T) return {T.randn({3, 5})} end)

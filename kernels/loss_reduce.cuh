@@ -1,0 +1,67 @@
+/* Device-wide sums for the fused losses (loss_bce.cu, loss_nll.cu): each
+ * block of a grid-stride kernel folds its threads' K running double sums
+ * into part[blockIdx.x * K + k]; one block of a second kernel then sums the
+ * parts in a fixed order. Deterministic (no atomics; the grid depends only
+ * on the size and the device) and nothing is read by the host, so a loss
+ * and its reduction replay from a CUDA graph. */
+#ifndef EMBER_KERNELS_LOSS_REDUCE_CUH
+#define EMBER_KERNELS_LOSS_REDUCE_CUH
+
+#include "common.cuh"
+
+namespace loss_reduce {
+
+constexpr int kThreads = 256;
+
+/* Blocks for a grid-stride pass over `units` work items: enough to fill the
+ * device (8 blocks of 256 per multiprocessor), no more. */
+static inline unsigned grid_for(int64_t units, int device) {
+  int64_t want = (units + kThreads - 1) / kThreads, cap = (int64_t)em_sm_count(device) * 8;
+  return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
+}
+
+/* Block-wide sums of K doubles; thread 0 gets the totals. blockDim.x == kThreads. */
+template <int K>
+__device__ __forceinline__ void block_sums(double (&v)[K]) {
+  __shared__ double sh[K][kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    if (lane == 0) sh[k][warp] = v[k];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      double s = 0;
+      for (int w = 0; w < kThreads / 32; w++) s += sh[k][w];
+      v[k] = s;
+    }
+  }
+}
+
+/* End of a grid-stride pass: this block's sums into part[blockIdx.x * K + k]. */
+template <int K>
+__device__ __forceinline__ void write_partials(double (&v)[K], double *part) {
+  block_sums<K>(v);
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int k = 0; k < K; k++) part[(int64_t)blockIdx.x * K + k] = v[k];
+}
+
+/* In the finishing kernel (one block of kThreads): the totals of nparts
+ * partials, in thread 0. */
+template <int K>
+__device__ __forceinline__ void sum_partials(const double *part, int nparts, double (&tot)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; k++) tot[k] = 0;
+  for (int p = threadIdx.x; p < nparts; p += kThreads)
+#pragma unroll
+    for (int k = 0; k < K; k++) tot[k] += part[(int64_t)p * K + k];
+  block_sums<K>(tot);
+}
+
+}  // namespace loss_reduce
+
+#endif
