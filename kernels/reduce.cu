@@ -11,7 +11,8 @@
  * Launch shapes (256 threads):
  *  - rows: the reduced elements of one output are contiguous or at least
  *    "inner" (rstride[last] == 1, or the generic case). One warp per output
- *    when n_red <= 1024, else one block per output; Packed128 loads, four in
+ *    when n_red <= 1024 (or <= 16384 with enough outputs to fill the GPU
+ *    with warps), else one block per output; Packed128 loads, four in
  *    flight per thread, when the rows are 16-byte aligned (else four scalar
  *    loads in flight).
  *  - cols: the innermost kept dim is contiguous and the reduction strides
@@ -422,7 +423,11 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
               p->kshape[p->nk - 1] % cv == 0 && ((uintptr_t)r.in & 15) == 0;
   for (int d = 0; cvec && d < p->nr; d++) cvec = (p->rstride[d] * (int64_t)es) % 16 == 0;
   for (int d = 0; cvec && d < p->nk - 1; d++) cvec = (p->kstride[d] * (int64_t)es) % 16 == 0;
-  int tpo = p->n_red <= 1024 ? 32 : kBlock;
+  /* a warp per output for short rows, and for rows up to 16384 when there are
+   * enough of them to fill the GPU with warps (each keeps four 16-byte loads
+   * in flight; a block per row had one, then a block-wide merge) */
+  const int64_t warps_to_fill = 2 * (int64_t)em_sm_count(dev) * (kBlock / 32);
+  int tpo = p->n_red <= 1024 || (p->n_red <= 16384 && p->n_out >= warps_to_fill) ? 32 : kBlock;
   int64_t blocks;
   if (cols) {
     int64_t K = p->kshape[p->nk - 1], w = cvec ? 32 * cv : 32;

@@ -39,6 +39,7 @@ end
 local LAYOUTS = {
   {"rows, a warp per output", {37, 1000}, {-1}},
   {"rows, a block per output", {6, 5000}, {1}},
+  {"rows of 3000, a warp per output (enough rows to fill the GPU)", {2200, 3000}, {1}},
   {"rows split across blocks", {2, 300007}, {1}},
   {"everything, split", {1000003}, {}},
   {"columns (dim 0)", {3000, 70}, {0}},
@@ -107,6 +108,7 @@ describe("max, min, argmax, argmin on CUDA", function()
   -- small integer values: many ties, so the first-index rule is exercised
   local function tied(dt, shape) return ember.randint(0, 4, shape):to(dt) end
   local ONE_DIM = {{"warp rows", {37, 1000}, 1}, {"block rows", {6, 5000}, -1}, {"split rows", {2, 300007}, 1},
+                   {"many rows of 3001, a warp each", {2200, 3001}, 1},
                    {"columns", {3000, 70}, 0}, {"tall columns", {200000, 3}, 0}, {"middle dim", {16, 300, 5}, 1},
                    {"columns, vectors", {3000, 64}, 0}, {"middle dim, vectors", {3, 5000, 32}, 1}}
   for _, L in ipairs(ONE_DIM) do
