@@ -599,7 +599,7 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
 static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
   em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
-  blas_op oa, ob;
+  blas_op oa = {CblasNoTrans, 0}, ob = oa;   /* set by blas_layout (-O3 cannot tell) */
   if (!blas_layout(n, k, a->stride[0], a->stride[1], &oa)) {
     if (make_contiguous(&ac, a, a->dtype)) goto done;
     blas_layout(n, k, k, 1, &oa);
