@@ -67,11 +67,16 @@ em_tensor *em_as_strided(const em_tensor *t, int ndim, const int64_t *shape,
 /* Error when writing in place into t is not allowed under autograd. */
 int em_check_inplace(const char *op, const em_tensor *t);
 
-/* CPU allocator (engine/alloc/cpu.c): 64-byte aligned. */
+/* CPU allocator (engine/alloc/cpu.c): 64-byte aligned; blocks of 1 MiB and
+ * more are kept for reuse after free (page faults cost more than the ops). */
 void *em_cpu_alloc(size_t nbytes);
-void em_cpu_free(void *p);
-/* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least one). */
-static inline size_t em_cpu_alloc_size(size_t nbytes) { return nbytes ? (nbytes + 63) & ~(size_t)63 : 64; }
+void em_cpu_free(void *p, size_t nbytes);   /* nbytes: what p was allocated with */
+/* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least
+ * one; a big block's size class). */
+size_t em_cpu_alloc_size(size_t nbytes);
+/* Bytes of freed big blocks kept for reuse; give them all back to the system. */
+size_t em_cpu_cached_bytes(void);
+void em_cpu_empty_cache(void);
 
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);
