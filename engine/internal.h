@@ -42,8 +42,24 @@ typedef struct {
   int64_t idx[EM_MAX_DIMS];
   int64_t stride[4][EM_MAX_DIMS];
   int64_t off[4];
+  int64_t base[4];                 /* off[] at element 0 */
 } em_iter;
 void em_iter_init(em_iter *it, int ndim, const int64_t *shape, int n, const em_tensor *const *ts);
+/* After init: drop size-1 dims and merge neighbouring dims every tensor walks
+ * contiguously, so the last dim is as long as memory allows (a contiguous
+ * tensor becomes one row). The walk's order and offsets do not change. */
+void em_iter_coalesce(em_iter *it);
+/* Position it at flat element i (the parallel ranges start mid-walk). */
+void em_iter_seek(em_iter *it, int64_t i);
+/* Step to the start of the next row of the last dim (row-wise walks). */
+static inline void em_iter_next_row(em_iter *it) {
+  for (int d = it->ndim - 2; d >= 0; d--) {
+    for (int k = 0; k < it->n; k++) it->off[k] += it->stride[k][d];
+    if (++it->idx[d] < it->shape[d]) return;
+    for (int k = 0; k < it->n; k++) it->off[k] -= it->stride[k][d] * it->shape[d];
+    it->idx[d] = 0;
+  }
+}
 static inline void em_iter_next(em_iter *it) {
   for (int d = it->ndim - 1; d >= 0; d--) {
     for (int k = 0; k < it->n; k++) it->off[k] += it->stride[k][d];

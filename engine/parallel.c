@@ -25,6 +25,7 @@
 
 void openblas_set_num_threads(int n);   /* OpenBLAS's cblas.h; declared here to keep BLAS out of this file */
 
+int64_t em_par_min_work = EM_PAR_MIN_WORK;
 static int n_threads = 1;
 static int n_default = 1;
 static const char *source = "cores";
@@ -49,6 +50,12 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   }
 #endif
   fn(ctx, 0, n);
+}
+
+int64_t em_set_parallel_min_work(int64_t n) {
+  int64_t old = em_par_min_work;
+  em_par_min_work = n < 1 ? 1 : n;
+  return old;
 }
 
 /* ---------------- the thread count ---------------- */

@@ -32,12 +32,17 @@ typedef void (*em_range_fn)(void *ctx, int64_t begin, int64_t end);
 void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
 
 /* Work below which forking costs more than it saves: about 32K simple
- * element operations (tens of microseconds on one core). */
+ * element operations (tens of microseconds on one core). The specs lower it
+ * (em_set_parallel_min_work) so their small tensors take the parallel paths. */
 #define EM_PAR_MIN_WORK 32768
+extern int64_t em_par_min_work;
+/* Set the minimum work per range (>= 1); returns the previous value. */
+int64_t em_set_parallel_min_work(int64_t n);
 
 /* Items per range when each item costs `cost` element operations (>= 1). */
 static inline int64_t em_grain(int64_t cost) {
-  return cost >= EM_PAR_MIN_WORK ? 1 : EM_PAR_MIN_WORK / (cost > 0 ? cost : 1);
+  if (cost < 1) cost = 1;
+  return cost >= em_par_min_work ? 1 : em_par_min_work / cost;
 }
 
 /* Reductions over long rows: each output's n reduced elements are cut into

@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <time.h>
 #include "lua_ember.h"
+#include "parallel.h"
 
 /* Monotonic wall clock in seconds (benchmarks). */
 static int l_clock(lua_State *L) {
@@ -30,6 +31,17 @@ static int l_set_num_threads(lua_State *L) {
 
 static int l_get_num_threads(lua_State *L) { lua_pushinteger(L, em_get_num_threads()); return 1; }
 
+/* ember.set_parallel_min_work(n) -> previous: the element operations below which a
+ * CPU op stays on one thread (default 32768). Tests lower it so small tensors take
+ * the parallel paths; results do not depend on it. */
+static int l_set_parallel_min_work(lua_State *L) {
+  const char *fn = lem_name(L);
+  int64_t n = lem_check_int(L, 1, fn, "n");
+  if (n < 1) return lem_error(L, fn, "expected a positive integer, got %lld", (long long)n);
+  lua_pushinteger(L, em_set_parallel_min_work(n));
+  return 1;
+}
+
 /* ember.threads_info() -> {threads=, default=, source=, openmp=} (ember.runinfo). */
 static int l_threads_info(lua_State *L) {
   lua_createtable(L, 0, 4);
@@ -45,7 +57,8 @@ void lem_open_device(lua_State *L, int module) {
                                {"cuda_device_count", l_cuda_device_count},
                                {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock},
                                {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
-                               {"threads_info", l_threads_info}, {NULL, NULL}};
+                               {"threads_info", l_threads_info},
+                               {"set_parallel_min_work", l_set_parallel_min_work}, {NULL, NULL}};
   lem_register(L, 0, module, f);
 }
 

@@ -53,6 +53,9 @@ TEST(small_work_stays_on_one_range) {
   CHECK(visit(100, 50, 4) <= 2);         /* two grains: at most two ranges */
   CHECK(visit(1000, 1000, 8) == 1);
   CHECK(em_grain(1) == EM_PAR_MIN_WORK);
+  CHECK(em_set_parallel_min_work(10) == EM_PAR_MIN_WORK);
+  CHECK(em_grain(1) == 10 && em_grain(3) == 3 && em_grain(20) == 1);
+  CHECK(em_set_parallel_min_work(EM_PAR_MIN_WORK) == 10);
   CHECK(em_grain(EM_PAR_MIN_WORK * 4) == 1);
   CHECK(em_red_blocks(EM_RED_BLOCK) == 1 && em_red_blocks(EM_RED_BLOCK + 1) == 2);
 }
