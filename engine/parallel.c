@@ -1,27 +1,46 @@
 /* CPU threads: the parallel-for every CPU op uses (engine/parallel.h) and
  * the thread count behind it (ember/threads.h).
  *
- * OpenMP (GCC's libgomp) runs the ranges: its pool is started once and kept,
- * so a parallel op costs a wake-up, not a thread creation. A build without
- * OpenMP compiles the same file into a serial loop. The count is read once
- * at load (EMBER_NUM_THREADS, OMP_NUM_THREADS, else the cores this process
- * may use) and handed to OpenBLAS too, so matmuls and the other ops share one
- * budget instead of each taking every core (CMakeLists.txt accepts OpenBLAS
- * only, so its openblas_set_num_threads is always there). */
+ * A small pool of our own rather than OpenMP: OpenBLAS (the pthread build
+ * Debian and the offline deps ship) keeps its own threads, and libgomp's
+ * workers spin for milliseconds after each parallel region by default (the
+ * wait policy is read once from the environment at load and cannot be set
+ * from code). Spinning OpenMP workers and OpenBLAS's threads then fight for
+ * the same cores: on the 2-core VM an add after a matmul took 13 ms instead
+ * of 0.8 and the matmul 11-13 ms instead of 4-6. Here a worker spins at most
+ * SPIN_NS for its next range (back-to-back ops reuse it warm), then sleeps on
+ * its condition variable, so a GEMM finds the cores free.
+ *
+ * One worker per extra thread, each with its own slot: the caller writes a
+ * range into the slot and bumps `seq` (release); the worker runs it and
+ * publishes `done` (release); the caller runs range 0 itself and waits for
+ * the others. A call made while a parallel-for is running (a nested one, or
+ * one from another thread) runs on its caller alone. Workers are started on
+ * first need and kept; a forked child starts its own.
+ *
+ * The count is read once at load (EMBER_NUM_THREADS, OMP_NUM_THREADS, else
+ * the cores this process may use) and handed to OpenBLAS too, so matmuls and
+ * the other ops share one budget instead of each taking every core
+ * (CMakeLists.txt accepts OpenBLAS only, so openblas_set_num_threads is
+ * always there). */
 #define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #include "ember/error.h"
 #include "ember/threads.h"
 #include "parallel.h"
 
 #define MAX_THREADS 1024
+#define SPIN_NS 50000          /* a worker's wait for its next range before it sleeps */
 
 void openblas_set_num_threads(int n);   /* OpenBLAS's cblas.h; declared here to keep BLAS out of this file */
 
@@ -30,26 +49,149 @@ static int n_threads = 1;
 static int n_default = 1;
 static const char *source = "cores";
 
+/* ---------------- the pool ---------------- */
+
+typedef struct {
+  _Alignas(64) atomic_uint seq;   /* bumped by the caller for each range handed out */
+  atomic_uint done;               /* the seq of the last range finished */
+  atomic_int sleeping;
+  em_range_fn fn;
+  void *ctx;
+  int64_t b, e;
+  pthread_mutex_t m;
+  pthread_cond_t c;
+} worker;
+
+static worker *workers[MAX_THREADS];
+static int n_workers;            /* started */
+static atomic_int busy;          /* a parallel-for is dispatching */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The next seq after `seen`: spin up to SPIN_NS, then sleep until it comes. */
+static unsigned next_range(worker *w, unsigned seen) {
+  unsigned s;
+  int64_t deadline = 0;
+  for (int i = 0;; i++) {
+    if ((s = atomic_load_explicit(&w->seq, memory_order_acquire)) != seen) return s;
+    cpu_relax();
+    if ((i & 255) != 255) continue;
+    if (!deadline) deadline = now_ns() + SPIN_NS;
+    else if (now_ns() > deadline) break;
+  }
+  pthread_mutex_lock(&w->m);
+  atomic_store(&w->sleeping, 1);
+  while ((s = atomic_load(&w->seq)) == seen) pthread_cond_wait(&w->c, &w->m);
+  atomic_store(&w->sleeping, 0);
+  pthread_mutex_unlock(&w->m);
+  return s;
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  for (unsigned seen = 0;;) {
+    seen = next_range(w, seen);
+    w->fn(w->ctx, w->b, w->e);
+    atomic_store_explicit(&w->done, seen, memory_order_release);
+  }
+  return NULL;
+}
+
+/* Start workers until there are `want`; returns how many there are. Workers
+ * block every signal: handlers run on the caller's thread, as before threads. */
+static int ensure_workers(int want) {
+  if (n_workers >= want) return n_workers;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (n_workers < want) {
+    worker *w = aligned_alloc(64, sizeof *w);
+    if (!w) break;
+    memset(w, 0, sizeof *w);
+    atomic_init(&w->seq, 0);
+    atomic_init(&w->done, 0);
+    atomic_init(&w->sleeping, 0);
+    pthread_mutex_init(&w->m, NULL);
+    pthread_cond_init(&w->c, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, worker_main, w) != 0) {
+      pthread_mutex_destroy(&w->m);
+      pthread_cond_destroy(&w->c);
+      free(w);
+      break;
+    }
+    pthread_detach(th);
+    workers[n_workers++] = w;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return n_workers;
+}
+
+/* A forked child has none of the parent's workers. */
+static void after_fork_child(void) {
+  n_workers = 0;
+  atomic_store(&busy, 0);
+}
+
+static void hand_out(worker *w, em_range_fn fn, void *ctx, int64_t b, int64_t e) {
+  w->fn = fn; w->ctx = ctx; w->b = b; w->e = e;
+  atomic_fetch_add_explicit(&w->seq, 1, memory_order_seq_cst);
+  if (atomic_load(&w->sleeping)) {           /* seq_cst on both sides: a sleeper is either seen here or sees seq */
+    pthread_mutex_lock(&w->m);
+    pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+  }
+}
+
+static void wait_done(worker *w) {
+  unsigned s = atomic_load_explicit(&w->seq, memory_order_relaxed);
+  for (int i = 0; atomic_load_explicit(&w->done, memory_order_acquire) != s; i++) {
+    cpu_relax();
+    if (i > 4096) sched_yield();             /* a preempted worker: let it run */
+  }
+}
+
 /* ---------------- the parallel-for ---------------- */
+
+/* Range t of T over [0, n): the first n % T ranges get one item more. */
+static void range_of(int64_t n, int64_t t, int64_t T, int64_t *b, int64_t *e) {
+  int64_t q = n / T, r = n % T;
+  *b = t * q + (t < r ? t : r);
+  *e = *b + q + (t < r);
+}
 
 void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   int64_t most = n / grain;                  /* ranges of at least `grain` items */
   int nt = most < n_threads ? (int)most : n_threads;
-#ifdef _OPENMP
-  if (nt > 1 && !omp_in_parallel()) {
-#pragma omp parallel num_threads(nt)
-    {
-      int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-      int64_t q = n / T, r = n % T;          /* the first r ranges get one item more */
-      int64_t b = t * q + (t < r ? t : r), e = b + q + (t < r);
-      if (b < e) fn(ctx, b, e);
-    }
+  if (nt <= 1 || atomic_exchange_explicit(&busy, 1, memory_order_acquire)) {
+    fn(ctx, 0, n);
     return;
   }
-#endif
-  fn(ctx, 0, n);
+  int have = ensure_workers(nt - 1);
+  if (have < nt - 1) nt = have + 1;
+  int64_t b, e;
+  for (int t = 1; t < nt; t++) {
+    range_of(n, t, nt, &b, &e);
+    hand_out(workers[t - 1], fn, ctx, b, e);
+  }
+  range_of(n, 0, nt, &b, &e);
+  fn(ctx, b, e);
+  for (int t = 1; t < nt; t++) wait_done(workers[t - 1]);
+  atomic_store_explicit(&busy, 0, memory_order_release);
 }
 
 int64_t em_set_parallel_min_work(int64_t n) {
@@ -110,6 +252,7 @@ static void apply(int n) {
  * EMBER_NUM_THREADS is reported on stderr and ignored: a library must not
  * fail to load). */
 __attribute__((constructor)) static void threads_init(void) {
+  pthread_atfork(NULL, NULL, after_fork_child);
   n_default = compute_default();
   int n = n_default;
   const char *vars[2] = {"EMBER_NUM_THREADS", "OMP_NUM_THREADS"};
@@ -118,7 +261,7 @@ __attribute__((constructor)) static void threads_init(void) {
     if (!v || !*v) continue;
     int c = parse_count(v);
     if (c) { n = c; source = vars[i]; break; }
-    if (i == 1) continue;   /* OMP_NUM_THREADS may be a list ("4,2"): libgomp's to judge */
+    if (i == 1) continue;   /* OMP_NUM_THREADS may be a list ("4,2"): not ours to judge */
     fprintf(stderr, "ember: EMBER_NUM_THREADS must be an integer from 1 to %d, got '%s'; using %d threads\n",
             MAX_THREADS, v, n_default);
     break;                  /* not overridden by OMP_NUM_THREADS */
@@ -137,11 +280,3 @@ int em_set_num_threads(int n) {
 int em_get_num_threads(void) { return n_threads; }
 int em_default_num_threads(void) { return n_default; }
 const char *em_num_threads_source(void) { return source; }
-
-int em_threads_compiled(void) {
-#ifdef _OPENMP
-  return 1;
-#else
-  return 0;
-#endif
-}

@@ -1,4 +1,5 @@
-/* The one parallel-for of the CPU ops (engine/parallel.c; OpenMP underneath).
+/* The one parallel-for of the CPU ops (engine/parallel.c: a small pool of
+ * worker threads that sleep when idle).
  *
  *   typedef struct { const float *x; float *y; int64_t n; } job;
  *   static void body(void *ctx, int64_t begin, int64_t end) { ... items [begin, end) ... }

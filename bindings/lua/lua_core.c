@@ -42,13 +42,12 @@ static int l_set_parallel_min_work(lua_State *L) {
   return 1;
 }
 
-/* ember.threads_info() -> {threads=, default=, source=, openmp=} (ember.runinfo). */
+/* ember.threads_info() -> {threads=, default=, source=} (ember.runinfo, study headers). */
 static int l_threads_info(lua_State *L) {
-  lua_createtable(L, 0, 4);
+  lua_createtable(L, 0, 3);
   lua_pushinteger(L, em_get_num_threads()); lua_setfield(L, -2, "threads");
   lua_pushinteger(L, em_default_num_threads()); lua_setfield(L, -2, "default");
   lua_pushstring(L, em_num_threads_source()); lua_setfield(L, -2, "source");
-  lua_pushboolean(L, em_threads_compiled()); lua_setfield(L, -2, "openmp");
   return 1;
 }
 

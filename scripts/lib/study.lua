@@ -26,8 +26,7 @@ end
 -- where it came from (ember.threads_info: cores, EMBER_NUM_THREADS, set_num_threads).
 function M.threads_text()
   local t = ember.threads_info()
-  return ("%d CPU thread%s (%s%s)"):format(t.threads, t.threads == 1 and "" or "s", t.source,
-    t.openmp and "" or "; this build has no OpenMP: CPU ops use one")
+  return ("%d CPU thread%s (%s)"):format(t.threads, t.threads == 1 and "" or "s", t.source)
 end
 
 --- The --threads option (CPU threads for the ops and OpenBLAS) and its use:

@@ -22,8 +22,6 @@ int em_default_num_threads(void);
 /* Where the current count came from: "EMBER_NUM_THREADS", "OMP_NUM_THREADS",
  * "cores" (the default) or "set_num_threads". */
 const char *em_num_threads_source(void);
-/* 1 when the build has OpenMP (else every CPU op runs on the calling thread). */
-int em_threads_compiled(void);
 
 #ifdef __cplusplus
 }
