@@ -899,14 +899,70 @@ static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) 
   return 0;
 }
 
+/* The backward row by row on the CPU: gx = y * (g - sum(g * y)) or
+ * g - exp(y) * sum(g), rows in double, spread over the threads. */
+typedef struct {
+  em_tensor *gx;
+  const em_tensor *g, *y;
+  rplan pg, py, px;
+  int64_t len, sg, sy, sx;
+  bool log_out;
+  int failed;
+} softmax_bwd_job;
+
+static void softmax_bwd_rows(void *ctx, int64_t o0, int64_t o1) {
+  softmax_bwd_job *j = ctx;
+  int64_t len = j->len;
+  double *gr = malloc(sizeof(double) * 2 * (size_t)len), *yr = gr + len;
+  if (!gr) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  kiter ig = kiter_at(&j->pg, j->g->offset, o0), iy = kiter_at(&j->py, j->y->offset, o0),
+        ix = kiter_at(&j->px, j->gx->offset, o0);
+  for (int64_t o = o0; o < o1; o++) {
+    load_f64(gr, j->g, ig.off, j->sg, len);
+    load_f64(yr, j->y, iy.off, j->sy, len);
+    double s = 0;
+    if (j->log_out) {
+      for (int64_t i = 0; i < len; i++) s += gr[i];
+      for (int64_t i = 0; i < len; i++) gr[i] -= exp(yr[i]) * s;
+    } else {
+      for (int64_t i = 0; i < len; i++) s += gr[i] * yr[i];
+      for (int64_t i = 0; i < len; i++) gr[i] = yr[i] * (gr[i] - s);
+    }
+    store_row(j->gx, ix.off, j->sx, len, gr);
+    kiter_next(&ig, &j->pg);
+    kiter_next(&iy, &j->py);
+    kiter_next(&ix, &j->px);
+  }
+  free(gr);
+}
+
+static int cpu_softmax_backward(em_tensor *gx, const em_tensor *g, const em_tensor *y, int d, bool log_out) {
+  uint32_t mask = y->ndim ? 1u << d : 0;
+  softmax_bwd_job j = {.gx = gx, .g = g, .y = y, .log_out = log_out};
+  plan_init(&j.pg, g, mask);
+  plan_init(&j.py, y, mask);
+  plan_init(&j.px, gx, mask);
+  j.len = y->ndim ? y->shape[d] : 1;
+  j.sg = g->ndim ? g->stride[d] : 0;
+  j.sy = y->ndim ? y->stride[d] : 0;
+  j.sx = gx->ndim ? gx->stride[d] : 0;
+  if (j.len == 0 || j.py.n_out == 0) return 0;
+  em_parallel_for(j.py.n_out, em_grain(4 * j.len), softmax_bwd_rows, &j);
+  if (j.failed) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)j.len);
+  return 0;
+}
+
 static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0], *g = gout[0];
   int64_t dim = n->i[2];
   bool log_out = n->i[3] != 0;
-  if (g->device.type == EM_CUDA) {   /* one fused kernel: two passes over (g, y) per row */
+  bool same_shape = g->ndim == y->ndim && em_same_shape(g, y);
+  if (g->device.type == EM_CUDA || (g->device.type == EM_CPU && same_shape)) {   /* fused: two passes over (g, y) per row */
     em_tensor *gx = em_empty(y->ndim, y->shape, em_promote(g->dtype, y->dtype), y->device);
     if (!gx) return -1;
-    if (em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out)) { em_tensor_release(gx); return -1; }
+    int rc = g->device.type == EM_CPU ? cpu_softmax_backward(gx, g, y, (int)dim, log_out)
+                                      : em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out);
+    if (rc) { em_tensor_release(gx); return -1; }
     gin[0] = gx;
     return 0;
   }
