@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include "op.h"
 #include "parallel.h"
+#include "vec_math.h"
 
 #define OP "scaled_dot_product_attention"
 
@@ -100,7 +101,7 @@ static int64_t visible(const ssm_job *j, int64_t r) {
 
 /* The masked keys are -inf before the softmax (exp gives +0, and 0 * (1 / sum)
  * keeps a NaN row NaN everywhere), as masked_fill + softmax compute them. */
-static void ssm_fwd_rows(void *ctx, int64_t r0, int64_t r1) {
+EM_SIMD_CLONES static void ssm_fwd_rows(void *ctx, int64_t r0, int64_t r1) {
   const ssm_job *j = ctx;
   int64_t tk = j->tk;
   for (int64_t r = r0; r < r1; r++) {
@@ -114,19 +115,18 @@ static void ssm_fwd_rows(void *ctx, int64_t r0, int64_t r1) {
       double inv = 1.0 / sum;
       for (int64_t k = 0; k < n; k++) y[k] *= inv;
       for (int64_t k = n; k < tk; k++) y[k] = 0.0 * inv;
-    } else {
+    } else {                 /* em_softmax's f32 row kernel: a masked key adds +0 to its lane */
       const float *x = (const float *)j->s + r * tk;
       float *y = (float *)j->out + r * tk, sc = (float)j->scale;
-      for (int64_t k = 0; k < n; k++) { y[k] = x[k] * sc; mx = y[k] > mx ? y[k] : mx; }
-      for (int64_t k = 0; k < n; k++) { y[k] = expf((float)((double)y[k] - mx)); sum += y[k]; }
-      double inv = 1.0 / sum;
-      for (int64_t k = 0; k < n; k++) y[k] = (float)((double)y[k] * inv);
-      for (int64_t k = n; k < tk; k++) y[k] = (float)(0.0 * inv);
+      for (int64_t k = 0; k < n; k++) y[k] = x[k] * sc;
+      em_softmax_row_f32(y, y, n, 0);
+      float fill = n > 0 && isnan(y[0]) ? NAN : 0.0f;
+      for (int64_t k = n; k < tk; k++) y[k] = fill;
     }
   }
 }
 
-static void ssm_bwd_rows(void *ctx, int64_t r0, int64_t r1) {
+EM_SIMD_CLONES static void ssm_bwd_rows(void *ctx, int64_t r0, int64_t r1) {
   const ssm_job *j = ctx;
   int64_t tk = j->tk;
   for (int64_t r = r0; r < r1; r++) {

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include "op.h"
 #include "parallel.h"
+#include "vec_math.h"
 
 static int xent_validate(em_tensor *logits, em_tensor *targets) {
   char s1[160], s2[160];
@@ -79,8 +80,21 @@ typedef struct { int64_t ignore; double eps; int reduction; } xent_opts;
       }                                                                                           \
     }                                                                                             \
   }
-XENT_ROWS(xent_rows_f32, float, expf)
 XENT_ROWS(xent_rows_f64, double, exp)
+
+/* f32 rows: the max, the exp-sum and the row's sum in SIMD lanes (vec_math.h). */
+EM_SIMD_CLONES static void xent_rows_f32(const float *x, const int64_t *t, int64_t N, int64_t V, const xent_opts *o, float *lse,
+                          double *l) {
+  for (int64_t i = 0; i < N; i++, x += V) {
+    float mx = em_max_f32(x, V);
+    double s = em_sum_exp_f32(x, mx, V);
+    lse[i] = mx + (float)log(s);
+    if (t[i] == o->ignore) { l[i] = 0; continue; }
+    l[i] = ((double)mx - (double)x[t[i]]) + log(s);   /* not lse - x: lse is rounded to f32 */
+    if (o->eps > 0)
+      l[i] = (1 - o->eps) * l[i] + o->eps * (((double)mx + log(s)) - em_sum_f32(x, V) / (double)V);
+  }
+}
 
 /* Rows [r0, r1) of the forward or the gradient, over the threads. */
 typedef struct {
@@ -140,8 +154,8 @@ static em_tensor *xent_cpu(em_tensor *logits, em_tensor *targets, const xent_opt
 }
 
 /* dx = w_i (exp(x - lse) - eps / V), minus w_i (1 - eps) at the target; w_i = 0 for an ignored row. */
-#define XENT_GRAD(NAME, T, EXP)                                                                       \
-  static void NAME(const T *x, const int64_t *t, const T *lse, int64_t N, int64_t V, const xent_opts *o,   \
+#define XENT_GRAD(ATTR, NAME, T, EXP)                                                                 \
+  ATTR static void NAME(const T *x, const int64_t *t, const T *lse, int64_t N, int64_t V, const xent_opts *o,   \
                    const double *w, int64_t wstride, double wdiv, T *gx) {                           \
     for (int64_t i = 0; i < N; i++, x += V, gx += V) {                                                \
       T scale = t[i] == o->ignore ? (T)0 : (T)(w[i * wstride] / wdiv), sm = scale * (T)(o->eps / (double)V); \
@@ -150,8 +164,8 @@ static em_tensor *xent_cpu(em_tensor *logits, em_tensor *targets, const xent_opt
       if (t[i] != o->ignore) gx[t[i]] -= scale * (T)(1 - o->eps);                                      \
     }                                                                                                 \
   }
-XENT_GRAD(xent_grad_f32, float, expf)
-XENT_GRAD(xent_grad_f64, double, exp)
+XENT_GRAD(EM_SIMD_CLONES, xent_grad_f32, float, em_exp_f32)
+XENT_GRAD(, xent_grad_f64, double, exp)
 
 static void xent_grad_rows(void *ctx, int64_t r0, int64_t r1) {
   const xent_job *j = ctx;
