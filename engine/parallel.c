@@ -19,10 +19,11 @@
  * first need and kept; a forked child starts its own.
  *
  * The count is read once at load (EMBER_NUM_THREADS, OMP_NUM_THREADS, else
- * the cores this process may use) and handed to OpenBLAS too, so matmuls and
- * the other ops share one budget instead of each taking every core
- * (CMakeLists.txt accepts OpenBLAS only, so openblas_set_num_threads is
- * always there). */
+ * the cores this process may use). OpenBLAS is kept at one thread: matmuls
+ * run their tiles on this pool (engine/ops/matmul.c), so there is one budget
+ * and one set of threads, and the tiling (not OpenBLAS's threading) decides
+ * what each thread sums (CMakeLists.txt accepts OpenBLAS only, so
+ * openblas_set_num_threads is always there). */
 #define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #include <errno.h>
 #include <pthread.h>
@@ -245,7 +246,7 @@ static int compute_default(void) {
 
 static void apply(int n) {
   n_threads = n;
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
 }
 
 /* At load: the default, then the environment's override (a bad
