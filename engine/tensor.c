@@ -525,6 +525,54 @@ static void copy_tasks(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
+/* A transpose (dst walks its last dim contiguously, src its second-to-last):
+ * TILE x TILE tiles read as contiguous runs of src into a buffer and written
+ * as contiguous runs of dst, so neither side walks a column (with power-of-
+ * two strides those lines all fall in one cache set). Tasks are (outer
+ * position, band of TILE rows); same dtype only. */
+#define TILE 32
+typedef struct { em_iter it; char *d; const char *s; size_t es; int64_t rows, cols, bands; } tile_job;
+
+static void tile_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const tile_job *j = ctx;
+  em_iter it = j->it;
+  int nd = it.ndim;
+  int64_t dr = it.stride[0][nd - 2], sc = it.stride[1][nd - 1];   /* dst row stride, src column stride */
+  uint64_t buf[TILE * TILE];
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t o = t / j->bands, r0 = t % j->bands * TILE, r1 = EM_MIN(r0 + TILE, j->rows);
+    em_iter_seek(&it, o * j->rows * j->cols + r0 * j->cols);
+    int64_t doff = it.off[0], soff = it.off[1];                    /* element (r0, 0) */
+    for (int64_t c0 = 0; c0 < j->cols; c0 += TILE) {
+      int64_t c1 = EM_MIN(c0 + TILE, j->cols);
+#define TILE_COPY(T) { T *d = (T *)j->d + doff, *b = (T *)buf; const T *s = (const T *)j->s + soff; \
+      for (int64_t c = c0; c < c1; c++) for (int64_t r = 0; r < r1 - r0; r++) { b[(c - c0) * TILE + r] = s[r + c * sc]; } \
+      for (int64_t r = 0; r < r1 - r0; r++) for (int64_t c = c0; c < c1; c++) { d[r * dr + c] = b[(c - c0) * TILE + r]; } } break;
+      switch (j->es) {
+        case 1: TILE_COPY(uint8_t)
+        case 2: TILE_COPY(uint16_t)
+        case 4: TILE_COPY(uint32_t)
+        default: TILE_COPY(uint64_t)
+      }
+#undef TILE_COPY
+    }
+  }
+}
+
+/* True (and the job set up) when the coalesced walk is a transpose of its last two dims. */
+static bool tile_copy(em_tensor *dst, const em_tensor *src, const em_iter *it) {
+  int nd = it->ndim;
+  if (nd < 2 || dst->dtype != src->dtype || dst->storage == src->storage) return false;
+  if (it->stride[0][nd - 1] != 1 || it->stride[1][nd - 2] != 1 || it->shape[nd - 1] < TILE || it->shape[nd - 2] < TILE)
+    return false;
+  tile_job j = {*it, dst->storage->data, src->storage->data, em_dtype_size(dst->dtype), it->shape[nd - 2],
+                it->shape[nd - 1], 0};
+  j.bands = (j.rows + TILE - 1) / TILE;
+  int64_t outer = em_numel(dst) / (j.rows * j.cols);
+  em_parallel_for(outer * j.bands, em_grain(TILE * j.cols), tile_tasks, &j);
+  return true;
+}
+
 static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   int64_t n = em_numel(dst);
   if (n == 0) return;
@@ -537,6 +585,7 @@ static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   copy_job j = {.dst = dst, .src = src};
   em_iter_init(&j.it, dst->ndim, dst->shape, 2, (const em_tensor *[]){dst, src});
   em_iter_coalesce(&j.it);
+  if (tile_copy(dst, src, &j.it)) return;
   int64_t len = j.it.shape[j.it.ndim - 1];
   j.segs = (len + COPY_SEG - 1) / COPY_SEG;
   int64_t tasks = n / len * j.segs;
