@@ -42,8 +42,24 @@ typedef struct {
   int64_t idx[EM_MAX_DIMS];
   int64_t stride[4][EM_MAX_DIMS];
   int64_t off[4];
+  int64_t base[4];                 /* off[] at element 0 */
 } em_iter;
 void em_iter_init(em_iter *it, int ndim, const int64_t *shape, int n, const em_tensor *const *ts);
+/* After init: drop size-1 dims and merge neighbouring dims every tensor walks
+ * contiguously, so the last dim is as long as memory allows (a contiguous
+ * tensor becomes one row). The walk's order and offsets do not change. */
+void em_iter_coalesce(em_iter *it);
+/* Position it at flat element i (the parallel ranges start mid-walk). */
+void em_iter_seek(em_iter *it, int64_t i);
+/* Step to the start of the next row of the last dim (row-wise walks). */
+static inline void em_iter_next_row(em_iter *it) {
+  for (int d = it->ndim - 2; d >= 0; d--) {
+    for (int k = 0; k < it->n; k++) it->off[k] += it->stride[k][d];
+    if (++it->idx[d] < it->shape[d]) return;
+    for (int k = 0; k < it->n; k++) it->off[k] -= it->stride[k][d] * it->shape[d];
+    it->idx[d] = 0;
+  }
+}
 static inline void em_iter_next(em_iter *it) {
   for (int d = it->ndim - 1; d >= 0; d--) {
     for (int k = 0; k < it->n; k++) it->off[k] += it->stride[k][d];
@@ -67,11 +83,16 @@ em_tensor *em_as_strided(const em_tensor *t, int ndim, const int64_t *shape,
 /* Error when writing in place into t is not allowed under autograd. */
 int em_check_inplace(const char *op, const em_tensor *t);
 
-/* CPU allocator (engine/alloc/cpu.c): 64-byte aligned. */
+/* CPU allocator (engine/alloc/cpu.c): 64-byte aligned; blocks of 1 MiB and
+ * more are kept for reuse after free (page faults cost more than the ops). */
 void *em_cpu_alloc(size_t nbytes);
-void em_cpu_free(void *p);
-/* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least one). */
-static inline size_t em_cpu_alloc_size(size_t nbytes) { return nbytes ? (nbytes + 63) & ~(size_t)63 : 64; }
+void em_cpu_free(void *p, size_t nbytes);   /* nbytes: what p was allocated with */
+/* The bytes em_cpu_alloc sets aside for a request (64-byte granules, at least
+ * one; a big block's size class). */
+size_t em_cpu_alloc_size(size_t nbytes);
+/* Bytes of freed big blocks kept for reuse; give them all back to the system. */
+size_t em_cpu_cached_bytes(void);
+void em_cpu_empty_cache(void);
 
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);

@@ -49,7 +49,7 @@ void em_storage_release(em_storage *s) {
   if (s->deleter) s->deleter(s);
   else if (s->device.type == EM_CPU) {
     if (em_mem_history_on()) em_mem_record(EM_MEM_FREE, -1, s->data, em_cpu_alloc_size(s->nbytes), 0, NULL);
-    em_cpu_free(s->data);
+    em_cpu_free(s->data, s->nbytes);
   }
   else if (em_cuda) em_cuda->free(s->data, s->device.index);
   free(s);

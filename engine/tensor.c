@@ -3,6 +3,7 @@
  * storage's version counter catches in-place writes to saved tensors. */
 #include <stdio.h>
 #include "internal.h"
+#include "parallel.h"
 
 /* ---------------- lifetime ---------------- */
 
@@ -73,9 +74,23 @@ em_tensor *em_full(int ndim, const int64_t *shape, double v, em_dtype dt, em_dev
   return t;
 }
 
+/* memset(p, 0, n) over the threads, in 64 KiB segments. */
+#define ZERO_SEG 65536
+static void zero_segments(void *ctx, int64_t s0, int64_t s1) {
+  const size_t *j = ctx;                              /* {base pointer, nbytes} */
+  char *p = (char *)(uintptr_t)j[0];
+  size_t lo = (size_t)s0 * ZERO_SEG, hi = EM_MIN((size_t)s1 * ZERO_SEG, j[1]);
+  memset(p + lo, 0, hi - lo);
+}
+
+static void cpu_zero(void *p, size_t n) {
+  size_t j[2] = {(size_t)(uintptr_t)p, n};
+  em_parallel_for((int64_t)((n + ZERO_SEG - 1) / ZERO_SEG), em_grain(ZERO_SEG / 4), zero_segments, j);
+}
+
 em_tensor *em_zeros(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
   em_tensor *t = empty_op("zeros", ndim, shape, dt, dev);
-  if (t && dev.type == EM_CPU) memset(t->storage->data, 0, t->storage->nbytes);
+  if (t && dev.type == EM_CPU) cpu_zero(t->storage->data, t->storage->nbytes);
   else if (t && em_fill_(t, 0)) { em_tensor_release(t); return NULL; }
   return t;
 }
@@ -460,40 +475,122 @@ em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *want) {
 
 /* ---------------- copies ---------------- */
 
-/* Copy between CPU tensors of any strides/dtypes; src broadcast to dst. */
+/* Copy between CPU tensors of any strides/dtypes; src broadcast to dst.
+ * The walk is coalesced (a contiguous copy is one row) and cut into tasks of
+ * up to COPY_SEG elements of a row, spread over the threads. */
+#define COPY_SEG 16384
+
+/* n elements from src (offset so, stride ss) to dst (do, sd), any dtypes. */
+static void copy_row(void *dp, em_dtype dt, int64_t doff, int64_t sd, const void *sp, em_dtype st, int64_t soff,
+                     int64_t ss, int64_t n) {
+  size_t des = em_dtype_size(dt), ses = em_dtype_size(st);
+  if (sd == 1 && ss == 1) {            /* same dtype: memcpy; else a conversion loop the compiler vectorises */
+    em_convert((char *)dp + doff * (int64_t)des, dt, (const char *)sp + soff * (int64_t)ses, st, n);
+    return;
+  }
+  if (dt == st) {
+#define STRIDED(T) { T *d = (T *)dp + doff; const T *s = (const T *)sp + soff; \
+                     for (int64_t i = 0; i < n; i++) { d[i * sd] = s[i * ss]; } } break;
+    switch (des) {
+      case 1: STRIDED(uint8_t)
+      case 2: STRIDED(uint16_t)
+      case 4: STRIDED(uint32_t)
+      default: STRIDED(uint64_t)
+    }
+#undef STRIDED
+    return;
+  }
+  if (!em_dtype_is_float(dt) && !em_dtype_is_float(st)) {
+    for (int64_t i = 0; i < n; i++) em_store_i64(dp, dt, doff + i * sd, em_load_i64(sp, st, soff + i * ss));
+  } else {
+    for (int64_t i = 0; i < n; i++) em_store_f64(dp, dt, doff + i * sd, em_load_f64(sp, st, soff + i * ss));
+  }
+}
+
+typedef struct { em_iter it; em_tensor *dst; const em_tensor *src; int64_t segs; } copy_job;
+
+static void copy_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const copy_job *j = ctx;
+  em_iter it = j->it;
+  int last = it.ndim - 1;
+  int64_t len = it.shape[last], sd = it.stride[0][last], ss = it.stride[1][last];
+  int64_t s = (t0 % j->segs) * COPY_SEG;
+  em_iter_seek(&it, t0 / j->segs * len);
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t n = EM_MIN(COPY_SEG, len - s);
+    copy_row(j->dst->storage->data, j->dst->dtype, it.off[0] + s * sd, sd, j->src->storage->data, j->src->dtype,
+             it.off[1] + s * ss, ss, n);
+    s += COPY_SEG;
+    if (s >= len) { s = 0; em_iter_next_row(&it); }
+  }
+}
+
+/* A transpose (dst walks its last dim contiguously, src its second-to-last):
+ * TILE x TILE tiles read as contiguous runs of src into a buffer and written
+ * as contiguous runs of dst, so neither side walks a column (with power-of-
+ * two strides those lines all fall in one cache set). Tasks are (outer
+ * position, band of TILE rows); same dtype only. */
+#define TILE 32
+typedef struct { em_iter it; char *d; const char *s; size_t es; int64_t rows, cols, bands; } tile_job;
+
+static void tile_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const tile_job *j = ctx;
+  em_iter it = j->it;
+  int nd = it.ndim;
+  int64_t dr = it.stride[0][nd - 2], sc = it.stride[1][nd - 1];   /* dst row stride, src column stride */
+  uint64_t buf[TILE * TILE];
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t o = t / j->bands, r0 = t % j->bands * TILE, r1 = EM_MIN(r0 + TILE, j->rows);
+    em_iter_seek(&it, o * j->rows * j->cols + r0 * j->cols);
+    int64_t doff = it.off[0], soff = it.off[1];                    /* element (r0, 0) */
+    for (int64_t c0 = 0; c0 < j->cols; c0 += TILE) {
+      int64_t c1 = EM_MIN(c0 + TILE, j->cols);
+#define TILE_COPY(T) { T *d = (T *)j->d + doff, *b = (T *)buf; const T *s = (const T *)j->s + soff; \
+      for (int64_t c = c0; c < c1; c++) for (int64_t r = 0; r < r1 - r0; r++) { b[(c - c0) * TILE + r] = s[r + c * sc]; } \
+      for (int64_t r = 0; r < r1 - r0; r++) for (int64_t c = c0; c < c1; c++) { d[r * dr + c] = b[(c - c0) * TILE + r]; } } break;
+      switch (j->es) {
+        case 1: TILE_COPY(uint8_t)
+        case 2: TILE_COPY(uint16_t)
+        case 4: TILE_COPY(uint32_t)
+        default: TILE_COPY(uint64_t)
+      }
+#undef TILE_COPY
+    }
+  }
+}
+
+/* True (and the job set up) when the coalesced walk is a transpose of its last two dims. */
+static bool tile_copy(em_tensor *dst, const em_tensor *src, const em_iter *it) {
+  int nd = it->ndim;
+  if (nd < 2 || dst->dtype != src->dtype || dst->storage == src->storage) return false;
+  if (it->stride[0][nd - 1] != 1 || it->stride[1][nd - 2] != 1 || it->shape[nd - 1] < TILE || it->shape[nd - 2] < TILE)
+    return false;
+  tile_job j = {*it, dst->storage->data, src->storage->data, em_dtype_size(dst->dtype), it->shape[nd - 2],
+                it->shape[nd - 1], 0};
+  j.bands = (j.rows + TILE - 1) / TILE;
+  int64_t outer = em_numel(dst) / (j.rows * j.cols);
+  em_parallel_for(outer * j.bands, em_grain(TILE * j.cols), tile_tasks, &j);
+  return true;
+}
+
 static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   int64_t n = em_numel(dst);
-  if (dst->dtype == src->dtype && em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src)) {
+  if (n == 0) return;
+  if (dst->storage == src->storage && dst->dtype == src->dtype && em_is_contiguous(dst) && em_is_contiguous(src) &&
+      em_same_shape(dst, src)) {
     /* memmove: dst and src may be overlapping views of one storage */
     memmove(em_data_ptr(dst), em_data_ptr(src), (size_t)n * em_dtype_size(dst->dtype));
     return;
   }
-  if (em_is_contiguous(dst) && em_is_contiguous(src) && em_same_shape(dst, src)) {
-    em_convert(em_data_ptr(dst), dst->dtype, em_data_ptr(src), src->dtype, n);
-    return;
-  }
-  em_iter it;
-  em_iter_init(&it, dst->ndim, dst->shape, 2, (const em_tensor *[]){dst, src});
-  void *dp = dst->storage->data; const void *sp = src->storage->data;
-  if (dst->dtype == src->dtype) {
-    size_t es = em_dtype_size(dst->dtype);
-    for (int64_t i = 0; i < it.numel; i++) {
-      switch (es) {
-        case 1: ((uint8_t *)dp)[it.off[0]] = ((const uint8_t *)sp)[it.off[1]]; break;
-        case 2: ((uint16_t *)dp)[it.off[0]] = ((const uint16_t *)sp)[it.off[1]]; break;
-        case 4: ((uint32_t *)dp)[it.off[0]] = ((const uint32_t *)sp)[it.off[1]]; break;
-        default: ((uint64_t *)dp)[it.off[0]] = ((const uint64_t *)sp)[it.off[1]]; break;
-      }
-      em_iter_next(&it);
-    }
-    return;
-  }
-  bool ints = !em_dtype_is_float(dst->dtype) && !em_dtype_is_float(src->dtype);
-  for (int64_t i = 0; i < it.numel; i++) {
-    if (ints) em_store_i64(dp, dst->dtype, it.off[0], em_load_i64(sp, src->dtype, it.off[1]));
-    else em_store_f64(dp, dst->dtype, it.off[0], em_load_f64(sp, src->dtype, it.off[1]));
-    em_iter_next(&it);
-  }
+  copy_job j = {.dst = dst, .src = src};
+  em_iter_init(&j.it, dst->ndim, dst->shape, 2, (const em_tensor *[]){dst, src});
+  em_iter_coalesce(&j.it);
+  if (tile_copy(dst, src, &j.it)) return;
+  int64_t len = j.it.shape[j.it.ndim - 1];
+  j.segs = (len + COPY_SEG - 1) / COPY_SEG;
+  int64_t tasks = n / len * j.segs;
+  if (dst->storage == src->storage) copy_tasks(&j, 0, tasks);   /* overlapping views: one thread, in order */
+  else em_parallel_for(tasks, em_grain(EM_MIN(len, COPY_SEG)), copy_tasks, &j);
 }
 
 /* Copies involving a CUDA tensor (any strides, dtypes, devices) are
@@ -517,27 +614,41 @@ int em_copy_(em_tensor *dst, em_tensor *src) {
   return em_copy_cuda(dst, src);
 }
 
+typedef struct { em_iter it; char *p; uint64_t bits; size_t es; } fill_job;
+
+/* Each task: one row of the coalesced walk, the value's bit pattern stored per element. */
+static void fill_rows(void *ctx, int64_t r0, int64_t r1) {
+  const fill_job *j = ctx;
+  em_iter it = j->it;
+  int last = it.ndim - 1;
+  int64_t len = it.shape[last], st = it.stride[0][last];
+  em_iter_seek(&it, r0 * len);
+  for (int64_t r = r0; r < r1; r++, em_iter_next_row(&it)) {
+    int64_t o = it.off[0];
+#define FILL(T) { T v; memcpy(&v, &j->bits, sizeof v); T *d = (T *)j->p + o; \
+                  for (int64_t i = 0; i < len; i++) { d[i * st] = v; } } break;
+    switch (j->es) {
+      case 1: FILL(uint8_t)
+      case 2: FILL(uint16_t)
+      case 4: FILL(uint32_t)
+      default: FILL(uint64_t)
+    }
+#undef FILL
+  }
+}
+
 int em_fill_(em_tensor *t, double v) {
   EM_OP_SCOPE("fill_");
   if (em_check_inplace("fill_", t)) return -1;
   em_bump_version(t);
   if (t->device.type != EM_CPU) return em_fill_cuda(t, v);
-  em_iter it;
-  em_iter_init(&it, t->ndim, t->shape, 1, (const em_tensor *[]){t});
-  void *p = t->storage->data;
-  if (t->dtype == EM_F32 && em_is_contiguous(t)) {
-    float *f = em_data_ptr(t), fv = (float)v;
-    for (int64_t i = 0; i < it.numel; i++) f[i] = fv;
-    return 0;
-  }
-  /* convert once, then copy the bit pattern */
-  uint64_t bits = 0;
-  em_store_f64(&bits, t->dtype, 0, v);
-  size_t es = em_dtype_size(t->dtype);
-  for (int64_t i = 0; i < it.numel; i++) {
-    memcpy((char *)p + it.off[0] * (int64_t)es, &bits, es);
-    em_iter_next(&it);
-  }
+  if (em_numel(t) == 0) return 0;
+  fill_job j = {.p = t->storage->data, .es = em_dtype_size(t->dtype)};
+  em_store_f64(&j.bits, t->dtype, 0, v);          /* convert once, then store the bit pattern */
+  em_iter_init(&j.it, t->ndim, t->shape, 1, (const em_tensor *[]){t});
+  em_iter_coalesce(&j.it);
+  int64_t len = j.it.shape[j.it.ndim - 1];
+  em_parallel_for(em_numel(t) / len, em_grain(len), fill_rows, &j);
   return 0;
 }
 

@@ -53,7 +53,41 @@ void em_iter_init(em_iter *it, int ndim, const int64_t *shape, int n, const em_t
   for (int d = 0; d < ndim; d++) { it->shape[d] = shape[d]; it->idx[d] = 0; }
   for (int k = 0; k < n; k++) {
     em_broadcast_strides(ts[k], ndim, shape, it->stride[k]);
-    it->off[k] = ts[k]->offset;
+    it->off[k] = it->base[k] = ts[k]->offset;
+  }
+}
+
+void em_iter_coalesce(em_iter *it) {
+  int m = 0;
+  for (int d = 0; d < it->ndim; d++) {
+    if (it->shape[d] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < it->n && merge; k++) merge = it->stride[k][m - 1] == it->stride[k][d] * it->shape[d];
+    if (merge) {
+      it->shape[m - 1] *= it->shape[d];
+      for (int k = 0; k < it->n; k++) it->stride[k][m - 1] = it->stride[k][d];
+      continue;
+    }
+    it->shape[m] = it->shape[d];
+    for (int k = 0; k < it->n; k++) it->stride[k][m] = it->stride[k][d];
+    m++;
+  }
+  if (m == 0) {                       /* a single element */
+    it->shape[0] = 1;
+    for (int k = 0; k < it->n; k++) it->stride[k][0] = 0;
+    m = 1;
+  }
+  it->ndim = m;
+  em_iter_seek(it, 0);
+}
+
+void em_iter_seek(em_iter *it, int64_t i) {
+  for (int k = 0; k < it->n; k++) it->off[k] = it->base[k];
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    int64_t s = it->shape[d] > 0 ? it->shape[d] : 1;
+    it->idx[d] = i % s;
+    i /= s;
+    for (int k = 0; k < it->n; k++) it->off[k] += it->idx[d] * it->stride[k][d];
   }
 }
 

@@ -64,6 +64,7 @@ parser:flag("--profile", "After the timed steps, profile one step and one forwar
 parser:option("--profile-trace", "With --profile: write the profiled step's Chrome trace (Perfetto) here.")
 parser:flag("--nvtx", "NVTX range per op (ember.nvtx.enable) for Nsight Systems; step and phase ranges are always on.")
 parser:flag("--quiet", "No per-step lines.")
+S.add_threads_option(parser)
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
@@ -71,6 +72,7 @@ args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
 S.check_counts(args, {"context", "batch", "vocab", "steps", "seed"}, fail)
+S.apply_threads(args, fail)
 args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
@@ -126,7 +128,7 @@ local config = {
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
   tf32 = args.tf32, attn = attn_used, graph = args.graph, warmup = args.warmup,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
-  params = n_params, params_matmul = n_matmul,
+  params = n_params, params_matmul = n_matmul, threads = ember.get_num_threads(),
 }
 
 S.print_header(run_facts)

@@ -15,7 +15,11 @@
 -- before each rep. Bytes default to every tensor input read once plus the
 -- output written once (the least any implementation must move); entries with
 -- FLOPs (matmul, attention) report TF/s instead. Peaks: scripts/lib/device_peaks.lua
--- (datasheet figures; a CPU has none unless --peak-gbs is given).
+-- (datasheet figures); on the CPU the memory bandwidth measured first by a
+-- STREAM-like copy (--stream-mb of f32, read + write counted), unless
+-- --peak-gbs is given. --threads sets the CPU thread count (the header, every
+-- JSON line and the Markdown file say which ran).
+--   ember run scripts/bench_ops.lua --threads 1 --op add,sum,softmax
 -- Output: a Markdown table on stdout (and in DIR/ops.md with --out), one JSON
 -- line per measurement (DIR/ops.jsonl, or --json FILE).
 local ember = require "ember"
@@ -39,6 +43,9 @@ parser:flag("--no-flush", "Do not flush the L2 (or CPU caches) before each rep."
 parser:flag("--torch", "Time the same expressions in PyTorch (python3 scripts/torch/bench_ops.py).")
 parser:option("--peak-gbs", "Peak memory bandwidth to divide by (GB/s)."):convert(tonumber)
 parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(tonumber)
+parser:option("--stream-mb", "CPU: MiB of f32 the bandwidth copy moves each way (0: do not measure).", "256")
+  :convert(math.tointeger)
+S.add_threads_option(parser)
 parser:option("--out", "Write DIR/ops.jsonl and DIR/ops.md.")
 parser:option("--json", "Append the JSON lines to this file.")
 parser:flag("--list", "List the perf entries and exit.")
@@ -67,6 +74,8 @@ if on_cuda and not ember.cuda.is_available() then
   os.exit(1)
 end
 if args.reps < 1 then parser:error("--reps: expected an integer >= 1, got " .. args.reps) end
+if not args.stream_mb or args.stream_mb < 0 then parser:error("--stream-mb: expected an integer >= 0") end
+S.apply_threads(args, function(msg) parser:error(msg) end)
 
 local cases = dofile(root .. "tests/lua/op_cases.lua")
 local want_ops, want_dtypes = set(split(args.op)), set(split(args.dtype))
@@ -103,12 +112,27 @@ end
 
 local facts = runinfo.collect(device)
 local peak = peaks.lookup(facts.device)
-local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs)
+
+--- The CPU's copy bandwidth in GB/s at the current thread count (STREAM's
+-- copy: dst = src over mb MiB, bytes read + written, best of the reps).
+local function stream_copy_gbs(mb)
+  local n = mb * 1024 * 1024 // 4
+  local src, dst = ember.ones({n}), ember.empty({n})
+  local r = ember.bench(function() dst:copy_(src) end, {warmup = 2, reps = 10, device = "cpu"})
+  return 2 * n * 4 / r.min / 1e9
+end
+local stream_gbs = not on_cuda and not args.peak_gbs and args.stream_mb > 0 and stream_copy_gbs(args.stream_mb)
+local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs) or stream_gbs or nil
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
 S.print_header(facts)
+if stream_gbs then
+  print(("memory bandwidth: %.1f GB/s (copy of %d MiB f32, read + write, %d threads): the CPU's peak below")
+    :format(stream_gbs, args.stream_mb, facts.threads))
+end
+local peak_src = stream_gbs and " (measured copy)" or peak and (" (" .. peak.name .. " datasheet)") or ""
 print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, backward %s, peaks %s"):format(
   #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.no_backward and "off" or "on",
-  peak_gbs and ("%s GB/s%s"):format(peak_gbs, peak and (" (" .. peak.name .. " datasheet)") or "") or "none"))
+  peak_gbs and ("%.1f GB/s%s"):format(peak_gbs, peak_src) or "none"))
 io.stdout:flush()
 
 -- ---------------------------------------------------------------------------
@@ -242,7 +266,7 @@ for i, t in ipairs(todo) do
   local p, dtype = t.p, t.dtype
   local ok, r = pcall(measure, p, dtype)
   local rec = {op = p.op, case = p.name, dtype = dtype, commit = facts.commit, device = facts.device,
-               date = facts.date, reps = args.reps}
+               date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs}
   local rate, frac = "-", "-"
   if ok then
     rec.fwd_ms, rec.fwd_bwd_ms, rec.bytes, rec.flops = r.fwd * 1e3, r.fwd_bwd and r.fwd_bwd * 1e3, r.bytes, r.flops
@@ -280,8 +304,9 @@ end
 for _, f in ipairs(json_files) do f:close() end
 if args.out then
   local f = assert(io.open(args.out .. "/ops.md", "w"))
-  f:write(("Device %s, commit %s, %s; median of %d reps, L2 flush %s.\n\n"):format(facts.device, facts.commit,
-    facts.date, args.reps, args.no_flush and "off" or "on"))
+  f:write(("Device %s, %d threads, commit %s, %s; median of %d reps, L2 flush %s%s.\n\n"):format(facts.device,
+    facts.threads, facts.commit, facts.date, args.reps, args.no_flush and "off" or "on",
+    stream_gbs and (", peak = measured copy bandwidth %.1f GB/s"):format(stream_gbs) or ""))
   f:write(header, "\n|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
   f:close()
   print("wrote " .. args.out .. "/ops.jsonl and ops.md")

@@ -1,6 +1,8 @@
 --- ember.runinfo: the facts every result line carries, so a number can be
 -- traced to the code, the machine and the moment that produced it.
---   runinfo.collect(device) --> {commit=, device=, driver=, date=, ember=, host=}
+--   runinfo.collect(device) --> {commit=, device=, driver=, date=, ember=, host=, threads=}
+-- threads: the CPU ops' thread count now (ember.get_num_threads), read at
+-- each call since ember.set_num_threads may have changed it.
 -- `device` is "cpu", "cuda" or "cuda:N" (default: cuda when available).
 -- EMBER_COMMIT overrides the commit lookup (a host whose copy has stale git metadata).
 local M = {}
@@ -100,6 +102,8 @@ function M.collect(device)
   local r = {}
   for k, v in pairs(cache[device]) do r[k] = v end
   r.date = os.date("!%Y-%m-%dT%H:%M:%SZ")
+  local ok, ember = pcall(require, "ember")
+  if ok and ember.get_num_threads then r.threads = ember.get_num_threads() end
   return r
 end
 

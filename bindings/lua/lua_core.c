@@ -1,7 +1,9 @@
 /* luaopen_ember_core: the module table `ember.core`, its `methods` table
  * (shared by every tensor through the metatable's __index) and the parts. */
+#include <limits.h>
 #include <time.h>
 #include "lua_ember.h"
+#include "parallel.h"
 
 /* Monotonic wall clock in seconds (benchmarks). */
 static int l_clock(lua_State *L) {
@@ -15,10 +17,47 @@ static int l_cuda_is_available(lua_State *L) { lua_pushboolean(L, em_cuda_availa
 static int l_cuda_device_count(lua_State *L) { lua_pushinteger(L, em_cuda_device_count()); return 1; }
 static int l_cuda_compiled(lua_State *L) { lua_pushboolean(L, em_cuda_compiled()); return 1; }
 
+/* ember.set_num_threads(n): the CPU ops' and OpenBLAS's thread count (ember/threads.h). */
+static int l_set_num_threads(lua_State *L) {
+  const char *fn = lem_name(L);
+  int isint = 0;
+  lua_Integer n = lua_type(L, 1) == LUA_TNUMBER ? lua_tointegerx(L, 1, &isint) : 0;
+  if (!isint || n < 1)
+    return lem_error(L, fn, "expected a positive integer number of threads, got %s",
+                     lua_type(L, 1) == LUA_TNUMBER ? lua_tostring(L, 1) : luaL_typename(L, 1));
+  if (em_set_num_threads(n > INT_MAX ? INT_MAX : (int)n)) return lem_raise(L);
+  return 0;
+}
+
+static int l_get_num_threads(lua_State *L) { lua_pushinteger(L, em_get_num_threads()); return 1; }
+
+/* ember.set_parallel_min_work(n) -> previous: the element operations below which a
+ * CPU op stays on one thread (default 32768). Tests lower it so small tensors take
+ * the parallel paths; results do not depend on it. */
+static int l_set_parallel_min_work(lua_State *L) {
+  const char *fn = lem_name(L);
+  int64_t n = lem_check_int(L, 1, fn, "n");
+  if (n < 1) return lem_error(L, fn, "expected a positive integer, got %lld", (long long)n);
+  lua_pushinteger(L, em_set_parallel_min_work(n));
+  return 1;
+}
+
+/* ember.threads_info() -> {threads=, default=, source=} (ember.runinfo, study headers). */
+static int l_threads_info(lua_State *L) {
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, em_get_num_threads()); lua_setfield(L, -2, "threads");
+  lua_pushinteger(L, em_default_num_threads()); lua_setfield(L, -2, "default");
+  lua_pushstring(L, em_num_threads_source()); lua_setfield(L, -2, "source");
+  return 1;
+}
+
 void lem_open_device(lua_State *L, int module) {
   static const luaL_Reg f[] = {{"cuda_is_available", l_cuda_is_available},
                                {"cuda_device_count", l_cuda_device_count},
-                               {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock}, {NULL, NULL}};
+                               {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock},
+                               {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
+                               {"threads_info", l_threads_info},
+                               {"set_parallel_min_work", l_set_parallel_min_work}, {NULL, NULL}};
   lem_register(L, 0, module, f);
 }
 

@@ -310,7 +310,7 @@ static int parse_header_text(const char *text, uint64_t n, uint64_t data_len, co
 
 int em_st_parse(const uint8_t *buf, uint64_t len, const char *path, em_st_header *out) {
   memset(out, 0, sizeof *out);
-  uint64_t n;
+  uint64_t n = 0;
   if (check_prefix(buf, len, path, &n) < 0) return EM_ERR;
   return parse_header_text((const char *)buf + 8, n, len - 8 - n, path, out);
 }
@@ -334,7 +334,7 @@ static int read_header(int fd, uint64_t size, const char *path, em_st_header *h)
   memset(h, 0, sizeof *h);
   uint8_t prefix[8] = {0};
   if (size >= 8 && em_io_pread_all(fd, prefix, 8, 0, path) < 0) return EM_ERR_IO;
-  uint64_t n;
+  uint64_t n = 0;
   if (check_prefix(prefix, size, path, &n) < 0) return EM_ERR;
   char *text = malloc(n ? (size_t)n : 1);        /* n <= 100 MB and those bytes exist in the file */
   if (!text) return em_error_oom("out of memory: cannot read the %llu-byte header of '%s'", (ull)n, path);

@@ -26,9 +26,18 @@
  * graph can contain it. Autocast: attention is on the lower-precision list;
  * under ember.autocast q, k and v are cast to the region's dtype first (and
  * softmax, on the f32 list, widens the scores; the second matmul lowers them
- * again), so the result comes back in the autocast dtype. */
+ * again), so the result comes back in the autocast dtype.
+ *
+ * On the CPU (f32/f64 scores, outside autocast) the scale, the causal mask
+ * and the softmax are one fused row op, scaled_softmax: one pass over the
+ * (Tq, Tk) scores instead of three, and no mask tensor. It rounds exactly as
+ * the composition does (scale in the scores' dtype, max and exp as
+ * em_softmax, sums in double), so both paths give the same bits; its
+ * backward is one pass too: gs = scale * y * (g - sum(g * y)) per row. */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
+#include "vec_math.h"
 
 #define OP "scaled_dot_product_attention"
 
@@ -85,6 +94,105 @@ static em_tensor *causal_mask(int64_t tq, int64_t tk, int64_t off, em_device dev
   em_tensor *r = em_to(m, EM_BOOL, dev);
   em_tensor_release(m);
   return r;
+}
+
+/* ---------------- the CPU's fused scale + causal mask + softmax ---------------- */
+
+/* Rows of contiguous scores (..., Tq, Tk); row r is query r % Tq, which sees
+ * keys j <= r % Tq when causal (top-left aligned), every key otherwise. */
+typedef struct {
+  const void *s, *y, *g;
+  void *out;
+  int64_t tq, tk;
+  double scale;
+  bool causal, f64;
+} ssm_job;
+
+static int64_t visible(const ssm_job *j, int64_t r) {
+  return j->causal ? EM_MIN(j->tk, r % j->tq + 1) : j->tk;
+}
+
+/* The masked keys are -inf before the softmax (exp gives +0, and 0 * (1 / sum)
+ * keeps a NaN row NaN everywhere), as masked_fill + softmax compute them. */
+EM_SIMD_CLONES static void ssm_fwd_rows(void *ctx, int64_t r0, int64_t r1) {
+  const ssm_job *j = ctx;
+  int64_t tk = j->tk;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t n = visible(j, r);
+    double mx = -INFINITY, sum = 0;
+    if (j->f64) {
+      const double *x = (const double *)j->s + r * tk;
+      double *y = (double *)j->out + r * tk;
+      for (int64_t k = 0; k < n; k++) { y[k] = x[k] * j->scale; mx = y[k] > mx ? y[k] : mx; }
+      for (int64_t k = 0; k < n; k++) { y[k] = exp(y[k] - mx); sum += y[k]; }
+      double inv = 1.0 / sum;
+      for (int64_t k = 0; k < n; k++) y[k] *= inv;
+      for (int64_t k = n; k < tk; k++) y[k] = 0.0 * inv;
+    } else {                 /* em_softmax's f32 row kernel: a masked key adds +0 to its lane */
+      const float *x = (const float *)j->s + r * tk;
+      float *y = (float *)j->out + r * tk, sc = (float)j->scale;
+      for (int64_t k = 0; k < n; k++) y[k] = x[k] * sc;
+      em_softmax_row_f32(y, y, n, 0);
+      float fill = n > 0 && isnan(y[0]) ? NAN : 0.0f;
+      for (int64_t k = n; k < tk; k++) y[k] = fill;
+    }
+  }
+}
+
+EM_SIMD_CLONES static void ssm_bwd_rows(void *ctx, int64_t r0, int64_t r1) {
+  const ssm_job *j = ctx;
+  int64_t tk = j->tk;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t n = visible(j, r);
+    double dot = 0;
+    if (j->f64) {
+      const double *y = (const double *)j->y + r * tk, *g = (const double *)j->g + r * tk;
+      double *gs = (double *)j->out + r * tk;
+      for (int64_t k = 0; k < n; k++) dot += g[k] * y[k];
+      for (int64_t k = 0; k < n; k++) gs[k] = j->scale * y[k] * (g[k] - dot);
+      for (int64_t k = n; k < tk; k++) gs[k] = 0;
+    } else {
+      const float *y = (const float *)j->y + r * tk, *g = (const float *)j->g + r * tk;
+      float *gs = (float *)j->out + r * tk;
+      for (int64_t k = 0; k < n; k++) dot += (double)g[k] * y[k];
+      for (int64_t k = 0; k < n; k++) gs[k] = (float)(j->scale * y[k] * ((double)g[k] - dot));
+      for (int64_t k = n; k < tk; k++) gs[k] = 0;
+    }
+  }
+}
+
+static int64_t ssm_rows(const em_tensor *t) { return t->shape[t->ndim - 1] ? em_numel(t) / t->shape[t->ndim - 1] : 0; }
+
+/* saved: y; f[0] = scale, i[0] = causal. */
+static int ssm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *y = n->saved[0];
+  em_tensor *g = em_contiguous_as(gout[0], y->dtype);
+  em_tensor *gs = g ? em_empty(y->ndim, y->shape, y->dtype, y->device) : NULL;
+  if (gs) {
+    ssm_job j = {NULL, em_data_ptr(y), em_data_ptr(g), em_data_ptr(gs), y->shape[y->ndim - 2], y->shape[y->ndim - 1],
+                 n->f[0], n->i[0] != 0, y->dtype == EM_F64};
+    em_parallel_for(ssm_rows(y), em_grain(4 * j.tk), ssm_bwd_rows, &j);
+  }
+  em_tensor_release(g);
+  gin[0] = gs;
+  return gs ? 0 : -1;
+}
+
+/* softmax(scale * s [+ causal mask]) over the last dim of CPU f32/f64 scores. */
+static em_tensor *scaled_softmax(em_tensor *s, double scale, bool causal) {
+  EM_OP_SCOPE("scaled_softmax");
+  em_tensor *sc = em_contiguous(s);
+  em_tensor *y = sc ? em_empty(s->ndim, s->shape, s->dtype, s->device) : NULL;
+  if (y) {
+    ssm_job j = {em_data_ptr(sc), NULL, NULL, em_data_ptr(y), s->shape[s->ndim - 2], s->shape[s->ndim - 1], scale,
+                 causal, s->dtype == EM_F64};
+    em_parallel_for(ssm_rows(s), em_grain(16 * j.tk), ssm_fwd_rows, &j);
+  }
+  em_tensor_release(sc);
+  em_node *n;
+  y = em_op_record(y, &n, "scaled_softmax", ssm_backward, 1, &s, 1, &y);
+  if (n) { n->f[0] = scale; n->i[0] = causal; }
+  return y;
 }
 
 /* Chain op results: release the previous intermediate, keep the next (NULL propagates). */
@@ -146,6 +254,11 @@ static em_tensor *attention_core(em_tensor *q, em_tensor *k, em_tensor *v, em_ca
   em_tensor *kt = em_transpose(k, -1, -2);
   em_tensor *s = kt ? em_matmul(q, kt) : NULL;
   em_tensor_release(kt);
+  bool fused = s && s->device.type == EM_CPU && (s->dtype == EM_F32 || s->dtype == EM_F64) && !em_autocast_enabled();
+  if (fused) {
+    s = step(s, scaled_softmax(s, scale, causal));
+    return s ? step(s, em_matmul(s, v)) : NULL;
+  }
   if (s) s = step(s, em_binary_scalar(EM_MUL, s, scale, false, NULL));
   if (s && causal) {
     em_tensor *mask = causal_mask(tq, tk, causal == EM_CAUSAL_BOTTOM_RIGHT ? tk - tq : 0, q->device);

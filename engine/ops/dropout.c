@@ -16,6 +16,7 @@
  * Values: f32/bf16/f16 multiply in f32 (f64 for f64) and round once, as the
  * kernel does; a dropped NaN stays NaN (x * 0), as in PyTorch. */
 #include "op.h"
+#include "parallel.h"
 #include "backend/rng_math.h"
 
 static int dropout_validate(em_tensor *x, double p) {
@@ -27,12 +28,22 @@ static int dropout_validate(em_tensor *x, double p) {
 
 static double keep_scale(double p) { return p < 1 ? 1.0 / (1.0 - p) : 0.0; }
 
-/* y (contiguous, ct) = x (contiguous, ct) * m * scale over n elements. */
-static void apply_cpu(const void *xp, void *yp, em_dtype ct, int64_t n, double p, uint64_t seed, uint64_t ctr0) {
+/* y (contiguous, ct) = x (contiguous, ct) * m * scale over n elements.
+ * Element j's mask bit comes from Philox counter ctr0 + j / 4 whoever
+ * computes it, so groups of 4 elements go over the threads. */
+typedef struct { const void *x; void *y; em_dtype ct; int64_t n; double p; uint64_t seed, ctr0; } dropout_job;
+
+static void apply_groups(void *ctx, int64_t g0, int64_t g1) {
+  const dropout_job *jb = ctx;
+  const void *xp = jb->x;
+  void *yp = jb->y;
+  em_dtype ct = jb->ct;
+  int64_t n = jb->n;
+  uint64_t seed = jb->seed, ctr0 = jb->ctr0;
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  double q = 1.0 - p, scale = keep_scale(p);
+  double q = 1.0 - jb->p, scale = keep_scale(jb->p);
   float sf = (float)scale;
-  for (int64_t j0 = 0; j0 < n; j0 += 4) {
+  for (int64_t j0 = g0 * 4; j0 < EM_MIN(g1 * 4, n); j0 += 4) {
     uint64_t c = ctr0 + (uint64_t)(j0 / 4);
     em_philox_block b = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
     int cnt = (int)EM_MIN((int64_t)4, n - j0);
@@ -59,7 +70,8 @@ static em_tensor *dropout_apply(em_tensor *x, double p, em_philox_state st) {
   em_tensor *yc = xc ? em_empty(x->ndim, x->shape, ct, x->device) : NULL;
   em_tensor *y = NULL;
   if (yc) {
-    apply_cpu(em_data_ptr(xc), em_data_ptr(yc), ct, n, p, st.seed, st.offset);
+    dropout_job j = {em_data_ptr(xc), em_data_ptr(yc), ct, n, p, st.seed, st.offset};
+    em_parallel_for((n + 3) / 4, em_grain(16), apply_groups, &j);
     y = em_contiguous_as(yc, x->dtype);   /* yc itself for f32/f64: one rounding for bf16/f16 */
   }
   em_tensor_release(xc); em_tensor_release(yc);

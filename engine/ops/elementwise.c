@@ -26,6 +26,7 @@
  *  - The float kernels are written once as macro bodies over a type T and
  *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
 #include "op.h"
+#include "parallel.h"
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -385,6 +386,81 @@ static int64_t plan_init(loop_plan *p, int nd, const int64_t *shape, int n, cons
   return numel;
 }
 
+/* Element operations one element of k costs, for the parallel grain: libm
+ * calls (exp, tanh, erf, pow, ...) are an order of magnitude dearer than add. */
+static int64_t kern_cost(const kern *k) {
+  if (k->cls == C_I64 || k->kind == K_WHERE || k->kind == EM_EW_TERNARY) return 1;
+  if (k->kind == K_BINARY)
+    return k->code == EM_POW || k->code == G_SILU || k->code == G_GELU || k->code == G_SIN || k->code == G_COS ||
+           k->code == G_GELU_TANH ? 16 : 1;
+  switch (k->code) {
+    case EM_EXP: case EM_LOG: case EM_TANH: case EM_SIGMOID: case EM_SILU: case EM_GELU: case EM_SIN:
+    case EM_COS: case EM_GELU_TANH: return 16;
+    default: return 1;
+  }
+}
+
+/* The CPU loop runs in tasks of up to TASK elements of one inner row (a
+ * multiple of CHUNK, fixed by the shape alone), spread over the threads. A
+ * task whose operands all hold the compute type contiguously is one
+ * compute() call; otherwise it goes CHUNK by CHUNK through the buffers. */
+#define TASK (16 * CHUNK)
+
+typedef struct {
+  const kern *k;
+  em_tensor *out;
+  int nin;
+  const operand *in;
+  const loop_plan *p;
+  int64_t inner, tasks_per_row, base[4];
+  bool out_direct, all_direct;
+} ew_job;
+
+static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const ew_job *j = ctx;
+  const loop_plan *p = j->p;
+  const kern *k = j->k;
+  int nin = j->nin, last = p->ndim - 1;
+  chunk_buf buf[4];
+  for (int q = 0; q < nin; q++)
+    if (!j->in[q].t) fill_const(k->cls, &buf[q + 1], j->in[q].c, EM_MIN(CHUNK, j->inner));
+  /* position of task t0: row o (outer index), element s of the row */
+  int64_t o = t0 / j->tasks_per_row, s = (t0 % j->tasks_per_row) * TASK;
+  int64_t idx[EM_MAX_DIMS] = {0}, off[4];
+  for (int q = 0; q <= nin; q++) off[q] = j->base[q];
+  for (int64_t d = last - 1, r = o; d >= 0; d--) {
+    idx[d] = r % p->shape[d];
+    r /= p->shape[d];
+    for (int q = 0; q <= nin; q++) off[q] += idx[d] * p->stride[q][d];
+  }
+  size_t out_es = em_dtype_size(j->out->dtype);
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t end = EM_MIN(s + TASK, j->inner);
+    int64_t step = j->all_direct ? end - s : CHUNK;
+    for (int64_t c = s; c < end; c += step) {
+      int64_t len = EM_MIN(step, end - c);
+      const void *src[3];
+      for (int q = 0; q < nin; q++) {
+        int64_t st = p->stride[q + 1][last];
+        src[q] = j->in[q].t ? load(k->cls, j->in[q].t, off[q + 1] + c * st, st, len, &buf[q + 1]) : &buf[q + 1];
+      }
+      int64_t o0 = off[0] + c * p->stride[0][last];
+      void *dst = j->out_direct ? (char *)j->out->storage->data + o0 * (int64_t)out_es : (void *)&buf[0];
+      compute(k, dst, src, len);
+      if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
+    }
+    s = end;
+    if (s < j->inner) continue;
+    s = 0;                                   /* next row */
+    for (int d = last - 1; d >= 0; d--) {
+      for (int q = 0; q <= nin; q++) off[q] += p->stride[q][d];
+      if (++idx[d] < p->shape[d]) break;
+      for (int q = 0; q <= nin; q++) off[q] -= p->stride[q][d] * p->shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
   const em_tensor *ts[4] = {out, NULL, NULL, NULL};
   for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
@@ -392,34 +468,15 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  int64_t inner = p.shape[last], outer = numel / inner;
-  chunk_buf buf[4];
-  for (int j = 0; j < nin; j++)
-    if (!in[j].t) fill_const(k->cls, &buf[j + 1], in[j].c, EM_MIN(CHUNK, inner));
-  int64_t idx[EM_MAX_DIMS] = {0}, off[4] = {0};
-  for (int q = 0; q <= nin; q++) off[q] = ts[q] ? ts[q]->offset : 0;
-  size_t out_es = em_dtype_size(out->dtype);
-  bool out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
-  for (int64_t o = 0; o < outer; o++) {
-    for (int64_t s = 0; s < inner; s += CHUNK) {
-      int64_t len = EM_MIN(CHUNK, inner - s);
-      const void *src[3];
-      for (int j = 0; j < nin; j++) {
-        int64_t st = p.stride[j + 1][last];
-        src[j] = in[j].t ? load(k->cls, in[j].t, off[j + 1] + s * st, st, len, &buf[j + 1]) : &buf[j + 1];
-      }
-      int64_t o0 = off[0] + s * p.stride[0][last];
-      void *dst = out_direct ? (char *)out->storage->data + o0 * (int64_t)out_es : (void *)&buf[0];
-      compute(k, dst, src, len);
-      if (!out_direct) store(k->cls, out, o0, p.stride[0][last], len, &buf[0]);
-    }
-    for (int d = last - 1; d >= 0; d--) {
-      for (int q = 0; q <= nin; q++) off[q] += p.stride[q][d];
-      if (++idx[d] < p.shape[d]) break;
-      for (int q = 0; q <= nin; q++) off[q] -= p.stride[q][d] * p.shape[d];
-      idx[d] = 0;
-    }
-  }
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true};
+  j.tasks_per_row = (j.inner + TASK - 1) / TASK;
+  for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
+  j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
+  j.all_direct = j.out_direct;
+  for (int q = 0; q < nin; q++)
+    j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
+  int64_t tasks = numel / j.inner * j.tasks_per_row;
+  em_parallel_for(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }
 
 static bool same_view(const em_tensor *a, const em_tensor *b) {

@@ -5,9 +5,12 @@
  * it and the table size, never a read outside w.
  *
  * Backward is a scatter-add of the output gradient rows into a zero (n, d)
- * table, in index order, single-threaded: repeated ids (every batch has them)
- * sum in the same order on every run, so training is bit-reproducible. The
- * sum runs in f32 (f64 for f64) and is rounded to w's dtype once at the end.
+ * table, in index order: repeated ids (every batch has them) sum in the same
+ * order on every run, so training is bit-reproducible. Threads split the
+ * columns (each owns a band of every table row and walks all ids in order),
+ * never the ids: no atomics, the same sums at any thread count. The sum runs
+ * in f32 (f64 for f64) and is rounded to w's dtype once at the end. The
+ * forward's row copies are split over the ids.
  *
  * On CUDA (kernels/embedding.cu) the gather is one kernel; the backward is
  * deterministic too (each block owns a range of table rows and adds their
@@ -17,6 +20,17 @@
  * skipped backward. */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
+
+/* Forward: ids [i0, i1) copy their rows. Backward: column bands [c0, c1) of
+ * BAND columns (a cache line of f32) over every id. */
+#define BAND 16
+typedef struct { const int64_t *ix; const char *src; char *dst; size_t row; int64_t n, d; bool f64; } emb_job;
+
+static void gather_rows(void *ctx, int64_t i0, int64_t i1) {
+  const emb_job *j = ctx;
+  for (int64_t i = i0; i < i1; i++) memcpy(j->dst + (size_t)i * j->row, j->src + (size_t)j->ix[i] * j->row, j->row);
+}
 
 static int embedding_validate(em_tensor *ids, em_tensor *w) {
   if (em_check_int("embedding", "ids", ids)) return -1;
@@ -45,27 +59,34 @@ static em_tensor *embedding_cpu(em_tensor *ids, em_tensor *w) {
   if (out && check_ids(em_data_ptr(id), n, w->shape[0])) { em_tensor_release(out); out = NULL; }
   if (out) {
     size_t row = (size_t)d * em_dtype_size(w->dtype);
-    const int64_t *ix = em_data_ptr(id);
-    const char *src = em_data_ptr(wc);
-    char *dst = em_data_ptr(out);
-    for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)i * row, src + (size_t)ix[i] * row, row);
+    emb_job j = {em_data_ptr(id), em_data_ptr(wc), em_data_ptr(out), row, n, d, false};
+    em_parallel_for(n, em_grain(d), gather_rows, &j);
   }
   em_tensor_release(id); em_tensor_release(wc);
   return out;
 }
 
-static void scatter_add_f32(float *gw, const float *g, const int64_t *ix, int64_t n, int64_t d) {
+/* Columns [c0, c1) of rows gw[ix[i]] += g[i] for every id i, in id order. */
+static void scatter_add_f32(float *gw, const float *g, const int64_t *ix, int64_t n, int64_t d, int64_t c0, int64_t c1) {
   for (int64_t i = 0; i < n; i++, g += d) {
     float *row = gw + ix[i] * d;
-    for (int64_t j = 0; j < d; j++) row[j] += g[j];
+    for (int64_t j = c0; j < c1; j++) row[j] += g[j];
   }
 }
 
-static void scatter_add_f64(double *gw, const double *g, const int64_t *ix, int64_t n, int64_t d) {
+static void scatter_add_f64(double *gw, const double *g, const int64_t *ix, int64_t n, int64_t d, int64_t c0,
+                            int64_t c1) {
   for (int64_t i = 0; i < n; i++, g += d) {
     double *row = gw + ix[i] * d;
-    for (int64_t j = 0; j < d; j++) row[j] += g[j];
+    for (int64_t j = c0; j < c1; j++) row[j] += g[j];
   }
+}
+
+static void scatter_bands(void *ctx, int64_t b0, int64_t b1) {
+  const emb_job *j = ctx;
+  int64_t c0 = b0 * BAND, c1 = EM_MIN(b1 * BAND, j->d);
+  if (j->f64) scatter_add_f64((double *)j->dst, (const double *)j->src, j->ix, j->n, j->d, c0, c1);
+  else scatter_add_f32((float *)j->dst, (const float *)j->src, j->ix, j->n, j->d, c0, c1);
 }
 
 /* Contiguous ids of a dtype the kernels read (i32/i64; others widened to i64). */
@@ -105,8 +126,10 @@ static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *id = em_contiguous_as(ids, EM_I64);
   em_tensor *g = id ? em_contiguous_as(gout[0], ct) : NULL;
   em_tensor *gw = g ? em_zeros(2, n->in_shape[0], ct, gout[0]->device) : NULL;
-  if (gw && ct == EM_F32) scatter_add_f32(em_data_ptr(gw), em_data_ptr(g), em_data_ptr(id), cnt, d);
-  else if (gw) scatter_add_f64(em_data_ptr(gw), em_data_ptr(g), em_data_ptr(id), cnt, d);
+  if (gw) {
+    emb_job j = {em_data_ptr(id), em_data_ptr(g), em_data_ptr(gw), 0, cnt, d, ct == EM_F64};
+    em_parallel_for((d + BAND - 1) / BAND, em_grain(cnt * BAND), scatter_bands, &j);
+  }
   em_tensor_release(id); em_tensor_release(g);
   gin[0] = gw;
   return gw ? 0 : -1;

@@ -29,6 +29,7 @@
  * PyTorch). Their backward reuses the scan and reads nothing on the host. */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
 
 /* ---------------- checks ---------------- */
 
@@ -115,6 +116,27 @@ static void plan_along(em_index_plan *p, int kind, int dim, const em_tensor *sel
     else IX_LOOP(S[so] = v_)                                                   \
   } while (0)
 
+/* A gather writes each position of `other` once: ranges of positions go over
+ * the threads (scatters stay serial: repeated indices write in index order). */
+typedef struct { em_iter it; const char *sb; char *ob; const int64_t *ix; int64_t ds; size_t es; } gather_job;
+
+static void gather_range(void *ctx, int64_t i0, int64_t i1) {
+  const gather_job *j = ctx;
+  em_iter it = j->it;
+  em_iter_seek(&it, i0);
+  int64_t ds = j->ds;
+  const int64_t *ix = j->ix;
+#define GATHER(T) { const T *S = (const T *)j->sb; T *O = (T *)j->ob; \
+                    for (int64_t i = i0; i < i1; i++, em_iter_next(&it)) { O[it.off[2]] = S[it.off[0] + ix[it.off[1]] * ds]; } } break;
+  switch (j->es) {
+    case 1: GATHER(uint8_t)
+    case 2: GATHER(uint16_t)
+    case 4: GATHER(uint32_t)
+    default: GATHER(uint64_t)
+  }
+#undef GATHER
+}
+
 static void ix_cpu(const em_index_plan *p, em_tensor *self, const em_tensor *index, em_tensor *other) {
   em_iter it;
   it.ndim = p->ndim; it.n = 3; it.numel = em_shape_numel(p->ndim, p->shape);
@@ -123,9 +145,15 @@ static void ix_cpu(const em_index_plan *p, em_tensor *self, const em_tensor *ind
     it.stride[0][d] = p->self_stride[d]; it.stride[1][d] = p->index_stride[d]; it.stride[2][d] = p->other_stride[d];
   }
   it.off[0] = self->offset; it.off[1] = index->offset; it.off[2] = other ? other->offset : 0;
+  for (int k = 0; k < 3; k++) it.base[k] = it.off[k];
   char *sb = em_storage_ptr(self), *ob = other ? em_storage_ptr(other) : NULL;
   const int64_t *ix = em_storage_ptr(index);
   int64_t ds = p->dim_stride;
+  if (p->kind == EM_IX_GATHER) {
+    gather_job j = {it, sb, ob, ix, ds, em_dtype_size(self->dtype)};
+    em_parallel_for(it.numel, em_grain(4), gather_range, &j);
+    return;
+  }
   uint64_t vbits = 0;
   if (p->kind == EM_IX_SCATTER_VALUE) em_store_f64(&vbits, self->dtype, 0, p->value);
   if (p->kind != EM_IX_SCATTER_ADD) {
@@ -187,14 +215,22 @@ static int index_select_validate(em_tensor *x, int64_t dim, em_tensor *index, in
   return em_wrap_dim("index_select", dim, x->ndim, d);
 }
 
-/* Contiguous x and out on the CPU: whole rows of the dims after dim, one memcpy each. */
+/* Contiguous x and out on the CPU: whole rows of the dims after dim, one
+ * memcpy each; the (outer, i) rows go over the threads. */
+typedef struct { const char *src; char *dst; const int64_t *ix; int64_t n, rows; size_t row; } isel_job;
+
+static void isel_rows(void *ctx, int64_t k0, int64_t k1) {
+  const isel_job *j = ctx;
+  for (int64_t k = k0; k < k1; k++) {
+    int64_t o = k / j->n, i = k % j->n;
+    memcpy(j->dst + (size_t)k * j->row, j->src + ((size_t)(o * j->rows + j->ix[i])) * j->row, j->row);
+  }
+}
+
 static void index_select_rows(const em_tensor *x, int d, const int64_t *ix, int64_t n, em_tensor *out) {
-  int64_t outer = em_shape_numel(d, x->shape), rows = x->shape[d];
-  size_t row = (size_t)em_shape_numel(x->ndim - d - 1, x->shape + d + 1) * em_dtype_size(x->dtype);
-  const char *src = em_data_ptr(x);
-  char *dst = em_data_ptr(out);
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < n; i++, dst += row) memcpy(dst, src + ((size_t)(o * rows + ix[i])) * row, row);
+  int64_t outer = em_shape_numel(d, x->shape), inner = em_shape_numel(x->ndim - d - 1, x->shape + d + 1);
+  isel_job j = {em_data_ptr(x), em_data_ptr(out), ix, n, x->shape[d], (size_t)inner * em_dtype_size(x->dtype)};
+  em_parallel_for(outer * n, em_grain(inner), isel_rows, &j);
 }
 
 /* gx = zeros(x) with g's slices added at index along dim (in f32 for bf16/f16). */

@@ -21,9 +21,15 @@
  * (other than ignore_index) makes its row, and so the loss, NaN.
  *
  * Autocast: cross-entropy is on the f32 list; under ember.autocast, bf16/f16
- * logits are widened to f32 first and the loss comes back in f32. */
+ * logits are widened to f32 first and the loss comes back in f32.
+ *
+ * CPU threads: rows are spread over the threads (a row of logits is read
+ * from memory once: its max, exp-sum and target pass run while it sits in
+ * cache); the reduction over rows stays one serial sum in row order. */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
+#include "vec_math.h"
 
 static int xent_validate(em_tensor *logits, em_tensor *targets) {
   char s1[160], s2[160];
@@ -74,8 +80,44 @@ typedef struct { int64_t ignore; double eps; int reduction; } xent_opts;
       }                                                                                           \
     }                                                                                             \
   }
-XENT_ROWS(xent_rows_f32, float, expf)
 XENT_ROWS(xent_rows_f64, double, exp)
+
+/* f32 rows: the max, the exp-sum and the row's sum in SIMD lanes (vec_math.h). */
+EM_SIMD_CLONES static void xent_rows_f32(const float *x, const int64_t *t, int64_t N, int64_t V, const xent_opts *o, float *lse,
+                          double *l) {
+  for (int64_t i = 0; i < N; i++, x += V) {
+    float mx = em_max_f32(x, V);
+    double s = em_sum_exp_f32(x, mx, V);
+    lse[i] = mx + (float)log(s);
+    if (t[i] == o->ignore) { l[i] = 0; continue; }
+    l[i] = ((double)mx - (double)x[t[i]]) + log(s);   /* not lse - x: lse is rounded to f32 */
+    if (o->eps > 0)
+      l[i] = (1 - o->eps) * l[i] + o->eps * (((double)mx + log(s)) - em_sum_f32(x, V) / (double)V);
+  }
+}
+
+/* Rows [r0, r1) of the forward or the gradient, over the threads. */
+typedef struct {
+  const void *x, *lse_in;
+  const int64_t *t;
+  const xent_opts *o;
+  int64_t V;
+  bool f64;
+  void *lse;                 /* forward: lse out */
+  double *l;                 /* forward: row losses */
+  const double *w;           /* backward: the output gradient */
+  int64_t wstride;
+  double wdiv;
+  void *gx;
+} xent_job;
+
+static void xent_fwd_rows(void *ctx, int64_t r0, int64_t r1) {
+  const xent_job *j = ctx;
+  if (j->f64)
+    xent_rows_f64((const double *)j->x + r0 * j->V, j->t + r0, r1 - r0, j->V, j->o, (double *)j->lse + r0, j->l + r0);
+  else
+    xent_rows_f32((const float *)j->x + r0 * j->V, j->t + r0, r1 - r0, j->V, j->o, (float *)j->lse + r0, j->l + r0);
+}
 
 /* Forward on CPU: the loss (0-d, or targets' shape for "none"; logits' dtype),
  * the saved lse (N, compute dtype) and the count M of rows not ignored. */
@@ -90,8 +132,9 @@ static em_tensor *xent_cpu(em_tensor *logits, em_tensor *targets, const xent_opt
   em_tensor *loss = NULL;
   if (lse && !l) em_error("cross_entropy: out of memory for %lld row losses", (long long)N);
   if (l && check_targets(em_data_ptr(t), N, V, o->ignore) == 0) {
-    if (ct == EM_F32) xent_rows_f32(em_data_ptr(x), em_data_ptr(t), N, V, o, em_data_ptr(lse), l);
-    else xent_rows_f64(em_data_ptr(x), em_data_ptr(t), N, V, o, em_data_ptr(lse), l);
+    xent_job j = {.x = em_data_ptr(x), .t = em_data_ptr(t), .o = o, .V = V, .f64 = ct == EM_F64,
+                  .lse = em_data_ptr(lse), .l = l};
+    em_parallel_for(N, em_grain(16 * V), xent_fwd_rows, &j);
     const int64_t *ti = em_data_ptr(t);
     double total = 0, m = 0;
     for (int64_t i = 0; i < N; i++) { total += l[i]; m += ti[i] != o->ignore; }
@@ -111,8 +154,8 @@ static em_tensor *xent_cpu(em_tensor *logits, em_tensor *targets, const xent_opt
 }
 
 /* dx = w_i (exp(x - lse) - eps / V), minus w_i (1 - eps) at the target; w_i = 0 for an ignored row. */
-#define XENT_GRAD(NAME, T, EXP)                                                                       \
-  static void NAME(const T *x, const int64_t *t, const T *lse, int64_t N, int64_t V, const xent_opts *o,   \
+#define XENT_GRAD(ATTR, NAME, T, EXP)                                                                 \
+  ATTR static void NAME(const T *x, const int64_t *t, const T *lse, int64_t N, int64_t V, const xent_opts *o,   \
                    const double *w, int64_t wstride, double wdiv, T *gx) {                           \
     for (int64_t i = 0; i < N; i++, x += V, gx += V) {                                                \
       T scale = t[i] == o->ignore ? (T)0 : (T)(w[i * wstride] / wdiv), sm = scale * (T)(o->eps / (double)V); \
@@ -121,8 +164,19 @@ static em_tensor *xent_cpu(em_tensor *logits, em_tensor *targets, const xent_opt
       if (t[i] != o->ignore) gx[t[i]] -= scale * (T)(1 - o->eps);                                      \
     }                                                                                                 \
   }
-XENT_GRAD(xent_grad_f32, float, expf)
-XENT_GRAD(xent_grad_f64, double, exp)
+XENT_GRAD(EM_SIMD_CLONES, xent_grad_f32, float, em_exp_f32)
+XENT_GRAD(, xent_grad_f64, double, exp)
+
+static void xent_grad_rows(void *ctx, int64_t r0, int64_t r1) {
+  const xent_job *j = ctx;
+  int64_t V = j->V;
+  if (j->f64)
+    xent_grad_f64((const double *)j->x + r0 * V, j->t + r0, (const double *)j->lse_in + r0, r1 - r0, V, j->o,
+                  j->w + r0 * j->wstride, j->wstride, j->wdiv, (double *)j->gx + r0 * V);
+  else
+    xent_grad_f32((const float *)j->x + r0 * V, j->t + r0, (const float *)j->lse_in + r0, r1 - r0, V, j->o,
+                  j->w + r0 * j->wstride, j->wstride, j->wdiv, (float *)j->gx + r0 * V);
+}
 
 /* Contiguous targets of a dtype the kernels read (i32/i64; others widened to i64). */
 static em_tensor *cuda_targets(em_tensor *targets) {
@@ -200,12 +254,9 @@ static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   if (gx) {
     int64_t ws = o.reduction == EM_REDUCTION_NONE ? 1 : 0;
     double div = o.reduction == EM_REDUCTION_MEAN ? n->f[1] : 1;
-    if (ct == EM_F32)
-      xent_grad_f32(em_data_ptr(x), em_data_ptr(t), em_data_ptr(lse), N, V, &o, em_data_ptr(g), ws, div,
-                    em_data_ptr(gx));
-    else
-      xent_grad_f64(em_data_ptr(x), em_data_ptr(t), em_data_ptr(lse), N, V, &o, em_data_ptr(g), ws, div,
-                    em_data_ptr(gx));
+    xent_job j = {.x = em_data_ptr(x), .lse_in = em_data_ptr(lse), .t = em_data_ptr(t), .o = &o, .V = V,
+                  .f64 = ct == EM_F64, .w = em_data_ptr(g), .wstride = ws, .wdiv = div, .gx = em_data_ptr(gx)};
+    em_parallel_for(N, em_grain(16 * V), xent_grad_rows, &j);
   }
   em_tensor_release(g); em_tensor_release(x); em_tensor_release(t);
   gin[0] = gx;

@@ -23,11 +23,21 @@
  *
  * Autocast: under ember.autocast matmul and linear cast their float inputs to
  * the region's dtype first (em_autocast_lower; the casts are recorded, so
- * gradients reach the f32 weights) and return that dtype. */
+ * gradients reach the f32 weights) and return that dtype.
+ *
+ * CPU threads: OpenBLAS runs single-threaded and the engine's pool runs
+ * gemms over tiles of C (and batches), each tile one BLAS call. The tiling
+ * depends on the shape only (gemm_tiles), so every element of C comes from
+ * the same call at any thread count: OpenBLAS's own threading changes the
+ * last bits with the thread count (its edge kernels sum in another order),
+ * which the CPU, the reference, must not. One pool also means no second set
+ * of spinning threads. Tiles of at least 128 x 128 cost 5-10% against one
+ * call (packing the shared operand once per tile). */
 #include <limits.h>
 #include <stdio.h>
 #include <cblas.h>
 #include "op.h"
+#include "parallel.h"
 
 /* ---------------- BLAS operands ---------------- */
 
@@ -54,9 +64,9 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, blas
   return true;
 }
 
-/* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64. */
-static void gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
-                 const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
+/* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64: one BLAS call. */
+static void gemm1(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
+                  const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
   if (n == 0 || m == 0) return;
   if (dt == EM_F32)
     cblas_sgemm(CblasRowMajor, oa.trans, ob.trans, (int)n, (int)m, (int)k, 1.0f, A, oa.ld, B, ob.ld,
@@ -64,6 +74,67 @@ static void gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, bl
   else
     cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, (int)n, (int)m, (int)k, 1.0, A, oa.ld, B, ob.ld,
                 beta, C, (int)ldc);
+}
+
+/* Tile sizes (tn rows, tm cols) of an n x m x k product, from the shape
+ * alone: halve the longer side while there are fewer than 16 tiles and the
+ * side stays >= 128 (multiples of 16); products under 2M multiply-adds stay
+ * one tile. */
+static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t *tn, int64_t *tm) {
+  *tn = n; *tm = m;
+  if (n * m * k < ((int64_t)1 << 21)) return;
+  while (((n + *tn - 1) / *tn) * ((m + *tm - 1) / *tm) < 16) {
+    int64_t *side = *tn >= *tm ? tn : tm;
+    if (*side < 256) side = side == tn ? tm : tn;    /* the other side, if it can still halve */
+    if (*side < 256) break;
+    *side = ((*side + 1) / 2 + 15) / 16 * 16;
+  }
+}
+
+/* A batch of gemms C_b = A_b B_b + beta C_b (same n, m, k, operand layouts
+ * and strides in bytes), each cut into the same tiles; tasks = (batch, tile). */
+typedef struct {
+  em_dtype dt;
+  int64_t n, m, k, tn, tm, tiles_m, tiles, ldc;
+  const char *A, *B;
+  char *C;
+  blas_op oa, ob;
+  double beta;
+  const int64_t *offa, *offb;   /* per batch, bytes (NULL: one batch) */
+  int64_t c_batch;              /* bytes between batches of C */
+  size_t es;
+} gemm_job;
+
+static void gemm_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const gemm_job *j = ctx;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t bi = t / j->tiles, tile = t % j->tiles;
+    int64_t i = tile / j->tiles_m * j->tn, c = tile % j->tiles_m * j->tm;
+    int64_t rows = EM_MIN(j->tn, j->n - i), cols = EM_MIN(j->tm, j->m - c);
+    /* row i of A: NoTrans A + i*ld, Trans A + i; column c of B: NoTrans B + c, Trans B + c*ld */
+    const char *a = j->A + (j->offa ? j->offa[bi] : 0) + (j->oa.trans == CblasNoTrans ? i * j->oa.ld : i) * (int64_t)j->es;
+    const char *b = j->B + (j->offb ? j->offb[bi] : 0) + (j->ob.trans == CblasNoTrans ? c : c * j->ob.ld) * (int64_t)j->es;
+    char *cc = j->C + bi * j->c_batch + (i * j->ldc + c) * (int64_t)j->es;
+    gemm1(j->dt, rows, cols, j->k, a, j->oa, b, j->ob, j->beta, cc, j->ldc);
+  }
+}
+
+static void gemm_run(gemm_job *j, int64_t nbatch) {
+  if (j->n == 0 || j->m == 0 || nbatch == 0) return;
+  gemm_tiles(j->n, j->m, j->k, &j->tn, &j->tm);
+  j->tiles_m = (j->m + j->tm - 1) / j->tm;
+  j->tiles = (j->n + j->tn - 1) / j->tn * j->tiles_m;
+  j->es = em_dtype_size(j->dt);
+  int64_t macs = j->tn * j->tm * EM_MAX(j->k, 1);            /* per task; ~32 multiply-adds per element op */
+  em_parallel_for(nbatch * j->tiles, em_grain(macs / 32 + 1), gemm_tasks, j);
+}
+
+/* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64, over the threads. */
+static void gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
+                 const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
+  gemm_job j = {.dt = dt, .n = n, .m = m, .k = k, .ldc = ldc, .A = A, .B = B, .C = C, .oa = oa, .ob = ob,
+                .beta = beta};
+  gemm_run(&j, 1);
 }
 
 static int check_blas_size(const char *op, int64_t n, int64_t m, int64_t k) {
@@ -235,12 +306,23 @@ static em_tensor *matmul_blas(em_tensor *a, em_tensor *b, mm_plan *p, em_dtype d
     gemm(dt, rows, p->m, p->k, A + ac->offset * (int64_t)es, of, B + bc->offset * (int64_t)es, ob, 0, C, p->m);
     goto done;
   }
-  for (int64_t bi = 0; bi < nbatch; bi++) {
-    int64_t offa, offb;
-    batch_offsets(p, bi, &offa, &offb);
-    gemm(dt, p->n, p->m, p->k, A + (ac->offset + offa) * (int64_t)es, oa,
-         B + (bc->offset + offb) * (int64_t)es, ob, 0, C + bi * p->n * p->m * (int64_t)es, p->m);
+  /* every batch's gemm at once: the pool takes (batch, tile) tasks */
+  int64_t *offs = malloc(sizeof(int64_t) * 2 * (size_t)nbatch);
+  if (!offs) {
+    em_error_oom("out of memory: matmul batch offsets (%lld)", (long long)nbatch);
+    em_tensor_release(out);
+    out = NULL;
+    goto done;
   }
+  for (int64_t bi = 0; bi < nbatch; bi++) {
+    batch_offsets(p, bi, &offs[bi], &offs[nbatch + bi]);
+    offs[bi] = (ac->offset + offs[bi]) * (int64_t)es;
+    offs[nbatch + bi] = (bc->offset + offs[nbatch + bi]) * (int64_t)es;
+  }
+  gemm_job j = {.dt = dt, .n = p->n, .m = p->m, .k = p->k, .ldc = p->m, .A = A, .B = B, .C = C, .oa = oa, .ob = ob,
+                .offa = offs, .offb = offs + nbatch, .c_batch = p->n * p->m * (int64_t)es};
+  gemm_run(&j, nbatch);
+  free(offs);
 done:
   em_tensor_release(ac); em_tensor_release(bc);
   return out;
@@ -599,7 +681,7 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
 static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
   em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
-  blas_op oa, ob;
+  blas_op oa = {CblasNoTrans, 0}, ob = oa;   /* set by blas_layout (-O3 cannot tell) */
   if (!blas_layout(n, k, a->stride[0], a->stride[1], &oa)) {
     if (make_contiguous(&ac, a, a->dtype)) goto done;
     blas_layout(n, k, k, 1, &oa);

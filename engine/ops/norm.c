@@ -24,9 +24,93 @@
  *   xhat = (x - mean) * rstd, u = gy * w
  *   gx   = rstd * (u - mean(u) - xhat * mean(u * xhat))
  *   gw   = sum over rows of gy * xhat,  gb = sum over rows of gy
- * On the f32 autocast list like rmsnorm; kernels/norm.cu has its kernels. */
+ * On the f32 autocast list like rmsnorm; kernels/norm.cu has its kernels.
+ *
+ * CPU threads: rows go in blocks of block_rows(D) (fixed by D, not by the
+ * thread count); each block accumulates its own weight/bias-gradient
+ * partials in double and the blocks' partials are added in block order, so
+ * gradients are bit-identical at any thread count (and, with one block,
+ * equal to the plain row-order sum). */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
+
+/* Rows per block: about EM_RED_BLOCK elements. */
+static int64_t block_rows(int64_t D) { return EM_MAX(1, EM_RED_BLOCK / EM_MAX(D, 1)); }
+
+/* The forward of a block of rows [r0, r1): one function per op and dtype. */
+typedef struct {
+  const void *x, *w, *b;
+  void *y, *mean, *rstd;
+  int64_t N, D;
+  double eps;
+  bool f64;
+  void (*rows)(const void *job, int64_t r0, int64_t r1);
+} fwd_job;
+
+static void fwd_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const fwd_job *j = ctx;
+  int64_t rb = block_rows(j->D);
+  j->rows(j, b0 * rb, EM_MIN(b1 * rb, j->N));
+}
+
+/* Run j->rows over all N rows, blocks spread over the threads. */
+static void fwd_run(fwd_job *j) {
+  int64_t rb = block_rows(j->D);
+  em_parallel_for((j->N + rb - 1) / rb, 1, fwd_blocks, j);
+}
+
+/* The backward of a block of rows into gx and the block's partials (gw: D
+ * doubles, gb: D doubles after them; zeroed), then the partials summed in
+ * block order into acc (2 * D doubles). */
+typedef struct {
+  const void *x, *w, *gy, *mean, *rstd;
+  void *gx;
+  int64_t N, D, nb;
+  bool need_w, need_b, f64;
+  double *parts;             /* nb x (2 * D), or acc itself when nb == 1 */
+  double *acc;
+  void (*rows)(const void *job, int64_t r0, int64_t r1, double *gw, double *gb);
+} bwd_job;
+
+static void bwd_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const bwd_job *j = ctx;
+  int64_t rb = block_rows(j->D);
+  for (int64_t b = b0; b < b1; b++) {
+    double *part = j->parts ? j->parts + b * 2 * j->D : NULL;
+    j->rows(j, b * rb, EM_MIN((b + 1) * rb, j->N), part && j->need_w ? part : NULL,
+            part && j->need_b ? part + j->D : NULL);
+  }
+}
+
+static void bwd_combine(void *ctx, int64_t c0, int64_t c1) {
+  const bwd_job *j = ctx;
+  for (int64_t c = c0; c < c1; c++) {
+    double s = j->parts[c];
+    for (int64_t b = 1; b < j->nb; b++) s += j->parts[b * 2 * j->D + c];
+    j->acc[c] = s;
+  }
+}
+
+/* Run j->rows over all N rows; acc (2 * D zeroed doubles, or NULL when no
+ * weight/bias gradient is wanted) gets the column sums. 0, or -1 with the
+ * error set when the partials cannot be allocated. */
+static int bwd_run(bwd_job *j, const char *op) {
+  int64_t rb = block_rows(j->D);
+  j->nb = (j->N + rb - 1) / rb;
+  if (!j->acc || j->nb <= 1) {             /* one block sums straight into acc */
+    j->parts = j->acc;
+    em_parallel_for(j->nb, 1, bwd_blocks, j);
+    return 0;
+  }
+  j->parts = calloc((size_t)(j->nb * 2 * j->D), sizeof(double));
+  if (!j->parts)
+    return em_error_oom("out of memory: %s backward partials (%lld doubles)", op, (long long)(j->nb * 2 * j->D));
+  em_parallel_for(j->nb, 1, bwd_blocks, j);
+  em_parallel_for(2 * j->D, em_grain(j->nb), bwd_combine, j);
+  free(j->parts);
+  return 0;
+}
 
 static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
   char s1[160], s2[160];
@@ -67,6 +151,17 @@ static void rms_fwd_f64(const double *x, const double *w, int64_t N, int64_t D, 
   }
 }
 
+static void rms_rows(const void *job, int64_t r0, int64_t r1) {
+  const fwd_job *j = job;
+  int64_t D = j->D;
+  if (j->f64)
+    rms_fwd_f64((const double *)j->x + r0 * D, j->w, r1 - r0, D, j->eps, (double *)j->y + r0 * D,
+                (double *)j->rstd + r0);
+  else
+    rms_fwd_f32((const float *)j->x + r0 * D, j->w, r1 - r0, D, (float)j->eps, (float *)j->y + r0 * D,
+                (float *)j->rstd + r0);
+}
+
 /* Contiguous copies of x and w in the compute dtype ct (w may be NULL). */
 static int rms_inputs(em_tensor *x, em_tensor *w, em_dtype ct, em_tensor **xc, em_tensor **wc) {
   *xc = em_contiguous_as(x, ct);
@@ -80,10 +175,9 @@ static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_tensor 
   em_tensor *xc, *wc, *y = NULL, *rstd = NULL, *out = NULL;
   if (rms_inputs(x, w, ct, &xc, &wc)) goto done;
   if (!(y = em_empty(x->ndim, x->shape, ct, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto done;
-  if (ct == EM_F32)
-    rms_fwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, N, D, (float)eps, em_data_ptr(y), em_data_ptr(rstd));
-  else
-    rms_fwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, N, D, eps, em_data_ptr(y), em_data_ptr(rstd));
+  fwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, NULL, em_data_ptr(y), NULL, em_data_ptr(rstd),
+               N, D, eps, ct == EM_F64, rms_rows};
+  fwd_run(&j);
   out = em_contiguous_as(y, x->dtype);
 done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(y);
@@ -119,6 +213,18 @@ static void rms_bwd_f64(const double *x, const double *w, const double *gy, cons
     }
     if (gw) for (int64_t j = 0; j < D; j++) gw[j] += gy[j] * (x[j] * r);
   }
+}
+
+static void rms_bwd_rows(const void *job, int64_t r0, int64_t r1, double *gw, double *gb) {
+  const bwd_job *j = job;
+  int64_t D = j->D;
+  EM_UNUSED(gb);
+  if (j->f64)
+    rms_bwd_f64((const double *)j->x + r0 * D, j->w, (const double *)j->gy + r0 * D, (const double *)j->rstd + r0,
+                r1 - r0, D, j->gx ? (double *)j->gx + r0 * D : NULL, gw);
+  else
+    rms_bwd_f32((const float *)j->x + r0 * D, j->w, (const float *)j->gy + r0 * D, (const float *)j->rstd + r0,
+                r1 - r0, D, j->gx ? (float *)j->gx + r0 * D : NULL, gw);
 }
 
 /* Round the double accumulator into a new (D) tensor of dtype ct. */
@@ -176,16 +282,13 @@ static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   int rc = -1;
   if (rms_inputs(x, w, ct, &xc, &wc) || !(g = em_contiguous_as(gout[0], ct))) goto done;
   if (need_x && !(gx = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
-  if (need_w && !(acc = calloc((size_t)EM_MAX(D, 1), sizeof *acc))) {
+  if (need_w && !(acc = calloc((size_t)EM_MAX(2 * D, 1), sizeof *acc))) {
     em_error_oom("out of memory: rmsnorm backward (%lld doubles)", (long long)D);
     goto done;
   }
-  if (ct == EM_F32)
-    rms_bwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(rstd), N, D,
-                gx ? em_data_ptr(gx) : NULL, acc);
-  else
-    rms_bwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(rstd), N, D,
-                gx ? em_data_ptr(gx) : NULL, acc);
+  bwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), NULL, em_data_ptr(rstd),
+               gx ? em_data_ptr(gx) : NULL, N, D, 0, need_w, false, ct == EM_F64, NULL, acc, rms_bwd_rows};
+  if (bwd_run(&j, "rmsnorm")) goto done;
   if (need_w && !(gin[1] = gw_tensor(acc, D, ct, x->device))) goto done;
   gin[0] = gx; gx = NULL;
   rc = 0;
@@ -267,6 +370,17 @@ static void ln_fwd_f64(const double *x, const double *w, const double *b, int64_
   }
 }
 
+static void ln_rows(const void *job, int64_t r0, int64_t r1) {
+  const fwd_job *j = job;
+  int64_t D = j->D;
+  if (j->f64)
+    ln_fwd_f64((const double *)j->x + r0 * D, j->w, j->b, r1 - r0, D, j->eps, (double *)j->y + r0 * D,
+               (double *)j->mean + r0, (double *)j->rstd + r0);
+  else
+    ln_fwd_f32((const float *)j->x + r0 * D, j->w, j->b, r1 - r0, D, (float)j->eps, (float *)j->y + r0 * D,
+               (float *)j->mean + r0, (float *)j->rstd + r0);
+}
+
 static em_tensor *layer_norm_cpu(em_tensor *x, em_tensor *w, em_tensor *b, double eps, em_tensor **mean_out,
                                  em_tensor **rstd_out) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
@@ -276,12 +390,9 @@ static em_tensor *layer_norm_cpu(em_tensor *x, em_tensor *w, em_tensor *b, doubl
   if (!(y = em_empty(x->ndim, x->shape, ct, x->device)) || !(mean = em_empty(1, &N, ct, x->device)) ||
       !(rstd = em_empty(1, &N, ct, x->device)))
     goto done;
-  if (ct == EM_F32)
-    ln_fwd_f32(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, N, D, (float)eps,
-               em_data_ptr(y), em_data_ptr(mean), em_data_ptr(rstd));
-  else
-    ln_fwd_f64(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, N, D, eps,
-               em_data_ptr(y), em_data_ptr(mean), em_data_ptr(rstd));
+  fwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, em_data_ptr(y),
+               em_data_ptr(mean), em_data_ptr(rstd), N, D, eps, ct == EM_F64, ln_rows};
+  fwd_run(&j);
   out = em_contiguous_as(y, x->dtype);
 done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc); em_tensor_release(y);
@@ -313,6 +424,18 @@ done:
   }
 LN_BWD_ROW(float)
 LN_BWD_ROW(double)
+
+static void ln_bwd_rows(const void *job, int64_t r0, int64_t r1, double *gw, double *gb) {
+  const bwd_job *j = job;
+  int64_t D = j->D;
+  if (j->f64)
+    ln_bwd_double((const double *)j->x + r0 * D, j->w, (const double *)j->gy + r0 * D,
+                  (const double *)j->mean + r0, (const double *)j->rstd + r0, r1 - r0, D,
+                  j->gx ? (double *)j->gx + r0 * D : NULL, gw, gb);
+  else
+    ln_bwd_float((const float *)j->x + r0 * D, j->w, (const float *)j->gy + r0 * D, (const float *)j->mean + r0,
+                 (const float *)j->rstd + r0, r1 - r0, D, j->gx ? (float *)j->gx + r0 * D : NULL, gw, gb);
+}
 
 static int layer_norm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2];
@@ -357,12 +480,9 @@ static int layer_norm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
     em_error_oom("out of memory: layer_norm backward (%lld doubles)", (long long)(2 * D));
     goto done;
   }
-  if (ct == EM_F32)
-    ln_bwd_float(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(mean),
-                 em_data_ptr(rstd), N, D, gx ? em_data_ptr(gx) : NULL, need_w ? acc : NULL, need_b ? acc + D : NULL);
-  else
-    ln_bwd_double(em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(mean),
-                  em_data_ptr(rstd), N, D, gx ? em_data_ptr(gx) : NULL, need_w ? acc : NULL, need_b ? acc + D : NULL);
+  bwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), em_data_ptr(mean), em_data_ptr(rstd),
+               gx ? em_data_ptr(gx) : NULL, N, D, 0, need_w, need_b, ct == EM_F64, NULL, acc, ln_bwd_rows};
+  if (bwd_run(&j, "layer_norm")) goto done;
   if (need_w && !(gin[wi] = gw_tensor(acc, D, ct, x->device))) goto done;
   if (need_b && !(gin[bi] = gw_tensor(acc + D, D, ct, x->device))) goto done;
   gin[0] = gx; gx = NULL;

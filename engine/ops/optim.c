@@ -27,9 +27,15 @@
  * in device memory, incremented by the step itself, so a CUDA graph that
  * captured a training step replays with the right bias corrections; and
  * em_clip_grads_ scales gradients by a factor it reads from the device, so
- * clip_grad_norm needs no host round trip either. */
+ * clip_grad_norm needs no host round trip either.
+ *
+ * CPU threads: each tensor's elements are split into ranges over the threads
+ * (every element's update is independent, so the bits do not depend on the
+ * split); the sum of squares adds fixed blocks of EM_RED_BLOCK elements in
+ * block order, so it does not depend on the thread count either. */
 #include <stdio.h>
 #include "internal.h"
+#include "parallel.h"
 
 /* ---------------- checks ---------------- */
 
@@ -106,34 +112,54 @@ typedef struct { double decay, w1, b2, c2, step_size, bc2_sqrt, eps; } adamw_con
     (p) = (p) + (T)(c)->step_size * m_ / (SQRT(v) / (T)(c)->bc2_sqrt + (T)(c)->eps); \
   } while (0)
 
-static void adamw_f32(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, const adamw_consts *c) {
-  if (all_contiguous(4, (em_tensor *[]){p, g, m, v})) {
-    float *P = em_data_ptr(p), *M = em_data_ptr(m), *V = em_data_ptr(v);
-    const float *G = em_data_ptr(g);
-    for (int64_t i = 0, n = em_numel(p); i < n; i++) ADAMW_ELEM(float, sqrtf, P[i], G[i], M[i], V[i], c);
+/* Elements [i0, i1) of one parameter's update: contiguous loops, or an
+ * iterator seeked to i0 for strided views. */
+typedef struct {
+  em_tensor *p, *g, *m, *v;         /* v NULL for SGD; m is SGD's momentum buffer (may be NULL) */
+  const void *c;
+  bool contig;
+  em_iter it;
+} step_job;
+
+static void adamw_f32(void *ctx, int64_t i0, int64_t i1) {
+  const step_job *j = ctx;
+  const adamw_consts *c = j->c;
+  if (j->contig) {
+    float *P = em_data_ptr(j->p), *M = em_data_ptr(j->m), *V = em_data_ptr(j->v);
+    const float *G = em_data_ptr(j->g);
+    for (int64_t i = i0; i < i1; i++) ADAMW_ELEM(float, sqrtf, P[i], G[i], M[i], V[i], c);
     return;
   }
-  em_iter it;
-  em_iter_init(&it, p->ndim, p->shape, 4, (const em_tensor *[]){p, g, m, v});
-  float *P = em_storage_ptr(p), *M = em_storage_ptr(m), *V = em_storage_ptr(v);
-  const float *G = em_storage_ptr(g);
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
+  em_iter it = j->it;
+  em_iter_seek(&it, i0);
+  float *P = em_storage_ptr(j->p), *M = em_storage_ptr(j->m), *V = em_storage_ptr(j->v);
+  const float *G = em_storage_ptr(j->g);
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it))
     ADAMW_ELEM(float, sqrtf, P[it.off[0]], G[it.off[1]], M[it.off[2]], V[it.off[3]], c);
 }
 
-static void adamw_f64(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, const adamw_consts *c) {
-  if (all_contiguous(4, (em_tensor *[]){p, g, m, v})) {
-    double *P = em_data_ptr(p), *M = em_data_ptr(m), *V = em_data_ptr(v);
-    const double *G = em_data_ptr(g);
-    for (int64_t i = 0, n = em_numel(p); i < n; i++) ADAMW_ELEM(double, sqrt, P[i], G[i], M[i], V[i], c);
+static void adamw_f64(void *ctx, int64_t i0, int64_t i1) {
+  const step_job *j = ctx;
+  const adamw_consts *c = j->c;
+  if (j->contig) {
+    double *P = em_data_ptr(j->p), *M = em_data_ptr(j->m), *V = em_data_ptr(j->v);
+    const double *G = em_data_ptr(j->g);
+    for (int64_t i = i0; i < i1; i++) ADAMW_ELEM(double, sqrt, P[i], G[i], M[i], V[i], c);
     return;
   }
-  em_iter it;
-  em_iter_init(&it, p->ndim, p->shape, 4, (const em_tensor *[]){p, g, m, v});
-  double *P = em_storage_ptr(p), *M = em_storage_ptr(m), *V = em_storage_ptr(v);
-  const double *G = em_storage_ptr(g);
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
+  em_iter it = j->it;
+  em_iter_seek(&it, i0);
+  double *P = em_storage_ptr(j->p), *M = em_storage_ptr(j->m), *V = em_storage_ptr(j->v);
+  const double *G = em_storage_ptr(j->g);
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it))
     ADAMW_ELEM(double, sqrt, P[it.off[0]], G[it.off[1]], M[it.off[2]], V[it.off[3]], c);
+}
+
+/* Run one parameter's update (fn: adamw_f32/f64, sgd_f32/f64) over the threads. */
+static void step_run(em_range_fn fn, int n, em_tensor *const *ts, const void *c, int64_t cost) {
+  step_job j = {ts[0], ts[1], ts[2], n > 3 ? ts[3] : NULL, c, all_contiguous(n, ts), {0}};
+  if (!j.contig) em_iter_init(&j.it, j.p->ndim, j.p->shape, n, (const em_tensor *const *)ts);
+  em_parallel_for(em_numel(j.p), em_grain(cost), fn, &j);
 }
 
 static int adamw_check_hparams(double lr, double b1, double b2, double eps, double wd, int64_t step) {
@@ -170,8 +196,8 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
   adamw_consts c = {1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, -(lr / bc1), sqrt(bc2), eps};
   for (int i = 0; i < n; i++) {
     em_tensor *p = params[i];
-    if (p->dtype == EM_F32) adamw_f32(p, grads[i], exp_avg[i], exp_avg_sq[i], &c);
-    else adamw_f64(p, grads[i], exp_avg[i], exp_avg_sq[i], &c);
+    step_run(p->dtype == EM_F32 ? adamw_f32 : adamw_f64, 4, (em_tensor *[]){p, grads[i], exp_avg[i], exp_avg_sq[i]},
+             &c, 8);
     em_bump_version(p); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]);
   }
   return 0;
@@ -256,35 +282,39 @@ typedef struct { double lr, mu, wd; bool first; } sgd_consts;
     (p) = (p) + (T)(-(c)->lr) * d_;                                        \
   } while (0)
 
-static void sgd_f32(em_tensor *p, em_tensor *g, em_tensor *b, const sgd_consts *c) {
+static void sgd_f32(void *ctx, int64_t i0, int64_t i1) {
+  const step_job *j = ctx;
+  const sgd_consts *c = j->c;
   float dummy = 0;
-  if (all_contiguous(3, (em_tensor *[]){p, g, b})) {
-    float *P = em_data_ptr(p), *B = b ? em_data_ptr(b) : NULL;
-    const float *G = em_data_ptr(g);
-    for (int64_t i = 0, n = em_numel(p); i < n; i++) SGD_ELEM(float, P[i], G[i], *(B ? &B[i] : &dummy), c);
+  if (j->contig) {
+    float *P = em_data_ptr(j->p), *B = j->m ? em_data_ptr(j->m) : NULL;
+    const float *G = em_data_ptr(j->g);
+    for (int64_t i = i0; i < i1; i++) SGD_ELEM(float, P[i], G[i], *(B ? &B[i] : &dummy), c);
     return;
   }
-  em_iter it;
-  em_iter_init(&it, p->ndim, p->shape, b ? 3 : 2, (const em_tensor *[]){p, g, b});
-  float *P = em_storage_ptr(p), *B = b ? em_storage_ptr(b) : NULL;
-  const float *G = em_storage_ptr(g);
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
+  em_iter it = j->it;
+  em_iter_seek(&it, i0);
+  float *P = em_storage_ptr(j->p), *B = j->m ? em_storage_ptr(j->m) : NULL;
+  const float *G = em_storage_ptr(j->g);
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it))
     SGD_ELEM(float, P[it.off[0]], G[it.off[1]], *(B ? &B[it.off[2]] : &dummy), c);
 }
 
-static void sgd_f64(em_tensor *p, em_tensor *g, em_tensor *b, const sgd_consts *c) {
+static void sgd_f64(void *ctx, int64_t i0, int64_t i1) {
+  const step_job *j = ctx;
+  const sgd_consts *c = j->c;
   double dummy = 0;
-  if (all_contiguous(3, (em_tensor *[]){p, g, b})) {
-    double *P = em_data_ptr(p), *B = b ? em_data_ptr(b) : NULL;
-    const double *G = em_data_ptr(g);
-    for (int64_t i = 0, n = em_numel(p); i < n; i++) SGD_ELEM(double, P[i], G[i], *(B ? &B[i] : &dummy), c);
+  if (j->contig) {
+    double *P = em_data_ptr(j->p), *B = j->m ? em_data_ptr(j->m) : NULL;
+    const double *G = em_data_ptr(j->g);
+    for (int64_t i = i0; i < i1; i++) SGD_ELEM(double, P[i], G[i], *(B ? &B[i] : &dummy), c);
     return;
   }
-  em_iter it;
-  em_iter_init(&it, p->ndim, p->shape, b ? 3 : 2, (const em_tensor *[]){p, g, b});
-  double *P = em_storage_ptr(p), *B = b ? em_storage_ptr(b) : NULL;
-  const double *G = em_storage_ptr(g);
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
+  em_iter it = j->it;
+  em_iter_seek(&it, i0);
+  double *P = em_storage_ptr(j->p), *B = j->m ? em_storage_ptr(j->m) : NULL;
+  const double *G = em_storage_ptr(j->g);
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it))
     SGD_ELEM(double, P[it.off[0]], G[it.off[1]], *(B ? &B[it.off[2]] : &dummy), c);
 }
 
@@ -315,8 +345,8 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
   sgd_consts c = {lr, momentum, weight_decay, first_step};
   for (int i = 0; i < n; i++) {
     em_tensor *b = momentum != 0 ? bufs[i] : NULL;
-    if (params[i]->dtype == EM_F32) sgd_f32(params[i], grads[i], b, &c);
-    else sgd_f64(params[i], grads[i], b, &c);
+    step_run(params[i]->dtype == EM_F32 ? sgd_f32 : sgd_f64, b ? 3 : 2, (em_tensor *[]){params[i], grads[i], b}, &c,
+             2);
     em_bump_version(params[i]);
     if (b) em_bump_version(b);
   }
@@ -325,25 +355,50 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
 
 /* ---------------- sum of squares ---------------- */
 
-static double sumsq_one(em_tensor *t) {
+/* Sum of squares of elements [i0, i1) of t, in double, in order. */
+static double sumsq_range(const em_tensor *t, const em_iter *start, int64_t i0, int64_t i1) {
   double s = 0;
   if (t->dtype == EM_F32 && em_is_contiguous(t)) {
     const float *x = em_data_ptr(t);
-    for (int64_t i = 0, n = em_numel(t); i < n; i++) s += (double)x[i] * x[i];
+    for (int64_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
     return s;
   }
-  em_iter it;
-  em_iter_init(&it, t->ndim, t->shape, 1, (const em_tensor *[]){t});
+  em_iter it = *start;
+  em_iter_seek(&it, i0);
   const void *base = em_storage_ptr(t);
   if (t->dtype == EM_F64) {
-    for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it)) { double x = ((const double *)base)[it.off[0]]; s += x * x; }
+    for (int64_t i = i0; i < i1; i++, em_iter_next(&it)) { double x = ((const double *)base)[it.off[0]]; s += x * x; }
     return s;
   }
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it)) {
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it)) {
     double x = em_load_f64(base, t->dtype, it.off[0]);
     s += x * x;
   }
   return s;
+}
+
+typedef struct { const em_tensor *t; em_iter it; double *parts; int64_t n; } sumsq_job;
+
+static void sumsq_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const sumsq_job *j = ctx;
+  for (int64_t b = b0; b < b1; b++)
+    j->parts[b] = sumsq_range(j->t, &j->it, b * EM_RED_BLOCK, EM_MIN((b + 1) * EM_RED_BLOCK, j->n));
+}
+
+/* Blocks of EM_RED_BLOCK elements summed in parallel, then in block order. */
+static int sumsq_one(em_tensor *t, double *out) {
+  sumsq_job j = {t, {0}, NULL, em_numel(t)};
+  em_iter_init(&j.it, t->ndim, t->shape, 1, (const em_tensor *[]){t});
+  int64_t nb = em_red_blocks(j.n);
+  if (nb == 1) { *out = sumsq_range(t, &j.it, 0, j.n); return 0; }
+  if (!(j.parts = malloc(sizeof(double) * (size_t)nb)))
+    return em_error_oom("out of memory: sum_of_squares partials (%lld)", (long long)nb);
+  em_parallel_for(nb, 1, sumsq_blocks, &j);
+  double s = 0;
+  for (int64_t b = 0; b < nb; b++) s += j.parts[b];
+  free(j.parts);
+  *out = s;
+  return 0;
 }
 
 /* Contiguous float views of ts (widened to f64 when not float), then one multi-tensor reduction. */
@@ -383,7 +438,11 @@ em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
   }
   if (dev.type == EM_CUDA) return sum_of_squares_cuda(n, ts, dev);
   double total = 0;
-  for (int i = 0; i < n; i++) total += sumsq_one(ts[i]);
+  for (int i = 0; i < n; i++) {
+    double s = 0;
+    if (sumsq_one(ts[i], &s)) return NULL;
+    total += s;
+  }
   return em_scalar_tensor(total, EM_F32, dev);
 }
 

@@ -19,8 +19,16 @@
  *  - Each op: validate -> device implementation (the CPU walk here, or the
  *    CUDA launchers of backend/backend.h over the same rplan) -> record autograd.
  *    On CUDA, softmax/log_softmax backward is one fused kernel instead of the
- *    composed formula, and max/min over a dim scatter with a kernel. */
+ *    composed formula, and max/min over a dim scatter with a kernel.
+ *  - Threads (engine/parallel.h): outputs are spread over the threads, each
+ *    reduced serially. An output whose reduced space is longer than
+ *    EM_RED_BLOCK is cut into blocks of EM_RED_BLOCK elements (fixed by the
+ *    shape, not the thread count), the blocks are reduced in parallel from
+ *    fresh accumulators and their partials combined in block order, so
+ *    every result is bit-identical at any thread count (red_run). */
 #include "op.h"
+#include "parallel.h"
+#include "vec_math.h"
 
 #define CHUNK 256
 
@@ -110,25 +118,33 @@ static void load_i64(int64_t *d, const em_tensor *t, int64_t off, int64_t st, in
 /* Consumes one chunk of reduced elements; base = how many came before. */
 typedef void (*chunk_fn)(void *state, const void *v, int64_t n, int64_t base);
 
-/* Walk the reduced elements of the output element whose first input element is
- * at `off`, as doubles (ints: as int64 when `ints`). */
-static void walk(const em_tensor *t, const rplan *p, int64_t off, bool ints, chunk_fn fn, void *state) {
-  if (p->n_red == 0) return;
+/* Walk reduced elements [start, end) of the output element whose first input
+ * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
+ * at most CHUNK that never cross a row of the innermost reduced dim. */
+static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t start, int64_t end, bool ints,
+                       chunk_fn fn, void *state) {
+  if (end <= start) return;
   union { double d[CHUNK]; int64_t i[CHUNK]; } buf;
   int last = p->nr - 1;
-  int64_t len = p->rshape[last], st = p->rstride[last], rows = p->n_red / len, count = 0;
+  int64_t len = p->rshape[last], st = p->rstride[last], s = start % len, count = start;
   int64_t idx[EM_MAX_DIMS] = {0};
+  for (int64_t d = last - 1, r = start / len; d >= 0; d--) {   /* the row holding `start` */
+    idx[d] = r % p->rshape[d];
+    r /= p->rshape[d];
+    off += idx[d] * p->rstride[d];
+  }
   size_t es = em_dtype_size(t->dtype);
-  for (int64_t r = 0; r < rows; r++) {
-    for (int64_t s = 0; s < len; s += CHUNK) {
-      int64_t n = EM_MIN(CHUNK, len - s), o = off + s * st;
-      const void *v = buf.d;
-      if (st == 1 && t->dtype == (ints ? EM_I64 : EM_F64)) v = (const char *)t->storage->data + o * (int64_t)es;
-      else if (ints) load_i64(buf.i, t, o, st, n);
-      else load_f64(buf.d, t, o, st, n);
-      fn(state, v, n, count);
-      count += n;
-    }
+  while (count < end) {
+    int64_t n = EM_MIN(CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    const void *v = buf.d;
+    if (st == 1 && t->dtype == (ints ? EM_I64 : EM_F64)) v = (const char *)t->storage->data + o * (int64_t)es;
+    else if (ints) load_i64(buf.i, t, o, st, n);
+    else load_f64(buf.d, t, o, st, n);
+    fn(state, v, n, count);
+    count += n;
+    s += n;
+    if (s < len) continue;
+    s = 0;
     for (int d = last - 1; d >= 0; d--) {
       off += p->rstride[d];
       if (++idx[d] < p->rshape[d]) break;
@@ -138,12 +154,34 @@ static void walk(const em_tensor *t, const rplan *p, int64_t off, bool ints, chu
   }
 }
 
+/* The whole reduced space of one output. */
+static void walk(const em_tensor *t, const rplan *p, int64_t off, bool ints, chunk_fn fn, void *state) {
+  walk_range(t, p, off, 0, p->n_red, ints, fn, state);
+}
+
+/* The input offset of output o's first reduced element. */
+static int64_t kept_offset(const rplan *p, int64_t base, int64_t o) {
+  for (int d = p->nk - 1; d >= 0; d--) {
+    base += (o % p->kshape[d]) * p->kstride[d];
+    o /= p->kshape[d];
+  }
+  return base;
+}
+
+/* A kiter positioned at output o (a parallel range's first). */
+static kiter kiter_at(const rplan *p, int64_t base, int64_t o) {
+  kiter it = {{0}, kept_offset(p, base, o)};
+  for (int d = p->nk - 1; d >= 0; d--) { it.idx[d] = o % p->kshape[d]; o /= p->kshape[d]; }
+  return it;
+}
+
 /* ---------------- accumulators ---------------- */
 
 typedef struct { double acc, ref; } fsum;       /* ref: shift (sum of exp) or mean (squared deviations) */
 typedef struct { int64_t acc; } isum;
 typedef struct { double v; int64_t idx; bool is_max, any; } fext;
 typedef struct { int64_t v; int64_t idx; bool is_max, any; } iext;
+typedef struct { double acc, p; } fpow;         /* p: a vector norm's order */
 
 static void sum_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv;
@@ -196,6 +234,93 @@ static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
   }
 }
 
+/* ---------------- the parallel runner ---------------- */
+
+/* Combining two partial states (the second follows the first in the walk). */
+static void comb_sum_f(void *a, const void *b) { ((fsum *)a)->acc += ((const fsum *)b)->acc; }
+static void comb_sum_i(void *a, const void *b) {
+  ((isum *)a)->acc = (int64_t)((uint64_t)((isum *)a)->acc + (uint64_t)((const isum *)b)->acc);
+}
+static void comb_ext_f(void *a, const void *b) {
+  fext *e = a; const fext *x = b;
+  if (x->any && (!e->any || (!isnan(e->v) && (isnan(x->v) || (e->is_max ? x->v > e->v : x->v < e->v))))) *e = *x;
+}
+static void comb_ext_i(void *a, const void *b) {
+  iext *e = a; const iext *x = b;
+  if (x->any && (!e->any || (e->is_max ? x->v > e->v : x->v < e->v))) *e = *x;
+}
+
+/* One reduction over every output: init gives output o a fresh state, fn
+ * consumes chunks, combine folds a later block's state into an earlier one,
+ * finish writes output o. States are at most sizeof(rstate). */
+typedef union { fsum f; isum i; fext e; iext x; fpow w; } rstate;
+typedef struct red_op red_op;
+struct red_op {
+  const em_tensor *a;
+  const rplan *p;
+  bool ints;
+  chunk_fn fn;
+  void (*init)(const red_op *r, int64_t o, rstate *st);
+  void (*combine)(void *acc, const void *part);
+  void (*finish)(const red_op *r, int64_t o, rstate *st);
+  void *out;                 /* what finish writes (a tensor, an array) */
+  em_tensor *out2;           /* a second output (extreme indices) */
+  const double *aux;         /* per-output values of a first pass (mean, max) */
+  double x;                  /* a constant (div, dof, the norm's order) */
+  int kind;                  /* which reduction (math ops) */
+  int64_t nblk;
+  rstate *parts;             /* n_out * nblk block states */
+};
+
+static void red_outputs(void *ctx, int64_t o0, int64_t o1) {
+  const red_op *r = ctx;
+  kiter it = kiter_at(r->p, r->a->offset, o0);
+  for (int64_t o = o0; o < o1; o++) {
+    rstate st;
+    r->init(r, o, &st);
+    walk(r->a, r->p, it.off, r->ints, r->fn, &st);
+    r->finish(r, o, &st);
+    kiter_next(&it, r->p);
+  }
+}
+
+static void red_blocks(void *ctx, int64_t w0, int64_t w1) {
+  const red_op *r = ctx;
+  for (int64_t w = w0; w < w1; w++) {
+    int64_t o = w / r->nblk, b = w % r->nblk;
+    r->init(r, o, &r->parts[w]);
+    walk_range(r->a, r->p, kept_offset(r->p, r->a->offset, o), b * EM_RED_BLOCK,
+               EM_MIN((b + 1) * EM_RED_BLOCK, r->p->n_red), r->ints, r->fn, &r->parts[w]);
+  }
+}
+
+static void red_combine(void *ctx, int64_t o0, int64_t o1) {
+  const red_op *r = ctx;
+  for (int64_t o = o0; o < o1; o++) {
+    rstate *st = &r->parts[o * r->nblk];
+    for (int64_t b = 1; b < r->nblk; b++) r->combine(st, &r->parts[o * r->nblk + b]);
+    r->finish(r, o, st);
+  }
+}
+
+/* Run r over every output (see the file's opening comment); 0 or -1 (out of memory). */
+static int red_run(red_op *r) {
+  const rplan *p = r->p;
+  if (p->n_out == 0) return 0;
+  r->nblk = em_red_blocks(p->n_red);
+  if (r->nblk == 1) {
+    em_parallel_for(p->n_out, em_grain(p->n_red), red_outputs, r);
+    return 0;
+  }
+  r->parts = malloc(sizeof(rstate) * (size_t)(p->n_out * r->nblk));
+  if (!r->parts) return em_error_oom("out of memory: reduction partials (%lld)", (long long)(p->n_out * r->nblk));
+  em_parallel_for(p->n_out * r->nblk, 1, red_blocks, r);
+  em_parallel_for(p->n_out, em_grain(r->nblk), red_combine, r);
+  free(r->parts);
+  r->parts = NULL;
+  return 0;
+}
+
 /* ---------------- backward helpers ---------------- */
 
 /* The node's input shape with the reduced dims (n->i[0], a bitmask) set to 1. */
@@ -246,54 +371,124 @@ static bool column_mode(const rplan *p) {
   return p->nk > 0 && p->n_out > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
 }
 
-static void column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool ints, double div) {
-  int64_t K = p->kshape[p->nk - 1], outer = p->n_out / K;
-  rplan ko = *p;                /* the outer kept dims only */
-  ko.nk = p->nk - 1;
-  kiter it = {{0}, a->offset};
-  double acc[CHUNK], buf[CHUNK];
-  int64_t iacc[CHUNK], ibuf[CHUNK];
-  void *out = em_data_ptr(res);
-  for (int64_t o = 0; o < outer; o++) {
-    for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-      int64_t n = EM_MIN(CHUNK, K - k0);
-      for (int64_t j = 0; j < n; j++) { acc[j] = 0; iacc[j] = 0; }
-      int64_t idx[EM_MAX_DIMS] = {0}, off = it.off + k0;
-      for (int64_t r = 0; r < p->n_red; r++) {
-        if (ints) { load_i64(ibuf, a, off, 1, n); for (int64_t j = 0; j < n; j++) iacc[j] = (int64_t)((uint64_t)iacc[j] + (uint64_t)ibuf[j]); }
-        else { load_f64(buf, a, off, 1, n); for (int64_t j = 0; j < n; j++) acc[j] += buf[j]; }
-        for (int d = p->nr - 1; d >= 0; d--) {
-          off += p->rstride[d];
-          if (++idx[d] < p->rshape[d]) break;
-          off -= p->rstride[d] * p->rshape[d];
-          idx[d] = 0;
-        }
-      }
-      for (int64_t j = 0; j < n; j++) {
-        if (ints) em_store_i64(out, res->dtype, o * K + k0 + j, iacc[j]);
-        else em_store_f64(out, res->dtype, o * K + k0 + j, acc[j] / div);
-      }
-    }
-    kiter_next(&it, &ko);
+/* Column mode in parallel: tasks are (outer position, chunk of <= CHUNK
+ * columns, block of COL_ROWS reduced positions). With one block the sums go
+ * straight to the result; with more, each block's column sums are kept and
+ * added in block order (the split depends on n_red only). */
+#define COL_ROWS (EM_RED_BLOCK / CHUNK)
+
+typedef struct {
+  em_tensor *res;
+  const em_tensor *a;
+  const rplan *p;
+  rplan ko;                  /* the outer kept dims only */
+  bool ints;
+  double div;
+  int64_t K, kch, slot, nb;  /* columns, column chunks, columns per chunk slot, row blocks */
+  void *parts;               /* (outer, kch, nb, slot) partial sums, double or int64 */
+} col_job;
+
+static void col_store(const col_job *j, int64_t at, const double *acc, const int64_t *iacc, int64_t n) {
+  void *out = em_data_ptr(j->res);
+  for (int64_t q = 0; q < n; q++) {
+    if (j->ints) em_store_i64(out, j->res->dtype, at + q, iacc[q]);
+    else em_store_f64(out, j->res->dtype, at + q, acc[q] / j->div);
   }
 }
 
-/* Sum (divided by div: 1 for sum, n for mean) over the reduced dims of r. */
-static void cpu_sum(em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
-  rplan p; plan_init(&p, a, r->mask);
-  if (column_mode(&p)) { column_sum(res, a, &p, ints, div); return; }
-  kiter it = {{0}, a->offset};
-  void *out = em_data_ptr(res);
-  for (int64_t o = 0; o < p.n_out; o++) {
-    if (ints) { isum s = {0}; walk(a, &p, it.off, true, sum_i, &s); em_store_i64(out, res->dtype, o, s.acc); }
-    else { fsum s = {0, 0}; walk(a, &p, it.off, false, sum_f, &s); em_store_f64(out, res->dtype, o, s.acc / div); }
-    kiter_next(&it, &p);
+static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
+  const col_job *j = ctx;
+  const rplan *p = j->p;
+  double acc[CHUNK], buf[CHUNK];
+  int64_t iacc[CHUNK], ibuf[CHUNK];
+  for (int64_t w = w0; w < w1; w++) {
+    int64_t b = w % j->nb, kc = (w / j->nb) % j->kch, o = w / j->nb / j->kch;
+    int64_t k0 = kc * CHUNK, n = EM_MIN(CHUNK, j->K - k0), r0 = b * COL_ROWS, r1 = EM_MIN(r0 + COL_ROWS, p->n_red);
+    int64_t idx[EM_MAX_DIMS] = {0}, off = kept_offset(&j->ko, j->a->offset, o) + k0;
+    for (int64_t d = p->nr - 1, r = r0; d >= 0; d--) {      /* reduced position r0 */
+      idx[d] = r % p->rshape[d];
+      r /= p->rshape[d];
+      off += idx[d] * p->rstride[d];
+    }
+    for (int64_t q = 0; q < n; q++) { acc[q] = 0; iacc[q] = 0; }
+    for (int64_t r = r0; r < r1; r++) {
+      if (j->ints) { load_i64(ibuf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) iacc[q] = (int64_t)((uint64_t)iacc[q] + (uint64_t)ibuf[q]); }
+      else { load_f64(buf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) acc[q] += buf[q]; }
+      for (int d = p->nr - 1; d >= 0; d--) {
+        off += p->rstride[d];
+        if (++idx[d] < p->rshape[d]) break;
+        off -= p->rstride[d] * p->rshape[d];
+        idx[d] = 0;
+      }
+    }
+    if (j->nb == 1) { col_store(j, o * j->K + k0, acc, iacc, n); continue; }
+    size_t at = (size_t)(w * j->slot);
+    if (j->ints) memcpy((int64_t *)j->parts + at, iacc, sizeof(int64_t) * (size_t)n);
+    else memcpy((double *)j->parts + at, acc, sizeof(double) * (size_t)n);
   }
+}
+
+/* Blocks' column sums added in block order: one task per (outer, column chunk). */
+static void col_combine(void *ctx, int64_t c0, int64_t c1) {
+  const col_job *j = ctx;
+  double acc[CHUNK];
+  int64_t iacc[CHUNK];
+  for (int64_t c = c0; c < c1; c++) {
+    int64_t kc = c % j->kch, o = c / j->kch, k0 = kc * CHUNK, n = EM_MIN(CHUNK, j->K - k0);
+    for (int64_t b = 0; b < j->nb; b++) {
+      size_t at = (size_t)((c * j->nb + b) * j->slot);
+      for (int64_t q = 0; q < n; q++) {
+        if (j->ints) {
+          int64_t v = ((const int64_t *)j->parts)[at + q];
+          iacc[q] = b ? (int64_t)((uint64_t)iacc[q] + (uint64_t)v) : v;
+        } else {
+          double v = ((const double *)j->parts)[at + q];
+          acc[q] = b ? acc[q] + v : v;
+        }
+      }
+    }
+    col_store(j, o * j->K + k0, acc, iacc, n);
+  }
+}
+
+static int column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool ints, double div) {
+  col_job j = {res, a, p, *p, ints, div, p->kshape[p->nk - 1], 0, 0, 0, NULL};
+  j.ko.nk = p->nk - 1;
+  j.kch = (j.K + CHUNK - 1) / CHUNK;
+  j.slot = EM_MIN(j.K, CHUNK);
+  j.nb = (p->n_red + COL_ROWS - 1) / COL_ROWS;
+  int64_t outer = p->n_out / j.K, tasks = outer * j.kch * j.nb;
+  if (j.nb > 1 && !(j.parts = malloc(8 * (size_t)(tasks * j.slot))))
+    return em_error_oom("out of memory: sum partials (%lld)", (long long)(tasks * j.slot));
+  em_parallel_for(tasks, em_grain(EM_MIN(COL_ROWS, p->n_red) * j.slot), col_tasks, &j);
+  if (j.nb > 1) em_parallel_for(outer * j.kch, em_grain(j.nb * j.slot), col_combine, &j);
+  free(j.parts);
+  return 0;
+}
+
+static void init_sum(const red_op *r, int64_t o, rstate *st) {
+  EM_UNUSED(r); EM_UNUSED(o);
+  memset(st, 0, sizeof *st);
+}
+
+static void finish_sum(const red_op *r, int64_t o, rstate *st) {
+  em_tensor *res = r->out;
+  if (r->ints) em_store_i64(em_data_ptr(res), res->dtype, o, st->i.acc);
+  else em_store_f64(em_data_ptr(res), res->dtype, o, st->f.acc / r->x);
+}
+
+/* Sum (divided by div: 1 for sum, n for mean) over the reduced dims of r. */
+static int cpu_sum(em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
+  rplan p; plan_init(&p, a, r->mask);
+  if (column_mode(&p)) return column_sum(res, a, &p, ints, div);
+  red_op op = {.a = a, .p = &p, .ints = ints, .fn = ints ? sum_i : sum_f, .init = init_sum,
+               .combine = ints ? comb_sum_i : comb_sum_f, .finish = finish_sum, .out = res, .x = div};
+  return red_run(&op);
 }
 
 /* The device switch for sum and mean. */
 static int run_sum(const char *name, em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
-  if (a->device.type == EM_CPU) { cpu_sum(res, a, r, ints, div); return 0; }
+  if (a->device.type == EM_CPU) return cpu_sum(res, a, r, ints, div);
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_sum_cuda(name, res, a, &p, div); }
   return em_error_device(name, a);
 }
@@ -366,17 +561,28 @@ static int var_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 }
 
 /* Two passes per output: the mean, then the squared deviations from it. */
+static void finish_mean(const red_op *r, int64_t o, rstate *st) {
+  ((double *)r->out)[o] = st->f.acc / (double)r->p->n_red;
+}
+
+static void init_sqdev(const red_op *r, int64_t o, rstate *st) { st->f.acc = 0; st->f.ref = r->aux[o]; }
+
+static void finish_var(const red_op *r, int64_t o, rstate *st) {
+  em_tensor *res = r->out;
+  em_store_f64(em_data_ptr(res), res->dtype, o, st->f.acc / r->x);
+}
+
 static int cpu_var(em_tensor *res, const em_tensor *a, const rplan *p, double dof) {
-  kiter it = {{0}, a->offset};
-  for (int64_t o = 0; o < p->n_out; o++) {
-    fsum s = {0, 0};
-    walk(a, p, it.off, false, sum_f, &s);
-    fsum q = {0, s.acc / (double)p->n_red};
-    walk(a, p, it.off, false, sqdev_f, &q);
-    em_store_f64(em_data_ptr(res), res->dtype, o, q.acc / dof);
-    kiter_next(&it, p);
-  }
-  return 0;
+  double *mean = malloc(sizeof(double) * (size_t)EM_MAX(p->n_out, 1));
+  if (!mean) return em_error_oom("out of memory: var means (%lld)", (long long)p->n_out);
+  red_op m = {.a = a, .p = p, .fn = sum_f, .init = init_sum, .combine = comb_sum_f, .finish = finish_mean,
+              .out = mean};
+  red_op v = {.a = a, .p = p, .fn = sqdev_f, .init = init_sqdev, .combine = comb_sum_f, .finish = finish_var,
+              .out = res, .aux = mean, .x = dof};
+  int rc = red_run(&m);
+  if (!rc) rc = red_run(&v);
+  free(mean);
+  return rc;
 }
 
 em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correction, bool keepdim) {
@@ -405,31 +611,31 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
 
 /* Extremes over the reduced dims of r: values (may be NULL) and i64 indices
  * (may be NULL) along the reduced space in row-major order. */
-static void cpu_extreme(const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
+static void init_ext(const red_op *r, int64_t o, rstate *st) {
+  EM_UNUSED(o);
+  memset(st, 0, sizeof *st);
+  if (r->ints) st->x.is_max = r->kind; else st->e.is_max = r->kind;
+}
+
+static void finish_ext(const red_op *r, int64_t o, rstate *st) {
+  em_tensor *vals = r->out, *idx = r->out2;
+  if (vals && r->ints) em_store_i64(em_data_ptr(vals), vals->dtype, o, st->x.v);
+  else if (vals) em_store_f64(em_data_ptr(vals), vals->dtype, o, st->e.v);
+  if (idx) ((int64_t *)em_data_ptr(idx))[o] = r->ints ? st->x.idx : st->e.idx;
+}
+
+static int cpu_extreme(const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
   rplan p; plan_init(&p, a, r->mask);
-  kiter it = {{0}, a->offset};
   bool ints = !em_dtype_is_float(a->dtype);
-  for (int64_t o = 0; o < p.n_out; o++) {
-    int64_t at;
-    if (ints) {
-      iext e = {0, 0, is_max, false};
-      walk(a, &p, it.off, true, ext_i, &e);
-      if (vals) em_store_i64(em_data_ptr(vals), vals->dtype, o, e.v);
-      at = e.idx;
-    } else {
-      fext e = {0, 0, is_max, false};
-      walk(a, &p, it.off, false, ext_f, &e);
-      if (vals) em_store_f64(em_data_ptr(vals), vals->dtype, o, e.v);
-      at = e.idx;
-    }
-    if (idx) ((int64_t *)em_data_ptr(idx))[o] = at;
-    kiter_next(&it, &p);
-  }
+  red_op op = {.a = a, .p = &p, .ints = ints, .fn = ints ? ext_i : ext_f, .init = init_ext,
+               .combine = ints ? comb_ext_i : comb_ext_f, .finish = finish_ext, .out = vals, .out2 = idx,
+               .kind = is_max};
+  return red_run(&op);
 }
 
 /* The device switch for max/min/argmax/argmin. */
 static int run_extreme(const char *name, const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
-  if (a->device.type == EM_CPU) { cpu_extreme(a, r, is_max, vals, idx); return 0; }
+  if (a->device.type == EM_CPU) return cpu_extreme(a, r, is_max, vals, idx);
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_extreme_cuda(name, a, &p, is_max, vals, idx); }
   return em_error_device(name, a);
 }
@@ -561,24 +767,37 @@ em_tensor *em_argmin(em_tensor *a, int64_t dim, bool keepdim) {
 
 /* ---------------- logsumexp ---------------- */
 
-/* max + log(sum(exp(x - max))) over the reduced space at off; an infinite max shifts by 0. */
-static double row_logsumexp(const em_tensor *a, const rplan *p, int64_t off) {
-  fext e = {-INFINITY, 0, true, false};
-  walk(a, p, off, false, ext_f, &e);
-  double shift = isinf(e.v) || !e.any ? 0 : e.v;
-  if (isnan(e.v)) return NAN;
-  fsum s = {0, shift};
-  walk(a, p, off, false, sumexp_f, &s);
-  return shift + log(s.acc);
+/* max + log(sum(exp(x - max))) over the reduced space: the max in a first
+ * pass; an infinite max shifts by 0, a NaN max makes the result NaN. */
+static void init_max(const red_op *r, int64_t o, rstate *st) {
+  EM_UNUSED(r); EM_UNUSED(o);
+  st->e = (fext){-INFINITY, 0, true, false};
+}
+
+static void finish_shift(const red_op *r, int64_t o, rstate *st) {
+  double m = st->e.v;
+  ((double *)r->out)[o] = isnan(m) ? NAN : isinf(m) || !st->e.any ? 0 : m;
+}
+
+static void init_sumexp(const red_op *r, int64_t o, rstate *st) { st->f.acc = 0; st->f.ref = r->aux[o]; }
+
+static void finish_lse(const red_op *r, int64_t o, rstate *st) {
+  em_tensor *res = r->out;
+  double shift = r->aux[o];
+  em_store_f64(em_data_ptr(res), res->dtype, o, isnan(shift) ? NAN : shift + log(st->f.acc));
 }
 
 static int cpu_logsumexp(em_tensor *res, const em_tensor *a, const rplan *p) {
-  kiter it = {{0}, a->offset};
-  for (int64_t o = 0; o < p->n_out; o++) {
-    em_store_f64(em_data_ptr(res), res->dtype, o, row_logsumexp(a, p, it.off));
-    kiter_next(&it, p);
-  }
-  return 0;
+  double *shift = malloc(sizeof(double) * (size_t)EM_MAX(p->n_out, 1));
+  if (!shift) return em_error_oom("out of memory: logsumexp maxima (%lld)", (long long)p->n_out);
+  red_op m = {.a = a, .p = p, .fn = ext_f, .init = init_max, .combine = comb_ext_f, .finish = finish_shift,
+              .out = shift};
+  red_op l = {.a = a, .p = p, .fn = sumexp_f, .init = init_sumexp, .combine = comb_sum_f, .finish = finish_lse,
+              .out = res, .aux = shift};
+  int rc = red_run(&m);
+  if (!rc) rc = red_run(&l);
+  free(shift);
+  return rc;
 }
 
 static int logsumexp_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
@@ -628,21 +847,40 @@ static double row_max(const double *v, int64_t n) {
 }
 
 /* For each row along dim d: load it once into a double buffer, then
- * y = exp(x - max) / sum (one exp per element) or y = x - max - log(sum). */
-static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) {
-  uint32_t mask = a->ndim ? 1u << d : 0;
-  rplan p; plan_init(&p, a, mask);
-  rplan q; plan_init(&q, res, mask);    /* same kept structure over the output */
-  kiter ia = {{0}, a->offset}, io = {{0}, res->offset};
-  int64_t len = a->ndim ? a->shape[d] : 1, sa = a->ndim ? a->stride[d] : 0, so = res->ndim ? res->stride[d] : 0;
-  if (len == 0 || p.n_out == 0) return 0;
-  bool f64 = a->dtype == EM_F64;   /* f32/bf16/f16: expf (the output is f32 or narrower), sums in double */
+ * y = exp(x - max) / sum (one exp per element) or y = x - max - log(sum).
+ * Rows are spread over the threads, each with its own buffer. */
+typedef struct {
+  em_tensor *res;
+  const em_tensor *a;
+  rplan p, q;                /* kept structure over the input and the output */
+  int64_t len, sa, so;
+  bool log_out;
+  int failed;                /* a thread could not allocate its row buffer */
+} softmax_job;
+
+/* Contiguous f32 rows in and out: em_softmax_row_f32 (SIMD exp, lane sums). */
+EM_SIMD_CLONES static void softmax_rows_f32(void *ctx, int64_t o0, int64_t o1) {
+  softmax_job *j = ctx;
+  kiter ia = kiter_at(&j->p, j->a->offset, o0), io = kiter_at(&j->q, j->res->offset, o0);
+  for (int64_t o = o0; o < o1; o++) {
+    em_softmax_row_f32((const float *)j->a->storage->data + ia.off, (float *)j->res->storage->data + io.off, j->len,
+                       j->log_out);
+    kiter_next(&ia, &j->p);
+    kiter_next(&io, &j->q);
+  }
+}
+
+static void softmax_rows(void *ctx, int64_t o0, int64_t o1) {
+  softmax_job *j = ctx;
+  int64_t len = j->len;
+  bool f64 = j->a->dtype == EM_F64;   /* f32/bf16/f16: expf (the output is f32 or narrower), sums in double */
   double *row = malloc(sizeof(double) * (size_t)len);
-  if (!row) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)len);
-  for (int64_t o = 0; o < p.n_out; o++) {
-    load_f64(row, a, ia.off, sa, len);
+  if (!row) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  kiter ia = kiter_at(&j->p, j->a->offset, o0), io = kiter_at(&j->q, j->res->offset, o0);
+  for (int64_t o = o0; o < o1; o++) {
+    load_f64(row, j->a, ia.off, j->sa, len);
     double sum = 0, mx = row_max(row, len);   /* a NaN makes the sum NaN: the row becomes NaN */
-    if (log_out) {
+    if (j->log_out) {
       if (f64) for (int64_t i = 0; i < len; i++) sum += exp(row[i] - mx);
       else for (int64_t i = 0; i < len; i++) sum += expf((float)(row[i] - mx));
       double sh = mx + log(sum);
@@ -653,11 +891,78 @@ static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) 
       double inv = 1.0 / sum;
       for (int64_t i = 0; i < len; i++) row[i] *= inv;
     }
-    store_row(res, io.off, so, len, row);
-    kiter_next(&ia, &p);
-    kiter_next(&io, &q);
+    store_row(j->res, io.off, j->so, len, row);
+    kiter_next(&ia, &j->p);
+    kiter_next(&io, &j->q);
   }
   free(row);
+}
+
+static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) {
+  uint32_t mask = a->ndim ? 1u << d : 0;
+  softmax_job j = {.res = res, .a = a, .log_out = log_out};
+  plan_init(&j.p, a, mask);
+  plan_init(&j.q, res, mask);    /* the same kept positions in the same order over res */
+  j.len = a->ndim ? a->shape[d] : 1;
+  j.sa = a->ndim ? a->stride[d] : 0;
+  j.so = res->ndim ? res->stride[d] : 0;
+  if (j.len == 0 || j.p.n_out == 0) return 0;
+  bool fast = a->dtype == EM_F32 && res->dtype == EM_F32 && (j.sa == 1 || j.len == 1) && (j.so == 1 || j.len == 1);
+  em_parallel_for(j.p.n_out, em_grain(4 * j.len), fast ? softmax_rows_f32 : softmax_rows, &j);
+  if (j.failed) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)j.len);
+  return 0;
+}
+
+/* The backward row by row on the CPU: gx = y * (g - sum(g * y)) or
+ * g - exp(y) * sum(g), rows in double, spread over the threads. */
+typedef struct {
+  em_tensor *gx;
+  const em_tensor *g, *y;
+  rplan pg, py, px;
+  int64_t len, sg, sy, sx;
+  bool log_out;
+  int failed;
+} softmax_bwd_job;
+
+static void softmax_bwd_rows(void *ctx, int64_t o0, int64_t o1) {
+  softmax_bwd_job *j = ctx;
+  int64_t len = j->len;
+  double *gr = malloc(sizeof(double) * 2 * (size_t)len), *yr = gr + len;
+  if (!gr) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  kiter ig = kiter_at(&j->pg, j->g->offset, o0), iy = kiter_at(&j->py, j->y->offset, o0),
+        ix = kiter_at(&j->px, j->gx->offset, o0);
+  for (int64_t o = o0; o < o1; o++) {
+    load_f64(gr, j->g, ig.off, j->sg, len);
+    load_f64(yr, j->y, iy.off, j->sy, len);
+    double s = 0;
+    if (j->log_out) {
+      for (int64_t i = 0; i < len; i++) s += gr[i];
+      for (int64_t i = 0; i < len; i++) gr[i] -= exp(yr[i]) * s;
+    } else {
+      for (int64_t i = 0; i < len; i++) s += gr[i] * yr[i];
+      for (int64_t i = 0; i < len; i++) gr[i] = yr[i] * (gr[i] - s);
+    }
+    store_row(j->gx, ix.off, j->sx, len, gr);
+    kiter_next(&ig, &j->pg);
+    kiter_next(&iy, &j->py);
+    kiter_next(&ix, &j->px);
+  }
+  free(gr);
+}
+
+static int cpu_softmax_backward(em_tensor *gx, const em_tensor *g, const em_tensor *y, int d, bool log_out) {
+  uint32_t mask = y->ndim ? 1u << d : 0;
+  softmax_bwd_job j = {.gx = gx, .g = g, .y = y, .log_out = log_out};
+  plan_init(&j.pg, g, mask);
+  plan_init(&j.py, y, mask);
+  plan_init(&j.px, gx, mask);
+  j.len = y->ndim ? y->shape[d] : 1;
+  j.sg = g->ndim ? g->stride[d] : 0;
+  j.sy = y->ndim ? y->stride[d] : 0;
+  j.sx = gx->ndim ? gx->stride[d] : 0;
+  if (j.len == 0 || j.py.n_out == 0) return 0;
+  em_parallel_for(j.py.n_out, em_grain(4 * j.len), softmax_bwd_rows, &j);
+  if (j.failed) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)j.len);
   return 0;
 }
 
@@ -665,10 +970,13 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0], *g = gout[0];
   int64_t dim = n->i[2];
   bool log_out = n->i[3] != 0;
-  if (g->device.type == EM_CUDA) {   /* one fused kernel: two passes over (g, y) per row */
+  bool same_shape = g->ndim == y->ndim && em_same_shape(g, y);
+  if (g->device.type == EM_CUDA || (g->device.type == EM_CPU && same_shape)) {   /* fused: two passes over (g, y) per row */
     em_tensor *gx = em_empty(y->ndim, y->shape, em_promote(g->dtype, y->dtype), y->device);
     if (!gx) return -1;
-    if (em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out)) { em_tensor_release(gx); return -1; }
+    int rc = g->device.type == EM_CPU ? cpu_softmax_backward(gx, g, y, (int)dim, log_out)
+                                      : em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out);
+    if (rc) { em_tensor_release(gx); return -1; }
     gin[0] = gx;
     return 0;
   }
@@ -731,7 +1039,6 @@ em_tensor *em_log_softmax(em_tensor *a, int64_t dim) {
  * accumulators (prod, the vector norms) and the extremes without indices. */
 #include "math_support.h"
 
-typedef struct { double acc, p; } fpow;   /* p: the norm's order */
 
 static void prod_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv;
@@ -782,29 +1089,43 @@ static void psum_f(void *s, const void *vv, int64_t n, int64_t base) {
   EM_UNUSED(base);
 }
 
-static void cpu_reduce_math(int kind, em_tensor *res, const em_tensor *a, const rplan *p, double pw) {
-  kiter it = {{0}, a->offset};
-  bool ints = kind == EM_RED_PROD && !em_dtype_is_float(a->dtype);
+static void comb_prod_f(void *a, const void *b) { ((fsum *)a)->acc *= ((const fsum *)b)->acc; }
+static void comb_prod_i(void *a, const void *b) {
+  ((isum *)a)->acc = (int64_t)((uint64_t)((isum *)a)->acc * (uint64_t)((const isum *)b)->acc);
+}
+static void comb_amax(void *a, const void *b) {   /* NaN wins */
+  double *acc = &((fpow *)a)->acc, x = ((const fpow *)b)->acc;
+  if (!isnan(*acc) && (isnan(x) || x > *acc)) *acc = x;
+}
+static void comb_pow(void *a, const void *b) { ((fpow *)a)->acc += ((const fpow *)b)->acc; }
+
+static void init_math(const red_op *r, int64_t o, rstate *st) {
+  EM_UNUSED(o);
+  if (r->kind == EM_RED_PROD && r->ints) st->i.acc = 1;
+  else if (r->kind == EM_RED_PROD) st->f = (fsum){1, 0};
+  else st->w = (fpow){0, r->x};
+}
+
+static void finish_math(const red_op *r, int64_t o, rstate *st) {
+  em_tensor *res = r->out;
   void *out = em_data_ptr(res);
-  for (int64_t o = 0; o < p->n_out; o++) {
-    if (ints) {
-      isum s = {1};
-      walk(a, p, it.off, true, prod_i, &s);
-      em_store_i64(out, res->dtype, o, s.acc);
-    } else if (kind == EM_RED_PROD) {
-      fsum s = {1, 0};
-      walk(a, p, it.off, false, prod_f, &s);
-      em_store_f64(out, res->dtype, o, s.acc);
-    } else {
-      static const chunk_fn fns[] = {[EM_RED_NORM1] = asum_f, [EM_RED_NORM2] = ssq_f,
-                                     [EM_RED_NORMINF] = amax_f, [EM_RED_NORMP] = psum_f};
-      fpow s = {0, pw};
-      walk(a, p, it.off, false, fns[kind], &s);
-      double v = kind == EM_RED_NORM2 ? sqrt(s.acc) : kind == EM_RED_NORMP ? pow(s.acc, 1.0 / pw) : s.acc;
-      em_store_f64(out, res->dtype, o, v);
-    }
-    kiter_next(&it, p);
-  }
+  if (r->kind == EM_RED_PROD && r->ints) { em_store_i64(out, res->dtype, o, st->i.acc); return; }
+  if (r->kind == EM_RED_PROD) { em_store_f64(out, res->dtype, o, st->f.acc); return; }
+  double v = st->w.acc, pw = r->x;
+  em_store_f64(out, res->dtype, o, r->kind == EM_RED_NORM2 ? sqrt(v) : r->kind == EM_RED_NORMP ? pow(v, 1.0 / pw) : v);
+}
+
+static int cpu_reduce_math(int kind, em_tensor *res, const em_tensor *a, const rplan *p, double pw) {
+  static const chunk_fn fns[] = {[EM_RED_NORM1] = asum_f, [EM_RED_NORM2] = ssq_f,
+                                 [EM_RED_NORMINF] = amax_f, [EM_RED_NORMP] = psum_f};
+  static void (*const combs[])(void *, const void *) = {[EM_RED_NORM1] = comb_pow, [EM_RED_NORM2] = comb_pow,
+                                                        [EM_RED_NORMINF] = comb_amax, [EM_RED_NORMP] = comb_pow};
+  bool ints = kind == EM_RED_PROD && !em_dtype_is_float(a->dtype);
+  red_op op = {.a = a, .p = p, .ints = ints, .init = init_math, .finish = finish_math, .out = res, .x = pw,
+               .kind = kind};
+  op.fn = kind == EM_RED_PROD ? (ints ? prod_i : prod_f) : fns[kind];
+  op.combine = kind == EM_RED_PROD ? (ints ? comb_prod_i : comb_prod_f) : combs[kind];
+  return red_run(&op);
 }
 
 int em_reduce_dims(const char *name, const em_tensor *a, int ndims, const int64_t *dims, bool keepdim,
@@ -818,7 +1139,7 @@ int em_reduce_dims(const char *name, const em_tensor *a, int ndims, const int64_
 
 int em_reduce_math(const char *name, int kind, em_tensor *res, const em_tensor *a, uint32_t mask, double pw) {
   rplan p; plan_init(&p, a, mask);
-  if (a->device.type == EM_CPU) { cpu_reduce_math(kind, res, a, &p, pw); return 0; }
+  if (a->device.type == EM_CPU) return cpu_reduce_math(kind, res, a, &p, pw);
   if (a->device.type == EM_CUDA) return em_reduce_math_cuda(name, kind, res, a, &p, pw);
   return em_error_device(name, a);
 }

@@ -15,9 +15,11 @@
  * On CUDA (kernels/rope.cu) one kernel does either direction, reading x in
  * place through any strides of its leading dims (q and k arrive as transposed
  * head views) and computing each angle in double from the position, with no
- * table (building one needs the position range: a host read). */
+ * table (building one needs the position range: a host read).
+ * On the CPU rows are spread over the threads (the table is built once, before). */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
 
 static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
@@ -125,6 +127,30 @@ static void rope_f64(const double *x, double *y, const int64_t *pos, int64_t N, 
   }
 }
 
+/* Rows [r0, r1) over the threads; each range has its own scratch when there is no table. */
+typedef struct {
+  const void *x;
+  void *y;
+  const int64_t *pos;
+  const rope_table *t;
+  double sign;
+  bool f64;
+  int failed;
+} rope_job;
+
+static void rope_rows(void *ctx, int64_t r0, int64_t r1) {
+  rope_job *j = ctx;
+  int64_t d = 2 * j->t->half;
+  double *scratch = j->t->count ? NULL : malloc((size_t)EM_MAX(d, 1) * sizeof *scratch);
+  if (!j->t->count && !scratch) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  if (j->f64)
+    rope_f64((const double *)j->x + r0 * d, (double *)j->y + r0 * d, j->pos + r0, r1 - r0, j->t, j->sign, scratch);
+  else
+    rope_f32((const float *)j->x + r0 * d, (float *)j->y + r0 * d, j->pos + r0, r1 - r0, j->t, (float)j->sign,
+             scratch);
+  free(scratch);
+}
+
 /* A fresh tensor with x's memory layout when x is a dense permutation (q and
  * k are (B, T, H, D) memory seen as (B, H, T, D)): the gradient then flows
  * back through the head split's transpose and view without a copy.
@@ -174,16 +200,15 @@ static em_tensor *rope_apply(em_tensor *x, em_tensor *pos, double theta, double 
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
   rope_table t = {0};
   em_tensor *xc = NULL, *y = NULL, *out = NULL;
-  double *scratch = NULL;
   int64_t *p = row_positions(pos, x->ndim - 1, x->shape, N);
   if (!p || table_init(&t, p, N, d, theta)) goto done;
-  if (!(scratch = malloc((size_t)EM_MAX(d, 1) * sizeof *scratch))) { em_error_oom("out of memory: rope"); goto done; }
   if (!(xc = em_contiguous_as(x, ct)) || !(y = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
-  if (ct == EM_F32) rope_f32(em_data_ptr(xc), em_data_ptr(y), p, N, &t, (float)sign, scratch);
-  else rope_f64(em_data_ptr(xc), em_data_ptr(y), p, N, &t, sign, scratch);
+  rope_job j = {em_data_ptr(xc), em_data_ptr(y), p, &t, sign, ct == EM_F64, 0};
+  em_parallel_for(N, em_grain(t.count ? d : 16 * d), rope_rows, &j);
+  if (j.failed) { em_error_oom("out of memory: rope"); goto done; }
   out = em_contiguous_as(y, out_dt);
 done:
-  free(p); free(scratch); table_free(&t);
+  free(p); table_free(&t);
   em_tensor_release(xc); em_tensor_release(y);
   return out;
 }

@@ -18,6 +18,7 @@
  *      i >  z: gx[i] = 0   (every product through i also holds x[z] = 0)
  *    three passes over a row, O(L), exact for any number of zeros. */
 #include "op.h"
+#include "parallel.h"
 
 /* A tensor of a's shape seen as (outer, L, inner) around dim d (contiguous layout). */
 static void split_dims(const em_tensor *a, int d, int64_t *outer, int64_t *L, int64_t *inner) {
@@ -45,53 +46,74 @@ static void dim_offsets(const em_tensor *a, int lo, int hi, int64_t *off) {
 /* res (contiguous, f32/f64/bf16/f16 or i64) = the scan of a (any strides, any
  * dtype) along d. Walks (outer, L, inner) with one accumulator per inner
  * column, so a scan over a leading dim streams whole rows instead of striding
- * down columns. */
+ * down columns. Tasks (outer slice, band of BAND columns) go over the threads:
+ * every column is still one serial scan. */
+#define BAND 256
+
+typedef struct {
+  const em_tensor *a;
+  em_tensor *res;
+  const int64_t *ooff, *coff;
+  int64_t L, inner, st, bands;
+  bool prod, reverse;
+} scan_job;
+
+static void scan_tasks(void *ctx, int64_t t0, int64_t t1) {
+  const scan_job *jb = ctx;
+  const em_tensor *a = jb->a;
+  double acc[BAND];
+  uint64_t *iacc = (uint64_t *)acc;   /* same width: integers accumulate in wrapping u64 */
+  bool ints = jb->res->dtype == EM_I64, prod = jb->prod;
+  const void *src = a->storage->data;
+  void *dst = em_data_ptr(jb->res);
+  int64_t L = jb->L, inner = jb->inner, st = jb->st;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t o = t / jb->bands, c0 = (t % jb->bands) * BAND, n = EM_MIN(BAND, inner - c0);
+    const int64_t *coff = jb->coff + c0;
+    for (int64_t c = 0; c < n; c++) { if (ints) iacc[c] = prod ? 1 : 0; else acc[c] = prod ? 1 : 0; }
+    for (int64_t jj = 0; jj < L; jj++) {
+      int64_t j = jb->reverse ? L - 1 - jj : jj, base = a->offset + jb->ooff[o] + j * st, ob = (o * L + j) * inner + c0;
+      if (ints) {
+        for (int64_t c = 0; c < n; c++) {
+          uint64_t v = (uint64_t)em_load_i64(src, a->dtype, base + coff[c]);
+          iacc[c] = prod ? iacc[c] * v : iacc[c] + v;
+          ((int64_t *)dst)[ob + c] = (int64_t)iacc[c];
+        }
+      } else if (a->dtype == EM_F32 && jb->res->dtype == EM_F32) {
+        const float *x = (const float *)src + base;
+        float *y = (float *)dst + ob;
+        if (prod) for (int64_t c = 0; c < n; c++) { acc[c] *= x[coff[c]]; y[c] = (float)acc[c]; }
+        else for (int64_t c = 0; c < n; c++) { acc[c] += x[coff[c]]; y[c] = (float)acc[c]; }
+      } else if (a->dtype == EM_F64 && jb->res->dtype == EM_F64) {
+        const double *x = (const double *)src + base;
+        double *y = (double *)dst + ob;
+        if (prod) for (int64_t c = 0; c < n; c++) { acc[c] *= x[coff[c]]; y[c] = acc[c]; }
+        else for (int64_t c = 0; c < n; c++) { acc[c] += x[coff[c]]; y[c] = acc[c]; }
+      } else {
+        for (int64_t c = 0; c < n; c++) {
+          double v = em_load_f64(src, a->dtype, base + coff[c]);
+          acc[c] = prod ? acc[c] * v : acc[c] + v;
+          em_store_f64(dst, jb->res->dtype, ob + c, acc[c]);
+        }
+      }
+    }
+  }
+}
+
 static int scan_cpu(const em_tensor *a, int d, bool prod, bool reverse, em_tensor *res) {
   int64_t outer, L, inner;
   split_dims(a, d, &outer, &L, &inner);
   int64_t st = a->ndim ? a->stride[d] : 0;
   int64_t *ooff = malloc(sizeof(int64_t) * (size_t)outer), *coff = malloc(sizeof(int64_t) * (size_t)inner);
-  double *acc = malloc(sizeof(double) * (size_t)inner);
-  if (!ooff || !coff || !acc) {
-    free(ooff); free(coff); free(acc);
+  if (!ooff || !coff) {
+    free(ooff); free(coff);
     return em_error_oom("out of memory: scan offsets for %lld rows", (long long)(outer + inner));
   }
   dim_offsets(a, 0, a->ndim ? d : 0, ooff);
   dim_offsets(a, a->ndim ? d + 1 : 0, a->ndim, coff);
-  bool ints = res->dtype == EM_I64;
-  uint64_t *iacc = (uint64_t *)acc;   /* same width: integers accumulate in wrapping u64 */
-  const void *src = a->storage->data;
-  void *dst = em_data_ptr(res);
-  for (int64_t o = 0; o < outer; o++) {
-    for (int64_t c = 0; c < inner; c++) { if (ints) iacc[c] = prod ? 1 : 0; else acc[c] = prod ? 1 : 0; }
-    for (int64_t jj = 0; jj < L; jj++) {
-      int64_t j = reverse ? L - 1 - jj : jj, base = a->offset + ooff[o] + j * st, ob = (o * L + j) * inner;
-      if (ints) {
-        for (int64_t c = 0; c < inner; c++) {
-          uint64_t v = (uint64_t)em_load_i64(src, a->dtype, base + coff[c]);
-          iacc[c] = prod ? iacc[c] * v : iacc[c] + v;
-          ((int64_t *)dst)[ob + c] = (int64_t)iacc[c];
-        }
-      } else if (a->dtype == EM_F32 && res->dtype == EM_F32) {
-        const float *x = (const float *)src + base;
-        float *y = (float *)dst + ob;
-        if (prod) for (int64_t c = 0; c < inner; c++) { acc[c] *= x[coff[c]]; y[c] = (float)acc[c]; }
-        else for (int64_t c = 0; c < inner; c++) { acc[c] += x[coff[c]]; y[c] = (float)acc[c]; }
-      } else if (a->dtype == EM_F64 && res->dtype == EM_F64) {
-        const double *x = (const double *)src + base;
-        double *y = (double *)dst + ob;
-        if (prod) for (int64_t c = 0; c < inner; c++) { acc[c] *= x[coff[c]]; y[c] = acc[c]; }
-        else for (int64_t c = 0; c < inner; c++) { acc[c] += x[coff[c]]; y[c] = acc[c]; }
-      } else {
-        for (int64_t c = 0; c < inner; c++) {
-          double v = em_load_f64(src, a->dtype, base + coff[c]);
-          acc[c] = prod ? acc[c] * v : acc[c] + v;
-          em_store_f64(dst, res->dtype, ob + c, acc[c]);
-        }
-      }
-    }
-  }
-  free(ooff); free(coff); free(acc);
+  scan_job j = {a, res, ooff, coff, L, inner, st, (inner + BAND - 1) / BAND, prod, reverse};
+  em_parallel_for(outer * j.bands, em_grain(L * EM_MIN(inner, BAND)), scan_tasks, &j);
+  free(ooff); free(coff);
   return 0;
 }
 

@@ -27,6 +27,7 @@
  *    into the narrowest dtype that holds it (fewer radix passes). */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
 
 /* ---------------- keys ---------------- */
 
@@ -112,6 +113,16 @@ static void rowgeo_next(rowgeo *g) {
   }
 }
 
+/* Position g (as left by rowgeo_init) at row r. */
+static void rowgeo_seek(rowgeo *g, int64_t base, int64_t r) {
+  g->off = base;
+  for (int k = g->no - 1; k >= 0; k--) {
+    g->pos[k] = r % g->oshape[k];
+    r /= g->oshape[k];
+    g->off += g->pos[k] * g->ostride[k];
+  }
+}
+
 static void copy_elem(void *dst, int64_t di, const void *src, int64_t si, size_t es) {
   switch (es) {
     case 8: ((uint64_t *)dst)[di] = ((const uint64_t *)src)[si]; break;
@@ -121,33 +132,52 @@ static void copy_elem(void *dst, int64_t di, const void *src, int64_t si, size_t
   }
 }
 
-static int sort_rows_cpu(const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, bool median_nan,
-                         em_tensor *vals, em_tensor *idx) {
+/* Rows [r0, r1) over the threads, each range with its own key buffer. */
+typedef struct {
+  const em_tensor *a;
   rowgeo g;
-  rowgeo_init(&g, a, d);
-  if (g.rows == 0 || g.L == 0 || cnt == 0) return 0;
+  bool desc, median_nan;
+  int64_t j0, cnt;
+  em_tensor *vals, *idx;
+  int failed;
+} sort_job;
+
+static void sort_range(void *ctx, int64_t r0, int64_t r1) {
+  sort_job *j = ctx;
+  rowgeo g = j->g;
   skey *buf = malloc(2 * (size_t)g.L * sizeof *buf);
-  if (!buf) return em_error_oom("out of memory: a sort row of %lld elements", (long long)g.L);
+  if (!buf) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  const em_tensor *a = j->a;
   size_t es = em_dtype_size(a->dtype);
-  int64_t *iv = em_data_ptr(idx);
-  void *vv = vals ? em_data_ptr(vals) : NULL;
-  for (int64_t r = 0; r < g.rows; r++) {
-    make_keys(buf, a, g.off, g.st, g.L, desc);
+  int64_t *iv = em_data_ptr(j->idx), cnt = j->cnt;
+  void *vv = j->vals ? em_data_ptr(j->vals) : NULL;
+  rowgeo_seek(&g, a->offset, r0);
+  for (int64_t r = r0; r < r1; r++) {
+    make_keys(buf, a, g.off, g.st, g.L, j->desc);
     merge_sort(buf, buf + g.L, g.L);
-    int64_t s = j0;
-    if (median_nan && buf[g.L - 1].key == UINT64_MAX) {   /* NaN present: the first one (in input order) */
+    int64_t s = j->j0;
+    if (j->median_nan && buf[g.L - 1].key == UINT64_MAX) {   /* NaN present: the first one (in input order) */
       s = g.L - 1;
       while (s > 0 && buf[s - 1].key == UINT64_MAX) s--;
     }
     int64_t ob = (r / g.inner) * cnt * g.inner + r % g.inner;
-    for (int64_t j = 0; j < cnt; j++) {
-      int64_t o = ob + j * g.inner, at = buf[s + j].idx;
+    for (int64_t k = 0; k < cnt; k++) {
+      int64_t o = ob + k * g.inner, at = buf[s + k].idx;
       iv[o] = at;
       if (vv) copy_elem(vv, o, a->storage->data, g.off + at * g.st, es);
     }
     rowgeo_next(&g);
   }
   free(buf);
+}
+
+static int sort_rows_cpu(const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, bool median_nan,
+                         em_tensor *vals, em_tensor *idx) {
+  sort_job j = {.a = a, .desc = desc, .median_nan = median_nan, .j0 = j0, .cnt = cnt, .vals = vals, .idx = idx};
+  rowgeo_init(&j.g, a, d);
+  if (j.g.rows == 0 || j.g.L == 0 || cnt == 0) return 0;
+  em_parallel_for(j.g.rows, em_grain(8 * j.g.L), sort_range, &j);
+  if (j.failed) return em_error_oom("out of memory: a sort row of %lld elements", (long long)j.g.L);
   return 0;
 }
 

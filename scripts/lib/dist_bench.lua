@@ -102,7 +102,8 @@ end
 function M.print_header(device, config_text)
   local facts = require("ember.runinfo").collect(device)
   local lines = {
-    ("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""),
+    ("device: %s%s, %d CPU threads"):format(facts.device,
+      facts.driver and (", driver " .. facts.driver) or "", facts.threads or 1),
     ("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version),
     "config: " .. config_text,
   }

@@ -22,9 +22,30 @@ function M.resolve_device(args, fail)
   return on_cuda
 end
 
+--- "2 CPU threads (cores)": the thread count the CPU ops and OpenBLAS use and
+-- where it came from (ember.threads_info: cores, EMBER_NUM_THREADS, set_num_threads).
+function M.threads_text()
+  local t = ember.threads_info()
+  return ("%d CPU thread%s (%s)"):format(t.threads, t.threads == 1 and "" or "s", t.source)
+end
+
+--- The --threads option (CPU threads for the ops and OpenBLAS) and its use:
+-- apply_threads(args, fail) calls ember.set_num_threads before anything runs.
+function M.add_threads_option(parser)
+  parser:option("--threads", "CPU threads for the ops and OpenBLAS (ember.set_num_threads; default: " ..
+    "EMBER_NUM_THREADS, else the cores this process may use)."):convert(math.tointeger)
+end
+function M.apply_threads(args, fail)
+  if args.threads == nil then return end
+  if args.threads < 1 then fail("--threads must be a positive integer, got " .. args.threads) end
+  local ok, err = pcall(ember.set_num_threads, args.threads)
+  if not ok then fail("--threads: " .. tostring(err)) end
+end
+
 --- Print the device and commit lines every study opens with (facts: ember.runinfo.collect).
 function M.print_header(facts)
-  print(("device: %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or ""))
+  print(("device: %s%s, %s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or "",
+    M.threads_text()))
   print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
 end
 

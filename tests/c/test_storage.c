@@ -171,7 +171,7 @@ TEST(cpu_allocator_alignment) {
   }
   CHECK(nulls == 0);
   CHECK(misaligned == 0);
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) em_cpu_free(ps[i]);
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) em_cpu_free(ps[i], sizes[i]);
   /* many small odd sizes, interleaved */
   void *many[200];
   misaligned = 0;
@@ -180,8 +180,8 @@ TEST(cpu_allocator_alignment) {
     if (!many[i] || (uintptr_t)many[i] % 64) misaligned++;
   }
   CHECK(misaligned == 0);
-  for (int i = 0; i < 200; i++) em_cpu_free(many[i]);
-  em_cpu_free(NULL);
+  for (int i = 0; i < 200; i++) em_cpu_free(many[i], (size_t)(i * 7 + 1));
+  em_cpu_free(NULL, 0);
   /* tensors: every dtype's data is aligned, and storages of odd sizes too */
   misaligned = 0;
   for (int d = 0; d < EM_NDTYPES; d++)
@@ -246,6 +246,35 @@ TEST(out_of_memory) {
   em_tensor_release(ok);
 }
 
+/* Blocks of 1 MiB and more come back from the allocator's cache after a free
+ * (no fresh page faults); sanitizer builds keep no cache. */
+TEST(cpu_allocator_reuses_big_blocks) {
+  em_cpu_empty_cache();
+  size_t n = ((size_t)3 << 20) + 5;           /* class 3.5 MiB */
+  unsigned char *a = em_cpu_alloc(n);
+  CHECK(a && (uintptr_t)a % 64 == 0);
+  if (!a) return;
+  memset(a, 1, n);
+  CHECK(em_cpu_alloc_size(n) == ((size_t)7 << 19));
+  em_cpu_free(a, n);
+#if defined(__SANITIZE_ADDRESS__)
+  CHECK(em_cpu_cached_bytes() == 0);
+#else
+  CHECK(em_cpu_cached_bytes() == em_cpu_alloc_size(n));
+  unsigned char *b = em_cpu_alloc(n + 1000);  /* the same class: the same block */
+  CHECK(b == a);
+  CHECK(em_cpu_cached_bytes() == 0);
+  unsigned char *c = em_cpu_alloc(n * 2);     /* another class: fresh memory */
+  CHECK(c && c != a && (uintptr_t)c % 64 == 0);
+  if (c) memset(c, 2, n * 2);
+  em_cpu_free(b, n + 1000);
+  em_cpu_free(c, n * 2);
+  CHECK(em_cpu_cached_bytes() == em_cpu_alloc_size(n) + em_cpu_alloc_size(n * 2));
+  em_cpu_empty_cache();
+  CHECK(em_cpu_cached_bytes() == 0);
+#endif
+}
+
 TEST(wrap_and_from_storage) {
   frees = 0;
   em_storage *s = counted_storage(8);
@@ -268,6 +297,7 @@ TEST(wrap_and_from_storage) {
 
 int main(void) {
   RUN(view_keeps_storage_alive);
+  RUN(cpu_allocator_reuses_big_blocks);
   RUN(tensor_refcounts);
   RUN(detach_aliases);
   RUN(version_counter);

@@ -174,6 +174,22 @@ describe("F.scaled_dot_product_attention (naive)", function()
     assert_abs(r:tolist(), attend4(q, k, v, true, 1 / math.sqrt(8)), 1e-5, "f32")
   end)
 
+  -- On the CPU the scale, the mask and the softmax are one fused row op
+  -- (engine/ops/attention.c); it must round exactly as the composition.
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, causal in ipairs({true, false}) do
+      it(("the CPU's fused softmax gives the composition's bits (%s, causal %s, Tq > Tk)"):format(dtype,
+          tostring(causal)), function()
+        local q, k, v = qkv(19, {2, 3, 37, 8}, {2, 3, 29, 8}, nil, dtype)
+        local fused = F.scaled_dot_product_attention(q, k, v, {causal = causal, scale = 0.3})
+        local s = q:matmul(k:transpose(-1, -2)) * 0.3
+        if causal then s = s:masked_fill(ember.ones({37, 29}):triu(1):to("bool"), -math.huge) end
+        local composed = s:softmax(-1):matmul(v)
+        assert.are.equal(0, ember.ne(fused, composed):sum():item())
+      end)
+    end
+  end
+
   it("every output row is a convex combination of v's rows (between their min and max)", function()
     local q, k, v = qkv(18, {1, 1, 6, 4}, {1, 1, 6, 4})
     local r = F.scaled_dot_product_attention(q, k, v):tolist()[1][1]

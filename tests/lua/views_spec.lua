@@ -111,6 +111,19 @@ describe("transpose, permute and t", function()
     assert.same({4, 2, 3}, ember.zeros(2, 3, 4):permute({-1, 0, 1}).shape)
   end)
 
+  -- contiguous() of a transpose goes through 32 x 32 tiles (engine/tensor.c):
+  -- shapes with partial tiles, an outer dim, several dtypes
+  for _, dtype in ipairs({"f32", "f64", "bf16", "u8"}) do
+    it(("contiguous() of transposed and permuted views holds their elements (%s, tiled copy)"):format(dtype), function()
+      local a = (ember.rand({3, 70, 45}) * 100):to(dtype)
+      for _, v in ipairs({a:transpose(1, 2), a:permute({2, 0, 1}), a:select(0, 1):t()}) do
+        local c = v:contiguous()
+        assert.is_true(c:is_contiguous())
+        assert.are.same(v:tolist(), c:tolist())
+      end
+    end)
+  end
+
   it("t() transposes a matrix and leaves a vector alone", function()
     assert.same({{0, 3}, {1, 4}, {2, 5}}, base23():t():tolist())
     assert.same({3}, ember.zeros(3):t().shape)

@@ -20,5 +20,6 @@
 #include "profiler.h"
 #include "memory.h"
 #include "tokenizer.h"
+#include "threads.h"
 
 #endif

@@ -88,6 +88,11 @@ return function(case, perf, ember, F)
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.t().reshape(-1)"})
   perf("clone", "clone (4096,4096)", function(a) return a:clone() end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.clone()"})
+  -- casts: the conversion loops of a copy between dtypes (bf16 <-> f32 in SIMD)
+  perf("to", "cast f32 -> bf16 (4096,4096)", function(a) return a:to("bf16") end,
+    function(T) return {T.randn(N)} end, {dtypes = {"f32"}, torch = "a.to(torch.bfloat16)"})
+  perf("to", "cast bf16 -> f32 (4096,4096)", function(a) return a:to("f32") end,
+    function(T) return {T.randn(N):to("bf16")} end, {dtypes = {"f32"}, torch = "a.bfloat16().float()"})
   local views = {
     {"view", function(a) return a:view(2048, 8192) end, "a.view(2048, 8192)"},
     {"transpose", function(a) return a:transpose(0, 1) end, "a.transpose(0, 1)"},

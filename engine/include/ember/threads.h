@@ -1,0 +1,29 @@
+/* CPU threads: how many threads the CPU ops and OpenBLAS's matmuls use.
+ *
+ * The default is the number of cores this process may run on: the affinity
+ * mask (taskset, cpusets, an MPI binding), capped by a cgroup CPU quota, and
+ * divided among the ranks of one host when several ranks share an unbound
+ * machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS). EMBER_NUM_THREADS,
+ * else OMP_NUM_THREADS (a single positive integer), overrides it at start.
+ * Results are bit-identical whatever the count (engine/parallel.h). */
+#ifndef EMBER_THREADS_H
+#define EMBER_THREADS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Use n >= 1 threads from now on (OpenBLAS follows). 0, or -1 with the error set. */
+int em_set_num_threads(int n);
+/* The threads the CPU ops use now. */
+int em_get_num_threads(void);
+/* The default before any override: cores available to this process and rank. */
+int em_default_num_threads(void);
+/* Where the current count came from: "EMBER_NUM_THREADS", "OMP_NUM_THREADS",
+ * "cores" (the default) or "set_num_threads". */
+const char *em_num_threads_source(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,125 @@
+/* Float math the compiler vectorises, for the CPU ops' exp-bound rows
+ * (softmax, the fused attention softmax, cross-entropy, swiglu).
+ *
+ * glibc's expf is a call per element (about 2 ns): a softmax or a
+ * cross-entropy row spent most of its time there. em_exp_f32 is Cephes'
+ * expf written with plain arithmetic and selects, no calls and no branches,
+ * so a loop over it becomes SIMD code (4 lanes with the portable SSE2
+ * baseline, 8 or 16 with -DEMBER_NATIVE=ON): within 2 ulp of the exact
+ * value over the whole float range, subnormal results included, exp(-inf) =
+ * 0, exp(+inf) = inf, NaN stays NaN (tests/c/test_vec_math.c sweeps it
+ * against glibc). Scalar and vector code compute the same IEEE operations,
+ * so a result does not depend on where a thread's range starts or ends.
+ *
+ * The sums and maxima run in EM_LANES fixed lanes (lane k takes elements
+ * k, k + 8, ...), combined in one fixed order: the vectoriser keeps the lanes
+ * in registers, and the result depends on the row alone.
+ *
+ * EM_SIMD_CLONES: a hot row kernel marked with it is compiled for the
+ * baseline (SSE2), AVX2 and AVX-512, and the loader picks the widest the CPU
+ * has, so the portable build runs at the machine's width (SSE2 gains little:
+ * no 8-lane int ops). Every clone computes the same IEEE operations in the
+ * same order (no FMA contraction: -ffp-contract=off), so the results do not
+ * depend on which clone runs. */
+#ifndef EMBER_OPS_VEC_MATH_H
+#define EMBER_OPS_VEC_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EM_LANES 8
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define EM_SIMD_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define EM_SIMD_CLONES
+#endif
+/* Always inlined: an out-of-line copy would be compiled for the baseline
+ * only, whichever clone calls it. */
+#define EM_VEC static inline __attribute__((always_inline))
+
+EM_VEC float em_exp_f32(float x) {
+  /* clamp (NaN: 0, restored at the end) so the exponent fits an int */
+  float c = x == x ? x : 0.0f;
+  c = c < -104.0f ? -104.0f : c;
+  c = c > 89.0f ? 89.0f : c;
+  /* c = n ln2 + r, |r| <= ln2 / 2, with n rounded to nearest (1.5 * 2^23 trick) */
+  float t = c * 1.44269504088896341f + 12582912.0f;
+  float n = t - 12582912.0f;
+  float r = c - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  /* p * 2^n in two factors, so n in [-151, 129] neither overflows the
+   * exponent field nor skips the subnormal rounding */
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, 4);
+  memcpy(&s2, &b2, 4);
+  float y = p * s1 * s2;
+  return x == x ? y : x;
+}
+
+/* max of x[0..n) ignoring NaN (-inf for none). */
+EM_VEC float em_max_f32(const float *x, int64_t n) {
+  float m[EM_LANES];
+  for (int k = 0; k < EM_LANES; k++) m[k] = -INFINITY;
+  int64_t i = 0;
+  for (; i + EM_LANES <= n; i += EM_LANES)
+    for (int k = 0; k < EM_LANES; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  for (int k = 0; k < EM_LANES && i + k < n; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  for (int k = 1; k < EM_LANES; k++) m[0] = m[k] > m[0] ? m[k] : m[0];
+  return m[0];
+}
+
+EM_VEC double em_lanes_total(const double *acc) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* sum of x[0..n) in double. */
+EM_VEC double em_sum_f32(const float *x, int64_t n) {
+  double acc[EM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + EM_LANES <= n; i += EM_LANES)
+    for (int k = 0; k < EM_LANES; k++) acc[k] += (double)x[i + k];
+  for (int k = 0; k < EM_LANES && i + k < n; k++) acc[k] += (double)x[i + k];
+  return em_lanes_total(acc);
+}
+
+/* y[i] = exp(x[i] - shift), and their sum in double. */
+EM_VEC double em_exp_shift_f32(const float *x, float shift, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = em_exp_f32(x[i] - shift);
+  return em_sum_f32(y, n);
+}
+
+/* sum of exp(x[i] - shift) in double, nothing stored. */
+EM_VEC double em_sum_exp_f32(const float *x, float shift, int64_t n) {
+  double acc[EM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + EM_LANES <= n; i += EM_LANES)
+    for (int k = 0; k < EM_LANES; k++) acc[k] += (double)em_exp_f32(x[i + k] - shift);
+  for (int k = 0; k < EM_LANES && i + k < n; k++) acc[k] += (double)em_exp_f32(x[i + k] - shift);
+  return em_lanes_total(acc);
+}
+
+/* y = softmax(x), or log_softmax(x) with log_out, over n contiguous floats
+ * (y may be x). The max ignores NaN; a NaN or an all -inf row gives NaN. */
+EM_VEC void em_softmax_row_f32(const float *x, float *y, int64_t n, int log_out) {
+  float mx = em_max_f32(x, n);
+  if (log_out) {
+    double sh = (double)mx + log(em_sum_exp_f32(x, mx, n));
+    for (int64_t i = 0; i < n; i++) y[i] = (float)((double)x[i] - sh);
+    return;
+  }
+  double inv = 1.0 / em_exp_shift_f32(x, mx, y, n);
+  for (int64_t i = 0; i < n; i++) y[i] = (float)((double)y[i] * inv);
+}
+
+#endif

@@ -1,0 +1,80 @@
+/* The CPU parallel-for (engine/parallel.h) and the thread count
+ * (ember/threads.h): every item of [0, n) is visited exactly once in
+ * contiguous ranges at any thread count, work below two grains stays on the
+ * calling thread in one range, the count refuses bad values, and OpenBLAS
+ * stays at one thread (matmul tiles run on the pool). */
+#include <stdint.h>
+#include <stdlib.h>
+#include "test.h"
+#include "parallel.h"
+
+int openblas_get_num_threads(void);   /* OpenBLAS (the only BLAS Ember builds with) */
+
+typedef struct {
+  int *hits;        /* per item */
+  int ranges;       /* ranges seen (atomic) */
+  int bad;          /* a range out of [0, n) or empty (atomic) */
+  int64_t n;
+} cover_job;
+
+static void cover(void *ctx, int64_t b, int64_t e) {
+  cover_job *j = ctx;
+  if (b < 0 || e > j->n || b >= e) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+  for (int64_t i = b; i < e && i >= 0 && i < j->n; i++) j->hits[i]++;
+  __atomic_add_fetch(&j->ranges, 1, __ATOMIC_RELAXED);
+}
+
+/* Visit [0, n) with grain g on t threads; returns the number of ranges. */
+static int visit(int64_t n, int64_t g, int t) {
+  CHECK(em_set_num_threads(t) == 0);
+  cover_job j = {calloc((size_t)(n > 0 ? n : 1), sizeof(int)), 0, 0, n};
+  em_parallel_for(n, g, cover, &j);
+  int once = 1;
+  for (int64_t i = 0; i < n; i++) once = once && j.hits[i] == 1;
+  CHECK(once);
+  CHECK(!j.bad);
+  free(j.hits);
+  return j.ranges;
+}
+
+TEST(covers_every_item_once) {
+  int64_t ns[] = {0, 1, 2, 7, 100, 4097, 100000};
+  int ts[] = {1, 2, 3, 7};
+  for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+    for (size_t b = 0; b < sizeof ts / sizeof ts[0]; b++) {
+      int r = visit(ns[a], 1, ts[b]);
+      CHECK(r <= ts[b]);
+      CHECK(ns[a] == 0 ? r == 0 : r >= 1);
+    }
+}
+
+TEST(small_work_stays_on_one_range) {
+  CHECK(visit(99, 50, 4) == 1);          /* below two grains: no fork */
+  CHECK(visit(100, 50, 4) <= 2);         /* two grains: at most two ranges */
+  CHECK(visit(1000, 1000, 8) == 1);
+  CHECK(em_grain(1) == EM_PAR_MIN_WORK);
+  CHECK(em_set_parallel_min_work(10) == EM_PAR_MIN_WORK);
+  CHECK(em_grain(1) == 10 && em_grain(3) == 3 && em_grain(20) == 1);
+  CHECK(em_set_parallel_min_work(EM_PAR_MIN_WORK) == 10);
+  CHECK(em_grain(EM_PAR_MIN_WORK * 4) == 1);
+  CHECK(em_red_blocks(EM_RED_BLOCK) == 1 && em_red_blocks(EM_RED_BLOCK + 1) == 2);
+}
+
+TEST(thread_count) {
+  CHECK(em_default_num_threads() >= 1);
+  CHECK(em_set_num_threads(3) == 0);
+  CHECK(em_get_num_threads() == 3);
+  CHECK(strcmp(em_num_threads_source(), "set_num_threads") == 0);
+  CHECK(openblas_get_num_threads() == 1);  /* matmuls run their tiles on the pool */
+  CHECK_ERR_CONTAINS(em_set_num_threads(0) != 0, "expected an integer from 1");
+  CHECK_ERR_CONTAINS(em_set_num_threads(-4) != 0, "got -4");
+  CHECK(em_get_num_threads() == 3);      /* a refused value changes nothing */
+  CHECK(em_set_num_threads(1) == 0);
+}
+
+int main(void) {
+  RUN(covers_every_item_once);
+  RUN(small_work_stays_on_one_range);
+  RUN(thread_count);
+  TEST_MAIN_END();
+}

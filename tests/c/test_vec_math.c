@@ -1,0 +1,103 @@
+/* engine/ops/vec_math.h: em_exp_f32 against exp in double over a sweep of
+ * float bit patterns (within 2 ulp, subnormal results within one subnormal
+ * step), its special values, the same bits from the vectorised loop and from
+ * scalar calls at every offset, and the lane sums and maxima. */
+#include <float.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include "test.h"
+#include "ops/vec_math.h"
+
+static float fbits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t bitsf(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* Distance in units of the last place between got and the correctly rounded ref. */
+static double ulps(float got, double ref) {
+  float r = (float)ref;
+  if (got == r) return 0;
+  double ulp = fabs(r) < FLT_MIN ? FLT_TRUE_MIN : (double)nextafterf(fabsf(r), INFINITY) - fabsf(r);
+  return fabs((double)got - ref) / ulp;
+}
+
+TEST(exp_matches_double_over_a_sweep) {
+  double worst = 0;
+  float worst_x = 0;
+  for (int sign = 0; sign < 2; sign++)
+    for (uint32_t u = 0; u < 0x7f800000u; u += 4099) {
+      float x = fbits(u | (sign ? 0x80000000u : 0));
+      if (x > 88.72f || x < -104.0f) continue;
+      double e = ulps(em_exp_f32(x), exp((double)x));
+      if (e > worst) { worst = e; worst_x = x; }
+    }
+  if (worst > 2) fprintf(stderr, "  worst error %.2f ulp at x = %a\n", worst, (double)worst_x);
+  CHECK(worst <= 2);
+}
+
+TEST(exp_special_values) {
+  CHECK(em_exp_f32(0.0f) == 1.0f);
+  CHECK(em_exp_f32(-0.0f) == 1.0f);
+  CHECK(em_exp_f32(-INFINITY) == 0.0f);
+  CHECK(em_exp_f32(INFINITY) == INFINITY);
+  CHECK(em_exp_f32(89.0f) == INFINITY);          /* past FLT_MAX */
+  CHECK(em_exp_f32(88.7f) < FLT_MAX && em_exp_f32(88.7f) > 3e38f);
+  CHECK(em_exp_f32(-120.0f) == 0.0f);
+  float sub = em_exp_f32(-100.0f);                /* 3.7e-44: a subnormal */
+  CHECK(sub > 0 && sub < FLT_MIN);
+  CHECK(isnan(em_exp_f32(NAN)));
+  CHECK(isnan(em_exp_f32(-NAN)));
+  CHECK(fabsf(em_exp_f32(1.0f) - (float)M_E) <= FLT_EPSILON * 3);
+}
+
+/* The vectorised loop (the widest clone this CPU runs) and one call per
+ * element give the same bits, wherever the loop starts (a thread's range)
+ * and however long it is. */
+static float scalar_exp(volatile float x) { return em_exp_f32(x); }
+EM_SIMD_CLONES static void exp_loop(const float *x, float *y, int n) {
+  for (int i = 0; i < n; i++) y[i] = em_exp_f32(x[i]);
+}
+
+TEST(vector_and_scalar_agree) {
+  enum { N = 4096 };
+  float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+  uint32_t s = 12345;
+  for (int i = 0; i < N; i++) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = (float)((double)s / 4294967296.0 * 200.0 - 105.0);
+  }
+  x[7] = NAN; x[100] = -INFINITY; x[101] = INFINITY;
+  int diff = 0;
+  for (int off = 0; off < 17; off++) {
+    int n = N - off - 3 * off;
+    exp_loop(x + off, y, n);
+    for (int i = 0; i < n; i++) {
+      float r = scalar_exp(x[off + i]);
+      if (bitsf(r) != bitsf(y[i])) diff++;
+    }
+  }
+  CHECK(diff == 0);
+  free(x); free(y);
+}
+
+TEST(lane_sums_and_maxima) {
+  float v[37];
+  double want = 0;
+  for (int i = 0; i < 37; i++) { v[i] = (float)(i * 0.25 - 3); want += v[i]; }
+  CHECK(em_sum_f32(v, 37) == want);               /* exact: quarters */
+  CHECK(em_sum_f32(v, 0) == 0);
+  CHECK(em_max_f32(v, 37) == v[36]);
+  v[3] = NAN;
+  CHECK(em_max_f32(v, 37) == v[36]);              /* NaN ignored */
+  CHECK(em_max_f32(v, 0) == -INFINITY);
+  float z[9] = {0};
+  CHECK(em_sum_exp_f32(z, 0.0f, 9) == 9.0);
+  float y[9];
+  CHECK(em_exp_shift_f32(z, 1.0f, y, 9) == 9.0 * (double)em_exp_f32(-1.0f));
+}
+
+int main(void) {
+  RUN(exp_matches_double_over_a_sweep);
+  RUN(exp_special_values);
+  RUN(vector_and_scalar_agree);
+  RUN(lane_sums_and_maxima);
+  TEST_MAIN_END();
+}
