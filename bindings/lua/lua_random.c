@@ -73,7 +73,7 @@ static int l_cross_entropy_ex(lua_State *L) {
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *t = lem_check_tensor(L, 2, fn, "target");
   int64_t ignore = lem_opt_int(L, 3, fn, "ignore_index", -100);
   double eps = lem_opt_number(L, 4, fn, "label_smoothing", 0);
-  em_reduction red;
+  em_reduction red = EM_REDUCTION_MEAN;   /* set by opt_reduction, which raises otherwise */
   opt_reduction(L, 5, fn, &red);
   return lem_push_result(L, em_cross_entropy_ex(x, t, ignore, eps, red));
 }
@@ -83,7 +83,7 @@ static int l_bce_with_logits(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *y = lem_check_tensor(L, 2, fn, "target");
   em_tensor *w = lem_opt_tensor(L, 3, fn, "weight"), *pw = lem_opt_tensor(L, 4, fn, "pos_weight");
-  em_reduction red;
+  em_reduction red = EM_REDUCTION_MEAN;   /* set by opt_reduction, which raises otherwise */
   opt_reduction(L, 5, fn, &red);
   return lem_push_result(L, em_bce_with_logits(x, y, w, pw, red));
 }
@@ -94,7 +94,7 @@ static int l_nll_loss(lua_State *L) {
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *t = lem_check_tensor(L, 2, fn, "target");
   em_tensor *w = lem_opt_tensor(L, 3, fn, "weight");
   int64_t ignore = lem_opt_int(L, 4, fn, "ignore_index", -100);
-  em_reduction red;
+  em_reduction red = EM_REDUCTION_MEAN;   /* set by opt_reduction, which raises otherwise */
   opt_reduction(L, 5, fn, &red);
   return lem_push_result(L, em_nll_loss(x, t, w, ignore, red));
 }
