@@ -99,17 +99,19 @@ static em_tensor *causal_mask(int64_t tq, int64_t tk, int64_t off, em_device dev
 /* ---------------- the CPU's fused scale + causal mask + softmax ---------------- */
 
 /* Rows of contiguous scores (..., Tq, Tk); row r is query r % Tq, which sees
- * keys j <= r % Tq when causal (top-left aligned), every key otherwise. */
+ * keys j <= r % Tq + off when causal (off 0: top-left aligned, Tk - Tq:
+ * bottom-right), every key otherwise. */
 typedef struct {
   const void *s, *y, *g;
   void *out;
   int64_t tq, tk;
   double scale;
   bool causal, f64;
+  int64_t off;
 } ssm_job;
 
 static int64_t visible(const ssm_job *j, int64_t r) {
-  return j->causal ? EM_MIN(j->tk, r % j->tq + 1) : j->tk;
+  return j->causal ? EM_MIN(j->tk, r % j->tq + 1 + j->off) : j->tk;
 }
 
 /* The masked keys are -inf before the softmax (exp gives +0, and 0 * (1 / sum)
@@ -163,14 +165,14 @@ EM_SIMD_CLONES static void ssm_bwd_rows(void *ctx, int64_t r0, int64_t r1) {
 
 static int64_t ssm_rows(const em_tensor *t) { return t->shape[t->ndim - 1] ? em_numel(t) / t->shape[t->ndim - 1] : 0; }
 
-/* saved: y; f[0] = scale, i[0] = causal. */
+/* saved: y; f[0] = scale, i[0] = causal, i[1] = the causal key offset. */
 static int ssm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0];
   em_tensor *g = em_contiguous_as(gout[0], y->dtype);
   em_tensor *gs = g ? em_empty(y->ndim, y->shape, y->dtype, y->device) : NULL;
   if (gs) {
     ssm_job j = {NULL, em_data_ptr(y), em_data_ptr(g), em_data_ptr(gs), y->shape[y->ndim - 2], y->shape[y->ndim - 1],
-                 n->f[0], n->i[0] != 0, y->dtype == EM_F64};
+                 n->f[0], n->i[0] != 0, y->dtype == EM_F64, n->i[1]};
     em_parallel_for(ssm_rows(y), em_grain(4 * j.tk), ssm_bwd_rows, &j);
   }
   em_tensor_release(g);
@@ -179,19 +181,19 @@ static int ssm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 }
 
 /* softmax(scale * s [+ causal mask]) over the last dim of CPU f32/f64 scores. */
-static em_tensor *scaled_softmax(em_tensor *s, double scale, bool causal) {
+static em_tensor *scaled_softmax(em_tensor *s, double scale, bool causal, int64_t off) {
   EM_OP_SCOPE("scaled_softmax");
   em_tensor *sc = em_contiguous(s);
   em_tensor *y = sc ? em_empty(s->ndim, s->shape, s->dtype, s->device) : NULL;
   if (y) {
     ssm_job j = {em_data_ptr(sc), NULL, NULL, em_data_ptr(y), s->shape[s->ndim - 2], s->shape[s->ndim - 1], scale,
-                 causal, s->dtype == EM_F64};
+                 causal, s->dtype == EM_F64, off};
     em_parallel_for(ssm_rows(s), em_grain(16 * j.tk), ssm_fwd_rows, &j);
   }
   em_tensor_release(sc);
   em_node *n;
   y = em_op_record(y, &n, "scaled_softmax", ssm_backward, 1, &s, 1, &y);
-  if (n) { n->f[0] = scale; n->i[0] = causal; }
+  if (n) { n->f[0] = scale; n->i[0] = causal; n->i[1] = off; }
   return y;
 }
 
@@ -256,7 +258,7 @@ static em_tensor *attention_core(em_tensor *q, em_tensor *k, em_tensor *v, em_ca
   em_tensor_release(kt);
   bool fused = s && s->device.type == EM_CPU && (s->dtype == EM_F32 || s->dtype == EM_F64) && !em_autocast_enabled();
   if (fused) {
-    s = step(s, scaled_softmax(s, scale, causal));
+    s = step(s, scaled_softmax(s, scale, causal != EM_CAUSAL_NONE, causal == EM_CAUSAL_BOTTOM_RIGHT ? tk - tq : 0));
     return s ? step(s, em_matmul(s, v)) : NULL;
   }
   if (s) s = step(s, em_binary_scalar(EM_MUL, s, scale, false, NULL));

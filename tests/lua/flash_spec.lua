@@ -131,6 +131,15 @@ describe("F.flash_attention on the CPU (tiled)", function()
     assert.is_true(maxdiff(o, F.flash_attention(q, k, v, true, 0.3)) > 1e-3)
   end)
 
+  it("naive SDPA on the CPU (the fused scale + mask + softmax) aligns 'bottom_right' the same, f64 and f32", function()
+    for _, dt in ipairs({"f64", "f32"}) do
+      local q, k, v = randn({1, 2, 5, 16}, dt), randn({1, 2, 12, 16}, dt), randn({1, 2, 12, 16}, dt)
+      local o = F.scaled_dot_product_attention(q, k, v, {causal = "bottom_right", impl = "naive", scale = 0.3})
+      local tol = dt == "f64" and 1e-12 or 1e-5
+      H.assert_abs(o:tolist(), (attend4(q, k, v, "bottom_right", 0.3)), tol, "naive bottom-right " .. dt)
+    end
+  end)
+
   it("gives the same result for both alignments when Tq = Tk, and 'top_left' is true", function()
     local q, k, v = randn({1, 2, 10, 32}), randn({1, 2, 10, 32}), randn({1, 2, 10, 32})
     local a = F.flash_attention(q, k, v, true)
