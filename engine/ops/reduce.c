@@ -222,14 +222,39 @@ static void sum_i(void *s, const void *vv, int64_t n, int64_t base) {
   EM_UNUSED(base);
 }
 
-/* First extreme wins; a NaN wins over everything and stays (PyTorch). */
+/* First extreme wins; a NaN wins over everything and stays (PyTorch).
+ * Two passes over the chunk (it is in cache): the extreme and whether a NaN
+ * is there, as loops the compiler vectorises, then the first position
+ * holding it. */
 static void ext_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv; fext *e = s;
-  for (int64_t i = 0; i < n; i++) {
-    double x = v[i];
-    bool better = !e->any || (!isnan(e->v) && (isnan(x) || (e->is_max ? x > e->v : x < e->v)));
-    if (better) { e->v = x; e->idx = base + i; e->any = true; }
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  enum { L = 8 };                 /* independent lanes: a SIMD max, not a chain of maxsd */
+  double ml[L];
+  int64_t nl[L], i = 0;
+  for (int k = 0; k < L; k++) { ml[k] = e->is_max ? -INFINITY : INFINITY; nl[k] = 0; }
+  if (e->is_max) {
+    for (; i + L <= n; i += L)
+      for (int k = 0; k < L; k++) { double x = v[i + k]; nl[k] |= x != x; ml[k] = x > ml[k] ? x : ml[k]; }
+  } else {
+    for (; i + L <= n; i += L)
+      for (int k = 0; k < L; k++) { double x = v[i + k]; nl[k] |= x != x; ml[k] = x < ml[k] ? x : ml[k]; }
   }
+  double m = ml[0];
+  int64_t nan = 0;
+  for (int k = 0; k < L; k++) {
+    nan |= nl[k];
+    m = e->is_max ? (ml[k] > m ? ml[k] : m) : (ml[k] < m ? ml[k] : m);
+  }
+  for (; i < n; i++) { double x = v[i]; nan |= x != x; m = e->is_max ? (x > m ? x : m) : (x < m ? x : m); }
+  int64_t at = 0;
+  if (nan) {
+    while (v[at] == v[at]) at++;
+  } else {
+    if (e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
+    while (v[at] != m) at++;                                     /* the first of the extreme (-0 == +0) */
+  }
+  e->v = v[at]; e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
