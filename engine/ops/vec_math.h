@@ -98,6 +98,16 @@ EM_VEC double em_sum_f32(const float *x, int64_t n) {
   return em_lanes_total(acc);
 }
 
+/* sum of x[i] * y[i] in double (y may be x: a sum of squares). */
+EM_VEC double em_dot_f32(const float *x, const float *y, int64_t n) {
+  double acc[EM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + EM_LANES <= n; i += EM_LANES)
+    for (int k = 0; k < EM_LANES; k++) acc[k] += (double)x[i + k] * y[i + k];
+  for (int k = 0; k < EM_LANES && i + k < n; k++) acc[k] += (double)x[i + k] * y[i + k];
+  return em_lanes_total(acc);
+}
+
 /* y[i] = exp(x[i] - shift), and their sum in double (two passes: faster than one). */
 EM_VEC double em_exp_shift_f32(const float *x, float shift, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = em_exp_f32(x[i] - shift);
