@@ -123,6 +123,18 @@ static void load_i64(int64_t *d, const em_tensor *t, int64_t off, int64_t st, in
 /* Consumes one chunk of reduced elements; base = how many came before. */
 typedef void (*chunk_fn)(void *state, const void *v, int64_t n, int64_t base);
 
+/* The accumulators' states (the chunk functions below consume chunks into them). */
+typedef struct { double acc, ref; } fsum;       /* ref: shift (sum of exp) or mean (squared deviations) */
+typedef struct { int64_t acc; } isum;
+typedef struct { double v; int64_t idx; bool is_max, any; } fext;
+typedef struct { int64_t v; int64_t idx; bool is_max, any; } iext;
+typedef struct { double acc, p; } fpow;         /* p: a vector norm's order */
+
+static void sum_f(void *s, const void *vv, int64_t n, int64_t base);
+
+/* The sum of a contiguous f32 run in double, 16 lanes (vec_math.h), clones. */
+EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_sum_f32(x, n); }
+
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
  * at most CHUNK that never cross a row of the innermost reduced dim. */
@@ -139,8 +151,23 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
+  bool run = fn == sum_f && st == 1 && t->dtype == EM_F32;   /* a plain f32 sum: whole runs in SIMD lanes */
   while (count < end) {
-    int64_t n = EM_MIN(CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    int64_t n = EM_MIN(run ? len : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    if (run) {
+      ((fsum *)state)->acc += sum_run_f32((const float *)t->storage->data + o, n);
+      count += n;
+      s += n;
+      if (s < len) continue;
+      s = 0;
+      for (int d = last - 1; d >= 0; d--) {
+        off += p->rstride[d];
+        if (++idx[d] < p->rshape[d]) break;
+        off -= p->rstride[d] * p->rshape[d];
+        idx[d] = 0;
+      }
+      continue;
+    }
     const void *v = buf.d;
     if (st == 1 && t->dtype == (ints ? EM_I64 : EM_F64)) v = (const char *)t->storage->data + o * (int64_t)es;
     else if (ints) load_i64(buf.i, t, o, st, n);
@@ -182,11 +209,6 @@ static kiter kiter_at(const rplan *p, int64_t base, int64_t o) {
 
 /* ---------------- accumulators ---------------- */
 
-typedef struct { double acc, ref; } fsum;       /* ref: shift (sum of exp) or mean (squared deviations) */
-typedef struct { int64_t acc; } isum;
-typedef struct { double v; int64_t idx; bool is_max, any; } fext;
-typedef struct { int64_t v; int64_t idx; bool is_max, any; } iext;
-typedef struct { double acc, p; } fpow;         /* p: a vector norm's order */
 
 static void sum_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv;
@@ -430,12 +452,14 @@ static void col_store(const col_job *j, int64_t at, const double *acc, const int
   }
 }
 
-static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
+/* Per-thread column accumulators (64 KiB: off the workers' stacks). */
+static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_tls;
+
+EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
   const col_job *j = ctx;
   const rplan *p = j->p;
-  static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } tls;   /* 32 KiB: off the stack */
-  double *acc = tls.d, *buf = tls.d + COL_WIDTH;
-  int64_t *iacc = tls.i, *ibuf = tls.i + COL_WIDTH;
+  double *acc = col_tls.d, *buf = col_tls.d + COL_WIDTH;
+  int64_t *iacc = col_tls.i, *ibuf = col_tls.i + COL_WIDTH;
   for (int64_t w = w0; w < w1; w++) {
     int64_t b = w % j->nb, kc = (w / j->nb) % j->kch, o = w / j->nb / j->kch;
     int64_t k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0), r0 = b * COL_ROWS, r1 = EM_MIN(r0 + COL_ROWS, p->n_red);
@@ -470,9 +494,8 @@ static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
 /* Blocks' column sums added in block order: one task per (outer, column chunk). */
 static void col_combine(void *ctx, int64_t c0, int64_t c1) {
   const col_job *j = ctx;
-  static _Thread_local union { double d[COL_WIDTH]; int64_t i[COL_WIDTH]; } tls;
-  double *acc = tls.d;
-  int64_t *iacc = tls.i;
+  double *acc = col_tls.d;
+  int64_t *iacc = col_tls.i;
   for (int64_t c = c0; c < c1; c++) {
     int64_t kc = c % j->kch, o = c / j->kch, k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0);
     for (int64_t b = 0; b < j->nb; b++) {
