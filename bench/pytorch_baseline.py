@@ -59,8 +59,12 @@ def parse_args(argv=None):
     p.add_argument("--breakdown", action="store_true",
                    help="after the timed steps, one more eager step measured by phase")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--threads", type=int,
+                   help="CPU threads (torch.set_num_threads; default: PyTorch's, the cores in the affinity mask)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    if a.threads is not None and a.threads < 1:
+        p.error("--threads must be a positive integer")
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.graph and not a.device.startswith("cuda"):
         p.error("--graph needs --device cuda")
@@ -118,6 +122,8 @@ def make_optimizer(a, params, on_cuda):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     on_cuda = a.device.startswith("cuda")
     D, FF, L, H = CONFIGS[a.model]
     D, FF, L, H = a.d_model or D, a.d_ff or FF, a.layers or L, a.heads or H
@@ -134,9 +140,10 @@ def main(argv=None):
     config = dict(model=a.model, d_model=D, d_ff=FF, layers=L, heads=H, vocab=V, context=T, batch=B,
                   mode=a.mode, precision=a.precision, tf32=a.tf32, attn=a.attn, graph=a.graph,
                   compile=a.compile, optimizer=a.optimizer, warmup=a.warmup, steps=a.steps,
-                  seed=a.seed, lr=a.lr, device=a.device, params=n_params, params_matmul=n_matmul)
+                  seed=a.seed, lr=a.lr, device=a.device, params=n_params, params_matmul=n_matmul,
+                  threads=torch.get_num_threads())
 
-    print(f"device: {dev}" + (f", driver {driver}" if driver else ""))
+    print(f"device: {dev}" + (f", driver {driver}" if driver else "") + f", {torch.get_num_threads()} CPU threads")
     now = datetime.datetime.now(datetime.timezone.utc)
     print(f"commit: {commit}, {now:%Y-%m-%d %H:%M} UTC, torch {torch.__version__} ({variant})")
     print(f"config: {a.model} d_model={D} d_ff={FF} layers={L} heads={H} vocab={V} context={T} "

@@ -100,6 +100,50 @@ void em_store_i64(void *p, em_dtype t, int64_t i, int64_t v) {
   }
 }
 
+/* n elements of p (dtype t) from index i into d, as doubles or int64: the
+ * dtype switch is taken once per chunk, not per element. */
+#define LOAD_AS(NAME, R, FLOATS)                                                              \
+  static void NAME(R *d, const void *p, em_dtype t, int64_t i, int64_t n) {                  \
+    switch (t) {                                                                             \
+      case EM_F32: { const float *s = (const float *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)FLOATS(s[k]); break; } \
+      case EM_F64: { const double *s = (const double *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)FLOATS(s[k]); break; } \
+      case EM_BF16: { const uint16_t *s = (const uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)FLOATS(em_bf16_to_f32(s[k])); break; } \
+      case EM_F16: { const uint16_t *s = (const uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)FLOATS(em_f16_to_f32(s[k])); break; } \
+      case EM_I32: { const int32_t *s = (const int32_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)s[k]; break; } \
+      case EM_I64: { const int64_t *s = (const int64_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)s[k]; break; } \
+      case EM_U16: { const uint16_t *s = (const uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)s[k]; break; } \
+      case EM_U8: { const uint8_t *s = (const uint8_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)s[k]; break; } \
+      case EM_BOOL: { const uint8_t *s = (const uint8_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (R)(s[k] != 0); break; } \
+      default: break;                                                                        \
+    }                                                                                        \
+  }
+#define AS_DOUBLE(x) ((double)(x))
+LOAD_AS(load_f64s, double, AS_DOUBLE)
+LOAD_AS(load_i64s, int64_t, em_f2i)
+#undef LOAD_AS
+#undef AS_DOUBLE
+
+static void store_f64s(void *p, em_dtype t, int64_t i, const double *v, int64_t n) {
+  switch (t) {
+    case EM_F32: { float *d = (float *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (float)v[k]; break; }
+    case EM_F64: { double *d = (double *)p + i; for (int64_t k = 0; k < n; k++) d[k] = v[k]; break; }
+    case EM_BF16: { uint16_t *d = (uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = em_f32_to_bf16((float)v[k]); break; }
+    case EM_F16: { uint16_t *d = (uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = em_f32_to_f16((float)v[k]); break; }
+    default: for (int64_t k = 0; k < n; k++) em_store_f64(p, t, i + k, v[k]); break;
+  }
+}
+
+static void store_i64s(void *p, em_dtype t, int64_t i, const int64_t *v, int64_t n) {
+  switch (t) {
+    case EM_I32: { int32_t *d = (int32_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (int32_t)v[k]; break; }
+    case EM_I64: { int64_t *d = (int64_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = v[k]; break; }
+    case EM_U16: { uint16_t *d = (uint16_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (uint16_t)v[k]; break; }
+    case EM_U8: { uint8_t *d = (uint8_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = (uint8_t)v[k]; break; }
+    case EM_BOOL: { uint8_t *d = (uint8_t *)p + i; for (int64_t k = 0; k < n; k++) d[k] = v[k] != 0; break; }
+    default: for (int64_t k = 0; k < n; k++) em_store_i64(p, t, i + k, v[k]); break;
+  }
+}
+
 void em_convert(void *dst, em_dtype dt, const void *src, em_dtype st, int64_t n) {
   if (dt == st) { memcpy(dst, src, (size_t)n * em_dtype_size(dt)); return; }
   if (st == EM_F32 && dt == EM_BF16) {
@@ -112,9 +156,14 @@ void em_convert(void *dst, em_dtype dt, const void *src, em_dtype st, int64_t n)
     for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
     return;
   }
-  if (em_dtype_is_float(st) || em_dtype_is_float(dt)) {
-    for (int64_t i = 0; i < n; i++) em_store_f64(dst, dt, i, em_load_f64(src, st, i));
-  } else {
-    for (int64_t i = 0; i < n; i++) em_store_i64(dst, dt, i, em_load_i64(src, st, i));
+  /* everything else through a chunk of doubles (int64 between integer types),
+   * the same conversions as em_store_f64(em_load_f64()) per element */
+  enum { C = 256 };
+  int ints = !em_dtype_is_float(st) && !em_dtype_is_float(dt);
+  union { double d[C]; int64_t i[C]; } buf;
+  for (int64_t i = 0; i < n; i += C) {
+    int64_t k = n - i < C ? n - i : C;
+    if (ints) { load_i64s(buf.i, src, st, i, k); store_i64s(dst, dt, i, buf.i, k); }
+    else { load_f64s(buf.d, src, st, i, k); store_f64s(dst, dt, i, buf.d, k); }
   }
 }

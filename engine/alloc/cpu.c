@@ -8,9 +8,11 @@
  * gradients every step: without the cache their page faults cost more than
  * the ops that fill them. Size classes are four per power of two (at most
  * 25% rounding, 12% on average); the cache keeps at most EMBER_CPU_CACHE_MB
- * (default: a quarter of the machine's memory, at most 4 GiB) and gives
- * everything back when the system refuses memory. Sanitizer builds skip the
- * cache so use-after-free stays visible. Smaller blocks are malloc's. */
+ * (default: a quarter of the machine's memory, at most 4 GiB), giving back
+ * the blocks freed longest ago when a free would pass it (a run that moves to
+ * other sizes does not keep the old ones forever), and everything when the
+ * system refuses memory. Sanitizer builds skip the cache so use-after-free
+ * stays visible. Smaller blocks are malloc's. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,10 +32,18 @@
 #endif
 #endif
 
-typedef struct block { struct block *next; size_t size; } block;   /* a cached block's first bytes */
+/* A cached block's first bytes: its place in its class's bin and in the
+ * cache's age order (newest first). */
+typedef struct block {
+  struct block *next, *prev;        /* bin */
+  struct block *newer, *older;      /* age */
+  size_t size;
+  int cls;
+} block;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static block *bins[NCLASS];
+static block *newest, *oldest;
 static size_t cached, cache_max = (size_t)-1;   /* -1: not read yet */
 
 /* The class of a big request and the bytes it rounds to. */
@@ -62,16 +72,33 @@ static size_t read_cache_max(void) {
 #endif
 }
 
-/* Give every cached block back to the system (caller holds the lock). */
-static void release_all(void) {
-  for (int c = 0; c < NCLASS; c++) {
-    for (block *b = bins[c], *next; b; b = next) {
-      next = b->next;
-      munmap(b, b->size);
-    }
-    bins[c] = NULL;
+/* Take b out of its bin and the age list (caller holds the lock). */
+static void unlink_block(block *b) {
+  if (b->prev) b->prev->next = b->next; else bins[b->cls] = b->next;
+  if (b->next) b->next->prev = b->prev;
+  if (b->newer) b->newer->older = b->older; else newest = b->older;
+  if (b->older) b->older->newer = b->newer; else oldest = b->newer;
+  cached -= b->size;
+}
+
+/* Unlink the oldest blocks until `room` more bytes fit under the cap; they
+ * come back as a list (through ->next) for munmap outside the lock. */
+static block *evict_for(size_t room) {
+  block *out = NULL;
+  while (oldest && cached + room > cache_max) {
+    block *b = oldest;
+    unlink_block(b);
+    b->next = out;
+    out = b;
   }
-  cached = 0;
+  return out;
+}
+
+static void unmap_list(block *b) {
+  for (block *next; b; b = next) {
+    next = b->next;
+    munmap(b, b->size);
+  }
 }
 
 static void *big_alloc(size_t n) {
@@ -80,14 +107,12 @@ static void *big_alloc(size_t n) {
   pthread_mutex_lock(&lock);
   if (cache_max == (size_t)-1) cache_max = read_cache_max();
   block *b = bins[c];
-  if (b) { bins[c] = b->next; cached -= r; }
+  if (b) unlink_block(b);
   pthread_mutex_unlock(&lock);
   if (b) return b;
   void *p = mmap(NULL, r, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {                    /* the cache may be what is in the way */
-    pthread_mutex_lock(&lock);
-    release_all();
-    pthread_mutex_unlock(&lock);
+    em_cpu_empty_cache();
     p = mmap(NULL, r, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   }
   return p == MAP_FAILED ? NULL : p;
@@ -96,17 +121,18 @@ static void *big_alloc(size_t n) {
 static void big_free(void *p, size_t n) {
   size_t r;
   int c = size_class(n, &r);
+  if (r > cache_max) { munmap(p, r); return; }
   pthread_mutex_lock(&lock);
-  bool keep = cached + r <= cache_max;
-  if (keep) {
-    block *b = p;
-    b->size = r;
-    b->next = bins[c];
-    bins[c] = b;
-    cached += r;
-  }
+  block *gone = evict_for(r);
+  block *b = p;
+  *b = (block){bins[c], NULL, NULL, newest, r, c};
+  if (bins[c]) bins[c]->prev = b;
+  bins[c] = b;
+  if (newest) newest->newer = b; else oldest = b;
+  newest = b;
+  cached += r;
   pthread_mutex_unlock(&lock);
-  if (!keep) munmap(p, r);
+  unmap_list(gone);
 }
 
 static bool use_big(size_t nbytes) {
@@ -149,6 +175,13 @@ size_t em_cpu_cached_bytes(void) {
 
 void em_cpu_empty_cache(void) {
   pthread_mutex_lock(&lock);
-  release_all();
+  block *all = NULL;
+  while (oldest) {
+    block *b = oldest;
+    unlink_block(b);
+    b->next = all;
+    all = b;
+  }
   pthread_mutex_unlock(&lock);
+  unmap_list(all);
 }

@@ -211,8 +211,9 @@ static void unary_i64(const kern *k, int64_t *o, const int64_t *a, int64_t n) {
   }
 }
 
+/* both loads unconditional: the select becomes a SIMD blend, not a branch per element */
 #define WHERE_LOOP(T) { T *o = dst; const T *c = src[0], *a = src[1], *b = src[2]; \
-                        LOOP(o[i] = c[i] != 0 ? a[i] : b[i]); }
+                        LOOP(T av = a[i]; T bv = b[i]; o[i] = c[i] != 0 ? av : bv); }
 
 /* ---- issue 12: ternary kernels o = f(x, y, z; value in lo): lerp, addcmul, addcdiv ---- */
 #define TERNARY_BODY(T)                                                                        \

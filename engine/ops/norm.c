@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include "op.h"
 #include "parallel.h"
+#include "vec_math.h"
 
 /* Rows per block: about EM_RED_BLOCK elements. */
 static int64_t block_rows(int64_t D) { return EM_MAX(1, EM_RED_BLOCK / EM_MAX(D, 1)); }
@@ -128,11 +129,11 @@ static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
   return 0;
 }
 
-/* y and rstd for N rows; w may be NULL. */
-static void rms_fwd_f32(const float *x, const float *w, int64_t N, int64_t D, float eps, float *y, float *rstd) {
+/* y and rstd for N rows; w may be NULL. The sum of squares in SIMD lanes. */
+EM_SIMD_CLONES static void rms_fwd_f32(const float *x, const float *w, int64_t N, int64_t D, float eps, float *y,
+                                       float *rstd) {
   for (int64_t i = 0; i < N; i++, x += D, y += D) {
-    double ss = 0;
-    for (int64_t j = 0; j < D; j++) ss += (double)x[j] * x[j];
+    double ss = em_dot_f32(x, x, D);
     float r = 1.0f / sqrtf((float)(ss / (double)D) + eps);
     rstd[i] = r;
     if (w) for (int64_t j = 0; j < D; j++) y[j] = x[j] * r * w[j];

@@ -102,6 +102,11 @@ static void kiter_next(kiter *it, const rplan *p) {
 
 static void load_f64(double *d, const em_tensor *t, int64_t off, int64_t st, int64_t n) {
   const void *p = t->storage->data;
+  if (st == 1 && t->dtype == EM_F32) {   /* the common case, as a loop the compiler vectorises */
+    const float *s = (const float *)p + off;
+    for (int64_t i = 0; i < n; i++) d[i] = s[i];
+    return;
+  }
   switch (t->dtype) {
     case EM_F32: { const float *s = (const float *)p + off; for (int64_t i = 0; i < n; i++) d[i] = s[i * st]; break; }
     case EM_F64: { const double *s = (const double *)p + off; for (int64_t i = 0; i < n; i++) d[i] = s[i * st]; break; }
@@ -117,6 +122,18 @@ static void load_i64(int64_t *d, const em_tensor *t, int64_t off, int64_t st, in
 
 /* Consumes one chunk of reduced elements; base = how many came before. */
 typedef void (*chunk_fn)(void *state, const void *v, int64_t n, int64_t base);
+
+/* The accumulators' states (the chunk functions below consume chunks into them). */
+typedef struct { double acc, ref; } fsum;       /* ref: shift (sum of exp) or mean (squared deviations) */
+typedef struct { int64_t acc; } isum;
+typedef struct { double v; int64_t idx; bool is_max, any; } fext;
+typedef struct { int64_t v; int64_t idx; bool is_max, any; } iext;
+typedef struct { double acc, p; } fpow;         /* p: a vector norm's order */
+
+static void sum_f(void *s, const void *vv, int64_t n, int64_t base);
+
+/* The sum of a contiguous f32 run in double, 16 lanes (vec_math.h), clones. */
+EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_sum_f32(x, n); }
 
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
@@ -134,8 +151,23 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
+  bool run = fn == sum_f && st == 1 && t->dtype == EM_F32;   /* a plain f32 sum: whole runs in SIMD lanes */
   while (count < end) {
-    int64_t n = EM_MIN(CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    int64_t n = EM_MIN(run ? len : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    if (run) {
+      ((fsum *)state)->acc += sum_run_f32((const float *)t->storage->data + o, n);
+      count += n;
+      s += n;
+      if (s < len) continue;
+      s = 0;
+      for (int d = last - 1; d >= 0; d--) {
+        off += p->rstride[d];
+        if (++idx[d] < p->rshape[d]) break;
+        off -= p->rstride[d] * p->rshape[d];
+        idx[d] = 0;
+      }
+      continue;
+    }
     const void *v = buf.d;
     if (st == 1 && t->dtype == (ints ? EM_I64 : EM_F64)) v = (const char *)t->storage->data + o * (int64_t)es;
     else if (ints) load_i64(buf.i, t, o, st, n);
@@ -177,11 +209,6 @@ static kiter kiter_at(const rplan *p, int64_t base, int64_t o) {
 
 /* ---------------- accumulators ---------------- */
 
-typedef struct { double acc, ref; } fsum;       /* ref: shift (sum of exp) or mean (squared deviations) */
-typedef struct { int64_t acc; } isum;
-typedef struct { double v; int64_t idx; bool is_max, any; } fext;
-typedef struct { int64_t v; int64_t idx; bool is_max, any; } iext;
-typedef struct { double acc, p; } fpow;         /* p: a vector norm's order */
 
 static void sum_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv;
@@ -217,14 +244,39 @@ static void sum_i(void *s, const void *vv, int64_t n, int64_t base) {
   EM_UNUSED(base);
 }
 
-/* First extreme wins; a NaN wins over everything and stays (PyTorch). */
+/* First extreme wins; a NaN wins over everything and stays (PyTorch).
+ * Two passes over the chunk (it is in cache): the extreme and whether a NaN
+ * is there, as loops the compiler vectorises, then the first position
+ * holding it. */
 static void ext_f(void *s, const void *vv, int64_t n, int64_t base) {
   const double *v = vv; fext *e = s;
-  for (int64_t i = 0; i < n; i++) {
-    double x = v[i];
-    bool better = !e->any || (!isnan(e->v) && (isnan(x) || (e->is_max ? x > e->v : x < e->v)));
-    if (better) { e->v = x; e->idx = base + i; e->any = true; }
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  enum { L = 8 };                 /* independent lanes: a SIMD max, not a chain of maxsd */
+  double ml[L];
+  int64_t nl[L], i = 0;
+  for (int k = 0; k < L; k++) { ml[k] = e->is_max ? -INFINITY : INFINITY; nl[k] = 0; }
+  if (e->is_max) {
+    for (; i + L <= n; i += L)
+      for (int k = 0; k < L; k++) { double x = v[i + k]; nl[k] |= x != x; ml[k] = x > ml[k] ? x : ml[k]; }
+  } else {
+    for (; i + L <= n; i += L)
+      for (int k = 0; k < L; k++) { double x = v[i + k]; nl[k] |= x != x; ml[k] = x < ml[k] ? x : ml[k]; }
   }
+  double m = ml[0];
+  int64_t nan = 0;
+  for (int k = 0; k < L; k++) {
+    nan |= nl[k];
+    m = e->is_max ? (ml[k] > m ? ml[k] : m) : (ml[k] < m ? ml[k] : m);
+  }
+  for (; i < n; i++) { double x = v[i]; nan |= x != x; m = e->is_max ? (x > m ? x : m) : (x < m ? x : m); }
+  int64_t at = 0;
+  if (nan) {
+    while (v[at] == v[at]) at++;
+  } else {
+    if (e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
+    while (v[at] != m) at++;                                     /* the first of the extreme (-0 == +0) */
+  }
+  e->v = v[at]; e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
@@ -371,11 +423,15 @@ static bool column_mode(const rplan *p) {
   return p->nk > 0 && p->n_out > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
 }
 
-/* Column mode in parallel: tasks are (outer position, chunk of <= CHUNK
- * columns, block of COL_ROWS reduced positions). With one block the sums go
- * straight to the result; with more, each block's column sums are kept and
- * added in block order (the split depends on n_red only). */
+/* Column mode in parallel: tasks are (outer position, band of <= COL_WIDTH
+ * columns, block of COL_ROWS reduced positions). A band is wide so each row
+ * is read as one long run (short runs at a large stride leave the
+ * prefetchers idle: 1 KiB runs 16 KiB apart ran at 2 GB/s). With one block
+ * the sums go straight to the result; with more, each block's column sums
+ * are kept and added in block order (the split depends on n_red only, and
+ * every column is summed over its rows in order either way). */
 #define COL_ROWS (EM_RED_BLOCK / CHUNK)
+#define COL_WIDTH 4096
 
 typedef struct {
   em_tensor *res;
@@ -396,14 +452,17 @@ static void col_store(const col_job *j, int64_t at, const double *acc, const int
   }
 }
 
-static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
+/* Per-thread column accumulators (64 KiB: off the workers' stacks). */
+static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_tls;
+
+EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
   const col_job *j = ctx;
   const rplan *p = j->p;
-  double acc[CHUNK], buf[CHUNK];
-  int64_t iacc[CHUNK], ibuf[CHUNK];
+  double *acc = col_tls.d, *buf = col_tls.d + COL_WIDTH;
+  int64_t *iacc = col_tls.i, *ibuf = col_tls.i + COL_WIDTH;
   for (int64_t w = w0; w < w1; w++) {
     int64_t b = w % j->nb, kc = (w / j->nb) % j->kch, o = w / j->nb / j->kch;
-    int64_t k0 = kc * CHUNK, n = EM_MIN(CHUNK, j->K - k0), r0 = b * COL_ROWS, r1 = EM_MIN(r0 + COL_ROWS, p->n_red);
+    int64_t k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0), r0 = b * COL_ROWS, r1 = EM_MIN(r0 + COL_ROWS, p->n_red);
     int64_t idx[EM_MAX_DIMS] = {0}, off = kept_offset(&j->ko, j->a->offset, o) + k0;
     for (int64_t d = p->nr - 1, r = r0; d >= 0; d--) {      /* reduced position r0 */
       idx[d] = r % p->rshape[d];
@@ -413,6 +472,10 @@ static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
     for (int64_t q = 0; q < n; q++) { acc[q] = 0; iacc[q] = 0; }
     for (int64_t r = r0; r < r1; r++) {
       if (j->ints) { load_i64(ibuf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) iacc[q] = (int64_t)((uint64_t)iacc[q] + (uint64_t)ibuf[q]); }
+      else if (j->a->dtype == EM_F32) {   /* straight from the row: one pass, no buffer */
+        const float *x = (const float *)j->a->storage->data + off;
+        for (int64_t q = 0; q < n; q++) acc[q] += (double)x[q];
+      }
       else { load_f64(buf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) acc[q] += buf[q]; }
       for (int d = p->nr - 1; d >= 0; d--) {
         off += p->rstride[d];
@@ -431,10 +494,10 @@ static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
 /* Blocks' column sums added in block order: one task per (outer, column chunk). */
 static void col_combine(void *ctx, int64_t c0, int64_t c1) {
   const col_job *j = ctx;
-  double acc[CHUNK];
-  int64_t iacc[CHUNK];
+  double *acc = col_tls.d;
+  int64_t *iacc = col_tls.i;
   for (int64_t c = c0; c < c1; c++) {
-    int64_t kc = c % j->kch, o = c / j->kch, k0 = kc * CHUNK, n = EM_MIN(CHUNK, j->K - k0);
+    int64_t kc = c % j->kch, o = c / j->kch, k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0);
     for (int64_t b = 0; b < j->nb; b++) {
       size_t at = (size_t)((c * j->nb + b) * j->slot);
       for (int64_t q = 0; q < n; q++) {
@@ -454,8 +517,8 @@ static void col_combine(void *ctx, int64_t c0, int64_t c1) {
 static int column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool ints, double div) {
   col_job j = {res, a, p, *p, ints, div, p->kshape[p->nk - 1], 0, 0, 0, NULL};
   j.ko.nk = p->nk - 1;
-  j.kch = (j.K + CHUNK - 1) / CHUNK;
-  j.slot = EM_MIN(j.K, CHUNK);
+  j.kch = (j.K + COL_WIDTH - 1) / COL_WIDTH;
+  j.slot = EM_MIN(j.K, COL_WIDTH);
   j.nb = (p->n_red + COL_ROWS - 1) / COL_ROWS;
   int64_t outer = p->n_out / j.K, tasks = outer * j.kch * j.nb;
   if (j.nb > 1 && !(j.parts = malloc(8 * (size_t)(tasks * j.slot))))

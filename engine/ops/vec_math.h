@@ -12,8 +12,10 @@
  * so a result does not depend on where a thread's range starts or ends.
  *
  * The sums and maxima run in EM_LANES fixed lanes (lane k takes elements
- * k, k + 8, ...), combined in one fixed order: the vectoriser keeps the lanes
- * in registers, and the result depends on the row alone.
+ * k, k + 16, ...), combined pairwise in one fixed order: the vectoriser keeps
+ * the lanes in registers (16 doubles: two AVX-512 registers, enough
+ * independent adds to hide their latency), and the result depends on the
+ * row alone.
  *
  * EM_SIMD_CLONES: a hot row kernel marked with it is compiled for the
  * baseline (SSE2), AVX2 and AVX-512, and the loader picks the widest the CPU
@@ -28,7 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define EM_LANES 8
+#define EM_LANES 16
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EM_SIMD_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
@@ -79,8 +81,11 @@ EM_VEC float em_max_f32(const float *x, int64_t n) {
   return m[0];
 }
 
-EM_VEC double em_lanes_total(const double *acc) {
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+/* ((a0 + a1) + (a2 + a3)) + ... : pairwise, in a fixed order (acc is consumed). */
+EM_VEC double em_lanes_total(double *acc) {
+  for (int w = 1; w < EM_LANES; w *= 2)
+    for (int k = 0; k < EM_LANES; k += 2 * w) acc[k] += acc[k + w];
+  return acc[0];
 }
 
 /* sum of x[0..n) in double. */
@@ -93,7 +98,17 @@ EM_VEC double em_sum_f32(const float *x, int64_t n) {
   return em_lanes_total(acc);
 }
 
-/* y[i] = exp(x[i] - shift), and their sum in double. */
+/* sum of x[i] * y[i] in double (y may be x: a sum of squares). */
+EM_VEC double em_dot_f32(const float *x, const float *y, int64_t n) {
+  double acc[EM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + EM_LANES <= n; i += EM_LANES)
+    for (int k = 0; k < EM_LANES; k++) acc[k] += (double)x[i + k] * y[i + k];
+  for (int k = 0; k < EM_LANES && i + k < n; k++) acc[k] += (double)x[i + k] * y[i + k];
+  return em_lanes_total(acc);
+}
+
+/* y[i] = exp(x[i] - shift), and their sum in double (two passes: faster than one). */
 EM_VEC double em_exp_shift_f32(const float *x, float shift, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = em_exp_f32(x[i] - shift);
   return em_sum_f32(y, n);

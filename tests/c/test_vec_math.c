@@ -83,6 +83,9 @@ TEST(lane_sums_and_maxima) {
   double want = 0;
   for (int i = 0; i < 37; i++) { v[i] = (float)(i * 0.25 - 3); want += v[i]; }
   CHECK(em_sum_f32(v, 37) == want);               /* exact: quarters */
+  double sq = 0;
+  for (int i = 0; i < 37; i++) sq += (double)v[i] * v[i];
+  CHECK(em_dot_f32(v, v, 37) == sq);              /* exact too: sixteenths */
   CHECK(em_sum_f32(v, 0) == 0);
   CHECK(em_max_f32(v, 37) == v[36]);
   v[3] = NAN;

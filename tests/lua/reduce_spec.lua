@@ -264,6 +264,27 @@ describe("max and min", function()
     assert.same({1, 2}, j:tolist())
   end)
 
+  it("keeps the first tie and the first NaN across a long row (chunks and reduction blocks)", function()
+    local n = 70000                                   -- past one 256-element chunk and one 32768 block
+    local row = {}
+    for k = 1, n do row[k] = (k * 7919) % 1000 end    -- maxima 999 at many places, minima 0
+    local x = ember.tensor({row})
+    local first999, first0
+    for k = 1, n do
+      if row[k] == 999 and not first999 then first999 = k - 1 end
+      if row[k] == 0 and not first0 then first0 = k - 1 end
+    end
+    local v, i = x:max(1)
+    assert.same({999}, v:tolist())
+    assert.same({first999}, i:tolist())
+    assert.equals(first0, x:argmin():item())
+    row[40001], row[60001] = 0 / 0, 0 / 0              -- NaNs in the second block: the first wins
+    local y = ember.tensor({row})
+    local _, j = y:max(1)
+    assert.same({40000}, j:tolist())
+    assert.equals(40000, y:argmin():item())
+  end)
+
   it("keepdim keeps values and indices as (n, 1)", function()
     local v, i = ember.tensor({{1, 5}, {7, 2}}):max(1, {keepdim = true})
     assert.same({{5}, {7}}, v:tolist())
