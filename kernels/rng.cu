@@ -12,10 +12,11 @@
  * ctr0 + j/4) and any strides are written in place in logical order.
  *
  * Launch: 256 threads, grid-stride. Contiguous, 16-byte aligned float
- * tensors (every fill a training script makes) take rng_contig: each thread
- * turns B consecutive blocks (B = 2 for 16-bit dtypes) into 4B consecutive
- * elements and writes them with 16-byte stores, the [lo, hi) rule of
- * uniform_ checked on the rounded value in registers. Everything else
+ * tensors (every fill a training script makes) take rng_contig, one
+ * instantiation per distribution: each thread turns B consecutive blocks
+ * (B = 2, f64 1) into 4B consecutive elements and writes them with 16-byte
+ * stores, the [lo, hi) rule of uniform_ checked on the rounded value in
+ * registers; uniform on [0, 1) skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <cuda_runtime.h>
@@ -82,8 +83,45 @@ template <> struct RngOut<EM_F16> {
   static __device__ __forceinline__ double back(S s) { return em_dev_f16_to_f32(s); }
 };
 
-/* Contiguous, 16-byte aligned out: thread t writes elements [4B t, 4B (t + 1)) from blocks B t .. B t + B - 1. */
-template <int DT, int B>
+/* The distribution of a contiguous fill, fixed at compile time: each kernel
+ * carries only its own math (a runtime switch kept erfinv's and Box-Muller's
+ * registers in the uniform fill). kUnit is uniform on [0, 1): u24 itself,
+ * exact in f32, so it needs no double arithmetic and gives the same bits. */
+enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100 };
+
+template <int DT, int KIND>
+__device__ __forceinline__ void rng_block_out(const em_rng_dist &d, const em_philox_block &pb,
+                                              typename RngOut<DT>::S *r) {
+  typedef typename RngOut<DT>::S S;
+  if constexpr (KIND == kUnit) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const float u = (float)(pb.v[e] >> 8) * 0x1p-24f;   /* exact: 24 bits */
+      if constexpr (DT == EM_F32 || DT == EM_F64) {
+        r[e] = u;
+      } else {                                            /* bf16/f16 round values near 1 up to 1: lo */
+        const S v = RngOut<DT>::round((double)u);
+        r[e] = RngOut<DT>::back(v) == 1.0 ? RngOut<DT>::round(0.0) : v;
+      }
+    }
+  } else {
+    double x[4];
+    if constexpr (KIND == kUniform) em_rng_block_uniform(&d, &pb, x);
+    else if constexpr (KIND == kNormal) em_rng_block_normal(&d, &pb, x);
+    else em_rng_block_trunc(&d, &pb, x);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      S v = RngOut<DT>::round(x[e]);
+      if (KIND == kUniform && em_rng_uniform_hits_hi(&d, RngOut<DT>::back(v)))
+        v = RngOut<DT>::round(d.p0);                   /* [lo, hi) in every dtype */
+      r[e] = v;
+    }
+  }
+}
+
+/* Contiguous, 16-byte aligned out: thread t writes elements [4B t, 4B (t + 1)) from blocks B t .. B t + B - 1,
+ * B Philox chains in flight per thread. */
+template <int DT, int B, int KIND>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
                                                  em_philox_state st) {
   typedef typename RngOut<DT>::S S;
@@ -96,20 +134,14 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   const uint64_t nthr = (nblocks + B - 1) / B;
   for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nthr; t += (uint64_t)gridDim.x * blockDim.x) {
     union { S s[E]; uint4 q[CHUNKS]; } v;
+    em_philox_block pb[B];
 #pragma unroll
     for (int k = 0; k < B; k++) {
       const uint64_t c = ctr0 + t * B + k;
-      em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-      double x[4];
-      em_rng_block_values(&d, &pb, x);
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        S r = RngOut<DT>::round(x[e]);
-        if (d.kind == EM_RNG_UNIFORM && em_rng_uniform_hits_hi(&d, RngOut<DT>::back(r)))
-          r = RngOut<DT>::round(d.p0);                 /* [lo, hi) in every dtype */
-        v.s[4 * k + e] = r;
-      }
+      pb[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
     }
+#pragma unroll
+    for (int k = 0; k < B; k++) rng_block_out<DT, KIND>(d, pb[k], v.s + 4 * k);
     const int64_t j0 = (int64_t)(t * E);
     if (j0 + E <= n) {
 #pragma unroll
@@ -118,6 +150,20 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
       for (int e = 0; e < E && j0 + e < n; e++) o[j0 + e] = v.s[e];
     }
   }
+}
+
+template <int DT, int B>
+static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
+                              cudaStream_t st) {
+  const unsigned grid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
+  if (d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0)
+    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+  else if (d->kind == EM_RNG_UNIFORM)
+    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+  else if (d->kind == EM_RNG_NORMAL)
+    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+  else
+    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
 }
 
 extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state ps) {
@@ -134,13 +180,11 @@ extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_st
   unsigned grid = em_grid((int64_t)nblocks, 256);
   const bool contig = g.ndim == 1 && (g.stride[0][0] == 1 || n == 1) && ((uintptr_t)out & 15) == 0;
   if (!randint && contig && em_dtype_is_float(t->dtype)) {
-    const int B = em_dtype_size(t->dtype) == 2 ? 2 : 1;
-    const unsigned cgrid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
     switch (t->dtype) {
-      case EM_F32: rng_contig<EM_F32, 1><<<cgrid, 256, 0, st>>>(out, n, nblocks, *d, ps); break;
-      case EM_F64: rng_contig<EM_F64, 1><<<cgrid, 256, 0, st>>>(out, n, nblocks, *d, ps); break;
-      case EM_BF16: rng_contig<EM_BF16, 2><<<cgrid, 256, 0, st>>>(out, n, nblocks, *d, ps); break;
-      default: rng_contig<EM_F16, 2><<<cgrid, 256, 0, st>>>(out, n, nblocks, *d, ps); break;
+      case EM_F32: rng_contig_launch<EM_F32, 2>(out, n, nblocks, d, ps, st); break;
+      case EM_F64: rng_contig_launch<EM_F64, 1>(out, n, nblocks, d, ps, st); break;
+      case EM_BF16: rng_contig_launch<EM_BF16, 2>(out, n, nblocks, d, ps, st); break;
+      default: rng_contig_launch<EM_F16, 2>(out, n, nblocks, d, ps, st); break;
     }
     return em_launch_check(op);
   }

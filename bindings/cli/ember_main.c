@@ -30,6 +30,7 @@
 
 #include "cli.h"
 #include "ember/launch.h"
+#include "ember/threads.h"
 
 struct cli {
 	int argc;
@@ -445,6 +446,28 @@ static int pmain(lua_State *L)
 	return 0;
 }
 
+/* OpenBLAS loaded kernels older than this CPU (engine/blas_core.c: old
+ * OpenBLAS versions take Prescott's for an Intel model they do not know, as
+ * virtual machines often present): run again with OPENBLAS_CORETYPE naming
+ * the right ones, which OpenBLAS reads only when it loads. Once:
+ * EMBER_BLAS_REEXEC marks the second run (and says what was replaced);
+ * EMBER_BLAS_FIX=0 or a user's own OPENBLAS_CORETYPE turns it off. */
+static void blas_core_fix(char **argv)
+{
+	const char *off = getenv("EMBER_BLAS_FIX");
+	if (getenv("OPENBLAS_CORETYPE") || getenv("EMBER_BLAS_REEXEC") || (off && strcmp(off, "0") == 0))
+		return;
+	const char *better = em_blas_better_core();
+	if (better == NULL)
+		return;
+	setenv("OPENBLAS_CORETYPE", better, 1);
+	const char *was = getenv("EMBER_BLAS_ASSUME_CORE");
+	setenv("EMBER_BLAS_REEXEC", was && *was ? was : em_blas_corename(), 1);
+	execv("/proc/self/exe", argv);
+	unsetenv("OPENBLAS_CORETYPE"); /* no /proc: go on with the old kernels */
+	unsetenv("EMBER_BLAS_REEXEC");
+}
+
 int main(int argc, char **argv)
 {
 	static char *no_args[] = {EMBER_PROGNAME, NULL};
@@ -452,6 +475,7 @@ int main(int argc, char **argv)
 		argc = 1;
 		argv = no_args;
 	}
+	blas_core_fix(argv);
 	cli_rank_env();           /* EMBER_RANK & co under mpirun or srun */
 	cli_rank_fatal_signals(); /* failure records under `ember launch` */
 	lua_State *L = luaL_newstate();

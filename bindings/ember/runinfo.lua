@@ -1,6 +1,6 @@
 --- ember.runinfo: the facts every result line carries, so a number can be
 -- traced to the code, the machine and the moment that produced it.
---   runinfo.collect(device) --> {commit=, device=, driver=, date=, ember=, host=, threads=}
+--   runinfo.collect(device) --> {commit=, device=, driver=, date=, ember=, host=, threads=, blas=}
 -- threads: the CPU ops' thread count now (ember.get_num_threads), read at
 -- each call since ember.set_num_threads may have changed it.
 -- `device` is "cpu", "cuda" or "cuda:N" (default: cuda when available).
@@ -104,6 +104,10 @@ function M.collect(device)
   r.date = os.date("!%Y-%m-%dT%H:%M:%SZ")
   local ok, ember = pcall(require, "ember")
   if ok and ember.get_num_threads then r.threads = ember.get_num_threads() end
+  if ok and ember.blas_info then
+    local b = ember.blas_info()
+    r.blas = "OpenBLAS " .. b.core .. (b.replaced and (" (OpenBLAS chose " .. b.replaced .. ")") or "")
+  end
   return r
 end
 

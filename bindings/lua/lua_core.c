@@ -1,6 +1,7 @@
 /* luaopen_ember_core: the module table `ember.core`, its `methods` table
  * (shared by every tensor through the metatable's __index) and the parts. */
 #include <limits.h>
+#include <stdlib.h>
 #include <time.h>
 #include "lua_ember.h"
 #include "parallel.h"
@@ -51,12 +52,27 @@ static int l_threads_info(lua_State *L) {
   return 1;
 }
 
+/* ember.blas_info() -> {core=, config=, better=, replaced=}: OpenBLAS's kernels
+ * (engine/blas_core.c); better = the OPENBLAS_CORETYPE that would load faster
+ * ones (nil when fine); replaced = the core OpenBLAS chose before `ember`
+ * re-executed itself with OPENBLAS_CORETYPE set (bindings/cli/ember_main.c). */
+static int l_blas_info(lua_State *L) {
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, em_blas_corename()); lua_setfield(L, -2, "core");
+  lua_pushstring(L, em_blas_config()); lua_setfield(L, -2, "config");
+  const char *better = em_blas_better_core();
+  if (better) { lua_pushstring(L, better); lua_setfield(L, -2, "better"); }
+  const char *was = getenv("EMBER_BLAS_REEXEC");
+  if (was && *was) { lua_pushstring(L, was); lua_setfield(L, -2, "replaced"); }
+  return 1;
+}
+
 void lem_open_device(lua_State *L, int module) {
   static const luaL_Reg f[] = {{"cuda_is_available", l_cuda_is_available},
                                {"cuda_device_count", l_cuda_device_count},
                                {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock},
                                {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
-                               {"threads_info", l_threads_info},
+                               {"threads_info", l_threads_info}, {"blas_info", l_blas_info},
                                {"set_parallel_min_work", l_set_parallel_min_work}, {NULL, NULL}};
   lem_register(L, 0, module, f);
 }

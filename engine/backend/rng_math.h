@@ -104,26 +104,31 @@ static inline EM_HOSTDEV int em_rng_uniform_hits_hi(const em_rng_dist *d, double
   return d->kind == EM_RNG_UNIFORM && stored == d->p1 && d->p1 > d->p0;
 }
 
-/* The values of a block's four elements as doubles (uniform, normal, trunc). */
+/* The values of a block's four elements as doubles, one function per
+ * distribution (the CUDA kernels are instantiated per distribution, so the
+ * uniform fill does not carry Box-Muller's and erfinv's registers). */
+static inline EM_HOSTDEV void em_rng_block_uniform(const em_rng_dist *d, const em_philox_block *b, double *v) {
+  for (int k = 0; k < 4; k++) v[k] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1 - d->p0, em_rng_u24(b->v[k])));
+}
+static inline EM_HOSTDEV void em_rng_block_normal(const em_rng_dist *d, const em_philox_block *b, double *v) {
+  for (int k = 0; k < 4; k += 2) {
+    double r = sqrt(-2.0 * log(1.0 - em_rng_u24(b->v[k]))), th = 2.0 * EM_RNG_PI * em_rng_u24(b->v[k + 1]);
+    v[k] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1, r * cos(th)));
+    v[k + 1] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1, r * sin(th)));
+  }
+}
+static inline EM_HOSTDEV void em_rng_block_trunc(const em_rng_dist *d, const em_philox_block *b, double *v) {
+  for (int k = 0; k < 4; k++) {
+    double u = EM_RNG_ADD(d->v0, EM_RNG_MUL(d->v1 - d->v0, em_rng_u24(b->v[k])));
+    double x = EM_RNG_ADD(EM_RNG_MUL(em_rng_erfinv(u), d->p1 * EM_RNG_SQRT2), d->p0);
+    v[k] = x < d->a ? d->a : x > d->b ? d->b : x;
+  }
+}
 static inline EM_HOSTDEV void em_rng_block_values(const em_rng_dist *d, const em_philox_block *b, double *v) {
   switch (d->kind) {
-    case EM_RNG_UNIFORM:
-      for (int k = 0; k < 4; k++) v[k] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1 - d->p0, em_rng_u24(b->v[k])));
-      break;
-    case EM_RNG_NORMAL:
-      for (int k = 0; k < 4; k += 2) {
-        double r = sqrt(-2.0 * log(1.0 - em_rng_u24(b->v[k]))), th = 2.0 * EM_RNG_PI * em_rng_u24(b->v[k + 1]);
-        v[k] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1, r * cos(th)));
-        v[k + 1] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1, r * sin(th)));
-      }
-      break;
-    case EM_RNG_TRUNC:
-      for (int k = 0; k < 4; k++) {
-        double u = EM_RNG_ADD(d->v0, EM_RNG_MUL(d->v1 - d->v0, em_rng_u24(b->v[k])));
-        double x = EM_RNG_ADD(EM_RNG_MUL(em_rng_erfinv(u), d->p1 * EM_RNG_SQRT2), d->p0);
-        v[k] = x < d->a ? d->a : x > d->b ? d->b : x;
-      }
-      break;
+    case EM_RNG_UNIFORM: em_rng_block_uniform(d, b, v); break;
+    case EM_RNG_NORMAL: em_rng_block_normal(d, b, v); break;
+    case EM_RNG_TRUNC: em_rng_block_trunc(d, b, v); break;
     default: break;
   }
 }

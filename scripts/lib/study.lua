@@ -44,8 +44,14 @@ end
 
 --- Print the device and commit lines every study opens with (facts: ember.runinfo.collect).
 function M.print_header(facts)
-  print(("device: %s%s, %s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or "",
-    M.threads_text()))
+  local cpu = tostring(facts.device):match("^cpu") and facts.blas
+  print(("device: %s%s, %s%s"):format(facts.device, facts.driver and (", driver " .. facts.driver) or "",
+    M.threads_text(), cpu and (", " .. facts.blas .. " kernels") or ""))
+  local b = cpu and ember.blas_info()
+  if b and b.better then
+    print(("warning: OpenBLAS loaded its %s kernels on a CPU that runs %s's: set OPENBLAS_CORETYPE=%s " ..
+      "before starting (the `ember` executable does this itself) for matmuls 3-4x faster"):format(b.core, b.better, b.better))
+  end
   print(("commit: %s, %s, ember %s"):format(facts.commit, os.date("!%Y-%m-%d %H:%M UTC"), ember.version))
 end
 

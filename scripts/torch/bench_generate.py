@@ -85,7 +85,7 @@ def cached_forward(model, ids, cache, decode):
     x = model.token_embeddings(ids)
     if decode:
         pos = cache.pos
-        visible = cache.key_index <= cache.pos                   # (max_len): keys up to pos
+        visible = (cache.key_index <= cache.pos).view(1, 1, 1, -1)   # (1, 1, 1, max_len): keys up to pos (SDPA wants >= 2-D masks)
     else:
         pos = torch.arange(T, device=ids.device)
     for i, blk in enumerate(model.layers):

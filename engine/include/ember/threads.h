@@ -23,6 +23,14 @@ int em_default_num_threads(void);
  * "cores" (the default) or "set_num_threads". */
 const char *em_num_threads_source(void);
 
+/* OpenBLAS's kernels (engine/blas_core.c): its core name ("SkylakeX",
+ * "Haswell", "Prescott", ...) and build line; and, when it loaded kernels
+ * older than the CPU (a pre-AVX2 core on a CPU with AVX2 and FMA), the
+ * OPENBLAS_CORETYPE value that would load the right ones, else NULL. */
+const char *em_blas_corename(void);
+const char *em_blas_config(void);
+const char *em_blas_better_core(void);
+
 #ifdef __cplusplus
 }
 #endif
