@@ -7,6 +7,8 @@
 --
 --   ember run scripts/bench_attention.lua                       # the full grid, naive/graph/flash
 --   ember run scripts/bench_attention.lua --impl naive,flash --dtype bf16 --causal --json attn.jsonl
+--   ember run scripts/bench_attention.lua --impl flash --heads 16 --batch 1 --d 64,128 --seq 4096,16384 \
+--     --dtype bf16 --causal --flush-l2 --passes 20 --torch    # issue 11's grid, PyTorch SDPA beside, TF/s
 --   ember run scripts/bench_attention.lua --device cpu --d 16 --seq 64,128 --passes 5   # CPU, naive only
 --   ember run scripts/bench_attention.lua --device cpu --impl naive,flash --d 64 --seq 256,1024 --passes 5
 --     (CPU: naive against the tiled flash path)
@@ -51,6 +53,14 @@
 --   peak           = max_memory_allocated() over forward + backwards.
 -- Times are the mean per pass (ms) of ember.bench samples.
 --
+-- TF/s (printed in the speed table, recorded as fwd_tflops / bwd_tflops):
+-- FlashAttention's count, 4·B·H·d FLOPs per visible (query, key) pair for
+-- the forward (two matmuls) and 2.5 times that for the backward (five); the
+-- visible pairs are Tq·Tk, or those the causal mask keeps (T(T+1)/2 when Tq
+-- = Tk), so a causal cell is not credited with the work it skips. --torch
+-- runs scripts/torch/bench_attention.py with the same grid and protocol
+-- (CUDA events, the same L2 flush) and prints PyTorch's figures beside ours.
+--
 -- Memory accounting of naive attention (per cell, elt = bytes per element):
 --   one score matrix   S = B·T²·elt            (printed per seq below the table)
 --   forward transient  Q Kᵀ, ·1/√d, masked, softmax: up to 2 S alive at once
@@ -87,11 +97,16 @@ parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
 parser:flag("--flush-l2", "Overwrite a buffer bigger than L2 before every timed pass (ember.bench flush_l2).")
 parser:option("--device", "cpu or cuda[:N] (default: cuda when available).")
 parser:option("--seed", "Seed for the inputs.", "0"):convert(math.tointeger)
+parser:flag("--torch", "Also time PyTorch's F.scaled_dot_product_attention on the same grid " ..
+  "(python3 scripts/torch/bench_attention.py) and print TF/s side by side.")
+parser:option("--torch-backend", "SDPA backend for --torch: default (PyTorch's choice: cuDNN on an H100), " ..
+  "flash, cudnn, efficient or math.", "default"):choices({"default", "flash", "cudnn", "efficient", "math"})
 parser:option("--json", "Append one JSON line per cell to this file.")
 parser:option("--markdown", "Write the final Markdown table to this file.")
 local args = parser:parse(arg)
 args.causal, args.tf32, args.flush_l2 = args.causal or false, args.tf32 or false, args.flush_l2 or false
 args.fwd_only = args.fwd_only or false
+args.torch = args.torch or false
 
 local function fail(msg) io.stderr:write("bench_attention.lua: ", msg, "\n") os.exit(2) end
 
@@ -245,6 +260,19 @@ local function measure(impl, d, T)
 end
 
 -- ---------------------------------------------------------------------------
+-- FLOPs (FlashAttention's count, causal pairs counted exactly)
+
+local function visible_pairs(T)
+  local tq = args.tq or T
+  if not args.causal then return tq * T end
+  local off = args.align == "bottom_right" and (T - tq) or 0   -- row i sees keys j <= i + off
+  local n = 0
+  for i = 0, tq - 1 do n = n + math.max(0, math.min(T, i + off + 1)) end
+  return n
+end
+local function fwd_flops(d, T) return 4 * B * (args.heads or 1) * d * visible_pairs(T) end
+
+-- ---------------------------------------------------------------------------
 -- the grid
 
 local MiB = 2 ^ 20
@@ -254,6 +282,7 @@ local function ms(s) return ("%.3f"):format(s * 1e3) end
 local cjson = args.json and require "cjson" or nil
 -- every JSON line has these keys; null where a cell has no value (OOM, CPU memory)
 local NULLABLE = {"fwd_ms", "fwd_std_ms", "fwd_median_ms", "bwd_ms", "bwd_std_ms", "bwd_median_ms",
+  "fwd_tflops", "bwd_tflops",
   "mem_before_bwd_bytes", "peak_fwd_bytes", "peak_bytes", "clock_mhz_before", "clock_mhz_after",
   "error", "note", "driver", "align"}
 local json_file = S.open_json(args.json, fail)
@@ -298,6 +327,8 @@ for _, d in ipairs(D_LIST) do
           bwd_median_ms = r.bwd and r.bwd.median * 1e3,
           mem_before_bwd_bytes = r.mem_before_bwd, peak_fwd_bytes = r.peak_fwd, peak_bytes = r.peak,
           score_bytes = B * (args.heads or 1) * (args.tq or T) * T * ELT[r.dtype],
+          fwd_tflops = r.fwd and fwd_flops(d, T) / r.fwd.mean / 1e12,
+          bwd_tflops = r.bwd and 2.5 * fwd_flops(d, T) / r.bwd.mean / 1e12,
           clock_mhz_before = r.fwd and r.fwd.clock_mhz_before, clock_mhz_after = r.bwd and r.bwd.clock_mhz_after,
           tool = "ember", commit = facts.commit, device = facts.device, driver = facts.driver,
           date = os.date("!%Y-%m-%dT%H:%M:%SZ"), flush_l2 = args.flush_l2,
@@ -368,8 +399,111 @@ print(tbl)
 print()
 print("naive attention keeps ~1 score matrix (softmax P) for the backward and ~3 at its peak:")
 for _, n in ipairs(notes) do print("  " .. n) end
+-- PyTorch's figures: the twin prints one JSON line per cell
+local torch_cells = {}
+if args.torch then
+  local root = script_dir .. "../"
+  local q = function(a) return "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
+  local parts = {("EMBER_COMMIT=%s python3 %sscripts/torch/bench_attention.py"):format(facts.commit, root),
+    "--d", q(args.d), "--seq", q(args.seq), "--batch", B, "--dtype", q(args.dtype == "f32" and on_cuda and
+    "bf16" or args.dtype), "--passes", args.passes, "--warmup", args.warmup, "--backend", q(args.torch_backend),
+    "--device", q(on_cuda and ("cuda:" .. (tostring(args.device):match(":(%d+)") or "0")) or "cpu"),
+    "--seed", args.seed}
+  if args.heads then parts[#parts + 1] = "--heads " .. args.heads end
+  if args.kv_heads then parts[#parts + 1] = "--kv-heads " .. args.kv_heads end
+  if args.tq then parts[#parts + 1] = "--tq " .. args.tq end
+  if args.causal then parts[#parts + 1] = "--causal --align " .. args.align end
+  if args.fwd_only then parts[#parts + 1] = "--fwd-only" end
+  if args.flush_l2 then parts[#parts + 1] = "--flush-l2" end
+  if args.tf32 then parts[#parts + 1] = "--tf32" end
+  local cmd = table.concat(parts, " ") .. " 2>&1"
+  print("pytorch: " .. cmd)
+  local cj = require "cjson"
+  local pipe = io.popen(cmd)
+  for line in pipe:lines() do
+    local ok, rec = pcall(cj.decode, line)
+    if ok and type(rec) == "table" and rec.torch then
+      torch_cells[rec.d .. "/" .. rec.seq] = rec
+      if rec.status ~= "ok" then print(("  torch| d=%d seq=%d: %s: %s"):format(rec.d, rec.seq, rec.status,
+        tostring(rec.error))) end
+    elseif line:match("%S") then print("  torch| " .. line) end
+  end
+  pipe:close()
+  if args.json then   -- PyTorch's cells go to the same JSON file
+    local f = io.open(args.json, "a")
+    for _, rec in pairs(torch_cells) do
+      if rec.fwd_ms then rec.fwd_tflops = fwd_flops(rec.d, rec.seq) / (rec.fwd_ms / 1e3) / 1e12 end
+      if rec.bwd_ms and rec.bwd_ms ~= cj.null then
+        rec.bwd_tflops = 2.5 * fwd_flops(rec.d, rec.seq) / (rec.bwd_ms / 1e3) / 1e12
+      end
+      f:write(cj.encode(rec), "\n")
+    end
+    f:close()
+  end
+end
+
+-- the speed table: TF/s per implementation (and PyTorch's)
+local speed_headers = {"d", "seq"}
+for _, impl in ipairs(IMPLS) do
+  local l = impl_label(impl)
+  speed_headers[#speed_headers + 1] = l .. " fwd TF/s"
+  if not args.fwd_only then
+    speed_headers[#speed_headers + 1] = l .. " bwd TF/s"
+    speed_headers[#speed_headers + 1] = l .. " fwd+bwd ms"
+  end
+end
+if args.torch then
+  local l = "torch " .. args.torch_backend
+  speed_headers[#speed_headers + 1] = l .. " fwd ms"
+  speed_headers[#speed_headers + 1] = l .. " fwd TF/s"
+  if not args.fwd_only then
+    speed_headers[#speed_headers + 1] = l .. " bwd TF/s"
+    speed_headers[#speed_headers + 1] = l .. " fwd+bwd ms"
+  end
+end
+local speed_rows = {}
+local function tf(flops, ms_)
+  if not ms_ then return "-" end
+  local v = flops / (ms_ / 1e3) / 1e12
+  return (v < 10 and "%.2f" or "%.0f"):format(v)
+end
+for _, d in ipairs(D_LIST) do
+  for _, T in ipairs(SEQ_LIST) do
+    local row, f = {tostring(d), tostring(T)}, fwd_flops(d, T)
+    for _, impl in ipairs(IMPLS) do
+      local c = by_key[impl .. "/" .. d .. "/" .. T]
+      local ok = c.status == "ok"
+      row[#row + 1] = ok and tf(f, c.fwd.mean * 1e3) or c.status
+      if not args.fwd_only then
+        row[#row + 1] = ok and c.bwd and tf(2.5 * f, c.bwd.mean * 1e3) or c.status
+        row[#row + 1] = ok and c.bwd and ms(c.fwd.mean + c.bwd.mean) or c.status
+      end
+    end
+    if args.torch then
+      local t = torch_cells[d .. "/" .. T]
+      local ok = t and t.status == "ok"
+      local bwd = ok and type(t.bwd_ms) == "number" and t.bwd_ms
+      row[#row + 1] = ok and ("%.3f"):format(t.fwd_ms) or (t and t.status or "-")
+      row[#row + 1] = ok and tf(f, t.fwd_ms) or (t and t.status or "-")
+      if not args.fwd_only then
+        row[#row + 1] = bwd and tf(2.5 * f, bwd) or (t and t.status or "-")
+        row[#row + 1] = bwd and ("%.3f"):format(t.fwd_ms + bwd) or (t and t.status or "-")
+      end
+    end
+    speed_rows[#speed_rows + 1] = row
+  end
+end
+local speed_title = "Speed: TF/s with FlashAttention's FLOP count (4·B·H·d per visible pair forward, 2.5x that " ..
+  "backward; causal pairs counted exactly)" .. (args.torch and ("; PyTorch SDPA backend " .. args.torch_backend ..
+  ", same protocol") or "")
+local speed_tbl = md_table(speed_headers, speed_rows)
+print()
+print(speed_title)
+print()
+print(speed_tbl)
+
 if args.markdown then
-  local lines = {title, "", tbl, ""}
+  local lines = {title, "", tbl, "", speed_title, "", speed_tbl, ""}
   for _, n in ipairs(notes) do lines[#lines + 1] = "- " .. n end
   S.write_markdown(args.markdown, facts, lines, fail)
 end
