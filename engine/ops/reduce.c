@@ -135,6 +135,9 @@ static void sum_f(void *s, const void *vv, int64_t n, int64_t base);
 /* The sum of a contiguous f32 run in double, 16 lanes (vec_math.h), clones. */
 EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_sum_f32(x, n); }
 
+static void ext_f(void *s, const void *vv, int64_t n, int64_t base);
+static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
+
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
  * at most CHUNK that never cross a row of the innermost reduced dim. */
@@ -151,11 +154,14 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
-  bool run = fn == sum_f && st == 1 && t->dtype == EM_F32;   /* a plain f32 sum: whole runs in SIMD lanes */
+  /* a plain f32 sum or max/min: whole runs in SIMD lanes, read where they lie */
+  bool run = (fn == sum_f || fn == ext_f) && st == 1 && t->dtype == EM_F32;
   while (count < end) {
     int64_t n = EM_MIN(run ? len : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
     if (run) {
-      ((fsum *)state)->acc += sum_run_f32((const float *)t->storage->data + o, n);
+      const float *x = (const float *)t->storage->data + o;
+      if (fn == sum_f) ((fsum *)state)->acc += sum_run_f32(x, n);
+      else ext_run_f32(state, x, n, count);
       count += n;
       s += n;
       if (s < len) continue;
@@ -277,6 +283,24 @@ static void ext_f(void *s, const void *vv, int64_t n, int64_t base) {
     while (v[at] != m) at++;                                     /* the first of the extreme (-0 == +0) */
   }
   e->v = v[at]; e->idx = base + at; e->any = true;
+}
+
+/* em_extreme_f32 compiled for each SIMD width. */
+EM_SIMD_CLONES static float ext_lanes_f32(const float *x, int64_t n, bool is_max, int *has_nan) {
+  return em_extreme_f32(x, n, is_max, has_nan);
+}
+EM_SIMD_CLONES static int64_t find_f32(const float *x, int64_t n, float v) { return em_find_f32(x, n, v); }
+
+/* ext_f over a contiguous f32 run, read in place: the same result (the first
+ * extreme, or the first NaN) without the copy into doubles. */
+static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base) {
+  fext *e = s;
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  int nan;
+  float m = ext_lanes_f32(x, n, e->is_max, &nan);
+  if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
+  int64_t at = find_f32(x, n, nan ? NAN : m);    /* the first NaN, or the first of the extreme (-0 == +0) */
+  e->v = x[at]; e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
