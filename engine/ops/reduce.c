@@ -28,6 +28,7 @@
  *    every result is bit-identical at any thread count (red_run). */
 #include "op.h"
 #include "parallel.h"
+#include "stream.h"
 #include "vec_math.h"
 
 #define CHUNK 256
@@ -942,19 +943,24 @@ typedef struct {
   rplan p, q;                /* kept structure over the input and the output */
   int64_t len, sa, so;
   bool log_out;
+  bool stream;               /* a large output: each row made in a buffer, streamed out (stream.h) */
   int failed;                /* a thread could not allocate its row buffer */
 } softmax_job;
 
 /* Contiguous f32 rows in and out: em_softmax_row_f32 (SIMD exp, lane sums). */
 EM_SIMD_CLONES static void softmax_rows_f32(void *ctx, int64_t o0, int64_t o1) {
   softmax_job *j = ctx;
+  /* no buffer (out of memory): regular stores, the same values */
+  float *buf = j->stream ? aligned_alloc(64, (size_t)(j->len * 4 + 63) / 64 * 64) : NULL;
   kiter ia = kiter_at(&j->p, j->a->offset, o0), io = kiter_at(&j->q, j->res->offset, o0);
   for (int64_t o = o0; o < o1; o++) {
-    em_softmax_row_f32((const float *)j->a->storage->data + ia.off, (float *)j->res->storage->data + io.off, j->len,
-                       j->log_out);
+    float *y = (float *)j->res->storage->data + io.off;
+    em_softmax_row_f32((const float *)j->a->storage->data + ia.off, buf ? buf : y, j->len, j->log_out);
+    if (buf) em_stream_copy(y, buf, j->len * 4);
     kiter_next(&ia, &j->p);
     kiter_next(&io, &j->q);
   }
+  free(buf);
 }
 
 static void softmax_rows(void *ctx, int64_t o0, int64_t o1) {
@@ -995,6 +1001,7 @@ static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) 
   j.so = res->ndim ? res->stride[d] : 0;
   if (j.len == 0 || j.p.n_out == 0) return 0;
   bool fast = a->dtype == EM_F32 && res->dtype == EM_F32 && (j.sa == 1 || j.len == 1) && (j.so == 1 || j.len == 1);
+  j.stream = fast && em_stream_wanted(em_numel(res) * 4);
   em_parallel_for(j.p.n_out, em_grain(4 * j.len), fast ? softmax_rows_f32 : softmax_rows, &j);
   if (j.failed) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)j.len);
   return 0;
