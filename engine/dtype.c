@@ -2,6 +2,7 @@
  * load/store switches are the generic path; hot loops specialise f32. */
 #include <math.h>
 #include "ember/dtype.h"
+#include "ops/vec_math.h"
 
 static const struct { const char *name; size_t size; } dtypes[EM_NDTYPES] = {
   [EM_F32] = {"f32", 4}, [EM_F64] = {"f64", 8}, [EM_BF16] = {"bf16", 2},
@@ -144,18 +145,19 @@ static void store_i64s(void *p, em_dtype t, int64_t i, const int64_t *v, int64_t
   }
 }
 
+/* The casts mixed precision runs most, compiled for SSE2, AVX2 and AVX-512
+ * (ops/vec_math.h's clones): the same integer operations at every width. */
+EM_SIMD_CLONES static void f32_to_bf16s(uint16_t *d, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = em_f32_to_bf16(s[i]);
+}
+EM_SIMD_CLONES static void bf16_to_f32s(float *d, const uint16_t *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
+}
+
 void em_convert(void *dst, em_dtype dt, const void *src, em_dtype st, int64_t n) {
   if (dt == st) { memcpy(dst, src, (size_t)n * em_dtype_size(dt)); return; }
-  if (st == EM_F32 && dt == EM_BF16) {
-    const float *s = src; uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = em_f32_to_bf16(s[i]);
-    return;
-  }
-  if (st == EM_BF16 && dt == EM_F32) {
-    const uint16_t *s = src; float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
-    return;
-  }
+  if (st == EM_F32 && dt == EM_BF16) { f32_to_bf16s(dst, src, n); return; }
+  if (st == EM_BF16 && dt == EM_F32) { bf16_to_f32s(dst, src, n); return; }
   /* everything else through a chunk of doubles (int64 between integer types),
    * the same conversions as em_store_f64(em_load_f64()) per element */
   enum { C = 256 };

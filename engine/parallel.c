@@ -39,6 +39,7 @@
 #include "ember/error.h"
 #include "ember/threads.h"
 #include "parallel.h"
+#include "stream.h"
 
 #define MAX_THREADS 1024
 #define SPIN_NS 50000          /* a worker's wait for its next range before it sleeps */
@@ -105,6 +106,7 @@ static void *worker_main(void *arg) {
   for (unsigned seen = 0;;) {
     seen = next_range(w, seen);
     w->fn(w->ctx, w->b, w->e);
+    em_stream_fence();                       /* the range's streamed stores land before it is reported done */
     atomic_store_explicit(&w->done, seen, memory_order_release);
   }
   return NULL;
@@ -180,6 +182,7 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   int nt = most < n_threads ? (int)most : n_threads;
   if (nt <= 1 || atomic_exchange_explicit(&busy, 1, memory_order_acquire)) {
     fn(ctx, 0, n);
+    em_stream_fence();
     return;
   }
   int have = ensure_workers(nt - 1);
@@ -191,6 +194,7 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   }
   range_of(n, 0, nt, &b, &e);
   fn(ctx, b, e);
+  em_stream_fence();
   for (int t = 1; t < nt; t++) wait_done(workers[t - 1]);
   atomic_store_explicit(&busy, 0, memory_order_release);
 }

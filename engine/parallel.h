@@ -18,6 +18,9 @@
  * that depends on the shape only, reduce each block serially and combine
  * the blocks' partials in block order (em_red_blocks).
  *
+ * A body may write its output with streaming stores (engine/stream.h): every
+ * range ends with an sfence, so the caller sees the output complete.
+ *
  * Bodies run on worker threads: they must not call em_error (its message is
  * thread-local) nor ops (a nested em_parallel_for runs serially, but ops
  * allocate and record); they read and write memory, nothing else. */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include "internal.h"
 #include "parallel.h"
+#include "stream.h"
 
 /* ---------------- lifetime ---------------- */
 
@@ -480,12 +481,14 @@ em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *want) {
  * up to COPY_SEG elements of a row, spread over the threads. */
 #define COPY_SEG 16384
 
-/* n elements from src (offset so, stride ss) to dst (do, sd), any dtypes. */
+/* n elements from src (offset so, stride ss) to dst (do, sd), any dtypes;
+ * a contiguous run with streaming stores when `stream` (engine/stream.h). */
 static void copy_row(void *dp, em_dtype dt, int64_t doff, int64_t sd, const void *sp, em_dtype st, int64_t soff,
-                     int64_t ss, int64_t n) {
+                     int64_t ss, int64_t n, bool stream) {
   size_t des = em_dtype_size(dt), ses = em_dtype_size(st);
   if (sd == 1 && ss == 1) {            /* same dtype: memcpy; else a conversion loop the compiler vectorises */
-    em_convert((char *)dp + doff * (int64_t)des, dt, (const char *)sp + soff * (int64_t)ses, st, n);
+    (stream ? em_convert_stream : em_convert)((char *)dp + doff * (int64_t)des, dt,
+                                              (const char *)sp + soff * (int64_t)ses, st, n);
     return;
   }
   if (dt == st) {
@@ -507,7 +510,7 @@ static void copy_row(void *dp, em_dtype dt, int64_t doff, int64_t sd, const void
   }
 }
 
-typedef struct { em_iter it; em_tensor *dst; const em_tensor *src; int64_t segs; } copy_job;
+typedef struct { em_iter it; em_tensor *dst; const em_tensor *src; int64_t segs; bool stream; } copy_job;
 
 static void copy_tasks(void *ctx, int64_t t0, int64_t t1) {
   const copy_job *j = ctx;
@@ -519,7 +522,7 @@ static void copy_tasks(void *ctx, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; t++) {
     int64_t n = EM_MIN(COPY_SEG, len - s);
     copy_row(j->dst->storage->data, j->dst->dtype, it.off[0] + s * sd, sd, j->src->storage->data, j->src->dtype,
-             it.off[1] + s * ss, ss, n);
+             it.off[1] + s * ss, ss, n, j->stream);
     s += COPY_SEG;
     if (s >= len) { s = 0; em_iter_next_row(&it); }
   }
@@ -587,6 +590,7 @@ static void cpu_copy(em_tensor *dst, const em_tensor *src) {
   em_iter_coalesce(&j.it);
   if (tile_copy(dst, src, &j.it)) return;
   int64_t len = j.it.shape[j.it.ndim - 1];
+  j.stream = dst->storage != src->storage && em_stream_wanted(n * (int64_t)em_dtype_size(dst->dtype));
   j.segs = (len + COPY_SEG - 1) / COPY_SEG;
   int64_t tasks = n / len * j.segs;
   if (dst->storage == src->storage) copy_tasks(&j, 0, tasks);   /* overlapping views: one thread, in order */

@@ -5,6 +5,7 @@
 #include <time.h>
 #include "lua_ember.h"
 #include "parallel.h"
+#include "stream.h"
 
 /* Monotonic wall clock in seconds (benchmarks). */
 static int l_clock(lua_State *L) {
@@ -43,6 +44,17 @@ static int l_set_parallel_min_work(lua_State *L) {
   return 1;
 }
 
+/* ember.set_stream_min(bytes) -> previous: outputs from this size on are written
+ * with streaming stores (engine/stream.h; default 16 MiB, -1: never). Tests set
+ * 0 so small outputs take the streaming paths; results do not depend on it. */
+static int l_set_stream_min(lua_State *L) {
+  const char *fn = lem_name(L);
+  int64_t n = lem_check_int(L, 1, fn, "bytes");
+  if (n < -1) return lem_error(L, fn, "expected a number of bytes >= 0, or -1 for never, got %lld", (long long)n);
+  lua_pushinteger(L, em_set_stream_min(n));
+  return 1;
+}
+
 /* ember.threads_info() -> {threads=, default=, source=} (ember.runinfo, study headers). */
 static int l_threads_info(lua_State *L) {
   lua_createtable(L, 0, 3);
@@ -73,7 +85,8 @@ void lem_open_device(lua_State *L, int module) {
                                {"cuda_compiled", l_cuda_compiled}, {"clock", l_clock},
                                {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
                                {"threads_info", l_threads_info}, {"blas_info", l_blas_info},
-                               {"set_parallel_min_work", l_set_parallel_min_work}, {NULL, NULL}};
+                               {"set_parallel_min_work", l_set_parallel_min_work},
+                               {"set_stream_min", l_set_stream_min}, {NULL, NULL}};
   lem_register(L, 0, module, f);
 }
 

@@ -27,6 +27,7 @@
  *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
 #include "op.h"
 #include "parallel.h"
+#include "stream.h"
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -415,6 +416,7 @@ typedef struct {
   const loop_plan *p;
   int64_t inner, tasks_per_row, base[4];
   bool out_direct, all_direct;
+  bool stream;                 /* a large contiguous output: computed into buf[0], streamed out (stream.h) */
 } ew_job;
 
 static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
@@ -437,7 +439,7 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   size_t out_es = em_dtype_size(j->out->dtype);
   for (int64_t t = t0; t < t1; t++) {
     int64_t end = EM_MIN(s + TASK, j->inner);
-    int64_t step = j->all_direct ? end - s : CHUNK;
+    int64_t step = j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
       const void *src[3];
@@ -446,9 +448,10 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
         src[q] = j->in[q].t ? load(k->cls, j->in[q].t, off[q + 1] + c * st, st, len, &buf[q + 1]) : &buf[q + 1];
       }
       int64_t o0 = off[0] + c * p->stride[0][last];
-      void *dst = j->out_direct ? (char *)j->out->storage->data + o0 * (int64_t)out_es : (void *)&buf[0];
-      compute(k, dst, src, len);
-      if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
+      void *out = (char *)j->out->storage->data + o0 * (int64_t)out_es;
+      compute(k, j->out_direct && !j->stream ? out : (void *)&buf[0], src, len);
+      if (j->stream) em_stream_copy(out, &buf[0], len * (int64_t)out_es);
+      else if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
     }
     s = end;
     if (s < j->inner) continue;
@@ -469,11 +472,12 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
   j.all_direct = j.out_direct;
+  j.stream = j.out_direct && em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
   for (int q = 0; q < nin; q++)
     j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
   int64_t tasks = numel / j.inner * j.tasks_per_row;

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include "op.h"
 #include "parallel.h"
+#include "stream.h"
 #include "vec_math.h"
 
 /* Rows per block: about EM_RED_BLOCK elements. */
@@ -46,6 +47,7 @@ typedef struct {
   int64_t N, D;
   double eps;
   bool f64;
+  bool stream;               /* rmsnorm f32: a large y made a row at a time in a buffer, streamed out (stream.h) */
   void (*rows)(const void *job, int64_t r0, int64_t r1);
 } fwd_job;
 
@@ -158,9 +160,18 @@ static void rms_rows(const void *job, int64_t r0, int64_t r1) {
   if (j->f64)
     rms_fwd_f64((const double *)j->x + r0 * D, j->w, r1 - r0, D, j->eps, (double *)j->y + r0 * D,
                 (double *)j->rstd + r0);
-  else
+  else if (!j->stream)
     rms_fwd_f32((const float *)j->x + r0 * D, j->w, r1 - r0, D, (float)j->eps, (float *)j->y + r0 * D,
                 (float *)j->rstd + r0);
+  else {
+    float *buf = aligned_alloc(64, (size_t)(D * 4 + 63) / 64 * 64);
+    for (int64_t r = r0; r < r1; r++) {
+      float *y = (float *)j->y + r * D;
+      rms_fwd_f32((const float *)j->x + r * D, j->w, 1, D, (float)j->eps, buf ? buf : y, (float *)j->rstd + r);
+      if (buf) em_stream_copy(y, buf, D * 4);   /* no buffer (out of memory): regular stores, same values */
+    }
+    free(buf);
+  }
 }
 
 /* Contiguous copies of x and w in the compute dtype ct (w may be NULL). */
@@ -177,7 +188,7 @@ static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_tensor 
   if (rms_inputs(x, w, ct, &xc, &wc)) goto done;
   if (!(y = em_empty(x->ndim, x->shape, ct, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto done;
   fwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, NULL, em_data_ptr(y), NULL, em_data_ptr(rstd),
-               N, D, eps, ct == EM_F64, rms_rows};
+               N, D, eps, ct == EM_F64, ct == EM_F32 && em_stream_wanted(em_numel(y) * 4), rms_rows};
   fwd_run(&j);
   out = em_contiguous_as(y, x->dtype);
 done:
@@ -392,7 +403,7 @@ static em_tensor *layer_norm_cpu(em_tensor *x, em_tensor *w, em_tensor *b, doubl
       !(rstd = em_empty(1, &N, ct, x->device)))
     goto done;
   fwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, bc ? em_data_ptr(bc) : NULL, em_data_ptr(y),
-               em_data_ptr(mean), em_data_ptr(rstd), N, D, eps, ct == EM_F64, ln_rows};
+               em_data_ptr(mean), em_data_ptr(rstd), N, D, eps, ct == EM_F64, false, ln_rows};
   fwd_run(&j);
   out = em_contiguous_as(y, x->dtype);
 done:

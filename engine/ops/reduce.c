@@ -28,6 +28,7 @@
  *    every result is bit-identical at any thread count (red_run). */
 #include "op.h"
 #include "parallel.h"
+#include "stream.h"
 #include "vec_math.h"
 
 #define CHUNK 256
@@ -135,6 +136,9 @@ static void sum_f(void *s, const void *vv, int64_t n, int64_t base);
 /* The sum of a contiguous f32 run in double, 16 lanes (vec_math.h), clones. */
 EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_sum_f32(x, n); }
 
+static void ext_f(void *s, const void *vv, int64_t n, int64_t base);
+static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
+
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
  * at most CHUNK that never cross a row of the innermost reduced dim. */
@@ -151,11 +155,14 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
-  bool run = fn == sum_f && st == 1 && t->dtype == EM_F32;   /* a plain f32 sum: whole runs in SIMD lanes */
+  /* a plain f32 sum or max/min: whole runs in SIMD lanes, read where they lie */
+  bool run = (fn == sum_f || fn == ext_f) && st == 1 && t->dtype == EM_F32;
   while (count < end) {
     int64_t n = EM_MIN(run ? len : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
     if (run) {
-      ((fsum *)state)->acc += sum_run_f32((const float *)t->storage->data + o, n);
+      const float *x = (const float *)t->storage->data + o;
+      if (fn == sum_f) ((fsum *)state)->acc += sum_run_f32(x, n);
+      else ext_run_f32(state, x, n, count);
       count += n;
       s += n;
       if (s < len) continue;
@@ -277,6 +284,24 @@ static void ext_f(void *s, const void *vv, int64_t n, int64_t base) {
     while (v[at] != m) at++;                                     /* the first of the extreme (-0 == +0) */
   }
   e->v = v[at]; e->idx = base + at; e->any = true;
+}
+
+/* em_extreme_f32 compiled for each SIMD width. */
+EM_SIMD_CLONES static float ext_lanes_f32(const float *x, int64_t n, bool is_max, int *has_nan) {
+  return em_extreme_f32(x, n, is_max, has_nan);
+}
+EM_SIMD_CLONES static int64_t find_f32(const float *x, int64_t n, float v) { return em_find_f32(x, n, v); }
+
+/* ext_f over a contiguous f32 run, read in place: the same result (the first
+ * extreme, or the first NaN) without the copy into doubles. */
+static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base) {
+  fext *e = s;
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  int nan;
+  float m = ext_lanes_f32(x, n, e->is_max, &nan);
+  if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
+  int64_t at = find_f32(x, n, nan ? NAN : m);    /* the first NaN, or the first of the extreme (-0 == +0) */
+  e->v = x[at]; e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
@@ -918,19 +943,24 @@ typedef struct {
   rplan p, q;                /* kept structure over the input and the output */
   int64_t len, sa, so;
   bool log_out;
+  bool stream;               /* a large output: each row made in a buffer, streamed out (stream.h) */
   int failed;                /* a thread could not allocate its row buffer */
 } softmax_job;
 
 /* Contiguous f32 rows in and out: em_softmax_row_f32 (SIMD exp, lane sums). */
 EM_SIMD_CLONES static void softmax_rows_f32(void *ctx, int64_t o0, int64_t o1) {
   softmax_job *j = ctx;
+  /* no buffer (out of memory): regular stores, the same values */
+  float *buf = j->stream ? aligned_alloc(64, (size_t)(j->len * 4 + 63) / 64 * 64) : NULL;
   kiter ia = kiter_at(&j->p, j->a->offset, o0), io = kiter_at(&j->q, j->res->offset, o0);
   for (int64_t o = o0; o < o1; o++) {
-    em_softmax_row_f32((const float *)j->a->storage->data + ia.off, (float *)j->res->storage->data + io.off, j->len,
-                       j->log_out);
+    float *y = (float *)j->res->storage->data + io.off;
+    em_softmax_row_f32((const float *)j->a->storage->data + ia.off, buf ? buf : y, j->len, j->log_out);
+    if (buf) em_stream_copy(y, buf, j->len * 4);
     kiter_next(&ia, &j->p);
     kiter_next(&io, &j->q);
   }
+  free(buf);
 }
 
 static void softmax_rows(void *ctx, int64_t o0, int64_t o1) {
@@ -971,6 +1001,7 @@ static int cpu_softmax(em_tensor *res, const em_tensor *a, int d, bool log_out) 
   j.so = res->ndim ? res->stride[d] : 0;
   if (j.len == 0 || j.p.n_out == 0) return 0;
   bool fast = a->dtype == EM_F32 && res->dtype == EM_F32 && (j.sa == 1 || j.len == 1) && (j.so == 1 || j.len == 1);
+  j.stream = fast && em_stream_wanted(em_numel(res) * 4);
   em_parallel_for(j.p.n_out, em_grain(4 * j.len), fast ? softmax_rows_f32 : softmax_rows, &j);
   if (j.failed) return em_error_oom("out of memory: a softmax row of %lld elements", (long long)j.len);
   return 0;

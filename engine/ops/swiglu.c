@@ -14,10 +14,11 @@
 #include <stdio.h>
 #include "op.h"
 #include "parallel.h"
+#include "stream.h"
 #include "vec_math.h"
 
 /* Element ranges [i0, i1) of the forward (g, ga, gb NULL) or the backward. */
-typedef struct { const void *a, *b, *g; void *y, *ga, *gb; bool f64; } swiglu_job;
+typedef struct { const void *a, *b, *g; void *y, *ga, *gb; bool f64, stream; } swiglu_job;
 
 static int swiglu_validate(em_tensor *a, em_tensor *b) {
   char s1[160], s2[160];
@@ -61,8 +62,32 @@ static void swiglu_bwd_f64(const double *a, const double *b, const double *g, do
   }
 }
 
+static void swiglu_piece(const swiglu_job *j, int64_t i0, int64_t i1);
+
+/* f32 with large outputs: pieces of STREAM_N computed into buffers and
+ * streamed out (engine/stream.h); else straight into the outputs. */
+#define STREAM_N (EM_STREAM_PIECE / 4)
 static void swiglu_range(void *ctx, int64_t i0, int64_t i1) {
   const swiglu_job *j = ctx;
+  if (!j->stream) { swiglu_piece(j, i0, i1); return; }
+  _Alignas(64) float y[STREAM_N], ga[STREAM_N], gb[STREAM_N];
+  for (int64_t p = i0; p < i1; p += STREAM_N) {
+    int64_t n = EM_MIN(STREAM_N, i1 - p);
+    swiglu_job b = *j;                /* the same inputs at p, the outputs into the buffers at 0 */
+    b.a = (const float *)j->a + p;
+    b.b = (const float *)j->b + p;
+    if (j->g) b.g = (const float *)j->g + p;
+    b.y = j->y ? y : NULL;
+    b.ga = j->ga ? ga : NULL;
+    b.gb = j->gb ? gb : NULL;
+    swiglu_piece(&b, 0, n);
+    if (j->y) em_stream_copy((float *)j->y + p, y, n * 4);
+    if (j->ga) em_stream_copy((float *)j->ga + p, ga, n * 4);
+    if (j->gb) em_stream_copy((float *)j->gb + p, gb, n * 4);
+  }
+}
+
+static void swiglu_piece(const swiglu_job *j, int64_t i0, int64_t i1) {
   int64_t n = i1 - i0;
 #define AT(p, T) ((p) ? (T *)(p) + i0 : NULL)
   if (!j->g && j->f64) swiglu_fwd_f64(AT(j->a, const double), AT(j->b, const double), AT(j->y, double), n);
@@ -82,7 +107,8 @@ static em_tensor *swiglu_cpu(em_tensor *a, em_tensor *b) {
   em_tensor *bc = ac ? em_contiguous_as(b, ct) : NULL;
   em_tensor *y = bc ? em_empty(a->ndim, a->shape, ct, a->device) : NULL, *out = NULL;
   if (y) {
-    swiglu_job j = {em_data_ptr(ac), em_data_ptr(bc), NULL, em_data_ptr(y), NULL, NULL, ct == EM_F64};
+    swiglu_job j = {em_data_ptr(ac), em_data_ptr(bc), NULL, em_data_ptr(y), NULL, NULL, ct == EM_F64,
+                    ct == EM_F32 && em_stream_wanted(em_numel(a) * 4)};
     em_parallel_for(em_numel(a), em_grain(16), swiglu_range, &j);
     out = em_contiguous_as(y, a->dtype);
   }
@@ -127,7 +153,7 @@ static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   int rc = (!g || (need_a && !ga) || (need_b && !gb)) ? -1 : 0;
   if (rc == 0) {
     swiglu_job j = {em_data_ptr(ac), em_data_ptr(bc), em_data_ptr(g), NULL, ga ? em_data_ptr(ga) : NULL,
-                    gb ? em_data_ptr(gb) : NULL, ct == EM_F64};
+                    gb ? em_data_ptr(gb) : NULL, ct == EM_F64, ct == EM_F32 && em_stream_wanted(cnt * 4)};
     em_parallel_for(cnt, em_grain(16), swiglu_range, &j);
   }
   em_tensor_release(ac); em_tensor_release(bc); em_tensor_release(g);

@@ -69,16 +69,67 @@ EM_VEC float em_exp_f32(float x) {
   return x == x ? y : x;
 }
 
+/* Lanes of a float max: four AVX-512 registers of independent maxima (with
+ * 16 lanes GCC 12 left the loop scalar: 0.14 ns an element against 0.015). */
+#define EM_MAX_LANES 64
+
 /* max of x[0..n) ignoring NaN (-inf for none). */
 EM_VEC float em_max_f32(const float *x, int64_t n) {
-  float m[EM_LANES];
-  for (int k = 0; k < EM_LANES; k++) m[k] = -INFINITY;
+  float m[EM_MAX_LANES];
+  for (int k = 0; k < EM_MAX_LANES; k++) m[k] = -INFINITY;
   int64_t i = 0;
-  for (; i + EM_LANES <= n; i += EM_LANES)
-    for (int k = 0; k < EM_LANES; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
-  for (int k = 0; k < EM_LANES && i + k < n; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
-  for (int k = 1; k < EM_LANES; k++) m[0] = m[k] > m[0] ? m[k] : m[0];
+  for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES)
+    for (int k = 0; k < EM_MAX_LANES; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  for (int k = 0; i + k < n; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  for (int k = 1; k < EM_MAX_LANES; k++) m[0] = m[k] > m[0] ? m[k] : m[0];
   return m[0];
+}
+
+/* The extreme (max, or min when !is_max) of x[0..n) ignoring NaN, and
+ * whether a NaN is there: the largest |bits| as integers (a NaN's exceed
+ * +inf's), so both are plain SIMD maxima with no per-element branch. */
+EM_VEC float em_extreme_f32(const float *x, int64_t n, int is_max, int *has_nan) {
+  float m[EM_MAX_LANES];
+  int32_t a[EM_MAX_LANES];
+  for (int k = 0; k < EM_MAX_LANES; k++) { m[k] = is_max ? -INFINITY : INFINITY; a[k] = 0; }
+#define EM_EXT_STEP(k, CMP)                                                      \
+  { float v = x[i + (k)]; int32_t b; memcpy(&b, &v, 4); b &= 0x7fffffff;         \
+    a[k] = b > a[k] ? b : a[k]; m[k] = v CMP m[k] ? v : m[k]; }
+  int64_t i = 0;
+  if (is_max) {
+    for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES)
+      for (int k = 0; k < EM_MAX_LANES; k++) EM_EXT_STEP(k, >)
+    for (int k = 0; i + k < n; k++) EM_EXT_STEP(k, >)
+  } else {
+    for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES)
+      for (int k = 0; k < EM_MAX_LANES; k++) EM_EXT_STEP(k, <)
+    for (int k = 0; i + k < n; k++) EM_EXT_STEP(k, <)
+  }
+#undef EM_EXT_STEP
+  int32_t am = 0;
+  float r = m[0];
+  for (int k = 0; k < EM_MAX_LANES; k++) {
+    am = a[k] > am ? a[k] : am;
+    r = is_max ? (m[k] > r ? m[k] : r) : (m[k] < r ? m[k] : r);
+  }
+  *has_nan = am > 0x7f800000;
+  return r;
+}
+
+/* The first i with x[i] == v (v == v), or the first NaN (v != v); n when
+ * none: 64 elements tested at a time as one SIMD compare, then the block
+ * that holds it element by element. */
+EM_VEC int64_t em_find_f32(const float *x, int64_t n, float v) {
+  int nan = v != v;
+  int64_t i = 0;
+  for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES) {
+    int32_t hit = 0;
+    for (int k = 0; k < EM_MAX_LANES; k++) hit |= nan ? x[i + k] != x[i + k] : x[i + k] == v;
+    if (hit) break;
+  }
+  for (; i < n; i++)
+    if (nan ? x[i] != x[i] : x[i] == v) return i;
+  return n;
 }
 
 /* ((a0 + a1) + (a2 + a3)) + ... : pairwise, in a fixed order (acc is consumed). */

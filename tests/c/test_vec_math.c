@@ -1,7 +1,8 @@
 /* engine/ops/vec_math.h: em_exp_f32 against exp in double over a sweep of
  * float bit patterns (within 2 ulp, subnormal results within one subnormal
  * step), its special values, the same bits from the vectorised loop and from
- * scalar calls at every offset, and the lane sums and maxima. */
+ * scalar calls at every offset, the lane sums and maxima, and the
+ * extreme/NaN search max and min run on. */
 #include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -97,10 +98,41 @@ TEST(lane_sums_and_maxima) {
   CHECK(em_exp_shift_f32(z, 1.0f, y, 9) == 9.0 * (double)em_exp_f32(-1.0f));
 }
 
+/* em_extreme_f32 and em_find_f32 against a plain loop, on rows of every
+ * length up to 200 (the 64-lane blocks and their tails) holding ties, -0/+0,
+ * infinities and NaNs at random places. */
+TEST(extreme_and_find_match_a_loop) {
+  float v[200];
+  const float pool[] = {0.0f, -0.0f, 1.5f, -2.0f, INFINITY, -INFINITY, 7.0f, 7.0f, NAN};
+  srand(17);
+  int ok = 1;
+  for (int n = 1; n <= 200; n++)
+    for (int rep = 0; rep < 8; rep++) {
+      for (int i = 0; i < n; i++) v[i] = pool[rand() % (rep < 4 ? 8 : 9)];   /* half the rows without NaN */
+      for (int is_max = 0; is_max < 2; is_max++) {
+        float m = is_max ? -INFINITY : INFINITY;
+        int nan = 0;
+        for (int i = 0; i < n; i++) {
+          if (v[i] != v[i]) nan = 1;
+          else if (is_max ? v[i] > m : v[i] < m) m = v[i];
+        }
+        int got_nan;
+        float got = em_extreme_f32(v, n, is_max, &got_nan);
+        ok = ok && got == m && got_nan == nan;
+        int64_t first = 0;
+        while (first < n && (nan ? v[first] == v[first] : v[first] != m)) first++;
+        ok = ok && em_find_f32(v, n, nan ? NAN : m) == first;
+      }
+      ok = ok && em_find_f32(v, n, 123.0f) == n;
+    }
+  CHECK(ok);
+}
+
 int main(void) {
   RUN(exp_matches_double_over_a_sweep);
   RUN(exp_special_values);
   RUN(vector_and_scalar_agree);
   RUN(lane_sums_and_maxima);
+  RUN(extreme_and_find_match_a_loop);
   TEST_MAIN_END();
 }

@@ -11,6 +11,8 @@
 --     default grain too;
 --   * one training step of the tiny TransformerLM (loss and every parameter);
 --   * ember.set_num_threads / get_num_threads and their errors.
+-- The runs at 3 threads write every output with streaming stores, the runs
+-- at 1 thread with regular ones (ember.set_stream_min).
 -- Comparisons are exact, never within a tolerance: equal values, NaN at the
 -- same places and the same sign on every zero (only NaN payloads are not
 -- compared).
@@ -23,13 +25,17 @@ local cases = dofile(here .. "op_cases.lua")
 local MANY = 3   -- more than this machine's 2 cores on purpose: ranges still split
 
 --- fn() run with n threads and the given minimum work per range; settings restored.
+-- Above one thread every output is also written with streaming stores
+-- (engine/stream.h), so the 1-thread side checks those paths too.
 local function with_threads(n, min_work, fn)
   local prev_n = ember.get_num_threads()
   local prev_w = ember.set_parallel_min_work(min_work)
+  local prev_s = ember.set_stream_min(n > 1 and 0 or -1)
   ember.set_num_threads(n)
   local ok, r = pcall(fn)
   ember.set_num_threads(prev_n)
   ember.set_parallel_min_work(prev_w)
+  ember.set_stream_min(prev_s)
   if not ok then error(r, 0) end
   return r
 end
