@@ -1,7 +1,7 @@
 /* Shared pieces of the FlashAttention-2 kernels (flash_fwd.cu, flash_bwd.cu):
  * the tensor-core MMA (m16n8k16, bf16/f16 in, f32 accumulate), ldmatrix
  * fragment loads, packing f32 pairs into 16-bit pairs, and the tile copies from
- * global to shared memory (plain loads, or cp.async for the pipelined loops).
+ * global to shared memory (cp.async, for the pipelined loops).
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
  *   A 16x16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -136,20 +136,6 @@ inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_
   p.scale = scale; p.scale_log2 = scale * kLog2e;
 }
 
-/* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared
- * tile of pitch D + 8; rows at or past n are zero. All threads of the block
- * take part (NT threads), 16 bytes each per step. */
-template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t st, int r0, int n) {
-  constexpr int CH = D / 8, LD = D + 8;
-  for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
-    int r = c / CH, col = (c % CH) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < n) v = *reinterpret_cast<const uint4 *>(g + (int64_t)(r0 + r) * st + col);
-    *reinterpret_cast<uint4 *>(s + r * LD + col) = v;
-  }
-}
-
 /* cp.async: global -> shared copies that bypass the registers and run in the
  * background (sm_80+). Each thread's copies are grouped by commit; wait<N>
  * blocks until at most N of this thread's groups are still in flight, and a
@@ -168,10 +154,11 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* load_tile through cp.async: rows [r0, r0 + ROWS) of a (n, D) matrix with
- * row stride st into a tile of pitch D + 8, rows at or past n zero-filled
- * (their source address is g, never read). Issues the copies only: the
- * caller commits, waits and synchronises. */
+/* Rows [r0, r0 + ROWS) of an (n, D) matrix with row stride st into a shared
+ * tile of pitch D + 8, through cp.async (16 bytes a copy, all NT threads of
+ * the block taking part); rows at or past n are zero-filled (their source
+ * address is g, never read). Issues the copies only: the caller commits,
+ * waits and synchronises. */
 template <typename T, int D, int ROWS, int NT>
 __device__ __forceinline__ void cp_tile(T *s, const T *g, int64_t st, int r0, int n) {
   constexpr int CH = D / 8, LD = D + 8, N = ROWS * CH;
@@ -190,7 +177,9 @@ __device__ __forceinline__ void cp_tile(T *s, const T *g, int64_t st, int r0, in
       }
     }
   } else {
-#pragma unroll
+    // D = 80, 96: rows and columns per copy recomputed (not unrolled: 64-bit
+    // offsets kept for every copy would cost ~30 registers)
+#pragma unroll 1
     for (int i = 0; i < (N + NT - 1) / NT; i++) {
       const int c = threadIdx.x + i * NT;
       if (N % NT == 0 || c < N) {

@@ -4,19 +4,21 @@
  *
  * Cost per (batch, head): 4·Tq·Tk·D FLOPs (half of that with the causal
  * mask, whose fully masked tiles are skipped), reading q once and k, v once
- * per 64-row query block; writing o and lse. At the small config (B 4, H 12,
- * T 512, D 64, causal) that is 3.2 GFLOP per layer, ~10 µs on an H100 at a
- * third of its dense bf16 peak, where the naive composition moves ~0.3 GB of
- * f32 scores.
+ * per query block (128 rows; 64 at D = 256); writing o and lse. At the small
+ * config (B 4, H 12, T 512, D 64, causal) that is 3.2 GFLOP per layer, ~10 µs
+ * on an H100 at a third of its dense bf16 peak, where the naive composition
+ * moves ~0.3 GB of f32 scores.
  *
- * Tiling: one block of 4 warps per (64-query block, batch·head); each warp
- * owns 16 query rows and keeps its q fragments, the running max m, the sum l
- * and the o accumulator in registers. Per 64-key tile: k and v go to shared
- * memory, S = q kᵀ (mma.sync), online softmax in base 2 (the scale is folded
- * into log2 e), then o += P v with P taken straight from the S registers
- * (see flash_common.cuh). Query blocks with the most work (the causal
- * diagonal's far end) are scheduled first. At D = 256 the q fragments stay
- * in shared memory (o's 128 f32 accumulators leave no registers for them).
+ * Tiling (FwdCfg): one block of 8 warps per (128-query block, batch·head)
+ * for D <= 128, 4 warps and 64 queries at D = 256; each warp owns 16 query
+ * rows and keeps the running max m, the sum l and the o accumulator (and q's
+ * fragments, but at D = 64 and 256) in registers. Per key tile (64 keys; 32
+ * at D = 256): S = q kᵀ (mma.sync), online softmax in base 2 (the scale is
+ * folded into log2 e), then o += P v with P taken straight from the S
+ * registers (see flash_common.cuh). k and v tiles are double-buffered and
+ * loaded with cp.async, the next tile's copies in flight while this one is
+ * computed (docs/flash.md, "Step 1: pipelining"). Query blocks with the most
+ * work (the causal diagonal's far end) are scheduled first.
  *
  * Grouped-query attention: head h reads kv head h / group (Params). Causal
  * masks keep key j for row i when j <= i + off: off 0 is top-left aligned,
