@@ -49,21 +49,52 @@ __global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
   p.delta[r] = acc;
 }
 
+/* The k/v (dkdv) or q/dO (dq) tiles a block streams through are
+ * double-buffered and loaded with cp.async, as in the forward: at the top of
+ * iteration j a thread waits for its copies of tile j, __syncthreads
+ * publishes them and proves every warp is done with tile j − 1's stage, and
+ * the copies of tile j + 1 are issued into that stage; they land while tile j
+ * is computed. One barrier per tile. */
+
 /* dk, dv for 64 keys of one kv head, columns [blockIdx.z·NC, +NC) of D; query
- * tiles of BQ rows, of every q head of the kv head's group in turn. */
+ * tiles of BQ rows, of every q head of the kv head's group in turn (one
+ * stream of group · nq tiles, so the pipeline runs on across heads). */
 template <typename T, int D, int BQ, int NC>
-__global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
-  constexpr int LD = D + 8;
+__global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(Params p) {
+  constexpr int LD = D + 8, STAGE = 2 * BQ * LD;   // one stage: sQ then sO, BQ rows each
   extern __shared__ __align__(16) unsigned char smem[];
-  T *sK = reinterpret_cast<T *>(smem), *sV = sK + kBk * LD, *sQ = sV + kBk * LD, *sO = sQ + BQ * LD;
-  float *sL = reinterpret_cast<float *>(sO + BQ * LD), *sD = sL + BQ;
+  T *sK = reinterpret_cast<T *>(smem), *sV = sK + kBk * LD, *sQO = sV + kBk * LD;
+  float *sLD = reinterpret_cast<float *>(sQO + 2 * STAGE);   // stage st: lse at sLD + 2·BQ·st, delta BQ on
   const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = blockIdx.x * kBk, c0 = blockIdx.z * NC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
   const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
+  // the first query row that sees key k0 is k0 - off (causal), on a tile boundary
+  const int qstart = p.causal ? (max(0, k0 - p.off) / BQ) * BQ : 0;
+  const int nq = max(0, (p.Tq - qstart + BQ - 1) / BQ), ntile = p.group * nq;
 
-  load_tile<T, D, kBk, kThreads>(sK, k, p.k_st, k0, p.Tk);
-  load_tile<T, D, kBk, kThreads>(sV, v, p.v_st, k0, p.Tk);
+  // copies of tile j (q head hk·group + j / nq, query rows from i0) into stage j & 1, committed
+  auto issue = [&](int j) {
+    const int hg = j / nq, i0 = qstart + (j - hg * nq) * BQ, h = hk * p.group + hg;
+    T *sQ = sQO + (j & 1) * STAGE;
+    cp_tile<T, D, BQ, kThreads>(sQ, static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh, p.q_st, i0, p.Tq);
+    cp_tile<T, D, BQ, kThreads>(sQ + BQ * LD, static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh, p.do_st,
+                                i0, p.Tq);
+    if (threadIdx.x < BQ) {   // rows past Tq get 0: masked below
+      const int r = threadIdx.x;
+      const bool in = i0 + r < p.Tq;
+      const int64_t at = (int64_t)(b * p.H + h) * p.Tq + (in ? i0 + r : 0);
+      float *sL = sLD + (j & 1) * 2 * BQ;
+      cp_async4(sL + r, p.lse + at, in ? 4 : 0);
+      cp_async4(sL + BQ + r, p.delta + at, in ? 4 : 0);
+    }
+    cp_async_commit();
+  };
+  if (ntile > 0) {   // k, v ride in tile 0's group
+    cp_tile<T, D, kBk, kThreads>(sK, k, p.k_st, k0, p.Tk);
+    cp_tile<T, D, kBk, kThreads>(sV, v, p.v_st, k0, p.Tk);
+    issue(0);
+  }
 
   float dk[NC / 8][4], dv[NC / 8][4];
 #pragma unroll
@@ -71,72 +102,63 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
   const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
-  // the first query row that sees key k0 is k0 - off (causal), on a tile boundary
-  const int qstart = p.causal ? (max(0, k0 - p.off) / BQ) * BQ : 0;
 
-  for (int hg = 0; hg < p.group; hg++) {      // the q heads of this kv head, in order: deterministic sums
-    const int h = hk * p.group + hg, bh = b * p.H + h;
-    const T *q = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh;
-    const T *dout = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
-    const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
-    for (int i0 = qstart; i0 < p.Tq; i0 += BQ) {
-      __syncthreads();
-      load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, i0, p.Tq);
-      load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, i0, p.Tq);
-      for (int r = threadIdx.x; r < BQ; r += kThreads) {
-        bool in = i0 + r < p.Tq;
-        sL[r] = in ? lse[i0 + r] * kLog2e : INFINITY;   // a padded row's P is exp2(-inf) = 0
-        sD[r] = in ? delta[i0 + r] : 0.f;
-      }
-      __syncthreads();
+  // tiles in order of q head, then query rows: the group's sums in a fixed order (deterministic)
+  for (int j = 0; j < ntile; j++) {
+    const int i0 = qstart + (j % nq) * BQ;
+    cp_async_wait<0>();   // this thread's copies of tile j landed
+    __syncthreads();      // everyone's did, and every warp is done with tile j - 1's stage
+    if (j + 1 < ntile) issue(j + 1);
+    const T *sQ = sQO + (j & 1) * STAGE, *sO = sQ + BQ * LD;
+    const float *sL = sLD + (j & 1) * 2 * BQ, *sD = sL + BQ;
 
-      float st[BQ / 8][4], dp[BQ / 8][4];
+    float st[BQ / 8][4], dp[BQ / 8][4];
 #pragma unroll
-      for (int i = 0; i < BQ / 8; i++)
+    for (int i = 0; i < BQ / 8; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
+      for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
-        uint32_t ak[4], av[4];
-        ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
-        ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
+    for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
+      uint32_t ak[4], av[4];
+      ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
+      ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
 #pragma unroll
-        for (int n2 = 0; n2 < BQ / 16; n2++) {
-          uint32_t bq[4], bo[4];
-          ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
-          ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
-          Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
-          Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
-          Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
-          Mma<T>::run(dp[2 * n2 + 1], av, bo[2], bo[3]);
-        }
+      for (int n2 = 0; n2 < BQ / 16; n2++) {
+        uint32_t bq[4], bo[4];
+        ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
+        ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
+        Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
+        Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
+        Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
+        Mma<T>::run(dp[2 * n2 + 1], av, bo[2], bo[3]);
       }
-      const bool diag = p.causal && i0 + p.off < k0 + kBk;
+    }
+    const bool diag = p.causal && i0 + p.off < k0 + kBk, pad = i0 + BQ > p.Tq;
 #pragma unroll
-      for (int i = 0; i < BQ / 8; i++)
+    for (int i = 0; i < BQ / 8; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int c = i * 8 + 2 * t + (e & 1);
-          float pr = exp2f(st[i][e] * p.scale_log2 - sL[c]);
-          if (diag && (e < 2 ? key0 : key1) > i0 + c + p.off) pr = 0.f;
-          st[i][e] = pr;                               // Pᵀ
-          dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
-        }
+      for (int e = 0; e < 4; e++) {
+        int c = i * 8 + 2 * t + (e & 1);
+        // lse·log2(e) rounded on its own (no fused multiply-add), as the dq kernel computes it
+        float pr = exp2f(st[i][e] * p.scale_log2 - __fmul_rn(sL[c], kLog2e));
+        if ((diag || pad) && ((diag && (e < 2 ? key0 : key1) > i0 + c + p.off) || i0 + c >= p.Tq)) pr = 0.f;
+        st[i][e] = pr;                               // Pᵀ
+        dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
+      }
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
-        uint32_t pa[4], da[4];
-        c_to_a<T>(st, kk, pa);
-        c_to_a<T>(dp, kk, da);
+    for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
+      uint32_t pa[4], da[4];
+      c_to_a<T>(st, kk, pa);
+      c_to_a<T>(dp, kk, da);
 #pragma unroll
-        for (int n2 = 0; n2 < NC / 16; n2++) {
-          uint32_t bo[4], bq[4];
-          ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, c0 + n2 * 16, lane));
-          ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, c0 + n2 * 16, lane));
-          Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
-          Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
-          Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
-          Mma<T>::run(dk[2 * n2 + 1], da, bq[2], bq[3]);
-        }
+      for (int n2 = 0; n2 < NC / 16; n2++) {
+        uint32_t bo[4], bq[4];
+        ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, c0 + n2 * 16, lane));
+        ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, c0 + n2 * 16, lane));
+        Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
+        Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
+        Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
+        Mma<T>::run(dk[2 * n2 + 1], da, bq[2], bq[3]);
       }
     }
   }
@@ -160,9 +182,9 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Params p) {
 /* dq for 64 queries, columns [blockIdx.z·NC, +NC) of D; key tiles of BK rows. */
 template <typename T, int D, int BK, int NC>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
-  constexpr int LD = D + 8, BQ = 64;
+  constexpr int LD = D + 8, BQ = 64, STAGE = 2 * BK * LD;   // one stage: sK then sV, BK rows each
   extern __shared__ __align__(16) unsigned char smem[];
-  T *sQ = reinterpret_cast<T *>(smem), *sO = sQ + BQ * LD, *sK = sO + BQ * LD, *sV = sK + BK * LD;
+  T *sQ = reinterpret_cast<T *>(smem), *sO = sQ + BQ * LD, *sKV = sO + BQ * LD;
   const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, q0 = qblk * BQ;
   const int hk = h / p.group, c0 = blockIdx.z * NC;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -174,19 +196,30 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
   const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
   const float l0 = row0 < p.Tq ? lse[row0] * kLog2e : INFINITY, l1 = row1 < p.Tq ? lse[row1] * kLog2e : INFINITY;
   const float d0 = row0 < p.Tq ? delta[row0] : 0.f, d1 = row1 < p.Tq ? delta[row1] : 0.f;
+  const int kend = p.causal ? min(p.Tk, q0 + BQ + p.off) : p.Tk, ntile = (kend + BK - 1) / BK;
 
-  load_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, q0, p.Tq);
-  load_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, q0, p.Tq);
+  if (ntile > 0) {   // q, dO and key tile 0: one group
+    cp_tile<T, D, BQ, kThreads>(sQ, q, p.q_st, q0, p.Tq);
+    cp_tile<T, D, BQ, kThreads>(sO, dout, p.do_st, q0, p.Tq);
+    cp_tile<T, D, BK, kThreads>(sKV, k, p.k_st, 0, p.Tk);
+    cp_tile<T, D, BK, kThreads>(sKV + BK * LD, v, p.v_st, 0, p.Tk);
+    cp_async_commit();
+  }
   float dq[NC / 8][4];
 #pragma unroll
   for (int i = 0; i < NC / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-  const int kend = p.causal ? min(p.Tk, q0 + BQ + p.off) : p.Tk;
 
-  for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();
-    load_tile<T, D, BK, kThreads>(sK, k, p.k_st, k0, p.Tk);
-    load_tile<T, D, BK, kThreads>(sV, v, p.v_st, k0, p.Tk);
-    __syncthreads();
+  for (int j = 0; j < ntile; j++) {
+    const int k0 = j * BK;
+    cp_async_wait<0>();   // this thread's copies of tile j landed
+    __syncthreads();      // everyone's did, and every warp is done with tile j - 1's stage
+    if (j + 1 < ntile) {
+      T *nK = sKV + ((j + 1) & 1) * STAGE;
+      cp_tile<T, D, BK, kThreads>(nK, k, p.k_st, k0 + BK, p.Tk);
+      cp_tile<T, D, BK, kThreads>(nK + BK * LD, v, p.v_st, k0 + BK, p.Tk);
+      cp_async_commit();
+    }
+    const T *sK = sKV + (j & 1) * STAGE, *sV = sK + BK * LD;
     float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
     for (int i = 0; i < BK / 8; i++)
@@ -255,19 +288,25 @@ template <typename T, int D>
 int launch_bwd(const Params &p, cudaStream_t s) {
   // NC: the columns of dk/dv (dq) one block accumulates; at D = 256 two
   // blocks split them, each recomputing S and dP, as 2·128 f32 accumulators
-  // per thread would not fit in registers
-  constexpr int BQ = D <= 64 ? kBq1 : 32, BK2 = D <= 64 ? 64 : 32, LD = D + 8, NC = D <= 128 ? D : 128;
+  // per thread would not fit in registers. BQ (BK2): the streamed query (key)
+  // tile; two stages of it, so D = 256 takes 16 rows to keep two blocks per
+  // SM within the 227 KB of shared memory.
+  constexpr int BQ = D <= 64 ? kBq1 : D <= 128 ? 32 : 16, BK2 = BQ, LD = D + 8, NC = D <= 128 ? D : 128;
   int64_t rows = (int64_t)p.B * p.H * p.Tq;
   flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
   if (em_launch_check("flash_attention backward (delta)")) return -1;
 
-  constexpr size_t smem1 = (size_t)(2 * kBk + 2 * BQ) * LD * sizeof(T) + 2 * BQ * sizeof(float);
+  // k, v; two stages of (q, dO) tiles and of their lse, delta
+  constexpr size_t smem1 = (size_t)(2 * kBk + 4 * BQ) * LD * sizeof(T) + 4 * BQ * sizeof(float);
+  static_assert(smem1 <= 227 * 1024, "flash backward (dk, dv): shared memory over an H100 SM's 227 KB");
   auto k1 = flash_dkdv_kernel<T, D, BQ, NC>;
   if (set_smem(k1, smem1)) return em_launch_check("flash_attention backward (dk, dv)");
   k1<<<dim3((unsigned)((p.Tk + kBk - 1) / kBk), (unsigned)(p.B * p.Hkv), D / NC), kThreads, smem1, s>>>(p);
   if (em_launch_check("flash_attention backward (dk, dv)")) return -1;
 
-  constexpr size_t smem2 = (size_t)(2 * 64 + 2 * BK2) * LD * sizeof(T);
+  // q, dO; two stages of (k, v) tiles
+  constexpr size_t smem2 = (size_t)(2 * 64 + 4 * BK2) * LD * sizeof(T);
+  static_assert(smem2 <= 227 * 1024, "flash backward (dq): shared memory over an H100 SM's 227 KB");
   auto k2 = flash_dq_kernel<T, D, BK2, NC>;
   if (set_smem(k2, smem2)) return em_launch_check("flash_attention backward (dq)");
   k2<<<dim3((unsigned)((p.Tq + 63) / 64), (unsigned)(p.B * p.H), D / NC), kThreads, smem2, s>>>(p);

@@ -1,7 +1,7 @@
 /* Shared pieces of the FlashAttention-2 kernels (flash_fwd.cu, flash_bwd.cu):
  * the tensor-core MMA (m16n8k16, bf16/f16 in, f32 accumulate), ldmatrix
- * fragment loads, packing f32 pairs into 16-bit pairs, and the tile copy from
- * global to shared memory.
+ * fragment loads, packing f32 pairs into 16-bit pairs, and the tile copies from
+ * global to shared memory (cp.async, for the pipelined loops).
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
  *   A 16x16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -136,17 +136,58 @@ inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_
   p.scale = scale; p.scale_log2 = scale * kLog2e;
 }
 
-/* rows [r0, r0 + ROWS) of a (T, D) matrix with row stride st into a shared
- * tile of pitch D + 8; rows at or past n are zero. All threads of the block
- * take part (NT threads), 16 bytes each per step. */
+/* cp.async: global -> shared copies that bypass the registers and run in the
+ * background (sm_80+). Each thread's copies are grouped by commit; wait<N>
+ * blocks until at most N of this thread's groups are still in flight, and a
+ * __syncthreads after it makes every thread's landed copies visible to all.
+ * bytes 0 copies nothing and fills the destination with zeros (the rows past
+ * the end of a matrix). "memory": no shared-memory access moves across them. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Rows [r0, r0 + ROWS) of an (n, D) matrix with row stride st into a shared
+ * tile of pitch D + 8, through cp.async (16 bytes a copy, all NT threads of
+ * the block taking part); rows at or past n are zero-filled (their source
+ * address is g, never read). Issues the copies only: the caller commits,
+ * waits and synchronises. */
 template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t st, int r0, int n) {
-  constexpr int CH = D / 8, LD = D + 8;
-  for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
-    int r = c / CH, col = (c % CH) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < n) v = *reinterpret_cast<const uint4 *>(g + (int64_t)(r0 + r) * st + col);
-    *reinterpret_cast<uint4 *>(s + r * LD + col) = v;
+__device__ __forceinline__ void cp_tile(T *s, const T *g, int64_t st, int r0, int n) {
+  constexpr int CH = D / 8, LD = D + 8, N = ROWS * CH;
+  if constexpr (NT % CH == 0) {
+    // each thread keeps one column and steps RS rows at a time: one 64-bit
+    // base per call, the rest immediates (cheap in registers)
+    constexpr int RS = NT / CH;
+    const int rt = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+    const T *src = g + (int64_t)(r0 + rt) * st + col;
+    T *dst = s + rt * LD + col;
+#pragma unroll
+    for (int i = 0; i < (ROWS + RS - 1) / RS; i++) {
+      if (ROWS % RS == 0 || rt + i * RS < ROWS) {
+        const bool in = r0 + rt + i * RS < n;
+        cp_async16(dst + i * RS * LD, in ? src + (int64_t)i * RS * st : g, in ? 16 : 0);
+      }
+    }
+  } else {
+    // D = 80, 96: rows and columns per copy recomputed (not unrolled: 64-bit
+    // offsets kept for every copy would cost ~30 registers)
+#pragma unroll 1
+    for (int i = 0; i < (N + NT - 1) / NT; i++) {
+      const int c = threadIdx.x + i * NT;
+      if (N % NT == 0 || c < N) {
+        const int r = c / CH, col = (c % CH) * 8;
+        const bool in = r0 + r < n;
+        cp_async16(s + r * LD + col, in ? g + (int64_t)(r0 + r) * st + col : g, in ? 16 : 0);
+      }
+    }
   }
 }
 

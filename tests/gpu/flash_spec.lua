@@ -128,6 +128,14 @@ describe("flash attention on CUDA", function()
     check({1, 4, 40, 256}, {1, 2, 40, 256}, "bf16", true)
   end)
 
+  it("streams many tiles through the double-buffered pipelines (partial tiles at both ends, heads in turn)", function()
+    -- forward: 128-query blocks over 9 key tiles; dk/dv: 2 q heads' query tiles in one stream
+    check({1, 4, 333, 128}, {1, 2, 517, 128}, "bf16", "bottom_right")
+    check({1, 2, 300, 256}, {1, 2, 300, 256}, "f16", true)        -- 16-row backward tiles at D = 256
+    check({1, 2, 259, 80}, {1, 2, 259, 80}, "bf16", false)       -- the copies of D = 80 (10 chunks a row)
+    check({2, 3, 300, 64}, {2, 1, 20, 64}, "bf16", false)        -- one partial key tile, GQA 3
+  end)
+
   it("aligns causal = 'bottom_right' to the end of the keys (Tq < Tk: queries at the end of a cache)", function()
     check({1, 2, 100, 64}, {1, 2, 230, 64}, "bf16", "bottom_right")
     check({2, 2, 130, 96}, {2, 2, 130, 96}, "f16", "bottom_right")   -- Tq = Tk: the usual mask
@@ -186,6 +194,11 @@ describe("flash attention on CUDA", function()
     local f = function(a, b, c) return F.flash_attention(a, b, c, true) end
     local r1, r2 = {run(f, q, k, v, g)}, {run(f, q, k, v, g)}
     for i = 1, 4 do C.assert_equal(r2[i], r1[i], "run 2 vs run 1, output " .. i) end
+    -- GQA at D = 128: the group's dk/dv sums in a fixed order across the pipelined tile stream
+    q, g = randn({1, 4, 333, 128}, "f16"):cuda(), randn({1, 4, 333, 128}, "f16"):cuda()
+    k, v = randn({1, 2, 333, 128}, "f16"):cuda(), randn({1, 2, 333, 128}, "f16"):cuda()
+    r1, r2 = {run(f, q, k, v, g)}, {run(f, q, k, v, g)}
+    for i = 1, 4 do C.assert_equal(r2[i], r1[i], "GQA D 128, run 2 vs run 1, output " .. i) end
   end)
 
   it("lowers f32 inputs under autocast and sends f32 gradients to f32 leaves", function()
