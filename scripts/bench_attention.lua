@@ -423,6 +423,7 @@ if args.torch then
   for line in pipe:lines() do
     local ok, rec = pcall(cj.decode, line)
     if ok and type(rec) == "table" and rec.torch then
+      rec.d, rec.seq = math.tointeger(rec.d), math.tointeger(rec.seq)   -- cjson gives floats
       torch_cells[rec.d .. "/" .. rec.seq] = rec
       if rec.status ~= "ok" then print(("  torch| d=%d seq=%d: %s: %s"):format(rec.d, rec.seq, rec.status,
         tostring(rec.error))) end
