@@ -71,6 +71,8 @@ function M.main(arg)
     end
   end
   io.stdout:write(support.format(kept, a.markdown), "\n")
+  io.stdout:write("\nin every row, shapes are checked too: causal = \"bottom_right\" needs Tq <= Tk, GQA needs H a " ..
+    "multiple of Hkv (errors naming the shapes)\n")
   if #errors > 0 then
     io.stdout:write("\nerrors (F.flash_attention; impl = \"auto\" runs the naive composition there):\n")
     for _, e in ipairs(errors) do io.stdout:write("  flash_attention: ", e, "\n") end
