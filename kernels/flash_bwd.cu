@@ -40,11 +40,12 @@ __global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
   const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh + i * p.o_st;
   const T *d = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh + i * p.do_st;
   float acc = 0.f;
+  constexpr int E = Packed128<T>::size;
 #pragma unroll
-  for (int c = 0; c < D; c += 8) {
+  for (int c = 0; c < D; c += E) {
     Packed128<T> a = load128(o + c), e = load128(d + c);
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc += to_f32(a[j]) * to_f32(e[j]);
+    for (int j = 0; j < E; j++) acc += to_f32(a[j]) * to_f32(e[j]);
   }
   p.delta[r] = acc;
 }
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
  * stream of group · nq tiles, so the pipeline runs on across heads). */
 template <typename T, int D, int BQ, int NC>
 __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(Params p) {
-  constexpr int LD = D + 8, STAGE = 2 * BQ * LD;   // one stage: sQ then sO, BQ rows each
+  constexpr int LD = D + kEpc<T>, KS = kStep<T>, STAGE = 2 * BQ * LD;   // one stage: sQ then sO, BQ rows each
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem), *sV = sK + kBk * LD, *sQO = sV + kBk * LD;
   float *sLD = reinterpret_cast<float *>(sQO + 2 * STAGE);   // stage st: lse at sLD + 2·BQ·st, delta BQ on
@@ -118,15 +119,15 @@ __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(P
 #pragma unroll
       for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
+    for (int kk = 0; kk < D / KS; kk++) {       // Sᵀ = k qᵀ and dPᵀ = v dOᵀ
       uint32_t ak[4], av[4];
-      ldsm_x4(ak, a_addr<LD>(sK, warp * 16, kk * 16, lane));
-      ldsm_x4(av, a_addr<LD>(sV, warp * 16, kk * 16, lane));
+      ld_frag(ak, a_addr<LD>(sK, warp * 16, kk * KS, lane));
+      ld_frag(av, a_addr<LD>(sV, warp * 16, kk * KS, lane));
 #pragma unroll
       for (int n2 = 0; n2 < BQ / 16; n2++) {
         uint32_t bq[4], bo[4];
-        ldsm_x4(bq, bn_addr<LD>(sQ, n2 * 16, kk * 16, lane));
-        ldsm_x4(bo, bn_addr<LD>(sO, n2 * 16, kk * 16, lane));
+        ld_frag(bq, bn_addr<LD>(sQ, n2 * 16, kk * KS, lane));
+        ld_frag(bo, bn_addr<LD>(sO, n2 * 16, kk * KS, lane));
         Mma<T>::run(st[2 * n2], ak, bq[0], bq[1]);
         Mma<T>::run(st[2 * n2 + 1], ak, bq[2], bq[3]);
         Mma<T>::run(dp[2 * n2], av, bo[0], bo[1]);
@@ -146,15 +147,15 @@ __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(P
         dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
       }
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
+    for (int kk = 0; kk < BQ / KS; kk++) {      // dv += Pᵀ dO, dk += dSᵀ q
       uint32_t pa[4], da[4];
       c_to_a<T>(st, kk, pa);
       c_to_a<T>(dp, kk, da);
 #pragma unroll
       for (int n2 = 0; n2 < NC / 16; n2++) {
         uint32_t bo[4], bq[4];
-        ldsm_x4_t(bo, bk_addr<LD>(sO, kk * 16, c0 + n2 * 16, lane));
-        ldsm_x4_t(bq, bk_addr<LD>(sQ, kk * 16, c0 + n2 * 16, lane));
+        ld_frag_kn<LD>(bo, sO, kk * KS, c0 + n2 * 16, lane);
+        ld_frag_kn<LD>(bq, sQ, kk * KS, c0 + n2 * 16, lane);
         Mma<T>::run(dv[2 * n2], pa, bo[0], bo[1]);
         Mma<T>::run(dv[2 * n2 + 1], pa, bo[2], bo[3]);
         Mma<T>::run(dk[2 * n2], da, bq[0], bq[1]);
@@ -169,12 +170,12 @@ __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(P
   for (int i = 0; i < NC / 8; i++) {
     int col = c0 + i * 8 + 2 * t;
     if (key0 < p.Tk) {
-      *reinterpret_cast<uint32_t *>(gk + (int64_t)key0 * p.dk_st + col) = Mma<T>::pack(dk[i][0] * p.scale, dk[i][1] * p.scale);
-      *reinterpret_cast<uint32_t *>(gv + (int64_t)key0 * p.dv_st + col) = Mma<T>::pack(dv[i][0], dv[i][1]);
+      store2(gk + (int64_t)key0 * p.dk_st + col, dk[i][0] * p.scale, dk[i][1] * p.scale);
+      store2(gv + (int64_t)key0 * p.dv_st + col, dv[i][0], dv[i][1]);
     }
     if (key1 < p.Tk) {
-      *reinterpret_cast<uint32_t *>(gk + (int64_t)key1 * p.dk_st + col) = Mma<T>::pack(dk[i][2] * p.scale, dk[i][3] * p.scale);
-      *reinterpret_cast<uint32_t *>(gv + (int64_t)key1 * p.dv_st + col) = Mma<T>::pack(dv[i][2], dv[i][3]);
+      store2(gk + (int64_t)key1 * p.dk_st + col, dk[i][2] * p.scale, dk[i][3] * p.scale);
+      store2(gv + (int64_t)key1 * p.dv_st + col, dv[i][2], dv[i][3]);
     }
   }
 }
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(P
 /* dq for 64 queries, columns [blockIdx.z·NC, +NC) of D; key tiles of BK rows. */
 template <typename T, int D, int BK, int NC>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
-  constexpr int LD = D + 8, BQ = 64, STAGE = 2 * BK * LD;   // one stage: sK then sV, BK rows each
+  constexpr int LD = D + kEpc<T>, KS = kStep<T>, BQ = 64, STAGE = 2 * BK * LD;   // one stage: sK then sV, BK rows each
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem), *sO = sQ + BQ * LD, *sKV = sO + BQ * LD;
   const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, q0 = qblk * BQ;
@@ -226,15 +227,15 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {       // S = q kᵀ and dP = dO vᵀ
+    for (int kk = 0; kk < D / KS; kk++) {       // S = q kᵀ and dP = dO vᵀ
       uint32_t aq[4], ao[4];
-      ldsm_x4(aq, a_addr<LD>(sQ, warp * 16, kk * 16, lane));
-      ldsm_x4(ao, a_addr<LD>(sO, warp * 16, kk * 16, lane));
+      ld_frag(aq, a_addr<LD>(sQ, warp * 16, kk * KS, lane));
+      ld_frag(ao, a_addr<LD>(sO, warp * 16, kk * KS, lane));
 #pragma unroll
       for (int n2 = 0; n2 < BK / 16; n2++) {
         uint32_t bk[4], bv[4];
-        ldsm_x4(bk, bn_addr<LD>(sK, n2 * 16, kk * 16, lane));
-        ldsm_x4(bv, bn_addr<LD>(sV, n2 * 16, kk * 16, lane));
+        ld_frag(bk, bn_addr<LD>(sK, n2 * 16, kk * KS, lane));
+        ld_frag(bv, bn_addr<LD>(sV, n2 * 16, kk * KS, lane));
         Mma<T>::run(s[2 * n2], aq, bk[0], bk[1]);
         Mma<T>::run(s[2 * n2 + 1], aq, bk[2], bk[3]);
         Mma<T>::run(dp[2 * n2], ao, bv[0], bv[1]);
@@ -252,13 +253,13 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
         dp[i][e] = pr * (dp[i][e] - (e < 2 ? d0 : d1));   // dS
       }
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {      // dq += dS k
+    for (int kk = 0; kk < BK / KS; kk++) {      // dq += dS k
       uint32_t da[4];
       c_to_a<T>(dp, kk, da);
 #pragma unroll
       for (int n2 = 0; n2 < NC / 16; n2++) {
         uint32_t bk[4];
-        ldsm_x4_t(bk, bk_addr<LD>(sK, kk * 16, c0 + n2 * 16, lane));
+        ld_frag_kn<LD>(bk, sK, kk * KS, c0 + n2 * 16, lane);
         Mma<T>::run(dq[2 * n2], da, bk[0], bk[1]);
         Mma<T>::run(dq[2 * n2 + 1], da, bk[2], bk[3]);
       }
@@ -269,10 +270,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
 #pragma unroll
   for (int i = 0; i < NC / 8; i++) {
     int col = c0 + i * 8 + 2 * t;
-    if (row0 < p.Tq)
-      *reinterpret_cast<uint32_t *>(gq + (int64_t)row0 * p.dq_st + col) = Mma<T>::pack(dq[i][0] * p.scale, dq[i][1] * p.scale);
-    if (row1 < p.Tq)
-      *reinterpret_cast<uint32_t *>(gq + (int64_t)row1 * p.dq_st + col) = Mma<T>::pack(dq[i][2] * p.scale, dq[i][3] * p.scale);
+    if (row0 < p.Tq) store2(gq + (int64_t)row0 * p.dq_st + col, dq[i][0] * p.scale, dq[i][1] * p.scale);
+    if (row1 < p.Tq) store2(gq + (int64_t)row1 * p.dq_st + col, dq[i][2] * p.scale, dq[i][3] * p.scale);
   }
 }
 
@@ -290,8 +289,11 @@ int launch_bwd(const Params &p, cudaStream_t s) {
   // blocks split them, each recomputing S and dP, as 2·128 f32 accumulators
   // per thread would not fit in registers. BQ (BK2): the streamed query (key)
   // tile; two stages of it, so D = 256 takes 16 rows to keep two blocks per
-  // SM within the 227 KB of shared memory.
-  constexpr int BQ = D <= 64 ? kBq1 : D <= 128 ? 32 : 16, BK2 = BQ, LD = D + 8, NC = D <= 128 ? D : 128;
+  // SM within the 227 KB of shared memory. Chosen by a row's bytes, so f32
+  // (twice the bytes) takes the next smaller tile: 64 rows up to D = 32, 32
+  // at D = 64, 16 from D = 80 (2-3 blocks per SM as for bf16).
+  constexpr int RB = D * (int)sizeof(T);
+  constexpr int BQ = RB <= 128 ? kBq1 : RB <= 256 ? 32 : 16, BK2 = BQ, LD = D + kEpc<T>, NC = D <= 128 ? D : 128;
   int64_t rows = (int64_t)p.B * p.H * p.Tq;
   flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
   if (em_launch_check("flash_attention backward (delta)")) return -1;
@@ -333,8 +335,10 @@ extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const e
   int d = (int)q->shape[3], rc = -2;
   if (q->dtype == EM_BF16) {
     FLASH_DISPATCH_D(d, D, rc = launch_bwd<__nv_bfloat16, D>(p, s);)
-  } else {
+  } else if (q->dtype == EM_F16) {
     FLASH_DISPATCH_D(d, D, rc = launch_bwd<__half, D>(p, s);)
+  } else if (q->dtype == EM_F32) {
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<float, D>(p, s);)
   }
   if (rc == -2) return em_error("flash_attention backward: no kernel for head dim %d", d);
   return rc;

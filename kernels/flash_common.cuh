@@ -11,9 +11,24 @@
  * exactly the A fragment of one 16-wide k step: probabilities go from the
  * score accumulator into the next MMA without touching shared memory.
  *
- * Shared tiles are row-major with a row pitch of D + 8 elements: the 16-byte
- * pad makes the eight row addresses of every ldmatrix phase fall in distinct
- * banks (the pitch is an odd number of 16-byte chunks for every D here). */
+ * f32 inputs (Mma<float>) run on the TF32 tensor cores, mma.m16n8k8:
+ *   A 16x8:  a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+ *   B 8x8:   b0 (k t, n g), b1 (k t+4, n g);  C as above.
+ * ldmatrix (b16) moves 8 rows of 16 bytes, i.e. 8 x 4 f32: lane (g, t) gets
+ * word (g, t), which is the A fragment from a row-major tile and the B
+ * fragment from an [n][k] tile, as for 16-bit types with half the k. The C
+ * registers (g, 2t), (g, 2t+1) are not the A layout (g, t), (g, t+4); but a
+ * k step's order is free if A and B agree, so P's A fragment takes logical k
+ * t from column 2t and t+4 from 2t+1 (no shuffles), and B from a [k][n]
+ * tile (no ldmatrix.trans for 32-bit words) reads rows 2t and 2t+1 with
+ * plain shared loads. Operands are rounded to TF32 (cvt.rna) as they enter
+ * an MMA; accumulation is f32.
+ *
+ * Shared tiles are row-major with a row pitch of D + 16 bytes (D + 8
+ * elements of 16 bits, D + 4 of f32): the pad makes the eight row addresses
+ * of every ldmatrix phase fall in distinct banks (the pitch is an odd number
+ * of 16-byte chunks for every D here), and the f32 [k][n] loads (rows 2t,
+ * columns g: pitch ≡ 4 or 20 mod 32 words) conflict-free. */
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,7 +57,7 @@ struct Params {          // strides in elements; the last dim is contiguous
 };
 
 /* Up to this many queries the forward takes the split-key decode kernel. */
-constexpr int kDecodeMaxTq = 16;
+constexpr int kDecodeMaxTq = EM_FLASH_DECODE_MAX_TQ;   // ember/ops.h
 
 /* The decode forward (flash_decode.cu) for validated p (o, lse set): 0 or -1 with the error set. */
 int decode_fwd(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
@@ -74,6 +89,26 @@ template <> struct Mma<__half> {
     return *reinterpret_cast<uint32_t *>(&v);
   }
 };
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+/* f32 storage, TF32 tensor cores (m16n8k8; run takes operands already rounded by prep / c_to_a). */
+template <> struct Mma<float> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+/* The k of one MMA: 16 for 16-bit inputs, 8 for TF32. */
+template <typename T> constexpr int kStep = sizeof(T) == 4 ? 8 : 16;
+/* Elements per 16-byte chunk (a cp.async copy, an ldmatrix row); tiles' row pitch is D + kEpc<T>. */
+template <typename T> constexpr int kEpc = 16 / (int)sizeof(T);
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -93,11 +128,11 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
  * n blocks at n0, k step at k0): registers {b0,b1} of n block 0 then of 1. */
 template <int LD, typename T>
 __device__ __forceinline__ const T *a_addr(const T *s, int r0, int c0, int lane) {
-  return s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * 8;
+  return s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * kEpc<T>;
 }
 template <int LD, typename T>
 __device__ __forceinline__ const T *bn_addr(const T *s, int n0, int k0, int lane) {   // tile stored [n][k]
-  return s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8;
+  return s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * kEpc<T>;
 }
 /* B from a [k][n] tile through ldmatrix.trans: k step at k0, two n blocks at n0. */
 template <int LD, typename T>
@@ -111,14 +146,55 @@ __device__ __forceinline__ const T *at_addr(const T *s, int m0, int k0, int lane
   return s + (k0 + (lane & 7) + (lane >> 4) * 8) * LD + m0 + ((lane >> 3) & 1) * 8;
 }
 
-/* The C accumulators of n blocks 2kk and 2kk+1 (16 rows x 16 columns),
- * rounded to 16 bits, as the A fragment of one k step (see the layouts above). */
+/* The C accumulators of k step kk (16 rows x kStep columns) as its A
+ * fragment: 16-bit types pack n blocks 2kk and 2kk+1; TF32 takes n block kk
+ * with k permuted (column 2t as k t, 2t+1 as t+4; see the layouts above). */
 template <typename T>
 __device__ __forceinline__ void c_to_a(const float (*c)[4], int kk, uint32_t a[4]) {
-  a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
-  a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
-  a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-  a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  if constexpr (sizeof(T) == 4) {
+    a[0] = to_tf32(c[kk][0]); a[1] = to_tf32(c[kk][2]);
+    a[2] = to_tf32(c[kk][1]); a[3] = to_tf32(c[kk][3]);
+  } else {
+    a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+    a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+/* An A fragment from a row-major tile, or the B fragments of two n blocks
+ * from an [n][k] tile (p from a_addr / bn_addr): ldmatrix, rounded to TF32
+ * for f32. */
+template <typename T>
+__device__ __forceinline__ void ld_frag(uint32_t r[4], const T *p) {
+  ldsm_x4(r, p);
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) r[i] = to_tf32(__uint_as_float(r[i]));
+  }
+}
+
+/* The B fragments {b0, b1} of n blocks n0 and n0 + 8, k step at k0, from a
+ * tile stored [k][n] (pitch LD): ldmatrix.trans for 16-bit types; for f32
+ * rows k0 + 2t and k0 + 2t + 1 (the permuted k of c_to_a) by plain loads. */
+template <int LD, typename T>
+__device__ __forceinline__ void ld_frag_kn(uint32_t r[4], const T *s, int k0, int n0, int lane) {
+  if constexpr (sizeof(T) == 4) {
+    const T *p = s + (k0 + 2 * (lane & 3)) * LD + n0 + (lane >> 2);
+    r[0] = to_tf32(p[0]); r[1] = to_tf32(p[LD]);
+    r[2] = to_tf32(p[8]); r[3] = to_tf32(p[LD + 8]);
+  } else {
+    ldsm_x4_t(r, bk_addr<LD>(s, k0, n0, lane));
+  }
+}
+
+/* Two adjacent outputs (columns 2t, 2t + 1 of a C fragment) stored as T. */
+template <typename T>
+__device__ __forceinline__ void store2(T *p, float lo, float hi) {
+  if constexpr (sizeof(T) == 4)
+    *reinterpret_cast<float2 *>(p) = make_float2(lo, hi);
+  else
+    *reinterpret_cast<uint32_t *>(p) = Mma<T>::pack(lo, hi);
 }
 
 /* q, k, v (and o when given) geometry, sizes and scale into p: the part of
@@ -155,18 +231,18 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Rows [r0, r0 + ROWS) of an (n, D) matrix with row stride st into a shared
- * tile of pitch D + 8, through cp.async (16 bytes a copy, all NT threads of
- * the block taking part); rows at or past n are zero-filled (their source
- * address is g, never read). Issues the copies only: the caller commits,
- * waits and synchronises. */
+ * tile of pitch D + kEpc (16 bytes of pad), through cp.async (16 bytes a
+ * copy, all NT threads of the block taking part); rows at or past n are
+ * zero-filled (their source address is g, never read). Issues the copies
+ * only: the caller commits, waits and synchronises. */
 template <typename T, int D, int ROWS, int NT>
 __device__ __forceinline__ void cp_tile(T *s, const T *g, int64_t st, int r0, int n) {
-  constexpr int CH = D / 8, LD = D + 8, N = ROWS * CH;
+  constexpr int E = kEpc<T>, CH = D / E, LD = D + E, N = ROWS * CH;
   if constexpr (NT % CH == 0) {
     // each thread keeps one column and steps RS rows at a time: one 64-bit
     // base per call, the rest immediates (cheap in registers)
     constexpr int RS = NT / CH;
-    const int rt = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+    const int rt = threadIdx.x / CH, col = (threadIdx.x % CH) * E;
     const T *src = g + (int64_t)(r0 + rt) * st + col;
     T *dst = s + rt * LD + col;
 #pragma unroll
@@ -183,7 +259,7 @@ __device__ __forceinline__ void cp_tile(T *s, const T *g, int64_t st, int r0, in
     for (int i = 0; i < (N + NT - 1) / NT; i++) {
       const int c = threadIdx.x + i * NT;
       if (N % NT == 0 || c < N) {
-        const int r = c / CH, col = (c % CH) * 8;
+        const int r = c / CH, col = (c % CH) * E;
         const bool in = r0 + r < n;
         cp_async16(s + r * LD + col, in ? g + (int64_t)(r0 + r) * st + col : g, in ? 16 : 0);
       }

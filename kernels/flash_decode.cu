@@ -298,6 +298,8 @@ int flash::decode_fwd(Params &p, em_dtype dt, int d, int device, cudaStream_t s)
     FLASH_DISPATCH_D(d, D, rc = launch_decode<__nv_bfloat16, D>(p, device, s);)
   } else if (dt == EM_F16) {
     FLASH_DISPATCH_D(d, D, rc = launch_decode<__half, D>(p, device, s);)
+  } else if (dt == EM_F32) {   // f32 arithmetic throughout: exact f32, no TF32 rounding
+    FLASH_DISPATCH_D(d, D, rc = launch_decode<float, D>(p, device, s);)
   }
   if (rc == -2) return em_error("flash_attention: no decode kernel for head dim %d and %s", d, em_dtype_name(dt));
   return rc;

@@ -40,10 +40,11 @@ namespace {
  * shared memory at every k step (143 registers with q in registers: one block
  * per SM). D = 256: 4 warps and 32-key tiles, so two blocks fit the 227 KB of
  * shared memory of an SM; q stays in shared memory (o alone is 128 f32). */
-template <int D> struct FwdCfg {
+template <typename T, int D> struct FwdCfg {
   static constexpr int WARPS = D <= 128 ? 8 : 4, BR = WARPS * 16, BC = D <= 128 ? 64 : 32, MINB = D <= 64 ? 2 : 1;
-  static constexpr bool QREG = D <= 128 && D != 64;
-  static constexpr int THREADS = WARPS * 32, LD = D + 8;
+  // f32 (TF32): q's fragments would be 2x the registers (D/2 per thread): always from shared memory
+  static constexpr bool QREG = D <= 128 && D != 64 && sizeof(T) == 2;
+  static constexpr int THREADS = WARPS * 32, LD = D + kEpc<T>;
   // sQ, then two stages of (sK, sV)
   static constexpr size_t SMEM_ELEMS = (size_t)(BR + 4 * BC) * LD;
 };
@@ -55,9 +56,9 @@ template <int D> struct FwdCfg {
  * tile j + 1 are issued; they land while S = q kᵀ, the softmax and o += P v
  * of tile j run. One barrier per tile. */
 template <typename T, int D>
-__global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd_kernel(Params p) {
-  using C = FwdCfg<D>;
-  constexpr int LD = C::LD, BR = C::BR, BC = C::BC, NT = C::THREADS;
+__global__ void __launch_bounds__(FwdCfg<T, D>::THREADS, FwdCfg<T, D>::MINB) flash_fwd_kernel(Params p) {
+  using C = FwdCfg<T, D>;
+  constexpr int LD = C::LD, BR = C::BR, BC = C::BC, NT = C::THREADS, KS = kStep<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem), *sK0 = sQ + BR * LD;   // stage st: sK0 + st·2·BC·LD, its V BC·LD on
   const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
@@ -80,10 +81,10 @@ __global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd
   __syncthreads();
   // q fragments in registers, or read from sQ at every k step (FwdCfg)
   constexpr bool kQReg = C::QREG;
-  uint32_t qf[kQReg ? D / 16 : 1][4];
+  uint32_t qf[kQReg ? D / KS : 1][4];
   if constexpr (kQReg) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+    for (int kk = 0; kk < D / KS; kk++) ld_frag(qf[kk], a_addr<LD>(sQ, warp * 16, kk * KS, lane));
   }
 
   float o[D / 8][4];
@@ -111,17 +112,17 @@ __global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd
 #pragma unroll
     for (int i = 0; i < BC / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
+    for (int kk = 0; kk < D / KS; kk++) {
       uint32_t qa[4];
       if constexpr (kQReg) {
         qa[0] = qf[kk][0]; qa[1] = qf[kk][1]; qa[2] = qf[kk][2]; qa[3] = qf[kk][3];
       } else {
-        ldsm_x4(qa, a_addr<LD>(sQ, warp * 16, kk * 16, lane));
+        ld_frag(qa, a_addr<LD>(sQ, warp * 16, kk * KS, lane));
       }
 #pragma unroll
       for (int n2 = 0; n2 < BC / 16; n2++) {
         uint32_t bf[4];
-        ldsm_x4(bf, bn_addr<LD>(sK, n2 * 16, kk * 16, lane));
+        ld_frag(bf, bn_addr<LD>(sK, n2 * 16, kk * KS, lane));
         Mma<T>::run(s[2 * n2], qa, bf[0], bf[1]);
         Mma<T>::run(s[2 * n2 + 1], qa, bf[2], bf[3]);
       }
@@ -163,13 +164,13 @@ __global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd
 #pragma unroll
     for (int i = 0; i < D / 8; i++) { o[i][0] *= a0; o[i][1] *= a0; o[i][2] *= a1; o[i][3] *= a1; }
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) {
+    for (int kk = 0; kk < BC / KS; kk++) {
       uint32_t pa[4];
       c_to_a<T>(s, kk, pa);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; n2++) {
         uint32_t bf[4];
-        ldsm_x4_t(bf, bk_addr<LD>(sV, kk * 16, n2 * 16, lane));
+        ld_frag_kn<LD>(bf, sV, kk * KS, n2 * 16, lane);
         Mma<T>::run(o[2 * n2], pa, bf[0], bf[1]);
         Mma<T>::run(o[2 * n2 + 1], pa, bf[2], bf[3]);
       }
@@ -185,10 +186,8 @@ __global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd
 #pragma unroll
   for (int i = 0; i < D / 8; i++) {
     int col = i * 8 + 2 * t;
-    if (row0 < p.Tq)
-      *reinterpret_cast<uint32_t *>(out + (int64_t)row0 * p.o_st + col) = Mma<T>::pack(o[i][0] * inv0, o[i][1] * inv0);
-    if (row1 < p.Tq)
-      *reinterpret_cast<uint32_t *>(out + (int64_t)row1 * p.o_st + col) = Mma<T>::pack(o[i][2] * inv1, o[i][3] * inv1);
+    if (row0 < p.Tq) store2(out + (int64_t)row0 * p.o_st + col, o[i][0] * inv0, o[i][1] * inv0);
+    if (row1 < p.Tq) store2(out + (int64_t)row1 * p.o_st + col, o[i][2] * inv1, o[i][3] * inv1);
   }
   if (t == 0) {
     float *lse = p.lse + (int64_t)bh * p.Tq;
@@ -199,7 +198,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::THREADS, FwdCfg<D>::MINB) flash_fwd
 
 template <typename T, int D>
 int launch_fwd(const Params &p, cudaStream_t s) {
-  using C = FwdCfg<D>;
+  using C = FwdCfg<T, D>;
   constexpr size_t smem = C::SMEM_ELEMS * sizeof(T);
   static_assert(smem <= 227 * 1024, "flash forward: shared memory over an H100 SM's 227 KB");
   auto kern = flash_fwd_kernel<T, D>;
@@ -227,8 +226,10 @@ extern "C" int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const e
   if (p.Tq <= kDecodeMaxTq) return decode_fwd(p, q->dtype, d, q->device.index, s);
   if (q->dtype == EM_BF16) {
     FLASH_DISPATCH_D(d, D, rc = launch_fwd<__nv_bfloat16, D>(p, s);)
-  } else {
+  } else if (q->dtype == EM_F16) {
     FLASH_DISPATCH_D(d, D, rc = launch_fwd<__half, D>(p, s);)
+  } else if (q->dtype == EM_F32) {
+    FLASH_DISPATCH_D(d, D, rc = launch_fwd<float, D>(p, s);)
   }
   if (rc == -2) return em_error("flash_attention: no kernel for head dim %d", d);
   return rc;

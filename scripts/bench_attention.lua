@@ -28,9 +28,9 @@
 --   flash  F.scaled_dot_product_attention{impl = "flash"}: Ember's
 --          FlashAttention (no T² tensor; saves O and the log-sum-exp), d in
 --          {16, 32, 64, 80, 96, 128, 256}. CUDA: the FlashAttention-2 kernels,
---          or the split-key decode kernels when Tq <= 16 (--tq), bf16/f16: with
---          --dtype f32 flash runs in bf16, and its rows and columns say
---          "flash (bf16)". CPU: the tiled path (engine/ops/flash_cpu.c) in the
+--          or the split-key decode kernels when Tq <= 16 (--tq), in bf16/f16,
+--          or f32 on the TF32 tensor cores (--dtype f32; the decode kernel in
+--          exact f32). CPU: the tiled path (engine/ops/flash_cpu.c) in the
 --          input dtype.
 --
 -- Shapes: (B, T, d) for q, k and v by default (one head, the course's
@@ -90,7 +90,7 @@ parser:option("--align", "Causal alignment with --causal: top_left (is_causal) o
 parser:flag("--fwd-only", "Time the forward only (no backward passes).")
 parser:option("--passes", "Timed forward passes, then as many backward passes.", "100"):convert(math.tointeger)
 parser:option("--warmup", "Untimed passes before each timed series.", "5"):convert(math.tointeger)
-parser:option("--dtype", "Input dtype (flash runs in bf16 when this is f32).", "f32")
+parser:option("--dtype", "Input dtype (flash in f32 runs on the TF32 tensor cores on CUDA).", "f32")
   :choices({"f32", "bf16", "f16"})
 parser:flag("--causal", "Causal mask (query i sees keys j <= i).")
 parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
@@ -137,9 +137,8 @@ else
   IMPLS = on_cuda and {"naive", "graph", "flash"} or {"naive"}
 end
 
--- flash on CUDA computes in a half dtype: bf16 when the inputs would be f32
+-- every implementation computes in the input dtype (flash in f32 on CUDA: TF32 tensor cores)
 local function impl_dtype(impl)
-  if impl == "flash" and on_cuda and args.dtype == "f32" then return "bf16" end
   return args.dtype
 end
 local function impl_label(impl)
@@ -405,8 +404,8 @@ if args.torch then
   local root = script_dir .. "../"
   local q = function(a) return "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
   local parts = {("EMBER_COMMIT=%s python3 %sscripts/torch/bench_attention.py"):format(facts.commit, root),
-    "--d", q(args.d), "--seq", q(args.seq), "--batch", B, "--dtype", q(args.dtype == "f32" and on_cuda and
-    "bf16" or args.dtype), "--passes", args.passes, "--warmup", args.warmup, "--backend", q(args.torch_backend),
+    "--d", q(args.d), "--seq", q(args.seq), "--batch", B, "--dtype", q(args.dtype),
+    "--passes", args.passes, "--warmup", args.warmup, "--backend", q(args.torch_backend),
     "--device", q(on_cuda and ("cuda:" .. (tostring(args.device):match(":(%d+)") or "0")) or "cpu"),
     "--seed", args.seed}
   if args.heads then parts[#parts + 1] = "--heads " .. args.heads end

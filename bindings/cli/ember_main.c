@@ -60,6 +60,7 @@ static const struct command commands[] = {
 	{"repl", cmd_repl, "repl", "interactive prompt with `ember` and `F` preloaded (also for -e)"},
 	{"launch", cmd_launch, "launch --nproc N ...", "run a script on N ranks through mpirun (ember launch --help)"},
 	{"sweep", cmd_lua, "sweep ...", "run a campaign of configurations (ember sweep --help)"},
+	{"attention", cmd_lua, "attention --matrix", "which attention kernel runs per head dim, dtype, causal, GQA, device"},
 	{"help", cmd_help, "help", "show this help"},
 };
 

@@ -136,8 +136,9 @@ function F.log_softmax(x, dim) return core.log_softmax(x, dim or -1) end
 -- F.cross_entropy (with its options) is defined in the issue 12 block below.
 
 --- FlashAttention: softmax(q kᵀ · scale + causal mask) v without
--- materialising the score matrix — the CUDA kernels (bf16/f16, or f32 under
--- ember.autocast) or the tiled CPU path (any float dtype). Returns O and the
+-- materialising the score matrix — the CUDA kernels (bf16/f16; f32 on the
+-- TF32 tensor cores, or lowered to bf16/f16 under ember.autocast) or the
+-- tiled CPU path (any float dtype). Returns O and the
 -- rows' log-sum-exp L (B, H, Tq) or (B, Tq), f32 (f64 for f64 inputs).
 -- @param q tensor (B, H, Tq, d) or (B, Tq, d) (one head)
 -- @param k tensor (B, Hkv, Tk, d) or (B, Tk, d); H a multiple of Hkv
@@ -154,6 +155,15 @@ function F.flash_attention(q, k, v, causal, scale)
   return core.flash_attention(q, k, v, causal, scale or 0)
 end
 
+--- The attention support matrix: one row per device x dtype x head dim x
+-- causal x GQA case, saying which kernel runs forward (Tq > 16), for
+-- decoding (Tq <= 16) and backward, what impl = "auto" picks, and the error
+-- F.flash_attention raises for the cases it refuses (ember.flash_support;
+-- `ember attention --matrix` prints it).
+-- @tparam[opt] table opts `tf32`: the ember.backends.tf32 setting to assume
+--   (default: the current one; it decides "auto" for f32 on CUDA)
+function F.flash_support(opts) return require("ember.flash_support").rows(opts) end
+
 local SDPA_IMPLS = {auto = core.attention, naive = core.attention_naive,
   flash = function(q, k, v, causal, scale) return (core.flash_attention(q, k, v, causal, scale)) end}
 local SDPA_KEYS = {causal = true, scale = true, impl = true, enable_gqa = true}
@@ -166,8 +176,8 @@ local SDPA_KEYS = {causal = true, scale = true, impl = true, enable_gqa = true}
 --   PyTorch's is_causal, "bottom_right" aligns the mask to the end of the
 --   keys), `scale` (default 1/√d), `enable_gqa` (as PyTorch's: q with H heads
 --   in dim -3 against k, v with Hkv heads, H a multiple of Hkv), `impl`:
---   "auto" (the default: flash where it applies — CUDA with bf16/f16 or
---   autocast, or the CPU from 256 keys; 3-D or 4-D, d in {16, 32, 64, 80,
+--   "auto" (the default: flash where it applies — CUDA with bf16/f16,
+--   autocast, or f32 while ember.backends.tf32 is on; the CPU from 256 keys; 3-D or 4-D, d in {16, 32, 64, 80,
 --   96, 128, 256} — the naive composition elsewhere), "naive" or "flash" (an
 --   error where it does not apply)
 function F.scaled_dot_product_attention(q, k, v, opts)

@@ -304,6 +304,16 @@ static int l_flash_applies(lua_State *L) {
   lua_pushboolean(L, em_flash_applies(q, k, lem_check_tensor(L, 3, fn, "v")));
   return 1;
 }
+/* core.flash_limits() -> {decode_max_tq, cpu_min_tk}: the thresholds of the
+ * implementation choice (ember/ops.h), for ember.flash_support's matrix */
+static int l_flash_limits(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, EM_FLASH_DECODE_MAX_TQ);
+  lua_setfield(L, -2, "decode_max_tq");
+  lua_pushinteger(L, EM_FLASH_CPU_MIN_TK);
+  lua_setfield(L, -2, "cpu_min_tk");
+  return 1;
+}
 /* core.flash_cpu_tiles([bq, bk]) -> bq, bk: the CPU tile sizes for head dim
  * 64; with arguments, force them for every head dim first (tests: several
  * tiles at small T; 0, 0 restores the defaults). */
@@ -433,7 +443,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
-    {"flash_cpu_tiles", l_flash_cpu_tiles},
+    {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
     {"sum_of_squares", l_sum_of_squares}, {NULL, NULL}};

@@ -14,7 +14,12 @@
  * aligned (em_causal, ember/ops.h).
  *
  * CUDA: bf16 or f16 (under ember.autocast f32 inputs are lowered to the
- * region's dtype first, as attention is on the lower-precision list). Any
+ * region's dtype first, as attention is on the lower-precision list), or f32
+ * outside autocast: the same kernels on the TF32 tensor cores (operands
+ * rounded to TF32, f32 accumulation and softmax; the decode kernel is f32
+ * throughout). impl "auto" takes them for f32 only while
+ * ember.backends.tf32 is on, as the f32 matmuls do; off, it keeps the exact
+ * f32 naive composition (docs/flash.md, "f32 inputs on CUDA"). Any
  * strides over B, H and T: the kernels read the (B, T, H, D) layout that the
  * head split of a linear projection produces without a copy. o, dq, dk and
  * dv are allocated as (B, T, H, D) memory viewed as (B, H, T, D), so merging
@@ -26,8 +31,8 @@
  * its eval mode compares the kernels with.
  *
  * em_attention picks the implementation: flash where em_flash_applies (CUDA
- * with a half dtype after autocast; the CPU from EM_FLASH_CPU_MIN_TK keys),
- * the naive composition everywhere else. */
+ * with a half dtype after autocast, or f32 with TF32 allowed; the CPU from
+ * EM_FLASH_CPU_MIN_TK keys), the naive composition everywhere else. */
 #include <math.h>
 #include <stdio.h>
 #include "flash_cpu.h"
@@ -36,6 +41,8 @@
 #define OP "flash_attention"
 
 static bool half_dtype(em_dtype dt) { return dt == EM_BF16 || dt == EM_F16; }
+/* The dtypes the CUDA kernels take: bf16, f16 (mma.m16n8k16) and f32 (TF32 mma.m16n8k8). */
+static bool cuda_dtype(em_dtype dt) { return half_dtype(dt) || dt == EM_F32; }
 
 /* The head dims the op accepts: the kernels' on CUDA; on the CPU the same
  * list (a CPU-only build, whose backend stub supports nothing, included). */
@@ -60,9 +67,8 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, em_dtype dt,
                       em_dtype_name(q->dtype), em_dtype_name(k->dtype), em_dtype_name(v->dtype));
   }
   if (em_check_float(OP, "q", q)) return -1;
-  if (q->device.type == EM_CUDA && !half_dtype(dt))
-    return em_error(OP ": expected bf16 or f16 q, k and v (or f32 inside ember.autocast), got %s",
-                    em_dtype_name(dt));
+  if (q->device.type == EM_CUDA && !cuda_dtype(dt))
+    return em_error(OP ": expected bf16, f16 or f32 q, k and v on CUDA, got %s", em_dtype_name(dt));
   em_shape_str(q->ndim, q->shape, s1, 160);
   em_shape_str(k->ndim, k->shape, s2, 160);
   em_shape_str(v->ndim, v->shape, s3, 160);
@@ -291,7 +297,8 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
   em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;
   if ((q->ndim != 3 && q->ndim != 4) || k->ndim != q->ndim || v->ndim != q->ndim) return false;
-  if (q->device.type == EM_CUDA && !half_dtype(dt)) return false;
+  /* f32 runs on the TF32 tensor cores: auto takes it only where f32 matmuls may use TF32 too */
+  if (q->device.type == EM_CUDA && !(half_dtype(dt) || (dt == EM_F32 && em_cuda_allow_tf32()))) return false;
   if (q->device.type == EM_CPU && k->shape[q->ndim - 2] < EM_FLASH_CPU_MIN_TK) return false;
   return flash_validate(q, k, v, dt, EM_CAUSAL_NONE, 1.0) == 0;
 }

@@ -19,7 +19,21 @@ local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local C = dofile(here .. "compare.lua")
 local rel = C.rel_error
 
-local CAP = {bf16 = 1e-2, f16 = 2e-3}
+-- f32 runs on the TF32 tensor cores: operands rounded to 10-bit mantissas
+-- (u = 2^-11 ≈ 4.9e-4 with round-to-nearest), f32 accumulation and softmax.
+-- Its yardstick is the naive composition in f32 under ember.backends.tf32(true)
+-- (cuBLAS TF32 matmuls: the same roundings of q, k, v, P and dS), so the
+-- bound is the same rule as for the half dtypes. The cap, 2e-3 = 4u: the
+-- kernels' roundings replayed in f64 on the CPU (q, k, v, dO, P and dS
+-- rounded to 11 significant bits; d 64/128, T 256/1024, causal) give
+-- norm-wise errors of 3.6-4.0e-4 for o and 5.2-5.4e-4 for dq, dk, dv (about
+-- u: each output is one TF32 matmul deep, its operands each rounded once),
+-- so 4u leaves room for f32 accumulation and the exp2 of rounded scores
+-- while a wrong fragment layout (errors O(1)) cannot pass.
+local CAP = {bf16 = 1e-2, f16 = 2e-3, f32 = 2e-3}
+-- the log-sum-exp, relative to f64: f32 accumulation; for f32 inputs also
+-- the TF32 rounding of q and k in the scores (replayed: ~1.6e-5)
+local LSE_TOL = {bf16 = 1e-4, f16 = 1e-4, f32 = 1e-4}
 local seed = 9100
 local function randn(shape, dtype, scale)
   seed = seed + 1
@@ -73,10 +87,16 @@ local function check(shape_q, shape_k, dt, causal, opts)
   q, k, v, g = q:cuda(), k:cuda(), v:cuda(), g:cuda()
   local ref = {naive64(q, k, v, g, causal, opts.scale)}
   local fl = {run(function(a, b, c) return F.flash_attention(a, b, c, causal, opts.scale) end, q, k, v, g)}
-  local nv = {run(function(a, b, c)
-    return F.scaled_dot_product_attention(a, b, c, {causal = causal, scale = opts.scale, impl = "naive",
-      enable_gqa = true})
-  end, q, k, v, g)}
+  -- f32: the naive composition with TF32 matmuls is the yardstick (restored after)
+  local prev = dt == "f32" and ember.backends.tf32(true)
+  local ok, nv = pcall(function()
+    return {run(function(a, b, c)
+      return F.scaled_dot_product_attention(a, b, c, {causal = causal, scale = opts.scale, impl = "naive",
+        enable_gqa = true})
+    end, q, k, v, g)}
+  end)
+  if dt == "f32" then ember.backends.tf32(prev) end
+  if not ok then error(nv, 0) end
   local what = string.format("%s q%s k%s causal=%s", dt, table.concat(shape_q, "x"), table.concat(shape_k, "x"),
     tostring(causal))
   for i, name in ipairs({"o", "dq", "dk", "dv"}) do
@@ -88,8 +108,8 @@ local function check(shape_q, shape_k, dt, causal, opts)
   end
   assert.are.equal("f32", fl[5].dtype)
   local el = rel(fl[5], ref[5])
-  assert.is_true(el <= 1e-4, string.format("%s lse: relative error %.3g", what, el))
-  return fl
+  assert.is_true(el <= LSE_TOL[dt], string.format("%s lse: relative error %.3g > %.3g", what, el, LSE_TOL[dt]))
+  return fl, ref
 end
 
 describe("flash attention on CUDA", function()
@@ -242,8 +262,8 @@ describe("flash attention on CUDA", function()
 
   it("rejects what the kernels cannot do, naming it", function()
     local q = ember.randn(1, 2, 8, 64, {device = "cuda", dtype = "bf16"})
-    assert.error_matches(function() F.flash_attention(q:float(), q:float(), q:float(), true) end,
-      "expected bf16 or f16 q, k and v (or f32 inside ember.autocast), got f32", 1, true)
+    assert.error_matches(function() F.flash_attention(q:double(), q:double(), q:double(), true) end,
+      "expected bf16, f16 or f32 q, k and v on CUDA, got f64", 1, true)
     local q48 = ember.randn(1, 2, 8, 48, {device = "cuda", dtype = "bf16"})
     assert.error_matches(function() F.flash_attention(q48, q48, q48, true) end,
       "no kernel for head dim 48", 1, true)
@@ -260,5 +280,117 @@ describe("flash attention on CUDA", function()
     local k4 = ember.randn(1, 2, 4, 64, {device = "cuda", dtype = "bf16"})
     assert.error_matches(function() F.flash_attention(q, k4, k4, "bottom_right") end,
       "expected Tq <= Tk for bottom-right causal alignment", 1, true)
+  end)
+end)
+
+describe("flash attention on CUDA in f32 (TF32 tensor cores)", function()
+  it("matches the f64 reference for every head dim, forward and backward (causal, T not a tile multiple)", function()
+    for _, d in ipairs({16, 32, 64, 80, 96, 128, 256}) do
+      check({2, 3, 130, d}, {2, 3, 130, d}, "f32", true)
+    end
+  end)
+
+  it("handles no mask, Tq ≠ Tk, both causal alignments, GQA and 3-D inputs", function()
+    check({2, 2, 70, 64}, {2, 2, 150, 64}, "f32", false)
+    check({1, 2, 150, 32}, {1, 2, 70, 32}, "f32", true)                  -- top-left, Tq > Tk
+    check({1, 2, 100, 64}, {1, 2, 230, 64}, "f32", "bottom_right")
+    check({2, 8, 130, 64}, {2, 2, 130, 64}, "f32", true)                 -- GQA 4
+    check({1, 6, 77, 128}, {1, 3, 100, 128}, "f32", "bottom_right")      -- GQA 2, Tq < Tk
+    check({1, 4, 40, 256}, {1, 2, 40, 256}, "f32", true)
+    local fl = check({3, 100, 64}, {3, 100, 64}, "f32", true)
+    assert.same({3, 100, 64}, fl[1].shape)
+    check({1, 4, 333, 128}, {1, 2, 517, 128}, "f32", "bottom_right")     -- many tiles, 16-row bwd tiles
+    check({1, 2, 259, 80}, {1, 2, 259, 80}, "f32", false)                 -- D = 80's rolled copies (20 chunks)
+    check({1, 2, 96, 64}, {1, 2, 96, 64}, "f32", true, {scale = 0.3})
+    check({2, 4, 77, 64}, {2, 4, 77, 64}, "f32", true, {layout = bthd})
+  end)
+
+  it("decodes Tq <= 16 in exact f32 (the split-key kernel has no TF32 step)", function()
+    for _, c in ipairs({
+      {{1, 8, 1, 128}, {1, 2, 3000, 128}, "bottom_right"},   -- GQA, splits combined
+      {{2, 4, 16, 64}, {2, 4, 777, 64}, "bottom_right"},
+      {{1, 2, 5, 256}, {1, 2, 1000, 256}, true},
+      {{33, 8, 1, 32}, {33, 8, 64, 32}, false},              -- one split
+      {{2, 9, 128}, {2, 300, 128}, "bottom_right"},          -- 3-D
+    }) do
+      local fl, ref = check(c[1], c[2], "f32", c[3])
+      local e = rel(fl[1], ref[1])
+      assert.is_true(e <= 1e-5, string.format("decode f32 o: relative error %.3g > 1e-5 (f32 arithmetic)", e))
+    end
+  end)
+
+  it("is deterministic: repeated f32 backward passes give bit-identical gradients (GQA, D = 128)", function()
+    local f = function(a, b, c) return F.flash_attention(a, b, c, true) end
+    local q, g = randn({1, 4, 333, 128}, "f32"):cuda(), randn({1, 4, 333, 128}, "f32"):cuda()
+    local k, v = randn({1, 2, 333, 128}, "f32"):cuda(), randn({1, 2, 333, 128}, "f32"):cuda()
+    local r1, r2 = {run(f, q, k, v, g)}, {run(f, q, k, v, g)}
+    for i = 1, 5 do C.assert_equal(r2[i], r1[i], "f32 run 2 vs run 1, output " .. i) end
+  end)
+
+  it("is what impl = 'auto' runs for f32 while TF32 is allowed, the exact naive composition otherwise", function()
+    local q = leaf(randn({1, 2, 50, 64}, "f32"):cuda())
+    local prev = ember.backends.tf32(false)
+    local ok, err = pcall(function()
+      assert.is_false(ember.core.flash_applies(q, q, q))
+      local o = F.scaled_dot_product_attention(q, q, q, {causal = true})
+      assert.are_not.equal("flash_attention", o.grad_fn)
+      ember.backends.tf32(true)
+      assert.is_true(ember.core.flash_applies(q, q, q))
+      o = F.scaled_dot_product_attention(q, q, q, {causal = true})
+      assert.are.equal("flash_attention", o.grad_fn)
+      assert.are.equal("f32", o.dtype)
+      -- autocast still lowers f32 to the region's dtype first, TF32 or not
+      o = ember.autocast("bf16", function() return F.scaled_dot_product_attention(q, q, q, {causal = true}) end)
+      assert.are.equal("bf16", o.dtype)
+    end)
+    ember.backends.tf32(prev)
+    if not ok then error(err, 0) end
+  end)
+end)
+
+describe("the attention support matrix on CUDA", function()
+  local support = require "ember.flash_support"
+  -- every CUDA cell on tiny inputs: the op runs where its row says a kernel
+  -- does (forward at Tq 20 and Tq 3, the decode kernel, and backward) and
+  -- raises the row's error where it says "error"; impl = "auto" picks what
+  -- the row says for both TF32 settings
+  it("agrees with what the op does, cell by cell", function()
+    local prev = ember.backends.tf32()
+    local ok, err = pcall(function()
+      for _, tf32 in ipairs({false, true}) do
+        ember.backends.tf32(tf32)
+        for _, r in ipairs(support.rows({tf32 = tf32})) do
+          if r.device == "cuda" then
+            local dt = r.dtype == "f32+autocast" and "f32" or r.dtype
+            local H, Hkv = r.gqa and 4 or 2, 2
+            local causal = r.causal ~= "none" and r.causal or false
+            local function go(tq)
+              local q = leaf(randn({1, H, tq, r.d}, dt):cuda())
+              local k, v = leaf(randn({1, Hkv, 24, r.d}, dt):cuda()), leaf(randn({1, Hkv, 24, r.d}, dt):cuda())
+              local function body()
+                local applies = ember.core.flash_applies(q, k, v)
+                local o = F.flash_attention(q, k, v, causal)
+                o:float():sum():backward()
+                return applies
+              end
+              if r.dtype == "f32+autocast" then return ember.autocast("bf16", body) end
+              return body()
+            end
+            for _, tq in ipairs({20, 3}) do
+              local what = string.format("%s %s d %d causal %s gqa %s tq %d tf32 %s", r.device, r.dtype, r.d,
+                r.causal, tostring(r.gqa), tq, tostring(tf32))
+              if r.error then
+                assert.error_matches(function() go(tq) end, r.error, 1, true)
+              else
+                local applies = go(tq)
+                assert.are.equal(r.auto == "flash", applies, what .. ": auto")
+              end
+            end
+          end
+        end
+      end
+    end)
+    ember.backends.tf32(prev)
+    if not ok then error(err, 0) end
   end)
 end)

@@ -131,18 +131,22 @@ em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
 /* FlashAttention (engine/ops/flash_attention.c): the same function without
  * the score matrix. q (B, H, Tq, D) or (B, Tq, D) (one head), k/v (B, Hkv,
  * Tk, D) or (B, Tk, D), H a multiple of Hkv, D in {16, 32, 64, 80, 96, 128,
- * 256}. CUDA: bf16 or f16 (f32 is lowered under autocast), kernels/flash_*.cu;
+ * 256}. CUDA: bf16 or f16 (f32 is lowered under autocast), or f32 outside
+ * autocast on the TF32 tensor cores, kernels/flash_*.cu (Tq <=
+ * EM_FLASH_DECODE_MAX_TQ: the split-key decode kernel, f32 arithmetic);
  * CPU: any float dtype, tiled (engine/ops/flash_cpu.c). lse_out, when not
  * NULL, receives the rows' log-sum-exp (B, H, Tq) or (B, Tq), f32 (f64 for
  * f64 inputs). */
 em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                               em_tensor **lse_out);
 /* true when em_attention takes the flash path for these inputs (under the
- * current autocast state): em_flash_attention accepts them and, on the CPU,
+ * current autocast state): em_flash_attention accepts them, f32 on CUDA only
+ * with TF32 allowed (em_cuda_allow_tf32), and, on the CPU,
  * Tk >= EM_FLASH_CPU_MIN_TK (shorter rows run faster through BLAS's one big
  * matmul than through tiles). */
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v);
 #define EM_FLASH_CPU_MIN_TK 256
+#define EM_FLASH_DECODE_MAX_TQ 16
 /* The CPU path's tile sizes (query rows bq, key rows bk) for head dim d.
  * em_flash_cpu_set_tiles forces them for every d — a test hook (several tiles
  * at small T), process-wide and not thread-safe; 0, 0 restores the defaults. */
