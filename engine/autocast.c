@@ -1,6 +1,8 @@
 /* Autocast state and the per-region cast cache (see ember/autocast.h).
  * The cache holds (weight, its storage version, the cast copy): a weight
- * modified in place inside the region is cast again. */
+ * modified in place inside the region is cast again. A parameter with a
+ * current shadow weight (written by AdamW, see ember/autocast.h) is not cast
+ * at all: its shadow is used. */
 #include "internal.h"
 
 typedef struct { em_tensor *src, *cast; uint32_t version; bool history; } cache_entry;
@@ -89,12 +91,56 @@ static void act_remember(em_tensor *t, em_tensor *c) {
   recent[0] = (cache_entry){em_tensor_retain(t), em_tensor_retain(c), t->storage->version, false};
 }
 
+/* ---- shadow weights (see ember/autocast.h) ---- */
+
+em_tensor *em_shadow_weight(const em_tensor *t) {
+  em_tensor *s = t->shadow;
+  return s && t->shadow_storage == t->storage && t->shadow_version == t->storage->version ? s : NULL;
+}
+
+int em_shadow_weights_(em_tensor *t, bool on) {
+  if (!t) return em_error("shadow_weights_: tensor is NULL");
+  t->shadow_off = !on;
+  if (!on) {
+    em_tensor_release(t->shadow);
+    t->shadow = NULL; t->shadow_storage = NULL; t->shadow_want = 0;
+  }
+  return 0;
+}
+
+static int shadow_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  EM_UNUSED(n);
+  gin[0] = em_tensor_retain(gout[0]);   /* as the cast's: the engine casts to the input's dtype */
+  return 0;
+}
+
+/* The parameter's current shadow in the region's dtype, as the cast would
+ * return it: a new tensor over the shadow's storage, recorded as a "to" node
+ * when autograd must see it. NULL when there is none (then ask for one). */
+static em_tensor *from_shadow(em_tensor *t, bool history) {
+  em_tensor *s = em_shadow_weight(t);
+  if (!s || s->dtype != cast_dtype || !em_same_shape(s, t) || !em_device_eq(s->device, t->device)) {
+    if (!t->shadow_off && t->dtype == EM_F32 && em_is_contiguous(t)) t->shadow_want = 1 + (int)cast_dtype;
+    return NULL;
+  }
+  if (!history) return em_tensor_retain(s);
+  em_tensor *out = em_alias(s);
+  if (!out) return NULL;
+  em_node *n = em_node_new("to", shadow_backward, 1, 1);
+  if (!n) { em_tensor_release(out); return NULL; }
+  em_node_set_input(n, 0, t);
+  em_node_finish(n, out);
+  return out;
+}
+
 /* t cast to the region's dtype through the caches. `param`: cached for the
  * region (with `history` when autograd must see the cast, which is then
- * recorded); otherwise through the recent slots, and without history. */
+ * recorded) or read from its shadow weight; otherwise through the recent
+ * slots, and without history. */
 static em_tensor *cast_cached(em_tensor *t, bool param, bool history) {
   em_tensor *c = param ? cached(t, history) : !history ? act_cached(t) : NULL;
   if (c) return c;
+  if (param && (c = from_shadow(t, history))) return c;
   bool prev = history ? true : em_set_grad_enabled(false);   /* history: grad mode is on */
   c = em_to(t, cast_dtype, t->device);
   if (!history) em_set_grad_enabled(prev);

@@ -25,6 +25,7 @@ void em_tensor_release(em_tensor *t) {
   if (!t || --t->refcount > 0) return;
   em_storage_release(t->storage);
   em_tensor_release(t->grad);
+  em_tensor_release(t->shadow);
   if (t->grad_fn) em_node_release(t->grad_fn);
   for (em_hook *h = t->hooks, *nx; h; h = nx) {
     nx = h->next;
@@ -721,7 +722,11 @@ int em_set_(em_tensor *t, em_tensor *src) {
     t->grad = NULL;
   }
   /* no version bump: the version lives on the storage, which is src's now and
-   * unchanged; graphs that saved t's old storage still hold that storage. */
+   * unchanged; graphs that saved t's old storage still hold that storage.
+   * The shadow weight belonged to the old storage: dropped. */
+  em_tensor_release(t->shadow);
+  t->shadow = NULL;
+  t->shadow_storage = NULL;
   return 0;
 }
 

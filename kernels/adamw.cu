@@ -22,11 +22,17 @@
  * step (and optionally lr) from device memory and forms the bias corrections
  * there in double, as the host does, so a captured step replays correctly.
  *
+ * Shadow weights (ember/autocast.h): a parameter may name a bf16/f16 copy
+ * that the same kernel writes from the updated f32 value (+2 bytes per
+ * parameter: 30 instead of 28), so autocast's forward reads it instead of a
+ * separate cast kernel re-reading the f32 weight (4 + 2 bytes per parameter).
+ *
  * The sum of squares accumulates in f64 per thread, one partial per block,
  * then one block adds the partials in order: deterministic. */
 #include <type_traits>
 #include "common.cuh"
 #include "backend.h"
+#include "ember/half.h"
 
 #define MT_MAX 320
 #define MT_THREADS 512
@@ -36,6 +42,8 @@ typedef struct {
   void *ptr[4][MT_MAX];        /* up to 4 lists: p, g, m, v (AdamW); p, g, buf (SGD); t (sumsq, clip) */
   int64_t numel[MT_MAX];
   void *step[MT_MAX];          /* capturable AdamW: each tensor's step counter */
+  void *shadow[MT_MAX];        /* AdamW: the parameter's bf16/f16 shadow weight, or NULL */
+  int8_t shadow_f16[MT_MAX];   /* its dtype: 0 bf16, 1 f16 */
   int32_t start[MT_MAX + 1];   /* first block of each tensor; start[n] = blocks in the launch */
   int n;
 } mt_meta;
@@ -56,10 +64,12 @@ struct mt_batch {
   int64_t blocks = 0;
   mt_batch() { meta.n = 0; meta.start[0] = 0; }
   bool full() const { return meta.n == MT_MAX || blocks > INT32_MAX / 2; }
-  void add(void *p0, void *p1, void *p2, void *p3, int64_t numel, void *step) {
+  void add(void *p0, void *p1, void *p2, void *p3, int64_t numel, void *step, void *shadow = NULL,
+           bool shadow_f16 = false) {
     int i = meta.n++;
     meta.ptr[0][i] = p0; meta.ptr[1][i] = p1; meta.ptr[2][i] = p2; meta.ptr[3][i] = p3;
     meta.numel[i] = numel; meta.step[i] = step;
+    meta.shadow[i] = shadow; meta.shadow_f16[i] = shadow_f16;
     meta.start[i] = (int32_t)blocks;
     blocks += (numel + CHUNK - 1) / CHUNK;
     meta.start[i + 1] = (int32_t)blocks;
@@ -101,6 +111,42 @@ __device__ __forceinline__ void adamw_elem(T &p, T g, T &m, T &v, const adam_c<T
   p = add_(p, div_(mul_(c.step_size, m_), add_(div_(sqrt_(v), c.bc2_sqrt), c.eps)));
 }
 
+/* The shadow weight's element: the updated f32 rounded to nearest even, with
+ * the cast op's own conversion (convert.cuh: the CPU's bits). */
+template <bool F16> __device__ __forceinline__ uint16_t shadow_bits(float p) {
+  return F16 ? em_f32_to_f16(p) : em_f32_to_bf16(p);
+}
+template <bool F16> __device__ __forceinline__ uint16_t shadow_bits(double p) { return 0; }   /* f64: never */
+
+/* One block's chunk of one tensor: 16-byte loads when every pointer allows
+ * (the shadow's 8-byte stores of 4 halves too), then the tail. SHADOW: also
+ * write the shadow weight, in the same pass (2 more bytes per parameter). */
+template <typename T, bool SHADOW, bool F16>
+__device__ __forceinline__ void adamw_chunk(T *p, const T *g, T *m, T *v, uint16_t *s, int64_t n, const adam_c<T> &c) {
+  constexpr int VEC = 16 / sizeof(T);
+  int64_t nv = 0;
+  uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
+  if ((al & 15) == 0 && (!SHADOW || ((uintptr_t)s & (VEC * 2 - 1)) == 0)) nv = n / VEC;
+  for (int64_t i = threadIdx.x; i < nv; i += MT_THREADS) {
+    Packed128<T> P = load128(p + i * VEC), G = load128(g + i * VEC), M = load128(m + i * VEC), V = load128(v + i * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) adamw_elem(P[k], G[k], M[k], V[k], c);
+    store128(p + i * VEC, P); store128(m + i * VEC, M); store128(v + i * VEC, V);
+    if constexpr (SHADOW && VEC == 4) {
+      uint2 q;
+      q.x = (uint32_t)shadow_bits<F16>(P[0]) | ((uint32_t)shadow_bits<F16>(P[1]) << 16);
+      q.y = (uint32_t)shadow_bits<F16>(P[2]) | ((uint32_t)shadow_bits<F16>(P[3]) << 16);
+      *reinterpret_cast<uint2 *>(s + i * VEC) = q;
+    }
+  }
+  for (int64_t i = nv * VEC + threadIdx.x; i < n; i += MT_THREADS) {
+    T P = p[i], M = m[i], V = v[i];
+    adamw_elem(P, g[i], M, V, c);
+    p[i] = P; m[i] = M; v[i] = V;
+    if (SHADOW) s[i] = shadow_bits<F16>(P);
+  }
+}
+
 __global__ void step_inc_kernel(const __grid_constant__ mt_meta meta, int step_i64) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= meta.n) return;
@@ -123,19 +169,11 @@ __global__ void __launch_bounds__(MT_THREADS) adamw_kernel(const __grid_constant
     decay = 1 - lr * a.wd; step_size = -(lr / bc1); bc2_sqrt = sqrt(bc2);
   }
   adam_c<T> c = {(T)decay, (T)a.w1, (T)a.beta2, (T)a.c2, (T)step_size, (T)bc2_sqrt, (T)a.eps};
-  constexpr int VEC = 16 / sizeof(T);
-  int64_t nv = 0;
-  if ((((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0) nv = n / VEC;
-  for (int64_t i = threadIdx.x; i < nv; i += MT_THREADS) {
-    Packed128<T> P = load128(p + i * VEC), G = load128(g + i * VEC), M = load128(m + i * VEC), V = load128(v + i * VEC);
-#pragma unroll
-    for (int k = 0; k < VEC; k++) adamw_elem(P[k], G[k], M[k], V[k], c);
-    store128(p + i * VEC, P); store128(m + i * VEC, M); store128(v + i * VEC, V);
-  }
-  for (int64_t i = nv * VEC + threadIdx.x; i < n; i += MT_THREADS) {
-    T P = p[i], M = m[i], V = v[i];
-    adamw_elem(P, g[i], M, V, c);
-    p[i] = P; m[i] = M; v[i] = V;
+  if (std::is_same<T, float>::value && meta.shadow[t]) {
+    if (meta.shadow_f16[t]) adamw_chunk<T, true, true>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
+    else adamw_chunk<T, true, false>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
+  } else {
+    adamw_chunk<T, false, false>(p, g, m, v, nullptr, n, c);
   }
 }
 
@@ -150,7 +188,7 @@ static int adamw_launch(mt_batch &b, const adam_args &a, bool inc, cudaStream_t 
 
 extern "C" int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr,
                              double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                             em_tensor **steps, const em_tensor *lr_t) {
+                             em_tensor **steps, const em_tensor *lr_t, em_tensor **shadows) {
   if (n == 0) return 0;
   adam_args a;
   memset(&a, 0, sizeof a);
@@ -173,8 +211,9 @@ extern "C" int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m,
     b.clear();
     for (int i = 0; i < n && rc == 0; i++) {
       if (p[i]->dtype != dts[d]) continue;
+      em_tensor *sh = shadows && dts[d] == EM_F32 ? shadows[i] : NULL;
       b.add(em_data_ptr(p[i]), em_data_ptr(g[i]), em_data_ptr(m[i]), em_data_ptr(v[i]), em_numel(p[i]),
-            steps ? em_data_ptr(steps[i]) : NULL);
+            steps ? em_data_ptr(steps[i]) : NULL, sh ? em_data_ptr(sh) : NULL, sh && sh->dtype == EM_F16);
       if (b.full()) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s) : adamw_launch<double>(b, a, steps != NULL, s);
     }
     if (rc == 0) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s) : adamw_launch<double>(b, a, steps != NULL, s);

@@ -245,91 +245,128 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
     for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw_part[blockIdx.x * D + j] = dw[j];
 }
 
-/* One warp per row with x and gy held in registers (NV 16-byte chunks per
- * lane, as the forward): all loads issued up front, a shuffle reduction and
- * no block barrier per row. Each lane keeps dw for its own columns in
- * registers over the rows its warp takes; at the end the block's warps add
- * theirs into shared memory one warp after another (fixed order) and the
- * block writes its partial row. (The block-per-row kernel below waits on two
- * barriers and a re-read per row: 18 µs for (2048 x 768) f32 on an H100.) */
-template <typename TX, typename TW, int NV>
-__global__ void __launch_bounds__(BWD_THREADS) rms_bwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
-                                                                  const acc_t<TX> *__restrict__ rstd,
-                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
-                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                  bool wvec, bool gx_acc) {
+/* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
+ * rows per block per step, each thread holding NV 16-byte chunks of x, gy
+ * (and of the gx it adds into) in registers, all loads issued before the
+ * first use. TPR grows with D so that NV stays small (<= 4 for f32, <= 2
+ * for bf16/f16 up to 4096 columns) at every width up to 256·4 chunks (4096
+ * f32, 8192 bf16). (v2 was one warp per row with up to 8 chunks and
+ * fell to the block-per-row kernel above 1024 f32 columns: 47 us for the xl
+ * model's (2048 x 1600) f32 on an H100, ~4x the bandwidth floor.) Every
+ * block steps through row tiles in the same number of iterations, so the
+ * row dot of a group spanning several warps is added in shared memory behind
+ * one block barrier (double-buffered: no second barrier). Each group keeps
+ * dw of its rows in its own row of shared memory (each thread its own
+ * columns, 16-byte accesses: no barrier; registers would cost 16-32 more a
+ * thread and a block an SM); at the end the groups' rows are added in group
+ * order per column, in parallel over columns, and the block writes its
+ * partial row: deterministic, no atomics. */
+template <typename TX, typename TW, int TPR, int NV>
+__global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
+                                                                 const acc_t<TX> *__restrict__ rstd,
+                                                                 const TX *__restrict__ gy, int64_t N, int64_t D,
+                                                                 TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
+                                                                 bool wvec, bool gx_acc) {
   using C = acc_t<TX>;
-  constexpr int VEC = 16 / sizeof(TX);
+  constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   extern __shared__ __align__(16) unsigned char smem[];
-  C *dw = (C *)smem;
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, nwb = BWD_THREADS / 32;
-  C acc[NV][VEC];
-#pragma unroll
-  for (int v = 0; v < NV; v++)
-#pragma unroll
-    for (int k = 0; k < VEC; k++) acc[v][k] = 0;
-  for (int64_t i = blockIdx.x * (int64_t)nwb + wib; i < N; i += (int64_t)gridDim.x * nwb) {
-    const TX *xr = x + i * D, *gr = gy + i * D;
-    Packed128<TX> bx[NV], bg[NV];
+  C *dw = (C *)smem;                                    /* RPB x D: each group's column sums */
+  __shared__ C red[2][RPB][WPR];
+  const int t = threadIdx.x % TPR, grp = threadIdx.x / TPR, lane = threadIdx.x & 31, wig = t >> 5;
+  /* this thread's dw columns of its group's row in shared memory, 16 bytes at a time */
+  constexpr int NP = VEC * sizeof(C) / 16, PS = 16 / sizeof(C);
+  auto dwp = [&](int64_t j) { return reinterpret_cast<Packed128<C> *>(dw + grp * D + j); };
+  if (dw_part)
 #pragma unroll
     for (int v = 0; v < NV; v++) {
-      int64_t j = (int64_t)(lane + v * 32) * VEC;
-      if (j < D) { bx[v] = load128(xr + j); bg[v] = load128(gr + j); }
+      int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (j < D)
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+          for (int q = 0; q < PS; q++) dwp(j)[p][q] = 0;
     }
-    const C r = rstd[i];
+  int par = 0;
+  for (int64_t base = blockIdx.x * (int64_t)RPB; base < N; base += (int64_t)gridDim.x * RPB, par ^= 1) {
+    const int64_t i = base + grp;
+    const bool row = i < N;
+    const TX *xr = x + i * D, *gr = gy + i * D;
+    Packed128<TX> bx[NV], bg[NV], bp[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (row && j < D) {
+        bx[v] = load128(xr + j);
+        bg[v] = load128(gr + j);
+        if (gx_acc) bp[v] = load128(gx + i * D + j);
+      }
+    }
+    const C r = row ? rstd[i] : (C)0;
     C dot = 0;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
-      int64_t j = (int64_t)(lane + v * 32) * VEC;
-      if (j < D) {
+      int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (row && j < D) {
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) dot += ld<C>(bg[v][k]) * wv[k] * (ld<C>(bx[v][k]) * r);
       }
     }
-    const C c = warp_allsum(dot) / (C)D;
+    dot = warp_allsum(dot);
+    if constexpr (WPR > 1) {                            /* the group's warps, added in warp order */
+      if (lane == 0) red[par][grp][wig] = dot;
+      __syncthreads();
+      dot = 0;
+#pragma unroll
+      for (int k = 0; k < WPR; k++) dot += red[par][grp][k];
+    }
+    if (!row) continue;
+    const C c = dot / (C)D;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
-      int64_t j = (int64_t)(lane + v * 32) * VEC;
+      int64_t j = (int64_t)(t + v * TPR) * VEC;
       if (j < D) {
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
-        Packed128<TX> q, prev;
-        if (gx_acc) prev = load128(gx + i * D + j);
+        if (gx) {
+          Packed128<TX> q;
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-          C g = ld<C>(bg[v][k]), xh = ld<C>(bx[v][k]) * r;
-          C d = r * (g * wv[k] - xh * c);
-          q[k] = st<TX>(gx_acc ? ld<C>(prev[k]) + d : d);
-          acc[v][k] += g * xh;
+          for (int k = 0; k < VEC; k++) {
+            C d = r * (ld<C>(bg[v][k]) * wv[k] - ld<C>(bx[v][k]) * r * c);
+            q[k] = st<TX>(gx_acc ? ld<C>(bp[v][k]) + d : d);
+          }
+          store128(gx + i * D + j, q);
         }
-        if (gx) store128(gx + i * D + j, q);
+        if (dw_part)
+#pragma unroll
+          for (int p = 0; p < NP; p++) {
+            Packed128<C> a = dwp(j)[p];
+#pragma unroll
+            for (int q = 0; q < PS; q++) a[q] += ld<C>(bg[v][p * PS + q]) * (ld<C>(bx[v][p * PS + q]) * r);
+            dwp(j)[p] = a;
+          }
       }
     }
   }
   if (!dw_part) return;
-  for (int t = 0; t < nwb; t++) {           // warp t adds its columns, in warp order
-    if (wib == t) {
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+    C s = dw[j];
 #pragma unroll
-      for (int v = 0; v < NV; v++) {
-        int64_t j = (int64_t)(lane + v * 32) * VEC;
-        if (j < D)
-#pragma unroll
-          for (int k = 0; k < VEC; k++) dw[j + k] = (t == 0 ? (C)0 : dw[j + k]) + acc[v][k];
-      }
-    }
-    __syncthreads();
+    for (int g = 1; g < RPB; g++) s += dw[g * D + j];
+    dw_part[blockIdx.x * D + j] = s;
   }
-  for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw_part[blockIdx.x * D + j] = dw[j];
 }
 
-/* gw[j] = sum over blocks of part[b][j]. A block takes 32 columns; its 16
+/* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
  * thread rows stride over the partial rows and a fixed-order tree in shared
- * memory finishes, so the result is deterministic. (One thread per column
+ * memory finishes, so the result is deterministic. Half-warps read 64
+ * contiguous bytes (whole sectors) and there are twice the blocks of
+ * 32-column tiles: 48 at d = 768, 100 at 1600. (One thread per column
  * walking all ~264 partial rows serially left 3 blocks on the whole GPU at
  * d = 768: 34 µs, more than the rmsnorm backward itself.) */
-constexpr int DW_COLS = 32, DW_ROWS = 16;
+constexpr int DW_COLS = 16, DW_ROWS = 32;
 template <typename C, typename TW>
 __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *part, int64_t blocks, int64_t D, TW *gw) {
   __shared__ C acc[DW_ROWS][DW_COLS + 1];
@@ -337,6 +374,7 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
   const int64_t j = blockIdx.x * (int64_t)DW_COLS + tx;
   C s = 0;
   if (j < D)
+#pragma unroll 4
     for (int64_t b = ty; b < blocks; b += DW_ROWS) s += part[b * D + j];
   acc[ty][tx] = s;
   __syncthreads();
@@ -347,6 +385,36 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
   }
   if (ty == 0 && j < D) gw[j] = st<TW>(acc[0][tx]);
 }
+
+/* One row-group configuration: its grid fills the GPU once (resident blocks
+ * per SM from the occupancy calculator, cached per configuration and shared
+ * memory size), which also bounds the partial rows of dw. */
+template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
+  static int64_t grid(int dev, int64_t N, size_t smem) {
+    static int per_sm = 0;
+    static size_t for_smem = (size_t)-1;
+    if (for_smem != smem) {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV>, BWD_THREADS, smem) !=
+              cudaSuccess || n < 1) {
+        cudaGetLastError();
+        n = 1;
+      }
+      per_sm = n;
+      for_smem = smem;
+    }
+    constexpr int RPB = BWD_THREADS / TPR;
+    /* as many tiles per block as one resident wave needs, spread evenly:
+     * 512 tiles on 396 slots run as 256 blocks of 2, not 116 of 2 and 280 of 1 */
+    int64_t tiles = (N + RPB - 1) / RPB, cap = (int64_t)em_sm_count(dev) * per_sm;
+    int64_t iters = (tiles + cap - 1) / cap;
+    return (tiles + iters - 1) / iters;
+  }
+  static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
+                  const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc) {
+    rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc);
+  }
+};
 
 template <typename TX, typename TW>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
@@ -359,21 +427,45 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)gp & 15) == 0 &&
              ((uintptr_t)gxp & 15) == 0;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
-  int64_t chunks = vec ? (D / (16 / (int64_t)sizeof(TX)) + 31) / 32 : 0;   /* 16-byte chunks per lane */
-  bool reg = vec && chunks <= 8;
-  /* register kernel: one warp per row, as many blocks as rows need (up to
-   * 2 per SM, which bounds the partial rows of dw); block kernel: 2 per SM */
-  int64_t cap = (int64_t)em_sm_count(x->device.index) * 2;
-  int64_t blocks = reg ? (N + BWD_THREADS / 32 - 1) / (BWD_THREADS / 32) : N;
-  if (blocks > cap) blocks = cap;
+  int64_t chunks = vec ? D / (16 / (int64_t)sizeof(TX)) : 0;    /* 16-byte chunks per row */
+  /* threads per row: the fewest that keep <= NVC chunks a thread (1 or 2 for
+   * short rows). NVC = 4 for f32/f64 (74 registers: 3 blocks an SM); 2 for
+   * bf16/f16, whose chunks hold twice the elements (4 chunks: 128 registers,
+   * 2 blocks an SM), except rows of 513-1024 chunks. */
+  constexpr int NVC = sizeof(TX) == 2 ? 2 : 4;
+  int tpr = 0, nv = 0;
+  if (vec) {
+    for (int t = 32; t <= 256 && !tpr; t *= 2)
+      if (chunks <= (int64_t)t * NVC) tpr = t;
+    if (tpr == 32) nv = chunks <= 32 ? 1 : chunks <= 64 ? 2 : NVC;
+    else if (tpr) nv = NVC;
+    else if (chunks <= 1024) tpr = 256, nv = 4;
+  }
+  int dev = x->device.index;
+  size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
+  /* calls f with rg_launch<TX, TW, tpr, nv> for the chosen configuration; false for the block kernel */
+  auto with_config = [&](auto f) -> bool {
+    if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1>());
+    else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
+    else if (tpr == 32) f(rg_launch<TX, TW, 32, NVC>());
+    else if (tpr == 64) f(rg_launch<TX, TW, 64, NVC>());
+    else if (tpr == 128) f(rg_launch<TX, TW, 128, NVC>());
+    else if (tpr == 256 && nv == NVC) f(rg_launch<TX, TW, 256, NVC>());
+    else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
+    else return false;
+    return true;
+  };
+  int64_t blocks = 0;
+  if (!with_config([&](auto L) { blocks = decltype(L)::grid(dev, N, smem); })) {
+    int64_t cap = (int64_t)em_sm_count(dev) * 2;      /* block kernel: one block per row, 2 per SM */
+    blocks = N < cap ? N : cap;
+  }
   if (blocks < 1) return 0;
   em_tensor *part = NULL;
-  size_t smem = 0;
   if (gw) {
     int64_t shape[2] = {blocks, D};
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
-    smem = (size_t)D * sizeof(C);
-    if (smem > 48 * 1024 &&
+    if (!tpr && smem > 48 * 1024 &&
         em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem), "rmsnorm backward", "raising the shared-memory limit")) {
       em_tensor_release(part);
@@ -383,11 +475,8 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   C *pp = part ? (C *)em_data_ptr(part) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
-  if (reg && chunks <= 1) rms_bwd_reg_kernel<TX, TW, 1><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
-  else if (reg && chunks <= 2) rms_bwd_reg_kernel<TX, TW, 2><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
-  else if (reg && chunks <= 4) rms_bwd_reg_kernel<TX, TW, 4><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
-  else if (reg) rms_bwd_reg_kernel<TX, TW, 8><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc);
-  else rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
+  if (!with_config([&](auto L) { decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc); }))
+    rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");
   if (rc == 0 && gw) {
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(

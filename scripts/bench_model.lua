@@ -52,6 +52,7 @@ parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
 parser:option("--attn", "Attention: auto (flash kernels on CUDA with bf16, naive elsewhere), " ..
   "flash or naive.", "auto"):choices({"auto", "flash", "naive"})
 parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
+parser:flag("--no-shadow-weights", "AdamW without shadow weights: autocast casts every weight each step (A/B).")
 parser:option("--device", "cpu or cuda (default: cuda when available).")
 parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
 parser:option("--seed", "Seed for weights and batch.", "0"):convert(math.tointeger)
@@ -256,7 +257,8 @@ local function run()
   if on_cuda then ember.cuda.reset_peak_memory_stats() end
   ember.manual_seed(args.seed)
   local model = nn.TransformerLM(cfg)
-  local opt = args.mode == "train" and optim.AdamW(model:parameters(), {lr = args.lr}) or nil
+  local opt = args.mode == "train" and optim.AdamW(model:parameters(),
+    {lr = args.lr, shadow_weights = not args.no_shadow_weights}) or nil
   local x, y = MF.batch(B, T, cfg.vocab_size, args.device)
   local autocast_fn = MF.loss_fn(model, x, y, args.precision)
   -- the phase names the NVTX range and the profiler's attribution

@@ -14,7 +14,9 @@
 -- graph and calls out:backward(ones), the inputs' .grad dropped (untimed)
 -- before each rep. Bytes default to every tensor input read once plus the
 -- output written once (the least any implementation must move); entries with
--- FLOPs (matmul, attention) report TF/s instead. Peaks: scripts/lib/device_peaks.lua
+-- FLOPs (matmul, attention) report TF/s instead. Entries that count their
+-- backward's bytes (bwd_bytes) get a backward GB/s too, over the time of
+-- forward + backward less the forward's (graph recording included). Peaks: scripts/lib/device_peaks.lua
 -- (datasheet figures); on the CPU the memory bandwidth measured first by a
 -- STREAM-like copy (--stream-mb of f32, read + write counted), unless
 -- --peak-gbs is given. --threads sets the CPU thread count (the header, every
@@ -165,7 +167,7 @@ local function measure(p, dtype)
   local inputs = cases.make_inputs(p, {dtype = dtype, device = device, requires_grad = grads})
   local out = ember.no_grad(function() return p.fn(table.unpack(inputs)) end)
   local r = {bytes = (p.bytes or default_bytes)(inputs, out), flops = p.flops and p.flops(inputs, out),
-             out_shape = out.shape}
+             bwd_bytes = grads and p.bwd_bytes and p.bwd_bytes(inputs, out), out_shape = out.shape}
   -- each result is closed as soon as it is made: the caching allocator then
   -- reuses its block, where waiting for the Lua GC would time cudaMalloc
   local is_input = {}
@@ -258,16 +260,16 @@ if args.out then
   os.execute(("mkdir -p '%s'"):format(args.out))
   json_files[#json_files + 1] = S.open_json(args.out .. "/ops.jsonl", fail)
 end
-local header = "| op | case | dtype | fwd ms | rate | of peak | fwd+bwd ms | torch fwd ms | torch fwd+bwd ms |"
+local header = "| op | case | dtype | fwd ms | rate | of peak | fwd+bwd ms | bwd rate | torch fwd ms | torch fwd+bwd ms |"
 print()
 print(header)
-print("|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for i, t in ipairs(todo) do
   local p, dtype = t.p, t.dtype
   local ok, r = pcall(measure, p, dtype)
   local rec = {op = p.op, case = p.name, dtype = dtype, commit = facts.commit, device = facts.device,
                date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs}
-  local rate, frac = "-", "-"
+  local rate, frac, bwd_rate = "-", "-", "-"
   if ok then
     rec.fwd_ms, rec.fwd_bwd_ms, rec.bytes, rec.flops = r.fwd * 1e3, r.fwd_bwd and r.fwd_bwd * 1e3, r.bytes, r.flops
     if r.flops then
@@ -281,6 +283,14 @@ for i, t in ipairs(todo) do
       if peak_gbs then rec.peak_fraction = rec.gbs / peak_gbs end
     end
     if rec.peak_fraction then frac = ("%.0f%%"):format(rec.peak_fraction * 100) end
+    if r.bwd_bytes and r.fwd_bwd and r.fwd_bwd > r.fwd then
+      rec.bwd_bytes, rec.bwd_gbs = r.bwd_bytes, r.bwd_bytes / (r.fwd_bwd - r.fwd) / 1e9
+      bwd_rate = (rec.bwd_gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.bwd_gbs)
+      if peak_gbs then
+        rec.bwd_peak_fraction = rec.bwd_gbs / peak_gbs
+        bwd_rate = bwd_rate .. (" (%.0f%%)"):format(rec.bwd_peak_fraction * 100)
+      end
+    end
   else
     rec.error = tostring(r)
   end
@@ -289,8 +299,8 @@ for i, t in ipairs(todo) do
     rec.torch_fwd_ms, rec.torch_fwd_bwd_ms, rec.torch_error = tr.fwd_ms, tr.fwd_bwd_ms, tr.error
   end
   local function tms(v) return v and ("%.4f"):format(v) or (tr and tr.error and "error" or "-") end
-  local line = ("| %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(p.op, p.name, dtype,
-    ok and fmt_ms(r.fwd) or "error", rate, frac, ok and fmt_ms(r.fwd_bwd) or "-", tms(rec.torch_fwd_ms),
+  local line = ("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(p.op, p.name, dtype,
+    ok and fmt_ms(r.fwd) or "error", rate, frac, ok and fmt_ms(r.fwd_bwd) or "-", bwd_rate, tms(rec.torch_fwd_ms),
     tms(rec.torch_fwd_bwd_ms))
   print(line)
   if not ok then print("  error: " .. rec.error) end
@@ -307,7 +317,7 @@ if args.out then
   f:write(("Device %s, %d threads, commit %s, %s; median of %d reps, L2 flush %s%s.\n\n"):format(facts.device,
     facts.threads, facts.commit, facts.date, args.reps, args.no_flush and "off" or "on",
     stream_gbs and (", peak = measured copy bandwidth %.1f GB/s"):format(stream_gbs) or ""))
-  f:write(header, "\n|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
+  f:write(header, "\n|---|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
   f:close()
   print("wrote " .. args.out .. "/ops.jsonl and ops.md")
 end

@@ -287,7 +287,11 @@ end
 -- p -= lr · (m / (1−β1ᵗ)) / (sqrt(v / (1−β2ᵗ)) + eps).
 -- @type AdamW
 -- @param params tensors or param groups
--- @tparam[opt] table opts lr (1e-3), betas ({0.9, 0.999}), eps (1e-8), weight_decay (0.01)
+-- @tparam[opt] table opts lr (1e-3), betas ({0.9, 0.999}), eps (1e-8), weight_decay (0.01),
+--   shadow_weights (true): an f32 parameter that autocast casts to bf16/f16
+--   gets that copy written by the step itself, in the same kernel as its
+--   update (the same bits as casting it after the step), and autocast's next
+--   forward reads it instead of casting (ember/autocast.h); false: never.
 local AdamW = Optimizer:extend("AdamW")
 optim.AdamW = AdamW
 
@@ -312,6 +316,11 @@ end
 
 function AdamW:__init(params, opts)
   Optimizer.__init(self, params, adam_defaults("ember.optim.AdamW", opts, 0.01))
+  local sw = opts and opts.shadow_weights
+  if sw ~= nil and type(sw) ~= "boolean" then
+    error(fmt("ember.optim.AdamW: expected shadow_weights = true or false, got %s", type(sw)), 3)
+  end
+  self.shadow_weights = sw ~= false
 end
 
 local ADAM_KEYS = {"exp_avg", "exp_avg_sq"}
@@ -353,6 +362,7 @@ function AdamW:step(closure)
           if st == nil then
             st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
             self.state[p] = st
+            if not self.shadow_weights then core.shadow_weights_(p, false) end
           end
           if p.device ~= "cpu" then
             if type(st.step) == "number" then

@@ -402,6 +402,25 @@ static int l_adamw_(lua_State *L) {
   if (rc) return lem_raise(L);
   return 0;
 }
+/* core.shadow_weights_(p, on): allow (true) or drop and forbid (false) p's shadow weight. */
+static int l_shadow_weights_(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "tensor");
+  luaL_checktype(L, 2, LUA_TBOOLEAN);
+  if (em_shadow_weights_(t, lua_toboolean(L, 2))) return lem_raise(L);
+  return 0;
+}
+/* core.shadow_weight(p): a copy of p's current shadow weight (what AdamW
+ * wrote and autocast reads; a copy, so that nothing can write the original),
+ * or nil when p has none or it is stale. */
+static int l_shadow_weight(lua_State *L) {
+  em_tensor *s = em_shadow_weight(lem_check_tensor(L, 1, lem_name(L), "tensor"));
+  if (!s) { lua_pushnil(L); return 1; }
+  bool g = em_set_grad_enabled(false);
+  em_tensor *c = em_clone(s);
+  em_set_grad_enabled(g);
+  return lem_push_result(L, c);
+}
 static int l_sgd_(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor **p, **g, **b = NULL;
@@ -446,6 +465,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
+    {"shadow_weights_", l_shadow_weights_}, {"shadow_weight", l_shadow_weight},
     {"sum_of_squares", l_sum_of_squares}, {NULL, NULL}};
   lem_register(L, 0, module, module_only);
   /* operators */

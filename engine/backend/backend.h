@@ -507,10 +507,12 @@ int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
  * steps == NULL: the step count is `step` (host) and lr is `lr`.
  * steps != NULL (capturable): steps[i] is a 0-d f32/i64 device tensor holding
  * the steps taken so far; it is incremented on the device first and the new
- * value used; lr_t (0-d f32/f64 on the device) overrides lr when not NULL. */
+ * value used; lr_t (0-d f32/f64 on the device) overrides lr when not NULL.
+ * shadows: NULL, or n entries each NULL or a contiguous bf16/f16 tensor of
+ * p[i]'s shape that receives the updated p[i] rounded (the cast's bits). */
 int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
-                  const em_tensor *lr_t);
+                  const em_tensor *lr_t, em_tensor **shadows);
 
 /* PyTorch SGD (momentum, weight decay; no dampening/Nesterov). bufs NULL when momentum == 0. */
 int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr, double momentum,

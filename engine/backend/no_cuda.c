@@ -162,7 +162,7 @@ int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
                       em_tensor *dk, em_tensor *dv, int causal, float scale) { return no_cuda(NULL); }
 int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
-                  const em_tensor *lr_t) { return no_cuda(NULL); }
+                  const em_tensor *lr_t, em_tensor **shadows) { return no_cuda(NULL); }
 int em_sgd_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **bufs, double lr, double momentum,
                 double weight_decay, bool first_step) { return no_cuda(NULL); }
 int em_sum_of_squares_cuda(int n, em_tensor **ts, em_tensor *out) { return no_cuda(NULL); }

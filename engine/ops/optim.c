@@ -29,6 +29,11 @@
  * em_clip_grads_ scales gradients by a factor it reads from the device, so
  * clip_grad_norm needs no host round trip either.
  *
+ * Shadow weights (ember/autocast.h): an f32 parameter that autocast asked a
+ * bf16/f16 copy of gets it written in the same pass as its update (the same
+ * loop on the CPU, the same kernel on CUDA), rounded to nearest even as the
+ * cast op rounds, so autocast's next forward reads it instead of casting.
+ *
  * CPU threads: each tensor's elements are split into ranges over the threads
  * (every element's update is independent, so the bits do not depend on the
  * split); the sum of squares adds fixed blocks of EM_RED_BLOCK elements in
@@ -119,7 +124,14 @@ typedef struct {
   const void *c;
   bool contig;
   em_iter it;
+  uint16_t *s;                      /* AdamW: p's shadow weight (p contiguous), or NULL */
+  em_dtype sdt;                     /* its dtype: EM_BF16 or EM_F16 */
 } step_job;
+
+/* The shadow copy of element i, rounded as the cast op rounds (dtype.c). */
+static inline void shadow_store(const step_job *j, int64_t i, float p) {
+  j->s[i] = j->sdt == EM_BF16 ? em_f32_to_bf16(p) : em_f32_to_f16(p);
+}
 
 static void adamw_f32(void *ctx, int64_t i0, int64_t i1) {
   const step_job *j = ctx;
@@ -127,6 +139,10 @@ static void adamw_f32(void *ctx, int64_t i0, int64_t i1) {
   if (j->contig) {
     float *P = em_data_ptr(j->p), *M = em_data_ptr(j->m), *V = em_data_ptr(j->v);
     const float *G = em_data_ptr(j->g);
+    if (j->s) {
+      for (int64_t i = i0; i < i1; i++) { ADAMW_ELEM(float, sqrtf, P[i], G[i], M[i], V[i], c); shadow_store(j, i, P[i]); }
+      return;
+    }
     for (int64_t i = i0; i < i1; i++) ADAMW_ELEM(float, sqrtf, P[i], G[i], M[i], V[i], c);
     return;
   }
@@ -134,8 +150,10 @@ static void adamw_f32(void *ctx, int64_t i0, int64_t i1) {
   em_iter_seek(&it, i0);
   float *P = em_storage_ptr(j->p), *M = em_storage_ptr(j->m), *V = em_storage_ptr(j->v);
   const float *G = em_storage_ptr(j->g);
-  for (int64_t i = i0; i < i1; i++, em_iter_next(&it))
+  for (int64_t i = i0; i < i1; i++, em_iter_next(&it)) {
     ADAMW_ELEM(float, sqrtf, P[it.off[0]], G[it.off[1]], M[it.off[2]], V[it.off[3]], c);
+    if (j->s) shadow_store(j, i, P[it.off[0]]);     /* p is contiguous: element i is shadow i */
+  }
 }
 
 static void adamw_f64(void *ctx, int64_t i0, int64_t i1) {
@@ -155,11 +173,55 @@ static void adamw_f64(void *ctx, int64_t i0, int64_t i1) {
     ADAMW_ELEM(double, sqrt, P[it.off[0]], G[it.off[1]], M[it.off[2]], V[it.off[3]], c);
 }
 
-/* Run one parameter's update (fn: adamw_f32/f64, sgd_f32/f64) over the threads. */
-static void step_run(em_range_fn fn, int n, em_tensor *const *ts, const void *c, int64_t cost) {
-  step_job j = {ts[0], ts[1], ts[2], n > 3 ? ts[3] : NULL, c, all_contiguous(n, ts), {0}};
+/* Run one parameter's update (fn: adamw_f32/f64, sgd_f32/f64) over the threads;
+ * shadow: the parameter's shadow weight to write beside it (AdamW), or NULL. */
+static void step_run(em_range_fn fn, int n, em_tensor *const *ts, const void *c, int64_t cost, em_tensor *shadow) {
+  step_job j = {ts[0], ts[1], ts[2], n > 3 ? ts[3] : NULL, c, all_contiguous(n, ts), {0},
+                shadow ? em_data_ptr(shadow) : NULL, shadow ? shadow->dtype : EM_BF16};
   if (!j.contig) em_iter_init(&j.it, j.p->ndim, j.p->shape, n, (const em_tensor *const *)ts);
   em_parallel_for(em_numel(j.p), em_grain(cost), fn, &j);
+}
+
+/* ---- shadow weights (ember/autocast.h) ---- */
+
+/* The shadow weight each params[i] gets written beside its update: where
+ * autocast asked for one, p is f32, contiguous and not opted out; allocated
+ * (or reallocated to the asked dtype/shape) before anything is written, so an
+ * allocation failure leaves every tensor untouched. *out: NULL or an array of
+ * n (not retained; owned by the parameters). */
+static int shadows_prepare(int n, em_tensor **params, em_tensor ***out) {
+  *out = NULL;
+  em_tensor **sh = NULL;
+  for (int i = 0; i < n; i++) {
+    em_tensor *p = params[i];
+    if (!p->shadow_want || p->shadow_off || p->dtype != EM_F32 || !em_is_contiguous(p)) continue;
+    em_dtype dt = (em_dtype)(p->shadow_want - 1);
+    if (p->shadow && (p->shadow->dtype != dt || !em_same_shape(p->shadow, p) ||
+                      !em_device_eq(p->shadow->device, p->device))) {
+      em_tensor_release(p->shadow);
+      p->shadow = NULL;
+    }
+    if (!p->shadow && !(p->shadow = em_empty(p->ndim, p->shape, dt, p->device))) { free(sh); return -1; }
+    p->shadow_storage = NULL;                  /* not current until this step has written it */
+    if (!sh && !(sh = calloc((size_t)n, sizeof *sh))) return em_error_oom("out of memory: adamw_ shadows (%d)", n);
+    sh[i] = p->shadow;
+  }
+  *out = sh;
+  return 0;
+}
+
+/* After the step (every parameter's version bumped): the shadows are the
+ * casts of the new values, current at the parameters' new versions; their
+ * own version moves too, so a graph that saved the old copy sees the write. */
+static void shadows_written(int n, em_tensor **params, em_tensor **sh) {
+  if (!sh) return;
+  for (int i = 0; i < n; i++)
+    if (sh[i]) {
+      em_bump_version(sh[i]);
+      params[i]->shadow_storage = params[i]->storage;
+      params[i]->shadow_version = params[i]->storage->version;
+    }
+  free(sh);
 }
 
 static int adamw_check_hparams(double lr, double b1, double b2, double eps, double wd, int64_t step) {
@@ -186,10 +248,16 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
   if (check_devices("adamw_", n, params, (em_tensor **const[]){grads, exp_avg, exp_avg_sq},
                     (const char *const[]){"grads", "exp_avg", "exp_avg_sq"}, 3))
     return -1;
+  em_tensor **sh;
+  if (shadows_prepare(n, params, &sh)) return -1;
   if (n > 0 && params[0]->device.type == EM_CUDA) {
-    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, NULL, NULL))
+    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, NULL, NULL,
+                      sh)) {
+      free(sh);
       return -1;
+    }
     for (int i = 0; i < n; i++) { em_bump_version(params[i]); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]); }
+    shadows_written(n, params, sh);
     return 0;
   }
   double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
@@ -197,9 +265,10 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
   for (int i = 0; i < n; i++) {
     em_tensor *p = params[i];
     step_run(p->dtype == EM_F32 ? adamw_f32 : adamw_f64, 4, (em_tensor *[]){p, grads[i], exp_avg[i], exp_avg_sq[i]},
-             &c, 8);
+             &c, 8, sh ? sh[i] : NULL);
     em_bump_version(p); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]);
   }
+  shadows_written(n, params, sh);
   return 0;
 }
 
@@ -247,12 +316,18 @@ int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor
   if (n == 0) return 0;
   if (lr_t && check_scalar_tensor(op, "lr", lr_t, EM_F32, EM_F64, params[0]->device)) return -1;
   if (params[0]->device.type == EM_CUDA) {
-    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, 0, steps, lr_t))
+    em_tensor **sh;
+    if (shadows_prepare(n, params, &sh)) return -1;
+    if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, 0, steps, lr_t,
+                      sh)) {
+      free(sh);
       return -1;
+    }
     for (int i = 0; i < n; i++) {
       em_bump_version(params[i]); em_bump_version(exp_avg[i]); em_bump_version(exp_avg_sq[i]);
       em_bump_version(steps[i]);
     }
+    shadows_written(n, params, sh);
     return 0;
   }
   /* CPU: the same contract through the host path, one tensor at a time */
@@ -346,7 +421,7 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
   for (int i = 0; i < n; i++) {
     em_tensor *b = momentum != 0 ? bufs[i] : NULL;
     step_run(params[i]->dtype == EM_F32 ? sgd_f32 : sgd_f64, b ? 3 : 2, (em_tensor *[]){params[i], grads[i], b}, &c,
-             2);
+             2, NULL);
     em_bump_version(params[i]);
     if (b) em_bump_version(b);
   }

@@ -50,6 +50,20 @@ describe("rmsnorm on CUDA", function()
     it(dt .. ": (29, 64) without weight", function() check({29, 64}, dt, nil, dt) end)
   end
 
+  -- every launch configuration of the backward: threads per row 32..256 with
+  -- 1, 2 or 4 16-byte chunks a thread, and the block kernel past 1024 chunks
+  -- (or rows not a whole number of chunks); 3001 rows give every block
+  -- several row tiles, and one last tile with rows missing
+  local widths = {f32 = {64, 200, 512, 768, 1600, 4096, 4100, 8192}, bf16 = {256, 512, 1024, 1600, 4096, 8192, 16384}}
+  for _, dt in ipairs {"f32", "bf16"} do
+    for _, d in ipairs(widths[dt]) do
+      local rows = d <= 1600 and 3001 or 37
+      it(("%s: (%d, %d) with an f32 weight: backward configuration for %d columns"):format(dt, rows, d, d), function()
+        check({rows, d}, dt, "f32", ("%s (%d, %d)"):format(dt, rows, d))
+      end)
+    end
+  end
+
   it("bf16 activations with an f32 weight (f32 master weights)", function()
     check({45, 96}, "bf16", "f32", "bf16/f32")
   end)
@@ -74,7 +88,7 @@ describe("rmsnorm on CUDA", function()
   -- On a residual stream, x's gradient sum is formed inside the rmsnorm
   -- backward (it adds into the gradient the residual branch delivered first):
   -- the result must equal the CPU's separate sum.
-  for _, shape in ipairs {{64, 768}, {5, 7, 37}} do
+  for _, shape in ipairs {{64, 768}, {5, 7, 37}, {2048, 1600}, {33, 4096}} do
     it(("adds into the residual gradient sum (%s)"):format(table.concat(shape, "x")), function()
       local x, w, d = randn(shape, "f32", 2), randn({shape[#shape]}), randn(shape)
       local function grads(dev)

@@ -44,6 +44,8 @@
 --               default: every tensor input read once + the output written
 --               once. The figure is GB/s against the peak memory bandwidth
 --     backward  true: time forward + backward (out:backward(ones)) as well
+--     bwd_bytes function(inputs, out) -> bytes the backward must move at
+--               least: bench_ops.lua reports GB/s of (fwd+bwd - fwd) too
 --     dtypes    the dtypes to time (default {"f32", "bf16"})
 --     device    "cpu" or "cuda": time the entry only there (default: both)
 --     torch     the same op as a PyTorch expression over the inputs a, b, c,
@@ -72,7 +74,7 @@ end
 local function perf(op, name, fn, inputs, o)
   o = o or {}
   cases.perf[#cases.perf + 1] = {op = op, name = name, fn = fn, inputs = inputs, flops = o.flops,
-                                 bytes = o.bytes, backward = o.backward, dtypes = o.dtypes, device = o.device,
+                                 bytes = o.bytes, bwd_bytes = o.bwd_bytes, backward = o.backward, dtypes = o.dtypes, device = o.device,
                                  torch = o.torch}
 end
 
@@ -133,6 +135,11 @@ local function factory(o)
   end
   --- a leaf with these exact values
   function T.values(list, shape) return leaf(from_list(list, shape or {#list})) end
+  --- a standard normal leaf in f32 whatever the working dtype: an f32 master
+  -- weight beside bf16 activations, as autocast runs them (perf entries)
+  function T.randn_f32(shape)
+    return ember.tensor(ember.randn(shape, {dtype = "f64"}), {dtype = "f32", device = device, requires_grad = rg})
+  end
   --- a float tensor of the working dtype that does not require grad
   function T.const(shape) return ember.randn(shape, {dtype = "f64"}):to({dtype = dtype, device = device}) end
   --- integer ids in [0, n) (i64)

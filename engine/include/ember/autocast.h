@@ -36,6 +36,19 @@ em_tensor *em_autocast_upper(em_tensor *t);
  * activation cast it once. */
 em_tensor *em_autocast_value(em_tensor *t);
 
+/* Shadow weights. A parameter (an f32 contiguous leaf that requires grad)
+ * that autocast casts in grad mode is marked as wanting a copy in the
+ * region's dtype; the next AdamW step (em_adamw_, em_adamw_capturable_)
+ * writes that copy in the same pass as the f32 update, rounded as the cast
+ * rounds it (nearest even: the same bits), and autocast then uses it instead
+ * of casting, for as long as the parameter's storage version is the one the
+ * step left (any other in-place write, set_ or a new storage: cast again).
+ * em_shadow_weights_(t, false) drops t's copy and keeps autocast from asking
+ * again (ember.optim.AdamW{shadow_weights = false}); true lets it ask. */
+int em_shadow_weights_(em_tensor *t, bool on);
+/* t's shadow copy when it is current (not retained), else NULL. */
+em_tensor *em_shadow_weight(const em_tensor *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,16 @@ typedef struct em_tensor {
   int bw_deps;
   uint64_t bw_epoch;
   struct em_tensor *bw_grad;
+  /* engine-private (engine/autocast.c, engine/ops/optim.c): shadow weights.
+   * A parameter may carry a bf16/f16 copy that AdamW writes in the same pass
+   * as its f32 update and autocast reads instead of casting. It is current
+   * only while storage == shadow_storage and storage->version ==
+   * shadow_version: any other write to the parameter makes autocast cast. */
+  struct em_tensor *shadow;       /* owned; NULL when none */
+  const em_storage *shadow_storage;
+  uint32_t shadow_version;
+  int shadow_want;                /* 1 + the dtype autocast asked for; 0: none asked */
+  bool shadow_off;                /* em_shadow_weights_(t, false): never keep one */
 } em_tensor;
 
 /* ---- lifetime ---- */

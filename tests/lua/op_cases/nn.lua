@@ -90,9 +90,21 @@ return function(case, perf, ember, F)
   perf("cross_entropy", "cross_entropy (2048,50304) logits", function(l, t) return F.cross_entropy(l, t) end,
     function(T) return {T.randn({2048, 50304}), T.ids({2048}, 50304)} end,
     {backward = true, torch = "F.cross_entropy(a, b)"})
+  -- rmsnorm backward: x and gy read, gx written, w read and gw written, rstd read
+  local function rms_bwd_bytes(i, out)
+    local n, d = out:numel(), i[1].shape[#i[1].shape]
+    return 3 * n * out:element_size() + 2 * d * i[2]:element_size() + n // d * 4
+  end
   perf("rmsnorm", "rmsnorm (8192,1600)", function(x, w) return F.rmsnorm(x, w) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600})} end,
-    {backward = true, torch = "F.rms_norm(a, (1600,), b)"})
+    {backward = true, bwd_bytes = rms_bwd_bytes, torch = "F.rms_norm(a, (1600,), b)"})
+  -- the models' shapes (B4 T512: small d 768, xl d 1600; a 4096-wide model at
+  -- 8192 tokens), f32 master weight beside f32 or bf16 activations
+  for _, s in ipairs({{2048, 768}, {2048, 1600}, {8192, 4096}}) do
+    perf("rmsnorm", ("rmsnorm (%d,%d), f32 weight"):format(s[1], s[2]), function(x, w) return F.rmsnorm(x, w) end,
+      function(T) return {T.randn(s), T.randn_f32({s[2]})} end,
+      {backward = true, bwd_bytes = rms_bwd_bytes, device = s[1] * s[2] > 2 ^ 24 and "cuda" or nil})
+  end
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
     {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
