@@ -26,6 +26,7 @@
  * decode kernel instead (flash_decode.cu), chosen in em_flash_fwd_cuda. */
 #include "backend.h"
 #include "flash_common.cuh"
+#include "flash_wg.cuh"
 
 using namespace flash;
 
@@ -223,7 +224,9 @@ extern "C" int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const e
   if (p.B * p.H == 0 || p.Tq == 0) return 0;
   cudaStream_t s = em_cur_stream(q->device.index);
   int d = (int)q->shape[3], rc = -2;
-  if (p.Tq <= kDecodeMaxTq) return decode_fwd(p, q->dtype, d, q->device.index, s);
+  // the wgmma kernel on sm_90 where it applies, or as EMBER_FLASH_FWD forces (flash_fwd_wg.cu)
+  if ((rc = fwd_wg_dispatch(p, q->dtype, d, q->device.index, s)) != kFwdNotTaken) return rc;
+  if (p.Tq <= kDecodeMaxTq && fwd_kernel_mode() != 1) return decode_fwd(p, q->dtype, d, q->device.index, s);
   if (q->dtype == EM_BF16) {
     FLASH_DISPATCH_D(d, D, rc = launch_fwd<__nv_bfloat16, D>(p, s);)
   } else if (q->dtype == EM_F16) {

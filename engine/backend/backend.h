@@ -488,6 +488,15 @@ bool em_flash_supported_dim(int64_t d);
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o, em_tensor *lse,
                       int causal, float scale);
 
+/* Which forward kernel em_flash_fwd_cuda runs for Tq > 16 (and what it
+ * forces): 0 auto (the wgmma kernel, flash_fwd_wg.cu, on sm_90 for D 64 and
+ * 128; the mma.sync kernel otherwise; the decode kernel up to 16 queries),
+ * 1 mma (the mma.sync kernel for every Tq), 2 wg (the wgmma kernel for every
+ * Tq; an error where it does not apply). The default comes from
+ * EMBER_FLASH_FWD=auto|mma|wg. mode >= 0 sets it; returns the previous
+ * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
+int em_flash_fwd_kernel(int mode);
+
 /* dq (q's shape), dk and dv (k's shape: summed over each kv head's group)
  * from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
  * Deterministic: no atomics (dk/dv and dq are two kernels). */

@@ -157,6 +157,12 @@ int em_nll_bwd_cuda(const em_tensor *logp, const em_tensor *target, const em_ten
 bool em_flash_supported_dim(int64_t d) { return false; }
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
                       em_tensor *lse, int causal, float scale) { return no_cuda(NULL); }
+int em_flash_fwd_kernel(int mode) {   /* no kernels to choose from: the setting is only kept */
+  static int cur;
+  int prev = cur;
+  if (mode >= 0) cur = mode;
+  return prev;
+}
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
                       em_tensor *dk, em_tensor *dv, int causal, float scale) { return no_cuda(NULL); }

@@ -294,6 +294,8 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
   return out;
 }
 
+int em_flash_fwd_choice(int mode) { return em_flash_fwd_kernel(mode); }
+
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
   em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;
   if ((q->ndim != 3 && q->ndim != 4) || k->ndim != q->ndim || v->ndim != q->ndim) return false;

@@ -1,0 +1,106 @@
+/* Hopper (sm_90a) pieces of the wgmma flash forward (flash_fwd_wg.cu):
+ * mbarriers, the tensor-memory-access (TMA) tile copy, wgmma matrix
+ * descriptors and the warpgroup fences, and the forward-kernel choice that
+ * em_flash_fwd_cuda (flash_fwd.cu) asks before launching anything.
+ *
+ * Shared tiles are TMA's 128-byte swizzle: a tile of R rows x 64 columns of a
+ * 16-bit type is R rows of 128 bytes, the 16-byte chunk c of row r stored at
+ * chunk c ^ (r % 8), so 8 rows make a 1024-byte atom; a head dim of 128 is
+ * two such tiles side by side (column chunk cc at cc · R · 128 bytes). wgmma
+ * reads the same pattern when the descriptor says "128-byte swizzle" and
+ * every tile starts 1024-byte aligned. */
+#pragma once
+#include <stdint.h>
+#include "flash_common.cuh"
+
+namespace flash {
+
+/* ---- the forward-kernel choice (EMBER_FLASH_FWD, core.flash_fwd_kernel) ---- */
+
+/* The result of fwd_wg_dispatch when it ran nothing: the caller goes on to
+ * the decode or mma.sync kernel. */
+constexpr int kFwdNotTaken = -2;
+/* 0 auto, 1 mma (the mma.sync kernel, for every Tq), 2 wg (the wgmma kernel,
+ * for every Tq; an error where it does not apply); -1 with the error set for
+ * a bad EMBER_FLASH_FWD. */
+int fwd_kernel_mode();
+/* Runs the wgmma forward when the mode and the inputs ask for it: 0, -1 with
+ * the error set, or kFwdNotTaken. */
+int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* ---- mbarriers (shared-memory barriers with a phase bit and a byte count) ---- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* makes the inits visible to the async proxy (TMA) before anyone uses them */
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+/* one arrival that also announces bytes the copies will complete */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* spin until the phase with this parity has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+/* ---- TMA: a box of a 4-D tensor (D, T, H, B) into shared memory, completing on bar ---- */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const void *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+/* ---- warpgroup register budget (needs the kernel's register cap at entry) ---- */
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* ---- wgmma ---- */
+/* Matrix descriptor of a 128-byte-swizzled shared tile: start address,
+ * leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B) in bits
+ * 62-63; base offset 0 (tiles are 1024-byte aligned; a K step inside the
+ * atom moves the start by 32 bytes and the hardware swizzles the result).
+ * K-major (Q, K): rows 128 B apart, 8-row groups sbo = 1024 apart, lbo
+ * unused (1). N-major (V as B of P V): 64 columns per 128-byte row, 8-key
+ * groups sbo = 1024 apart, lbo = the distance between 64-column chunks. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+         (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins accumulator registers at this point of the program: the compiler
+ * cannot move their reads or writes across it (nor across the wgmma asm they
+ * are bound to), so nothing touches them while a wgmma is in flight. */
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+}  // namespace flash

@@ -1,0 +1,209 @@
+-- flash_wg_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA forward
+-- (kernels/flash_fwd_wg.cu) forced with core.flash_fwd_kernel("wg"), against
+-- the f64 CPU reference and against the mma.sync forward (flash_fwd.cu,
+-- forced with "mma") on the same inputs: head dims 64 and 128, bf16 and f16,
+-- causal top-left / bottom-right / none, GQA, Tq ≠ Tk, odd lengths (1, 63,
+-- 65, 127, 129, 1000, 4097: partial 128-row blocks and 128-key tiles at
+-- both ends), the (B, T, H, D) head-split layout, and the backward run on
+-- the wg forward's o and lse.
+--
+-- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ no more than twice
+-- the error of the naive composition run on the GPU in the same half dtype,
+-- plus 1e-4, and never above 1e-2 (bf16) / 2e-3 (f16); lse within 1e-4
+-- relative. Every case prints its errors (wg, mma, naive, wg vs mma, and the
+-- largest absolute error of wg's o), so a failing run says where it breaks.
+local ember = require "ember"
+local F = ember.nn.functional
+local core = ember.core
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local C = dofile(here .. "compare.lua")
+local rel = C.rel_error
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local CAP = {bf16 = 1e-2, f16 = 2e-3}
+local seed = 11200
+local function randn(shape, dtype)
+  seed = seed + 1
+  ember.manual_seed(seed)
+  return ember.randn(shape, {dtype = "f64"}):to(dtype)
+end
+
+local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
+local function bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
+
+local function repeat_kv(k, H)
+  if k.shape[2] == H then return k end
+  local B, Hkv, T, d = table.unpack(k.shape)
+  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
+end
+
+local function mask_of(causal, tq, tk)
+  local off = causal == "bottom_right" and tk - tq or 0
+  return ember.ones(tq, tk):triu(1 + off):eq(1)
+end
+
+-- f64 reference on the CPU: o, lse, and (with g) dq, dk, dv through autograd
+local function ref64(q, k, v, g, causal)
+  local q6, k6, v6 = leaf(q:cpu():to("f64")), leaf(k:cpu():to("f64")), leaf(v:cpu():to("f64"))
+  local H, tq, tk, d = q.shape[2], q.shape[3], k.shape[3], q.shape[4]
+  local kr, vr = repeat_kv(k6, H), repeat_kv(v6, H)
+  local s = q6:matmul(kr:transpose(-2, -1)) * (1 / math.sqrt(d))
+  if causal then s = s:masked_fill(mask_of(causal, tq, tk), -math.huge) end
+  local o = s:softmax(-1):matmul(vr)
+  local r = {o = o:detach(), lse = s:detach():logsumexp(-1)}
+  if g then
+    o:backward(g:cpu():to("f64"))
+    r.dq, r.dk, r.dv = q6.grad, k6.grad, v6.grad
+  end
+  return r
+end
+
+-- flash with the given forward kernel (the backward is the usual one)
+local function flash(kernel, q, k, v, g, causal)
+  local prev = core.flash_fwd_kernel(kernel)
+  local ok, res = pcall(function()
+    local qq, kk, vv = leaf(q), leaf(k), leaf(v)
+    local o, lse = F.flash_attention(qq, kk, vv, causal)
+    local r = {o = o:detach(), lse = lse}
+    if g then
+      o:backward(g)
+      r.dq, r.dk, r.dv = qq.grad, kk.grad, vv.grad
+    end
+    return r
+  end)
+  core.flash_fwd_kernel(prev)
+  if not ok then error(res, 0) end
+  return res
+end
+
+local function naive(q, k, v, causal)
+  return F.scaled_dot_product_attention(q, k, v, {causal = causal, impl = "naive", enable_gqa = true}):detach()
+end
+
+local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+
+-- one case: wg vs the reference (o, lse; dq, dk, dv when opts.grad) and vs mma
+local function check(sq, sk, dt, causal, opts)
+  opts = opts or {}
+  local q, k, v = randn(sq, dt), randn(sk, dt), randn(sk, dt)
+  local g = opts.grad and randn(sq, dt) or nil
+  if opts.layout then
+    q, k, v = opts.layout(q), opts.layout(k), opts.layout(v)
+    if g then g = opts.layout(g) end
+  end
+  q, k, v = q:cuda(), k:cuda(), v:cuda()
+  if g then g = g:cuda() end
+  local ref = ref64(q, k, v, g, causal)
+  local wg = flash("wg", q, k, v, g, causal)
+  local mm = flash("mma", q, k, v, nil, causal)
+  local en = rel(naive(q, k, v, causal), ref.o)
+  local bound = math.min(2 * en + 1e-4, CAP[dt])
+  local what = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
+    tostring(causal))
+  local ew, em, ewm = rel(wg.o, ref.o), rel(mm.o, ref.o), rel(wg.o, mm.o)
+  local lw, lm = rel(wg.lse, ref.lse), rel(mm.lse, ref.lse)
+  print(string.format("  %-44s o: wg %.3g mma %.3g naive %.3g wg-vs-mma %.3g max|wg-ref| %.3g; lse: wg %.3g mma %.3g",
+    what, ew, em, en, ewm, max_abs(wg.o, ref.o), lw, lm))
+  assert.are.equal(dt, wg.o.dtype, what .. " o dtype")
+  assert.are.same(q.shape, wg.o.shape, what .. " o shape")
+  assert.is_true(ew <= bound, string.format("%s o: wg error %.3g > %.3g (naive %.3g, mma %.3g)", what, ew, bound, en, em))
+  assert.is_true(ewm <= CAP[dt], string.format("%s o: wg vs mma %.3g > %.3g", what, ewm, CAP[dt]))
+  assert.are.equal("f32", wg.lse.dtype)
+  assert.is_true(lw <= 1e-4, string.format("%s lse: wg relative error %.3g (mma %.3g)", what, lw, lm))
+  if g then
+    for _, name in ipairs({"dq", "dk", "dv"}) do
+      local e = rel(wg[name], ref[name])
+      print(string.format("  %-44s %s: %.3g (cap %.3g)", what, name, e, CAP[dt]))
+      assert.is_true(e <= CAP[dt], string.format("%s %s (backward on wg's o, lse): error %.3g > %.3g", what, name,
+        e, CAP[dt]))
+    end
+  end
+end
+
+-- nil when the wg kernel runs here, else why not (not an sm_90 GPU)
+local function wg_unavailable()
+  local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
+  local prev = core.flash_fwd_kernel("wg")
+  local ok, err = pcall(F.flash_attention, x, x, x, true)
+  core.flash_fwd_kernel(prev)
+  if ok then return nil end
+  if tostring(err):match("sm_90") then return tostring(err) end
+  error(err, 0)
+end
+
+describe("flash attention's wgmma forward (sm_90)", function()
+  local why = wg_unavailable()
+  if why then
+    it("is skipped: " .. why, function() end)
+    return
+  end
+
+  it("chooses kernels by name and rejects others, naming them", function()
+    local prev = core.flash_fwd_kernel("mma")
+    assert.are.equal("mma", core.flash_fwd_kernel("wg"))
+    assert.are.equal("wg", core.flash_fwd_kernel(prev))
+    local ok, err = pcall(core.flash_fwd_kernel, "tma")
+    assert.is_false(ok)
+    assert.matches('expected "auto", "mma" or "wg", got "tma"', tostring(err), 1, true)
+    -- forced wg with a head dim it does not have: an error, not a silent fallback
+    local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
+    core.flash_fwd_kernel("wg")
+    ok, err = pcall(F.flash_attention, x, x, x, true)
+    core.flash_fwd_kernel(prev)
+    assert.is_false(ok)
+    assert.matches("expects head dim 64 or 128, got 32", tostring(err), 1, true)
+  end)
+
+  for _, d in ipairs({64, 128}) do
+    for _, dt in ipairs({"bf16", "f16"}) do
+      it(string.format("matches the reference and the mma kernel: D %d, %s, odd lengths, all masks", d, dt), function()
+        for _, T in ipairs({1, 63, 65, 127, 129, 1000}) do
+          for _, causal in ipairs({true, "bottom_right", false}) do
+            check({1, 2, T, d}, {1, 2, T, d}, dt, causal)
+          end
+        end
+      end)
+    end
+
+    it(string.format("runs Tq ≠ Tk and GQA: D %d", d), function()
+      check({1, 4, 100, d}, {1, 2, 300, d}, "bf16", "bottom_right")
+      check({1, 4, 300, d}, {1, 2, 100, d}, "bf16", true)          -- top-left, Tq > Tk
+      check({2, 6, 200, d}, {2, 2, 517, d}, "f16", false)
+      check({1, 8, 129, d}, {1, 1, 129, d}, "bf16", true)          -- multi-query
+      check({1, 2, 17, d}, {1, 2, 1000, d}, "bf16", "bottom_right") -- few queries, many tiles
+    end)
+
+    it(string.format("runs long sequences (many 128-key tiles through the 2-stage ring): D %d", d), function()
+      check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", true)
+      check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", false)
+      check({1, 2, 1500, d}, {1, 1, 4097, d}, "f16", "bottom_right")
+    end)
+
+    it(string.format("reads the (B, T, H, D) layout and feeds the backward: D %d", d), function()
+      check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd, grad = true})
+      check({1, 2, 257, d}, {1, 2, 257, d}, "f16", "bottom_right", {grad = true})
+    end)
+  end
+
+  it("is not what auto picks yet: auto runs the mma.sync kernel (same bits as forced mma)", function()
+    local q, k, v = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
+      randn({1, 2, 300, 128}, "bf16"):cuda()
+    local a = flash("auto", q, k, v, nil, true)
+    local w = flash("wg", q, k, v, nil, true)
+    local m = flash("mma", q, k, v, nil, true)
+    assert.are.equal(0, max_abs(a.o, m.o))
+    assert.are.equal(0, max_abs(a.lse, m.lse))
+    -- and that is not trivially so: the wg kernel's bits differ (other tiles, other rounding of P)
+    assert.is_true(max_abs(m.o, w.o) > 0)
+  end)
+
+  it("gives bit-identical results on repeat", function()
+    local q, k, v = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
+      randn({2, 2, 777, 64}, "bf16"):cuda()
+    local a, b = flash("wg", q, k, v, nil, true), flash("wg", q, k, v, nil, true)
+    assert.are.equal(0, max_abs(a.o, b.o))
+    assert.are.equal(0, max_abs(a.lse, b.lse))
+  end)
+end)
