@@ -14,6 +14,7 @@
 #define EMBER_KERNELS_DTYPE_IO_CUH
 
 #include "common.cuh"
+#include <type_traits>
 
 __host__ __device__ __forceinline__ int64_t em_sat_i64(double v) {
   if (v != v) return 0;
@@ -91,6 +92,27 @@ template <typename C, typename T> __device__ __forceinline__ C to_compute(T x) {
 template <> __device__ __forceinline__ double to_compute<double, double>(double x) { return x; }
 template <typename T, typename C> __device__ __forceinline__ T from_compute(C x) { return from_f32<T>((float)x); }
 template <> __device__ __forceinline__ double from_compute<double, double>(double x) { return x; }
+
+/* 16 bytes loaded as four 32-bit words, and element e of them (a compile-time
+ * constant) in the compute type C. For the vector paths of reduce.cu and
+ * elementwise.cu: a Packed128 of bf16/f16 holds each 16-bit element in a
+ * register of its own, so eight of them in flight took twice the registers
+ * (87-140 in the reductions, 2 blocks per SM instead of 4). */
+__device__ __forceinline__ uint32_t word_at(const uint4 &w, int k) {
+  return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
+}
+template <typename C, typename T> __device__ __forceinline__ C raw_elem(const uint4 &w, int e) {
+  if constexpr (std::is_same<T, float>::value) return (C)__uint_as_float(word_at(w, e));
+  else if constexpr (std::is_same<T, double>::value)
+    return (C)__hiloint2double((int)word_at(w, 2 * e + 1), (int)word_at(w, 2 * e));
+  else if constexpr (std::is_same<T, __nv_bfloat16>::value) {   /* bf16 -> f32 is exact: the high half */
+    const uint32_t x = word_at(w, e >> 1);
+    return (C)__uint_as_float((e & 1) ? (x & 0xffff0000u) : (x << 16));
+  } else {
+    const uint32_t x = word_at(w, e >> 1);
+    return (C)__half2float(__ushort_as_half((unsigned short)((e & 1) ? (x >> 16) : (x & 0xffffu))));
+  }
+}
 
 /* Make `device` current for the launches that follow (multi-GPU safety);
  * cudaGetDevice is a host-side query, no synchronisation. */

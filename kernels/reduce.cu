@@ -39,6 +39,21 @@
 namespace {
 
 constexpr int kBlock = 256;
+/* 16-byte loads in flight per thread in the vector kernels (rows, cols_vec):
+ * 8 x 16 B x ~1000 resident threads = ~128 KiB per SM, past the ~40 KiB an
+ * H100 SM needs in flight to stream at its share of HBM bandwidth. */
+constexpr int kUnroll = 8;
+/* Blocks a split reduction aims for: a constant, so the partition (and the
+ * float sum's rounding) depends on the shape alone, not on the GPU. 512
+ * blocks of 256 threads: ~4 per SM on an H100, all resident in one wave. */
+constexpr int64_t kTargetBlocks = 512;
+/* ... so the vector kernels are built to keep 4 blocks resident per SM
+ * (<= 64 registers): without the bound, bf16's eight unpacked loads took
+ * 87-140 registers and left 2 blocks per SM. */
+constexpr int kMinBlocks = 4;
+/* Rows in flight per thread in the column kernel: each row is V outputs'
+ * worth of accumulators already (up to 8 values + indices for max/min). */
+constexpr int kColsUnroll = 4;
 
 enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN,
        R_PROD, R_ASUM, R_SSQ, R_AMAX, R_PSUM };   /* issue 12: prod and the vector norms */
@@ -230,7 +245,7 @@ __device__ __forceinline__ int64_t red_offset(const RedArgs &a, int64_t r) {
  * storage type for Packed128 loads (aligned unit-stride rows), or void for
  * the generic strided load of any dtype. */
 template <typename T, typename C, int OP, int TPO>
-__global__ void __launch_bounds__(kBlock) reduce_rows(RedArgs a) {
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
   constexpr int per = kBlock / TPO;
   const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
   const int lane = threadIdx.x % TPO;
@@ -243,24 +258,28 @@ __global__ void __launch_bounds__(kBlock) reduce_rows(RedArgs a) {
     const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
     const C sh = ref_of<C, OP>(a, o);
     if constexpr (!std::is_void<T>::value) {
+      /* kUnroll 16-byte loads in flight per thread, issued before the first
+       * use; the last trip predicates them instead of falling back to one
+       * load at a time (r0 is vector-aligned: chunks are multiples of 16) */
       constexpr int V = 16 / (int)sizeof(T);
+      const uint4 *q = (const uint4 *)((const T *)a.in + base + r0);
+      const int64_t nv = (r1 - r0) / V;
+      for (int64_t j = lane; j < nv; j += (int64_t)kUnroll * TPO) {
+        uint4 pk[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++)
+          if (j + u * TPO < nv) pk[u] = q[j + u * TPO];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+          if (j + u * TPO < nv) {
+            const int64_t at = r0 + (j + u * TPO) * V;
+#pragma unroll
+            for (int e = 0; e < V; e++) acc.push(raw_elem<C, T>(pk[u], e), at + e, sh);
+          }
+        }
+      }
       const T *p = (const T *)a.in + base;
-      int64_t r = r0 + (int64_t)lane * V;
-      for (; r + (int64_t)(3 * TPO + 1) * V <= r1; r += (int64_t)4 * TPO * V) {
-        Packed128<T> pk[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) pk[u] = load128(p + r + (int64_t)u * TPO * V);
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-          for (int e = 0; e < V; e++) acc.push(to_compute<C, T>(pk[u][e]), r + (int64_t)u * TPO * V + e, sh);
-      }
-      for (; r + V <= r1; r += (int64_t)TPO * V) {
-        Packed128<T> pk = load128(p + r);
-#pragma unroll
-        for (int e = 0; e < V; e++) acc.push(to_compute<C, T>(pk[e]), r + e, sh);
-      }
-      for (int64_t t = r0 + (r1 - r0) / V * V + lane; t < r1; t += TPO) acc.push(to_compute<C, T>(p[t]), t, sh);
+      for (int64_t t = r0 + nv * V + lane; t < r1; t += TPO) acc.push(to_compute<C, T>(p[t]), t, sh);
     } else {
       int64_t r = r0 + lane;
       for (; r + 3 * TPO < r1; r += 4 * TPO) {   /* four loads in flight */
@@ -336,20 +355,21 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
     C sh[V];
 #pragma unroll
     for (int e = 0; e < V; e++) sh[e] = ref_of<C, OP>(a, ob * K + k + e);
-    int64_t r = r0 + threadIdx.y;
-    for (; r + 24 < r1; r += 32) {   /* four rows in flight */
-      Packed128<T> pk[4];
+    /* U rows in flight per thread (8 threads down a block column), the last
+     * trip predicated; the row address by one multiply when one dim is reduced */
+    constexpr int U = kColsUnroll;
+    const int64_t rs = a.rstride[0];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * U) {
+      uint4 pk[U];
 #pragma unroll
-      for (int u = 0; u < 4; u++) pk[u] = load128(p + red_offset(a, r + u * 8));
+      for (int u = 0; u < U; u++)
+        if (r + u * 8 < r1) pk[u] = *(const uint4 *)(p + (a.nr == 1 ? (r + u * 8) * rs : red_offset(a, r + u * 8)));
 #pragma unroll
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < U; u++)
+        if (r + u * 8 < r1) {
 #pragma unroll
-        for (int e = 0; e < V; e++) acc[e].push(to_compute<C, T>(pk[u][e]), r + u * 8, sh[e]);
-    }
-    for (; r < r1; r += 8) {
-      Packed128<T> pk = load128(p + red_offset(a, r));
-#pragma unroll
-      for (int e = 0; e < V; e++) acc[e].push(to_compute<C, T>(pk[e]), r, sh[e]);
+          for (int e = 0; e < V; e++) acc[e].push(raw_elem<C, T>(pk[u], e), r + u * 8, sh[e]);
+        }
     }
   }
   __shared__ C sv[8][32 * V];
@@ -369,20 +389,35 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
-/* Merge the splits' partials of each output (a warp per output), then finalize. */
-template <typename C, int OP>
+/* Merge the splits' partials of each output, then finalize: TPO threads per
+ * output (a warp, or the block when there are few outputs and many splits,
+ * as for a sum over everything), four partial loads in flight per thread.
+ * The merge order depends on splits and TPO only: deterministic. */
+template <typename C, int OP, int TPO>
 __global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
-  const int64_t o = (int64_t)blockIdx.x * (kBlock / 32) + threadIdx.x / 32;
-  if (o >= a.n_out) return;
-  const int lane = threadIdx.x & 31;
+  constexpr int per = kBlock / TPO;
+  const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
+  const int lane = threadIdx.x % TPO;
+  const bool live = o < a.n_out;
   Acc<C, OP> acc;
   acc.init();
-  for (int s = lane; s < a.splits; s += 32) {
-    int64_t at = o * a.splits + s;
-    acc.merge(((const C *)a.part)[at], Acc<C, OP>::ext ? a.part_idx[at] : 0);
+  if (live) {
+    for (int s = lane; s < a.splits; s += 4 * TPO) {
+      C v[4];
+      int64_t ix[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int64_t at = o * a.splits + s + u * TPO;
+        if (s + u * TPO < a.splits) { v[u] = ((const C *)a.part)[at]; ix[u] = Acc<C, OP>::ext ? a.part_idx[at] : 0; }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (s + u * TPO < a.splits) acc.merge(v[u], ix[u]);
+    }
   }
-  acc.warp_merge();
-  if (lane == 0) finalize<C, OP>(a, o, acc.v, acc.i);
+  if constexpr (TPO == 32) acc.warp_merge();
+  else acc.block_merge();
+  if (live && lane == 0) finalize<C, OP>(a, o, acc.v, acc.i);
 }
 
 template <typename C> em_dtype dtype_of() {
@@ -410,7 +445,7 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   r.out = out ? em_data_ptr(out) : NULL; r.out_dtype = out ? out->dtype : EM_F32;
   r.out_idx = idx ? (int64_t *)em_data_ptr(idx) : NULL;
   r.scale = scale;
-  const int target = 4 * em_sm_count(dev);
+  const int64_t target = kTargetBlocks;
   const size_t es = em_dtype_size(a->dtype);
 
   bool cols = p->nk > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
@@ -423,11 +458,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
               p->kshape[p->nk - 1] % cv == 0 && ((uintptr_t)r.in & 15) == 0;
   for (int d = 0; cvec && d < p->nr; d++) cvec = (p->rstride[d] * (int64_t)es) % 16 == 0;
   for (int d = 0; cvec && d < p->nk - 1; d++) cvec = (p->kstride[d] * (int64_t)es) % 16 == 0;
+  /* rows with vector loads: unit-stride rows whose starts are all 16-byte aligned */
+  bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
+             em_dtype_is_float(a->dtype);
+  for (int d = 0; vec && d < p->nk; d++) vec = (p->kstride[d] * (int64_t)es) % 16 == 0;
   /* a warp per output for short rows, and for rows up to 16384 when there are
-   * enough of them to fill the GPU with warps (each keeps four 16-byte loads
-   * in flight; a block per row had one, then a block-wide merge) */
-  const int64_t warps_to_fill = 2 * (int64_t)em_sm_count(dev) * (kBlock / 32);
-  int tpo = p->n_red <= 1024 || (p->n_red <= 16384 && p->n_out >= warps_to_fill) ? 32 : kBlock;
+   * enough of them to fill the GPU with warps (2048: ~2 blocks of 8 warps per
+   * SM; a constant, so the plan depends on the shape alone) */
+  int tpo = p->n_red <= 1024 || (p->n_red <= 16384 && p->n_out >= 2048) ? 32 : kBlock;
   int64_t blocks;
   if (cols) {
     int64_t K = p->kshape[p->nk - 1], w = cvec ? 32 * cv : 32;
@@ -444,8 +482,12 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     if (splits > 1024) splits = 1024;
     if (splits < 1) splits = 1;
   }
+  /* each split 16-element (vector) aligned; on the rows vector path a whole
+   * number of the block's trips (kUnroll loads per thread), so no split ends
+   * on a partly predicated trip */
+  const int64_t gran = vec && splits > 1 ? (int64_t)kUnroll * tpo * (int64_t)(16 / es) : 16;
   int64_t chunk = (p->n_red + splits - 1) / splits;
-  chunk = (chunk + 15) / 16 * 16;              /* keeps every split 16-element (vector) aligned */
+  chunk = (chunk + gran - 1) / gran * gran;
   if (chunk < 1) chunk = 1;
   splits = p->n_red > 0 ? (p->n_red + chunk - 1) / chunk : 1;
   r.splits = (int)splits; r.chunk = chunk;
@@ -462,11 +504,6 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     }
     r.part = em_data_ptr(part);
   }
-
-  /* vector loads: unit-stride rows whose starts are all 16-byte aligned */
-  bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
-             em_dtype_is_float(a->dtype);
-  for (int d = 0; vec && d < p->nk; d++) vec = (p->kstride[d] * (int64_t)es) % 16 == 0;
 
   if (blocks > INT32_MAX) {
     em_tensor_release(part); em_tensor_release(part_idx);
@@ -505,7 +542,10 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   }
   int rc = em_launch_check(name);
   if (rc == 0 && splits > 1) {
-    reduce_finish<C, OP><<<(unsigned)((p->n_out + 7) / 8), kBlock, 0, s>>>(r);
+    if (splits > 64 && p->n_out < 256)   /* few outputs, many partials: a block each */
+      reduce_finish<C, OP, kBlock><<<(unsigned)p->n_out, kBlock, 0, s>>>(r);
+    else
+      reduce_finish<C, OP, 32><<<(unsigned)((p->n_out + 7) / 8), kBlock, 0, s>>>(r);
     rc = em_launch_check(name);
   }
   /* the workspace goes back to the stream-ordered cache: later work on this stream reuses it safely */

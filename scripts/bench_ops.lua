@@ -10,7 +10,10 @@
 --
 -- Each timed call: ember.bench with an L2 flush before every rep (cold
 -- caches, as Triton's do_bench), the device synchronised around it, the
--- median of --reps. Forward runs under no_grad; forward + backward records the
+-- median of --reps. --timer events times the device instead (CUDA events
+-- around the call, the flush not waited for, as do_bench): the launch
+-- latency and the host's wake-up after the sync (~10-15 µs) drop out, which
+-- is most of the gap to the bandwidth floor for a 32-64 MiB op. Forward runs under no_grad; forward + backward records the
 -- graph and calls out:backward(ones), the inputs' .grad dropped (untimed)
 -- before each rep. Bytes default to every tensor input read once plus the
 -- output written once (the least any implementation must move); entries with
@@ -42,6 +45,9 @@ parser:option("--reps", "Timed reps per measurement (the median is reported).", 
 parser:option("--warmup", "Untimed calls first.", "3"):convert(math.tointeger)
 parser:flag("--no-backward", "Time forwards only.")
 parser:flag("--no-flush", "Do not flush the L2 (or CPU caches) before each rep.")
+parser:option("--timer", "host: host clock between device syncs (counts launch latency); "
+  .. "events: CUDA events around the call, the flush not waited for (Triton's do_bench).", "host")
+  :choices({"host", "events"})
 parser:flag("--torch", "Time the same expressions in PyTorch (python3 scripts/torch/bench_ops.py).")
 parser:option("--peak-gbs", "Peak memory bandwidth to divide by (GB/s)."):convert(tonumber)
 parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(tonumber)
@@ -132,8 +138,9 @@ if stream_gbs then
     :format(stream_gbs, args.stream_mb, facts.threads))
 end
 local peak_src = stream_gbs and " (measured copy)" or peak and (" (" .. peak.name .. " datasheet)") or ""
-print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, backward %s, peaks %s"):format(
-  #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.no_backward and "off" or "on",
+if args.timer == "events" and not on_cuda then parser:error("--timer events: needs --device cuda") end
+print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, timer %s, backward %s, peaks %s"):format(
+  #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.timer, args.no_backward and "off" or "on",
   peak_gbs and ("%.1f GB/s%s"):format(peak_gbs, peak_src) or "none"))
 io.stdout:flush()
 
@@ -158,7 +165,7 @@ end
 
 local function bench(fn, setup)
   return ember.bench(fn, {warmup = args.warmup, reps = args.reps, device = device, setup = setup,
-                          flush_l2 = not args.no_flush})
+                          flush_l2 = not args.no_flush, timer = args.timer})
 end
 
 -- One (entry, dtype): {fwd_ms, fwd_bwd_ms, bytes, flops, ...} or {error = msg}.
@@ -231,7 +238,7 @@ if args.torch then
     local tmp = os.tmpname()
     local f = assert(io.open(tmp, "w"))
     f:write(cjson.encode({device = device, reps = args.reps, warmup = args.warmup, flush = not args.no_flush,
-                          cases = spec}))
+                          timer = args.timer, cases = spec}))
     f:close()
     local cmd = ("python3 %sscripts/torch/bench_ops.py --spec %s 2>&1"):format(root, tmp)
     print("pytorch: " .. cmd)
@@ -268,7 +275,7 @@ for i, t in ipairs(todo) do
   local p, dtype = t.p, t.dtype
   local ok, r = pcall(measure, p, dtype)
   local rec = {op = p.op, case = p.name, dtype = dtype, commit = facts.commit, device = facts.device,
-               date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs}
+               date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs, timer = args.timer}
   local rate, frac, bwd_rate = "-", "-", "-"
   if ok then
     rec.fwd_ms, rec.fwd_bwd_ms, rec.bytes, rec.flops = r.fwd * 1e3, r.fwd_bwd and r.fwd_bwd * 1e3, r.bytes, r.flops
@@ -314,8 +321,8 @@ end
 for _, f in ipairs(json_files) do f:close() end
 if args.out then
   local f = assert(io.open(args.out .. "/ops.md", "w"))
-  f:write(("Device %s, %d threads, commit %s, %s; median of %d reps, L2 flush %s%s.\n\n"):format(facts.device,
-    facts.threads, facts.commit, facts.date, args.reps, args.no_flush and "off" or "on",
+  f:write(("Device %s, %d threads, commit %s, %s; median of %d reps, L2 flush %s, timer %s%s.\n\n"):format(facts.device,
+    facts.threads, facts.commit, facts.date, args.reps, args.no_flush and "off" or "on", args.timer,
     stream_gbs and (", peak = measured copy bandwidth %.1f GB/s"):format(stream_gbs) or ""))
   f:write(header, "\n|---|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
   f:close()

@@ -4,7 +4,7 @@ the device synchronised, the median of `reps`).
 
     python3 scripts/torch/bench_ops.py --spec spec.json
 
-The spec (written by bench_ops.lua): {"device", "reps", "warmup", "flush",
+The spec (written by bench_ops.lua): {"device", "reps", "warmup", "flush", "timer",
 "cases": [{"key", "expr", "inputs": [{"shape", "dtype", "low", "high"} | {"value"}],
 "backward"}]}. Float inputs are randn (uniform in [low, high] when given: a
 non-negative input on Ember's side), integer inputs randint(0, high), bool
@@ -40,9 +40,13 @@ def make_input(d, dev, grad):
     return torch.randint(0, max(1, int(d.get("high") or 1)), shape, device=dev, dtype=DTYPES[dt])
 
 
-def timer(dev, flush, reps, warmup):
+def timer(dev, flush, reps, warmup, events=False):
+    """events: CUDA events around fn and no sync after the flush (Triton's
+    do_bench; bench_ops.lua --timer events), else the host clock between syncs."""
     cuda = dev.type == "cuda"
     cache = torch.empty(256 * 2 ** 20 // 4, dtype=torch.int32, device=dev) if flush else None
+    if events and not cuda:
+        raise ValueError("timer events needs a CUDA device")
 
     def run(fn, setup=None):
         for _ in range(warmup):
@@ -50,6 +54,19 @@ def timer(dev, flush, reps, warmup):
                 setup()
             fn()
         samples = []
+        if events:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(reps):
+                if setup:
+                    setup()
+                if cache is not None:
+                    cache.zero_()
+                e0.record()
+                fn()
+                e1.record()
+                e1.synchronize()
+                samples.append(e0.elapsed_time(e1) / 1e3)
+            return statistics.median(samples) * 1e3
         for _ in range(reps):
             if setup:
                 setup()
@@ -72,7 +89,7 @@ def main():
     a = ap.parse_args()
     spec = json.load(open(a.spec))
     dev = torch.device("cuda" if spec["device"].startswith("cuda") else "cpu")
-    run = timer(dev, spec.get("flush", True), int(spec["reps"]), int(spec["warmup"]))
+    run = timer(dev, spec.get("flush", True), int(spec["reps"]), int(spec["warmup"]), spec.get("timer") == "events")
     for c in spec["cases"]:
         rec = {"key": c["key"]}
         try:

@@ -48,6 +48,17 @@ describe("ember.bench on CUDA", function()
     -- 4 f32 4096³ matmuls are > 2 ms on any current GPU without TF32
     assert.is_true(synced.min > 1e-3, "min " .. synced.min)
   end)
+
+  it("times the device with timer = events: the work counted, the launch latency not", function()
+    local a = ember.randn({4096, 4096}, {device = "cuda"})
+    local ev = ember.bench(function() for _ = 1, 4 do a:matmul(a) end end,
+      {warmup = 1, reps = 3, clocks = false, flush_l2 = true, timer = "events"})
+    assert.are.equal("events", ev.timer)
+    assert.is_true(ev.min > 1e-3, "min " .. ev.min)        -- the same > 2 ms of matmuls
+    -- an empty call: the events see (almost) nothing, the host clock sees a sync round trip
+    local nop = ember.bench(function() end, {warmup = 1, reps = 5, clocks = false, flush_l2 = true, timer = "events"})
+    assert.is_true(nop.median < 20e-6, "empty call " .. nop.median)
+  end)
 end)
 
 describe("bench_attention.lua on CUDA", function()

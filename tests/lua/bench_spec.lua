@@ -96,6 +96,13 @@ describe("ember.bench", function()
     assert.matches("setup must be a function", e(nop, {setup = 1}))
     assert.matches("flush_bytes must be an integer >= 4", e(nop, {flush_bytes = 0}))
     assert.matches('device must be "cpu", "cuda" or "cuda:N", got gpu', e(nop, {device = "gpu"}))
+    assert.matches('timer must be "host" or "events", got clock', e(nop, {timer = "clock"}))
+    assert.matches('timer "events" needs a CUDA device', e(nop, {device = "cpu", timer = "events"}))
+  end)
+
+  it("says which timer it used (host unless asked)", function()
+    assert.are.equal("host", bench(function() end, {warmup = 0, reps = 1, device = "cpu"}).timer)
+    assert.are.equal("host", bench(function() end, {warmup = 0, reps = 1, device = "cpu", timer = "host"}).timer)
   end)
 
   it("refuses a CUDA device when none is available", function()
