@@ -207,7 +207,13 @@ function Profile:group(opts) return self:_handle():group(opts) end
 -- datasheet entry, nil when unknown; host profile: the CPU measured once per
 -- process, unless measure == false).
 function Profile:peaks(opts, measure)
-  if opts and opts.peaks then return opts.peaks end
+  if opts and opts.peaks then
+    local pk = opts.peaks
+    if type(pk) ~= "table" then
+      error("ember.profile: expected option 'peaks' to be {gbs =, tflops =}, got " .. type(pk), 3)
+    end
+    return type(pk.tflops) == "table" and pk or peaks_lib.make(pk.gbs, pk.tflops, pk.name)
+  end
   if M._peaks then return M._peaks end
   if self._peaks == nil then
     if self.backend == "host" then
