@@ -365,7 +365,12 @@ static int run_node(bw_state *s, em_node *n, bool retain) {
   /* kernels and allocations of this node belong to the module whose forward made it */
   const char *prev_module = em_ctx_set_module(n->module);
   const char *prev_fn = em_ctx_set_grad_fn(n->op);
-  if (rc == 0) rc = n->backward(n, gout, gin) < 0 ? -1 : 0;
+  if (rc == 0) {
+    /* the backward formula is an op too: its own kernels and declared cost
+     * (EM_OP_COST) land in a scope named after the node (phase backward) */
+    EM_OP_SCOPE(n->op);
+    rc = n->backward(n, gout, gin) < 0 ? -1 : 0;
+  }
   em_ctx_set_grad_fn(prev_fn);
   em_ctx_set_module(prev_module);
   for (int k = 0; k < n->n_out; k++) em_tensor_release(gout[k]);

@@ -3,6 +3,7 @@
  * storage's version counter catches in-place writes to saved tensors. */
 #include <stdio.h>
 #include "internal.h"
+#include "ops/cost.h"
 #include "parallel.h"
 #include "stream.h"
 
@@ -615,6 +616,10 @@ int em_copy_(em_tensor *dst, em_tensor *src) {
                     em_shape_str(src->ndim, src->shape, a, 160), em_shape_str(dst->ndim, dst->shape, b, 160));
   }
   em_bump_version(dst);
+  /* src read once, dst written once; a copy between host and device moves the same bytes over the link,
+   * not memory: left without a cost (its time shows as uncovered) */
+  if (dst->device.type == src->device.type)
+    EM_OP_COST(em_cost_nbytes(src) + em_cost_nbytes(dst), 0, EM_FLOPS_F32);
   if (dst->device.type == EM_CPU && src->device.type == EM_CPU) { cpu_copy(dst, src); return 0; }
   return em_copy_cuda(dst, src);
 }
@@ -646,6 +651,7 @@ int em_fill_(em_tensor *t, double v) {
   EM_OP_SCOPE("fill_");
   if (em_check_inplace("fill_", t)) return -1;
   em_bump_version(t);
+  EM_OP_COST(em_cost_nbytes(t), 0, EM_FLOPS_F32);
   if (t->device.type != EM_CPU) return em_fill_cuda(t, v);
   if (em_numel(t) == 0) return 0;
   fill_job j = {.p = t->storage->data, .es = em_dtype_size(t->dtype)};

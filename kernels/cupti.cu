@@ -76,6 +76,7 @@ struct Api {
 struct Ctx {
   const char *op, *module, *grad_fn;
   uint8_t phase;
+  uint32_t seq;                         /* the op scope's seq in the session that launched it */
 };
 
 struct Raw {
@@ -109,7 +110,7 @@ const char *result_str(CUptiResult r) {
 }
 
 Ctx current_ctx() {
-  return Ctx{em_ctx_op(), em_ctx_module(), em_ctx_grad_fn(), (uint8_t)em_ctx_phase()};
+  return Ctx{em_ctx_op(), em_ctx_module(), em_ctx_grad_fn(), (uint8_t)em_ctx_phase(), em_prof_current_seq()};
 }
 
 uint64_t CUPTIAPI monotonic_ns() { return (uint64_t)em_prof_now_ns(); }
@@ -412,13 +413,18 @@ extern "C" int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
   for (auto &l : ls) by_corr.emplace(l.first, l.second);
   std::lock_guard<std::mutex> g(node_mu);
   for (const Raw &r : rs) {
-    Ctx c{nullptr, "", nullptr, EM_PHASE_NONE};
+    Ctx c{nullptr, "", nullptr, EM_PHASE_NONE, 0};
     uint8_t graph = EM_GPU_EAGER;
     bool have = false;
     if (r.graph_node) {
       graph = EM_GPU_GRAPH;
       auto it = node_ctx.find(r.graph_node);
-      if (it != node_ctx.end()) { c = it->second; have = true; graph = EM_GPU_GRAPH_CAPTURED; }
+      if (it != node_ctx.end()) {
+        c = it->second;
+        c.seq = 0;                      /* the capture's op scope, not one of this session: no cost */
+        have = true;
+        graph = EM_GPU_GRAPH_CAPTURED;
+      }
     }
     if (!have) {
       auto it = by_corr.find(r.corr);
@@ -443,6 +449,7 @@ extern "C" int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
     out.kind = r.kind;
     out.phase = c.phase;
     out.graph = graph;
+    out.op_seq = c.seq;
     em_prof_add_gpu(&out);
   }
   return (int64_t)lost;

@@ -28,8 +28,10 @@
 --   --profile   after the timed steps, profile one more step and one forward
 --               with ember.profiler: top kernels per phase, forward vs train,
 --               attention kernels by op (softmax vs matmul), the check line
---               "sum of kernel durations vs wall"; --profile-trace FILE adds a
---               Chrome trace (Perfetto) of the profiled step.
+--               "sum of kernel durations vs wall", and the roofline tables
+--               (bytes, FLOPs, GB/s, TF/s, % of peak per op and per kernel;
+--               --peak-gbs overrides the bandwidth peak); --profile-trace FILE
+--               adds a Chrome trace (Perfetto) of the profiled step.
 --   NVTX        ranges "warmup", "step N", and the phases forward / backward /
 --               optimizer are always emitted; --nvtx adds one range per op:
 --     nsys profile -t cuda,nvtx -o bench ember run scripts/bench_model.lua --model xl --nvtx
@@ -63,6 +65,9 @@ parser:flag("--breakdown", "After the timed steps, one more step timed and measu
 parser:flag("--profile", "After the timed steps, profile one step and one forward (ember.profiler): " ..
   "top kernels per phase, forward vs train, attention kernels by op.")
 parser:option("--profile-trace", "With --profile: write the profiled step's Chrome trace (Perfetto) here.")
+parser:option("--peak-gbs", "With --profile: memory bandwidth peak (GB/s) of the roofline columns " ..
+  "(default: the GPU's datasheet, or the CPU measured by a copy).")
+  :convert(tonumber)
 parser:flag("--nvtx", "NVTX range per op (ember.nvtx.enable) for Nsight Systems; step and phase ranges are always on.")
 parser:flag("--quiet", "No per-step lines.")
 S.add_threads_option(parser)
@@ -187,11 +192,14 @@ end
 local function profile_report(timed, forward, samples)
   local prof = ember.profiler
   local mean = require("ember.bench").stats(samples).mean
+  -- CPU tensors: host timing (a CUDA build would time their ops by kernels, of which there are none)
+  local backend = not on_cuda and "host" or nil
   local train = ember.profile(function()
     nvtx.range("profiled step", timed)
     prof.step()
-  end, {print = false})
-  local fwd = ember.profile(function() nvtx.range("profiled forward", ember.no_grad, forward) end, {print = false})
+  end, {print = false, backend = backend})
+  local fwd = ember.profile(function() nvtx.range("profiled forward", ember.no_grad, forward) end,
+    {print = false, backend = backend})
   local ts, fs = train:stats(), fwd:stats()
   local kernels = train:has_kernels()
   print()
@@ -222,8 +230,30 @@ local function profile_report(timed, forward, samples)
   print()
   print(kernels and train:kernel_table{by = "op", module = "*.attn*", top = 12}
     or train:op_table{module = "*.attn*", top = 12})
+  -- roofline: how far each op (and kernel) is from its floor; peaks from the device unless given
+  local peaks = train:peaks()
+  if args.peak_gbs then
+    peaks = require("ember.peaks").make(args.peak_gbs, args.peak_tflops or (peaks and peaks.tflops) or 0,
+      "--peak-gbs" .. (args.peak_tflops and "/--peak-tflops" or ""))
+  end
+  print()
+  print(train:roofline_table{by = "op", top = 25, peaks = peaks})
+  if kernels then
+    print()
+    print(train:roofline_table{by = "kernel", top = 20, peaks = peaks})
+  end
+  local cov, cov_ms, roof_ms = train:cost_coverage()
+  local roof_rows = {}
+  for i, r in ipairs(train:ops{peaks = peaks}) do
+    if r.cost_ms and r.cost_ms > 0 then
+      roof_rows[#roof_rows + 1] = {op = r.key, ms = r.roof_ms, bytes = r.bytes, flops = r.flops, gbs = r.gbs,
+                                   tflops = r.tflops, pct_peak = r.pct_peak, bound = r.bound}
+    end
+    if i >= 40 then break end
+  end
   local figures = {
     backend = train.backend, label = train.label,
+    roofline = {coverage_pct = cov, costed_ms = cov_ms, time_ms = roof_ms, peaks = peaks, ops = roof_rows},
     train = {wall_ms = ts.wall_ms, kernel_ms = ts.kernel_ms, gpu_busy_ms = ts.gpu_busy_ms, kernels = ts.kernels,
              phases = ts.phases},
     forward = {wall_ms = fs.wall_ms, kernel_ms = fs.kernel_ms, gpu_busy_ms = fs.gpu_busy_ms, kernels = fs.kernels},

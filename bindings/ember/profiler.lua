@@ -21,6 +21,7 @@
 -- come from p:kernels / p:ops / p:modules / p:stats.
 local core = require "ember.core"
 local context = require "ember.context"
+local peaks_lib = require "ember.peaks"
 
 local M = {}
 local Profile = {}
@@ -67,6 +68,17 @@ function M.step() core.prof_step() end
 function M.init() return core.prof_init() end
 --- What start() would use: "cupti" | "events" | "host", and why not CUPTI.
 function M.backend() return core.prof_auto_backend() end
+--- Peaks the roofline columns divide by, for every profile from now on:
+-- {gbs =, tflops = {f32 =, tf32 =, bf16 =, ...} or a number}; nil goes back
+-- to the default (the GPU's datasheet entry, or the CPU measured once).
+function M.set_peaks(p)
+  if p ~= nil and (type(p) ~= "table" or type(p.gbs) ~= "number") then
+    error("ember.profiler.set_peaks: expected nil or {gbs = number, tflops = table or number}, got " ..
+      (type(p) == "table" and "a table without gbs" or type(p)), 2)
+  end
+  if p and type(p.tflops) ~= "table" then p = peaks_lib.make(p.gbs, p.tflops, p.name) end
+  M._peaks = p
+end
 
 --- Run fn under the profiler, print the tables (unless opts.print == false)
 -- and return the profile, then fn's results. opts also go to start() and
@@ -92,6 +104,14 @@ end
 -- formatting helpers
 
 local function ms(x) return x and ("%.3f"):format(x) or "-" end
+-- 1234567 -> "1.23M": bytes and FLOPs in the roofline columns
+local function si(x)
+  if not x then return "-" end
+  local units = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}}
+  for _, u in ipairs(units) do if x >= u[1] then return ("%.3g%s"):format(x / u[1], u[2]) end end
+  return ("%.3g"):format(x)
+end
+local function rate(x) return x and (x >= 100 and ("%.0f"):format(x) or ("%.3g"):format(x)) or "-" end
 local function us(x) return x and ("%.1f"):format(x) or "-" end
 local function pct(x) return x and ("%.1f%%"):format(x) or "-" end
 
@@ -182,18 +202,64 @@ end
 --- Raw grouped rows (see ember.core profile.group): opts source, by, phase, module, depth, rollup, kernels_only.
 function Profile:group(opts) return self:_handle():group(opts) end
 
---- GPU rows by kernel name (or opts.by = "op" / "module" / "phase"); empty without CUPTI.
-function Profile:kernels(opts)
-  opts = check_opts("kernels", opts)
-  return self:_handle():group{source = "gpu", by = opts.by or "name", phase = opts.phase, module = opts.module,
-                              depth = opts.depth, rollup = opts.rollup, kernels_only = opts.kernels_only}
+--- The peaks this profile's roofline columns divide by: opts.peaks, then
+-- ember.profiler.set_peaks, then the default (GPU: the current device's
+-- datasheet entry, nil when unknown; host profile: the CPU measured once per
+-- process, unless measure == false).
+function Profile:peaks(opts, measure)
+  if opts and opts.peaks then
+    local pk = opts.peaks
+    if type(pk) ~= "table" then
+      error("ember.profile: expected option 'peaks' to be {gbs =, tflops =}, got " .. type(pk), 3)
+    end
+    return type(pk.tflops) == "table" and pk or peaks_lib.make(pk.gbs, pk.tflops, pk.name)
+  end
+  if M._peaks then return M._peaks end
+  if self._peaks == nil then
+    if self.backend == "host" then
+      if measure == false or core.prof_running() then return nil end   -- measuring would be profiled
+      self._peaks = peaks_lib.cpu()
+    else
+      self._peaks = peaks_lib.current() or false
+    end
+  end
+  return self._peaks or nil
 end
 
---- Host rows by op (or opts.by = "module" / "phase").
+-- The rates of a row: GB/s and TF/s over the time of its calls with a
+-- declared cost, % of peak (the roofline floor over that time), coverage.
+local function add_rates(r)
+  local t = r.cost_ms
+  if t and t > 0 then
+    r.gbs = r.bytes / t / 1e6
+    r.tflops = r.flops / t / 1e9
+    if r.floor_ms then r.pct_peak = 100 * r.floor_ms / t end
+  end
+  if r.roof_ms and r.roof_ms > 0 then r.cost_pct = 100 * (r.cost_ms or 0) / r.roof_ms end
+  return r
+end
+
+local function group_with_rates(self, q, opts, measure)
+  q.peaks = self:peaks(opts, measure)
+  local rows = self:_handle():group(q)
+  for _, r in ipairs(rows) do add_rates(r) end
+  return rows
+end
+
+--- GPU rows by kernel name (or opts.by = "op" / "module" / "phase"); empty without CUPTI.
+-- Each row has the roofline fields (bytes, flops, gbs, tflops, pct_peak, bound, cost_ms, roof_ms).
+function Profile:kernels(opts)
+  opts = check_opts("kernels", opts)
+  return group_with_rates(self, {source = "gpu", by = opts.by or "name", phase = opts.phase, module = opts.module,
+                                 depth = opts.depth, rollup = opts.rollup, kernels_only = opts.kernels_only},
+                          opts, opts.measure)
+end
+
+--- Host rows by op (or opts.by = "module" / "phase"), with the roofline fields.
 function Profile:ops(opts)
   opts = check_opts("ops", opts)
-  return self:_handle():group{source = "ops", by = opts.by or "op", phase = opts.phase, module = opts.module,
-                              depth = opts.depth, rollup = opts.rollup}
+  return group_with_rates(self, {source = "ops", by = opts.by or "op", phase = opts.phase, module = opts.module,
+                                 depth = opts.depth, rollup = opts.rollup}, opts, opts.measure)
 end
 
 --- Time per module path: GPU kernel time with CUPTI, else host self time of ops.
@@ -245,18 +311,19 @@ function Profile:kernel_table(opts)
   for i = 1, math.min(top, #rows) do
     local r = rows[i]
     local row = {clip(r.key, width), tostring(r.calls), ms(r.total_ms), us(r.avg_us), us(r.min_us), us(r.max_us),
-                 pct(sum > 0 and 100 * r.total_ms / sum or 0)}
+                 pct(sum > 0 and 100 * r.total_ms / sum or 0), pct(r.pct_peak)}
     if split then
       for _, ph in ipairs({"forward", "backward", "optimizer"}) do row[#row + 1] = ms(r[ph .. "_ms"] or 0) end
     end
     out[#out + 1] = row
   end
   local headers = {opts.by == "op" and "Op" or opts.by == "module" and "Module" or "Kernel", "Calls", "Total ms",
-                   "Avg µs", "Min µs", "Max µs", "% GPU"}
+                   "Avg µs", "Min µs", "Max µs", "% GPU", "% peak"}
   if split then for _, h in ipairs({"Fwd ms", "Bwd ms", "Opt ms"}) do headers[#headers + 1] = h end end
   local s = self:stats()
   local footer = ("%d of %d rows; sum of their durations %.3f ms; the profile: GPU busy %s ms of %.3f ms wall (%s)")
     :format(#out, #rows, sum, ms(s.gpu_busy_ms), s.wall_ms, pct(s.gpu_busy_pct))
+    .. "\n% peak: roofline floor of the declared bytes/FLOPs over the time (roofline_table for the columns behind it)"
   return render(title, headers, out, footer)
 end
 
@@ -284,13 +351,83 @@ function Profile:op_table(opts)
   for i = 1, math.min(top, #rows) do
     local r = rows[i]
     out[#out + 1] = {r.key, tostring(r.calls), ms(r.total_ms), ms(r.self_ms), us(r.avg_us),
-                     r.kernels and tostring(r.kernels) or "-", ms(r.device_ms)}
+                     r.kernels and tostring(r.kernels) or "-", ms(r.device_ms), pct(r.pct_peak)}
   end
   local s, calls = self:stats(), 0
   for _, r in ipairs(rows) do calls = calls + r.calls end
   local footer = ("%d of %d ops, %d calls; the profile: %d top-level op calls, %s µs host each on average")
     :format(#out, #rows, calls, s.top_ops, us(s.host_us_per_op))
-  return render(title, {"Op", "Calls", "Host ms", "Self ms", "Avg µs", "Kernels", "Device ms"}, out, footer)
+  return render(title, {"Op", "Calls", "Host ms", "Self ms", "Avg µs", "Kernels", "Device ms", "% peak"}, out, footer)
+end
+
+--- The roofline table: per op (by = "op", default), kernel (by = "kernel")
+-- or module (by = "module"), the time of the calls, the bytes and FLOPs
+-- their ops declared (EM_OP_COST), the achieved GB/s and TF/s over the time
+-- of the calls that declared a cost, and % of peak: the roofline floor
+-- (per call max(bytes / peak GB/s, FLOPs / peak TF/s of its class)) over that
+-- time, with the bound that floor comes from. opts: top (25), phase, module,
+-- depth, rollup, peaks ({gbs =, tflops = {...}}), sort ("time" or "peak").
+function Profile:roofline_table(opts)
+  opts = check_opts("roofline_table", opts)
+  local by = opts.by or "op"
+  if by ~= "op" and by ~= "kernel" and by ~= "module" then
+    error(("ember.profile.roofline_table: expected by to be \"op\", \"kernel\" or \"module\", got %s")
+      :format(tostring(by)), 2)
+  end
+  local gpu = self:has_kernels()
+  if by == "kernel" and not gpu then
+    return ("Roofline by kernel%s: %s\n(no per-kernel times without CUPTI: use by = \"op\")")
+      :format(filter_text(opts), self.label)
+  end
+  local q = {source = (by == "kernel" or (by == "module" and gpu)) and "gpu" or "ops",
+             by = by == "kernel" and "name" or by, phase = opts.phase, module = opts.module, depth = opts.depth,
+             rollup = opts.rollup, kernels_only = by == "kernel" or nil}
+  local rows = group_with_rates(self, q, opts)
+  local pk = self:peaks(opts)
+  if opts.sort == "peak" then
+    table.sort(rows, function(a, b) return (a.pct_peak or 1e9) < (b.pct_peak or 1e9) end)
+  elseif opts.sort ~= nil and opts.sort ~= "time" then
+    error(("ember.profile.roofline_table: expected sort to be \"time\" or \"peak\", got %s"):format(tostring(opts.sort)), 2)
+  else
+    table.sort(rows, function(a, b)
+      if a.roof_ms ~= b.roof_ms then return (a.roof_ms or 0) > (b.roof_ms or 0) end
+      return a.key < b.key
+    end)
+  end
+  local time_what = q.source == "gpu" and "GPU time of the calls"
+    or self.backend == "cupti" and "GPU time of the kernels each op call launched itself"
+    or self.backend == "events" and "CUDA-event time per op call, nested ops included"
+    or "host self time of the op calls"
+  local title = ("Roofline by %s%s (%s): %s"):format(by, filter_text(opts), time_what, self.label)
+  local out, top, total, costed = {}, opts.top or 25, 0, 0
+  for _, r in ipairs(rows) do total, costed = total + (r.roof_ms or 0), costed + (r.cost_ms or 0) end
+  for i = 1, math.min(top, #rows) do
+    local r = rows[i]
+    local key = by == "module" and module_name(r.key) or (r.key == "" and "(no op)" or r.key)
+    local has = r.cost_ms and r.cost_ms > 0
+    out[#out + 1] = {clip(key, opts.width or 60), tostring(r.calls), ms(r.roof_ms), has and pct(r.cost_pct) or "-",
+                     has and si(r.bytes) or "-", has and si(r.flops) or "-", has and rate(r.gbs) or "-",
+                     has and rate(r.tflops) or "-", pct(r.pct_peak), r.bound and (r.bound == "memory" and "mem" or "compute") or "-"}
+  end
+  local footer = {("%d of %d rows; declared costs cover %s of the %.3f ms in all rows (%.3f ms)"):format(#out, #rows,
+    pct(total > 0 and 100 * costed / total or 0), total, costed),
+    "rates over the time of calls with a declared cost; % peak = roofline floor / that time; peaks: " ..
+      peaks_lib.describe(pk)}
+  return render(title, {by == "kernel" and "Kernel" or by == "module" and "Module" or "Op", "Calls", "Time ms",
+                        "Costed", "Bytes", "FLOPs", "GB/s", "TF/s", "% peak", "Bound"}, out, table.concat(footer, "\n"))
+end
+
+--- Declared-cost coverage of a profile: the fraction of the roofline time
+-- (per op call: as roofline_table by op; GPU: every kernel) spent in calls
+-- whose op declared a cost. Returns percent, covered ms, total ms.
+function Profile:cost_coverage(opts)
+  opts = opts or {}
+  local gpu = self:has_kernels()
+  local rows = self:_handle():group{source = gpu and "gpu" or "ops", by = gpu and "name" or "op", phase = opts.phase,
+                                    module = opts.module}
+  local total, costed = 0, 0
+  for _, r in ipairs(rows) do total, costed = total + (r.roof_ms or 0), costed + (r.cost_ms or 0) end
+  return total > 0 and 100 * costed / total or 0, costed, total
 end
 
 --- Time per module path and phase. opts: depth (keep N path components),
@@ -372,6 +509,8 @@ function Profile:print(opts)
     print()
   end
   print(self:op_table{top = opts.top})
+  print()
+  print(self:roofline_table{top = opts.top, peaks = opts.peaks})
   print()
   print(self:module_table{depth = opts.depth or 3, rollup = opts.rollup ~= false})
 end

@@ -123,6 +123,18 @@ static int p_group(lua_State *L) {
   q.depth = (int)lem_field_number(L, opts, fn, "depth", 0);
   q.rollup = lem_field_bool(L, opts, fn, "rollup", 0);
   q.kernels_only = lem_field_bool(L, opts, fn, "kernels_only", 0);
+  /* peaks = {gbs = , tflops = {f32 = , tf32 = , bf16 = , ...}}: the roofline floors */
+  if (lem_field(L, opts, fn, "peaks", LUA_TTABLE)) {
+    int pk = lua_gettop(L);
+    q.peak_gbs = lem_field_number(L, pk, fn, "gbs", 0);
+    if (lem_field(L, pk, fn, "tflops", LUA_TTABLE)) {
+      int tf = lua_gettop(L);
+      for (int c = 0; c < EM_PROF_FLOP_CLASSES; c++)
+        q.peak_tflops[c] = lem_field_number(L, tf, fn, em_prof_flop_class_name(c), 0);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
   em_prof_row *rows = NULL;
   size_t n = 0;
   if (em_profile_group(p, &q, &rows, &n)) return lem_raise(L);
@@ -150,6 +162,19 @@ static int p_group(lua_State *L) {
     }
     set_int(L, "kernels", r->kernels);
     set_ms(L, "device_ms", r->device_ns);
+    /* roofline: time the rates divide by, the part with a declared cost, what was declared */
+    set_ms(L, "roof_ms", r->roof_ns);
+    set_ms(L, "cost_ms", r->cost_ns);
+    lua_pushnumber(L, r->bytes);
+    lua_setfield(L, -2, "bytes");
+    lua_pushnumber(L, r->flops);
+    lua_setfield(L, -2, "flops");
+    if (r->mem_floor_ns + r->flop_floor_ns > 0) {
+      lua_pushnumber(L, (r->mem_floor_ns + r->flop_floor_ns) * 1e-6);
+      lua_setfield(L, -2, "floor_ms");
+      lua_pushstring(L, r->mem_floor_ns >= r->flop_floor_ns ? "memory" : "compute");
+      lua_setfield(L, -2, "bound");
+    }
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   free(rows);

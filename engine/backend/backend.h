@@ -63,6 +63,10 @@ typedef struct em_op_scope {
   uint32_t launches0, child_launches;
   uint32_t gen;                   /* profiler session this scope belongs to */
   int32_t ev;                     /* CUDA-event backend: event pair index, -1 none */
+  uint32_t seq;                   /* this scope's number in the session (kernels carry it) */
+  uint8_t fclass;                 /* em_flop_class of the FLOPs declared */
+  double bytes, flops;            /* cost declared in this scope (EM_OP_COST) */
+  double child_bytes, child_flops;/* ... and in nested scopes */
 } em_op_scope_t;
 
 void em_op_scope_begin(em_op_scope_t *s, const char *name);
@@ -79,6 +83,24 @@ static inline void em_op_scope_exit(em_op_scope_t *s) {
   if (__builtin_expect(s->on != 0, 0)) em_op_scope_end(s);
   em_current_op = s->prev;
 }
+
+/* ---- declared cost: the roofline columns of the profiler ----
+ * An op states the bytes it must move and the FLOPs it must do (the floor,
+ * from its shapes: every tensor read or written once) inside its scope:
+ *   EM_OP_COST(em_cost_bytes(3, (em_tensor *[]){a, b, y}), em_numel(y), EM_FLOPS_F32);
+ * The arguments are evaluated only while a profiler session runs; the cost
+ * goes to the innermost open op scope (engine/profile/profiler.c) and the
+ * kernels launched there inherit it. The class says which peak the FLOPs
+ * are held against: tensor-core matmuls by their dtype, everything else the
+ * plain f32 (f64) pipes. */
+typedef enum { EM_FLOPS_F32 = 0, EM_FLOPS_F64, EM_FLOPS_TF32, EM_FLOPS_BF16, EM_FLOPS_F16, EM_FLOP_CLASSES } em_flop_class;
+void em_op_cost_add(double bytes, double flops, int fclass);
+#define EM_COSTING() \
+  __builtin_expect((__atomic_load_n(&em_measure_flags, __ATOMIC_RELAXED) & EM_MEASURE_PROFILE) != 0, 0)
+#define EM_OP_COST(bytes, flops, fclass)                                                   \
+  do {                                                                                     \
+    if (EM_COSTING()) em_op_cost_add((double)(bytes), (double)(flops), (int)(fclass));     \
+  } while (0)
 
 /* ---- tensor geometry (engine/util.c) ---- */
 /* Strides of t viewed as broadcast to (ndim, shape): 0 for broadcast dims. t's shape must be compatible. */
@@ -104,11 +126,14 @@ typedef struct {
   int64_t t0, t1;
   uint64_t bytes;
   uint32_t device, stream;
+  uint32_t op_seq;                  /* the launching op scope's seq in this session; 0 unknown */
   uint8_t kind, phase, graph;
 } em_prof_gpu;
 
 /* One kernel launched on this thread (counted into the open op scopes). */
 void em_prof_note_launch(void);
+/* The seq of this thread's innermost op scope in the running session (0: none). */
+uint32_t em_prof_current_seq(void);
 /* Hand over one GPU record at stop (any thread; copies *g). */
 int em_prof_add_gpu(const em_prof_gpu *g);
 

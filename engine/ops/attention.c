@@ -36,6 +36,7 @@
  * backward is one pass too: gs = scale * y * (g - sum(g * y)) per row. */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "vec_math.h"
 
@@ -168,6 +169,8 @@ static int64_t ssm_rows(const em_tensor *t) { return t->shape[t->ndim - 1] ? em_
 /* saved: y; f[0] = scale, i[0] = causal, i[1] = the causal key offset. */
 static int ssm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *y = n->saved[0];
+  /* y and g read, the gradient written; g*y, the row sum, g - s, y * (...), the scale */
+  EM_OP_COST(2 * em_cost_nbytes(y) + em_cost_nbytes(gout[0]), 5 * em_numel(y), em_cost_simt_class(y->dtype));
   em_tensor *g = em_contiguous_as(gout[0], y->dtype);
   em_tensor *gs = g ? em_empty(y->ndim, y->shape, y->dtype, y->device) : NULL;
   if (gs) {
@@ -183,6 +186,8 @@ static int ssm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 /* softmax(scale * s [+ causal mask]) over the last dim of CPU f32/f64 scores. */
 static em_tensor *scaled_softmax(em_tensor *s, double scale, bool causal, int64_t off) {
   EM_OP_SCOPE("scaled_softmax");
+  /* s read, y written (its dtype); scale, max, subtract, exp, sum, divide */
+  EM_OP_COST(2 * em_cost_nbytes(s), 6 * em_numel(s), em_cost_simt_class(s->dtype));
   em_tensor *sc = em_contiguous(s);
   em_tensor *y = sc ? em_empty(s->ndim, s->shape, s->dtype, s->device) : NULL;
   if (y) {

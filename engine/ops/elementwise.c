@@ -26,6 +26,7 @@
  *  - The float kernels are written once as macro bodies over a type T and
  *    instantiated for float and double; <tgmath.h> picks expf/exp etc. */
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "stream.h"
 #include <tgmath.h>
@@ -515,6 +516,11 @@ static int device_loop(const char *name, const kern *k, em_tensor *out, int nin,
 
 static int run_kernel(const char *name, const kern *k, em_tensor *out, int nin, const operand *in,
                       int nd, const int64_t *shape) {
+  if (EM_COSTING()) {   /* every elementwise op: its operands read once, the result written once, 1 FLOP each */
+    double bytes = em_cost_nbytes(out);
+    for (int i = 0; i < nin; i++) bytes += em_cost_nbytes(in[i].t);
+    em_op_cost_add(bytes, (double)em_shape_numel(nd, shape), em_cost_simt_class(out->dtype));
+  }
   if (!needs_temp(out, nin, in)) return device_loop(name, k, out, nin, in, nd, shape);
   em_tensor *tmp = em_empty(out->ndim, out->shape, out->dtype, out->device);
   if (!tmp) return -1;

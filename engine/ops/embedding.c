@@ -20,6 +20,7 @@
  * skipped backward. */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 
 /* Forward: ids [i0, i1) copy their rows. Backward: column bands [c0, c1) of
@@ -120,6 +121,10 @@ static int embedding_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin
 /* saved: ids. input 0: w (ids are integers and never need grad). */
 static int embedding_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *ids = n->saved[0];
+  /* ids and g read, the whole (vocab, d) gradient written; one add per element of g */
+  EM_OP_COST(em_cost_nbytes(ids) + em_cost_nbytes(gout[0]) +
+                 (double)n->in_shape[0][0] * (double)n->in_shape[0][1] * (double)em_dtype_size(n->in_dtype[0]),
+             em_numel(gout[0]), em_cost_simt_class(n->in_dtype[0]));
   if (gout[0]->device.type != EM_CPU) return embedding_backward_cuda(n, gout, gin);
   em_dtype ct = n->in_dtype[0] == EM_F64 ? EM_F64 : EM_F32;
   int64_t cnt = em_numel(ids), d = n->in_shape[0][1];
@@ -139,5 +144,7 @@ em_tensor *em_embedding(em_tensor *ids, em_tensor *w) {
   EM_OP_SCOPE("embedding");
   if (embedding_validate(ids, w)) return NULL;
   em_tensor *out = w->device.type == EM_CPU ? embedding_cpu(ids, w) : embedding_cuda(ids, w);
+  /* ids read; one row of w read per id and written to out: out's bytes twice */
+  EM_OP_COST(em_cost_nbytes(ids) + 2 * em_cost_nbytes(out), 0, EM_FLOPS_F32);
   return em_op_record(out, NULL, "embedding", embedding_backward, 1, &w, 1, &ids);
 }

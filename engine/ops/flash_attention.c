@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include "flash_cpu.h"
 #include "op.h"
+#include "cost.h"
 
 #define OP "flash_attention"
 
@@ -199,9 +200,35 @@ static int flash_backward_cpu(em_node *n, em_tensor **gout, em_tensor **gin) {
   return rc;
 }
 
+/* ---- declared cost (the profiler's roofline) ---- */
+
+/* (query, key) pairs a head computes: all of them, or those the causal mask keeps. */
+static double flash_pairs(int64_t tq, int64_t tk, em_causal causal) {
+  if (causal == EM_CAUSAL_NONE) return (double)tq * (double)tk;
+  int64_t shift = causal == EM_CAUSAL_BOTTOM_RIGHT ? tk - tq : 0;   /* row i sees keys j <= i + shift */
+  double n = 0;
+  for (int64_t i = 0; i < tq; i++) n += (double)EM_MAX(0, EM_MIN(tk, i + shift + 1));
+  return n;
+}
+
+/* Forward: S = QKᵀ and O = PV, 2 D FLOPs a pair each; q, k, v read, o and lse written.
+ * Backward (recomputes S): dV = PᵀdO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀQ and S, 5 matmuls, 2.5x the
+ * forward; q, k, v, o, dO, lse read, dq, dk, dv written (dO the size of q: twice the forward's q, k, v, o). */
+static void flash_cost(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, bool backward) {
+  if (!EM_COSTING()) return;
+  int nd = q->ndim;
+  int64_t tq = q->shape[nd - 2], tk = k->shape[nd - 2], d = q->shape[nd - 1];
+  double heads = (double)em_shape_numel(nd - 2, q->shape);
+  double io = em_cost_bytes(3, (em_tensor *const[]){q, k, v}) + em_cost_nbytes(q);   /* + o (q's size) */
+  double lse = heads * (double)tq * 4;
+  double mm = (backward ? 10.0 : 4.0) * heads * flash_pairs(tq, tk, causal) * (double)d;
+  em_op_cost_add(backward ? 2 * io + lse : io + lse, mm, em_cost_gemm_class(q->dtype, q->device));
+}
+
 /* ---- the CUDA path (kernels/flash_*.cu) ---- */
 
 static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  flash_cost(n->saved[0], n->saved[1], n->saved[2], ((const flash_ctx *)n->ctx)->causal, true);
   if (n->saved[0]->device.type == EM_CPU) return flash_backward_cpu(n, gout, gin);
   em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
   const flash_ctx *c = n->ctx;
@@ -242,6 +269,7 @@ static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal cau
 static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale,
                            em_tensor **lse_out) {
   em_tensor *sv[5] = {NULL}, *y = NULL;   /* saved: q, k, v, o, lse */
+  flash_cost(q0, k0, v0, causal, false);
   int rc = q0->device.type == EM_CPU ? flash_cpu(q0, k0, v0, causal, scale, sv, &y)
                                      : flash_cuda(q0, k0, v0, causal, scale, sv, &y);
   flash_ctx *c = NULL;

@@ -28,6 +28,7 @@
  * cache); the reduction over rows stays one serial sum in row order. */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "vec_math.h"
 
@@ -242,6 +243,9 @@ static int xent_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
  * logits' dtype. n->f[1] = the count M (CPU). */
 static int xent_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
+  /* logits, targets, lse read, the logits' gradient written; exp(x - lse) - onehot, scaled: 4 FLOPs */
+  EM_OP_COST(2 * em_cost_nbytes(logits) + em_cost_nbytes(targets) + em_cost_nbytes(lse) + em_cost_nbytes(gout[0]),
+             4 * em_numel(logits), em_cost_simt_class(lse->dtype));
   if (logits->device.type != EM_CPU) return xent_backward_cuda(n, gout, gin);
   xent_opts o;
   node_opts(n, &o);
@@ -277,6 +281,9 @@ static em_tensor *xent_op(em_tensor *logits, em_tensor *targets, const xent_opts
   double m = 0;
   em_tensor *loss = logits->device.type == EM_CPU ? xent_cpu(logits, targets, o, &lse, &m)
                                                   : xent_cuda(logits, targets, o, &lse, &count);
+  /* logits and targets read once, lse and the loss written; max, exp(x - m), sum: 4 FLOPs an element */
+  EM_OP_COST(em_cost_bytes(4, (em_tensor *const[]){logits, targets, lse, loss}), 4 * em_numel(logits),
+             em_cost_simt_class(logits->dtype));
   em_node *node = NULL;
   loss = em_op_record(loss, &node, "cross_entropy", xent_backward, 1, &logits, 4,
                       (em_tensor *[]){logits, targets, lse, count});

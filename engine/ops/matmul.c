@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <cblas.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 
 /* ---------------- BLAS operands ---------------- */
@@ -511,6 +512,10 @@ static em_tensor *matmul_op(em_tensor *a, em_tensor *b) {
   mm_plan p;
   if (matmul_validate(a, b, &p)) return NULL;
   em_tensor *out = a->device.type == EM_CPU ? matmul_cpu(a, b, &p) : matmul_cuda(a, b, &p);
+  /* 2 n m k per batch; a, b (broadcast batches once) and the result moved once */
+  EM_OP_COST(em_cost_bytes(3, (em_tensor *const[]){a, b, out}),
+             2.0 * (double)em_shape_numel(p.nb, p.batch) * (double)p.n * (double)p.m * (double)p.k,
+             em_cost_gemm_class(a->dtype, a->device));
   return em_op_record(out, NULL, "matmul", matmul_backward, 2, (em_tensor *[]){a, b}, 2, (em_tensor *[]){a, b});
 }
 
@@ -635,6 +640,7 @@ static em_tensor *linear_bias_grad_cuda(em_tensor *g2, em_dtype dt) {
   em_tensor *gc = em_contiguous(g2);
   em_tensor *gb = gc ? em_empty(1, &g2->shape[1], dt, g2->device) : NULL;
   if (gb && em_linear_bias_grad_cuda(gc, gb)) { em_tensor_release(gb); gb = NULL; }
+  if (gb) EM_OP_COST(em_cost_nbytes(gc) + em_cost_nbytes(gb), em_numel(gc), em_cost_simt_class(gc->dtype));
   em_tensor_release(gc);
   return gb;
 }
@@ -672,6 +678,11 @@ static int linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   if (linear_validate(x, w, bias)) return NULL;
   em_tensor *y = x->device.type == EM_CPU ? linear_cpu(x, w, bias) : linear_cuda(x, w, bias);
+  /* the (M, in) @ (in, out) gemm, + M out for the bias */
+  EM_OP_COST(em_cost_bytes(4, (em_tensor *const[]){x, w, bias, y}),
+             (double)em_shape_numel(x->ndim - 1, x->shape) * (double)w->shape[0] *
+                 (2.0 * (double)w->shape[1] + (bias ? 1 : 0)),
+             em_cost_gemm_class(x->dtype, x->device));
   return em_op_record(y, NULL, "linear", linear_backward, 3, (em_tensor *[]){x, w, bias}, 2, (em_tensor *[]){x, w});
 }
 
@@ -697,6 +708,9 @@ static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_t
   set_operand(oa, &g.a_trans, &g.lda);
   set_operand(ob, &g.b_trans, &g.ldb);
   if (em_gemm_cuda(&g)) { em_tensor_release(c); c = NULL; }
+  /* the gemm of the autocast linear's backward: a, b read, c written (and read when accumulating) */
+  EM_OP_COST(em_cost_bytes(3, (em_tensor *const[]){a, b, c}) + (into ? em_cost_nbytes(into) : 0),
+             2.0 * (double)n * (double)m * (double)k, em_cost_gemm_class(a->dtype, a->device));
 done:
   em_tensor_release(ac); em_tensor_release(bc);
   return c;

@@ -33,6 +33,7 @@
  * equal to the plain row-order sum). */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "stream.h"
 #include "vec_math.h"
@@ -285,6 +286,9 @@ done:
 /* saved: x, rstd, [w]; inputs: x, [w]. Gradients come out in the compute dtype. */
 static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+  /* x, gy, rstd, w read; gx written; gw: a row-sum per column (read w, write gw) */
+  EM_OP_COST(2 * em_cost_nbytes(x) + em_cost_nbytes(gout[0]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
+             6 * em_numel(x), em_cost_simt_class(rstd->dtype));
   if (x->device.type != EM_CPU) return rmsnorm_backward_cuda(n, gout, gin);
   em_dtype ct = rstd->dtype;
   int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
@@ -314,6 +318,8 @@ static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
   if (rmsnorm_validate(x, w, eps)) return NULL;
   em_tensor *rstd = NULL;
   em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, &rstd) : rmsnorm_cuda(x, w, eps, &rstd);
+  /* x, w read; y, rstd written; x², the row sum, two scales per element */
+  EM_OP_COST(em_cost_bytes(4, (em_tensor *const[]){x, w, y, rstd}), 4 * em_numel(x), em_cost_simt_class(x->dtype));
   y = em_op_record(y, NULL, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
   em_tensor_release(rstd);
   return y;
@@ -476,6 +482,10 @@ done:
  * inputs: x, [w], [b] (b is input 1 when there is no w). */
 static int layer_norm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *x = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2];
+  /* x, gy, mean, rstd, w read; gx written; gw and gb row-sums per column */
+  EM_OP_COST(2 * em_cost_nbytes(x) + em_cost_nbytes(gout[0]) + em_cost_nbytes(mean) + em_cost_nbytes(rstd) +
+                 3 * (double)x->shape[x->ndim - 1] * (double)em_dtype_size(x->dtype),
+             8 * em_numel(x), em_cost_simt_class(rstd->dtype));
   if (x->device.type != EM_CPU) return layer_norm_backward_cuda(n, gout, gin);
   em_tensor *w = (int)n->i[0] >= 0 ? n->saved[n->i[0]] : NULL;
   int wi = 1, bi = w ? 2 : 1;
@@ -529,6 +539,8 @@ static em_tensor *layer_norm_op(em_tensor *x, em_tensor *w, em_tensor *b, double
   em_tensor *mean = NULL, *rstd = NULL;
   em_tensor *y = x->device.type == EM_CPU ? layer_norm_cpu(x, w, b, eps, &mean, &rstd)
                                           : layer_norm_cuda(x, w, b, eps, &mean, &rstd);
+  EM_OP_COST(em_cost_bytes(6, (em_tensor *const[]){x, w, b, y, mean, rstd}), 7 * em_numel(x),
+             em_cost_simt_class(x->dtype));
   em_node *n;
   /* inputs packed (x, w, b without gaps) so a missing w leaves no hole */
   em_tensor *in[3] = {x, w ? w : b, w ? b : NULL};

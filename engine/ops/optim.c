@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include "internal.h"
 #include "parallel.h"
+#include "cost.h"
 
 /* ---------------- checks ---------------- */
 
@@ -224,6 +225,19 @@ static void shadows_written(int n, em_tensor **params, em_tensor **sh) {
   free(sh);
 }
 
+/* AdamW's floor: p, g, m, v read; p, m, v written (and the shadow copy);
+ * ~12 FLOPs an element (two moment updates, the bias-corrected sqrt, the
+ * decoupled decay and the step). */
+static void adamw_cost(int n, em_tensor **params, em_tensor **sh) {
+  if (!EM_COSTING()) return;
+  double bytes = 0, elems = 0;
+  for (int i = 0; i < n; i++) {
+    bytes += 7 * em_cost_nbytes(params[i]) + (sh && sh[i] ? em_cost_nbytes(sh[i]) : 0);
+    elems += (double)em_numel(params[i]);
+  }
+  em_op_cost_add(bytes, 12 * elems, n > 0 ? em_cost_simt_class(params[0]->dtype) : EM_FLOPS_F32);
+}
+
 static int adamw_check_hparams(double lr, double b1, double b2, double eps, double wd, int64_t step) {
   if (!(lr >= 0)) return em_error("adamw_: expected lr >= 0, got %g", lr);
   if (!(b1 >= 0 && b1 < 1)) return em_error("adamw_: expected 0 <= beta1 < 1, got %g", b1);
@@ -250,6 +264,7 @@ int em_adamw_(int n, em_tensor **params, em_tensor **grads, em_tensor **exp_avg,
     return -1;
   em_tensor **sh;
   if (shadows_prepare(n, params, &sh)) return -1;
+  adamw_cost(n, params, sh);
   if (n > 0 && params[0]->device.type == EM_CUDA) {
     if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, NULL, NULL,
                       sh)) {
@@ -318,6 +333,7 @@ int em_adamw_capturable_(int n, em_tensor **params, em_tensor **grads, em_tensor
   if (params[0]->device.type == EM_CUDA) {
     em_tensor **sh;
     if (shadows_prepare(n, params, &sh)) return -1;
+    adamw_cost(n, params, sh);
     if (em_adamw_cuda(n, params, grads, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, 0, steps, lr_t,
                       sh)) {
       free(sh);
@@ -409,6 +425,14 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
   if (check_devices("sgd_", n, params, (em_tensor **const[]){grads, momentum != 0 ? bufs : NULL},
                     (const char *const[]){"grads", "bufs"}, 2))
     return -1;
+  if (EM_COSTING()) {   /* p, g (and the buffer) read, p (and the buffer) written; ~4 FLOPs */
+    double bytes = 0, elems = 0;
+    for (int i = 0; i < n; i++) {
+      bytes += (momentum != 0 ? 5 : 3) * em_cost_nbytes(params[i]);
+      elems += (double)em_numel(params[i]);
+    }
+    em_op_cost_add(bytes, 4 * elems, EM_FLOPS_F32);
+  }
   if (n > 0 && params[0]->device.type == EM_CUDA) {
     if (em_sgd_cuda(n, params, grads, momentum != 0 ? bufs : NULL, lr, momentum, weight_decay, first_step)) return -1;
     for (int i = 0; i < n; i++) {
@@ -511,6 +535,11 @@ em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
     }
     dev = ts[i]->device;
   }
+  if (EM_COSTING()) {   /* every tensor read once; a square and an add an element */
+    double bytes = 0, elems = 0;
+    for (int i = 0; i < n; i++) { bytes += em_cost_nbytes(ts[i]); elems += (double)em_numel(ts[i]); }
+    em_op_cost_add(bytes, 2 * elems, EM_FLOPS_F32);
+  }
   if (dev.type == EM_CUDA) return sum_of_squares_cuda(n, ts, dev);
   double total = 0;
   for (int i = 0; i < n; i++) {
@@ -548,6 +577,11 @@ em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max
     }
   }
   if (sumsq->device.type == EM_CUDA) {
+    if (EM_COSTING()) {   /* every gradient read and written (scaled) on the device; the CPU path's scaling is ops */
+      double bytes = 0, elems = 0;
+      for (int i = 0; i < n; i++) { bytes += 2 * em_cost_nbytes(grads[i]); elems += (double)em_numel(grads[i]); }
+      em_op_cost_add(bytes, elems, EM_FLOPS_F32);
+    }
     em_tensor *norm = em_empty(0, NULL, EM_F32, sumsq->device);
     if (norm && em_clip_grads_cuda(n, grads, sumsq, max_norm, norm)) { em_tensor_release(norm); return NULL; }
     for (int i = 0; norm && i < n; i++) em_bump_version(grads[i]);

@@ -27,6 +27,7 @@
  *    fresh accumulators and their partials combined in block order, so
  *    every result is bit-identical at any thread count (red_run). */
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "stream.h"
 #include "vec_math.h"
@@ -576,6 +577,7 @@ static int cpu_sum(em_tensor *res, const em_tensor *a, const rdims *r, bool ints
 
 /* The device switch for sum and mean. */
 static int run_sum(const char *name, em_tensor *res, const em_tensor *a, const rdims *r, bool ints, double div) {
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), em_numel(a), em_cost_simt_class(a->dtype));
   if (a->device.type == EM_CPU) return cpu_sum(res, a, r, ints, div);
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_sum_cuda(name, res, a, &p, div); }
   return em_error_device(name, a);
@@ -684,6 +686,7 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
   if (!res) return NULL;
   rplan p; plan_init(&p, a, r.mask);
   double dof = EM_MAX(0.0, (double)p.n_red - correction);
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 3 * em_numel(a), em_cost_simt_class(a->dtype));
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_var(res, a, &p, dof);
   else if (a->device.type == EM_CUDA) rc = em_var_cuda("var", res, a, &p, dof);
@@ -723,6 +726,7 @@ static int cpu_extreme(const em_tensor *a, const rdims *r, bool is_max, em_tenso
 
 /* The device switch for max/min/argmax/argmin. */
 static int run_extreme(const char *name, const em_tensor *a, const rdims *r, bool is_max, em_tensor *vals, em_tensor *idx) {
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(vals) + em_cost_nbytes(idx), em_numel(a), em_cost_simt_class(a->dtype));
   if (a->device.type == EM_CPU) return cpu_extreme(a, r, is_max, vals, idx);
   if (a->device.type == EM_CUDA) { rplan p; plan_init(&p, a, r->mask); return em_extreme_cuda(name, a, &p, is_max, vals, idx); }
   return em_error_device(name, a);
@@ -907,6 +911,7 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
   em_tensor *res = em_empty(r.out_ndim, r.out_shape, dt, a->device);
   if (!res) return NULL;
   rplan p; plan_init(&p, a, r.mask);
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 4 * em_numel(a), em_cost_simt_class(a->dtype));
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_logsumexp(res, a, &p);
   else if (a->device.type == EM_CUDA) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
@@ -1068,6 +1073,8 @@ static int softmax_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   if (g->device.type == EM_CUDA || (g->device.type == EM_CPU && same_shape)) {   /* fused: two passes over (g, y) per row */
     em_tensor *gx = em_empty(y->ndim, y->shape, em_promote(g->dtype, y->dtype), y->device);
     if (!gx) return -1;
+    /* read g and y, write gx; g*y, the row sum, g - s, y * (...) */
+    EM_OP_COST(em_cost_bytes(3, (em_tensor *const[]){g, y, gx}), 4 * em_numel(gx), em_cost_simt_class(gx->dtype));
     int rc = g->device.type == EM_CPU ? cpu_softmax_backward(gx, g, y, (int)dim, log_out)
                                       : em_softmax_backward_cuda(n->op, gx, g, y, (int)dim, log_out);
     if (rc) { em_tensor_release(gx); return -1; }
@@ -1098,6 +1105,8 @@ static em_tensor *softmax_like(const char *name, em_tensor *a, int64_t dim, bool
   if (em_wrap_dim(name, dim, a->ndim, &d)) return NULL;
   em_tensor *res = em_empty(a->ndim, a->shape, a->dtype, a->device);
   if (!res) return NULL;
+  /* read a, write res; max, subtract, exp, sum, scale per element */
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 5 * em_numel(a), em_cost_simt_class(a->dtype));
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_softmax(res, a, d, log_out);
   else rc = em_softmax_cuda(name, res, a, a->ndim ? d : 0, log_out);
@@ -1232,6 +1241,7 @@ int em_reduce_dims(const char *name, const em_tensor *a, int ndims, const int64_
 }
 
 int em_reduce_math(const char *name, int kind, em_tensor *res, const em_tensor *a, uint32_t mask, double pw) {
+  EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 2 * em_numel(a), em_cost_simt_class(a->dtype));
   rplan p; plan_init(&p, a, mask);
   if (a->device.type == EM_CPU) return cpu_reduce_math(kind, res, a, &p, pw);
   if (a->device.type == EM_CUDA) return em_reduce_math_cuda(name, kind, res, a, &p, pw);

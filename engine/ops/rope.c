@@ -19,6 +19,7 @@
  * On the CPU rows are spread over the threads (the table is built once, before). */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 
 static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
@@ -194,6 +195,10 @@ static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, do
 
 /* Rotate x by sign * angle; result in out_dt. Shared by forward (+1) and backward (-1). */
 static em_tensor *rope_apply(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+  /* x and the positions read, the result written (out_dt); a rotation is 3 FLOPs an element */
+  EM_OP_COST(em_cost_nbytes(x) * (1 + (double)em_dtype_size(out_dt) / (double)em_dtype_size(x->dtype)) +
+                 em_cost_nbytes(pos),
+             3 * em_numel(x), em_cost_simt_class(x->dtype));
   if (x->device.type == EM_CUDA) return rope_apply_cuda(x, pos, theta, sign, out_dt);
   int64_t d = x->shape[x->ndim - 1];
   int64_t N = em_shape_numel(x->ndim - 1, x->shape);

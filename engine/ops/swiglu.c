@@ -13,6 +13,7 @@
  * with the SIMD exp of vec_math.h for f32. */
 #include <stdio.h>
 #include "op.h"
+#include "cost.h"
 #include "parallel.h"
 #include "stream.h"
 #include "vec_math.h"
@@ -141,6 +142,8 @@ static int swiglu_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
 /* saved: a, b. Gradients in the compute dtype; the engine rounds them. */
 static int swiglu_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0], *b = n->saved[1];
+  /* a, b, g read; ga, gb written (a's size each); sigmoid and the product rule ~10 FLOPs */
+  EM_OP_COST(4 * em_cost_nbytes(a) + em_cost_nbytes(gout[0]), 10 * em_numel(a), em_cost_simt_class(a->dtype));
   if (a->device.type == EM_CUDA) return swiglu_backward_cuda(n, gout, gin);
   em_dtype ct = a->dtype == EM_F64 ? EM_F64 : EM_F32;
   bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
@@ -166,5 +169,7 @@ em_tensor *em_swiglu(em_tensor *a, em_tensor *b) {
   EM_OP_SCOPE("swiglu");
   if (swiglu_validate(a, b)) return NULL;
   em_tensor *y = a->device.type == EM_CPU ? swiglu_cpu(a, b) : swiglu_cuda(a, b);
+  /* silu(a) * b: a, b read, y written; exp, add, divide, two products */
+  EM_OP_COST(em_cost_bytes(3, (em_tensor *const[]){a, b, y}), 5 * em_numel(a), em_cost_simt_class(a->dtype));
   return em_op_record(y, NULL, "swiglu", swiglu_backward, 2, (em_tensor *[]){a, b}, 2, (em_tensor *[]){a, b});
 }

@@ -92,6 +92,49 @@ static bool module_ok(const em_prof_query *q, const char *m) {
   return !q->module_glob || fnmatch(q->module_glob, m ? m : "", 0) == 0;
 }
 
+/* ---- roofline ---- */
+
+const char *em_prof_flop_class_name(int c) {
+  static const char *const names[EM_PROF_FLOP_CLASSES] = {"f32", "f64", "tf32", "bf16", "f16"};
+  return c >= 0 && c < EM_PROF_FLOP_CLASSES ? names[c] : "f32";
+}
+
+int em_prof_index(em_profile *p) {
+  size_t n = (size_t)p->n_seq + 1;
+  p->seq_op = calloc(n, sizeof *p->seq_op);
+  p->seq_gpu_ns = calloc(n, sizeof *p->seq_gpu_ns);
+  if (!p->seq_op || !p->seq_gpu_ns) {
+    free(p->seq_op); free(p->seq_gpu_ns);
+    p->seq_op = p->seq_gpu_ns = NULL;
+    return em_error_oom("out of memory: profile roofline index");
+  }
+  for (size_t i = 0; i < p->n_ops; i++)
+    if (p->ops[i].seq && p->ops[i].seq <= p->n_seq) p->seq_op[p->ops[i].seq] = (int64_t)i + 1;
+  for (size_t i = 0; i < p->n_gpu; i++)
+    if (p->gpu[i].op_seq && p->gpu[i].op_seq <= p->n_seq) p->seq_gpu_ns[p->gpu[i].op_seq] += p->gpu[i].t1 - p->gpu[i].t0;
+  return 0;
+}
+
+/* The op record that launched GPU record g, or NULL. */
+static const em_prof_op *gpu_op(const em_profile *p, const em_prof_gpu *g) {
+  if (!p->seq_op || !g->op_seq || g->op_seq > p->n_seq || !p->seq_op[g->op_seq]) return NULL;
+  return &p->ops[p->seq_op[g->op_seq] - 1];
+}
+
+/* Add `ns` of an op call with cost (bytes, flops) of class fc, scaled by share, to r. */
+static void add_cost(em_prof_row *r, const em_prof_query *q, int64_t ns, double share, double bytes, double flops,
+                     int fc) {
+  r->roof_ns += ns;
+  if (ns <= 0 || (bytes <= 0 && flops <= 0)) return;
+  r->cost_ns += ns;
+  r->bytes += share * bytes;
+  r->flops += share * flops;
+  double peak_f = fc >= 0 && fc < EM_PROF_FLOP_CLASSES ? q->peak_tflops[fc] : 0;
+  double mem = q->peak_gbs > 0 ? bytes / q->peak_gbs : 0, fl = peak_f > 0 ? flops / (peak_f * 1e3) : 0;
+  if (mem >= fl) r->mem_floor_ns += share * mem;
+  else r->flop_floor_ns += share * fl;
+}
+
 /* ---- grouping ---- */
 
 typedef struct { em_prof_row *rows; size_t n, cap; ptrmap index; } table;
@@ -166,9 +209,14 @@ int em_profile_group(const em_profile *p, const em_prof_query *q, em_prof_row **
       if (!gpu_selected(q, g)) continue;
       em_prof_row *r = row_for(&t, gpu_key(q, &mk, g, false));
       if (!r) { rc = -1; break; }
-      add_time(r, g->t1 - g->t0, g->t1 - g->t0, g->phase);
+      int64_t d = g->t1 - g->t0;
+      add_time(r, d, d, g->phase);
       r->kernels += g->kind == EM_GPU_KERNEL;
-      r->device_ns += g->t1 - g->t0;
+      r->device_ns += d;
+      const em_prof_op *o = gpu_op(p, g);
+      int64_t call_ns = o ? p->seq_gpu_ns[o->seq] : 0;
+      if (o && call_ns > 0) add_cost(r, q, d, (double)d / (double)call_ns, o->bytes, o->flops, o->fclass);
+      else add_cost(r, q, d, 0, 0, 0, 0);
     }
   } else {
     for (size_t i = 0; i < p->n_ops && rc == 0; i++) {
@@ -182,6 +230,11 @@ int em_profile_group(const em_profile *p, const em_prof_query *q, em_prof_row **
       add_time(r, o->t1 - o->t0, o->self_ns, o->phase);
       r->kernels += o->kernels;
       if (o->dev_ms >= 0) r->device_ns += (int64_t)(o->dev_ms * 1e6);
+      if (p->backend == EM_PROF_HOST) add_cost(r, q, o->self_ns, 1, o->bytes, o->flops, o->fclass);
+      else if (p->backend == EM_PROF_EVENTS)
+        add_cost(r, q, o->dev_ms >= 0 ? (int64_t)(o->dev_ms * 1e6) : 0, 1, o->bytes_incl, o->flops_incl, o->fclass);
+      else if (p->seq_gpu_ns && o->seq <= p->n_seq)
+        add_cost(r, q, p->seq_gpu_ns[o->seq], 1, o->bytes, o->flops, o->fclass);
     }
     /* device time of each op row: CUPTI kernels by their innermost op / module / phase */
     for (size_t i = 0; i < t.n; i++) {

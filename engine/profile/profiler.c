@@ -40,6 +40,7 @@ static struct {
   em_prof_range *ranges; size_t n_ranges, cap_ranges;
   int64_t steps;
   int n_threads;
+  uint32_t seq;                        /* op scopes numbered so far in this session */
 } S;
 
 static _Thread_local em_op_scope_t *tl_scope;   /* innermost measured scope */
@@ -133,6 +134,9 @@ void em_prof_scope_begin(em_op_scope_t *s) {
   s->child_ns = 0;
   s->child_launches = 0;
   s->launches0 = tl_launches;
+  s->seq = __atomic_add_fetch(&S.seq, 1, __ATOMIC_RELAXED);
+  s->fclass = 0;
+  s->bytes = s->flops = s->child_bytes = s->child_flops = 0;
   s->ev = S.backend == EM_PROF_EVENTS ? events_begin() : -1;
   s->t0 = em_prof_now_ns();
 }
@@ -148,12 +152,17 @@ void em_prof_scope_end(em_op_scope_t *s) {
   if (s->parent) {
     s->parent->child_ns += incl;
     s->parent->child_launches += launches;
+    s->parent->child_bytes += s->bytes + s->child_bytes;
+    s->parent->child_flops += s->flops + s->child_flops;
   }
   em_prof_op r = {
     .op = s->name, .module = em_ctx_module(), .grad_fn = em_ctx_grad_fn(),
     .t0 = s->t0, .t1 = t1, .self_ns = incl - s->child_ns,
     .kernels = launches - s->child_launches, .kernels_incl = launches,
-    .dev_ms = -1, .ev = s->ev, .phase = (uint8_t)em_ctx_phase(), .depth = (uint8_t)(depth > 255 ? 255 : depth),
+    .dev_ms = -1, .ev = s->ev, .seq = s->seq, .phase = (uint8_t)em_ctx_phase(),
+    .depth = (uint8_t)(depth > 255 ? 255 : depth), .fclass = s->fclass,
+    .bytes = s->bytes, .flops = s->flops, .bytes_incl = s->bytes + s->child_bytes,
+    .flops_incl = s->flops + s->child_flops,
   };
   pthread_mutex_lock(&lock);
   if (S.running && s->gen == S.gen) {
@@ -164,6 +173,20 @@ void em_prof_scope_end(em_op_scope_t *s) {
 }
 
 void em_prof_note_launch(void) { tl_launches++; }
+
+uint32_t em_prof_current_seq(void) {
+  em_op_scope_t *s = tl_scope;
+  return s && s->gen == session_gen() ? s->seq : 0;
+}
+
+/* EM_OP_COST: into the innermost scope of this session (none: dropped). */
+void em_op_cost_add(double bytes, double flops, int fclass) {
+  em_op_scope_t *s = tl_scope;
+  if (!s || s->gen != session_gen()) return;
+  s->bytes += bytes > 0 ? bytes : 0;
+  s->flops += flops > 0 ? flops : 0;
+  if (flops > 0 && fclass >= 0 && fclass < EM_FLOP_CLASSES) s->fclass = (uint8_t)fclass;
+}
 
 /* ---------------- phases, ranges, marks ---------------- */
 
@@ -308,6 +331,7 @@ int em_profiler_start(const em_prof_opts *opts) {
   S.n_ops = S.n_gpu = S.n_ranges = 0;
   S.steps = S.lost = 0;
   S.n_threads = 0;
+  S.seq = 0;
   S.t_start = em_prof_now_ns();
   S.running = true;
   pthread_mutex_unlock(&lock);
@@ -359,10 +383,12 @@ em_profile *em_profiler_stop(void) {
   p->steps = S.steps;
   p->dropped += S.lost;
   p->n_threads = S.n_threads;
+  p->n_seq = __atomic_load_n(&S.seq, __ATOMIC_RELAXED);
   S.ops = NULL; S.gpu = NULL; S.ranges = NULL;
   S.n_ops = S.cap_ops = S.n_gpu = S.cap_gpu = S.n_ranges = S.cap_ranges = 0;
   pthread_mutex_unlock(&lock);
   if (sync_failed) em_clear_error();
+  if (em_prof_index(p)) em_clear_error();   /* without the index: no roofline columns, tables still work */
   return p;
 }
 
@@ -371,5 +397,7 @@ void em_profile_free(em_profile *p) {
   free(p->ops);
   free(p->gpu);
   free(p->ranges);
+  free(p->seq_op);
+  free(p->seq_gpu_ns);
   free(p);
 }

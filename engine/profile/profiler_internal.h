@@ -27,8 +27,11 @@ typedef struct {
   uint32_t kernels, kernels_incl;   /* launches inside: self / inclusive (CUPTI) */
   float dev_ms;                     /* events backend: inclusive device ms; -1 unknown */
   int32_t ev;                       /* events backend: event pair index; -1 none */
+  uint32_t seq;                     /* the scope's number in the session (em_prof_gpu.op_seq) */
   uint16_t tid;
-  uint8_t phase, depth;
+  uint8_t phase, depth, fclass;
+  double bytes, flops;              /* declared cost: self (EM_OP_COST in this scope) */
+  double bytes_incl, flops_incl;    /* ... nested scopes included */
 } em_prof_op;
 
 enum { EM_RANGE_PHASE = 0, EM_RANGE_USER, EM_RANGE_MARK, EM_RANGE_STEP };
@@ -49,7 +52,14 @@ struct em_profile {
   em_prof_range *ranges; size_t n_ranges;
   int64_t steps, dropped, before_window;
   int n_threads;
+  uint32_t n_seq;                   /* op scopes numbered in the session (seq 1..n_seq) */
+  int64_t *seq_op;                  /* seq -> index in ops + 1 (0: not recorded); built by aggregate.c */
+  int64_t *seq_gpu_ns;              /* seq -> sum of the durations of the GPU records it launched */
 };
+
+/* ---- aggregate.c, for profiler.c ---- */
+/* Build the seq indexes (at stop; -1 out of memory, the roofline columns then stay empty). */
+int em_prof_index(em_profile *p);
 
 /* ---- profiler.c, for scope.c / nvtx.c / context.c ---- */
 void em_prof_scope_begin(em_op_scope_t *s);

@@ -232,3 +232,32 @@ describe("ember.nvtx on CUDA", function()
     p:close()
   end)
 end)
+
+describe("roofline columns with CUPTI", function()
+  it("gives kernels their op call's cost, split by duration, and covers the step", function()
+    -- a bf16 gemm: one op call, its kernel(s) inherit 2·n·m·k FLOPs and a, b, c bytes
+    local n, k, m = 512, 256, 128
+    local a = ember.randn(n, k, {device = "cuda", dtype = "bf16"})
+    local b = ember.randn(k, m, {device = "cuda", dtype = "bf16"})
+    local p = ember.profile(function() return a:matmul(b) end, {print = false})
+    local op = has(p:ops{peaks = {gbs = 3350, tflops = 989.4}}, "^matmul$")
+    assert.truthy(op, keys(p:ops()))
+    assert.are.equal(2 * n * k * m, op.flops)
+    assert.are.equal((n * k + k * m + n * m) * 2, op.bytes)
+    assert.truthy(op.cost_ms > 0 and op.cost_ms == op.roof_ms)
+    local kb, kf = 0, 0
+    for _, r in ipairs(p:kernels{by = "op"}) do
+      if r.key == "matmul" then kb, kf = kb + r.bytes, kf + r.flops end
+    end
+    assert.truthy(math.abs(kf - op.flops) <= 1e-9 * op.flops, ("kernels %g vs op %g FLOPs"):format(kf, op.flops))
+    assert.truthy(math.abs(kb - op.bytes) <= 1e-9 * op.bytes)
+    assert.are.equal("compute", op.bound)
+    p:close()
+    -- the tiny LM's step: declared costs cover most of the kernel time
+    local cov = P:cost_coverage()
+    assert.truthy(cov > 90, ("coverage %.1f%%"):format(cov))
+    local t = P:roofline_table{by = "kernel"}
+    assert.truthy(t:find("% peak", 1, true), t)
+    assert.truthy(t:find("H100", 1, true) or t:find("H200", 1, true), t)   -- the datasheet peaks in the footer
+  end)
+end)

@@ -61,6 +61,11 @@ void em_profile_free(em_profile *p);
 typedef enum { EM_PROF_GPU = 0, EM_PROF_OPS } em_prof_source;
 typedef enum { EM_PROF_BY_NAME = 0, EM_PROF_BY_OP, EM_PROF_BY_MODULE, EM_PROF_BY_PHASE } em_prof_key;
 
+/* FLOP classes of the declared costs (EM_OP_COST): which peak FLOPs are held
+ * against. 0 f32 (CUDA cores / CPU), 1 f64, 2 tf32, 3 bf16, 4 f16 (tensor cores). */
+#define EM_PROF_FLOP_CLASSES 5
+const char *em_prof_flop_class_name(int c);   /* "f32", "f64", "tf32", "bf16", "f16" */
+
 typedef struct {
   em_prof_source source;    /* GPU activity records, or host op records */
   em_prof_key key;          /* GPU: kernel name / op / module; OPS: op / module */
@@ -69,6 +74,9 @@ typedef struct {
   int depth;                /* BY_MODULE: keep this many path components (0: all) */
   bool rollup;              /* BY_MODULE: numeric components become "*" ("layers.*") */
   bool kernels_only;        /* GPU: leave memcpy/memset out */
+  /* roofline: the device's peaks (0: unknown, that floor is left out) */
+  double peak_gbs;                                  /* memory bandwidth, GB/s (= bytes per ns) */
+  double peak_tflops[EM_PROF_FLOP_CLASSES];         /* dense FLOP/s by class, in TFLOP/s */
 } em_prof_query;
 
 /* One aggregated row. GPU source: durations of kernels/copies. OPS source:
@@ -84,6 +92,16 @@ typedef struct {
   int64_t kernels;          /* OPS: kernels launched inside (self); -1 unknown */
   int64_t device_ns;        /* OPS: device time of the op (CUPTI: its kernels; events:
                                inclusive CUDA-event time); -1 unknown */
+  /* roofline: the cost ops declared (EM_OP_COST) against the time it took.
+   * The time is per op call: CUPTI, the durations of the GPU records the
+   * call launched itself; events, its CUDA-event time (cost of nested ops
+   * included); host, its self time. A GPU record's share of its op call's
+   * cost is its share of the call's GPU time. */
+  int64_t roof_ns;          /* the time of the row's calls, as above */
+  int64_t cost_ns;          /* the part of roof_ns in op calls that declared a cost */
+  double bytes, flops;      /* declared over cost_ns */
+  double mem_floor_ns, flop_floor_ns;   /* with peaks: sum over the calls of max(bytes / peak_gbs,
+                                           flops / peak_tflops[class]), split by the larger term */
 } em_prof_row;
 
 /* Aggregate; *rows is malloc'ed (caller frees), sorted by total_ns descending. */
