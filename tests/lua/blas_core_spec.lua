@@ -3,7 +3,7 @@
 -- models it does not know) makes `ember` run itself again with
 -- OPENBLAS_CORETYPE set. EMBER_BLAS_ASSUME_CORE makes the check see a given
 -- core, so the re-execution is tested on any x86 machine with AVX2.
-local H = require "helpers"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local ember = require "ember"
 
 local SHOW = 'local b = require("ember").blas_info(); ' ..

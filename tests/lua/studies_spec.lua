@@ -73,14 +73,19 @@ describe("study scripts", function()
       end
       assert.are.equal(4, progress)
       assert.truthy(find(out, "| d  | seq | naive fwd ms | naive bwd ms | naive mem MiB |"))
+      -- two tables with the same (d, seq) rows: times and memory, then the speed table (TF/s, fwd+bwd ms)
       local rows = md_rows(out, "%d+")
-      assert.are.equal(4, #rows)
+      assert.are.equal(8, #rows)
       local want = {{"16", "32"}, {"16", "64"}, {"32", "32"}, {"32", "64"}}
-      for i, r in ipairs(rows) do
+      for i = 1, 4 do
+        local r, s = rows[i], rows[i + 4]
         assert.are.same(want[i], {r[1], r[2]})
         assert.is_true(tonumber(r[3]) > 0 and tonumber(r[4]) > 0, "times of row " .. i)
         assert.are.equal("n/a", r[5])              -- no memory statistics on the CPU
+        assert.are.same(want[i], {s[1], s[2]})
+        assert.is_true(tonumber(s[3]) > 0 and tonumber(s[4]) > 0 and tonumber(s[5]) > 0, "speed row " .. i)
       end
+      assert.truthy(find(out, "| d  | seq | naive fwd TF/s | naive bwd TF/s | naive fwd+bwd ms |"))
       -- the seq 64 score matrix: 8·64²·4 B
       assert.truthy(find(out, "seq 64: one B×T×T score matrix = 8·64²·4 B = 0.1 MiB (f32)"))
       assert.truthy(find(slurp(md), "| d  | seq | naive fwd ms"))
