@@ -21,16 +21,17 @@ local rel = C.rel_error
 
 -- f32 runs on the TF32 tensor cores: operands rounded to 10-bit mantissas
 -- (u = 2^-11 ≈ 4.9e-4 with round-to-nearest), f32 accumulation and softmax.
--- Its yardstick is the naive composition in f32 under ember.backends.tf32(true)
--- (cuBLAS TF32 matmuls: the same roundings of q, k, v, P and dS), so the
--- bound is the same rule as for the half dtypes. The cap, 2e-3 = 4u: the
--- kernels' roundings replayed in f64 on the CPU (q, k, v, dO, P and dS
--- rounded to 11 significant bits; d 64/128, T 256/1024, causal) give
--- norm-wise errors of 3.6-4.0e-4 for o and 5.2-5.4e-4 for dq, dk, dv (about
--- u: each output is one TF32 matmul deep, its operands each rounded once),
--- so 4u leaves room for f32 accumulation and the exp2 of rounded scores
--- while a wrong fragment layout (errors O(1)) cannot pass.
-local CAP = {bf16 = 1e-2, f16 = 2e-3, f32 = 2e-3}
+-- The naive composition under ember.backends.tf32(true) was meant as its
+-- yardstick, but on the H100 (2026-11-27) it came out exact (1.5e-7: cuBLAS
+-- may, not must, use TF32, and these small batched matmuls did not), so f32
+-- has a fixed bound instead: 2u = 2^-10. The kernels' roundings replayed in
+-- f64 on the CPU (q, k, v, dO, P and dS rounded to 11 significant bits;
+-- d 64/128, T 256/1024, causal) give norm-wise errors of 3.6-4.0e-4 for o
+-- and 5.2-5.4e-4 for dq, dk, dv (about u: each output is one TF32 matmul
+-- deep, its operands each rounded once); the H100 measured 3.5e-4 (o) and
+-- 5.0e-4 (dq). A wrong fragment layout (errors O(1)) cannot pass.
+local CAP = {bf16 = 1e-2, f16 = 2e-3}
+local F32_BOUND = 2 ^ -10
 -- the log-sum-exp, relative to f64: f32 accumulation; for f32 inputs also
 -- the TF32 rounding of q and k in the scores (replayed: ~1.6e-5)
 local LSE_TOL = {bf16 = 1e-4, f16 = 1e-4, f32 = 1e-4}
@@ -102,7 +103,7 @@ local function check(shape_q, shape_k, dt, causal, opts)
   for i, name in ipairs({"o", "dq", "dk", "dv"}) do
     assert.are.equal(dt, fl[i].dtype, what .. " " .. name .. " dtype")
     local ef, en = rel(fl[i], ref[i]), rel(nv[i], ref[i])
-    local bound = math.min(2 * en + 1e-4, CAP[dt])
+    local bound = dt == "f32" and F32_BOUND or math.min(2 * en + 1e-4, CAP[dt])
     assert.is_true(ef <= bound, string.format("%s %s: flash error %.3g > %.3g (naive %s error %.3g)", what, name,
       ef, bound, dt, en))
   end

@@ -108,7 +108,11 @@ describe("ember.profiler with CUPTI", function()
   it("prints a kernel table whose % column sums to 100", function()
     local t = P:kernel_table{top = 10000}
     local sum, n = 0, 0
-    for p in t:gmatch("  (%d+%.%d)%%") do sum = sum + tonumber(p) n = n + 1 end
+    -- the first percentage of a row is its "% GPU" share ("% peak", the roofline column, follows it)
+    for line in t:gmatch("[^\n]+") do
+      local p = line:match("  (%d+%.%d)%%")
+      if p then sum = sum + tonumber(p) n = n + 1 end
+    end
     assert.truthy(n >= 5, t)
     assert.truthy(math.abs(sum - 100) < 0.05 * n + 0.1, ("%% column sums to %.1f over %d rows"):format(sum, n))
     for _, ph in ipairs({"forward", "backward", "optimizer"}) do
@@ -251,7 +255,10 @@ describe("roofline columns with CUPTI", function()
     end
     assert.truthy(math.abs(kf - op.flops) <= 1e-9 * op.flops, ("kernels %g vs op %g FLOPs"):format(kf, op.flops))
     assert.truthy(math.abs(kb - op.bytes) <= 1e-9 * op.bytes)
-    assert.are.equal("compute", op.bound)
+    -- 512x256x128 in bf16 is 73 FLOPs a byte, under the H100's ridge (989.4 TF/s / 3350 GB/s = 295):
+    -- its floor is the bytes
+    assert.are.equal(op.bytes / 3350e9 > op.flops / 989.4e12 and "memory" or "compute", op.bound)
+    assert.are.equal("memory", op.bound)
     p:close()
     -- the tiny LM's step: declared costs cover most of the kernel time
     local cov = P:cost_coverage()
