@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     softmax_tile<D>(sc, r, p, j * BN, wrow, row0, row1, t, a0, a1);
     wgmma_wait<0>();
     reg_fence(r.o);
+    reg_fence(sc);   // P(j) is packed after the wait: P(j-1)'s registers were the in-flight wgmma's operands
     mbar_arrive(vempty + 8 * sp);
 #pragma unroll
     for (int i = 0; i < D / 2; i++) r.o[i] *= (i & 2) ? a1 : a0;
