@@ -289,6 +289,7 @@ int mode_of(const char *s) {
   if (!s || !*s || strcmp(s, "auto") == 0) return 0;
   if (strcmp(s, "mma") == 0) return 1;
   if (strcmp(s, "wg") == 0) return 2;
+  if (strcmp(s, "wg2") == 0) return 3;
   return -1;
 }
 
@@ -300,7 +301,8 @@ int fwd_kernel_mode() {
   if (g_mode < 0) {
     const char *env = getenv("EMBER_FLASH_FWD");
     int m = mode_of(env);
-    if (m < 0) return em_error("flash_attention: expected EMBER_FLASH_FWD to be auto, mma or wg, got '%s'", env);
+    if (m < 0)
+      return em_error("flash_attention: expected EMBER_FLASH_FWD to be auto, mma, wg or wg2, got '%s'", env);
     g_mode = m;
   }
   return g_mode;
@@ -310,16 +312,23 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = fwd_kernel_mode();
   if (mode < 0) return -1;
   // auto = the mma.sync kernel until this one has passed its GPU spec and
-  // been timed on an H100 (docs/flash.md, Step 2): only EMBER_FLASH_FWD=wg takes it
-  if (mode != 2) return kFwdNotTaken;
-  const bool forced = mode == 2;
+  // been timed on an H100 (docs/flash.md, Step 2): only EMBER_FLASH_FWD=wg or wg2 takes it
+  if (mode != 2 && mode != 3) return kFwdNotTaken;
+  const bool forced = true;
+  const char *name = mode == 3 ? "wg2" : "wg";
+  if (dt != EM_BF16 && dt != EM_F16) {
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",
+                                name, em_dtype_name(dt));
+    return kFwdNotTaken;
+  }
   if (d != 64 && d != 128) {
-    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=wg) expects head dim 64 or 128, "
-                                "got %d", d);
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects head dim 64 or 128, "
+                                "got %d", name, d);
     return kFwdNotTaken;
   }
   if (!is_sm90(device)) {
-    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=wg) needs an sm_90 GPU (H100/H200)");
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) needs an sm_90 GPU (H100/H200)",
+                                name);
     return kFwdNotTaken;
   }
   CUtensorMap tq, tk, tv;
@@ -327,10 +336,12 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
             make_map(&tk, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, BN) &&
             make_map(&tv, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, BN);
   if (!ok) {
-    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=wg) could not describe q, k or v "
-                                "to TMA (strides must be positive multiples of 16 bytes)");
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) could not describe q, k or v "
+                                "to TMA (strides must be positive multiples of 16 bytes)", name);
     return kFwdNotTaken;
   }
+  // the wg2 kernel (flash_fwd_wg2.cu) has the same tiles: 128 query rows, 128-key boxes
+  if (mode == 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
   if (dt == EM_BF16) return d == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
                                     : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
   return d == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
@@ -338,7 +349,7 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
 
 }  // namespace flash
 
-/* EMBER_FLASH_FWD's setting (0 auto, 1 mma, 2 wg); mode >= 0 sets it first. */
+/* EMBER_FLASH_FWD's setting (0 auto, 1 mma, 2 wg, 3 wg2); mode >= 0 sets it first. */
 extern "C" int em_flash_fwd_kernel(int mode) {
   int prev = fwd_kernel_mode();
   if (prev < 0) return -1;

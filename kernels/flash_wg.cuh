@@ -10,6 +10,7 @@
  * reads the same pattern when the descriptor says "128-byte swizzle" and
  * every tile starts 1024-byte aligned. */
 #pragma once
+#include <cuda.h>
 #include <stdint.h>
 #include "flash_common.cuh"
 
@@ -21,12 +22,17 @@ namespace flash {
  * the decode or mma.sync kernel. */
 constexpr int kFwdNotTaken = -2;
 /* 0 auto, 1 mma (the mma.sync kernel, for every Tq), 2 wg (the wgmma kernel,
- * for every Tq; an error where it does not apply); -1 with the error set for
- * a bad EMBER_FLASH_FWD. */
+ * for every Tq; an error where it does not apply), 3 wg2 (the same with the
+ * softmax overlapped with the matmuls, flash_fwd_wg2.cu); -1 with the error
+ * set for a bad EMBER_FLASH_FWD. */
 int fwd_kernel_mode();
 /* Runs the wgmma forward when the mode and the inputs ask for it: 0, -1 with
  * the error set, or kFwdNotTaken. */
 int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
+/* Launches the wg2 kernel (flash_fwd_wg2.cu) for bf16/f16 and d 64 or 128 on
+ * the tensor maps fwd_wg_dispatch made: 0 or -1 with the error set. */
+int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const CUtensorMap &tk,
+               const CUtensorMap &tv, cudaStream_t s);
 
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }

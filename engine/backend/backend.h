@@ -517,8 +517,9 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
  * forces): 0 auto (the wgmma kernel, flash_fwd_wg.cu, on sm_90 for D 64 and
  * 128; the mma.sync kernel otherwise; the decode kernel up to 16 queries),
  * 1 mma (the mma.sync kernel for every Tq), 2 wg (the wgmma kernel for every
- * Tq; an error where it does not apply). The default comes from
- * EMBER_FLASH_FWD=auto|mma|wg. mode >= 0 sets it; returns the previous
+ * Tq; an error where it does not apply), 3 wg2 (the same with the softmax
+ * overlapped with the matmuls, flash_fwd_wg2.cu). The default comes from
+ * EMBER_FLASH_FWD=auto|mma|wg|wg2. mode >= 0 sets it; returns the previous
  * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
 int em_flash_fwd_kernel(int mode);
 

@@ -1,7 +1,9 @@
--- flash_wg_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA forward
--- (kernels/flash_fwd_wg.cu) forced with core.flash_fwd_kernel("wg"), against
--- the f64 CPU reference and against the mma.sync forward (flash_fwd.cu,
--- forced with "mma") on the same inputs: head dims 64 and 128, bf16 and f16,
+-- flash_wg_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA forwards, each
+-- forced with core.flash_fwd_kernel: "wg" (kernels/flash_fwd_wg.cu, step 2)
+-- and "wg2" (kernels/flash_fwd_wg2.cu, step 3: softmax overlapped with the
+-- matmuls, ping-pong consumers), every case for both, against the f64 CPU
+-- reference and against the mma.sync forward (flash_fwd.cu, forced with
+-- "mma") on the same inputs: head dims 64 and 128, bf16 and f16,
 -- causal top-left / bottom-right / none, GQA, Tq ≠ Tk, odd lengths (1, 63,
 -- 65, 127, 129, 1000, 4097: partial 128-row blocks and 128-key tiles at
 -- both ends), the (B, T, H, D) head-split layout, and the backward run on
@@ -10,8 +12,9 @@
 -- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ no more than twice
 -- the error of the naive composition run on the GPU in the same half dtype,
 -- plus 1e-4, and never above 1e-2 (bf16) / 2e-3 (f16); lse within 1e-4
--- relative. Every case prints its errors (wg, mma, naive, wg vs mma, and the
--- largest absolute error of wg's o), so a failing run says where it breaks.
+-- relative. Every case prints its errors (the kernel's, mma's, naive's, the
+-- kernel vs mma, and the kernel's largest absolute error in o), so a failing
+-- run says where and in which kernel it breaks.
 local ember = require "ember"
 local F = ember.nn.functional
 local core = ember.core
@@ -84,7 +87,10 @@ end
 
 local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
 
--- one case: wg vs the reference (o, lse; dq, dk, dv when opts.grad) and vs mma
+local WG_KERNELS = {"wg", "wg2"}
+
+-- one case: each wgmma kernel vs the reference (o, lse; dq, dk, dv when
+-- opts.grad) and vs mma, on the same inputs
 local function check(sq, sk, dt, causal, opts)
   opts = opts or {}
   local q, k, v = randn(sq, dt), randn(sk, dt), randn(sk, dt)
@@ -96,28 +102,37 @@ local function check(sq, sk, dt, causal, opts)
   q, k, v = q:cuda(), k:cuda(), v:cuda()
   if g then g = g:cuda() end
   local ref = ref64(q, k, v, g, causal)
-  local wg = flash("wg", q, k, v, g, causal)
+  -- every output stays referenced to the end of the case, so the caching
+  -- allocator cannot hand one kernel another's o (same inputs, nearly the same
+  -- values) and hide rows it never wrote
   local mm = flash("mma", q, k, v, nil, causal)
-  local en = rel(naive(q, k, v, causal), ref.o)
+  local nv = naive(q, k, v, causal)
+  local en = rel(nv, ref.o)
   local bound = math.min(2 * en + 1e-4, CAP[dt])
-  local what = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
-    tostring(causal))
-  local ew, em, ewm = rel(wg.o, ref.o), rel(mm.o, ref.o), rel(wg.o, mm.o)
-  local lw, lm = rel(wg.lse, ref.lse), rel(mm.lse, ref.lse)
-  print(string.format("  %-44s o: wg %.3g mma %.3g naive %.3g wg-vs-mma %.3g max|wg-ref| %.3g; lse: wg %.3g mma %.3g",
-    what, ew, em, en, ewm, max_abs(wg.o, ref.o), lw, lm))
-  assert.are.equal(dt, wg.o.dtype, what .. " o dtype")
-  assert.are.same(q.shape, wg.o.shape, what .. " o shape")
-  assert.is_true(ew <= bound, string.format("%s o: wg error %.3g > %.3g (naive %.3g, mma %.3g)", what, ew, bound, en, em))
-  assert.is_true(ewm <= CAP[dt], string.format("%s o: wg vs mma %.3g > %.3g", what, ewm, CAP[dt]))
-  assert.are.equal("f32", wg.lse.dtype)
-  assert.is_true(lw <= 1e-4, string.format("%s lse: wg relative error %.3g (mma %.3g)", what, lw, lm))
-  if g then
-    for _, name in ipairs({"dq", "dk", "dv"}) do
-      local e = rel(wg[name], ref[name])
-      print(string.format("  %-44s %s: %.3g (cap %.3g)", what, name, e, CAP[dt]))
-      assert.is_true(e <= CAP[dt], string.format("%s %s (backward on wg's o, lse): error %.3g > %.3g", what, name,
-        e, CAP[dt]))
+  local em, lm = rel(mm.o, ref.o), rel(mm.lse, ref.lse)
+  local outs = {}
+  for _, kern in ipairs(WG_KERNELS) do
+    local wg = flash(kern, q, k, v, g, causal)
+    outs[kern] = wg
+    local what = string.format("%s %s q%s k%s causal=%s", kern, dt, table.concat(sq, "x"), table.concat(sk, "x"),
+      tostring(causal))
+    local ew, ewm, lw = rel(wg.o, ref.o), rel(wg.o, mm.o), rel(wg.lse, ref.lse)
+    print(string.format("  %-48s o: %s %.3g mma %.3g naive %.3g vs-mma %.3g max|err| %.3g; lse: %s %.3g mma %.3g",
+      what, kern, ew, em, en, ewm, max_abs(wg.o, ref.o), kern, lw, lm))
+    assert.are.equal(dt, wg.o.dtype, what .. " o dtype")
+    assert.are.same(q.shape, wg.o.shape, what .. " o shape")
+    assert.is_true(ew <= bound, string.format("%s o: error %.3g > %.3g (naive %.3g, mma %.3g)", what, ew, bound, en,
+      em))
+    assert.is_true(ewm <= CAP[dt], string.format("%s o: vs mma %.3g > %.3g", what, ewm, CAP[dt]))
+    assert.are.equal("f32", wg.lse.dtype)
+    assert.is_true(lw <= 1e-4, string.format("%s lse: relative error %.3g (mma %.3g)", what, lw, lm))
+    if g then
+      for _, name in ipairs({"dq", "dk", "dv"}) do
+        local e = rel(wg[name], ref[name])
+        print(string.format("  %-48s %s: %.3g (cap %.3g)", what, name, e, CAP[dt]))
+        assert.is_true(e <= CAP[dt], string.format("%s %s (backward on the kernel's o, lse): error %.3g > %.3g", what,
+          name, e, CAP[dt]))
+      end
     end
   end
 end
@@ -143,17 +158,27 @@ describe("flash attention's wgmma forward (sm_90)", function()
   it("chooses kernels by name and rejects others, naming them", function()
     local prev = core.flash_fwd_kernel("mma")
     assert.are.equal("mma", core.flash_fwd_kernel("wg"))
-    assert.are.equal("wg", core.flash_fwd_kernel(prev))
+    assert.are.equal("wg", core.flash_fwd_kernel("wg2"))
+    assert.are.equal("wg2", core.flash_fwd_kernel(prev))
     local ok, err = pcall(core.flash_fwd_kernel, "tma")
     assert.is_false(ok)
-    assert.matches('expected "auto", "mma" or "wg", got "tma"', tostring(err), 1, true)
-    -- forced wg with a head dim it does not have: an error, not a silent fallback
+    assert.matches('expected "auto", "mma", "wg" or "wg2", got "tma"', tostring(err), 1, true)
+    -- forced wg/wg2 with a head dim or a dtype they do not have: an error naming
+    -- the setting, not a silent fallback (nor f32 read as f16)
     local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
-    core.flash_fwd_kernel("wg")
-    ok, err = pcall(F.flash_attention, x, x, x, true)
-    core.flash_fwd_kernel(prev)
-    assert.is_false(ok)
-    assert.matches("expects head dim 64 or 128, got 32", tostring(err), 1, true)
+    local x32 = ember.randn({1, 1, 40, 64}):cuda()
+    for _, kern in ipairs(WG_KERNELS) do
+      local tf = ember.backends.tf32(true)   -- f32 flash on CUDA (the TF32 kernels) is then allowed
+      core.flash_fwd_kernel(kern)
+      local ok1, err1 = pcall(F.flash_attention, x, x, x, true)
+      local ok2, err2 = pcall(F.flash_attention, x32, x32, x32, true)
+      core.flash_fwd_kernel(prev)
+      ember.backends.tf32(tf)
+      assert.is_false(ok1, kern .. ": head dim 32 ran")
+      assert.matches("(EMBER_FLASH_FWD=" .. kern .. ") expects head dim 64 or 128, got 32", tostring(err1), 1, true)
+      assert.is_false(ok2, kern .. ": f32 ran")
+      assert.matches("(EMBER_FLASH_FWD=" .. kern .. ") expects bf16 or f16, got f32", tostring(err2), 1, true)
+    end
   end)
 
   for _, d in ipairs({64, 128}) do
@@ -191,19 +216,37 @@ describe("flash attention's wgmma forward (sm_90)", function()
     local q, k, v = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda()
     local a = flash("auto", q, k, v, nil, true)
-    local w = flash("wg", q, k, v, nil, true)
     local m = flash("mma", q, k, v, nil, true)
     assert.are.equal(0, max_abs(a.o, m.o))
     assert.are.equal(0, max_abs(a.lse, m.lse))
-    -- and that is not trivially so: the wg kernel's bits differ (other tiles, other rounding of P)
-    assert.is_true(max_abs(m.o, w.o) > 0)
+    -- and that is not trivially so: the wgmma kernels' bits differ (other tiles, other rounding of P)
+    for _, kern in ipairs(WG_KERNELS) do
+      local w = flash(kern, q, k, v, nil, true)
+      assert.is_true(max_abs(m.o, w.o) > 0, kern .. " gave mma's bits")
+    end
   end)
 
-  it("gives bit-identical results on repeat", function()
-    local q, k, v = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
-      randn({2, 2, 777, 64}, "bf16"):cuda()
-    local a, b = flash("wg", q, k, v, nil, true), flash("wg", q, k, v, nil, true)
-    assert.are.equal(0, max_abs(a.o, b.o))
-    assert.are.equal(0, max_abs(a.lse, b.lse))
+  for _, kern in ipairs(WG_KERNELS) do
+    it("gives bit-identical results on repeat: " .. kern, function()
+      local q, k, v = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
+        randn({2, 2, 777, 64}, "bf16"):cuda()
+      local a, b = flash(kern, q, k, v, nil, true), flash(kern, q, k, v, nil, true)
+      assert.are.equal(0, max_abs(a.o, b.o))
+      assert.are.equal(0, max_abs(a.lse, b.lse))
+    end)
+  end
+
+  it("gives bit-identical results on repeat over many tiles (a race would move them): wg2", function()
+    -- 33 key tiles per block at the end, both consumers ping-ponging, GQA, both masks and none
+    local q, k, v = randn({1, 8, 4100, 128}, "f16"):cuda(), randn({1, 2, 4100, 128}, "f16"):cuda(),
+      randn({1, 2, 4100, 128}, "f16"):cuda()
+    for _, causal in ipairs({true, "bottom_right", false}) do
+      local a = flash("wg2", q, k, v, nil, causal)
+      for _ = 1, 3 do
+        local b = flash("wg2", q, k, v, nil, causal)
+        assert.are.equal(0, max_abs(a.o, b.o), "o moved: causal=" .. tostring(causal))
+        assert.are.equal(0, max_abs(a.lse, b.lse), "lse moved: causal=" .. tostring(causal))
+      end
+    end
   end)
 end)

@@ -1,0 +1,354 @@
+/* FlashAttention forward for Hopper, version 2 (EMBER_FLASH_FWD=wg2): the
+ * wgmma/TMA kernel of flash_fwd_wg.cu with FlashAttention-3's overlap of
+ * softmax and matmuls (docs/flash.md, "Step 3"). Same function, outputs and
+ * block shape (a TMA producer warpgroup and two consumer warpgroups of 64
+ * query rows, 128-key tiles in a ring of 2 stages); what changes:
+ *
+ *  1. intra-warpgroup pipelining: a consumer issues S(j) = q k(j)ᵀ and then
+ *     o += P(j-1) v(j-1) as two wgmma commit groups, waits for the first
+ *     only (wait_group 1) and runs the softmax of S(j) while the second is
+ *     still on the tensor cores; o is rescaled once that one completes.
+ *     P(j-1) lives in 32 packed registers, S(j) in 64 floats: the "second
+ *     accumulator" is P itself;
+ *  2. ping-pong between the consumers: named barriers 1 and 2 hand the right
+ *     to issue matmuls back and forth (bar.sync on one's own, bar.arrive on
+ *     the other's), so one consumer's softmax runs under the other's wgmmas;
+ *  3. separate full and empty mbarriers for k and v: S(j) starts as soon as
+ *     k(j) has landed, and k's stage is released as soon as S(j) is done.
+ *
+ * Both consumers take the same number of turns (ntile + 1: the last one
+ * issues only the final P v), padding with empty turns where a consumer
+ * sees fewer tiles (the causal diagonal), so the named barriers never wait
+ * for a turn that does not come. */
+#include <cuda.h>
+#include "backend.h"
+#include "flash_common.cuh"
+#include "flash_wg.cuh"
+#include "flash_wgmma.cuh"
+
+using namespace flash;
+
+namespace {
+
+constexpr int BM = 128;        // queries per block: 2 consumer warpgroups x 64
+constexpr int BN = 128;        // keys per k/v tile
+constexpr int THREADS = 384;   // producer + 2 consumers
+constexpr int NCONS = 256;     // consumer threads: the named barriers' and the empty mbarriers' count
+
+template <int D> struct Wg2Cfg {
+  static constexpr int CH = D / 64;                   // 64-column (128-byte) chunks of a row
+  static constexpr uint32_t Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+  static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + 2 * KV_BYTES, OFF_BAR = OFF_V + 2 * KV_BYTES;
+  // barriers: q full, k full[2], v full[2], k empty[2], v empty[2]; 1024 of slack to align the base
+  static constexpr size_t SMEM = OFF_BAR + 9 * 8 + 1024;
+};
+
+__device__ __forceinline__ float ex2(float x) {   // 2^x; -inf gives 0 (what the masked keys need)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* One consumer's row state: the running max m (base 2, scaled) and sum l of
+ * its two rows (g and g + 8 of its warp's 16), and the o accumulators. */
+template <int D> struct Rows {
+  float o[D / 2];
+  float m0, m1, l0, l1;
+};
+
+/* The online softmax of one tile's scores in place (sc: raw q·k, then
+ * 2^(scale·s − m)), masking keys past Tk and above the causal diagonal;
+ * returns the factors by which o and l must shrink (the old max over the
+ * new) in a0, a1, and adds the tile's row sums to l after scaling it. */
+template <int D>
+__device__ __forceinline__ void softmax_tile(float (&sc)[BN / 2], Rows<D> &r, const Params &p, int k0, int wrow,
+                                             int row0, int row1, int t, float &a0, float &a1) {
+  const bool edge = k0 + BN > p.Tk || (p.causal && k0 + BN - 1 > wrow + p.off);
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+  if (edge) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      const int col = k0 + (i >> 2) * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+      if (col >= p.Tk || (p.causal && col > row + p.off)) sc[i] = -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) {
+    if (i & 2) mx1 = fmaxf(mx1, sc[i]); else mx0 = fmaxf(mx0, sc[i]);
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  // the scale is positive, so the max of the raw scores scaled is the max of the scaled ones
+  const float n0 = fmaxf(r.m0, mx0 * p.scale_log2), n1 = fmaxf(r.m1, mx1 * p.scale_log2);
+  // a row with every key so far masked keeps m = -inf: base 0 so 2^x gives 0, not NaN
+  const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
+  a0 = ex2(r.m0 - b0);
+  a1 = ex2(r.m1 - b1);
+  r.m0 = n0;
+  r.m1 = n1;
+  // four partial sums per row: shorter add chains
+  float rs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) {
+    sc[i] = ex2(fmaf(sc[i], p.scale_log2, (i & 2) ? -b1 : -b0));
+    rs[(i & 2) | ((i >> 2) & 1)] += sc[i];
+  }
+  r.l0 = r.l0 * a0 + ((rs[0] + rs[1]));
+  r.l1 = r.l1 * a1 + ((rs[2] + rs[3]));
+}
+
+/* P (the softmax's 16-bit values) as the A fragments of 16-key steps:
+ * accumulator blocks 2kk and 2kk + 1, as in flash_fwd_wg.cu. */
+template <typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (&sc)[BN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    pa[kk][0] = Mma<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = Mma<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = Mma<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = Mma<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
+
+/* Named barriers 1 and 2 for the 256 consumer threads (0 is __syncthreads);
+ * immediate ids, so ptxas reserves only these two (a register id reserves all 16). */
+__device__ __forceinline__ void named_sync(int id) {
+  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(NCONS) : "memory");
+  else asm volatile("bar.sync 2, %0;\n" ::"n"(NCONS) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(NCONS) : "memory");
+  else asm volatile("bar.arrive 2, %0;\n" ::"n"(NCONS) : "memory");
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_fwd_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                         const __grid_constant__ CUtensorMap tv, const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Wg2Cfg<D>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sK = base + C::OFF_K, sV = base + C::OFF_V;
+  // + 8·stage for the ring's barriers
+  const uint32_t bar_q = base + C::OFF_BAR, kfull = bar_q + 8, vfull = bar_q + 24, kempty = bar_q + 40,
+                 vempty = bar_q + 56;
+
+  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int q0 = qblk * BM;
+  const int kend = p.causal ? min(p.Tk, q0 + BM + p.off) : p.Tk, ntile = max(0, (kend + BN - 1) / BN);
+  const int wg = threadIdx.x >> 7;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < 2; s++) {
+      mbar_init(kfull + 8 * s, 1);   // the producer's expect_tx arrival; the bytes complete it
+      mbar_init(vfull + 8 * s, 1);
+      mbar_init(kempty + 8 * s, NCONS);   // every consumer thread
+      mbar_init(vempty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: q once, then k(j) and v(j) into stage j % 2, each when its own stage is free ----
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&tq); tma_prefetch_map(&tk); tma_prefetch_map(&tv);
+      mbar_expect_tx(bar_q, C::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < C::CH; c++) tma_load_4d(sQ + c * BM * 128, &tq, bar_q, c * 64, q0, h, b);
+      for (int j = 0; j < ntile; j++) {
+        const int s = j & 1;
+        const uint32_t par = ((j >> 1) - 1) & 1;   // the phase of tile j - 2, the stage's last tenant
+        if (j >= 2) mbar_wait(kempty + 8 * s, par);
+        mbar_expect_tx(kfull + 8 * s, C::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < C::CH; c++)
+          tma_load_4d(sK + s * C::KV_BYTES + c * BN * 128, &tk, kfull + 8 * s, c * 64, j * BN, hk, b);
+        if (j >= 2) mbar_wait(vempty + 8 * s, par);
+        mbar_expect_tx(vfull + 8 * s, C::KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < C::CH; c++)
+          tma_load_4d(sV + s * C::KV_BYTES + c * BN * 128, &tv, vfull + 8 * s, c * 64, j * BN, hk, b);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rbase = q0 + cw * 64, wrow = rbase + warp * 16;   // this warpgroup's, this warp's first row
+  const int row0 = wrow + g, row1 = row0 + 8;
+  // tiles this warpgroup sees: a prefix of the block's (on the causal diagonal
+  // consumer 0 may skip the last one; never more: its rows see at most 64 keys
+  // fewer than consumer 1's)
+  int nv = ntile;
+  if (p.causal) {
+    const int wglast = rbase + 63 + p.off;   // the last key any of its rows sees
+    nv = wglast < 0 ? 0 : min(ntile, wglast / BN + 1);
+  }
+  // ping-pong: consumer cw issues its matmuls after bar.sync on 1 + cw, then lets the other go
+  const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
+  // consumer 0 goes first; consumer 1's last arrival would have no taker, so it is left out
+  auto pass_turn = [&](int i) {
+    if (cw == 0 || i < turns - 1) named_arrive(other_bar);
+  };
+  if (cw == 1 && turns > 0) named_arrive(1);
+
+  Rows<D> r;
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) r.o[i] = 0.f;
+  r.m0 = r.m1 = -INFINITY;
+  r.l0 = r.l1 = 0.f;
+  float sc[BN / 2];
+  uint32_t pa[BN / 16][4];
+  float a0, a1;
+
+  mbar_wait(bar_q, 0);
+  // q rows of this warpgroup: 64 rows (8 KB) into each 128-row chunk
+  const uint32_t qa = sQ + cw * 64 * 128;
+
+  // S(j) = q k(j)ᵀ: D/16 wgmma m64n128k16, one commit group
+  auto issue_s = [&](int j) {
+    const uint32_t ks = sK + (j & 1) * C::KV_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      const uint32_t off = (kk & 3) * 32;   // 16 columns = 32 bytes into the chunk's 128-byte rows
+      const uint64_t da = wg_desc(qa + (kk >> 2) * BM * 128 + off, 16, 1024);
+      const uint64_t db = wg_desc(ks + (kk >> 2) * BN * 128 + off, 16, 1024);
+      Wgmma<T, BN>::ss(sc, da, db, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // o += P(j) v(j): 8 wgmma m64nDk16 with P from registers, one commit group
+  auto issue_pv = [&](int j) {
+    const uint32_t vs = sV + (j & 1) * C::KV_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      // 16 keys = two 8-row groups of every 64-column chunk of v
+      const uint64_t db = wg_desc(vs + kk * 16 * 128, BN * 128, 1024);
+      Wgmma<T, D>::rs(r.o, pa[kk], db, 1);
+    }
+    wgmma_commit();
+  };
+
+  if (nv > 0) {
+    // turn 0: S(0) alone
+    mbar_wait(kfull, 0);
+    named_sync(my_bar);
+    wgmma_fence();
+    issue_s(0);
+    pass_turn(0);
+    wgmma_wait<0>();
+    reg_fence(sc);
+    mbar_arrive(kempty);
+    softmax_tile<D>(sc, r, p, 0, wrow, row0, row1, t, a0, a1);   // o is 0: nothing to rescale
+    pack_p<T>(pa, sc);
+  }
+  for (int j = 1; j < nv; j++) {
+    // turn j: S(j), then P(j-1) v(j-1); the softmax of S(j) under the second
+    const int s = j & 1, sp = s ^ 1;
+    mbar_wait(kfull + 8 * s, (j >> 1) & 1);
+    mbar_wait(vfull + 8 * sp, ((j - 1) >> 1) & 1);
+    named_sync(my_bar);
+    reg_fence(r.o);
+    wgmma_fence();
+    issue_s(j);
+    issue_pv(j - 1);
+    pass_turn(j);
+    wgmma_wait<1>();   // S(j) done; P(j-1) v(j-1) may still run
+    reg_fence(sc);
+    mbar_arrive(kempty + 8 * s);
+    softmax_tile<D>(sc, r, p, j * BN, wrow, row0, row1, t, a0, a1);
+    wgmma_wait<0>();
+    reg_fence(r.o);
+    reg_fence(sc);   // P(j) is packed after the wait: P(j-1)'s registers were the in-flight wgmma's operands
+    mbar_arrive(vempty + 8 * sp);
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) r.o[i] *= (i & 2) ? a1 : a0;
+    pack_p<T>(pa, sc);
+  }
+  if (nv > 0) {
+    // turn nv: the last P v
+    const int sp = (nv - 1) & 1;
+    mbar_wait(vfull + 8 * sp, ((nv - 1) >> 1) & 1);
+    named_sync(my_bar);
+    reg_fence(r.o);
+    wgmma_fence();
+    issue_pv(nv - 1);
+    pass_turn(nv);
+    wgmma_wait<0>();
+    reg_fence(r.o);
+    mbar_arrive(vempty + 8 * sp);
+  }
+  // empty turns, so both consumers take as many
+  for (int i = nv > 0 ? nv + 1 : 0; i < turns; i++) {
+    named_sync(my_bar);
+    pass_turn(i);
+  }
+  // tiles past this warpgroup's rows: wait for them (no copy may land after
+  // the block ends) and release them (the empty phases stay in step)
+  for (int j = nv; j < ntile; j++) {
+    const int s = j & 1;
+    mbar_wait(kfull + 8 * s, (j >> 1) & 1);
+    mbar_arrive(kempty + 8 * s);
+    mbar_wait(vfull + 8 * s, (j >> 1) & 1);
+    mbar_arrive(vempty + 8 * s);
+  }
+
+  float l0 = r.l0, l1 = r.l1;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T *out = static_cast<T *>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + 2 * t;
+    if (row0 < p.Tq)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row0 * p.o_st + col) =
+          Mma<T>::pack(r.o[4 * i] * inv0, r.o[4 * i + 1] * inv0);
+    if (row1 < p.Tq)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row1 * p.o_st + col) =
+          Mma<T>::pack(r.o[4 * i + 2] * inv1, r.o[4 * i + 3] * inv1);
+  }
+  if (t == 0) {
+    float *lse = p.lse + (int64_t)bh * p.Tq;
+    if (row0 < p.Tq) lse[row0] = l0 > 0.f ? (r.m0 + log2f(l0)) * kLn2 : -INFINITY;
+    if (row1 < p.Tq) lse[row1] = l1 > 0.f ? (r.m1 + log2f(l1)) * kLn2 : -INFINITY;
+  }
+#else
+  __trap();   // built without sm_90a: fwd_wg_dispatch never launches this
+#endif
+}
+
+template <typename T, int D>
+int launch(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
+  constexpr size_t smem = Wg2Cfg<D>::SMEM;
+  static_assert(smem <= 227 * 1024, "flash wg2 forward: shared memory over an H100 SM's 227 KB");
+  auto kern = flash_fwd_wg2_kernel<T, D>;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+    return em_launch_check("flash_attention (wgmma forward, wg2)");
+  dim3 grid((unsigned)((p.Tq + BM - 1) / BM), (unsigned)(p.B * p.H));
+  kern<<<grid, THREADS, smem, s>>>(tq, tk, tv, p);
+  return em_launch_check("flash_attention (wgmma forward, wg2)");
+}
+
+}  // namespace
+
+namespace flash {
+
+int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const CUtensorMap &tk,
+               const CUtensorMap &tv, cudaStream_t s) {
+  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, tq, tk, tv, s)
+                                    : launch<__nv_bfloat16, 128>(p, tq, tk, tv, s);
+  return d == 64 ? launch<__half, 64>(p, tq, tk, tv, s) : launch<__half, 128>(p, tq, tk, tv, s);
+}
+
+}  // namespace flash
