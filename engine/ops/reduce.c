@@ -496,10 +496,37 @@ EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
       off += idx[d] * p->rstride[d];
     }
     for (int64_t q = 0; q < n; q++) { acc[q] = 0; iacc[q] = 0; }
-    for (int64_t r = r0; r < r1; r++) {
+    const float *base = (const float *)j->a->storage->data;
+    for (int64_t r = r0; r < r1;) {
+      /* f32: eight rows at a time, added pairwise in double before the
+       * accumulator (a 4096-column band's 32 KiB of doubles is read and
+       * written once per eight rows instead of every row: that traffic, not
+       * memory, held the one-row loop at ~30% of bandwidth; 2-core VM,
+       * (4096, 4096): 6.4 -> 3.4 ms on one thread, four rows 3.6-3.9).
+       * Groups start at the block's first row, so the order depends on the
+       * shape only. */
+      if (!j->ints && j->a->dtype == EM_F32 && r1 - r >= 8) {
+        int64_t o4[8];
+        for (int g = 0; g < 8; g++) {
+          o4[g] = off;
+          for (int d = p->nr - 1; d >= 0; d--) {
+            off += p->rstride[d];
+            if (++idx[d] < p->rshape[d]) break;
+            off -= p->rstride[d] * p->rshape[d];
+            idx[d] = 0;
+          }
+        }
+        const float *x0 = base + o4[0], *x1 = base + o4[1], *x2 = base + o4[2], *x3 = base + o4[3];
+        const float *x4 = base + o4[4], *x5 = base + o4[5], *x6 = base + o4[6], *x7 = base + o4[7];
+        for (int64_t q = 0; q < n; q++)
+          acc[q] += (((double)x0[q] + (double)x1[q]) + ((double)x2[q] + (double)x3[q])) +
+                    (((double)x4[q] + (double)x5[q]) + ((double)x6[q] + (double)x7[q]));
+        r += 8;
+        continue;
+      }
       if (j->ints) { load_i64(ibuf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) iacc[q] = (int64_t)((uint64_t)iacc[q] + (uint64_t)ibuf[q]); }
       else if (j->a->dtype == EM_F32) {   /* straight from the row: one pass, no buffer */
-        const float *x = (const float *)j->a->storage->data + off;
+        const float *x = base + off;
         for (int64_t q = 0; q < n; q++) acc[q] += (double)x[q];
       }
       else { load_f64(buf, j->a, off, 1, n); for (int64_t q = 0; q < n; q++) acc[q] += buf[q]; }
@@ -509,6 +536,7 @@ EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
         off -= p->rstride[d] * p->rshape[d];
         idx[d] = 0;
       }
+      r++;
     }
     if (j->nb == 1) { col_store(j, o * j->K + k0, acc, iacc, n); continue; }
     size_t at = (size_t)(w * j->slot);

@@ -132,6 +132,33 @@ describe("sum and mean", function()
     end
   end)
 
+  it("sums f32 columns (dim 0) eight rows at a time across blocks, odd row counts, equal bits at 1 and 3 threads",
+    function()
+    -- column mode groups eight rows per accumulator update inside 128-row
+    -- blocks: 301 rows = two full blocks and a 45-row one (5 groups + 5 single rows)
+    for _, shape in ipairs({{301, 37}, {7, 5}, {8, 3}, {4, 3, 130}}) do
+      ember.manual_seed(41)
+      local x = ember.randn(shape, {dtype = "f32"})
+      local x64 = x:to("f64")
+      local want = x64:sum(0)
+      local function run(n)
+        local pn = ember.get_num_threads()
+        local pw = ember.set_parallel_min_work(1)
+        ember.set_num_threads(n)
+        local ok, r = pcall(function() return x:sum(0), x:mean(0) end)
+        ember.set_num_threads(pn)
+        ember.set_parallel_min_work(pw)
+        assert(ok, r)
+        return r
+      end
+      local r1, r3 = run(1), run(3)
+      assert.same(want.shape, r1.shape)
+      -- each column: f32 inputs summed in double, then rounded once to f32
+      assert_close(flat(r1), map(flat(want), f32), 0, 0, "sum(0) of " .. table.concat(shape, "x"))
+      assert.same(flat(r1), flat(r3))
+    end
+  end)
+
   it("sum over all dims gives a 0-d tensor", function()
     local r = ember.ones(2, 3):sum()
     assert.equals(0, r:dim())
