@@ -128,6 +128,33 @@ describe("AdamW step_in_backward (CPU)", function()
     end)
   end
 
+  it("the reference TransformerLM under autocast bf16: the bits of the plain step", function()
+    local function lm(overlap)
+      ember.manual_seed(1)
+      local m = nn.TransformerLM{vocab_size = 50, context_length = 16, d_model = 32, d_ff = 64,
+        num_layers = 2, num_heads = 4}
+      local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2, weight_decay = 0.1, overlap_bucket_mb = 0.01})
+      ember.manual_seed(2)
+      local x, y = ember.randint(0, 50, {3, 16}), ember.randint(0, 50, {3, 16})
+      local losses = {}
+      for s = 1, 3 do
+        opt:zero_grad()
+        local loss = ember.autocast("bf16", function()
+          return F.cross_entropy(m(x):reshape({48, 50}), y:reshape({48}))
+        end)
+        if overlap then opt:step_in_backward() end
+        loss:backward()
+        opt:step()
+        losses[s] = loss:item()
+      end
+      return losses, m:parameters()
+    end
+    local l0, p0 = lm(false)
+    local l1, p1 = lm(true)
+    assert.are.same(l0, l1)
+    for i, p in ipairs(p1) do assert.are.equal(0, maxdiff(p, p0[i]), "param " .. i) end
+  end)
+
   it("updates each parameter inside backward, once its gradient is final (one launch per parameter)", function()
     local seen = 0
     train {overlap = true, bucket_mb = 0, micro = 2, steps = 2, check = {
