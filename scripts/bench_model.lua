@@ -11,7 +11,8 @@
 -- loss, backward), train (fwd_bwd + AdamW step). --precision bf16 wraps the
 -- forward and loss in ember.autocast("bf16"); backward runs outside it, as in
 -- PyTorch. --graph captures one whole step with ember.cuda.graph after the
--- warm-up steps and times its replays. Out of memory is a result ("OOM"),
+-- warm-up steps and times its replays. --overlap-optimizer runs AdamW's
+-- updates during backward (opt:step_in_backward: docs/training.md). Out of memory is a result ("OOM"),
 -- printed and written to the JSON line, not a crash.
 --
 -- MFU = tokens/s · FLOPs per token / peak FLOP/s, with (PaLM, appendix B)
@@ -54,6 +55,10 @@ parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
 parser:option("--attn", "Attention: auto (flash kernels on CUDA with bf16, naive elsewhere), " ..
   "flash or naive.", "auto"):choices({"auto", "flash", "naive"})
 parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
+parser:flag("--overlap-optimizer", "train: AdamW's updates run during backward, each bucket as soon as its " ..
+  "gradients are final, on a side stream (opt:step_in_backward); the same bits as the plain step.")
+parser:option("--overlap-bucket-mb", "With --overlap-optimizer: MiB of parameters per update launch " ..
+  "(0: one per parameter).", "32"):convert(tonumber)
 parser:flag("--no-shadow-weights", "AdamW without shadow weights: autocast casts every weight each step (A/B).")
 parser:option("--device", "cpu or cuda (default: cuda when available).")
 parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
@@ -74,6 +79,7 @@ S.add_threads_option(parser)
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
+args.overlap_optimizer = args.overlap_optimizer or false
 args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
@@ -82,6 +88,8 @@ S.apply_threads(args, fail)
 args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
+if args.overlap_optimizer and args.mode ~= "train" then fail("--overlap-optimizer needs --mode train") end
+if not (args.overlap_bucket_mb and args.overlap_bucket_mb >= 0) then fail("--overlap-bucket-mb must be >= 0") end
 if args.attn == "flash" and not (on_cuda and args.precision == "bf16") then
   fail("--attn flash: the flash kernels need --device cuda and --precision bf16")
 end
@@ -133,15 +141,17 @@ local config = {
   model = args.model, d_model = D, d_ff = cfg.d_ff, layers = L, heads = cfg.num_heads,
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
   tf32 = args.tf32, attn = attn_used, graph = args.graph, warmup = args.warmup,
+  overlap_optimizer = args.overlap_optimizer, overlap_bucket_mb = args.overlap_optimizer and args.overlap_bucket_mb or nil,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
   params = n_params, params_matmul = n_matmul, threads = ember.get_num_threads(),
 }
 
 S.print_header(run_facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
-  "mode=%s precision=%s%s attn=%s graph=%s warmup=%d steps=%d params=%.1fM")
+  "mode=%s precision=%s%s attn=%s graph=%s%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
-    args.precision, args.tf32 and "+tf32" or "", attn_used, tostring(args.graph), args.warmup,
+    args.precision, args.tf32 and "+tf32" or "", attn_used, tostring(args.graph),
+    args.overlap_optimizer and (" overlap-optimizer(%g MiB)"):format(args.overlap_bucket_mb) or "", args.warmup,
     args.steps, n_params / 1e6))
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
@@ -175,6 +185,7 @@ local function phase_breakdown(model, opt, forward)
     -- what a full Lua collection frees here is garbage that only waited for the GC
     phase("full_gc", function() collectgarbage() collectgarbage() end)
     local loss = phase("forward", forward)
+    if opt and args.overlap_optimizer then opt:step_in_backward() end   -- the updates land in "backward"
     phase("backward", function() loss:backward() end)
     loss = nil
     if opt then phase("optimizer", function() opt:step() end) end
@@ -288,7 +299,7 @@ local function run()
   ember.manual_seed(args.seed)
   local model = nn.TransformerLM(cfg)
   local opt = args.mode == "train" and optim.AdamW(model:parameters(),
-    {lr = args.lr, shadow_weights = not args.no_shadow_weights}) or nil
+    {lr = args.lr, shadow_weights = not args.no_shadow_weights, overlap_bucket_mb = args.overlap_bucket_mb}) or nil
   local x, y = MF.batch(B, T, cfg.vocab_size, args.device)
   local autocast_fn = MF.loss_fn(model, x, y, args.precision)
   -- the phase names the NVTX range and the profiler's attribution
@@ -301,8 +312,9 @@ local function run()
     step = function()
       model:zero_grad()              -- grads to nil: backward allocates them fresh
       local loss = forward()
+      if opt and args.overlap_optimizer then opt:step_in_backward() end
       context.phase("backward", loss.backward, loss)
-      if opt then opt:step() end     -- the optimizer marks its own phase
+      if opt then opt:step() end     -- the optimizer marks its own phase (the join, with overlap)
       return loss
     end
   end

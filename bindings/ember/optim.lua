@@ -292,6 +292,8 @@ end
 --   gets that copy written by the step itself, in the same kernel as its
 --   update (the same bits as casting it after the step), and autocast's next
 --   forward reads it instead of casting (ember/autocast.h); false: never.
+--   overlap_bucket_mb (32): with step_in_backward, the MiB of parameters one
+--   overlapped kernel launch updates (0: one launch per parameter).
 local AdamW = Optimizer:extend("AdamW")
 optim.AdamW = AdamW
 
@@ -321,6 +323,9 @@ function AdamW:__init(params, opts)
     error(fmt("ember.optim.AdamW: expected shadow_weights = true or false, got %s", type(sw)), 3)
   end
   self.shadow_weights = sw ~= false
+  local mb = opts and opts.overlap_bucket_mb
+  if mb ~= nil then check_number(3, "ember.optim.AdamW", "overlap_bucket_mb", mb, 0) end
+  self.overlap_bucket_mb = mb or 32
 end
 
 local ADAM_KEYS = {"exp_avg", "exp_avg_sq"}
@@ -347,49 +352,81 @@ local function device_lr(self, gi, g, device)
   return e.t
 end
 
---- One optimisation step over every parameter with a gradient.
+-- The update of `params` (of group gi, every one with a gradient) split in
+-- two, so the overlapped step (ember/optim_overlap.lua) can run the first
+-- half on the main stream and the second on a side stream.
+-- adamw_prepare: state made on first use, step counts advanced (CPU) or moved
+-- to the device (CUDA), the device lr refreshed: everything that allocates or
+-- writes host-side state. Returns the buckets: one kernel call each.
+local function adamw_prepare(self, gi, g, params)
+  local buckets, order = {}, {}
+  for _, p in ipairs(params) do
+    local st = self.state[p]
+    if st == nil then
+      st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
+      self.state[p] = st
+      if not self.shadow_weights then core.shadow_weights_(p, false) end
+    end
+    if p.device ~= "cpu" then
+      if type(st.step) == "number" then
+        st.step = ember.tensor(st.step, {dtype = "f32", device = p.device})
+      end
+      local b = bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, st, ADAM_CUDA_KEYS)
+      b.device = p.device
+      b.lr_t = device_lr(self, gi, g, p.device)
+    else
+      if type(st.step) ~= "number" then st.step = math.tointeger(st.step:item()) end
+      st.step = st.step + 1
+      bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, st,
+        ADAM_KEYS).step = st.step
+    end
+  end
+  return {buckets = buckets, order = order}
+end
+
+-- adamw_launch: the kernels of prepared buckets, on the current stream.
+local function adamw_launch(g, work)
+  for _, key in ipairs(work.order) do
+    local b = work.buckets[key]
+    if b.device then
+      core.adamw_capturable_(b.params, nil, b.exp_avg, b.exp_avg_sq, b.step, b.lr_t, g.lr,
+        g.betas[1], g.betas[2], g.eps, g.weight_decay)
+    else
+      core.adamw_(b.params, nil, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
+        g.eps, g.weight_decay, b.step)
+    end
+  end
+end
+AdamW._prepare, AdamW._launch = adamw_prepare, adamw_launch
+
+-- The plain update of every parameter of every group that has a gradient and
+-- is not in `skip` (a set, or nil).
+function AdamW:_update_rest(skip)
+  for gi, g in ipairs(self.param_groups) do
+    local params = {}
+    for _, p in ipairs(g.params) do
+      if has_grad(p) and not (skip and skip[p]) then params[#params + 1] = p end
+    end
+    if #params > 0 then adamw_launch(g, adamw_prepare(self, gi, g, params)) end
+  end
+end
+
+--- One optimisation step over every parameter with a gradient. After
+-- step_in_backward() it completes the step the backward started
+-- (ember/optim_overlap.lua).
 -- @tparam[opt] function closure re-evaluates the model and returns the loss
 -- @return the closure's loss, if any
 function AdamW:step(closure)
+  if self._armed then
+    if closure then
+      error("ember.optim.AdamW.step: a closure cannot be used after step_in_backward() " ..
+        "(the backward already ran)", 2)
+    end
+    return self:_finish_step()
+  end
   local loss
   if closure then loss = closure() end
-  update(function()
-    for gi, g in ipairs(self.param_groups) do
-      local buckets, order = {}, {}
-      for _, p in ipairs(g.params) do
-        if has_grad(p) then
-          local st = self.state[p]
-          if st == nil then
-            st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
-            self.state[p] = st
-            if not self.shadow_weights then core.shadow_weights_(p, false) end
-          end
-          if p.device ~= "cpu" then
-            if type(st.step) == "number" then
-              st.step = ember.tensor(st.step, {dtype = "f32", device = p.device})
-            end
-            bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, st,
-              ADAM_CUDA_KEYS).device = p.device
-          else
-            if type(st.step) ~= "number" then st.step = math.tointeger(st.step:item()) end
-            st.step = st.step + 1
-            bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, st,
-              ADAM_KEYS).step = st.step
-          end
-        end
-      end
-      for _, key in ipairs(order) do
-        local b = buckets[key]
-        if b.device then
-          core.adamw_capturable_(b.params, nil, b.exp_avg, b.exp_avg_sq, b.step,
-            device_lr(self, gi, g, b.device), g.lr, g.betas[1], g.betas[2], g.eps, g.weight_decay)
-        else
-          core.adamw_(b.params, nil, b.exp_avg, b.exp_avg_sq, g.lr, g.betas[1], g.betas[2],
-            g.eps, g.weight_decay, b.step)
-        end
-      end
-    end
-  end)
+  update(function() self:_update_rest(nil) end)
   return loss
 end
 
@@ -416,6 +453,9 @@ function AdamW:state_dict()
   end
   return sd
 end
+
+-- overlapped with backward: step_in_backward, grad_norm (ember/optim_overlap.lua)
+require("ember.optim_overlap").install(AdamW, {update = update})
 
 -- ---------------------------------------------------------------------------
 -- SGD

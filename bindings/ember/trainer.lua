@@ -70,6 +70,10 @@ M.OPTIONS = {
   {"beta2", "number", 0.95, "AdamW beta2."},
   {"eps", "number", 1e-8, "AdamW eps."},
   {"clip", "number", 1.0, "Clip the gradient norm to this (0: no clipping)."},
+  {"overlap_optimizer", "bool", false, "AdamW's updates during the last micro-batch's backward, each as soon as " ..
+    "its gradient is final (opt:step_in_backward; same bits). With --clip > 0 only with --clip-mode previous."},
+  {"clip_mode", "choice", "exact", "With --overlap-optimizer and --clip > 0: exact (clip_grad_norm, no " ..
+    "overlap) or previous (scale by the previous step's norm: overlaps, not exact).", {"exact", "previous"}},
   {"precision", "choice", nil, "f32, or bf16 autocast (default: bf16 on CUDA, f32 on the CPU).", {"f32", "bf16"}},
   {"graph", "bool", false, "Capture the training step as a CUDA graph after the first step (CUDA only)."},
   {"device", "string", nil, "cpu or cuda (default: cuda when available)."},
@@ -225,6 +229,10 @@ function M.resolve(opts)
   end
   cfg.precision = cfg.precision or (on_cuda and "bf16" or "f32")
   if cfg.graph and not on_cuda then error(FNAME .. ": graph needs device cuda (CUDA graphs)", 0) end
+  if cfg.overlap_optimizer and (cfg.ddp or cfg.zero) then
+    error(FNAME .. ": overlap_optimizer cannot be combined with ddp or zero (the gradient is not reduced " ..
+      "when its hook fires)", 0)
+  end
   if cfg.graph and (cfg.ddp or cfg.zero) then
     error(FNAME .. ": graph cannot be combined with ddp or zero (their collectives are not captured)", 0)
   end
@@ -461,6 +469,10 @@ function M.run(opts)
       local function micro()
         local loss = forward_loss(fwd, x, y)
         local scaled = K > 1 and loss / K or loss
+        if cfg.overlap_optimizer and k == K then
+          opt:step_in_backward{max_norm = cfg.clip > 0 and cfg.clip or nil,
+            clip = cfg.clip > 0 and cfg.clip_mode or nil}
+        end
         scaled:backward()
         return loss:detach()
       end
@@ -469,8 +481,14 @@ function M.run(opts)
       total = total and total + l or l
     end
     if ddp then ddp:finish_gradient_synchronization() end
-    local norm = cfg.clip > 0 and nn.utils.clip_grad_norm(params, cfg.clip) or nil
-    opt:step()
+    local norm
+    if cfg.overlap_optimizer then
+      opt:step()                      -- the rest of the update, and the join
+      norm = cfg.clip > 0 and opt:grad_norm() or nil
+    else
+      norm = cfg.clip > 0 and nn.utils.clip_grad_norm(params, cfg.clip) or nil
+      opt:step()
+    end
     if K > 1 then total = total / K end
     return total, norm
   end

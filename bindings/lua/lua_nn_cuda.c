@@ -3,7 +3,9 @@
  * and whether this thread is capturing. They work on the CPU too.
  *   core.adamw_capturable_(params, grads|nil, exp_avg, exp_avg_sq, steps, lr_t|nil, lr, beta1, beta2, eps, wd)
  *   core.clip_grads_(grads, sumsq, max_norm) -> the total norm (0-d f32 tensor on sumsq's device)
- *   core.clip_param_grads_(params, max_norm) -> the same, for the gradients of params (those without one skipped)
+ *   core.clip_param_grads_(params, max_norm[, sumsq]) -> the same, for the gradients of params (those without
+ *     one skipped); sumsq given: scale by the norm it holds instead of the params' own (clip = "previous")
+ *   core.grad_sumsq_into_(params, slots, index): slots[index[i]] = the sum of squares of params[i].grad
  *   core.has_grad(t) -> boolean
  *   core.zero_grad_(params, set_to_none) -> bytes of device gradients dropped but still referenced
  *   core.cuda_is_capturing() -> boolean
@@ -64,15 +66,51 @@ static int l_clip_grads_(lua_State *L) {
 static int l_clip_param_grads_(lua_State *L) {
   const char *fn = lem_name(L);
   double max_norm = lem_check_number(L, 2, fn, "max_norm");
+  em_tensor *given = lem_opt_tensor(L, 3, fn, "sumsq");
   em_tensor **p = NULL;
   int n = lem_check_tensor_list(L, 1, fn, &p), k = 0;
   for (int i = 0; i < n; i++)
     if (p[i]->grad) p[k++] = p[i]->grad;       /* in place: p now lists gradients */
-  em_tensor *sumsq = k ? em_sum_of_squares(k, p) : NULL, *norm = sumsq ? em_clip_grads_(k, p, sumsq, max_norm) : NULL;
+  em_tensor *sumsq = given ? em_tensor_retain(given) : k ? em_sum_of_squares(k, p) : NULL;
+  em_tensor *norm = sumsq && k ? em_clip_grads_(k, p, sumsq, max_norm) : NULL;
   free(p);
   em_tensor_release(sumsq);
   if (k == 0) { lua_pushnil(L); return 1; }
   return lem_push_result(L, norm);
+}
+
+/* Each gradient's sum of squares in its own reduction, written to its slot
+ * (a 1-d f32 tensor; 1-based Lua indices), so the slots' total does not
+ * depend on which parameters shared a call or in what order they came:
+ * AdamW's clip = "previous" adds them up once per step. Parameters without a
+ * gradient leave their slot alone. */
+static int l_grad_sumsq_into_(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *slots = lem_check_tensor(L, 2, fn, "slots");
+  lem_check_type(L, 3, fn, "index", LUA_TTABLE);
+  if (slots->ndim != 1 || slots->dtype != EM_F32)
+    return lem_error(L, fn, "expected slots to be a 1-d f32 tensor, got %d dims of %s", slots->ndim,
+                     em_dtype_name(slots->dtype));
+  em_tensor **p = NULL;
+  int n = lem_check_tensor_list(L, 1, fn, &p), rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    lua_rawgeti(L, 3, i + 1);
+    lua_Integer k = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+    lua_pop(L, 1);
+    if (k < 1 || k > slots->shape[0]) {
+      free(p);
+      return lem_error(L, fn, "index[%d] must be an integer in [1, %lld], got %lld", i + 1,
+                       (long long)slots->shape[0], (long long)k);
+    }
+    if (!p[i]->grad) continue;
+    em_tensor *s = em_sum_of_squares(1, &p[i]->grad), *slot = s ? em_select(slots, 0, k - 1) : NULL;
+    rc = slot ? em_copy_(slot, s) : -1;
+    em_tensor_release(slot);
+    em_tensor_release(s);
+  }
+  free(p);
+  if (rc) return lem_raise(L);
+  return 0;
 }
 
 static int l_has_grad(lua_State *L) {
@@ -113,7 +151,8 @@ static int l_cuda_is_capturing(lua_State *L) {
 
 void lem_open_nn_cuda(lua_State *L, int module) {
   static const luaL_Reg f[] = {{"adamw_capturable_", l_adamw_capturable_}, {"clip_grads_", l_clip_grads_},
-                               {"clip_param_grads_", l_clip_param_grads_}, {"has_grad", l_has_grad},
+                               {"clip_param_grads_", l_clip_param_grads_}, {"grad_sumsq_into_", l_grad_sumsq_into_},
+                               {"has_grad", l_has_grad},
                                {"zero_grad_", l_zero_grad_}, {"cuda_is_capturing", l_cuda_is_capturing},
                                {NULL, NULL}};
   lem_register(L, 0, module, f);

@@ -83,6 +83,29 @@ describe("scripts/train.lua", function()
     assert.is_string(H.slurp(b .. "/loss.svg"))
   end)
 
+  it("--overlap-optimizer gives the bits of the plain step (clip 0 and exact clip); --clip-mode previous differs", function()
+    local dir = corpus()
+    local function run(out, extra)
+      local _, err, status = train(cat(cat(common(dir), {"--steps", "6", "--out", dir .. "/" .. out}), extra))
+      assert.are.equal(0, status, err)
+      return steps_of(dir .. "/" .. out)
+    end
+    for _, clip in ipairs {"0", "0.05"} do
+      local plain = run("p" .. clip, {"--clip", clip})
+      local over = run("o" .. clip, {"--clip", clip, "--overlap-optimizer"})
+      for step = 1, 6 do
+        assert.are.equal(plain[step].loss, over[step].loss, "loss of step " .. step .. ", clip " .. clip)
+        assert.are.equal(plain[step].grad_norm, over[step].grad_norm, "norm of step " .. step .. ", clip " .. clip)
+      end
+    end
+    local exact = run("e", {"--clip", "0.05", "--overlap-optimizer"})
+    local prev = run("v", {"--clip", "0.05", "--overlap-optimizer", "--clip-mode", "previous"})
+    -- step 1 clips by its own norm in both (summed in another order: per-parameter f32 slots)
+    assert.is_true(math.abs(exact[1].grad_norm - prev[1].grad_norm) <= 1e-6 * exact[1].grad_norm,
+      exact[1].grad_norm .. " vs " .. prev[1].grad_norm)
+    assert.are_not.equal(exact[3].loss, prev[3].loss)       -- then by the previous step's
+  end)
+
   it("on Ctrl-C finishes the step, writes a checkpoint, says how to resume, and the resume continues", function()
     local dir = corpus()
     local run = dir .. "/run"
