@@ -225,17 +225,24 @@ static void shadows_written(int n, em_tensor **params, em_tensor **sh) {
   free(sh);
 }
 
+/* The declared cost of a pass over n tensors (the multi-tensor ops below):
+ * `passes` times each tensor's bytes plus its shadow copy's (sh: NULL or one
+ * per tensor), `flops` FLOPs an element of class cls. */
+static void tensors_cost(int n, em_tensor *const *ts, em_tensor *const *sh, double passes, double flops, int cls) {
+  if (!EM_COSTING()) return;
+  double bytes = 0, elems = 0;
+  for (int i = 0; i < n; i++) {
+    bytes += passes * em_cost_nbytes(ts[i]) + (sh && sh[i] ? em_cost_nbytes(sh[i]) : 0);
+    elems += (double)em_numel(ts[i]);
+  }
+  em_op_cost_add(bytes, flops * elems, cls);
+}
+
 /* AdamW's floor: p, g, m, v read; p, m, v written (and the shadow copy);
  * ~12 FLOPs an element (two moment updates, the bias-corrected sqrt, the
  * decoupled decay and the step). */
 static void adamw_cost(int n, em_tensor **params, em_tensor **sh) {
-  if (!EM_COSTING()) return;
-  double bytes = 0, elems = 0;
-  for (int i = 0; i < n; i++) {
-    bytes += 7 * em_cost_nbytes(params[i]) + (sh && sh[i] ? em_cost_nbytes(sh[i]) : 0);
-    elems += (double)em_numel(params[i]);
-  }
-  em_op_cost_add(bytes, 12 * elems, n > 0 ? em_cost_simt_class(params[0]->dtype) : EM_FLOPS_F32);
+  tensors_cost(n, params, sh, 7, 12, n > 0 ? em_cost_simt_class(params[0]->dtype) : EM_FLOPS_F32);
 }
 
 static int adamw_check_hparams(double lr, double b1, double b2, double eps, double wd, int64_t step) {
@@ -425,14 +432,8 @@ int em_sgd_(int n, em_tensor **params, em_tensor **grads, em_tensor **bufs, doub
   if (check_devices("sgd_", n, params, (em_tensor **const[]){grads, momentum != 0 ? bufs : NULL},
                     (const char *const[]){"grads", "bufs"}, 2))
     return -1;
-  if (EM_COSTING()) {   /* p, g (and the buffer) read, p (and the buffer) written; ~4 FLOPs */
-    double bytes = 0, elems = 0;
-    for (int i = 0; i < n; i++) {
-      bytes += (momentum != 0 ? 5 : 3) * em_cost_nbytes(params[i]);
-      elems += (double)em_numel(params[i]);
-    }
-    em_op_cost_add(bytes, 4 * elems, EM_FLOPS_F32);
-  }
+  /* p, g (and the buffer) read, p (and the buffer) written; ~4 FLOPs */
+  tensors_cost(n, params, NULL, momentum != 0 ? 5 : 3, 4, EM_FLOPS_F32);
   if (n > 0 && params[0]->device.type == EM_CUDA) {
     if (em_sgd_cuda(n, params, grads, momentum != 0 ? bufs : NULL, lr, momentum, weight_decay, first_step)) return -1;
     for (int i = 0; i < n; i++) {
@@ -535,11 +536,7 @@ em_tensor *em_sum_of_squares(int n, em_tensor **ts) {
     }
     dev = ts[i]->device;
   }
-  if (EM_COSTING()) {   /* every tensor read once; a square and an add an element */
-    double bytes = 0, elems = 0;
-    for (int i = 0; i < n; i++) { bytes += em_cost_nbytes(ts[i]); elems += (double)em_numel(ts[i]); }
-    em_op_cost_add(bytes, 2 * elems, EM_FLOPS_F32);
-  }
+  tensors_cost(n, ts, NULL, 1, 2, EM_FLOPS_F32);   /* every tensor read once; a square and an add an element */
   if (dev.type == EM_CUDA) return sum_of_squares_cuda(n, ts, dev);
   double total = 0;
   for (int i = 0; i < n; i++) {
@@ -577,11 +574,8 @@ em_tensor *em_clip_grads_(int n, em_tensor **grads, em_tensor *sumsq, double max
     }
   }
   if (sumsq->device.type == EM_CUDA) {
-    if (EM_COSTING()) {   /* every gradient read and written (scaled) on the device; the CPU path's scaling is ops */
-      double bytes = 0, elems = 0;
-      for (int i = 0; i < n; i++) { bytes += 2 * em_cost_nbytes(grads[i]); elems += (double)em_numel(grads[i]); }
-      em_op_cost_add(bytes, elems, EM_FLOPS_F32);
-    }
+    /* every gradient read and written (scaled) on the device; the CPU path's scaling is ops */
+    tensors_cost(n, grads, NULL, 2, 1, EM_FLOPS_F32);
     em_tensor *norm = em_empty(0, NULL, EM_F32, sumsq->device);
     if (norm && em_clip_grads_cuda(n, grads, sumsq, max_norm, norm)) { em_tensor_release(norm); return NULL; }
     for (int i = 0; norm && i < n; i++) em_bump_version(grads[i]);
