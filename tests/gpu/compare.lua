@@ -75,6 +75,19 @@ function M.assert_equal(got, ref, what)
   M.assert_close(got, ref, 0, what)
 end
 
+--- Equal values, checked where the tensors are (one max of |got − ref| in
+-- f32) rather than element by element in Lua as assert_equal does: for the
+-- millions of elements of a model's parameters and optimizer state compared
+-- bit for bit. For NaN-free tensors of a dtype f32 holds exactly (f32, bf16,
+-- f16): a zero maximum is equal bits up to the sign of zero.
+function M.assert_same_bits(got, ref, what)
+  what = what or "values"
+  local x, y = got:cpu():float(), ref:cpu():float()
+  if shape_str(x) ~= shape_str(y) then error(what .. ": shape " .. shape_str(x) .. ", expected " .. shape_str(y), 2) end
+  local d = (x - y):abs():max():item()
+  if d ~= 0 then error(string.format("%s: max |got - ref| = %.9g, expected 0", what, d), 2) end
+end
+
 --- The norm-wise relative error ‖got − want‖ / ‖want‖, in f64 on the CPU
 -- (the measure METHOD.md recommends for whole-tensor comparisons).
 function M.rel_error(got, want)
