@@ -226,7 +226,10 @@ end
 function M.take_interrupt()
   local reg = debug.getregistry()
   local pending = reg[PENDING] == true
-  reg[PENDING] = nil
+  -- clear only what was read: the hook that records a Ctrl-C can run between
+  -- any two instructions, and clearing unconditionally lost one that landed
+  -- after the read (a loop polling this spun forever)
+  if pending then reg[PENDING] = nil end
   return pending
 end
 
