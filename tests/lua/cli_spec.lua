@@ -149,7 +149,7 @@ describe("ember executable", function()
     it("turns SIGINT into the error 'interrupted!'", function()
       -- 2 s: the signal must land after start-up installed the handler, also on a loaded machine
       local _, err, status = run({ "-e", "while true do end" },
-                                 { wrap = "timeout --preserve-status -k 20 -s INT 2" })
+                                 { wrap = "timeout --foreground --preserve-status -k 20 -s INT 2" })
       assert.equals(1, status)
       assert.matches("^ember: [^\n]*interrupted!", err)
     end)
@@ -157,8 +157,9 @@ describe("ember executable", function()
     it("records SIGINT instead of raising while a script defers it (ember.util.defer_interrupts)", function()
       local code = "local u = require 'ember.util'; u.defer_interrupts(true); " ..
         "while not u.take_interrupt() do end; print('taken at a safe point'); os.exit(7)"
-      -- -k 20: a lost signal fails this case instead of spinning forever (seen once under a loaded suite)
-      local out, err, status = run({ "-e", code }, { wrap = "timeout --preserve-status -k 20 -s INT 2" })
+      -- --foreground: timeout sends SIGINT to the child only (otherwise to its process group too, and a
+      -- second SIGINT ends ember by design: status 130); -k 20: a lost signal fails instead of spinning
+      local out, err, status = run({ "-e", code }, { wrap = "timeout --foreground --preserve-status -k 20 -s INT 2" })
       assert.equals("taken at a safe point\n", out)
       assert.is_nil(err:find("interrupted!", 1, true), err)
       assert.equals(7, status)
