@@ -311,11 +311,14 @@ int fwd_kernel_mode() {
 int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = fwd_kernel_mode();
   if (mode < 0) return -1;
-  // auto = the mma.sync kernel until this one has passed its GPU spec and
-  // been timed on an H100 (docs/flash.md, Step 2): only EMBER_FLASH_FWD=wg or wg2 takes it
-  if (mode != 2 && mode != 3) return kFwdNotTaken;
-  const bool forced = true;
-  const char *name = mode == 3 ? "wg2" : "wg";
+  // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128, more queries than
+  // the decode kernel takes): it beat the mma.sync kernel 1.5-2.9x on an H100
+  // and passed the whole GPU suite (docs/flash.md, Step 3); mma elsewhere
+  if (mode == 1) return kFwdNotTaken;
+  if (mode == 0 && p.Tq <= kDecodeMaxTq) return kFwdNotTaken;
+  const bool forced = mode != 0;
+  const int kernel = mode == 0 ? 3 : mode;
+  const char *name = kernel == 3 ? "wg2" : "wg";
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",
                                 name, em_dtype_name(dt));
@@ -341,7 +344,7 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kFwdNotTaken;
   }
   // the wg2 kernel (flash_fwd_wg2.cu) has the same tiles: 128 query rows, 128-key boxes
-  if (mode == 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
+  if (kernel == 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
   if (dt == EM_BF16) return d == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
                                     : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
   return d == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);

@@ -138,14 +138,16 @@ describe("AdamW step_in_backward on CUDA", function()
   end)
 
   it("clip = \"previous\" captured (device-side norms, no host sync) replays with the bits of eager", function()
-    local eager = train {overlap = true, bucket_mb = 0, max_norm = 0.5, clip = "previous", steps = 5}
-    local graph = train {overlap = true, graph = true, bucket_mb = 0, max_norm = 0.5, clip = "previous", steps = 5}
+    -- max_norm far below the gradient norm (3e-4 at step 5 on the H100, 2026-11-27), so every step clips
+    local max_norm = 1e-6
+    local eager = train {overlap = true, bucket_mb = 0, max_norm = max_norm, clip = "previous", steps = 5}
+    local graph = train {overlap = true, graph = true, bucket_mb = 0, max_norm = max_norm, clip = "previous", steps = 5}
     same_training(graph, eager)
     local n = graph.opt:grad_norm()
     assert.are.equal("cuda:0", n.device)
-    assert.is_true(n:item() > 0.5, "the clip was active: norm " .. n:item())
+    assert.is_true(n:item() > max_norm, "the clip was active: norm " .. n:item())
     -- and it is not the exact clip
-    local exact = train {overlap = true, bucket_mb = 0, max_norm = 0.5, steps = 5}
+    local exact = train {overlap = true, bucket_mb = 0, max_norm = max_norm, steps = 5}
     assert.are_not.same(exact.losses, eager.losses)
   end)
 end)
