@@ -212,18 +212,24 @@ describe("flash attention's wgmma forward (sm_90)", function()
     end)
   end
 
-  it("is not what auto picks yet: auto runs the mma.sync kernel (same bits as forced mma)", function()
+  it("is what auto picks on sm_90 at D 64/128 for Tq > 16: wg2's bits; mma at other head dims, decode at Tq <= 16", function()
     local q, k, v = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda()
     local a = flash("auto", q, k, v, nil, true)
+    local w = flash("wg2", q, k, v, nil, true)
+    assert.are.equal(0, max_abs(a.o, w.o))
+    assert.are.equal(0, max_abs(a.lse, w.lse))
+    -- and that is not trivially so: the mma kernel's bits differ (other tiles, other rounding of P)
     local m = flash("mma", q, k, v, nil, true)
-    assert.are.equal(0, max_abs(a.o, m.o))
-    assert.are.equal(0, max_abs(a.lse, m.lse))
-    -- and that is not trivially so: the wgmma kernels' bits differ (other tiles, other rounding of P)
-    for _, kern in ipairs(WG_KERNELS) do
-      local w = flash(kern, q, k, v, nil, true)
-      assert.is_true(max_abs(m.o, w.o) > 0, kern .. " gave mma's bits")
-    end
+    assert.is_true(max_abs(m.o, w.o) > 0, "wg2 gave mma's bits")
+    -- D 32: no wgmma kernel, auto runs mma (no error, unlike forced wg2)
+    local q32 = randn({1, 2, 300, 32}, "bf16"):cuda()
+    local a32, m32 = flash("auto", q32, q32, q32, nil, true), flash("mma", q32, q32, q32, nil, true)
+    assert.are.equal(0, max_abs(a32.o, m32.o))
+    -- Tq = 16: the decode kernel, not wg2 (forced wg2 takes every Tq, with other bits)
+    local q16 = randn({1, 2, 16, 128}, "bf16"):cuda()
+    local a16, w16 = flash("auto", q16, k, v, nil, "bottom_right"), flash("wg2", q16, k, v, nil, "bottom_right")
+    assert.is_true(max_abs(a16.o, w16.o) > 0, "auto ran wg2 at Tq 16")
   end)
 
   for _, kern in ipairs(WG_KERNELS) do
