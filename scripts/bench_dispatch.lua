@@ -16,6 +16,7 @@ parser:option("--lm-steps", "Tiny-LM forwards per sample.", "20"):convert(tonumb
 parser:option("--device", "cpu or cuda.", "cpu"):choices({"cpu", "cuda"})
 parser:option("--cuda-reps", "CUDA: ops per sample (below the launch queue's depth).", "256"):convert(tonumber)
 parser:option("--json", "Append one JSON line of results to this file.")
+parser:flag("--torch", "The same tiny ops in PyTorch, same protocol (python3 scripts/torch/bench_dispatch.py).")
 local args = parser:parse(arg)
 
 local git_commit = require("ember.runinfo").git_commit
@@ -69,6 +70,26 @@ local w = ember.ones(1, {requires_grad = true, device = dev})
 local t_grad = per_call(function(n) for _ = 1, n do local _ = a * w end end, args.reps, args.samples)
 results.mul_recorded_1elem_us = t_grad * 1e6
 print(("a * w, w requires grad:        %7.3f us/op"):format(results.mul_recorded_1elem_us))
+
+-- PyTorch's figures for 1-3, from the same protocol
+local torch
+if args.torch then
+  local root = (debug.getinfo(1, "S").source:match("^@(.*/)scripts/") or "./")
+  local cmd = ("python3 %sscripts/torch/bench_dispatch.py --device %s --reps %d --samples %d --cuda-reps %d 2>&1")
+    :format(root, dev, args.reps, args.samples, args.cuda_reps)
+  print("pytorch: " .. cmd)
+  local pipe = io.popen(cmd)
+  for line in pipe:lines() do
+    local ok, rec = pcall(require("cjson").decode, line)
+    if ok and type(rec) == "table" and rec.add_1elem_us then torch = rec else print("  torch| " .. line) end
+  end
+  pipe:close()
+  if torch then
+    print(("PyTorch %s: a + b %.3f us/op, a:add_(b) %.3f, a * w %.3f"):format(torch.torch,
+      torch.add_1elem_us, torch.add_inplace_1elem_us, torch.mul_recorded_1elem_us))
+    results.torch = torch
+  end
+end
 
 -- 4. a tiny-LM forward (batch 2, context 32)
 ember.manual_seed(0)
