@@ -290,6 +290,7 @@ int mode_of(const char *s) {
   if (strcmp(s, "mma") == 0) return 1;
   if (strcmp(s, "wg") == 0) return 2;
   if (strcmp(s, "wg2") == 0) return 3;
+  if (strcmp(s, "wg3") == 0) return 4;
   return -1;
 }
 
@@ -302,7 +303,7 @@ int fwd_kernel_mode() {
     const char *env = getenv("EMBER_FLASH_FWD");
     int m = mode_of(env);
     if (m < 0)
-      return em_error("flash_attention: expected EMBER_FLASH_FWD to be auto, mma, wg or wg2, got '%s'", env);
+      return em_error("flash_attention: expected EMBER_FLASH_FWD to be auto, mma, wg, wg2 or wg3, got '%s'", env);
     g_mode = m;
   }
   return g_mode;
@@ -318,7 +319,7 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   if (mode == 0 && p.Tq <= kDecodeMaxTq) return kFwdNotTaken;
   const bool forced = mode != 0;
   const int kernel = mode == 0 ? 3 : mode;
-  const char *name = kernel == 3 ? "wg2" : "wg";
+  const char *name = kernel == 4 ? "wg3" : kernel == 3 ? "wg2" : "wg";
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",
                                 name, em_dtype_name(dt));
@@ -335,7 +336,9 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kFwdNotTaken;
   }
   CUtensorMap tq, tk, tv;
-  bool ok = make_map(&tq, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, BM) &&
+  // wg3 at d 64: 192-query blocks (three consumers), so a 192-row q box
+  const bool three = kernel == 4 && d == 64;
+  bool ok = make_map(&tq, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, three ? 192 : BM) &&
             make_map(&tk, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, BN) &&
             make_map(&tv, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, BN);
   if (!ok) {
@@ -344,7 +347,8 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kFwdNotTaken;
   }
   // the wg2 kernel (flash_fwd_wg2.cu) has the same tiles: 128 query rows, 128-key boxes
-  if (kernel == 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
+  if (three) return launch_wg3(p, dt, tq, tk, tv, s);
+  if (kernel >= 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
   if (dt == EM_BF16) return d == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
                                     : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
   return d == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
@@ -352,7 +356,7 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
 
 }  // namespace flash
 
-/* EMBER_FLASH_FWD's setting (0 auto, 1 mma, 2 wg, 3 wg2); mode >= 0 sets it first. */
+/* EMBER_FLASH_FWD's setting (0 auto, 1 mma, 2 wg, 3 wg2, 4 wg3); mode >= 0 sets it first. */
 extern "C" int em_flash_fwd_kernel(int mode) {
   int prev = fwd_kernel_mode();
   if (prev < 0) return -1;

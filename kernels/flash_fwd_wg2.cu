@@ -30,12 +30,15 @@ using namespace flash;
 
 namespace {
 
-constexpr int BM = 128;        // queries per block: 2 consumer warpgroups x 64
 constexpr int BN = 128;        // keys per k/v tile
-constexpr int THREADS = 384;   // producer + 2 consumers
-constexpr int NCONS = 256;     // consumer threads: the named barriers' and the empty mbarriers' count
+constexpr int PAIR = 256;      // a named barrier's count: the consumer waiting on it and the one arriving
 
-template <int D> struct Wg2Cfg {
+/* NC consumer warpgroups of 64 query rows: 2 (BM 128, 384 threads) or, at
+ * D = 64 only, 3 (EMBER_FLASH_FWD=wg3: BM 192, 512 threads; the consumers
+ * get 160 registers each, enough for D = 64's accumulators but not D = 128's). */
+template <int D, int NC> struct Wg2Cfg {
+  static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1), NCONS = 128 * NC;
+  static constexpr int CONS_REGS = NC == 2 ? 240 : 160, PROD_REGS = 24;
   static constexpr int CH = D / 64;                   // 64-column (128-byte) chunks of a row
   static constexpr uint32_t Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
   static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + 2 * KV_BYTES, OFF_BAR = OFF_V + 2 * KV_BYTES;
@@ -112,23 +115,28 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (
   }
 }
 
-/* Named barriers 1 and 2 for the 256 consumer threads (0 is __syncthreads);
- * immediate ids, so ptxas reserves only these two (a register id reserves all 16). */
+/* Named barriers 1..3, one per consumer (0 is __syncthreads), each counting
+ * the 256 threads of its consumer (bar.sync) and of the one before it in the
+ * ring (bar.arrive); immediate ids, so ptxas reserves only these (a register
+ * id reserves all 16). */
 __device__ __forceinline__ void named_sync(int id) {
-  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(NCONS) : "memory");
-  else asm volatile("bar.sync 2, %0;\n" ::"n"(NCONS) : "memory");
+  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(PAIR) : "memory");
+  else if (id == 2) asm volatile("bar.sync 2, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.sync 3, %0;\n" ::"n"(PAIR) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id) {
-  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(NCONS) : "memory");
-  else asm volatile("bar.arrive 2, %0;\n" ::"n"(NCONS) : "memory");
+  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(PAIR) : "memory");
+  else if (id == 2) asm volatile("bar.arrive 2, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.arrive 3, %0;\n" ::"n"(PAIR) : "memory");
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(THREADS, 1)
+template <typename T, int D, int NC>
+__global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     flash_fwd_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                          const __grid_constant__ CUtensorMap tv, const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Wg2Cfg<D>;
+  using C = Wg2Cfg<D, NC>;
+  constexpr int BM = C::BM, NCONS = C::NCONS;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + C::OFF_K, sV = base + C::OFF_V;
@@ -155,7 +163,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     // ---- producer: q once, then k(j) and v(j) into stage j % 2, each when its own stage is free ----
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<C::PROD_REGS>();
     if (threadIdx.x == 0) {
       tma_prefetch_map(&tq); tma_prefetch_map(&tk); tma_prefetch_map(&tv);
       mbar_expect_tx(bar_q, C::Q_BYTES);
@@ -180,25 +188,26 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<C::CONS_REGS>();
   const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rbase = q0 + cw * 64, wrow = rbase + warp * 16;   // this warpgroup's, this warp's first row
   const int row0 = wrow + g, row1 = row0 + 8;
   // tiles this warpgroup sees: a prefix of the block's (on the causal diagonal
-  // consumer 0 may skip the last one; never more: its rows see at most 64 keys
-  // fewer than consumer 1's)
+  // a consumer may skip the last one; never more: its rows see at most
+  // 64 (NC - 1) <= 128 keys fewer than the last consumer's)
   int nv = ntile;
   if (p.causal) {
     const int wglast = rbase + 63 + p.off;   // the last key any of its rows sees
     nv = wglast < 0 ? 0 : min(ntile, wglast / BN + 1);
   }
-  // ping-pong: consumer cw issues its matmuls after bar.sync on 1 + cw, then lets the other go
-  const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
-  // consumer 0 goes first; consumer 1's last arrival would have no taker, so it is left out
+  // ping-pong (a ring of NC): consumer cw issues its matmuls after bar.sync
+  // on 1 + cw, then lets the next one go
+  const int my_bar = 1 + cw, next_bar = 1 + (cw + 1) % NC, turns = ntile > 0 ? ntile + 1 : 0;
+  // consumer 0 goes first; the last consumer's last arrival would have no taker, so it is left out
   auto pass_turn = [&](int i) {
-    if (cw == 0 || i < turns - 1) named_arrive(other_bar);
+    if (cw < NC - 1 || i < turns - 1) named_arrive(next_bar);
   };
-  if (cw == 1 && turns > 0) named_arrive(1);
+  if (cw == NC - 1 && turns > 0) named_arrive(1);
 
   Rows<D> r;
 #pragma unroll
@@ -328,15 +337,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, int NC>
 int launch(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
-  constexpr size_t smem = Wg2Cfg<D>::SMEM;
+  using C = Wg2Cfg<D, NC>;
+  constexpr size_t smem = C::SMEM;
   static_assert(smem <= 227 * 1024, "flash wg2 forward: shared memory over an H100 SM's 227 KB");
-  auto kern = flash_fwd_wg2_kernel<T, D>;
+  static_assert(128 * C::PROD_REGS + C::NCONS * C::CONS_REGS <= 65536, "flash wg2 forward: over the register file");
+  auto kern = flash_fwd_wg2_kernel<T, D, NC>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
     return em_launch_check("flash_attention (wgmma forward, wg2)");
-  dim3 grid((unsigned)((p.Tq + BM - 1) / BM), (unsigned)(p.B * p.H));
-  kern<<<grid, THREADS, smem, s>>>(tq, tk, tv, p);
+  dim3 grid((unsigned)((p.Tq + C::BM - 1) / C::BM), (unsigned)(p.B * p.H));
+  kern<<<grid, C::THREADS, smem, s>>>(tq, tk, tv, p);
   return em_launch_check("flash_attention (wgmma forward, wg2)");
 }
 
@@ -346,9 +357,14 @@ namespace flash {
 
 int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const CUtensorMap &tk,
                const CUtensorMap &tv, cudaStream_t s) {
-  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, tq, tk, tv, s)
-                                    : launch<__nv_bfloat16, 128>(p, tq, tk, tv, s);
-  return d == 64 ? launch<__half, 64>(p, tq, tk, tv, s) : launch<__half, 128>(p, tq, tk, tv, s);
+  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64, 2>(p, tq, tk, tv, s)
+                                    : launch<__nv_bfloat16, 128, 2>(p, tq, tk, tv, s);
+  return d == 64 ? launch<__half, 64, 2>(p, tq, tk, tv, s) : launch<__half, 128, 2>(p, tq, tk, tv, s);
+}
+
+int launch_wg3(const Params &p, em_dtype dt, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+               cudaStream_t s) {
+  return dt == EM_BF16 ? launch<__nv_bfloat16, 64, 3>(p, tq, tk, tv, s) : launch<__half, 64, 3>(p, tq, tk, tv, s);
 }
 
 }  // namespace flash

@@ -23,8 +23,9 @@ namespace flash {
 constexpr int kFwdNotTaken = -2;
 /* 0 auto, 1 mma (the mma.sync kernel, for every Tq), 2 wg (the wgmma kernel,
  * for every Tq; an error where it does not apply), 3 wg2 (the same with the
- * softmax overlapped with the matmuls, flash_fwd_wg2.cu); -1 with the error
- * set for a bad EMBER_FLASH_FWD. */
+ * softmax overlapped with the matmuls, flash_fwd_wg2.cu), 4 wg3 (wg2 with
+ * three consumer warpgroups at d 64; wg2 at d 128); -1 with the error set
+ * for a bad EMBER_FLASH_FWD. */
 int fwd_kernel_mode();
 /* Runs the wgmma forward when the mode and the inputs ask for it: 0, -1 with
  * the error set, or kFwdNotTaken. */
@@ -33,6 +34,10 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
  * the tensor maps fwd_wg_dispatch made: 0 or -1 with the error set. */
 int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const CUtensorMap &tk,
                const CUtensorMap &tv, cudaStream_t s);
+/* The same kernel with three consumer warpgroups (192-query blocks) at d 64,
+ * bf16/f16 (EMBER_FLASH_FWD=wg3); tq's box is 192 rows. */
+int launch_wg3(const Params &p, em_dtype dt, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+               cudaStream_t s);
 
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }

@@ -334,17 +334,17 @@ static int l_flash_cpu_tiles(lua_State *L) {
 }
 
 /* core.flash_fwd_kernel([name]) -> previous name: the CUDA forward kernel
- * for more than 16 queries, "auto", "mma", "wg" or "wg2" (docs/flash.md; the
+ * for more than 16 queries, "auto", "mma", "wg", "wg2" or "wg3" (docs/flash.md; the
  * default is EMBER_FLASH_FWD's). Lets a spec run every kernel on one input. */
 static int l_flash_fwd_kernel(lua_State *L) {
-  static const char *names[] = {"auto", "mma", "wg", "wg2"};
+  static const char *names[] = {"auto", "mma", "wg", "wg2", "wg3"};
   const char *fn = lem_name(L);
   int mode = -1;
   if (!lua_isnoneornil(L, 1)) {
     const char *s = luaL_checkstring(L, 1);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
       if (strcmp(s, names[i]) == 0) mode = i;
-    if (mode < 0) return lem_error(L, fn, "expected \"auto\", \"mma\", \"wg\" or \"wg2\", got \"%s\"", s);
+    if (mode < 0) return lem_error(L, fn, "expected \"auto\", \"mma\", \"wg\", \"wg2\" or \"wg3\", got \"%s\"", s);
   }
   int prev = em_flash_fwd_choice(mode);
   if (prev < 0) return lem_raise(L);

@@ -514,12 +514,13 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
                       int causal, float scale);
 
 /* Which forward kernel em_flash_fwd_cuda runs for Tq > 16 (and what it
- * forces): 0 auto (the wgmma kernel, flash_fwd_wg.cu, on sm_90 for D 64 and
+ * forces): 0 auto (the wg2 kernel, flash_fwd_wg2.cu, on sm_90 for D 64 and
  * 128; the mma.sync kernel otherwise; the decode kernel up to 16 queries),
- * 1 mma (the mma.sync kernel for every Tq), 2 wg (the wgmma kernel for every
- * Tq; an error where it does not apply), 3 wg2 (the same with the softmax
- * overlapped with the matmuls, flash_fwd_wg2.cu). The default comes from
- * EMBER_FLASH_FWD=auto|mma|wg|wg2. mode >= 0 sets it; returns the previous
+ * 1 mma (the mma.sync kernel for every Tq), 2 wg (the wgmma kernel,
+ * flash_fwd_wg.cu, for every Tq; an error where it does not apply), 3 wg2
+ * (the same with the softmax overlapped with the matmuls, flash_fwd_wg2.cu),
+ * 4 wg3 (wg2 with three consumer warpgroups, 192-query blocks, at D 64). The
+ * default comes from EMBER_FLASH_FWD=auto|mma|wg|wg2|wg3. mode >= 0 sets it; returns the previous
  * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
 int em_flash_fwd_kernel(int mode);
 

@@ -87,7 +87,7 @@ end
 
 local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
 
-local WG_KERNELS = {"wg", "wg2"}
+local WG_KERNELS = {"wg", "wg2", "wg3"}   -- wg3: three consumers at D 64, wg2 at D 128
 
 -- one case: each wgmma kernel vs the reference (o, lse; dq, dk, dv when
 -- opts.grad) and vs mma, on the same inputs
@@ -159,10 +159,11 @@ describe("flash attention's wgmma forward (sm_90)", function()
     local prev = core.flash_fwd_kernel("mma")
     assert.are.equal("mma", core.flash_fwd_kernel("wg"))
     assert.are.equal("wg", core.flash_fwd_kernel("wg2"))
-    assert.are.equal("wg2", core.flash_fwd_kernel(prev))
+    assert.are.equal("wg2", core.flash_fwd_kernel("wg3"))
+    assert.are.equal("wg3", core.flash_fwd_kernel(prev))
     local ok, err = pcall(core.flash_fwd_kernel, "tma")
     assert.is_false(ok)
-    assert.matches('expected "auto", "mma", "wg" or "wg2", got "tma"', tostring(err), 1, true)
+    assert.matches('expected "auto", "mma", "wg", "wg2" or "wg3", got "tma"', tostring(err), 1, true)
     -- forced wg/wg2 with a head dim or a dtype they do not have: an error naming
     -- the setting, not a silent fallback (nor f32 read as f16)
     local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
@@ -242,17 +243,20 @@ describe("flash attention's wgmma forward (sm_90)", function()
     end)
   end
 
-  it("gives bit-identical results on repeat over many tiles (a race would move them): wg2", function()
-    -- 33 key tiles per block at the end, both consumers ping-ponging, GQA, both masks and none
-    local q, k, v = randn({1, 8, 4100, 128}, "f16"):cuda(), randn({1, 2, 4100, 128}, "f16"):cuda(),
-      randn({1, 2, 4100, 128}, "f16"):cuda()
-    for _, causal in ipairs({true, "bottom_right", false}) do
-      local a = flash("wg2", q, k, v, nil, causal)
-      for _ = 1, 3 do
-        local b = flash("wg2", q, k, v, nil, causal)
-        assert.are.equal(0, max_abs(a.o, b.o), "o moved: causal=" .. tostring(causal))
-        assert.are.equal(0, max_abs(a.lse, b.lse), "lse moved: causal=" .. tostring(causal))
+  for _, c in ipairs({{"wg2", 128}, {"wg3", 64}}) do
+    local kern, d = c[1], c[2]
+    it("gives bit-identical results on repeat over many tiles (a race would move them): " .. kern .. " D " .. d, function()
+      -- 33 key tiles per block at the end, the consumers ping-ponging, GQA, both masks and none
+      local q, k, v = randn({1, 8, 4100, d}, "f16"):cuda(), randn({1, 2, 4100, d}, "f16"):cuda(),
+        randn({1, 2, 4100, d}, "f16"):cuda()
+      for _, causal in ipairs({true, "bottom_right", false}) do
+        local a = flash(kern, q, k, v, nil, causal)
+        for _ = 1, 3 do
+          local b = flash(kern, q, k, v, nil, causal)
+          assert.are.equal(0, max_abs(a.o, b.o), "o moved: causal=" .. tostring(causal))
+          assert.are.equal(0, max_abs(a.lse, b.lse), "lse moved: causal=" .. tostring(causal))
+        end
       end
-    end
-  end)
+    end)
+  end
 end)

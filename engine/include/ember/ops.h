@@ -152,11 +152,12 @@ bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v);
  * at small T), process-wide and not thread-safe; 0, 0 restores the defaults. */
 void em_flash_cpu_tiles(int64_t d, int *bq, int *bk);
 void em_flash_cpu_set_tiles(int bq, int bk);
-/* The CUDA forward kernel for more than 16 queries: 0 auto (the wgmma kernel
+/* The CUDA forward kernel for more than 16 queries: 0 auto (the wg2 kernel
  * on sm_90 where it applies, else the mma.sync one), 1 mma, 2 wg (forced, for
  * every Tq; an error where it does not apply), 3 wg2 (wg with the softmax
- * overlapped with the matmuls, forced likewise). The default comes from
- * EMBER_FLASH_FWD=auto|mma|wg|wg2 (docs/flash.md). mode >= 0 sets it (process-
+ * overlapped with the matmuls, forced likewise), 4 wg3 (wg2 with three
+ * consumer warpgroups at D 64). The default comes from
+ * EMBER_FLASH_FWD=auto|mma|wg|wg2|wg3 (docs/flash.md). mode >= 0 sets it (process-
  * wide, not thread-safe: a test and benchmark hook); returns the previous
  * setting, or -1 with the error set for a bad EMBER_FLASH_FWD. */
 int em_flash_fwd_choice(int mode);
