@@ -157,6 +157,26 @@ describe("matmul shapes (torch.matmul rules), f64", function()
   end)
 end)
 
+describe("matmul with k cut into blocks (few tiles, long k: engine/ops/matmul.c's gemm_kblock)", function()
+  -- (40 x 50, k 1100) is one tile of over 2M multiply-adds: k runs as 4
+  -- blocks (3 of 288, one of 236) whose partials are summed in block order
+  it("a transposed-view (1100, 40)ᵀ @ (1100, 50) in f64 matches the reference", function()
+    local a, b = randn(51, {1100, 40}), randn(52, {1100, 50})
+    local want, bound = mm(a:t():tolist(), b:tolist())
+    assert_mm(a:t():matmul(b):tolist(), want, bound, 1100, U64, "k blocks")
+  end)
+
+  it("F.linear with a bias (beta = 1 on the first block) matches x wᵀ + b in f64", function()
+    local x, w, bias = randn(53, {40, 1100}), randn(54, {50, 1100}), randn(55, {50})
+    local want, bound = mm(x:tolist(), w:t():tolist())
+    local bl = bias:tolist()
+    for i = 1, 40 do
+      for j = 1, 50 do want[i][j], bound[i][j] = want[i][j] + bl[j], bound[i][j] + math.abs(bl[j]) end
+    end
+    assert_mm(F.linear(x, w, bias):tolist(), want, bound, 1101, U64, "linear k blocks")
+  end)
+end)
+
 describe("matmul on strided inputs", function()
   it("transposed views (strides (1, 3) and (1, 4)) multiply by their logical values", function()
     local a = randn(20, {4, 3}):t()            -- (3, 4), strides (1, 3)
