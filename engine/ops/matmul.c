@@ -32,7 +32,9 @@
  * last bits with the thread count (its edge kernels sum in another order),
  * which the CPU, the reference, must not. One pool also means no second set
  * of spinning threads. Tiles of at least 128 x 128 cost 5-10% against one
- * call (packing the shared operand once per tile). */
+ * call (packing the shared operand once per tile). A big product left with
+ * fewer than 16 tiles (a 256 x 256 weight gradient) also cuts k into blocks
+ * chosen from the shape, summed in block order (gemm_kblock). */
 #include <limits.h>
 #include <stdio.h>
 #include <cblas.h>
