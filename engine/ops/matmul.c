@@ -81,15 +81,15 @@ static void gemm1(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, b
 
 /* Tile sizes (tn rows, tm cols) of an n x m x k product, from the shape
  * alone: halve the longer side while there are fewer than 16 tiles and the
- * side stays >= 128 (multiples of 16); products under 2M multiply-adds stay
- * one tile. */
-static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t *tn, int64_t *tm) {
+ * side is at least `from` (256: tiles down to 128; multiples of 16);
+ * products under 2M multiply-adds stay one tile. */
+static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t from, int64_t *tn, int64_t *tm) {
   *tn = n; *tm = m;
   if (n * m * k < ((int64_t)1 << 21)) return;
   while (((n + *tn - 1) / *tn) * ((m + *tm - 1) / *tm) < 16) {
     int64_t *side = *tn >= *tm ? tn : tm;
-    if (*side < 256) side = side == tn ? tm : tn;    /* the other side, if it can still halve */
-    if (*side < 256) break;
+    if (*side < from) side = side == tn ? tm : tn;    /* the other side, if it can still halve */
+    if (*side < from) break;
     *side = ((*side + 1) / 2 + 15) / 16 * 16;
   }
 }
@@ -102,7 +102,14 @@ static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t *tn, int64_t *tm
  * ((C + P_1) + P_2) + ... in block order, so the result is the same at any
  * thread count. The packing is the same as one call per tile (each task packs
  * its own A and B panels); the partials add 2 (nkb - 1) n m words of traffic
- * against n m kb multiply-adds a task. */
+ * against n m kb multiply-adds a task.
+ *
+ * Since a tile packs (tn + tm) k words over its k-blocks, big tiles with
+ * k-blocks pack less than small tiles: gemm_plan tries tiles of >= 256 a side
+ * first and takes them when their k-blocks make 16 tasks (the LM head's
+ * 1024 x 256 input gradient over k = 10000: 16 tiles of 128 packed 164 MB,
+ * 4 tiles of 256 x 4 k-blocks pack 82 MB; one thread, 2-core VM, CPU time:
+ * 71-73 -> 61-63 ms); else (k too short) tiles down to 128, then k-blocks. */
 #define GEMM_TASKS 16      /* tasks a product is cut into when big enough: one per thread of a 16-core host */
 #define GEMM_MIN_KB 256    /* shortest k-block: OpenBLAS's k panels are 256-384 deep */
 
@@ -175,14 +182,29 @@ static void gemm_combine(void *ctx, int64_t r0, int64_t r1) {
   }
 }
 
-static void gemm_run(gemm_job *j, int64_t nbatch) {
-  if (j->n == 0 || j->m == 0 || nbatch == 0) return;
-  gemm_tiles(j->n, j->m, j->k, &j->tn, &j->tm);
+/* Tiles (tn, tm) of `from` (see gemm_tiles) and k-blocks (kb, nkb) for j. */
+static void plan_with(gemm_job *j, int64_t from, bool split) {
+  gemm_tiles(j->n, j->m, j->k, from, &j->tn, &j->tm);
   j->tiles_m = (j->m + j->tm - 1) / j->tm;
   j->tiles = (j->n + j->tn - 1) / j->tn * j->tiles_m;
-  j->es = em_dtype_size(j->dt);
-  j->kb = nbatch == 1 ? gemm_kblock(j->n, j->m, j->k, j->tiles) : j->k;
+  j->kb = split ? gemm_kblock(j->n, j->m, j->k, j->tiles) : j->k;
   j->nkb = j->kb < j->k ? (j->k + j->kb - 1) / j->kb : 1;
+}
+
+/* j's tiles and k-blocks, from the shape alone (see above); batched
+ * products keep one k (their tasks are batches x tiles). */
+static void gemm_plan(gemm_job *j, int64_t nbatch) {
+  if (nbatch == 1) {
+    plan_with(j, 512, true);                 /* tiles of >= 256 a side, and k-blocks */
+    if (j->tiles * j->nkb >= GEMM_TASKS || j->n * j->m * j->k < ((int64_t)1 << 21)) return;
+  }
+  plan_with(j, 256, nbatch == 1);
+}
+
+static void gemm_run(gemm_job *j, int64_t nbatch) {
+  if (j->n == 0 || j->m == 0 || nbatch == 0) return;
+  gemm_plan(j, nbatch);
+  j->es = em_dtype_size(j->dt);
   j->P = NULL;
   if (j->nkb > 1 && !(j->P = malloc((size_t)((j->nkb - 1) * j->n * j->m) * j->es))) {
     /* no room for the partials: the same blocks one after another, each

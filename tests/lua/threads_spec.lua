@@ -199,6 +199,8 @@ describe("CPU results at 1 and 3 threads on shapes past one reduction block", fu
       function() return {randn({600, 300}), randn({300, 500})} end},
     {"matmul (200, 1100)ᵀ-view @ (1100, 150): k blocks", function(a, b) return a:t():matmul(b) end,
       function() return {randn({1100, 200}), randn({1100, 150})} end},
+    {"matmul (600, 2100) @ (2100, 40): 2 tiles of 304 x 8 k blocks", function(a, b) return a:matmul(b) end,
+      function() return {randn({600, 2100}), randn({2100, 40})} end},
     {"linear backward's (256, 1024)ᵀ @ (1024, 256): tiles and k blocks", function(x, w) return F.linear(x, w) end,
       function() return {randn({1024, 256}), randn({256, 256})} end},
     {"batched matmul (6, 200, 64) @ (64, 300)ᵀ-view", function(a, b) return a:matmul(b:t()) end,
