@@ -207,12 +207,14 @@ static void gemm_run(gemm_job *j, int64_t nbatch) {
   j->es = em_dtype_size(j->dt);
   j->P = NULL;
   if (j->nkb > 1 && !(j->P = malloc((size_t)((j->nkb - 1) * j->n * j->m) * j->es))) {
-    /* no room for the partials: the same blocks one after another, each
-     * added into C by BLAS (beta = 1), serially */
+    /* no room for the partials (a few MiB): the same blocks one after
+     * another, each added into C by BLAS (beta = 1), on this thread; the
+     * sum may then differ in the last bits from the partials' (OpenBLAS
+     * adds a block deeper than its k panel into C panel by panel) */
     for (int64_t b = 0; b < j->nkb; b++) {
       int64_t l = b * j->kb;
-      const char *a = j->A + (j->oa.trans == CblasNoTrans ? l : l * j->oa.ld) * (int64_t)j->es;
-      const char *bb = j->B + (j->ob.trans == CblasNoTrans ? l * j->ob.ld : l) * (int64_t)j->es;
+      const char *a = j->A + (j->offa ? j->offa[0] : 0) + (j->oa.trans == CblasNoTrans ? l : l * j->oa.ld) * (int64_t)j->es;
+      const char *bb = j->B + (j->offb ? j->offb[0] : 0) + (j->ob.trans == CblasNoTrans ? l * j->ob.ld : l) * (int64_t)j->es;
       gemm1(j->dt, j->n, j->m, EM_MIN(j->kb, j->k - l), a, j->oa, bb, j->ob, b ? 1.0 : j->beta, j->C, j->ldc);
     }
     return;
