@@ -563,7 +563,7 @@ describe("printing like PyTorch", function()
   end)
 end)
 
-describe("fill_ of large tensors (segments over the threads, streaming stores)", function()
+describe("fill_ of large tensors (segments over the threads)", function()
   local prev = {}
   before_each(function()
     prev = {ember.get_num_threads(), ember.set_parallel_min_work(1), ember.set_stream_min(0)}
