@@ -1,9 +1,11 @@
 /* Streaming stores (engine/stream.h): AVX-512 where the CPU has it (one
  * instruction per line), else SSE2's 16-byte non-temporal store, which every
  * x86-64 has; elsewhere a plain memcpy. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "parallel.h"
 #include "stream.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -79,4 +81,45 @@ void em_stream_fence(void) {
 #else
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 #endif
+}
+
+/* ---------------- the read stream ---------------- */
+
+#define READ_SEG 65536   /* bytes a task */
+
+/* OR of n words; eight independent lanes so the loads never wait on each other. */
+static uint64_t or_words(const char *p, int64_t n) {
+  uint64_t a[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) {
+      uint64_t w;
+      memcpy(&w, p + 8 * (i + k), 8);
+      a[k] |= w;
+    }
+  for (; i < n; i++) {
+    uint64_t w;
+    memcpy(&w, p + 8 * i, 8);
+    a[0] |= w;
+  }
+  return (a[0] | a[1]) | (a[2] | a[3]) | (a[4] | a[5]) | (a[6] | a[7]);
+}
+
+typedef struct { const char *p; int64_t bytes; _Atomic uint64_t acc; } read_job;
+
+static void read_segments(void *ctx, int64_t s0, int64_t s1) {
+  read_job *j = ctx;
+  int64_t lo = s0 * READ_SEG, hi = s1 * READ_SEG < j->bytes ? s1 * READ_SEG : j->bytes;
+  int64_t words = (hi - lo) / 8;
+  uint64_t acc = or_words(j->p + lo, words), tail = 0;
+  memcpy(&tail, j->p + lo + 8 * words, (size_t)(hi - lo - 8 * words));   /* only the last segment is ragged */
+  atomic_fetch_or_explicit(&j->acc, acc | tail, memory_order_relaxed);   /* OR: any order gives the same bits */
+}
+
+uint64_t em_stream_read(const void *p, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  read_job j = {.p = p, .bytes = bytes};
+  atomic_init(&j.acc, 0);
+  em_parallel_for((bytes + READ_SEG - 1) / READ_SEG, em_grain(READ_SEG / 8), read_segments, &j);
+  return atomic_load(&j.acc);
 }

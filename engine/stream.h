@@ -49,6 +49,13 @@ void em_stream_copy(void *dst, const void *src, int64_t bytes);
  * at a time into a buffer (a same-dtype copy goes straight out). */
 void em_convert_stream(void *dst, em_dtype dt, const void *src, em_dtype st, int64_t n);
 
+/* The bitwise OR of the 8-byte words of p[0..bytes) (a ragged end padded
+ * with zero bytes), read over the threads: memory read at full bandwidth with
+ * no arithmetic to wait on and nothing written. The read half of a STREAM
+ * measurement (scripts/bench_ops.lua) and the CPU cache flush of ember.bench,
+ * which must leave no dirty lines behind for the timed op to write back. */
+uint64_t em_stream_read(const void *p, int64_t bytes);
+
 /* Order this thread's streamed stores before its later stores. */
 void em_stream_fence(void);
 

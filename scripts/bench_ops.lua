@@ -20,9 +20,13 @@
 -- FLOPs (matmul, attention) report TF/s instead. Entries that count their
 -- backward's bytes (bwd_bytes) get a backward GB/s too, over the time of
 -- forward + backward less the forward's (graph recording included). Peaks: scripts/lib/device_peaks.lua
--- (datasheet figures); on the CPU the memory bandwidth measured first by a
--- STREAM-like copy (--stream-mb of f32, read + write counted), unless
--- --peak-gbs is given. --threads sets the CPU thread count (the header, every
+-- (datasheet figures); on the CPU the memory bandwidth measured first, unless
+-- --peak-gbs is given, two ways over --stream-mb of f32: a STREAM-like copy
+-- (read + write counted) and a read of every byte with nothing written
+-- (ember.stream_read). A read-only op (its output at most 1/16 of its bytes:
+-- reductions) is divided by the read bandwidth, marked "(read)", every other
+-- op by the copy's: a CPU reads faster than it copies, and dividing a
+-- reduction by the copy's rate would flatter it. --threads sets the CPU thread count (the header, every
 -- JSON line and the Markdown file say which ran).
 --   ember run scripts/bench_ops.lua --threads 1 --op add,sum,softmax
 -- Output: a Markdown table on stdout (and in DIR/ops.md with --out), one JSON
@@ -51,7 +55,8 @@ parser:option("--timer", "host: host clock between device syncs (counts launch l
 parser:flag("--torch", "Time the same expressions in PyTorch (python3 scripts/torch/bench_ops.py).")
 parser:option("--peak-gbs", "Peak memory bandwidth to divide by (GB/s)."):convert(tonumber)
 parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(tonumber)
-parser:option("--stream-mb", "CPU: MiB of f32 the bandwidth copy moves each way (0: do not measure).", "256")
+parser:option("--stream-mb", "CPU: MiB of f32 the bandwidth copy moves each way and the read reads (0: do not measure).",
+  "256")
   :convert(math.tointeger)
 S.add_threads_option(parser)
 parser:option("--out", "Write DIR/ops.jsonl and DIR/ops.md.")
@@ -129,13 +134,32 @@ local function stream_copy_gbs(mb)
   local r = ember.bench(function() dst:copy_(src) end, {warmup = 2, reps = 10, device = "cpu"})
   return 2 * n * 4 / r.min / 1e9
 end
-local stream_gbs = not on_cuda and not args.peak_gbs and args.stream_mb > 0 and stream_copy_gbs(args.stream_mb)
+--- The CPU's read bandwidth in GB/s at the current thread count: every byte
+-- of mb MiB read once, nothing written (ember.stream_read), caches flushed
+-- first (the buffer could fit a large L3), best of the reps.
+local function stream_read_gbs(mb)
+  local n = mb * 1024 * 1024 // 4
+  local src = ember.ones({n})
+  local r = ember.bench(function() ember.stream_read(src) end, {warmup = 2, reps = 10, device = "cpu", flush_l2 = true})
+  return n * 4 / r.min / 1e9
+end
+local measure_stream = not on_cuda and not args.peak_gbs and args.stream_mb > 0
+local stream_gbs = measure_stream and stream_copy_gbs(args.stream_mb)
+local read_gbs = measure_stream and stream_read_gbs(args.stream_mb)
 local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs) or stream_gbs or nil
+--- The bandwidth an op of `bytes` moved, `out_bytes` of them written, is held
+-- to: the read stream's for a read-only op, else peak_gbs; and which.
+local function op_peak_gbs(bytes, out_bytes)
+  if read_gbs and out_bytes * 16 <= bytes then return read_gbs, "read" end
+  return peak_gbs, stream_gbs and "copy" or nil
+end
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
 S.print_header(facts)
 if stream_gbs then
   print(("memory bandwidth: %.1f GB/s (copy of %d MiB f32, read + write, %d threads): the CPU's peak below")
     :format(stream_gbs, args.stream_mb, facts.threads))
+  print(("read bandwidth: %.1f GB/s (read of %d MiB, nothing written, %d threads): the peak of read-only ops, "
+    .. "marked (read)"):format(read_gbs, args.stream_mb, facts.threads))
 end
 local peak_src = stream_gbs and " (measured copy)" or peak and (" (" .. peak.name .. " datasheet)") or ""
 if args.timer == "events" and not on_cuda then parser:error("--timer events: needs --device cuda") end
@@ -174,6 +198,7 @@ local function measure(p, dtype)
   local inputs = cases.make_inputs(p, {dtype = dtype, device = device, requires_grad = grads})
   local out = ember.no_grad(function() return p.fn(table.unpack(inputs)) end)
   local r = {bytes = (p.bytes or default_bytes)(inputs, out), flops = p.flops and p.flops(inputs, out),
+             out_bytes = ember.is_tensor(out) and nbytes(out) or 0,
              bwd_bytes = grads and p.bwd_bytes and p.bwd_bytes(inputs, out), out_shape = out.shape}
   -- each result is closed as soon as it is made: the caching allocator then
   -- reuses its block, where waiting for the Lua GC would time cudaMalloc
@@ -275,7 +300,8 @@ for i, t in ipairs(todo) do
   local p, dtype = t.p, t.dtype
   local ok, r = pcall(measure, p, dtype)
   local rec = {op = p.op, case = p.name, dtype = dtype, commit = facts.commit, device = facts.device,
-               date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs, timer = args.timer}
+               date = facts.date, reps = args.reps, threads = facts.threads, peak_gbs = peak_gbs, timer = args.timer,
+               copy_gbs = stream_gbs or nil, read_gbs = read_gbs or nil}
   local rate, frac, bwd_rate = "-", "-", "-"
   if ok then
     rec.fwd_ms, rec.fwd_bwd_ms, rec.bytes, rec.flops = r.fwd * 1e3, r.fwd_bwd and r.fwd_bwd * 1e3, r.bytes, r.flops
@@ -287,9 +313,12 @@ for i, t in ipairs(todo) do
     elseif r.bytes > 0 then
       rec.gbs = r.bytes / r.fwd / 1e9
       rate = (rec.gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.gbs)
-      if peak_gbs then rec.peak_fraction = rec.gbs / peak_gbs end
+      local pk, kind = op_peak_gbs(r.bytes, r.out_bytes)
+      if pk then rec.peak_fraction, rec.peak_gbs, rec.peak_kind = rec.gbs / pk, pk, kind end
     end
-    if rec.peak_fraction then frac = ("%.0f%%"):format(rec.peak_fraction * 100) end
+    if rec.peak_fraction then
+      frac = ("%.0f%%"):format(rec.peak_fraction * 100) .. (rec.peak_kind == "read" and " (read)" or "")
+    end
     if r.bwd_bytes and r.fwd_bwd and r.fwd_bwd > r.fwd then
       rec.bwd_bytes, rec.bwd_gbs = r.bwd_bytes, r.bwd_bytes / (r.fwd_bwd - r.fwd) / 1e9
       bwd_rate = (rec.bwd_gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.bwd_gbs)
@@ -323,7 +352,8 @@ if args.out then
   local f = assert(io.open(args.out .. "/ops.md", "w"))
   f:write(("Device %s, %d threads, commit %s, %s; median of %d reps, L2 flush %s, timer %s%s.\n\n"):format(facts.device,
     facts.threads, facts.commit, facts.date, args.reps, args.no_flush and "off" or "on", args.timer,
-    stream_gbs and (", peak = measured copy bandwidth %.1f GB/s"):format(stream_gbs) or ""))
+    stream_gbs and (", peak = measured copy bandwidth %.1f GB/s, read-only ops (read): measured read bandwidth %.1f GB/s")
+      :format(stream_gbs, read_gbs) or ""))
   f:write(header, "\n|---|---|---|---|---|---|---|---|---|---|\n", table.concat(lines, "\n"), "\n")
   f:close()
   print("wrote " .. args.out .. "/ops.jsonl and ops.md")

@@ -25,8 +25,9 @@
 --   flush_l2 (false) before each timed rep, overwrite a buffer bigger than the
 --                   cache so fn starts cold (Triton's do_bench does the same).
 --                   CUDA: an i32 buffer of flush_bytes, zeroed on the device
---                   (one fill kernel, never timed). CPU: the same zero_ on a
---                   host buffer, sized from the largest cache sysfs reports.
+--                   (one fill kernel, never timed). CPU: a read of a host
+--                   buffer (ember.stream_read: no dirty lines left for fn to
+--                   write back), sized from the largest cache sysfs reports.
 --   flush_bytes     the flush buffer's size; default on CUDA 256 MiB (more than
 --                   twice the L2 of every current NVIDIA GPU: H100/H200 50 MB,
 --                   A100 40 MB, B200 126 MB), or 2x the L2 when the core can
@@ -191,8 +192,17 @@ function M.bench(fn, opts)
   local flush, flush_bytes
   if opts.flush_l2 then
     flush_bytes = opts.flush_bytes or M.default_flush_bytes(device)
-    local buf = core.empty({flush_bytes // 4}, {dtype = "i32", device = device})
-    flush = function() buf:zero_() end
+    if on_cuda then
+      local buf = core.empty({flush_bytes // 4}, {dtype = "i32", device = device})
+      flush = function() buf:zero_() end
+    else
+      -- the CPU's flush reads its buffer (written once, here): writing it
+      -- would leave the cache full of dirty lines that the timed op, reading
+      -- its input, must write back, and a reduction would be charged a write
+      -- of its input's size; reading leaves clean lines it can drop for free
+      local buf = core.zeros({flush_bytes // 4}, {dtype = "i32", device = device})
+      flush = function() core.stream_read(buf) end
+    end
   end
 
   local clocks = on_cuda and opts.clocks ~= false

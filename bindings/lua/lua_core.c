@@ -55,6 +55,18 @@ static int l_set_stream_min(lua_State *L) {
   return 1;
 }
 
+/* ember.stream_read(t) -> integer: the OR of a contiguous CPU tensor's 8-byte
+ * words, read over the threads (engine/stream.h): a read-only memory stream
+ * for bandwidth measurements and ember.bench's CPU cache flush. */
+static int l_stream_read(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "t");
+  if (t->device.type != EM_CPU) return lem_error(L, fn, "expected a CPU tensor, got one on %s", t->device.type == EM_CUDA ? "cuda" : "another device");
+  if (!em_is_contiguous(t)) return lem_error(L, fn, "expected a contiguous tensor, got a strided view");
+  lua_pushinteger(L, (lua_Integer)em_stream_read(em_data_ptr(t), em_numel(t) * (int64_t)em_dtype_size(t->dtype)));
+  return 1;
+}
+
 /* ember.threads_info() -> {threads=, default=, source=} (ember.runinfo, study headers). */
 static int l_threads_info(lua_State *L) {
   lua_createtable(L, 0, 3);
@@ -86,7 +98,8 @@ void lem_open_device(lua_State *L, int module) {
                                {"set_num_threads", l_set_num_threads}, {"get_num_threads", l_get_num_threads},
                                {"threads_info", l_threads_info}, {"blas_info", l_blas_info},
                                {"set_parallel_min_work", l_set_parallel_min_work},
-                               {"set_stream_min", l_set_stream_min}, {NULL, NULL}};
+                               {"set_stream_min", l_set_stream_min}, {"stream_read", l_stream_read},
+                               {NULL, NULL}};
   lem_register(L, 0, module, f);
 }
 

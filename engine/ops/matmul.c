@@ -32,7 +32,9 @@
  * last bits with the thread count (its edge kernels sum in another order),
  * which the CPU, the reference, must not. One pool also means no second set
  * of spinning threads. Tiles of at least 128 x 128 cost 5-10% against one
- * call (packing the shared operand once per tile). */
+ * call (packing the shared operand once per tile). A big product left with
+ * fewer than 16 tiles (a 256 x 256 weight gradient) also cuts k into blocks
+ * chosen from the shape, summed in block order (gemm_kblock). */
 #include <limits.h>
 #include <stdio.h>
 #include <cblas.h>
@@ -79,26 +81,58 @@ static void gemm1(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, b
 
 /* Tile sizes (tn rows, tm cols) of an n x m x k product, from the shape
  * alone: halve the longer side while there are fewer than 16 tiles and the
- * side stays >= 128 (multiples of 16); products under 2M multiply-adds stay
- * one tile. */
-static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t *tn, int64_t *tm) {
+ * side is at least `from` (256: tiles down to 128; multiples of 16);
+ * products under 2M multiply-adds stay one tile. */
+static void gemm_tiles(int64_t n, int64_t m, int64_t k, int64_t from, int64_t *tn, int64_t *tm) {
   *tn = n; *tm = m;
   if (n * m * k < ((int64_t)1 << 21)) return;
   while (((n + *tn - 1) / *tn) * ((m + *tm - 1) / *tm) < 16) {
     int64_t *side = *tn >= *tm ? tn : tm;
-    if (*side < 256) side = side == tn ? tm : tn;    /* the other side, if it can still halve */
-    if (*side < 256) break;
+    if (*side < from) side = side == tn ? tm : tn;    /* the other side, if it can still halve */
+    if (*side < from) break;
     *side = ((*side + 1) / 2 + 15) / 16 * 16;
   }
 }
 
+/* Splitting k (gemm_kblock): a product with few tiles and a long k, such
+ * as a 256 x 256 weight gradient over 1024 tokens (4 tiles), would leave most
+ * threads idle; its k is cut into blocks of kb (>= 256, from the shape
+ * alone), each (tile, k-block) one task. Block 0 writes C (with beta), block
+ * b >= 1 a private n x m partial P_b, and a second pass sums each element as
+ * ((C + P_1) + P_2) + ... in block order, so the result is the same at any
+ * thread count. The packing is the same as one call per tile (each task packs
+ * its own A and B panels); the partials add 2 (nkb - 1) n m words of traffic
+ * against n m kb multiply-adds a task.
+ *
+ * Since a tile packs (tn + tm) k words over its k-blocks, big tiles with
+ * k-blocks pack less than small tiles: gemm_plan tries tiles of >= 256 a side
+ * first and takes them when their k-blocks make 16 tasks (the LM head's
+ * 1024 x 256 input gradient over k = 10000: 16 tiles of 128 packed 164 MB,
+ * 4 tiles of 256 x 4 k-blocks pack 82 MB; one thread, 2-core VM, CPU time:
+ * 71-73 -> 61-63 ms); else (k too short) tiles down to 128, then k-blocks. */
+#define GEMM_TASKS 16      /* tasks a product is cut into when big enough: one per thread of a 16-core host */
+#define GEMM_MIN_KB 256    /* shortest k-block: OpenBLAS's k panels are 256-384 deep */
+
+/* The k-block of an n x m x k product already cut into `tiles` tiles: k
+ * itself (no split) unless the product is big, has fewer than GEMM_TASKS
+ * tiles and k holds two blocks of at least GEMM_MIN_KB (multiples of 16). */
+static int64_t gemm_kblock(int64_t n, int64_t m, int64_t k, int64_t tiles) {
+  if (n * m * k < ((int64_t)1 << 21) || tiles >= GEMM_TASKS) return k;
+  int64_t want = (GEMM_TASKS + tiles - 1) / tiles, nkb = EM_MIN(want, k / GEMM_MIN_KB);
+  if (nkb < 2) return k;
+  return ((k + nkb - 1) / nkb + 15) / 16 * 16;
+}
+
 /* A batch of gemms C_b = A_b B_b + beta C_b (same n, m, k, operand layouts
- * and strides in bytes), each cut into the same tiles; tasks = (batch, tile). */
+ * and strides in bytes), each cut into the same tiles and k-blocks; tasks =
+ * (batch, tile, k-block). */
 typedef struct {
   em_dtype dt;
   int64_t n, m, k, tn, tm, tiles_m, tiles, ldc;
+  int64_t kb, nkb;              /* k-block and their count (1: no split) */
   const char *A, *B;
   char *C;
+  char *P;                      /* nkb - 1 partials of n x m (row stride m), when nkb > 1 */
   blas_op oa, ob;
   double beta;
   const int64_t *offa, *offb;   /* per batch, bytes (NULL: one batch) */
@@ -109,25 +143,87 @@ typedef struct {
 static void gemm_tasks(void *ctx, int64_t t0, int64_t t1) {
   const gemm_job *j = ctx;
   for (int64_t t = t0; t < t1; t++) {
-    int64_t bi = t / j->tiles, tile = t % j->tiles;
+    int64_t kbi = t % j->nkb, bt = t / j->nkb;
+    int64_t bi = bt / j->tiles, tile = bt % j->tiles;
     int64_t i = tile / j->tiles_m * j->tn, c = tile % j->tiles_m * j->tm;
     int64_t rows = EM_MIN(j->tn, j->n - i), cols = EM_MIN(j->tm, j->m - c);
-    /* row i of A: NoTrans A + i*ld, Trans A + i; column c of B: NoTrans B + c, Trans B + c*ld */
-    const char *a = j->A + (j->offa ? j->offa[bi] : 0) + (j->oa.trans == CblasNoTrans ? i * j->oa.ld : i) * (int64_t)j->es;
-    const char *b = j->B + (j->offb ? j->offb[bi] : 0) + (j->ob.trans == CblasNoTrans ? c : c * j->ob.ld) * (int64_t)j->es;
-    char *cc = j->C + bi * j->c_batch + (i * j->ldc + c) * (int64_t)j->es;
-    gemm1(j->dt, rows, cols, j->k, a, j->oa, b, j->ob, j->beta, cc, j->ldc);
+    int64_t l = kbi * j->kb, depth = EM_MIN(j->kb, j->k - l);
+    /* element (i, l) of A: NoTrans A + i*ld + l, Trans A + l*ld + i; (l, c) of B: NoTrans B + l*ld + c, Trans B + c*ld + l */
+    const char *a = j->A + (j->offa ? j->offa[bi] : 0) +
+                    (j->oa.trans == CblasNoTrans ? i * j->oa.ld + l : l * j->oa.ld + i) * (int64_t)j->es;
+    const char *b = j->B + (j->offb ? j->offb[bi] : 0) +
+                    (j->ob.trans == CblasNoTrans ? l * j->ob.ld + c : c * j->ob.ld + l) * (int64_t)j->es;
+    if (kbi == 0) {
+      char *cc = j->C + bi * j->c_batch + (i * j->ldc + c) * (int64_t)j->es;
+      gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, j->beta, cc, j->ldc);
+    } else {                    /* the split path has one batch */
+      char *pc = j->P + ((kbi - 1) * j->n * j->m + i * j->m + c) * (int64_t)j->es;
+      gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, 0.0, pc, j->m);
+    }
   }
+}
+
+/* Rows [r0, r1) of C += P_1 + P_2 + ..., each element summed in block order. */
+static void gemm_combine(void *ctx, int64_t r0, int64_t r1) {
+  const gemm_job *j = ctx;
+  int64_t plane = j->n * j->m;
+  for (int64_t r = r0; r < r1; r++) {
+    if (j->dt == EM_F32) {
+      float *c = (float *)j->C + r * j->ldc;
+      const float *p = (const float *)j->P + r * j->m;
+      for (int64_t b = 0; b < j->nkb - 1; b++)
+        for (int64_t x = 0; x < j->m; x++) c[x] += p[b * plane + x];
+    } else {
+      double *c = (double *)j->C + r * j->ldc;
+      const double *p = (const double *)j->P + r * j->m;
+      for (int64_t b = 0; b < j->nkb - 1; b++)
+        for (int64_t x = 0; x < j->m; x++) c[x] += p[b * plane + x];
+    }
+  }
+}
+
+/* Tiles (tn, tm) of `from` (see gemm_tiles) and k-blocks (kb, nkb) for j. */
+static void plan_with(gemm_job *j, int64_t from, bool split) {
+  gemm_tiles(j->n, j->m, j->k, from, &j->tn, &j->tm);
+  j->tiles_m = (j->m + j->tm - 1) / j->tm;
+  j->tiles = (j->n + j->tn - 1) / j->tn * j->tiles_m;
+  j->kb = split ? gemm_kblock(j->n, j->m, j->k, j->tiles) : j->k;
+  j->nkb = j->kb < j->k ? (j->k + j->kb - 1) / j->kb : 1;
+}
+
+/* j's tiles and k-blocks, from the shape alone (see above); batched
+ * products keep one k (their tasks are batches x tiles). */
+static void gemm_plan(gemm_job *j, int64_t nbatch) {
+  if (nbatch == 1) {
+    plan_with(j, 512, true);                 /* tiles of >= 256 a side, and k-blocks */
+    if (j->tiles * j->nkb >= GEMM_TASKS || j->n * j->m * j->k < ((int64_t)1 << 21)) return;
+  }
+  plan_with(j, 256, nbatch == 1);
 }
 
 static void gemm_run(gemm_job *j, int64_t nbatch) {
   if (j->n == 0 || j->m == 0 || nbatch == 0) return;
-  gemm_tiles(j->n, j->m, j->k, &j->tn, &j->tm);
-  j->tiles_m = (j->m + j->tm - 1) / j->tm;
-  j->tiles = (j->n + j->tn - 1) / j->tn * j->tiles_m;
+  gemm_plan(j, nbatch);
   j->es = em_dtype_size(j->dt);
-  int64_t macs = j->tn * j->tm * EM_MAX(j->k, 1);            /* per task; ~32 multiply-adds per element op */
-  em_parallel_for(nbatch * j->tiles, em_grain(macs / 32 + 1), gemm_tasks, j);
+  j->P = NULL;
+  if (j->nkb > 1 && !(j->P = malloc((size_t)((j->nkb - 1) * j->n * j->m) * j->es))) {
+    /* no room for the partials (a few MiB): the same blocks one after
+     * another, each added into C by BLAS (beta = 1), on this thread; the
+     * sum may then differ in the last bits from the partials' (OpenBLAS
+     * adds a block deeper than its k panel into C panel by panel) */
+    for (int64_t b = 0; b < j->nkb; b++) {
+      int64_t l = b * j->kb;
+      const char *a = j->A + (j->offa ? j->offa[0] : 0) + (j->oa.trans == CblasNoTrans ? l : l * j->oa.ld) * (int64_t)j->es;
+      const char *bb = j->B + (j->offb ? j->offb[0] : 0) + (j->ob.trans == CblasNoTrans ? l * j->ob.ld : l) * (int64_t)j->es;
+      gemm1(j->dt, j->n, j->m, EM_MIN(j->kb, j->k - l), a, j->oa, bb, j->ob, b ? 1.0 : j->beta, j->C, j->ldc);
+    }
+    return;
+  }
+  int64_t macs = j->tn * j->tm * EM_MAX(j->kb, 1);           /* per task; ~32 multiply-adds per element op */
+  em_parallel_for(nbatch * j->tiles * j->nkb, em_grain(macs / 32 + 1), gemm_tasks, j);
+  if (j->nkb == 1) return;
+  em_parallel_for(j->n, em_grain(j->m * (j->nkb - 1)), gemm_combine, j);
+  free(j->P);
 }
 
 /* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64, over the threads. */

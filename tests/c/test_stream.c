@@ -2,7 +2,8 @@
  * memcpy would, at every alignment of the destination and every length
  * (partial lines at both ends, none, or nothing but a partial line), and
  * touches nothing outside them; em_convert_stream gives em_convert's bytes
- * across its buffer's pieces; the threshold setter returns the old value. */
+ * across its buffer's pieces; the threshold setter returns the old value;
+ * em_stream_read ORs every byte it is given and none past them. */
 #include <stdint.h>
 #include <stdlib.h>
 #include "test.h"
@@ -55,9 +56,29 @@ TEST(threshold) {
   em_set_stream_min(def);
 }
 
+/* em_stream_read sees every byte: one set byte anywhere (the first, a later
+ * 64 KiB segment's, the ragged tail's) shows in the OR at its place in the word. */
+TEST(read_sees_every_byte) {
+  int64_t n = ((int64_t)1 << 20) + 5;               /* 16 segments and 5 bytes: forks at 2+ threads */
+  unsigned char *b = calloc((size_t)n, 1);
+  CHECK(em_stream_read(b, n) == 0);
+  CHECK(em_stream_read(b, 0) == 0);
+  int64_t at[] = {0, 7, 65536 + 9, 700001, n - 5, n - 1};
+  int ok = 1;
+  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+    b[at[i]] = 0x5A;
+    ok = ok && em_stream_read(b, n) == (uint64_t)0x5A << (8 * (at[i] % 8));
+    ok = ok && (at[i] < n - 5 || em_stream_read(b, n - 5) == 0);   /* bytes past the end are not read */
+    b[at[i]] = 0;
+  }
+  CHECK(ok);
+  free(b);
+}
+
 int main(void) {
   RUN(copy_matches_memcpy);
   RUN(convert_matches_em_convert);
   RUN(threshold);
+  RUN(read_sees_every_byte);
   TEST_MAIN_END();
 }

@@ -157,6 +157,36 @@ describe("matmul shapes (torch.matmul rules), f64", function()
   end)
 end)
 
+describe("matmul with k cut into blocks (few tiles, long k: engine/ops/matmul.c's gemm_kblock)", function()
+  -- (40 x 50, k 1100) is one tile of over 2M multiply-adds: k runs as 4
+  -- blocks (3 of 288, one of 236) whose partials are summed in block order;
+  -- (520 x 8, k 2048) is 2 tiles of 272 and 248 rows, each 8 k-blocks of 256
+  it("a transposed-view (1100, 40)ᵀ @ (1100, 50) in f64 matches the reference", function()
+    local a, b = randn(51, {1100, 40}), randn(52, {1100, 50})
+    local want, bound = mm(a:t():tolist(), b:tolist())
+    assert_mm(a:t():matmul(b):tolist(), want, bound, 1100, U64, "k blocks")
+  end)
+
+  it("(520, 2048) @ (2048, 8) in f64 (2 tiles of >= 256 rows x 8 k-blocks) matches the reference", function()
+    -- the reference by broadcast products summed over k (the reduction code,
+    -- not the gemm's): a Lua triple loop of 8.5M steps would take seconds
+    local a, b = randn(56, {520, 2048}), randn(57, {2048, 8})
+    local want = (a:unsqueeze(2) * b:unsqueeze(0)):sum(1)
+    local bound = (a:abs():unsqueeze(2) * b:abs():unsqueeze(0)):sum(1)
+    assert_mm(a:matmul(b):tolist(), want:tolist(), bound:tolist(), 2048, U64, "big tiles, k blocks")
+  end)
+
+  it("F.linear with a bias (beta = 1 on the first block) matches x wᵀ + b in f64", function()
+    local x, w, bias = randn(53, {40, 1100}), randn(54, {50, 1100}), randn(55, {50})
+    local want, bound = mm(x:tolist(), w:t():tolist())
+    local bl = bias:tolist()
+    for i = 1, 40 do
+      for j = 1, 50 do want[i][j], bound[i][j] = want[i][j] + bl[j], bound[i][j] + math.abs(bl[j]) end
+    end
+    assert_mm(F.linear(x, w, bias):tolist(), want, bound, 1101, U64, "linear k blocks")
+  end)
+end)
+
 describe("matmul on strided inputs", function()
   it("transposed views (strides (1, 3) and (1, 4)) multiply by their logical values", function()
     local a = randn(20, {4, 3}):t()            -- (3, 4), strides (1, 3)

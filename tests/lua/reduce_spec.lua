@@ -215,6 +215,37 @@ describe("sum and mean", function()
     assert.is_true(acc:item() < 5, "naive bf16 accumulation should stall: " .. acc:item())
   end)
 
+  -- The bf16 fast paths (values widened to f32 in SIMD, eight rows at a time
+  -- in column sums): a sum of bf16 values in double is exact here (randn's
+  -- values span far less than 2^45), so each result is the exact f64 result
+  -- of the same values rounded once to bf16, bit for bit.
+  for _, c in ipairs({
+    {"sum over all of 100003 (blocks, a ragged chunk)", {100003}, function(x) return x:sum() end},
+    {"sum over the last dim of (5, 7000)", {5, 7000}, function(x) return x:sum(-1) end},
+    {"sum over dim 0 of (300, 70) (column mode: 8-row groups and 4 left over)", {300, 70},
+      function(x) return x:sum(0) end},
+    {"mean over dim 0 of (37, 5000)", {37, 5000}, function(x) return x:mean(0) end},
+    {"amax over the last dim of (3, 9000)", {3, 9000}, function(x) return x:amax(-1) end},
+    {"min over all of 70001", {70001}, function(x) return x:min() end},
+  }) do
+    it("bf16 " .. c[1] .. " is the f64 result of the same values, rounded once", function()
+      ember.manual_seed(17)
+      local x = ember.randn(c[2]):to("bf16")
+      local got, want = c[3](x), c[3](x:to("f64")):to("bf16")
+      assert.equals("bf16", got.dtype)
+      assert.same(want:to("f64"):tolist(), got:to("f64"):tolist())
+    end)
+  end
+
+  it("bf16 max over the last dim gives the first index of the maximum, as f64 does", function()
+    ember.manual_seed(18)
+    local x = ember.randint(0, 40, {4, 6000}):to("bf16")   -- many ties
+    local v, i = x:max(-1)
+    local v64, i64 = x:to("f64"):max(-1)
+    assert.same(v64:tolist(), v:to("f64"):tolist())
+    assert.same(i64:tolist(), i:tolist())
+  end)
+
   it("a long f32 sum is accurate: 10^6 × 0.1 is within 1e-6 relative of 100000", function()
     -- float(0.1) · 10^6 = 100000.0014901…; naive f32 accumulation drifts by ~1%
     local r = ember.full({1000000}, 0.1):sum():item()

@@ -562,3 +562,39 @@ describe("printing like PyTorch", function()
     assert.equals("tensor([[1., 3.],\n        [2., 4.]])", tostring(ember.tensor({{1, 2}, {3, 4}}):t()))
   end)
 end)
+
+describe("fill_ of large tensors (segments over the threads)", function()
+  local prev = {}
+  before_each(function()
+    prev = {ember.get_num_threads(), ember.set_parallel_min_work(1), ember.set_stream_min(0)}
+    ember.set_num_threads(3)
+  end)
+  after_each(function()
+    ember.set_num_threads(prev[1]); ember.set_parallel_min_work(prev[2]); ember.set_stream_min(prev[3])
+  end)
+
+  it("sets every element of a long narrowed view and nothing beside it", function()
+    local x = ember.zeros({3, 40001}, {dtype = "f64"})
+    x:narrow(1, 3, 39000):fill_(2.5)             -- rows of 39000: 3 segments each, off the line
+    assert.are.equal(3 * 39000 * 2.5, x:sum():item())
+    for r = 0, 2 do
+      local row = x:select(0, r)
+      assert.are.equal(0, row:select(0, 2):item(), "element before the view, row " .. r)
+      assert.are.equal(2.5, row:select(0, 3):item(), "first element of the view, row " .. r)
+      assert.are.equal(2.5, row:select(0, 39002):item(), "last element of the view, row " .. r)
+      assert.are.equal(0, row:select(0, 39003):item(), "element after the view, row " .. r)
+    end
+  end)
+
+  for _, dt in ipairs({"i32", "bf16", "u8"}) do
+    it("fills a contiguous " .. dt .. " tensor of 100003 elements whole, a ragged end included", function()
+      local x = ember.zeros({100003}, {dtype = dt})
+      x:narrow(0, 1, 100001):fill_(3)
+      local l = x:to("f64")
+      assert.are.equal(3 * 100001, l:sum():item())
+      assert.are.equal(0, l:select(0, 0):item())
+      assert.are.equal(3, l:select(0, 100001):item())
+      assert.are.equal(0, l:select(0, 100002):item())
+    end)
+  end
+end)
