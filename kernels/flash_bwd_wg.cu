@@ -17,7 +17,7 @@
  *  dk/dv  one block per 128 keys of one kv head: k and v resident, each
  *         consumer owns 64 keys. Streamed: q and dO tiles of 64 queries, of
  *         every q head of the group in turn (h = hk·group + g, g ascending),
- *         and their lse·log2 e and Δ (warp 1 of the producer stores those,
+ *         and their lse·log2 e and Δ (warps 2-3 of the producer store those,
  *         +inf and 0 past Tq, then arrives on the full barrier). Per tile:
  *         Sᵀ = k qᵀ and dPᵀ = v dOᵀ (wgmma m64n64k16, both operands
  *         K-major from shared memory, two commit groups; Pᵀ's exponentials
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 1);
     for (int s = 0; s < STAGES; s++) {
-      mbar_init(full + 8 * s, 1 + 32);   // the copies' expect_tx arrival and warp 1's 32 lse/Δ stores
+      mbar_init(full + 8 * s, 1 + STR);   // the copies' expect_tx arrival and the STR lse/Δ threads
       mbar_init(empty + 8 * s, NCONS);
     }
     mbar_init_fence();
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
 
   if (wg == 0) {
-    // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warp 1) into stage j % STAGES ----
+    // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
     setmaxnreg_dec<24>();
     if (threadIdx.x == 0 && ntile > 0) {
       tma_prefetch_map(&tq); tma_prefetch_map(&tk); tma_prefetch_map(&tv); tma_prefetch_map(&tdo);
@@ -171,20 +171,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, &tdo, bar, c * 64, i0, h, b);
       }
-    } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
-      const int lane = threadIdx.x - 32;
+    } else if (threadIdx.x >= 64) {
+      // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers)
+      const int r = threadIdx.x - 64;
       for (int j = 0; j < ntile; j++) {
-        const int s = j % STAGES, hg = j / nq, i0 = qstart + (j - hg * nq) * STR, h = hk * p.group + hg;
+        const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
         if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
-        float *sl = sLD + s * 2 * STR;
-        const int64_t at = (int64_t)(b * p.H + h) * p.Tq + i0;
-#pragma unroll
-        for (int r = lane; r < STR; r += 32) {
-          const bool in = i0 + r < p.Tq;
-          // lse·log2 e rounded on its own (no fused multiply-add), as flash_bwd.cu
-          sl[r] = in ? __fmul_rn(p.lse[at + r], kLog2e) : INFINITY;
-          sl[STR + r] = in ? p.delta[at + r] : 0.f;
-        }
+        const int64_t at = (int64_t)(b * p.H + hk * p.group + hg) * p.Tq + i;
+        const bool in = i < p.Tq;
+        // lse·log2 e rounded on its own (no fused multiply-add), as flash_bwd.cu; +inf past Tq makes P = 0
+        sLD[s * 2 * STR + r] = in ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
+        sLD[s * 2 * STR + STR + r] = in ? p.delta[at] : 0.f;
         mbar_arrive(full + 8 * s);   // release: the stores above are visible to whoever waits on the phase
       }
     }
@@ -194,7 +191,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // ---- consumers: 64 keys each ----
   setmaxnreg_inc<240>();
   const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g, key1 = key0 + 8;
+  const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g;   // rows key0 and key0 + 8 of dk, dv
   const uint32_t ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;   // this consumer's rows of k, v
 
   float dk[D / 2], dv[D / 2];
@@ -219,17 +216,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait<1>();              // Sᵀ done; dPᵀ may still run under the exponentials
     reg_fence(st);
     const bool diag = p.causal && kw0 + warp * 16 + 15 > i0 + p.off;
+    // key0 > i0 + c + off with c = 8m + 2t + (i & 1): e0 > 8m + (i & 1)
+    const int e0 = key0 - i0 - p.off - 2 * t;
 #pragma unroll
-    for (int i = 0; i < STR / 2; i++) {
-      const int c = 8 * (i >> 2) + 2 * t + (i & 1);
-      float pr = exp2f(st[i] * p.scale_log2 - sl[c]);
-      if (diag && ((i & 2) ? key1 : key0) > i0 + c + p.off) pr = 0.f;
-      st[i] = pr;   // Pᵀ
+    for (int i = 0; i < STR / 2; i += 2) {
+      const int c = 8 * (i >> 2) + 2 * t;
+      const float2 l = *reinterpret_cast<const float2 *>(sl + c);
+      float p0 = exp2f(st[i] * p.scale_log2 - l.x), p1 = exp2f(st[i + 1] * p.scale_log2 - l.y);
+      if (diag) {
+        const int e = (i & 2) ? e0 + 8 : e0;
+        if (e > 8 * (i >> 2)) p0 = 0.f;
+        if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+      }
+      st[i] = p0;   // Pᵀ
+      st[i + 1] = p1;
     }
     wgmma_wait<0>();
     reg_fence(dp);
 #pragma unroll
-    for (int i = 0; i < STR / 2; i++) dp[i] = st[i] * (dp[i] - sd[8 * (i >> 2) + 2 * t + (i & 1)]);   // dSᵀ
+    for (int i = 0; i < STR / 2; i += 2) {   // dSᵀ
+      const float2 dl = *reinterpret_cast<const float2 *>(sd + 8 * (i >> 2) + 2 * t);
+      dp[i] = st[i] * (dp[i] - dl.x);
+      dp[i + 1] = st[i + 1] * (dp[i + 1] - dl.y);
+    }
     uint32_t pa[STR / 16][4], da[STR / 16][4];
     pack_a<T>(pa, st);
     pack_a<T>(da, dp);
