@@ -20,7 +20,10 @@
  * masks keep key j for row i when j <= i + off (flash_fwd.cu). At D = 256 the
  * dk/dv and dq accumulators are split over two blocks by columns (grid z):
  * each recomputes S and dP over all of D, which costs 1.5x the MMAs but
- * keeps 128 accumulators per thread instead of 256. */
+ * keeps 128 accumulators per thread instead of 256.
+ *
+ * On sm_90 (bf16/f16, D 64 and 128) EMBER_FLASH_BWD=wg runs the wgmma/TMA
+ * dk/dv and dq kernels of flash_bwd_wg.cu after the delta kernel instead. */
 #include "backend.h"
 #include "flash_common.cuh"
 #include "flash_wg.cuh"
@@ -300,7 +303,7 @@ int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
   if (em_launch_check("flash_attention backward (delta)")) return -1;
   // the wgmma dk/dv and dq kernels (flash_bwd_wg.cu) where EMBER_FLASH_BWD asks for them
   const int rc = bwd_wg_dispatch(p, dt, D, device, s);
-  if (rc != kFwdNotTaken) return rc;
+  if (rc != kBwdNotTaken) return rc;
 
   // k, v; two stages of (q, dO) tiles and of their lse, delta
   constexpr size_t smem1 = (size_t)(2 * kBk + 4 * BQ) * LD * sizeof(T) + 4 * BQ * sizeof(float);

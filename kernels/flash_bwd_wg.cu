@@ -434,22 +434,22 @@ int bwd_kernel_mode() {
 int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = bwd_kernel_mode();
   if (mode < 0) return -1;
-  if (mode == 1 || (mode == 0 && !kAutoWg)) return kFwdNotTaken;
+  if (mode == 1 || (mode == 0 && !kAutoWg)) return kBwdNotTaken;
   const bool forced = mode == 2;
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) expect bf16 or f16, "
                                 "got %s", em_dtype_name(dt));
-    return kFwdNotTaken;
+    return kBwdNotTaken;
   }
   if (d != 64 && d != 128) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) expect head dim 64 "
                                 "or 128, got %d", d);
-    return kFwdNotTaken;
+    return kBwdNotTaken;
   }
   if (!sm90(device)) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) need an sm_90 GPU "
                                 "(H100/H200)");
-    return kFwdNotTaken;
+    return kBwdNotTaken;
   }
   Maps m;
   bool ok = tma_map(&m.q64, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, STR) &&
@@ -463,7 +463,7 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   if (!ok) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) could not describe "
                                 "q, k, v or dO to TMA (strides must be positive multiples of 16 bytes)");
-    return kFwdNotTaken;
+    return kBwdNotTaken;
   }
   if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
   return d == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);

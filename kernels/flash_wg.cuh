@@ -48,9 +48,11 @@ bool sm90(int device);
  * error where it does not apply); -1 with the error set for a bad
  * EMBER_FLASH_BWD. */
 int bwd_kernel_mode();
+/* The result of bwd_wg_dispatch when it ran nothing: the caller runs the mma.sync kernels. */
+constexpr int kBwdNotTaken = kFwdNotTaken;
 /* After the delta kernel (flash_bwd.cu): runs the wgmma dk/dv and dq kernels
  * when the mode and the inputs ask for them. 0 (done), -1 with the error set,
- * or kFwdNotTaken (nothing ran: the caller runs the mma.sync kernels). */
+ * or kBwdNotTaken. */
 int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
 
 #if defined(__CUDA_ARCH__)
