@@ -20,9 +20,13 @@
  * masks keep key j for row i when j <= i + off (flash_fwd.cu). At D = 256 the
  * dk/dv and dq accumulators are split over two blocks by columns (grid z):
  * each recomputes S and dP over all of D, which costs 1.5x the MMAs but
- * keeps 128 accumulators per thread instead of 256. */
+ * keeps 128 accumulators per thread instead of 256.
+ *
+ * On sm_90 (bf16/f16, D 64 and 128) EMBER_FLASH_BWD=wg runs the wgmma/TMA
+ * dk/dv and dq kernels of flash_bwd_wg.cu after the delta kernel instead. */
 #include "backend.h"
 #include "flash_common.cuh"
+#include "flash_wg.cuh"
 
 using namespace flash;
 
@@ -284,7 +288,7 @@ int set_smem(K kern, size_t smem) {
 }
 
 template <typename T, int D>
-int launch_bwd(const Params &p, cudaStream_t s) {
+int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
   // NC: the columns of dk/dv (dq) one block accumulates; at D = 256 two
   // blocks split them, each recomputing S and dP, as 2·128 f32 accumulators
   // per thread would not fit in registers. BQ (BK2): the streamed query (key)
@@ -297,6 +301,9 @@ int launch_bwd(const Params &p, cudaStream_t s) {
   int64_t rows = (int64_t)p.B * p.H * p.Tq;
   flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
   if (em_launch_check("flash_attention backward (delta)")) return -1;
+  // the wgmma dk/dv and dq kernels (flash_bwd_wg.cu) where EMBER_FLASH_BWD asks for them
+  const int rc = bwd_wg_dispatch(p, dt, D, device, s);
+  if (rc != kBwdNotTaken) return rc;
 
   // k, v; two stages of (q, dO) tiles and of their lse, delta
   constexpr size_t smem1 = (size_t)(2 * kBk + 4 * BQ) * LD * sizeof(T) + 4 * BQ * sizeof(float);
@@ -334,11 +341,11 @@ extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const e
   cudaStream_t s = em_cur_stream(q->device.index);
   int d = (int)q->shape[3], rc = -2;
   if (q->dtype == EM_BF16) {
-    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__nv_bfloat16, D>(p, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__nv_bfloat16, D>(p, q->dtype, q->device.index, s);)
   } else if (q->dtype == EM_F16) {
-    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__half, D>(p, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<__half, D>(p, q->dtype, q->device.index, s);)
   } else if (q->dtype == EM_F32) {
-    FLASH_DISPATCH_D(d, D, rc = launch_bwd<float, D>(p, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_bwd<float, D>(p, q->dtype, q->device.index, s);)
   }
   if (rc == -2) return em_error("flash_attention backward: no kernel for head dim %d", d);
   return rc;

@@ -298,6 +298,12 @@ int mode_of(const char *s) {
 
 namespace flash {
 
+bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, int B, int64_t st, int64_t sh,
+             int64_t sb, int rows) {
+  return make_map(m, dt, ptr, D, T, H, B, st, sh, sb, rows);
+}
+bool sm90(int device) { return is_sm90(device); }
+
 int fwd_kernel_mode() {
   if (g_mode < 0) {
     const char *env = getenv("EMBER_FLASH_FWD");

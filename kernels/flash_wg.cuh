@@ -39,6 +39,27 @@ int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const
 int launch_wg3(const Params &p, em_dtype dt, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                cudaStream_t s);
 
+/* The (D, T, H, B) TMA map of a 16-bit q, k, v, o or dO (flash_fwd_wg.cu's
+ * make_map: 64-column boxes of `rows` rows, 128-byte swizzle, zeros out of
+ * bounds); false where the driver refuses it. */
+bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, int B, int64_t st, int64_t sh,
+             int64_t sb, int rows);
+/* Whether the device is sm_90 (the wgmma kernels are built for sm_90a only). */
+bool sm90(int device);
+
+/* ---- the backward-kernel choice (EMBER_FLASH_BWD, core.flash_bwd_kernel) ---- */
+
+/* 0 auto (the mma.sync kernels for now), 1 mma, 2 wg (flash_bwd_wg.cu; an
+ * error where it does not apply); -1 with the error set for a bad
+ * EMBER_FLASH_BWD. */
+int bwd_kernel_mode();
+/* The result of bwd_wg_dispatch when it ran nothing: the caller runs the mma.sync kernels. */
+constexpr int kBwdNotTaken = kFwdNotTaken;
+/* After the delta kernel (flash_bwd.cu): runs the wgmma dk/dv and dq kernels
+ * when the mode and the inputs ask for them. 0 (done), -1 with the error set,
+ * or kBwdNotTaken. */
+int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
+
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 

@@ -352,6 +352,25 @@ static int l_flash_fwd_kernel(lua_State *L) {
   return 1;
 }
 
+/* core.flash_bwd_kernel([name]) -> previous name: the CUDA backward
+ * kernels, "auto", "mma" or "wg" (docs/flash.md, "Step 4"; the default is
+ * EMBER_FLASH_BWD's). Lets a spec run both backwards on one input. */
+static int l_flash_bwd_kernel(lua_State *L) {
+  static const char *names[] = {"auto", "mma", "wg"};
+  const char *fn = lem_name(L);
+  int mode = -1;
+  if (!lua_isnoneornil(L, 1)) {
+    const char *s = luaL_checkstring(L, 1);
+    for (int i = 0; i < 3; i++)
+      if (strcmp(s, names[i]) == 0) mode = i;
+    if (mode < 0) return lem_error(L, fn, "expected \"auto\", \"mma\" or \"wg\", got \"%s\"", s);
+  }
+  int prev = em_flash_bwd_choice(mode);
+  if (prev < 0) return lem_raise(L);
+  lua_pushstring(L, names[prev]);
+  return 1;
+}
+
 static int l_cat_stack(lua_State *L, int stack) {
   const char *fn = lem_name(L);
   em_tensor **ts;
@@ -483,6 +502,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},
+    {"flash_bwd_kernel", l_flash_bwd_kernel},
     {"cat", l_cat}, {"stack", l_stack}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"adamw_", l_adamw_}, {"sgd_", l_sgd_},
     {"shadow_weights_", l_shadow_weights_}, {"shadow_weight", l_shadow_weight},

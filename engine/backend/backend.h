@@ -523,6 +523,10 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
  * default comes from EMBER_FLASH_FWD=auto|mma|wg|wg2|wg3. mode >= 0 sets it; returns the previous
  * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
 int em_flash_fwd_kernel(int mode);
+/* Which backward kernels em_flash_bwd_cuda runs (em_flash_bwd_choice, ops.h):
+ * 0 auto, 1 mma, 2 wg (flash_bwd_wg.cu); from EMBER_FLASH_BWD=auto|mma|wg.
+ * mode >= 0 sets it; returns the previous setting, or -1 with the error set. */
+int em_flash_bwd_kernel(int mode);
 
 /* dq (q's shape), dk and dv (k's shape: summed over each kv head's group)
  * from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.

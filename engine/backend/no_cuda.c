@@ -163,6 +163,12 @@ int em_flash_fwd_kernel(int mode) {   /* no kernels to choose from: the setting 
   if (mode >= 0) cur = mode;
   return prev;
 }
+int em_flash_bwd_kernel(int mode) {   /* as em_flash_fwd_kernel: only kept */
+  static int cur;
+  int prev = cur;
+  if (mode >= 0) cur = mode;
+  return prev;
+}
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
                       em_tensor *dk, em_tensor *dv, int causal, float scale) { return no_cuda(NULL); }

@@ -323,6 +323,7 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
 }
 
 int em_flash_fwd_choice(int mode) { return em_flash_fwd_kernel(mode); }
+int em_flash_bwd_choice(int mode) { return em_flash_bwd_kernel(mode); }
 
 bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v) {
   em_dtype dt = em_autocast_enabled() && em_dtype_is_float(q->dtype) ? em_autocast_dtype() : q->dtype;

@@ -374,4 +374,14 @@ describe("F.flash_attention errors", function()
     assert.error_matches(function() core.flash_fwd_kernel("wg4") end,
       'expected "auto", "mma", "wg", "wg2" or "wg3", got "wg4"', 1, true)
   end)
+
+  it("core.flash_bwd_kernel takes auto, mma and wg (the CUDA backward's choice), names the others", function()
+    local prev = core.flash_bwd_kernel("wg")
+    assert.are.equal("wg", core.flash_bwd_kernel("mma"))
+    assert.are.equal("mma", core.flash_bwd_kernel("auto"))
+    assert.are.equal("auto", core.flash_bwd_kernel(prev))
+    assert.are.equal(prev, core.flash_bwd_kernel())
+    assert.error_matches(function() core.flash_bwd_kernel("wg2") end,
+      'expected "auto", "mma" or "wg", got "wg2"', 1, true)
+  end)
 end)

@@ -161,6 +161,13 @@ void em_flash_cpu_set_tiles(int bq, int bk);
  * wide, not thread-safe: a test and benchmark hook); returns the previous
  * setting, or -1 with the error set for a bad EMBER_FLASH_FWD. */
 int em_flash_fwd_choice(int mode);
+/* The CUDA backward kernels: 0 auto (for now the mma.sync kernels), 1 mma,
+ * 2 wg (the wgmma dk/dv and dq kernels, sm_90, bf16/f16, D 64/128; forced:
+ * an error where they do not apply). The default comes from
+ * EMBER_FLASH_BWD=auto|mma|wg (docs/flash.md, "Step 4"). mode >= 0 sets it
+ * (process-wide, a test and benchmark hook); returns the previous setting,
+ * or -1 with the error set for a bad EMBER_FLASH_BWD. */
+int em_flash_bwd_choice(int mode);
 /* Flash where it applies, the naive composition otherwise. */
 em_tensor *em_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale);
 

@@ -1,0 +1,480 @@
+/* FlashAttention backward for Hopper (sm_90a, EMBER_FLASH_BWD=wg): the
+ * function of flash_bwd.cu (dv = Pᵀ dO, dk = scale · dSᵀ q, dq = scale · dS k
+ * with P = exp(S·scale − lse), dS = P ∘ (dP − Δ), dP = dO vᵀ) on wgmma and
+ * TMA, in the style of FlashAttention-3, and still deterministic: two
+ * kernels, no atomics, every sum in a fixed order. flash_bwd.cu runs the
+ * delta kernel (Δ = rowsum(dO ∘ o)) and then asks bwd_wg_dispatch; the
+ * design, the FLOP/byte count and the model: docs/flash.md, "Step 4".
+ *
+ * Both kernels have the forward's block (flash_fwd_wg.cu): warpgroup 0 the
+ * producer (24 registers; thread 0 issues every TMA copy), warpgroups 1 and
+ * 2 the consumers (240 registers), two resident tiles of 128 rows copied
+ * once, and a ring of STAGES stages of two streamed 64-row tiles, each stage
+ * with a full mbarrier (the copies' bytes) and an empty one (the 256
+ * consumer threads). Tiles are TMA's 128-byte swizzle, 64 columns per
+ * 128-byte row, D = 128 two such tiles side by side (flash_wg.cuh).
+ *
+ *  dk/dv  one block per 128 keys of one kv head: k and v resident, each
+ *         consumer owns 64 keys. Streamed: q and dO tiles of 64 queries, of
+ *         every q head of the group in turn (h = hk·group + g, g ascending),
+ *         and their lse·log2 e and Δ (warps 2-3 of the producer store those,
+ *         +inf and 0 past Tq, then arrives on the full barrier). Per tile:
+ *         Sᵀ = k qᵀ and dPᵀ = v dOᵀ (wgmma m64n64k16, both operands
+ *         K-major from shared memory, two commit groups; Pᵀ's exponentials
+ *         run while dPᵀ is still on the tensor cores), Pᵀ and dSᵀ rounded to
+ *         16 bits in registers — the register A fragments of dv += Pᵀ dO and
+ *         dk += dSᵀ q (wgmma m64nDk16, dO and q N-major: the transpose bit).
+ *  dq     one block per 128 queries of one q head: q and dO resident, each
+ *         consumer owns 64 queries; streamed: k and v tiles of 64 keys. Per
+ *         tile: S = q kᵀ and dP = dO vᵀ (m64n64k16), P, dS, dq += dS k
+ *         (m64nDk16, k N-major).
+ * Recomputing S and dP in the dq kernel is the price of no atomics, as in
+ * flash_bwd.cu: 7 matmuls per tile pair instead of 5.
+ *
+ * Edges: TMA fills rows past Tq or Tk with zeros; keys past Tk are masked in
+ * dq (zero keys still give exp(−lse)), queries past Tq get lse = +inf (so
+ * P = 0) in dk/dv, and dk/dv rows past Tk are never stored. Causal masks as
+ * flash_bwd.cu (key j seen by row i when j <= i + off); a consumer skips a
+ * tile none of its rows/keys sees but still waits for it and releases it,
+ * so the barriers' phases stay in step. */
+#include <cuda.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend.h"
+#include "flash_common.cuh"
+#include "flash_wg.cuh"
+#include "flash_wgmma.cuh"
+
+using namespace flash;
+
+namespace {
+
+constexpr int THREADS = 384;   // producer + 2 consumers
+constexpr int NCONS = 256;     // consumer threads: the empty mbarriers' count
+constexpr int RES = 128;       // rows of a resident tile: keys (dk/dv) or queries (dq) per block
+constexpr int STR = 64;        // rows of a streamed tile: queries (dk/dv) or keys (dq)
+
+/* Shared memory of both kernels: resident tiles A and B (RES rows each), a
+ * ring of STAGES stages of two streamed tiles (STR rows each), then per
+ * stage 2·STR floats of lse·log2 e and Δ (dk/dv only), then the mbarriers:
+ * resident full, full[STAGES], empty[STAGES]. Every tile 1024-byte aligned. */
+template <int D, int STAGES> struct Layout {
+  static constexpr int CH = D / 64;   // 64-column (128-byte) chunks of a row
+  static constexpr uint32_t RES_BYTES = RES * D * 2, STR_BYTES = STR * D * 2, STAGE = 2 * STR_BYTES;
+  static constexpr uint32_t OFF_B = RES_BYTES, OFF_RING = 2 * RES_BYTES;
+  static constexpr uint32_t OFF_LD = OFF_RING + STAGES * STAGE, OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
+  static constexpr size_t SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;   // + slack to align the base
+};
+/* Stages: as many as fit with room to spare (D 128: 3 · 32 KB after 64 KB resident; D 64: 4 · 16 KB). */
+template <int D> constexpr int kStages = D == 128 ? 3 : 4;
+
+#if defined(__CUDA_ARCH__)
+/* Sᵀ-like products: acc (64 x 64) = A (64 rows at a, K-major, RES-row
+ * chunks) times Bᵀ (64 rows at bt, K-major, STR-row chunks) over D, one
+ * commit group. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_ss(float (&acc)[STR / 2], uint32_t a, uint32_t bt) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t off = (kk & 3) * 32;   // 16 columns = 32 bytes into the chunk's 128-byte rows
+    const uint64_t da = wg_desc(a + (kk >> 2) * RES * 128 + off, 16, 1024);
+    const uint64_t db = wg_desc(bt + (kk >> 2) * STR * 128 + off, 16, 1024);
+    Wgmma<T, STR>::ss(acc, da, db, kk > 0);
+  }
+  wgmma_commit();
+}
+
+/* acc (64 x D) += A (64 x STR, register fragments) times the streamed tile
+ * at b (STR rows x D, N-major: 16 rows = two 8-row groups per k step, the
+ * 64-column chunks STR · 128 bytes apart). Not committed. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[STR / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
+}
+
+/* 64 f32 accumulator columns as the A fragments of four 16-wide k steps
+ * (blocks 2kk and 2kk + 1, as pack_p in flash_fwd_wg2.cu). */
+template <typename T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[STR / 16][4], const float (&c)[STR / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) {
+    a[kk][0] = Mma<T>::pack(c[8 * kk + 0], c[8 * kk + 1]);
+    a[kk][1] = Mma<T>::pack(c[8 * kk + 2], c[8 * kk + 3]);
+    a[kk][2] = Mma<T>::pack(c[8 * kk + 4], c[8 * kk + 5]);
+    a[kk][3] = Mma<T>::pack(c[8 * kk + 6], c[8 * kk + 7]);
+  }
+}
+
+/* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of
+ * dst (row stride ld), rows at or past n skipped. */
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc)[D / 2], int r0, int n, int t,
+                                           float scale) {
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + 2 * t;
+    if (r0 < n) store2(dst + (int64_t)r0 * ld + col, acc[4 * i] * scale, acc[4 * i + 1] * scale);
+    if (r0 + 8 < n) store2(dst + (int64_t)(r0 + 8) * ld + col, acc[4 * i + 2] * scale, acc[4 * i + 3] * scale);
+  }
+}
+
+#endif
+
+template <typename T, int D, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_dkdv_wg_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                         const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                         const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<D, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = base + L::OFF_B, ring = base + L::OFF_RING;
+  float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + L::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
+  const uint32_t bar_kv = base + L::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
+
+  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = blockIdx.x * RES;
+  // the first query row that sees key k0 is k0 - off (causal), on a tile boundary
+  const int qstart = p.causal ? (max(0, k0 - p.off) / STR) * STR : 0;
+  const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
+  const int wg = threadIdx.x >> 7;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, 1 + STR);   // the copies' expect_tx arrival and the STR lse/Δ threads
+      mbar_init(empty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0 && ntile > 0) {
+      tma_prefetch_map(&tq); tma_prefetch_map(&tk); tma_prefetch_map(&tv); tma_prefetch_map(&tdo);
+      mbar_expect_tx(bar_kv, 2 * L::RES_BYTES);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sK + c * RES * 128, &tk, bar_kv, c * 64, k0, hk, b);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sV + c * RES * 128, &tv, bar_kv, c * 64, k0, hk, b);
+      for (int j = 0; j < ntile; j++) {
+        const int s = j % STAGES, hg = j / nq, i0 = qstart + (j - hg * nq) * STR, h = hk * p.group + hg;
+        // stage s last held tile j - STAGES: wait until both consumers released it
+        if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+        const uint32_t st = ring + s * L::STAGE, bar = full + 8 * s;
+        mbar_expect_tx(bar, L::STAGE);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, &tq, bar, c * 64, i0, h, b);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, &tdo, bar, c * 64, i0, h, b);
+      }
+    } else if (threadIdx.x >= 64) {
+      // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers)
+      const int r = threadIdx.x - 64;
+      for (int j = 0; j < ntile; j++) {
+        const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
+        if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+        const int64_t at = (int64_t)(b * p.H + hk * p.group + hg) * p.Tq + i;
+        const bool in = i < p.Tq;
+        // lse·log2 e rounded on its own (no fused multiply-add), as flash_bwd.cu; +inf past Tq makes P = 0
+        sLD[s * 2 * STR + r] = in ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
+        sLD[s * 2 * STR + STR + r] = in ? p.delta[at] : 0.f;
+        mbar_arrive(full + 8 * s);   // release: the stores above are visible to whoever waits on the phase
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: 64 keys each ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g;   // rows key0 and key0 + 8 of dk, dv
+  const uint32_t ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;   // this consumer's rows of k, v
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+  if (ntile > 0) mbar_wait(bar_kv, 0);
+
+  // tiles in order of q head, then query rows: the group's sums in a fixed order (deterministic)
+  for (int j = 0; j < ntile; j++) {
+    const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
+    mbar_wait(full + 8 * s, (j / STAGES) & 1);
+    if (p.causal && kw0 > i0 + STR - 1 + p.off) {   // no query of the tile sees any of these keys
+      mbar_arrive(empty + 8 * s);
+      continue;
+    }
+    const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+    const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
+    float st[STR / 2], dp[STR / 2];
+    wgmma_fence();
+    issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
+    issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+    wgmma_wait<1>();              // Sᵀ done; dPᵀ may still run under the exponentials
+    reg_fence(st);
+    const bool diag = p.causal && kw0 + warp * 16 + 15 > i0 + p.off;
+    // key0 > i0 + c + off with c = 8m + 2t + (i & 1): e0 > 8m + (i & 1)
+    const int e0 = key0 - i0 - p.off - 2 * t;
+#pragma unroll
+    for (int i = 0; i < STR / 2; i += 2) {
+      const int c = 8 * (i >> 2) + 2 * t;
+      const float2 l = *reinterpret_cast<const float2 *>(sl + c);
+      float p0 = exp2f(st[i] * p.scale_log2 - l.x), p1 = exp2f(st[i + 1] * p.scale_log2 - l.y);
+      if (diag) {
+        const int e = (i & 2) ? e0 + 8 : e0;
+        if (e > 8 * (i >> 2)) p0 = 0.f;
+        if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+      }
+      st[i] = p0;   // Pᵀ
+      st[i + 1] = p1;
+    }
+    wgmma_wait<0>();
+    reg_fence(dp);
+#pragma unroll
+    for (int i = 0; i < STR / 2; i += 2) {   // dSᵀ
+      const float2 dl = *reinterpret_cast<const float2 *>(sd + 8 * (i >> 2) + 2 * t);
+      dp[i] = st[i] * (dp[i] - dl.x);
+      dp[i + 1] = st[i + 1] * (dp[i + 1] - dl.y);
+    }
+    uint32_t pa[STR / 16][4], da[STR / 16][4];
+    pack_a<T>(pa, st);
+    pack_a<T>(da, dp);
+    reg_fence(dv);
+    reg_fence(dk);
+    wgmma_fence();
+    issue_rs<T, D>(dv, pa, so);   // dv += Pᵀ dO
+    issue_rs<T, D>(dk, da, sq);   // dk += dSᵀ q
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    mbar_arrive(empty + 8 * s);
+  }
+
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
+  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+#else
+  __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
+#endif
+}
+
+template <typename T, int D, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_dq_wg_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                       const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<D, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sO = base + L::OFF_B, ring = base + L::OFF_RING;
+  const uint32_t bar_q = base + L::OFF_BAR, full = bar_q + 8, empty = full + 8 * STAGES;   // + 8·stage
+
+  // causal blocks longest first (the last query blocks see the most keys)
+  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int q0 = qblk * RES;
+  const int kend = p.causal ? min(p.Tk, q0 + RES + p.off) : p.Tk, ntile = max(0, (kend + STR - 1) / STR);
+  const int wg = threadIdx.x >> 7;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, 1);   // the producer's expect_tx arrival; the bytes complete it
+      mbar_init(empty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: q, dO once; then k(j), v(j) into stage j % STAGES ----
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0 && ntile > 0) {
+      tma_prefetch_map(&tq); tma_prefetch_map(&tk); tma_prefetch_map(&tv); tma_prefetch_map(&tdo);
+      mbar_expect_tx(bar_q, 2 * L::RES_BYTES);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sQ + c * RES * 128, &tq, bar_q, c * 64, q0, h, b);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sO + c * RES * 128, &tdo, bar_q, c * 64, q0, h, b);
+      for (int j = 0; j < ntile; j++) {
+        const int s = j % STAGES;
+        if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+        const uint32_t st = ring + s * L::STAGE, bar = full + 8 * s;
+        mbar_expect_tx(bar, L::STAGE);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, &tk, bar, c * 64, j * STR, hk, b);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, &tv, bar, c * 64, j * STR, hk, b);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: 64 queries each ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int qw0 = q0 + cw * 64, wrow = qw0 + warp * 16, row0 = wrow + g, row1 = row0 + 8;
+  const uint32_t qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;   // this consumer's rows of q, dO
+  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+  // rows past Tq: lse +inf, so P = 0 (their q and dO rows are TMA's zeros)
+  const float l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
+  const float l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+  const float d0 = row0 < p.Tq ? delta[row0] : 0.f, d1 = row1 < p.Tq ? delta[row1] : 0.f;
+
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.f;
+  if (ntile > 0) mbar_wait(bar_q, 0);
+
+  for (int j = 0; j < ntile; j++) {
+    const int s = j % STAGES, k0 = j * STR;
+    mbar_wait(full + 8 * s, (j / STAGES) & 1);
+    if (p.causal && k0 > qw0 + 63 + p.off) {   // no row of this consumer sees any key of the tile
+      mbar_arrive(empty + 8 * s);
+      continue;
+    }
+    const uint32_t sk = ring + s * L::STAGE, sv = sk + L::STR_BYTES;
+    float sc[STR / 2], dp[STR / 2];
+    wgmma_fence();
+    issue_ss<T, D>(sc, qa, sk);   // S = q kᵀ
+    issue_ss<T, D>(dp, oa, sv);   // dP = dO vᵀ
+    wgmma_wait<1>();
+    reg_fence(sc);
+    const bool edge = k0 + STR > p.Tk || (p.causal && k0 + STR - 1 > wrow + p.off);
+#pragma unroll
+    for (int i = 0; i < STR / 2; i++) {
+      const int col = k0 + 8 * (i >> 2) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+      float pr = exp2f(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
+      if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
+      sc[i] = pr;   // P
+    }
+    wgmma_wait<0>();
+    reg_fence(dp);
+#pragma unroll
+    for (int i = 0; i < STR / 2; i++) dp[i] = sc[i] * (dp[i] - ((i & 2) ? d1 : d0));   // dS
+    uint32_t da[STR / 16][4];
+    pack_a<T>(da, dp);
+    reg_fence(dq);
+    wgmma_fence();
+    issue_rs<T, D>(dq, da, sk);   // dq += dS k
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dq);
+    mbar_arrive(empty + 8 * s);
+  }
+
+  T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
+  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, t, p.scale);
+#else
+  __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
+#endif
+}
+
+template <typename K>
+int raise_smem(K kern, size_t smem) {
+  return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess ? 0 : -1;
+}
+
+/* Maps: dk/dv streams 64-row q and dO boxes over 128-row k and v; dq the other way round. */
+struct Maps {
+  CUtensorMap q64, do64, k128, v128, q128, do128, k64, v64;
+};
+
+template <typename T, int D>
+int launch(const Params &p, const Maps &m, cudaStream_t s) {
+  constexpr int ST = kStages<D>;
+  constexpr size_t smem = Layout<D, ST>::SMEM;
+  static_assert(smem <= 227 * 1024, "flash wg backward: shared memory over an H100 SM's 227 KB");
+  if (p.Tk > 0) {
+    auto k1 = flash_dkdv_wg_kernel<T, D, ST>;
+    if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma dk, dv)");
+    k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(m.q64, m.k128,
+                                                                                              m.v128, m.do64, p);
+    if (em_launch_check("flash_attention backward (wgmma dk, dv)")) return -1;
+  }
+  auto k2 = flash_dq_wg_kernel<T, D, ST>;
+  if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma dq)");
+  k2<<<dim3((unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H)), THREADS, smem, s>>>(m.q128, m.k64, m.v64,
+                                                                                            m.do128, p);
+  return em_launch_check("flash_attention backward (wgmma dq)");
+}
+
+/* auto's choice: the mma.sync kernels until the wgmma backward has run on an
+ * H100 (spec and timings, docs/flash.md "Step 4"); then true, one line. */
+constexpr bool kAutoWg = false;
+
+int g_bwd_mode = -1;   // -1: not read from EMBER_FLASH_BWD yet
+
+int bwd_mode_of(const char *s) {
+  if (!s || !*s || strcmp(s, "auto") == 0) return 0;
+  if (strcmp(s, "mma") == 0) return 1;
+  if (strcmp(s, "wg") == 0) return 2;
+  return -1;
+}
+
+}  // namespace
+
+namespace flash {
+
+int bwd_kernel_mode() {
+  if (g_bwd_mode < 0) {
+    const char *env = getenv("EMBER_FLASH_BWD");
+    int m = bwd_mode_of(env);
+    if (m < 0) return em_error("flash_attention: expected EMBER_FLASH_BWD to be auto, mma or wg, got '%s'", env);
+    g_bwd_mode = m;
+  }
+  return g_bwd_mode;
+}
+
+int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
+  const int mode = bwd_kernel_mode();
+  if (mode < 0) return -1;
+  if (mode == 1 || (mode == 0 && !kAutoWg)) return kBwdNotTaken;
+  const bool forced = mode == 2;
+  if (dt != EM_BF16 && dt != EM_F16) {
+    if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) expect bf16 or f16, "
+                                "got %s", em_dtype_name(dt));
+    return kBwdNotTaken;
+  }
+  if (d != 64 && d != 128) {
+    if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) expect head dim 64 "
+                                "or 128, got %d", d);
+    return kBwdNotTaken;
+  }
+  if (!sm90(device)) {
+    if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) need an sm_90 GPU "
+                                "(H100/H200)");
+    return kBwdNotTaken;
+  }
+  Maps m;
+  bool ok = tma_map(&m.q64, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, STR) &&
+            tma_map(&m.q128, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, RES) &&
+            tma_map(&m.do64, dt, p.dout, d, p.Tq, p.H, p.B, p.do_st, p.do_sh, p.do_sb, STR) &&
+            tma_map(&m.do128, dt, p.dout, d, p.Tq, p.H, p.B, p.do_st, p.do_sh, p.do_sb, RES) &&
+            tma_map(&m.k64, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, STR) &&
+            tma_map(&m.k128, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, RES) &&
+            tma_map(&m.v64, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, STR) &&
+            tma_map(&m.v128, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, RES);
+  if (!ok) {
+    if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=wg) could not describe "
+                                "q, k, v or dO to TMA (strides must be positive multiples of 16 bytes)");
+    return kBwdNotTaken;
+  }
+  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
+  return d == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);
+}
+
+}  // namespace flash
+
+/* EMBER_FLASH_BWD's setting (0 auto, 1 mma, 2 wg); mode >= 0 sets it first. */
+extern "C" int em_flash_bwd_kernel(int mode) {
+  int prev = bwd_kernel_mode();
+  if (prev < 0) return -1;
+  if (mode >= 0) g_bwd_mode = mode;
+  return prev;
+}

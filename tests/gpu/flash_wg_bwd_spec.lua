@@ -1,0 +1,200 @@
+-- flash_wg_bwd_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA backward
+-- (kernels/flash_bwd_wg.cu, docs/flash.md "Step 4"), forced with
+-- core.flash_bwd_kernel("wg"), against the f64 CPU reference and against the
+-- mma.sync backward (flash_bwd.cu, forced with "mma") on the same inputs and
+-- the same forward: head dims 64 and 128, bf16 and f16, causal top-left /
+-- bottom-right / none, GQA (the group's sum in a fixed order), Tq ≠ Tk both
+-- ways (keys no query sees: zero dk/dv), odd lengths (partial 64-row tiles
+-- and 128-row blocks at the ends: 1, 63, 65, 129, 257, 1000), the (B, T, H, D)
+-- layout, long sequences through the stage rings, bit-identical repeats.
+--
+-- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ of dq, dk and dv no
+-- more than twice the error of the naive composition's backward run on the GPU
+-- in the same half dtype, plus 1e-4, and never above 1e-2 (bf16) / 2e-3 (f16);
+-- the wg gradients within the same cap of the mma ones. Every case prints its
+-- errors (wg's, mma's, naive's, wg vs mma), so a failing run says where.
+local ember = require "ember"
+local F = ember.nn.functional
+local core = ember.core
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local C = dofile(here .. "compare.lua")
+local rel = C.rel_error
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local CAP = {bf16 = 1e-2, f16 = 2e-3}
+local seed = 11300
+local function randn(shape, dtype)
+  seed = seed + 1
+  ember.manual_seed(seed)
+  return ember.randn(shape, {dtype = "f64"}):to(dtype)
+end
+
+local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
+local function bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
+
+local function repeat_kv(k, H)
+  if k.shape[2] == H then return k end
+  local B, Hkv, T, d = table.unpack(k.shape)
+  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
+end
+
+-- f64 reference on the CPU: dq, dk, dv through autograd (repeat_kv sums a kv head's group)
+local function ref64(q, k, v, g, causal)
+  local q6, k6, v6 = leaf(q:cpu():to("f64")), leaf(k:cpu():to("f64")), leaf(v:cpu():to("f64"))
+  local H = q.shape[2]
+  local o = F.scaled_dot_product_attention(q6, repeat_kv(k6, H), repeat_kv(v6, H), {causal = causal, impl = "naive"})
+  o:backward(g:cpu():to("f64"))
+  return {dq = q6.grad, dk = k6.grad, dv = v6.grad}
+end
+
+local function grads_of(fn, q, k, v, g)
+  local qq, kk, vv = leaf(q), leaf(k), leaf(v)
+  local o = fn(qq, kk, vv)
+  o:backward(g)
+  return {dq = qq.grad, dk = kk.grad, dv = vv.grad}
+end
+
+-- flash forward (whatever auto runs) and backward with the given backward kernel
+local function flash(kernel, q, k, v, g, causal)
+  local prev = core.flash_bwd_kernel(kernel)
+  local ok, res = pcall(grads_of, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g)
+  core.flash_bwd_kernel(prev)
+  if not ok then error(res, 0) end
+  return res
+end
+
+local function naive(q, k, v, g, causal)
+  return grads_of(function(a, b, c)
+    return F.scaled_dot_product_attention(a, b, c, {causal = causal, impl = "naive", enable_gqa = true})
+  end, q, k, v, g)
+end
+
+local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+
+local NAMES = {"dq", "dk", "dv"}
+
+-- one case: wg's gradients vs the reference and vs mma's, on the same inputs
+local function check(sq, sk, dt, causal, opts)
+  opts = opts or {}
+  local q, k, v, g = randn(sq, dt), randn(sk, dt), randn(sk, dt), randn(sq, dt)
+  if opts.layout then q, k, v, g = opts.layout(q), opts.layout(k), opts.layout(v), opts.layout(g) end
+  q, k, v, g = q:cuda(), k:cuda(), v:cuda(), g:cuda()
+  local ref = ref64(q, k, v, g, causal)
+  -- every result stays referenced to the end of the case, so the caching
+  -- allocator cannot hand wg's dq the memory of mma's (nearly the same values)
+  -- and hide rows the kernel never wrote
+  local mm = flash("mma", q, k, v, g, causal)
+  local nv = naive(q, k, v, g, causal)
+  local wg = flash("wg", q, k, v, g, causal)
+  local what = string.format("wg %s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
+    tostring(causal))
+  for _, name in ipairs(NAMES) do
+    local ew, em, en, ewm = rel(wg[name], ref[name]), rel(mm[name], ref[name]), rel(nv[name], ref[name]),
+      rel(wg[name], mm[name])
+    print(string.format("  %-44s %s: wg %.3g mma %.3g naive %.3g vs-mma %.3g max|err| %.3g", what, name, ew, em, en,
+      ewm, max_abs(wg[name], ref[name])))
+    assert.are.equal(dt, wg[name].dtype, what .. " " .. name .. " dtype")
+    local bound = math.min(2 * en + 1e-4, CAP[dt])
+    assert.is_true(ew <= bound, string.format("%s %s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, name, ew,
+      bound, en, em))
+    assert.is_true(ewm <= CAP[dt], string.format("%s %s: vs mma %.3g > %.3g", what, name, ewm, CAP[dt]))
+  end
+  return wg, mm
+end
+
+-- nil when the wg backward runs here, else why not (not an sm_90 GPU)
+local function wg_unavailable()
+  local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
+  local ok, err = pcall(flash, "wg", x, x, x, x, true)
+  if ok then return nil end
+  if tostring(err):match("sm_90") then return tostring(err) end
+  error(err, 0)
+end
+
+describe("flash attention's wgmma backward (sm_90)", function()
+  local why = wg_unavailable()
+  if why then
+    it("is skipped: " .. why, function() end)
+    return
+  end
+
+  it("chooses kernels by name, and forced, names what it lacks", function()
+    local prev = core.flash_bwd_kernel("mma")
+    assert.are.equal("mma", core.flash_bwd_kernel("wg"))
+    assert.are.equal("wg", core.flash_bwd_kernel(prev))
+    local ok, err = pcall(core.flash_bwd_kernel, "tma")
+    assert.is_false(ok)
+    assert.matches('expected "auto", "mma" or "wg", got "tma"', tostring(err), 1, true)
+    -- a head dim or a dtype it does not have: an error naming the setting, not a silent fallback
+    local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
+    local ok1, err1 = pcall(flash, "wg", x, x, x, x, true)
+    assert.is_false(ok1, "head dim 32 ran")
+    assert.matches("(EMBER_FLASH_BWD=wg) expect head dim 64 or 128, got 32", tostring(err1), 1, true)
+    local x32 = ember.randn({1, 1, 40, 64}):cuda()
+    local tf = ember.backends.tf32(true)   -- f32 flash on CUDA (the TF32 kernels) is then allowed
+    local ok2, err2 = pcall(flash, "wg", x32, x32, x32, x32, true)
+    ember.backends.tf32(tf)
+    assert.is_false(ok2, "f32 ran")
+    assert.matches("(EMBER_FLASH_BWD=wg) expect bf16 or f16, got f32", tostring(err2), 1, true)
+  end)
+
+  for _, d in ipairs({64, 128}) do
+    for _, dt in ipairs({"bf16", "f16"}) do
+      it(string.format("matches the reference and the mma backward: D %d, %s, odd lengths, all masks", d, dt),
+        function()
+          for _, T in ipairs({1, 63, 65, 129, 257, 1000}) do
+            for _, causal in ipairs({true, "bottom_right", false}) do
+              check({1, 2, T, d}, {1, 2, T, d}, dt, causal)
+            end
+          end
+        end)
+    end
+
+    it(string.format("runs Tq ≠ Tk and GQA: D %d", d), function()
+      check({1, 4, 100, d}, {1, 2, 300, d}, "bf16", "bottom_right")
+      check({1, 4, 100, d}, {1, 2, 300, d}, "f16", true)            -- top-left: keys past 100 get zero dk, dv
+      check({1, 4, 300, d}, {1, 2, 100, d}, "bf16", true)           -- top-left, Tq > Tk
+      check({2, 6, 200, d}, {2, 2, 517, d}, "f16", false)
+      check({1, 8, 129, d}, {1, 1, 129, d}, "bf16", true)           -- multi-query: 8 q heads summed
+      check({1, 2, 17, d}, {1, 2, 1000, d}, "bf16", "bottom_right") -- few queries, many key blocks
+      check({1, 6, 1000, d}, {1, 2, 257, d}, "f16", false)          -- GQA 3, Tq > Tk, no mask
+    end)
+
+    it(string.format("runs long sequences through the stage rings, and the (B, T, H, D) layout: D %d", d), function()
+      check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", true)
+      check({1, 2, 1500, d}, {1, 1, 4097, d}, "f16", "bottom_right")
+      check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd})
+    end)
+  end
+
+  it("is not what auto picks yet: auto runs the mma.sync backward (same bits as forced mma)", function()
+    local q, k, v, g = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
+      randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda()
+    local a, m, w = flash("auto", q, k, v, g, true), flash("mma", q, k, v, g, true), flash("wg", q, k, v, g, true)
+    for _, name in ipairs(NAMES) do
+      assert.are.equal(0, max_abs(a[name], m[name]), name)
+      -- and that is not trivially so: the wgmma kernels' bits differ (other tiles, other summation order)
+      assert.is_true(max_abs(m[name], w[name]) > 0, name .. ": wg gave mma's bits")
+    end
+  end)
+
+  it("gives bit-identical gradients on repeat (a race would move them): GQA, many tiles, every mask", function()
+    local q, k, v, g = randn({1, 8, 2100, 128}, "f16"):cuda(), randn({1, 2, 2100, 128}, "f16"):cuda(),
+      randn({1, 2, 2100, 128}, "f16"):cuda(), randn({1, 8, 2100, 128}, "f16"):cuda()
+    for _, causal in ipairs({true, "bottom_right", false}) do
+      local a = flash("wg", q, k, v, g, causal)
+      for _ = 1, 2 do
+        local b = flash("wg", q, k, v, g, causal)
+        for _, name in ipairs(NAMES) do
+          assert.are.equal(0, max_abs(a[name], b[name]), name .. " moved: causal=" .. tostring(causal))
+        end
+      end
+    end
+    local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
+      randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
+    local a, b = flash("wg", q6, k6, v6, g6, true), flash("wg", q6, k6, v6, g6, true)
+    for _, name in ipairs(NAMES) do assert.are.equal(0, max_abs(a[name], b[name]), name .. " moved (D 64)") end
+  end)
+end)
