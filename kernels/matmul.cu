@@ -11,11 +11,12 @@
  * never a copy. Descriptors, layouts and the heuristic's algorithm are made
  * once per (shape, strides, dtypes, transposes, alignments, epilogue) and kept
  * in a hash map, so a cached gemm costs one cublasLtMatmul call on the host.
- * With ember.backends.matmul_tune on, a key's first call outside graph
- * capture also times the heuristic's first choice against up to 16 more of
- * its candidates (kernels/matmul_tune.cu) and the key keeps the fastest; with
- * it off (the default) the heuristic's first choice runs, bit for bit as
- * before. beta (a gradient accumulated into C) is part of the key.
+ * With ember.backends.matmul_tune on, a key's first call also times the
+ * heuristic's first choice against up to 16 more of its candidates
+ * (kernels/matmul_tune.cu) and the key keeps the fastest (a key first met
+ * during graph capture keeps the heuristic's); with it off (the default) the
+ * heuristic's first choice runs, bit for bit as before. beta (a gradient
+ * accumulated into C) is part of the key.
  * One handle and one 32 MiB workspace per device, the workspace taken from the
  * caching allocator once and kept (captured graphs point at it). Matmuls on
  * two streams at once would share it: order such streams with events, as
@@ -295,11 +296,26 @@ static void fill_entry(const em_gemm_args *g, const plan_key *k, double beta, em
   e->n = g->n; e->m = g->m; e->k = g->k; e->batch = g->batch; e->lda = g->lda; e->ldb = g->ldb; e->ldc = g->ldc;
 }
 
-/* Once per plan, outside graph capture: time the heuristic's first choice and up to
- * TUNE_CANDIDATES more from its list, keep the fastest in p->tuned_algo, record it. */
+/* Once per plan: time the heuristic's first choice and up to TUNE_CANDIDATES more from
+ * its list, keep the fastest in p->tuned_algo, record it. A key first met during graph
+ * capture (no host sync allowed) keeps the heuristic's choice for good, so the graph and
+ * later eager calls of the key run one algorithm: the same bits. */
 static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, const lt_call *c) {
-  if (p->tuned || capturing(c->s)) return 0;
+  if (p->tuned) return 0;
   plan_key k;
+  em_matmul_tune_entry e;
+  if (capturing(c->s)) {
+    make_key(g, epilogue, beta1, &k);
+    p->tuned_algo = p->algo;
+    p->tuned = true;
+    fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
+    e.in_capture = true;
+    lt_algo_config(&p->algo, &e.algo, &e.tile, &e.stages, &e.splitk, &e.cluster);
+    lt_algo_config(&p->algo, &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);
+    e.time_us = e.heuristic_time_us = -1.0;
+    lt_tune_record(&e);
+    return 0;
+  }
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulHeuristicResult_t res[TUNE_CANDIDATES];
   cublasLtMatmulAlgo_t algos[TUNE_CANDIDATES + 1];
@@ -325,7 +341,6 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
     if (us[i] >= 0.f && (us[best] < 0.f || us[i] < us[best] * (best == 0 ? TUNE_MARGIN : 1.f))) best = i;
   p->tuned_algo = algos[best];
   p->tuned = true;
-  em_matmul_tune_entry e;
   fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
   e.candidates = t == 0 ? n : 0;                    /* 0: no memory for the scratch copy, heuristic kept */
   e.chosen = rank[best];

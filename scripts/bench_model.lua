@@ -219,7 +219,7 @@ local function matmul_tune_report()
     return nil
   end
   if #rows == 0 then
-    print("matmul algorithms: tuning on, no key tuned (only CUDA gemms are tuned, outside graph capture)")
+    print("matmul algorithms: tuning on, no key tuned (only CUDA gemms are tuned)")
     return rows
   end
   local changed, saved, total = 0, 0, 0
@@ -239,9 +239,9 @@ local function matmul_tune_report()
     local shape = ("%d x %d x %d"):format(r.n, r.m, r.k) .. (r.batch > 1 and (" (%d)"):format(r.batch) or "")
     local gain = r.time_us and r.heuristic_time_us and r.heuristic_time_us > 0 and
       ("%5.1f%%"):format(100 * (1 - r.time_us / r.heuristic_time_us)) or "-"
-    print(("  %-8s %-24s %-5s %-4s %-4g %5d %6d  %-20s %-20s %9s %9s %6s"):format(r.dtype .. (r.c_f32 and ">f32" or ""),
+    print(("  %-8s %-24s %-5s %-4s %-4g %5s %6d  %-20s %-20s %9s %9s %6s"):format(r.dtype .. (r.c_f32 and ">f32" or ""),
       shape, (r.a_trans and "T" or "N") .. (r.b_trans and "T" or "N"), r.bias and "yes" or "-", r.beta,
-      r.candidates, r.chosen, cfg_str(r.algo, r.tile, r.stages, r.splitk, r.cluster),
+      r.in_capture and "capt." or tostring(r.candidates), r.chosen, cfg_str(r.algo, r.tile, r.stages, r.splitk, r.cluster),
       cfg_str(r.heuristic_algo, r.heuristic_tile, r.heuristic_stages, r.heuristic_splitk,
         r.heuristic_cluster),
       r.time_us and ("%.2f"):format(r.time_us) or "-", r.heuristic_time_us and ("%.2f"):format(r.heuristic_time_us) or "-",

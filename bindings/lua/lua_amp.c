@@ -93,6 +93,7 @@ static int l_matmul_tune_table(lua_State *L) {
     lua_setfield(L, -2, "beta");
     set_int(L, "n", e.n); set_int(L, "m", e.m); set_int(L, "k", e.k); set_int(L, "batch", e.batch);
     set_int(L, "lda", e.lda); set_int(L, "ldb", e.ldb); set_int(L, "ldc", e.ldc);
+    set_bool(L, "in_capture", e.in_capture);
     set_int(L, "candidates", e.candidates); set_int(L, "chosen", e.chosen);
     set_int(L, "algo", e.algo); set_int(L, "tile", e.tile); set_int(L, "stages", e.stages);
     set_int(L, "splitk", e.splitk); set_int(L, "cluster", e.cluster);

@@ -95,10 +95,11 @@ bool em_cuda_allow_tf32(void);
 /* ---- matmul algorithm tuning (engine/matmul_tune.c, kernels/matmul_tune.cu) ----
  * With tuning on, the first gemm of each new key (shape, transposes, dtypes,
  * leading dims, alignments, epilogue, beta) times up to 16 of cuBLASLt's
- * candidate algorithms on the current stream (a host sync, once per key;
- * never while a CUDA graph is being captured) and later calls of that key use
- * the fastest. Off by default (a timed choice may change the last bits between
- * processes); EMBER_MATMUL_TUNE=0|1 sets the start value. */
+ * candidate algorithms on the current stream (a host sync, once per key) and
+ * later calls of that key use the fastest. A key first met while a CUDA graph
+ * is being captured is not timed: it keeps the heuristic's choice, in the
+ * graph and after. Off by default (a timed choice may change the last bits
+ * between processes); EMBER_MATMUL_TUNE=0|1 sets the start value. */
 int em_matmul_tune_enabled(const char *op, bool *on);          /* -1 + error on a bad EMBER_MATMUL_TUNE */
 int em_matmul_set_tune(const char *op, bool on, bool *prev);   /* ember.backends.matmul_tune(on) */
 
@@ -111,11 +112,12 @@ typedef struct {
   bool tf32, a_trans, b_trans, bias, c_f32;
   double beta;                   /* 0, or 1 for an accumulating gemm (or a bias written into C first) */
   int64_t n, m, k, batch, lda, ldb, ldc;
-  int candidates;                /* algorithms timed (the heuristic's first included) */
+  bool in_capture;               /* first met during graph capture: the heuristic's kept, untimed */
+  int candidates;                /* algorithms timed (the heuristic's first included); 0: none */
   int chosen;                    /* 0: the heuristic's first won; else its rank in cuBLASLt's list */
   int algo, tile, stages, splitk, cluster;            /* the winner */
   int h_algo, h_tile, h_stages, h_splitk, h_cluster;  /* the heuristic's first */
-  double time_us, heuristic_time_us;                  /* median-free mean of the best round, per call */
+  double time_us, heuristic_time_us;                  /* per call, the best round's mean; < 0: not timed */
 } em_matmul_tune_entry;
 
 int64_t em_matmul_tune_count(void);                            /* tuned keys so far (all devices) */
