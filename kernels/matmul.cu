@@ -104,6 +104,7 @@ typedef struct {
   cublasLtMatmulAlgo_t tuned_algo;     /* the fastest measured (when tuned) */
   bool ok;                             /* the heuristic found an algorithm */
   bool tuned;                          /* tuned_algo is set (matmul_tune on, measured once) */
+  std::atomic<int64_t> *calls;         /* the table row's count of calls that ran tuned_algo */
 } plan;
 
 static std::unordered_map<plan_key, plan, key_hash, key_eq> g_plans;
@@ -313,7 +314,7 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
     lt_algo_config(&p->algo, &e.algo, &e.tile, &e.stages, &e.splitk, &e.cluster);
     lt_algo_config(&p->algo, &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);
     e.time_us = e.heuristic_time_us = -1.0;
-    lt_tune_record(&e);
+    p->calls = lt_tune_record(&e);
     return 0;
   }
   cublasLtMatmulPreference_t pref;
@@ -348,7 +349,7 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
   lt_algo_config(&algos[0], &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);
   e.time_us = t == 0 ? us[best] : -1.0;
   e.heuristic_time_us = t == 0 ? us[0] : -1.0;
-  lt_tune_record(&e);
+  p->calls = lt_tune_record(&e);
   return 0;
 }
 
@@ -359,6 +360,7 @@ static int run_plan(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epi
   lt_call c;
   if (make_call(h, p, g, epilogue, beta, ws, s, &sc, &c)) return -1;
   if (tune && tune_plan(p, g, epilogue, beta != 0.0, &c)) return -1;
+  if (tune && p->calls) p->calls->fetch_add(1, std::memory_order_relaxed);
   return lt_check(lt_run(&c, g->c, tune && p->tuned ? &p->tuned_algo : &p->algo), g->op, "cublasLtMatmul");
 }
 

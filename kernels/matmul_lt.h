@@ -4,6 +4,7 @@
 #ifndef EMBER_KERNELS_MATMUL_LT_H
 #define EMBER_KERNELS_MATMUL_LT_H
 
+#include <atomic>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include "ember/cuda.h"
@@ -40,7 +41,8 @@ int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *alg
 /* The CUBLASLT_ALGO_CONFIG_* ids of an algorithm: id, tile, stages, splitk, cluster. */
 void lt_algo_config(const cublasLtMatmulAlgo_t *a, int *id, int *tile, int *stages, int *splitk, int *cluster);
 
-/* Append one tuned key to the table em_matmul_tune_get reads. */
-void lt_tune_record(const em_matmul_tune_entry *e);
+/* Append one tuned key to the table em_matmul_tune_get reads; returns the row's call
+ * counter (stable for good), which the caller bumps at each call that runs the choice. */
+std::atomic<int64_t> *lt_tune_record(const em_matmul_tune_entry *e);
 
 #endif

@@ -12,6 +12,7 @@
  * runs the gemms back to back, and the event gaps measure the kernels, not
  * the host's launch latency, which for the small model's 8 µs gemms would be
  * most of the time. Each candidate's time is its best round's mean. */
+#include <deque>
 #include <mutex>
 #include <vector>
 #include "common.cuh"
@@ -24,6 +25,7 @@
 
 static std::mutex g_table_lock;
 static std::vector<em_matmul_tune_entry> g_table;
+static std::deque<std::atomic<int64_t>> g_calls;   /* per row; a deque never moves its elements */
 
 __global__ void spin_kernel(uint64_t ns) {
   uint64_t t0, t;
@@ -100,9 +102,11 @@ void lt_algo_config(const cublasLtMatmulAlgo_t *a, int *id, int *tile, int *stag
   *id = i32; *tile = (int)t; *stages = (int)st; *splitk = sk; *cluster = cl;
 }
 
-void lt_tune_record(const em_matmul_tune_entry *e) {
+std::atomic<int64_t> *lt_tune_record(const em_matmul_tune_entry *e) {
   std::lock_guard<std::mutex> guard(g_table_lock);
   g_table.push_back(*e);
+  g_calls.emplace_back(0);
+  return &g_calls.back();
 }
 
 extern "C" int64_t em_matmul_tune_count(void) {
@@ -116,5 +120,6 @@ extern "C" int em_matmul_tune_get(int64_t i, em_matmul_tune_entry *out) {
     return em_error("matmul_tune_table: entry %lld is out of range [0, %lld)", (long long)i,
                     (long long)g_table.size());
   *out = g_table[(size_t)i];
+  out->calls = g_calls[(size_t)i].load(std::memory_order_relaxed);
   return 0;
 }

@@ -100,6 +100,7 @@ static int l_matmul_tune_table(lua_State *L) {
     set_int(L, "heuristic_algo", e.h_algo); set_int(L, "heuristic_tile", e.h_tile);
     set_int(L, "heuristic_stages", e.h_stages); set_int(L, "heuristic_splitk", e.h_splitk);
     set_int(L, "heuristic_cluster", e.h_cluster);
+    set_int(L, "calls", e.calls);
     set_num(L, "time_us", e.time_us); set_num(L, "heuristic_time_us", e.heuristic_time_us);
     lua_rawseti(L, -2, (lua_Integer)(i + 1));
   }

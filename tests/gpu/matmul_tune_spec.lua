@@ -95,6 +95,11 @@ describe("matmul tuning on CUDA", function()
     assert.is_true(r.time_us <= r.heuristic_time_us,
       ("tuned %.2f us > heuristic %.2f us"):format(r.time_us, r.heuristic_time_us))
     if r.chosen == 0 then assert.equals(r.heuristic_algo, r.algo) end
+    -- calls that ran the choice: the tuning call, one more with tuning on, none with it off
+    assert.equals(1, r.calls)
+    with_tune(true, function() return a:matmul(b) end)
+    with_tune(false, function() return a:matmul(b) end)
+    assert.equals(2, ember.core.matmul_tune_table()[#rows].calls)
   end)
 
   it("an accumulating weight gradient (beta = 1) is tuned on a scratch copy: the sum stays right", function()

@@ -118,6 +118,7 @@ typedef struct {
   int algo, tile, stages, splitk, cluster;            /* the winner */
   int h_algo, h_tile, h_stages, h_splitk, h_cluster;  /* the heuristic's first */
   double time_us, heuristic_time_us;                  /* per call, the best round's mean; < 0: not timed */
+  int64_t calls;                 /* calls of the key that ran the choice since (graph replays not counted) */
 } em_matmul_tune_entry;
 
 int64_t em_matmul_tune_count(void);                            /* tuned keys so far (all devices) */
