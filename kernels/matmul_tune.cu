@@ -27,7 +27,7 @@ static std::mutex g_table_lock;
 static std::vector<em_matmul_tune_entry> g_table;
 static std::deque<std::atomic<int64_t>> g_calls;   /* per row; a deque never moves its elements */
 
-__global__ void spin_kernel(uint64_t ns) {
+static __global__ void spin_kernel(uint64_t ns) {
   uint64_t t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
