@@ -11,6 +11,12 @@
  * never a copy. Descriptors, layouts and the heuristic's algorithm are made
  * once per (shape, strides, dtypes, transposes, alignments, epilogue) and kept
  * in a hash map, so a cached gemm costs one cublasLtMatmul call on the host.
+ * With ember.backends.matmul_tune on, a key's first call also times the
+ * heuristic's first choice against up to 16 more of its candidates
+ * (kernels/matmul_tune.cu) and the key keeps the fastest (a key first met
+ * during graph capture keeps the heuristic's); with it off (the default) the
+ * heuristic's first choice runs, bit for bit as before. beta (a gradient
+ * accumulated into C) is part of the key.
  * One handle and one 32 MiB workspace per device, the workspace taken from the
  * caching allocator once and kept (captured graphs point at it). Matmuls on
  * two streams at once would share it: order such streams with events, as
@@ -33,9 +39,12 @@
 #include "common.cuh"
 #include "backend.h"
 #include "ember/memory.h"
+#include "matmul_lt.h"
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 #define MAX_DEVICES 16
+#define TUNE_CANDIDATES 16          /* cuBLASLt's heuristic list asked for when tuning */
+#define TUNE_MARGIN 0.98f           /* another algorithm must beat the heuristic's by 2% to replace it */
 
 static std::mutex g_lock;
 static cublasLtHandle_t g_handle[MAX_DEVICES];
@@ -71,7 +80,7 @@ static void *get_workspace(int dev) {
 /* ---------------- plan cache ---------------- */
 
 typedef struct {
-  int32_t device, dtype, tf32, a_trans, b_trans, epilogue, c_f32;
+  int32_t device, dtype, tf32, a_trans, b_trans, epilogue, c_f32, beta1;
   int32_t align_a, align_b, align_c, align_bias;
   int64_t n, m, k, batch, lda, ldb, ldc, a_bs, b_bs, c_bs;
 } plan_key;
@@ -91,8 +100,11 @@ struct key_eq {
 typedef struct {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;   /* cuBLASLt's A (our B), B (our A), C = D */
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t algo;           /* the heuristic's first choice */
+  cublasLtMatmulAlgo_t tuned_algo;     /* the fastest measured (when tuned) */
   bool ok;                             /* the heuristic found an algorithm */
+  bool tuned;                          /* tuned_algo is set (matmul_tune on, measured once) */
+  std::atomic<int64_t> *calls;         /* the table row's count of calls that ran tuned_algo */
 } plan;
 
 static std::unordered_map<plan_key, plan, key_hash, key_eq> g_plans;
@@ -136,6 +148,29 @@ static int layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int
   return 0;
 }
 
+/* The heuristic's preferences for key k: our workspace, and the operands' alignments. */
+static int make_pref(const plan_key *k, const char *op, cublasLtMatmulPreference_t *pref) {
+  uint64_t ws = WORKSPACE_BYTES;
+  uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
+  *pref = NULL;
+  if (lt_check(cublasLtMatmulPreferenceCreate(pref), op, "cublasLtMatmulPreferenceCreate") ||
+      lt_check(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), op,
+               "set workspace") ||
+      lt_check(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
+               op, "set alignment") ||
+      lt_check(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
+               op, "set alignment") ||
+      lt_check(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
+               op, "set alignment") ||
+      lt_check(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+               op, "set alignment")) {
+    if (*pref) cublasLtMatmulPreferenceDestroy(*pref);
+    *pref = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 /* Build descriptors and ask the heuristic once. Returns -1 only on API failure; p->ok says whether an algorithm exists. */
 static int plan_build(cublasLtHandle_t h, const plan_key *k, const em_gemm_args *g, plan *p) {
   memset(p, 0, sizeof *p);
@@ -150,8 +185,6 @@ static int plan_build(cublasLtHandle_t h, const plan_key *k, const em_gemm_args 
   cublasLtMatmulPreference_t pref = NULL;
   cublasLtMatmulHeuristicResult_t res;
   int count = 0, rc = -1;
-  uint64_t ws = WORKSPACE_BYTES;
-  uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
   if (lt_check(cublasLtMatmulDescCreate(&p->desc, ct, st), op, "cublasLtMatmulDescCreate") ||
       lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), op, "set transa") ||
       lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), op, "set transb") ||
@@ -166,18 +199,7 @@ static int plan_build(cublasLtHandle_t h, const plan_key *k, const em_gemm_args 
       layout(&p->lb, t, g->a_trans ? g->n : g->k, g->a_trans ? g->k : g->n, g->lda, g->batch, g->a_bs, op) ||
       layout(&p->lc, k->c_f32 ? CUDA_R_32F : t, g->m, g->n, g->ldc, g->batch, g->c_bs, op))
     goto done;
-  if (lt_check(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate") ||
-      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), op,
-               "set workspace") ||
-      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
-               op, "set alignment") ||
-      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
-               op, "set alignment") ||
-      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
-               op, "set alignment") ||
-      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
-               op, "set alignment"))
-    goto done;
+  if (make_pref(k, op, &pref)) goto done;
   {
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &count);
     if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) { lt_check(s, op, "cublasLtMatmulAlgoGetHeuristic"); goto done; }
@@ -191,18 +213,23 @@ done:
   return rc;
 }
 
-/* The cached plan for g (epilogue on or off); NULL with the error set on API failure. */
-static plan *get_plan(cublasLtHandle_t h, const em_gemm_args *g, bool epilogue) {
+/* The cache key of g run with the bias epilogue on or off, and beta 1 (C += A B) or 0. */
+static void make_key(const em_gemm_args *g, bool epilogue, bool beta1, plan_key *k) {
+  memset(k, 0, sizeof *k);                        /* padding takes part in hash and compare */
+  k->device = g->device; k->dtype = g->dtype;
+  k->tf32 = g->dtype == EM_F32 && em_cuda_allow_tf32();
+  k->a_trans = g->a_trans; k->b_trans = g->b_trans; k->epilogue = epilogue; k->c_f32 = g->c_f32; k->beta1 = beta1;
+  k->align_a = ptr_align(g->a); k->align_b = ptr_align(g->b); k->align_c = ptr_align(g->c);
+  k->align_bias = epilogue ? ptr_align(g->bias) : 0;
+  k->n = g->n; k->m = g->m; k->k = g->k; k->batch = g->batch;
+  k->lda = g->lda; k->ldb = g->ldb; k->ldc = g->ldc;
+  if (g->batch > 1) { k->a_bs = g->a_bs; k->b_bs = g->b_bs; k->c_bs = g->c_bs; }
+}
+
+/* The cached plan for g (epilogue on or off, beta 1 or 0); NULL with the error set on API failure. */
+static plan *get_plan(cublasLtHandle_t h, const em_gemm_args *g, bool epilogue, bool beta1) {
   plan_key k;
-  memset(&k, 0, sizeof k);                         /* padding takes part in hash and compare */
-  k.device = g->device; k.dtype = g->dtype;
-  k.tf32 = g->dtype == EM_F32 && em_cuda_allow_tf32();
-  k.a_trans = g->a_trans; k.b_trans = g->b_trans; k.epilogue = epilogue; k.c_f32 = g->c_f32;
-  k.align_a = ptr_align(g->a); k.align_b = ptr_align(g->b); k.align_c = ptr_align(g->c);
-  k.align_bias = epilogue ? ptr_align(g->bias) : 0;
-  k.n = g->n; k.m = g->m; k.k = g->k; k.batch = g->batch;
-  k.lda = g->lda; k.ldb = g->ldb; k.ldc = g->ldc;
-  if (g->batch > 1) { k.a_bs = g->a_bs; k.b_bs = g->b_bs; k.c_bs = g->c_bs; }
+  make_key(g, epilogue, beta1, &k);
   auto it = g_plans.find(k);
   if (it != g_plans.end()) return &it->second;
   plan p;
@@ -233,19 +260,108 @@ static int fill_rows(const em_gemm_args *g, cudaStream_t s, const void *bias) {
 
 /* ---------------- gemm ---------------- */
 
-static int run_plan(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epilogue, double beta, void *ws,
-                    cudaStream_t s) {
+typedef struct { float f32[2]; double f64[2]; } scalars;   /* alpha, beta: live across the call */
+
+/* The cuBLASLt call of plan p for g (bias pointer set on the descriptor), all but its algorithm. */
+static int make_call(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epilogue, double beta, void *ws,
+                     cudaStream_t s, scalars *sc, lt_call *c) {
   if (epilogue &&
       lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
                g->op, "set bias pointer"))
     return -1;
-  float a32 = 1.f, b32 = (float)beta;
-  double a64 = 1.0, b64 = beta;
   bool f64 = g->dtype == EM_F64;
-  return lt_check(cublasLtMatmul(h, p->desc, f64 ? (const void *)&a64 : (const void *)&a32, g->b, p->la, g->a, p->lb,
-                                 f64 ? (const void *)&b64 : (const void *)&b32, g->c, p->lc, g->c, p->lc, &p->algo, ws,
-                                 WORKSPACE_BYTES, s),
-                  g->op, "cublasLtMatmul");
+  size_t es = g->c_f32 ? 4 : em_dtype_size(g->dtype);
+  int64_t span = (g->batch - 1) * g->c_bs + (g->n - 1) * g->ldc + g->m;   /* elements from c to C's last */
+  sc->f32[0] = 1.f; sc->f32[1] = (float)beta;
+  sc->f64[0] = 1.0; sc->f64[1] = beta;
+  c->h = h; c->desc = p->desc; c->la = p->la; c->lb = p->lb; c->lc = p->lc;
+  c->alpha = f64 ? (const void *)&sc->f64[0] : (const void *)&sc->f32[0];
+  c->beta = f64 ? (const void *)&sc->f64[1] : (const void *)&sc->f32[1];
+  c->a = g->b; c->b = g->a; c->c = g->c;                /* column-major Cᵀ = Bᵀ Aᵀ: the operands swap */
+  c->c_bytes = (size_t)span * es;
+  c->ws = ws; c->ws_bytes = WORKSPACE_BYTES; c->s = s; c->device = g->device; c->op = g->op;
+  return 0;
+}
+
+/* A graph being captured on s (or on this thread) must not see the tuner's host sync. */
+static bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) { cudaGetLastError(); return true; }
+  return st != cudaStreamCaptureStatusNone || em_cuda_capturing();
+}
+
+static void fill_entry(const em_gemm_args *g, const plan_key *k, double beta, em_matmul_tune_entry *e) {
+  memset(e, 0, sizeof *e);
+  e->device = g->device; e->dtype = g->dtype; e->tf32 = k->tf32; e->a_trans = g->a_trans; e->b_trans = g->b_trans;
+  e->bias = k->epilogue; e->c_f32 = g->c_f32; e->beta = beta;
+  e->n = g->n; e->m = g->m; e->k = g->k; e->batch = g->batch; e->lda = g->lda; e->ldb = g->ldb; e->ldc = g->ldc;
+}
+
+/* Once per plan: time the heuristic's first choice and up to TUNE_CANDIDATES more from
+ * its list, keep the fastest in p->tuned_algo, record it. A key first met during graph
+ * capture (no host sync allowed) keeps the heuristic's choice for good, so the graph and
+ * later eager calls of the key run one algorithm: the same bits. */
+static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, const lt_call *c) {
+  if (p->tuned) return 0;
+  plan_key k;
+  em_matmul_tune_entry e;
+  if (capturing(c->s)) {
+    make_key(g, epilogue, beta1, &k);
+    p->tuned_algo = p->algo;
+    p->tuned = true;
+    fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
+    e.in_capture = true;
+    lt_algo_config(&p->algo, &e.algo, &e.tile, &e.stages, &e.splitk, &e.cluster);
+    lt_algo_config(&p->algo, &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);
+    e.time_us = e.heuristic_time_us = -1.0;
+    p->calls = lt_tune_record(&e);
+    return 0;
+  }
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulHeuristicResult_t res[TUNE_CANDIDATES];
+  cublasLtMatmulAlgo_t algos[TUNE_CANDIDATES + 1];
+  float us[TUNE_CANDIDATES + 1];
+  int count = 0, n = 1, rank[TUNE_CANDIDATES + 1] = {0};
+  make_key(g, epilogue, beta1, &k);
+  if (make_pref(&k, g->op, &pref)) return -1;
+  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->h, p->desc, p->la, p->lb, p->lc, p->lc, pref, TUNE_CANDIDATES,
+                                                    res, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+    return lt_check(s, g->op, "cublasLtMatmulAlgoGetHeuristic (tuning)");
+  algos[0] = p->algo;                               /* the heuristic's own first, then the rest of its list */
+  for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < count; i++)
+    if (res[i].state == CUBLAS_STATUS_SUCCESS && memcmp(&res[i].algo, &p->algo, sizeof p->algo) != 0) {
+      rank[n] = i + 1;
+      algos[n++] = res[i].algo;
+    }
+  int t = lt_time_algos(c, beta1, algos, n, us);
+  if (t < 0) return -1;
+  int best = 0;
+  for (int i = 1; t == 0 && i < n; i++)
+    if (us[i] >= 0.f && (us[best] < 0.f || us[i] < us[best] * (best == 0 ? TUNE_MARGIN : 1.f))) best = i;
+  p->tuned_algo = algos[best];
+  p->tuned = true;
+  fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
+  e.candidates = t == 0 ? n : 0;                    /* 0: no memory for the scratch copy, heuristic kept */
+  e.chosen = rank[best];
+  lt_algo_config(&algos[best], &e.algo, &e.tile, &e.stages, &e.splitk, &e.cluster);
+  lt_algo_config(&algos[0], &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);
+  e.time_us = t == 0 ? us[best] : -1.0;
+  e.heuristic_time_us = t == 0 ? us[0] : -1.0;
+  p->calls = lt_tune_record(&e);
+  return 0;
+}
+
+/* Run g through plan p: the tuned algorithm when tuning is on (tuning first if this key is new), else the heuristic's. */
+static int run_plan(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epilogue, double beta, void *ws,
+                    cudaStream_t s, bool tune) {
+  scalars sc;
+  lt_call c;
+  if (make_call(h, p, g, epilogue, beta, ws, s, &sc, &c)) return -1;
+  if (tune && tune_plan(p, g, epilogue, beta != 0.0, &c)) return -1;
+  if (tune && p->calls) p->calls->fetch_add(1, std::memory_order_relaxed);
+  return lt_check(lt_run(&c, g->c, tune && p->tuned ? &p->tuned_algo : &p->algo), g->op, "cublasLtMatmul");
 }
 
 extern "C" int em_gemm_cuda(const em_gemm_args *g) {
@@ -260,19 +376,21 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   cudaStream_t s = em_cur_stream(g->device);
   if (g->k == 0) return g->accumulate ? 0 : fill_rows(g, s, g->bias);
   if (g->batch > INT32_MAX) return em_error("%s: %lld batches exceed cuBLASLt's limit", g->op, (long long)g->batch);
+  bool tune;
+  if (em_matmul_tune_enabled(g->op, &tune)) return -1;
   std::lock_guard<std::mutex> guard(g_lock);
   cublasLtHandle_t h;
   if (get_handle(g->device, g->op, &h)) return -1;
   void *ws = get_workspace(g->device);
   if (!ws) return -1;
   bool epi = g->bias != NULL;
-  plan *p = get_plan(h, g, epi);
+  plan *p = get_plan(h, g, epi, g->accumulate);
   if (!p) return -1;
-  if (p->ok) return run_plan(h, p, g, epi, g->accumulate ? 1.0 : 0.0, ws, s);
+  if (p->ok) return run_plan(h, p, g, epi, g->accumulate ? 1.0 : 0.0, ws, s, tune);
   if (epi) {                                       /* no fused-bias algorithm: bias into C, then C += A B */
-    plan *q = get_plan(h, g, false);
+    plan *q = get_plan(h, g, false, true);
     if (!q) return -1;
-    if (q->ok) return fill_rows(g, s, g->bias) ? -1 : run_plan(h, q, g, false, 1.0, ws, s);
+    if (q->ok) return fill_rows(g, s, g->bias) ? -1 : run_plan(h, q, g, false, 1.0, ws, s, tune);
   }
   return em_error("%s: cuBLASLt has no algorithm for a %s gemm of (%lld x %lld) @ (%lld x %lld), batch %lld "
                   "(transposes %d/%d, leading dims %lld/%lld/%lld)", g->op, em_dtype_name(g->dtype),

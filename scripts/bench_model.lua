@@ -32,7 +32,13 @@
 --               "sum of kernel durations vs wall", and the roofline tables
 --               (bytes, FLOPs, GB/s, TF/s, % of peak per op and per kernel;
 --               --peak-gbs overrides the bandwidth peak); --profile-trace FILE
---               adds a Chrome trace (Perfetto) of the profiled step.
+--               adds a Chrome trace (Perfetto) of the profiled step; with
+--               --matmul-tune (or EMBER_MATMUL_TUNE=1) also "matmul
+--               algorithms": per gemm key, cuBLASLt's tuned choice vs its
+--               heuristic's first, and their times.
+--   --matmul-tune  time cuBLASLt's candidate algorithms for each gemm shape
+--               during the first warm-up step and keep the fastest
+--               (ember.backends.matmul_tune; docs/perf.md).
 --   NVTX        ranges "warmup", "step N", and the phases forward / backward /
 --               optimizer are always emitted; --nvtx adds one range per op:
 --     nsys profile -t cuda,nvtx -o bench ember run scripts/bench_model.lua --model xl --nvtx
@@ -52,6 +58,8 @@ parser:option("--warmup", "Untimed steps first.", "5"):convert(math.tointeger)
 parser:option("--steps", "Timed steps.", "10"):convert(math.tointeger)
 parser:option("--precision", "fp32, or bf16 autocast.", "fp32"):choices({"fp32", "bf16"})
 parser:flag("--tf32", "Allow TF32 for f32 matmuls (ember.backends.tf32).")
+parser:flag("--matmul-tune", "Time cuBLASLt's candidate algorithms per matmul shape in the first warm-up step and " ..
+  "keep the fastest (ember.backends.matmul_tune; default: EMBER_MATMUL_TUNE, else off).")
 parser:option("--attn", "Attention: auto (flash kernels on CUDA with bf16, naive elsewhere), " ..
   "flash or naive.", "auto"):choices({"auto", "flash", "naive"})
 parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
@@ -80,6 +88,8 @@ parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
 args.overlap_optimizer = args.overlap_optimizer or false
+if args.matmul_tune then ember.backends.matmul_tune(true) end
+args.matmul_tune = ember.backends.matmul_tune()       -- the flag, or EMBER_MATMUL_TUNE
 args.profile = args.profile or args.profile_trace ~= nil
 
 local function fail(msg) io.stderr:write("bench_model.lua: ", msg, "\n") os.exit(2) end
@@ -140,7 +150,7 @@ local peak, peak_why = peak_tflops(dev_name)
 local config = {
   model = args.model, d_model = D, d_ff = cfg.d_ff, layers = L, heads = cfg.num_heads,
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
-  tf32 = args.tf32, attn = attn_used, graph = args.graph, warmup = args.warmup,
+  tf32 = args.tf32, matmul_tune = args.matmul_tune, attn = attn_used, graph = args.graph, warmup = args.warmup,
   overlap_optimizer = args.overlap_optimizer, overlap_bucket_mb = args.overlap_optimizer and args.overlap_bucket_mb or nil,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
   params = n_params, params_matmul = n_matmul, threads = ember.get_num_threads(),
@@ -148,9 +158,10 @@ local config = {
 
 S.print_header(run_facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
-  "mode=%s precision=%s%s attn=%s graph=%s%s warmup=%d steps=%d params=%.1fM")
+  "mode=%s precision=%s%s%s attn=%s graph=%s%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
-    args.precision, args.tf32 and "+tf32" or "", attn_used, tostring(args.graph),
+    args.precision, args.tf32 and "+tf32" or "", args.matmul_tune and " matmul-tune" or "", attn_used,
+    tostring(args.graph),
     args.overlap_optimizer and (" overlap-optimizer(%g MiB)"):format(args.overlap_bucket_mb) or "", args.warmup,
     args.steps, n_params / 1e6))
 
@@ -197,6 +208,56 @@ local function phase_breakdown(model, opt, forward)
   return out
 end
 
+--- --profile: "matmul algorithms", the keys ember.backends.matmul_tune timed
+-- (ember.core.matmul_tune_table) with the chosen and the heuristic's
+-- configuration (cuBLASLt's CUBLASLT_ALGO_CONFIG ids: algo, tile, stages,
+-- split-k, cluster shape), time per call and calls in the profiled step
+-- (`before` and `rows`: the table before and after that step; a graph replay
+-- makes no host calls, so then each key counts once). Returns the rows for
+-- the JSON line.
+local function matmul_tune_report(before, rows)
+  if not args.matmul_tune and #rows == 0 then
+    print("matmul algorithms: tuning off (--matmul-tune or EMBER_MATMUL_TUNE=1 times cuBLASLt's candidates per shape)")
+    return nil
+  end
+  if #rows == 0 then
+    print("matmul algorithms: tuning on, no key tuned (only CUDA gemms are tuned)")
+    return rows
+  end
+  local changed, stepped, tuned_us, heur_us = 0, 0, 0, 0
+  for i, r in ipairs(rows) do
+    r.step_calls = r.calls - (before[i] and before[i].calls or 0)
+    stepped = stepped + r.step_calls
+    if r.chosen ~= 0 then changed = changed + 1 end
+  end
+  for _, r in ipairs(rows) do
+    local n = stepped > 0 and r.step_calls or 1
+    if r.time_us and r.heuristic_time_us then
+      tuned_us, heur_us = tuned_us + n * r.time_us, heur_us + n * r.heuristic_time_us
+    end
+  end
+  print(("matmul algorithms (ember.backends.matmul_tune): %d keys tuned, %d changed from the heuristic's first; " ..
+    "%s: %.3f ms tuned vs %.3f ms heuristic (%.1f%% less; each timed alone)")
+    :format(#rows, changed, stepped > 0 and "the profiled step's calls" or "one call of each key (graph: no host calls)",
+      tuned_us / 1e3, heur_us / 1e3, heur_us > 0 and 100 * (1 - tuned_us / heur_us) or 0))
+  print(("  %-8s %-24s %-5s %-4s %-4s %5s %6s  %-20s %-20s %9s %9s %6s %6s"):format("dtype", "n x m x k (batch)",
+    "trans", "bias", "beta", "cands", "chosen", "algo/tile/stg/sk/cl", "heuristic's", "tuned us", "heur. us", "gain",
+    "calls"))
+  local function cfg_str(a, t, st, sk, cl) return ("%d/%d/%d/%d/%d"):format(a, t, st, sk, cl) end
+  for _, r in ipairs(rows) do
+    local shape = ("%d x %d x %d"):format(r.n, r.m, r.k) .. (r.batch > 1 and (" (%d)"):format(r.batch) or "")
+    local gain = r.time_us and r.heuristic_time_us and r.heuristic_time_us > 0 and
+      ("%5.1f%%"):format(100 * (1 - r.time_us / r.heuristic_time_us)) or "-"
+    print(("  %-8s %-24s %-5s %-4s %-4g %5s %6d  %-20s %-20s %9s %9s %6s %6s"):format(r.dtype .. (r.c_f32 and ">f32" or ""),
+      shape, (r.a_trans and "T" or "N") .. (r.b_trans and "T" or "N"), r.bias and "yes" or "-", r.beta,
+      r.in_capture and "capt." or tostring(r.candidates), r.chosen, cfg_str(r.algo, r.tile, r.stages, r.splitk, r.cluster),
+      cfg_str(r.heuristic_algo, r.heuristic_tile, r.heuristic_stages, r.heuristic_splitk, r.heuristic_cluster),
+      r.time_us and ("%.2f"):format(r.time_us) or "-", r.heuristic_time_us and ("%.2f"):format(r.heuristic_time_us) or "-",
+      gain, stepped > 0 and tostring(r.step_calls) or "-"))
+  end
+  return rows
+end
+
 --- --profile: one more step and one forward under ember.profiler, and the
 -- tables that answer "which kernels, in which phase, inside attention".
 -- Returns the figures for the JSON line.
@@ -205,10 +266,12 @@ local function profile_report(timed, forward, samples)
   local mean = require("ember.bench").stats(samples).mean
   -- CPU tensors: host timing (a CUDA build would time their ops by kernels, of which there are none)
   local backend = not on_cuda and "host" or nil
+  local tune_before = ember.core.matmul_tune_table()
   local train = ember.profile(function()
     nvtx.range("profiled step", timed)
     prof.step()
   end, {print = false, backend = backend})
+  local tune_rows = ember.core.matmul_tune_table()   -- calls counted up to the end of the step
   local fwd = ember.profile(function() nvtx.range("profiled forward", ember.no_grad, forward) end,
     {print = false, backend = backend})
   local ts, fs = train:stats(), fwd:stats()
@@ -282,6 +345,8 @@ local function profile_report(timed, forward, samples)
     print(("profile check: no kernel times (%s); forward profiled wall %.3f ms, step %.3f ms, timed mean %.3f ms")
       :format(train.label, fs.wall_ms, ts.wall_ms, mean))
   end
+  print()
+  figures.matmul_algorithms = matmul_tune_report(tune_before, tune_rows)
   if args.profile_trace then
     local bytes = train:export_chrome_trace(args.profile_trace)
     print(("profile trace: %s (%.1f MB, %d ops, %d kernels; open in ui.perfetto.dev)")

@@ -76,4 +76,21 @@ function M.backends.tf32(on)
   return core.cuda_set_allow_tf32(on)
 end
 
+--- ember.backends.matmul_tune(on) -> previous setting. With it on, the first
+-- CUDA matmul of each new key (shape, transposes, dtypes, leading dims,
+-- alignments, bias epilogue, beta) times up to 16 of cuBLASLt's candidate
+-- algorithms (a host sync, once per key; never during ember.cuda.graph
+-- capture, where the heuristic's first choice runs) and later calls use the
+-- fastest. Off by default: a timed choice can differ between processes and
+-- change the last bits of results; off gives the heuristic's bits. The start
+-- value comes from EMBER_MATMUL_TUNE=0|1. ember.backends.matmul_tune() only
+-- reads it; ember.core.matmul_tune_table() lists the choices (docs/perf.md).
+function M.backends.matmul_tune(on)
+  if on == nil then return core.matmul_tune() end
+  if type(on) ~= "boolean" then
+    error("ember.backends.matmul_tune: expected argument 1 (on) to be a boolean, got " .. type(on), 2)
+  end
+  return core.matmul_set_tune(on)
+end
+
 return M

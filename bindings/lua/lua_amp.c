@@ -1,6 +1,7 @@
-/* Mixed precision switches for Lua: the autocast region (ember/autocast.h)
- * and the TF32 switch for f32 matmuls on CUDA (ember/cuda.h). The friendly
- * forms, ember.autocast(dtype, fn) and ember.backends.tf32(on), live in
+/* Mixed precision switches for Lua: the autocast region (ember/autocast.h),
+ * the TF32 switch for f32 matmuls on CUDA and the matmul tuning switch and
+ * table (ember/cuda.h). The friendly forms, ember.autocast(dtype, fn),
+ * ember.backends.tf32(on) and ember.backends.matmul_tune(on), live in
  * bindings/ember/amp.lua; these are the raw enter/exit pairs they use. */
 #include "lua_ember.h"
 
@@ -48,13 +49,74 @@ static int l_cuda_allow_tf32(lua_State *L) {
   return 1;
 }
 
+/* core.matmul_set_tune(on) -> the previous setting (raises on a bad EMBER_MATMUL_TUNE). */
+static int l_matmul_set_tune(lua_State *L) {
+  const char *fn = lem_name(L);
+  lem_check_type(L, 1, fn, "on", LUA_TBOOLEAN);
+  bool prev;
+  if (em_matmul_set_tune(fn, lua_toboolean(L, 1), &prev)) return lem_raise(L);
+  lua_pushboolean(L, prev);
+  return 1;
+}
+
+/* core.matmul_tune() -> the current setting (EMBER_MATMUL_TUNE until set). */
+static int l_matmul_tune(lua_State *L) {
+  bool on;
+  if (em_matmul_tune_enabled(lem_name(L), &on)) return lem_raise(L);
+  lua_pushboolean(L, on);
+  return 1;
+}
+
+static void set_int(lua_State *L, const char *k, int64_t v) { lua_pushinteger(L, (lua_Integer)v); lua_setfield(L, -2, k); }
+static void set_bool(lua_State *L, const char *k, bool v) { lua_pushboolean(L, v); lua_setfield(L, -2, k); }
+static void set_num(lua_State *L, const char *k, double v) {
+  if (v < 0) return;                   /* not timed: the field stays nil */
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* core.matmul_tune_table() -> {{n=, m=, k=, batch=, dtype=, ..., algo=, time_us=, heuristic_time_us=}, ...}:
+ * every tuned key in tuning order (ember/cuda.h's em_matmul_tune_entry, field for field). */
+static int l_matmul_tune_table(lua_State *L) {
+  int64_t n = em_matmul_tune_count();
+  lua_createtable(L, (int)n, 0);
+  for (int64_t i = 0; i < n; i++) {
+    em_matmul_tune_entry e;
+    if (em_matmul_tune_get(i, &e)) return lem_raise(L);
+    lua_createtable(L, 0, 32);
+    set_int(L, "device", e.device);
+    lua_pushstring(L, em_dtype_name(e.dtype));
+    lua_setfield(L, -2, "dtype");
+    set_bool(L, "tf32", e.tf32); set_bool(L, "a_trans", e.a_trans); set_bool(L, "b_trans", e.b_trans);
+    set_bool(L, "bias", e.bias); set_bool(L, "c_f32", e.c_f32);
+    lua_pushnumber(L, e.beta);
+    lua_setfield(L, -2, "beta");
+    set_int(L, "n", e.n); set_int(L, "m", e.m); set_int(L, "k", e.k); set_int(L, "batch", e.batch);
+    set_int(L, "lda", e.lda); set_int(L, "ldb", e.ldb); set_int(L, "ldc", e.ldc);
+    set_bool(L, "in_capture", e.in_capture);
+    set_int(L, "candidates", e.candidates); set_int(L, "chosen", e.chosen);
+    set_int(L, "algo", e.algo); set_int(L, "tile", e.tile); set_int(L, "stages", e.stages);
+    set_int(L, "splitk", e.splitk); set_int(L, "cluster", e.cluster);
+    set_int(L, "heuristic_algo", e.h_algo); set_int(L, "heuristic_tile", e.h_tile);
+    set_int(L, "heuristic_stages", e.h_stages); set_int(L, "heuristic_splitk", e.h_splitk);
+    set_int(L, "heuristic_cluster", e.h_cluster);
+    set_int(L, "calls", e.calls);
+    set_num(L, "time_us", e.time_us); set_num(L, "heuristic_time_us", e.heuristic_time_us);
+    lua_rawseti(L, -2, (lua_Integer)(i + 1));
+  }
+  return 1;
+}
+
 void lem_open_amp(lua_State *L, int module) {
   static const luaL_Reg f[] = {
     {"autocast_exit", l_autocast_exit}, {"autocast_enabled", l_autocast_enabled},
-    {"autocast_dtype", l_autocast_dtype}, {"cuda_allow_tf32", l_cuda_allow_tf32}, {NULL, NULL}};
+    {"autocast_dtype", l_autocast_dtype}, {"cuda_allow_tf32", l_cuda_allow_tf32},
+    {"matmul_tune_table", l_matmul_tune_table}, {NULL, NULL}};
   lem_register(L, 0, module, f);
   /* named as amp.lua shows them */
   static const lem_Reg named[] = {{"autocast_enter", l_autocast_enter, "autocast"},
-                                  {"cuda_set_allow_tf32", l_cuda_set_allow_tf32, "backends.tf32"}, {NULL, NULL, NULL}};
+                                  {"cuda_set_allow_tf32", l_cuda_set_allow_tf32, "backends.tf32"},
+                                  {"matmul_set_tune", l_matmul_set_tune, "backends.matmul_tune"},
+                                  {"matmul_tune", l_matmul_tune, "backends.matmul_tune"}, {NULL, NULL, NULL}};
   lem_register_named(L, 0, module, named);
 }

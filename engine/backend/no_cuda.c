@@ -81,6 +81,13 @@ static bool allow_tf32;
 void em_cuda_set_allow_tf32(bool on) { allow_tf32 = on; }
 bool em_cuda_allow_tf32(void) { return allow_tf32; }
 
+/* No gemm is ever tuned without CUDA: the table stays empty (the switch itself is engine/matmul_tune.c). */
+int64_t em_matmul_tune_count(void) { return 0; }
+int em_matmul_tune_get(int64_t i, em_matmul_tune_entry *out) {
+  EM_UNUSED(out);
+  return em_error("matmul_tune_table: entry %lld is out of range [0, 0)", (long long)i);
+}
+
 
 /* ---- the boundary's backend half ---- */
 void *em_cuda_cur_stream_handle(int device) { EM_UNUSED(device); return NULL; }

@@ -92,6 +92,38 @@ const char *em_callsite(void);
 void em_cuda_set_allow_tf32(bool on);        /* ember.backends.tf32(true) */
 bool em_cuda_allow_tf32(void);
 
+/* ---- matmul algorithm tuning (engine/matmul_tune.c, kernels/matmul_tune.cu) ----
+ * With tuning on, the first gemm of each new key (shape, transposes, dtypes,
+ * leading dims, alignments, epilogue, beta) times up to 16 of cuBLASLt's
+ * candidate algorithms on the current stream (a host sync, once per key) and
+ * later calls of that key use the fastest. A key first met while a CUDA graph
+ * is being captured is not timed: it keeps the heuristic's choice, in the
+ * graph and after. Off by default (a timed choice may change the last bits
+ * between processes); EMBER_MATMUL_TUNE=0|1 sets the start value. */
+int em_matmul_tune_enabled(const char *op, bool *on);          /* -1 + error on a bad EMBER_MATMUL_TUNE */
+int em_matmul_set_tune(const char *op, bool on, bool *prev);   /* ember.backends.matmul_tune(on) */
+
+/* One tuned key: its gemm in row-major terms (C (n x m) = op(A) (n x k) op(B) (k x m),
+ * batch of them), the winner's and the heuristic's cuBLASLt configuration
+ * (CUBLASLT_ALGO_CONFIG_* ids, as cublasLt.h numbers them) and their times. */
+typedef struct {
+  int device;
+  em_dtype dtype;
+  bool tf32, a_trans, b_trans, bias, c_f32;
+  double beta;                   /* 0, or 1 for an accumulating gemm (or a bias written into C first) */
+  int64_t n, m, k, batch, lda, ldb, ldc;
+  bool in_capture;               /* first met during graph capture: the heuristic's kept, untimed */
+  int candidates;                /* algorithms timed (the heuristic's first included); 0: none */
+  int chosen;                    /* 0: the heuristic's first won; else its rank in cuBLASLt's list */
+  int algo, tile, stages, splitk, cluster;            /* the winner */
+  int h_algo, h_tile, h_stages, h_splitk, h_cluster;  /* the heuristic's first */
+  double time_us, heuristic_time_us;                  /* per call, the best round's mean; < 0: not timed */
+  int64_t calls;                 /* calls of the key that ran the choice since (graph replays not counted) */
+} em_matmul_tune_entry;
+
+int64_t em_matmul_tune_count(void);                            /* tuned keys so far (all devices) */
+int em_matmul_tune_get(int64_t i, em_matmul_tune_entry *out);  /* 0 <= i < count, in tuning order */
+
 #ifdef __cplusplus
 }
 #endif
