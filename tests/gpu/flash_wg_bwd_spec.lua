@@ -96,10 +96,18 @@ local function check(sq, sk, dt, causal, opts)
     print(string.format("  %-44s %s: wg %.3g mma %.3g naive %.3g vs-mma %.3g max|err| %.3g", what, name, ew, em, en,
       ewm, max_abs(wg[name], ref[name])))
     assert.are.equal(dt, wg[name].dtype, what .. " " .. name .. " dtype")
-    local bound = math.min(2 * en + 1e-4, CAP[dt])
-    assert.is_true(ew <= bound, string.format("%s %s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, name, ew,
-      bound, en, em))
-    assert.is_true(ewm <= CAP[dt], string.format("%s %s: vs mma %.3g > %.3g", what, name, ewm, CAP[dt]))
+    if ref[name]:abs():max():item() == 0 then
+      -- an exactly zero gradient (one key: the softmax has no slope, so dq = dk = 0): the
+      -- relative error is undefined; the kernel's rounding residue must be tiny next to the
+      -- O(1) inputs (1e-7 seen on the H100, 2026-11-27; a wrong tile would give O(1))
+      local got = wg[name]:cpu():to("f64"):abs():max():item()
+      assert.is_true(got <= 1e-5, string.format("%s %s: reference 0, got max |%s| %.3g", what, name, name, got))
+    else
+      local bound = math.min(2 * en + 1e-4, CAP[dt])
+      assert.is_true(ew <= bound, string.format("%s %s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, name, ew,
+        bound, en, em))
+      assert.is_true(ewm <= CAP[dt], string.format("%s %s: vs mma %.3g > %.3g", what, name, ewm, CAP[dt]))
+    end
   end
   return wg, mm
 end
@@ -169,15 +177,30 @@ describe("flash attention's wgmma backward (sm_90)", function()
     end)
   end
 
-  it("is not what auto picks yet: auto runs the mma.sync backward (same bits as forced mma)", function()
+  -- which backward kernels ran, by name, from the profiler (the wgmma and mma.sync backwards give the
+  -- same bits: P and dS are the same f32 formula, rounded alike, and both sum their tiles in one order;
+  -- seen on the H100, 2026-11-27 — so bits cannot tell them apart)
+  local function bwd_kernels(kernel, q, k, v, g)
+    local P = ember.profiler.profile(function() flash(kernel, q, k, v, g, true) ember.cuda.synchronize() end,
+      {print = false})
+    local names = {}
+    for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+    P:close()
+    return table.concat(names, " ")
+  end
+
+  it("is not what auto picks yet: auto runs the mma.sync backward (same bits as forced mma, its kernels)", function()
     local q, k, v, g = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda()
-    local a, m, w = flash("auto", q, k, v, g, true), flash("mma", q, k, v, g, true), flash("wg", q, k, v, g, true)
-    for _, name in ipairs(NAMES) do
-      assert.are.equal(0, max_abs(a[name], m[name]), name)
-      -- and that is not trivially so: the wgmma kernels' bits differ (other tiles, other summation order)
-      assert.is_true(max_abs(m[name], w[name]) > 0, name .. ": wg gave mma's bits")
-    end
+    local a, m = flash("auto", q, k, v, g, true), flash("mma", q, k, v, g, true)
+    for _, name in ipairs(NAMES) do assert.are.equal(0, max_abs(a[name], m[name]), name) end
+    if ember.profiler.backend() ~= "cupti" then return end   -- kernel names need CUPTI
+    local ka, kw = bwd_kernels("auto", q, k, v, g), bwd_kernels("wg", q, k, v, g)
+    assert.truthy(ka:find("flash_dkdv_kernel", 1, true), ka)
+    assert.falsy(ka:find("_wg_kernel", 1, true), ka)
+    assert.truthy(kw:find("flash_dkdv_wg_kernel", 1, true), kw)
+    assert.truthy(kw:find("flash_dq_wg_kernel", 1, true), kw)
+    assert.falsy(kw:find("flash_dkdv_kernel", 1, true), kw)
   end)
 
   it("gives bit-identical gradients on repeat (a race would move them): GQA, many tiles, every mask", function()
