@@ -26,6 +26,7 @@
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
 #include <type_traits>
 #include "common.cuh"
+#include "dtype_io.cuh"
 #include "backend.h"
 
 #define FWD_THREADS 256
@@ -303,9 +304,9 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, C *gpart, TW 
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
  * rows per block per step, each thread holding NV 16-byte chunks of x, gy
  * (and of the gx it adds into) in registers, all loads issued before the
- * first use. TPR grows with D so that NV stays small (<= 4 for f32, <= 2
- * for bf16/f16 up to 4096 columns) at every width up to 256·4 chunks (4096
- * f32, 8192 bf16). (v2 was one warp per row with up to 8 chunks and
+ * first use. TPR grows with D so that NV stays <= 4 at every width up to
+ * 256·4 chunks (4096 f32, 8192 bf16), and NV is the fewest that cover the
+ * row. (v2 was one warp per row with up to 8 chunks and
  * fell to the block-per-row kernel above 1024 f32 columns: 47 us for the xl
  * model's (2048 x 1600) f32 on an H100, ~4x the bandwidth floor.) Every
  * block steps through row tiles in the same number of iterations, so the
@@ -314,8 +315,9 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, C *gpart, TW 
  * dw of its rows in its own row of shared memory (each thread its own
  * columns, 16-byte accesses: no barrier; registers would cost 16-32 more a
  * thread and a block an SM); at the end the groups' rows are added in group
- * order per column, in parallel over columns, and the block writes its
- * partial row: deterministic, no atomics. */
+ * order per column, in parallel over columns, the block writes its
+ * partial row, and finish_dw sums the partial rows: deterministic, no
+ * atomics on values (a counter per group of blocks). */
 template <typename TX, typename TW, int TPR, int NV>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
@@ -347,14 +349,14 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     const int64_t i = base + grp;
     const bool row = i < N;
     const TX *xr = x + i * D, *gr = gy + i * D;
-    Packed128<TX> bx[NV], bg[NV], bp[NV];
+    uint4 bx[NV], bg[NV], bp[NV];                       /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
       if (row && j < D) {
-        bx[v] = load128(xr + j);
-        bg[v] = load128(gr + j);
-        if (gx_acc) bp[v] = load128(gx + i * D + j);
+        bx[v] = *reinterpret_cast<const uint4 *>(xr + j);
+        bg[v] = *reinterpret_cast<const uint4 *>(gr + j);
+        if (gx_acc) bp[v] = *reinterpret_cast<const uint4 *>(gx + i * D + j);
       }
     }
     const C r = row ? rstd[i] : (C)0;
@@ -366,7 +368,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dot += ld<C>(bg[v][k]) * wv[k] * (ld<C>(bx[v][k]) * r);
+        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * (raw_elem<C, TX>(bx[v], k) * r);
       }
     }
     dot = warp_allsum(dot);
@@ -389,8 +391,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           Packed128<TX> q;
 #pragma unroll
           for (int k = 0; k < VEC; k++) {
-            C d = r * (ld<C>(bg[v][k]) * wv[k] - ld<C>(bx[v][k]) * r * c);
-            q[k] = st<TX>(gx_acc ? ld<C>(bp[v][k]) + d : d);
+            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k] - raw_elem<C, TX>(bx[v], k) * r * c);
+            q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
         }
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           for (int p = 0; p < NP; p++) {
             Packed128<C> a = dwp(j)[p];
 #pragma unroll
-            for (int q = 0; q < PS; q++) a[q] += ld<C>(bg[v][p * PS + q]) * (ld<C>(bx[v][p * PS + q]) * r);
+            for (int q = 0; q < PS; q++) a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (raw_elem<C, TX>(bx[v], p * PS + q) * r);
             dwp(j)[p] = a;
           }
       }
@@ -487,20 +489,18 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
              ((uintptr_t)gxp & 15) == 0;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   int64_t chunks = vec ? D / (16 / (int64_t)sizeof(TX)) : 0;    /* 16-byte chunks per row */
-  /* threads per row: the fewest that keep <= NVC chunks a thread, and then
-   * as few chunks a thread as cover the row (no idle chunk slots: (2048,
-   * 768) f32 is 192 chunks, 64 threads x 3, where x 4 left a quarter of the
-   * registers unused and 3 blocks an SM). NVC = 4 for f32/f64 (3 chunks: ~60
-   * registers, 4 blocks an SM; 4 chunks: 74, 3 blocks); 2 for bf16/f16, whose
-   * chunks hold twice the elements (4 chunks: 128 registers, 2 blocks an SM),
-   * except rows of 513-1024 chunks. */
-  constexpr int NVC = sizeof(TX) == 2 ? 2 : 4;
+  /* threads per row: the fewest that keep <= 4 chunks a thread, and then as
+   * few chunks a thread as cover the row (no idle chunk slots: (2048, 768)
+   * f32 is 192 chunks, 64 threads x 3, where x 4 left a quarter of the
+   * registers unused and 3 blocks an SM). The chunks sit in registers as raw
+   * words (bf16 too: 4 registers a chunk, where Packed128<bf16> took 8 and
+   * bf16 was held to 2 chunks a thread): 3 chunks 60-64 registers, 4 blocks
+   * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
   if (vec) {
     for (int t = 32; t <= 256 && !tpr; t *= 2)
-      if (chunks <= (int64_t)t * NVC) tpr = t;
-    if (!tpr && chunks <= 1024) tpr = 256;
-    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);
+      if (chunks <= (int64_t)t * 4) tpr = t;
+    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 */
   }
   int dev = x->device.index;
   size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
@@ -508,24 +508,15 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   auto with_config = [&](auto f) -> bool {
     if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1>());
     else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
-    else if constexpr (NVC == 2) {                    /* nv is 2 from 64 threads a row, 3-4 past 512 chunks */
-      if (tpr == 64) f(rg_launch<TX, TW, 64, 2>());
-      else if (tpr == 128) f(rg_launch<TX, TW, 128, 2>());
-      else if (tpr == 256 && nv == 2) f(rg_launch<TX, TW, 256, 2>());
-      else if (tpr == 256 && nv == 3) f(rg_launch<TX, TW, 256, 3>());
-      else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
-      else return false;
-    } else {                                          /* nv is 3 or 4 from 64 threads a row */
-      if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
-      else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
-      else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
-      else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
-      else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
-      else if (tpr == 128) f(rg_launch<TX, TW, 128, 4>());
-      else if (tpr == 256 && nv == 3) f(rg_launch<TX, TW, 256, 3>());
-      else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
-      else return false;
-    }
+    else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
+    else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
+    else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
+    else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
+    else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
+    else if (tpr == 128) f(rg_launch<TX, TW, 128, 4>());
+    else if (tpr == 256 && nv == 3) f(rg_launch<TX, TW, 256, 3>());
+    else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
+    else return false;
     return true;
   };
   int64_t blocks = 0;

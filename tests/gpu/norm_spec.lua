@@ -50,14 +50,15 @@ describe("rmsnorm on CUDA", function()
     it(dt .. ": (29, 64) without weight", function() check({29, 64}, dt, nil, dt) end)
   end
 
-  -- every launch configuration of the backward: threads per row 32..256 with
-  -- 1 to 4 16-byte chunks a thread (3: f32 352, 768, 1536, 3072; bf16
-  -- 6144), and the block kernel past 1024 chunks (or rows not a whole number
-  -- of chunks); 3001 rows give every block several row tiles, one last tile
-  -- with rows missing, and the weight gradient's in-kernel sum several groups
-  -- of 16 blocks and a last group partly filled
-  local widths = {f32 = {64, 200, 352, 512, 768, 1536, 1600, 3072, 4096, 4100, 8192},
-                  bf16 = {256, 512, 1024, 1600, 4096, 6144, 8192, 16384}}
+  -- every launch configuration of the backward: 32 threads a row with 1 to
+  -- 4 16-byte chunks a thread, 64, 128 and 256 with 3 or 4 (f32 64, 200,
+  -- 352, 512 | 768, 1024 | 1536, 1600 | 3072, 4096; bf16 twice the columns),
+  -- and the block kernel past 1024 chunks (or rows not a whole number of
+  -- chunks); 3001 rows give every block several row tiles, one last tile with
+  -- rows missing, and the weight gradient's in-kernel sum several groups of
+  -- 16 blocks and a last group partly filled
+  local widths = {f32 = {64, 200, 352, 512, 768, 1024, 1536, 1600, 3072, 4096, 4100, 8192},
+                  bf16 = {256, 512, 768, 1024, 1536, 1600, 3072, 4096, 6144, 8192, 16384}}
   for _, dt in ipairs {"f32", "bf16"} do
     for _, d in ipairs(widths[dt]) do
       local rows = d <= 1600 and 3001 or 37
