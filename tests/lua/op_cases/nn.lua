@@ -115,13 +115,17 @@ return function(case, perf, ember, F)
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
     {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
+  -- rope backward: the gradient read, x's gradient written, the positions read
+  local function rope_bwd_bytes(i, out) return 2 * out:numel() * out:element_size() + i[2]:numel() * 8 end
   perf("rope", "rope (8,25,1024,64) heads", function(x, pos) return F.rope(x, pos) end,
-    function(T) return {T.randn({8, 25, 1024, 64}), T.positions(1024)} end, {backward = true})
+    function(T) return {T.randn({8, 25, 1024, 64}), T.positions(1024)} end,
+    {backward = true, bwd_bytes = rope_bwd_bytes})
   -- the small model's q (or k): (B4, H12, T512, 64) as the head split's
   -- transposed view of (4,512,12,64), as nn attention hands it over
   perf("rope", "rope (4,12,512,64) heads, transposed view",
     function(x, pos) return F.rope(x:transpose(1, 2), pos) end,
-    function(T) return {T.randn({4, 512, 12, 64}), T.positions(512)} end, {backward = true})
+    function(T) return {T.randn({4, 512, 12, 64}), T.positions(512)} end,
+    {backward = true, bwd_bytes = rope_bwd_bytes})
   perf("rope_qk", "rope_qk (4,12,512,64) q and k, transposed views",
     function(q, k, pos)
       local a, b <close> = F.rope_qk(q:transpose(1, 2), k:transpose(1, 2), pos)
