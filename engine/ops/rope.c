@@ -25,16 +25,17 @@
 #include "cost.h"
 #include "parallel.h"
 
-static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
+/* x and pos as rope's inputs; op and xname name them in the errors (rope's x, rope_qk's q and k). */
+static int rope_validate(const char *op, const char *xname, em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
-  if (em_check_float("rope", "x", x)) return -1;
-  if (em_check_int("rope", "pos", pos)) return -1;
-  if (em_check_same_device("rope", x, pos)) return -1;
-  if (x->ndim < 1) return em_error("rope: expected x with at least 1 dim (..., T, d), got a 0-dim tensor");
+  if (em_check_float(op, xname, x)) return -1;
+  if (em_check_int(op, "pos", pos)) return -1;
+  if (em_check_same_device(op, x, pos)) return -1;
+  if (x->ndim < 1) return em_error("%s: expected %s with at least 1 dim (..., T, d), got a 0-dim tensor", op, xname);
   if (x->shape[x->ndim - 1] % 2 != 0)
-    return em_error("rope: expected an even last dim, got %lld (x has shape %s)",
-                    (long long)x->shape[x->ndim - 1], em_shape_str(x->ndim, x->shape, s1, 160));
-  if (!(theta > 0) || isinf(theta)) return em_error("rope: expected theta > 0 and finite, got %g", theta);
+    return em_error("%s: expected an even last dim, got %lld (%s has shape %s)", op,
+                    (long long)x->shape[x->ndim - 1], xname, em_shape_str(x->ndim, x->shape, s1, 160));
+  if (!(theta > 0) || isinf(theta)) return em_error("%s: expected theta > 0 and finite, got %g", op, theta);
   /* pos must broadcast to x's leading dims without growing them */
   int lead = x->ndim - 1, ok = pos->ndim <= lead;
   for (int i = 0; ok && i < pos->ndim; i++) {
@@ -42,9 +43,9 @@ static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
     ok = ps == xs || ps == 1;
   }
   if (!ok)
-    return em_error("rope: positions of shape %s do not broadcast to x's leading dims %s (x has shape %s)",
-                    em_shape_str(pos->ndim, pos->shape, s1, 160), em_shape_str(lead, x->shape, s2, 160),
-                    em_shape_str(x->ndim, x->shape, s3, 160));
+    return em_error("%s: positions of shape %s do not broadcast to %s's leading dims %s (%s has shape %s)", op,
+                    em_shape_str(pos->ndim, pos->shape, s1, 160), xname, em_shape_str(lead, x->shape, s2, 160),
+                    xname, em_shape_str(x->ndim, x->shape, s3, 160));
   return 0;
 }
 
@@ -252,7 +253,7 @@ static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
   EM_OP_SCOPE("rope");
-  if (rope_validate(x, pos, theta)) return NULL;
+  if (rope_validate("rope", "x", x, pos, theta)) return NULL;
   em_node *n;
   em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
   y = em_op_record(y, &n, "rope", rope_backward, 1, &x, 1, &pos);
@@ -297,7 +298,7 @@ static int rope_qk_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 int em_rope_qk(em_tensor *q, em_tensor *k, em_tensor *pos, double theta, em_tensor **q_out, em_tensor **k_out) {
   EM_OP_SCOPE("rope_qk");
   *q_out = *k_out = NULL;
-  if (rope_validate(q, pos, theta) || rope_validate(k, pos, theta)) return -1;
+  if (rope_validate("rope_qk", "q", q, pos, theta) || rope_validate("rope_qk", "k", k, pos, theta)) return -1;
   if (em_check_same_device("rope_qk", q, k)) return -1;
   em_tensor *y[2];
   if (rope_pair(q, k, pos, theta, 1.0, y)) return -1;
