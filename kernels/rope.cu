@@ -15,7 +15,7 @@
  * once, and rotates that chunk in HPT heads (h = g, g + G, ...: a warp's
  * lanes at one step cover neighbouring heads, contiguous in the (B, T, H, d)
  * memory of a transposed head view), all HPT loads issued before the first
- * use. Threads are ordered chunk, head group, outer row. Offsets in 32-bit
+ * use. Threads are ordered chunk, head group, outer row (128 a block). Offsets in 32-bit
  * arithmetic when every offset fits (the usual case), else 64-bit. Rows that
  * are not 16-byte aligned (odd pair counts, offsets) take one pair a thread.
  * Up to two tensors (q and k) in one launch: blocks [0, b0) do the first.
@@ -34,7 +34,7 @@
 #include "common.cuh"
 #include "backend.h"
 
-#define THREADS 256
+#define THREADS 128          /* the model's q or k: 384 blocks, ~3 an SM (256: 192 blocks, 1 or 2 an SM) */
 #define MAX_HALF 256
 #define HPT 4                      /* heads a thread rotates with one sin/cos of its chunk */
 
