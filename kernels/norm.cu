@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           for (int p = 0; p < NP; p++) {
             Packed128<C> a = dwp(j)[p];
 #pragma unroll
-            for (int q = 0; q < PS; q++) a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (raw_elem<C, TX>(bx[v], p * PS + q) * r);
+            for (int q = 0; q < PS; q++)
+              a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (raw_elem<C, TX>(bx[v], p * PS + q) * r);
             dwp(j)[p] = a;
           }
       }

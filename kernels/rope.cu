@@ -231,7 +231,8 @@ extern "C" int em_rope2_cuda(int n, const em_tensor *const *x, const em_tensor *
   for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = pow(theta, -2.0 * (double)j / (double)d);
   cudaStream_t s = em_cur_stream(x[0]->device.index);
 #define ROPE_GO(P, I, VV, PKK) \
-  rope_kernel<T, C, P, I, VV, PKK><<<(unsigned)blocks, THREADS, 0, s>>>((const P *)em_data_ptr(pos), g, f, theta, (C)sign)
+  rope_kernel<T, C, P, I, VV, PKK><<<(unsigned)blocks, THREADS, 0, s>>>((const P *)em_data_ptr(pos), g, f, theta, \
+                                                                        (C)sign)
 #define ROPE_I(P, VV, PKK) \
   do { if (small) ROPE_GO(P, int32_t, VV, PKK); else ROPE_GO(P, int64_t, VV, PKK); } while (0)
 #define ROPE_P(VV, PKK) \
