@@ -17,13 +17,16 @@
  * rows that fit in registers, one warp per row like the forward (each lane
  * keeps dw of its own columns over its rows, the warps of a block add theirs
  * in order); otherwise one block per group of rows whose threads split D.
- * Either way each block writes a partial row of dw and a second kernel sums
- * the partials in block order. Fixed order everywhere: dw is bit-reproducible.
+ * Either way each block writes a partial row of dw; the row-group kernel sums
+ * the partials itself (finish_dw: the last block of each group of 16, then
+ * the last group), the block kernel with a second kernel. Fixed order
+ * everywhere: dw is bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
 #include <type_traits>
 #include "common.cuh"
+#include "dtype_io.cuh"
 #include "backend.h"
 
 #define FWD_THREADS 256
@@ -245,12 +248,65 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
     for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw_part[blockIdx.x * D + j] = dw[j];
 }
 
+/* The weight gradient's sum over the blocks' partial rows, inside the
+ * backward kernel (no second launch): blocks form groups of DW_GROUP in
+ * block order; the last block of a group to finish adds the group's partial
+ * rows in block order into gpart[group], and the last group to finish adds
+ * the groups' rows in group order into gw. Both orders are fixed, whatever
+ * order the blocks finish in: gw is bit-reproducible. counters: ngroups + 1
+ * ints, zero at launch. The reducers read the partials at L2 (__ldcg: another
+ * SM wrote them), DW_GROUP loads in flight a thread. Cost at (2048, 768)
+ * f32: 512 partial rows (1.5 MB, in L2), 32 group sums of 48 KB each at the
+ * end of the kernel in parallel, then one of 32 rows (96 KB); the separate
+ * dw_reduce_kernel launch took ~3-4 µs plus its launch gap. */
+constexpr int DW_GROUP = 16;
+template <typename C, typename TW>
+__device__ void finish_dw(const C *part, int64_t D, int *counters, C *gpart, TW *gw) {
+  __shared__ int is_last;
+  const int nb = (int)gridDim.x, grp = (int)blockIdx.x / DW_GROUP, ng = (nb + DW_GROUP - 1) / DW_GROUP;
+  const int b0 = grp * DW_GROUP, nin = min(DW_GROUP, nb - b0);
+  __threadfence();                                    /* this block's partial row, visible before its count */
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[grp], 1) == nin - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    C v[DW_GROUP];
+#pragma unroll
+    for (int k = 0; k < DW_GROUP; k++) v[k] = k < nin ? __ldcg(part + (int64_t)(b0 + k) * D + j) : (C)0;
+    C sum = v[0];
+#pragma unroll
+    for (int k = 1; k < DW_GROUP; k++) sum += v[k];
+    gpart[(int64_t)grp * D + j] = sum;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[ng], 1) == ng - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    C sum = 0;
+    int g = 0;
+    for (; g + 8 <= ng; g += 8) {                      /* 8 loads in flight, added in group order */
+      C v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[k] = __ldcg(gpart + (int64_t)(g + k) * D + j);
+#pragma unroll
+      for (int k = 0; k < 8; k++) sum += v[k];
+    }
+    for (; g < ng; g++) sum += __ldcg(gpart + (int64_t)g * D + j);
+    gw[j] = st<TW>(sum);
+  }
+}
+
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
  * rows per block per step, each thread holding NV 16-byte chunks of x, gy
  * (and of the gx it adds into) in registers, all loads issued before the
- * first use. TPR grows with D so that NV stays small (<= 4 for f32, <= 2
- * for bf16/f16 up to 4096 columns) at every width up to 256·4 chunks (4096
- * f32, 8192 bf16). (v2 was one warp per row with up to 8 chunks and
+ * first use. TPR grows with D so that NV stays <= 4 at every width up to
+ * 256·4 chunks (4096 f32, 8192 bf16), and NV is the fewest that cover the
+ * row. (v2 was one warp per row with up to 8 chunks and
  * fell to the block-per-row kernel above 1024 f32 columns: 47 us for the xl
  * model's (2048 x 1600) f32 on an H100, ~4x the bandwidth floor.) Every
  * block steps through row tiles in the same number of iterations, so the
@@ -259,14 +315,16 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
  * dw of its rows in its own row of shared memory (each thread its own
  * columns, 16-byte accesses: no barrier; registers would cost 16-32 more a
  * thread and a block an SM); at the end the groups' rows are added in group
- * order per column, in parallel over columns, and the block writes its
- * partial row: deterministic, no atomics. */
+ * order per column, in parallel over columns, the block writes its
+ * partial row, and finish_dw sums the partial rows: deterministic, no
+ * atomics on values (a counter per group of blocks). */
 template <typename TX, typename TW, int TPR, int NV>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                 bool wvec, bool gx_acc) {
+                                                                 bool wvec, bool gx_acc, int *counters,
+                                                                 acc_t<TX> *gpart, TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -291,14 +349,14 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     const int64_t i = base + grp;
     const bool row = i < N;
     const TX *xr = x + i * D, *gr = gy + i * D;
-    Packed128<TX> bx[NV], bg[NV], bp[NV];
+    uint4 bx[NV], bg[NV], bp[NV];                       /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
       if (row && j < D) {
-        bx[v] = load128(xr + j);
-        bg[v] = load128(gr + j);
-        if (gx_acc) bp[v] = load128(gx + i * D + j);
+        bx[v] = *reinterpret_cast<const uint4 *>(xr + j);
+        bg[v] = *reinterpret_cast<const uint4 *>(gr + j);
+        if (gx_acc) bp[v] = *reinterpret_cast<const uint4 *>(gx + i * D + j);
       }
     }
     const C r = row ? rstd[i] : (C)0;
@@ -310,7 +368,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dot += ld<C>(bg[v][k]) * wv[k] * (ld<C>(bx[v][k]) * r);
+        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * (raw_elem<C, TX>(bx[v], k) * r);
       }
     }
     dot = warp_allsum(dot);
@@ -333,8 +391,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           Packed128<TX> q;
 #pragma unroll
           for (int k = 0; k < VEC; k++) {
-            C d = r * (ld<C>(bg[v][k]) * wv[k] - ld<C>(bx[v][k]) * r * c);
-            q[k] = st<TX>(gx_acc ? ld<C>(bp[v][k]) + d : d);
+            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k] - raw_elem<C, TX>(bx[v], k) * r * c);
+            q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
         }
@@ -343,7 +401,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           for (int p = 0; p < NP; p++) {
             Packed128<C> a = dwp(j)[p];
 #pragma unroll
-            for (int q = 0; q < PS; q++) a[q] += ld<C>(bg[v][p * PS + q]) * (ld<C>(bx[v][p * PS + q]) * r);
+            for (int q = 0; q < PS; q++)
+              a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (raw_elem<C, TX>(bx[v], p * PS + q) * r);
             dwp(j)[p] = a;
           }
       }
@@ -357,6 +416,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
+  finish_dw<C, TW>(dw_part, D, counters, gpart, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -411,8 +471,10 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
     return (tiles + iters - 1) / iters;
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
-                  const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc) {
-    rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc);
+                  const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
+                  acc_t<TX> *gpart, TW *gw) {
+    rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc,
+                                                                      counters, gpart, gw);
   }
 };
 
@@ -428,18 +490,18 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
              ((uintptr_t)gxp & 15) == 0;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   int64_t chunks = vec ? D / (16 / (int64_t)sizeof(TX)) : 0;    /* 16-byte chunks per row */
-  /* threads per row: the fewest that keep <= NVC chunks a thread (1 or 2 for
-   * short rows). NVC = 4 for f32/f64 (74 registers: 3 blocks an SM); 2 for
-   * bf16/f16, whose chunks hold twice the elements (4 chunks: 128 registers,
-   * 2 blocks an SM), except rows of 513-1024 chunks. */
-  constexpr int NVC = sizeof(TX) == 2 ? 2 : 4;
+  /* threads per row: the fewest that keep <= 4 chunks a thread, and then as
+   * few chunks a thread as cover the row (no idle chunk slots: (2048, 768)
+   * f32 is 192 chunks, 64 threads x 3, where x 4 left a quarter of the
+   * registers unused and 3 blocks an SM). The chunks sit in registers as raw
+   * words (bf16 too: 4 registers a chunk, where Packed128<bf16> took 8 and
+   * bf16 was held to 2 chunks a thread): 3 chunks 60-64 registers, 4 blocks
+   * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
   if (vec) {
     for (int t = 32; t <= 256 && !tpr; t *= 2)
-      if (chunks <= (int64_t)t * NVC) tpr = t;
-    if (tpr == 32) nv = chunks <= 32 ? 1 : chunks <= 64 ? 2 : NVC;
-    else if (tpr) nv = NVC;
-    else if (chunks <= 1024) tpr = 256, nv = 4;
+      if (chunks <= (int64_t)t * 4) tpr = t;
+    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 */
   }
   int dev = x->device.index;
   size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
@@ -447,25 +509,38 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   auto with_config = [&](auto f) -> bool {
     if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1>());
     else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
-    else if (tpr == 32) f(rg_launch<TX, TW, 32, NVC>());
-    else if (tpr == 64) f(rg_launch<TX, TW, 64, NVC>());
-    else if (tpr == 128) f(rg_launch<TX, TW, 128, NVC>());
-    else if (tpr == 256 && nv == NVC) f(rg_launch<TX, TW, 256, NVC>());
+    else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
+    else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
+    else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
+    else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
+    else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
+    else if (tpr == 128) f(rg_launch<TX, TW, 128, 4>());
+    else if (tpr == 256 && nv == 3) f(rg_launch<TX, TW, 256, 3>());
     else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
     else return false;
     return true;
   };
   int64_t blocks = 0;
-  if (!with_config([&](auto L) { blocks = decltype(L)::grid(dev, N, smem); })) {
+  bool rg = with_config([&](auto L) { blocks = decltype(L)::grid(dev, N, smem); });
+  if (!rg) {
     int64_t cap = (int64_t)em_sm_count(dev) * 2;      /* block kernel: one block per row, 2 per SM */
     blocks = N < cap ? N : cap;
   }
   if (blocks < 1) return 0;
-  em_tensor *part = NULL;
+  /* gw: the blocks' partial rows, then (row-group kernel) the group sums and
+   * the zeroed counters of finish_dw */
+  int64_t ng = rg ? (blocks + DW_GROUP - 1) / DW_GROUP : 0;
+  em_tensor *part = NULL, *cnt = NULL;
   if (gw) {
-    int64_t shape[2] = {blocks, D};
+    int64_t shape[2] = {blocks + ng, D}, nc = ng + 1;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
-    if (!tpr && smem > 48 * 1024 &&
+    if (rg && (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
+               em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
+                             "cudaMemsetAsync"))) {
+      em_tensor_release(part); em_tensor_release(cnt);
+      return -1;
+    }
+    if (!rg && smem > 48 * 1024 &&
         em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem), "rmsnorm backward", "raising the shared-memory limit")) {
       em_tensor_release(part);
@@ -473,17 +548,22 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     }
   }
   C *pp = part ? (C *)em_data_ptr(part) : nullptr;
+  int *cp = cnt ? (int *)em_data_ptr(cnt) : nullptr;
+  TW *gwp = gw ? (TW *)em_data_ptr(gw) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
-  if (!with_config([&](auto L) { decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc); }))
+  if (!with_config([&](auto L) {
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, pp ? pp + blocks * D : nullptr,
+                         gwp);
+      }))
     rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");
-  if (rc == 0 && gw) {
+  if (rc == 0 && gw && !rg) {                         /* the block kernel's partials: a second pass */
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
-        (const C *)em_data_ptr(part), blocks, D, (TW *)em_data_ptr(gw));
+        (const C *)em_data_ptr(part), blocks, D, gwp);
     rc = em_launch_check("rmsnorm backward");
   }
-  em_tensor_release(part);
+  em_tensor_release(part); em_tensor_release(cnt);
   return rc;
 }
 

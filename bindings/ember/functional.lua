@@ -106,6 +106,28 @@ function F.rope(x, pos, theta)
   return core.rope(x, pos, theta or 10000)
 end
 
+--- RoPE of q and k together: F.rope(q, pos, theta), F.rope(k, pos, theta)
+-- with one autograd node, and on CUDA one launch each way (attention's pair:
+-- the angles are shared and half the launches go).
+-- @param q tensor (..., T, d), d even
+-- @param k tensor (..., T, d) on q's device
+-- @param[opt] pos integer tensor (T); default 0..T-1 of q's T on q's device
+-- @tparam[opt=10000] number theta
+-- @return q rotated, k rotated
+function F.rope_qk(q, k, pos, theta)
+  check_tensor("rope_qk", "q", q)
+  check_tensor("rope_qk", "k", k)
+  if pos == nil then
+    local shape = q.shape
+    if #shape < 2 then
+      error("ember.nn.functional.rope_qk: expected q of shape (..., T, d), got " ..
+        #shape .. " dim(s)", 2)
+    end
+    pos = F.positions(shape[#shape - 1], q.device)
+  end
+  return core.rope_qk(q, k, pos, theta or 10000)
+end
+
 --- silu(x) = x · sigmoid(x).
 function F.silu(x) return core.silu(x) end
 --- max(x, 0).

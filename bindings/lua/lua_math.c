@@ -251,6 +251,14 @@ static int l_rope(lua_State *L) {
   em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *p = lem_check_tensor(L, 2, fn, "positions");
   return lem_push_result(L, em_rope(x, p, lem_opt_number(L, 3, fn, "theta", 10000.0)));
 }
+static int l_rope_qk(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k");
+  em_tensor *p = lem_check_tensor(L, 3, fn, "positions"), *qo, *ko;
+  if (em_rope_qk(q, k, p, lem_opt_number(L, 4, fn, "theta", 10000.0), &qo, &ko)) return lem_push_result(L, NULL);
+  lem_push_result(L, qo);
+  return 1 + lem_push_result(L, ko);
+}
 static int l_swiglu(lua_State *L) {
   const char *fn = lem_name(L);
   return lem_push_result(L, em_swiglu(lem_check_tensor(L, 1, fn, "a"), lem_check_tensor(L, 2, fn, "b")));
@@ -498,7 +506,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
-    {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},

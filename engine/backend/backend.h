@@ -385,6 +385,10 @@ int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tens
  * any strides on the leading dims (the engine gives it x's layout).
  * Forward is sign = +1, backward (the transpose) sign = -1. */
 int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double theta, double sign, em_tensor *y);
+/* The same for n = 1 or 2 tensors in one launch (q and k): x[i] -> y[i], one
+ * dtype and last dim for all, pos broadcast to each x's leading dims. */
+int em_rope2_cuda(int n, const em_tensor *const *x, const em_tensor *pos, double theta, double sign,
+                  em_tensor *const *y);
 
 /* ---- swiglu (kernels/swiglu.cu) ---- */
 /* SwiGLU on CUDA (kernels/swiglu.cu), the device half of engine/ops/swiglu.c.

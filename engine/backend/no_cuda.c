@@ -142,6 +142,8 @@ int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tens
                            const em_tensor *gy, em_tensor *gx, em_tensor *gw, em_tensor *gb) { return no_cuda(NULL); }
 int em_rope_cuda(const em_tensor *x, const em_tensor *pos, double theta, double sign,
                  em_tensor *y) { return no_cuda(NULL); }
+int em_rope2_cuda(int n, const em_tensor *const *x, const em_tensor *pos, double theta, double sign,
+                  em_tensor *const *y) { return no_cuda(NULL); }
 int em_swiglu_fwd_cuda(const em_tensor *a, const em_tensor *b, em_tensor *y) { return no_cuda(NULL); }
 int em_swiglu_bwd_cuda(const em_tensor *a, const em_tensor *b, const em_tensor *g, em_tensor *ga,
                        em_tensor *gb) { return no_cuda(NULL); }

@@ -271,7 +271,10 @@ static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) 
   em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
   int rc = -1;
   if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gout[0], x->dtype))) goto done;
-  if (sink) gx = em_tensor_retain(sink);
+  if (sink) {
+    gx = em_tensor_retain(sink);
+    EM_OP_COST(em_cost_nbytes(x), (double)em_numel(x), em_cost_simt_class(rstd->dtype));  /* the sum so far read and added */
+  }
   else if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
   if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
   if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw)) goto done;

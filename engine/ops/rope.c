@@ -15,23 +15,27 @@
  * On CUDA (kernels/rope.cu) one kernel does either direction, reading x in
  * place through any strides of its leading dims (q and k arrive as transposed
  * head views) and computing each angle in double from the position, with no
- * table (building one needs the position range: a host read).
+ * table (building one needs the position range: a host read), once per
+ * (row position, pair) for all heads.
+ * em_rope_qk rotates q and k with one node and, on CUDA, one launch each way
+ * (attention's two ropes: half the launches, and the angles shared).
  * On the CPU rows are spread over the threads (the table is built once, before). */
 #include <stdio.h>
 #include "op.h"
 #include "cost.h"
 #include "parallel.h"
 
-static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
+/* x and pos as rope's inputs; op and xname name them in the errors (rope's x, rope_qk's q and k). */
+static int rope_validate(const char *op, const char *xname, em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
-  if (em_check_float("rope", "x", x)) return -1;
-  if (em_check_int("rope", "pos", pos)) return -1;
-  if (em_check_same_device("rope", x, pos)) return -1;
-  if (x->ndim < 1) return em_error("rope: expected x with at least 1 dim (..., T, d), got a 0-dim tensor");
+  if (em_check_float(op, xname, x)) return -1;
+  if (em_check_int(op, "pos", pos)) return -1;
+  if (em_check_same_device(op, x, pos)) return -1;
+  if (x->ndim < 1) return em_error("%s: expected %s with at least 1 dim (..., T, d), got a 0-dim tensor", op, xname);
   if (x->shape[x->ndim - 1] % 2 != 0)
-    return em_error("rope: expected an even last dim, got %lld (x has shape %s)",
-                    (long long)x->shape[x->ndim - 1], em_shape_str(x->ndim, x->shape, s1, 160));
-  if (!(theta > 0) || isinf(theta)) return em_error("rope: expected theta > 0 and finite, got %g", theta);
+    return em_error("%s: expected an even last dim, got %lld (%s has shape %s)", op,
+                    (long long)x->shape[x->ndim - 1], xname, em_shape_str(x->ndim, x->shape, s1, 160));
+  if (!(theta > 0) || isinf(theta)) return em_error("%s: expected theta > 0 and finite, got %g", op, theta);
   /* pos must broadcast to x's leading dims without growing them */
   int lead = x->ndim - 1, ok = pos->ndim <= lead;
   for (int i = 0; ok && i < pos->ndim; i++) {
@@ -39,9 +43,9 @@ static int rope_validate(em_tensor *x, em_tensor *pos, double theta) {
     ok = ps == xs || ps == 1;
   }
   if (!ok)
-    return em_error("rope: positions of shape %s do not broadcast to x's leading dims %s (x has shape %s)",
-                    em_shape_str(pos->ndim, pos->shape, s1, 160), em_shape_str(lead, x->shape, s2, 160),
-                    em_shape_str(x->ndim, x->shape, s3, 160));
+    return em_error("%s: positions of shape %s do not broadcast to %s's leading dims %s (%s has shape %s)", op,
+                    em_shape_str(pos->ndim, pos->shape, s1, 160), xname, em_shape_str(lead, x->shape, s2, 160),
+                    xname, em_shape_str(x->ndim, x->shape, s3, 160));
   return 0;
 }
 
@@ -179,15 +183,38 @@ static em_tensor *empty_like_layout(em_tensor *x) {
   return v;
 }
 
-static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+/* x with its last dim contiguous (the kernel's one layout requirement). */
+static em_tensor *last_dim_contiguous(em_tensor *x) {
   int64_t d = x->shape[x->ndim - 1];
-  em_tensor *xc = (x->stride[x->ndim - 1] == 1 || d <= 1) ? em_tensor_retain(x) : em_contiguous(x);
-  em_tensor *pc = !xc ? NULL : (pos->dtype == EM_I32 || pos->dtype == EM_I64) ? em_tensor_retain(pos)
-                                                                                : em_contiguous_as(pos, EM_I64);
-  em_tensor *y = pc ? empty_like_layout(xc) : NULL;
-  if (y && em_rope_cuda(xc, pc, theta, sign, y)) { em_tensor_release(y); y = NULL; }
-  em_tensor_release(xc); em_tensor_release(pc);
-  if (!y || out_dt == x->dtype) return y;
+  return (x->stride[x->ndim - 1] == 1 || d <= 1) ? em_tensor_retain(x) : em_contiguous(x);
+}
+
+/* y[i] = rotate(x[i], sign * angle) for i < n (1, or 2 sharing dtype and last
+ * dim: q and k in one launch), each y in its x's layout. 0 or -1. */
+static int rope_cuda_n(int n, em_tensor *const *x, em_tensor *pos, double theta, double sign, em_tensor **y) {
+  em_tensor *xc[2] = {0}, *pc = NULL;
+  int rc = -1;
+  for (int i = 0; i < n; i++) y[i] = NULL;
+  for (int i = 0; i < n; i++)
+    if (!(xc[i] = last_dim_contiguous(x[i]))) goto done;
+  pc = (pos->dtype == EM_I32 || pos->dtype == EM_I64) ? em_tensor_retain(pos) : em_contiguous_as(pos, EM_I64);
+  if (!pc) goto done;
+  for (int i = 0; i < n; i++)
+    if (!(y[i] = empty_like_layout(xc[i]))) goto done;
+  rc = em_rope2_cuda(n, (const em_tensor *const *)xc, pc, theta, sign, y);
+done:
+  for (int i = 0; i < n; i++) {
+    em_tensor_release(xc[i]);
+    if (rc) { em_tensor_release(y[i]); y[i] = NULL; }
+  }
+  em_tensor_release(pc);
+  return rc;
+}
+
+static em_tensor *rope_apply_cuda(em_tensor *x, em_tensor *pos, double theta, double sign, em_dtype out_dt) {
+  em_tensor *y;
+  if (rope_cuda_n(1, &x, pos, theta, sign, &y)) return NULL;
+  if (out_dt == x->dtype) return y;
   em_tensor *r = em_contiguous_as(y, out_dt);
   em_tensor_release(y);
   return r;
@@ -226,10 +253,67 @@ static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
   EM_OP_SCOPE("rope");
-  if (rope_validate(x, pos, theta)) return NULL;
+  if (rope_validate("rope", "x", x, pos, theta)) return NULL;
   em_node *n;
   em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
   y = em_op_record(y, &n, "rope", rope_backward, 1, &x, 1, &pos);
   if (n) n->f[0] = theta;
   return y;
+}
+
+/* ---- rope_qk: q and k rotated together (one CUDA launch each way) ---- */
+
+static bool one_launch(em_tensor *a, em_tensor *b) {
+  return a->device.type == EM_CUDA && a->dtype == b->dtype && a->shape[a->ndim - 1] == b->shape[b->ndim - 1];
+}
+
+/* (a, b) rotated by sign * angle into out[0], out[1]. 0 or -1. */
+static int rope_pair(em_tensor *a, em_tensor *b, em_tensor *pos, double theta, double sign, em_tensor **out) {
+  if (one_launch(a, b)) {
+    /* both read and written, the positions read once; 3 FLOPs an element
+     * (the other path declares each rope_apply's) */
+    EM_OP_COST(2 * (em_cost_nbytes(a) + em_cost_nbytes(b)) + em_cost_nbytes(pos), 3 * (em_numel(a) + em_numel(b)),
+               em_cost_simt_class(a->dtype));
+    return rope_cuda_n(2, (em_tensor *[]){a, b}, pos, theta, sign, out);
+  }
+  out[0] = rope_apply(a, pos, theta, sign, a->dtype);
+  out[1] = out[0] ? rope_apply(b, pos, theta, sign, b->dtype) : NULL;
+  if (out[1]) return 0;
+  em_tensor_release(out[0]);
+  out[0] = NULL;
+  return -1;
+}
+
+/* saved: pos; f[0] = theta. The inverse rotation of both gradients. */
+static int rope_qk_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *g[2];
+  if (rope_pair(gout[0], gout[1], n->saved[0], n->f[0], -1.0, g)) return -1;
+  for (int i = 0; i < 2; i++) {
+    if (em_node_needs_input_grad(n, i)) gin[i] = g[i];
+    else em_tensor_release(g[i]);
+  }
+  return 0;
+}
+
+int em_rope_qk(em_tensor *q, em_tensor *k, em_tensor *pos, double theta, em_tensor **q_out, em_tensor **k_out) {
+  EM_OP_SCOPE("rope_qk");
+  *q_out = *k_out = NULL;
+  if (rope_validate("rope_qk", "q", q, pos, theta) || rope_validate("rope_qk", "k", k, pos, theta)) return -1;
+  if (em_check_same_device("rope_qk", q, k)) return -1;
+  em_tensor *y[2];
+  if (rope_pair(q, k, pos, theta, 1.0, y)) return -1;
+  em_tensor *in[2] = {q, k};
+  if (em_grad_needed(2, in)) {
+    em_node *n = em_node_new("rope_qk", rope_qk_backward, 2, 2);
+    if (!n) { em_tensor_release(y[0]); em_tensor_release(y[1]); return -1; }
+    em_node_set_input(n, 0, q);
+    em_node_set_input(n, 1, k);
+    em_node_save(n, pos);
+    n->f[0] = theta;
+    em_node_set_output(n, 0, y[0]);
+    em_node_set_output(n, 1, y[1]);
+    em_node_release(n);
+  }
+  *q_out = y[0]; *k_out = y[1];
+  return 0;
 }

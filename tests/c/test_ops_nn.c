@@ -561,6 +561,61 @@ TEST(rope_gradient_matches_finite_differences) {
   release_all(2, in);
 }
 
+/* rope_qk: the same values as two em_rope calls, both gradients through one node. */
+TEST(rope_qk_matches_two_ropes) {
+  em_tensor *q = leaf(randt(EM_F64, SHAPE(2, 3, 4, 6))), *k = leaf(randt(EM_F64, SHAPE(2, 1, 4, 6)));
+  em_tensor *pos = ints(EM_I64, SHAPE(4), (int64_t[]){0, 3, 7, 100000});
+  em_tensor *qo = NULL, *ko = NULL;
+  CHECK(em_rope_qk(q, k, pos, 500, &qo, &ko) == 0);
+  bool prev = em_set_grad_enabled(false);
+  em_tensor *qr = em_rope(q, pos, 500), *kr = em_rope(k, pos, 500);
+  em_set_grad_enabled(prev);
+  CHECK(qo && ko && qr && kr && shape_is(qo, SHAPE(2, 3, 4, 6)) && shape_is(ko, SHAPE(2, 1, 4, 6)));
+  if (qo && ko && qr && kr) {
+    double mq = 0, mk = 0;
+    for (int64_t i = 0; i < em_numel(qo); i++) mq = fmax(mq, fabs(at(qo, i) - at(qr, i)));
+    for (int64_t i = 0; i < em_numel(ko); i++) mk = fmax(mk, fabs(at(ko, i) - at(kr, i)));
+    CHECK_NEAR(mq, 0, 0);
+    CHECK_NEAR(mk, 0, 0);
+  }
+  /* k's output unused: q still gets its gradient (k's is the rotation of zeros) */
+  em_tensor *g = randt(EM_F64, SHAPE(2, 3, 4, 6));
+  CHECK(qo && em_backward(qo, g, false) == 0);
+  CHECK(q->grad != NULL && k->grad != NULL);
+  if (k->grad) {
+    double mk = 0;
+    for (int64_t i = 0; i < em_numel(k->grad); i++) mk = fmax(mk, fabs(at(k->grad, i)));
+    CHECK_NEAR(mk, 0, 0);
+  }
+  release_all(8, (em_tensor *[]){q, k, pos, qo, ko, qr, kr, g});
+}
+
+TEST(rope_qk_errors) {
+  em_tensor *q = randt(EM_F32, SHAPE(2, 4, 6)), *k5 = randt(EM_F32, SHAPE(2, 4, 5));
+  em_tensor *pos = ints(EM_I64, SHAPE(4), (int64_t[]){0, 1, 2, 3}), *qo = q, *ko = q;
+  CHECK_ERR_CONTAINS(em_rope_qk(q, k5, pos, 10000, &qo, &ko) != 0,
+                     "rope_qk: expected an even last dim, got 5 (k has shape [2, 4, 5])");
+  CHECK(qo == NULL && ko == NULL);
+  release_all(3, (em_tensor *[]){q, k5, pos});
+}
+
+/* q and k weighed differently (3 q' + k'), so a swapped gradient fails. */
+static em_tensor *f_rope_qk(em_tensor **in, const void *ctx) {
+  EM_UNUSED(ctx);
+  em_tensor *a, *b;
+  if (em_rope_qk(in[0], in[1], in[2], 100, &a, &b)) return NULL;
+  em_tensor *a3 = em_mul_scalar(a, 3.0), *s = a3 ? em_add(a3, b) : NULL;
+  release_all(3, (em_tensor *[]){a, b, a3});
+  return s;
+}
+
+TEST(rope_qk_gradient_matches_finite_differences) {
+  em_tensor *in[3] = {leaf(randt(EM_F64, SHAPE(2, 3, 6))), leaf(randt(EM_F64, SHAPE(2, 3, 6))),
+                      ints(EM_I64, SHAPE(3), (int64_t[]){0, 4, 9})};
+  gradcheck("rope_qk", f_rope_qk, NULL, 3, in);
+  release_all(3, in);
+}
+
 /* ---------------- attention ---------------- */
 
 /* q (B, Tq, d), k/v (Bk, Tk, d|dv) with Bk in {1, B}; top-left causal. */
@@ -848,6 +903,9 @@ int main(void) {
   RUN(rope_position_zero_is_identity);
   RUN(rope_errors);
   RUN(rope_gradient_matches_finite_differences);
+  RUN(rope_qk_matches_two_ropes);
+  RUN(rope_qk_errors);
+  RUN(rope_qk_gradient_matches_finite_differences);
   RUN(attention_matches_explicit_loop);
   RUN(attention_errors);
   RUN(attention_gradients_match_finite_differences);

@@ -114,7 +114,7 @@ describe("ember.profiler on the CPU", function()
   it("filters op rows by phase and module pattern", function()
     for _, r in ipairs(P:ops{phase = "optimizer"}) do assert.are.equal(r.calls, r.optimizer_calls) end
     local fwd_attn = P:ops{phase = "forward", module = "*.attn*"}
-    assert.truthy(row(fwd_attn, "rope"))
+    assert.truthy(row(fwd_attn, "rope_qk"))
     assert.is_nil(row(fwd_attn, "adamw_"))
   end)
 

@@ -151,7 +151,7 @@ describe("profiler roofline columns", function()
     end
     -- the step's ops each carry a cost
     local ops = p:ops()
-    for _, key in ipairs({"embedding", "rmsnorm", "linear", "rope", "matmul", "scaled_softmax", "swiglu", "add",
+    for _, key in ipairs({"embedding", "rmsnorm", "linear", "rope_qk", "matmul", "scaled_softmax", "swiglu", "add",
                           "cross_entropy", "adamw_"}) do
       assert.truthy(row(ops, key).bytes > 0, key)
     end

@@ -93,7 +93,7 @@ function CausalSelfAttention:forward(x, pos, kv)
   local rope = self.rope
   if rope then
     pos = pos or rope:positions(T, x.device)
-    q, k = rope(q, pos), rope(k, pos)
+    q, k = rope:rotate_qk(q, k, pos)                 -- one node, one launch for both
   end
   local y                                             -- (..., H, T, dh)
   if kv then y = kv:attend(q, k, v, self.attn_fn) else y = self.attn_fn(q, k, v) end

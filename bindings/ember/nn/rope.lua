@@ -51,6 +51,18 @@ function RotaryEmbedding:forward(x, pos)
   return F.rope(x, pos, self.theta)
 end
 
+--- q and k rotated together (F.rope_qk: one autograd node, and on CUDA one
+-- launch each way); pos as forward's, from q's T.
+function RotaryEmbedding:rotate_qk(q, k, pos)
+  local qs, ks = q.shape, k.shape
+  if qs[#qs] ~= self.d_head or ks[#ks] ~= self.d_head then
+    error(fmt("ember.nn.RotaryEmbedding: expected last dim %d (d_head), got shapes %s and %s",
+      self.d_head, util.shape_str(qs), util.shape_str(ks)), 2)
+  end
+  pos = pos or self:positions(qs[#qs - 1], q.device)
+  return F.rope_qk(q, k, pos, self.theta)
+end
+
 function RotaryEmbedding:extra_repr()
   return fmt("d_head=%d, theta=%s", self.d_head, util.float_repr(self.theta))
 end

@@ -117,6 +117,10 @@ em_tensor *em_layer_norm(em_tensor *x, em_tensor *w, em_tensor *b, double eps);
 /* Rotate adjacent pairs (x[2j], x[2j+1]) of the last dim by pos * theta^(-2j/d).
  * x (..., T, d), d even; pos integer (T) or broadcastable to x's leading dims + T. */
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta);
+/* em_rope of q and of k with one autograd node (one CUDA launch each way when
+ * they share dtype and last dim): *q_out, *k_out new tensors. 0, or -1 with
+ * the error set and both NULL. */
+int em_rope_qk(em_tensor *q, em_tensor *k, em_tensor *pos, double theta, em_tensor **q_out, em_tensor **k_out);
 /* Causal masking of attention. Query i sees keys j <= i + offset:
  * top-left aligned, offset 0 (PyTorch SDPA's is_causal; `true` converts to
  * it), or bottom-right aligned, offset Tk - Tq (the last query sees every

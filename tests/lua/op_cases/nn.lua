@@ -43,6 +43,13 @@ return function(case, perf, ember, F)
   case("F.rope with default positions", "rope",
     function(x) return F.rope(x) end,
     function(T) return {T.randn({3, 4})} end)
+  -- both outputs weighed differently, so each input's gradient is checked
+  case("F.rope_qk over transposed heads (2,3,4,6) with positions 0..3", "rope_qk",
+    function(q, k, pos)
+      local a, b = F.rope_qk(q:transpose(1, 2), k:transpose(1, 2), pos, 100)
+      return a + b * 2
+    end,
+    function(T) return {T.randn({2, 4, 3, 6}), T.randn({2, 4, 3, 6}), T.positions(4)} end)
   case("F.swiglu(a, b) = silu(a) * b", "swiglu",
     function(a, b) return F.swiglu(a, b) end,
     function(T) return {T.randn({2, 5}), T.randn({2, 5})} end)
@@ -108,8 +115,25 @@ return function(case, perf, ember, F)
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
     {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
+  -- rope backward: the gradient read, x's gradient written, the positions read
+  local function rope_bwd_bytes(i, out) return 2 * out:numel() * out:element_size() + i[2]:numel() * 8 end
   perf("rope", "rope (8,25,1024,64) heads", function(x, pos) return F.rope(x, pos) end,
-    function(T) return {T.randn({8, 25, 1024, 64}), T.positions(1024)} end, {backward = true})
+    function(T) return {T.randn({8, 25, 1024, 64}), T.positions(1024)} end,
+    {backward = true, bwd_bytes = rope_bwd_bytes})
+  -- the small model's q (or k): (B4, H12, T512, 64) as the head split's
+  -- transposed view of (4,512,12,64), as nn attention hands it over
+  perf("rope", "rope (4,12,512,64) heads, transposed view",
+    function(x, pos) return F.rope(x:transpose(1, 2), pos) end,
+    function(T) return {T.randn({4, 512, 12, 64}), T.positions(512)} end,
+    {backward = true, bwd_bytes = rope_bwd_bytes})
+  perf("rope_qk", "rope_qk (4,12,512,64) q and k, transposed views",
+    function(q, k, pos)
+      local a, b <close> = F.rope_qk(q:transpose(1, 2), k:transpose(1, 2), pos)
+      return a                      -- k's result closed here: bench_ops.lua releases the one it gets
+    end,
+    function(T) return {T.randn({4, 512, 12, 64}), T.randn({4, 512, 12, 64}), T.positions(512)} end,
+    {bytes = function(i) return 2 * (i[1]:numel() * i[1]:element_size() + i[2]:numel() * i[2]:element_size()) +
+      i[3]:numel() * 8 end})
   perf("swiglu", "swiglu (8192,6400)", function(a, b) return F.swiglu(a, b) end,
     function(T) return {T.randn({8192, 6400}), T.randn({8192, 6400})} end,
     {backward = true, torch = "F.silu(a) * b"})
