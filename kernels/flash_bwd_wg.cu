@@ -404,9 +404,10 @@ int launch(const Params &p, const Maps &m, cudaStream_t s) {
   return em_launch_check("flash_attention backward (wgmma dq)");
 }
 
-/* auto's choice: the mma.sync kernels until the wgmma backward has run on an
- * H100 (spec and timings, docs/flash.md "Step 4"); then true, one line. */
-constexpr bool kAutoWg = false;
+/* auto's choice: the wgmma kernels on sm_90 at D 64/128 in bf16/f16. Their
+ * spec passed on an H100 (2026-11-27) with the mma.sync backward's bits
+ * (docs/flash.md "Step 4"), so the switch changes speed, not results. */
+constexpr bool kAutoWg = true;
 
 int g_bwd_mode = -1;   // -1: not read from EMBER_FLASH_BWD yet
 

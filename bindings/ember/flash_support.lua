@@ -64,7 +64,10 @@ function M.cell(device, dtype, d, causal, gqa, opts)
   row.forward, row.decode, row.backward = "flash_fwd (" .. mma .. ")", "flash_decode (" .. mma .. ")",
     "flash_bwd (" .. mma .. ")"
   -- Hopper: the wgmma forward (flash_fwd_wg2.cu) at d 64 and 128 (docs/flash.md, Step 3)
-  if d == 64 or d == 128 then row.forward = "flash_fwd_wg2 on sm_90, else flash_fwd (" .. mma .. ")" end
+  if d == 64 or d == 128 then
+    row.forward = "flash_fwd_wg2 on sm_90, else flash_fwd (" .. mma .. ")"
+    row.backward = "flash_bwd_wg on sm_90, else flash_bwd (" .. mma .. ")"
+  end
   row.precision = mma .. " mma, f32 softmax"
   row.auto = "flash"
   return row

@@ -189,18 +189,23 @@ describe("flash attention's wgmma backward (sm_90)", function()
     return table.concat(names, " ")
   end
 
-  it("is not what auto picks yet: auto runs the mma.sync backward (same bits as forced mma, its kernels)", function()
+  it("is what auto picks at D 64/128 (its kernels, the mma backward's bits); mma at D 32", function()
     local q, k, v, g = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda()
     local a, m = flash("auto", q, k, v, g, true), flash("mma", q, k, v, g, true)
     for _, name in ipairs(NAMES) do assert.are.equal(0, max_abs(a[name], m[name]), name) end
-    if ember.profiler.backend() ~= "cupti" then return end   -- kernel names need CUPTI
-    local ka, kw = bwd_kernels("auto", q, k, v, g), bwd_kernels("wg", q, k, v, g)
-    assert.truthy(ka:find("flash_dkdv_kernel", 1, true), ka)
-    assert.falsy(ka:find("_wg_kernel", 1, true), ka)
-    assert.truthy(kw:find("flash_dkdv_wg_kernel", 1, true), kw)
-    assert.truthy(kw:find("flash_dq_wg_kernel", 1, true), kw)
-    assert.falsy(kw:find("flash_dkdv_kernel", 1, true), kw)
+    assert.are.equal("cupti", ember.profiler.backend(), "kernel names need CUPTI")
+    local ka, km = bwd_kernels("auto", q, k, v, g), bwd_kernels("mma", q, k, v, g)
+    assert.truthy(ka:find("flash_dkdv_wg_kernel", 1, true), ka)
+    assert.truthy(ka:find("flash_dq_wg_kernel", 1, true), ka)
+    assert.falsy(ka:find("flash_dkdv_kernel", 1, true), ka)
+    assert.truthy(km:find("flash_dkdv_kernel", 1, true), km)
+    assert.falsy(km:find("_wg_kernel", 1, true), km)
+    -- D 32: no wgmma backward; auto runs mma (no error, unlike forced wg)
+    local q32, g32 = randn({1, 2, 300, 32}, "bf16"):cuda(), randn({1, 2, 300, 32}, "bf16"):cuda()
+    local k32 = bwd_kernels("auto", q32, q32, q32, g32)
+    assert.truthy(k32:find("flash_dkdv_kernel", 1, true), k32)
+    assert.falsy(k32:find("_wg_kernel", 1, true), k32)
   end)
 
   it("gives bit-identical gradients on repeat (a race would move them): GQA, many tiles, every mask", function()
