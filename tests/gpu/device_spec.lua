@@ -327,6 +327,24 @@ describe("the device RNG", function()
     end)
   end
 
+  it("draws normal_ and randn over 2^20 + 3 values bit for bit as the CPU (f32 Box-Muller, no libm)", function()
+    -- the f32 path's log/sincos are + - * / sqrt only, kept unfused on the
+    -- device (__fmul_rn/__fadd_rn): any contraction would show here
+    local n = (1 << 20) + 3
+    for _, case in ipairs {
+      {"normal_(1, 2) f32", function(dev) return ember.empty(n, {device = dev}):normal_(1, 2) end},
+      {"randn bf16", function(dev) return ember.randn({n}, {dtype = "bf16", device = dev}) end},
+      {"normal_ f16 into a view off alignment", function(dev)
+        local t = ember.zeros(n + 1, {dtype = "f16", device = dev})
+        t:narrow(0, 1, n):normal_(0, 0.5)
+        return t
+      end},
+    } do
+      local g, c = both(2026, case[2])
+      assert_same_bits(g:cpu(), c, case[1])
+    end
+  end)
+
   it("draws randn and trunc_normal_ in f64 within an ulp or two of the CPU", function()
     for _, make in ipairs {
       function(dev) return ember.randn({N}, {dtype = "f64", device = dev}) end,
