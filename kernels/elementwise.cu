@@ -434,50 +434,74 @@ bool half_or_f32(int dt) { return dt == EM_F32 || dt == EM_BF16 || dt == EM_F16;
  * Every tensor operand is unit-stride along the last coalesced dim, or
  * constant along it (stride 0: a per-row value, such as a (B*T, 1) scale);
  * rows (the outer dims) broadcast freely: x + bias, x * norm_weight. One
- * Packed128 per thread per step; the row's offsets cost one division per
- * outer dim per 16 bytes. */
+ * 16-byte vector per operand per step (two in flight for bf16/f16, as
+ * ew_contig), read as raw words; the row's offsets cost one division per
+ * outer dim per vector. NIN as ew_contig (the int64 variant takes 3). */
 
-template <typename T, typename C, typename I>
+/* Vector u's row offsets (off, per tensor) and its first column c. */
+template <typename I, int V>
+__device__ __forceinline__ void row_offsets(const EwArgs &a, I u, I nv, I off[4], I &c) {
+  I row = u / nv, rem = row;
+  c = (u - row * nv) * V;
+  off[0] = off[1] = off[2] = off[3] = 0;
+  for (int d = a.ndim - 2; d >= 0; d--) {
+    I s = (I)a.shape[d], q = rem / s, cc = rem - q * s;
+    rem = q;
+#pragma unroll
+    for (int o = 0; o < 4; o++) off[o] += cc * (I)a.stride[o][d];
+  }
+}
+
+template <typename T, typename C, int NIN, typename I>
 __global__ void __launch_bounds__(kThreads) ew_rows(EwArgs a) {
   constexpr int V = 16 / (int)sizeof(T);
+  constexpr int U = sizeof(T) == 2 ? 2 : 1;
+  constexpr int W = U * V;
   const Kern<C> k(a);
   const int last = a.ndim - 1;
   C cst[3];
 #pragma unroll
   for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j]) : (C)0;
-  const I nv = (I)(a.shape[last] / V), total = (I)(a.numel / V);
-  for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (I)gridDim.x * blockDim.x) {
-    I row = u / nv, c = (u - row * nv) * V;
-    I off[4] = {0, 0, 0, 0}, rem = row;
-    for (int d = last - 1; d >= 0; d--) {
-      I s = (I)a.shape[d], q = rem / s, cc = rem - q * s;
-      rem = q;
+  const I nv = (I)(a.shape[last] / V), total = (I)(a.numel / V), step = (I)gridDim.x * blockDim.x;
+  for (I u0 = (I)blockIdx.x * blockDim.x + threadIdx.x; u0 < total; u0 += U * step) {
+    I off[U][4], c[U];
+    bool ok[U];
 #pragma unroll
-      for (int o = 0; o < 4; o++) off[o] += cc * (I)a.stride[o][d];
+    for (int uu = 0; uu < U; uu++) {
+      ok[uu] = uu == 0 || u0 + uu * step < total;
+      row_offsets<I, V>(a, ok[uu] ? u0 + uu * step : u0, nv, off[uu], c[uu]);
     }
-    C x[3][V], o[V];
+    C x[NIN][W], o[W];
 #pragma unroll
-    for (int j = 0; j < 3; j++) {
-      if (j < a.nin && a.mode[j] == IN_PTR) {
-        if (a.stride[j + 1][last] == 1) {
-          Packed128<T> p = load128((const T *)a.ptr[j + 1] + off[j + 1] + c);
+    for (int j = 0; j < NIN; j++) {
+      if (a.mode[j] == IN_PTR) {
+        const bool unit = a.stride[j + 1][last] == 1;
 #pragma unroll
-          for (int e = 0; e < V; e++) x[j][e] = to_compute<C, T>(p[e]);
-        } else {
-          C v = load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[j + 1]);
+        for (int uu = 0; uu < U; uu++) {
+          if (unit) {
+            const uint4 w = *reinterpret_cast<const uint4 *>((const T *)a.ptr[j + 1] + off[uu][j + 1] + c[uu]);
 #pragma unroll
-          for (int e = 0; e < V; e++) x[j][e] = v;
+            for (int e = 0; e < V; e++) x[j][uu * V + e] = raw_elem<C, T>(w, e);
+          } else {   /* a per-row value */
+            C v = load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[uu][j + 1]);
+#pragma unroll
+            for (int e = 0; e < V; e++) x[j][uu * V + e] = v;
+          }
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < V; e++) x[j][e] = cst[j];
+        for (int e = 0; e < W; e++) x[j][e] = cst[j];
       }
     }
-    k.apply(o, x[0], x[1], x[2]);
-    Packed128<T> p;
+    k.apply(o, x[0], x[NIN > 1 ? 1 : 0], x[NIN > 2 ? 2 : 0]);
 #pragma unroll
-    for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[e]);
-    store128((T *)a.ptr[0] + off[0] + c, p);
+    for (int uu = 0; uu < U; uu++) {
+      if (!ok[uu]) break;
+      Packed128<T> p;
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[uu * V + e]);
+      store128((T *)a.ptr[0] + off[uu][0] + c[uu], p);
+    }
   }
 }
 
@@ -585,9 +609,13 @@ int launch_strided(const EwArgs &a, bool idx32, cudaStream_t s) {
 template <typename T>
 int launch_rows(const EwArgs &a, bool idx32, cudaStream_t s) {
   typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
-  unsigned g = grid_for(a.numel / (16 / (int)sizeof(T)));
-  if (idx32) ew_rows<T, C, int32_t><<<g, kThreads, 0, s>>>(a);
-  else ew_rows<T, C, int64_t><<<g, kThreads, 0, s>>>(a);
+  constexpr int U = sizeof(T) == 2 ? 2 : 1;
+  const int64_t units = a.numel / (16 / (int)sizeof(T));
+  const unsigned g = grid_for((units + U - 1) / U);
+  if (!idx32) ew_rows<T, C, 3, int64_t><<<g, kThreads, 0, s>>>(a);
+  else if (a.nin == 1) ew_rows<T, C, 1, int32_t><<<g, kThreads, 0, s>>>(a);
+  else if (a.nin == 2) ew_rows<T, C, 2, int32_t><<<g, kThreads, 0, s>>>(a);
+  else ew_rows<T, C, 3, int32_t><<<g, kThreads, 0, s>>>(a);
   return 0;
 }
 

@@ -112,12 +112,23 @@ template <> __device__ __forceinline__ uint64_t key_at<uint64_t>(const uint64_t 
   return (b >> 63) ? ~b : b | s;
 }
 
-template <typename K>
-__global__ void __launch_bounds__(kBlock) make_keys(const K *x, int dt, RowGeo g, int64_t n, K *keys, int *pos) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / g.L, j = i - r * g.L;
-    keys[i] = key_at<K>(x, dt, row_offset(g, r) + j * g.st);
-    pos[i] = (int)j;
+/* n < 2^31 (sort_impl checks), so positions and rows are 32-bit: a 64-bit
+ * division is a ~70-instruction subroutine on the GPU, and make_keys and
+ * gather_window paid two or three of them an element (for one 2^24 row,
+ * more time than the two radix passes of a bf16 sort). ONE: a single
+ * row-major row, no division at all. */
+template <typename K, bool ONE>
+__global__ void __launch_bounds__(kBlock) make_keys(const K *x, int dt, RowGeo g, uint32_t n, K *keys, int *pos) {
+  const uint32_t L = (uint32_t)g.L;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    if (ONE) {
+      keys[i] = key_at<K>(x, dt, g.off + i);
+      pos[i] = (int)i;
+    } else {
+      const uint32_t r = i / L, j = i - r * L;
+      keys[i] = key_at<K>(x, dt, row_offset(g, r) + (int64_t)j * g.st);
+      pos[i] = (int)j;
+    }
   }
 }
 
@@ -149,19 +160,21 @@ __device__ __forceinline__ K key_value(K k, int dt, bool *exact) {
  * random read of a, which for one long row costs a 32-byte sector each). */
 template <typename K>
 __global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowGeo g, const K *skeys, const int *spos,
-                                                        int64_t total, int64_t j0, int64_t cnt, bool median_nan,
+                                                        uint32_t total, uint32_t j0, uint32_t cnt, bool median_nan,
                                                         K *vals, int64_t *idx) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / cnt, jj = i - r * cnt, s = j0;
-    const K *rk = skeys + r * g.L;
+  const uint32_t L = (uint32_t)g.L, inner = (uint32_t)g.inner;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const uint32_t r = total == cnt ? 0 : i / cnt, jj = i - r * cnt;   /* one row: no division */
+    uint32_t s = j0;
+    const K *rk = skeys + (size_t)r * L;
     const K top = (K)~(K)0;
-    if (median_nan && rk[g.L - 1] == top) {   /* NaNs sort last, in input order: the first one */
-      int64_t lo = 0, hi = g.L - 1;
-      while (lo < hi) { int64_t mid = (lo + hi) / 2; if (rk[mid] == top) hi = mid; else lo = mid + 1; }
+    if (median_nan && rk[L - 1] == top) {   /* NaNs sort last, in input order: the first one */
+      uint32_t lo = 0, hi = L - 1;
+      while (lo < hi) { uint32_t mid = (lo + hi) / 2; if (rk[mid] == top) hi = mid; else lo = mid + 1; }
       s = lo;
     }
-    int64_t at = spos[r * g.L + s + jj];
-    int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
+    const int64_t at = spos[(size_t)r * L + s + jj];
+    const uint32_t o = inner == 1 ? i : (r / inner) * cnt * inner + jj * inner + r % inner;
     idx[o] = at;
     if (vals) {
       bool exact;
@@ -210,7 +223,10 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   K *kin = (K *)p, *kout = (K *)(p + kb);
   int *pin = (int *)(p + 2 * kb), *pout = (int *)(p + 2 * kb + pb), *offs = (int *)(p + 2 * kb + 2 * pb);
   void *tmp = p + 2 * kb + 2 * pb + ob;
-  make_keys<K><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, n, kin, pin);
+  if (rows == 1 && g.rowmajor)
+    make_keys<K, true><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, (uint32_t)n, kin, pin);
+  else
+    make_keys<K, false><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, (uint32_t)n, kin, pin);
   if (rows == 1) {
     e = desc ? cub::DeviceRadixSort::SortPairsDescending(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s)
              : cub::DeviceRadixSort::SortPairs(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s);
@@ -223,8 +239,9 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   int rc = em_cuda_check(e, op, "cub sort");
   if (!rc) {
     int64_t win = rows * cnt;
-    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout, win, j0,
-                                                             cnt, median_nan, vals ? (K *)em_data_ptr(vals) : nullptr,
+    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout,
+                                                             (uint32_t)win, (uint32_t)j0, (uint32_t)cnt, median_nan,
+                                                             vals ? (K *)em_data_ptr(vals) : nullptr,
                                                              (int64_t *)em_data_ptr(idx));
     rc = em_launch_check(op);
   }

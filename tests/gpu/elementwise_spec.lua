@@ -239,6 +239,23 @@ describe("the vector paths' edges on CUDA", function()
       end
     end
   end)
+
+  it("broadcasts along rows (a bias row, a per-row scale, a ternary) at awkward row counts", function()
+    -- the rows kernel: every operand unit-stride along the last dim (whole
+    -- 16-byte vectors) or constant along it; 72 columns = 9 bf16 vectors, so
+    -- a thread's two vectors fall in different rows
+    ember.manual_seed(15)
+    for _, rows in ipairs({1, 3, 257, 1031}) do
+      for _, dt in ipairs({"bf16", "f16", "f32"}) do
+        local a, bias, scale = smooth(dt, {rows, 72}), smooth(dt, {72}), smooth(dt, {rows, 1})
+        local w = ember.rand({rows, 1}):to(dt)
+        agree("x + bias rows=" .. rows .. " " .. dt, function(x, y) return x + y end, a, bias)
+        agree("x * per-row scale rows=" .. rows .. " " .. dt, function(x, y) return x * y end, a, scale)
+        agree("exp rows of a narrowed view " .. rows .. " " .. dt, function(x) return x:narrow(1, 8, 64):exp() end, a)
+        agree("lerp(x, bias, per-row w) rows=" .. rows .. " " .. dt, function(x, y, z) return x:lerp(y, z) end, a, bias, w)
+      end
+    end
+  end)
 end)
 
 describe("triu / tril on CUDA", function()
