@@ -93,9 +93,15 @@ describe("copies between the CPU and CUDA", function()
       local n = x:numel()
       local big = ember.cat({x, x, x, x, x, x, x, x, x, x, x}, 0)        -- vector body + tail
       local gbig = big:to("cuda")
+      -- long enough that the contiguous kernel's threads take two vectors (v and v + grid), odd vector count
+      local parts = {}
+      for i = 1, 39 do parts[i] = big end
+      local long = ember.cat(parts, 0)
+      local glong = long:to("cuda")
       for _, d in ipairs(DTYPES) do
         assert_same_bits(gx:to(d):cpu(), x:to(d), s .. " -> " .. d .. " on the device")
         assert_same_bits(gbig:to(d):cpu(), big:to(d), s .. " -> " .. d .. " on the device (longer)")
+        assert_same_bits(glong:to(d):cpu(), long:to(d), s .. " -> " .. d .. " on the device (two vectors a thread)")
         -- a source that starts one element in (not 16-byte aligned): the unvectorised path
         assert_same_bits(gx:narrow(0, 1, n - 1):to(d):cpu(), x:narrow(0, 1, n - 1):to(d), s .. " -> " .. d .. " misaligned")
         -- conversion while crossing devices, strided on either side
