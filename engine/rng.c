@@ -10,7 +10,8 @@
  * together with the CUDA kernels and the known-answer tests.
  *
  * Values are computed in double and rounded once to the tensor's dtype
- * (through f32 for bf16/f16). */
+ * (through f32 for bf16/f16), except normal_/randn into f32/bf16/f16, which
+ * run Box-Muller in f32 (rng_math.h). */
 #include <stdatomic.h>
 #include "internal.h"
 #include "backend/rng_math.h"   /* the distributions, shared with kernels/rng.cu */
@@ -51,7 +52,7 @@ enum { D_UNIFORM = EM_RNG_UNIFORM, D_NORMAL = EM_RNG_NORMAL, D_TRUNC = EM_RNG_TR
 
 static double norm_cdf(double x) { return (1.0 + erf(x / M_SQRT2)) / 2.0; }
 
-static void block_values(const dist *d, const em_philox_block *b, double *v) { em_rng_block_values(d, b, v); }
+
 
 /* Fill n contiguous elements of dtype dt from counter ctr0 on. */
 static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t ctr0, const dist *d) {
@@ -70,7 +71,7 @@ static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t 
       continue;
     }
     double v[4];
-    block_values(d, &b, v);
+    em_rng_block_values(d, &b, v, dt == EM_F64);
     for (int k = 0; k < cnt; k++) {
       em_store_f64(dst, dt, j0 + k, v[k]);
       if (d->kind == D_UNIFORM && em_rng_uniform_hits_hi(d, em_load_f64(dst, dt, j0 + k)))

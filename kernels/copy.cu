@@ -5,7 +5,7 @@
  * (convert.cuh); fill of any strides; host<->device and device<->device
  * transfers. 0 FLOPs; bytes per element = sizeof(src) + sizeof(dst).
  * Launch: 256 threads, grid-stride. Three paths: contiguous and 16-byte
- * aligned -> one 128-bit load of src per thread step, converted in registers,
+ * aligned -> two 128-bit loads of src per thread step, converted in registers,
  * stored as wide as dst allows (the common cast, e.g. f32 -> bf16 for
  * autocast); strided -> dims coalesced on the host first (a transpose is two
  * dims), one element per thread, 32-bit index division; beyond 2^31
@@ -64,26 +64,38 @@ __global__ void convert_kernel(void *dst, const void *src, em_geom g, uint32_t n
   }
 }
 
-/* Contiguous, src 16-byte aligned, dst aligned to its vector: V elements per step. */
+/* Contiguous, src 16-byte aligned, dst aligned to its vector: V elements per
+ * vector, two vectors (v and v + grid) loaded before either is converted, so
+ * a thread keeps 32 bytes of reads in flight (one vector left ~32 KB an SM,
+ * half of what the elementwise kernels keep). */
+template <int DD, int SD>
+__device__ __forceinline__ void convert_store(void *dst, int64_t v, const uint4 &in) {
+  constexpr int V = 16 / dt_size(SD), DB = V * dt_size(DD);   /* elements, dst bytes per vector */
+  alignas(16) unsigned char out[DB];
+#pragma unroll
+  for (int k = 0; k < V; k++) convert_one<DD, SD>(out, k, &in, k);
+  if constexpr (DB >= 16) {
+#pragma unroll
+    for (int c = 0; c < DB / 16; c++) ((uint4 *)dst)[v * (DB / 16) + c] = ((const uint4 *)out)[c];
+  } else if constexpr (DB == 8) {
+    ((uint2 *)dst)[v] = *(const uint2 *)out;
+  } else if constexpr (DB == 4) {
+    ((uint32_t *)dst)[v] = *(const uint32_t *)out;
+  } else {
+    ((uint16_t *)dst)[v] = *(const uint16_t *)out;
+  }
+}
+
 template <int DD, int SD>
 __global__ void convert_contig_kernel(void *dst, const void *src, int64_t n) {
-  constexpr int V = 16 / dt_size(SD), DB = V * dt_size(DD);   /* elements, dst bytes per vector */
+  constexpr int V = 16 / dt_size(SD);
   int64_t nvec = n / V, stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-    uint4 in = ((const uint4 *)src)[v];
-    alignas(16) unsigned char out[DB];
-#pragma unroll
-    for (int k = 0; k < V; k++) convert_one<DD, SD>(out, k, &in, k);
-    if constexpr (DB >= 16) {
-#pragma unroll
-      for (int c = 0; c < DB / 16; c++) ((uint4 *)dst)[v * (DB / 16) + c] = ((const uint4 *)out)[c];
-    } else if constexpr (DB == 8) {
-      ((uint2 *)dst)[v] = *(const uint2 *)out;
-    } else if constexpr (DB == 4) {
-      ((uint32_t *)dst)[v] = *(const uint32_t *)out;
-    } else {
-      ((uint16_t *)dst)[v] = *(const uint16_t *)out;
-    }
+  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += 2 * stride) {
+    const bool two = v + stride < nvec;
+    const uint4 in0 = ((const uint4 *)src)[v];
+    const uint4 in1 = two ? ((const uint4 *)src)[v + stride] : make_uint4(0, 0, 0, 0);
+    convert_store<DD, SD>(dst, v, in0);
+    if (two) convert_store<DD, SD>(dst, v + stride, in1);
   }
   for (int64_t i = nvec * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     convert_one<DD, SD>(dst, i, src, i);   /* the tail */
@@ -158,7 +170,7 @@ template <int DD, int SD>
 static void launch_convert(void *dst, const void *src, const em_geom &g, int64_t n, bool contig, cudaStream_t st) {
   constexpr int V = 16 / dt_size(SD), DB = V * dt_size(DD);
   if (contig && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % (DB < 16 ? DB : 16) == 0) {
-    convert_contig_kernel<DD, SD><<<em_grid((n + V - 1) / V, 256), 256, 0, st>>>(dst, src, n);
+    convert_contig_kernel<DD, SD><<<em_grid((n / V + 1) / 2 > 0 ? (n / V + 1) / 2 : 1, 256), 256, 0, st>>>(dst, src, n);
     return;
   }
   if (n <= INT32_MAX) convert_kernel<DD, SD><<<em_grid(n, 256), 256, 0, st>>>(dst, src, g, (uint32_t)n);

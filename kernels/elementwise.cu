@@ -14,8 +14,10 @@
  *    and are unit-stride over the coalesced loop (the engine merges
  *    contiguous dims first, so any same-shape contiguous op is 1-D); inputs
  *    may also be constants (Lua numbers) or broadcast scalars (a 0-d tensor:
- *    loaded once per thread). One Packed128 (16 B) per operand per step;
- *    unaligned views run the same kernel one element at a time.
+ *    loaded once per thread). One 16-byte vector per operand per step (two
+ *    in flight for bf16/f16), int32 offsets up to 2^30 elements, one
+ *    instantiation per operand count; unaligned views run the same kernel
+ *    one element at a time.
  *  - ew_rows: the same, with broadcasting across rows: every tensor input is
  *    unit-stride along the last dim or constant along it (x + bias,
  *    x * norm_weight, x * per_row_scale). Packed128 per step, the row's
@@ -253,11 +255,20 @@ template <typename C> __device__ __forceinline__ C const_as(double c) {
   else return (C)c;
 }
 
-/* ---------------- fast path: one float storage type, unit stride ---------------- */
+/* ---------------- fast path: one float storage type, unit stride ----------------
+ * NIN: the operand slots (1 unary, 2 binary, 3 where/ternary), so a binary op
+ * carries no third operand's registers. I: int32 offsets whenever the tensor
+ * has at most 2^30 elements. U: 16-byte vectors per operand a thread keeps in
+ * flight: two for bf16/f16 (the vector is only 8 elements there, and 48
+ * registers left 5 blocks an SM: 40 KB in flight instead of f32's 64 KB).
+ * Loads are raw 32-bit words (bf16 -> f32 is a shift), not a Packed128 of
+ * 16-bit registers. */
 
-template <typename T, typename C, bool VEC>
+template <typename T, typename C, bool VEC, int NIN, typename I>
 __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
   constexpr int V = VEC ? 16 / (int)sizeof(T) : 1;
+  constexpr int U = VEC && sizeof(T) == 2 ? 2 : 1;
+  constexpr int W = U * V;
   const Kern<C> k(a);
   C cst[3];
 #pragma unroll
@@ -265,38 +276,48 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
     cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j])
            : a.mode[j] == IN_SCALAR ? load_as<C>(a.ptr[j + 1], a.dtype[j + 1], 0) : (C)0;
   T *out = (T *)a.ptr[0];
-  const int64_t n = a.numel, nv = n / V;
-  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t v = tid; v < nv; v += step) {
-    C x[3][V], o[V];
+  const I n = (I)a.numel, nv = n / V;
+  const I tid = (I)blockIdx.x * blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x;
+  for (I v0 = tid; v0 < nv; v0 += U * step) {
+    C x[NIN][W], o[W];
 #pragma unroll
-    for (int j = 0; j < 3; j++) {
-      if (j < a.nin && a.mode[j] == IN_PTR) {
-        const T *src = (const T *)a.ptr[j + 1] + v * V;
-        if constexpr (VEC) {
-          Packed128<T> p = load128(src);
+    for (int j = 0; j < NIN; j++) {
+      if (a.mode[j] == IN_PTR) {
+        const T *src = (const T *)a.ptr[j + 1];
 #pragma unroll
-          for (int e = 0; e < V; e++) x[j][e] = to_compute<C, T>(p[e]);
-        } else {
-          x[j][0] = to_compute<C, T>(*src);
+        for (int u = 0; u < U; u++) {
+          const I v = v0 + u * step;
+          if constexpr (VEC) {
+            uint4 w = make_uint4(0, 0, 0, 0);
+            if (u == 0 || v < nv) w = reinterpret_cast<const uint4 *>(src)[v];
+#pragma unroll
+            for (int e = 0; e < V; e++) x[j][u * V + e] = raw_elem<C, T>(w, e);
+          } else {
+            x[j][u] = to_compute<C, T>(src[v]);
+          }
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < V; e++) x[j][e] = cst[j];
+        for (int e = 0; e < W; e++) x[j][e] = cst[j];
       }
     }
-    k.apply(o, x[0], x[1], x[2]);
-    if constexpr (VEC) {
-      Packed128<T> p;
+    k.apply(o, x[0], x[NIN > 1 ? 1 : 0], x[NIN > 2 ? 2 : 0]);   /* slots >= NIN are never read */
 #pragma unroll
-      for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[e]);
-      store128(out + v * V, p);
-    } else {
-      out[v] = from_compute<T, C>(o[0]);
+    for (int u = 0; u < U; u++) {
+      const I v = v0 + u * step;
+      if (u > 0 && v >= nv) break;
+      if constexpr (VEC) {
+        Packed128<T> p;
+#pragma unroll
+        for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[u * V + e]);
+        store128(out + (size_t)v * V, p);
+      } else {
+        out[v] = from_compute<T, C>(o[u]);
+      }
     }
   }
   /* the last n % V elements, one per thread */
-  const int64_t i = nv * V + tid;
+  const I i = nv * V + tid;
   if (VEC && i < n) {
     C x[3][1], o[1];
 #pragma unroll
@@ -315,7 +336,8 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
  * one or two 16-byte vectors (8 bytes for bool/u8) by its own dtype (a
  * launch-uniform branch). */
 
-__device__ __forceinline__ void load8(const void *base, int dt, int64_t v, float x[8]) {
+template <typename I>
+__device__ __forceinline__ void load8(const void *base, int dt, I v, float x[8]) {
   if (dt == EM_BOOL || dt == EM_U8) {   /* where's condition, masked_fill's mask: 8 bytes */
     const uint2 q = ((const uint2 *)base)[v];
 #pragma unroll
@@ -327,18 +349,19 @@ __device__ __forceinline__ void load8(const void *base, int dt, int64_t v, float
     const float4 *p = (const float4 *)base + 2 * v;
     float4 a = p[0], b = p[1];
     x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-  } else if (dt == EM_BF16) {
-    Packed128<__nv_bfloat16> p = load128((const __nv_bfloat16 *)base + 8 * v);
+  } else if (dt == EM_BF16) {   /* raw words: bf16 -> f32 is a shift */
+    const uint4 w = ((const uint4 *)base)[v];
 #pragma unroll
-    for (int e = 0; e < 8; e++) x[e] = __bfloat162float(p[e]);
+    for (int e = 0; e < 8; e++) x[e] = raw_elem<float, __nv_bfloat16>(w, e);
   } else {
-    Packed128<__half> p = load128((const __half *)base + 8 * v);
+    const uint4 w = ((const uint4 *)base)[v];
 #pragma unroll
-    for (int e = 0; e < 8; e++) x[e] = __half2float(p[e]);
+    for (int e = 0; e < 8; e++) x[e] = raw_elem<float, __half>(w, e);
   }
 }
 
-__device__ __forceinline__ void store8(void *base, int dt, int64_t v, const float x[8]) {
+template <typename I>
+__device__ __forceinline__ void store8(void *base, int dt, I v, const float x[8]) {
   if (dt == EM_F32) {
     float4 *p = (float4 *)base + 2 * v;
     p[0] = make_float4(x[0], x[1], x[2], x[3]);
@@ -347,36 +370,54 @@ __device__ __forceinline__ void store8(void *base, int dt, int64_t v, const floa
     Packed128<__nv_bfloat16> p;
 #pragma unroll
     for (int e = 0; e < 8; e++) p[e] = from_compute<__nv_bfloat16, float>(x[e]);
-    store128((__nv_bfloat16 *)base + 8 * v, p);
+    store128((__nv_bfloat16 *)base + 8 * (size_t)v, p);
   } else {
     Packed128<__half> p;
 #pragma unroll
     for (int e = 0; e < 8; e++) p[e] = from_compute<__half, float>(x[e]);
-    store128((__half *)base + 8 * v, p);
+    store128((__half *)base + 8 * (size_t)v, p);
   }
 }
 
+/* U groups of 8 elements a thread in flight (2 when the output is 16-bit:
+ * where/masked_fill in bf16 move 5-7 bytes an element, and one group left
+ * ~30-50 KB in flight an SM); I: int32 offsets up to 2^30 elements. */
+template <typename I, int U>
 __global__ void __launch_bounds__(kThreads) ew_mixed(EwArgs a) {
   const Kern<float> k(a);
   float cst[3];
 #pragma unroll
   for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<float>(a.cval[j]) : 0.f;
-  const int64_t n = a.numel, nv = n / 8;
-  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t v = tid; v < nv; v += step) {
-    float x[3][8], o[8];
+  const I n = (I)a.numel, nv = n / 8;
+  const I tid = (I)blockIdx.x * blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x;
+  for (I v0 = tid; v0 < nv; v0 += U * step) {
+    float x[3][8 * U], o[8 * U];
 #pragma unroll
     for (int j = 0; j < 3; j++) {
-      if (j < a.nin && a.mode[j] == IN_PTR) load8(a.ptr[j + 1], a.dtype[j + 1], v, x[j]);
-      else {
+      if (j < a.nin && a.mode[j] == IN_PTR) {
 #pragma unroll
-        for (int e = 0; e < 8; e++) x[j][e] = cst[j];
+        for (int u = 0; u < U; u++) {
+          const I v = v0 + u * step;
+          if (u == 0 || v < nv) load8<I>(a.ptr[j + 1], a.dtype[j + 1], v, x[j] + 8 * u);
+          else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[j][8 * u + e] = 0.f;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8 * U; e++) x[j][e] = cst[j];
       }
     }
     k.apply(o, x[0], x[1], x[2]);
-    store8(a.ptr[0], a.dtype[0], v, o);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const I v = v0 + u * step;
+      if (u > 0 && v >= nv) break;
+      store8<I>(a.ptr[0], a.dtype[0], v, o + 8 * u);
+    }
   }
-  const int64_t i = nv * 8 + tid;   /* the last n % 8 elements */
+  const I i = nv * 8 + tid;   /* the last n % 8 elements */
   if (i < n) {
     float x[3][1], o[1];
 #pragma unroll
@@ -393,50 +434,74 @@ bool half_or_f32(int dt) { return dt == EM_F32 || dt == EM_BF16 || dt == EM_F16;
  * Every tensor operand is unit-stride along the last coalesced dim, or
  * constant along it (stride 0: a per-row value, such as a (B*T, 1) scale);
  * rows (the outer dims) broadcast freely: x + bias, x * norm_weight. One
- * Packed128 per thread per step; the row's offsets cost one division per
- * outer dim per 16 bytes. */
+ * 16-byte vector per operand per step (two in flight for bf16/f16, as
+ * ew_contig), read as raw words; the row's offsets cost one division per
+ * outer dim per vector. NIN as ew_contig (the int64 variant takes 3). */
 
-template <typename T, typename C, typename I>
+/* Vector u's row offsets (off, per tensor) and its first column c. */
+template <typename I, int V>
+__device__ __forceinline__ void row_offsets(const EwArgs &a, I u, I nv, I off[4], I &c) {
+  I row = u / nv, rem = row;
+  c = (u - row * nv) * V;
+  off[0] = off[1] = off[2] = off[3] = 0;
+  for (int d = a.ndim - 2; d >= 0; d--) {
+    I s = (I)a.shape[d], q = rem / s, cc = rem - q * s;
+    rem = q;
+#pragma unroll
+    for (int o = 0; o < 4; o++) off[o] += cc * (I)a.stride[o][d];
+  }
+}
+
+template <typename T, typename C, int NIN, typename I>
 __global__ void __launch_bounds__(kThreads) ew_rows(EwArgs a) {
   constexpr int V = 16 / (int)sizeof(T);
+  constexpr int U = sizeof(T) == 2 ? 2 : 1;
+  constexpr int W = U * V;
   const Kern<C> k(a);
   const int last = a.ndim - 1;
   C cst[3];
 #pragma unroll
   for (int j = 0; j < 3; j++) cst[j] = a.mode[j] == IN_CONST ? const_as<C>(a.cval[j]) : (C)0;
-  const I nv = (I)(a.shape[last] / V), total = (I)(a.numel / V);
-  for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (I)gridDim.x * blockDim.x) {
-    I row = u / nv, c = (u - row * nv) * V;
-    I off[4] = {0, 0, 0, 0}, rem = row;
-    for (int d = last - 1; d >= 0; d--) {
-      I s = (I)a.shape[d], q = rem / s, cc = rem - q * s;
-      rem = q;
+  const I nv = (I)(a.shape[last] / V), total = (I)(a.numel / V), step = (I)gridDim.x * blockDim.x;
+  for (I u0 = (I)blockIdx.x * blockDim.x + threadIdx.x; u0 < total; u0 += U * step) {
+    I off[U][4], c[U];
+    bool ok[U];
 #pragma unroll
-      for (int o = 0; o < 4; o++) off[o] += cc * (I)a.stride[o][d];
+    for (int uu = 0; uu < U; uu++) {
+      ok[uu] = uu == 0 || u0 + uu * step < total;
+      row_offsets<I, V>(a, ok[uu] ? u0 + uu * step : u0, nv, off[uu], c[uu]);
     }
-    C x[3][V], o[V];
+    C x[NIN][W], o[W];
 #pragma unroll
-    for (int j = 0; j < 3; j++) {
-      if (j < a.nin && a.mode[j] == IN_PTR) {
-        if (a.stride[j + 1][last] == 1) {
-          Packed128<T> p = load128((const T *)a.ptr[j + 1] + off[j + 1] + c);
+    for (int j = 0; j < NIN; j++) {
+      if (a.mode[j] == IN_PTR) {
+        const bool unit = a.stride[j + 1][last] == 1;
 #pragma unroll
-          for (int e = 0; e < V; e++) x[j][e] = to_compute<C, T>(p[e]);
-        } else {
-          C v = load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[j + 1]);
+        for (int uu = 0; uu < U; uu++) {
+          if (unit) {
+            const uint4 w = *reinterpret_cast<const uint4 *>((const T *)a.ptr[j + 1] + off[uu][j + 1] + c[uu]);
 #pragma unroll
-          for (int e = 0; e < V; e++) x[j][e] = v;
+            for (int e = 0; e < V; e++) x[j][uu * V + e] = raw_elem<C, T>(w, e);
+          } else {   /* a per-row value */
+            C v = load_as<C>(a.ptr[j + 1], a.dtype[j + 1], off[uu][j + 1]);
+#pragma unroll
+            for (int e = 0; e < V; e++) x[j][uu * V + e] = v;
+          }
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < V; e++) x[j][e] = cst[j];
+        for (int e = 0; e < W; e++) x[j][e] = cst[j];
       }
     }
-    k.apply(o, x[0], x[1], x[2]);
-    Packed128<T> p;
+    k.apply(o, x[0], x[NIN > 1 ? 1 : 0], x[NIN > 2 ? 2 : 0]);
 #pragma unroll
-    for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[e]);
-    store128((T *)a.ptr[0] + off[0] + c, p);
+    for (int uu = 0; uu < U; uu++) {
+      if (!ok[uu]) break;
+      Packed128<T> p;
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = from_compute<T, C>(o[uu * V + e]);
+      store128((T *)a.ptr[0] + off[uu][0] + c[uu], p);
+    }
   }
 }
 
@@ -518,9 +583,18 @@ unsigned grid_for(int64_t units) { return em_grid(units, kThreads); }
 template <typename T>
 int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
-  constexpr int V = 16 / (int)sizeof(T);
-  if (vec) ew_contig<T, C, true><<<grid_for(a.numel / V > 0 ? a.numel / V : 1), kThreads, 0, s>>>(a);
-  else ew_contig<T, C, false><<<grid_for(a.numel), kThreads, 0, s>>>(a);
+  constexpr int V = 16 / (int)sizeof(T), U = sizeof(T) == 2 ? 2 : 1;
+  const bool i32 = a.numel <= ((int64_t)1 << 30);   /* v + U * step stays below 2^31 */
+  if (vec) {
+    const unsigned g = grid_for((a.numel / V + U - 1) / U > 0 ? (a.numel / V + U - 1) / U : 1);
+    if (!i32) ew_contig<T, C, true, 3, int64_t><<<g, kThreads, 0, s>>>(a);
+    else if (a.nin == 1) ew_contig<T, C, true, 1, int32_t><<<g, kThreads, 0, s>>>(a);
+    else if (a.nin == 2) ew_contig<T, C, true, 2, int32_t><<<g, kThreads, 0, s>>>(a);
+    else ew_contig<T, C, true, 3, int32_t><<<g, kThreads, 0, s>>>(a);
+  } else {
+    if (i32) ew_contig<T, C, false, 3, int32_t><<<grid_for(a.numel), kThreads, 0, s>>>(a);
+    else ew_contig<T, C, false, 3, int64_t><<<grid_for(a.numel), kThreads, 0, s>>>(a);
+  }
   return 0;
 }
 
@@ -535,9 +609,13 @@ int launch_strided(const EwArgs &a, bool idx32, cudaStream_t s) {
 template <typename T>
 int launch_rows(const EwArgs &a, bool idx32, cudaStream_t s) {
   typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
-  unsigned g = grid_for(a.numel / (16 / (int)sizeof(T)));
-  if (idx32) ew_rows<T, C, int32_t><<<g, kThreads, 0, s>>>(a);
-  else ew_rows<T, C, int64_t><<<g, kThreads, 0, s>>>(a);
+  constexpr int U = sizeof(T) == 2 ? 2 : 1;
+  const int64_t units = a.numel / (16 / (int)sizeof(T));
+  const unsigned g = grid_for((units + U - 1) / U);
+  if (!idx32) ew_rows<T, C, 3, int64_t><<<g, kThreads, 0, s>>>(a);
+  else if (a.nin == 1) ew_rows<T, C, 1, int32_t><<<g, kThreads, 0, s>>>(a);
+  else if (a.nin == 2) ew_rows<T, C, 2, int32_t><<<g, kThreads, 0, s>>>(a);
+  else ew_rows<T, C, 3, int32_t><<<g, kThreads, 0, s>>>(a);
   return 0;
 }
 
@@ -624,7 +702,11 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
       mixed = (half_or_f32(a.dtype[j + 1]) || a.dtype[j + 1] == EM_BOOL || a.dtype[j + 1] == EM_U8) &&
               p->stride[j + 1][0] == 1 && aligned16(a.ptr[j + 1]);
   if (mixed) {
-    ew_mixed<<<grid_for(numel / 8 > 0 ? numel / 8 : 1), kThreads, 0, s>>>(a);
+    const bool i32 = numel <= ((int64_t)1 << 30), half = a.dtype[0] != EM_F32;
+    const int64_t units = numel / 8 > 0 ? numel / 8 : 1;
+    if (!i32) ew_mixed<int64_t, 1><<<grid_for(units), kThreads, 0, s>>>(a);
+    else if (half) ew_mixed<int32_t, 2><<<grid_for((units + 1) / 2), kThreads, 0, s>>>(a);
+    else ew_mixed<int32_t, 1><<<grid_for(units), kThreads, 0, s>>>(a);
     return em_launch_check(op);
   }
 

@@ -6,7 +6,9 @@
  * multiplies) per 4 elements (2 for randint spans > 2^32), then the
  * distribution in double with the shared code of engine/backend/rng_math.h
  * (the same source the CPU runs; products are kept unfused), rounded once
- * to the dtype by the CPU's conversions (convert.cuh). Bytes per element:
+ * to the dtype by the CPU's conversions (convert.cuh). normal_ into
+ * f32/bf16/f16 runs Box-Muller in f32 instead (own log and sincos from
+ * + - * / sqrt: ~40 f32 ops a pair, no double math, no libdevice). Bytes per element:
  * sizeof(dtype) written, nothing read (2^24 f32: 64 MiB, ~20 us at
  * 3.35 TB/s). The one trick: counter-based, so element j needs only (seed,
  * ctr0 + j/4) and any strides are written in place in logical order.
@@ -48,7 +50,7 @@ __global__ void rng_kernel(void *out, em_geom g, int64_t n, uint64_t nblocks, em
       }
     } else {
       double v[4];
-      em_rng_block_values(&d, &pb, v);
+      em_rng_block_values(&d, &pb, v, DT == EM_F64);
       for (int k = 0; k < cnt; k++) {
         int64_t o, unused;
         em_geom_offsets<int64_t>(g, j0 + k, o, unused);
@@ -103,6 +105,15 @@ __device__ __forceinline__ void rng_block_out(const em_rng_dist &d, const em_phi
         const S v = RngOut<DT>::round((double)u);
         r[e] = RngOut<DT>::back(v) == 1.0 ? RngOut<DT>::round(0.0) : v;
       }
+    }
+  } else if constexpr (KIND == kNormal && DT != EM_F64) {   /* f32 Box-Muller: one rounding to bf16/f16 */
+    float z[4];
+    em_rng_block_normal_f32(&d, &pb, z);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      if constexpr (DT == EM_F32) r[e] = z[e];
+      else if constexpr (DT == EM_BF16) r[e] = em_dev_f32_to_bf16(z[e]);
+      else r[e] = em_dev_f32_to_f16(z[e]);
     }
   } else {
     double x[4];

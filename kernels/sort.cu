@@ -13,6 +13,8 @@
  *      single row, cub::DeviceSegmentedSort::StableSortPairs otherwise (it
  *      picks warp, block or radix sorting per segment size). Both are stable,
  *      so ties keep input order and the indices match the CPU's.
+ *      EMBER_SORT_KEYS16=u32: a single row of 16-bit keys is sorted as u32
+ *      keys over bits [0, 16) (an A/B switch, docs/perf.md 2026-11-28).
  *   3. gather_window: the kept window of each sorted row (all of it for sort,
  *      [0, k) for topk, one position for kthvalue/median): i64 indices and the
  *      values, bit for bit: rebuilt from the sorted keys, gathered from a by
@@ -35,6 +37,8 @@
  * histograms when the bins fit); searchsorted = one thread per value, a
  * binary search with PyTorch's comparisons. */
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <cub/cub.cuh>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -112,12 +116,23 @@ template <> __device__ __forceinline__ uint64_t key_at<uint64_t>(const uint64_t 
   return (b >> 63) ? ~b : b | s;
 }
 
-template <typename K>
-__global__ void __launch_bounds__(kBlock) make_keys(const K *x, int dt, RowGeo g, int64_t n, K *keys, int *pos) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / g.L, j = i - r * g.L;
-    keys[i] = key_at<K>(x, dt, row_offset(g, r) + j * g.st);
-    pos[i] = (int)j;
+/* n < 2^31 (sort_impl checks), so positions and rows are 32-bit: a 64-bit
+ * division is a ~70-instruction subroutine on the GPU, and make_keys and
+ * gather_window paid two or three of them an element (for one 2^24 row,
+ * more time than the two radix passes of a bf16 sort). ONE: a single
+ * row-major row, no division at all. */
+template <typename K, typename KS, bool ONE>
+__global__ void __launch_bounds__(kBlock) make_keys(const K *x, int dt, RowGeo g, uint32_t n, KS *keys, int *pos) {
+  const uint32_t L = (uint32_t)g.L;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    if (ONE) {
+      keys[i] = key_at<K>(x, dt, g.off + i);
+      pos[i] = (int)i;
+    } else {
+      const uint32_t r = i / L, j = i - r * L;
+      keys[i] = key_at<K>(x, dt, row_offset(g, r) + (int64_t)j * g.st);
+      pos[i] = (int)j;
+    }
   }
 }
 
@@ -147,25 +162,27 @@ __device__ __forceinline__ K key_value(K k, int dt, bool *exact) {
  * values come back from the sorted keys -- a sequential read -- and only
  * where a key cannot say the bits (+-0, NaN, bool) from a by index (a
  * random read of a, which for one long row costs a 32-byte sector each). */
-template <typename K>
-__global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowGeo g, const K *skeys, const int *spos,
-                                                        int64_t total, int64_t j0, int64_t cnt, bool median_nan,
+template <typename K, typename KS>
+__global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowGeo g, const KS *skeys, const int *spos,
+                                                        uint32_t total, uint32_t j0, uint32_t cnt, bool median_nan,
                                                         K *vals, int64_t *idx) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / cnt, jj = i - r * cnt, s = j0;
-    const K *rk = skeys + r * g.L;
-    const K top = (K)~(K)0;
-    if (median_nan && rk[g.L - 1] == top) {   /* NaNs sort last, in input order: the first one */
-      int64_t lo = 0, hi = g.L - 1;
-      while (lo < hi) { int64_t mid = (lo + hi) / 2; if (rk[mid] == top) hi = mid; else lo = mid + 1; }
+  const uint32_t L = (uint32_t)g.L, inner = (uint32_t)g.inner;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const uint32_t r = total == cnt ? 0 : i / cnt, jj = i - r * cnt;   /* one row: no division */
+    uint32_t s = j0;
+    const KS *rk = skeys + (size_t)r * L;
+    const KS top = (KS)(K)~(K)0;
+    if (median_nan && rk[L - 1] == top) {   /* NaNs sort last, in input order: the first one */
+      uint32_t lo = 0, hi = L - 1;
+      while (lo < hi) { uint32_t mid = (lo + hi) / 2; if (rk[mid] == top) hi = mid; else lo = mid + 1; }
       s = lo;
     }
-    int64_t at = spos[r * g.L + s + jj];
-    int64_t o = (r / g.inner) * cnt * g.inner + jj * g.inner + r % g.inner;
+    const int64_t at = spos[(size_t)r * L + s + jj];
+    const uint32_t o = inner == 1 ? i : (r / inner) * cnt * inner + jj * inner + r % inner;
     idx[o] = at;
     if (vals) {
       bool exact;
-      const K v = key_value<K>(rk[s + jj], dt, &exact);
+      const K v = key_value<K>((K)rk[s + jj], dt, &exact);
       vals[o] = exact ? v : x[row_offset(g, r) + at * g.st];
     }
   }
@@ -173,7 +190,12 @@ __global__ void __launch_bounds__(kBlock) gather_window(const K *x, int dt, RowG
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-template <typename K>
+/* K: the key's width (its bits are the sort's); KS: how the keys are stored
+ * for CUB -- K, or uint32_t for 16-bit keys of one row when
+ * EMBER_SORT_KEYS16=u32 (sorted over bits [0, 16), CUB's 32-bit onesweep
+ * tuning instead of its small-key one: an A/B switch until the H100 says
+ * which is faster, see docs/perf.md). */
+template <typename K, typename KS = K>
 int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, int64_t cnt, bool median_nan,
               em_tensor *vals, em_tensor *idx) {
   int64_t rows;
@@ -189,28 +211,31 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   size_t temp = 0;
   cudaError_t e;
   if (rows == 1)
-    e = desc ? cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+    e = desc ? cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, (const KS *)nullptr, (KS *)nullptr,
                                                          (const int *)nullptr, (int *)nullptr, (int)n, 0, end_bit, s)
-             : cub::DeviceRadixSort::SortPairs(nullptr, temp, (const K *)nullptr, (K *)nullptr, (const int *)nullptr,
+             : cub::DeviceRadixSort::SortPairs(nullptr, temp, (const KS *)nullptr, (KS *)nullptr, (const int *)nullptr,
                                                (int *)nullptr, (int)n, 0, end_bit, s);
   else
-    e = desc ? cub::DeviceSegmentedSort::StableSortPairsDescending(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+    e = desc ? cub::DeviceSegmentedSort::StableSortPairsDescending(nullptr, temp, (const KS *)nullptr, (KS *)nullptr,
                                                                    (const int *)nullptr, (int *)nullptr, n, rows,
                                                                    (const int *)nullptr, (const int *)nullptr, s)
-             : cub::DeviceSegmentedSort::StableSortPairs(nullptr, temp, (const K *)nullptr, (K *)nullptr,
+             : cub::DeviceSegmentedSort::StableSortPairs(nullptr, temp, (const KS *)nullptr, (KS *)nullptr,
                                                          (const int *)nullptr, (int *)nullptr, n, rows,
                                                          (const int *)nullptr, (const int *)nullptr, s);
   if (em_cuda_check(e, op, "cub sort (temp size)")) return -1;
-  const size_t kb = align256((size_t)n * sizeof(K)), pb = align256((size_t)n * sizeof(int));
+  const size_t kb = align256((size_t)n * sizeof(KS)), pb = align256((size_t)n * sizeof(int));
   const size_t ob = rows > 1 ? align256((size_t)(rows + 1) * sizeof(int)) : 0;
   int64_t total = (int64_t)(2 * kb + 2 * pb + ob + temp);
   em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
   if (!ws) return -1;
   char *p = (char *)em_data_ptr(ws);
-  K *kin = (K *)p, *kout = (K *)(p + kb);
+  KS *kin = (KS *)p, *kout = (KS *)(p + kb);
   int *pin = (int *)(p + 2 * kb), *pout = (int *)(p + 2 * kb + pb), *offs = (int *)(p + 2 * kb + 2 * pb);
   void *tmp = p + 2 * kb + 2 * pb + ob;
-  make_keys<K><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, n, kin, pin);
+  if (rows == 1 && g.rowmajor)
+    make_keys<K, KS, true><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, (uint32_t)n, kin, pin);
+  else
+    make_keys<K, KS, false><<<em_grid(n, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, (uint32_t)n, kin, pin);
   if (rows == 1) {
     e = desc ? cub::DeviceRadixSort::SortPairsDescending(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s)
              : cub::DeviceRadixSort::SortPairs(tmp, temp, kin, kout, pin, pout, (int)n, 0, end_bit, s);
@@ -223,8 +248,9 @@ int sort_impl(const char *op, const em_tensor *a, int d, bool desc, int64_t j0, 
   int rc = em_cuda_check(e, op, "cub sort");
   if (!rc) {
     int64_t win = rows * cnt;
-    gather_window<K><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout, win, j0,
-                                                             cnt, median_nan, vals ? (K *)em_data_ptr(vals) : nullptr,
+    gather_window<K, KS><<<em_grid(win, kBlock), kBlock, 0, s>>>((const K *)a->storage->data, a->dtype, g, kout, pout,
+                                                             (uint32_t)win, (uint32_t)j0, (uint32_t)cnt, median_nan,
+                                                             vals ? (K *)em_data_ptr(vals) : nullptr,
                                                              (int64_t *)em_data_ptr(idx));
     rc = em_launch_check(op);
   }
@@ -555,6 +581,19 @@ __global__ void searchsorted_k(const void *seq, int sdt, const void *v, int vdt,
 
 }  // namespace
 
+/* EMBER_SORT_KEYS16 (read once): how one-row sorts of 16-bit keys store
+ * them for CUB: "u16" (default) or "u32". 0, 1, or -1 with the error set. */
+static int keys16_wide(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SORT_KEYS16");
+    if (!env || !*env || strcmp(env, "u16") == 0) mode = 0;
+    else if (strcmp(env, "u32") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_SORT_KEYS16 to be u16 or u32, got '%s'", op, env);
+  }
+  return mode;
+}
+
 extern "C" int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
                             bool median_nan, em_tensor *vals, em_tensor *idx) {
   const int64_t L = a->ndim ? a->shape[dim] : 1;
@@ -576,7 +615,12 @@ extern "C" int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool de
   }
   switch (em_dtype_size(a->dtype)) {
     case 1: return sort_impl<uint8_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
-    case 2: return sort_impl<uint16_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    case 2: {
+      const int wide = em_numel(a) == L ? keys16_wide(op) : 0;   /* one row only */
+      if (wide < 0) return -1;
+      if (wide) return sort_impl<uint16_t, uint32_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+      return sort_impl<uint16_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
+    }
     case 4: return sort_impl<uint32_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
     default: return sort_impl<uint64_t>(op, a, dim, descending, j0, cnt, median_nan, vals, idx);
   }

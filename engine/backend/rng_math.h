@@ -1,8 +1,9 @@
 /* The random distributions of ember/rng.h, shared verbatim by the CPU
  * (engine/rng.c) and the CUDA kernels (kernels/rng.cu): part of the
  * engine -> CUDA boundary (backend.h holds the distribution type and the
- * launcher). One copy of the double-precision math (uniform, Box-Muller,
- * erfinv) serves both devices, so f32/bf16 results agree bit for bit.
+ * launcher). One copy of the math (uniform, Box-Muller in f32 for
+ * f32/bf16/f16 and in double for f64, erfinv) serves both devices, so
+ * f32/bf16/f16 results agree bit for bit.
  *
  * On the device every product that feeds a sum is written with __dmul_rn /
  * __dadd_rn: nvcc would otherwise fuse them into FMAs (one rounding instead
@@ -104,12 +105,113 @@ static inline EM_HOSTDEV int em_rng_uniform_hits_hi(const em_rng_dist *d, double
   return d->kind == EM_RNG_UNIFORM && stored == d->p1 && d->p1 > d->p0;
 }
 
+/* ---- normal_/randn in f32 (f32/bf16/f16 tensors) ----
+ * Box-Muller in single precision, bit-identical on the CPU and the GPU
+ * without relying on either device's math library: every operation is an
+ * IEEE f32 +, -, *, / or sqrt (correctly rounded everywhere), written
+ * through EM_F32_* so nvcc cannot fuse a product into an FMA (the CPU
+ * build has -ffp-contract=off), plus integer bit operations. No fmaf:
+ * tests/lua/rng_spec.lua re-derives the values in Lua, where an f32 op is
+ * one double op rounded to f32 (exact for + - * / sqrt, not for fma).
+ * Accuracy, exhaustively over the 2^24 inputs (docs/perf.md): logf within
+ * 0.83 ulp, sin/cos within 1.72 ulp of the exact values. */
+#if defined(__CUDA_ARCH__)
+#define EM_F32_MUL(a, b) __fmul_rn((a), (b))
+#define EM_F32_ADD(a, b) __fadd_rn((a), (b))
+#define EM_F32_SUB(a, b) __fsub_rn((a), (b))
+#define EM_F32_DIV(a, b) __fdiv_rn((a), (b))
+#define EM_F32_SQRT(a) __fsqrt_rn(a)
+static inline __device__ uint32_t em_rng_f2u(float x) { return __float_as_uint(x); }
+static inline __device__ float em_rng_u2f(uint32_t u) { return __uint_as_float(u); }
+#else
+#define EM_F32_MUL(a, b) ((float)(a) * (float)(b))
+#define EM_F32_ADD(a, b) ((float)(a) + (float)(b))
+#define EM_F32_SUB(a, b) ((float)(a) - (float)(b))
+#define EM_F32_DIV(a, b) ((float)(a) / (float)(b))
+#define EM_F32_SQRT(a) sqrtf(a)
+static inline uint32_t em_rng_f2u(float x) { union { float f; uint32_t u; } c; c.f = x; return c.u; }
+static inline float em_rng_u2f(uint32_t u) { union { float f; uint32_t u; } c; c.u = u; return c.f; }
+#endif
+
+/* ln x for x = m 2^-24, 1 <= m <= 2^24 (1 - u: positive, normal, <= 1).
+ * FreeBSD's logf: x = 2^k (1 + f) with 1 + f in [sqrt(2)/2, sqrt(2)),
+ * s = f / (2 + f), ln(1 + f) = f - f^2/2 + s (f^2/2 + R(s^2)), R a minimax
+ * polynomial; k ln 2 in two parts (ln2_hi has 17 significant bits and
+ * |k| <= 24, so k * ln2_hi is exact). */
+static inline EM_HOSTDEV float em_rng_logf(float x) {
+  const float ln2_hi = 0x1.62e3p-1f, ln2_lo = 0x1.2fefa2p-17f;              /* 0x3f317180, 0x3717f7d1 */
+  const float Lg1 = 0x1.555554p-1f, Lg2 = 0x1.999c26p-2f, Lg3 = 0x1.23d3dcp-2f, Lg4 = 0x1.f13c4cp-3f;
+  uint32_t ix = em_rng_f2u(x);
+  int k = (int)(ix >> 23) - 127;
+  ix &= 0x007fffffu;
+  const uint32_t i = (ix + 0x4afb20u) & 0x800000u;                          /* mantissa >= sqrt(2) - 1 */
+  const float m = em_rng_u2f(ix | (i ^ 0x3f800000u));                       /* x or x / 2 scaled to [0.707, 1.414) */
+  k += (int)(i >> 23);
+  const float f = EM_F32_SUB(m, 1.0f);                                       /* exact */
+  const float s = EM_F32_DIV(f, EM_F32_ADD(2.0f, f));
+  const float z = EM_F32_MUL(s, s), w = EM_F32_MUL(z, z);
+  const float t1 = EM_F32_MUL(w, EM_F32_ADD(Lg2, EM_F32_MUL(w, Lg4)));
+  const float t2 = EM_F32_MUL(z, EM_F32_ADD(Lg1, EM_F32_MUL(w, Lg3)));
+  const float R = EM_F32_ADD(t2, t1);
+  const float hfsq = EM_F32_MUL(EM_F32_MUL(0.5f, f), f);
+  const float dk = (float)k;
+  /* dk ln2_hi - ((hfsq - (s (hfsq + R) + dk ln2_lo)) - f) */
+  const float inner = EM_F32_ADD(EM_F32_MUL(s, EM_F32_ADD(hfsq, R)), EM_F32_MUL(dk, ln2_lo));
+  return EM_F32_SUB(EM_F32_MUL(dk, ln2_hi), EM_F32_SUB(EM_F32_SUB(hfsq, inner), f));
+}
+
+/* sin and cos of 2 pi u for u = m 2^-24, 0 <= m < 2^24: exact range
+ * reduction in integers, u = j/4 + r with j = round(4u) and |r| <= 1/8 turn
+ * (r = (m - j 2^22) 2^-24, exact), then Taylor polynomials in r (turns: the
+ * coefficients are (2 pi)^n / n!, so no 2 pi product rounds) of degree 9 (sin,
+ * truncation < 2e-9) and 10 (cos, < 1.2e-10), and the quadrant's swap/sign. */
+static inline EM_HOSTDEV void em_rng_sincos2pi(uint32_t m, float *sn, float *cs) {
+  const float S1 = 0x1.921fb6p+2f, S3 = -0x1.4abbcep+5f, S5 = 0x1.466bc6p+6f,
+              S7 = -0x1.32d2ccp+6f, S9 = 0x1.507834p+5f;   /* (-1)^k (2 pi)^n / n! in f32 */
+  const float C2 = -0x1.3bd3ccp+4f, C4 = 0x1.03c1fp+6f, C6 = -0x1.55d3c8p+6f,
+              C8 = 0x1.e1f506p+5f, C10 = -0x1.a6d1f2p+4f;
+  const uint32_t j = (m + 0x200000u) >> 22;                                  /* 0..4 */
+  const float r = (float)((int32_t)m - (int32_t)(j << 22)) * 0x1p-24f;       /* exact, |r| <= 1/8 */
+  const float r2 = EM_F32_MUL(r, r);
+  float ps = EM_F32_ADD(S7, EM_F32_MUL(r2, S9));
+  ps = EM_F32_ADD(S5, EM_F32_MUL(r2, ps));
+  ps = EM_F32_ADD(S3, EM_F32_MUL(r2, ps));
+  ps = EM_F32_ADD(S1, EM_F32_MUL(r2, ps));
+  const float sr = EM_F32_MUL(r, ps);
+  float pc = EM_F32_ADD(C8, EM_F32_MUL(r2, C10));
+  pc = EM_F32_ADD(C6, EM_F32_MUL(r2, pc));
+  pc = EM_F32_ADD(C4, EM_F32_MUL(r2, pc));
+  pc = EM_F32_ADD(C2, EM_F32_MUL(r2, pc));
+  const float cr = EM_F32_ADD(1.0f, EM_F32_MUL(r2, pc));
+  switch (j & 3u) {
+    case 0: *sn = sr; *cs = cr; break;
+    case 1: *sn = cr; *cs = -sr; break;
+    case 2: *sn = -sr; *cs = -cr; break;
+    default: *sn = -cr; *cs = sr; break;
+  }
+}
+
+/* The four standard normals of a block (words (0,1) -> elements 0, 1;
+ * (2,3) -> 2, 3), then mean + std z in f32 (two roundings). */
+static inline EM_HOSTDEV void em_rng_block_normal_f32(const em_rng_dist *d, const em_philox_block *b, float *v) {
+  const float mean = (float)d->p0, sd = (float)d->p1;
+  for (int k = 0; k < 4; k += 2) {
+    const float x = EM_F32_SUB(1.0f, (float)(b->v[k] >> 8) * 0x1p-24f);     /* exact, in (0, 1] */
+    const float r = EM_F32_SQRT(EM_F32_MUL(-2.0f, em_rng_logf(x)));
+    float sn, cs;
+    em_rng_sincos2pi(b->v[k + 1] >> 8, &sn, &cs);
+    v[k] = EM_F32_ADD(mean, EM_F32_MUL(sd, EM_F32_MUL(r, cs)));
+    v[k + 1] = EM_F32_ADD(mean, EM_F32_MUL(sd, EM_F32_MUL(r, sn)));
+  }
+}
+
 /* The values of a block's four elements as doubles, one function per
  * distribution (the CUDA kernels are instantiated per distribution, so the
  * uniform fill does not carry Box-Muller's and erfinv's registers). */
 static inline EM_HOSTDEV void em_rng_block_uniform(const em_rng_dist *d, const em_philox_block *b, double *v) {
   for (int k = 0; k < 4; k++) v[k] = EM_RNG_ADD(d->p0, EM_RNG_MUL(d->p1 - d->p0, em_rng_u24(b->v[k])));
 }
+/* normal_ of an f64 tensor: Box-Muller in double (libm's log, sin, cos). */
 static inline EM_HOSTDEV void em_rng_block_normal(const em_rng_dist *d, const em_philox_block *b, double *v) {
   for (int k = 0; k < 4; k += 2) {
     double r = sqrt(-2.0 * log(1.0 - em_rng_u24(b->v[k]))), th = 2.0 * EM_RNG_PI * em_rng_u24(b->v[k + 1]);
@@ -124,10 +226,20 @@ static inline EM_HOSTDEV void em_rng_block_trunc(const em_rng_dist *d, const em_
     v[k] = x < d->a ? d->a : x > d->b ? d->b : x;
   }
 }
-static inline EM_HOSTDEV void em_rng_block_values(const em_rng_dist *d, const em_philox_block *b, double *v) {
+/* f64: whether the tensor is f64 (normal_ in double) or f32/bf16/f16 (in f32,
+ * the values exact as doubles). */
+static inline EM_HOSTDEV void em_rng_block_values(const em_rng_dist *d, const em_philox_block *b, double *v,
+                                                  int f64) {
   switch (d->kind) {
     case EM_RNG_UNIFORM: em_rng_block_uniform(d, b, v); break;
-    case EM_RNG_NORMAL: em_rng_block_normal(d, b, v); break;
+    case EM_RNG_NORMAL:
+      if (f64) em_rng_block_normal(d, b, v);
+      else {
+        float z[4];
+        em_rng_block_normal_f32(d, b, z);
+        for (int k = 0; k < 4; k++) v[k] = z[k];
+      }
+      break;
     case EM_RNG_TRUNC: em_rng_block_trunc(d, b, v); break;
     default: break;
   }

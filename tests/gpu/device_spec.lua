@@ -93,9 +93,15 @@ describe("copies between the CPU and CUDA", function()
       local n = x:numel()
       local big = ember.cat({x, x, x, x, x, x, x, x, x, x, x}, 0)        -- vector body + tail
       local gbig = big:to("cuda")
+      -- long enough that the contiguous kernel's threads take two vectors (v and v + grid), odd vector count
+      local parts = {}
+      for i = 1, 39 do parts[i] = big end
+      local long = ember.cat(parts, 0)
+      local glong = long:to("cuda")
       for _, d in ipairs(DTYPES) do
         assert_same_bits(gx:to(d):cpu(), x:to(d), s .. " -> " .. d .. " on the device")
         assert_same_bits(gbig:to(d):cpu(), big:to(d), s .. " -> " .. d .. " on the device (longer)")
+        assert_same_bits(glong:to(d):cpu(), long:to(d), s .. " -> " .. d .. " on the device (two vectors a thread)")
         -- a source that starts one element in (not 16-byte aligned): the unvectorised path
         assert_same_bits(gx:narrow(0, 1, n - 1):to(d):cpu(), x:narrow(0, 1, n - 1):to(d), s .. " -> " .. d .. " misaligned")
         -- conversion while crossing devices, strided on either side
@@ -326,6 +332,24 @@ describe("the device RNG", function()
       end
     end)
   end
+
+  it("draws normal_ and randn over 2^20 + 3 values bit for bit as the CPU (f32 Box-Muller, no libm)", function()
+    -- the f32 path's log/sincos are + - * / sqrt only, kept unfused on the
+    -- device (__fmul_rn/__fadd_rn): any contraction would show here
+    local n = (1 << 20) + 3
+    for _, case in ipairs {
+      {"normal_(1, 2) f32", function(dev) return ember.empty(n, {device = dev}):normal_(1, 2) end},
+      {"randn bf16", function(dev) return ember.randn({n}, {dtype = "bf16", device = dev}) end},
+      {"normal_ f16 into a view off alignment", function(dev)
+        local t = ember.zeros(n + 1, {dtype = "f16", device = dev})
+        t:narrow(0, 1, n):normal_(0, 0.5)
+        return t
+      end},
+    } do
+      local g, c = both(2026, case[2])
+      assert_same_bits(g:cpu(), c, case[1])
+    end
+  end)
 
   it("draws randn and trunc_normal_ in f64 within an ulp or two of the CPU", function()
     for _, make in ipairs {

@@ -219,6 +219,45 @@ describe("clamp, where, masked_fill on CUDA", function()
   end)
 end)
 
+describe("the vector paths' edges on CUDA", function()
+  -- bf16/f16 threads keep two 16-byte vectors in flight (v and v + grid
+  -- stride) and the kernels are instantiated per operand count: sizes whose
+  -- vector count is odd, not a multiple of the block, or a whole block plus
+  -- one leave some threads without their second vector, and an n % 8 tail.
+  it("writes every element for unary, binary, ternary and where at awkward sizes", function()
+    ember.manual_seed(14)
+    for _, n in ipairs({8, 9, 2403, 4096 + 8, 65536 * 3 + 7}) do
+      local c = ember.rand({n}):lt(0.5)
+      for _, dt in ipairs({"bf16", "f16", "f32"}) do
+        local a, b, w = smooth(dt, {n}), smooth(dt, {n}), ember.rand({n}):to(dt)
+        agree("neg n=" .. n .. " " .. dt, function(x) return -x end, a)
+        agree("mul n=" .. n .. " " .. dt, function(x, y) return x * y end, a, b)
+        agree("mul by a number n=" .. n .. " " .. dt, function(x) return x * 1.5 end, a)
+        agree("lerp n=" .. n .. " " .. dt, function(x, y, z) return x:lerp(y, z) end, a, b, w)
+        agree("where n=" .. n .. " " .. dt, function(m, x, y) return ember.where(m, x, y) end, c, a, b)
+        agree("masked_fill n=" .. n .. " " .. dt, function(x, k) return x:masked_fill(k, -2.5) end, a, c)
+      end
+    end
+  end)
+
+  it("broadcasts along rows (a bias row, a per-row scale, a ternary) at awkward row counts", function()
+    -- the rows kernel: every operand unit-stride along the last dim (whole
+    -- 16-byte vectors) or constant along it; 72 columns = 9 bf16 vectors, so
+    -- a thread's two vectors fall in different rows
+    ember.manual_seed(15)
+    for _, rows in ipairs({1, 3, 257, 1031}) do
+      for _, dt in ipairs({"bf16", "f16", "f32"}) do
+        local a, bias, scale = smooth(dt, {rows, 72}), smooth(dt, {72}), smooth(dt, {rows, 1})
+        local w = ember.rand({rows, 1}):to(dt)
+        agree("x + bias rows=" .. rows .. " " .. dt, function(x, y) return x + y end, a, bias)
+        agree("x * per-row scale rows=" .. rows .. " " .. dt, function(x, y) return x * y end, a, scale)
+        agree("exp rows of a narrowed view " .. rows .. " " .. dt, function(x) return x:narrow(1, 8, 64):exp() end, a)
+        agree("lerp(x, bias, per-row w) rows=" .. rows .. " " .. dt, function(x, y, z) return x:lerp(y, z) end, a, bias, w)
+      end
+    end
+  end)
+end)
+
 describe("triu / tril on CUDA", function()
   it("keeps the triangle for several diagonals, batches, dtypes and a transposed input", function()
     ember.manual_seed(14)

@@ -44,6 +44,7 @@ local SHAPES = {
   {"a few long rows", {3, 70001}, 1},
   {"along dim 0", {500, 9}, 0},
   {"along the middle dim", {6, 400, 5}, 1},
+  {"long columns (dim 0 of 5000 rows: strided, inner 3)", {5000, 3}, 0},
 }
 
 describe("sort on CUDA matches the CPU exactly", function()
@@ -79,6 +80,18 @@ describe("sort on CUDA matches the CPU exactly", function()
       agree("sort along dim 0, L=" .. L, function(a) return a:t():sort(1) end, {x:t():contiguous()}, true)
     end
   end)
+  it("long rows through the global radix sort: a strided single row, windows past 1024, NaN medians", function()
+    -- sort_impl's 32-bit index paths: one row-major row (no division), one
+    -- strided row, several rows with a window of cnt < L, an inner stride
+    local x = with_nans(ember.randn({2, 9001}, {dtype = "f64"})):to("bf16")
+    agree("sort of a strided row", function(a) return a:narrow(0, 1, 1):reshape(-1):narrow(0, 0, 9000):reshape(4500, 2):select(1, 1):sort() end,
+      {x}, true)
+    agree("kthvalue 3000 of long rows", function(a) return a:kthvalue(3000, 1) end, {x}, true)
+    agree("median of long NaN rows", function(a) return a:median(1) end, {x}, true)
+    agree("median of one long NaN row", function(a) return a:select(0, 1):median(0) end, {x}, true)
+    agree("kthvalue 3000 along dim 0", function(a) return a:t():contiguous():kthvalue(3000, 0) end, {x}, true)
+  end)
+
   it("reads a transposed view", function()
     local x = ember.randn({700, 33})
     agree("sort of a transpose", function(a) return a:t():sort(1) end, {x}, true)

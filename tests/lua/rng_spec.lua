@@ -28,10 +28,12 @@ local flat, f32 = H.flat, H.f32
 ---------------------------------------------------------------------------
 
 local R = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "philox_ref.lua")
+local NF = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "normal_f32_ref.lua")
 local philox, block, words, u24 = R.philox, R.block, R.words, R.u24
 local MASK = 0xffffffff
 
--- Box-Muller on word pairs (0,1) and (2,3) of each block, as rng.h documents
+-- Box-Muller on word pairs (0,1) and (2,3) of each block, as rng.h documents,
+-- in double (the f64 draw; normal_f32_ref.lua has the f32 one)
 local function normals(seed, ctr0, n)
   local w, out = words(seed, ctr0, n + (4 - n % 4) % 4), {}
   for j = 0, n - 1, 2 do
@@ -144,13 +146,57 @@ describe("the stream is Philox4x32-10 as rng.h documents", function()
   end)
 
   it("randn is Box-Muller on word pairs (0,1) and (2,3): first 8 values after manual_seed(3)", function()
-    -- same double formula as rng.h (log, sqrt, cos, sin from the same C
-    -- library), then one rounding to f32: exact equality
+    -- f32 randn: rng.h's f32 Box-Muller (own logf and sincos of 2 pi u from
+    -- IEEE + - * / sqrt), re-derived in Lua: exact equality
     ember.manual_seed(3)
     local got = flat(ember.randn(8))
-    local want = normals(3, 0, 8)
-    for j = 1, 8 do want[j] = f32(want[j]) end
-    assert.same(want, got)
+    assert.same(NF.normals(words(3, 0, 8), 8), got)
+  end)
+
+  it("randn and normal_ in f32 match the Lua f32 Box-Muller bit for bit over 4099 values", function()
+    ember.manual_seed(31)
+    assert.same(NF.normals(words(31, 0, 4100), 4099), flat(ember.randn(4099)))
+    ember.manual_seed(32)
+    assert.same(NF.normals(words(32, 0, 1000), 1000, 1, 2), flat(ember.empty(1000):normal_(1, 2)))
+    -- bf16/f16 are the f32 values rounded once
+    ember.manual_seed(33)
+    local want = ember.tensor(NF.normals(words(33, 0, 1000), 1000, -0.5, 3), {dtype = "f32"})
+    assert.same(flat(want:to("bf16")), flat(ember.empty(1000, {dtype = "bf16"}):normal_(-0.5, 3)))
+    ember.manual_seed(33)
+    assert.same(flat(want:to("f16")), flat(ember.empty(1000, {dtype = "f16"}):normal_(-0.5, 3)))
+  end)
+
+  it("the f32 Box-Muller is within 4 ulp of the double formula (log < 1 ulp, sin/cos < 2 ulp)", function()
+    -- every factor is relatively accurate (sin/cos near their zeros too: the
+    -- reduction is exact), so the bound is relative: 4 ulp of the f32 value
+    ember.manual_seed(34)
+    local n = 65536
+    local got, want = flat(ember.randn(n)), normals(34, 0, n)
+    local worst = 0
+    for j = 1, n do
+      local ulp = 2.0^(math.floor(math.log(math.abs(want[j]), 2)) - 23)
+      worst = math.max(worst, math.abs(got[j] - want[j]) / ulp)
+    end
+    assert.is_true(worst <= 4, "worst error " .. worst .. " ulp")
+    assert.is_true(worst > 0, "identical to the double formula: the f32 path did not run")
+  end)
+
+  it("logf and sincos2pi of the reference are accurate on every reduction branch", function()
+    -- the Lua reference itself against libm in double: x across the binades
+    -- and both sides of sqrt(2)/2, angles in all four quadrants and at their edges
+    for _, m in ipairs({0, 1, 2, 1000, 0x3504f3, 0x800000 - 1, 0x800000, 0xb504f3, 0xffffff, 12345678}) do
+      local x = f32(1 - m * 2.0^-24)
+      local ref = math.log(x)
+      local got = NF.logf(x)
+      assert.is_true(math.abs(got - ref) <= 2.0^-24 * math.max(math.abs(ref), 2.0^-24), ("logf(%.9g)"):format(x))
+    end
+    for _, m in ipairs({0, 1, 0x1fffff, 0x200000, 0x200001, 0x400000, 0x5fffff, 0x600000, 0x800000, 0xa00000,
+                        0xc00000, 0xdfffff, 0xe00000, 0xffffff, 9766646}) do
+      local t = 2 * math.pi * m * 2.0^-24
+      local sn, cs = NF.sincos2pi(m)
+      assert.is_true(math.abs(sn - math.sin(t)) <= 2 * 2.0^-24 * math.max(math.abs(math.sin(t)), 2.0^-24), "sin " .. m)
+      assert.is_true(math.abs(cs - math.cos(t)) <= 2 * 2.0^-24 * math.max(math.abs(math.cos(t)), 2.0^-24), "cos " .. m)
+    end
   end)
 
   it("normal_(mean, std) is mean + std·z (f64, no rounding)", function()
@@ -301,6 +347,24 @@ describe("distributions (N = 100000, 6 standard errors)", function()
     local tail = 0
     for _, x in ipairs(v) do if math.abs(x) > 2 then tail = tail + 1 end end
     assert.is_true(math.abs(tail / N - 0.0455) < 6 * 6.6e-4, "tail fraction " .. tail / N)
+  end)
+
+  it("randn (f32 Box-Muller) passes Kolmogorov-Smirnov, mean and std on 2^20 draws", function()
+    ember.manual_seed(103)
+    local n = 1 << 20
+    local x = ember.randn(n)
+    local m, sd = x:mean():item(), x:std():item()
+    -- SE(mean) = 1/sqrt(n) = 9.8e-4, SE(std) = 1/sqrt(2n) = 6.9e-4
+    assert.is_true(math.abs(m) < 6 * 9.8e-4, "mean " .. m)
+    assert.is_true(math.abs(sd - 1) < 6 * 6.9e-4, "std " .. sd)
+    local v = flat(x:sort())
+    local d = 0
+    for i = 1, n do
+      local phi = (1 + H.erf(v[i] / math.sqrt(2))) / 2
+      d = math.max(d, i / n - phi, phi - (i - 1) / n)
+    end
+    -- the KS statistic's 0.1% critical value is 1.95 / sqrt(n) = 1.9e-3
+    assert.is_true(d < 1.95 / math.sqrt(n), "KS statistic " .. d)
   end)
 
   it("randint stays in [lo, hi) and hits every value", function()

@@ -13,17 +13,21 @@
  *             j % 4 of block j / 4, and an op consumes ceil(n / 4) blocks.
  *   u(w)    = (w >> 8) * 2^-24, uniform in [0, 1) with 24 bits, for every dtype.
  *   Values are computed in double and rounded once to the dtype (bf16/f16: to
- *   f32 first, then to the 16-bit type, round to nearest even each time).
+ *   f32 first, then to the 16-bit type, round to nearest even each time),
+ *   except normal_/randn into f32/bf16/f16 (below).
  *   uniform_(lo, hi): lo + (hi - lo) * u(w_j); a value that rounds to hi in the
  *           tensor's dtype becomes lo (PyTorch's CUDA rule), so rand stays in
  *           [0, 1) for bf16/f16 too (u >= 1 - 2^-9 would round to 1 in bf16).
  *   normal_(mean, std), randn: Box-Muller on the word pairs (0,1) and (2,3) of
  *           each block: r = sqrt(-2 ln(1 - u(w0))), t = 2 pi u(w1),
  *           z0 = r cos t, z1 = r sin t (elements 4b, 4b+1; likewise words 2,3 give
- *           4b+2, 4b+3); value = mean + std * z. (double-precision log, sqrt, sin
- *           and cos: CUDA's and glibc's agree to an ulp or so in double, so the
- *           f32/bf16 results agree unless a value lies within ~1e-16 relative
- *           of a rounding boundary.)
+ *           4b+2, 4b+3); value = mean + std * z. f64 tensors: in double (libm's
+ *           log, sqrt, sin and cos; CUDA's and glibc's agree to an ulp or so).
+ *           f32/bf16/f16 tensors: in f32 with rng_math.h's own logf and
+ *           sincos of 2 pi u (IEEE + - * / sqrt only, unfused), value =
+ *           f32(mean) + f32(std) * (r * cos) rounded per operation, then once
+ *           to bf16/f16: bit-identical on both devices. (Until issue 12 the
+ *           f32 values were the double formula rounded once.)
  *   randint [lo, hi): span = hi - lo; span <= 2^32: lo + (w_j mod span).
  *           Wider spans take two words: element j uses block j / 2, words
  *           2(j%2) (low half) and 2(j%2)+1 (high half) of a 64-bit u, value
