@@ -319,12 +319,13 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = fwd_kernel_mode();
   if (mode < 0) return -1;
   // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128, more queries than
-  // the decode kernel takes): it beat the mma.sync kernel 1.5-2.9x on an H100
-  // and passed the whole GPU suite (docs/flash.md, Step 3); mma elsewhere
+  // the decode kernel takes), with three consumers (wg3) at d 64: they beat
+  // the mma.sync kernel 1.5-2.9x and SDPA's forward at T >= 4096 on an H100
+  // and passed the GPU suite (docs/flash.md, Steps 3 and 3b); mma elsewhere
   if (mode == 1) return kFwdNotTaken;
   if (mode == 0 && p.Tq <= kDecodeMaxTq) return kFwdNotTaken;
   const bool forced = mode != 0;
-  const int kernel = mode == 0 ? 3 : mode;
+  const int kernel = mode == 0 ? (d == 64 ? 4 : 3) : mode;
   const char *name = kernel == 4 ? "wg3" : kernel == 3 ? "wg2" : "wg";
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",

@@ -65,7 +65,7 @@ function M.cell(device, dtype, d, causal, gqa, opts)
     "flash_bwd (" .. mma .. ")"
   -- Hopper: the wgmma forward (flash_fwd_wg2.cu) at d 64 and 128 (docs/flash.md, Step 3)
   if d == 64 or d == 128 then
-    row.forward = "flash_fwd_wg2 on sm_90, else flash_fwd (" .. mma .. ")"
+    row.forward = (d == 64 and "flash_fwd_wg2 (3 consumers)" or "flash_fwd_wg2") .. " on sm_90, else flash_fwd (" .. mma .. ")"
     row.backward = "flash_bwd_wg on sm_90, else flash_bwd (" .. mma .. ")"
   end
   row.precision = mma .. " mma, f32 softmax"

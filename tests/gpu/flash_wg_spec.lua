@@ -213,7 +213,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
     end)
   end
 
-  it("is what auto picks on sm_90 at D 64/128 for Tq > 16: wg2's bits; mma at other head dims, decode at Tq <= 16", function()
+  it("is what auto picks on sm_90 for Tq > 16: wg2's bits at D 128, wg3's at D 64; mma at other head dims, decode at Tq <= 16", function()
     local q, k, v = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda()
     local a = flash("auto", q, k, v, nil, true)
@@ -223,6 +223,12 @@ describe("flash attention's wgmma forward (sm_90)", function()
     -- and that is not trivially so: the mma kernel's bits differ (other tiles, other rounding of P)
     local m = flash("mma", q, k, v, nil, true)
     assert.is_true(max_abs(m.o, w.o) > 0, "wg2 gave mma's bits")
+    -- D 64: the three-consumer kernel (wg3's bits, not wg2's)
+    local q64, k64, v64 = randn({1, 2, 300, 64}, "bf16"):cuda(), randn({1, 2, 300, 64}, "bf16"):cuda(),
+      randn({1, 2, 300, 64}, "bf16"):cuda()
+    local a64, w364 = flash("auto", q64, k64, v64, nil, true), flash("wg3", q64, k64, v64, nil, true)
+    assert.are.equal(0, max_abs(a64.o, w364.o))
+    assert.are.equal(0, max_abs(a64.lse, w364.lse))
     -- D 32: no wgmma kernel, auto runs mma (no error, unlike forced wg2)
     local q32 = randn({1, 2, 300, 32}, "bf16"):cuda()
     local a32, m32 = flash("auto", q32, q32, q32, nil, true), flash("mma", q32, q32, q32, nil, true)
