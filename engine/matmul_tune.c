@@ -11,26 +11,33 @@
  * read on first use (a bad value is an error there, as EMBER_FLASH_FWD's);
  * ember.backends.matmul_tune(on) changes it at any time. The switch lives
  * in the engine, not in kernels/, so a CPU-only build parses it the same way. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 #include "ember/cuda.h"
 
-static int g_tune = -1;   /* -1: EMBER_MATMUL_TUNE not read yet; else 0/1 */
+/* -1: EMBER_MATMUL_TUNE not read yet; else 0/1. Atomic: em_gemm_cuda reads it
+ * outside its lock, from whichever thread runs a matmul, while Lua may set it. */
+static _Atomic int g_tune = -1;
 
 int em_matmul_tune_enabled(const char *op, bool *on) {
-  if (g_tune < 0) {
+  int v = atomic_load(&g_tune);
+  if (v < 0) {
     const char *env = getenv("EMBER_MATMUL_TUNE");
-    if (!env || !*env || strcmp(env, "0") == 0) g_tune = 0;
-    else if (strcmp(env, "1") == 0) g_tune = 1;
+    if (!env || !*env || strcmp(env, "0") == 0) v = 0;
+    else if (strcmp(env, "1") == 0) v = 1;
     else return em_error("%s: expected EMBER_MATMUL_TUNE to be 0 or 1, got '%s'", op, env);
+    int unread = -1;
+    if (!atomic_compare_exchange_strong(&g_tune, &unread, v)) v = unread;   /* set meanwhile: keep that */
   }
-  *on = g_tune == 1;
+  *on = v == 1;
   return 0;
 }
 
 int em_matmul_set_tune(const char *op, bool on, bool *prev) {
-  if (em_matmul_tune_enabled(op, prev)) return -1;
-  g_tune = on ? 1 : 0;
+  bool unused;
+  if (em_matmul_tune_enabled(op, &unused)) return -1;   /* a bad EMBER_MATMUL_TUNE is still an error here */
+  *prev = atomic_exchange(&g_tune, on ? 1 : 0) == 1;
   return 0;
 }

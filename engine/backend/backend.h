@@ -518,8 +518,8 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
                       int causal, float scale);
 
 /* Which forward kernel em_flash_fwd_cuda runs for Tq > 16 (and what it
- * forces): 0 auto (the wg2 kernel, flash_fwd_wg2.cu, on sm_90 for D 64 and
- * 128; the mma.sync kernel otherwise; the decode kernel up to 16 queries),
+ * forces): 0 auto (the wg2 kernel, flash_fwd_wg2.cu, on sm_90 at D 128 and
+ * its wg3 form at D 64; the mma.sync kernel otherwise; the decode kernel up to 16 queries),
  * 1 mma (the mma.sync kernel for every Tq), 2 wg (the wgmma kernel,
  * flash_fwd_wg.cu, for every Tq; an error where it does not apply), 3 wg2
  * (the same with the softmax overlapped with the matmuls, flash_fwd_wg2.cu),
@@ -528,7 +528,8 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
  * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
 int em_flash_fwd_kernel(int mode);
 /* Which backward kernels em_flash_bwd_cuda runs (em_flash_bwd_choice, ops.h):
- * 0 auto, 1 mma, 2 wg (flash_bwd_wg.cu); from EMBER_FLASH_BWD=auto|mma|wg.
+ * 0 auto (wg on sm_90 at D 64/128 in bf16/f16, else mma), 1 mma, 2 wg
+ * (flash_bwd_wg.cu); from EMBER_FLASH_BWD=auto|mma|wg.
  * mode >= 0 sets it; returns the previous setting, or -1 with the error set. */
 int em_flash_bwd_kernel(int mode);
 

@@ -112,12 +112,7 @@ static void load_f64(double *d, const em_tensor *t, int64_t off, int64_t st, int
   }
   if (st == 1 && t->dtype == EM_BF16) {  /* the same for bf16 (f32's upper half): column sums' rows */
     const uint16_t *s = (const uint16_t *)p + off;
-    for (int64_t i = 0; i < n; i++) {
-      uint32_t u = (uint32_t)s[i] << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      d[i] = f;
-    }
+    for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
     return;
   }
   switch (t->dtype) {
@@ -153,10 +148,7 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 
 /* d[i] = s[i] as f32: bf16 is f32's upper half. */
 EM_SIMD_CLONES static void widen_bf16(float *d, const uint16_t *s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t u = (uint32_t)s[i] << 16;
-    memcpy(&d[i], &u, 4);
-  }
+  for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
 }
 
 /* Walk reduced elements [start, end) of the output element whose first input
@@ -507,13 +499,8 @@ static void col_store(const col_job *j, int64_t at, const double *acc, const int
   }
 }
 
-/* A bf16 value as a double (exact): its bits are f32's upper half. */
-static inline double bf16_d(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+/* A bf16 value as a double (exact). */
+static inline double bf16_d(uint16_t h) { return em_bf16_to_f32(h); }
 
 /* Per-thread column accumulators (64 KiB: off the workers' stacks). */
 static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_tls;

@@ -156,8 +156,8 @@ bool em_flash_applies(em_tensor *q, em_tensor *k, em_tensor *v);
  * at small T), process-wide and not thread-safe; 0, 0 restores the defaults. */
 void em_flash_cpu_tiles(int64_t d, int *bq, int *bk);
 void em_flash_cpu_set_tiles(int bq, int bk);
-/* The CUDA forward kernel for more than 16 queries: 0 auto (the wg2 kernel
- * on sm_90 where it applies, else the mma.sync one), 1 mma, 2 wg (forced, for
+/* The CUDA forward kernel for more than 16 queries: 0 auto (on sm_90 where
+ * they apply the wg2 kernel at D 128 and wg3 at D 64, else the mma.sync one), 1 mma, 2 wg (forced, for
  * every Tq; an error where it does not apply), 3 wg2 (wg with the softmax
  * overlapped with the matmuls, forced likewise), 4 wg3 (wg2 with three
  * consumer warpgroups at D 64). The default comes from
@@ -165,7 +165,7 @@ void em_flash_cpu_set_tiles(int bq, int bk);
  * wide, not thread-safe: a test and benchmark hook); returns the previous
  * setting, or -1 with the error set for a bad EMBER_FLASH_FWD. */
 int em_flash_fwd_choice(int mode);
-/* The CUDA backward kernels: 0 auto (for now the mma.sync kernels), 1 mma,
+/* The CUDA backward kernels: 0 auto (wg where it applies, else mma), 1 mma,
  * 2 wg (the wgmma dk/dv and dq kernels, sm_90, bf16/f16, D 64/128; forced:
  * an error where they do not apply). The default comes from
  * EMBER_FLASH_BWD=auto|mma|wg (docs/flash.md, "Step 4"). mode >= 0 sets it
