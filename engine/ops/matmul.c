@@ -201,37 +201,31 @@ static void gemm_plan(gemm_job *j, int64_t nbatch) {
   plan_with(j, 256, nbatch == 1);
 }
 
-static void gemm_run(gemm_job *j, int64_t nbatch) {
-  if (j->n == 0 || j->m == 0 || nbatch == 0) return;
+static int gemm_run(gemm_job *j, int64_t nbatch) {
+  if (j->n == 0 || j->m == 0 || nbatch == 0) return 0;
   gemm_plan(j, nbatch);
   j->es = em_dtype_size(j->dt);
   j->P = NULL;
-  if (j->nkb > 1 && !(j->P = malloc((size_t)((j->nkb - 1) * j->n * j->m) * j->es))) {
-    /* no room for the partials (a few MiB): the same blocks one after
-     * another, each added into C by BLAS (beta = 1), on this thread; the
-     * sum may then differ in the last bits from the partials' (OpenBLAS
-     * adds a block deeper than its k panel into C panel by panel) */
-    for (int64_t b = 0; b < j->nkb; b++) {
-      int64_t l = b * j->kb;
-      const char *a = j->A + (j->offa ? j->offa[0] : 0) + (j->oa.trans == CblasNoTrans ? l : l * j->oa.ld) * (int64_t)j->es;
-      const char *bb = j->B + (j->offb ? j->offb[0] : 0) + (j->ob.trans == CblasNoTrans ? l * j->ob.ld : l) * (int64_t)j->es;
-      gemm1(j->dt, j->n, j->m, EM_MIN(j->kb, j->k - l), a, j->oa, bb, j->ob, b ? 1.0 : j->beta, j->C, j->ldc);
-    }
-    return;
-  }
+  /* no room for the k-blocks' partials (a few MiB): an error, not another
+   * summation order (adding the blocks into C through BLAS would round
+   * differently, so the result would depend on free memory) */
+  if (j->nkb > 1 && !(j->P = malloc((size_t)((j->nkb - 1) * j->n * j->m) * j->es)))
+    return em_error_oom("out of memory: matmul k-block partials (%lld x %lld x %lld blocks)", (long long)j->n,
+                        (long long)j->m, (long long)(j->nkb - 1));
   int64_t macs = j->tn * j->tm * EM_MAX(j->kb, 1);           /* per task; ~32 multiply-adds per element op */
   em_parallel_for(nbatch * j->tiles * j->nkb, em_grain(macs / 32 + 1), gemm_tasks, j);
-  if (j->nkb == 1) return;
+  if (j->nkb == 1) return 0;
   em_parallel_for(j->n, em_grain(j->m * (j->nkb - 1)), gemm_combine, j);
   free(j->P);
+  return 0;
 }
 
 /* C(n x m, row stride ldc) = A(n x k) B(k x m) + beta C, in f32 or f64, over the threads. */
-static void gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
-                 const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
+static int gemm(em_dtype dt, int64_t n, int64_t m, int64_t k, const void *A, blas_op oa,
+                const void *B, blas_op ob, double beta, void *C, int64_t ldc) {
   gemm_job j = {.dt = dt, .n = n, .m = m, .k = k, .ldc = ldc, .A = A, .B = B, .C = C, .oa = oa, .ob = ob,
                 .beta = beta};
-  gemm_run(&j, 1);
+  return gemm_run(&j, 1);
 }
 
 static int check_blas_size(const char *op, int64_t n, int64_t m, int64_t k) {
@@ -400,7 +394,10 @@ static em_tensor *matmul_blas(em_tensor *a, em_tensor *b, mm_plan *p, em_dtype d
   int64_t nbatch = em_shape_numel(p->nb, p->batch), rows;
   if (p->k == 0) { memset(C, 0, (size_t)em_numel(out) * es); goto done; }
   if (try_fold(p, &rows, &of)) {
-    gemm(dt, rows, p->m, p->k, A + ac->offset * (int64_t)es, of, B + bc->offset * (int64_t)es, ob, 0, C, p->m);
+    if (gemm(dt, rows, p->m, p->k, A + ac->offset * (int64_t)es, of, B + bc->offset * (int64_t)es, ob, 0, C, p->m)) {
+      em_tensor_release(out);
+      out = NULL;
+    }
     goto done;
   }
   /* every batch's gemm at once: the pool takes (batch, tile) tasks */
@@ -418,7 +415,10 @@ static em_tensor *matmul_blas(em_tensor *a, em_tensor *b, mm_plan *p, em_dtype d
   }
   gemm_job j = {.dt = dt, .n = p->n, .m = p->m, .k = p->k, .ldc = p->m, .A = A, .B = B, .C = C, .oa = oa, .ob = ob,
                 .offa = offs, .offb = offs + nbatch, .c_batch = p->n * p->m * (int64_t)es};
-  gemm_run(&j, nbatch);
+  if (gemm_run(&j, nbatch)) {
+    em_tensor_release(out);
+    out = NULL;
+  }
   free(offs);
 done:
   em_tensor_release(ac); em_tensor_release(bc);
@@ -676,7 +676,8 @@ static int linear_blas(em_tensor *x, em_tensor *w, em_tensor *bias, em_tensor *y
     for (int64_t r = 0; r < M; r++) memcpy(Y + r * out * (int64_t)es, em_data_ptr(bc), (size_t)out * es);
   }
   if (in == 0 && !bias) memset(Y, 0, (size_t)(M * out) * es);
-  else if (in > 0) gemm(dt, M, out, in, em_data_ptr(xc), ox, em_data_ptr(wc), ow, bias ? 1.0 : 0.0, Y, out);
+  else if (in > 0 && gemm(dt, M, out, in, em_data_ptr(xc), ox, em_data_ptr(wc), ow, bias ? 1.0 : 0.0, Y, out))
+    goto done;
   rc = 0;
 done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(bc);

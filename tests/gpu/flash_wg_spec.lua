@@ -229,6 +229,16 @@ describe("flash attention's wgmma forward (sm_90)", function()
     local a64, w364 = flash("auto", q64, k64, v64, nil, true), flash("wg3", q64, k64, v64, nil, true)
     assert.are.equal(0, max_abs(a64.o, w364.o))
     assert.are.equal(0, max_abs(a64.lse, w364.lse))
+    -- wg2 and wg3 may well give the same bits (same per-row arithmetic over the same key tiles), so
+    -- the kernel's name says which ran: the template's third argument is the consumer count
+    assert.are.equal("cupti", ember.profiler.backend(), "kernel names need CUPTI")
+    local P = ember.profiler.profile(function() flash("auto", q64, k64, v64, nil, true) ember.cuda.synchronize() end,
+      {print = false})
+    local names = {}
+    for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+    P:close()
+    local ran = table.concat(names, " | ")
+    assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3>"), ran)
     -- D 32: no wgmma kernel, auto runs mma (no error, unlike forced wg2)
     local q32 = randn({1, 2, 300, 32}, "bf16"):cuda()
     local a32, m32 = flash("auto", q32, q32, q32, nil, true), flash("mma", q32, q32, q32, nil, true)

@@ -175,3 +175,36 @@ describe("F.rope", function()
     assert_abs(flat(F.rope(x)), rope_ref(flat(x), 8, function(row) return row % 5 end, 10000), 1e-13, "permuted")
   end)
 end)
+
+describe("nn.CausalSelfAttention's rope", function()
+  local nn = ember.nn
+  it("rotates q and k in one module call, the same values as two F.rope", function()
+    ember.manual_seed(5)
+    local attn = nn.CausalSelfAttention(16, 2)
+    local q, k = ember.randn({2, 2, 7, 8}), ember.randn({2, 2, 7, 8})
+    local pos = attn.rope:positions(7)
+    local q2, k2 = attn.rope(q, pos, k)
+    assert.same(flat(F.rope(q, pos, attn.rope.theta)), flat(q2))
+    assert.same(flat(F.rope(k, pos, attn.rope.theta)), flat(k2))
+    assert.same(flat(F.rope(q, pos, attn.rope.theta)), flat(attn.rope(q, pos)))
+  end)
+
+  it("calls a user's rope module (its own forward) once for q and once for k", function()
+    ember.manual_seed(5)
+    local attn = nn.CausalSelfAttention(16, 2)
+    local x = ember.randn({2, 7, 16})
+    local want = attn(x)
+    local Mine = nn.RotaryEmbedding:extend("MyRope")
+    local seen = 0
+    function Mine:forward(t, pos, extra)
+      assert.is_nil(extra, "no k argument for a user's forward")
+      seen = seen + 1
+      return F.rope(t, pos, self.theta)
+    end
+    local r = Mine(8)
+    attn.rope = r
+    local got = attn(x)
+    assert.equals(2, seen)
+    assert.same(flat(want), flat(got))
+  end)
+end)

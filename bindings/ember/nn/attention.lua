@@ -93,7 +93,11 @@ function CausalSelfAttention:forward(x, pos, kv)
   local rope = self.rope
   if rope then
     pos = pos or rope:positions(T, x.device)
-    q, k = rope:rotate_qk(q, k, pos)                 -- one node, one launch for both
+    if rope.forward == RotaryEmbedding.forward then
+      q, k = rope(q, pos, k)                          -- one node, one launch for both
+    else                                              -- a user's rope module: its own forward, once each
+      q, k = rope(q, pos), rope(k, pos)
+    end
   end
   local y                                             -- (..., H, T, dh)
   if kv then y = kv:attend(q, k, v, self.attn_fn) else y = self.attn_fn(q, k, v) end

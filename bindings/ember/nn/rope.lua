@@ -41,7 +41,11 @@ function RotaryEmbedding:positions(T, device)
   return pos
 end
 
-function RotaryEmbedding:forward(x, pos)
+--- x rotated; with k as well, (x, k) rotated together as rotate_qk does (one
+-- node, one launch), so a caller going through the module call keeps its
+-- hooks and the profiler's module path.
+function RotaryEmbedding:forward(x, pos, k)
+  if k ~= nil then return self:rotate_qk(x, k, pos) end
   local shape = x.shape
   if shape[#shape] ~= self.d_head then
     error(fmt("ember.nn.RotaryEmbedding: expected last dim %d (d_head), got shape %s",
