@@ -529,7 +529,8 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
 int em_flash_fwd_kernel(int mode);
 /* Which backward kernels em_flash_bwd_cuda runs (em_flash_bwd_choice, ops.h):
  * 0 auto (wg on sm_90 at D 64/128 in bf16/f16, else mma), 1 mma, 2 wg
- * (flash_bwd_wg.cu); from EMBER_FLASH_BWD=auto|mma|wg.
+ * (flash_bwd_wg.cu), 3 wg2 (flash_bwd_wg2.cu, opt-in); from
+ * EMBER_FLASH_BWD=auto|mma|wg|wg2.
  * mode >= 0 sets it; returns the previous setting, or -1 with the error set. */
 int em_flash_bwd_kernel(int mode);
 

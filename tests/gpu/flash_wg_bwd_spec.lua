@@ -1,6 +1,7 @@
--- flash_wg_bwd_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA backward
--- (kernels/flash_bwd_wg.cu, docs/flash.md "Step 4"), forced with
--- core.flash_bwd_kernel("wg"), against the f64 CPU reference and against the
+-- flash_wg_bwd_spec.lua (GPU, sm_90) — the Hopper wgmma/TMA backwards
+-- (kernels/flash_bwd_wg.cu, docs/flash.md "Step 4"; kernels/flash_bwd_wg2.cu,
+-- "Step 4b"), each forced with core.flash_bwd_kernel("wg") / ("wg2"), against
+-- the f64 CPU reference and against the
 -- mma.sync backward (flash_bwd.cu, forced with "mma") on the same inputs and
 -- the same forward: head dims 64 and 128, bf16 and f16, causal top-left /
 -- bottom-right / none, GQA (the group's sum in a fixed order), Tq ≠ Tk both
@@ -11,8 +12,10 @@
 -- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ of dq, dk and dv no
 -- more than twice the error of the naive composition's backward run on the GPU
 -- in the same half dtype, plus 1e-4, and never above 1e-2 (bf16) / 2e-3 (f16);
--- the wg gradients within the same cap of the mma ones. Every case prints its
--- errors (wg's, mma's, naive's, wg vs mma), so a failing run says where.
+-- the wg gradients within the same cap of the mma ones. wg2 is held to the same
+-- bounds and, as it runs the same wgmmas on the same fragments in the same tile
+-- order, to wg's bits. Every case prints its errors (wg's, wg2's, mma's,
+-- naive's, wg vs mma), so a failing run says where.
 local ember = require "ember"
 local F = ember.nn.functional
 local core = ember.core
@@ -88,26 +91,34 @@ local function check(sq, sk, dt, causal, opts)
   local mm = flash("mma", q, k, v, g, causal)
   local nv = naive(q, k, v, g, causal)
   local wg = flash("wg", q, k, v, g, causal)
-  local what = string.format("wg %s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
+  local wg2 = flash("wg2", q, k, v, g, causal)
+  local shape = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
     tostring(causal))
   for _, name in ipairs(NAMES) do
-    local ew, em, en, ewm = rel(wg[name], ref[name]), rel(mm[name], ref[name]), rel(nv[name], ref[name]),
-      rel(wg[name], mm[name])
-    print(string.format("  %-44s %s: wg %.3g mma %.3g naive %.3g vs-mma %.3g max|err| %.3g", what, name, ew, em, en,
-      ewm, max_abs(wg[name], ref[name])))
-    assert.are.equal(dt, wg[name].dtype, what .. " " .. name .. " dtype")
-    if ref[name]:abs():max():item() == 0 then
-      -- an exactly zero gradient (one key: the softmax has no slope, so dq = dk = 0): the
-      -- relative error is undefined; the kernel's rounding residue must be tiny next to the
-      -- O(1) inputs (1e-7 seen on the H100, 2026-11-27; a wrong tile would give O(1))
-      local got = wg[name]:cpu():to("f64"):abs():max():item()
-      assert.is_true(got <= 1e-5, string.format("%s %s: reference 0, got max |%s| %.3g", what, name, name, got))
-    else
-      local bound = math.min(2 * en + 1e-4, CAP[dt])
-      assert.is_true(ew <= bound, string.format("%s %s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, name, ew,
-        bound, en, em))
-      assert.is_true(ewm <= CAP[dt], string.format("%s %s: vs mma %.3g > %.3g", what, name, ewm, CAP[dt]))
+    local em, en = rel(mm[name], ref[name]), rel(nv[name], ref[name])
+    for _, run in ipairs({{"wg", wg}, {"wg2", wg2}}) do
+      local kname, got = run[1], run[2][name]
+      local what = kname .. " " .. shape
+      local ew, ewm = rel(got, ref[name]), rel(got, mm[name])
+      print(string.format("  %-48s %s: %s %.3g mma %.3g naive %.3g vs-mma %.3g max|err| %.3g", what, name, kname,
+        ew, em, en, ewm, max_abs(got, ref[name])))
+      assert.are.equal(dt, got.dtype, what .. " " .. name .. " dtype")
+      if ref[name]:abs():max():item() == 0 then
+        -- an exactly zero gradient (one key: the softmax has no slope, so dq = dk = 0): the
+        -- relative error is undefined; the kernel's rounding residue must be tiny next to the
+        -- O(1) inputs (1e-7 seen on the H100, 2026-11-27; a wrong tile would give O(1))
+        local m = got:cpu():to("f64"):abs():max():item()
+        assert.is_true(m <= 1e-5, string.format("%s %s: reference 0, got max |%s| %.3g", what, name, name, m))
+      else
+        local bound = math.min(2 * en + 1e-4, CAP[dt])
+        assert.is_true(ew <= bound, string.format("%s %s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, name, ew,
+          bound, en, em))
+        assert.is_true(ewm <= CAP[dt], string.format("%s %s: vs mma %.3g > %.3g", what, name, ewm, CAP[dt]))
+      end
     end
+    -- wg2 reorders when the wgmmas are issued, not what they sum: wg's bits
+    local d = max_abs(wg2[name], wg[name])
+    assert.are.equal(0, d, string.format("wg2 %s %s: expected wg's bits, max |wg2 - wg| %.3g", shape, name, d))
   end
   return wg, mm
 end
@@ -134,7 +145,9 @@ describe("flash attention's wgmma backward (sm_90)", function()
     assert.are.equal("wg", core.flash_bwd_kernel(prev))
     local ok, err = pcall(core.flash_bwd_kernel, "tma")
     assert.is_false(ok)
-    assert.matches('expected "auto", "mma" or "wg", got "tma"', tostring(err), 1, true)
+    assert.matches('expected "auto", "mma", "wg" or "wg2", got "tma"', tostring(err), 1, true)
+    assert.are.equal(prev, core.flash_bwd_kernel("wg2"))
+    assert.are.equal("wg2", core.flash_bwd_kernel(prev))
     -- a head dim or a dtype it does not have: an error naming the setting, not a silent fallback
     local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
     local ok1, err1 = pcall(flash, "wg", x, x, x, x, true)
@@ -146,6 +159,15 @@ describe("flash attention's wgmma backward (sm_90)", function()
     ember.backends.tf32(tf)
     assert.is_false(ok2, "f32 ran")
     assert.matches("(EMBER_FLASH_BWD=wg) expect bf16 or f16, got f32", tostring(err2), 1, true)
+    -- wg2 names itself in the same errors
+    local ok3, err3 = pcall(flash, "wg2", x, x, x, x, true)
+    assert.is_false(ok3, "wg2 at head dim 32 ran")
+    assert.matches("(EMBER_FLASH_BWD=wg2) expect head dim 64 or 128, got 32", tostring(err3), 1, true)
+    tf = ember.backends.tf32(true)
+    local ok4, err4 = pcall(flash, "wg2", x32, x32, x32, x32, true)
+    ember.backends.tf32(tf)
+    assert.is_false(ok4, "wg2 in f32 ran")
+    assert.matches("(EMBER_FLASH_BWD=wg2) expect bf16 or f16, got f32", tostring(err4), 1, true)
   end)
 
   for _, d in ipairs({64, 128}) do
@@ -168,6 +190,11 @@ describe("flash attention's wgmma backward (sm_90)", function()
       check({1, 8, 129, d}, {1, 1, 129, d}, "bf16", true)           -- multi-query: 8 q heads summed
       check({1, 2, 17, d}, {1, 2, 1000, d}, "bf16", "bottom_right") -- few queries, many key blocks
       check({1, 6, 1000, d}, {1, 2, 257, d}, "f16", false)          -- GQA 3, Tq > Tk, no mask
+      -- the second consumer of key block 0 sees no query of each head's first tile (an empty
+      -- turn between two seen tiles, wg2 holding the last one's dv/dk over it), then none at all
+      -- (8 empty turns, more than the stages)
+      check({1, 8, 70, d}, {1, 1, 300, d}, "bf16", true)
+      check({1, 8, 40, d}, {1, 1, 300, d}, "f16", true)
     end)
 
     it(string.format("runs long sequences through the stage rings, and the (B, T, H, D) layout: D %d", d), function()
@@ -206,23 +233,35 @@ describe("flash attention's wgmma backward (sm_90)", function()
     local k32 = bwd_kernels("auto", q32, q32, q32, g32)
     assert.truthy(k32:find("flash_dkdv_kernel", 1, true), k32)
     assert.falsy(k32:find("_wg_kernel", 1, true), k32)
+    -- wg2: its own kernels, and auto does not run them
+    local k2 = bwd_kernels("wg2", q, k, v, g)
+    assert.truthy(k2:find("flash_dkdv_wg2_kernel", 1, true), k2)
+    assert.truthy(k2:find("flash_dq_wg2_kernel", 1, true), k2)
+    assert.falsy(k2:find("flash_dkdv_wg_kernel", 1, true), k2)
+    assert.falsy(k2:find("flash_dkdv_kernel", 1, true), k2)
+    assert.falsy(ka:find("wg2", 1, true), ka)
   end)
 
   it("gives bit-identical gradients on repeat (a race would move them): GQA, many tiles, every mask", function()
     local q, k, v, g = randn({1, 8, 2100, 128}, "f16"):cuda(), randn({1, 2, 2100, 128}, "f16"):cuda(),
       randn({1, 2, 2100, 128}, "f16"):cuda(), randn({1, 8, 2100, 128}, "f16"):cuda()
-    for _, causal in ipairs({true, "bottom_right", false}) do
-      local a = flash("wg", q, k, v, g, causal)
-      for _ = 1, 2 do
-        local b = flash("wg", q, k, v, g, causal)
-        for _, name in ipairs(NAMES) do
-          assert.are.equal(0, max_abs(a[name], b[name]), name .. " moved: causal=" .. tostring(causal))
+    for _, kernel in ipairs({"wg", "wg2"}) do
+      for _, causal in ipairs({true, "bottom_right", false}) do
+        local a = flash(kernel, q, k, v, g, causal)
+        for _ = 1, 2 do
+          local b = flash(kernel, q, k, v, g, causal)
+          for _, name in ipairs(NAMES) do
+            assert.are.equal(0, max_abs(a[name], b[name]), kernel .. " " .. name .. " moved: causal=" ..
+              tostring(causal))
+          end
         end
       end
+      local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
+        randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
+      local a, b = flash(kernel, q6, k6, v6, g6, true), flash(kernel, q6, k6, v6, g6, true)
+      for _, name in ipairs(NAMES) do
+        assert.are.equal(0, max_abs(a[name], b[name]), kernel .. " " .. name .. " moved (D 64)")
+      end
     end
-    local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
-      randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
-    local a, b = flash("wg", q6, k6, v6, g6, true), flash("wg", q6, k6, v6, g6, true)
-    for _, name in ipairs(NAMES) do assert.are.equal(0, max_abs(a[name], b[name]), name .. " moved (D 64)") end
   end)
 end)

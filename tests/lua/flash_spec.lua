@@ -375,13 +375,14 @@ describe("F.flash_attention errors", function()
       'expected "auto", "mma", "wg", "wg2" or "wg3", got "wg4"', 1, true)
   end)
 
-  it("core.flash_bwd_kernel takes auto, mma and wg (the CUDA backward's choice), names the others", function()
+  it("core.flash_bwd_kernel takes auto, mma, wg and wg2 (the CUDA backward's choice), names the others", function()
     local prev = core.flash_bwd_kernel("wg")
-    assert.are.equal("wg", core.flash_bwd_kernel("mma"))
+    assert.are.equal("wg", core.flash_bwd_kernel("wg2"))
+    assert.are.equal("wg2", core.flash_bwd_kernel("mma"))
     assert.are.equal("mma", core.flash_bwd_kernel("auto"))
     assert.are.equal("auto", core.flash_bwd_kernel(prev))
     assert.are.equal(prev, core.flash_bwd_kernel())
-    assert.error_matches(function() core.flash_bwd_kernel("wg2") end,
-      'expected "auto", "mma" or "wg", got "wg2"', 1, true)
+    assert.error_matches(function() core.flash_bwd_kernel("wg3") end,
+      'expected "auto", "mma", "wg" or "wg2", got "wg3"', 1, true)
   end)
 end)

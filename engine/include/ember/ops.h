@@ -167,8 +167,9 @@ void em_flash_cpu_set_tiles(int bq, int bk);
 int em_flash_fwd_choice(int mode);
 /* The CUDA backward kernels: 0 auto (wg where it applies, else mma), 1 mma,
  * 2 wg (the wgmma dk/dv and dq kernels, sm_90, bf16/f16, D 64/128; forced:
- * an error where they do not apply). The default comes from
- * EMBER_FLASH_BWD=auto|mma|wg (docs/flash.md, "Step 4"). mode >= 0 sets it
+ * an error where they do not apply), 3 wg2 (wg with ping-pong and overlap,
+ * opt-in, as wg otherwise). The default comes from
+ * EMBER_FLASH_BWD=auto|mma|wg|wg2 (docs/flash.md, "Step 4" and "Step 4b"). mode >= 0 sets it
  * (process-wide, a test and benchmark hook); returns the previous setting,
  * or -1 with the error set for a bad EMBER_FLASH_BWD. */
 int em_flash_bwd_choice(int mode);

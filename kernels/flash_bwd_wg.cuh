@@ -1,0 +1,183 @@
+/* Shared by the wgmma flash backwards (flash_bwd_wg.cu: EMBER_FLASH_BWD=wg;
+ * flash_bwd_wg2.cu: wg2): the block shape, the shared-memory layout, the
+ * wgmma issue helpers, the accumulator store and the TMA maps. Anonymous
+ * namespace: each kernel file gets its own copy, as when they lived in
+ * flash_bwd_wg.cu. */
+#pragma once
+#include <cuda.h>
+#include "flash_common.cuh"
+#include "flash_wg.cuh"
+#include "flash_wgmma.cuh"
+
+namespace {
+
+using namespace flash;
+
+constexpr int THREADS = 384;   // producer + 2 consumers
+constexpr int NCONS = 256;     // consumer threads: the empty mbarriers' count
+constexpr int RES = 128;       // rows of a resident tile: keys (dk/dv) or queries (dq) per block
+constexpr int STR = 64;        // rows of a streamed tile: queries (dk/dv) or keys (dq)
+
+/* Shared memory of both kernels: resident tiles A and B (RES rows each), a
+ * ring of STAGES stages of two streamed tiles (STR rows each), then per
+ * stage 2·STR floats of lse·log2 e and Δ (dk/dv only), then the mbarriers:
+ * resident full, full[STAGES], empty[STAGES]. Every tile 1024-byte aligned. */
+template <int D, int STAGES> struct Layout {
+  static constexpr int CH = D / 64;   // 64-column (128-byte) chunks of a row
+  static constexpr uint32_t RES_BYTES = RES * D * 2, STR_BYTES = STR * D * 2, STAGE = 2 * STR_BYTES;
+  static constexpr uint32_t OFF_B = RES_BYTES, OFF_RING = 2 * RES_BYTES;
+  static constexpr uint32_t OFF_LD = OFF_RING + STAGES * STAGE, OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
+  static constexpr size_t SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;   // + slack to align the base
+};
+/* Stages: as many as fit with room to spare (D 128: 3 · 32 KB after 64 KB resident; D 64: 4 · 16 KB). */
+template <int D> constexpr int kStages = D == 128 ? 3 : 4;
+
+#if defined(__CUDA_ARCH__)
+/* Sᵀ-like products: acc (64 x 64) = A (64 rows at a, K-major, RES-row
+ * chunks) times Bᵀ (64 rows at bt, K-major, STR-row chunks) over D, one
+ * commit group. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_ss(float (&acc)[STR / 2], uint32_t a, uint32_t bt) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t off = (kk & 3) * 32;   // 16 columns = 32 bytes into the chunk's 128-byte rows
+    const uint64_t da = wg_desc(a + (kk >> 2) * RES * 128 + off, 16, 1024);
+    const uint64_t db = wg_desc(bt + (kk >> 2) * STR * 128 + off, 16, 1024);
+    Wgmma<T, STR>::ss(acc, da, db, kk > 0);
+  }
+  wgmma_commit();
+}
+
+/* acc (64 x D) += A (64 x STR, register fragments) times the streamed tile
+ * at b (STR rows x D, N-major: 16 rows = two 8-row groups per k step, the
+ * 64-column chunks STR · 128 bytes apart). Not committed. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[STR / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
+}
+
+/* 64 f32 accumulator columns as the A fragments of four 16-wide k steps
+ * (blocks 2kk and 2kk + 1, as pack_p in flash_fwd_wg2.cu). */
+template <typename T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[STR / 16][4], const float (&c)[STR / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) {
+    a[kk][0] = Mma<T>::pack(c[8 * kk + 0], c[8 * kk + 1]);
+    a[kk][1] = Mma<T>::pack(c[8 * kk + 2], c[8 * kk + 3]);
+    a[kk][2] = Mma<T>::pack(c[8 * kk + 4], c[8 * kk + 5]);
+    a[kk][3] = Mma<T>::pack(c[8 * kk + 6], c[8 * kk + 7]);
+  }
+}
+
+/* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of
+ * dst (row stride ld), rows at or past n skipped. */
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc)[D / 2], int r0, int n, int t,
+                                           float scale) {
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + 2 * t;
+    if (r0 < n) store2(dst + (int64_t)r0 * ld + col, acc[4 * i] * scale, acc[4 * i + 1] * scale);
+    if (r0 + 8 < n) store2(dst + (int64_t)(r0 + 8) * ld + col, acc[4 * i + 2] * scale, acc[4 * i + 3] * scale);
+  }
+}
+
+
+/* The dk/dv kernels' producer warpgroup (after setmaxnreg): k, v once, then
+ * q(j), dO(j) (thread 0) and lse·log2 e, Δ (warps 2-3) into stage j % STAGES
+ * of the ring, each stage once both consumers released its last tile. */
+template <int D, int STAGES>
+__device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUtensorMap *tk, const CUtensorMap *tv,
+                                              const CUtensorMap *tdo, const Params &p, uint32_t sK, uint32_t sV,
+                                              uint32_t ring, float *sLD, uint32_t bar_kv, uint32_t full,
+                                              uint32_t empty, int b, int hk, int k0, int qstart, int nq, int ntile) {
+  using L = Layout<D, STAGES>;
+  // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
+  setmaxnreg_dec<24>();
+  if (threadIdx.x == 0 && ntile > 0) {
+    tma_prefetch_map(tq); tma_prefetch_map(tk); tma_prefetch_map(tv); tma_prefetch_map(tdo);
+    mbar_expect_tx(bar_kv, 2 * L::RES_BYTES);
+#pragma unroll
+    for (int c = 0; c < L::CH; c++) tma_load_4d(sK + c * RES * 128, tk, bar_kv, c * 64, k0, hk, b);
+#pragma unroll
+    for (int c = 0; c < L::CH; c++) tma_load_4d(sV + c * RES * 128, tv, bar_kv, c * 64, k0, hk, b);
+    for (int j = 0; j < ntile; j++) {
+      const int s = j % STAGES, hg = j / nq, i0 = qstart + (j - hg * nq) * STR, h = hk * p.group + hg;
+      // stage s last held tile j - STAGES: wait until both consumers released it
+      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      const uint32_t st = ring + s * L::STAGE, bar = full + 8 * s;
+      mbar_expect_tx(bar, L::STAGE);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, tq, bar, c * 64, i0, h, b);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, tdo, bar, c * 64, i0, h, b);
+    }
+  } else if (threadIdx.x >= 64) {
+    // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers)
+    const int r = threadIdx.x - 64;
+    for (int j = 0; j < ntile; j++) {
+      const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
+      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      const int64_t at = (int64_t)(b * p.H + hk * p.group + hg) * p.Tq + i;
+      const bool in = i < p.Tq;
+      // lse·log2 e rounded on its own (no fused multiply-add), as flash_bwd.cu; +inf past Tq makes P = 0
+      sLD[s * 2 * STR + r] = in ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
+      sLD[s * 2 * STR + STR + r] = in ? p.delta[at] : 0.f;
+      mbar_arrive(full + 8 * s);   // release: the stores above are visible to whoever waits on the phase
+    }
+  }
+}
+
+/* The dq kernels' producer warpgroup: q, dO once, then k(j), v(j) into stage
+ * j % STAGES. */
+template <int D, int STAGES>
+__device__ __forceinline__ void dq_producer(const CUtensorMap *tq, const CUtensorMap *tk, const CUtensorMap *tv,
+                                            const CUtensorMap *tdo, uint32_t sQ, uint32_t sO, uint32_t ring,
+                                            uint32_t bar_q, uint32_t full, uint32_t empty, int b, int h, int hk,
+                                            int q0, int ntile) {
+  using L = Layout<D, STAGES>;
+  // ---- producer: q, dO once; then k(j), v(j) into stage j % STAGES ----
+  setmaxnreg_dec<24>();
+  if (threadIdx.x == 0 && ntile > 0) {
+    tma_prefetch_map(tq); tma_prefetch_map(tk); tma_prefetch_map(tv); tma_prefetch_map(tdo);
+    mbar_expect_tx(bar_q, 2 * L::RES_BYTES);
+#pragma unroll
+    for (int c = 0; c < L::CH; c++) tma_load_4d(sQ + c * RES * 128, tq, bar_q, c * 64, q0, h, b);
+#pragma unroll
+    for (int c = 0; c < L::CH; c++) tma_load_4d(sO + c * RES * 128, tdo, bar_q, c * 64, q0, h, b);
+    for (int j = 0; j < ntile; j++) {
+      const int s = j % STAGES;
+      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      const uint32_t st = ring + s * L::STAGE, bar = full + 8 * s;
+      mbar_expect_tx(bar, L::STAGE);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, tk, bar, c * 64, j * STR, hk, b);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, tv, bar, c * 64, j * STR, hk, b);
+    }
+  }
+}
+
+#endif
+
+template <typename K>
+int raise_smem(K kern, size_t smem) {
+  return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess ? 0 : -1;
+}
+
+}  // namespace
+
+namespace flash {
+
+/* Maps: dk/dv streams 64-row q and dO boxes over 128-row k and v; dq the other way round. */
+struct Maps {
+  CUtensorMap q64, do64, k128, v128, q128, do128, k64, v64;
+};
+
+/* EMBER_FLASH_BWD=wg2 (flash_bwd_wg2.cu): the dk/dv and dq kernels with
+ * ping-pong and intra-consumer overlap, on maps bwd_wg_dispatch made; dt
+ * bf16 or f16, d 64 or 128 (checked by the caller). 0 or -1 with the error set. */
+int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, cudaStream_t s);
+
+}  // namespace flash

@@ -1,0 +1,442 @@
+/* FlashAttention backward for Hopper, version 2 (EMBER_FLASH_BWD=wg2): the
+ * dk/dv and dq kernels of flash_bwd_wg.cu (same block, ring, producers,
+ * masks, tile order and sums: docs/flash.md "Step 4") with the forward's
+ * overlap of elementwise work and matmuls (flash_fwd_wg2.cu, "Step 3"):
+ *
+ *  1. ping-pong: named barriers 1 and 2 (one per consumer, 256 threads: its
+ *     own bar.sync and the other's bar.arrive) hand the right to issue wgmmas
+ *     back and forth, so one consumer's exponentials and dS run while the
+ *     other's matmuls hold the tensor cores. Consumer 1 arrives once up
+ *     front, so consumer 0 goes first; both take the same number of turns
+ *     (a tile a consumer skips under the causal mask is an empty turn), so
+ *     no bar.sync waits for a turn that never comes.
+ *  2. intra-consumer overlap (PIPE): turn j issues Sᵀ(j) and dPᵀ(j), then the
+ *     previous visible tile's dv += Pᵀ dO, dk += dSᵀ q, as three commit
+ *     groups; wait_group 2 (Sᵀ done) runs the exponentials, wait_group 1 dSᵀ,
+ *     wait_group 0 frees the previous tile's stage and A fragments, and only
+ *     then are this tile's Pᵀ, dSᵀ packed. A last turn issues the last tile's
+ *     dv/dk. Needs the packed Pᵀ/dSᵀ (32 registers) beside Sᵀ/dPᵀ (64) and
+ *     dk/dv (D): the dq kernel at both head dims and dk/dv at D 64. The dk/dv
+ *     kernel at D 128 (128 accumulators) has no room: it takes two turns a
+ *     tile instead (Sᵀ/dPᵀ, then dv/dk), each consumer's elementwise work
+ *     under the other's matmuls.
+ *
+ * Every accumulator sees the same wgmmas, with the same A fragments, in the
+ * same tile order as in wg: the results are wg's bits (and so mma's). */
+#include <cuda.h>
+#include <type_traits>
+#include "backend.h"
+#include "flash_common.cuh"
+#include "flash_wg.cuh"
+#include "flash_wgmma.cuh"
+#include "flash_bwd_wg.cuh"
+
+using namespace flash;
+
+namespace {
+
+constexpr int PAIR = 256;   // a named barrier's count: the consumer syncing on it and the one arriving
+
+/* dk/dv at D 128 cannot hold the next tile's Sᵀ/dPᵀ beside the packed Pᵀ/dSᵀ. */
+template <int D> constexpr bool kDkdvPipe = D == 64;
+
+#if defined(__CUDA_ARCH__)
+/* Named barriers 1 and 2 (0 is __syncthreads; the kernels use no others):
+ * immediate ids, so ptxas reserves only these. */
+__device__ __forceinline__ void named_sync(int id) {
+  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.sync 2, %0;\n" ::"n"(PAIR) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.arrive 2, %0;\n" ::"n"(PAIR) : "memory");
+}
+
+/* Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e), causal-masked: flash_bwd_wg.cu's
+ * loop, unchanged (the same bits). */
+__device__ __forceinline__ void dkdv_p(float (&st)[STR / 2], const float *sl, const Params &p, bool diag, int e0,
+                                       int t) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    const int c = 8 * (i >> 2) + 2 * t;
+    const float2 l = *reinterpret_cast<const float2 *>(sl + c);
+    float p0 = exp2f(st[i] * p.scale_log2 - l.x), p1 = exp2f(st[i + 1] * p.scale_log2 - l.y);
+    if (diag) {
+      const int e = (i & 2) ? e0 + 8 : e0;
+      if (e > 8 * (i >> 2)) p0 = 0.f;
+      if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+    }
+    st[i] = p0;
+    st[i + 1] = p1;
+  }
+}
+/* dSᵀ = Pᵀ ∘ (dPᵀ − Δ), into dp. */
+__device__ __forceinline__ void dkdv_ds(float (&dp)[STR / 2], const float (&st)[STR / 2], const float *sd, int t) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    const float2 dl = *reinterpret_cast<const float2 *>(sd + 8 * (i >> 2) + 2 * t);
+    dp[i] = st[i] * (dp[i] - dl.x);
+    dp[i + 1] = st[i + 1] * (dp[i + 1] - dl.y);
+  }
+}
+#endif
+
+template <typename T, int D, int STAGES, bool PIPE>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_dkdv_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                          const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<D, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = base + L::OFF_B, ring = base + L::OFF_RING;
+  float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + L::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
+  const uint32_t bar_kv = base + L::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
+
+  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = blockIdx.x * RES;
+  const int qstart = p.causal ? (max(0, k0 - p.off) / STR) * STR : 0;
+  const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
+  const int wg = threadIdx.x >> 7;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, 1 + STR);   // the copies' expect_tx arrival and the STR lse/Δ threads
+      mbar_init(empty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
+                             ntile);
+    return;
+  }
+
+  // ---- consumers: 64 keys each ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g;   // rows key0 and key0 + 8 of dk, dv
+  const uint32_t ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;   // this consumer's rows of k, v
+  // ping-pong: turn i issues after bar.sync on my_bar and passes to the other
+  // consumer; consumer 1's last arrival would have no taker, so it is left out
+  const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? (PIPE ? ntile + 1 : 2 * ntile) : 0;
+  auto pass_turn = [&](int i) {
+    if (cw == 0 || i < turns - 1) named_arrive(other_bar);
+  };
+  if (cw == 1 && turns > 0) named_arrive(1);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+  if (ntile > 0) mbar_wait(bar_kv, 0);
+
+  // a tile none of whose queries sees these keys: an empty turn (a stage
+  // pending dv/dk may stay held over it: at most one such tile in a row)
+  auto seen = [&](int j) { return !(p.causal && kw0 > qstart + (j % nq) * STR + STR - 1 + p.off); };
+  auto empty_turn = [&](int j) {
+    const int s = j % STAGES;
+    mbar_wait(full + 8 * s, (j / STAGES) & 1);
+    named_sync(my_bar);
+    pass_turn(j);
+    mbar_arrive(empty + 8 * s);
+  };
+  if constexpr (PIPE) {
+    // turn j: Sᵀ(j), dPᵀ(j), then the pending (last seen) tile's dv/dk; turn
+    // ntile: the last dv/dk. The first seen tile's turn is peeled so that no
+    // wgmma sits in a branch (ptxas would serialise them all)
+    uint32_t pa[STR / 16][4], da[STR / 16][4];   // the pending tile's Pᵀ and dSᵀ
+    int j = 0, ps = 0;                           // ps: the pending tile's stage
+    for (; j < ntile && !seen(j); j++) empty_turn(j);
+    if (j < ntile) {
+      {
+        const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
+        const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+        const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
+        float st[STR / 2], dp[STR / 2];
+        mbar_wait(full + 8 * s, (j / STAGES) & 1);
+        named_sync(my_bar);
+        wgmma_fence();
+        issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
+        issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+        pass_turn(j);
+        wgmma_wait<1>();
+        reg_fence(st);
+        dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+        wgmma_wait<0>();
+        reg_fence(dp);
+        dkdv_ds(dp, st, sd, t);
+        pack_a<T>(pa, st);
+        pack_a<T>(da, dp);
+        ps = s;
+      }
+      for (j++; j < ntile; j++) {
+        if (!seen(j)) {
+          empty_turn(j);
+          continue;
+        }
+        const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
+        const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+        const uint32_t psq = ring + ps * L::STAGE, pso = psq + L::STR_BYTES;
+        const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
+        float st[STR / 2], dp[STR / 2];
+        mbar_wait(full + 8 * s, (j / STAGES) & 1);
+        named_sync(my_bar);
+        reg_fence(dv);
+        reg_fence(dk);
+        wgmma_fence();
+        issue_ss<T, D>(st, ka, sq);    // Sᵀ = k qᵀ
+        issue_ss<T, D>(dp, va, so);    // dPᵀ = v dOᵀ
+        issue_rs<T, D>(dv, pa, pso);   // the pending tile's dv += Pᵀ dO
+        issue_rs<T, D>(dk, da, psq);   // and dk += dSᵀ q
+        wgmma_commit();
+        pass_turn(j);
+        wgmma_wait<2>();   // Sᵀ done
+        reg_fence(st);
+        dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+        wgmma_wait<1>();   // dPᵀ done
+        reg_fence(dp);
+        dkdv_ds(dp, st, sd, t);
+        wgmma_wait<0>();   // the pending dv/dk done: its stage and A fragments are free
+        reg_fence(dv);
+        reg_fence(dk);
+        reg_fence(st);
+        reg_fence(dp);
+        mbar_arrive(empty + 8 * ps);
+        pack_a<T>(pa, st);
+        pack_a<T>(da, dp);
+        ps = s;
+      }
+      // turn ntile: the last seen tile's dv/dk
+      const uint32_t psq = ring + ps * L::STAGE, pso = psq + L::STR_BYTES;
+      named_sync(my_bar);
+      reg_fence(dv);
+      reg_fence(dk);
+      wgmma_fence();
+      issue_rs<T, D>(dv, pa, pso);
+      issue_rs<T, D>(dk, da, psq);
+      wgmma_commit();
+      pass_turn(ntile);
+      wgmma_wait<0>();
+      reg_fence(dv);
+      reg_fence(dk);
+      mbar_arrive(empty + 8 * ps);
+    } else if (turns > 0) {   // no tile seen: the last turn is empty too
+      named_sync(my_bar);
+      pass_turn(ntile);
+    }
+  } else {
+    // two turns a tile: Sᵀ/dPᵀ, then dv/dk
+    for (int j = 0; j < ntile; j++) {
+      const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
+      mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      if (p.causal && kw0 > i0 + STR - 1 + p.off) {   // no query of the tile sees these keys: two empty turns
+        named_sync(my_bar);
+        pass_turn(2 * j);
+        named_sync(my_bar);
+        pass_turn(2 * j + 1);
+        mbar_arrive(empty + 8 * s);
+        continue;
+      }
+      const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+      const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
+      float st[STR / 2], dp[STR / 2];
+      named_sync(my_bar);
+      wgmma_fence();
+      issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
+      issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+      pass_turn(2 * j);
+      wgmma_wait<1>();   // Sᵀ done; dPᵀ may still run under the exponentials
+      reg_fence(st);
+      const bool diag = p.causal && kw0 + warp * 16 + 15 > i0 + p.off;
+      dkdv_p(st, sl, p, diag, key0 - i0 - p.off - 2 * t, t);
+      wgmma_wait<0>();
+      reg_fence(dp);
+      dkdv_ds(dp, st, sd, t);
+      uint32_t pa[STR / 16][4], da[STR / 16][4];
+      pack_a<T>(pa, st);
+      pack_a<T>(da, dp);
+      named_sync(my_bar);
+      reg_fence(dv);
+      reg_fence(dk);
+      wgmma_fence();
+      issue_rs<T, D>(dv, pa, so);   // dv += Pᵀ dO
+      issue_rs<T, D>(dk, da, sq);   // dk += dSᵀ q
+      wgmma_commit();
+      pass_turn(2 * j + 1);
+      wgmma_wait<0>();
+      reg_fence(dv);
+      reg_fence(dk);
+      mbar_arrive(empty + 8 * s);
+    }
+  }
+
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
+  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+#else
+  __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
+#endif
+}
+
+template <typename T, int D, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_dq_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                        const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<D, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sO = base + L::OFF_B, ring = base + L::OFF_RING;
+  const uint32_t bar_q = base + L::OFF_BAR, full = bar_q + 8, empty = full + 8 * STAGES;   // + 8·stage
+
+  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int q0 = qblk * RES;
+  const int kend = p.causal ? min(p.Tk, q0 + RES + p.off) : p.Tk, ntile = max(0, (kend + STR - 1) / STR);
+  const int wg = threadIdx.x >> 7;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    dq_producer<D, STAGES>(&tq, &tk, &tv, &tdo, sQ, sO, ring, bar_q, full, empty, b, h, hk, q0, ntile);
+    return;
+  }
+
+  // ---- consumers: 64 queries each ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int qw0 = q0 + cw * 64, wrow = qw0 + warp * 16, row0 = wrow + g, row1 = row0 + 8;
+  const uint32_t qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;   // this consumer's rows of q, dO
+  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+  const float l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
+  const float l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+  const float d0 = row0 < p.Tq ? delta[row0] : 0.f, d1 = row1 < p.Tq ? delta[row1] : 0.f;
+  const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
+  auto pass_turn = [&](int i) {
+    if (cw == 0 || i < turns - 1) named_arrive(other_bar);
+  };
+  if (cw == 1 && turns > 0) named_arrive(1);
+
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.f;
+  if (ntile > 0) mbar_wait(bar_q, 0);
+
+  // a tile none of whose keys any of this consumer's rows sees (a suffix, at
+  // most one tile): an empty turn
+  auto seen = [&](int j) { return !(p.causal && j * STR > qw0 + 63 + p.off); };
+  uint32_t da[STR / 16][4];   // the pending tile's dS
+  int j = 0, ps = 0;          // ps: the pending tile's stage
+  // S(j), dP(j) on the tile of stage s, then (PEND) the pending tile's dq += dS k
+  auto turn = [&](auto pend_tag, int j) {
+    constexpr bool PEND = decltype(pend_tag)::value;
+    const int s = j % STAGES, k0 = j * STR;
+    const uint32_t sk = ring + s * L::STAGE, sv = sk + L::STR_BYTES, psk = ring + ps * L::STAGE;
+    float sc[STR / 2], dp[STR / 2];
+    mbar_wait(full + 8 * s, (j / STAGES) & 1);
+    named_sync(my_bar);
+    reg_fence(dq);
+    wgmma_fence();
+    issue_ss<T, D>(sc, qa, sk);   // S = q kᵀ
+    issue_ss<T, D>(dp, oa, sv);   // dP = dO vᵀ
+    if constexpr (PEND) issue_rs<T, D>(dq, da, psk);   // the pending tile's dq += dS k
+    wgmma_commit();   // empty on the first tile: the waits below stay the same
+    pass_turn(j);
+    wgmma_wait<2>();   // S done
+    reg_fence(sc);
+    const bool edge = k0 + STR > p.Tk || (p.causal && k0 + STR - 1 > wrow + p.off);
+#pragma unroll
+    for (int i = 0; i < STR / 2; i++) {
+      const int col = k0 + 8 * (i >> 2) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+      float pr = exp2f(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
+      if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
+      sc[i] = pr;   // P
+    }
+    wgmma_wait<1>();   // dP done
+    reg_fence(dp);
+#pragma unroll
+    for (int i = 0; i < STR / 2; i++) dp[i] = sc[i] * (dp[i] - ((i & 2) ? d1 : d0));   // dS
+    wgmma_wait<0>();   // the pending dq done: its stage and A fragments are free
+    reg_fence(dq);
+    reg_fence(dp);
+    if constexpr (PEND) mbar_arrive(empty + 8 * ps);
+    pack_a<T>(da, dp);
+    ps = s;
+  };
+  auto empty_turn = [&](int j) {
+    const int s = j % STAGES;
+    mbar_wait(full + 8 * s, (j / STAGES) & 1);
+    named_sync(my_bar);
+    pass_turn(j);
+    mbar_arrive(empty + 8 * s);
+  };
+  if (ntile > 0 && seen(0)) {
+    turn(std::false_type{}, 0);   // the first tile: nothing pending (peeled: no wgmma in a branch)
+    for (j = 1; j < ntile && seen(j); j++) turn(std::true_type{}, j);
+    for (; j < ntile; j++) empty_turn(j);
+    // turn ntile: the last seen tile's dq
+    named_sync(my_bar);
+    reg_fence(dq);
+    wgmma_fence();
+    issue_rs<T, D>(dq, da, ring + ps * L::STAGE);
+    wgmma_commit();
+    pass_turn(ntile);
+    wgmma_wait<0>();
+    reg_fence(dq);
+    mbar_arrive(empty + 8 * ps);
+  } else {
+    for (; j < ntile; j++) empty_turn(j);
+    if (turns > 0) {
+      named_sync(my_bar);
+      pass_turn(ntile);
+    }
+  }
+
+  T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
+  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, t, p.scale);
+#else
+  __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
+#endif
+}
+
+template <typename T, int D>
+int launch_bwd2(const Params &p, const Maps &m, cudaStream_t s) {
+  constexpr int ST = kStages<D>;
+  constexpr size_t smem = Layout<D, ST>::SMEM;
+  static_assert(smem <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
+  if (p.Tk > 0) {
+    auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>>;
+    if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
+    k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(m.q64, m.k128,
+                                                                                              m.v128, m.do64, p);
+    if (em_launch_check("flash_attention backward (wgmma wg2 dk, dv)")) return -1;
+  }
+  auto k2 = flash_dq_wg2_kernel<T, D, ST>;
+  if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
+  k2<<<dim3((unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H)), THREADS, smem, s>>>(m.q128, m.k64, m.v64,
+                                                                                            m.do128, p);
+  return em_launch_check("flash_attention backward (wgmma wg2 dq)");
+}
+
+}  // namespace
+
+namespace flash {
+
+int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, cudaStream_t s) {
+  if (dt == EM_BF16) return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, s) : launch_bwd2<__nv_bfloat16, 128>(p, m, s);
+  return d == 64 ? launch_bwd2<__half, 64>(p, m, s) : launch_bwd2<__half, 128>(p, m, s);
+}
+
+}  // namespace flash
