@@ -36,7 +36,11 @@
  * P = 0) in dk/dv, and dk/dv rows past Tk are never stored. Causal masks as
  * flash_bwd.cu (key j seen by row i when j <= i + off); a consumer skips a
  * tile none of its rows/keys sees but still waits for it and releases it,
- * so the barriers' phases stay in step. */
+ * so the barriers' phases stay in step.
+ *
+ * The layout, the wgmma helpers and both producers live in flash_bwd_wg.cuh,
+ * shared with flash_bwd_wg2.cu (EMBER_FLASH_BWD=wg2: the same kernels with
+ * the consumers overlapped, docs/flash.md "Step 4b"). */
 #include <cuda.h>
 #include <stdlib.h>
 #include <string.h>
