@@ -188,7 +188,7 @@ function F.flash_support(opts) return require("ember.flash_support").rows(opts) 
 
 local SDPA_IMPLS = {auto = core.attention, naive = core.attention_naive,
   flash = function(q, k, v, causal, scale) return (core.flash_attention(q, k, v, causal, scale)) end}
-local SDPA_KEYS = {causal = true, scale = true, impl = true, enable_gqa = true}
+local SDPA_KEYS = {causal = true, is_causal = true, scale = true, impl = true, enable_gqa = true}
 
 --- softmax(q kᵀ · scale + mask) v.
 -- @param q tensor (..., Tq, d)
@@ -196,7 +196,7 @@ local SDPA_KEYS = {causal = true, scale = true, impl = true, enable_gqa = true}
 -- @param v tensor (..., Tk, d)
 -- @tparam[opt] table opts `causal` (default false; true or "top_left" is
 --   PyTorch's is_causal, "bottom_right" aligns the mask to the end of the
---   keys), `scale` (default 1/√d), `enable_gqa` (as PyTorch's: q with H heads
+--   keys; `is_causal`, PyTorch's spelling, is taken too), `scale` (default 1/√d), `enable_gqa` (as PyTorch's: q with H heads
 --   in dim -3 against k, v with Hkv heads, H a multiple of Hkv), `impl`:
 --   "auto" (the default: flash where it applies — CUDA with bf16/f16,
 --   autocast, or f32 while ember.backends.tf32 is on; the CPU from 256 keys; 3-D or 4-D, d in {16, 32, 64, 80,
@@ -211,8 +211,20 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   for key in pairs(opts) do
     if not SDPA_KEYS[key] then
       error(("ember.nn.functional.scaled_dot_product_attention: unknown option '%s' (expected causal, " ..
-        "scale, impl or enable_gqa)"):format(tostring(key)), 2)
+        "is_causal, scale, impl or enable_gqa)"):format(tostring(key)), 2)
     end
+  end
+  local causal = opts.causal
+  if opts.is_causal ~= nil then   -- PyTorch's name for causal = true
+    if type(opts.is_causal) ~= "boolean" then
+      error("ember.nn.functional.scaled_dot_product_attention: expected is_causal to be a boolean, got " ..
+        type(opts.is_causal), 2)
+    end
+    if causal ~= nil and (causal ~= false) ~= opts.is_causal then
+      error(("ember.nn.functional.scaled_dot_product_attention: causal = %s and is_causal = %s disagree " ..
+        "(give one of them)"):format(tostring(causal), tostring(opts.is_causal)), 2)
+    end
+    causal = causal or opts.is_causal
   end
   local impl = opts.impl or "auto"
   local fn = SDPA_IMPLS[impl]
@@ -232,7 +244,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
         "pass enable_gqa = true for grouped-query attention"):format(hq, hk), 2)
     end
   end
-  return fn(q, k, v, opts.causal, opts.scale or 0)
+  return fn(q, k, v, causal, opts.scale or 0)
 end
 
 -- ---------------------------------------------------------------------------

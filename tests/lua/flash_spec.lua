@@ -311,8 +311,27 @@ describe("scaled_dot_product_attention on the CPU", function()
     local q, k = randn({1, 4, 5, 16}), randn({1, 2, 5, 16})
     assert.error_matches(function() F.scaled_dot_product_attention(q, k, k) end,
       "q has 4 heads (dim -3) and k 2: pass enable_gqa = true for grouped-query attention", 1, true)
-    assert.error_matches(function() F.scaled_dot_product_attention(q, q, q, {is_causal = true}) end,
-      "unknown option 'is_causal' (expected causal, scale, impl or enable_gqa)", 1, true)
+    assert.error_matches(function() F.scaled_dot_product_attention(q, q, q, {is_casual = true}) end,
+      "unknown option 'is_casual' (expected causal, is_causal, scale, impl or enable_gqa)", 1, true)
+  end)
+
+  it("takes PyTorch's is_causal for causal = true (top-left), and refuses a contradiction", function()
+    local q, k, v = randn({1, 2, 6, 16}), randn({1, 2, 9, 16}), randn({1, 2, 9, 16})
+    for _, impl in ipairs({"naive", "flash"}) do
+      local want = F.scaled_dot_product_attention(q, k, v, {causal = true, impl = impl})
+      local got = F.scaled_dot_product_attention(q, k, v, {is_causal = true, impl = impl})
+      assert.same(want:tolist(), got:tolist())
+      local plain = F.scaled_dot_product_attention(q, k, v, {impl = impl})
+      assert.same(plain:tolist(), F.scaled_dot_product_attention(q, k, v, {is_causal = false, impl = impl}):tolist())
+      -- and it does mask: not the unmasked result
+      assert.are_not.same(plain:tolist(), got:tolist())
+      assert.same(want:tolist(), F.scaled_dot_product_attention(q, k, v, {causal = true, is_causal = true,
+        impl = impl}):tolist())
+    end
+    assert.error_matches(function() F.scaled_dot_product_attention(q, k, v, {causal = "bottom_right",
+      is_causal = false}) end, "causal = bottom_right and is_causal = false disagree (give one of them)", 1, true)
+    assert.error_matches(function() F.scaled_dot_product_attention(q, k, v, {is_causal = 1}) end,
+      "expected is_causal to be a boolean, got number", 1, true)
   end)
 end)
 
