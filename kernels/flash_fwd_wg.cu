@@ -189,27 +189,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(bar_empty + 8 * s);
   }
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  T *out = static_cast<T *>(p.out) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-  for (int i = 0; i < D / 8; i++) {
-    const int col = i * 8 + 2 * t;
-    if (row0 < p.Tq)
-      *reinterpret_cast<uint32_t *>(out + (int64_t)row0 * p.o_st + col) =
-          Mma<T>::pack(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-    if (row1 < p.Tq)
-      *reinterpret_cast<uint32_t *>(out + (int64_t)row1 * p.o_st + col) =
-          Mma<T>::pack(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-  }
-  if (t == 0) {
-    float *lse = p.lse + (int64_t)bh * p.Tq;
-    if (row0 < p.Tq) lse[row0] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
-    if (row1 < p.Tq) lse[row1] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
-  }
+  store_o_lse<T, D>(p, o, l0, l1, m0, m1, b, h, bh, row0, row1, t);
 #else
   __trap();   // built without sm_90a: fwd_wg_dispatch never launches this
 #endif

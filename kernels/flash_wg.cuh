@@ -133,6 +133,37 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
+
+/* The forward's epilogue for one thread's two rows (row0 and row1 = row0 + 8
+ * of its warp's 16): the row sums l0, l1 reduced over the quad, o normalised
+ * and stored as 16-bit pairs (t: the thread's index in its quad), and the
+ * log-sum-exp (m: the running max in base 2, scaled) written by the quad's
+ * first thread; rows past Tq are skipped. Shared by the wg and wg2 kernels. */
+template <typename T, int D>
+__device__ __forceinline__ void store_o_lse(const Params &p, const float (&o)[D / 2], float l0, float l1, float m0,
+                                            float m1, int b, int h, int bh, int row0, int row1, int t) {
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T *out = static_cast<T *>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + 2 * t;
+    if (row0 < p.Tq)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row0 * p.o_st + col) =
+          Mma<T>::pack(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+    if (row1 < p.Tq)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row1 * p.o_st + col) =
+          Mma<T>::pack(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+  }
+  if (t == 0) {
+    float *lse = p.lse + (int64_t)bh * p.Tq;
+    if (row0 < p.Tq) lse[row0] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
+    if (row1 < p.Tq) lse[row1] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
+  }
+}
 #endif
 
 }  // namespace flash
