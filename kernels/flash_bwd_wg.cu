@@ -73,15 +73,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
   const int wg = threadIdx.x >> 7;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(full + 8 * s, 1 + STR);   // the copies' expect_tx arrival and the STR lse/Δ threads
-      mbar_init(empty + 8 * s, NCONS);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
+  init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
@@ -182,15 +174,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int kend = p.causal ? min(p.Tk, q0 + RES + p.off) : p.Tk, ntile = max(0, (kend + STR - 1) / STR);
   const int wg = threadIdx.x >> 7;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(full + 8 * s, 1);   // the producer's expect_tx arrival; the bytes complete it
-      mbar_init(empty + 8 * s, NCONS);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
+  init_barriers<STAGES>(bar_q, full, empty, 1);   // full: the producer's expect_tx; the bytes complete it
 
   if (wg == 0) {
     dq_producer<D, STAGES>(&tq, &tk, &tv, &tdo, sQ, sO, ring, bar_q, full, empty, b, h, hk, q0, ntile);

@@ -84,6 +84,23 @@ __device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc
 }
 
 
+/* Thread 0 initialises the block's barriers: the one-shot one for the
+ * resident tiles (k, v or q, dO), and each ring stage's full one (full_count
+ * arrivals: the copies' expect_tx, plus the dk/dv producer's lse/Δ threads)
+ * and empty one (every consumer thread); then the block syncs. */
+template <int STAGES>
+__device__ __forceinline__ void init_barriers(uint32_t once, uint32_t full, uint32_t empty, uint32_t full_count) {
+  if (threadIdx.x == 0) {
+    mbar_init(once, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, full_count);
+      mbar_init(empty + 8 * s, NCONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+
 /* The dk/dv kernels' producer warpgroup (after setmaxnreg): k, v once, then
  * q(j), dO(j) (thread 0) and lse·log2 e, Δ (warps 2-3) into stage j % STAGES
  * of the ring, each stage once both consumers released its last tile. */
