@@ -108,4 +108,16 @@ function M.assert_rel(got, want, tol, what)
   return e
 end
 
+--- The attention specs' shared pieces (flash_spec, flash_wg_spec, flash_wg_bwd_spec):
+-- a fresh leaf copy of t that requires grad;
+function M.leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
+-- the (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it;
+function M.bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
+-- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d) (3-D: as is).
+function M.repeat_kv(k, H)
+  if #k.shape == 3 or k.shape[2] == H then return k end
+  local B, Hkv, T, d = table.unpack(k.shape)
+  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
+end
+
 return M, dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")

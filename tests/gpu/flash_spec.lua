@@ -16,7 +16,7 @@ local ember = require "ember"
 local F = ember.nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local C = dofile(here .. "compare.lua")
+local C, helpers = dofile(here .. "compare.lua")
 local rel = C.rel_error
 
 -- f32 runs on the TF32 tensor cores: operands rounded to 10-bit mantissas
@@ -35,24 +35,9 @@ local F32_BOUND = 2 ^ -10
 -- the log-sum-exp, relative to f64: f32 accumulation; for f32 inputs also
 -- the TF32 rounding of q and k in the scores (replayed: ~1.6e-5)
 local LSE_TOL = {bf16 = 1e-4, f16 = 1e-4, f32 = 1e-4}
-local seed = 9100
-local function randn(shape, dtype, scale)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return (ember.randn(shape, {dtype = "f64"}) * (scale or 1)):to(dtype)
-end
-
-local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
-
--- (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it
-local function bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
-
--- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d)
-local function repeat_kv(k, H)
-  if #k.shape == 3 or k.shape[2] == H then return k end
-  local B, Hkv, T, d = table.unpack(k.shape)
-  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
-end
+local randn = helpers.seeded(9100).randn   -- (shape, dtype, scale): seeds 9101, 9102, ...; f64 draws cast
+-- leaf copies that require grad, the (B, H, T, D) view of (B, T, H, D) memory, kv heads repeated per group
+local leaf, bthd, repeat_kv = C.leaf, C.bthd, C.repeat_kv
 
 -- naive attention in f64 on the CPU (autograd through repeat_kv sums a kv
 -- head's gradient over its group) and the log-sum-exp of its scores

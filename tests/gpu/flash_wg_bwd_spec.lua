@@ -21,27 +21,14 @@ local F = ember.nn.functional
 local core = ember.core
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local C = dofile(here .. "compare.lua")
+local C, helpers = dofile(here .. "compare.lua")
 local rel = C.rel_error
 
 assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
 
 local CAP = {bf16 = 1e-2, f16 = 2e-3}
-local seed = 11300
-local function randn(shape, dtype)
-  seed = seed + 1
-  ember.manual_seed(seed)
-  return ember.randn(shape, {dtype = "f64"}):to(dtype)
-end
-
-local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
-local function bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
-
-local function repeat_kv(k, H)
-  if k.shape[2] == H then return k end
-  local B, Hkv, T, d = table.unpack(k.shape)
-  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
-end
+local randn = helpers.seeded(11300).randn   -- seeds 11300 + 1, + 2, ...: f64 draws cast to the dtype
+local leaf, bthd, repeat_kv = C.leaf, C.bthd, C.repeat_kv
 
 -- f64 reference on the CPU: dq, dk, dv through autograd (repeat_kv sums a kv head's group)
 local function ref64(q, k, v, g, causal)
