@@ -57,19 +57,6 @@ __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a
   for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
 }
 
-/* 64 f32 accumulator columns as the A fragments of four 16-wide k steps
- * (blocks 2kk and 2kk + 1, as pack_p in flash_fwd_wg2.cu). */
-template <typename T>
-__device__ __forceinline__ void pack_a(uint32_t (&a)[STR / 16][4], const float (&c)[STR / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < STR / 16; kk++) {
-    a[kk][0] = Mma<T>::pack(c[8 * kk + 0], c[8 * kk + 1]);
-    a[kk][1] = Mma<T>::pack(c[8 * kk + 2], c[8 * kk + 3]);
-    a[kk][2] = Mma<T>::pack(c[8 * kk + 4], c[8 * kk + 5]);
-    a[kk][3] = Mma<T>::pack(c[8 * kk + 6], c[8 * kk + 7]);
-  }
-}
-
 /* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of
  * dst (row stride ld), rows at or past n skipped. */
 template <typename T, int D>

@@ -167,13 +167,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
       // P as the A fragments of 16-key steps: accumulator blocks 2kk, 2kk + 1
       uint32_t pa[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-        pa[kk][0] = Mma<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = Mma<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = Mma<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = Mma<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
+      pack_a<T>(pa, sc);
       reg_fence(o);
       wgmma_fence();
 #pragma unroll

@@ -102,19 +102,6 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BN / 2], Rows<D> &r, co
   r.l1 = r.l1 * a1 + ((rs[2] + rs[3]));
 }
 
-/* P (the softmax's 16-bit values) as the A fragments of 16-key steps:
- * accumulator blocks 2kk and 2kk + 1, as in flash_fwd_wg.cu. */
-template <typename T>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[BN / 16][4], const float (&sc)[BN / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) {
-    pa[kk][0] = Mma<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-    pa[kk][1] = Mma<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-    pa[kk][2] = Mma<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-    pa[kk][3] = Mma<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-  }
-}
-
 /* Named barriers 1..3, one per consumer (0 is __syncthreads), each counting
  * the 256 threads of its consumer (bar.sync) and of the one before it in the
  * ring (bar.arrive); immediate ids, so ptxas reserves only these (a register
@@ -257,7 +244,7 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     reg_fence(sc);
     mbar_arrive(kempty);
     softmax_tile<D>(sc, r, p, 0, wrow, row0, row1, t, a0, a1);   // o is 0: nothing to rescale
-    pack_p<T>(pa, sc);
+    pack_a<T>(pa, sc);
   }
   for (int j = 1; j < nv; j++) {
     // turn j: S(j), then P(j-1) v(j-1); the softmax of S(j) under the second
@@ -280,7 +267,7 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     mbar_arrive(vempty + 8 * sp);
 #pragma unroll
     for (int i = 0; i < D / 2; i++) r.o[i] *= (i & 2) ? a1 : a0;
-    pack_p<T>(pa, sc);
+    pack_a<T>(pa, sc);
   }
   if (nv > 0) {
     // turn nv: the last P v

@@ -134,6 +134,21 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+/* NK·16 columns of f32 accumulators (one thread's 8·NK values of an m64
+ * wgmma's rows) as the 16-bit A fragments of NK k steps of 16: accumulator
+ * blocks 2kk and 2kk + 1 form step kk. P in the forwards, Pᵀ and dSᵀ/dS in
+ * the backwards. */
+template <typename T, int NK>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[NK][4], const float (&c)[8 * NK]) {
+#pragma unroll
+  for (int kk = 0; kk < NK; kk++) {
+    a[kk][0] = Mma<T>::pack(c[8 * kk + 0], c[8 * kk + 1]);
+    a[kk][1] = Mma<T>::pack(c[8 * kk + 2], c[8 * kk + 3]);
+    a[kk][2] = Mma<T>::pack(c[8 * kk + 4], c[8 * kk + 5]);
+    a[kk][3] = Mma<T>::pack(c[8 * kk + 6], c[8 * kk + 7]);
+  }
+}
+
 /* The forward's epilogue for one thread's two rows (row0 and row1 = row0 + 8
  * of its warp's 16): the row sums l0, l1 reduced over the quad, o normalised
  * and stored as 16-bit pairs (t: the thread's index in its quad), and the
