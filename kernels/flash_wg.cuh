@@ -49,7 +49,7 @@ bool sm90(int device);
 
 /* ---- the backward-kernel choice (EMBER_FLASH_BWD, core.flash_bwd_kernel) ---- */
 
-/* 0 auto (the wgmma kernels where they apply, kAutoWg; else mma), 1 mma, 2 wg (flash_bwd_wg.cu; an
+/* 0 auto (wg2's kernels where they apply, kAutoWg; else mma), 1 mma, 2 wg (flash_bwd_wg.cu; an
  * error where it does not apply), 3 wg2 (flash_bwd_wg2.cu, as wg); -1 with the error set for a bad
  * EMBER_FLASH_BWD. */
 int bwd_kernel_mode();
