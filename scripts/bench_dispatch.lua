@@ -71,7 +71,16 @@ local t_grad = per_call(function(n) for _ = 1, n do local _ = a * w end end, arg
 results.mul_recorded_1elem_us = t_grad * 1e6
 print(("a * w, w requires grad:        %7.3f us/op"):format(results.mul_recorded_1elem_us))
 
--- PyTorch's figures for 1-3, from the same protocol
+-- 3b. the parts of 1: an allocation alone (no launch; the GC frees it) and a launch alone (no allocation)
+local t_empty = per_call(function(n) for _ = 1, n do local _ = ember.empty(1, {device = dev}) end end, args.reps,
+  args.samples)
+results.empty_1elem_us = t_empty * 1e6
+print(("ember.empty(1) (alloc alone):  %7.3f us/op"):format(results.empty_1elem_us))
+local t_fill = per_call(function(n) for _ = 1, n do a:fill_(1) end end, args.reps, args.samples)
+results.fill_1elem_us = t_fill * 1e6
+print(("a:fill_(1) (a launch alone):   %7.3f us/op"):format(results.fill_1elem_us))
+
+-- PyTorch's figures for 1-3b, from the same protocol
 local torch
 if args.torch then
   local root = (debug.getinfo(1, "S").source:match("^@(.*/)scripts/") or "./")
@@ -85,8 +94,9 @@ if args.torch then
   end
   pipe:close()
   if torch then
-    print(("PyTorch %s: a + b %.3f us/op, a:add_(b) %.3f, a * w %.3f"):format(torch.torch,
-      torch.add_1elem_us, torch.add_inplace_1elem_us, torch.mul_recorded_1elem_us))
+    print(("PyTorch %s: a + b %.3f us/op, a:add_(b) %.3f, a * w %.3f, empty(1) %.3f, a:fill_(1) %.3f"):format(
+      torch.torch, torch.add_1elem_us, torch.add_inplace_1elem_us, torch.mul_recorded_1elem_us,
+      torch.empty_1elem_us or 0 / 0, torch.fill_1elem_us or 0 / 0))
     results.torch = torch
   end
 end

@@ -1,5 +1,5 @@
 """PyTorch's twin of scripts/bench_dispatch.lua: host time of one tiny op (a + b,
-a.add_(b), a * w with w requiring grad) on 1-element f32 tensors, and of a
+a.add_(b), a * w with w requiring grad; and the parts: empty(1), a.fill_(1)) on 1-element f32 tensors, and of a
 tiny-LM-sized forward is left out (no shared model here). On CUDA each sample
 issues --cuda-reps ops after a synchronisation and stops the clock without
 waiting for them, as the Lua side does. Prints one JSON line."""
@@ -61,5 +61,16 @@ def mul_w(n):
         a * w
 
 
+def empty(n):
+    for _ in range(n):
+        torch.empty(1, device=dev)
+
+
+def fill_(n):
+    for _ in range(n):
+        a.fill_(1.0)
+
+
 print(json.dumps({"torch": torch.__version__, "device": args.device, "add_1elem_us": per_call(add),
-                  "add_inplace_1elem_us": per_call(add_), "mul_recorded_1elem_us": per_call(mul_w)}))
+                  "add_inplace_1elem_us": per_call(add_), "mul_recorded_1elem_us": per_call(mul_w),
+                  "empty_1elem_us": per_call(empty), "fill_1elem_us": per_call(fill_)}))
