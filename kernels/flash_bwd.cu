@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, D <= 80 ? 3 : 2) flash_dkdv_kernel(P
       for (int e = 0; e < 4; e++) {
         int c = i * 8 + 2 * t + (e & 1);
         // lse·log2(e) rounded on its own (no fused multiply-add), as the dq kernel computes it
-        float pr = exp2f(st[i][e] * p.scale_log2 - __fmul_rn(sL[c], kLog2e));
+        float pr = ex2_ftz(st[i][e] * p.scale_log2 - __fmul_rn(sL[c], kLog2e));
         if ((diag || pad) && ((diag && (e < 2 ? key0 : key1) > i0 + c + p.off) || i0 + c >= p.Tq)) pr = 0.f;
         st[i][e] = pr;                               // Pᵀ
         dp[i][e] = pr * (dp[i][e] - sD[c]);          // dSᵀ
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int col = k0 + i * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
-        float pr = exp2f(s[i][e] * p.scale_log2 - (e < 2 ? l0 : l1));
+        float pr = ex2_ftz(s[i][e] * p.scale_log2 - (e < 2 ? l0 : l1));
         if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
         dp[i][e] = pr * (dp[i][e] - (e < 2 ? d0 : d1));   // dS
       }

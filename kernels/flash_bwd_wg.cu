@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < STR / 2; i += 2) {
       const int c = 8 * (i >> 2) + 2 * t;
       const float2 l = *reinterpret_cast<const float2 *>(sl + c);
-      float p0 = exp2f(st[i] * p.scale_log2 - l.x), p1 = exp2f(st[i + 1] * p.scale_log2 - l.y);
+      float p0 = ex2_ftz(st[i] * p.scale_log2 - l.x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l.y);
       if (diag) {
         const int e = (i & 2) ? e0 + 8 : e0;
         if (e > 8 * (i >> 2)) p0 = 0.f;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < STR / 2; i++) {
       const int col = k0 + 8 * (i >> 2) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-      float pr = exp2f(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
+      float pr = ex2_ftz(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
       if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
       sc[i] = pr;   // P
     }

@@ -53,21 +53,42 @@ __device__ __forceinline__ void named_arrive(int id) {
 }
 
 /* Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e), causal-masked: flash_bwd_wg.cu's
- * loop, unchanged (the same bits). */
-__device__ __forceinline__ void dkdv_p(float (&st)[STR / 2], const float *sl, const Params &p, bool diag, int e0,
-                                       int t) {
+ * formula (the same bits). The mask's compares and selects are compiled only
+ * into the diagonal tiles' copy of the loop: as selects on every tile they were
+ * a tenth of the issue slots of this issue-bound loop (docs/flash.md "Step 4b"). */
+template <bool MASK>
+__device__ __forceinline__ void dkdv_p_(float (&st)[STR / 2], const float *sl, const Params &p, int e0, int t) {
 #pragma unroll
   for (int i = 0; i < STR / 2; i += 2) {
     const int c = 8 * (i >> 2) + 2 * t;
     const float2 l = *reinterpret_cast<const float2 *>(sl + c);
-    float p0 = exp2f(st[i] * p.scale_log2 - l.x), p1 = exp2f(st[i + 1] * p.scale_log2 - l.y);
-    if (diag) {
+    float p0 = ex2_ftz(st[i] * p.scale_log2 - l.x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l.y);
+    if (MASK) {
       const int e = (i & 2) ? e0 + 8 : e0;
       if (e > 8 * (i >> 2)) p0 = 0.f;
       if (e > 8 * (i >> 2) + 1) p1 = 0.f;
     }
     st[i] = p0;
     st[i + 1] = p1;
+  }
+}
+__device__ __forceinline__ void dkdv_p(float (&st)[STR / 2], const float *sl, const Params &p, bool diag, int e0,
+                                       int t) {
+  if (diag) dkdv_p_<true>(st, sl, p, e0, t);
+  else dkdv_p_<false>(st, sl, p, e0, t);
+}
+/* P = 2^(S·scale·log2 e − lse·log2 e) for the dq kernel, keys past Tk and
+ * (causal) past the row's diagonal zeroed: the masks only in the edge tiles'
+ * copy, as dkdv_p. */
+template <bool MASK>
+__device__ __forceinline__ void dq_p(float (&sc)[STR / 2], const Params &p, int k0, int row0, int row1, float l0,
+                                     float l1, int t) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i++) {
+    const int col = k0 + 8 * (i >> 2) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+    float pr = ex2_ftz(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
+    if (MASK && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
+    sc[i] = pr;
   }
 }
 /* dSᵀ = Pᵀ ∘ (dPᵀ − Δ), into dp. */
@@ -341,13 +362,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait<2>();   // S done
     reg_fence(sc);
     const bool edge = k0 + STR > p.Tk || (p.causal && k0 + STR - 1 > wrow + p.off);
-#pragma unroll
-    for (int i = 0; i < STR / 2; i++) {
-      const int col = k0 + 8 * (i >> 2) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-      float pr = exp2f(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
-      if (edge && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
-      sc[i] = pr;   // P
-    }
+    if (edge) dq_p<true>(sc, p, k0, row0, row1, l0, l1, t);   // P
+    else dq_p<false>(sc, p, k0, row0, row1, l0, l1, t);
     wgmma_wait<1>();   // dP done
     reg_fence(dp);
 #pragma unroll

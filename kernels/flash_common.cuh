@@ -40,6 +40,20 @@ namespace flash {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+#if defined(__CUDA_ARCH__)
+/* 2^x on the MUFU alone, results below 2^-126 flushed to zero; -inf gives 0
+ * (what masked keys need). exp2f adds a compare and two multiplies around the
+ * same MUFU.EX2 to keep subnormal results: three more instructions per element
+ * in the backward's issue-bound loops (docs/flash.md "Step 4b"), for
+ * probabilities that contribute nothing measurable. Every backward kernel (mma,
+ * wg, wg2) uses it, so they keep giving one another's bits. */
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+
 struct Params {          // strides in elements; the last dim is contiguous
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;

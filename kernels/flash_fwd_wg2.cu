@@ -46,12 +46,6 @@ template <int D, int NC> struct Wg2Cfg {
   static constexpr size_t SMEM = OFF_BAR + 9 * 8 + 1024;
 };
 
-__device__ __forceinline__ float ex2(float x) {   // 2^x; -inf gives 0 (what the masked keys need)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 /* One consumer's row state: the running max m (base 2, scaled) and sum l of
  * its two rows (g and g + 8 of its warp's 16), and the o accumulators. */
 template <int D> struct Rows {
@@ -87,15 +81,15 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BN / 2], Rows<D> &r, co
   const float n0 = fmaxf(r.m0, mx0 * p.scale_log2), n1 = fmaxf(r.m1, mx1 * p.scale_log2);
   // a row with every key so far masked keeps m = -inf: base 0 so 2^x gives 0, not NaN
   const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
-  a0 = ex2(r.m0 - b0);
-  a1 = ex2(r.m1 - b1);
+  a0 = ex2_ftz(r.m0 - b0);
+  a1 = ex2_ftz(r.m1 - b1);
   r.m0 = n0;
   r.m1 = n1;
   // four partial sums per row: shorter add chains
   float rs[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) {
-    sc[i] = ex2(fmaf(sc[i], p.scale_log2, (i & 2) ? -b1 : -b0));
+    sc[i] = ex2_ftz(fmaf(sc[i], p.scale_log2, (i & 2) ? -b1 : -b0));
     rs[(i & 2) | ((i >> 2) & 1)] += sc[i];
   }
   r.l0 = r.l0 * a0 + ((rs[0] + rs[1]));
