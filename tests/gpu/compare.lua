@@ -110,6 +110,17 @@ end
 
 --- The attention specs' shared pieces (flash_spec, flash_wg_spec, flash_wg_bwd_spec):
 -- a fresh leaf copy of t that requires grad;
+-- Checks by kernel name need CUPTI. Under compute-sanitizer (`make test-gpu-memcheck` sets
+-- EMBER_UNDER_SANITIZER=1) CUPTI is not ours: there such a check is reported pending, with the reason;
+-- anywhere else a CUPTI that does not load fails the test. `pending` is the running test's.
+function M.need_cupti(pending)
+  local backend, why = ember.profiler.backend()
+  if backend == "cupti" then return end
+  local msg = "kernel names need CUPTI; the profiler has " .. tostring(backend) .. " (" .. tostring(why) .. ")"
+  if os.getenv("EMBER_UNDER_SANITIZER") == "1" then pending(msg .. " under compute-sanitizer") end
+  error(msg, 2)
+end
+
 function M.leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
 -- the (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it;
 function M.bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
