@@ -260,8 +260,10 @@ static void compute(const kern *k, void *dst, const void *const *src, int64_t n)
 
 /* ---------------- loads and stores (dtype <-> compute type) ---------------- */
 
-#define LOAD_CASE(DT, ST, EXPR) case DT: { const ST *s = (const ST *)p + off; \
-  for (int64_t i = 0; i < n; i++) { ST x = s[i * st]; d[i] = (EXPR); } break; }
+/* Unit stride gets its own loop: the compiler vectorises it (a bool mask, f16), the strided one it cannot. */
+#define LOAD_CASE(DT, ST, EXPR) case DT: { const ST *s = (const ST *)p + off;                  \
+  if (st == 1) { for (int64_t i = 0; i < n; i++) { ST x = s[i]; d[i] = (EXPR); } }          \
+  else { for (int64_t i = 0; i < n; i++) { ST x = s[i * st]; d[i] = (EXPR); } } break; }
 #define LOAD_SWITCH(CT)                                                                   \
   switch (t->dtype) {                                                                     \
     LOAD_CASE(EM_F32, float, (CT)x) LOAD_CASE(EM_F64, double, (CT)x)                      \
@@ -296,6 +298,10 @@ static void load_i64(int64_t *d, const em_tensor *t, int64_t off, int64_t st, in
 static const void *load(int cls, const em_tensor *t, int64_t off, int64_t st, int64_t n, chunk_buf *b) {
   if (st == 1 && t->dtype == class_dtype(cls))
     return (const char *)t->storage->data + off * (int64_t)em_dtype_size(t->dtype);
+  if (st == 1 && cls == C_F32 && t->dtype == EM_BF16) {   /* em_convert's SIMD clones: the same bits */
+    em_convert(b->f, EM_F32, (const uint16_t *)t->storage->data + off, EM_BF16, n);
+    return b;
+  }
   switch (cls) {
     case C_F32: load_f32(b->f, t, off, st, n); break;
     case C_F64: load_f64(b->d, t, off, st, n); break;
@@ -312,8 +318,9 @@ static void fill_const(int cls, chunk_buf *b, double c, int64_t n) {
   }
 }
 
-#define STORE_CASE(DT, DST, EXPR) case DT: { DST *d = (DST *)p + off; \
-  for (int64_t i = 0; i < n; i++) { CT x = s[i]; d[i * st] = (EXPR); } break; }
+#define STORE_CASE(DT, DST, EXPR) case DT: { DST *d = (DST *)p + off;                        \
+  if (st == 1) { for (int64_t i = 0; i < n; i++) { CT x = s[i]; d[i] = (EXPR); } }         \
+  else { for (int64_t i = 0; i < n; i++) { CT x = s[i]; d[i * st] = (EXPR); } } break; }
 #define STORE_SWITCH                                                                      \
   switch (t->dtype) {                                                                     \
     STORE_CASE(EM_F32, float, (float)x) STORE_CASE(EM_F64, double, (double)x)             \
@@ -346,6 +353,10 @@ static void store_i64(em_tensor *t, int64_t off, int64_t st, int64_t n, const in
 #undef TO_INT
 
 static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, const chunk_buf *b) {
+  if (st == 1 && cls == C_F32 && t->dtype == EM_BF16) {   /* as in load(): a strided scalar loop was 3x slower */
+    em_convert((uint16_t *)t->storage->data + off, EM_BF16, b->f, EM_F32, n);
+    return;
+  }
   switch (cls) {
     case C_F32: store_f32(t, off, st, n, b->f); break;
     case C_F64: store_f64(t, off, st, n, b->d); break;
