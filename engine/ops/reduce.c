@@ -33,7 +33,7 @@
 #include "vec_math.h"
 
 #define CHUNK 256
-#define WIDE 2048   /* bf16 values widened to f32 at a time (8 KiB: L1) */
+#define EXT16 4096  /* bf16 values a max/min pass takes at a time (8 KiB: L1) */
 
 /* ---------------- dims ---------------- */
 
@@ -146,10 +146,15 @@ EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_
 static void ext_f(void *s, const void *vv, int64_t n, int64_t base);
 static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 
-/* d[i] = s[i] as f32: bf16 is f32's upper half. */
-EM_SIMD_CLONES static void widen_bf16(float *d, const uint16_t *s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
+/* The same over contiguous bf16 runs, each value widened in its register. */
+EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
+static double sum_run_bf16(const uint16_t *x, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512(x, n);
+#endif
+  return sum_run_bf16_c(x, n);
 }
+static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base);
 
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
@@ -158,7 +163,6 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
                        chunk_fn fn, void *state) {
   if (end <= start) return;
   union { double d[CHUNK]; int64_t i[CHUNK]; } buf;
-  _Alignas(64) float wide[WIDE];
   int last = p->nr - 1;
   int64_t len = p->rshape[last], st = p->rstride[last], s = start % len, count = start;
   int64_t idx[EM_MAX_DIMS] = {0};
@@ -168,23 +172,23 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
-  /* a plain f32 sum or max/min: whole runs in SIMD lanes, read where they
-   * lie; bf16 the same, a CHUNK at a time widened to f32 first (one shift a
-   * value, in SIMD: the per-value double conversion held bf16 reductions to
-   * ~6 GB/s a core). A bf16 sum in double is exact in any order unless its
-   * values span 2^45, so the lanes change no result in practice. */
+  /* a plain f32 or bf16 sum or max/min: whole runs in SIMD lanes, read where
+   * they lie, bf16 widened in the register (one shift a value: the
+   * per-value double conversion held bf16 reductions to ~6 GB/s a core, a
+   * widening pass into a buffer and 16 lanes to ~13). A bf16 sum in double
+   * is exact in any order unless its values span 2^45, so the lanes change
+   * no result in practice. A bf16 max/min takes EXT16 values at a time, so
+   * the pass that finds the extreme's first position reads them from L1. */
   bool plain = (fn == sum_f || fn == ext_f) && st == 1;
   bool run = plain && t->dtype == EM_F32, run16 = plain && t->dtype == EM_BF16;
+  int64_t most = run || (run16 && fn == sum_f) ? len : run16 ? EXT16 : CHUNK;
   while (count < end) {
-    int64_t n = EM_MIN(run ? len : run16 ? WIDE : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    int64_t n = EM_MIN(most, EM_MIN(len - s, end - count)), o = off + s * st;
     if (run || run16) {
-      const float *x = (const float *)t->storage->data + o;
-      if (run16) {
-        widen_bf16(wide, (const uint16_t *)t->storage->data + o, n);
-        x = wide;
-      }
-      if (fn == sum_f) ((fsum *)state)->acc += sum_run_f32(x, n);
-      else ext_run_f32(state, x, n, count);
+      const void *x = (const char *)t->storage->data + o * (int64_t)es;
+      if (fn == sum_f) ((fsum *)state)->acc += run ? sum_run_f32(x, n) : sum_run_bf16(x, n);
+      else if (run) ext_run_f32(state, x, n, count);
+      else ext_run_bf16(state, x, n, count);
       count += n;
       s += n;
       if (s < len) continue;
@@ -324,6 +328,22 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base) {
   if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
   int64_t at = find_f32(x, n, nan ? NAN : m);    /* the first NaN, or the first of the extreme (-0 == +0) */
   e->v = x[at]; e->idx = base + at; e->any = true;
+}
+
+EM_SIMD_CLONES static float ext_lanes_bf16(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
+  return em_extreme_bf16(x, n, is_max, has_nan);
+}
+EM_SIMD_CLONES static int64_t find_bf16(const uint16_t *x, int64_t n, float v) { return em_find_bf16(x, n, v); }
+
+/* ext_run_f32 over a contiguous bf16 run. */
+static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base) {
+  fext *e = s;
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  int nan;
+  float m = ext_lanes_bf16(x, n, e->is_max, &nan);
+  if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;
+  int64_t at = find_bf16(x, n, nan ? NAN : m);
+  e->v = em_bf16_to_f32(x[at]); e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
