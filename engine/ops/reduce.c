@@ -330,10 +330,22 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base) {
   e->v = x[at]; e->idx = base + at; e->any = true;
 }
 
-EM_SIMD_CLONES static float ext_lanes_bf16(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
+EM_SIMD_CLONES static float ext_lanes_bf16_c(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
   return em_extreme_bf16(x, n, is_max, has_nan);
 }
-EM_SIMD_CLONES static int64_t find_bf16(const uint16_t *x, int64_t n, float v) { return em_find_bf16(x, n, v); }
+static float ext_lanes_bf16(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_extreme_bf16_avx512(x, n, is_max, has_nan);
+#endif
+  return ext_lanes_bf16_c(x, n, is_max, has_nan);
+}
+EM_SIMD_CLONES static int64_t find_bf16_c(const uint16_t *x, int64_t n, float v) { return em_find_bf16(x, n, v); }
+static int64_t find_bf16(const uint16_t *x, int64_t n, float v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_find_bf16_avx512(x, n, v);
+#endif
+  return find_bf16_c(x, n, v);
+}
 
 /* ext_run_f32 over a contiguous bf16 run. */
 static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base) {

@@ -208,6 +208,73 @@ __attribute__((target("avx512f"))) static inline double em_sum_bf16_avx512(const
   _mm512_storeu_pd(acc + 24, a3);
   return em_sum_bf16_end(acc, x, i, n);
 }
+
+/* em_extreme_bf16 with AVX-512 intrinsics: the same 64 lanes (four
+ * registers of 16: lanes 0-15, ..., 48-63) and the same selects
+ * (max_ps(v, m) is v > m ? v : m, min_ps(v, m) is v < m ? v : m), the tail
+ * and the lanes' combination as the C body does them. GCC's code for the C
+ * body kept its 128 lanes in 256-bit halves spilled to the stack. */
+__attribute__((target("avx512f"))) static inline float em_extreme_bf16_avx512(const uint16_t *x, int64_t n, int is_max,
+                                                                              int *has_nan) {
+  __m512 m0 = _mm512_set1_ps(is_max ? -INFINITY : INFINITY), m1 = m0, m2 = m0, m3 = m0;
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, abs = _mm512_set1_epi32(0x7fffffff);
+  int64_t i = 0;
+#define EM_V16(p) _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16)
+#define EM_STEP(M, A, off, OP) { __m512i b = EM_V16(x + i + (off));                               \
+    A = _mm512_max_epi32(A, _mm512_and_si512(b, abs)); M = OP(_mm512_castsi512_ps(b), M); }
+  if (is_max) {
+    for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES) {
+      EM_STEP(m0, a0, 0, _mm512_max_ps) EM_STEP(m1, a1, 16, _mm512_max_ps)
+      EM_STEP(m2, a2, 32, _mm512_max_ps) EM_STEP(m3, a3, 48, _mm512_max_ps)
+    }
+  } else {
+    for (; i + EM_MAX_LANES <= n; i += EM_MAX_LANES) {
+      EM_STEP(m0, a0, 0, _mm512_min_ps) EM_STEP(m1, a1, 16, _mm512_min_ps)
+      EM_STEP(m2, a2, 32, _mm512_min_ps) EM_STEP(m3, a3, 48, _mm512_min_ps)
+    }
+  }
+#undef EM_STEP
+#undef EM_V16
+  float m[EM_MAX_LANES];
+  int32_t a[EM_MAX_LANES];
+  _mm512_storeu_ps(m, m0); _mm512_storeu_ps(m + 16, m1); _mm512_storeu_ps(m + 32, m2); _mm512_storeu_ps(m + 48, m3);
+  _mm512_storeu_si512(a, a0); _mm512_storeu_si512(a + 16, a1); _mm512_storeu_si512(a + 32, a2);
+  _mm512_storeu_si512(a + 48, a3);
+  if (is_max) { for (int k = 0; i + k < n; k++) EM_EXT_STEP(EM_LOAD_BF16, k, >) }
+  else { for (int k = 0; i + k < n; k++) EM_EXT_STEP(EM_LOAD_BF16, k, <) }
+  int32_t am = 0;
+  float r = m[0];
+  for (int k = 0; k < EM_MAX_LANES; k++) {
+    am = a[k] > am ? a[k] : am;
+    r = is_max ? (m[k] > r ? m[k] : r) : (m[k] < r ? m[k] : r);
+  }
+  *has_nan = am > 0x7f800000;
+  return r;
+}
+
+/* em_find_bf16 with AVX-512 intrinsics: 16 values a compare (the f32
+ * compare of the widened values: -0 == +0 as in C), the first set bit of
+ * the first mask that has one. */
+__attribute__((target("avx512f"))) static inline int64_t em_find_bf16_avx512(const uint16_t *x, int64_t n, float v) {
+#define EM_V16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+  int64_t i = 0;
+  if (v != v) {
+    for (; i + 16 <= n; i += 16) {
+      __m512 y = EM_V16(x + i);
+      unsigned k = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+      if (k) return i + __builtin_ctz(k);
+    }
+  } else {
+    __m512 w = _mm512_set1_ps(v);
+    for (; i + 16 <= n; i += 16) {
+      unsigned k = _mm512_cmp_ps_mask(EM_V16(x + i), w, _CMP_EQ_OQ);
+      if (k) return i + __builtin_ctz(k);
+    }
+  }
+#undef EM_V16
+  for (; i < n; i++) { float y = EM_LOAD_BF16(i); if (v != v ? y != y : y == v) return i; }
+  return n;
+}
 #endif
 
 /* sum of x[i] * y[i] in double (y may be x: a sum of squares). */

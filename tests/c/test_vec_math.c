@@ -148,8 +148,18 @@ TEST(bf16_kernels_match_f32_and_the_lane_order) {
         int nan16, nan32;
         float a = em_extreme_bf16(h, n, is_max, &nan16), b = em_extreme_f32(w, n, is_max, &nan32);
         ok = ok && nan16 == nan32 && (a == b || (a != a && b != b)) && bitsf(a) == bitsf(b);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx512f")) {
+          int nan512;
+          float c = em_extreme_bf16_avx512(h, n, is_max, &nan512);
+          ok = ok && nan512 == nan32 && bitsf(c) == bitsf(a);
+        }
+#endif
         float v = nan32 ? NAN : b;
         ok = ok && em_find_bf16(h, n, v) == em_find_f32(w, n, v);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx512f")) ok = ok && em_find_bf16_avx512(h, n, v) == em_find_f32(w, n, v);
+#endif
       }
     }
   }
