@@ -33,7 +33,7 @@
 #include "vec_math.h"
 
 #define CHUNK 256
-#define WIDE 2048   /* bf16 values widened to f32 at a time (8 KiB: L1) */
+#define EXT16 4096  /* bf16 values a max/min pass takes at a time (8 KiB: L1) */
 
 /* ---------------- dims ---------------- */
 
@@ -146,10 +146,15 @@ EM_SIMD_CLONES static double sum_run_f32(const float *x, int64_t n) { return em_
 static void ext_f(void *s, const void *vv, int64_t n, int64_t base);
 static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 
-/* d[i] = s[i] as f32: bf16 is f32's upper half. */
-EM_SIMD_CLONES static void widen_bf16(float *d, const uint16_t *s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = em_bf16_to_f32(s[i]);
+/* The same over contiguous bf16 runs, each value widened in its register. */
+EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
+static double sum_run_bf16(const uint16_t *x, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512(x, n);
+#endif
+  return sum_run_bf16_c(x, n);
 }
+static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base);
 
 /* Walk reduced elements [start, end) of the output element whose first input
  * element is at `off`, as doubles (ints: as int64 when `ints`), in chunks of
@@ -158,7 +163,6 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
                        chunk_fn fn, void *state) {
   if (end <= start) return;
   union { double d[CHUNK]; int64_t i[CHUNK]; } buf;
-  _Alignas(64) float wide[WIDE];
   int last = p->nr - 1;
   int64_t len = p->rshape[last], st = p->rstride[last], s = start % len, count = start;
   int64_t idx[EM_MAX_DIMS] = {0};
@@ -168,23 +172,23 @@ static void walk_range(const em_tensor *t, const rplan *p, int64_t off, int64_t 
     off += idx[d] * p->rstride[d];
   }
   size_t es = em_dtype_size(t->dtype);
-  /* a plain f32 sum or max/min: whole runs in SIMD lanes, read where they
-   * lie; bf16 the same, a CHUNK at a time widened to f32 first (one shift a
-   * value, in SIMD: the per-value double conversion held bf16 reductions to
-   * ~6 GB/s a core). A bf16 sum in double is exact in any order unless its
-   * values span 2^45, so the lanes change no result in practice. */
+  /* a plain f32 or bf16 sum or max/min: whole runs in SIMD lanes, read where
+   * they lie, bf16 widened in the register (one shift a value: the
+   * per-value double conversion held bf16 reductions to ~6 GB/s a core, a
+   * widening pass into a buffer and 16 lanes to ~13). A bf16 sum in double
+   * is exact in any order unless its values span 2^45, so the lanes change
+   * no result in practice. A bf16 max/min takes EXT16 values at a time, so
+   * the pass that finds the extreme's first position reads them from L1. */
   bool plain = (fn == sum_f || fn == ext_f) && st == 1;
   bool run = plain && t->dtype == EM_F32, run16 = plain && t->dtype == EM_BF16;
+  int64_t most = run || (run16 && fn == sum_f) ? len : run16 ? EXT16 : CHUNK;
   while (count < end) {
-    int64_t n = EM_MIN(run ? len : run16 ? WIDE : CHUNK, EM_MIN(len - s, end - count)), o = off + s * st;
+    int64_t n = EM_MIN(most, EM_MIN(len - s, end - count)), o = off + s * st;
     if (run || run16) {
-      const float *x = (const float *)t->storage->data + o;
-      if (run16) {
-        widen_bf16(wide, (const uint16_t *)t->storage->data + o, n);
-        x = wide;
-      }
-      if (fn == sum_f) ((fsum *)state)->acc += sum_run_f32(x, n);
-      else ext_run_f32(state, x, n, count);
+      const void *x = (const char *)t->storage->data + o * (int64_t)es;
+      if (fn == sum_f) ((fsum *)state)->acc += run ? sum_run_f32(x, n) : sum_run_bf16(x, n);
+      else if (run) ext_run_f32(state, x, n, count);
+      else ext_run_bf16(state, x, n, count);
       count += n;
       s += n;
       if (s < len) continue;
@@ -324,6 +328,34 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base) {
   if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;   /* not better: the earlier one stays */
   int64_t at = find_f32(x, n, nan ? NAN : m);    /* the first NaN, or the first of the extreme (-0 == +0) */
   e->v = x[at]; e->idx = base + at; e->any = true;
+}
+
+EM_SIMD_CLONES static float ext_lanes_bf16_c(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
+  return em_extreme_bf16(x, n, is_max, has_nan);
+}
+static float ext_lanes_bf16(const uint16_t *x, int64_t n, bool is_max, int *has_nan) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_extreme_bf16_avx512(x, n, is_max, has_nan);
+#endif
+  return ext_lanes_bf16_c(x, n, is_max, has_nan);
+}
+EM_SIMD_CLONES static int64_t find_bf16_c(const uint16_t *x, int64_t n, float v) { return em_find_bf16(x, n, v); }
+static int64_t find_bf16(const uint16_t *x, int64_t n, float v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return em_find_bf16_avx512(x, n, v);
+#endif
+  return find_bf16_c(x, n, v);
+}
+
+/* ext_run_f32 over a contiguous bf16 run. */
+static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base) {
+  fext *e = s;
+  if (n == 0 || (e->any && isnan(e->v))) return;
+  int nan;
+  float m = ext_lanes_bf16(x, n, e->is_max, &nan);
+  if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;
+  int64_t at = find_bf16(x, n, nan ? NAN : m);
+  e->v = em_bf16_to_f32(x[at]); e->idx = base + at; e->any = true;
 }
 
 static void ext_i(void *s, const void *vv, int64_t n, int64_t base) {
@@ -502,6 +534,26 @@ static void col_store(const col_job *j, int64_t at, const double *acc, const int
 /* A bf16 value as a double (exact). */
 static inline double bf16_d(uint16_t h) { return em_bf16_to_f32(h); }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The bf16 eight-row step below with AVX-512 intrinsics, eight columns a
+ * register: the same additions in the same order as the C loop (GCC
+ * vectorises that one in 256-bit halves with shuffles between them, bound by
+ * the core at ~12 GB/s on the 2-core VM). Returns the columns done (a
+ * multiple of 8); the C loop takes the rest. */
+__attribute__((target("avx512f"))) static int64_t col8_bf16_avx512(double *acc, const uint16_t *const y[8], int64_t n) {
+#define D8(r) _mm512_cvtps_pd(_mm256_castsi256_ps(                                     \
+    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(y[r] + q))), 16)))
+  int64_t q = 0;
+  for (; q + 8 <= n; q += 8) {
+    __m512d a = _mm512_add_pd(_mm512_add_pd(D8(0), D8(1)), _mm512_add_pd(D8(2), D8(3)));
+    __m512d b = _mm512_add_pd(_mm512_add_pd(D8(4), D8(5)), _mm512_add_pd(D8(6), D8(7)));
+    _mm512_storeu_pd(acc + q, _mm512_add_pd(_mm512_loadu_pd(acc + q), _mm512_add_pd(a, b)));
+  }
+#undef D8
+  return q;
+}
+#endif
+
 /* Per-thread column accumulators (64 KiB: off the workers' stacks). */
 static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_tls;
 
@@ -550,7 +602,11 @@ EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
           const uint16_t *h = (const uint16_t *)j->a->storage->data;
           const uint16_t *y0 = h + o4[0], *y1 = h + o4[1], *y2 = h + o4[2], *y3 = h + o4[3];
           const uint16_t *y4 = h + o4[4], *y5 = h + o4[5], *y6 = h + o4[6], *y7 = h + o4[7];
-          for (int64_t q = 0; q < n; q++)
+          int64_t q = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+          if (__builtin_cpu_supports("avx512f")) q = col8_bf16_avx512(acc, (const uint16_t *const[8]){y0, y1, y2, y3, y4, y5, y6, y7}, n);
+#endif
+          for (; q < n; q++)
             acc[q] += ((bf16_d(y0[q]) + bf16_d(y1[q])) + (bf16_d(y2[q]) + bf16_d(y3[q]))) +
                       ((bf16_d(y4[q]) + bf16_d(y5[q])) + (bf16_d(y6[q]) + bf16_d(y7[q])));
         }
@@ -578,15 +634,21 @@ EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
   }
 }
 
-/* Blocks' column sums added in block order: one task per (outer, column chunk). */
+/* Blocks' column sums added in block order, in tasks of (outer, COMBINE
+ * columns): one task per 4096-column band left a 32-block combine (1 MiB of
+ * partials for a (4096, 4096) sum over dim 0) on one thread while the others
+ * waited, ~10% of that sum at 16 threads. Each column's order is the same. */
+#define COMBINE 256   /* divides COL_WIDTH: a task never crosses a band */
+
 static void col_combine(void *ctx, int64_t c0, int64_t c1) {
   const col_job *j = ctx;
   double *acc = col_tls.d;
-  int64_t *iacc = col_tls.i;
+  int64_t *iacc = col_tls.i, per = (j->K + COMBINE - 1) / COMBINE;
   for (int64_t c = c0; c < c1; c++) {
-    int64_t kc = c % j->kch, o = c / j->kch, k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0);
+    int64_t o = c / per, k0 = c % per * COMBINE, n = EM_MIN(COMBINE, j->K - k0), kc = k0 / COL_WIDTH;
+    size_t first = (size_t)((o * j->kch + kc) * j->nb * j->slot + k0 % COL_WIDTH);
     for (int64_t b = 0; b < j->nb; b++) {
-      size_t at = (size_t)((c * j->nb + b) * j->slot);
+      size_t at = first + (size_t)(b * j->slot);
       for (int64_t q = 0; q < n; q++) {
         if (j->ints) {
           int64_t v = ((const int64_t *)j->parts)[at + q];
@@ -611,7 +673,8 @@ static int column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool i
   if (j.nb > 1 && !(j.parts = malloc(8 * (size_t)(tasks * j.slot))))
     return em_error_oom("out of memory: sum partials (%lld)", (long long)(tasks * j.slot));
   em_parallel_for(tasks, em_grain(EM_MIN(COL_ROWS, p->n_red) * j.slot), col_tasks, &j);
-  if (j.nb > 1) em_parallel_for(outer * j.kch, em_grain(j.nb * j.slot), col_combine, &j);
+  if (j.nb > 1) em_parallel_for(outer * ((j.K + COMBINE - 1) / COMBINE), em_grain(j.nb * EM_MIN(j.K, COMBINE)),
+                                col_combine, &j);
   free(j.parts);
   return 0;
 }

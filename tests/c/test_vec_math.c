@@ -128,11 +128,73 @@ TEST(extreme_and_find_match_a_loop) {
   CHECK(ok);
 }
 
+/* The bf16 kernels: em_extreme_bf16 / em_find_bf16 give what the f32 ones
+ * give on the widened values, and em_sum_bf16 is the 32-lane sum written
+ * out here, bit for bit, on values spanning 2^100 (so any change of
+ * order shows in the double); the AVX-512 sum, where the CPU has it, too. */
+static uint16_t bf16_of(float f) { return (uint16_t)(bitsf(f) >> 16); }
+
+TEST(bf16_kernels_match_f32_and_the_lane_order) {
+  enum { N = 4200 };
+  static uint16_t h[N];
+  static float w[N];
+  const float pool[] = {0.0f, -0.0f, 1.5f, -2.0f, INFINITY, -INFINITY, 7.0f, 7.0f, NAN};
+  srand(23);
+  int ok = 1;
+  for (int n = 0; n <= 300; n++) {
+    for (int rep = 0; rep < 4; rep++) {
+      for (int i = 0; i < n; i++) { h[i] = bf16_of(pool[rand() % (rep < 2 ? 8 : 9)]); w[i] = fbits((uint32_t)h[i] << 16); }
+      for (int is_max = 0; is_max < 2 && n > 0; is_max++) {
+        int nan16, nan32;
+        float a = em_extreme_bf16(h, n, is_max, &nan16), b = em_extreme_f32(w, n, is_max, &nan32);
+        ok = ok && nan16 == nan32 && (a == b || (a != a && b != b)) && bitsf(a) == bitsf(b);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx512f")) {
+          int nan512;
+          float c = em_extreme_bf16_avx512(h, n, is_max, &nan512);
+          ok = ok && nan512 == nan32 && bitsf(c) == bitsf(a);
+        }
+#endif
+        float v = nan32 ? NAN : b;
+        ok = ok && em_find_bf16(h, n, v) == em_find_f32(w, n, v);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx512f")) ok = ok && em_find_bf16_avx512(h, n, v) == em_find_f32(w, n, v);
+#endif
+      }
+    }
+  }
+  CHECK(ok);
+  int exact = 1;
+  for (int n = 0; n < N; n += n < 100 ? 1 : 37) {
+    for (int i = 0; i < n; i++) {   /* random signs and exponents from 2^-50 to 2^50 */
+      float f = ldexpf(1.0f + (float)(rand() % 128) / 128.0f, rand() % 101 - 50);
+      h[i] = bf16_of(rand() & 1 ? -f : f);
+    }
+    double acc[32] = {0};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+      for (int k = 0; k < 32; k++) acc[k] += (double)fbits((uint32_t)h[i + k] << 16);
+    for (int k = 0; i + k < n; k++) acc[k] += (double)fbits((uint32_t)h[i + k] << 16);
+    for (int s = 1; s < 32; s *= 2)
+      for (int k = 0; k < 32; k += 2 * s) acc[k] += acc[k + s];
+    double got = em_sum_bf16(h, n);
+    exact = exact && memcmp(&got, &acc[0], 8) == 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) {
+      double g512 = em_sum_bf16_avx512(h, n);
+      exact = exact && memcmp(&g512, &acc[0], 8) == 0;
+    }
+#endif
+  }
+  CHECK(exact);
+}
+
 int main(void) {
   RUN(exp_matches_double_over_a_sweep);
   RUN(exp_special_values);
   RUN(vector_and_scalar_agree);
   RUN(lane_sums_and_maxima);
   RUN(extreme_and_find_match_a_loop);
+  RUN(bf16_kernels_match_f32_and_the_lane_order);
   TEST_MAIN_END();
 }

@@ -237,6 +237,20 @@ describe("sum and mean", function()
     end)
   end
 
+  it("column sums over several bands, row blocks and outer positions equal the row sums (integers: exact)", function()
+    -- (3, 300, 5000) over dim 1: 3 outer positions, 2 column bands of <= 4096, 3 row blocks of 128,
+    -- combined in tasks of 256 columns; the transposed copy sums each output as one row instead
+    ember.manual_seed(19)
+    for _, dt in ipairs({"f32", "bf16", "i32"}) do
+      local x = ember.randint(-50, 50, {3, 300, 5000}):to(dt)
+      local got = x:sum(1)
+      local want = x:transpose(1, 2):contiguous():sum(-1)
+      assert.same({3, 5000}, got.shape)
+      assert.same(want:to("f64"):tolist(), got:to("f64"):tolist())
+      assert.is_true(got:abs():sum():item() > 0)
+    end
+  end)
+
   it("bf16 max over the last dim gives the first index of the maximum, as f64 does", function()
     ember.manual_seed(18)
     local x = ember.randint(0, 40, {4, 6000}):to("bf16")   -- many ties

@@ -218,6 +218,40 @@ describe("CPU results at 1 and 3 threads on shapes past one reduction block", fu
     end
   end
 
+  -- bf16 reductions read runs in place (32 double lanes for sums, a max pass
+  -- per 4096 values) and column sums take eight rows at a time: the same bits
+  -- at 1, 2, 3 and 16 threads. Values spread over 2^-40 .. 2^40 so that a sum
+  -- in double depends on its order (randn's would be exact in any order).
+  local function wide_bf16(shape)
+    local e = ember.randint(-40, 41, shape):to("f32")
+    return (ember.randn(shape) * ember.pow(2, e)):to("bf16")
+  end
+  local BF16 = {
+    {"sum of 100003", function(x) return x:sum() end, {100003}},
+    {"sum over the last dim of (5, 70000)", function(x) return x:sum(-1) end, {5, 70000}},
+    {"mean over the last dim of (700, 300)", function(x) return x:mean(-1) end, {700, 300}},
+    {"sum over dim 0 of (1000, 300) (column blocks)", function(x) return x:sum(0) end, {1000, 300}},
+    {"max over dim 1 of (3, 70000)", function(x) return x:max(1) end, {3, 70000}},
+    {"min of 100003", function(x) return x:min() end, {100003}},
+    {"amax over the last dim of (700, 300)", function(x) return x:amax(-1) end, {700, 300}},
+  }
+  for _, b in ipairs(BF16) do
+    it(("bf16 %s at 1, 2, 3 and 16 threads"):format(b[1]), function()
+      ember.manual_seed(cases.seed_of(b[1]))
+      local x = wide_bf16(b[3])
+      local function run() return ember.no_grad(function() return {b[2](x)} end) end   -- values (and indices)
+      local one = with_threads(1, 32768, run)
+      for _, n in ipairs({2, 3, 16}) do
+        for _, w in ipairs({32768, 1}) do
+          local many = with_threads(n, w, run)
+          for i = 1, #one do
+            assert_same_bits(one[i], many[i], ("output %d at %d threads, min work %d"):format(i, n, w))
+          end
+        end
+      end
+    end)
+  end
+
   it("AdamW and clip_grad_norm over a (300, 700) parameter", function()
     local function steps()
       ember.manual_seed(3)
