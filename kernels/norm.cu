@@ -24,10 +24,12 @@
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
+#include <algorithm>
 #include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include "runtime.h"
 
 #define FWD_THREADS 256
 #define BWD_THREADS 256
@@ -249,55 +251,115 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
 }
 
 /* The weight gradient's sum over the blocks' partial rows, inside the
- * backward kernel (no second launch): blocks form groups of DW_GROUP in
- * block order; the last block of a group to finish adds the group's partial
- * rows in block order into gpart[group], and the last group to finish adds
- * the groups' rows in group order into gw. Both orders are fixed, whatever
- * order the blocks finish in: gw is bit-reproducible. counters: ngroups + 1
- * ints, zero at launch. The reducers read the partials at L2 (__ldcg: another
- * SM wrote them), DW_GROUP loads in flight a thread. Cost at (2048, 768)
- * f32: 512 partial rows (1.5 MB, in L2), 32 group sums of 48 KB each at the
- * end of the kernel in parallel, then one of 32 rows (96 KB); the separate
- * dw_reduce_kernel launch took ~3-4 µs plus its launch gap. */
-constexpr int DW_GROUP = 16;
+ * backward kernel (no second launch, no serial pass at the end), in two
+ * levels of fixed order:
+ *  1. blocks form groups of DW_GROUP in block order; the last block of a
+ *     group to finish (a counter per group) adds the group's partial rows in
+ *     block order into gpart[group];
+ *  2. the last nred of those group sums to finish (a ticket) each take a
+ *     share of the columns, in 32-column tiles: they wait until every group
+ *     sum is written, then add the ng group rows of their tiles in group
+ *     order (8 warps over the rows, then the 8 warp sums in warp order) into
+ *     gw.
+ * Both orders depend on the grid alone, whatever order the blocks finish in:
+ * gw is bit-reproducible. Waiting in level 2 cannot deadlock: at most nred - 1
+ * blocks wait, nred <= half the SMs, and every block still to finish has a
+ * slot to run in once the rest have left. The counters (ng + 2 ints: groups,
+ * ticket, done) must be zero at launch and are zero again when the kernel
+ * ends: each group's last block clears its counter, the last level-2 block
+ * the ticket and done (so a buffer kept per stream needs no memset a call).
+ * Reads of other blocks' rows go to L2 (__ldcg). Cost at (2048, 768) f32:
+ * 512 partial rows (1.6 MB, in L2); level 1 is 8 rows (24 KB) per group,
+ * the groups in parallel; level 2 is 64 rows of 32 columns (8 KB) per tile,
+ * 24 tiles on 24 blocks: one L2 round trip each. (v1: groups of 16, then
+ * the last group alone added 32 rows x 768 columns, ~2 µs of one SM at the
+ * end of a ~6 µs kernel.) */
+constexpr int DW_GROUP = 8, DW_RED_MAX = 32;
+/* 16 bytes another block wrote, read at L2 (not a stale L1 line) */
+template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p) {
+  const float4 f = __ldcg(reinterpret_cast<const float4 *>(p));
+  Packed128<C> r;
+  memcpy(&r, &f, 16);
+  return r;
+}
 template <typename C, typename TW>
-__device__ void finish_dw(const C *part, int64_t D, int *counters, C *gpart, TW *gw) {
-  __shared__ int is_last;
+__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, C *gpart, TW *gw) {
+  __shared__ int flag;
+  __shared__ C acc[8][33];
   const int nb = (int)gridDim.x, grp = (int)blockIdx.x / DW_GROUP, ng = (nb + DW_GROUP - 1) / DW_GROUP;
   const int b0 = grp * DW_GROUP, nin = min(DW_GROUP, nb - b0);
+  int *ticket = counters + ng, *done = counters + ng + 1;
   __threadfence();                                    /* this block's partial row, visible before its count */
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[grp], 1) == nin - 1;
+  if (threadIdx.x == 0) {
+    flag = atomicAdd(&counters[grp], 1) == nin - 1;
+    if (flag) atomicExch(&counters[grp], 0);          /* the group's blocks have all counted */
+  }
   __syncthreads();
-  if (!is_last) return;
+  if (!flag) return;
   __threadfence();
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    C v[DW_GROUP];
+  /* level 1: the group's rows in block order, 16-byte reads, 4 in flight a
+   * thread (8 took 66-77 registers where the row loop needs 40-64) */
+  constexpr int PS = 16 / sizeof(C), INF = 4;
+  static_assert(DW_GROUP % INF == 0, "whole batches of rows");
+  for (int64_t c = threadIdx.x; c < D / PS; c += blockDim.x) {
+    Packed128<C> s;
 #pragma unroll
-    for (int k = 0; k < DW_GROUP; k++) v[k] = k < nin ? __ldcg(part + (int64_t)(b0 + k) * D + j) : (C)0;
-    C sum = v[0];
+    for (int k0 = 0; k0 < DW_GROUP; k0 += INF) {
+      Packed128<C> v[INF];
 #pragma unroll
-    for (int k = 1; k < DW_GROUP; k++) sum += v[k];
-    gpart[(int64_t)grp * D + j] = sum;
+      for (int k = 0; k < INF; k++)
+        if (k0 + k < nin) v[k] = ldcg128(part + (int64_t)(b0 + k0 + k) * D + c * PS);
+#pragma unroll
+      for (int k = 0; k < INF; k++)
+        if (k0 + k < nin)
+#pragma unroll
+          for (int q = 0; q < PS; q++) s[q] = k0 + k == 0 ? v[k][q] : s[q] + v[k][q];
+    }
+    store128(gpart + (int64_t)grp * D + c * PS, s);
   }
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[ng], 1) == ng - 1;
+  if (threadIdx.x == 0) flag = atomicAdd(ticket, 1);
   __syncthreads();
-  if (!is_last) return;
+  const int rank = flag - (ng - nred);                /* the last nred group sums: level 2 */
+  if (rank < 0) return;
+  if (threadIdx.x == 0)
+    while (atomicAdd(ticket, 0) < ng) __nanosleep(64);
+  __syncthreads();
   __threadfence();
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    C sum = 0;
-    int g = 0;
-    for (; g + 8 <= ng; g += 8) {                      /* 8 loads in flight, added in group order */
-      C v[8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t tiles = (D + 31) / 32;
+  for (int64_t tile = rank; tile < tiles; tile += nred) {
+    const int64_t j = tile * 32 + lane;
+    C s = 0;
+    if (j < D) {
+      const C *p = gpart + (int64_t)warp * D + j;     /* row g = warp + 8·i: this warp's rows in group order */
+      const int64_t step = 8 * D;
+      for (int g = warp; g < ng; g += 8 * 8) {        /* 8 rows in flight a lane */
+        C v[8];
 #pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = __ldcg(gpart + (int64_t)(g + k) * D + j);
+        for (int k = 0; k < 8; k++)
+          if (g + 8 * k < ng) v[k] = __ldcg(p + k * step);
 #pragma unroll
-      for (int k = 0; k < 8; k++) sum += v[k];
+        for (int k = 0; k < 8; k++)
+          if (g + 8 * k < ng) s += v[k];
+        p += 8 * step;
+      }
     }
-    for (; g < ng; g++) sum += __ldcg(gpart + (int64_t)g * D + j);
-    gw[j] = st<TW>(sum);
+    acc[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && j < D) {
+      C t = acc[0][lane];
+#pragma unroll
+      for (int k = 1; k < 8; k++) t += acc[k][lane];
+      gw[j] = st<TW>(t);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && atomicAdd(done, 1) == nred - 1) {   /* every level-2 block is past its wait */
+    atomicExch(ticket, 0);
+    atomicExch(done, 0);
   }
 }
 
@@ -323,7 +385,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                 bool wvec, bool gx_acc, int *counters,
+                                                                 bool wvec, bool gx_acc, int *counters, int nred,
                                                                  acc_t<TX> *gpart, TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
@@ -416,7 +478,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW>(dw_part, D, counters, gpart, gw);
+  finish_dw<C, TW>(dw_part, D, counters, nred, gpart, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -472,9 +534,9 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  acc_t<TX> *gpart, TW *gw) {
+                  int nred, acc_t<TX> *gpart, TW *gw) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc,
-                                                                      counters, gpart, gw);
+                                                                      counters, nred, gpart, gw);
   }
 };
 
@@ -527,18 +589,28 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     blocks = N < cap ? N : cap;
   }
   if (blocks < 1) return 0;
-  /* gw: the blocks' partial rows, then (row-group kernel) the group sums and
-   * the zeroed counters of finish_dw */
+  /* gw: the blocks' partial rows, then (row-group kernel) the group sums;
+   * finish_dw's counters from this stream's zeroed buffer (no memset), or a
+   * fresh one zeroed when that is not to be had */
   int64_t ng = rg ? (blocks + DW_GROUP - 1) / DW_GROUP : 0;
+  int nred = 0;
   em_tensor *part = NULL, *cnt = NULL;
+  int *cp = nullptr;
   if (gw) {
-    int64_t shape[2] = {blocks + ng, D}, nc = ng + 1;
+    int64_t shape[2] = {blocks + ng, D}, nc = ng + 2, half = em_sm_count(dev) / 2;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
-    if (rg && (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
-               em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
-                             "cudaMemsetAsync"))) {
-      em_tensor_release(part); em_tensor_release(cnt);
-      return -1;
+    if (rg) {
+      nred = (int)std::min<int64_t>({ng, (int64_t)DW_RED_MAX, (D + 31) / 32, std::max<int64_t>(half, 1)});
+      cp = em_stream_counters(dev, (void *)s, (int)nc);
+      if (!cp) {
+        if (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
+            em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
+                          "cudaMemsetAsync")) {
+          em_tensor_release(part); em_tensor_release(cnt);
+          return -1;
+        }
+        cp = (int *)em_data_ptr(cnt);
+      }
     }
     if (!rg && smem > 48 * 1024 &&
         em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -548,13 +620,12 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     }
   }
   C *pp = part ? (C *)em_data_ptr(part) : nullptr;
-  int *cp = cnt ? (int *)em_data_ptr(cnt) : nullptr;
   TW *gwp = gw ? (TW *)em_data_ptr(gw) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, pp ? pp + blocks * D : nullptr,
-                         gwp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred,
+                         pp ? pp + blocks * D : nullptr, gwp);
       }))
     rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");
