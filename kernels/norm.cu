@@ -18,9 +18,11 @@
  * keeps dw of its own columns over its rows, the warps of a block add theirs
  * in order); otherwise one block per group of rows whose threads split D.
  * Either way each block writes a partial row of dw; the row-group kernel sums
- * the partials itself (finish_dw: the last block of each group of 16, then
- * the last group), the block kernel with a second kernel. Fixed order
- * everywhere: dw is bit-reproducible.
+ * the partials itself (finish_dw: the last 64 blocks to finish each add a
+ * slice of the columns over all partial rows, counted by a per-stream pair
+ * of counters the kernel leaves zeroed: no memset, no second launch), the
+ * block kernel with a second kernel. Fixed order everywhere: dw is
+ * bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
@@ -251,30 +253,30 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
 }
 
 /* The weight gradient's sum over the blocks' partial rows, inside the
- * backward kernel (no second launch, no serial pass at the end), in two
- * levels of fixed order:
- *  1. blocks form groups of DW_GROUP in block order; the last block of a
- *     group to finish (a counter per group) adds the group's partial rows in
- *     block order into gpart[group];
- *  2. the last nred of those group sums to finish (a ticket) each take a
- *     share of the columns, in 32-column tiles: they wait until every group
- *     sum is written, then add the ng group rows of their tiles in group
- *     order (8 warps over the rows, then the 8 warp sums in warp order) into
- *     gw.
- * Both orders depend on the grid alone, whatever order the blocks finish in:
- * gw is bit-reproducible. Waiting in level 2 cannot deadlock: at most nred - 1
- * blocks wait, nred <= half the SMs, and every block still to finish has a
- * slot to run in once the rest have left. The counters (ng + 2 ints: groups,
- * ticket, done) must be zero at launch and are zero again when the kernel
- * ends: each group's last block clears its counter, the last level-2 block
- * the ticket and done (so a buffer kept per stream needs no memset a call).
- * Reads of other blocks' rows go to L2 (__ldcg). Cost at (2048, 768) f32:
- * 512 partial rows (1.6 MB, in L2); level 1 is 8 rows (24 KB) per group,
- * the groups in parallel; level 2 is 64 rows of 32 columns (8 KB) per tile,
- * 24 tiles on 24 blocks: one L2 round trip each. (v1: groups of 16, then
- * the last group alone added 32 rows x 768 columns, ~2 µs of one SM at the
- * end of a ~6 µs kernel.) */
-constexpr int DW_GROUP = 8, DW_RED_MAX = 32;
+ * backward kernel (no second launch) and spread over nred blocks: each block,
+ * its partial row written, takes a ticket; the last nred to do so wait until
+ * every block has one, then each adds a slice of the columns (16-byte chunks
+ * [q·C/nred, (q+1)·C/nred) of C) over all nb partial rows: thread t takes
+ * chunk t % w of a window of w chunks and rows p, p + R, p + 2R, ... (p = t /
+ * w, R = 256 / w phases), in row order with UNR loads in flight, and the R
+ * phase sums of a chunk are added by a fixed binary tree in shared memory.
+ * Every order depends on (nb, D, nred) alone, whatever order the blocks
+ * finish in: gw is bit-reproducible. Waiting cannot deadlock: at most nred -
+ * 1 blocks wait, nred <= half the SMs, and every block still to finish has
+ * a slot to run in once the rest have left. The counters (ticket, done)
+ * must be zero at launch and are zero again when the kernel ends (the last
+ * reducer clears them), so one buffer per stream serves every launch with
+ * no memset. Reads of other blocks' rows go to L2 (__ldcg).
+ * Why: the tail runs after the last row tile with most SMs idle, so its
+ * cost is its chain of dependent L2 trips (~0.7 µs each, by ncu below). v2
+ * (the last block of each group of 16 added the group's rows, then the last
+ * group alone added the group sums over all D columns) was ~28 trips at D
+ * 1600: ncu on an H100 (fd5f411) saw the SMs idle for 31k of 114k cycles of
+ * the (8192, 1600) f32 backward (72 µs) and 38k of 95k of bf16 (60 µs). Here:
+ * a ticket, a wait, and ceil(rows a thread / UNR) trips: at (8192, 1600)
+ * 373 rows x 400 chunks on 64 blocks, 6-7 chunks a block, 36 phases, 11 rows
+ * a thread: 2 trips with 8 loads in flight. */
+constexpr int DW_RED_MAX = 64;
 /* 16 bytes another block wrote, read at L2 (not a stale L1 line) */
 template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p) {
   const float4 f = __ldcg(reinterpret_cast<const float4 *>(p));
@@ -282,82 +284,61 @@ template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p
   memcpy(&r, &f, 16);
   return r;
 }
-template <typename C, typename TW>
-__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, C *gpart, TW *gw) {
-  __shared__ int flag;
-  __shared__ C acc[8][33];
-  const int nb = (int)gridDim.x, grp = (int)blockIdx.x / DW_GROUP, ng = (nb + DW_GROUP - 1) / DW_GROUP;
-  const int b0 = grp * DW_GROUP, nin = min(DW_GROUP, nb - b0);
-  int *ticket = counters + ng, *done = counters + ng + 1;
-  __threadfence();                                    /* this block's partial row, visible before its count */
+template <typename C, typename TW, int UNR>
+__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW *gw) {
+  __shared__ int ticket_s;
+  __shared__ Packed128<C> red[BWD_THREADS];
+  constexpr int PS = 16 / sizeof(C);
+  const int nb = (int)gridDim.x, t = threadIdx.x;
+  int *ticket = counters, *done = counters + 1;
+  __threadfence();                                    /* this block's partial row, visible before its ticket */
   __syncthreads();
-  if (threadIdx.x == 0) {
-    flag = atomicAdd(&counters[grp], 1) == nin - 1;
-    if (flag) atomicExch(&counters[grp], 0);          /* the group's blocks have all counted */
-  }
+  if (t == 0) ticket_s = atomicAdd(ticket, 1);
   __syncthreads();
-  if (!flag) return;
+  const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
+  if (q < 0) return;
+  if (t == 0)
+    while (atomicAdd(ticket, 0) < nb) __nanosleep(100);
+  __syncthreads();
   __threadfence();
-  /* level 1: the group's rows in block order, 16-byte reads, 4 in flight a
-   * thread (8 took 66-77 registers where the row loop needs 40-64) */
-  constexpr int PS = 16 / sizeof(C), INF = 4;
-  static_assert(DW_GROUP % INF == 0, "whole batches of rows");
-  for (int64_t c = threadIdx.x; c < D / PS; c += blockDim.x) {
+  const int64_t chunks = D / PS, c0 = chunks * q / nred, c1 = chunks * (q + 1) / nred;
+  for (int64_t cw = c0; cw < c1; cw += BWD_THREADS) {
+    const int w = c1 - cw < BWD_THREADS ? (int)(c1 - cw) : BWD_THREADS, R = BWD_THREADS / w;
+    const int ph = t / w;
+    const int64_t c = cw + t % w;
     Packed128<C> s;
 #pragma unroll
-    for (int k0 = 0; k0 < DW_GROUP; k0 += INF) {
-      Packed128<C> v[INF];
+    for (int k = 0; k < PS; k++) s[k] = 0;
+    if (ph < R) {
+      const C *p = part + (int64_t)ph * D + c * PS;
+      const int64_t step = (int64_t)R * D;
+      for (int r = ph; r < nb; r += UNR * R) {        /* UNR rows in flight, added in row order */
+        Packed128<C> v[UNR];
 #pragma unroll
-      for (int k = 0; k < INF; k++)
-        if (k0 + k < nin) v[k] = ldcg128(part + (int64_t)(b0 + k0 + k) * D + c * PS);
+        for (int u = 0; u < UNR; u++)
+          if (r + u * R < nb) v[u] = ldcg128(p + u * step);
 #pragma unroll
-      for (int k = 0; k < INF; k++)
-        if (k0 + k < nin)
+        for (int u = 0; u < UNR; u++)
+          if (r + u * R < nb)
 #pragma unroll
-          for (int q = 0; q < PS; q++) s[q] = k0 + k == 0 ? v[k][q] : s[q] + v[k][q];
-    }
-    store128(gpart + (int64_t)grp * D + c * PS, s);
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) flag = atomicAdd(ticket, 1);
-  __syncthreads();
-  const int rank = flag - (ng - nred);                /* the last nred group sums: level 2 */
-  if (rank < 0) return;
-  if (threadIdx.x == 0)
-    while (atomicAdd(ticket, 0) < ng) __nanosleep(64);
-  __syncthreads();
-  __threadfence();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t tiles = (D + 31) / 32;
-  for (int64_t tile = rank; tile < tiles; tile += nred) {
-    const int64_t j = tile * 32 + lane;
-    C s = 0;
-    if (j < D) {
-      const C *p = gpart + (int64_t)warp * D + j;     /* row g = warp + 8·i: this warp's rows in group order */
-      const int64_t step = 8 * D;
-      for (int g = warp; g < ng; g += 8 * 8) {        /* 8 rows in flight a lane */
-        C v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-          if (g + 8 * k < ng) v[k] = __ldcg(p + k * step);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-          if (g + 8 * k < ng) s += v[k];
-        p += 8 * step;
+            for (int k = 0; k < PS; k++) s[k] += v[u][k];
+        p += UNR * step;
       }
     }
-    acc[warp][lane] = s;
+    red[t] = s;
     __syncthreads();
-    if (warp == 0 && j < D) {
-      C t = acc[0][lane];
+    for (int h = 1; h < R; h <<= 1) {                 /* phases p and p + h, p a multiple of 2h: a fixed tree */
+      if (ph < R && ph % (2 * h) == 0 && ph + h < R)
 #pragma unroll
-      for (int k = 1; k < 8; k++) t += acc[k][lane];
-      gw[j] = st<TW>(t);
+        for (int k = 0; k < PS; k++) red[t][k] += red[t + h * w][k];
+      __syncthreads();
     }
+    if (ph == 0)
+#pragma unroll
+      for (int k = 0; k < PS; k++) gw[c * PS + k] = st<TW>(red[t][k]);
     __syncthreads();
   }
-  if (threadIdx.x == 0 && atomicAdd(done, 1) == nred - 1) {   /* every level-2 block is past its wait */
+  if (t == 0 && atomicAdd(done, 1) == nred - 1) {     /* every reducer is past its wait */
     atomicExch(ticket, 0);
     atomicExch(done, 0);
   }
@@ -386,7 +367,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
                                                                  bool wvec, bool gx_acc, int *counters, int nred,
-                                                                 acc_t<TX> *gpart, TW *gw) {
+                                                                 TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -478,7 +459,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW>(dw_part, D, counters, nred, gpart, gw);
+  finish_dw<C, TW, (NV >= 4 ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -534,9 +515,9 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  int nred, acc_t<TX> *gpart, TW *gw) {
+                  int nred, TW *gw) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc,
-                                                                      counters, nred, gpart, gw);
+                                                                      counters, nred, gw);
   }
 };
 
@@ -589,18 +570,18 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     blocks = N < cap ? N : cap;
   }
   if (blocks < 1) return 0;
-  /* gw: the blocks' partial rows, then (row-group kernel) the group sums;
-   * finish_dw's counters from this stream's zeroed buffer (no memset), or a
-   * fresh one zeroed when that is not to be had */
-  int64_t ng = rg ? (blocks + DW_GROUP - 1) / DW_GROUP : 0;
+  /* gw: the blocks' partial rows; finish_dw's two counters from this
+   * stream's zeroed buffer (no memset), or a fresh one zeroed when that is
+   * not to be had */
   int nred = 0;
   em_tensor *part = NULL, *cnt = NULL;
   int *cp = nullptr;
   if (gw) {
-    int64_t shape[2] = {blocks + ng, D}, nc = ng + 2, half = em_sm_count(dev) / 2;
+    int64_t shape[2] = {blocks, D}, nc = 2, half = em_sm_count(dev) / 2;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
     if (rg) {
-      nred = (int)std::min<int64_t>({ng, (int64_t)DW_RED_MAX, (D + 31) / 32, std::max<int64_t>(half, 1)});
+      const int64_t cchunks = D / (16 / (int64_t)sizeof(C));   /* finish_dw's 16-byte chunks of a row */
+      nred = (int)std::min<int64_t>({blocks, (int64_t)DW_RED_MAX, cchunks, std::max<int64_t>(half, 1)});
       cp = em_stream_counters(dev, (void *)s, (int)nc);
       if (!cp) {
         if (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
@@ -624,8 +605,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred,
-                         pp ? pp + blocks * D : nullptr, gwp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp);
       }))
     rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");
