@@ -27,6 +27,7 @@
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -101,11 +102,11 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
   for (int64_t i = warp; i < N; i += nwarps) {
     const TX *xr = x + i * D;
     TX *yr = y + i * D;
-    Packed128<TX> buf[NV];
+    uint4 buf[NV];                                      /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(lane + v * 32) * VEC;
-      if (j < D) buf[v] = load128(xr + j);
+      if (j < D) buf[v] = *reinterpret_cast<const uint4 *>(xr + j);
     }
     C ss = 0;
 #pragma unroll
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
       int64_t j = (int64_t)(lane + v * 32) * VEC;
       if (j < D) {
 #pragma unroll
-        for (int k = 0; k < VEC; k++) { C e = ld<C>(buf[v][k]); ss += e * e; }
+        for (int k = 0; k < VEC; k++) { C e = raw_elem<C, TX>(buf[v], k); ss += e * e; }
       }
     }
     ss = warp_allsum(ss);
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
         Packed128<TX> q;
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-          C e = ld<C>(buf[v][k]) * r;
+          C e = raw_elem<C, TX>(buf[v], k) * r;
           q[k] = st<TX>(w ? e * wv[k] : e);
         }
         store128(yr + j, q);
@@ -521,6 +522,20 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
   }
 };
 
+/* EMBER_RMSNORM_BWD_CHUNKS: the most 16-byte chunks a thread holds for
+ * 16-bit rows, 4 (default) or 2; read once. A knob to measure both on a GPU
+ * (scripts/rms_bwd_sweep.lua), not a tuning API. */
+static int bwd_chunks_16bit() {
+  static int most = 0;
+  if (!most) {
+    const char *env = getenv("EMBER_RMSNORM_BWD_CHUNKS");
+    if (!env || !*env || !strcmp(env, "4")) most = 4;
+    else if (!strcmp(env, "2")) most = 2;
+    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2 or 4, got '%s'", env);
+  }
+  return most;
+}
+
 template <typename TX, typename TW>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
                       em_tensor *gx, bool gx_acc, em_tensor *gw, cudaStream_t s) {
@@ -542,9 +557,15 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
    * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
   if (vec) {
+    /* 16-bit rows at most 2 chunks a thread when EMBER_RMSNORM_BWD_CHUNKS=2
+     * (twice the threads a row, fewer registers, more warps an SM; to
+     * measure against the default 4), where a row fits 256 threads so */
+    const int knob = sizeof(TX) == 2 ? bwd_chunks_16bit() : 4;
+    if (knob < 0) return -1;
+    const int most = knob == 2 && chunks <= 512 ? 2 : 4;
     for (int t = 32; t <= 256 && !tpr; t *= 2)
-      if (chunks <= (int64_t)t * 4) tpr = t;
-    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 */
+      if (chunks <= (int64_t)t * most) tpr = t;
+    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 (2 with most = 2) */
   }
   int dev = x->device.index;
   size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
@@ -554,6 +575,13 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
     else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
     else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
+    else if (sizeof(TX) == 2 && nv == 2 && tpr >= 64) {
+      if constexpr (sizeof(TX) == 2) {
+        if (tpr == 64) f(rg_launch<TX, TW, 64, 2>());
+        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2>());
+        else f(rg_launch<TX, TW, 256, 2>());
+      }
+    }
     else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
     else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
     else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
