@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * (raw_elem<C, TX>(bx[v], k) * r);
+        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * raw_elem<C, TX>(bx[v], k);
       }
     }
     dot = warp_allsum(dot);
@@ -424,7 +424,10 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
       for (int k = 0; k < WPR; k++) dot += red[par][grp][k];
     }
     if (!row) continue;
-    const C c = dot / (C)D;
+    /* gx = r·(gy·w − x̂·c) with x̂ = x·r and c = mean(gy·w·x̂) = r·dot / D,
+     * as gx = r·(gy·w) − (r²·c)·x: one multiply and one FMA an element on
+     * top of gy·w (the bf16 loop is bound by instruction issue, ncu) */
+    const C c = r * dot / (C)D, b = r * r * c;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
@@ -435,7 +438,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           Packed128<TX> q;
 #pragma unroll
           for (int k = 0; k < VEC; k++) {
-            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k] - raw_elem<C, TX>(bx[v], k) * r * c);
+            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k]) - b * raw_elem<C, TX>(bx[v], k);
             q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
