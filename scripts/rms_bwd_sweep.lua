@@ -6,6 +6,7 @@
 --
 --   ember run scripts/rms_bwd_sweep.lua                       # f32 and bf16, D 768, 1600, 4096
 --   ember run scripts/rms_bwd_sweep.lua --dtype bf16 --d 1600 --rows 2048,8192
+--   EMBER_RMSNORM_BWD_CHUNKS=2 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 2 chunks a thread
 --
 -- Four measures of the backward, all by CUDA events (bench_ops.lua's --timer
 -- events), the median of --reps:
@@ -73,8 +74,8 @@ local function measure(dtype, n, d)
   r.alone = median_ms(function() y:backward(gy) end, {flush = true, setup = forward})
   r.clean = median_ms(function() y:backward(gy) end, {flush = false, setup = function() forward(); read_flush() end})
   -- graph: the backward of one forward captured (the graph kept: retain_graph)
-  forward()
-  local ok, g = pcall(ember.cuda.graph, function() y:backward(gy, {retain_graph = true}) end)
+  forward()                           -- grads dropped: the captured backward writes fresh ones (no accumulation)
+  local ok, g = pcall(ember.cuda.graph, function() y:backward(gy, {retain_graph = true}) end, {warmup = 0})
   if ok then
     r.graph = median_ms(function() g:replay() end, {flush = false, setup = read_flush})
     g:close()
