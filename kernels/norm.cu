@@ -18,16 +18,21 @@
  * keeps dw of its own columns over its rows, the warps of a block add theirs
  * in order); otherwise one block per group of rows whose threads split D.
  * Either way each block writes a partial row of dw; the row-group kernel sums
- * the partials itself (finish_dw: the last block of each group of 16, then
- * the last group), the block kernel with a second kernel. Fixed order
- * everywhere: dw is bit-reproducible.
+ * the partials itself (finish_dw: the last 64 blocks to finish each add a
+ * slice of the columns over all partial rows, counted by a per-stream pair
+ * of counters the kernel leaves zeroed: no memset, no second launch), the
+ * block kernel with a second kernel. Fixed order everywhere: dw is
+ * bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
+#include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include "runtime.h"
 
 #define FWD_THREADS 256
 #define BWD_THREADS 256
@@ -97,11 +102,11 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
   for (int64_t i = warp; i < N; i += nwarps) {
     const TX *xr = x + i * D;
     TX *yr = y + i * D;
-    Packed128<TX> buf[NV];
+    uint4 buf[NV];                                      /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(lane + v * 32) * VEC;
-      if (j < D) buf[v] = load128(xr + j);
+      if (j < D) buf[v] = *reinterpret_cast<const uint4 *>(xr + j);
     }
     C ss = 0;
 #pragma unroll
@@ -109,7 +114,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
       int64_t j = (int64_t)(lane + v * 32) * VEC;
       if (j < D) {
 #pragma unroll
-        for (int k = 0; k < VEC; k++) { C e = ld<C>(buf[v][k]); ss += e * e; }
+        for (int k = 0; k < VEC; k++) { C e = raw_elem<C, TX>(buf[v], k); ss += e * e; }
       }
     }
     ss = warp_allsum(ss);
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
         Packed128<TX> q;
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-          C e = ld<C>(buf[v][k]) * r;
+          C e = raw_elem<C, TX>(buf[v], k) * r;
           q[k] = st<TX>(w ? e * wv[k] : e);
         }
         store128(yr + j, q);
@@ -249,55 +254,94 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
 }
 
 /* The weight gradient's sum over the blocks' partial rows, inside the
- * backward kernel (no second launch): blocks form groups of DW_GROUP in
- * block order; the last block of a group to finish adds the group's partial
- * rows in block order into gpart[group], and the last group to finish adds
- * the groups' rows in group order into gw. Both orders are fixed, whatever
- * order the blocks finish in: gw is bit-reproducible. counters: ngroups + 1
- * ints, zero at launch. The reducers read the partials at L2 (__ldcg: another
- * SM wrote them), DW_GROUP loads in flight a thread. Cost at (2048, 768)
- * f32: 512 partial rows (1.5 MB, in L2), 32 group sums of 48 KB each at the
- * end of the kernel in parallel, then one of 32 rows (96 KB); the separate
- * dw_reduce_kernel launch took ~3-4 µs plus its launch gap. */
-constexpr int DW_GROUP = 16;
-template <typename C, typename TW>
-__device__ void finish_dw(const C *part, int64_t D, int *counters, C *gpart, TW *gw) {
-  __shared__ int is_last;
-  const int nb = (int)gridDim.x, grp = (int)blockIdx.x / DW_GROUP, ng = (nb + DW_GROUP - 1) / DW_GROUP;
-  const int b0 = grp * DW_GROUP, nin = min(DW_GROUP, nb - b0);
-  __threadfence();                                    /* this block's partial row, visible before its count */
+ * backward kernel (no second launch) and spread over nred blocks: each block,
+ * its partial row written, takes a ticket; the last nred to do so wait until
+ * every block has one, then each adds a slice of the columns (16-byte chunks
+ * [q·C/nred, (q+1)·C/nred) of C) over all nb partial rows: thread t takes
+ * chunk t % w of a window of w chunks and rows p, p + R, p + 2R, ... (p = t /
+ * w, R = 256 / w phases), in row order with UNR loads in flight, and the R
+ * phase sums of a chunk are added by a fixed binary tree in shared memory.
+ * Every order depends on (nb, D, nred) alone, whatever order the blocks
+ * finish in: gw is bit-reproducible. Waiting cannot deadlock: at most nred -
+ * 1 blocks wait, nred <= half the SMs, and every block still to finish has
+ * a slot to run in once the rest have left. The counters (ticket, done)
+ * must be zero at launch and are zero again when the kernel ends (the last
+ * reducer clears them), so one buffer per stream serves every launch with
+ * no memset. Reads of other blocks' rows go to L2 (__ldcg).
+ * Why: the tail runs after the last row tile with most SMs idle, so its
+ * cost is its chain of dependent L2 trips (~0.7 µs each, by ncu below). v2
+ * (the last block of each group of 16 added the group's rows, then the last
+ * group alone added the group sums over all D columns) was ~28 trips at D
+ * 1600: ncu on an H100 (fd5f411) saw the SMs idle for 31k of 114k cycles of
+ * the (8192, 1600) f32 backward (72 µs) and 38k of 95k of bf16 (60 µs). Here:
+ * a ticket, a wait, and ceil(rows a thread / UNR) trips: at (8192, 1600)
+ * 373 rows x 400 chunks on 64 blocks, 6-7 chunks a block, 36 phases, 11 rows
+ * a thread: 2 trips with 8 loads in flight. */
+constexpr int DW_RED_MAX = 64;
+/* 16 bytes another block wrote, read at L2 (not a stale L1 line) */
+template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p) {
+  const float4 f = __ldcg(reinterpret_cast<const float4 *>(p));
+  Packed128<C> r;
+  memcpy(&r, &f, 16);
+  return r;
+}
+template <typename C, typename TW, int UNR>
+__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW *gw) {
+  __shared__ int ticket_s;
+  __shared__ Packed128<C> red[BWD_THREADS];
+  constexpr int PS = 16 / sizeof(C);
+  const int nb = (int)gridDim.x, t = threadIdx.x;
+  int *ticket = counters, *done = counters + 1;
+  __threadfence();                                    /* this block's partial row, visible before its ticket */
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[grp], 1) == nin - 1;
+  if (t == 0) ticket_s = atomicAdd(ticket, 1);
   __syncthreads();
-  if (!is_last) return;
+  const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
+  if (q < 0) return;
+  if (t == 0)
+    while (atomicAdd(ticket, 0) < nb) __nanosleep(100);
+  __syncthreads();
   __threadfence();
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    C v[DW_GROUP];
+  const int64_t chunks = D / PS, c0 = chunks * q / nred, c1 = chunks * (q + 1) / nred;
+  for (int64_t cw = c0; cw < c1; cw += BWD_THREADS) {
+    const int w = c1 - cw < BWD_THREADS ? (int)(c1 - cw) : BWD_THREADS, R = BWD_THREADS / w;
+    const int ph = t / w;
+    const int64_t c = cw + t % w;
+    Packed128<C> s;
 #pragma unroll
-    for (int k = 0; k < DW_GROUP; k++) v[k] = k < nin ? __ldcg(part + (int64_t)(b0 + k) * D + j) : (C)0;
-    C sum = v[0];
+    for (int k = 0; k < PS; k++) s[k] = 0;
+    if (ph < R) {
+      const C *p = part + (int64_t)ph * D + c * PS;
+      const int64_t step = (int64_t)R * D;
+      for (int r = ph; r < nb; r += UNR * R) {        /* UNR rows in flight, added in row order */
+        Packed128<C> v[UNR];
 #pragma unroll
-    for (int k = 1; k < DW_GROUP; k++) sum += v[k];
-    gpart[(int64_t)grp * D + j] = sum;
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[ng], 1) == ng - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    C sum = 0;
-    int g = 0;
-    for (; g + 8 <= ng; g += 8) {                      /* 8 loads in flight, added in group order */
-      C v[8];
+        for (int u = 0; u < UNR; u++)
+          if (r + u * R < nb) v[u] = ldcg128(p + u * step);
 #pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = __ldcg(gpart + (int64_t)(g + k) * D + j);
+        for (int u = 0; u < UNR; u++)
+          if (r + u * R < nb)
 #pragma unroll
-      for (int k = 0; k < 8; k++) sum += v[k];
+            for (int k = 0; k < PS; k++) s[k] += v[u][k];
+        p += UNR * step;
+      }
     }
-    for (; g < ng; g++) sum += __ldcg(gpart + (int64_t)g * D + j);
-    gw[j] = st<TW>(sum);
+    red[t] = s;
+    __syncthreads();
+    for (int h = 1; h < R; h <<= 1) {                 /* phases p and p + h, p a multiple of 2h: a fixed tree */
+      if (ph < R && ph % (2 * h) == 0 && ph + h < R)
+#pragma unroll
+        for (int k = 0; k < PS; k++) red[t][k] += red[t + h * w][k];
+      __syncthreads();
+    }
+    if (ph == 0)
+#pragma unroll
+      for (int k = 0; k < PS; k++) gw[c * PS + k] = st<TW>(red[t][k]);
+    __syncthreads();
+  }
+  if (t == 0 && atomicAdd(done, 1) == nred - 1) {     /* every reducer is past its wait */
+    atomicExch(ticket, 0);
+    atomicExch(done, 0);
   }
 }
 
@@ -323,8 +367,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                 bool wvec, bool gx_acc, int *counters,
-                                                                 acc_t<TX> *gpart, TW *gw) {
+                                                                 bool wvec, bool gx_acc, int *counters, int nred,
+                                                                 TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -368,7 +412,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * (raw_elem<C, TX>(bx[v], k) * r);
+        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * raw_elem<C, TX>(bx[v], k);
       }
     }
     dot = warp_allsum(dot);
@@ -380,7 +424,10 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
       for (int k = 0; k < WPR; k++) dot += red[par][grp][k];
     }
     if (!row) continue;
-    const C c = dot / (C)D;
+    /* gx = r·(gy·w − x̂·c) with x̂ = x·r and c = mean(gy·w·x̂) = r·dot / D,
+     * as gx = r·(gy·w) − (r²·c)·x: one multiply and one FMA an element on
+     * top of gy·w (the bf16 loop is bound by instruction issue, ncu) */
+    const C c = r * dot / (C)D, b = r * r * c;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
@@ -391,7 +438,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           Packed128<TX> q;
 #pragma unroll
           for (int k = 0; k < VEC; k++) {
-            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k] - raw_elem<C, TX>(bx[v], k) * r * c);
+            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k]) - b * raw_elem<C, TX>(bx[v], k);
             q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
@@ -416,7 +463,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW>(dw_part, D, counters, gpart, gw);
+  finish_dw<C, TW, (NV >= 4 ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -472,11 +519,25 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  acc_t<TX> *gpart, TW *gw) {
+                  int nred, TW *gw) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc,
-                                                                      counters, gpart, gw);
+                                                                      counters, nred, gw);
   }
 };
+
+/* EMBER_RMSNORM_BWD_CHUNKS: the most 16-byte chunks a thread holds for
+ * 16-bit rows, 4 (default) or 2; read once. A knob to measure both on a GPU
+ * (scripts/rms_bwd_sweep.lua), not a tuning API. */
+static int bwd_chunks_16bit() {
+  static int most = 0;
+  if (!most) {
+    const char *env = getenv("EMBER_RMSNORM_BWD_CHUNKS");
+    if (!env || !*env || !strcmp(env, "4")) most = 4;
+    else if (!strcmp(env, "2")) most = 2;
+    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2 or 4, got '%s'", env);
+  }
+  return most;
+}
 
 template <typename TX, typename TW>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
@@ -499,9 +560,15 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
    * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
   if (vec) {
+    /* 16-bit rows at most 2 chunks a thread when EMBER_RMSNORM_BWD_CHUNKS=2
+     * (twice the threads a row, fewer registers, more warps an SM; to
+     * measure against the default 4), where a row fits 256 threads so */
+    const int knob = sizeof(TX) == 2 ? bwd_chunks_16bit() : 4;
+    if (knob < 0) return -1;
+    const int most = knob == 2 && chunks <= 512 ? 2 : 4;
     for (int t = 32; t <= 256 && !tpr; t *= 2)
-      if (chunks <= (int64_t)t * 4) tpr = t;
-    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 */
+      if (chunks <= (int64_t)t * most) tpr = t;
+    if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 (2 with most = 2) */
   }
   int dev = x->device.index;
   size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
@@ -511,6 +578,13 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
     else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
     else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
+    else if (sizeof(TX) == 2 && nv == 2 && tpr >= 64) {
+      if constexpr (sizeof(TX) == 2) {
+        if (tpr == 64) f(rg_launch<TX, TW, 64, 2>());
+        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2>());
+        else f(rg_launch<TX, TW, 256, 2>());
+      }
+    }
     else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
     else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
     else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
@@ -527,18 +601,28 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     blocks = N < cap ? N : cap;
   }
   if (blocks < 1) return 0;
-  /* gw: the blocks' partial rows, then (row-group kernel) the group sums and
-   * the zeroed counters of finish_dw */
-  int64_t ng = rg ? (blocks + DW_GROUP - 1) / DW_GROUP : 0;
+  /* gw: the blocks' partial rows; finish_dw's two counters from this
+   * stream's zeroed buffer (no memset), or a fresh one zeroed when that is
+   * not to be had */
+  int nred = 0;
   em_tensor *part = NULL, *cnt = NULL;
+  int *cp = nullptr;
   if (gw) {
-    int64_t shape[2] = {blocks + ng, D}, nc = ng + 1;
+    int64_t shape[2] = {blocks, D}, nc = 2, half = em_sm_count(dev) / 2;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
-    if (rg && (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
-               em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
-                             "cudaMemsetAsync"))) {
-      em_tensor_release(part); em_tensor_release(cnt);
-      return -1;
+    if (rg) {
+      const int64_t cchunks = D / (16 / (int64_t)sizeof(C));   /* finish_dw's 16-byte chunks of a row */
+      nred = (int)std::min<int64_t>({blocks, (int64_t)DW_RED_MAX, cchunks, std::max<int64_t>(half, 1)});
+      cp = em_stream_counters(dev, (void *)s, (int)nc);
+      if (!cp) {
+        if (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
+            em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
+                          "cudaMemsetAsync")) {
+          em_tensor_release(part); em_tensor_release(cnt);
+          return -1;
+        }
+        cp = (int *)em_data_ptr(cnt);
+      }
     }
     if (!rg && smem > 48 * 1024 &&
         em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -548,13 +632,11 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     }
   }
   C *pp = part ? (C *)em_data_ptr(part) : nullptr;
-  int *cp = cnt ? (int *)em_data_ptr(cnt) : nullptr;
   TW *gwp = gw ? (TW *)em_data_ptr(gw) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, pp ? pp + blocks * D : nullptr,
-                         gwp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp);
       }))
     rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");

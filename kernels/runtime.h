@@ -36,6 +36,16 @@ void em_mempool_close(em_mempool *p);
 
 /* ---- stream.cu: em_cuda_cur_stream_handle (backend.h) ---- */
 
+/* ---- counters.cu ---- */
+/* n <= EM_STREAM_COUNTERS ints, zero at the next launch on `stream` (a
+ * cudaStream_t) of `device`, for kernels that leave them zero when they end
+ * (block counters of last-block-done reductions); NULL when none can be had
+ * (then use a fresh buffer and a memset). Made once per stream. */
+#define EM_STREAM_COUNTERS 1024
+int *em_stream_counters(int device, void *stream, int n);
+/* The stream is being destroyed: free its counters (waits for its kernels). */
+void em_stream_counters_drop(int device, void *stream);
+
 /* ---- graph.cu ---- */
 /* Run fn(arg) now, or after the capture when this thread is capturing (host
  * frees and destroys that would break a capture: cudaFreeHost, graph frees). */

@@ -56,6 +56,7 @@ extern "C" em_stream *em_stream_new(int device) {
 static void destroy_stream(void *arg) {
   em_stream *s = (em_stream *)arg;
   EmDeviceGuard g(s->device);
+  em_stream_counters_drop(s->device, s->s);
   cudaStreamDestroy(s->s);   /* pending work still completes */
   cudaGetLastError();
   delete s;

@@ -68,6 +68,13 @@ describe("rmsnorm on CUDA", function()
     end
   end
 
+  -- more than 512 blocks (8192 rows of 64: 1024 blocks of 8 rows): more than
+  -- 64 group sums, so each level-2 warp of the weight gradient's tail adds
+  -- more than one batch of 8 group rows
+  it("f32: (8192, 64) with an f32 weight: the weight gradient's tail over 128 group sums", function()
+    check({8192, 64}, "f32", "f32", "f32 (8192, 64)")
+  end)
+
   it("bf16 activations with an f32 weight (f32 master weights)", function()
     check({45, 96}, "bf16", "f32", "bf16/f32")
   end)
@@ -78,7 +85,7 @@ describe("rmsnorm on CUDA", function()
   end)
 
   -- the blocks finish in a different order each run; the sums' order is fixed
-  for _, d in ipairs {160, 768, 1600} do
+  for _, d in ipairs {160, 768, 1600, 4096} do
     it(("dw is bit-identical across runs (2048 x %d: the partial rows of hundreds of blocks)"):format(d), function()
       local x, w = randn({2048, d}), randn({d})
       local g = randn({2048, d}):cuda()
@@ -93,6 +100,52 @@ describe("rmsnorm on CUDA", function()
       end
     end)
   end
+
+  -- The weight gradient's block counters live in one buffer per stream that
+  -- every launch leaves zeroed (kernels/counters.cu): launches of other grids
+  -- in between, a side stream and the replays of a captured graph must each
+  -- give the first call's bits. A counter left non-zero would make a later
+  -- launch skip or repeat part of its sum.
+  it("dw bits hold across grids, streams and graph replays (counters reused, not reset by a memset)", function()
+    local cuda = ember.cuda
+    local cases = {}
+    for _, s in ipairs {{2048, 768}, {37, 4096}, {3001, 1600}, {8192, 64}, {5, 160}} do
+      cases[#cases + 1] = {x = randn(s):cuda(), w = randn({s[2]}):cuda(), g = randn(s):cuda()}
+    end
+    local function dw(c)
+      local w = c.w:clone(); w.requires_grad = true
+      F.rmsnorm(c.x, w, 1e-5):backward(c.g)
+      return w.grad
+    end
+    local first = {}
+    for i, c in ipairs(cases) do first[i] = dw(c) end
+    for round = 1, 3 do
+      for i, c in ipairs(cases) do C.assert_same_bits(dw(c), first[i], ("dw, round %d, case %d"):format(round, i)) end
+    end
+    local side = cuda.Stream()
+    for round = 1, 2 do
+      local got = {}
+      cuda.stream(side, function() for i, c in ipairs(cases) do got[i] = dw(c) end end)
+      side:synchronize()
+      for i = 1, #cases do C.assert_same_bits(got[i], first[i], ("dw on a side stream, round %d, case %d"):format(round, i)) end
+    end
+    local ws = {}
+    for i, c in ipairs(cases) do ws[i] = c.w:clone(); ws[i].requires_grad = true end
+    local graph = cuda.graph(function()
+      for i, c in ipairs(cases) do
+        ws[i].grad = nil
+        F.rmsnorm(c.x, ws[i], 1e-5):backward(c.g)
+      end
+    end, {warmup = 0})
+    for rep = 1, 3 do
+      for i = 1, #cases do ws[i].grad:fill_(0 / 0) end     -- poisoned: each replay must write every element
+      graph:replay()
+      cuda.synchronize()
+      for i = 1, #cases do C.assert_same_bits(ws[i].grad, first[i], ("dw, graph replay %d, case %d"):format(rep, i)) end
+      for i, c in ipairs(cases) do C.assert_same_bits(dw(c), first[i], ("dw eager after replay %d, case %d"):format(rep, i)) end
+    end
+    graph:close()
+  end)
 
   -- On a residual stream, x's gradient sum is formed inside the rmsnorm
   -- backward (it adds into the gradient the residual branch delivered first):
