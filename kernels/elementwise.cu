@@ -9,7 +9,7 @@
  * copy bandwidth (~3 TB/s on an H100), so the only things that matter are
  * wide coalesced accesses and not re-reading anything.
  *
- * Launch shape: 256-thread blocks, grid-stride. Three paths:
+ * Launch shape: 256-thread blocks, grid-stride. Three general paths:
  *  - ew_contig: output and every tensor input share one float storage type
  *    and are unit-stride over the coalesced loop (the engine merges
  *    contiguous dims first, so any same-shape contiguous op is 1-D); inputs
@@ -25,6 +25,10 @@
  *  - ew_strided: any dtypes, any broadcast, any strides; four elements per
  *    thread per step with all loads issued first, 32-bit index arithmetic
  *    whenever the offsets fit.
+ * And two for bf16/f16 shapes that ran at 56-60% of an H100's bandwidth on
+ * the paths above: ew_select16 (where/masked_fill, contiguous, a bool
+ * condition; instead of ew_mixed) and ew_rows2d (a row broadcast down 2-D
+ * rows; instead of ew_rows). EMBER_EW_KERNELS=generic turns them off.
  * The one trick: the op code is a runtime switch, uniform across a launch,
  * placed outside the loop over a thread's 4-16 elements — so each case's
  * independent computations overlap, and one kernel per storage type serves

@@ -24,7 +24,10 @@
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
- *    workspace and a second kernel finishes them — deterministic, no atomics.
+ *    workspace, merged in a fixed order — deterministic — by the last block
+ *    of each column of the rows kernel (an atomic arrival count, no second
+ *    launch), or by a second kernel (reduce_finish: the column kernels, and
+ *    inside a graph capture).
  * The one trick: every reduction is one accumulator type (Acc) with
  * push/merge, and max/min order candidates by (NaN first, value, then lower
  * index), which is associative — so tree order, splits and vector loads
