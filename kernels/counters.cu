@@ -5,11 +5,13 @@
  * ints that must be zero at launch. A fresh buffer needs a cudaMemsetAsync
  * before every launch: one more node on the stream, ~1-2 µs of a 5-10 µs
  * kernel at the models' shapes. Instead each (device, stream) gets one
- * buffer, made and zeroed once on that stream (during a graph capture the
- * zeroing is one captured node of that graph), and every kernel that uses it
+ * buffer, made and zeroed once on that stream, and every kernel that uses it
  * leaves it zero when it ends. Launches on one stream run in order, so no two
- * kernels use a buffer at once; a graph's replays use its capture stream's
- * buffer and are ordered after each other by CUDA. The buffers are
+ * kernels use a buffer at once. None is handed out while this thread captures
+ * a graph: a replay may run beside eager work on the stream it was captured
+ * on, so a graph's kernels take a fresh zeroed buffer of their own (the
+ * caller's memset, one node of the graph). Users: rmsnorm's weight gradient
+ * and the split rows reductions (kernels/reduce.cu). The buffers are
  * cudaMalloc'ed outside the caching allocator (tiny, never counted as a
  * tensor) and freed when their stream is destroyed (em_stream_counters_drop,
  * from stream.cu: cudaFree waits for the stream's pending kernels). */
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <vector>
 #include "runtime.h"
+#include "ember/cuda.h"
 
 namespace {
 
@@ -33,7 +36,7 @@ constexpr size_t kMaxSlots = 256;
 }  // namespace
 
 extern "C" int *em_stream_counters(int device, void *stream, int n) {
-  if (n < 1 || n > EM_STREAM_COUNTERS) return nullptr;
+  if (n < 1 || n > EM_STREAM_COUNTERS || em_cuda_capturing()) return nullptr;
   std::lock_guard<std::mutex> lock(mu);
   for (const Slot &s : slots)
     if (s.device == device && s.stream == stream) return s.counters;

@@ -9,7 +9,7 @@
  * copy bandwidth (~3 TB/s on an H100), so the only things that matter are
  * wide coalesced accesses and not re-reading anything.
  *
- * Launch shape: 256-thread blocks, grid-stride. Three paths:
+ * Launch shape: 256-thread blocks, grid-stride. Three general paths:
  *  - ew_contig: output and every tensor input share one float storage type
  *    and are unit-stride over the coalesced loop (the engine merges
  *    contiguous dims first, so any same-shape contiguous op is 1-D); inputs
@@ -25,6 +25,10 @@
  *  - ew_strided: any dtypes, any broadcast, any strides; four elements per
  *    thread per step with all loads issued first, 32-bit index arithmetic
  *    whenever the offsets fit.
+ * And two for bf16/f16 shapes that ran at 56-60% of an H100's bandwidth on
+ * the paths above: ew_select16 (where/masked_fill, contiguous, a bool
+ * condition; instead of ew_mixed) and ew_rows2d (a row broadcast down 2-D
+ * rows; instead of ew_rows). EMBER_EW_KERNELS=generic turns them off.
  * The one trick: the op code is a runtime switch, uniform across a launch,
  * placed outside the loop over a thread's 4-16 elements — so each case's
  * independent computations overlap, and one kernel per storage type serves
@@ -32,6 +36,8 @@
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 namespace {
@@ -505,6 +511,127 @@ __global__ void __launch_bounds__(kThreads) ew_rows(EwArgs a) {
   }
 }
 
+/* ---------------- where / masked_fill in bf16/f16: 16 elements a thread step ----------------
+ * The mixed kernel above serves these with a runtime dtype switch per
+ * operand, and each operand's conversion sits in its branch right after its
+ * load, so a thread waits on one operand's loads before issuing the next
+ * (80 registers, 3 blocks an SM; 56-58% of 3350 GB/s on an H100 for where
+ * and masked_fill in bf16, against 80-83% in f32). Here the operand kinds are
+ * template arguments (AT/BT: a tensor, else a constant) and every load of a
+ * step is issued before the first use: the condition as one 16-byte vector
+ * (16 bools), each value operand as two, U = 2 steps in flight (v and
+ * v + grid). The select runs on the f32 values and rounds back as the mixed
+ * kernel does (cond != 0 ? a : b, then round-to-nearest): same bits, NaN
+ * payloads included. int32 offsets: n <= 2^30. */
+template <typename T, bool AT, bool BT>
+__global__ void __launch_bounds__(kThreads) ew_select16(EwArgs a) {
+  constexpr int U = 2;
+  const uint4 *cond = (const uint4 *)a.ptr[1];
+  const uint4 *pa = (const uint4 *)a.ptr[2], *pb = (const uint4 *)a.ptr[3];
+  const float ca = (float)a.cval[1], cb = (float)a.cval[2];
+  T *out = (T *)a.ptr[0];
+  const int n = (int)a.numel, nv = n / 16;
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (int v0 = tid; v0 < nv; v0 += U * step) {
+    uint4 m[U], wa[U][2], wb[U][2];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      if (u == 0 || v < nv) {
+        m[u] = cond[v];
+        if (AT) { wa[u][0] = pa[2 * v]; wa[u][1] = pa[2 * v + 1]; }
+        if (BT) { wb[u][0] = pb[2 * v]; wb[u][1] = pb[2 * v + 1]; }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      if (u > 0 && v >= nv) break;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        Packed128<T> p;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int i = 8 * h + e;   /* byte i of the condition vector */
+          const bool c = ((word_at(m[u], i >> 2) >> (8 * (i & 3))) & 0xFFu) != 0;
+          const float x = AT ? raw_elem<float, T>(wa[u][h], e) : ca;
+          const float y = BT ? raw_elem<float, T>(wb[u][h], e) : cb;
+          p[e] = from_compute<T, float>(c ? x : y);
+        }
+        store128(out + 16 * v + 8 * h, p);
+      }
+    }
+  }
+  const int i = nv * 16 + tid;   /* the last n % 16 elements, one per thread */
+  if (i < n) {
+    const bool c = ((const uint8_t *)a.ptr[1])[i] != 0;
+    const float x = AT ? to_compute<float, T>(((const T *)a.ptr[2])[i]) : ca;
+    const float y = BT ? to_compute<float, T>(((const T *)a.ptr[3])[i]) : cb;
+    out[i] = from_compute<T, float>(c ? x : y);
+  }
+}
+
+/* ---------------- broadcast along rows, 2-D, no index division in the loop ----------------
+ * x + bias in bf16/f16 over a (rows, cols) plan: every tensor operand
+ * unit-stride along cols with any 16-byte-multiple row stride (0: a row
+ * broadcast down the rows), constants allowed. ew_rows above finds each
+ * vector's row by a division per vector and branches per operand on its
+ * kind (a per-row value or a row) between loads (60% in bf16 on an H100,
+ * f32 80%). Here thread g owns column vector g % cv for good (one division a
+ * thread) and walks rows g / cv, + rstep, ...: the host makes the grid's
+ * thread count a multiple of cv, so rstep = threads / cv rows. U = 2 rows in
+ * flight, every load of a step issued before the first use. int32 offsets
+ * (the host's idx32 check). */
+template <typename T, int NIN>
+__global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rstep) {
+  constexpr int V = 16 / (int)sizeof(T), U = 2, W = U * V;
+  const Kern<float> k(a);
+  const int rows = (int)a.shape[0];
+  const int g = blockIdx.x * kThreads + threadIdx.x;
+  const int c = (g % cv) * V;
+  float cst[3];
+  const T *src[3];
+  int rs[4];
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    cst[j] = a.mode[j] == IN_CONST ? (float)a.cval[j] : 0.f;
+    src[j] = (const T *)a.ptr[j + 1] + c;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) rs[q] = (int)a.stride[q][0];
+  T *out = (T *)a.ptr[0] + c;
+  for (int r0 = g / cv; r0 < rows; r0 += U * rstep) {
+    uint4 w[NIN][U];
+#pragma unroll
+    for (int j = 0; j < NIN; j++)
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int r = r0 + u * rstep;
+        w[j][u] = make_uint4(0, 0, 0, 0);
+        if (a.mode[j] == IN_PTR && (u == 0 || r < rows)) w[j][u] = *(const uint4 *)(src[j] + r * rs[j + 1]);
+      }
+    float x[NIN][W], o[W];
+#pragma unroll
+    for (int j = 0; j < NIN; j++) {
+      const bool ptr = a.mode[j] == IN_PTR;
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int e = 0; e < V; e++) x[j][u * V + e] = ptr ? raw_elem<float, T>(w[j][u], e) : cst[j];
+    }
+    k.apply(o, x[0], x[NIN > 1 ? 1 : 0], x[NIN > 2 ? 2 : 0]);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int r = r0 + u * rstep;
+      if (u > 0 && r >= rows) break;
+      Packed128<T> p;
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = from_compute<T, float>(o[u * V + e]);
+      store128(out + r * rs[0], p);
+    }
+  }
+}
+
 /* ---------------- general path: any dtypes, broadcast, strides ----------------
  * Four elements per thread per step (indices i, i + step, ... so each of the
  * four is coalesced across the warp): all loads are issued before the first
@@ -636,6 +763,88 @@ bool rows_eligible(const EwArgs &a, const em_ew_plan *p) {
   return true;
 }
 
+/* EMBER_EW_KERNELS (read once): "fast" (default) or "generic", which turns
+ * off ew_select16 and ew_rows2d so one process can time both sides of them
+ * (bench_ops.lua); 0, 1 or -1 with the error set. */
+int ew_generic_only(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_EW_KERNELS");
+    if (!env || !*env || strcmp(env, "fast") == 0) mode = 0;
+    else if (strcmp(env, "generic") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_EW_KERNELS to be fast or generic, got '%s'", op, env);
+  }
+  return mode;
+}
+
+bool half16(int dt) { return dt == EM_BF16 || dt == EM_F16; }
+
+/* ew_select16's plan: where/masked_fill into bf16/f16, 1-D, every operand
+ * unit-stride and 16-byte aligned, a bool condition first, each value a
+ * tensor of the output's dtype or a constant. */
+bool select16_eligible(const EwArgs &a, const em_ew_kern *k, const em_ew_plan *p) {
+  if (k->kind != EM_EW_WHERE || a.nin != 3 || !half16(a.dtype[0]) || p->ndim != 1 || a.numel > ((int64_t)1 << 30))
+    return false;
+  const bool one = a.numel == 1;
+  if (!aligned16(a.ptr[0]) || !(one || p->stride[0][0] == 1)) return false;
+  if (a.mode[0] != IN_PTR || a.dtype[1] != EM_BOOL) return false;
+  for (int j = 0; j < 3; j++) {
+    if (a.mode[j] != IN_PTR) continue;
+    if (j > 0 && a.dtype[j + 1] != a.dtype[0]) return false;
+    if (!aligned16(a.ptr[j + 1]) || !(one || p->stride[j + 1][0] == 1)) return false;
+  }
+  return true;
+}
+
+int launch_select16(const EwArgs &a, cudaStream_t s) {
+  const int64_t units = (a.numel / 16 + 1) / 2;   /* U = 2 vectors a thread */
+  const unsigned g = grid_for(units > 0 ? units : 1);
+  const bool at = a.mode[1] == IN_PTR, bt = a.mode[2] == IN_PTR;
+#define EM_SEL(T)                                                         \
+  do {                                                                    \
+    if (at && bt) ew_select16<T, true, true><<<g, kThreads, 0, s>>>(a);   \
+    else if (at) ew_select16<T, true, false><<<g, kThreads, 0, s>>>(a);   \
+    else if (bt) ew_select16<T, false, true><<<g, kThreads, 0, s>>>(a);   \
+    else ew_select16<T, false, false><<<g, kThreads, 0, s>>>(a);          \
+  } while (0)
+  if (a.dtype[0] == EM_BF16) EM_SEL(__nv_bfloat16);
+  else EM_SEL(__half);
+#undef EM_SEL
+  return 0;
+}
+
+/* ew_rows2d's launch, or false when the plan is not its (2-D, bf16/f16, every
+ * tensor unit-stride along cols: no per-row values) or its grid would idle
+ * more than half its threads. rows_eligible already holds. */
+bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_t s) {
+  if (p->ndim != 2 || !idx32 || !half16(a.dtype[0])) return false;
+  for (int j = 0; j < a.nin; j++)
+    if (a.mode[j] == IN_PTR && p->stride[j + 1][1] != 1) return false;
+  const int64_t rows = p->shape[0], cv = p->shape[1] / 8;   /* 8 elements a vector */
+  if (rows < 1 || cv < 1) return false;
+  /* threads: a multiple of lcm(cv, kThreads) covering cv x ceil(rows / 2) */
+  int64_t gcd = cv, b = kThreads;
+  while (b) { const int64_t t = gcd % b; gcd = b; b = t; }
+  const int64_t lcm = cv / gcd * kThreads, want = cv * ((rows + 1) / 2);
+  int64_t threads = (want + lcm - 1) / lcm * lcm;
+  if (threads > 2 * want) return false;
+  const int64_t cap = 65535LL * 32 * kThreads / lcm * lcm;   /* em_grid's block cap, whole lcms */
+  if (threads > cap) threads = cap;
+  if (threads < lcm) return false;
+  const unsigned g = (unsigned)(threads / kThreads);
+  const int rstep = (int)(threads / cv);
+#define EM_R2(T)                                                                             \
+  do {                                                                                       \
+    if (a.nin == 1) ew_rows2d<T, 1><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);               \
+    else if (a.nin == 2) ew_rows2d<T, 2><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);          \
+    else ew_rows2d<T, 3><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);                          \
+  } while (0)
+  if (a.dtype[0] == EM_BF16) EM_R2(__nv_bfloat16);
+  else EM_R2(__half);
+#undef EM_R2
+  return true;
+}
+
 }  // namespace
 
 extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tensor *out, int nin,
@@ -694,6 +903,15 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
   }
   for (int j = 0; j < 3; j++) if (a.mode[j] == IN_SCALAR) a.mode[j] = IN_PTR;   /* (fast == false) */
 
+  const int generic = ew_generic_only(op);
+  if (generic < 0) return -1;
+
+  /* where / masked_fill in bf16/f16, contiguous: all loads of a step in flight */
+  if (!generic && select16_eligible(a, k, p)) {
+    launch_select16(a, s);
+    return em_launch_check(op);
+  }
+
   /* mixed f32/bf16/f16 storage, every operand unit-stride and 16-byte aligned */
   bool mixed = k->cls == EM_EW_F32 && p->ndim == 1 && half_or_f32(a.dtype[0]) && p->stride[0][0] == 1 &&
                aligned16(a.ptr[0]);
@@ -720,6 +938,7 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
 
   /* rows path: one float storage type, broadcast only across rows */
   if (em_dtype_is_float(T) && class_of(T) == k->cls && rows_eligible(a, p)) {
+    if (!generic && launch_rows2d(a, p, idx32, s)) return em_launch_check(op);
     switch (T) {
       case EM_F32: launch_rows<float>(a, idx32, s); break;
       case EM_BF16: launch_rows<__nv_bfloat16>(a, idx32, s); break;

@@ -24,7 +24,10 @@
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
- *    workspace and a second kernel finishes them — deterministic, no atomics.
+ *    workspace, merged in a fixed order — deterministic — by the last block
+ *    of each column of the rows kernel (an atomic arrival count, no second
+ *    launch), or by a second kernel (reduce_finish: the column kernels, and
+ *    inside a graph capture).
  * The one trick: every reduction is one accumulator type (Acc) with
  * push/merge, and max/min order candidates by (NaN first, value, then lower
  * index), which is associative — so tree order, splits and vector loads
@@ -34,6 +37,7 @@
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include "runtime.h"
 #include <type_traits>
 
 namespace {
@@ -71,6 +75,8 @@ struct RedArgs {
   int out_dtype;
   int64_t *out_idx;         /* final indices (max/min; may be NULL) */
   void *part;               /* partial values [n_out * splits] (splits > 1) */
+  int *cnt;                 /* splits > 1: per-blockIdx.x arrival counts, zero at launch and left zero
+                               (the last block merges, no second launch); NULL: reduce_finish merges */
   int64_t *part_idx;
   double scale;             /* sum: divisor; var: degrees of freedom */
 };
@@ -241,6 +247,71 @@ __device__ __forceinline__ int64_t red_offset(const RedArgs &a, int64_t r) {
   return off;
 }
 
+/* Merge the splits' partials of output o, then finalize: TPO threads per
+ * output (a warp, or the block when there are few outputs and many splits,
+ * as for a sum over everything), four partial loads in flight per thread,
+ * read at L2 (__ldcg: other SMs wrote them). The merge order depends on
+ * splits and TPO only: deterministic, and the same whether reduce_finish or
+ * the last block of a split kernel runs it. TPO == kBlock: a 1-D block,
+ * every thread calls it. */
+template <typename C, int OP, int TPO>
+__device__ __forceinline__ void merge_one(const RedArgs &a, int64_t o, int lane, bool live) {
+  Acc<C, OP> acc;
+  acc.init();
+  if (live) {
+    for (int s = lane; s < a.splits; s += 4 * TPO) {
+      C v[4];
+      int64_t ix[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int64_t at = o * a.splits + s + u * TPO;
+        if (s + u * TPO < a.splits) {
+          v[u] = __ldcg((const C *)a.part + at);
+          ix[u] = Acc<C, OP>::ext ? __ldcg((const long long *)a.part_idx + at) : 0;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (s + u * TPO < a.splits) acc.merge(v[u], ix[u]);
+    }
+  }
+  if constexpr (TPO == 32) acc.warp_merge();
+  else acc.block_merge();
+  if (live && lane == 0) finalize<C, OP>(a, o, acc.v, acc.i);
+}
+
+/* Whether reduce_finish would take a block per output (and the last block
+ * of a split kernel likewise). */
+__host__ __device__ __forceinline__ bool finish_by_block(int64_t splits, int64_t n_out) {
+  return splits > 64 && n_out < 256;
+}
+
+/* The end of a split kernel (a.cnt set): after its partials of outputs
+ * [o0, o1) are written, the block counts itself in; the last of the column's
+ * gridDim.y blocks merges them (merge_one, as reduce_finish would: same
+ * bits) and zeroes the count for the next launch on this stream. Every
+ * thread of the block calls it. tid: the linear thread index. Saves the
+ * finishing launch: its launch gap and its ramp, ~2-3 µs an H100 call. */
+template <typename C, int OP>
+__device__ void split_done(const RedArgs &a, int64_t o0, int64_t o1, int tid) {
+  __shared__ int last;
+  __threadfence();                                   /* this block's partials, visible before its count */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (finish_by_block(a.splits, a.n_out)) {
+    for (int64_t o = o0; o < o1; o++) {
+      merge_one<C, OP, kBlock>(a, o, tid, true);
+      __syncthreads();                               /* block_merge's shared slots, reused */
+    }
+  } else {
+    for (int64_t o = o0 + tid / 32; o < o1; o += kBlock / 32) merge_one<C, OP, 32>(a, o, tid % 32, true);
+  }
+  if (tid == 0) a.cnt[blockIdx.x] = 0;
+}
+
 /* rows: TPO threads per output (32: a warp, kBlock: the block). T: the
  * storage type for Packed128 loads (aligned unit-stride rows), or void for
  * the generic strided load of any dtype. */
@@ -295,6 +366,10 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
   if constexpr (TPO == 32) acc.warp_merge();
   else acc.block_merge();
   if (live && lane == 0) emit<C, OP>(a, o, acc);
+  if (a.cnt) {
+    const int64_t o0 = (int64_t)blockIdx.x * per;
+    split_done<C, OP>(a, o0, o0 + per < a.n_out ? o0 + per : a.n_out, threadIdx.x);
+  }
 }
 
 /* cols: blockDim (32, 8); output o = outer * K + k with k contiguous. */
@@ -389,36 +464,19 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
-/* Merge the splits' partials of each output, then finalize: TPO threads per
- * output (a warp, or the block when there are few outputs and many splits,
- * as for a sum over everything), four partial loads in flight per thread.
- * The merge order depends on splits and TPO only: deterministic. */
 template <typename C, int OP, int TPO>
 __global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
   constexpr int per = kBlock / TPO;
   const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
-  const int lane = threadIdx.x % TPO;
-  const bool live = o < a.n_out;
-  Acc<C, OP> acc;
-  acc.init();
-  if (live) {
-    for (int s = lane; s < a.splits; s += 4 * TPO) {
-      C v[4];
-      int64_t ix[4];
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        const int64_t at = o * a.splits + s + u * TPO;
-        if (s + u * TPO < a.splits) { v[u] = ((const C *)a.part)[at]; ix[u] = Acc<C, OP>::ext ? a.part_idx[at] : 0; }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; u++)
-        if (s + u * TPO < a.splits) acc.merge(v[u], ix[u]);
-    }
-  }
-  if constexpr (TPO == 32) acc.warp_merge();
-  else acc.block_merge();
-  if (live && lane == 0) finalize<C, OP>(a, o, acc.v, acc.i);
+  merge_one<C, OP, TPO>(a, o, threadIdx.x % TPO, o < a.n_out);
 }
+
+/* The arrival counts of split kernels launched on stream s of device dev:
+ * the stream's zeroed counters (counters.cu; left zero by every kernel that
+ * uses them, split_done), NULL while capturing or when none can be had (the
+ * caller then launches reduce_finish). */
+constexpr int kMaxCounts = EM_STREAM_COUNTERS;
+int *split_counts(int dev, cudaStream_t s) { return em_stream_counters(dev, (void *)s, kMaxCounts); }
 
 template <typename C> em_dtype dtype_of() {
   return std::is_same<C, double>::value ? EM_F64 : std::is_same<C, float>::value ? EM_F32 : EM_I64;
@@ -509,6 +567,10 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     em_tensor_release(part); em_tensor_release(part_idx);
     return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
   }
+  /* rows kernels: the last block of each blockIdx.x merges the partials (no
+   * second launch) where counts exist. The column kernels keep reduce_finish:
+   * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
+  if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cols && cvec) {
     if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
@@ -541,7 +603,7 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
 #undef EM_ROWS
   }
   int rc = em_launch_check(name);
-  if (rc == 0 && splits > 1) {
+  if (rc == 0 && splits > 1 && !r.cnt) {
     if (splits > 64 && p->n_out < 256)   /* few outputs, many partials: a block each */
       reduce_finish<C, OP, kBlock><<<(unsigned)p->n_out, kBlock, 0, s>>>(r);
     else

@@ -44,6 +44,7 @@ local S = dofile(here .. "lib/study.lua")
 local parser = argparse("bench_ops.lua", "Time every op of the op registry (perf mode) on one device.")
 parser:option("--device", "cpu or cuda.", "cpu")
 parser:option("--op", "Only these ops (comma list of registry op names, e.g. add,softmax).")
+parser:option("--match", "Only entries whose name contains this text (plain, e.g. \"(8192,8192)\").")
 parser:option("--dtype", "Only these dtypes (comma list; default: each entry's, f32 only on the CPU).")
 parser:option("--reps", "Timed reps per measurement (the median is reported).", "20"):convert(math.tointeger)
 parser:option("--warmup", "Untimed calls first.", "3"):convert(math.tointeger)
@@ -109,7 +110,7 @@ end
 local todo = {}
 for _, p in ipairs(cases.perf) do
   local dev_ok = not p.device or (p.device == "cuda") == on_cuda
-  if dev_ok and (not want_ops or want_ops[p.op]) then
+  if dev_ok and (not want_ops or want_ops[p.op]) and (not args.match or p.name:find(args.match, 1, true)) then
     local dtypes = p.dtypes or {"f32", "bf16"}
     for _, dt in ipairs(dtypes) do
       local keep = want_dtypes and want_dtypes[dt] or (not want_dtypes and (on_cuda or dt == "f32" or p.dtypes))

@@ -258,6 +258,85 @@ describe("the vector paths' edges on CUDA", function()
   end)
 end)
 
+describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)", function()
+  -- Equal bits to the CPU: a select and a correctly rounded + - * are exact in
+  -- f32 and round once, on both devices. Signed zeros and infinities go
+  -- through too; 1/x tells -0 from +0 (assert_equal alone would not).
+  local function same(what, got, ref)
+    cmp.assert_equal(got:cpu(), ref, what)
+    cmp.assert_equal(got:cpu():to("f32"):reciprocal(), ref:to("f32"):reciprocal(), what .. " (1/x: signed zeros)")
+  end
+  -- smooth values with -0, +0, +-inf and a subnormal-sized value mixed in
+  local function edgy(dt, n)
+    local x, picks = (ember.randn({n}, {dtype = "f64"}) * 3):tolist(), {-0.0, 0.0, math.huge, -math.huge, 1e-30}
+    for i = 1, n, 7 do x[i] = picks[(i // 7) % #picks + 1] end
+    return ember.tensor(x, {dtype = "f64"}):to(dt)
+  end
+
+  it("where and masked_fill agree bit for bit with the CPU at awkward sizes, both branch kinds", function()
+    ember.manual_seed(21)
+    -- 16 conditions a vector, two vectors a thread: sizes below one vector,
+    -- an odd vector count, a grid's worth plus a tail, and a large one
+    for _, n in ipairs({1, 15, 16, 17, 33, 48 + 5, 4096 * 3 + 11, 1048576 + 16 * 7 + 3}) do
+      local c = ember.rand({n}):lt(0.5)
+      for _, dt in ipairs({"bf16", "f16"}) do
+        local a, b = edgy(dt, n), edgy(dt, n)
+        local gc, ga, gb = c:to("cuda"), a:to("cuda"), b:to("cuda")
+        local tag = (" n=%d %s"):format(n, dt)
+        same("where" .. tag, ember.where(gc, ga, gb), ember.where(c, a, b))
+        same("where, a number first" .. tag, ember.where(gc, 0.1, gb), ember.where(c, 0.1, b))
+        same("where, a number second" .. tag, ember.where(gc, ga, -0.0), ember.where(c, a, -0.0))
+        same("masked_fill 0.1" .. tag, ga:masked_fill(gc, 0.1), a:masked_fill(c, 0.1))
+        same("masked_fill -inf" .. tag, ga:masked_fill(gc, -math.huge), a:masked_fill(c, -math.huge))
+        local ip = ga:clone(); ip:masked_fill_(gc, 3)
+        local ic = a:clone(); ic:masked_fill_(c, 3)
+        same("masked_fill_" .. tag, ip, ic)
+      end
+    end
+  end)
+
+  it("where's backward (one branch a zero) agrees with the CPU in bf16", function()
+    ember.manual_seed(22)
+    local n = 4096 + 40
+    local c, g = ember.rand({n}):lt(0.5), ember.randn({n}):to("bf16")
+    local function grads(device)
+      local x = ember.randn({n}, {dtype = "f64"}):to("bf16"):to(device)
+      local y = x:clone()
+      x.requires_grad, y.requires_grad = true, true
+      ember.where(c:to(device), x, y):backward(g:to(device))
+      return x.grad, y.grad
+    end
+    ember.manual_seed(23); local gx, gy = grads("cuda")
+    ember.manual_seed(23); local rx, ry = grads("cpu")
+    same("where grad of a", gx, rx)
+    same("where grad of b", gy, ry)
+  end)
+
+  it("row-broadcast ops agree bit for bit with the CPU over row counts, widths and views", function()
+    ember.manual_seed(24)
+    -- widths: one 8-element vector a row, 9 (a thread count that is no
+    -- multiple of the row), 96 (the small model's 768), 512 (4096); rows
+    -- that leave a thread's second row past the end
+    for _, shape in ipairs({{1, 8}, {5, 8}, {257, 72}, {1031, 72}, {3, 768}, {2049, 768}, {129, 4096}}) do
+      local rows, cols = shape[1], shape[2]
+      for _, dt in ipairs({"bf16", "f16"}) do
+        local x, bias = edgy(dt, rows * cols):reshape({rows, cols}), edgy(dt, cols)
+        local gx, gb = x:to("cuda"), bias:to("cuda")
+        local tag = (" (%d,%d) %s"):format(rows, cols, dt)
+        same("x + bias" .. tag, gx + gb, x + bias)
+        same("bias - x" .. tag, gb - gx, bias - x)
+        same("x * bias" .. tag, gx * gb, x * bias)
+        same("x + bias, in place" .. tag, gx:clone():add_(gb), x:clone():add_(bias))
+        if cols > 8 then   -- a narrowed view (row stride cols, 8 columns in) and a number
+          same("narrowed view * 2" .. tag, gx:narrow(1, 8, cols - 8) * 2, x:narrow(1, 8, cols - 8) * 2)
+          same("narrowed view + narrowed bias" .. tag, gx:narrow(1, 8, cols - 8) + gb:narrow(0, 0, cols - 8),
+            x:narrow(1, 8, cols - 8) + bias:narrow(0, 0, cols - 8))
+        end
+      end
+    end
+  end)
+end)
+
 describe("triu / tril on CUDA", function()
   it("keeps the triangle for several diagonals, batches, dtypes and a transposed input", function()
     ember.manual_seed(14)

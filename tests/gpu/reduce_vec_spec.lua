@@ -120,6 +120,45 @@ describe("reductions' vector paths on CUDA: alignment, dims of 1, empty", functi
     end
   end)
 
+  -- split rows reductions: eagerly the last block of each column merges the
+  -- partials (per-stream arrival counts, left zero for the next launch);
+  -- inside a graph capture reduce_finish does, in the same order: the same
+  -- bits either way, on any stream, run after run
+  it("merges split partials in the kernel with reduce_finish's bits, on two streams and in a graph", function()
+    ember.manual_seed(27)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local a = randn({2, 3000000}, dt):to("cuda")        -- two rows of 256 splits: the last block merges by block
+      local b = randn({2048, 9000}, dt):to("cuda")        -- a warp a row, 256 blocks of 8 rows x 2 splits
+      local c = tied({5000000}, dt):to("cuda")            -- argmax over all: values and indices merged
+      local function all()
+        return a:sum(), a:sum(-1), a:amax(-1), b:sum(-1), c:max(0)
+      end
+      local ref = table.pack(all())
+      local g, gs = nil, nil
+      do
+        local r = table.pack(ember.cuda.graph(function() return all() end))
+        g = r[1]
+        gs = {table.unpack(r, 2, r.n)}
+      end
+      g:replay()
+      local s2 = ember.cuda.Stream()
+      s2:wait_stream(ember.cuda.current_stream())   -- the inputs; then beside the replay
+      local other = table.pack(ember.cuda.stream(s2, all))
+      ember.cuda.current_stream():wait_stream(s2)
+      local again = table.pack(all())
+      for i = 1, ref.n do
+        local what = ("%s result %d"):format(dt, i)
+        cmp.assert_equal(gs[i]:cpu(), ref[i]:cpu(), what .. ": graph (reduce_finish) vs eager (last block)")
+        cmp.assert_equal(other[i]:cpu(), ref[i]:cpu(), what .. ": a second stream")
+        cmp.assert_equal(again[i]:cpu(), ref[i]:cpu(), what .. ": run again (the counts were left zero)")
+      end
+      -- and the values against the CPU
+      agree("sum over 3e6 " .. dt, function(x) return x:sum(-1) end, a:cpu())
+      agree("argmax over all tied " .. dt, function(x) return x:max(0) end, c:cpu(), true)
+      g:close()
+    end
+  end)
+
   it("gives the same float sum on every run (a fixed partition)", function()
     ember.manual_seed(26)
     for _, dt in ipairs({"f32", "bf16"}) do

@@ -18,6 +18,15 @@ describe("scripts/bench_ops.lua", function()
     assert.truthy(out:find("to%s+f32%s+cast bf16 %-> f32"))
   end)
 
+  it("--match keeps the entries whose name contains the text, as plain text", function()
+    local out, err, status = H.ember({"run", SCRIPT, "--list", "--match", "last dim (4096"})
+    assert.are.equal(0, status, err)
+    assert.truthy(out:find("sum%s+f32%s+sum over the last dim %(4096,4096%)"))
+    assert.truthy(out:find("logsumexp%s+f32%s+logsumexp over the last dim %(4096,4096%)"))
+    assert.is_nil(out:find("sum over all"), "not a match")
+    assert.is_nil(out:find("(2048,8192)", 1, true), "softmax's last dim is (2048,8192)")
+  end)
+
   it("times an op: the header, a table row, DIR/ops.jsonl and DIR/ops.md", function()
     local dir = H.tmpdir()
     local out, err, status = H.ember({"run", SCRIPT, "--op", "transpose,view", "--reps", "2", "--warmup", "0",
