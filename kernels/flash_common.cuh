@@ -40,19 +40,24 @@ namespace flash {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-#if defined(__CUDA_ARCH__)
 /* 2^x on the MUFU alone, results below 2^-126 flushed to zero; -inf gives 0
  * (what masked keys need). exp2f adds a compare and two multiplies around the
  * same MUFU.EX2 to keep subnormal results: three more instructions per element
  * in the backward's issue-bound loops (docs/flash.md "Step 4b"), for
  * probabilities that contribute nothing measurable. Every backward kernel (mma,
- * wg, wg2) uses it, so they keep giving one another's bits. */
+ * wg, wg2) uses it, so they keep giving one another's bits. Declared for the
+ * host pass too: nvcc checks the bodies of __device__ functions there
+ * (flash_fwd_wg2.cu's softmax did not compile without it); only the device
+ * pass's body ever runs. */
 __device__ __forceinline__ float ex2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
+#else
+  return exp2f(x);
 #endif
+}
 
 struct Params {          // strides in elements; the last dim is contiguous
   const void *q, *k, *v, *o, *dout;
