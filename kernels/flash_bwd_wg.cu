@@ -273,6 +273,8 @@ int bwd_mode_of(const char *s) {
   if (strcmp(s, "mma") == 0) return 1;
   if (strcmp(s, "wg") == 0) return 2;
   if (strcmp(s, "wg2") == 0) return 3;   // flash_bwd_wg2.cu
+  if (strcmp(s, "fused") == 0) return 4;      // flash_bwd_fused.cu, dq's adds in a fixed order
+  if (strcmp(s, "fused_nd") == 0) return 5;   // the same, dq's adds in arrival order
   return -1;
 }
 
@@ -284,7 +286,9 @@ int bwd_kernel_mode() {
   if (g_bwd_mode < 0) {
     const char *env = getenv("EMBER_FLASH_BWD");
     int m = bwd_mode_of(env);
-    if (m < 0) return em_error("flash_attention: expected EMBER_FLASH_BWD to be auto, mma, wg or wg2, got '%s'", env);
+    if (m < 0)
+      return em_error("flash_attention: expected EMBER_FLASH_BWD to be auto, mma, wg, wg2, fused or fused_nd, got '%s'",
+                      env);
     g_bwd_mode = m;
   }
   return g_bwd_mode;
@@ -295,7 +299,8 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   if (mode < 0) return -1;
   if (mode == 1 || (mode == 0 && !kAutoWg)) return kBwdNotTaken;
   const bool forced = mode >= 2;
-  const char *name = mode == 3 ? "wg2" : "wg";   // the setting the errors name
+  static const char *const names[] = {"auto", "mma", "wg", "wg2", "fused", "fused_nd"};
+  const char *name = mode >= 2 ? names[mode] : "wg";   // the setting the errors name
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=%s) expect bf16 or f16, "
                                 "got %s", name, em_dtype_name(dt));
@@ -326,13 +331,14 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kBwdNotTaken;
   }
   if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, d, s);
+  if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, d, mode == 4, device, s);
   if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
   return d == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);
 }
 
 }  // namespace flash
 
-/* EMBER_FLASH_BWD's setting (0 auto, 1 mma, 2 wg, 3 wg2); mode >= 0 sets it first. */
+/* EMBER_FLASH_BWD's setting (0 auto, 1 mma, 2 wg, 3 wg2, 4 fused, 5 fused_nd); mode >= 0 sets it first. */
 extern "C" int em_flash_bwd_kernel(int mode) {
   int prev = bwd_kernel_mode();
   if (prev < 0) return -1;

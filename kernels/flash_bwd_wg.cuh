@@ -1,5 +1,5 @@
 /* Shared by the wgmma flash backwards (flash_bwd_wg.cu: EMBER_FLASH_BWD=wg;
- * flash_bwd_wg2.cu: wg2): the block shape, the shared-memory layout, the
+ * flash_bwd_wg2.cu: wg2; flash_bwd_fused.cu: fused, fused_nd): the block shape, the shared-memory layout, the
  * wgmma issue helpers, the accumulator store and the TMA maps. Anonymous
  * namespace: each kernel file gets its own copy, as when they lived in
  * flash_bwd_wg.cu. */
@@ -17,6 +17,7 @@ constexpr int THREADS = 384;   // producer + 2 consumers
 constexpr int NCONS = 256;     // consumer threads: the empty mbarriers' count
 constexpr int RES = 128;       // rows of a resident tile: keys (dk/dv) or queries (dq) per block
 constexpr int STR = 64;        // rows of a streamed tile: queries (dk/dv) or keys (dq)
+constexpr int PAIR = 256;      // a named barrier's count (wg2, fused): the consumer syncing on it and the one arriving
 
 /* Shared memory of both kernels: resident tiles A and B (RES rows each), a
  * ring of STAGES stages of two streamed tiles (STR rows each), then per
@@ -33,6 +34,54 @@ template <int D, int STAGES> struct Layout {
 template <int D> constexpr int kStages = D == 128 ? 3 : 4;
 
 #if defined(__CUDA_ARCH__)
+/* Named barriers 1 and 2, the consumers' ping-pong in wg2 and fused (0 is
+ * __syncthreads; wg2 uses no others, fused also 3 and 4): immediate ids, so
+ * ptxas reserves only these. */
+__device__ __forceinline__ void named_sync(int id) {
+  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.sync 2, %0;\n" ::"n"(PAIR) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(PAIR) : "memory");
+  else asm volatile("bar.arrive 2, %0;\n" ::"n"(PAIR) : "memory");
+}
+
+/* Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e), causal-masked: flash_bwd_wg.cu's
+ * formula (the same bits); wg2's and fused's dk/dv. The mask's compares and
+ * selects are compiled only into the diagonal tiles' copy of the loop: as
+ * selects on every tile they were a tenth of the issue slots of this
+ * issue-bound loop (docs/flash.md "Step 4b"). */
+template <bool MASK>
+__device__ __forceinline__ void dkdv_p_(float (&st)[STR / 2], const float *sl, const Params &p, int e0, int t) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    const int c = 8 * (i >> 2) + 2 * t;
+    const float2 l = *reinterpret_cast<const float2 *>(sl + c);
+    float p0 = ex2_ftz(st[i] * p.scale_log2 - l.x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l.y);
+    if (MASK) {
+      const int e = (i & 2) ? e0 + 8 : e0;
+      if (e > 8 * (i >> 2)) p0 = 0.f;
+      if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+    }
+    st[i] = p0;
+    st[i + 1] = p1;
+  }
+}
+__device__ __forceinline__ void dkdv_p(float (&st)[STR / 2], const float *sl, const Params &p, bool diag, int e0,
+                                       int t) {
+  if (diag) dkdv_p_<true>(st, sl, p, e0, t);
+  else dkdv_p_<false>(st, sl, p, e0, t);
+}
+/* dSᵀ = Pᵀ ∘ (dPᵀ − Δ), into dp. */
+__device__ __forceinline__ void dkdv_ds(float (&dp)[STR / 2], const float (&st)[STR / 2], const float *sd, int t) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    const float2 dl = *reinterpret_cast<const float2 *>(sd + 8 * (i >> 2) + 2 * t);
+    dp[i] = st[i] * (dp[i] - dl.x);
+    dp[i + 1] = st[i + 1] * (dp[i + 1] - dl.y);
+  }
+}
+
 /* Sᵀ-like products: acc (64 x 64) = A (64 rows at a, K-major, RES-row
  * chunks) times Bᵀ (64 rows at bt, K-major, STR-row chunks) over D, one
  * commit group. */
@@ -183,5 +232,9 @@ struct Maps {
  * ping-pong and intra-consumer overlap, on maps bwd_wg_dispatch made; dt
  * bf16 or f16, d 64 or 128 (checked by the caller). 0 or -1 with the error set. */
 int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, cudaStream_t s);
+/* EMBER_FLASH_BWD=fused (det) or fused_nd (flash_bwd_fused.cu): one kernel for
+ * dk, dv and dq (dq through an f32 buffer it allocates on s), then dq's
+ * conversion; same arguments and checks as bwd_wg2_launch. */
+int bwd_fused_launch(const Params &p, const Maps &m, em_dtype dt, int d, bool det, int device, cudaStream_t s);
 
 }  // namespace flash

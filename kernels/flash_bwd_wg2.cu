@@ -35,51 +35,13 @@ using namespace flash;
 
 namespace {
 
-constexpr int PAIR = 256;   // a named barrier's count: the consumer syncing on it and the one arriving
-
 /* dk/dv at D 128 cannot hold the next tile's Sᵀ/dPᵀ beside the packed Pᵀ/dSᵀ. */
 template <int D> constexpr bool kDkdvPipe = D == 64;
 
 #if defined(__CUDA_ARCH__)
-/* Named barriers 1 and 2 (0 is __syncthreads; the kernels use no others):
- * immediate ids, so ptxas reserves only these. */
-__device__ __forceinline__ void named_sync(int id) {
-  if (id == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(PAIR) : "memory");
-  else asm volatile("bar.sync 2, %0;\n" ::"n"(PAIR) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id) {
-  if (id == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(PAIR) : "memory");
-  else asm volatile("bar.arrive 2, %0;\n" ::"n"(PAIR) : "memory");
-}
-
-/* Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e), causal-masked: flash_bwd_wg.cu's
- * formula (the same bits). The mask's compares and selects are compiled only
- * into the diagonal tiles' copy of the loop: as selects on every tile they were
- * a tenth of the issue slots of this issue-bound loop (docs/flash.md "Step 4b"). */
-template <bool MASK>
-__device__ __forceinline__ void dkdv_p_(float (&st)[STR / 2], const float *sl, const Params &p, int e0, int t) {
-#pragma unroll
-  for (int i = 0; i < STR / 2; i += 2) {
-    const int c = 8 * (i >> 2) + 2 * t;
-    const float2 l = *reinterpret_cast<const float2 *>(sl + c);
-    float p0 = ex2_ftz(st[i] * p.scale_log2 - l.x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l.y);
-    if (MASK) {
-      const int e = (i & 2) ? e0 + 8 : e0;
-      if (e > 8 * (i >> 2)) p0 = 0.f;
-      if (e > 8 * (i >> 2) + 1) p1 = 0.f;
-    }
-    st[i] = p0;
-    st[i + 1] = p1;
-  }
-}
-__device__ __forceinline__ void dkdv_p(float (&st)[STR / 2], const float *sl, const Params &p, bool diag, int e0,
-                                       int t) {
-  if (diag) dkdv_p_<true>(st, sl, p, e0, t);
-  else dkdv_p_<false>(st, sl, p, e0, t);
-}
 /* P = 2^(S·scale·log2 e − lse·log2 e) for the dq kernel, keys past Tk and
  * (causal) past the row's diagonal zeroed: the masks only in the edge tiles'
- * copy, as dkdv_p. */
+ * copy, as dkdv_p (flash_bwd_wg.cuh). */
 template <bool MASK>
 __device__ __forceinline__ void dq_p(float (&sc)[STR / 2], const Params &p, int k0, int row0, int row1, float l0,
                                      float l1, int t) {
@@ -89,15 +51,6 @@ __device__ __forceinline__ void dq_p(float (&sc)[STR / 2], const Params &p, int 
     float pr = ex2_ftz(sc[i] * p.scale_log2 - ((i & 2) ? l1 : l0));
     if (MASK && (col >= p.Tk || (p.causal && col > row + p.off))) pr = 0.f;
     sc[i] = pr;
-  }
-}
-/* dSᵀ = Pᵀ ∘ (dPᵀ − Δ), into dp. */
-__device__ __forceinline__ void dkdv_ds(float (&dp)[STR / 2], const float (&st)[STR / 2], const float *sd, int t) {
-#pragma unroll
-  for (int i = 0; i < STR / 2; i += 2) {
-    const float2 dl = *reinterpret_cast<const float2 *>(sd + 8 * (i >> 2) + 2 * t);
-    dp[i] = st[i] * (dp[i] - dl.x);
-    dp[i + 1] = st[i + 1] * (dp[i + 1] - dl.y);
   }
 }
 #endif

@@ -50,7 +50,8 @@ bool sm90(int device);
 /* ---- the backward-kernel choice (EMBER_FLASH_BWD, core.flash_bwd_kernel) ---- */
 
 /* 0 auto (wg2's kernels where they apply, kAutoWg; else mma), 1 mma, 2 wg (flash_bwd_wg.cu; an
- * error where it does not apply), 3 wg2 (flash_bwd_wg2.cu, as wg); -1 with the error set for a bad
+ * error where it does not apply), 3 wg2 (flash_bwd_wg2.cu, as wg), 4 fused and 5 fused_nd
+ * (flash_bwd_fused.cu, as wg; dq through f32 atomics, in a fixed order or not); -1 with the error set for a bad
  * EMBER_FLASH_BWD. */
 int bwd_kernel_mode();
 /* The result of bwd_wg_dispatch when it ran nothing: the caller runs the mma.sync kernels. */

@@ -361,18 +361,19 @@ static int l_flash_fwd_kernel(lua_State *L) {
 }
 
 /* core.flash_bwd_kernel([name]) -> previous name: the CUDA backward
- * kernels, "auto", "mma", "wg" or "wg2" (docs/flash.md, "Step 4" and
- * "Step 4b"; the default is EMBER_FLASH_BWD's). Lets a spec run several
- * backwards on one input. */
+ * kernels, "auto", "mma", "wg", "wg2", "fused" or "fused_nd" (docs/flash.md,
+ * "Step 4", "Step 4b" and "Step 5"; the default is EMBER_FLASH_BWD's). Lets a
+ * spec run several backwards on one input. */
 static int l_flash_bwd_kernel(lua_State *L) {
-  static const char *names[] = {"auto", "mma", "wg", "wg2"};
+  static const char *names[] = {"auto", "mma", "wg", "wg2", "fused", "fused_nd"};
   const char *fn = lem_name(L);
   int mode = -1;
   if (!lua_isnoneornil(L, 1)) {
     const char *s = luaL_checkstring(L, 1);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
       if (strcmp(s, names[i]) == 0) mode = i;
-    if (mode < 0) return lem_error(L, fn, "expected \"auto\", \"mma\", \"wg\" or \"wg2\", got \"%s\"", s);
+    if (mode < 0)
+      return lem_error(L, fn, "expected \"auto\", \"mma\", \"wg\", \"wg2\", \"fused\" or \"fused_nd\", got \"%s\"", s);
   }
   int prev = em_flash_bwd_choice(mode);
   if (prev < 0) return lem_raise(L);

@@ -528,15 +528,16 @@ int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v
  * setting, or -1 with the error set (a bad EMBER_FLASH_FWD). */
 int em_flash_fwd_kernel(int mode);
 /* Which backward kernels em_flash_bwd_cuda runs (em_flash_bwd_choice, ops.h):
- * 0 auto (wg on sm_90 at D 64/128 in bf16/f16, else mma), 1 mma, 2 wg
- * (flash_bwd_wg.cu), 3 wg2 (flash_bwd_wg2.cu, opt-in); from
- * EMBER_FLASH_BWD=auto|mma|wg|wg2.
+ * 0 auto (wg2 on sm_90 at D 64/128 in bf16/f16, else mma), 1 mma, 2 wg
+ * (flash_bwd_wg.cu), 3 wg2 (flash_bwd_wg2.cu), 4 fused and 5 fused_nd
+ * (flash_bwd_fused.cu, opt-in: one kernel, dq through f32 atomics, in a
+ * fixed order or not); from EMBER_FLASH_BWD=auto|mma|wg|wg2|fused|fused_nd.
  * mode >= 0 sets it; returns the previous setting, or -1 with the error set. */
 int em_flash_bwd_kernel(int mode);
 
 /* dq (q's shape), dk and dv (k's shape: summed over each kv head's group)
  * from do, the saved o and lse; delta is (B, H, Tq) f32 scratch.
- * Deterministic: no atomics (dk/dv and dq are two kernels). */
+ * Deterministic, except EMBER_FLASH_BWD=fused_nd (dq's f32 atomics in arrival order). */
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
                       em_tensor *dv, int causal, float scale);

@@ -1,0 +1,361 @@
+/* FlashAttention backward for Hopper in one kernel (EMBER_FLASH_BWD=fused,
+ * fused_nd): FlashAttention-3's structure. wg2's dk/dv kernel (one block per
+ * 128 keys of a kv head, k and v resident, q/dO tiles of 64 queries streamed
+ * by TMA, two consumer warpgroups of 64 keys each, ping-pong on named
+ * barriers 1/2: docs/flash.md "Step 4", "Step 4b") also computes each q
+ * tile's dq contribution dS·k and adds it into an f32 buffer dq_accum (B, H,
+ * Tq rounded up to 64, D) in global memory; a small kernel then writes
+ * dq = scale · dq_accum in q's dtype. S and dP are computed once: 5 matmuls
+ * per tile instead of wg2's 7. The design, counts and model: docs/flash.md
+ * "Step 5".
+ *
+ * Per tile j, each consumer takes two turns (as wg2's dk/dv at D 128):
+ *   A(j)  Sᵀ = k qᵀ, dPᵀ = v dOᵀ; then (off the tensor cores) Pᵀ, dSᵀ, the
+ *         16-bit A fragments, and its 64 rows of dSᵀ into shared buffer
+ *         j % 3 (a 128-key × 64-query tile, the 128-byte swizzle).
+ *   B(j)  dv += Pᵀ dO, dk += dSᵀ q (dSᵀ from the buffer: registers are short
+ *         at D 128), and dq(j−1) = dS(j−1) · k[:, half]: both
+ *         consumers' dSᵀ(j−1) (all 128 keys, read M-major: the transpose
+ *         flag) times this consumer's D/2 columns of the resident k (N-major),
+ *         then red.global.add.v2.f32 into dq_accum. A last turn issues
+ *         dq(last).
+ * dq lags a tile so that both halves of dS(j−1) are written before either
+ * consumer reads them: consumer X wrote its half before its turn B(j−1), and
+ * the turn chain (every bar.arrive is a release to the barrier's waiter)
+ * reaches the other consumer's B(j) after that. Three buffers: buffer j % 3
+ * is rewritten at tile j + 3, after both consumers' B(j + 2) turns began,
+ * each of which follows its own wait for dq(j) (issued in B(j + 1)); two
+ * would let a consumer overwrite dS(j) while the other's dq(j) still reads it.
+ * Every tile from qstart on is computed, also one none of a consumer's keys
+ * sees under the causal mask (P = 0 there: dk, dv get exact zeros, so their
+ * bits are wg2's; dq gets zeros): no empty turns, no wgmma in a branch.
+ *
+ * dq_accum's adds are f32 atomics: in fused_nd their order (so dq's last
+ * bits) depends on which block gets there first. fused orders them: a
+ * counter per (batch, q head, 64-query tile, consumer half) that a block's
+ * consumer waits on (ld.acquire, until it equals the number of key blocks
+ * above it that add to this tile) before its adds, and bumps (red.release)
+ * after; key blocks run highest first (block x = n_blocks − 1 − n). A block
+ * only ever waits on blocks of the same (batch, kv head) with a higher key
+ * block, i.e. a lower blockIdx.x, launched before it: they are resident or
+ * done, and by induction on blockIdx they never wait on it, so it cannot
+ * deadlock (as FA3's Deterministic mode; the hardware dispatches blocks in
+ * blockIdx order — the one assumption). Under the causal mask a higher key
+ * block starts its q tiles 128 rows later, so it reaches a tile first
+ * anyway: the counters rarely make anyone wait. */
+#include <cuda.h>
+#include <type_traits>
+#include "backend.h"
+#include "runtime.h"
+#include "flash_common.cuh"
+#include "flash_wg.cuh"
+#include "flash_wgmma.cuh"
+#include "flash_bwd_wg.cuh"
+
+using namespace flash;
+
+namespace {
+
+constexpr int NDS = 3;                              // dSᵀ buffers (see the top)
+constexpr uint32_t DS_BYTES = RES * STR * 2;        // 128 keys × 64 queries, 16-bit: 16 KB
+
+/* Layout's resident tiles and ring, then the NDS dSᵀ buffers (1024-aligned),
+ * then lse/Δ and the mbarriers. */
+template <int D, int STAGES> struct FLayout {
+  using L = Layout<D, STAGES>;
+  static constexpr uint32_t OFF_DS = L::OFF_RING + STAGES * L::STAGE;
+  static constexpr uint32_t OFF_LD = OFF_DS + NDS * DS_BYTES, OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
+  static constexpr size_t SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;
+};
+
+#if defined(__CUDA_ARCH__)
+/* Barriers 3 and 4: one consumer's 128 threads (fused's counter wait and bump). */
+__device__ __forceinline__ void consumer_sync(int cw) {
+  if (cw == 0) asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  else asm volatile("bar.sync 4, 128;\n" ::: "memory");
+}
+/* Generic-proxy shared stores (dSᵀ) visible to the wgmmas (async proxy) that read them. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void red_add2(float *p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_inc(unsigned *p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
+/* This consumer's dSᵀ (its 64 keys × 64 queries, the packed A fragments of
+ * dk += dSᵀ q) into rows r0, r0 + 8 (r0 = 64·cw + 16·warp + g) of the
+ * [key][query] tile at buf, 128-byte rows, 16-byte chunk c of row r at
+ * c ^ (r % 8): a[kk][0] row r0 chunk 2kk, [1] r0 + 8 the same, [2] and [3]
+ * chunk 2kk + 1; word t of the chunk. The 8 rows of a warp's store hit 8
+ * different chunks: no bank conflict. */
+__device__ __forceinline__ void store_ds(uint32_t buf, const uint32_t (&a)[STR / 16][4], int r0, int t) {
+  const uint32_t row = buf + r0 * 128, sw = r0 & 7;
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t at = row + (((2 * kk + h) ^ sw) << 4) + 4 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(a[kk][2 * h]) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(a[kk][2 * h + 1]) : "memory");
+    }
+  }
+}
+
+/* acc (64 queries × D/2) = dS (64 × 128 keys: the dSᵀ tile at ds, M-major)
+ * times k (128 keys × D/2 columns at kb, N-major), one commit group left open. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_dq(float (&acc)[D / 4], uint32_t ds, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < RES / 16; kk++)
+    WgmmaT<T, D / 2>::tt(acc, wg_desc(ds + kk * 16 * 128, RES * 128, 1024),
+                          wg_desc(kb + kk * 16 * 128, RES * 128, 1024), kk > 0);
+}
+
+/* acc (64 keys × D) += dSᵀ (this consumer's 64 rows of the tile, at a, K-major
+ * over 64 queries) times q (the streamed tile at b, N-major), not committed:
+ * dk's A from shared memory (where dq needs it anyway), not registers, which
+ * keeps D 128 within 240 registers. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_dk(float (&acc)[D / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++)
+    WgmmaT<T, D>::kn(acc, wg_desc(a + kk * 32, 16, 1024), wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
+}
+
+/* acc's rows r0, r0 + 8 (of 64), columns 8m + 2t, + 1, into dst (row stride D) */
+template <int D>
+__device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], int r0, int t) {
+#pragma unroll
+  for (int i = 0; i < D / 4; i += 2) {
+    const int row = r0 + ((i & 2) ? 8 : 0), col = 8 * (i >> 2) + 2 * t;
+    red_add2(dst + (int64_t)row * D + col, acc[i], acc[i + 1]);
+  }
+}
+#endif
+
+template <typename T, int D, int STAGES, bool DET>
+__global__ void __launch_bounds__(THREADS, 1)
+    flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                           const Params p, float *dqa, unsigned *sem, int tqp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<D, STAGES>;
+  using F = FLayout<D, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = base + L::OFF_B, ring = base + L::OFF_RING, sDS = base + F::OFF_DS;
+  float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + F::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
+  const uint32_t bar_kv = base + F::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
+
+  // fused: the highest key block first (the counters' order); fused_nd: the longest first
+  const int nb = DET ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = nb * RES;
+  const int qstart = p.causal ? (max(0, k0 - p.off) / STR) * STR : 0;
+  const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
+  const int wg = threadIdx.x >> 7;
+
+  init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
+
+  if (wg == 0) {
+    dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
+                             ntile);
+    return;
+  }
+
+  // ---- consumers: 64 keys each for dk/dv, D/2 columns each for dq ----
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g;   // rows key0 and key0 + 8 of dk, dv
+  const uint32_t ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;   // this consumer's rows of k, v
+  // this consumer's D/2 columns of k (dq's B): a 64-column chunk at D 128, half a chunk (64 bytes in) at D 64
+  const uint32_t kb = sK + (cw * (D / 2) / 64) * RES * 128 + (cw * (D / 2) % 64) * 2;
+  const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? 2 * ntile + 1 : 0;
+  auto pass_turn = [&](int i) {   // consumer 1's last arrival would have no taker
+    if (cw == 0 || i < turns - 1) named_arrive(other_bar);
+  };
+  if (cw == 1 && turns > 0) named_arrive(1);
+
+  float dk[D / 2], dv[D / 2], dq[D / 4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+  if (ntile > 0) mbar_wait(bar_kv, 0);
+
+  // fused: tile jt's counter; the wait (before the turn that issues its dq, where registers are free) and the
+  // bump (after the adds)
+  auto counter = [&](int jt) {
+    const int bh = b * p.H + hk * p.group + jt / nq, mt = qstart / STR + jt % nq;
+    return sem + ((int64_t)bh * (tqp / STR) + mt) * 2 + cw;
+  };
+  auto dq_wait = [&](int jt) {
+    if constexpr (DET) {
+      // the key blocks that add to this tile: n with 128·n < 64·mt + 64 + off under the causal mask (qstart(n)
+      // <= the tile's first row), all without one; those above this one add first
+      const int mt = qstart / STR + jt % nq;
+      const int nlast = p.causal ? min((int)gridDim.x - 1, (mt * STR + STR - 1 + p.off) / RES) : (int)gridDim.x - 1;
+      if (tid == 0) {
+        const unsigned *cnt = counter(jt);
+        while (ld_acquire(cnt) != (unsigned)(nlast - nb)) {
+        }
+      }
+      consumer_sync(cw);
+    }
+  };
+  // tile jt's dq (in dq) into dq_accum: rows of q head hk·group + jt / nq, this consumer's columns
+  auto dq_out = [&](int jt) {
+    const int bh = b * p.H + hk * p.group + jt / nq, mt = qstart / STR + jt % nq;
+    add_dq<D>(dqa + ((int64_t)bh * tqp + mt * STR) * D + cw * (D / 2), dq, warp * 16 + g, t);
+    if constexpr (DET) {
+      // the consumer's adds, then one release by thread 0: the barrier puts every thread's adds before it, and a
+      // release is cumulative (CUTLASS's GenericBarrier::arrive_inc; a fence per thread costs 88 bytes of spills)
+      consumer_sync(cw);
+      if (tid == 0) red_release_inc(counter(jt));
+    }
+  };
+
+  // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % 3), turn B(j) (dv, dk; PEND: dq(j − 1)).
+  // The first tile is peeled (PEND false): no wgmma sits in a branch
+  auto tile = [&](auto pend_tag, int j) {
+    constexpr bool PEND = decltype(pend_tag)::value;
+    const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
+    const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+    const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
+    const uint32_t ds = sDS + (j % NDS) * DS_BYTES;
+    uint32_t pa[STR / 16][4];
+    {
+      float st[STR / 2], dp[STR / 2];
+      mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      named_sync(my_bar);
+      wgmma_fence();
+      issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
+      issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+      pass_turn(2 * j);
+      wgmma_wait<1>();   // Sᵀ done; dPᵀ may still run under the exponentials
+      reg_fence(st);
+      dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+      wgmma_wait<0>();
+      reg_fence(dp);
+      dkdv_ds(dp, st, sd, t);
+      uint32_t da[STR / 16][4];
+      pack_a<T>(pa, st);
+      pack_a<T>(da, dp);
+      store_ds(ds, da, cw * 64 + warp * 16 + g, t);
+    }
+    fence_proxy_async();
+    if constexpr (PEND) dq_wait(j - 1);
+    named_sync(my_bar);
+    reg_fence(dv);
+    reg_fence(dk);
+    if constexpr (PEND) {
+#pragma unroll
+      for (int i = 0; i < D / 4; i++) dq[i] = 0.f;   // (scale_d 0 ignores them; defined here, not live before)
+    }
+    wgmma_fence();
+    issue_rs<T, D>(dv, pa, so);   // dv += Pᵀ dO
+    issue_dk<T, D>(dk, ds + cw * 64 * 128, sq);   // dk += dSᵀ q
+    if constexpr (PEND) issue_dq<T, D>(dq, sDS + ((j - 1) % NDS) * DS_BYTES, kb);   // dq(j − 1) = dS k
+    wgmma_commit();
+    pass_turn(2 * j + 1);
+    wgmma_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    mbar_arrive(empty + 8 * s);   // q(j), dO(j) no longer needed
+    if constexpr (PEND) {
+      reg_fence(dq);
+      dq_out(j - 1);
+    }
+  };
+  if (ntile > 0) {
+    tile(std::false_type{}, 0);
+    for (int j = 1; j < ntile; j++) tile(std::true_type{}, j);
+    // turn 2·ntile: the last tile's dq
+    dq_wait(ntile - 1);
+    named_sync(my_bar);
+#pragma unroll
+    for (int i = 0; i < D / 4; i++) dq[i] = 0.f;
+    wgmma_fence();
+    issue_dq<T, D>(dq, sDS + ((ntile - 1) % NDS) * DS_BYTES, kb);
+    wgmma_commit();
+    pass_turn(2 * ntile);
+    wgmma_wait<0>();
+    reg_fence(dq);
+    dq_out(ntile - 1);
+  }
+
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
+  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+#else
+  __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
+#endif
+}
+
+/* dq = scale · dq_accum in q's dtype: one thread per 4 columns of a row (rows past Tq of dq_accum are padding). */
+template <typename T, int D>
+__global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp) {
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, n = (int64_t)p.B * p.H * p.Tq * (D / 4);
+  if (idx >= n) return;
+  const int c = (int)(idx % (D / 4)) * 4;
+  const int64_t r = idx / (D / 4), bh = r / p.Tq;
+  const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
+  const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
+  T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
+  store2(dst, v.x * p.scale, v.y * p.scale);
+  store2(dst + 2, v.z * p.scale, v.w * p.scale);
+}
+
+template <typename T, int D, bool DET>
+int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
+  constexpr int ST = kStages<D>;
+  constexpr size_t smem = FLayout<D, ST>::SMEM;
+  static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
+  const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
+  const int tqp = (p.Tq + STR - 1) / STR * STR;
+  const size_t nacc = (size_t)p.B * p.H * tqp * D, ncnt = DET ? (size_t)p.B * p.H * (tqp / STR) * 2 : 0;
+  const size_t bytes = (nacc + ncnt) * 4;
+  // scratch from the caching allocator on this stream: freed below, reused only by later work on it
+  void *buf = em_cuda_caching_alloc(bytes, device);
+  if (!buf) return -1;
+  float *dqa = static_cast<float *>(buf);
+  unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc) : nullptr;
+  int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
+  if (rc == 0 && p.Tk > 0) {
+    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET>;
+    if (raise_smem(k1, smem)) rc = em_launch_check(what);
+    if (rc == 0) {
+      k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
+          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp);
+      rc = em_launch_check(what);
+    }
+  }
+  if (rc == 0) {
+    const int64_t n = (int64_t)p.B * p.H * p.Tq * (D / 4);
+    flash_dq_convert_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
+    rc = em_launch_check("flash_attention backward (fused dq convert)");
+  }
+  em_cuda_caching_free(buf, device);
+  return rc;
+}
+
+}  // namespace
+
+namespace flash {
+
+int bwd_fused_launch(const Params &p, const Maps &m, em_dtype dt, int d, bool det, int device, cudaStream_t s) {
+  if (dt == EM_BF16) {
+    if (d == 64) return det ? launch_fused<__nv_bfloat16, 64, true>(p, m, device, s)
+                            : launch_fused<__nv_bfloat16, 64, false>(p, m, device, s);
+    return det ? launch_fused<__nv_bfloat16, 128, true>(p, m, device, s)
+               : launch_fused<__nv_bfloat16, 128, false>(p, m, device, s);
+  }
+  if (d == 64) return det ? launch_fused<__half, 64, true>(p, m, device, s) : launch_fused<__half, 64, false>(p, m, device, s);
+  return det ? launch_fused<__half, 128, true>(p, m, device, s) : launch_fused<__half, 128, false>(p, m, device, s);
+}
+
+}  // namespace flash
