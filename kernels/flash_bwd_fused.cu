@@ -47,6 +47,7 @@
 #include <type_traits>
 #include "backend.h"
 #include "runtime.h"
+#include "ember/memory.h"
 #include "flash_common.cuh"
 #include "flash_wg.cuh"
 #include "flash_wgmma.cuh"
@@ -320,7 +321,9 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   const size_t nacc = (size_t)p.B * p.H * tqp * D, ncnt = DET ? (size_t)p.B * p.H * (tqp / STR) * 2 : 0;
   const size_t bytes = (nacc + ncnt) * 4;
   // scratch from the caching allocator on this stream: freed below, reused only by later work on it
+  const em_mem_category prev = em_mem_set_category_override(EM_MEM_WORKSPACE);   // memory history, as delta
   void *buf = em_cuda_caching_alloc(bytes, device);
+  em_mem_set_category_override(prev);
   if (!buf) return -1;
   float *dqa = static_cast<float *>(buf);
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc) : nullptr;

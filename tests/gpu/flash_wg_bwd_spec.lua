@@ -132,7 +132,7 @@ describe("flash attention's wgmma backward (sm_90)", function()
     assert.are.equal("wg", core.flash_bwd_kernel(prev))
     local ok, err = pcall(core.flash_bwd_kernel, "tma")
     assert.is_false(ok)
-    assert.matches('expected "auto", "mma", "wg" or "wg2", got "tma"', tostring(err), 1, true)
+    assert.matches('expected "auto", "mma", "wg", "wg2", "fused" or "fused_nd", got "tma"', tostring(err), 1, true)
     assert.are.equal(prev, core.flash_bwd_kernel("wg2"))
     assert.are.equal("wg2", core.flash_bwd_kernel(prev))
     -- a head dim or a dtype it does not have: an error naming the setting, not a silent fallback

@@ -1,0 +1,237 @@
+-- flash_fused_bwd_spec.lua (GPU, sm_90) — the fused wgmma backward
+-- (kernels/flash_bwd_fused.cu, docs/flash.md "Step 5"): one kernel for dk, dv
+-- and dq, dq added in f32 into a buffer (fused: the adds in a fixed order;
+-- fused_nd: in arrival order), forced with core.flash_bwd_kernel("fused") /
+-- ("fused_nd"), on every case of flash_wg_bwd_spec.lua: head dims 64 and 128,
+-- bf16 and f16, causal top-left / bottom-right / none, GQA, Tq ≠ Tk both ways,
+-- odd lengths, the (B, T, H, D) layout, long sequences.
+--
+-- Bounds: flash_wg_bwd_spec.lua's — ‖got − ref‖ / ‖ref‖ of dq, dk, dv against
+-- the f64 CPU reference no more than twice the naive composition's error in the
+-- same half dtype plus 1e-4 (capped at 1e-2 bf16 / 2e-3 f16), and within the cap
+-- of the mma.sync backward. Then against wg2 (auto's backward) on the same
+-- inputs: dk and dv are wg2's bits (the same wgmmas on the same 16-bit Pᵀ and
+-- dSᵀ, in the same tile order; the tiles wg2 skips add exact zeros); dq sums
+-- the same 16-bit dS·k products in another f32 order, so it is within one
+-- rounding of the dtype of wg2's: ‖fused − wg2‖ / ‖wg2‖ ≤ 2^-7 (bf16) / 2^-10
+-- (f16), the largest relative spacing of the dtype (a wrong tile is O(1) off).
+-- fused gives the same bits on repeat; fused_nd need not, but stays within
+-- that rounding of fused. Every case prints its errors.
+local ember = require "ember"
+local F = ember.nn.functional
+local core = ember.core
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local C, helpers = dofile(here .. "compare.lua")
+local rel = C.rel_error
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local CAP = {bf16 = 1e-2, f16 = 2e-3}
+local ULP = {bf16 = 2 ^ -7, f16 = 2 ^ -10}   -- a 16-bit rounding, relative, at its largest
+local randn = helpers.seeded(11500).randn
+local leaf, bthd, repeat_kv = C.leaf, C.bthd, C.repeat_kv
+
+local function ref64(q, k, v, g, causal)
+  local q6, k6, v6 = leaf(q:cpu():to("f64")), leaf(k:cpu():to("f64")), leaf(v:cpu():to("f64"))
+  local H = q.shape[2]
+  local o = F.scaled_dot_product_attention(q6, repeat_kv(k6, H), repeat_kv(v6, H), {causal = causal, impl = "naive"})
+  o:backward(g:cpu():to("f64"))
+  return {dq = q6.grad, dk = k6.grad, dv = v6.grad}
+end
+
+local function grads_of(fn, q, k, v, g)
+  local qq, kk, vv = leaf(q), leaf(k), leaf(v)
+  local o = fn(qq, kk, vv)
+  o:backward(g)
+  return {dq = qq.grad, dk = kk.grad, dv = vv.grad}
+end
+
+local function flash(kernel, q, k, v, g, causal)
+  local prev = core.flash_bwd_kernel(kernel)
+  local ok, res = pcall(grads_of, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g)
+  core.flash_bwd_kernel(prev)
+  if not ok then error(res, 0) end
+  return res
+end
+
+local function naive(q, k, v, g, causal)
+  return grads_of(function(a, b, c)
+    return F.scaled_dot_product_attention(a, b, c, {causal = causal, impl = "naive", enable_gqa = true})
+  end, q, k, v, g)
+end
+
+local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+
+local NAMES = {"dq", "dk", "dv"}
+local KERNELS = {"fused", "fused_nd"}
+
+-- dq against wg2's (or fused's): within one rounding of the dtype; both exactly 0 passes
+local function near(got, want, dt, what)
+  if want:abs():max():item() == 0 then
+    local m = got:cpu():to("f64"):abs():max():item()
+    assert.is_true(m <= 1e-5, string.format("%s: expected 0, got max |dq| %.3g", what, m))
+    return
+  end
+  local e = rel(got, want)
+  assert.is_true(e <= ULP[got.dtype], string.format("%s: ‖dq − wg2's‖ / ‖wg2's‖ %.3g > %.3g", what, e, ULP[got.dtype]))
+end
+
+local function check(sq, sk, dt, causal, opts)
+  opts = opts or {}
+  local q, k, v, g = randn(sq, dt), randn(sk, dt), randn(sk, dt), randn(sq, dt)
+  if opts.layout then q, k, v, g = opts.layout(q), opts.layout(k), opts.layout(v), opts.layout(g) end
+  q, k, v, g = q:cuda(), k:cuda(), v:cuda(), g:cuda()
+  local ref = ref64(q, k, v, g, causal)
+  -- every result stays referenced to the end of the case (no reuse of another's memory hides unwritten rows)
+  local mm = flash("mma", q, k, v, g, causal)
+  local nv = naive(q, k, v, g, causal)
+  local w2 = flash("wg2", q, k, v, g, causal)
+  local got = {fused = flash("fused", q, k, v, g, causal), fused_nd = flash("fused_nd", q, k, v, g, causal)}
+  local shape = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
+    tostring(causal))
+  for _, name in ipairs(NAMES) do
+    local em, en = rel(mm[name], ref[name]), rel(nv[name], ref[name])
+    for _, kname in ipairs(KERNELS) do
+      local x = got[kname][name]
+      local what = kname .. " " .. shape .. " " .. name
+      local ew, ewm, e2 = rel(x, ref[name]), rel(x, mm[name]), rel(x, w2[name])
+      print(string.format("  %-56s: %s %.3g mma %.3g naive %.3g vs-mma %.3g vs-wg2 %.3g max|err| %.3g", what, kname, ew,
+        em, en, ewm, e2, max_abs(x, ref[name])))
+      assert.are.equal(dt, x.dtype, what .. " dtype")
+      if ref[name]:abs():max():item() == 0 then
+        -- one key: no slope, dq = dk = 0 exactly; rounding residue only (as flash_wg_bwd_spec)
+        local m = x:cpu():to("f64"):abs():max():item()
+        assert.is_true(m <= 1e-5, string.format("%s: reference 0, got max |%s| %.3g", what, name, m))
+      else
+        local bound = math.min(2 * en + 1e-4, CAP[dt])
+        assert.is_true(ew <= bound, string.format("%s: error %.3g > %.3g (naive %.3g, mma %.3g)", what, ew, bound, en,
+          em))
+        assert.is_true(ewm <= CAP[dt], string.format("%s: vs mma %.3g > %.3g", what, ewm, CAP[dt]))
+      end
+      if name == "dq" then
+        -- (an exactly zero reference was held to its residue above: two kernels' residues need not agree)
+        if ref.dq:abs():max():item() ~= 0 then near(x, w2.dq, dt, what) end
+      else
+        local d = max_abs(x, w2[name])
+        assert.are.equal(0, d, string.format("%s: expected wg2's bits, max |%s − wg2| %.3g", what, name, d))
+      end
+    end
+  end
+end
+
+local function fused_unavailable()
+  local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
+  local ok, err = pcall(flash, "fused", x, x, x, x, true)
+  if ok then return nil end
+  if tostring(err):match("sm_90") then return tostring(err) end
+  error(err, 0)
+end
+
+describe("flash attention's fused wgmma backward (sm_90)", function()
+  local why = fused_unavailable()
+  if why then
+    it("is skipped: " .. why, function() end)
+    return
+  end
+
+  it("is chosen by name, and forced, names what it lacks", function()
+    local prev = core.flash_bwd_kernel("fused")
+    assert.are.equal("fused", core.flash_bwd_kernel("fused_nd"))
+    assert.are.equal("fused_nd", core.flash_bwd_kernel(prev))
+    local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
+    local x32 = ember.randn({1, 1, 40, 64}):cuda()
+    for _, kname in ipairs(KERNELS) do
+      local ok1, err1 = pcall(flash, kname, x, x, x, x, true)
+      assert.is_false(ok1, kname .. " at head dim 32 ran")
+      assert.matches("(EMBER_FLASH_BWD=" .. kname .. ") expect head dim 64 or 128, got 32", tostring(err1), 1, true)
+      local tf = ember.backends.tf32(true)
+      local ok2, err2 = pcall(flash, kname, x32, x32, x32, x32, true)
+      ember.backends.tf32(tf)
+      assert.is_false(ok2, kname .. " in f32 ran")
+      assert.matches("(EMBER_FLASH_BWD=" .. kname .. ") expect bf16 or f16, got f32", tostring(err2), 1, true)
+    end
+  end)
+
+  for _, d in ipairs({64, 128}) do
+    for _, dt in ipairs({"bf16", "f16"}) do
+      it(string.format("matches the reference, mma and wg2: D %d, %s, odd lengths, all masks", d, dt), function()
+        for _, T in ipairs({1, 63, 65, 129, 257, 1000}) do
+          for _, causal in ipairs({true, "bottom_right", false}) do
+            check({1, 2, T, d}, {1, 2, T, d}, dt, causal)
+          end
+        end
+      end)
+    end
+
+    it(string.format("runs Tq ≠ Tk and GQA: D %d", d), function()
+      check({1, 4, 100, d}, {1, 2, 300, d}, "bf16", "bottom_right")
+      check({1, 4, 100, d}, {1, 2, 300, d}, "f16", true)            -- top-left: keys past 100 get zero dk, dv
+      check({1, 4, 300, d}, {1, 2, 100, d}, "bf16", true)           -- top-left, Tq > Tk
+      check({1, 4, 300, d}, {1, 2, 100, d}, "f16", "bottom_right")  -- rows that see no key (lse −inf)
+      check({2, 6, 200, d}, {2, 2, 517, d}, "f16", false)
+      check({1, 8, 129, d}, {1, 1, 129, d}, "bf16", true)           -- multi-query: 8 q heads into one block's dk, dv
+      check({1, 2, 17, d}, {1, 2, 1000, d}, "bf16", "bottom_right") -- few queries, many key blocks add to one dq tile
+      check({1, 6, 1000, d}, {1, 2, 257, d}, "f16", false)          -- GQA 3, Tq > Tk, no mask
+      -- tiles the second consumer's keys are not seen by (computed, P = 0: zeros into dk, dv, dq)
+      check({1, 8, 70, d}, {1, 1, 300, d}, "bf16", true)
+      check({1, 8, 40, d}, {1, 1, 300, d}, "f16", true)
+    end)
+
+    it(string.format("runs long sequences through the stage ring and the dSᵀ buffers, and the (B, T, H, D) layout: D %d",
+      d), function()
+      check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", true)
+      check({1, 2, 1500, d}, {1, 1, 4097, d}, "f16", "bottom_right")
+      check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd})
+    end)
+  end
+
+  local function bwd_kernels(kernel, q, k, v, g)
+    local P = ember.profiler.profile(function() flash(kernel, q, k, v, g, true) ember.cuda.synchronize() end,
+      {print = false})
+    local names = {}
+    for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+    P:close()
+    return table.concat(names, " ")
+  end
+
+  it("runs one kernel for dk, dv and dq (and dq's conversion), not wg2's two; auto still runs wg2", function()
+    local q, k, v, g = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
+      randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda()
+    assert.are.equal("cupti", ember.profiler.backend(), "kernel names need CUPTI")
+    for _, kname in ipairs(KERNELS) do
+      local ks = bwd_kernels(kname, q, k, v, g)
+      assert.truthy(ks:find("flash_bwd_fused_kernel", 1, true), ks)
+      assert.truthy(ks:find("flash_dq_convert_kernel", 1, true), ks)
+      assert.falsy(ks:find("_wg2_kernel", 1, true), ks)
+      assert.falsy(ks:find("flash_dkdv_kernel", 1, true), ks)
+    end
+    local ka = bwd_kernels("auto", q, k, v, g)
+    assert.truthy(ka:find("flash_dkdv_wg2_kernel", 1, true), ka)
+    assert.falsy(ka:find("fused", 1, true), ka)
+  end)
+
+  it("fused gives bit-identical gradients on repeat (dq's adds in a fixed order); fused_nd within a rounding", function()
+    local q, k, v, g = randn({1, 8, 2100, 128}, "f16"):cuda(), randn({1, 2, 2100, 128}, "f16"):cuda(),
+      randn({1, 2, 2100, 128}, "f16"):cuda(), randn({1, 8, 2100, 128}, "f16"):cuda()
+    local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
+      randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
+    for _, causal in ipairs({true, "bottom_right", false}) do
+      for _, c in ipairs({{q, k, v, g}, {q6, k6, v6, g6}}) do
+        local a = flash("fused", c[1], c[2], c[3], c[4], causal)
+        for _ = 1, 2 do
+          local b = flash("fused", c[1], c[2], c[3], c[4], causal)
+          for _, name in ipairs(NAMES) do
+            assert.are.equal(0, max_abs(a[name], b[name]), string.format("fused %s moved: D %d causal=%s", name,
+              c[1].shape[4], tostring(causal)))
+          end
+        end
+        local n = flash("fused_nd", c[1], c[2], c[3], c[4], causal)
+        near(n.dq, a.dq, c[1].dtype, string.format("fused_nd vs fused, D %d causal=%s", c[1].shape[4], tostring(causal)))
+        for _, name in ipairs({"dk", "dv"}) do
+          assert.are.equal(0, max_abs(n[name], a[name]), "fused_nd " .. name .. " is not fused's")
+        end
+      end
+    end
+  end)
+end)
