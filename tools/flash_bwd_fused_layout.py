@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The index and layout logic of kernels/flash_bwd_fused.cu's new matmuls, replayed on
+integers (no GPU; docs/flash.md "Step 5"): the consumers' dSᵀ accumulators, packed to A
+fragments (pack_a) and stored by store_ds into a 128-byte-swizzled [key][query] tile; dq =
+dS · k read through wgmma descriptors (issue_dq: A M-major from that tile, B N-major from the
+TMA-loaded k, each consumer D/2 columns, at D 64 the descriptor 64 bytes into the rows); dk +=
+dSᵀ q (issue_dk: A K-major from the same tile, B the q tile N-major); the accumulator layout
+and add_dq's addresses into dq_accum. Checked against dS·k and dSᵀ·q computed directly, at D 64
+and 128. The hardware model it assumes (stated, and the part only the GPU spec can confirm):
+  - TMA writes box element (r, c) (64 columns a box, 16-bit) at base + 128 r + 2 c, swizzled;
+  - a descriptor reads K-major element (mn, k) at start + SBO (mn / 8) + 128 (mn % 8) + 2 k, and
+    MN-major element (mn, k) at start + LBO (mn / 64) + SBO (k / 8) + 128 (k % 8) + 2 (mn % 64),
+    swizzled; the wgmma's k step advances start by 32 bytes (K-major) or 2048 (MN-major);
+  - the 128-byte swizzle XORs address bits 4-6 with bits 7-9 (tiles 1024-byte aligned);
+  - accumulator i of lane (g, t) of warp w: row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2.
+These are the rules the forward and the wg/wg2 backwards already run on (K-major ss, N-major rs);
+the new parts are the M-major A (the transpose flag on A) and the 64-byte start offset.
+Run: python3 tools/flash_bwd_fused_layout.py (exit status 0 when all match)
+"""
+import random
+import sys
+
+RES, STR = 128, 64
+
+
+def swz(addr):
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+class Smem:
+    def __init__(s):
+        s.m = {}
+
+    def put(s, addr, v):          # one 16-bit element
+        s.m[swz(addr)] = v
+
+    def get(s, addr):
+        return s.m[swz(addr)]
+
+
+def tma_tile(sm, base, rows, mat, D):
+    """mat[r][c] (rows x D) as TMA stores it: 64-column chunks at base + chunk * rows * 128."""
+    for r in range(rows):
+        for c in range(D):
+            sm.put(base + (c // 64) * rows * 128 + r * 128 + (c % 64) * 2, mat[r][c])
+
+
+def rd_kmajor(sm, start, sbo, mn, k):
+    return sm.get(start + (mn // 8) * sbo + (mn % 8) * 128 + k * 2)
+
+
+def rd_mnmajor(sm, start, lbo, sbo, mn, k):
+    return sm.get(start + (mn // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + (mn % 64) * 2)
+
+
+def acc_pos(w, lane, i):
+    g, t = lane >> 2, lane & 3
+    return 16 * w + g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1)
+
+
+def check(D, seed, broken=None):
+    rnd = random.Random(seed)
+    sm = Smem()
+    sK = 0
+    ds_base = 1 << 20                         # a 1024-aligned buffer
+    sQ = 2 << 20
+    K = [[rnd.randint(-3, 3) for _ in range(D)] for _ in range(RES)]
+    Qt = [[rnd.randint(-3, 3) for _ in range(D)] for _ in range(STR)]
+    dST = [[rnd.randint(-3, 3) for _ in range(STR)] for _ in range(RES)]   # dSᵀ[key][query]
+    tma_tile(sm, sK, RES, K, D)
+    tma_tile(sm, sQ, STR, Qt, D)
+    # each consumer's accumulators (64 keys x 64 queries), pack_a, store_ds
+    for cw in range(2):
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                c = [None] * 32
+                for i in range(32):
+                    r, col = acc_pos(w, lane, i)
+                    c[i] = dST[cw * 64 + r][col]
+                a = [[(c[8 * kk + 2 * e], c[8 * kk + 2 * e + 1]) for e in range(4)] for kk in range(4)]   # pack_a
+                r0 = cw * 64 + w * 16 + g
+                row, sw = ds_base + r0 * 128, r0 & 7
+                for kk in range(4):
+                    for h in range(2):
+                        at = row + ((((2 * kk + h) ^ (0 if broken == 'no-swizzle' else sw))) << 4) + 4 * t
+                        for word, addr in ((a[kk][2 * h], at), (a[kk][2 * h + 1], at + 8 * 128)):
+                            # st.shared.b32 at a physical address: undo the swizzle the reader applies
+                            sm.m[addr] = word[0]
+                            sm.m[addr + 2] = word[1]
+    bad = 0
+    for cw in range(2):
+        # issue_dq: A = dS (m = query, k = key) M-major at ds + 2048 kk; B = k (k = key, n = column) N-major
+        kb = sK + (cw * (D // 2) // 64) * RES * 128 + (0 if broken == 'no-offset' else (cw * (D // 2) % 64) * 2)
+        N = D // 2
+        dq = [[0] * N for _ in range(64)]
+        for kk in range(RES // 16):
+            for m in range(64):
+                for n in range(N):
+                    s = 0
+                    for k in range(16):
+                        a = rd_mnmajor(sm, ds_base + kk * 16 * 128, RES * 128, 1024, m, k)
+                        b = rd_mnmajor(sm, kb + kk * 16 * 128, RES * 128, 1024, n, k)
+                        s += a * b
+                    dq[m][n] += s
+        # add_dq: accumulators to dq_accum (row stride D), this consumer's columns
+        got = {}
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for i in range(0, D // 4, 2):
+                    row, col = 16 * w + g + (8 if i & 2 else 0), 8 * (i >> 2) + 2 * t
+                    for e in range(2):
+                        r, cc = acc_pos(w, lane, i + e)
+                        assert (r, cc) == (row, col + e)
+                        got[(row, cw * (D // 2) + col + e)] = dq[r][cc]
+        for q in range(64):
+            for n in range(N):
+                want = sum(dST[key][q] * K[key][cw * N + n] for key in range(RES))
+                if got.get((q, cw * N + n)) != want:
+                    bad += 1
+        # issue_dk: A = this consumer's dSᵀ rows (m = key, k = query) K-major, B = q (k = query, n = d) N-major
+        for m in range(64):
+            for n in range(D):
+                s = 0
+                for kk in range(STR // 16):
+                    for k in range(16):
+                        a = sm.get(ds_base + cw * 64 * 128 + kk * 32 + (m // 8) * 1024 + (m % 8) * 128 + k * 2)
+                        b = rd_mnmajor(sm, sQ + kk * 16 * 128, STR * 128, 1024, n, k)
+                        s += a * b
+                want = sum(dST[cw * 64 + m][q] * Qt[q][n] for q in range(STR))
+                if s != want:
+                    bad += 1
+    return bad
+
+
+def main():
+    total = 0
+    for D in (64, 128):
+        b = check(D, 1000 + D)
+        print('D %d: %d mismatches' % (D, b))
+        total += b
+    # it must see these break: dSᵀ stored unswizzled, and D 64's second consumer without the 64-byte offset
+    caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0
+    print('broken layouts caught:', caught)
+    return 0 if total == 0 and caught else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
