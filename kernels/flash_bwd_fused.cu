@@ -17,7 +17,7 @@
  *         at D 128), and dq(j−1) = dS(j−1) · k[:, half]: both
  *         consumers' dSᵀ(j−1) (all 128 keys, read M-major: the transpose
  *         flag) times this consumer's D/2 columns of the resident k (N-major),
- *         then red.global.add.v2.f32 into dq_accum. A last turn issues
+ *         then red.global.add.v4.f32 into dq_accum. A last turn issues
  *         dq(last).
  * dq lags a tile so that both halves of dS(j−1) are written before either
  * consumer reads them: consumer X wrote its half before its turn B(j−1), and
@@ -77,8 +77,8 @@ __device__ __forceinline__ void consumer_sync(int cw) {
 }
 /* Generic-proxy shared stores (dSᵀ) visible to the wgmmas (async proxy) that read them. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void red_add2(float *p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+__device__ __forceinline__ void red_add4(float *p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
   unsigned v;
@@ -129,13 +129,20 @@ __device__ __forceinline__ void issue_dk(float (&acc)[D / 2], uint32_t a, uint32
     WgmmaT<T, D>::kn(acc, wg_desc(a + kk * 32, 16, 1024), wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
 }
 
-/* acc's rows r0, r0 + 8 (of 64), columns 8m + 2t, + 1, into dst (row stride D) */
+/* acc's rows r0, r0 + 8 (of 64), columns 8m + 2t, + 1, into dst (row stride
+ * D) as 16-byte adds: lanes t and t ^ 1 trade a pair, the even one then
+ * adding row r0's four columns 8m + 2t.., the odd one row r0 + 8's
+ * 8m + 2t − 2.. (half the L2 atomic operations of 8-byte adds). */
 template <int D>
 __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], int r0, int t) {
+  const bool odd = t & 1;
+  float *row = dst + (int64_t)(r0 + (odd ? 8 : 0)) * D + 2 * (t & ~1);
 #pragma unroll
-  for (int i = 0; i < D / 4; i += 2) {
-    const int row = r0 + ((i & 2) ? 8 : 0), col = 8 * (i >> 2) + 2 * t;
-    red_add2(dst + (int64_t)row * D + col, acc[i], acc[i + 1]);
+  for (int m = 0; m < D / 16; m++) {
+    const float *a = acc + 4 * m;   // a[0], a[1]: row r0; a[2], a[3]: row r0 + 8
+    const float x0 = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+    const float x1 = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+    red_add4(row + 8 * m, odd ? x0 : a[0], odd ? x1 : a[1], odd ? a[2] : x0, odd ? a[3] : x1);
   }
 }
 #endif

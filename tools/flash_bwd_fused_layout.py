@@ -5,7 +5,7 @@ fragments (pack_a) and stored by store_ds into a 128-byte-swizzled [key][query] 
 dS · k read through wgmma descriptors (issue_dq: A M-major from that tile, B N-major from the
 TMA-loaded k, each consumer D/2 columns, at D 64 the descriptor 64 bytes into the rows); dk +=
 dSᵀ q (issue_dk: A K-major from the same tile, B the q tile N-major); the accumulator layout
-and add_dq's addresses into dq_accum. Checked against dS·k and dSᵀ·q computed directly, at D 64
+and add_dq's lane exchange and addresses into dq_accum. Checked against dS·k and dSᵀ·q computed directly, at D 64
 and 128. The hardware model it assumes (stated, and the part only the GPU spec can confirm):
   - TMA writes box element (r, c) (64 columns a box, 16-bit) at base + 128 r + 2 c, swizzled;
   - a descriptor reads K-major element (mn, k) at start + SBO (mn / 8) + 128 (mn % 8) + 2 k, and
@@ -103,17 +103,30 @@ def check(D, seed, broken=None):
                         b = rd_mnmajor(sm, kb + kk * 16 * 128, RES * 128, 1024, n, k)
                         s += a * b
                     dq[m][n] += s
-        # add_dq: accumulators to dq_accum (row stride D), this consumer's columns
+        # add_dq: lanes t, t ^ 1 trade a pair (shfl.xor 1), then one 4-float add each into dq_accum (row
+        # stride D), this consumer's columns
         got = {}
         for w in range(4):
+            accs = {}
+            for lane in range(32):
+                accs[lane] = [dq[acc_pos(w, lane, i)[0]][acc_pos(w, lane, i)[1]] for i in range(D // 4)]
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
-                for i in range(0, D // 4, 2):
-                    row, col = 16 * w + g + (8 if i & 2 else 0), 8 * (i >> 2) + 2 * t
-                    for e in range(2):
-                        r, cc = acc_pos(w, lane, i + e)
-                        assert (r, cc) == (row, col + e)
-                        got[(row, cw * (D // 2) + col + e)] = dq[r][cc]
+                odd = t & 1
+                r0 = 16 * w + g
+                row = r0 + (8 if odd else 0)
+                c0 = 2 * (t & ~1)
+                a, p = accs[lane], accs[lane ^ 1]
+                for m in range(D // 16):
+                    # the partner sends (odd partner: its a[0], a[1]; even partner: its a[2], a[3])
+                    pod = (t ^ 1) & 1
+                    x0, x1 = (p[4 * m], p[4 * m + 1]) if pod else (p[4 * m + 2], p[4 * m + 3])
+                    v = [x0, x1, a[4 * m + 2], a[4 * m + 3]] if odd else [a[4 * m], a[4 * m + 1], x0, x1]
+                    for e in range(4):
+                        key = (row, cw * (D // 2) + 8 * m + c0 + e)
+                        if key in got:
+                            bad += 1   # two adds to one element
+                        got[key] = v[e]
         for q in range(64):
             for n in range(N):
                 want = sum(dST[key][q] * K[key][cw * N + n] for key in range(RES))
