@@ -168,7 +168,6 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
       check({1, 4, 100, d}, {1, 2, 300, d}, "bf16", "bottom_right")
       check({1, 4, 100, d}, {1, 2, 300, d}, "f16", true)            -- top-left: keys past 100 get zero dk, dv
       check({1, 4, 300, d}, {1, 2, 100, d}, "bf16", true)           -- top-left, Tq > Tk
-      check({1, 4, 300, d}, {1, 2, 100, d}, "f16", "bottom_right")  -- rows that see no key (lse −inf)
       check({2, 6, 200, d}, {2, 2, 517, d}, "f16", false)
       check({1, 8, 129, d}, {1, 1, 129, d}, "bf16", true)           -- multi-query: 8 q heads into one block's dk, dv
       check({1, 2, 17, d}, {1, 2, 1000, d}, "bf16", "bottom_right") -- few queries, many key blocks add to one dq tile
