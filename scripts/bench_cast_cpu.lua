@@ -32,13 +32,7 @@ local function minflt()
 end
 
 local MiB = 1 << 20
-local flush_buf = ember.zeros({256 * MiB // 4}, {dtype = "i32"})
-local function flush() ember.stream_read(flush_buf) end
-local function stats(t)
-  table.sort(t)
-  local n = #t
-  return t[1], n % 2 == 1 and t[(n + 1) // 2] or (t[n // 2] + t[n // 2 + 1]) / 2
-end
+local flush = S.cpu_flusher(256 * MiB)
 
 ember.manual_seed(1)
 local x32 = ember.randn({4096, 4096})
@@ -54,25 +48,11 @@ print("|---|---|---|---|---|---|")
 for _, stream in ipairs({true, false}) do
   local prev = ember.set_stream_min(stream and 16 * MiB or -1)
   for _, c in ipairs(cases) do
-    local tr, to, faults = {}, {}, 0
-    ember.no_grad(function()
-      for i = 1, args.warmup + args.reps do
-        flush()
-        local t0 = ember.clock()
-        ember.stream_read(c[2])
-        local t1 = ember.clock()
-        flush()
-        local f0 = minflt()
-        local t2 = ember.clock()
-        local y = c[3]()
-        local t3 = ember.clock()
-        local f1 = minflt()
-        getmetatable(y).__close(y)
-        if i > args.warmup then tr[#tr + 1], to[#to + 1], faults = t1 - t0, t3 - t2, faults + f1 - f0 end
-      end
+    local faults, f0 = 0, 0
+    local t = S.time_beside_read(c[2], c[3], args.reps, args.warmup, flush, function(when, timed)
+      if when == "before" then f0 = minflt() elseif timed then faults = faults + minflt() - f0 end
     end)
-    local rmin, rmed = stats(tr)
-    local omin, omed = stats(to)
+    local rmin, rmed, omin, omed = t.read[1], t.read[2], t.op[1], t.op[2]
     local bytes = c[4] * MiB
     print(("| %s | %s | %.4f / %.4f | %.4f / %.4f | %.1f, %.1f | %.1f |"):format(c[1], stream and "streaming" or "regular",
       rmin * 1e3, rmed * 1e3, omin * 1e3, omed * 1e3, bytes / omin / 1e9, bytes / omed / 1e9, faults / args.reps))

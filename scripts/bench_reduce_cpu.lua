@@ -36,29 +36,10 @@ local cases = {
   amax_last = function(a) return a:amax(-1) end,
 }
 
--- the flush: bench.lua's CPU flush (a read of a buffer twice the largest cache, at most 256 MiB)
-local function cache_bytes()
-  local best = 0
-  for i = 0, 9 do
-    local f = io.open(("/sys/devices/system/cpu/cpu0/cache/index%d/size"):format(i))
-    if not f then break end
-    local n, u = (f:read("l") or ""):match("^(%d+)([KMG]?)")
-    f:close()
-    if n then best = math.max(best, tonumber(n) * ({[""] = 1, K = 1024, M = 1 << 20, G = 1 << 30})[u]) end
-  end
-  return best > 0 and math.min(2 * best, 256 << 20) or 64 << 20
-end
-local flush_buf = ember.zeros({cache_bytes() // 4}, {dtype = "i32"})
-local function flush() ember.stream_read(flush_buf) end
-
-local function stats(t)
-  table.sort(t)
-  local n = #t
-  return t[1], n % 2 == 1 and t[(n + 1) // 2] or (t[n // 2] + t[n // 2 + 1]) / 2
-end
+local flush, flush_bytes = S.cpu_flusher()
 
 print(("threads %d, input (%d, %d), reps %d, flush %d MiB"):format(ember.get_num_threads(), args.rows, args.cols,
-  args.reps, flush_buf:numel() * 4 >> 20))
+  args.reps, flush_bytes >> 20))
 print("| case | dtype | MiB | read min / med ms | op min / med ms | read GB/s (min) | op GB/s (min, med) | op/read min | op/read med |")
 print("|---|---|---|---|---|---|---|---|---|")
 for dt in args.dtype:gmatch("[^,]+") do
@@ -67,23 +48,8 @@ for dt in args.dtype:gmatch("[^,]+") do
   local bytes = x:numel() * x:element_size()
   for name in args.op:gmatch("[^,]+") do
     local fn = assert(cases[name], "unknown case " .. name)
-    local tr, to = {}, {}
-    ember.no_grad(function()
-      for i = 1, args.warmup + args.reps do
-        flush()
-        local t0 = ember.clock()
-        ember.stream_read(x)
-        local t1 = ember.clock()
-        flush()
-        local t2 = ember.clock()
-        local y = fn(x)
-        local t3 = ember.clock()
-        getmetatable(y).__close(y)
-        if i > args.warmup then tr[#tr + 1], to[#to + 1] = t1 - t0, t3 - t2 end
-      end
-    end)
-    local rmin, rmed = stats(tr)
-    local omin, omed = stats(to)
+    local t = S.time_beside_read(x, function() return fn(x) end, args.reps, args.warmup, flush)
+    local rmin, rmed, omin, omed = t.read[1], t.read[2], t.op[1], t.op[2]
     print(("| %s | %s | %d | %.4f / %.4f | %.4f / %.4f | %.1f | %.1f, %.1f | %.0f%% | %.0f%% |"):format(name, dt,
       bytes >> 20, rmin * 1e3, rmed * 1e3, omin * 1e3, omed * 1e3, bytes / rmin / 1e9, bytes / omin / 1e9,
       bytes / omed / 1e9, rmin / omin * 100, rmed / omed * 100))

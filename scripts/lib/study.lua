@@ -3,7 +3,9 @@
 -- they check, print and write the same way: the count and --device checks, the header
 -- lines, the comma lists they take, freeing memory between configurations,
 -- telling an out-of-memory result from an error, and the JSON-lines and
--- Markdown files. Load it with dofile (not a package):
+-- Markdown files; and for the CPU scripts that hold an op to a read of its
+-- input (bench_reduce_cpu.lua, bench_cast_cpu.lua) the cache flush and the
+-- alternating read/op timing. Load it with dofile (not a package):
 --   local S = dofile(script_dir .. "lib/study.lua")
 -- Functions that can refuse take `fail` (the script's: message to stderr, exit 2).
 local ember = require "ember"
@@ -114,6 +116,59 @@ function M.write_markdown(path, facts, lines, fail)
   f:write("<!-- ", facts.device, ", commit ", facts.commit, ", ", facts.date, " -->\n")
   f:write(table.concat(lines, "\n"), "\n")
   f:close()
+end
+
+-- A CPU cache flush for timing: a read of an i32 buffer of `bytes` (default: twice the largest cache
+-- sysfs names, at most 256 MiB; 64 MiB when it names none), the way bench.lua flushes. Returns the
+-- flush function and the buffer's size in bytes.
+function M.cpu_flusher(bytes)
+  if not bytes then
+    local best = 0
+    for i = 0, 9 do
+      local f = io.open(("/sys/devices/system/cpu/cpu0/cache/index%d/size"):format(i))
+      if not f then break end
+      local n, u = (f:read("l") or ""):match("^(%d+)([KMG]?)")
+      f:close()
+      if n then best = math.max(best, tonumber(n) * ({[""] = 1, K = 1024, M = 1 << 20, G = 1 << 30})[u]) end
+    end
+    bytes = best > 0 and math.min(2 * best, 256 << 20) or 64 << 20
+  end
+  local buf = ember.zeros({bytes // 4}, {dtype = "i32"})
+  return function() ember.stream_read(buf) end, bytes
+end
+
+-- min and median of a list of numbers (sorts it)
+function M.min_median(t)
+  table.sort(t)
+  local n = #t
+  return t[1], n % 2 == 1 and t[(n + 1) // 2] or (t[n // 2] + t[n // 2 + 1]) / 2
+end
+
+-- Times fn() beside a read of `x` (ember.stream_read) in alternating reps, each after flush():
+-- the same bytes, the same caches, the same moment on a shared machine. fn returns a tensor, closed
+-- at once; on_op(before) / on_op(after), if given, run just outside the op's clock (e.g. to count
+-- page faults). Returns {read = {min, med}, op = {min, med}} in seconds.
+function M.time_beside_read(x, fn, reps, warmup, flush, on_op)
+  local tr, to = {}, {}
+  ember.no_grad(function()
+    for i = 1, warmup + reps do
+      flush()
+      local t0 = ember.clock()
+      ember.stream_read(x)
+      local t1 = ember.clock()
+      flush()
+      if on_op then on_op("before", i > warmup) end
+      local t2 = ember.clock()
+      local y = fn()
+      local t3 = ember.clock()
+      if on_op then on_op("after", i > warmup) end
+      getmetatable(y).__close(y)
+      if i > warmup then tr[#tr + 1], to[#to + 1] = t1 - t0, t3 - t2 end
+    end
+  end)
+  local rmin, rmed = M.min_median(tr)
+  local omin, omed = M.min_median(to)
+  return {read = {rmin, rmed}, op = {omin, omed}}
 end
 
 return M
