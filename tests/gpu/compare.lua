@@ -24,6 +24,7 @@
 --   f16  2.5e-3  the same five roundings at f16's 2^-11.
 --   integer and bool dtypes: exact (rtol 0).
 local ember = require "ember"
+local F, core = ember.nn.functional, ember.core
 
 local M = {}
 
@@ -110,6 +111,67 @@ end
 
 --- The attention specs' shared pieces (flash_spec, flash_wg_spec, flash_wg_bwd_spec):
 -- a fresh leaf copy of t that requires grad;
+function M.leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
+-- the (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it;
+function M.bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
+-- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d) (3-D: as is).
+function M.repeat_kv(k, H)
+  if #k.shape == 3 or k.shape[2] == H then return k end
+  local B, Hkv, T, d = table.unpack(k.shape)
+  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
+end
+-- the largest |a - b| over all elements, in f64 on the CPU
+function M.max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+
+--- The backward specs' (flash_wg_bwd_spec, flash_fused_bwd_spec) gradients, each {dq =, dk =, dv =}:
+-- of fn(q, k, v) through autograd from fresh leaves, with g as the output's gradient;
+function M.attn_grads(fn, q, k, v, g)
+  local qq, kk, vv = M.leaf(q), M.leaf(k), M.leaf(v)
+  local o = fn(qq, kk, vv)
+  o:backward(g)
+  return {dq = qq.grad, dk = kk.grad, dv = vv.grad}
+end
+-- the f64 reference on the CPU (repeat_kv sums a kv head's group);
+function M.attn_ref64(q, k, v, g, causal)
+  local q6, k6, v6 = M.leaf(q:cpu():to("f64")), M.leaf(k:cpu():to("f64")), M.leaf(v:cpu():to("f64"))
+  local H = q.shape[2]
+  local o = F.scaled_dot_product_attention(q6, M.repeat_kv(k6, H), M.repeat_kv(v6, H), {causal = causal, impl = "naive"})
+  o:backward(g:cpu():to("f64"))
+  return {dq = q6.grad, dk = k6.grad, dv = v6.grad}
+end
+-- the flash forward (whatever auto runs) and the backward `kernel` (core.flash_bwd_kernel), restored after;
+function M.flash_grads(kernel, q, k, v, g, causal)
+  local prev = core.flash_bwd_kernel(kernel)
+  local ok, res = pcall(M.attn_grads, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g)
+  core.flash_bwd_kernel(prev)
+  if not ok then error(res, 0) end
+  return res
+end
+-- the naive composition on the same device.
+function M.naive_grads(q, k, v, g, causal)
+  return M.attn_grads(function(a, b, c)
+    return F.scaled_dot_product_attention(a, b, c, {causal = causal, impl = "naive", enable_gqa = true})
+  end, q, k, v, g)
+end
+
+--- The names of the kernels fn() launched (CUPTI), joined by " | ".
+function M.kernel_names(fn)
+  local P = ember.profiler.profile(function() fn() ember.cuda.synchronize() end, {print = false})
+  local names = {}
+  for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+  P:close()
+  return table.concat(names, " | ")
+end
+
+--- nil when fn() (a forced wgmma kernel) runs here; the error when it failed for want of an sm_90 GPU;
+-- any other error is raised.
+function M.sm90_unavailable(fn)
+  local ok, err = pcall(fn)
+  if ok then return nil end
+  if tostring(err):match("sm_90") then return tostring(err) end
+  error(err, 0)
+end
+
 -- Checks by kernel name need CUPTI. Under compute-sanitizer (`make test-gpu-memcheck` sets
 -- EMBER_UNDER_SANITIZER=1) CUPTI is not ours: there such a check is reported pending, with the reason;
 -- anywhere else a CUPTI that does not load fails the test. `pending` is the running test's.
@@ -121,14 +183,5 @@ function M.need_cupti(pending)
   error(msg, 2)
 end
 
-function M.leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
--- the (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it;
-function M.bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
--- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d) (3-D: as is).
-function M.repeat_kv(k, H)
-  if #k.shape == 3 or k.shape[2] == H then return k end
-  local B, Hkv, T, d = table.unpack(k.shape)
-  return k:unsqueeze(2):expand(B, Hkv, H // Hkv, T, d):reshape(B, H, T, d)
-end
 
 return M, dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")

@@ -17,7 +17,6 @@
 -- order, to wg's bits. Every case prints its errors (wg's, wg2's, mma's,
 -- naive's, wg vs mma), so a failing run says where.
 local ember = require "ember"
-local F = ember.nn.functional
 local core = ember.core
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
@@ -28,40 +27,9 @@ assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER
 
 local CAP = {bf16 = 1e-2, f16 = 2e-3}
 local randn = helpers.seeded(11300).randn   -- seeds 11300 + 1, + 2, ...: f64 draws cast to the dtype
-local leaf, bthd, repeat_kv = C.leaf, C.bthd, C.repeat_kv
+local bthd = C.bthd
 
--- f64 reference on the CPU: dq, dk, dv through autograd (repeat_kv sums a kv head's group)
-local function ref64(q, k, v, g, causal)
-  local q6, k6, v6 = leaf(q:cpu():to("f64")), leaf(k:cpu():to("f64")), leaf(v:cpu():to("f64"))
-  local H = q.shape[2]
-  local o = F.scaled_dot_product_attention(q6, repeat_kv(k6, H), repeat_kv(v6, H), {causal = causal, impl = "naive"})
-  o:backward(g:cpu():to("f64"))
-  return {dq = q6.grad, dk = k6.grad, dv = v6.grad}
-end
-
-local function grads_of(fn, q, k, v, g)
-  local qq, kk, vv = leaf(q), leaf(k), leaf(v)
-  local o = fn(qq, kk, vv)
-  o:backward(g)
-  return {dq = qq.grad, dk = kk.grad, dv = vv.grad}
-end
-
--- flash forward (whatever auto runs) and backward with the given backward kernel
-local function flash(kernel, q, k, v, g, causal)
-  local prev = core.flash_bwd_kernel(kernel)
-  local ok, res = pcall(grads_of, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g)
-  core.flash_bwd_kernel(prev)
-  if not ok then error(res, 0) end
-  return res
-end
-
-local function naive(q, k, v, g, causal)
-  return grads_of(function(a, b, c)
-    return F.scaled_dot_product_attention(a, b, c, {causal = causal, impl = "naive", enable_gqa = true})
-  end, q, k, v, g)
-end
-
-local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+local ref64, flash, naive, max_abs = C.attn_ref64, C.flash_grads, C.naive_grads, C.max_abs
 
 local NAMES = {"dq", "dk", "dv"}
 
@@ -110,17 +78,12 @@ local function check(sq, sk, dt, causal, opts)
   return wg, mm
 end
 
--- nil when the wg backward runs here, else why not (not an sm_90 GPU)
-local function wg_unavailable()
-  local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
-  local ok, err = pcall(flash, "wg", x, x, x, x, true)
-  if ok then return nil end
-  if tostring(err):match("sm_90") then return tostring(err) end
-  error(err, 0)
-end
-
 describe("flash attention's wgmma backward (sm_90)", function()
-  local why = wg_unavailable()
+  -- nil when the wg backward runs here, else why not (not an sm_90 GPU)
+  local why = C.sm90_unavailable(function()
+    local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
+    flash("wg", x, x, x, x, true)
+  end)
   if why then
     it("needs an sm_90 GPU", function() pending(why) end)   -- reported skipped, with the reason
     return
@@ -195,12 +158,7 @@ describe("flash attention's wgmma backward (sm_90)", function()
   -- same bits: P and dS are the same f32 formula, rounded alike, and both sum their tiles in one order;
   -- seen on the H100, 2026-11-27 — so bits cannot tell them apart)
   local function bwd_kernels(kernel, q, k, v, g)
-    local P = ember.profiler.profile(function() flash(kernel, q, k, v, g, true) ember.cuda.synchronize() end,
-      {print = false})
-    local names = {}
-    for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
-    P:close()
-    return table.concat(names, " ")
+    return C.kernel_names(function() flash(kernel, q, k, v, g, true) end)
   end
 
   it("gives the mma backward's bits under auto at D 64/128", function()

@@ -72,7 +72,7 @@ local function naive(q, k, v, causal)
   return F.scaled_dot_product_attention(q, k, v, {causal = causal, impl = "naive", enable_gqa = true}):detach()
 end
 
-local function max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
+local max_abs = C.max_abs
 
 local WG_KERNELS = {"wg", "wg2", "wg3"}   -- wg3: three consumers at D 64, wg2 at D 128
 
@@ -124,19 +124,15 @@ local function check(sq, sk, dt, causal, opts)
   end
 end
 
--- nil when the wg kernel runs here, else why not (not an sm_90 GPU)
-local function wg_unavailable()
-  local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
-  local prev = core.flash_fwd_kernel("wg")
-  local ok, err = pcall(F.flash_attention, x, x, x, true)
-  core.flash_fwd_kernel(prev)
-  if ok then return nil end
-  if tostring(err):match("sm_90") then return tostring(err) end
-  error(err, 0)
-end
-
 describe("flash attention's wgmma forward (sm_90)", function()
-  local why = wg_unavailable()
+  -- nil when the wg kernel runs here, else why not (not an sm_90 GPU)
+  local why = C.sm90_unavailable(function()
+    local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
+    local prev = core.flash_fwd_kernel("wg")
+    local ok, err = pcall(F.flash_attention, x, x, x, true)
+    core.flash_fwd_kernel(prev)
+    if not ok then error(err, 0) end
+  end)
   if why then
     it("needs an sm_90 GPU", function() pending(why) end)   -- reported skipped, with the reason
     return
@@ -232,12 +228,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
     C.need_cupti(pending)
     local q64, k64, v64 = randn({1, 2, 300, 64}, "bf16"):cuda(), randn({1, 2, 300, 64}, "bf16"):cuda(),
       randn({1, 2, 300, 64}, "bf16"):cuda()
-    local P = ember.profiler.profile(function() flash("auto", q64, k64, v64, nil, true) ember.cuda.synchronize() end,
-      {print = false})
-    local names = {}
-    for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
-    P:close()
-    local ran = table.concat(names, " | ")
+    local ran = C.kernel_names(function() flash("auto", q64, k64, v64, nil, true) end)
     assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3>"), ran)
   end)
 
