@@ -163,9 +163,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // fused: the highest key block first (the counters' order); fused_nd: the longest first
   const int nb = DET ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = nb * RES;
-  const int qstart = p.causal ? (max(0, k0 - p.off) / STR) * STR : 0;
-  const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
+  const DkdvTiles tiles = dkdv_tiles(p, nb);
+  const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   const int wg = threadIdx.x >> 7;
 
   init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
@@ -295,10 +294,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     dq_out(ntile - 1);
   }
 
-  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
-  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
-  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
-  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+  store_dkdv<T, D>(p, b, hk, dk, dv, key0, t);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif

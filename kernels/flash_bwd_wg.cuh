@@ -120,6 +120,47 @@ __device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc
 }
 
 
+/* The dk/dv kernels' epilogue: this consumer's dk (times the softmax scale)
+ * and dv rows key0, key0 + 8 of kv head hk, batch b. */
+template <typename T, int D>
+__device__ __forceinline__ void store_dkdv(const Params &p, int b, int hk, const float (&dk)[D / 2],
+                                           const float (&dv)[D / 2], int key0, int t) {
+  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
+  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+}
+
+/* A dk/dv block's tiles: key block nb of kv head hk, batch b (blockIdx.y);
+ * the q tiles of STR rows from qstart (causal: the first row that sees key
+ * k0 is k0 - off, on a tile boundary), nq of them per q head, ntile over the
+ * kv head's group. */
+struct DkdvTiles {
+  int b, hk, k0, qstart, nq, ntile;
+};
+__device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb) {
+  DkdvTiles d;
+  const int bhk = blockIdx.y;
+  d.b = bhk / p.Hkv;
+  d.hk = bhk % p.Hkv;
+  d.k0 = nb * RES;
+  d.qstart = p.causal ? (max(0, d.k0 - p.off) / STR) * STR : 0;
+  d.nq = max(0, (p.Tq - d.qstart + STR - 1) / STR);
+  d.ntile = p.group * d.nq;
+  return d;
+}
+
+/* A dq consumer's two rows' lse·log2 e and Δ; rows past Tq get lse +inf, so
+ * P = 0 there (their q and dO rows are TMA's zeros). */
+__device__ __forceinline__ void dq_row_stats(const Params &p, int bh, int row0, int row1, float &l0, float &l1,
+                                             float &d0, float &d1) {
+  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+  l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
+  l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+  d0 = row0 < p.Tq ? delta[row0] : 0.f;
+  d1 = row1 < p.Tq ? delta[row1] : 0.f;
+}
+
 /* Thread 0 initialises the block's barriers: the one-shot one for the
  * resident tiles (k, v or q, dO), and each ring stage's full one (full_count
  * arrivals: the copies' expect_tx, plus the dk/dv producer's lse/Δ threads)

@@ -68,9 +68,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + L::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
   const uint32_t bar_kv = base + L::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
 
-  const int bhk = blockIdx.y, b = bhk / p.Hkv, hk = bhk % p.Hkv, k0 = blockIdx.x * RES;
-  const int qstart = p.causal ? (max(0, k0 - p.off) / STR) * STR : 0;
-  const int nq = max(0, (p.Tq - qstart + STR - 1) / STR), ntile = p.group * nq;
+  const DkdvTiles tiles = dkdv_tiles(p, blockIdx.x);
+  const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   const int wg = threadIdx.x >> 7;
 
   init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
@@ -239,10 +238,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
-  T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
-  T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
-  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
-  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+  store_dkdv<T, D>(p, b, hk, dk, dv, key0, t);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif
@@ -277,10 +273,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int qw0 = q0 + cw * 64, wrow = qw0 + warp * 16, row0 = wrow + g, row1 = row0 + 8;
   const uint32_t qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;   // this consumer's rows of q, dO
-  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
-  const float l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
-  const float l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
-  const float d0 = row0 < p.Tq ? delta[row0] : 0.f, d1 = row1 < p.Tq ? delta[row1] : 0.f;
+  float l0, l1, d0, d1;
+  dq_row_stats(p, bh, row0, row1, l0, l1, d0, d1);
   const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
   auto pass_turn = [&](int i) {
     if (cw == 0 || i < turns - 1) named_arrive(other_bar);
