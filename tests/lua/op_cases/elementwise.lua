@@ -137,6 +137,17 @@ return function(case, perf, ember, F)
     function(T) return {T.mask(N), T.randn(N), T.randn(N)} end, {backward = true, torch = "torch.where(a, b, c)"})
   perf("masked_fill", "masked_fill (4096,4096)", function(a, m) return a:masked_fill(m, 0) end,
     function(T) return {T.randn(N), T.mask(N)} end, {backward = true, torch = "a.masked_fill(b, 0)"})
+  -- issue 12's ">= 70% of bandwidth" on inputs well past the H100's 50 MB L2
+  -- (reduce.lua does the same for sum): 2^26 elements, CUDA only
+  local L = {8192, 8192}
+  perf("add", "add (8192,8192) x (8192,8192)", function(a, b) return a + b end,
+    function(T) return {T.randn(L), T.randn(L)} end, {device = "cuda", torch = "a + b"})
+  perf("add", "add (8192,8192) + (8192) broadcast row", function(a, b) return a + b end,
+    function(T) return {T.randn(L), T.randn({8192})} end, {device = "cuda", torch = "a + b"})
+  perf("where", "where (8192,8192)", function(c, a, b) return ember.where(c, a, b) end,
+    function(T) return {T.mask(L), T.randn(L), T.randn(L)} end, {device = "cuda", torch = "torch.where(a, b, c)"})
+  perf("masked_fill", "masked_fill (8192,8192)", function(a, m) return a:masked_fill(m, 0) end,
+    function(T) return {T.randn(L), T.mask(L)} end, {device = "cuda", torch = "a.masked_fill(b, 0)"})
   perf("triu", "triu (4096,4096)", function(a) return a:triu(1) end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.triu(1)"})
   perf("tril", "tril (4096,4096)", function(a) return a:tril() end,

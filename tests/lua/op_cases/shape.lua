@@ -93,6 +93,10 @@ return function(case, perf, ember, F)
     function(T) return {T.randn(N)} end, {dtypes = {"f32"}, torch = "a.to(torch.bfloat16)"})
   perf("to", "cast bf16 -> f32 (4096,4096)", function(a) return a:to("f32") end,
     function(T) return {T.randn(N):to("bf16")} end, {dtypes = {"f32"}, torch = "a.bfloat16().float()"})
+  for _, c in ipairs({{"f32", "bf16", "a.to(torch.bfloat16)"}, {"bf16", "f32", "a.bfloat16().float()"}}) do
+    perf("to", ("cast %s -> %s (8192,8192)"):format(c[1], c[2]), function(a) return a:to(c[2]) end,
+      function(T) return {T.randn({8192, 8192}):to(c[1])} end, {dtypes = {"f32"}, device = "cuda", torch = c[3]})
+  end
   local views = {
     {"view", function(a) return a:view(2048, 8192) end, "a.view(2048, 8192)"},
     {"transpose", function(a) return a:transpose(0, 1) end, "a.transpose(0, 1)"},
