@@ -93,6 +93,9 @@ size_t em_cpu_alloc_size(size_t nbytes);
 /* Bytes of freed big blocks kept for reuse; give them all back to the system. */
 size_t em_cpu_cached_bytes(void);
 void em_cpu_empty_cache(void);
+/* Zeroed memory for tensor/storage headers (engine/alloc/cpu.c's small bins); free with the same size. */
+void *em_header_alloc(size_t nbytes);
+void em_header_free(void *p, size_t nbytes);
 
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);

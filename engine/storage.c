@@ -8,7 +8,7 @@
 const em_cuda_backend *em_cuda = NULL;
 
 em_storage *em_storage_new(size_t nbytes, em_device dev) {
-  em_storage *s = calloc(1, sizeof *s);
+  em_storage *s = em_header_alloc(sizeof *s);
   if (!s) { em_error_oom("out of memory: cannot allocate a storage header"); return NULL; }
   s->refcount = 1;
   s->nbytes = nbytes;
@@ -16,26 +16,26 @@ em_storage *em_storage_new(size_t nbytes, em_device dev) {
   if (dev.type == EM_CPU) {
     s->data = em_cpu_alloc(nbytes);
     if (!s->data) {
-      free(s);
+      em_header_free(s, sizeof *s);
       em_error_oom("out of memory: cannot allocate %zu bytes on the CPU", nbytes);
       return NULL;
     }
     if (em_mem_history_on()) em_mem_record(EM_MEM_ALLOC, -1, s->data, em_cpu_alloc_size(nbytes), nbytes, NULL);
   } else {
     if (!em_cuda) {
-      free(s);
+      em_header_free(s, sizeof *s);
       em_error("cuda: this build of Ember has no CUDA backend (rebuild with -DEMBER_CUDA=ON)");
       return NULL;
     }
     s->data = em_cuda->alloc(nbytes, dev.index);
-    if (!s->data) { free(s); return NULL; }   /* the backend set an out-of-memory error */
+    if (!s->data) { em_header_free(s, sizeof *s); return NULL; }   /* the backend set an out-of-memory error */
   }
   return s;
 }
 
 em_storage *em_storage_wrap(void *data, size_t nbytes, em_device dev,
                             void (*deleter)(em_storage *), void *ctx) {
-  em_storage *s = calloc(1, sizeof *s);
+  em_storage *s = em_header_alloc(sizeof *s);
   if (!s) { em_error_oom("out of memory: cannot allocate a storage header"); return NULL; }
   s->refcount = 1; s->data = data; s->nbytes = nbytes; s->device = dev;
   s->deleter = deleter; s->ctx = ctx;
@@ -52,7 +52,7 @@ void em_storage_release(em_storage *s) {
     em_cpu_free(s->data, s->nbytes);
   }
   else if (em_cuda) em_cuda->free(s->data, s->device.index);
-  free(s);
+  em_header_free(s, sizeof *s);
 }
 
 int em_device_parse(const char *str, em_device *out) {

@@ -11,7 +11,7 @@
 
 static em_tensor *header(em_storage *s, int64_t offset, int ndim, const int64_t *shape,
                          const int64_t *stride, em_dtype dt) {
-  em_tensor *t = calloc(1, sizeof *t);
+  em_tensor *t = em_header_alloc(sizeof *t);
   if (!t) { em_error_oom("out of memory: cannot allocate a tensor header"); return NULL; }
   t->refcount = 1;
   t->storage = s; em_storage_retain(s);
@@ -33,7 +33,7 @@ void em_tensor_release(em_tensor *t) {
     if (h->ud_free) h->ud_free(h->ud);
     free(h);
   }
-  free(t);
+  em_header_free(t, sizeof *t);
 }
 
 /* ---------------- creation ---------------- */

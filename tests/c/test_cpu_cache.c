@@ -5,6 +5,7 @@
  * cap is read at the first big allocation.) Sanitizer builds keep no cache. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "test.h"
 #include "internal.h"
 
@@ -42,8 +43,44 @@ TEST(evicts_the_oldest_past_the_cap) {
 #endif
 }
 
+/* Small blocks (<= 1 KiB) come back from their 64-byte class, newest first,
+ * 64-byte aligned; headers come back zeroed; other classes do not mix. */
+TEST(small_blocks_are_reused_by_class) {
+  void *a = em_cpu_alloc(100), *b = em_cpu_alloc(100), *c = em_cpu_alloc(1000);
+  CHECK(a && b && c);
+  if (!a || !b || !c) return;
+  CHECK(((uintptr_t)a & 63) == 0 && ((uintptr_t)c & 63) == 0);
+  em_cpu_free(a, 100);
+  em_cpu_free(b, 100);
+  em_cpu_free(c, 1000);
+#if !defined(__SANITIZE_ADDRESS__)
+  CHECK(em_cpu_alloc(128) == b);                /* 100 and 128 share the 128-byte class: b, the newest */
+  CHECK(em_cpu_alloc(65) == a);
+  void *d = em_cpu_alloc(64);                   /* the 64-byte class is empty: not a or c */
+  CHECK(d != a && d != c);
+  em_cpu_free(d, 64);
+  void *c2 = em_cpu_alloc(1000);                /* c out, dirtied and back */
+  CHECK(c2 == c);
+  memset(c2, 0xAB, 1000);
+  em_cpu_free(c2, 1000);
+  unsigned char *h = em_header_alloc(1000);     /* c again, zeroed as calloc would */
+  CHECK((void *)h == c);
+  int nonzero = 0;
+  for (int i = 0; i < 1000; i++) nonzero += h[i] != 0;
+  CHECK(nonzero == 0);
+  em_header_free(h, 1000);
+  em_cpu_free(a, 128);
+  em_cpu_free(b, 128);
+  em_cpu_empty_cache();                         /* gives the small bins back too */
+  void *e = em_cpu_alloc(128);
+  CHECK(e != NULL);
+  em_cpu_free(e, 128);
+#endif
+}
+
 int main(void) {
   setenv("EMBER_CPU_CACHE_MB", "8", 1);        /* before the first big allocation */
   RUN(evicts_the_oldest_past_the_cap);
+  RUN(small_blocks_are_reused_by_class);
   TEST_MAIN_END();
 }
