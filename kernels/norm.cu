@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
+  constexpr bool HOLD = sizeof(TX) == 2 && NV <= 2;
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;                                    /* RPB x D: each group's column sums */
   __shared__ C red[2][RPB][WPR];
@@ -404,6 +405,11 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
       }
     }
     const C r = row ? rstd[i] : (C)0;
+    /* HOLD: u = gy·w and x as f32, kept from the dot pass for the gx pass
+     * (2 registers an element, so 16-bit rows of at most 2 chunks a thread):
+     * w is read and each element unpacked once a row, not twice. Otherwise
+     * recomputed from the raw words. Same expressions either way: same bits. */
+    C uh[HOLD ? NV : 1][VEC], xf[HOLD ? NV : 1][VEC];
     C dot = 0;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
@@ -412,7 +418,11 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         C wv[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) dot += raw_elem<C, TX>(bg[v], k) * wv[k] * raw_elem<C, TX>(bx[v], k);
+        for (int k = 0; k < VEC; k++) {
+          const C u = raw_elem<C, TX>(bg[v], k) * wv[k], xe = raw_elem<C, TX>(bx[v], k);
+          dot += u * xe;
+          if constexpr (HOLD) { uh[v][k] = u; xf[v][k] = xe; }
+        }
       }
     }
     dot = warp_allsum(dot);
@@ -432,13 +442,16 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
       if (j < D) {
+        /* gy·w and x of element k: held, or recomputed from the raw words (w reloaded) */
         C wv[VEC];
-        load_w<C, TW, VEC>(w, j, wvec, wv);
+        if constexpr (!HOLD) load_w<C, TW, VEC>(w, j, wvec, wv);
+        auto u = [&](int k) { if constexpr (HOLD) return uh[v][k]; else return raw_elem<C, TX>(bg[v], k) * wv[k]; };
+        auto xe = [&](int k) { if constexpr (HOLD) return xf[v][k]; else return raw_elem<C, TX>(bx[v], k); };
         if (gx) {
           Packed128<TX> q;
 #pragma unroll
           for (int k = 0; k < VEC; k++) {
-            C d = r * (raw_elem<C, TX>(bg[v], k) * wv[k]) - b * raw_elem<C, TX>(bx[v], k);
+            C d = r * u(k) - b * xe(k);
             q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
@@ -448,8 +461,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
           for (int p = 0; p < NP; p++) {
             Packed128<C> a = dwp(j)[p];
 #pragma unroll
-            for (int q = 0; q < PS; q++)
-              a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (raw_elem<C, TX>(bx[v], p * PS + q) * r);
+            for (int q = 0; q < PS; q++) a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (xe(p * PS + q) * r);
             dwp(j)[p] = a;
           }
       }
@@ -463,7 +475,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW, (NV >= 4 ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
+  finish_dw<C, TW, (NV >= 4 || (HOLD && NV == 2) ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -526,14 +538,15 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
 };
 
 /* EMBER_RMSNORM_BWD_CHUNKS: the most 16-byte chunks a thread holds for
- * 16-bit rows, 4 (default) or 2; read once. A knob to measure both on a GPU
- * (scripts/rms_bwd_sweep.lua), not a tuning API. */
+ * 16-bit rows, 2 (default: u and x held, see HOLD) or 4 (the raw words
+ * only, everything recomputed in the gx pass); read once. A knob to measure
+ * both on a GPU (scripts/rms_bwd_sweep.lua), not a tuning API. */
 static int bwd_chunks_16bit() {
   static int most = 0;
   if (!most) {
     const char *env = getenv("EMBER_RMSNORM_BWD_CHUNKS");
-    if (!env || !*env || !strcmp(env, "4")) most = 4;
-    else if (!strcmp(env, "2")) most = 2;
+    if (!env || !*env || !strcmp(env, "2")) most = 2;
+    else if (!strcmp(env, "4")) most = 4;
     else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2 or 4, got '%s'", env);
   }
   return most;
@@ -560,9 +573,11 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
    * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
   if (vec) {
-    /* 16-bit rows at most 2 chunks a thread when EMBER_RMSNORM_BWD_CHUNKS=2
-     * (twice the threads a row, fewer registers, more warps an SM; to
-     * measure against the default 4), where a row fits 256 threads so */
+    /* 16-bit rows at most 2 chunks a thread (twice the threads a row of
+     * 4, where a row fits 256 threads so), with u = gy·w and x held from
+     * the dot pass (HOLD): ~12 instructions an element where 4 chunks
+     * recomputing them took ~19, at the same 3 blocks an SM (78-80
+     * registers). EMBER_RMSNORM_BWD_CHUNKS=4: the 4-chunk kernels. */
     const int knob = sizeof(TX) == 2 ? bwd_chunks_16bit() : 4;
     if (knob < 0) return -1;
     const int most = knob == 2 && chunks <= 512 ? 2 : 4;

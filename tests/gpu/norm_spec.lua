@@ -68,6 +68,25 @@ describe("rmsnorm on CUDA", function()
     end
   end
 
+  -- 16-bit rows at 2 chunks a thread (the default; u = gy·w and x held from
+  -- the dot pass for the gx pass): each threads-a-row step's edges, a last
+  -- chunk that only one thread of the row holds (264 = 33 chunks on 32
+  -- threads, 520 on 64, 1032 on 128, 2056 on 256), 4104 = 513 chunks, one
+  -- past 2 a thread on 256 threads (3 chunks, recomputed); tiny N (fewer
+  -- rows than a block's row groups: one block, one partial row) and D not a
+  -- multiple of 8 (the block kernel). EMBER_RMSNORM_BWD_CHUNKS=4 runs the
+  -- same cases through the 4-chunk kernels.
+  for _, s in ipairs {{301, 264}, {301, 520}, {301, 1032}, {37, 2056}, {37, 4104}, {1, 1600}, {3, 768},
+                      {2, 4096}, {5, 1601}, {7, 250}} do
+    it(("bf16: (%d, %d) with an f32 weight: 2-chunk configuration edge"):format(s[1], s[2]), function()
+      check(s, "bf16", "f32", ("bf16 (%d, %d)"):format(s[1], s[2]))
+    end)
+  end
+  it("bf16: (301, 1600) with a bf16 weight and without one (2 chunks a thread)", function()
+    check({301, 1600}, "bf16", "bf16", "bf16/bf16 (301, 1600)")
+    check({301, 1600}, "bf16", nil, "bf16/none (301, 1600)")
+  end)
+
   -- more than 512 blocks (8192 rows of 64: 1024 blocks of 8 rows): more than
   -- 64 group sums, so each level-2 warp of the weight gradient's tail adds
   -- more than one batch of 8 group rows
@@ -100,6 +119,21 @@ describe("rmsnorm on CUDA", function()
       end
     end)
   end
+
+  -- bf16 rows held at 2 chunks a thread: the same fixed order, so the same bits on repeat
+  it("bf16: dw is bit-identical across runs (2048 x 1600, f32 weight)", function()
+    local x, w = randn({2048, 1600}, "bf16"), randn({1600})
+    local g = randn({2048, 1600}, "bf16"):cuda()
+    local xg = x:cuda()
+    local wg = w:cuda(); wg.requires_grad = true
+    F.rmsnorm(xg, wg, 1e-5):backward(g)
+    local first = wg.grad:clone()
+    for _ = 1, 3 do
+      wg.grad = nil
+      F.rmsnorm(xg, wg, 1e-5):backward(g)
+      C.assert_same_bits(wg.grad, first, "bf16 dw")
+    end
+  end)
 
   -- The weight gradient's block counters live in one buffer per stream that
   -- every launch leaves zeroed (kernels/counters.cu): launches of other grids
@@ -165,6 +199,25 @@ describe("rmsnorm on CUDA", function()
       local gxg, gwg = grads("cuda")
       close(gxg, gxc, 1e-5, "dx (sum)")
       close(gwg, gwc, 1e-5, "dw")
+    end)
+  end
+
+  -- the same for bf16 activations (the 2-chunk kernels' residual read)
+  for _, shape in ipairs {{64, 768}, {2048, 1600}, {33, 4096}} do
+    it(("bf16: adds into the residual gradient sum (%s)"):format(table.concat(shape, "x")), function()
+      local x, w, d = randn(shape, "bf16", 2), randn({shape[#shape]}), randn(shape, "bf16")
+      local function grads(dev)
+        local xx = x:clone():to(dev); xx.requires_grad = true
+        local ww = w:clone():to(dev); ww.requires_grad = true
+        local y = F.rmsnorm(xx, ww, 1e-5)
+        local r = y + xx * d:to(dev)
+        r:sum():backward()
+        return xx.grad, ww.grad
+      end
+      local gxc, gwc = grads("cpu")
+      local gxg, gwg = grads("cuda")
+      close(gxg, gxc, TOL.bf16, "bf16 dx (sum)")
+      close(gwg, gwc, TOL.f32, "bf16 dw (f32 weight)")
     end)
   end
 
