@@ -362,7 +362,7 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW 
  * order per column, in parallel over columns, the block writes its
  * partial row, and finish_dw sums the partial rows: deterministic, no
  * atomics on values (a counter per group of blocks). */
-template <typename TX, typename TW, int TPR, int NV>
+template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2)>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
-  constexpr bool HOLD = sizeof(TX) == 2 && NV <= 2;
+  constexpr bool HOLD = HOLD_;
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;                                    /* RPB x D: each group's column sums */
   __shared__ C red[2][RPB][WPR];
@@ -508,13 +508,13 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
 /* One row-group configuration: its grid fills the GPU once (resident blocks
  * per SM from the occupancy calculator, cached per configuration and shared
  * memory size), which also bounds the partial rows of dw. */
-template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
+template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2)> struct rg_launch {
   static int64_t grid(int dev, int64_t N, size_t smem) {
     static int per_sm = 0;
     static size_t for_smem = (size_t)-1;
     if (for_smem != smem) {
       int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV>, BWD_THREADS, smem) !=
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD>, BWD_THREADS, smem) !=
               cudaSuccess || n < 1) {
         cudaGetLastError();
         n = 1;
@@ -532,22 +532,25 @@ template <typename TX, typename TW, int TPR, int NV> struct rg_launch {
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
                   int nred, TW *gw) {
-    rms_bwd_rg_kernel<TX, TW, TPR, NV><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec, gx_acc,
-                                                                      counters, nred, gw);
+    rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
+                                                                            gx_acc, counters, nred, gw);
   }
 };
 
 /* EMBER_RMSNORM_BWD_CHUNKS: the most 16-byte chunks a thread holds for
- * 16-bit rows, 2 (default: u and x held, see HOLD) or 4 (the raw words
- * only, everything recomputed in the gx pass); read once. A knob to measure
- * both on a GPU (scripts/rms_bwd_sweep.lua), not a tuning API. */
+ * 16-bit rows: "2" (default: u and x held, see HOLD; 78-80 registers, 3
+ * blocks an SM), "2r" (2 chunks, recomputed as at 4: 48 registers, 5 blocks
+ * an SM) or "4" (the raw words only, recomputed; 80 registers, 3 blocks).
+ * Returns 2, 1 for "2r", 4, or -1 (error); read once. A knob to measure the
+ * three on a GPU (scripts/rms_bwd_sweep.lua), not a tuning API. */
 static int bwd_chunks_16bit() {
   static int most = 0;
   if (!most) {
     const char *env = getenv("EMBER_RMSNORM_BWD_CHUNKS");
     if (!env || !*env || !strcmp(env, "2")) most = 2;
+    else if (!strcmp(env, "2r")) most = 1;
     else if (!strcmp(env, "4")) most = 4;
-    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2 or 4, got '%s'", env);
+    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2, 2r or 4, got '%s'", env);
   }
   return most;
 }
@@ -572,15 +575,17 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
    * bf16 was held to 2 chunks a thread): 3 chunks 60-64 registers, 4 blocks
    * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
   int tpr = 0, nv = 0;
+  bool hold = true;                                   /* 16-bit rows at <= 2 chunks: the HOLD kernels */
   if (vec) {
     /* 16-bit rows at most 2 chunks a thread (twice the threads a row of
      * 4, where a row fits 256 threads so), with u = gy·w and x held from
-     * the dot pass (HOLD): ~12 instructions an element where 4 chunks
-     * recomputing them took ~19, at the same 3 blocks an SM (78-80
-     * registers). EMBER_RMSNORM_BWD_CHUNKS=4: the 4-chunk kernels. */
+     * the dot pass (HOLD): ~15 PTX instructions an element where 4 chunks
+     * recomputing them took ~22, at the same 3 blocks an SM (78-80
+     * registers). EMBER_RMSNORM_BWD_CHUNKS=2r|4: the recomputing kernels. */
     const int knob = sizeof(TX) == 2 ? bwd_chunks_16bit() : 4;
     if (knob < 0) return -1;
-    const int most = knob == 2 && chunks <= 512 ? 2 : 4;
+    const int most = knob <= 2 && chunks <= 512 ? 2 : 4;
+    hold = knob != 1;
     for (int t = 32; t <= 256 && !tpr; t *= 2)
       if (chunks <= (int64_t)t * most) tpr = t;
     if (tpr) nv = (int)((chunks + tpr - 1) / tpr);  /* 1..4 at 32 threads, 3 or 4 from 64 (2 with most = 2) */
@@ -589,6 +594,17 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   size_t smem = gw ? (size_t)D * sizeof(C) * (tpr ? BWD_THREADS / tpr : 1) : 0;
   /* calls f with rg_launch<TX, TW, tpr, nv> for the chosen configuration; false for the block kernel */
   auto with_config = [&](auto f) -> bool {
+    if constexpr (sizeof(TX) == 2) {
+      if (!hold && nv <= 2) {                         /* EMBER_RMSNORM_BWD_CHUNKS=2r */
+        if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1, false>());
+        else if (tpr == 32) f(rg_launch<TX, TW, 32, 2, false>());
+        else if (tpr == 64) f(rg_launch<TX, TW, 64, 2, false>());
+        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2, false>());
+        else if (tpr == 256) f(rg_launch<TX, TW, 256, 2, false>());
+        else return false;
+        return true;
+      }
+    }
     if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1>());
     else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
     else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());

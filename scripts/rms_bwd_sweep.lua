@@ -6,7 +6,7 @@
 --
 --   ember run scripts/rms_bwd_sweep.lua                       # f32 and bf16, D 768, 1600, 4096
 --   ember run scripts/rms_bwd_sweep.lua --dtype bf16 --d 1600 --rows 2048,8192
---   EMBER_RMSNORM_BWD_CHUNKS=4 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 4 chunks a thread (default 2)
+--   EMBER_RMSNORM_BWD_CHUNKS=4 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 4 chunks a thread (default 2; 2r: 2, recomputed)
 --
 -- Four measures of the backward, all by CUDA events (bench_ops.lua's --timer
 -- events), the median of --reps:
