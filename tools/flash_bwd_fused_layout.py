@@ -89,6 +89,7 @@ def check(D, seed, broken=None):
                             sm.m[addr] = word[0]
                             sm.m[addr + 2] = word[1]
     bad = 0
+    tiles_bulk = []
     for cw in range(2):
         # issue_dq: A = dS (m = query, k = key) M-major at ds + 2048 kk; B = k (k = key, n = column) N-major
         kb = sK + (cw * (D // 2) // 64) * RES * 128 + (0 if broken == 'no-offset' else (cw * (D // 2) % 64) * 2)
@@ -132,6 +133,21 @@ def check(D, seed, broken=None):
                 want = sum(dST[key][q] * K[key][cw * N + n] for key in range(RES))
                 if got.get((q, cw * N + n)) != want:
                     bad += 1
+        # the bulk path (Step 5b): store_dq_half puts float4 m of thread tid at float 4 (128 m + tid) of the
+        # consumer's half; the bulk reduce copies the half as it is to float cw · 32 D of the tile's region of
+        # dq_accum; flash_dq_convert_tiled_kernel decodes one float4 a thread
+        tilebuf = {}
+        for w in range(4):
+            for lane in range(32):
+                tid = 32 * w + lane
+                acc = [dq[acc_pos(w, lane, i)[0]][acc_pos(w, lane, i)[1]] for i in range(D // 4)]
+                for m in range(D // 16):
+                    for e in range(4):
+                        at = cw * 32 * D + 4 * (128 * m + tid) + e
+                        if at in tilebuf:
+                            bad += 1
+                        tilebuf[at] = acc[4 * m + e]
+        tiles_bulk.append(tilebuf)
         # issue_dk: A = this consumer's dSᵀ rows (m = key, k = query) K-major, B = q (k = query, n = d) N-major
         for m in range(64):
             for n in range(D):
@@ -144,7 +160,44 @@ def check(D, seed, broken=None):
                 want = sum(dST[cw * 64 + m][q] * Qt[q][n] for q in range(STR))
                 if s != want:
                     bad += 1
+    # flash_dq_convert_tiled_kernel's index arithmetic (one tile: bh = 0, mt = 0, Tq = 64 or a tail), against
+    # dS · k directly
+    region = {}
+    for tb in tiles_bulk:
+        for at, x in tb.items():
+            if at in region:
+                bad += 1
+            region[at] = x
+    if sorted(region) != list(range(64 * D)):
+        bad += 1
+    for tq in (64, 37, 9):
+        out = convert_tiled(region, D, tq, broken)
+        for q in range(64):
+            for col in range(D):
+                want = sum(dST[key][q] * K[key][col] for key in range(RES)) if q < tq else None
+                if out.get((q, col)) != want:
+                    bad += 1
     return bad
+
+
+def convert_tiled(region, D, tq, broken=None):
+    """flash_dq_convert_tiled_kernel for one 64-query tile (tqp = 64, b·H + h = 0): {(row, col): value}."""
+    out = {}
+    for idx in range(64 * D // 4):
+        tid, m = idx % 128, idx // 128 % (D // 16)
+        half = idx // (128 * (D // 16))
+        tile, cw = half >> 1, half & 1
+        assert tile == 0
+        i = 16 * (tid >> 5) + ((tid & 31) >> 2)
+        c = cw * (D // 2) + 8 * m + 2 * (tid & 3)
+        if i >= tq:
+            continue
+        v = [region[4 * idx + e] for e in range(4)]
+        out[(i, c)], out[(i, c + 1)] = v[0], v[1]
+        if i + 8 < tq:
+            r2 = i + (0 if broken == 'no-row8' else 8)
+            out[(r2, c)], out[(r2, c + 1)] = v[2], v[3]
+    return out
 
 
 def main():
@@ -153,8 +206,9 @@ def main():
         b = check(D, 1000 + D)
         print('D %d: %d mismatches' % (D, b))
         total += b
-    # it must see these break: dSᵀ stored unswizzled, and D 64's second consumer without the 64-byte offset
-    caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0
+    # it must see these break: dSᵀ stored unswizzled, D 64's second consumer without the 64-byte offset, and the
+    # tiled conversion writing a float4's second row to the first
+    caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0 and check(64, 7, 'no-row8') > 0
     print('broken layouts caught:', caught)
     return 0 if total == 0 and caught else 1
 
