@@ -5,7 +5,9 @@ fragments (pack_a) and stored by store_ds into a 128-byte-swizzled [key][query] 
 dS · k read through wgmma descriptors (issue_dq: A M-major from that tile, B N-major from the
 TMA-loaded k, each consumer D/2 columns, at D 64 the descriptor 64 bytes into the rows); dk +=
 dSᵀ q (issue_dk: A K-major from the same tile, B the q tile N-major); the accumulator layout
-and add_dq's lane exchange and addresses into dq_accum. Checked against dS·k and dSᵀ·q computed directly, at D 64
+and add_dq's lane exchange and addresses into dq_accum; and Step 5b's bulk path: store_dq_half's order in the
+shared half buffers, copied as is into dq_accum's tile and decoded by flash_dq_convert_tiled_kernel (every
+element once, rows past a Tq tail of 37 or 9 skipped). Checked against dS·k and dSᵀ·q computed directly, at D 64
 and 128. The hardware model it assumes (stated, and the part only the GPU spec can confirm):
   - TMA writes box element (r, c) (64 columns a box, 16-bit) at base + 128 r + 2 c, swizzled;
   - a descriptor reads K-major element (mn, k) at start + SBO (mn / 8) + 128 (mn % 8) + 2 k, and
