@@ -263,6 +263,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           float *dst = dqa + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * STR * D;   // the tile: 2 halves
 #pragma unroll
           for (int h = 0; h < 2; h++) {
+            __syncwarp();   // bar.sync is .aligned: the warp converged after lane 0's branch
             dq_full_sync(h);
             if (lead) {
               if constexpr (DET) {
@@ -425,39 +426,37 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-/* dq = scale · dq_accum in q's dtype. Red path: dq_accum row-major (B, H, Tq rounded up to 64, D), one thread
- * per 4 columns of a row (rows past Tq are padding). */
-template <typename T, int D>
+/* dq = scale · dq_accum in q's dtype, one thread per float4 of dq_accum (rows past Tq are padding). One name
+ * for both layouts (the spec finds it by name):
+ *   red:  dq_accum row-major (B, H, Tq rounded up to 64, D); a thread 4 columns of a row;
+ *   bulk: per (b·H + h, 64-query tile), consumer half cw (D/2 columns) as store_dq_half wrote it — float4 m of
+ *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
+ *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
+template <typename T, int D, bool BULK>
 __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp) {
-  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, n = (int64_t)p.B * p.H * p.Tq * (D / 4);
-  if (idx >= n) return;
-  const int c = (int)(idx % (D / 4)) * 4;
-  const int64_t r = idx / (D / 4), bh = r / p.Tq;
-  const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
-  const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
-  T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
-  store2(dst, v.x * p.scale, v.y * p.scale);
-  store2(dst + 2, v.z * p.scale, v.w * p.scale);
-}
-
-/* The same for the bulk path's dq_accum: per (b·H + h, 64-query tile), consumer half cw (D/2 columns), the
- * half as store_dq_half wrote it — float4 m of thread tid at 128·m + tid — which holds rows 16w + g and
- * 16w + g + 8 (w = tid / 32, g = tid % 32 / 4), columns cw·D/2 + 8m + 2t, +1 (t = tid % 4). One thread per
- * float4, reading in order (coalesced); rows past Tq are padding. */
-template <typename T, int D>
-__global__ void __launch_bounds__(256) flash_dq_convert_tiled_kernel(const Params p, const float *dqa, int tqp) {
-  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, n = (int64_t)p.B * p.H * tqp * (D / 4);
-  if (idx >= n) return;
-  const int tid = (int)(idx % 128), m = (int)(idx / 128 % (D / 16));
-  const int64_t half = idx / (128 * (D / 16)), tile = half >> 1, bh = tile / (tqp / STR);
-  const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
-  const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
-  if (i >= p.Tq) return;
-  const float4 v = *reinterpret_cast<const float4 *>(dqa + 4 * idx);
-  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
-  T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
-  store2(dst, v.x * p.scale, v.y * p.scale);
-  if (i + 8 < p.Tq) store2(dst + 8 * p.dq_st, v.z * p.scale, v.w * p.scale);
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if constexpr (!BULK) {
+    if (idx >= (int64_t)p.B * p.H * p.Tq * (D / 4)) return;
+    const int c = (int)(idx % (D / 4)) * 4;
+    const int64_t r = idx / (D / 4), bh = r / p.Tq;
+    const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
+    const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
+    T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
+    store2(dst, v.x * p.scale, v.y * p.scale);
+    store2(dst + 2, v.z * p.scale, v.w * p.scale);
+  } else {
+    if (idx >= (int64_t)p.B * p.H * tqp * (D / 4)) return;
+    const int tid = (int)(idx % 128), m = (int)(idx / 128 % (D / 16));
+    const int64_t half = idx / (128 * (D / 16)), tile = half >> 1, bh = tile / (tqp / STR);
+    const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
+    const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
+    if (i >= p.Tq) return;
+    const float4 v = *reinterpret_cast<const float4 *>(dqa + 4 * idx);
+    const int b = (int)(bh / p.H), h = (int)(bh % p.H);
+    T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
+    store2(dst, v.x * p.scale, v.y * p.scale);
+    if (i + 8 < p.Tq) store2(dst + 8 * p.dq_st, v.z * p.scale, v.w * p.scale);
+  }
 }
 
 template <typename T, int D, bool DET, bool BULK>
@@ -487,13 +486,8 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     }
   }
   if (rc == 0) {
-    if (BULK) {
-      const int64_t n = (int64_t)p.B * p.H * tqp * (D / 4);
-      flash_dq_convert_tiled_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
-    } else {
-      const int64_t n = (int64_t)p.B * p.H * p.Tq * (D / 4);
-      flash_dq_convert_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
-    }
+    const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
+    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }
   em_cuda_caching_free(buf, device);

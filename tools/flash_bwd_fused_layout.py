@@ -6,7 +6,7 @@ dS · k read through wgmma descriptors (issue_dq: A M-major from that tile, B N-
 TMA-loaded k, each consumer D/2 columns, at D 64 the descriptor 64 bytes into the rows); dk +=
 dSᵀ q (issue_dk: A K-major from the same tile, B the q tile N-major); the accumulator layout
 and add_dq's lane exchange and addresses into dq_accum; and Step 5b's bulk path: store_dq_half's order in the
-shared half buffers, copied as is into dq_accum's tile and decoded by flash_dq_convert_tiled_kernel (every
+shared half buffers, copied as is into dq_accum's tile and decoded by flash_dq_convert_kernel's bulk form (every
 element once, rows past a Tq tail of 37 or 9 skipped). Checked against dS·k and dSᵀ·q computed directly, at D 64
 and 128. The hardware model it assumes (stated, and the part only the GPU spec can confirm):
   - TMA writes box element (r, c) (64 columns a box, 16-bit) at base + 128 r + 2 c, swizzled;
@@ -137,7 +137,7 @@ def check(D, seed, broken=None):
                     bad += 1
         # the bulk path (Step 5b): store_dq_half puts float4 m of thread tid at float 4 (128 m + tid) of the
         # consumer's half; the bulk reduce copies the half as it is to float cw · 32 D of the tile's region of
-        # dq_accum; flash_dq_convert_tiled_kernel decodes one float4 a thread
+        # dq_accum; flash_dq_convert_kernel (bulk) decodes one float4 a thread
         tilebuf = {}
         for w in range(4):
             for lane in range(32):
@@ -162,7 +162,7 @@ def check(D, seed, broken=None):
                 want = sum(dST[cw * 64 + m][q] * Qt[q][n] for q in range(STR))
                 if s != want:
                     bad += 1
-    # flash_dq_convert_tiled_kernel's index arithmetic (one tile: bh = 0, mt = 0, Tq = 64 or a tail), against
+    # flash_dq_convert_kernel's bulk index arithmetic (one tile: bh = 0, mt = 0, Tq = 64 or a tail), against
     # dS · k directly
     region = {}
     for tb in tiles_bulk:
@@ -183,7 +183,7 @@ def check(D, seed, broken=None):
 
 
 def convert_tiled(region, D, tq, broken=None):
-    """flash_dq_convert_tiled_kernel for one 64-query tile (tqp = 64, b·H + h = 0): {(row, col): value}."""
+    """flash_dq_convert_kernel (bulk) for one 64-query tile (tqp = 64, b·H + h = 0): {(row, col): value}."""
     out = {}
     for idx in range(64 * D // 4):
         tid, m = idx % 128, idx // 128 % (D // 16)
