@@ -17,8 +17,7 @@
  *         at D 128), and dq(j−1) = dS(j−1) · k[:, half]: both
  *         consumers' dSᵀ(j−1) (all 128 keys, read M-major: the transpose
  *         flag) times this consumer's D/2 columns of the resident k (N-major),
- *         then red.global.add.v4.f32 into dq_accum. A last turn issues
- *         dq(last).
+ *         then out to dq_accum (below). A last turn issues dq(last).
  * dq lags a tile so that both halves of dS(j−1) are written before either
  * consumer reads them: consumer X wrote its half before its turn B(j−1), and
  * the turn chain (every bar.arrive is a release to the barrier's waiter)
@@ -26,17 +25,26 @@
  * is rewritten at tile j + 3, after both consumers' B(j + 2) turns began,
  * each of which follows its own wait for dq(j) (issued in B(j + 1)); two
  * would let a consumer overwrite dS(j) while the other's dq(j) still reads it.
+ * (Step 5b, the bulk path at D 128: two buffers, dSᵀ(j) stored at the start of
+ * turn B(j), after the other consumer's dq(j − 2) completed; see the kernel.)
  * Every tile from qstart on is computed, also one none of a consumer's keys
  * sees under the causal mask (P = 0 there: dk, dv get exact zeros, so their
  * bits are wg2's; dq gets zeros): no empty turns, no wgmma in a branch.
  *
+ * How dq(j) reaches dq_accum (EMBER_FLASH_DQ; docs/flash.md "Step 5b"):
+ * bulk (default): each consumer stores its half (64 queries × D/2 f32) into
+ * its own shared buffer and hands it to the producer's warp 1 (named
+ * barriers dq full / dq empty), which adds it to dq_accum with one
+ * cp.reduce.async.bulk .add.f32 (dq_accum then tiled as the buffers are);
+ * red (Step 5): every consumer thread adds with red.global.add.v4.f32.
+ *
  * dq_accum's adds are f32 atomics: in fused_nd their order (so dq's last
  * bits) depends on which block gets there first. fused orders them: a
  * counter per (batch, q head, 64-query tile, consumer half) that a block's
- * consumer waits on (ld.acquire, until it equals the number of key blocks
- * above it that add to this tile) before its adds, and bumps (red.release)
- * after; key blocks run highest first (block x = n_blocks − 1 − n). A block
- * only ever waits on blocks of the same (batch, kv head) with a higher key
+ * writer warp (red: consumer) waits on (ld.acquire, until it equals the
+ * number of key blocks above it that add to this tile) before its adds, and
+ * bumps (red.release) after they are performed; key blocks run highest
+ * first (block x = n_blocks − 1 − n). A block only ever waits on blocks of the same (batch, kv head) with a higher key
  * block, i.e. a lower blockIdx.x, launched before it: they are resident or
  * done, and by induction on blockIdx they never wait on it, so it cannot
  * deadlock (as FA3's Deterministic mode; the hardware dispatches blocks in
