@@ -132,11 +132,17 @@ __device__ __forceinline__ void dq_empty_sync(int cw) {
 __device__ __forceinline__ void ds_stored_sync(int cw) {
   if (cw == 0) bar_sync_n<7, 128>(); else bar_sync_n<8, 128>();
 }
+/* An L2 policy that keeps lines (dq_accum's tiles: every key block above and below adds to them again). */
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
 /* bytes f32 at src (shared) added into dst (global) by the copy engine, one bulk group each (TMA's reduce:
  * whole lines into L2 instead of 16-byte atomics from every thread). */
-__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n" ::"l"(dst),
+               "r"(src), "r"(bytes), "l"(pol)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -265,6 +271,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // are performed.
       if ((threadIdx.x >> 5) == 1 && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
+        const uint64_t pol = l2_evict_last();
         dq_empty_arrive(0);
         dq_empty_arrive(1);
         for (int jt = 0; jt < ntile; jt++) {
@@ -279,7 +286,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 }
                 fence_proxy_async_global();   // the adds below after those the counter acquired
               }
-              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>);
+              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
               bulk_commit();
             }
           }
