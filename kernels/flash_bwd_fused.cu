@@ -17,8 +17,7 @@
  *         at D 128), and dq(j−1) = dS(j−1) · k[:, half]: both
  *         consumers' dSᵀ(j−1) (all 128 keys, read M-major: the transpose
  *         flag) times this consumer's D/2 columns of the resident k (N-major),
- *         then red.global.add.v4.f32 into dq_accum. A last turn issues
- *         dq(last).
+ *         then out to dq_accum (below). A last turn issues dq(last).
  * dq lags a tile so that both halves of dS(j−1) are written before either
  * consumer reads them: consumer X wrote its half before its turn B(j−1), and
  * the turn chain (every bar.arrive is a release to the barrier's waiter)
@@ -26,17 +25,26 @@
  * is rewritten at tile j + 3, after both consumers' B(j + 2) turns began,
  * each of which follows its own wait for dq(j) (issued in B(j + 1)); two
  * would let a consumer overwrite dS(j) while the other's dq(j) still reads it.
+ * (Step 5b, the bulk path at D 128: two buffers, dSᵀ(j) stored at the start of
+ * turn B(j), after the other consumer's dq(j − 2) completed; see the kernel.)
  * Every tile from qstart on is computed, also one none of a consumer's keys
  * sees under the causal mask (P = 0 there: dk, dv get exact zeros, so their
  * bits are wg2's; dq gets zeros): no empty turns, no wgmma in a branch.
  *
+ * How dq(j) reaches dq_accum (EMBER_FLASH_DQ; docs/flash.md "Step 5b"):
+ * bulk (default): each consumer stores its half (64 queries × D/2 f32) into
+ * its own shared buffer and hands it to the producer's warp 1 (named
+ * barriers dq full / dq empty), which adds it to dq_accum with one
+ * cp.reduce.async.bulk .add.f32 (dq_accum then tiled as the buffers are);
+ * red (Step 5): every consumer thread adds with red.global.add.v4.f32.
+ *
  * dq_accum's adds are f32 atomics: in fused_nd their order (so dq's last
  * bits) depends on which block gets there first. fused orders them: a
  * counter per (batch, q head, 64-query tile, consumer half) that a block's
- * consumer waits on (ld.acquire, until it equals the number of key blocks
- * above it that add to this tile) before its adds, and bumps (red.release)
- * after; key blocks run highest first (block x = n_blocks − 1 − n). A block
- * only ever waits on blocks of the same (batch, kv head) with a higher key
+ * writer warp (red: consumer) waits on (ld.acquire, until it equals the
+ * number of key blocks above it that add to this tile) before its adds, and
+ * bumps (red.release) after they are performed; key blocks run highest
+ * first (block x = n_blocks − 1 − n). A block only ever waits on blocks of the same (batch, kv head) with a higher key
  * block, i.e. a lower blockIdx.x, launched before it: they are resident or
  * done, and by induction on blockIdx they never wait on it, so it cannot
  * deadlock (as FA3's Deterministic mode; the hardware dispatches blocks in
@@ -44,6 +52,8 @@
  * block starts its q tiles 128 rows later, so it reaches a tile first
  * anyway: the counters rarely make anyone wait. */
 #include <cuda.h>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include "backend.h"
 #include "runtime.h"
@@ -57,15 +67,21 @@ using namespace flash;
 
 namespace {
 
-constexpr int NDS = 3;                              // dSᵀ buffers (see the top)
+/* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
+ * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
+template <int D, bool BULK> constexpr int kNds = (BULK && D == 128) ? 2 : 3;
 constexpr uint32_t DS_BYTES = RES * STR * 2;        // 128 keys × 64 queries, 16-bit: 16 KB
+/* bulk dq: one consumer's half of a q tile's dq, f32: 64 queries × D/2 (16 KB at D 128, 8 KB at D 64) */
+template <int D> constexpr uint32_t kDqHalf = STR * (D / 2) * 4;
 
 /* Layout's resident tiles and ring, then the NDS dSᵀ buffers (1024-aligned),
- * then lse/Δ and the mbarriers. */
-template <int D, int STAGES> struct FLayout {
+ * then (bulk) the two dq halves, then lse/Δ and the mbarriers. */
+template <int D, int STAGES, bool BULK> struct FLayout {
   using L = Layout<D, STAGES>;
+  static constexpr int NDS = kNds<D, BULK>;
   static constexpr uint32_t OFF_DS = L::OFF_RING + STAGES * L::STAGE;
-  static constexpr uint32_t OFF_LD = OFF_DS + NDS * DS_BYTES, OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
+  static constexpr uint32_t OFF_DQ = OFF_DS + NDS * DS_BYTES;
+  static constexpr uint32_t OFF_LD = OFF_DQ + (BULK ? 2 * kDqHalf<D> : 0), OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
   static constexpr size_t SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;
 };
 
@@ -87,6 +103,67 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
 }
 __device__ __forceinline__ void red_release_inc(unsigned *p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
+/* ---- bulk dq (docs/flash.md "Step 5b") ----
+ * Named barriers with immediate ids (ptxas reserves only those used), per consumer cw:
+ *   3 + cw  dq full:  the consumer's 128 threads arrive (their half stored), the writer warp syncs (160);
+ *   5 + cw  dq empty: the writer arrives (the bulk copy has read the half), the consumer syncs (160);
+ *   7 + cw  the consumer's own 128 threads (dSᵀ stored in turn B, before dk's wgmma reads it). */
+constexpr int DQ_BAR = 160;
+template <int ID, int N> __device__ __forceinline__ void bar_sync_n() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
+}
+template <int ID, int N> __device__ __forceinline__ void bar_arrive_n() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
+}
+__device__ __forceinline__ void dq_full_arrive(int cw) {
+  if (cw == 0) bar_arrive_n<3, DQ_BAR>(); else bar_arrive_n<4, DQ_BAR>();
+}
+__device__ __forceinline__ void dq_full_sync(int cw) {
+  if (cw == 0) bar_sync_n<3, DQ_BAR>(); else bar_sync_n<4, DQ_BAR>();
+}
+__device__ __forceinline__ void dq_empty_arrive(int cw) {
+  if (cw == 0) bar_arrive_n<5, DQ_BAR>(); else bar_arrive_n<6, DQ_BAR>();
+}
+__device__ __forceinline__ void dq_empty_sync(int cw) {
+  if (cw == 0) bar_sync_n<5, DQ_BAR>(); else bar_sync_n<6, DQ_BAR>();
+}
+__device__ __forceinline__ void ds_stored_sync(int cw) {
+  if (cw == 0) bar_sync_n<7, 128>(); else bar_sync_n<8, 128>();
+}
+/* An L2 policy that keeps lines (dq_accum's tiles: every key block above and below adds to them again). */
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+/* bytes f32 at src (shared) added into dst (global) by the copy engine, one bulk group each (TMA's reduce:
+ * whole lines into L2 instead of 16-byte atomics from every thread). */
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n" ::"l"(dst),
+               "r"(src), "r"(bytes), "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* the groups' reads of shared memory done (the buffer may be rewritten) */
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* the groups complete: their writes to global memory performed */
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+/* orders the async proxy's global accesses (the bulk reduces) with the generic ones (fused's counters) */
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+/* A consumer's dq accumulators into its half buffer in the accumulator's own order: float4 m of thread tid
+ * at 16·(128·m + tid) (a warp's 32 stores are 512 contiguous bytes: no bank conflict). The copy moves the
+ * half as it is, so dq_accum holds this order too and flash_dq_convert_kernel maps it back: float4 m of
+ * thread tid (warp w, lane 4g + t) holds row 16w + g columns 8m + 2t, +1, then row 16w + g + 8 the same. */
+template <int D>
+__device__ __forceinline__ void store_dq_half(uint32_t half, const float (&acc)[D / 4], int tid) {
+#pragma unroll
+  for (int m = 0; m < D / 16; m++)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(half + 16 * (128 * m + tid)), "f"(acc[4 * m]),
+                 "f"(acc[4 * m + 1]), "f"(acc[4 * m + 2]), "f"(acc[4 * m + 3])
+                 : "memory");
 }
 
 /* This consumer's dSᵀ (its 64 keys × 64 queries, the packed A fragments of
@@ -147,17 +224,20 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 }
 #endif
 
-template <typename T, int D, int STAGES, bool DET>
+template <typename T, int D, int STAGES, bool DET, bool BULK>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                            const Params p, float *dqa, unsigned *sem, int tqp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
-  using F = FLayout<D, STAGES>;
+  using F = FLayout<D, STAGES, BULK>;
+  constexpr int NDS = F::NDS;
+  constexpr bool DS_IN_B = NDS == 2;   // two buffers: dSᵀ(j) stored in turn B(j) (see "Step 5b")
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
   const uint32_t sK = base, sV = base + L::OFF_B, ring = base + L::OFF_RING, sDS = base + F::OFF_DS;
+  const uint32_t sDQ = base + F::OFF_DQ;   // bulk: consumer cw's dq half at sDQ + cw · kDqHalf
   float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + F::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
   const uint32_t bar_kv = base + F::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
 
@@ -167,11 +247,67 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   const int wg = threadIdx.x >> 7;
 
+  // tile jt's q head (b·H + h) and 64-query tile; fused's counter of its consumer half; the key blocks above
+  // this one that add to it (n with 128·n < 64·mt + 64 + off under the causal mask, i.e. qstart(n) at or
+  // before the tile; all of them without one): the counter's value when this block's turn comes
+  auto bh_of = [&](int jt) { return b * p.H + hk * p.group + jt / nq; };
+  auto mt_of = [&](int jt) { return qstart / STR + jt % nq; };
+  auto counter = [&](int jt, int half) { return sem + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * 2 + half; };
+  auto ahead = [&](int jt) {
+    const int mt = mt_of(jt);
+    const int nlast = p.causal ? min((int)gridDim.x - 1, (mt * STR + STR - 1 + p.off) / RES) : (int)gridDim.x - 1;
+    return (unsigned)(nlast - nb);
+  };
+
   init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
                              ntile);
+    if constexpr (BULK) {
+      // warp 1 (idle in the producer): the dq writer. Per tile, each half once its consumer stored it (dq full),
+      // fused: once the counter says the key blocks above have added theirs; one bulk reduce each, then the
+      // halves handed back (dq empty) when the copies have read them; fused: bump the counters when the adds
+      // are performed.
+      if ((threadIdx.x >> 5) == 1 && ntile > 0) {
+        const bool lead = (threadIdx.x & 31) == 0;
+        const uint64_t pol = l2_evict_last();
+        dq_empty_arrive(0);
+        dq_empty_arrive(1);
+        for (int jt = 0; jt < ntile; jt++) {
+          float *dst = dqa + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * STR * D;   // the tile: 2 halves
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            __syncwarp();   // bar.sync is .aligned: the warp converged after lane 0's branch
+            dq_full_sync(h);
+            if (lead) {
+              if constexpr (DET) {
+                while (ld_acquire(counter(jt, h)) != ahead(jt)) {
+                }
+                fence_proxy_async_global();   // the adds below after those the counter acquired
+              }
+              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
+              bulk_commit();
+            }
+          }
+          if (lead) bulk_wait_read();
+          __syncwarp();
+          if (jt + 1 < ntile) {   // the consumers sync on these only before a next tile's store
+            dq_empty_arrive(0);
+            dq_empty_arrive(1);
+          }
+          if constexpr (DET) {
+            if (lead) {
+              bulk_wait_all();
+              fence_proxy_async_global();
+              red_release_inc(counter(jt, 0));
+              red_release_inc(counter(jt, 1));
+            }
+          }
+        }
+        if (lead) bulk_wait_all();
+      }
+    }
     return;
   }
 
@@ -193,47 +329,46 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
   if (ntile > 0) mbar_wait(bar_kv, 0);
 
-  // fused: tile jt's counter; the wait (before the turn that issues its dq, where registers are free) and the
-  // bump (after the adds)
-  auto counter = [&](int jt) {
-    const int bh = b * p.H + hk * p.group + jt / nq, mt = qstart / STR + jt % nq;
-    return sem + ((int64_t)bh * (tqp / STR) + mt) * 2 + cw;
-  };
+  // red path, fused: the counter's wait (before the turn that issues the tile's dq, where registers are free)
   auto dq_wait = [&](int jt) {
-    if constexpr (DET) {
-      // the key blocks that add to this tile: n with 128·n < 64·mt + 64 + off under the causal mask (qstart(n)
-      // <= the tile's first row), all without one; those above this one add first
-      const int mt = qstart / STR + jt % nq;
-      const int nlast = p.causal ? min((int)gridDim.x - 1, (mt * STR + STR - 1 + p.off) / RES) : (int)gridDim.x - 1;
+    if constexpr (DET && !BULK) {
       if (tid == 0) {
-        const unsigned *cnt = counter(jt);
-        while (ld_acquire(cnt) != (unsigned)(nlast - nb)) {
+        const unsigned *cnt = counter(jt, cw);
+        while (ld_acquire(cnt) != ahead(jt)) {
         }
       }
       consumer_sync(cw);
     }
   };
-  // tile jt's dq (in dq) into dq_accum: rows of q head hk·group + jt / nq, this consumer's columns
+  // tile jt's dq (in dq) out: bulk, into this consumer's half buffer for the writer; red, added into dq_accum
+  // (rows of q head bh_of(jt), this consumer's columns) by every thread
   auto dq_out = [&](int jt) {
-    const int bh = b * p.H + hk * p.group + jt / nq, mt = qstart / STR + jt % nq;
-    add_dq<D>(dqa + ((int64_t)bh * tqp + mt * STR) * D + cw * (D / 2), dq, warp * 16 + g, t);
-    if constexpr (DET) {
-      // the consumer's adds, then one release by thread 0: the barrier puts every thread's adds before it, and a
-      // release is cumulative (CUTLASS's GenericBarrier::arrive_inc; a fence per thread costs 88 bytes of spills)
-      consumer_sync(cw);
-      if (tid == 0) red_release_inc(counter(jt));
+    if constexpr (BULK) {
+      dq_empty_sync(cw);   // the writer's copy has read the buffer's last tile
+      store_dq_half<D>(sDQ + cw * kDqHalf<D>, dq, tid);
+      fence_proxy_async();   // the generic stores before the copy engine's reads
+      dq_full_arrive(cw);
+    } else {
+      add_dq<D>(dqa + ((int64_t)bh_of(jt) * tqp + mt_of(jt) * STR) * D + cw * (D / 2), dq, warp * 16 + g, t);
+      if constexpr (DET) {
+        // the consumer's adds, then one release by thread 0: the barrier puts every thread's adds before it, and
+        // a release is cumulative (CUTLASS's GenericBarrier::arrive_inc; a fence per thread costs 88 bytes of
+        // spills)
+        consumer_sync(cw);
+        if (tid == 0) red_release_inc(counter(jt, cw));
+      }
     }
   };
 
-  // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % 3), turn B(j) (dv, dk; PEND: dq(j − 1)).
-  // The first tile is peeled (PEND false): no wgmma sits in a branch
+  // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % NDS unless DS_IN_B), turn B(j) (DS_IN_B: dSᵀ to
+  // the buffer; dv, dk; PEND: dq(j − 1)). The first tile is peeled (PEND false): no wgmma sits in a branch
   auto tile = [&](auto pend_tag, int j) {
     constexpr bool PEND = decltype(pend_tag)::value;
     const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
     const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
     const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
     const uint32_t ds = sDS + (j % NDS) * DS_BYTES;
-    uint32_t pa[STR / 16][4];
+    uint32_t pa[STR / 16][4], da[STR / 16][4];
     {
       float st[STR / 2], dp[STR / 2];
       mbar_wait(full + 8 * s, (j / STAGES) & 1);
@@ -248,14 +383,20 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_wait<0>();
       reg_fence(dp);
       dkdv_ds(dp, st, sd, t);
-      uint32_t da[STR / 16][4];
       pack_a<T>(pa, st);
       pack_a<T>(da, dp);
-      store_ds(ds, da, cw * 64 + warp * 16 + g, t);
+      if constexpr (!DS_IN_B) store_ds(ds, da, cw * 64 + warp * 16 + g, t);
     }
-    fence_proxy_async();
+    if constexpr (!DS_IN_B) fence_proxy_async();
     if constexpr (PEND) dq_wait(j - 1);
     named_sync(my_bar);
+    if constexpr (DS_IN_B) {
+      // the buffer's last readers, both consumers' dq(j − 2), completed before the other consumer passed this
+      // turn on; stored before the wgmmas, so that da is dead before dq's accumulators are live
+      store_ds(ds, da, cw * 64 + warp * 16 + g, t);
+      fence_proxy_async();
+      ds_stored_sync(cw);   // all four warps' rows before the wgmma reads them
+    }
     reg_fence(dv);
     reg_fence(dk);
     if constexpr (PEND) {
@@ -300,24 +441,43 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-/* dq = scale · dq_accum in q's dtype: one thread per 4 columns of a row (rows past Tq of dq_accum are padding). */
-template <typename T, int D>
+/* dq = scale · dq_accum in q's dtype, one thread per float4 of dq_accum (rows past Tq are padding). One name
+ * for both layouts (the spec finds it by name):
+ *   red:  dq_accum row-major (B, H, Tq rounded up to 64, D); a thread 4 columns of a row;
+ *   bulk: per (b·H + h, 64-query tile), consumer half cw (D/2 columns) as store_dq_half wrote it — float4 m of
+ *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
+ *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
+template <typename T, int D, bool BULK>
 __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp) {
-  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, n = (int64_t)p.B * p.H * p.Tq * (D / 4);
-  if (idx >= n) return;
-  const int c = (int)(idx % (D / 4)) * 4;
-  const int64_t r = idx / (D / 4), bh = r / p.Tq;
-  const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
-  const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
-  T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
-  store2(dst, v.x * p.scale, v.y * p.scale);
-  store2(dst + 2, v.z * p.scale, v.w * p.scale);
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if constexpr (!BULK) {
+    if (idx >= (int64_t)p.B * p.H * p.Tq * (D / 4)) return;
+    const int c = (int)(idx % (D / 4)) * 4;
+    const int64_t r = idx / (D / 4), bh = r / p.Tq;
+    const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
+    const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
+    T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
+    store2(dst, v.x * p.scale, v.y * p.scale);
+    store2(dst + 2, v.z * p.scale, v.w * p.scale);
+  } else {
+    if (idx >= (int64_t)p.B * p.H * tqp * (D / 4)) return;
+    const int tid = (int)(idx % 128), m = (int)(idx / 128 % (D / 16));
+    const int64_t half = idx / (128 * (D / 16)), tile = half >> 1, bh = tile / (tqp / STR);
+    const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
+    const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
+    if (i >= p.Tq) return;
+    const float4 v = *reinterpret_cast<const float4 *>(dqa + 4 * idx);
+    const int b = (int)(bh / p.H), h = (int)(bh % p.H);
+    T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
+    store2(dst, v.x * p.scale, v.y * p.scale);
+    if (i + 8 < p.Tq) store2(dst + 8 * p.dq_st, v.z * p.scale, v.w * p.scale);
+  }
 }
 
-template <typename T, int D, bool DET>
+template <typename T, int D, bool DET, bool BULK>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
-  constexpr size_t smem = FLayout<D, ST>::SMEM;
+  constexpr size_t smem = FLayout<D, ST, BULK>::SMEM;
   static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
@@ -332,7 +492,7 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc) : nullptr;
   int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET>;
+    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
@@ -341,12 +501,32 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     }
   }
   if (rc == 0) {
-    const int64_t n = (int64_t)p.B * p.H * p.Tq * (D / 4);
-    flash_dq_convert_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
+    const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
+    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }
   em_cuda_caching_free(buf, device);
   return rc;
+}
+
+template <typename T, int D>
+int launch_fused_mode(const Params &p, const Maps &m, bool det, bool bulk, int device, cudaStream_t s) {
+  if (bulk) return det ? launch_fused<T, D, true, true>(p, m, device, s) : launch_fused<T, D, false, true>(p, m, device, s);
+  return det ? launch_fused<T, D, true, false>(p, m, device, s) : launch_fused<T, D, false, false>(p, m, device, s);
+}
+
+/* EMBER_FLASH_DQ, read once: how the fused kernel's dq leaves the block — "bulk" (default: through shared
+ * memory, one bulk reduce per tile half) or "red" (Step 5's per-thread red.global.add.v4), for A/B runs.
+ * 1 bulk, 0 red, -1 with the error set. */
+int g_dq_mode = -1;
+int dq_mode() {
+  if (g_dq_mode < 0) {
+    const char *env = getenv("EMBER_FLASH_DQ");
+    if (!env || !*env || strcmp(env, "bulk") == 0) g_dq_mode = 1;
+    else if (strcmp(env, "red") == 0) g_dq_mode = 0;
+    else return em_error("flash_attention: expected EMBER_FLASH_DQ to be bulk or red, got '%s'", env);
+  }
+  return g_dq_mode;
 }
 
 }  // namespace
@@ -354,14 +534,13 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
 namespace flash {
 
 int bwd_fused_launch(const Params &p, const Maps &m, em_dtype dt, int d, bool det, int device, cudaStream_t s) {
-  if (dt == EM_BF16) {
-    if (d == 64) return det ? launch_fused<__nv_bfloat16, 64, true>(p, m, device, s)
-                            : launch_fused<__nv_bfloat16, 64, false>(p, m, device, s);
-    return det ? launch_fused<__nv_bfloat16, 128, true>(p, m, device, s)
-               : launch_fused<__nv_bfloat16, 128, false>(p, m, device, s);
-  }
-  if (d == 64) return det ? launch_fused<__half, 64, true>(p, m, device, s) : launch_fused<__half, 64, false>(p, m, device, s);
-  return det ? launch_fused<__half, 128, true>(p, m, device, s) : launch_fused<__half, 128, false>(p, m, device, s);
+  const int bulk = dq_mode();
+  if (bulk < 0) return -1;
+  if (dt == EM_BF16)
+    return d == 64 ? launch_fused_mode<__nv_bfloat16, 64>(p, m, det, bulk, device, s)
+                   : launch_fused_mode<__nv_bfloat16, 128>(p, m, det, bulk, device, s);
+  return d == 64 ? launch_fused_mode<__half, 64>(p, m, det, bulk, device, s)
+                 : launch_fused_mode<__half, 128>(p, m, det, bulk, device, s);
 }
 
 }  // namespace flash

@@ -5,7 +5,9 @@ fragments (pack_a) and stored by store_ds into a 128-byte-swizzled [key][query] 
 dS · k read through wgmma descriptors (issue_dq: A M-major from that tile, B N-major from the
 TMA-loaded k, each consumer D/2 columns, at D 64 the descriptor 64 bytes into the rows); dk +=
 dSᵀ q (issue_dk: A K-major from the same tile, B the q tile N-major); the accumulator layout
-and add_dq's lane exchange and addresses into dq_accum. Checked against dS·k and dSᵀ·q computed directly, at D 64
+and add_dq's lane exchange and addresses into dq_accum; and Step 5b's bulk path: store_dq_half's order in the
+shared half buffers, copied as is into dq_accum's tile and decoded by flash_dq_convert_kernel's bulk form (every
+element once, rows past a Tq tail of 37 or 9 skipped). Checked against dS·k and dSᵀ·q computed directly, at D 64
 and 128. The hardware model it assumes (stated, and the part only the GPU spec can confirm):
   - TMA writes box element (r, c) (64 columns a box, 16-bit) at base + 128 r + 2 c, swizzled;
   - a descriptor reads K-major element (mn, k) at start + SBO (mn / 8) + 128 (mn % 8) + 2 k, and
@@ -89,6 +91,7 @@ def check(D, seed, broken=None):
                             sm.m[addr] = word[0]
                             sm.m[addr + 2] = word[1]
     bad = 0
+    tiles_bulk = []
     for cw in range(2):
         # issue_dq: A = dS (m = query, k = key) M-major at ds + 2048 kk; B = k (k = key, n = column) N-major
         kb = sK + (cw * (D // 2) // 64) * RES * 128 + (0 if broken == 'no-offset' else (cw * (D // 2) % 64) * 2)
@@ -132,6 +135,21 @@ def check(D, seed, broken=None):
                 want = sum(dST[key][q] * K[key][cw * N + n] for key in range(RES))
                 if got.get((q, cw * N + n)) != want:
                     bad += 1
+        # the bulk path (Step 5b): store_dq_half puts float4 m of thread tid at float 4 (128 m + tid) of the
+        # consumer's half; the bulk reduce copies the half as it is to float cw · 32 D of the tile's region of
+        # dq_accum; flash_dq_convert_kernel (bulk) decodes one float4 a thread
+        tilebuf = {}
+        for w in range(4):
+            for lane in range(32):
+                tid = 32 * w + lane
+                acc = [dq[acc_pos(w, lane, i)[0]][acc_pos(w, lane, i)[1]] for i in range(D // 4)]
+                for m in range(D // 16):
+                    for e in range(4):
+                        at = cw * 32 * D + 4 * (128 * m + tid) + e
+                        if at in tilebuf:
+                            bad += 1
+                        tilebuf[at] = acc[4 * m + e]
+        tiles_bulk.append(tilebuf)
         # issue_dk: A = this consumer's dSᵀ rows (m = key, k = query) K-major, B = q (k = query, n = d) N-major
         for m in range(64):
             for n in range(D):
@@ -144,7 +162,44 @@ def check(D, seed, broken=None):
                 want = sum(dST[cw * 64 + m][q] * Qt[q][n] for q in range(STR))
                 if s != want:
                     bad += 1
+    # flash_dq_convert_kernel's bulk index arithmetic (one tile: bh = 0, mt = 0, Tq = 64 or a tail), against
+    # dS · k directly
+    region = {}
+    for tb in tiles_bulk:
+        for at, x in tb.items():
+            if at in region:
+                bad += 1
+            region[at] = x
+    if sorted(region) != list(range(64 * D)):
+        bad += 1
+    for tq in (64, 37, 9):
+        out = convert_tiled(region, D, tq, broken)
+        for q in range(64):
+            for col in range(D):
+                want = sum(dST[key][q] * K[key][col] for key in range(RES)) if q < tq else None
+                if out.get((q, col)) != want:
+                    bad += 1
     return bad
+
+
+def convert_tiled(region, D, tq, broken=None):
+    """flash_dq_convert_kernel (bulk) for one 64-query tile (tqp = 64, b·H + h = 0): {(row, col): value}."""
+    out = {}
+    for idx in range(64 * D // 4):
+        tid, m = idx % 128, idx // 128 % (D // 16)
+        half = idx // (128 * (D // 16))
+        tile, cw = half >> 1, half & 1
+        assert tile == 0
+        i = 16 * (tid >> 5) + ((tid & 31) >> 2)
+        c = cw * (D // 2) + 8 * m + 2 * (tid & 3)
+        if i >= tq:
+            continue
+        v = [region[4 * idx + e] for e in range(4)]
+        out[(i, c)], out[(i, c + 1)] = v[0], v[1]
+        if i + 8 < tq:
+            r2 = i + (0 if broken == 'no-row8' else 8)
+            out[(r2, c)], out[(r2, c + 1)] = v[2], v[3]
+    return out
 
 
 def main():
@@ -153,8 +208,9 @@ def main():
         b = check(D, 1000 + D)
         print('D %d: %d mismatches' % (D, b))
         total += b
-    # it must see these break: dSᵀ stored unswizzled, and D 64's second consumer without the 64-byte offset
-    caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0
+    # it must see these break: dSᵀ stored unswizzled, D 64's second consumer without the 64-byte offset, and the
+    # tiled conversion writing a float4's second row to the first
+    caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0 and check(64, 7, 'no-row8') > 0
     print('broken layouts caught:', caught)
     return 0 if total == 0 and caught else 1
 

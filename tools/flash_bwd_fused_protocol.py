@@ -21,25 +21,51 @@ docs/flash.md "Step 5"), no GPU needed. Two levels:
    then bumping it. Checks: no deadlock, every (tile, half) gets its adds from
    the key blocks in descending order, all of them.
 
-Broken variants must fail: NDS = 2 (a buffer rewritten while the other
-consumer's dq still reads it), dq(j) issued in turn B(j) (the other half of
-dSᵀ(j) not yet ordered before it), and key blocks dispatched lowest first (the
-counters deadlock at R = 1). Exit status 0 when all holds.
+Step 5b (docs/flash.md), the bulk dq path (EMBER_FLASH_DQ=bulk, the default),
+is modelled too: each consumer stores its dq(j−1) half into its shared buffer
+after syncing on named barrier "dq empty" (5 + cw) and arrives on "dq full"
+(3 + cw); the producer's warp 1 (the writer, a third agent with its own clock)
+syncs on full, issues the bulk reduce, waits for the copy's reads and arrives on
+empty (not after the last tile). Checked: the copy of tile jt's half ordered
+after that half's store (RAW), every store after the completed read of the tile
+the half held before (WAR), each half sent once per tile in order, no named
+barrier left with an arrival and no taker at the end; at D 128 the bulk path
+keeps two dSᵀ buffers and stores dSᵀ(j) in turn B(j) (the room for the dq
+halves), which must hold too. Every block also runs under seeded random
+schedules (the vector clocks catch unordered accesses whatever the order; the
+random runs vary which completions happen first).
+
+Broken variants must fail: NDS = 2 with the store in turn A (a buffer rewritten
+while the other consumer's dq still reads it), dq(j) issued in turn B(j) (the
+other half of dSᵀ(j) not yet ordered before it), key blocks dispatched lowest
+first (the counters deadlock at R = 1), the writer handing a half back before
+the copy's reads complete, a consumer storing without the empty sync, and an
+arrival on empty after the last tile. Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
+import random
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flash_bwd_wg2_protocol import Block, mwait, producer, release, read, run, STR, RES  # noqa: E402
 
 
+NAG = 3   # agents with clocks: consumers 0, 1 and the dq writer (2)
+
+
 class FBlock(Block):
     def __init__(s, ntile, stages, nds):
         super().__init__(ntile, stages)
-        s.clock = [[0, 0], [0, 0]]           # vector clocks of consumers 0 and 1
-        s.arr_clock = {1: None, 2: None}     # the arriving consumer's clock, joined into the waiter's
+        s.clock = [[0] * NAG for _ in range(NAG)]   # vector clocks of consumers 0, 1 and the writer
+        # named barriers: 1, 2 the turns; 3 + cw dq full, 5 + cw dq empty (one arriving party, one syncing)
+        s.nb = {i: [0, 0, []] for i in range(1, 7)}
+        s.nb_gen = {i: 0 for i in range(1, 7)}
+        s.arr_clock = {i: None for i in range(1, 7)}   # the arriving party's clock, joined into the waiter's
+        s.last_join = {}
         s.nds = nds
         s.buf = [dict(tile=None, w={}, reads=[]) for _ in range(nds)]
+        s.half = [dict(tile=None, w=None, rd=None) for _ in range(2)]   # bulk: the two dq halves in shared memory
+        s.sent = [[], []]                                               # bulk: tiles the writer sent, per half
 
 
 def tick(blk, cw):
@@ -65,6 +91,8 @@ def nsync(blk, bid, cw):
 def narrive(blk, bid, cw):
     b = blk.nb[bid]
     b[0] += 1
+    if b[0] - b[1] > 1:
+        blk.err.append('named barrier %d: a second arrival before the phase completed' % bid)
     tick(blk, cw)
     blk.arr_clock[bid] = list(blk.clock[cw])
     done(blk, bid)
@@ -77,9 +105,7 @@ def done(blk, bid):
     if b[0] == 2:
         if b[1] != 1:
             blk.err.append('named barrier %d completed with %d syncs' % (bid, b[1]))
-        if not hasattr(blk, 'last_join'):
-            blk.last_join = {}
-        blk.last_join[bid] = blk.arr_clock[bid] or [0, 0]
+        blk.last_join[bid] = blk.arr_clock[bid] or [0] * NAG
         b[0] = b[1] = 0; blk.nb_gen[bid] += 1
 
 
@@ -117,7 +143,49 @@ def ds_read_done(blk, cw, j):
         blk.err.append('c%d\'s dq(%d) completes after its buffer was rewritten' % (cw, j))
 
 
-def consumer(blk, cw, ntile, log, lag=1):
+def dq_out(blk, cw, jt, v):
+    """bulk: the consumer's dq half of tile jt into its buffer for the writer (red: straight to global)."""
+    if not v.get('bulk'):
+        return
+    if not v.get('no_empty_sync'):
+        yield from nsync(blk, 5 + cw, cw)                  # dq empty: the copy has read the last tile
+    h = blk.half[cw]
+    if h['tile'] is not None and (h['rd'] is None or blk.clock[cw][2] < h['rd']):
+        blk.err.append('c%d stores dq(%d) over dq(%d) before the copy read it' % (cw, jt, h['tile']))
+    h['tile'] = jt; h['w'] = tick(blk, cw); h['rd'] = None
+    yield from narrive(blk, 3 + cw, cw)                    # dq full
+
+
+def writer(blk, ntile, v):
+    """bulk: the producer's warp 1."""
+    if ntile == 0:
+        return
+    for h in range(2):
+        yield from narrive(blk, 5 + h, 2)
+    for jt in range(ntile):
+        for h in range(2):
+            yield from nsync(blk, 3 + h, 2)                # dq full
+            hb = blk.half[h]
+            if hb['tile'] != jt or blk.clock[2][h] < hb['w']:
+                blk.err.append('writer sends half %d of dq(%d): holds %s, store ordered %s' %
+                               (h, jt, hb['tile'], blk.clock[2][h] >= (hb['w'] or 0)))
+            blk.sent[h].append(jt)
+        if v.get('early_empty') and jt + 1 < ntile:        # broken: handed back before the reads complete
+            for h in range(2):
+                yield from narrive(blk, 5 + h, 2)
+        yield                                              # the copies read shared memory
+        t = tick(blk, 2)
+        for h in range(2):
+            blk.half[h]['rd'] = t                          # wait_group.read 0
+        if (jt + 1 < ntile or v.get('last_empty')) and not v.get('early_empty'):
+            for h in range(2):
+                yield from narrive(blk, 5 + h, 2)
+        yield                                              # fused: wait_group 0, the counters' bump
+
+
+def consumer(blk, cw, ntile, log, lag=1, v=None):
+    v = v or {}
+    ds_in_b = v.get('ds_in_b', False)
     S = blk.S
     my, other = 1 + cw, 2 - cw
     turns = 2 * ntile + 1 if ntile > 0 else 0
@@ -134,9 +202,12 @@ def consumer(blk, cw, ntile, log, lag=1):
         read(blk, s, j, 'c%d S' % cw)
         yield from pass_turn(2 * j)
         yield                                               # exponentials, dSᵀ
-        ds_write(blk, cw, j)
+        if not ds_in_b:
+            ds_write(blk, cw, j)
         yield
         yield from nsync(blk, my, cw)                       # turn B(j)
+        if ds_in_b:
+            ds_write(blk, cw, j)                            # then the consumer's own 128-thread barrier
         read(blk, s, j, 'c%d rs' % cw)
         if j - lag >= 0:
             ds_read_issue(blk, cw, j - lag)
@@ -145,31 +216,62 @@ def consumer(blk, cw, ntile, log, lag=1):
         release(blk, s, j)                                  # after the wgmma wait
         if j - lag >= 0:
             ds_read_done(blk, cw, j - lag); log.append(j - lag)
+            yield from dq_out(blk, cw, j - lag, v)
     if ntile > 0 and lag == 1:
         yield from nsync(blk, my, cw)                       # the last turn: dq(last)
         ds_read_issue(blk, cw, ntile - 1)
         yield from pass_turn(2 * ntile)
         yield
         ds_read_done(blk, cw, ntile - 1); log.append(ntile - 1)
+        yield from dq_out(blk, cw, ntile - 1, v)
 
 
-def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1):
+def run_random(agents, blk, rnd):
+    """run()'s round robin with a seeded random subset of the agents stepping each round."""
+    live = list(agents)
+    steps = 0
+    while live:
+        for a in [a for a in live if rnd.random() < 0.6]:
+            try:
+                next(a)
+            except StopIteration:
+                live.remove(a)
+        steps += 1
+        if steps > 200000:
+            return 'deadlock'
+    return None
+
+
+def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=()):
+    """v: bulk (the dq halves and the writer), ds_in_b (dSᵀ stored in turn B), and the broken variants.
+    One round-robin run per key block, plus one random schedule per seed."""
+    v = v or {}
     group = H // Hkv
     fails = []
     for k0 in range(0, Tk, RES):
         qstart = (max(0, k0 - off) // STR) * STR if causal else 0
         nq = max(0, (Tq - qstart + STR - 1) // STR); ntile = group * nq
-        blk = FBlock(ntile, stages, nds); logs = [[], []]
-        ag = [producer(blk, ntile)] + [consumer(blk, cw, ntile, logs[cw], lag) for cw in range(2)]
-        r = run(ag, blk)
-        want = list(range(ntile))
-        if r or blk.err or logs != [want, want]:
-            fails.append((k0, r, blk.err[:3]))
+        for seed in (None,) + tuple(seeds):
+            blk = FBlock(ntile, stages, nds); logs = [[], []]
+            ag = [producer(blk, ntile)] + [consumer(blk, cw, ntile, logs[cw], lag, v) for cw in range(2)]
+            if v.get('bulk'):
+                ag.append(writer(blk, ntile, v))
+            r = run(ag, blk) if seed is None else run_random(ag, blk, random.Random(seed * 7919 + k0))
+            want = list(range(ntile))
+            if v.get('bulk') and not r and blk.sent != [want, want]:
+                blk.err.append('writer sent %s' % blk.sent)
+            if not r:
+                for bid, b in blk.nb.items():
+                    if b[0] or b[1]:
+                        blk.err.append('named barrier %d left with %d arrivals, %d syncs' % (bid, b[0], b[1]))
+            if r or blk.err or logs != [want, want]:
+                fails.append((k0, seed, r, blk.err[:3]))
     return fails
 
 
-def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True):
-    """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots."""
+def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False):
+    """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
+    red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
     tqp = (Tq + STR - 1) // STR * STR
@@ -190,8 +292,12 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True):
                 while cnt.get(key, 0) != nlast(mt) - n:
                     yield
                 adds.setdefault(key, []).append(n)
-                cnt[key] = cnt.get(key, 0) + 1
+                if not bulk:
+                    cnt[key] = cnt.get(key, 0) + 1
             yield
+            if bulk:
+                for half in range(2):
+                    cnt[(hg, mt, half)] = cnt.get((hg, mt, half), 0) + 1
 
     pending = list(order); live = []
     steps = 0
@@ -218,6 +324,11 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True):
     return None
 
 
+# the kernel's shapes: (stages, dSᵀ buffers, variant) — red: Step 5's path; bulk: Step 5b's (D 128 with two
+# dSᵀ buffers stored in turn B)
+SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 'ds_in_b': True})]
+
+
 def main():
     n = bad = 0
     lens = [1, 17, 40, 63, 64, 65, 70, 100, 127, 128, 129, 200, 257, 300, 517, 1000]
@@ -227,28 +338,41 @@ def main():
                 for mode in ['none', 'tl', 'br']:
                     causal = mode != 'none'
                     off = Tk - Tq if mode == 'br' else 0
-                    for stages in (4, 3):   # D 64, D 128
-                        f = block_sim(Tq, Tk, H, Hkv, causal, off, stages, 3)
+                    for stages, nds, v in SHAPES:
+                        f = block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, v=v,
+                                      seeds=(Tq + 3 * Tk + H,) if v.get('bulk') else ())
                         n += 1
                         if f:
                             bad += 1
                             if bad < 6:
-                                print('FAIL block', stages, Tq, Tk, H, Hkv, mode, f[0])
+                                print('FAIL block', stages, nds, v, Tq, Tk, H, Hkv, mode, f[0])
                     for slots in (1, 2, 3, 8):
-                        r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots)
-                        n += 1
-                        if r:
-                            bad += 1
-                            if bad < 6:
-                                print('FAIL counters', slots, Tq, Tk, H, Hkv, mode, r)
+                        for bulk in (False, True):
+                            r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=bulk)
+                            n += 1
+                            if r:
+                                bad += 1
+                                if bad < 6:
+                                    print('FAIL counters', slots, bulk, Tq, Tk, H, Hkv, mode, r)
     print(n, 'configurations,', bad, 'failed')
-    two_bufs = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2))
-    print('2 dS buffers caught:', two_bufs)
-    no_lag = bool(block_sim(300, 300, 2, 1, False, 0, 3, 3, lag=0))
-    print('dq(j) in turn B(j) (no lag) caught:', no_lag)
-    lowest_first = counters_sim(1000, 1000, 1, True, 0, 1, highest_first=False) == 'deadlock'
-    print('lowest key block first caught (deadlock):', lowest_first)
-    return 0 if bad == 0 and two_bufs and no_lag and lowest_first else 1
+    seeds = tuple(range(8))
+    caught = {}
+    caught['2 dS buffers, stored in turn A'] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2))
+    caught['2 dS buffers, stored in turn A (bulk)'] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2,
+                                                                     v={'bulk': True}, seeds=seeds))
+    caught['dq(j) in turn B(j) (no lag)'] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 3, lag=0))
+    caught['dq(j) in turn B(j), 2 buffers stored in B'] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2, lag=0,
+                                                                         v={'bulk': True, 'ds_in_b': True}))
+    caught['lowest key block first (deadlock)'] = counters_sim(1000, 1000, 1, True, 0, 1,
+                                                               highest_first=False) == 'deadlock'
+    caught['lowest key block first, bulk (deadlock)'] = counters_sim(1000, 1000, 1, True, 0, 1, highest_first=False,
+                                                                     bulk=True) == 'deadlock'
+    for brk in ('early_empty', 'no_empty_sync', 'last_empty'):
+        caught['bulk writer/consumer: ' + brk] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2, seeds=seeds,
+                                                                v={'bulk': True, 'ds_in_b': True, brk: True}))
+    for what, c in caught.items():
+        print('caught %s: %s' % (what, c))
+    return 0 if bad == 0 and all(caught.values()) else 1
 
 
 if __name__ == '__main__':

@@ -90,6 +90,10 @@ local function check(sq, sk, dt, causal, opts)
   end
 end
 
+-- how dq leaves the fused kernel (EMBER_FLASH_DQ, read once by the engine): bulk (Step 5b, the default) or red
+-- (Step 5's per-thread adds); every case below runs on whichever is set, so one run per setting A/Bs them
+print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
+
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
     local x = ember.randn({1, 1, 32, 64}, {dtype = "bf16"}):cuda()
