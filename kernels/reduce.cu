@@ -23,7 +23,8 @@
  *    thread takes a Packed128 of neighbouring outputs instead
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
  *  - either splits the reduced range over gridDim.y when there are too few
- *    outputs to fill the GPU (sum over everything): partials go to a small
+ *    outputs to fill the GPU (sum over everything), each split block
+ *    reading at most kSplitBytes (64 KB): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
  *    of each column of the rows kernel (an atomic arrival count, no second
  *    launch), or by a second kernel (reduce_finish: the column kernels, and
@@ -62,13 +63,14 @@ constexpr int kMinBlocks = 4;
 constexpr int kColsUnroll = 4;
 /* Split reductions (few outputs: a sum over everything, dim 0 of a wide
  * matrix): a block of a split reads at most kSplitBytes (issue 12, fine
- * splits). With 512 blocks of 256 KB each (bf16 (8192, 8192)) the partition
- * was static: every SM kept its 3-4 blocks to the end, in lockstep trips, so
- * any SM served slower held the kernel. 64 KB blocks (two trips of the rows
- * kernel; 128 rows of the column kernel's 512-byte tiles) leave the hardware
- * to hand out thousands of short blocks as elementwise kernels do (81-90 % of
- * the datasheet at 2^26). A constant, so the partition depends on the shape
- * alone; EMBER_REDUCE_SPLIT_KB overrides it for A/B timing (split_cap). */
+ * splits). 512 blocks of 256 KB (bf16 (8192, 8192)) made a static
+ * partition, one wave, every SM keeping its 3-4 blocks to the end: the
+ * suspect for the fixed 6-11 µs those sums lost against the elementwise
+ * kernels' time line (docs/perf.md, 2026-11-28 "fine splits"). 64 KB blocks
+ * (two trips of the rows kernel; 128 rows of the column kernel's 512-byte
+ * tiles) let the hardware hand out thousands of short blocks, as it does
+ * for elementwise kernels. A constant, so the partition depends on the
+ * shape alone; EMBER_REDUCE_SPLIT_KB overrides it for A/B timing. */
 constexpr int64_t kSplitBytes = 64 << 10;
 constexpr int64_t kMaxSplits = 8192;
 /* Partials in flight per thread when merging splits (merge_one; 4 for
