@@ -631,8 +631,11 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   /* a warp a row without splits: 4 or 2 rows a block where 8 rows would
    * read more than the cap ((8192, 8192): 128 KB bf16, 256 KB f32) */
+  const bool typed = std::is_same<C, double>::value ? a->dtype == EM_F64
+                    : std::is_same<C, float>::value &&
+                      (a->dtype == EM_F32 || a->dtype == EM_BF16 || a->dtype == EM_F16);   /* EM_ROWS_VEC's types */
   int nt = kBlock;
-  if (vec && tpo == 32 && splits == 1 && cap > 0)
+  if (vec && typed && tpo == 32 && splits == 1 && cap > 0)
     while (nt > 64 && (nt / 32) * p->n_red * (int64_t)es > cap) nt /= 2;
   if (nt < kBlock) blocks = (p->n_out + nt / 32 - 1) / (nt / 32);
   if (blocks > INT32_MAX) {
