@@ -226,25 +226,30 @@ describe("reductions' fine splits on CUDA", function()
     end)
   end
 
+  -- rows of 6000008 are 16-byte multiples (the vector path, a part trip in the last split);
+  -- rows of 6000001 are not (the generic path, capped likewise)
   it("reduces a few long rows over the last dim past the cap", function()
     ember.manual_seed(33)
     for _, dt in ipairs({"f32", "bf16"}) do
-      local s = {3, 6000001}
-      local a = randn(s, dt)
-      agree("sum -1 (3, 6000001) " .. dt, function(x) return x:sum(-1) end, a)
-      agree("amax -1 (3, 6000001) " .. dt, function(x) return x:amax(-1) end, a)
-      local t = tied(s, dt)
-      agree("max -1 (3, 6000001) tied " .. dt, function(x) return x:max(-1) end, t, true)
-      agree("argmin -1 (3, 6000001) tied " .. dt, function(x) return x:argmin(-1) end, t, true)
+      for _, s in ipairs({{3, 6000008}, {3, 6000001}}) do
+        local what = ("(%d,%d) %s"):format(s[1], s[2], dt)
+        local a = randn(s, dt)
+        agree("sum -1 " .. what, function(x) return x:sum(-1) end, a)
+        agree("amax -1 " .. what, function(x) return x:amax(-1) end, a)
+        local t = tied(s, dt)
+        agree("max -1 tied " .. what, function(x) return x:max(-1) end, t, true)
+        agree("argmin -1 tied " .. what, function(x) return x:argmin(-1) end, t, true)
+      end
     end
   end)
 
-  -- a warp a row, no splits, 8 rows over the cap: blocks of 4 rows (128 threads) or 2 (64); the
-  -- last block part full (2049 rows), row lengths that leave a scalar tail
+  -- a warp a row, no splits, 8 rows over the cap: blocks of 4 rows (128 threads: bf16/f16) or 2
+  -- (64: f32, f64); the last block part full (2049 and 3001 rows); rows of 16-byte multiples (the
+  -- vector path needs every row start aligned), 4104 and 6008 elements: a part trip at the end
   it("reduces rows with blocks of fewer warps (a warp a row over the cap)", function()
     ember.manual_seed(36)
     for _, dt in ipairs(FLOATS) do
-      for _, s in ipairs({{2049, 4100}, {3001, 6007}}) do
+      for _, s in ipairs({{2049, 4104}, {3001, 6008}}) do
         local what = ("(%d,%d) %s"):format(s[1], s[2], dt)
         local a = randn(s, dt)
         agree("sum -1 " .. what, function(x) return x:sum(-1) end, a)
@@ -256,8 +261,8 @@ describe("reductions' fine splits on CUDA", function()
         agree("argmin -1 " .. what, function(x) return x:argmin(-1) end, t, true)
       end
       -- NaN in one row: that row's sum alone is NaN (rows of the last, part-full block too)
-      local g = randn({2049, 4100}, dt):to("cuda")
-      for _, rc in ipairs({{0, 0}, {3, 4099}, {4, 7}, {2047, 4096}, {2048, 4099}}) do
+      local g = randn({2049, 4104}, dt):to("cuda")
+      for _, rc in ipairs({{0, 0}, {3, 4103}, {4, 7}, {2047, 4096}, {2048, 4103}}) do
         local x = g:clone()
         x:narrow(0, rc[1], 1):narrow(1, rc[2], 1):fill_(nan)
         local v = x:sum(-1):to({device = "cpu", dtype = "f64"})
