@@ -171,3 +171,154 @@ describe("reductions' vector paths on CUDA: alignment, dims of 1, empty", functi
     end
   end)
 end)
+
+-- fine splits (issue 12): a split reduction's block reads at most 64 KiB
+-- (kSplitBytes in kernels/reduce.cu): 2 trips of the rows kernel (32768
+-- bf16/f16, 16384 f32, 8192 f64 elements a split) and 128 rows of the
+-- column kernel's 512-byte tiles; thousands of splits where the old plan
+-- made 512 blocks. The lengths below are ones the cap changes, each leaving
+-- a last split of a few elements or a part of a trip; NaN and inf planted at
+-- the splits' edges prove every element is read (a skipped NaN is a number).
+describe("reductions' fine splits on CUDA", function()
+  local nan, inf = 0 / 0, math.huge
+  -- length, a split's elements (the cap), for the sums over everything
+  local BIG = {f32 = {8388613, 16384}, bf16 = {16793607, 32768}, f16 = {16793607, 32768}, f64 = {8388611, 8192}}
+
+  local function is_nan(t) local v = t:to({device = "cpu", dtype = "f64"}):item(); return v ~= v end
+
+  for _, dt in ipairs(FLOATS) do
+    it("sums, averages and takes max/argmax over all elements past the cap [" .. dt .. "]", function()
+      ember.manual_seed(31)
+      local n = BIG[dt][1]
+      local a = randn({n}, dt)
+      agree(("sum of %d %s"):format(n, dt), function(x) return x:sum() end, a)
+      agree(("mean of %d %s"):format(n, dt), function(x) return x:mean() end, a)
+      agree(("sum of %d %s from element 1 (unaligned)"):format(n, dt), function(x) return x:narrow(0, 1, n - 1):sum() end, a)
+      local t = tied({n}, dt)
+      agree(("max of %d %s"):format(n, dt), function(x) return x:max(0) end, t, true)
+      agree(("argmin of %d %s"):format(n, dt), function(x) return x:argmin() end, t, true)
+    end)
+
+    it("sees NaN and inf at every split edge of a sum over everything [" .. dt .. "]", function()
+      ember.manual_seed(32)
+      local n, c = BIG[dt][1], BIG[dt][2]
+      local g = randn({n}, dt):to("cuda")
+      local last = (n - 1) // c * c          -- the first element of the last split
+      for _, p in ipairs({0, 1, c - 1, c, 2 * c + 7, last - 1, last, n - 1}) do
+        local x = g:clone()
+        x:narrow(0, p, 1):fill_(nan)
+        assert.is_true(is_nan(x:sum()), ("%s sum with NaN at %d of %d"):format(dt, p, n))
+        local v, i = x:max(0)
+        assert.is_true(is_nan(v), ("%s max with NaN at %d"):format(dt, p))
+        assert.are.equal(p, i:item(), ("%s argmax of the one NaN at %d"):format(dt, p))
+        x = g:clone()
+        x:narrow(0, p, 1):fill_(inf)
+        assert.are.equal(inf, x:sum():to({device = "cpu", dtype = "f64"}):item(), ("%s sum with +inf at %d"):format(dt, p))
+        x:narrow(0, n - 1 - p // 2, 1):fill_(-inf)
+        if n - 1 - p // 2 ~= p then
+          assert.is_true(is_nan(x:sum()), ("%s sum with +inf at %d and -inf at %d"):format(dt, p, n - 1 - p // 2))
+        end
+      end
+      -- and the same against the CPU, NaN and infinities included
+      local x = g:clone()
+      x:narrow(0, c, 1):fill_(inf)
+      agree(dt .. " sum with +inf at a split edge", function(y) return y:sum() end, x:cpu())
+    end)
+  end
+
+  -- rows of 6000008 are 16-byte multiples (the vector path, a part trip in the last split);
+  -- rows of 6000001 are not (the generic path, capped likewise)
+  it("reduces a few long rows over the last dim past the cap", function()
+    ember.manual_seed(33)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      for _, s in ipairs({{3, 6000008}, {3, 6000001}}) do
+        local what = ("(%d,%d) %s"):format(s[1], s[2], dt)
+        local a = randn(s, dt)
+        agree("sum -1 " .. what, function(x) return x:sum(-1) end, a)
+        agree("amax -1 " .. what, function(x) return x:amax(-1) end, a)
+        local t = tied(s, dt)
+        agree("max -1 tied " .. what, function(x) return x:max(-1) end, t, true)
+        agree("argmin -1 tied " .. what, function(x) return x:argmin(-1) end, t, true)
+      end
+    end
+  end)
+
+  -- a warp a row, no splits, 8 rows over the cap: blocks of 4 rows (128 threads: bf16/f16) or 2
+  -- (64: f32, f64); the last block part full (2049 and 3001 rows); rows of 16-byte multiples (the
+  -- vector path needs every row start aligned), 4104 and 6008 elements: a part trip at the end
+  it("reduces rows with blocks of fewer warps (a warp a row over the cap)", function()
+    ember.manual_seed(36)
+    for _, dt in ipairs(FLOATS) do
+      for _, s in ipairs({{2049, 4104}, {3001, 6008}}) do
+        local what = ("(%d,%d) %s"):format(s[1], s[2], dt)
+        local a = randn(s, dt)
+        agree("sum -1 " .. what, function(x) return x:sum(-1) end, a)
+        agree("mean -1 keepdim " .. what, function(x) return x:mean(-1, {keepdim = true}) end, a)
+        agree("var -1 " .. what, function(x) return x:var(-1) end, a + 2)
+        agree("logsumexp -1 " .. what, function(x) return x:logsumexp(-1) end, a)
+        local t = tied(s, dt)
+        agree("max -1 " .. what, function(x) return x:max(-1) end, t, true)
+        agree("argmin -1 " .. what, function(x) return x:argmin(-1) end, t, true)
+      end
+      -- NaN in one row: that row's sum alone is NaN (rows of the last, part-full block too)
+      local g = randn({2049, 4104}, dt):to("cuda")
+      for _, rc in ipairs({{0, 0}, {3, 4103}, {4, 7}, {2047, 4096}, {2048, 4103}}) do
+        local x = g:clone()
+        x:narrow(0, rc[1], 1):narrow(1, rc[2], 1):fill_(nan)
+        local v = x:sum(-1):to({device = "cpu", dtype = "f64"})
+        for _, row in ipairs({rc[1], (rc[1] + 1) % 2049, (rc[1] + 2048) % 2049}) do
+          local got = v:narrow(0, row, 1):item()
+          assert.are.equal(row == rc[1], got ~= got,
+            ("%s sum -1 with NaN at (%d, %d): row %d is NaN: %s"):format(dt, rc[1], rc[2], row, tostring(got ~= got)))
+        end
+      end
+    end
+  end)
+
+  it("sums over dim 0 past the cap: vector tiles, a part tile, unaligned columns, NaN at the split edges", function()
+    ember.manual_seed(34)
+    for _, dt in ipairs(FLOATS) do
+      for _, s in ipairs({{5001, 4104}, {20003, 1032}}) do
+        local what = ("(%d,%d) %s"):format(s[1], s[2], dt)
+        local a = randn(s, dt)
+        agree("sum 0 " .. what, function(x) return x:sum(0) end, a)
+        agree("mean 0 keepdim " .. what, function(x) return x:mean(0, {keepdim = true}) end, a)
+        agree("sum 0 of columns from 1 (unaligned) " .. what, function(x) return x:narrow(1, 1, s[2] - 8):sum(0) end, a)
+        agree("max 0 tied " .. what, function(x) return x:max(0) end, tied(s, dt), true)
+      end
+      -- every dtype's vector tile is 512 bytes wide (256 bf16/f16, 128 f32, 64 f64 columns): 128-row
+      -- splits, the last from row 4992; columns 4096-4103 are a part tile
+      local g = randn({5001, 4104}, dt):to("cuda")
+      for _, rc in ipairs({{0, 0}, {127, 4103}, {128, 255}, {4991, 256}, {4992, 63}, {5000, 4096}}) do
+        local x = g:clone()
+        x:narrow(0, rc[1], 1):narrow(1, rc[2], 1):fill_(nan)
+        local v = x:sum(0):to({device = "cpu", dtype = "f64"})
+        for _, col in ipairs({rc[2], (rc[2] + 1) % 4104, (rc[2] + 4103) % 4104}) do
+          local got = v:narrow(0, col, 1):item()
+          assert.are.equal(col == rc[2], got ~= got,
+            ("%s sum 0 with NaN at (%d, %d): column %d is NaN: %s"):format(dt, rc[1], rc[2], col, tostring(got ~= got)))
+        end
+      end
+    end
+  end)
+
+  it("gives the same bits run after run, eagerly and in a graph (reduce_finish)", function()
+    ember.manual_seed(35)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local a = randn({BIG[dt][1]}, dt):to("cuda")
+      local b = randn({5001, 4104}, dt):to("cuda")
+      local function all() return a:sum(), a:max(0), b:sum(0), b:sum() end
+      local ref = table.pack(all())
+      local r = table.pack(ember.cuda.graph(function() return all() end))
+      local g = r[1]
+      g:replay()
+      local again = table.pack(all())
+      for i = 1, ref.n do
+        local what = ("%s result %d"):format(dt, i)
+        cmp.assert_equal(r[i + 1]:cpu(), ref[i]:cpu(), what .. ": graph (reduce_finish) vs eager (last block)")
+        cmp.assert_equal(again[i]:cpu(), ref[i]:cpu(), what .. ": run again")
+      end
+      g:close()
+    end
+  end)
+end)
