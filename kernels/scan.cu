@@ -13,9 +13,12 @@
  *    (cumsum's backward) reverses into scratch, scans, reverses back.
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles.
- *  - scanned dim not innermost (inner > 1): one thread per (outer, inner)
- *    column walking L; neighbouring threads read neighbouring addresses, so
- *    every step is one coalesced row.
+ *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
+ *    block per strip of 32 columns (scan_strips): tiles of rows staged in
+ *    shared memory by the whole block, the next tile's loads in flight while
+ *    one warp walks this one, a lane per column, in row order.
+ *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
+ *    walking L; neighbouring threads read neighbouring addresses.
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
  * the column walk with three passes per row. */
 #include <type_traits>
@@ -97,6 +100,71 @@ __global__ void scan_cols(const T *in, T *out, int64_t outer, int64_t L, int64_t
   }
 }
 
+/* The column scan of a strip of kStripCols neighbouring columns (one block):
+ * the block's warps load tiles of R rows x kStripCols (kStripTileBytes) into
+ * shared memory, each load one row segment (coalesced), and warp 0 walks the
+ * tile's rows in order, one lane per column, writing each result row as it
+ * goes. The next tile's loads are issued before the walk of this one, so a
+ * tile's worth of reads (32 KiB per block) is in flight while warp 0 works:
+ * the scan_cols walk above has one load in flight per column, which for
+ * 4096 columns (16 blocks) is ~3 % of the bandwidth. Each column is still
+ * combined row 0, 1, 2, ... (or L - 1, L - 2, ... reversed) in A, one
+ * rounding per output: the same operations in the same order as scan_cols,
+ * so the same bits. */
+constexpr int kStripCols = 32, kStripThreads = 256, kStripWarps = kStripThreads / 32;
+constexpr int kStripTileBytes = 32 * 1024;
+
+constexpr int kStripSmem = 2 * kStripTileBytes;   /* double-buffered */
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                             int64_t inner, int64_t strips, bool reverse, Op op,
+                                                             A identity) {
+  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;   /* rows per tile; rows each thread loads */
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + lane;
+  const bool active = col < inner;
+  const int64_t base = o * L * inner + col, step = reverse ? -inner : inner;
+  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from base */
+  const int64_t ntiles = (L + R - 1) / R;
+  T reg[E];
+#pragma unroll
+  for (int e = 0; e < E; e++) reg[e] = T();   /* rows past L and idle lanes: never walked */
+  auto load = [&](int64_t t) {
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      const int64_t j = t * R + warp + e * kStripWarps;
+      if (active && j < L) reg[e] = in[base + first + j * step];
+    }
+  };
+  auto stash = [&](int b) {
+#pragma unroll
+    for (int e = 0; e < E; e++) buf[b][warp + e * kStripWarps][lane] = reg[e];
+  };
+  load(0);
+  stash(0);
+  __syncthreads();
+  A acc = identity;
+  for (int64_t t = 0; t < ntiles; t++) {
+    if (t + 1 < ntiles) load(t + 1);   /* in flight during the walk below */
+    if (warp == 0 && active) {
+      const int rows = (int)(L - t * R < R ? L - t * R : R);
+      T *p = out + base + first + t * R * step;
+      const T *row = &buf[t & 1][0][lane];
+#pragma unroll 8
+      for (int r = 0; r < rows; r++) {
+        acc = op(acc, widen<A, T>(row[r * kStripCols]));
+        *p = narrow<T, A>(acc);
+        p += step;
+      }
+    }
+    if (t + 1 < ntiles) stash((t + 1) & 1);   /* the other buffer: its walk ended before the last barrier */
+    __syncthreads();
+  }
+}
+
 template <typename A>
 __global__ void reverse_copy(const A *in, A *out, int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -154,7 +222,16 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
-  } else {
+  } else if (inner >= kStripCols) {
+    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
+    if (outer * strips > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+    auto k = scan_strips<T, A, Op>;
+    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kStripSmem), op,
+                      "cudaFuncSetAttribute"))
+      return -1;
+    k<<<(unsigned)(outer * strips), kStripThreads, kStripSmem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+  } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);
   }
