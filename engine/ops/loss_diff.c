@@ -18,6 +18,7 @@
  *
  * Autocast: a loss, on the f32 list (the composition's mean was). */
 #include "op.h"
+#include "parallel.h"
 
 static const char *diff_name(int kind) { return kind == EM_LOSS_L1 ? "l1_loss" : "mse_loss"; }
 
@@ -49,6 +50,45 @@ DIFF_CPU(diff_fwd_f64, double)
 DIFF_GRAD(diff_grad_f32, float)
 DIFF_GRAD(diff_grad_f64, double)
 
+/* The CPU passes over the threads (engine/parallel.h). Forward: blocks of
+ * EM_RED_BLOCK elements, each summed serially in double, the blocks'
+ * partials added in block order: the same bits at any thread count.
+ * Backward: element ranges (every output written once). */
+typedef struct {
+  int kind;
+  bool f64;
+  const void *x, *y;
+  void *out;            /* forward "none": the losses; backward: dx */
+  void *out2;           /* backward: dy */
+  double *part;         /* forward: one partial a block */
+  const double *g;      /* backward: the upstream gradient */
+  int64_t n, gstride;
+  double scale;
+} diff_job;
+
+#define OFF(p, T, i) ((p) ? (T *)(p) + (i) : NULL)
+
+static void diff_fwd_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const diff_job *j = ctx;
+  for (int64_t b = b0; b < b1; b++) {
+    int64_t lo = b * EM_RED_BLOCK, m = EM_MIN(j->n - lo, (int64_t)EM_RED_BLOCK);
+    j->part[b] = j->f64 ? diff_fwd_f64(j->kind, (const double *)j->x + lo, (const double *)j->y + lo, m,
+                                       OFF(j->out, double, lo))
+                        : diff_fwd_f32(j->kind, (const float *)j->x + lo, (const float *)j->y + lo, m,
+                                       OFF(j->out, float, lo));
+  }
+}
+
+static void diff_grad_range(void *ctx, int64_t b, int64_t e) {
+  const diff_job *j = ctx;
+  if (j->f64)
+    diff_grad_f64(j->kind, (const double *)j->x + b, (const double *)j->y + b, e - b, j->g + b * j->gstride,
+                  j->gstride, j->scale, OFF(j->out, double, b), OFF(j->out2, double, b));
+  else
+    diff_grad_f32(j->kind, (const float *)j->x + b, (const float *)j->y + b, e - b, j->g + b * j->gstride,
+                  j->gstride, j->scale, OFF(j->out, float, b), OFF(j->out2, float, b));
+}
+
 /* t broadcast to (ndim, shape) as a contiguous tensor of dtype dt (t itself when it already is one). */
 static em_tensor *full_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt) {
   if (t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
@@ -68,13 +108,19 @@ static em_tensor *diff_cpu(int kind, em_reduction red, em_tensor *const *xy, int
   em_tensor *x = em_contiguous_as(xy[0], ct), *y = x ? em_contiguous_as(xy[1], ct) : NULL, *out = NULL, *res = NULL;
   bool none = red == EM_REDUCTION_NONE;
   int64_t n = em_shape_numel(ndim, shape);
-  if (y && (!none || (out = em_empty(ndim, shape, ct, xy[0]->device)))) {
-    double total = ct == EM_F32
-      ? diff_fwd_f32(kind, em_data_ptr(x), em_data_ptr(y), n, out ? em_data_ptr(out) : NULL)
-      : diff_fwd_f64(kind, em_data_ptr(x), em_data_ptr(y), n, out ? em_data_ptr(out) : NULL);
+  int64_t nb = em_red_blocks(n);
+  double *part = y ? malloc(sizeof(double) * (size_t)(nb > 0 ? nb : 1)) : NULL;
+  if (y && !part) em_error("%s: out of memory (%lld partial sums)", diff_name(kind), (long long)nb);
+  if (part && (!none || (out = em_empty(ndim, shape, ct, xy[0]->device)))) {
+    diff_job j = {.kind = kind, .f64 = ct == EM_F64, .x = em_data_ptr(x), .y = em_data_ptr(y),
+                  .out = out ? em_data_ptr(out) : NULL, .part = part, .n = n};
+    em_parallel_for(n > 0 ? nb : 0, 1, diff_fwd_blocks, &j);
+    double total = 0;
+    for (int64_t b = 0; b < (n > 0 ? nb : 0); b++) total += part[b];
     if (none) res = em_contiguous_as(out, dt);
     else res = em_scalar_tensor(red == EM_REDUCTION_SUM ? total : total / (double)n, dt, xy[0]->device);
   }
+  free(part);
   em_tensor_release(x);
   em_tensor_release(y);
   em_tensor_release(out);
@@ -111,12 +157,10 @@ static int diff_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   if (!s.failed && cpu) {
     em_tensor *cx = EM_TMP(&s, em_contiguous_as(x, ct)), *cy = EM_TMP(&s, em_contiguous_as(y, ct));
     if (!s.failed) {
-#define DIFF_GRAD_CALL(F, T)                                                                            \
-      F(kind, (const T *)em_data_ptr(cx), (const T *)em_data_ptr(cy), cnt, em_data_ptr(g), none ? 1 : 0, scale, \
-        gr[0] ? (T *)em_data_ptr(gr[0]) : NULL, gr[1] ? (T *)em_data_ptr(gr[1]) : NULL)
-      if (ct == EM_F32) DIFF_GRAD_CALL(diff_grad_f32, float);
-      else DIFF_GRAD_CALL(diff_grad_f64, double);
-#undef DIFF_GRAD_CALL
+      diff_job j = {.kind = kind, .f64 = ct == EM_F64, .x = em_data_ptr(cx), .y = em_data_ptr(cy),
+                    .out = gr[0] ? em_data_ptr(gr[0]) : NULL, .out2 = gr[1] ? em_data_ptr(gr[1]) : NULL,
+                    .g = em_data_ptr(g), .n = cnt, .gstride = none ? 1 : 0, .scale = scale};
+      em_parallel_for(cnt, em_grain(4), diff_grad_range, &j);
     }
   } else if (!s.failed && em_loss_diff_bwd_cuda(kind, (int)red, x, y, g, scale, gr[0], gr[1])) {
     s.failed = true;

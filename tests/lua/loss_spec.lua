@@ -308,6 +308,23 @@ describe("F.mse_loss and F.l1_loss", function()
     end)
   end
 
+  it("the CPU sums in blocks of 32768 combined in order: the same bits at 1 and 2 threads", function()
+    ember.manual_seed(9)
+    local x, y = ember.randn(1000, 300), ember.randn(300)
+    local saved, got = ember.get_num_threads(), {}
+    for _, nt in ipairs({1, 2}) do
+      ember.set_num_threads(nt)
+      local xl = x:detach(); xl.requires_grad = true
+      local l = F.mse_loss(xl, y)
+      l:backward()
+      got[nt] = {l:item(), xl.grad, F.l1_loss(x, y, {reduction = "sum"}):item()}
+    end
+    ember.set_num_threads(saved)
+    assert.equals(got[1][1], got[2][1])
+    assert.equals(got[1][3], got[2][3])
+    assert.equals(0, (got[1][2] - got[2][2]):abs():max():item())
+  end)
+
   it("the mean of no elements is NaN", function()
     local v = F.mse_loss(ember.zeros(0), ember.zeros(0)):item()
     assert.is_true(v ~= v)
