@@ -20,7 +20,8 @@
  *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
  *    walking L; neighbouring threads read neighbouring addresses.
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
- * the column walk with three passes per row. */
+ * the column walk with three passes per row, in strips of 32 columns staged
+ * through shared memory when there are at least 32 (cumprod_grad_strips). */
 #include <type_traits>
 #include <cub/cub.cuh>
 #include <thrust/iterator/transform_iterator.h>
@@ -267,6 +268,99 @@ __global__ void cumprod_grad(const A *x, const A *g, A *gx, int64_t outer, int64
   }
 }
 
+/* cumprod's gradient for strips of 32 columns (inner >= 32), the column
+ * walks of cumprod_grad staged as scan_strips stages them: two arrays per
+ * tile (R rows, kStripTileBytes / 2 each), double-buffered, the next tile's loads
+ * in flight while warp 0 walks. Pass 1 walks x and g down the rows: below
+ * the first zero z, p *= x_j, gx_j = g_j p; from z on, q and the sum for
+ * gx_z, zeros after it. Pass 2 walks gx and x up from the block's largest z:
+ * acc += gx_j, gx_j = acc / x_j for j < z. Per column the operations and
+ * their order are cumprod_grad's: the same bits. */
+template <typename A>
+struct GradStrip {
+  /* half scan_strips' tile per array: the same 32 KiB in flight and 64 KiB of shared memory */
+  static constexpr int R = kStripTileBytes / 2 / (kStripCols * (int)sizeof(A)), E = R / kStripWarps;
+  A (*buf)[2][R][kStripCols];   /* [buffer][array][row][col] */
+  int64_t base, inner;
+  int lane, warp;
+  bool active;
+
+  /* f(j, a_j, b_j) in warp 0 for rows j of [0, n) in order (up: n - 1 .. 0). Ends with a barrier. */
+  template <typename F>
+  __device__ __forceinline__ void walk(const A *a, const A *b, int64_t n, bool up, F f) {
+    const int64_t ntiles = (n + R - 1) / R;
+    A ra[E], rb[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) { ra[e] = 0; rb[e] = 0; }
+    auto load = [&](int64_t t) {
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        const int64_t k = t * R + warp + e * kStripWarps, j = up ? n - 1 - k : k;
+        if (active && k < n) { ra[e] = a[base + j * inner]; rb[e] = b[base + j * inner]; }
+      }
+    };
+    auto stash = [&](int q) {
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        buf[q][0][warp + e * kStripWarps][lane] = ra[e];
+        buf[q][1][warp + e * kStripWarps][lane] = rb[e];
+      }
+    };
+    if (ntiles > 0) { load(0); stash(0); }
+    __syncthreads();
+    for (int64_t t = 0; t < ntiles; t++) {
+      if (t + 1 < ntiles) load(t + 1);
+      if (warp == 0 && active) {
+        const int rows = (int)(n - t * R < R ? n - t * R : R);
+        for (int r = 0; r < rows; r++) {
+          const int64_t k = t * R + r;
+          f(up ? n - 1 - k : k, buf[t & 1][0][r][lane], buf[t & 1][1][r][lane]);
+        }
+      }
+      if (t + 1 < ntiles) stash((t + 1) & 1);
+      __syncthreads();
+    }
+  }
+};
+
+template <typename A>
+__global__ void __launch_bounds__(kStripThreads) cumprod_grad_strips(const A *x, const A *g, A *gx, int64_t L,
+                                                                     int64_t inner, int64_t strips) {
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  __shared__ int64_t zmax_sh;
+  GradStrip<A> s;
+  s.buf = reinterpret_cast<A(*)[2][GradStrip<A>::R][kStripCols]>(strip_raw);
+  s.lane = threadIdx.x & 31;
+  s.warp = threadIdx.x >> 5;
+  s.inner = inner;
+  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + s.lane;
+  s.active = col < inner;
+  s.base = o * L * inner + col;
+  int64_t z = L;
+  A p = 1, q = 0, sum = 0;
+  s.walk(x, g, L, false, [&](int64_t j, A xj, A gj) {
+    if (z == L && xj == (A)0) { z = j; q = p; sum += gj * q; return; }
+    if (z == L) { p *= xj; gx[s.base + j * inner] = gj * p; return; }
+    q *= xj;
+    gx[s.base + j * inner] = 0;
+    sum += gj * q;
+  });
+  if (s.warp == 0) {
+    if (s.active && z < L) gx[s.base + z * inner] = sum;
+    int64_t zm = s.active ? z : 0;
+    for (int off = 16; off > 0; off >>= 1) {
+      const int64_t other = __shfl_xor_sync(0xffffffffu, zm, off);
+      zm = other > zm ? other : zm;
+    }
+    if (s.lane == 0) zmax_sh = zm;
+  }
+  __syncthreads();   /* zmax, and pass 1's gx rows visible to the warps that stage them */
+  A acc = 0;
+  s.walk(gx, x, zmax_sh, true, [&](int64_t j, A gj, A xj) {
+    if (j < z) { acc += gj; gx[s.base + j * inner] = acc / xj; }
+  });
+}
+
 }  // namespace
 
 extern "C" int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
@@ -293,6 +387,27 @@ extern "C" int em_cumprod_backward_cuda(const char *op, const em_tensor *x, cons
   const int dev = x->device.index;
   if (em_use_device(dev, op)) return -1;
   cudaStream_t s = em_cur_stream(dev);
+  if (inner >= kStripCols) {
+    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
+    if (outer * strips > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+    const unsigned grid = (unsigned)(outer * strips);
+    const int smem = kStripSmem;   /* two arrays of half tiles, double-buffered */
+    if (x->dtype == EM_F64) {
+      if (em_cuda_check(cudaFuncSetAttribute(cumprod_grad_strips<double>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem), op, "cudaFuncSetAttribute"))
+        return -1;
+      cumprod_grad_strips<double><<<grid, kStripThreads, smem, s>>>(
+          (const double *)em_data_ptr(x), (const double *)em_data_ptr(g), (double *)em_data_ptr(gx), L, inner, strips);
+    } else {
+      if (em_cuda_check(cudaFuncSetAttribute(cumprod_grad_strips<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem), op, "cudaFuncSetAttribute"))
+        return -1;
+      cumprod_grad_strips<float><<<grid, kStripThreads, smem, s>>>(
+          (const float *)em_data_ptr(x), (const float *)em_data_ptr(g), (float *)em_data_ptr(gx), L, inner, strips);
+    }
+    return em_launch_check(op);
+  }
   unsigned grid = em_grid(outer * inner, kBlock);
   if (x->dtype == EM_F64)
     cumprod_grad<double><<<grid, kBlock, 0, s>>>((const double *)em_data_ptr(x), (const double *)em_data_ptr(g),

@@ -241,6 +241,26 @@ describe("cumsum and cumprod on CUDA", function()
     end
   end)
 
+  it("cumprod's backward along a dim of >= 32 columns (strips), zeros anywhere, several tiles", function()
+    for _, dt in ipairs({"f32", "f64"}) do
+      for _, c in ipairs({{{600, 100}, 0}, {{3, 300, 40}, 1}}) do
+        local x = ember.rand(c[1], {dtype = "f64"}) * 0.2 + 0.9
+        x = x:masked_fill(ember.rand(c[1]):lt(0.005), 0)
+        -- zeros in row 0, twice in one column (different tiles), in the last row
+        local t = x:tolist()
+        local m = c[2] == 0 and t or t[2]   -- (rows, columns) of one outer slice
+        m[1][4], m[131][6], m[260][6], m[#m][8] = 0, 0, 0, 0
+        x = ember.tensor(t, {dtype = "f64"})
+        local function grad_of(a)
+          a = a:detach(); a.requires_grad = true
+          a:cumprod(c[2]):sum():backward()
+          return a.grad
+        end
+        agree(("cumprod backward %s %s dim %d"):format(dt, table.concat(c[1], "x"), c[2]), grad_of, {x:to(dt)})
+      end
+    end
+  end)
+
   it("integer scans give i64 and match exactly", function()
     local x = ember.randint(-5, 6, {4096}):to("i32")
     agree("cumsum i32", function(a) return a:cumsum(0) end, {x}, true)
