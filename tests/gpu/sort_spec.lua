@@ -251,12 +251,14 @@ describe("cumsum and cumprod on CUDA", function()
         local m = c[2] == 0 and t or t[2]   -- (rows, columns) of one outer slice
         m[1][4], m[131][6], m[260][6], m[#m][8] = 0, 0, 0, 0
         x = ember.tensor(t, {dtype = "f64"})
-        local function grad_of(a)
+        local function grad_of(a, w)   -- upstream gradient w: every g_j read at its own row
           a = a:detach(); a.requires_grad = true
-          a:cumprod(c[2]):sum():backward()
+          local l = (a:cumprod(c[2]) * w):sum()
+          l:backward()
           return a.grad
         end
-        agree(("cumprod backward %s %s dim %d"):format(dt, table.concat(c[1], "x"), c[2]), grad_of, {x:to(dt)})
+        agree(("cumprod backward %s %s dim %d"):format(dt, table.concat(c[1], "x"), c[2]), grad_of,
+          {x:to(dt), ember.randn(c[1], {dtype = "f64"}):to(dt)})
       end
     end
   end)
