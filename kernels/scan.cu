@@ -121,7 +121,8 @@ template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                              int64_t inner, int64_t strips, bool reverse, Op op,
                                                              A identity) {
-  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;   /* rows per tile; rows each thread loads */
+  /* R rows a tile; E of them loaded by each thread */
+  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;
   extern __shared__ __align__(16) unsigned char strip_raw[];
   T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
