@@ -13,11 +13,15 @@
  *    (cumsum's backward) reverses into scratch, scans, reverses back.
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles.
- *  - scanned dim not innermost (inner > 1): one thread per (outer, inner)
- *    column walking L; neighbouring threads read neighbouring addresses, so
- *    every step is one coalesced row.
+ *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
+ *    block per strip of 32 columns (scan_strips): tiles of rows staged in
+ *    shared memory by the whole block, the next tile's loads in flight while
+ *    one warp walks this one, a lane per column, in row order.
+ *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
+ *    walking L; neighbouring threads read neighbouring addresses.
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
- * the column walk with three passes per row. */
+ * the column walk with three passes per row, in strips of 32 columns staged
+ * through shared memory when there are at least 32 (cumprod_grad_strips). */
 #include <type_traits>
 #include <cub/cub.cuh>
 #include <thrust/iterator/transform_iterator.h>
@@ -97,6 +101,72 @@ __global__ void scan_cols(const T *in, T *out, int64_t outer, int64_t L, int64_t
   }
 }
 
+/* The column scan of a strip of kStripCols neighbouring columns (one block):
+ * the block's warps load tiles of R rows x kStripCols (kStripTileBytes) into
+ * shared memory, each load one row segment (coalesced), and warp 0 walks the
+ * tile's rows in order, one lane per column, writing each result row as it
+ * goes. The next tile's loads are issued before the walk of this one, so a
+ * tile's worth of reads (32 KiB per block) is in flight while warp 0 works:
+ * the scan_cols walk above has one load in flight per column, which for
+ * 4096 columns (16 blocks) is ~3 % of the bandwidth. Each column is still
+ * combined row 0, 1, 2, ... (or L - 1, L - 2, ... reversed) in A, one
+ * rounding per output: the same operations in the same order as scan_cols,
+ * so the same bits. */
+constexpr int kStripCols = 32, kStripThreads = 256, kStripWarps = kStripThreads / 32;
+constexpr int kStripTileBytes = 32 * 1024;
+
+constexpr int kStripSmem = 2 * kStripTileBytes;   /* double-buffered */
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                             int64_t inner, int64_t strips, bool reverse, Op op,
+                                                             A identity) {
+  /* R rows a tile; E of them loaded by each thread */
+  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + lane;
+  const bool active = col < inner;
+  const int64_t base = o * L * inner + col, step = reverse ? -inner : inner;
+  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from base */
+  const int64_t ntiles = (L + R - 1) / R;
+  T reg[E];
+#pragma unroll
+  for (int e = 0; e < E; e++) reg[e] = T();   /* rows past L and idle lanes: never walked */
+  auto load = [&](int64_t t) {
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      const int64_t j = t * R + warp + e * kStripWarps;
+      if (active && j < L) reg[e] = in[base + first + j * step];
+    }
+  };
+  auto stash = [&](int b) {
+#pragma unroll
+    for (int e = 0; e < E; e++) buf[b][warp + e * kStripWarps][lane] = reg[e];
+  };
+  load(0);
+  stash(0);
+  __syncthreads();
+  A acc = identity;
+  for (int64_t t = 0; t < ntiles; t++) {
+    if (t + 1 < ntiles) load(t + 1);   /* in flight during the walk below */
+    if (warp == 0 && active) {
+      const int rows = (int)(L - t * R < R ? L - t * R : R);
+      T *p = out + base + first + t * R * step;
+      const T *row = &buf[t & 1][0][lane];
+#pragma unroll 8
+      for (int r = 0; r < rows; r++) {
+        acc = op(acc, widen<A, T>(row[r * kStripCols]));
+        *p = narrow<T, A>(acc);
+        p += step;
+      }
+    }
+    if (t + 1 < ntiles) stash((t + 1) & 1);   /* the other buffer: its walk ended before the last barrier */
+    __syncthreads();
+  }
+}
+
 template <typename A>
 __global__ void reverse_copy(const A *in, A *out, int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -154,7 +224,16 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
-  } else {
+  } else if (inner >= kStripCols) {
+    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
+    if (outer * strips > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+    auto k = scan_strips<T, A, Op>;
+    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kStripSmem), op,
+                      "cudaFuncSetAttribute"))
+      return -1;
+    k<<<(unsigned)(outer * strips), kStripThreads, kStripSmem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+  } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);
   }
@@ -190,6 +269,99 @@ __global__ void cumprod_grad(const A *x, const A *g, A *gx, int64_t outer, int64
   }
 }
 
+/* cumprod's gradient for strips of 32 columns (inner >= 32), the column
+ * walks of cumprod_grad staged as scan_strips stages them: two arrays per
+ * tile (R rows, kStripTileBytes / 2 each), double-buffered, the next tile's loads
+ * in flight while warp 0 walks. Pass 1 walks x and g down the rows: below
+ * the first zero z, p *= x_j, gx_j = g_j p; from z on, q and the sum for
+ * gx_z, zeros after it. Pass 2 walks gx and x up from the block's largest z:
+ * acc += gx_j, gx_j = acc / x_j for j < z. Per column the operations and
+ * their order are cumprod_grad's: the same bits. */
+template <typename A>
+struct GradStrip {
+  /* half scan_strips' tile per array: the same 32 KiB in flight and 64 KiB of shared memory */
+  static constexpr int R = kStripTileBytes / 2 / (kStripCols * (int)sizeof(A)), E = R / kStripWarps;
+  A (*buf)[2][R][kStripCols];   /* [buffer][array][row][col] */
+  int64_t base, inner;
+  int lane, warp;
+  bool active;
+
+  /* f(j, a_j, b_j) in warp 0 for rows j of [0, n) in order (up: n - 1 .. 0). Ends with a barrier. */
+  template <typename F>
+  __device__ __forceinline__ void walk(const A *a, const A *b, int64_t n, bool up, F f) {
+    const int64_t ntiles = (n + R - 1) / R;
+    A ra[E], rb[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) { ra[e] = 0; rb[e] = 0; }
+    auto load = [&](int64_t t) {
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        const int64_t k = t * R + warp + e * kStripWarps, j = up ? n - 1 - k : k;
+        if (active && k < n) { ra[e] = a[base + j * inner]; rb[e] = b[base + j * inner]; }
+      }
+    };
+    auto stash = [&](int q) {
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        buf[q][0][warp + e * kStripWarps][lane] = ra[e];
+        buf[q][1][warp + e * kStripWarps][lane] = rb[e];
+      }
+    };
+    if (ntiles > 0) { load(0); stash(0); }
+    __syncthreads();
+    for (int64_t t = 0; t < ntiles; t++) {
+      if (t + 1 < ntiles) load(t + 1);
+      if (warp == 0 && active) {
+        const int rows = (int)(n - t * R < R ? n - t * R : R);
+        for (int r = 0; r < rows; r++) {
+          const int64_t k = t * R + r;
+          f(up ? n - 1 - k : k, buf[t & 1][0][r][lane], buf[t & 1][1][r][lane]);
+        }
+      }
+      if (t + 1 < ntiles) stash((t + 1) & 1);
+      __syncthreads();
+    }
+  }
+};
+
+template <typename A>
+__global__ void __launch_bounds__(kStripThreads) cumprod_grad_strips(const A *x, const A *g, A *gx, int64_t L,
+                                                                     int64_t inner, int64_t strips) {
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  __shared__ int64_t zmax_sh;
+  GradStrip<A> s;
+  s.buf = reinterpret_cast<A(*)[2][GradStrip<A>::R][kStripCols]>(strip_raw);
+  s.lane = threadIdx.x & 31;
+  s.warp = threadIdx.x >> 5;
+  s.inner = inner;
+  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + s.lane;
+  s.active = col < inner;
+  s.base = o * L * inner + col;
+  int64_t z = L;
+  A p = 1, q = 0, sum = 0;
+  s.walk(x, g, L, false, [&](int64_t j, A xj, A gj) {
+    if (z == L && xj == (A)0) { z = j; q = p; sum += gj * q; return; }
+    if (z == L) { p *= xj; gx[s.base + j * inner] = gj * p; return; }
+    q *= xj;
+    gx[s.base + j * inner] = 0;
+    sum += gj * q;
+  });
+  if (s.warp == 0) {
+    if (s.active && z < L) gx[s.base + z * inner] = sum;
+    int64_t zm = s.active ? z : 0;
+    for (int off = 16; off > 0; off >>= 1) {
+      const int64_t other = __shfl_xor_sync(0xffffffffu, zm, off);
+      zm = other > zm ? other : zm;
+    }
+    if (s.lane == 0) zmax_sh = zm;
+  }
+  __syncthreads();   /* zmax, and pass 1's gx rows visible to the warps that stage them */
+  A acc = 0;
+  s.walk(gx, x, zmax_sh, true, [&](int64_t j, A gj, A xj) {
+    if (j < z) { acc += gj; gx[s.base + j * inner] = acc / xj; }
+  });
+}
+
 }  // namespace
 
 extern "C" int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,
@@ -216,6 +388,27 @@ extern "C" int em_cumprod_backward_cuda(const char *op, const em_tensor *x, cons
   const int dev = x->device.index;
   if (em_use_device(dev, op)) return -1;
   cudaStream_t s = em_cur_stream(dev);
+  if (inner >= kStripCols) {
+    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
+    if (outer * strips > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+    const unsigned grid = (unsigned)(outer * strips);
+    const int smem = kStripSmem;   /* two arrays of half tiles, double-buffered */
+    if (x->dtype == EM_F64) {
+      if (em_cuda_check(cudaFuncSetAttribute(cumprod_grad_strips<double>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem), op, "cudaFuncSetAttribute"))
+        return -1;
+      cumprod_grad_strips<double><<<grid, kStripThreads, smem, s>>>(
+          (const double *)em_data_ptr(x), (const double *)em_data_ptr(g), (double *)em_data_ptr(gx), L, inner, strips);
+    } else {
+      if (em_cuda_check(cudaFuncSetAttribute(cumprod_grad_strips<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem), op, "cudaFuncSetAttribute"))
+        return -1;
+      cumprod_grad_strips<float><<<grid, kStripThreads, smem, s>>>(
+          (const float *)em_data_ptr(x), (const float *)em_data_ptr(g), (float *)em_data_ptr(gx), L, inner, strips);
+    }
+    return em_launch_check(op);
+  }
   unsigned grid = em_grid(outer * inner, kBlock);
   if (x->dtype == EM_F64)
     cumprod_grad<double><<<grid, kBlock, 0, s>>>((const double *)em_data_ptr(x), (const double *)em_data_ptr(g),

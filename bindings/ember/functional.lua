@@ -302,12 +302,18 @@ function F.cross_entropy(logits, targets, opts)
   return core.cross_entropy_ex(logits, targets, o.ignore_index or -100, o.label_smoothing or 0, r)
 end
 
--- A loss of the difference alone: f(input - target) reduced; target broadcasts to input.
+local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
+
+-- A loss of the difference alone: f(input - target) reduced; target broadcasts
+-- to input. Float operands: one fused op (engine/ops/loss_diff.c); others (an
+-- integer sum, say) the composition f(input - target) as before.
 local function difference_loss(fname, f)
+  local fused = core[fname]
   return function(input, target, opts)
     check_tensor(fname, "input", input)
     check_tensor(fname, "target", target)
     local _, r = loss_opts(fname, opts, {reduction = true})
+    if FLOATS[input.dtype] and FLOATS[target.dtype] then return fused(input, target, r) end
     return reduce(f(input - target), r)
   end
 end

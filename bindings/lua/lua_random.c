@@ -1,7 +1,7 @@
 /* Bindings for issue 12's sampling ops, dropout, the cross-entropy options
  * and gelu's tanh form: randperm, multinomial, bernoulli/bernoulli_,
  * core.dropout, core.cross_entropy_ex, core.gelu_tanh, and the fused losses
- * core.bce_with_logits and core.nll_loss. The Lua wrappers
+ * core.bce_with_logits, core.nll_loss, core.mse_loss and core.l1_loss. The Lua wrappers
  * (ember.randperm, F.dropout, F.cross_entropy, nn.*Loss) live in
  * bindings/ember/; these are the checked calls into the engine. */
 #include <string.h>
@@ -99,6 +99,17 @@ static int l_nll_loss(lua_State *L) {
   return lem_push_result(L, em_nll_loss(x, t, w, ignore, red));
 }
 
+/* core.mse_loss(input, target, reduction), core.l1_loss(...): fused (engine/ops/loss_diff.c) */
+static int diff_loss(lua_State *L, em_tensor *(*f)(em_tensor *, em_tensor *, em_reduction)) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), *y = lem_check_tensor(L, 2, fn, "target");
+  em_reduction red = EM_REDUCTION_MEAN;   /* set by opt_reduction, which raises otherwise */
+  opt_reduction(L, 3, fn, &red);
+  return lem_push_result(L, f(x, y, red));
+}
+static int l_mse_loss(lua_State *L) { return diff_loss(L, em_mse_loss); }
+static int l_l1_loss(lua_State *L) { return diff_loss(L, em_l1_loss); }
+
 /* core.gelu_tanh(x): gelu(x, approximate="tanh") */
 static int l_gelu_tanh(lua_State *L) {
   const char *fn = lem_name(L);
@@ -112,6 +123,7 @@ void lem_open_random(lua_State *L, int methods, int module) {
   static const luaL_Reg module_only[] = {{"randperm", l_randperm}, {"dropout", l_dropout},
                                          {"cross_entropy_ex", l_cross_entropy_ex}, {"gelu_tanh", l_gelu_tanh},
                                          {"bce_with_logits", l_bce_with_logits}, {"nll_loss", l_nll_loss},
+                                         {"mse_loss", l_mse_loss}, {"l1_loss", l_l1_loss},
                                          {NULL, NULL}};
   lem_register(L, 0, module, module_only);
 }

@@ -469,6 +469,19 @@ int em_bce_bwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, 
                     const em_bce_args *a, const em_tensor *g, double scale, em_tensor *gx, em_tensor *gy,
                     em_tensor *gw, em_tensor *gpw);
 
+/* mse_loss / l1_loss (kernels/loss_diff.cu, the device half of
+ * engine/ops/loss_diff.c): x, y contiguous, n elements each, of one float
+ * dtype, the loss's. out: n elements ("none": (x - y)^2 or |x - y|) or 0-d
+ * (the sum, or the mean: NaN for n = 0), summed on the device in a fixed
+ * order (deterministic) in double. Math in f32 (f64 for f64). */
+enum { EM_LOSS_MSE, EM_LOSS_L1 };
+int em_loss_diff_fwd_cuda(int kind, int reduction, const em_tensor *x, const em_tensor *y, em_tensor *out);
+/* dx = f(x - y) g_i scale and dy = -dx in one pass (either NULL when not
+ * wanted; contiguous, n elements, the loss's dtype), f = 2 d or sign(d);
+ * upstream g[i] ("none") or g[0], read on the device. */
+int em_loss_diff_bwd_cuda(int kind, int reduction, const em_tensor *x, const em_tensor *y, const em_tensor *g,
+                          double scale, em_tensor *gx, em_tensor *gy);
+
 /* nll_loss over N rows of log-probabilities with the class dim last: row r
  * (row-major over shape[0..nd)) starts at sum_d r_d * stride[d] elements
  * from logp's data pointer, class c at c * cstride more (any strides, so a

@@ -158,6 +158,11 @@ int em_bce_fwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, 
 int em_bce_bwd_cuda(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw,
                     const em_bce_args *a, const em_tensor *g, double scale, em_tensor *gx, em_tensor *gy,
                     em_tensor *gw, em_tensor *gpw) { return no_cuda(NULL); }
+int em_loss_diff_fwd_cuda(int kind, int reduction, const em_tensor *x, const em_tensor *y, em_tensor *out) {
+  return no_cuda(NULL);
+}
+int em_loss_diff_bwd_cuda(int kind, int reduction, const em_tensor *x, const em_tensor *y, const em_tensor *g,
+                          double scale, em_tensor *gx, em_tensor *gy) { return no_cuda(NULL); }
 int em_nll_fwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,
                     const em_nll_args *a, em_tensor *out, em_tensor *stats) { return no_cuda(NULL); }
 int em_nll_bwd_cuda(const em_tensor *logp, const em_tensor *target, const em_tensor *weight,

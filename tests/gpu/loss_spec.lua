@@ -16,7 +16,7 @@ local R = H.seeded(2000)
 local randn = R.randn
 local function targets(shape, V, dtype) return R.randint(V, shape, dtype) end
 
-local TOL = {f32 = 1e-5, bf16 = 1e-2}
+local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2.5e-3}
 
 -- loss and dlogits on the CPU and on CUDA for the same logits/targets
 local function both(logits, t, g)
@@ -160,6 +160,70 @@ describe("binary_cross_entropy_with_logits on CUDA", function()
   it("the mean of no elements is NaN", function()
     local v = F.binary_cross_entropy_with_logits(ember.zeros(0):cuda(), ember.zeros(0):cuda()):item()
     assert.is_true(v ~= v)
+  end)
+end)
+
+-- kernels/loss_diff.cu: one pass forward, one backward (dx and dy together).
+describe("mse_loss and l1_loss on CUDA", function()
+  for _, name in ipairs {"mse_loss", "l1_loss"} do
+    for _, dt in ipairs {"f32", "bf16", "f16"} do
+      it(name .. " " .. dt .. ": 100003 elements (odd: vector tail), mean and sum, both inputs differentiated", function()
+        -- small enough that the f16 sum (~3e4 or ~4.5e4) stays below f16's 65504
+        local x, y = randn({7, 14287}, dt, 0.5), randn({7, 14287}, dt, 0.25)
+        local c, g = both_devices(function(a, b) return F[name](a, b) end, {x, y})
+        assert.equals(dt, g.l.dtype)
+        C.assert_close(g.l, c.l, TOL[dt], "mean")
+        -- the gradients of the sum, 2 (x - y) or sign(x - y), are O(1) (the mean's, / n, would be
+        -- below the tolerance's absolute floor)
+        c, g = both_devices(function(a, b) return F[name](a, b, {reduction = "sum"}) end, {x, y})
+        C.assert_close(g.l, c.l, TOL[dt], "sum")
+        check_grads(c, g, TOL[dt])
+      end)
+    end
+
+    it(name .. " f32: none and sum, target broadcast (C), upstream gradients", function()
+      local x, y = randn({33, 65}, "f32", 3), randn({65}, "f32")
+      for _, r in ipairs({"none", "sum"}) do
+        local gup = r == "none" and randn({33, 65}, "f32") or ember.tensor(2.5)
+        local c, g = both_devices(function(a, b) return F[name](a, b, {reduction = r}) end, {x, y}, gup)
+        C.assert_close(g.l, c.l, 1e-5, r .. " loss")
+        check_grads(c, g, 1e-5)
+      end
+    end)
+
+    it(name .. " f64: sum of 2^20 elements against the CPU", function()
+      local x, y = randn({1024, 1024}, "f64"), randn({1024, 1024}, "f64")
+      local c, g = both_devices(function(a, b) return F[name](a, b, {reduction = "sum"}) end, {x, y})
+      C.assert_close(g.l, c.l, 1e-12, "loss")
+      check_grads(c, g, 1e-12)
+    end)
+
+    it(name .. " f32: views 4 bytes off 16-byte alignment take the element path and agree", function()
+      local xb, yb = randn({4099}, "f32", 3):cuda(), randn({4099}, "f32"):cuda()
+      local x, y = xb:narrow(0, 1, 4098), yb:narrow(0, 1, 4098)
+      for _, r in ipairs({"none", "mean"}) do
+        C.assert_close(F[name](x, y, {reduction = r}), F[name](x:cpu(), y:cpu(), {reduction = r}), 1e-5, r)
+      end
+    end)
+
+    it(name .. " f32: the mean of 2^22 elements is the same bits on every call (fixed-order sum)", function()
+      local x, y = randn({4096, 1024}, "f32"):cuda(), randn({4096, 1024}, "f32"):cuda()
+      local a, b = F[name](x, y):item(), F[name](x, y):item()
+      assert.equals(a, b)
+    end)
+
+    it(name .. ": the mean of no elements is NaN", function()
+      local v = F[name](ember.zeros(0):cuda(), ember.zeros(0):cuda()):item()
+      assert.is_true(v ~= v)
+    end)
+  end
+
+  it("l1_loss: the gradient at x == y is 0, as on the CPU", function()
+    local x = ember.tensor({1, -2, 3, 0.5, 7})
+    local c, g = both_devices(function(a, b) return F.l1_loss(a, b, {reduction = "sum"}) end,
+      {x, ember.tensor({1, 0, 3, 0, 7})})
+    C.assert_close(g.ins[1].grad, c.ins[1].grad, 0, "dx")
+    assert.same({0, -1, 0, 1, 0}, g.ins[1].grad:tolist())
   end)
 end)
 

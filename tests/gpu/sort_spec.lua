@@ -202,6 +202,67 @@ describe("cumsum and cumprod on CUDA", function()
     agree("cumprod backward", grad_of, {x})
     agree("cumprod backward f32 dim 0", grad_of, {x:t():contiguous():to("f32")})
   end)
+  -- kernels/scan.cu's scan_strips (scanned dim not innermost, >= 32 columns):
+  -- each column combined in row order in the accumulator (f32 for bf16), one
+  -- rounding per output, so the result is the bits of a walk of row ops.
+  it("column scans in strips of 32 are the bits of the row-by-row walk, forward and reversed", function()
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      local acc = dt == "bf16" and "f32" or dt
+      -- 600 rows: several tiles (256 f32 / 512 bf16 / 128 f64 rows); 100 columns: a partial strip
+      for _, c in ipairs({{{600, 100}, 0}, {{3, 300, 40}, 1}}) do
+        local x = (ember.randn(c[1], {dtype = "f64"}) * 0.05 + 1):to(dt):cuda()
+        local L = c[1][c[2] + 1]
+        for _, op in ipairs({"cumsum", "cumprod"}) do
+          for _, reverse in ipairs({false, true}) do
+            local rows, a = {}, nil
+            for k = 0, L - 1 do
+              local r = reverse and L - 1 - k or k
+              local v = x:select(c[2], r):to(acc)
+              a = a == nil and v or (op == "cumsum" and a + v or a * v)
+              rows[r + 1] = a:to(dt)
+            end
+            local got
+            if reverse then   -- the reversed scan: cumsum's backward, or a flipped cumprod
+              if op == "cumsum" then
+                local xl = x:detach(); xl.requires_grad = true
+                xl:cumsum(c[2]):backward(x)
+                got = xl.grad
+              else
+                got = x:flip(c[2]):cumprod(c[2]):flip(c[2])
+              end
+            else
+              got = x[op](x, c[2])
+            end
+            cmp.assert_same_bits(got, ember.stack(rows, c[2]),
+              ("%s %s %s dim %d%s"):format(op, dt, table.concat(c[1], "x"), c[2], reverse and " reversed" or ""))
+          end
+        end
+      end
+    end
+  end)
+
+  it("cumprod's backward along a dim of >= 32 columns (strips), zeros anywhere, several tiles", function()
+    for _, dt in ipairs({"f32", "f64"}) do
+      for _, c in ipairs({{{600, 100}, 0}, {{3, 300, 40}, 1}}) do
+        local x = ember.rand(c[1], {dtype = "f64"}) * 0.2 + 0.9
+        x = x:masked_fill(ember.rand(c[1]):lt(0.005), 0)
+        -- zeros in row 0, twice in one column (different tiles), in the last row
+        local t = x:tolist()
+        local m = c[2] == 0 and t or t[2]   -- (rows, columns) of one outer slice
+        m[1][4], m[131][6], m[260][6], m[#m][8] = 0, 0, 0, 0
+        x = ember.tensor(t, {dtype = "f64"})
+        local function grad_of(a, w)   -- upstream gradient w: every g_j read at its own row
+          a = a:detach(); a.requires_grad = true
+          local l = (a:cumprod(c[2]) * w):sum()
+          l:backward()
+          return a.grad
+        end
+        agree(("cumprod backward %s %s dim %d"):format(dt, table.concat(c[1], "x"), c[2]), grad_of,
+          {x:to(dt), ember.randn(c[1], {dtype = "f64"}):to(dt)})
+      end
+    end
+  end)
+
   it("integer scans give i64 and match exactly", function()
     local x = ember.randint(-5, 6, {4096}):to("i32")
     agree("cumsum i32", function(a) return a:cumsum(0) end, {x}, true)

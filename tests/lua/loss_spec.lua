@@ -257,6 +257,78 @@ describe("F.mse_loss and F.l1_loss", function()
     assert.equals(1 + 3 + 1 + 0.5 + 3 + 3, F.l1_loss(x, y, {reduction = "sum"}):item())
     assert.same({{1, 9, 1}, {0.25, 9, 9}}, F.mse_loss(x, y, {reduction = "none"}):tolist())
   end)
+
+  -- fused (engine/ops/loss_diff.c): one op, the same values as the composition it replaced
+  local function composed(name, a, b, r)
+    local d = name == "mse_loss" and (a - b):square() or (a - b):abs()
+    if r == "mean" then return d:mean() elseif r == "sum" then return d:sum() end
+    return d
+  end
+
+  for _, name in ipairs({"mse_loss", "l1_loss"}) do
+    it(name .. " in f32 is the composition's bits (f32 difference, double sum), every reduction", function()
+      ember.manual_seed(5)
+      local x, y = ember.randn(300, 257), ember.randn(257)
+      for _, r in ipairs({"mean", "sum"}) do
+        assert.equals(composed(name, x, y, r):item(), F[name](x, y, {reduction = r}):item())
+      end
+      assert.equals(0, (F[name](x, y, {reduction = "none"}) - composed(name, x, y, "none")):abs():max():item())
+    end)
+
+    it(name .. ": dx = f'(x - y) g / n and dy = -dx, summed to a broadcast target", function()
+      local x = ember.tensor({{1, -2, 3}, {0.5, 4, -1}}, {dtype = "f64", requires_grad = true})
+      local y = ember.tensor({0, 1, 3}, {dtype = "f64", requires_grad = true})
+      F[name](x, y):backward(ember.tensor(3, {dtype = "f64"}))
+      -- differences {1, -3, 0}, {0.5, 3, -4}; g / n = 0.5
+      local want = name == "mse_loss" and {{1, -3, 0}, {0.5, 3, -4}} or {{0.5, -0.5, 0}, {0.5, 0.5, -0.5}}
+      assert.same(want, x.grad:tolist())
+      local dy = name == "mse_loss" and {-1.5, 0, 4} or {-1, 0, 0.5}
+      assert.same(dy, y.grad:tolist())
+    end)
+
+    it(name .. ": bf16 result in bf16, bf16 with f32 promotes, an integer pair keeps the composition", function()
+      local x, y = ember.tensor({1.5, -2, 0.25}), ember.tensor({0.5, 1, -0.75})
+      local b = F[name](x:to("bf16"), y:to("bf16"))
+      assert.equals("bf16", b.dtype)
+      assert.equals(composed(name, x, y, "mean"):to("bf16"):item(), b:item())   -- rounded once
+      assert.equals("f32", F[name](x:to("bf16"), y).dtype)
+      local xi, yi = ember.tensor({1, 2, 3}, {dtype = "i64"}), ember.tensor({0, 0, 5}, {dtype = "i64"})
+      local s = F[name](xi, yi, {reduction = "sum"})
+      assert.equals("i64", s.dtype)
+      assert.equals(name == "mse_loss" and 9 or 5, s:item())
+    end)
+
+    it(name .. ": bad input is an error naming the op and what was expected", function()
+      local x = ember.randn(2, 3)
+      raises(function() F[name](x, ember.randn(4)) end, name .. ": cannot broadcast shapes [2, 3] and [4]")
+      raises(function() F[name](x, 1) end, "ember.nn.functional." .. name .. ": expected a tensor for 'target', got number")
+      raises(function() F[name](x, x, {reduction = "avg"}) end,
+        "ember.nn.functional." .. name .. ": expected reduction \"mean\", \"sum\" or \"none\", got avg")
+      raises(function() F[name](x, x, {weight = x}) end, "ember.nn.functional." .. name .. ": unknown option 'weight'")
+    end)
+  end
+
+  it("the CPU sums in blocks of 32768 combined in order: the same bits at 1 and 2 threads", function()
+    ember.manual_seed(9)
+    local x, y = ember.randn(1000, 300), ember.randn(300)
+    local saved, got = ember.get_num_threads(), {}
+    for _, nt in ipairs({1, 2}) do
+      ember.set_num_threads(nt)
+      local xl = x:detach(); xl.requires_grad = true
+      local l = F.mse_loss(xl, y)
+      l:backward()
+      got[nt] = {l:item(), xl.grad, F.l1_loss(x, y, {reduction = "sum"}):item()}
+    end
+    ember.set_num_threads(saved)
+    assert.equals(got[1][1], got[2][1])
+    assert.equals(got[1][3], got[2][3])
+    assert.equals(0, (got[1][2] - got[2][2]):abs():max():item())
+  end)
+
+  it("the mean of no elements is NaN", function()
+    local v = F.mse_loss(ember.zeros(0), ember.zeros(0)):item()
+    assert.is_true(v ~= v)
+  end)
 end)
 
 describe("F.nll_loss", function()

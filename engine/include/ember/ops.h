@@ -228,6 +228,11 @@ em_tensor *em_cross_entropy_ex(em_tensor *logits, em_tensor *targets, int64_t ig
  * pos_weight (weight, pos_weight may be NULL) broadcast with input. */
 em_tensor *em_bce_with_logits(em_tensor *input, em_tensor *target, em_tensor *weight, em_tensor *pos_weight,
                               em_reduction reduction);
+/* mse_loss and l1_loss, fused (engine/ops/loss_diff.c): (input - target)^2
+ * and |input - target| of float tensors broadcast together, reduced; one
+ * pass forward, one backward. */
+em_tensor *em_mse_loss(em_tensor *input, em_tensor *target, em_reduction reduction);
+em_tensor *em_l1_loss(em_tensor *input, em_tensor *target, em_reduction reduction);
 /* nll_loss, fused (engine/ops/loss_nll.c): -w[t] logp[..., t] per target
  * for log-probabilities logp (..., C) (class dim last) and integer targets
  * (...); targets equal to ignore_index count for nothing; weight (C) or

@@ -24,6 +24,15 @@ return function(case, perf, ember, F)
   case("F.l1_loss sum (inputs kept away from x == y)", "l1_loss",
     function(x) return F.l1_loss(x, x:detach() * 0, {reduction = "sum"}) end,
     function(T) return {T.away({3, 4}, {0}, 0.1)} end)
+  case("F.mse_loss sum, input broadcast to the target's shape, both differentiated", "mse_loss",
+    function(x, y) return F.mse_loss(x, y, {reduction = "sum"}) end,
+    function(T) return {T.randn({5}), T.randn({2, 5})} end)
+  case("F.l1_loss mean, target broadcast and differentiated (|x| >= 0.1, |y| <= 0.05)", "l1_loss",
+    function(x, y) return F.l1_loss(x, y) end,
+    function(T) return {T.away({3, 4}, {0}, 0.1), T.uniform({4}, -0.05, 0.05)} end)
+  case("F.l1_loss none (|x| >= 0.1, |y| <= 0.05)", "l1_loss",
+    function(x, y) return F.l1_loss(x, y, {reduction = "none"}) end,
+    function(T) return {T.away({2, 7}, {0}, 0.1), T.uniform({2, 7}, -0.05, 0.05)} end)
   case("F.nll_loss (N, C) with weight and ignore_index", "nll_loss",
     function(x, w, t) return F.nll_loss(x, t, {weight = w, ignore_index = 2}) end,
     function(T) return {T.randn({5, 4}), T.uniform({4}, 0.5, 2), T.long({0, 2, 3, 1, 3})} end)
@@ -61,6 +70,13 @@ return function(case, perf, ember, F)
     torch = "F.mse_loss(a, b)"})
   perf("l1_loss", "l1_loss of 2^24 elements", function(x, y) return F.l1_loss(x, y) end,
     function(T) return {T.randn({4096, 4096}), T.randn({4096, 4096})} end, {backward = true, device = "cuda",
+    torch = "F.l1_loss(a, b)"})
+  -- 2^26 elements: past the H100's 50 MB L2, as sum's (issue 12's bandwidth bar)
+  perf("mse_loss", "mse_loss of 2^26 elements", function(x, y) return F.mse_loss(x, y) end,
+    function(T) return {T.randn({8192, 8192}), T.randn({8192, 8192})} end, {backward = true, device = "cuda",
+    torch = "F.mse_loss(a, b)"})
+  perf("l1_loss", "l1_loss of 2^26 elements", function(x, y) return F.l1_loss(x, y) end,
+    function(T) return {T.randn({8192, 8192}), T.randn({8192, 8192})} end, {backward = true, device = "cuda",
     torch = "F.l1_loss(a, b)"})
   perf("binary_cross_entropy_with_logits", "BCE with logits of 2^24 elements",
     function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,

@@ -171,6 +171,8 @@ return function(case, perf, ember, F)
     function(T) return {T.randn({16777216})} end)
   perf("cumsum", "cumsum along the last dim of (4096, 4096)", function(a) return a:cumsum(1) end,
     function(T) return {T.randn({4096, 4096})} end, {backward = true})
+  perf("cumsum", "cumsum along dim 0 of (4096, 4096)", function(a) return a:cumsum(0) end,
+    function(T) return {T.randn({4096, 4096})} end)
   perf("cumprod", "cumprod along dim 0 of (4096, 4096)", function(a) return a:cumprod(0) end,
     function(T) return {T.uniform({4096, 4096}, 0.999, 1.001)} end, {backward = true})
   perf("unique", "unique of 2^22 ids in [0, 100000)", function(a) return a:unique() end,
