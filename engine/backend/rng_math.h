@@ -76,6 +76,15 @@ static inline EM_HOSTDEV double em_rng_erfinv(double y) {
 /* dropout and bernoulli: element j is kept (is 1) when u(w_j) < q, with
  * q = 1 - p for dropout and q = p_j for bernoulli, compared in double. */
 static inline EM_HOSTDEV int em_rng_below(uint32_t w, double q) { return em_rng_u24(w) < q; }
+/* The same test with integers: em_rng_below(w, q) == ((w >> 8) < em_rng_keep_threshold(q)) for every w
+ * and q. u(w) = m 2^-24 (m = w >> 8 < 2^24) is below q exactly when the integer m is below q 2^24 (exact in
+ * double), that is below its ceiling; NaN and q <= 0 keep nothing, q >= 1 keeps all. For the kernels, which
+ * would otherwise convert every word to double. */
+static inline EM_HOSTDEV uint32_t em_rng_keep_threshold(double q) {
+  if (!(q > 0)) return 0;
+  if (q >= 1) return 1u << 24;
+  return (uint32_t)ceil(q * 0x1p24);
+}
 
 /* multinomial and randperm take 64-bit draws: two words of a block per
  * element (element e uses block e / 2, words 2(e%2) and 2(e%2)+1). */
