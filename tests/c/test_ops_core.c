@@ -5,6 +5,7 @@
  * 1e-6 relative + 1e-8 absolute tolerance). */
 #include <stdlib.h>
 #include "test.h"
+#include "backend/rng_math.h"   /* em_rng_keep_threshold, em_rng_below, em_rng_u24 */
 
 #define EM_UNUSED(x) (void)(x)
 
@@ -775,6 +776,40 @@ TEST(philox_known_answers) {
   CHECK(b.v[0] == 0xd16cfe09u && b.v[1] == 0x94fdccebu && b.v[2] == 0x5001e420u && b.v[3] == 0x24126ea1u);
 }
 
+TEST(rng_kernel_shortcuts) {
+  /* The CUDA kernels' conversion-free forms of the CPU's tests (kernels/dropout.cu, random.cu, rng.cu):
+   * (w >> 8) < em_rng_keep_threshold(q) is em_rng_below(w, q). The test is monotone in m = w >> 8, so it
+   * suffices that thr is the boundary: m = thr - 1 below, m = thr not. q at and beside every kind of edge. */
+  double qs[64];
+  int nq = 0;
+  const double edges[] = {0.0, -0.0, 1.0, 0.5, 0.1, 0.9, 0.3, 1.0 - 0x1p-24, 0x1p-24, 3 * 0x1p-24, 0x1p-1074,
+                          12345 * 0x1p-24, 1.0 / 3.0, 2.0, -1.0};
+  for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+    qs[nq++] = edges[i];
+    qs[nq++] = nextafter(edges[i], INFINITY);
+    qs[nq++] = nextafter(edges[i], -INFINITY);
+  }
+  qs[nq++] = NAN;
+  qs[nq++] = INFINITY;
+  for (int i = 0; i < nq; i++) {
+    uint32_t thr = em_rng_keep_threshold(qs[i]);
+    CHECK(thr <= (1u << 24));
+    if (thr > 0) CHECK(em_rng_below((thr - 1) << 8 | 0xffu, qs[i]));
+    if (thr < (1u << 24)) CHECK(!em_rng_below(thr << 8, qs[i]));
+    if (thr == 0) CHECK(!em_rng_below(0, qs[i]));
+    if (thr == (1u << 24)) CHECK(em_rng_below(0xffffffffu, qs[i]));
+  }
+  /* the f64 u24 of the kernels (rng_u24_f64: high word 0x41b00000, low word m, minus 2^28) for every m */
+  int bad = 0;
+  for (uint32_t m = 0; m < (1u << 24); m++) {
+    uint64_t bits = (uint64_t)0x41b00000u << 32 | m;
+    double d;
+    memcpy(&d, &bits, 8);
+    if (d - 268435456.0 != em_rng_u24(m << 8)) bad++;
+  }
+  CHECK(bad == 0);
+}
+
 TEST(rng_stream_layout) {
   uint64_t seed = 0x123456789abcdefULL;
   em_rng_set_state(seed, 7);
@@ -902,6 +937,7 @@ int main(void) {
   RUN(minmax_ties_split);
   RUN(odd_inputs_do_not_crash);
   RUN(philox_known_answers);
+  RUN(rng_kernel_shortcuts);
   RUN(rng_stream_layout);
   RUN(rng_distributions);
   RUN(trunc_normal);
