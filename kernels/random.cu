@@ -3,8 +3,8 @@
  * the Philox stream (counter-based: element e needs only (seed, ctr0 + e/4)
  * or, for 64-bit draws, (seed, ctr0 + e/2)).
  *
- *   bernoulli    a thread per 16 bytes of out (4 to 16 elements, 1 to 4
- *                Philox blocks of ~10 rounds), sizeof(out) + sizeof(p)
+ *   bernoulli    a thread per 8 or 16 elements (2 or 4 Philox blocks of
+ *                10 rounds: 16 to 64 bytes of out), sizeof(out) + sizeof(p)
  *                bytes per element, 16-byte stores. Memory bound.
  *   randperm     one thread per block makes two (key, index) pairs, then
  *                cub::DeviceRadixSort sorts them by key (stable, so equal
@@ -33,8 +33,8 @@ namespace {
 /* ---- bernoulli ----
  * Only bits move: out's elements are 0 or the bit pattern `one` of 1 in its
  * dtype (S: an unsigned type of its width). Thread t takes B Philox blocks,
- * elements [4B t, 4B (t + 1)), B = 16 / (4 sizeof(S)) (but at least 1), so
- * out is written in 16-byte vectors (u8 and u16 too) when aligned for it. p
+ * elements [4B t, 4B (t + 1)), B = 4 for 1-byte outputs and 2 otherwise, so
+ * out is written in 16-byte vectors or more (u8 and u16 too) when aligned. p
  * is read in its own dtype P (as 16-byte vectors where aligned), and the test
  * u(w_j) < p_j is made without any conversion to double: for f32/bf16/f16 p in
  * f32, where u = m 2^-24 and p_j are both exact (so the f32 compare is the
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const voi
 
 template <typename S, typename P>
 static void bernoulli_launch(void *o, S one, const void *p, uint32_t thr, int64_t n, em_philox_state s, cudaStream_t st) {
-  constexpr int B = sizeof(S) >= 4 ? 1 : 4 / (int)sizeof(S);
+  constexpr int B = sizeof(S) >= 2 ? 2 : 4;   /* 16 bytes of u8/u16, 32 of f32: two Philox chains at least */
   constexpr size_t PS = std::is_void<P>::value ? 1 : sizeof(typename std::conditional<std::is_void<P>::value, char, P>::type);
   const bool vec = (uintptr_t)o % (4 * B * sizeof(S)) == 0 && (uintptr_t)p % (4 * B * PS) == 0;
   bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, thr, n, s, vec);

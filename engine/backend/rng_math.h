@@ -192,12 +192,13 @@ static inline EM_HOSTDEV void em_rng_sincos2pi(uint32_t m, float *sn, float *cs)
   pc = EM_F32_ADD(C4, EM_F32_MUL(r2, pc));
   pc = EM_F32_ADD(C2, EM_F32_MUL(r2, pc));
   const float cr = EM_F32_ADD(1.0f, EM_F32_MUL(r2, pc));
-  switch (j & 3u) {
-    case 0: *sn = sr; *cs = cr; break;
-    case 1: *sn = cr; *cs = -sr; break;
-    case 2: *sn = -sr; *cs = -cr; break;
-    default: *sn = -cr; *cs = sr; break;
-  }
+  /* quadrant j & 3: (sin, cos) = (sr, cr), (cr, -sr), (-sr, -cr), (-cr, sr): a swap for odd j, then
+   * sign flips (exact: the sign bit) for sin in quadrants 2, 3 and cos in 1, 2 -- no branches or
+   * four-way selects on the device */
+  const uint32_t q = j & 3u, swap = q & 1u;
+  const float a = swap ? cr : sr, b = swap ? sr : cr;
+  *sn = em_rng_u2f(em_rng_f2u(a) ^ ((q >> 1) << 31));
+  *cs = em_rng_u2f(em_rng_f2u(b) ^ (((q ^ (q >> 1)) & 1u) << 31));
 }
 
 /* The four standard normals of a block (words (0,1) -> elements 0, 1;
