@@ -38,8 +38,9 @@ namespace {
  * is read in its own dtype P (as 16-byte vectors where aligned), and the test
  * u(w_j) < p_j is made without any conversion to double: for f32/bf16/f16 p in
  * f32, where u = m 2^-24 and p_j are both exact (so the f32 compare is the
- * CPU's f64 one), for f64 p in double from u built by rng_u24_f64's bits; a
- * constant p (P = void) compares integers against em_rng_keep_threshold. */
+ * CPU's f64 one), for f64 p in double from u built by the bits of the double
+ * 2^28 + u; a constant p (P = void) compares each word with em_rng_keep_limit
+ * (p <= 0 or NaN: every word passes, and `one` is 0). */
 
 template <typename S, int E> struct alignas(E * sizeof(S)) VecS { S v[E]; };
 
@@ -59,7 +60,7 @@ template <> struct ProbIO<__half> {
 };
 
 template <typename S, typename P, int B>
-__global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *pv, uint32_t thr, int64_t n,
+__global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *pv, uint32_t lim, int64_t n,
                                                         em_philox_state s, bool vec) {
   constexpr int E = 4 * B;
   constexpr bool CONST_P = std::is_void<P>::value;
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const voi
 #pragma unroll
       for (int w = 0; w < 4; w++) {
         bool hit;
-        if constexpr (CONST_P) hit = (pb.v[w] >> 8) < thr;
+        if constexpr (CONST_P) hit = pb.v[w] <= lim;
         else hit = below(pb.v[w], IO::get(pr[4 * k + w]));
         v.v[4 * k + w] = hit ? one : (S)0;
       }
@@ -107,21 +108,21 @@ __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const voi
 }
 
 template <typename S, typename P>
-static void bernoulli_launch(void *o, S one, const void *p, uint32_t thr, int64_t n, em_philox_state s, cudaStream_t st) {
+static void bernoulli_launch(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
   constexpr int B = sizeof(S) >= 2 ? 2 : 4;   /* 16 bytes of u8/u16, 32 of f32: two Philox chains at least */
   constexpr size_t PS = std::is_void<P>::value ? 1 : sizeof(typename std::conditional<std::is_void<P>::value, char, P>::type);
   const bool vec = (uintptr_t)o % (4 * B * sizeof(S)) == 0 && (uintptr_t)p % (4 * B * PS) == 0;
-  bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, thr, n, s, vec);
+  bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, lim, n, s, vec);
 }
 
 template <typename S>
-static void bernoulli_dispatch(void *o, uint64_t one, const void *p, int pdt, uint32_t thr, int64_t n,
+static void bernoulli_dispatch(void *o, uint64_t one, const void *p, int pdt, uint32_t lim, int64_t n,
                                em_philox_state s, cudaStream_t st) {
-  if (!p) bernoulli_launch<S, void>(o, (S)one, p, thr, n, s, st);
-  else if (pdt == EM_F32) bernoulli_launch<S, float>(o, (S)one, p, thr, n, s, st);
-  else if (pdt == EM_F64) bernoulli_launch<S, double>(o, (S)one, p, thr, n, s, st);
-  else if (pdt == EM_BF16) bernoulli_launch<S, __nv_bfloat16>(o, (S)one, p, thr, n, s, st);
-  else bernoulli_launch<S, __half>(o, (S)one, p, thr, n, s, st);
+  if (!p) bernoulli_launch<S, void>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_F32) bernoulli_launch<S, float>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_F64) bernoulli_launch<S, double>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_BF16) bernoulli_launch<S, __nv_bfloat16>(o, (S)one, p, lim, n, s, st);
+  else bernoulli_launch<S, __half>(o, (S)one, p, lim, n, s, st);
 }
 
 /* ---- randperm ---- */
@@ -236,13 +237,14 @@ extern "C" int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, 
   uint64_t one = 0;                       /* 1 in out's dtype, as the CPU converts it */
   em_store_f64(&one, out->dtype, 0, 1.0);
   const size_t es = em_dtype_size(out->dtype);
-  const uint32_t thr = em_rng_keep_threshold(pc);
+  const uint32_t thr = em_rng_keep_threshold(pc), lim = em_rng_keep_limit(thr);
+  if (!pp && thr == 0) one = 0;   /* p <= 0: every word passes the limit, and every draw must be 0 */
   void *o = em_data_ptr(out);
   switch (es) {
-    case 1: bernoulli_dispatch<uint8_t>(o, one, pp, pdt, thr, n, s, stream); break;
-    case 2: bernoulli_dispatch<uint16_t>(o, one, pp, pdt, thr, n, s, stream); break;
-    case 4: bernoulli_dispatch<uint32_t>(o, one, pp, pdt, thr, n, s, stream); break;
-    default: bernoulli_dispatch<uint64_t>(o, one, pp, pdt, thr, n, s, stream); break;
+    case 1: bernoulli_dispatch<uint8_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    case 2: bernoulli_dispatch<uint16_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    case 4: bernoulli_dispatch<uint32_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    default: bernoulli_dispatch<uint64_t>(o, one, pp, pdt, lim, n, s, stream); break;
   }
   return em_launch_check("bernoulli");
 }

@@ -85,6 +85,10 @@ static inline EM_HOSTDEV uint32_t em_rng_keep_threshold(double q) {
   if (q >= 1) return 1u << 24;
   return (uint32_t)ceil(q * 0x1p24);
 }
+/* One compare a word on the device: for thr >= 1, w <= em_rng_keep_limit(thr) is (w >> 8) < thr (thr = 2^24:
+ * the limit is 2^32 - 1, every word). For thr = 0 it holds for every word as well, so a caller makes a
+ * kept element equal a dropped one then (dropout's scale, bernoulli's `one`, are 0). */
+static inline EM_HOSTDEV uint32_t em_rng_keep_limit(uint32_t thr) { return (uint32_t)(((uint64_t)thr << 8) - 1); }
 
 /* multinomial and randperm take 64-bit draws: two words of a block per
  * element (element e uses block e / 2, words 2(e%2) and 2(e%2)+1). */

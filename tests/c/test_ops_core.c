@@ -798,6 +798,11 @@ TEST(rng_kernel_shortcuts) {
     if (thr < (1u << 24)) CHECK(!em_rng_below(thr << 8, qs[i]));
     if (thr == 0) CHECK(!em_rng_below(0, qs[i]));
     if (thr == (1u << 24)) CHECK(em_rng_below(0xffffffffu, qs[i]));
+    /* the one-compare form: w <= limit, for thr >= 1 (thr = 0 passes every word: callers zero the kept value) */
+    uint32_t lim = em_rng_keep_limit(thr);
+    if (thr == 0) CHECK(lim == 0xffffffffu);
+    if (thr > 0) CHECK(((thr - 1) << 8 | 0xffu) <= lim);
+    if (thr > 0 && thr < (1u << 24)) CHECK(!((thr << 8) <= lim));
   }
   /* the f64 u24 of the kernels (rng_u24_f64: high word 0x41b00000, low word m, minus 2^28) for every m */
   int bad = 0;
