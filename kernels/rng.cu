@@ -21,6 +21,7 @@
  * registers; uniform on [0, 1) skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
+#include <string.h>
 #include <cuda_runtime.h>
 #include "rng_math.h"
 #include "common.cuh"
@@ -92,26 +93,20 @@ template <> struct RngOut<EM_F16> {
  * included; only a NaN's pattern differs (canonical 0x7fff), so a NaN takes
  * the CPU's conversion instead. Random fills meet NaN only with a NaN or
  * infinite mean/std or an overflowing hi - lo. */
-template <int DT> __device__ __forceinline__ uint32_t rng_pack2(float a, float b);
-template <> __device__ __forceinline__ uint32_t rng_pack2<EM_BF16>(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);          /* .x = a: the low half */
-  uint32_t r = *reinterpret_cast<uint32_t *>(&h);
-  if (__builtin_expect(isnan(a) || isnan(b), 0))
-    r = (uint32_t)em_dev_f32_to_bf16(a) | ((uint32_t)em_dev_f32_to_bf16(b) << 16);
+template <int DT, bool MAYBE_NAN> __device__ __forceinline__ uint32_t rng_pack2(float a, float b) {
+  uint32_t r;
+  if constexpr (DT == EM_BF16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);        /* .x = a: the low half */
+    r = *reinterpret_cast<uint32_t *>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    r = *reinterpret_cast<uint32_t *>(&h);
+  }
+  if (MAYBE_NAN && __builtin_expect(isnan(a) || isnan(b), 0)) {
+    if constexpr (DT == EM_BF16) r = (uint32_t)em_dev_f32_to_bf16(a) | ((uint32_t)em_dev_f32_to_bf16(b) << 16);
+    else r = (uint32_t)em_dev_f32_to_f16(a) | ((uint32_t)em_dev_f32_to_f16(b) << 16);
+  }
   return r;
-}
-template <> __device__ __forceinline__ uint32_t rng_pack2<EM_F16>(float a, float b) {
-  __half2 h = __floats2half2_rn(a, b);
-  uint32_t r = *reinterpret_cast<uint32_t *>(&h);
-  if (__builtin_expect(isnan(a) || isnan(b), 0))
-    r = (uint32_t)em_dev_f32_to_f16(a) | ((uint32_t)em_dev_f32_to_f16(b) << 16);
-  return r;
-}
-
-/* A stored bf16/f16 as an f32 (exact), for uniform_'s [lo, hi) rule. */
-template <int DT> __device__ __forceinline__ float rng_back_f32(uint16_t s) {
-  if constexpr (DT == EM_BF16) return __uint_as_float((uint32_t)s << 16);
-  else return __half2float(__ushort_as_half(s));
 }
 
 /* The distribution of a contiguous fill, fixed at compile time: each kernel
@@ -150,12 +145,13 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
 }
 
 /* Contiguous, 16-byte aligned out: thread t writes elements [4B t, 4B (t + 1)) from blocks B t .. B t + B - 1,
- * B Philox chains in flight per thread. f32/bf16/f16 outputs: hi_f is hi as an f32 when uniform_'s [lo, hi)
- * rule can fire (hi > lo and hi exact in f32; NaN otherwise, so no value compares equal) and lo_s lo in the
- * dtype: a stored value equal to hi becomes lo, the CPU's rule (rng.c) compared in f32, where both are exact. */
+ * B Philox chains in flight per thread. f32/bf16/f16 outputs: uniform_'s [lo, hi) rule (rng.c: a value that
+ * rounds to hi in the dtype is stored as lo) is one compare on the f32 value z before its rounding, z >= bound
+ * (rng_hi_bound: every z is <= hi, and rounding is monotone), z then replaced by lo_f, lo in f32, whose
+ * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
 template <int DT, int B, int KIND>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
-                                                 em_philox_state st, float hi_f, typename RngOut<DT>::S lo_s) {
+                                                 em_philox_state st, float bound, float lo_f) {
   typedef typename RngOut<DT>::S S;
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
@@ -195,17 +191,12 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
         rng_block_f32<KIND>(d, pb[k], z);
         if constexpr (DT == EM_F32) {
 #pragma unroll
-          for (int e = 0; e < 4; e++) v.s[4 * k + e] = HI_RULE && z[e] == hi_f ? lo_s : z[e];
+          for (int e = 0; e < 4; e++) v.s[4 * k + e] = HI_RULE && z[e] >= bound ? lo_f : z[e];
         } else {
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
-            uint32_t pr = rng_pack2<DT>(z[e], z[e + 1]);
-            if constexpr (HI_RULE) {
-              const uint16_t a = (uint16_t)pr, b = (uint16_t)(pr >> 16);
-              const bool ha = rng_back_f32<DT>(a) == hi_f, hb = rng_back_f32<DT>(b) == hi_f;
-              pr = (uint32_t)(ha ? lo_s : a) | ((uint32_t)(hb ? lo_s : b) << 16);
-            }
-            v.w[2 * k + e / 2] = pr;
+            const float a = HI_RULE && z[e] >= bound ? lo_f : z[e], b = HI_RULE && z[e + 1] >= bound ? lo_f : z[e + 1];
+            v.w[2 * k + e / 2] = rng_pack2<DT, KIND != kUnit>(a, b);   /* u in [0, 1) is never NaN */
           }
         }
       }
@@ -222,26 +213,52 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   }
 }
 
+/* The smallest f32 z whose value stored in dtype DT (f32, bf16, f16; RNE, the CPU's conversion) is >= hi, when
+ * uniform_'s rule can fire -- hi > lo and hi exact in the dtype -- else NaN (no z compares >= NaN). Every z a
+ * uniform fill makes is <= hi (x = lo + (hi - lo) u < hi in double for u <= 1 - 2^-24, and rounding to f32
+ * is monotone), so "z >= bound" is "z is stored as hi". A bisection over the f32 bit patterns in order. */
+template <int DT> static double rng_stored(float z) {
+  if (DT == EM_BF16) return em_bf16_to_f32(em_f32_to_bf16(z));
+  if (DT == EM_F16) return em_f16_to_f32(em_f32_to_f16(z));
+  return z;
+}
+static float rng_ordered_f32(int64_t key) {   /* -2^31 + 1 .. 2^31 - 1 -> every float in order (-0 is skipped) */
+  uint32_t u = key >= 0 ? (uint32_t)key : 0x80000000u | (uint32_t)(-key);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+template <int DT> static float rng_hi_bound(const em_rng_dist *d) {
+  const double hi = d->p1;
+  if (d->kind != EM_RNG_UNIFORM || !(hi > d->p0) || (double)(float)hi != hi || rng_stored<DT>((float)hi) != hi)
+    return NAN;
+  int64_t lo_k = -(int64_t)0x7f800000, hi_k;   /* -inf: stored below hi (hi is finite, as uniform_ checks) */
+  float h = (float)hi;
+  uint32_t hu;
+  memcpy(&hu, &h, 4);
+  hi_k = (hu & 0x80000000u) ? -(int64_t)(hu & 0x7fffffffu) : (int64_t)hu;   /* stored(hi) >= hi */
+  while (hi_k - lo_k > 1) {   /* invariant: stored(key lo_k) < hi <= stored(key hi_k) */
+    const int64_t mid = lo_k + (hi_k - lo_k) / 2;
+    if (rng_stored<DT>(rng_ordered_f32(mid)) >= hi) hi_k = mid;
+    else lo_k = mid;
+  }
+  return rng_ordered_f32(hi_k);
+}
+
 template <int DT, int B>
 static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
                               cudaStream_t st) {
-  typedef typename RngOut<DT>::S S;
   const unsigned grid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
   const bool unit = d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0;
-  /* uniform_'s [lo, hi) rule in f32 (see rng_contig): hi as an f32 where a stored value can equal it */
-  const float hi_f = d->kind == EM_RNG_UNIFORM && d->p1 > d->p0 && (double)(float)d->p1 == d->p1 ? (float)d->p1 : NAN;
-  S lo_s;
-  if constexpr (DT == EM_F32 || DT == EM_F64) lo_s = (S)d->p0;
-  else if constexpr (DT == EM_BF16) lo_s = em_f32_to_bf16((float)d->p0);
-  else lo_s = em_f32_to_f16((float)d->p0);
+  const float bound = rng_hi_bound<DT>(d), lo_f = (float)d->p0;
   if (unit)
-    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, hi_f, lo_s);
+    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else if (d->kind == EM_RNG_UNIFORM)
-    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, hi_f, lo_s);
+    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else if (d->kind == EM_RNG_NORMAL)
-    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, hi_f, lo_s);
+    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else
-    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, hi_f, lo_s);
+    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
 }
 
 extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state ps) {
