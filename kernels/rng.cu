@@ -8,17 +8,22 @@
  * (the same source the CPU runs; products are kept unfused), rounded once
  * to the dtype by the CPU's conversions (convert.cuh). normal_ into
  * f32/bf16/f16 runs Box-Muller in f32 instead (own log and sincos from
- * + - * / sqrt: ~40 f32 ops a pair, no double math, no libdevice). Bytes per element:
- * sizeof(dtype) written, nothing read (2^24 f32: 64 MiB, ~20 us at
- * 3.35 TB/s). The one trick: counter-based, so element j needs only (seed,
- * ctr0 + j/4) and any strides are written in place in logical order.
+ * + - * / sqrt: ~100 unfused f32 ops a pair, no double math, no libdevice).
+ * Bytes per element: sizeof(dtype) written, nothing read (2^26 f32: 256 MiB,
+ * ~80 us at 3.35 TB/s). Issue slots per element: ~14 for Philox (56 SASS
+ * instructions a block), ~10 more for uniform_, ~40 more for normal_: bf16
+ * fills and normal_ are bound by the issue rate, not memory (docs/perf.md,
+ * "CUDA random fills at 2^26"). The one trick: counter-based, so element j
+ * needs only (seed, ctr0 + j/4) and any strides are written in place in
+ * logical order.
  *
  * Launch: 256 threads, grid-stride. Contiguous, 16-byte aligned float
  * tensors (every fill a training script makes) take rng_contig, one
  * instantiation per distribution: each thread turns B consecutive blocks
  * (B = 2, f64 1) into 4B consecutive elements and writes them with 16-byte
- * stores, the [lo, hi) rule of uniform_ checked on the rounded value in
- * registers; uniform on [0, 1) skips the double arithmetic (exact in f32). Everything else
+ * stores (bf16/f16 rounded in pairs by the hardware), the [lo, hi) rule of
+ * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
+ * skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <string.h>
