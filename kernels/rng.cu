@@ -26,7 +26,6 @@
  * skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
-#include <string.h>
 #include <cuda_runtime.h>
 #include "rng_math.h"
 #include "common.cuh"
@@ -152,7 +151,7 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
 /* Contiguous, 16-byte aligned out: thread t writes elements [4B t, 4B (t + 1)) from blocks B t .. B t + B - 1,
  * B Philox chains in flight per thread. f32/bf16/f16 outputs: uniform_'s [lo, hi) rule (rng.c: a value that
  * rounds to hi in the dtype is stored as lo) is one compare on the f32 value z before its rounding, z >= bound
- * (rng_hi_bound: every z is <= hi, and rounding is monotone), z then replaced by lo_f, lo in f32, whose
+ * (em_rng_hi_bound, rng_math.h: every z is <= hi, and rounding is monotone), z then replaced by lo_f, lo in f32, whose
  * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
 template <int DT, int B, int KIND>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
@@ -218,44 +217,12 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   }
 }
 
-/* The smallest f32 z whose value stored in dtype DT (f32, bf16, f16; RNE, the CPU's conversion) is >= hi, when
- * uniform_'s rule can fire -- hi > lo and hi exact in the dtype -- else NaN (no z compares >= NaN). Every z a
- * uniform fill makes is <= hi (x = lo + (hi - lo) u < hi in double for u <= 1 - 2^-24, and rounding to f32
- * is monotone), so "z >= bound" is "z is stored as hi". A bisection over the f32 bit patterns in order. */
-template <int DT> static double rng_stored(float z) {
-  if (DT == EM_BF16) return em_bf16_to_f32(em_f32_to_bf16(z));
-  if (DT == EM_F16) return em_f16_to_f32(em_f32_to_f16(z));
-  return z;
-}
-static float rng_ordered_f32(int64_t key) {   /* -2^31 + 1 .. 2^31 - 1 -> every float in order (-0 is skipped) */
-  uint32_t u = key >= 0 ? (uint32_t)key : 0x80000000u | (uint32_t)(-key);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-template <int DT> static float rng_hi_bound(const em_rng_dist *d) {
-  const double hi = d->p1;
-  if (d->kind != EM_RNG_UNIFORM || !(hi > d->p0) || (double)(float)hi != hi || rng_stored<DT>((float)hi) != hi)
-    return NAN;
-  int64_t lo_k = -(int64_t)0x7f800000, hi_k;   /* -inf: stored below hi (hi is finite, as uniform_ checks) */
-  float h = (float)hi;
-  uint32_t hu;
-  memcpy(&hu, &h, 4);
-  hi_k = (hu & 0x80000000u) ? -(int64_t)(hu & 0x7fffffffu) : (int64_t)hu;   /* stored(hi) >= hi */
-  while (hi_k - lo_k > 1) {   /* invariant: stored(key lo_k) < hi <= stored(key hi_k) */
-    const int64_t mid = lo_k + (hi_k - lo_k) / 2;
-    if (rng_stored<DT>(rng_ordered_f32(mid)) >= hi) hi_k = mid;
-    else lo_k = mid;
-  }
-  return rng_ordered_f32(hi_k);
-}
-
 template <int DT, int B>
 static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
                               cudaStream_t st) {
   const unsigned grid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
   const bool unit = d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0;
-  const float bound = rng_hi_bound<DT>(d), lo_f = (float)d->p0;
+  const float bound = em_rng_hi_bound(d, DT), lo_f = (float)d->p0;
   if (unit)
     rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else if (d->kind == EM_RNG_UNIFORM)

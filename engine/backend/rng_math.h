@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "backend.h"   /* em_rng_dist */
+#include "ember/half.h"
 
 /* ---- the shared math ---- */
 
@@ -116,6 +117,34 @@ static inline __device__ void em_philox_resolve(const em_philox_state &s, uint64
  * draws from [lo, hi). `stored` is the value as stored (rounded). */
 static inline EM_HOSTDEV int em_rng_uniform_hits_hi(const em_rng_dist *d, double stored) {
   return d->kind == EM_RNG_UNIFORM && stored == d->p1 && d->p1 > d->p0;
+}
+
+/* For the CUDA fills (kernels/rng.cu), host side: the smallest f32 z whose value stored in dtype dt (f32,
+ * bf16, f16, by the CPU's round-to-nearest-even conversions) is >= hi, when uniform_'s rule above can fire
+ * (hi > lo and hi exact in the dtype), else NaN. Every f32 value z = (float)(lo + (hi - lo) u) of a fill is
+ * <= hi (u <= 1 - 2^-24 keeps the double below hi, and rounding is monotone), so "z >= bound" is "z is
+ * stored as hi": one compare before the rounding. Found by bisection over the f32 patterns in order. */
+static inline double em_rng_stored_f32(float z, int dt) {
+  if (dt == EM_BF16) return em_bf16_to_f32(em_f32_to_bf16(z));
+  if (dt == EM_F16) return em_f16_to_f32(em_f32_to_f16(z));
+  return z;
+}
+static inline float em_rng_ordered_f32(int64_t key) {   /* -(2^31 - 1) .. 2^31 - 1: the floats in order, -0 skipped */
+  return em_bits_f32(key >= 0 ? (uint32_t)key : 0x80000000u | (uint32_t)(-key));
+}
+static inline float em_rng_hi_bound(const em_rng_dist *d, int dt) {
+  const double hi = d->p1;
+  if (d->kind != EM_RNG_UNIFORM || !(hi > d->p0) || (double)(float)hi != hi || em_rng_stored_f32((float)hi, dt) != hi)
+    return NAN;
+  const uint32_t hu = em_f32_bits((float)hi);
+  int64_t lo_k = -(int64_t)0x7f800000;                                      /* -inf: stored below hi */
+  int64_t hi_k = (hu & 0x80000000u) ? -(int64_t)(hu & 0x7fffffffu) : (int64_t)hu;   /* hi: stored as hi */
+  while (hi_k - lo_k > 1) {                                                  /* stored(lo_k) < hi <= stored(hi_k) */
+    const int64_t mid = lo_k + (hi_k - lo_k) / 2;
+    if (em_rng_stored_f32(em_rng_ordered_f32(mid), dt) >= hi) hi_k = mid;
+    else lo_k = mid;
+  }
+  return em_rng_ordered_f32(hi_k);
 }
 
 /* ---- normal_/randn in f32 (f32/bf16/f16 tensors) ----

@@ -815,6 +815,39 @@ TEST(rng_kernel_shortcuts) {
   CHECK(bad == 0);
 }
 
+/* uniform_'s rule in the CUDA fills: z >= em_rng_hi_bound(d, dt) exactly when z is stored as hi (for the
+ * z <= hi a fill makes), walking down 20000 floats from hi and at 20000 values lo + (hi - lo) u. */
+static int hi_bound_mismatches(double lo, double hi, int dt) {
+  em_rng_dist d;
+  memset(&d, 0, sizeof d);
+  d.kind = EM_RNG_UNIFORM; d.p0 = lo; d.p1 = hi;
+  const float b = em_rng_hi_bound(&d, dt), h = (float)hi;
+  const bool can = (double)h == hi && em_rng_stored_f32(h, dt) == hi;
+  int bad = !can && !isnan(b);
+  float z = h;
+  for (int i = 0; i < 20000; i++, z = nextafterf(z, -INFINITY))
+    bad += (can && em_rng_stored_f32(z, dt) == hi) != (z >= b);
+  for (uint32_t m = 0; m < (1u << 24); m += 839) {
+    z = (float)(lo + (hi - lo) * ((double)m * 0x1p-24));
+    bad += (can && em_rng_stored_f32(z, dt) == hi) != (z >= b);
+  }
+  return bad;
+}
+TEST(rng_uniform_hi_bound) {
+  const double cases[][2] = {{0, 1}, {-1, 1}, {2, 2.5}, {-2, 3}, {-3, -1}, {-1, 0}, {0, 0.1}, {1, 1.0000001},
+                             {-5, 65504}, {0, 1e-30}, {-1e-30, 0}, {0, 3e38}};
+  const int dts[] = {EM_F32, EM_BF16, EM_F16};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int k = 0; k < 3; k++) CHECK(hi_bound_mismatches(cases[i][0], cases[i][1], dts[k]) == 0);
+  em_rng_dist d;
+  memset(&d, 0, sizeof d);
+  d.kind = EM_RNG_UNIFORM; d.p0 = 0; d.p1 = 1;
+  CHECK(em_rng_hi_bound(&d, EM_BF16) == 1.0f - 0x1p-9f);   /* the tie 1 - 2^-9 rounds to even: 1 */
+  CHECK(em_rng_hi_bound(&d, EM_F32) == 1.0f);
+  d.p1 = 0.1;
+  CHECK(isnan(em_rng_hi_bound(&d, EM_F32)));             /* 0.1 is not an f32: the rule never fires */
+}
+
 TEST(rng_stream_layout) {
   uint64_t seed = 0x123456789abcdefULL;
   em_rng_set_state(seed, 7);
@@ -943,6 +976,7 @@ int main(void) {
   RUN(odd_inputs_do_not_crash);
   RUN(philox_known_answers);
   RUN(rng_kernel_shortcuts);
+  RUN(rng_uniform_hi_bound);
   RUN(rng_stream_layout);
   RUN(rng_distributions);
   RUN(trunc_normal);
