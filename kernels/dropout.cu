@@ -9,9 +9,11 @@
  * memory bound on an H100 for bf16/f32 (2^24 f32 elements move 128 MiB,
  * ~40 us at 3 TB/s).
  *
- * Launch: 256 threads, grid-stride; each thread takes one Philox block
- * (four consecutive elements) or two for bf16/f16, loaded and stored as one
- * vector (16 bytes but for f64's 32) when x and y are aligned for it. The one trick: the key and first counter
+ * Launch: 256 threads, grid-stride; each thread takes two Philox blocks
+ * (eight consecutive elements; f64 one), loaded and stored as one vector
+ * (32 bytes for f32/f64, 16 for bf16/f16) when x and y are aligned for it,
+ * the load issued before the Philox rounds. The mask compares integers
+ * (em_rng_keep_limit): no conversion to double per element. The one trick: the key and first counter
  * are resolved on the device (em_philox_resolve), so inside a CUDA graph
  * the kernel reads the graph's cell and each replay draws a fresh mask. */
 #include <type_traits>
@@ -29,11 +31,25 @@ template <typename T, typename C> __device__ __forceinline__ C ld(T x) { return 
 template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
 template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
 template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+/* two 16-bit results in one conversion, a in the low half (the first element) */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
 
 /* Thread t handles B consecutive Philox blocks: elements [4B t, 4B (t + 1)),
- * one E = 4B element vector (16 bytes for bf16/f16 with B = 2, f32 with B = 1). */
+ * E = 4B elements in 16-byte vectors (B = 2: two for f32, one for bf16/f16;
+ * f64 B = 1, two 16-byte halves). Element j is kept when w_j <= lim, the
+ * CPU's u(w_j) < q in double without converting anything (em_rng_keep_limit;
+ * p = 1 keeps every word, with scale 0). bf16/f16 round two products at a
+ * time (cvt.rn.{bf16x2,f16x2}.f32: the same bits as from_f32's one at a time). */
 template <typename T, int B>
-__global__ void __launch_bounds__(256) dropout_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, double q,
+__global__ void __launch_bounds__(256) dropout_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, uint32_t lim,
                                                       acc_t<T> scale, em_philox_state s, bool vec) {
   using C = acc_t<T>;
   constexpr int E = 4 * B;
@@ -42,22 +58,34 @@ __global__ void __launch_bounds__(256) dropout_kernel(const T *__restrict__ x, T
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   const int64_t nunits = (n + E - 1) / E;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nunits; t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t j0 = t * E;
+    const bool full = vec && j0 + E <= n;
+    VecE<T, E> in;
+    if (full) in = *reinterpret_cast<const VecE<T, E> *>(x + j0);   /* issued before the Philox rounds: in flight meanwhile */
     C keep[E];
 #pragma unroll
     for (int k = 0; k < B; k++) {
       uint64_t c = ctr0 + (uint64_t)(t * B + k);
       em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
 #pragma unroll
-      for (int w = 0; w < 4; w++) keep[4 * k + w] = em_rng_below(pb.v[w], q) ? scale : (C)0;
+      for (int w = 0; w < 4; w++) keep[4 * k + w] = pb.v[w] <= lim ? scale : (C)0;
     }
-    const int64_t j0 = t * E;
-    if (vec && j0 + E <= n) {
-      VecE<T, E> in = *reinterpret_cast<const VecE<T, E> *>(x + j0), out;
+    if (full) {
+      if constexpr (sizeof(T) == 2) {
+        union { VecE<T, E> v; uint32_t w[E / 2]; } out;
 #pragma unroll
-      for (int k = 0; k < E; k++) out.v[k] = st<T, C>(ld<T, C>(in.v[k]) * keep[k]);
-      *reinterpret_cast<VecE<T, E> *>(y + j0) = out;
+        for (int k = 0; k < E; k += 2) out.w[k / 2] = pack2<T>(ld<T, C>(in.v[k]) * keep[k], ld<T, C>(in.v[k + 1]) * keep[k + 1]);
+        *reinterpret_cast<VecE<T, E> *>(y + j0) = out.v;
+      } else {
+        VecE<T, E> out;
+#pragma unroll
+        for (int k = 0; k < E; k++) out.v[k] = st<T, C>(ld<T, C>(in.v[k]) * keep[k]);
+        *reinterpret_cast<VecE<T, E> *>(y + j0) = out;
+      }
     } else {
-      for (int k = 0; k < E && j0 + k < n; k++) y[j0 + k] = st<T, C>(ld<T, C>(x[j0 + k]) * keep[k]);
+#pragma unroll
+      for (int k = 0; k < E; k++)          /* unrolled: keep[] stays in registers */
+        if (j0 + k < n) y[j0 + k] = st<T, C>(ld<T, C>(x[j0 + k]) * keep[k]);
     }
   }
 }
@@ -69,12 +97,14 @@ extern "C" int em_dropout_cuda(const em_tensor *x, em_tensor *y, double p, em_ph
   if (n == 0) return 0;
   cudaStream_t stream = em_cur_stream(x->device.index);
   double q = 1.0 - p, scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
+  const uint32_t thr = em_rng_keep_threshold(q), lim = em_rng_keep_limit(thr);
+  if (thr == 0) scale = 0;   /* p = 1: every word passes the limit; a kept element must then be a dropped one */
   EM_DISPATCH_FLOAT(x->dtype, T, {
-    constexpr int B = sizeof(T) == 2 ? 2 : 1;   /* 16-bit dtypes: two blocks, one 16-byte vector */
+    constexpr int B = sizeof(T) == 8 ? 1 : 2;   /* 8 elements (32 bytes) a thread but f64's 4 */
     const T *xp = (const T *)em_data_ptr(x);
     T *yp = (T *)em_data_ptr(y);
     bool vec = ((uintptr_t)xp % (4 * B * sizeof(T))) == 0 && ((uintptr_t)yp % (4 * B * sizeof(T))) == 0;
-    dropout_kernel<T, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, stream>>>(xp, yp, n, q, (acc_t<T>)scale,
+    dropout_kernel<T, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, stream>>>(xp, yp, n, lim, (acc_t<T>)scale,
                                                                                       s, vec);
   });
   return em_launch_check("dropout");

@@ -3,9 +3,9 @@
  * the Philox stream (counter-based: element e needs only (seed, ctr0 + e/4)
  * or, for 64-bit draws, (seed, ctr0 + e/2)).
  *
- *   bernoulli    one thread per Philox block (4 elements): ~10 rounds and
- *                sizeof(out) + sizeof(p) bytes per element, one 4-element
- *                store. Memory bound.
+ *   bernoulli    a thread per 8 or 16 elements (2 or 4 Philox blocks of
+ *                10 rounds: 16 to 64 bytes of out), sizeof(out) + sizeof(p)
+ *                bytes per element, 16-byte stores. Memory bound.
  *   randperm     one thread per block makes two (key, index) pairs, then
  *                cub::DeviceRadixSort sorts them by key (stable, so equal
  *                keys keep index order, as the CPU's (key, index) sort).
@@ -20,6 +20,7 @@
  * Nothing reads the device from the host; every launch goes on the current
  * stream, and the stream start is resolved on the device (em_philox_resolve)
  * so all three can be captured in a CUDA graph. */
+#include <type_traits>
 #include <cub/device/device_radix_sort.cuh>
 #include "rng_math.h"
 #include "common.cuh"
@@ -31,32 +32,97 @@ namespace {
 
 /* ---- bernoulli ----
  * Only bits move: out's elements are 0 or the bit pattern `one` of 1 in its
- * dtype (S: an unsigned type of its width), four per thread from one Philox
- * block, stored as one 4-element vector when out is aligned for it. p is read
- * in its own float dtype (widening to double is exact, so u < p_j compares
- * exactly as the CPU's f64 copy does) -- 4 bytes a probability for f32, not 8. */
+ * dtype (S: an unsigned type of its width). Thread t takes B Philox blocks,
+ * elements [4B t, 4B (t + 1)), B = 4 for 1-byte outputs and 2 otherwise, so
+ * out is written in 16-byte vectors or more (u8 and u16 too) when aligned. p
+ * is read in its own dtype P (as 16-byte vectors where aligned), and the test
+ * u(w_j) < p_j is made without any conversion to double: for f32/bf16/f16 p in
+ * f32, where u = m 2^-24 and p_j are both exact (so the f32 compare is the
+ * CPU's f64 one), for f64 p in double from u built by the bits of the double
+ * 2^28 + u; a constant p (P = void) compares each word with em_rng_keep_limit
+ * (p <= 0 or NaN: every word passes, and `one` is 0). */
 
-template <typename S> struct alignas(4 * sizeof(S)) Vec4S { S v[4]; };
+template <typename S, int E> struct alignas(E * sizeof(S)) VecS { S v[E]; };
 
-template <typename S>
-__global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *p, int pdt, double pc, int64_t n,
+/* p_j compared with u(w): the CPU's em_rng_below(w, p_j) for each probability dtype. */
+__device__ __forceinline__ bool below(uint32_t w, float p) { return (float)(w >> 8) * 0x1p-24f < p; }
+__device__ __forceinline__ bool below(uint32_t w, double p) {
+  return __dsub_rn(__hiloint2double(0x41b00000, (int)(w >> 8)), 268435456.0) < p;   /* u24 exactly, no cvt */
+}
+template <typename P> struct ProbIO { typedef P raw; static __device__ __forceinline__ P get(P x) { return x; } };
+template <> struct ProbIO<__nv_bfloat16> {
+  typedef uint16_t raw;
+  static __device__ __forceinline__ float get(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
+};
+template <> struct ProbIO<__half> {
+  typedef uint16_t raw;
+  static __device__ __forceinline__ float get(uint16_t x) { return __half2float(__ushort_as_half(x)); }
+};
+
+template <typename S, typename P, int B>
+__global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *pv, uint32_t lim, int64_t n,
                                                         em_philox_state s, bool vec) {
+  constexpr int E = 4 * B;
+  constexpr bool CONST_P = std::is_void<P>::value;
+  typedef typename std::conditional<CONST_P, ProbIO<float>, ProbIO<P>>::type IO;
+  typedef typename IO::raw R;
+  const R *p = (const R *)pv;
   uint64_t seed, ctr0;
   em_philox_resolve(s, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (n + 3) / 4; b += (int64_t)gridDim.x * blockDim.x) {
-    uint64_t c = ctr0 + (uint64_t)b;
-    em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    const int64_t j0 = b * 4;
-    Vec4S<S> v;
+  const int64_t nunits = (n + E - 1) / E;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nunits; t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t j0 = t * E;
+    const bool full = vec && j0 + E <= n;
+    R pr[E];
+    if constexpr (!CONST_P) {       /* loads issued before the Philox rounds */
+      if (full) {
+        const VecS<R, E> pin = *reinterpret_cast<const VecS<R, E> *>(p + j0);
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const int64_t j = j0 + k < n ? j0 + k : n - 1;
-      v.v[k] = em_rng_below(pb.v[k], p ? load_as<double>(p, pdt, j) : pc) ? one : (S)0;
+        for (int e = 0; e < E; e++) pr[e] = pin.v[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; e++) pr[e] = p[j0 + e < n ? j0 + e : n - 1];
+      }
     }
-    if (vec && j0 + 4 <= n) *reinterpret_cast<Vec4S<S> *>(out + j0) = v;
-    else for (int k = 0; k < 4 && j0 + k < n; k++) out[j0 + k] = v.v[k];
+    VecS<S, E> v;
+#pragma unroll
+    for (int k = 0; k < B; k++) {
+      const uint64_t c = ctr0 + (uint64_t)(t * B + k);
+      em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+#pragma unroll
+      for (int w = 0; w < 4; w++) {
+        bool hit;
+        if constexpr (CONST_P) hit = pb.v[w] <= lim;
+        else hit = below(pb.v[w], IO::get(pr[4 * k + w]));
+        v.v[4 * k + w] = hit ? one : (S)0;
+      }
+    }
+    if (full) *reinterpret_cast<VecS<S, E> *>(out + j0) = v;
+    else {
+#pragma unroll
+      for (int e = 0; e < E; e++)
+        if (j0 + e < n) out[j0 + e] = v.v[e];
+    }
   }
+}
+
+template <typename S, typename P>
+static void bernoulli_launch(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
+  constexpr int B = sizeof(S) >= 2 ? 2 : 4;   /* 16 bytes of u8/u16, 32 of f32: two Philox chains at least */
+  constexpr size_t PS = std::is_void<P>::value ? 1 : sizeof(typename std::conditional<std::is_void<P>::value, char, P>::type);
+  const bool vec = (uintptr_t)o % (4 * B * sizeof(S)) == 0 && (uintptr_t)p % (4 * B * PS) == 0;
+  bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, lim, n, s, vec);
+}
+
+template <typename S>
+static void bernoulli_dispatch(void *o, uint64_t one, const void *p, int pdt, uint32_t lim, int64_t n,
+                               em_philox_state s, cudaStream_t st) {
+  if (!p) bernoulli_launch<S, void>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_F32) bernoulli_launch<S, float>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_F64) bernoulli_launch<S, double>(o, (S)one, p, lim, n, s, st);
+  else if (pdt == EM_BF16) bernoulli_launch<S, __nv_bfloat16>(o, (S)one, p, lim, n, s, st);
+  else bernoulli_launch<S, __half>(o, (S)one, p, lim, n, s, st);
 }
 
 /* ---- randperm ---- */
@@ -171,14 +237,14 @@ extern "C" int em_bernoulli_cuda(em_tensor *out, const em_tensor *p, double pc, 
   uint64_t one = 0;                       /* 1 in out's dtype, as the CPU converts it */
   em_store_f64(&one, out->dtype, 0, 1.0);
   const size_t es = em_dtype_size(out->dtype);
-  const bool vec = ((uintptr_t)em_data_ptr(out) % (4 * es)) == 0;
-  const unsigned grid = em_grid((n + 3) / 4, 256);
+  const uint32_t thr = em_rng_keep_threshold(pc), lim = em_rng_keep_limit(thr);
+  if (!pp && thr == 0) one = 0;   /* p <= 0: every word passes the limit, and every draw must be 0 */
   void *o = em_data_ptr(out);
   switch (es) {
-    case 1: bernoulli_kernel<uint8_t><<<grid, 256, 0, stream>>>((uint8_t *)o, (uint8_t)one, pp, pdt, pc, n, s, vec); break;
-    case 2: bernoulli_kernel<uint16_t><<<grid, 256, 0, stream>>>((uint16_t *)o, (uint16_t)one, pp, pdt, pc, n, s, vec); break;
-    case 4: bernoulli_kernel<uint32_t><<<grid, 256, 0, stream>>>((uint32_t *)o, (uint32_t)one, pp, pdt, pc, n, s, vec); break;
-    default: bernoulli_kernel<uint64_t><<<grid, 256, 0, stream>>>((uint64_t *)o, one, pp, pdt, pc, n, s, vec); break;
+    case 1: bernoulli_dispatch<uint8_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    case 2: bernoulli_dispatch<uint16_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    case 4: bernoulli_dispatch<uint32_t>(o, one, pp, pdt, lim, n, s, stream); break;
+    default: bernoulli_dispatch<uint64_t>(o, one, pp, pdt, lim, n, s, stream); break;
   }
   return em_launch_check("bernoulli");
 }

@@ -8,17 +8,22 @@
  * (the same source the CPU runs; products are kept unfused), rounded once
  * to the dtype by the CPU's conversions (convert.cuh). normal_ into
  * f32/bf16/f16 runs Box-Muller in f32 instead (own log and sincos from
- * + - * / sqrt: ~40 f32 ops a pair, no double math, no libdevice). Bytes per element:
- * sizeof(dtype) written, nothing read (2^24 f32: 64 MiB, ~20 us at
- * 3.35 TB/s). The one trick: counter-based, so element j needs only (seed,
- * ctr0 + j/4) and any strides are written in place in logical order.
+ * + - * / sqrt: ~100 unfused f32 ops a pair, no double math, no libdevice).
+ * Bytes per element: sizeof(dtype) written, nothing read (2^26 f32: 256 MiB,
+ * ~80 us at 3.35 TB/s). Issue slots per element: ~14 for Philox (56 SASS
+ * instructions a block), ~10 more for uniform_, ~40 more for normal_: bf16
+ * fills and normal_ are bound by the issue rate, not memory (docs/perf.md,
+ * "CUDA random fills at 2^26"). The one trick: counter-based, so element j
+ * needs only (seed, ctr0 + j/4) and any strides are written in place in
+ * logical order.
  *
  * Launch: 256 threads, grid-stride. Contiguous, 16-byte aligned float
  * tensors (every fill a training script makes) take rng_contig, one
  * instantiation per distribution: each thread turns B consecutive blocks
  * (B = 2, f64 1) into 4B consecutive elements and writes them with 16-byte
- * stores, the [lo, hi) rule of uniform_ checked on the rounded value in
- * registers; uniform on [0, 1) skips the double arithmetic (exact in f32). Everything else
+ * stores (bf16/f16 rounded in pairs by the hardware), the [lo, hi) rule of
+ * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
+ * skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <cuda_runtime.h>
@@ -85,80 +90,129 @@ template <> struct RngOut<EM_F16> {
   static __device__ __forceinline__ double back(S s) { return em_dev_f16_to_f32(s); }
 };
 
+/* 16-bit stores from f32 values: the hardware's paired round-to-nearest-even
+ * (cvt.rn.{bf16x2,f16x2}.f32: one instruction for two elements, where the
+ * hand-written em_f32_to_bf16/f16 take five to fifteen each) agrees with the
+ * CPU's rounding on every non-NaN value, subnormals and overflow to inf
+ * included; only a NaN's pattern differs (canonical 0x7fff), so a NaN takes
+ * the CPU's conversion instead. Random fills meet NaN only with a NaN or
+ * infinite mean/std or an overflowing hi - lo. */
+template <int DT, bool MAYBE_NAN> __device__ __forceinline__ uint32_t rng_pack2(float a, float b) {
+  uint32_t r;
+  if constexpr (DT == EM_BF16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);        /* .x = a: the low half */
+    r = *reinterpret_cast<uint32_t *>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    r = *reinterpret_cast<uint32_t *>(&h);
+  }
+  if (MAYBE_NAN && __builtin_expect(isnan(a) || isnan(b), 0)) {
+    if constexpr (DT == EM_BF16) r = (uint32_t)em_dev_f32_to_bf16(a) | ((uint32_t)em_dev_f32_to_bf16(b) << 16);
+    else r = (uint32_t)em_dev_f32_to_f16(a) | ((uint32_t)em_dev_f32_to_f16(b) << 16);
+  }
+  return r;
+}
+
 /* The distribution of a contiguous fill, fixed at compile time: each kernel
  * carries only its own math (a runtime switch kept erfinv's and Box-Muller's
  * registers in the uniform fill). kUnit is uniform on [0, 1): u24 itself,
  * exact in f32, so it needs no double arithmetic and gives the same bits. */
 enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100 };
 
-template <int DT, int KIND>
-__device__ __forceinline__ void rng_block_out(const em_rng_dist &d, const em_philox_block &pb,
-                                              typename RngOut<DT>::S *r) {
-  typedef typename RngOut<DT>::S S;
+/* u24(w) = (w >> 8) 2^-24 as a double without a 64-bit conversion (16 a
+ * clock per SM on Hopper, against 64 for a DADD): 2^28 + m 2^-24 is the
+ * double with high word 0x41b00000 and low word m, and subtracting 2^28 is
+ * exact (Sterbenz), so this is em_rng_u24 bit for bit. */
+__device__ __forceinline__ double rng_u24_f64(uint32_t w) {
+  return __dsub_rn(__hiloint2double(0x41b00000, (int)(w >> 8)), 268435456.0);
+}
+
+/* The four values of a block rounded once to f32 (the CPU's value before its
+ * bf16/f16 rounding): the f32/bf16/f16 fills. */
+template <int KIND>
+__device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_philox_block &pb, float *z) {
   if constexpr (KIND == kUnit) {
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const float u = (float)(pb.v[e] >> 8) * 0x1p-24f;   /* exact: 24 bits */
-      if constexpr (DT == EM_F32 || DT == EM_F64) {
-        r[e] = u;
-      } else {                                            /* bf16/f16 round values near 1 up to 1: lo */
-        const S v = RngOut<DT>::round((double)u);
-        r[e] = RngOut<DT>::back(v) == 1.0 ? RngOut<DT>::round(0.0) : v;
-      }
-    }
-  } else if constexpr (KIND == kNormal && DT != EM_F64) {   /* f32 Box-Muller: one rounding to bf16/f16 */
-    float z[4];
+    for (int e = 0; e < 4; e++) z[e] = (float)(pb.v[e] >> 8) * 0x1p-24f;   /* exact: 24 bits */
+  } else if constexpr (KIND == kNormal) {
     em_rng_block_normal_f32(&d, &pb, z);
+  } else if constexpr (KIND == kUniform) {
+    const double span = d.p1 - d.p0;                                     /* as em_rng_block_uniform */
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      if constexpr (DT == EM_F32) r[e] = z[e];
-      else if constexpr (DT == EM_BF16) r[e] = em_dev_f32_to_bf16(z[e]);
-      else r[e] = em_dev_f32_to_f16(z[e]);
-    }
+    for (int e = 0; e < 4; e++) z[e] = (float)EM_RNG_ADD(d.p0, EM_RNG_MUL(span, rng_u24_f64(pb.v[e])));
   } else {
     double x[4];
-    if constexpr (KIND == kUniform) em_rng_block_uniform(&d, &pb, x);
-    else if constexpr (KIND == kNormal) em_rng_block_normal(&d, &pb, x);
-    else em_rng_block_trunc(&d, &pb, x);
+    em_rng_block_trunc(&d, &pb, x);
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      S v = RngOut<DT>::round(x[e]);
-      if (KIND == kUniform && em_rng_uniform_hits_hi(&d, RngOut<DT>::back(v)))
-        v = RngOut<DT>::round(d.p0);                   /* [lo, hi) in every dtype */
-      r[e] = v;
-    }
+    for (int e = 0; e < 4; e++) z[e] = (float)x[e];
   }
 }
 
 /* Contiguous, 16-byte aligned out: thread t writes elements [4B t, 4B (t + 1)) from blocks B t .. B t + B - 1,
- * B Philox chains in flight per thread. */
+ * B Philox chains in flight per thread. f32/bf16/f16 outputs: uniform_'s [lo, hi) rule (rng.c: a value that
+ * rounds to hi in the dtype is stored as lo) is one compare on the f32 value z before its rounding, z >= bound
+ * (em_rng_hi_bound, rng_math.h: every z is <= hi, and rounding is monotone), z then replaced by lo_f, lo in f32, whose
+ * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
 template <int DT, int B, int KIND>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
-                                                 em_philox_state st) {
+                                                 em_philox_state st, float bound, float lo_f) {
   typedef typename RngOut<DT>::S S;
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
+  /* whether a stored value can equal hi: uniform_ (kUnit: 1 in bf16/f16, never in f32, where u < 1 is exact) */
+  constexpr bool HI_RULE = KIND == kUniform || (KIND == kUnit && DT != EM_F32);
   uint64_t seed, ctr0;
   em_philox_resolve(st, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   S *o = (S *)out;
   const uint64_t nthr = (nblocks + B - 1) / B;
   for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nthr; t += (uint64_t)gridDim.x * blockDim.x) {
-    union { S s[E]; uint4 q[CHUNKS]; } v;
+    union { S s[E]; uint32_t w[E * sizeof(S) / 4]; uint4 q[CHUNKS]; } v;
     em_philox_block pb[B];
 #pragma unroll
     for (int k = 0; k < B; k++) {
       const uint64_t c = ctr0 + t * B + k;
       pb[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
     }
+    if constexpr (DT == EM_F64) {
 #pragma unroll
-    for (int k = 0; k < B; k++) rng_block_out<DT, KIND>(d, pb[k], v.s + 4 * k);
+      for (int k = 0; k < B; k++) {
+        double x[4];
+        if constexpr (KIND == kUnit) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) x[e] = (double)((float)(pb[k].v[e] >> 8) * 0x1p-24f);
+        } else if constexpr (KIND == kUniform) em_rng_block_uniform(&d, &pb[k], x);
+        else if constexpr (KIND == kNormal) em_rng_block_normal(&d, &pb[k], x);
+        else em_rng_block_trunc(&d, &pb[k], x);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          v.s[4 * k + e] = (KIND == kUniform && em_rng_uniform_hits_hi(&d, x[e])) ? d.p0 : x[e];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B; k++) {
+        float z[4];
+        rng_block_f32<KIND>(d, pb[k], z);
+        if constexpr (DT == EM_F32) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) v.s[4 * k + e] = HI_RULE && z[e] >= bound ? lo_f : z[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const float a = HI_RULE && z[e] >= bound ? lo_f : z[e], b = HI_RULE && z[e + 1] >= bound ? lo_f : z[e + 1];
+            v.w[2 * k + e / 2] = rng_pack2<DT, KIND != kUnit>(a, b);   /* u in [0, 1) is never NaN */
+          }
+        }
+      }
+    }
     const int64_t j0 = (int64_t)(t * E);
     if (j0 + E <= n) {
 #pragma unroll
       for (int c = 0; c < CHUNKS; c++) reinterpret_cast<uint4 *>(o + j0)[c] = v.q[c];
     } else {
-      for (int e = 0; e < E && j0 + e < n; e++) o[j0 + e] = v.s[e];
+#pragma unroll
+      for (int e = 0; e < E; e++)          /* unrolled: v stays in registers (a run-time index put it in local memory) */
+        if (j0 + e < n) o[j0 + e] = v.s[e];
     }
   }
 }
@@ -167,14 +221,16 @@ template <int DT, int B>
 static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
                               cudaStream_t st) {
   const unsigned grid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
-  if (d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0)
-    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+  const bool unit = d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0;
+  const float bound = em_rng_hi_bound(d, DT), lo_f = (float)d->p0;
+  if (unit)
+    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else if (d->kind == EM_RNG_UNIFORM)
-    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else if (d->kind == EM_RNG_NORMAL)
-    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
   else
-    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps);
+    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
 }
 
 extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state ps) {

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "backend.h"   /* em_rng_dist */
+#include "ember/half.h"
 
 /* ---- the shared math ---- */
 
@@ -76,6 +77,19 @@ static inline EM_HOSTDEV double em_rng_erfinv(double y) {
 /* dropout and bernoulli: element j is kept (is 1) when u(w_j) < q, with
  * q = 1 - p for dropout and q = p_j for bernoulli, compared in double. */
 static inline EM_HOSTDEV int em_rng_below(uint32_t w, double q) { return em_rng_u24(w) < q; }
+/* The same test with integers: em_rng_below(w, q) == ((w >> 8) < em_rng_keep_threshold(q)) for every w
+ * and q. u(w) = m 2^-24 (m = w >> 8 < 2^24) is below q exactly when the integer m is below q 2^24 (exact in
+ * double), that is below its ceiling; NaN and q <= 0 keep nothing, q >= 1 keeps all. For the kernels, which
+ * would otherwise convert every word to double. */
+static inline EM_HOSTDEV uint32_t em_rng_keep_threshold(double q) {
+  if (!(q > 0)) return 0;
+  if (q >= 1) return 1u << 24;
+  return (uint32_t)ceil(q * 0x1p24);
+}
+/* One compare a word on the device: for thr >= 1, w <= em_rng_keep_limit(thr) is (w >> 8) < thr (thr = 2^24:
+ * the limit is 2^32 - 1, every word). For thr = 0 it holds for every word as well, so a caller makes a
+ * kept element equal a dropped one then (dropout's scale, bernoulli's `one`, are 0). */
+static inline EM_HOSTDEV uint32_t em_rng_keep_limit(uint32_t thr) { return (uint32_t)(((uint64_t)thr << 8) - 1); }
 
 /* multinomial and randperm take 64-bit draws: two words of a block per
  * element (element e uses block e / 2, words 2(e%2) and 2(e%2)+1). */
@@ -103,6 +117,34 @@ static inline __device__ void em_philox_resolve(const em_philox_state &s, uint64
  * draws from [lo, hi). `stored` is the value as stored (rounded). */
 static inline EM_HOSTDEV int em_rng_uniform_hits_hi(const em_rng_dist *d, double stored) {
   return d->kind == EM_RNG_UNIFORM && stored == d->p1 && d->p1 > d->p0;
+}
+
+/* For the CUDA fills (kernels/rng.cu), host side: the smallest f32 z whose value stored in dtype dt (f32,
+ * bf16, f16, by the CPU's round-to-nearest-even conversions) is >= hi, when uniform_'s rule above can fire
+ * (hi > lo and hi exact in the dtype), else NaN. Every f32 value z = (float)(lo + (hi - lo) u) of a fill is
+ * <= hi (u <= 1 - 2^-24 keeps the double below hi, and rounding is monotone), so "z >= bound" is "z is
+ * stored as hi": one compare before the rounding. Found by bisection over the f32 patterns in order. */
+static inline double em_rng_stored_f32(float z, int dt) {
+  if (dt == EM_BF16) return em_bf16_to_f32(em_f32_to_bf16(z));
+  if (dt == EM_F16) return em_f16_to_f32(em_f32_to_f16(z));
+  return z;
+}
+static inline float em_rng_ordered_f32(int64_t key) {   /* -(2^31 - 1) .. 2^31 - 1: the floats in order, -0 skipped */
+  return em_bits_f32(key >= 0 ? (uint32_t)key : 0x80000000u | (uint32_t)(-key));
+}
+static inline float em_rng_hi_bound(const em_rng_dist *d, int dt) {
+  const double hi = d->p1;
+  if (d->kind != EM_RNG_UNIFORM || !(hi > d->p0) || (double)(float)hi != hi || em_rng_stored_f32((float)hi, dt) != hi)
+    return NAN;
+  const uint32_t hu = em_f32_bits((float)hi);
+  int64_t lo_k = -(int64_t)0x7f800000;                                      /* -inf: stored below hi */
+  int64_t hi_k = (hu & 0x80000000u) ? -(int64_t)(hu & 0x7fffffffu) : (int64_t)hu;   /* hi: stored as hi */
+  while (hi_k - lo_k > 1) {                                                  /* stored(lo_k) < hi <= stored(hi_k) */
+    const int64_t mid = lo_k + (hi_k - lo_k) / 2;
+    if (em_rng_stored_f32(em_rng_ordered_f32(mid), dt) >= hi) hi_k = mid;
+    else lo_k = mid;
+  }
+  return em_rng_ordered_f32(hi_k);
 }
 
 /* ---- normal_/randn in f32 (f32/bf16/f16 tensors) ----
@@ -183,12 +225,13 @@ static inline EM_HOSTDEV void em_rng_sincos2pi(uint32_t m, float *sn, float *cs)
   pc = EM_F32_ADD(C4, EM_F32_MUL(r2, pc));
   pc = EM_F32_ADD(C2, EM_F32_MUL(r2, pc));
   const float cr = EM_F32_ADD(1.0f, EM_F32_MUL(r2, pc));
-  switch (j & 3u) {
-    case 0: *sn = sr; *cs = cr; break;
-    case 1: *sn = cr; *cs = -sr; break;
-    case 2: *sn = -sr; *cs = -cr; break;
-    default: *sn = -cr; *cs = sr; break;
-  }
+  /* quadrant j & 3: (sin, cos) = (sr, cr), (cr, -sr), (-sr, -cr), (-cr, sr): a swap for odd j, then
+   * sign flips (exact: the sign bit) for sin in quadrants 2, 3 and cos in 1, 2 -- no branches or
+   * four-way selects on the device */
+  const uint32_t q = j & 3u, swap = q & 1u;
+  const float a = swap ? cr : sr, b = swap ? sr : cr;
+  *sn = em_rng_u2f(em_rng_f2u(a) ^ ((q >> 1) << 31));
+  *cs = em_rng_u2f(em_rng_f2u(b) ^ (((q ^ (q >> 1)) & 1u) << 31));
 }
 
 /* The four standard normals of a block (words (0,1) -> elements 0, 1;

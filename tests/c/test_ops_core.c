@@ -5,6 +5,7 @@
  * 1e-6 relative + 1e-8 absolute tolerance). */
 #include <stdlib.h>
 #include "test.h"
+#include "backend/rng_math.h"   /* em_rng_keep_threshold, em_rng_below, em_rng_u24 */
 
 #define EM_UNUSED(x) (void)(x)
 
@@ -775,6 +776,78 @@ TEST(philox_known_answers) {
   CHECK(b.v[0] == 0xd16cfe09u && b.v[1] == 0x94fdccebu && b.v[2] == 0x5001e420u && b.v[3] == 0x24126ea1u);
 }
 
+TEST(rng_kernel_shortcuts) {
+  /* The CUDA kernels' conversion-free forms of the CPU's tests (kernels/dropout.cu, random.cu, rng.cu):
+   * (w >> 8) < em_rng_keep_threshold(q) is em_rng_below(w, q). The test is monotone in m = w >> 8, so it
+   * suffices that thr is the boundary: m = thr - 1 below, m = thr not. q at and beside every kind of edge. */
+  double qs[64];
+  int nq = 0;
+  const double edges[] = {0.0, -0.0, 1.0, 0.5, 0.1, 0.9, 0.3, 1.0 - 0x1p-24, 0x1p-24, 3 * 0x1p-24, 0x1p-1074,
+                          12345 * 0x1p-24, 1.0 / 3.0, 2.0, -1.0};
+  for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+    qs[nq++] = edges[i];
+    qs[nq++] = nextafter(edges[i], INFINITY);
+    qs[nq++] = nextafter(edges[i], -INFINITY);
+  }
+  qs[nq++] = NAN;
+  qs[nq++] = INFINITY;
+  for (int i = 0; i < nq; i++) {
+    uint32_t thr = em_rng_keep_threshold(qs[i]);
+    CHECK(thr <= (1u << 24));
+    if (thr > 0) CHECK(em_rng_below((thr - 1) << 8 | 0xffu, qs[i]));
+    if (thr < (1u << 24)) CHECK(!em_rng_below(thr << 8, qs[i]));
+    if (thr == 0) CHECK(!em_rng_below(0, qs[i]));
+    if (thr == (1u << 24)) CHECK(em_rng_below(0xffffffffu, qs[i]));
+    /* the one-compare form: w <= limit, for thr >= 1 (thr = 0 passes every word: callers zero the kept value) */
+    uint32_t lim = em_rng_keep_limit(thr);
+    if (thr == 0) CHECK(lim == 0xffffffffu);
+    if (thr > 0) CHECK(((thr - 1) << 8 | 0xffu) <= lim);
+    if (thr > 0 && thr < (1u << 24)) CHECK(!((thr << 8) <= lim));
+  }
+  /* the f64 u24 of the kernels (rng_u24_f64: high word 0x41b00000, low word m, minus 2^28) for every m */
+  int bad = 0;
+  for (uint32_t m = 0; m < (1u << 24); m++) {
+    uint64_t bits = (uint64_t)0x41b00000u << 32 | m;
+    double d;
+    memcpy(&d, &bits, 8);
+    if (d - 268435456.0 != em_rng_u24(m << 8)) bad++;
+  }
+  CHECK(bad == 0);
+}
+
+/* uniform_'s rule in the CUDA fills: z >= em_rng_hi_bound(d, dt) exactly when z is stored as hi (for the
+ * z <= hi a fill makes), walking down 20000 floats from hi and at 20000 values lo + (hi - lo) u. */
+static int hi_bound_mismatches(double lo, double hi, int dt) {
+  em_rng_dist d;
+  memset(&d, 0, sizeof d);
+  d.kind = EM_RNG_UNIFORM; d.p0 = lo; d.p1 = hi;
+  const float b = em_rng_hi_bound(&d, dt), h = (float)hi;
+  const bool can = (double)h == hi && em_rng_stored_f32(h, dt) == hi;
+  int bad = !can && !isnan(b);
+  float z = h;
+  for (int i = 0; i < 20000; i++, z = nextafterf(z, -INFINITY))
+    bad += (can && em_rng_stored_f32(z, dt) == hi) != (z >= b);
+  for (uint32_t m = 0; m < (1u << 24); m += 839) {
+    z = (float)(lo + (hi - lo) * ((double)m * 0x1p-24));
+    bad += (can && em_rng_stored_f32(z, dt) == hi) != (z >= b);
+  }
+  return bad;
+}
+TEST(rng_uniform_hi_bound) {
+  const double cases[][2] = {{0, 1}, {-1, 1}, {2, 2.5}, {-2, 3}, {-3, -1}, {-1, 0}, {0, 0.1}, {1, 1.0000001},
+                             {-5, 65504}, {0, 1e-30}, {-1e-30, 0}, {0, 3e38}};
+  const int dts[] = {EM_F32, EM_BF16, EM_F16};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int k = 0; k < 3; k++) CHECK(hi_bound_mismatches(cases[i][0], cases[i][1], dts[k]) == 0);
+  em_rng_dist d;
+  memset(&d, 0, sizeof d);
+  d.kind = EM_RNG_UNIFORM; d.p0 = 0; d.p1 = 1;
+  CHECK(em_rng_hi_bound(&d, EM_BF16) == 1.0f - 0x1p-9f);   /* the tie 1 - 2^-9 rounds to even: 1 */
+  CHECK(em_rng_hi_bound(&d, EM_F32) == 1.0f);
+  d.p1 = 0.1;
+  CHECK(isnan(em_rng_hi_bound(&d, EM_F32)));             /* 0.1 is not an f32: the rule never fires */
+}
+
 TEST(rng_stream_layout) {
   uint64_t seed = 0x123456789abcdefULL;
   em_rng_set_state(seed, 7);
@@ -902,6 +975,8 @@ int main(void) {
   RUN(minmax_ties_split);
   RUN(odd_inputs_do_not_crash);
   RUN(philox_known_answers);
+  RUN(rng_kernel_shortcuts);
+  RUN(rng_uniform_hi_bound);
   RUN(rng_stream_layout);
   RUN(rng_distributions);
   RUN(trunc_normal);

@@ -1,0 +1,203 @@
+-- random_fill_spec.lua (GPU) — the vector paths of the CUDA random kernels
+-- against the CPU's stream, bit for bit (raw bytes): the contiguous fills of
+-- kernels/rng.cu (B = 2 Philox blocks a thread, 16-byte stores, bf16/f16
+-- rounded in pairs by cvt.rn.{bf16x2,f16x2}.f32), dropout (kernels/dropout.cu:
+-- 8 elements a thread, the keep test in integers) and bernoulli
+-- (kernels/random.cu: 16 bytes of output a thread, probabilities read as
+-- vectors in their own dtype and compared in f32).
+--
+-- Sizes sit around each kernel's per-thread edges (4, 8, 16 elements; a
+-- full 256-thread block), odd tails, views that start off the 16-byte
+-- alignment (the per-element and scalar-tail paths) or on it (a vector path
+-- from an offset pointer), and a generator offset that is not a multiple of
+-- the per-thread block count (the first counter of a thread is then odd).
+local ember = require "ember"
+local F = ember.nn.functional
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local SIZES = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 2048 + 5, 8 * 256 * 3 + 11}
+
+local function assert_same_bits(got, want, what)
+  assert.are.same(want.shape, got.shape, what .. ": shape")
+  assert.are.equal(want.dtype, got.dtype, what .. ": dtype")
+  local a, b = H.raw_bytes(got), H.raw_bytes(want)
+  if a ~= b then
+    local es = #b // math.max(1, want:numel())
+    for i = 1, #b do
+      if a:byte(i) ~= b:byte(i) then
+        error(("%s: element %d of %d differs (bytes %q, expected %q)"):format(what, (i - 1) // es, want:numel(),
+          a:sub(i - (i - 1) % es, i - (i - 1) % es + es - 1), b:sub(i - (i - 1) % es, i - (i - 1) % es + es - 1)), 2)
+      end
+    end
+  end
+end
+
+-- make(dev) on both devices from the same generator state, the state first
+-- advanced by `skip` blocks (draws of skip * 4 elements), so the op's first
+-- counter is ctr0 = skip; the generator must end at the same offset.
+local function both(seed, skip, make)
+  local out = {}
+  for _, dev in ipairs {"cuda", "cpu"} do
+    ember.manual_seed(seed)
+    if skip > 0 then ember.rand(skip * 4) end
+    out[dev] = make(dev)
+    out[dev .. "_offset"] = ember.get_rng_state().offset
+  end
+  assert.are.equal(out.cpu_offset, out.cuda_offset, "generator offset after the op")
+  return out.cuda:cpu(), out.cpu
+end
+
+describe("contiguous random fills on CUDA (kernels/rng.cu)", function()
+  for _, dt in ipairs {"f32", "bf16", "f16", "f64"} do
+    it(dt .. ": uniform_, rand, normal_, trunc_normal_ at every per-thread edge, bit for bit as the CPU", function()
+      local fills = {
+        {"uniform_(-2, 3)", function(t) return t:uniform_(-2, 3) end},
+        {"uniform_(0, 1)", function(t) return t:uniform_(0, 1) end},
+        {"normal_(1, 2)", function(t) return t:normal_(1, 2) end},
+        {"trunc_normal_", function(t) return t:trunc_normal_(0, 1, -2, 2) end},
+      }
+      for _, n in ipairs(SIZES) do
+        for _, f in ipairs(fills) do
+          for _, skip in ipairs {0, 1, 3} do
+            local g, c = both(n * 31 + skip, skip, function(dev) return f[2](ember.empty(n, {dtype = dt, device = dev})) end)
+            local what = ("%s %s n=%d skip=%d"):format(f[1], dt, n, skip)
+            if dt == "f64" and f[1] ~= "uniform_(-2, 3)" and f[1] ~= "uniform_(0, 1)" then
+              -- normal_/trunc_normal_ in double go through the libraries' log/sin/cos/erf (ember/rng.h)
+              local rel = (g - c):abs():max():item() / math.max(c:abs():max():item(), 1e-300)
+              assert.is_true(rel <= 1e-13, what .. ": relative difference " .. rel)
+            else
+              assert_same_bits(g, c, what)
+            end
+          end
+        end
+      end
+    end)
+
+    it(dt .. ": fills into views on and off the 16-byte alignment", function()
+      local es = ({f32 = 4, bf16 = 2, f16 = 2, f64 = 8})[dt]
+      local aligned = 16 // es                      -- an element offset that keeps 16-byte alignment
+      for _, off in ipairs {1, 2, 3, aligned, aligned + 1} do
+        for _, n in ipairs {7, 8, 33, 1000} do
+          local g, c = both(off * 1000 + n, 1, function(dev)
+            local t = ember.zeros(n + off + 5, {dtype = dt, device = dev})
+            t:narrow(0, off, n):uniform_(-1, 1)
+            -- a second fill over the first: the next op's counters (f64 normal_ goes through libm: bits
+            -- may differ by an ulp, so f64 draws a second uniform_ instead)
+            if dt == "f64" then t:narrow(0, off, n):uniform_(0, 1) else t:narrow(0, off, n):normal_(0.5, 3) end
+            return t
+          end)
+          assert_same_bits(g, c, ("%s view at %d, n=%d"):format(dt, off, n))
+        end
+      end
+    end)
+  end
+
+  it("bf16/f16 uniform_(0, 1) and uniform_(-1, 1) over 2^20 + 5 draws: values rounded to hi become lo on both", function()
+    -- in bf16 about 2^-9 of the uniform_(0, 1) draws round to 1 and must be replaced by 0
+    for _, dt in ipairs {"bf16", "f16"} do
+      for _, lohi in ipairs {{0, 1}, {-1, 1}, {2, 2.5}} do
+        local g, c = both(7, 2, function(dev)
+          return ember.empty((1 << 20) + 5, {dtype = dt, device = dev}):uniform_(lohi[1], lohi[2])
+        end)
+        assert_same_bits(g, c, ("uniform_(%g, %g) %s"):format(lohi[1], lohi[2], dt))
+        assert.is_true(g:to("f32"):max():item() < lohi[2], "every value below hi")
+      end
+    end
+  end)
+
+  it("uniform_ with lo == hi fills the constant; f32 uniform_ with a hi not exact in f32", function()
+    local g, c = both(3, 0, function(dev) return ember.empty(1001, {dtype = "bf16", device = dev}):uniform_(2, 2) end)
+    assert_same_bits(g, c, "uniform_(2, 2)")
+    assert.are.equal(2, g:to("f32"):min():item())
+    g, c = both(4, 0, function(dev) return ember.empty(4099, {device = dev}):uniform_(0, 0.1) end)
+    assert_same_bits(g, c, "uniform_(0, 0.1) f32")
+  end)
+end)
+
+describe("dropout on CUDA at the per-thread edges (kernels/dropout.cu)", function()
+  for _, dt in ipairs {"f32", "bf16", "f16", "f64"} do
+    it(dt .. ": p in {0, 0.1, 0.5, 1}, every size edge and unaligned inputs, the CPU's mask and values", function()
+      for _, n in ipairs(SIZES) do
+        for _, p in ipairs {0, 0.1, 0.5, 1} do
+          local x = ember.randn(n + 3):to(dt)
+          for _, off in ipairs {0, 1} do
+            local g, c = both(n + off, off * 3, function(dev)
+              return F.dropout(x:to(dev):narrow(0, off, n), p)
+            end)
+            assert_same_bits(g, c, ("dropout %s n=%d p=%g offset %d"):format(dt, n, p, off))
+          end
+        end
+      end
+    end)
+  end
+
+  it("p just beside a multiple of 2^-24 keeps exactly the CPU's elements", function()
+    -- the keep threshold is ceil((1 - p) 2^24): (1 - p) at, just above and just below a grid point
+    local x = ember.ones(1 << 16)
+    for _, p in ipairs {0.25, 0.25 + 2^-40, 0.25 - 2^-40, 1 - 2^-24, 2^-24, 1e-300} do
+      local g, c = both(11, 1, function(dev) return F.dropout(x:to(dev), p) end)
+      assert_same_bits(g, c, ("dropout p=%.17g"):format(p))
+    end
+  end)
+end)
+
+describe("bernoulli on CUDA at the per-thread edges (kernels/random.cu)", function()
+  it("probabilities of every float dtype into outputs of every width, every size edge, bit for bit", function()
+    for _, n in ipairs(SIZES) do
+      local p = ember.rand(n)
+      for _, pdt in ipairs {"f32", "bf16", "f16", "f64"} do
+        for _, odt in ipairs {"f32", "bf16", "u8", "bool", "i64"} do
+          local g, c = both(n, 1, function(dev)
+            return ember.zeros(n, {dtype = odt, device = dev}):bernoulli_(p:to(pdt):to(dev))
+          end)
+          assert_same_bits(g, c, ("bernoulli_ p %s into %s, n=%d"):format(pdt, odt, n))
+        end
+        local g, c = both(n + 1, 0, function(dev) return ember.bernoulli(p:to(pdt):to(dev)) end)
+        assert_same_bits(g, c, ("bernoulli(p) %s, n=%d"):format(pdt, n))
+      end
+    end
+  end)
+
+  it("probabilities on and off the grid of u (m 2^-24), 0, 1, and exactly at u's values", function()
+    -- p_j = k 2^-24 compares u < p strictly: an f32 compare of exact values must give the CPU's f64 answer
+    local n = 4096
+    local vals = {}
+    for i = 1, n do vals[i] = ((i * 2654435761) % (1 << 24)) * 2^-24 end
+    vals[1], vals[2], vals[3] = 0, 1, 1 - 2^-24
+    local p = ember.tensor(vals, {dtype = "f64"})
+    for _, pdt in ipairs {"f32", "f64"} do
+      local g, c = both(5, 0, function(dev) return ember.bernoulli(p:to(pdt):to(dev)) end)
+      assert_same_bits(g, c, "bernoulli on the grid, p " .. pdt)
+    end
+  end)
+
+  it("a constant p (0, 0.3, 1, beside a grid point) into views and unaligned outputs", function()
+    for _, pc in ipairs {0, 0.3, 1, 0.5 + 2^-40} do
+      for _, odt in ipairs {"f32", "bf16", "u8"} do
+        for _, off in ipairs {0, 1, 16} do
+          local g, c = both(off + 2, 1, function(dev)
+            local t = ember.zeros(1000 + off, {dtype = odt, device = dev})
+            t:narrow(0, off, 1000):bernoulli_(pc)
+            return t
+          end)
+          assert_same_bits(g, c, ("bernoulli_(%.17g) %s offset %d"):format(pc, odt, off))
+        end
+        local g, c = both(9, 0, function(dev) return ember.zeros(37, 29, {dtype = odt, device = dev}):t():bernoulli_(pc) end)
+        assert_same_bits(g, c, ("bernoulli_(%.17g) %s transposed"):format(pc, odt))
+      end
+    end
+  end)
+
+  it("probabilities from an unaligned view (the scalar loads) and broadcast", function()
+    local base = ember.rand(1030)
+    for _, pdt in ipairs {"f32", "bf16"} do
+      local g, c = both(13, 0, function(dev) return ember.bernoulli(base:to(pdt):to(dev):narrow(0, 3, 1027)) end)
+      assert_same_bits(g, c, "bernoulli of a narrowed " .. pdt .. " view")
+    end
+    local row = ember.rand(33)
+    local g, c = both(14, 0, function(dev) return ember.zeros(17, 33, {device = dev}):bernoulli_(row:to(dev)) end)
+    assert_same_bits(g, c, "bernoulli_ with a broadcast row of p")
+  end)
+end)
