@@ -29,6 +29,7 @@
 #include "cost.h"
 #include "parallel.h"
 #include "stream.h"
+#include "ew_half.h"
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -428,8 +429,40 @@ typedef struct {
   const loop_plan *p;
   int64_t inner, tasks_per_row, base[4];
   bool out_direct, all_direct;
-  bool stream;                 /* a large contiguous output: computed into buf[0], streamed out (stream.h) */
+  bool stream;                 /* a large contiguous output: computed into a buffer, streamed out (stream.h) */
+  int fast;                    /* FAST_*: a 16-bit path of ew_half.h instead of compute() */
+  uint16_t cst[3];             /* FAST_SEL16: input q's constant in the output's dtype */
 } ew_job;
+
+enum { FAST_NONE, FAST_SEL16, FAST_BIN16 };
+/* Elements of a 16-bit output a fast path computes before streaming them out. */
+#define PIECE16 (EM_STREAM_PIECE / 2)
+
+/* Elements [c, c + len) of the inner row at offsets off (operand 0: the
+ * output, at `out`) through the fast path: straight into the output, or into
+ * an L1 piece streamed out. */
+static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out) {
+  const loop_plan *p = j->p;
+  int last = p->ndim - 1;
+  _Alignas(64) uint16_t piece[PIECE16];
+  uint16_t *o = j->stream ? piece : out;
+  int64_t os = j->stream ? 1 : p->stride[0][last];
+  const uint16_t *v[3];
+  int64_t vs[3];
+  for (int q = 0; q < j->nin; q++) {
+    const em_tensor *t = j->in[q].t;
+    vs[q] = t ? p->stride[q + 1][last] : 0;
+    v[q] = t ? (const uint16_t *)t->storage->data + off[q + 1] + c * vs[q] : &j->cst[q];
+  }
+  if (j->fast == FAST_SEL16) {
+    em_ew_select16(o, os, (const uint8_t *)v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
+  } else {   /* FAST_BIN16: a per-row tensor value (stride 0) or a number is a float constant */
+    float cv[2];
+    for (int q = 0; q < 2; q++) cv[q] = j->in[q].t ? em_bf16_to_f32(v[q][0]) : (float)j->in[q].c;
+    em_ew_bf16_binary(j->k->code, o, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len);
+  }
+  if (j->stream) em_stream_copy(out, piece, len * 2);
+}
 
 static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   const ew_job *j = ctx;
@@ -451,9 +484,13 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   size_t out_es = em_dtype_size(j->out->dtype);
   for (int64_t t = t0; t < t1; t++) {
     int64_t end = EM_MIN(s + TASK, j->inner);
-    int64_t step = j->all_direct && !j->stream ? end - s : CHUNK;
+    int64_t step = j->fast ? (j->stream ? PIECE16 : end - s) : j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
+      if (j->fast) {
+        fast16(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es);
+        continue;
+      }
       const void *src[3];
       for (int q = 0; q < nin; q++) {
         int64_t st = p->stride[q + 1][last];
@@ -462,8 +499,12 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
       int64_t o0 = off[0] + c * p->stride[0][last];
       void *out = (char *)j->out->storage->data + o0 * (int64_t)out_es;
       compute(k, j->out_direct && !j->stream ? out : (void *)&buf[0], src, len);
-      if (j->stream) em_stream_copy(out, &buf[0], len * (int64_t)out_es);
-      else if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
+      if (j->stream && j->out_direct) em_stream_copy(out, &buf[0], len * (int64_t)out_es);
+      else if (j->stream) {   /* a bf16/f16 output: rounded into an L1 buffer, then streamed */
+        _Alignas(64) uint16_t h[CHUNK];
+        em_ew_store16(h, j->out->dtype, buf[0].f, len);
+        em_stream_copy(out, h, len * 2);
+      } else if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
     }
     s = end;
     if (s < j->inner) continue;
@@ -477,6 +518,28 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
+/* The ew_half.h path that computes this 16-bit output (C_F32 into bf16/f16),
+ * or FAST_NONE: where/masked_fill with a bool condition and every value a
+ * tensor of the output's dtype or a constant (any strides); add/sub/mul/div
+ * into a unit-stride bf16 output from bf16 tensors, each unit-stride or one
+ * value per row along the inner dim, or numbers. */
+static int fast_path(const kern *k, const em_tensor *out, int nin, const operand *in, const loop_plan *p) {
+  int last = p->ndim - 1;
+  if (k->kind == K_WHERE && nin == 3 && in[0].t && in[0].t->dtype == EM_BOOL) {
+    for (int q = 1; q < 3; q++)
+      if (in[q].t && in[q].t->dtype != out->dtype) return FAST_NONE;
+    return FAST_SEL16;
+  }
+  if (k->kind == K_BINARY && nin == 2 && out->dtype == EM_BF16 && em_ew_bf16_binary_has(k->code) &&
+      p->stride[0][last] == 1) {
+    for (int q = 0; q < 2; q++)
+      if (in[q].t && (in[q].t->dtype != EM_BF16 || (p->stride[q + 1][last] != 0 && p->stride[q + 1][last] != 1)))
+        return FAST_NONE;
+    return FAST_BIN16;
+  }
+  return FAST_NONE;
+}
+
 static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
   const em_tensor *ts[4] = {out, NULL, NULL, NULL};
   for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
@@ -484,12 +547,18 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, {0}};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
   j.all_direct = j.out_direct;
-  j.stream = j.out_direct && em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
+  bool half = k->cls == C_F32 && (out->dtype == EM_BF16 || out->dtype == EM_F16);
+  j.fast = half ? fast_path(k, out, nin, in, &p) : FAST_NONE;
+  if (j.fast == FAST_SEL16)
+    for (int q = 1; q < 3; q++)
+      if (!in[q].t) j.cst[q] = out->dtype == EM_BF16 ? em_f32_to_bf16((float)in[q].c) : em_f32_to_f16((float)in[q].c);
+  j.stream = (j.out_direct || half) && p.stride[0][last] == 1 &&
+             em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
   for (int q = 0; q < nin; q++)
     j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
   int64_t tasks = numel / j.inner * j.tasks_per_row;

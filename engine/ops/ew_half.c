@@ -1,0 +1,89 @@
+/* The CPU elementwise loop's 16-bit fast paths: see ew_half.h. */
+#include "ew_half.h"
+#include "ember/ops.h"
+#include "vec_math.h"
+
+/* The rounding of a widened 16-bit value back to its dtype (ember/half.h),
+ * which changes only NaNs: em_f32_to_bf16 quiets (h | 0x40), em_f32_to_f16
+ * maps every NaN to sign | 0x7e00. */
+#define CANON_BF16(v) ((uint16_t)(((v) & 0x7fff) > 0x7f80 ? ((v) | 0x40) : (v)))
+#define CANON_F16(v) ((uint16_t)(((v) & 0x7fff) > 0x7c00 ? (((v) & 0x8000) | 0x7e00) : (v)))
+
+/* Both values loaded unconditionally: a blend, not a branch per element. */
+#define SEL_LOOP(CANON, CS, AS, BS)                                              \
+  for (int64_t i = 0; i < n; i++) {                                              \
+    uint16_t av = a[i * (AS)], bv = b[i * (BS)], v = c[i * (CS)] != 0 ? av : bv; \
+    o[i] = CANON(v);                                                             \
+  }                                                                              \
+  return
+
+/* The unit-stride output with each input unit-stride or one value (the
+ * attention mask over scores, masked_fill's constant) gets a loop of its own. */
+#define SEL_BODY(CANON)                                                          \
+  if (os == 1 && cs >= 0 && cs <= 1 && as >= 0 && as <= 1 && bs >= 0 && bs <= 1) { \
+    switch (cs * 4 + as * 2 + bs) {                                              \
+      case 7: SEL_LOOP(CANON, 1, 1, 1);                                          \
+      case 6: SEL_LOOP(CANON, 1, 1, 0);                                          \
+      case 5: SEL_LOOP(CANON, 1, 0, 1);                                          \
+      case 4: SEL_LOOP(CANON, 1, 0, 0);                                          \
+      case 3: SEL_LOOP(CANON, 0, 1, 1);                                          \
+      case 2: SEL_LOOP(CANON, 0, 1, 0);                                          \
+      case 1: SEL_LOOP(CANON, 0, 0, 1);                                          \
+      default: SEL_LOOP(CANON, 0, 0, 0);                                         \
+    }                                                                            \
+  }                                                                              \
+  for (int64_t i = 0; i < n; i++) {                                              \
+    uint16_t v = c[i * cs] != 0 ? a[i * as] : b[i * bs];                         \
+    o[i * os] = CANON(v);                                                        \
+  }
+
+EM_SIMD_CLONES static void sel_bf16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
+                                    int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
+  SEL_BODY(CANON_BF16)
+}
+
+EM_SIMD_CLONES static void sel_f16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
+                                   int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
+  SEL_BODY(CANON_F16)
+}
+
+void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
+                    const uint16_t *b, int64_t bs, int64_t n, bool f16) {
+  if (f16) sel_f16(o, os, c, cs, a, as, b, bs, n);
+  else sel_bf16(o, os, c, cs, a, as, b, bs, n);
+}
+
+bool em_ew_bf16_binary_has(int code) {
+  return code == EM_ADD || code == EM_SUB || code == EM_MUL || code == EM_DIV;
+}
+
+#define BF(p, i) em_bits_f32((uint32_t)(p)[i] << 16)
+#define BIN_LOOP(X, Y, OP) for (int64_t i = 0; i < n; i++) { float x = (X), y = (Y); o[i] = em_f32_to_bf16(x OP y); } return
+#define BIN_OPS(X, Y)                                                              \
+  switch (code) {                                                                  \
+    case EM_ADD: BIN_LOOP(X, Y, +);                                                \
+    case EM_SUB: BIN_LOOP(X, Y, -);                                                \
+    case EM_MUL: BIN_LOOP(X, Y, *);                                                \
+    default: BIN_LOOP(X, Y, /);                                                    \
+  }
+
+EM_SIMD_CLONES static void bf16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                                    int64_t n) {
+  if (a && b) BIN_OPS(BF(a, i), BF(b, i))
+  if (a) BIN_OPS(BF(a, i), cb)
+  if (b) BIN_OPS(ca, BF(b, i))
+  BIN_OPS(ca, cb)
+}
+
+void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n) {
+  bf16_bin(code, o, a, ca, b, cb, n);
+}
+
+EM_SIMD_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = em_f32_to_f16(s[i]);
+}
+
+void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n) {
+  if (dt == EM_F16) to_f16s(d, s, n);
+  else em_convert(d, EM_BF16, s, EM_F32, n);
+}

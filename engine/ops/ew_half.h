@@ -1,0 +1,38 @@
+/* The CPU elementwise loop's 16-bit fast paths (engine/ops/elementwise.c),
+ * compiled for SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
+ *
+ * Each gives the bits the generic path gives (widen to f32, compute, round
+ * once with ember/half.h), without the f32 buffers in between:
+ *  - select16: where/masked_fill into bf16/f16 with every value a tensor of the
+ *    output's dtype or a constant. Widening then rounding is the identity on
+ *    every 16-bit value except NaN, which the rounding canonicalises (bf16:
+ *    quieted, h | 0x40; f16: sign | 0x7e00), so a raw 16-bit select plus that
+ *    canonicalisation is the same result, with no arithmetic.
+ *  - bf16_binary: add, sub, mul, div of bf16 operands (unit stride, or a
+ *    constant already widened to float) into a bf16 output in one pass: load,
+ *    op in f32, round to nearest even. The same IEEE operations as the
+ *    generic loop (-ffp-contract=off), so no clone changes a result.
+ *  - store16: a float buffer rounded into bf16/f16 (the generic loop's store). */
+#ifndef EMBER_OPS_EW_HALF_H
+#define EMBER_OPS_EW_HALF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "ember/dtype.h"
+
+/* o[i*os] = canon(c[i*cs] != 0 ? a[i*as] : b[i*bs]) for i < n, strides in
+ * elements (0: one value for every i), canon the dtype's NaN rule (f16: true). */
+void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
+                    const uint16_t *b, int64_t bs, int64_t n, bool f16);
+
+/* Whether bf16_binary runs binary op code `code` (em_binop). */
+bool em_ew_bf16_binary_has(int code);
+
+/* o[i] = bf16(a_i OP b_i) for i < n: a_i = bf16 a[i] widened, or ca when a is
+ * NULL (likewise b); o unit stride. */
+void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n);
+
+/* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16). */
+void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n);
+
+#endif
