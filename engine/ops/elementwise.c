@@ -447,18 +447,19 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
   _Alignas(64) uint16_t piece[PIECE16];
   uint16_t *o = j->stream ? piece : out;
   int64_t os = j->stream ? 1 : p->stride[0][last];
-  const uint16_t *v[3];
+  const void *v[3];             /* input q's first element (the condition's is a bool) */
   int64_t vs[3];
   for (int q = 0; q < j->nin; q++) {
     const em_tensor *t = j->in[q].t;
     vs[q] = t ? p->stride[q + 1][last] : 0;
-    v[q] = t ? (const uint16_t *)t->storage->data + off[q + 1] + c * vs[q] : &j->cst[q];
+    v[q] = t ? (const char *)t->storage->data + (off[q + 1] + c * vs[q]) * (int64_t)em_dtype_size(t->dtype)
+             : (const void *)&j->cst[q];
   }
   if (j->fast == FAST_SEL16) {
-    em_ew_select16(o, os, (const uint8_t *)v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
+    em_ew_select16(o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
   } else {   /* FAST_BIN16: a per-row tensor value (stride 0) or a number is a float constant */
     float cv[2];
-    for (int q = 0; q < 2; q++) cv[q] = j->in[q].t ? em_bf16_to_f32(v[q][0]) : (float)j->in[q].c;
+    for (int q = 0; q < 2; q++) cv[q] = j->in[q].t ? em_bf16_to_f32(*(const uint16_t *)v[q]) : (float)j->in[q].c;
     em_ew_bf16_binary(j->k->code, o, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len);
   }
   if (j->stream) em_stream_copy(out, piece, len * 2);
