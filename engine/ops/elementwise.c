@@ -303,6 +303,10 @@ static const void *load(int cls, const em_tensor *t, int64_t off, int64_t st, in
     em_convert(b->f, EM_F32, (const uint16_t *)t->storage->data + off, EM_BF16, n);
     return b;
   }
+  if (st == 1 && cls == C_F32 && t->dtype == EM_F16) {   /* a SIMD loop of em_f16_to_f32's bits (ew_half.h) */
+    em_ew_load_f16(b->f, (const uint16_t *)t->storage->data + off, n);
+    return b;
+  }
   switch (cls) {
     case C_F32: load_f32(b->f, t, off, st, n); break;
     case C_F64: load_f64(b->d, t, off, st, n); break;
@@ -354,8 +358,8 @@ static void store_i64(em_tensor *t, int64_t off, int64_t st, int64_t n, const in
 #undef TO_INT
 
 static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, const chunk_buf *b) {
-  if (st == 1 && cls == C_F32 && t->dtype == EM_BF16) {   /* as in load(): a strided scalar loop was 3x slower */
-    em_convert((uint16_t *)t->storage->data + off, EM_BF16, b->f, EM_F32, n);
+  if (st == 1 && cls == C_F32 && (t->dtype == EM_BF16 || t->dtype == EM_F16)) {   /* as in load(): SIMD */
+    em_ew_store16((uint16_t *)t->storage->data + off, t->dtype, b->f, n);
     return;
   }
   switch (cls) {

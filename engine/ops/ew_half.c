@@ -79,9 +79,39 @@ void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const
   bf16_bin(code, o, a, ca, b, cb, n);
 }
 
-EM_SIMD_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = em_f32_to_f16(s[i]);
+/* em_f16_to_f32 without its normalisation loop (F. Giesen's half_to_float):
+ * a subnormal (or zero) is rebuilt exactly by one float subtraction,
+ * 2^-14 (1 + m/1024) - 2^-14 = m 2^-24. Branch-free, so the loop is SIMD. */
+EM_VEC float f16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)(h & 0x7fff) << 13, e = u & 0x0f800000u;
+  u += (uint32_t)(127 - 15) << 23;
+  uint32_t sub = em_f32_bits(em_bits_f32(u + (1u << 23)) - em_bits_f32(113u << 23));
+  uint32_t r = e == 0x0f800000u ? u + ((uint32_t)(128 - 16) << 23) : e == 0 ? sub : u;   /* inf/NaN, subnormal */
+  return em_bits_f32(r | (uint32_t)(h & 0x8000) << 16);
 }
+
+/* em_f32_to_f16 with selects for its early returns (Giesen's
+ * float_to_half_fast3_rtne): a result below 2^-14 is rounded to nearest even
+ * by the FPU, adding 0.5 (whose ulp is f16's least subnormal, 2^-24); a
+ * normal one by adding 0xfff plus the kept mantissa's low bit. */
+EM_VEC uint16_t f32_to_f16(float x) {
+  uint32_t u = em_f32_bits(x), sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+  uint32_t special = a > 0x7f800000u ? 0x7e00 : 0x7c00;                      /* NaN, or inf / overflow */
+  uint32_t sub = em_f32_bits(em_bits_f32(a) + em_bits_f32(126u << 23)) - (126u << 23);
+  uint32_t nrm = (a - (112u << 23) + 0xfff + ((a >> 13) & 1)) >> 13;        /* 0x7c00 from 65520 on */
+  uint32_t r = a >= 0x47800000u ? special : a < 0x38800000u ? sub : nrm;
+  return (uint16_t)(sign | r);
+}
+
+EM_SIMD_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(s[i]);
+}
+
+EM_SIMD_CLONES static void from_f16s(float *d, const uint16_t *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = f16_to_f32(s[i]);
+}
+
+void em_ew_load_f16(float *d, const uint16_t *s, int64_t n) { from_f16s(d, s, n); }
 
 void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n) {
   if (dt == EM_F16) to_f16s(d, s, n);

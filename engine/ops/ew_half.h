@@ -12,7 +12,8 @@
  *    constant already widened to float) into a bf16 output in one pass: load,
  *    op in f32, round to nearest even. The same IEEE operations as the
  *    generic loop (-ffp-contract=off), so no clone changes a result.
- *  - store16: a float buffer rounded into bf16/f16 (the generic loop's store). */
+ *  - store16 / load_f16: the generic loop's unit-stride conversions between
+ *    float buffers and bf16/f16, SIMD (f16 branch-free). */
 #ifndef EMBER_OPS_EW_HALF_H
 #define EMBER_OPS_EW_HALF_H
 
@@ -32,7 +33,13 @@ bool em_ew_bf16_binary_has(int code);
  * NULL (likewise b); o unit stride. */
 void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n);
 
-/* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16). */
+/* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16): em_f32_to_bf16 /
+ * em_f32_to_f16's bits (f16 branch-free, so it vectorises; tests/c/test_ew_half.c
+ * sweeps every float). */
 void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n);
+
+/* d[0..n) = s[0..n) widened from f16: em_f16_to_f32's bits, branch-free
+ * (its subnormal loop does not vectorise). */
+void em_ew_load_f16(float *d, const uint16_t *s, int64_t n);
 
 #endif
