@@ -442,6 +442,28 @@ enum { FAST_NONE, FAST_SEL16, FAST_BIN16 };
 /* Elements of a 16-bit output a fast path computes before streaming them out. */
 #define PIECE16 (EM_STREAM_PIECE / 2)
 
+/* Elements [c, c + len) of the inner row at offsets off computed as the
+ * generic loop does (CHUNK at a time from the same boundaries: c is a multiple
+ * of CHUNK), rounded into the unit-stride 16-bit o. */
+static void generic16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, uint16_t *o) {
+  const loop_plan *p = j->p;
+  const kern *k = j->k;
+  int last = p->ndim - 1;
+  chunk_buf buf[4];
+  for (int q = 0; q < j->nin; q++)
+    if (!j->in[q].t) fill_const(k->cls, &buf[q + 1], j->in[q].c, CHUNK);
+  for (int64_t c0 = 0; c0 < len; c0 += CHUNK) {
+    int64_t n = EM_MIN(CHUNK, len - c0);
+    const void *src[3];
+    for (int q = 0; q < j->nin; q++) {
+      int64_t st = p->stride[q + 1][last];
+      src[q] = j->in[q].t ? load(k->cls, j->in[q].t, off[q + 1] + (c + c0) * st, st, n, &buf[q + 1]) : &buf[q + 1];
+    }
+    compute(k, &buf[0], src, n);
+    em_ew_store16(o + c0, j->out->dtype, buf[0].f, n);
+  }
+}
+
 /* Elements [c, c + len) of the inner row at offsets off (operand 0: the
  * output, at `out`) through the fast path: straight into the output, or into
  * an L1 piece streamed out. */
@@ -463,8 +485,12 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
     em_ew_select16(o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
   } else {   /* FAST_BIN16: a per-row tensor value (stride 0) or a number is a float constant */
     float cv[2];
-    for (int q = 0; q < 2; q++) cv[q] = j->in[q].t ? em_bf16_to_f32(*(const uint16_t *)v[q]) : (float)j->in[q].c;
-    em_ew_bf16_binary(j->k->code, o, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len);
+    for (int q = 0; q < 2; q++) {
+      uint16_t h = j->in[q].t ? *(const uint16_t *)v[q] : 0;
+      cv[q] = !j->in[q].t ? (float)j->in[q].c : j->out->dtype == EM_F16 ? em_f16_to_f32(h) : em_bf16_to_f32(h);
+    }
+    if (em_ew_half_binary(j->k->code, j->out->dtype, o, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len))
+      generic16(j, off, c, len, o);   /* NaN with NaN: the generic loop's payload (ew_half.h) */
   }
   if (j->stream) em_stream_copy(out, piece, len * 2);
 }
@@ -526,7 +552,7 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
 /* The ew_half.h path that computes this 16-bit output (C_F32 into bf16/f16),
  * or FAST_NONE: where/masked_fill with a bool condition and every value a
  * tensor of the output's dtype or a constant (any strides); add/sub/mul/div
- * into a unit-stride bf16 output from bf16 tensors, each unit-stride or one
+ * into a unit-stride output from tensors of its dtype, each unit-stride or one
  * value per row along the inner dim, or numbers. */
 static int fast_path(const kern *k, const em_tensor *out, int nin, const operand *in, const loop_plan *p) {
   int last = p->ndim - 1;
@@ -535,10 +561,9 @@ static int fast_path(const kern *k, const em_tensor *out, int nin, const operand
       if (in[q].t && in[q].t->dtype != out->dtype) return FAST_NONE;
     return FAST_SEL16;
   }
-  if (k->kind == K_BINARY && nin == 2 && out->dtype == EM_BF16 && em_ew_bf16_binary_has(k->code) &&
-      p->stride[0][last] == 1) {
+  if (k->kind == K_BINARY && nin == 2 && em_ew_half_binary_has(k->code) && p->stride[0][last] == 1) {
     for (int q = 0; q < 2; q++)
-      if (in[q].t && (in[q].t->dtype != EM_BF16 || (p->stride[q + 1][last] != 0 && p->stride[q + 1][last] != 1)))
+      if (in[q].t && (in[q].t->dtype != out->dtype || (p->stride[q + 1][last] != 0 && p->stride[q + 1][last] != 1)))
         return FAST_NONE;
     return FAST_BIN16;
   }

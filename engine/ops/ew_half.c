@@ -53,32 +53,6 @@ void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const
   else sel_bf16(o, os, c, cs, a, as, b, bs, n);
 }
 
-bool em_ew_bf16_binary_has(int code) {
-  return code == EM_ADD || code == EM_SUB || code == EM_MUL || code == EM_DIV;
-}
-
-#define BF(p, i) em_bits_f32((uint32_t)(p)[i] << 16)
-#define BIN_LOOP(X, Y, OP) for (int64_t i = 0; i < n; i++) { float x = (X), y = (Y); o[i] = em_f32_to_bf16(x OP y); } return
-#define BIN_OPS(X, Y)                                                              \
-  switch (code) {                                                                  \
-    case EM_ADD: BIN_LOOP(X, Y, +);                                                \
-    case EM_SUB: BIN_LOOP(X, Y, -);                                                \
-    case EM_MUL: BIN_LOOP(X, Y, *);                                                \
-    default: BIN_LOOP(X, Y, /);                                                    \
-  }
-
-EM_SIMD_CLONES static void bf16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
-                                    int64_t n) {
-  if (a && b) BIN_OPS(BF(a, i), BF(b, i))
-  if (a) BIN_OPS(BF(a, i), cb)
-  if (b) BIN_OPS(ca, BF(b, i))
-  BIN_OPS(ca, cb)
-}
-
-void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n) {
-  bf16_bin(code, o, a, ca, b, cb, n);
-}
-
 /* em_f16_to_f32 without its normalisation loop (F. Giesen's half_to_float):
  * a subnormal (or zero) is rebuilt exactly by one float subtraction,
  * 2^-14 (1 + m/1024) - 2^-14 = m 2^-24. Branch-free, so the loop is SIMD. */
@@ -101,6 +75,49 @@ EM_VEC uint16_t f32_to_f16(float x) {
   uint32_t nrm = (a - (112u << 23) + 0xfff + ((a >> 13) & 1)) >> 13;        /* 0x7c00 from 65520 on */
   uint32_t r = a >= 0x47800000u ? special : a < 0x38800000u ? sub : nrm;
   return (uint16_t)(sign | r);
+}
+
+bool em_ew_half_binary_has(int code) {
+  return code == EM_ADD || code == EM_SUB || code == EM_MUL || code == EM_DIV;
+}
+
+#define BF(p, i) em_bits_f32((uint32_t)(p)[i] << 16)
+#define HF(p, i) f16_to_f32((p)[i])
+#define BIN_LOOP(X, Y, OP, RND)                                                   \
+  for (int64_t i = 0; i < n; i++) {                                                \
+    float x = (X), y = (Y);                                                        \
+    o[i] = RND(x OP y);                                                            \
+    pair |= (x != x) & (y != y);                                                   \
+  }                                                                                \
+  return pair
+#define BIN_OPS(X, Y, RND)                                                         \
+  switch (code) {                                                                  \
+    case EM_ADD: BIN_LOOP(X, Y, +, RND);                                           \
+    case EM_SUB: BIN_LOOP(X, Y, -, RND);                                           \
+    case EM_MUL: BIN_LOOP(X, Y, *, RND);                                           \
+    default: BIN_LOOP(X, Y, /, RND);                                               \
+  }
+/* Tensor with tensor, tensor with constant, constant with tensor, two constants. */
+#define BIN_BODY(LD, RND)                                                          \
+  int pair = 0;                                                                    \
+  if (a && b) BIN_OPS(LD(a, i), LD(b, i), RND)                                     \
+  if (a) BIN_OPS(LD(a, i), cb, RND)                                                \
+  if (b) BIN_OPS(ca, LD(b, i), RND)                                                \
+  BIN_OPS(ca, cb, RND)
+
+EM_SIMD_CLONES static int bf16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                                    int64_t n) {
+  BIN_BODY(BF, em_f32_to_bf16)
+}
+
+EM_SIMD_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                                   int64_t n) {
+  BIN_BODY(HF, f32_to_f16)
+}
+
+bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                       int64_t n) {
+  return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;
 }
 
 EM_SIMD_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {

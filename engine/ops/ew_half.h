@@ -8,9 +8,9 @@
  *    every 16-bit value except NaN, which the rounding canonicalises (bf16:
  *    quieted, h | 0x40; f16: sign | 0x7e00), so a raw 16-bit select plus that
  *    canonicalisation is the same result, with no arithmetic.
- *  - bf16_binary: add, sub, mul, div of bf16 operands (unit stride, or a
- *    constant already widened to float) into a bf16 output in one pass: load,
- *    op in f32, round to nearest even. The same IEEE operations as the
+ *  - half_binary: add, sub, mul, div of bf16 (f16) operands (unit stride, or
+ *    a constant already widened to float) into a bf16 (f16) output in one
+ *    pass: load, op in f32, round to nearest even. The same IEEE operations as the
  *    generic loop (-ffp-contract=off), so no clone changes a result.
  *  - store16 / load_f16: the generic loop's unit-stride conversions between
  *    float buffers and bf16/f16, SIMD (f16 branch-free). */
@@ -26,12 +26,17 @@
 void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
                     const uint16_t *b, int64_t bs, int64_t n, bool f16);
 
-/* Whether bf16_binary runs binary op code `code` (em_binop). */
-bool em_ew_bf16_binary_has(int code);
+/* Whether half_binary runs binary op code `code` (em_binop). */
+bool em_ew_half_binary_has(int code);
 
-/* o[i] = bf16(a_i OP b_i) for i < n: a_i = bf16 a[i] widened, or ca when a is
- * NULL (likewise b); o unit stride. */
-void em_ew_bf16_binary(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n);
+/* o[i] = dt(a_i OP b_i) for i < n, dt EM_BF16 or EM_F16: a_i = a[i] widened
+ * to float, or ca when a is NULL (likewise b); o unit stride. Returns whether
+ * some a_i and b_i were both NaN: x86 returns the NaN of an instruction's
+ * first operand, and which operand of a commutative a + b or a * b comes
+ * first is the compiler's choice, different in each clone, so the caller
+ * recomputes such a piece the generic loop's way (same code, same bits). */
+bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                       int64_t n);
 
 /* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16): em_f32_to_bf16 /
  * em_f32_to_f16's bits (f16 branch-free, so it vectorises; tests/c/test_ew_half.c
