@@ -8,10 +8,10 @@
  * selects use mask registers, so the loops stop spilling (f16 add 1.25 ->
  * 0.66 ns an element hot). Integer operations and IEEE float ones only, no
  * contraction (-ffp-contract=off): every clone gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12   /* x86-64-v4: GCC 11+ */
 #define EW_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 #else
-#define EW_CLONES
+#define EW_CLONES EM_SIMD_CLONES
 #endif
 
 /* The rounding of a widened 16-bit value back to its dtype (ember/half.h),
