@@ -435,6 +435,7 @@ typedef struct {
   bool out_direct, all_direct;
   bool stream;                 /* a large contiguous output: computed into a buffer, streamed out (stream.h) */
   int fast;                    /* FAST_*: a 16-bit path of ew_half.h instead of compute() */
+  bool piece;                  /* the fast path computes into an L1 piece first (streamed, or copied out) */
   uint16_t cst[3];             /* FAST_SEL16: input q's constant in the output's dtype */
 } ew_job;
 
@@ -466,13 +467,14 @@ static void generic16(const ew_job *j, const int64_t *off, int64_t c, int64_t le
 
 /* Elements [c, c + len) of the inner row at offsets off (operand 0: the
  * output, at `out`) through the fast path: straight into the output, or into
- * an L1 piece streamed out. */
+ * an L1 piece streamed (or, for an output that is also an input, copied) out:
+ * generic16 must still read the inputs a fused piece was computed from. */
 static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out) {
   const loop_plan *p = j->p;
   int last = p->ndim - 1;
   _Alignas(64) uint16_t piece[PIECE16];
-  uint16_t *o = j->stream ? piece : out;
-  int64_t os = j->stream ? 1 : p->stride[0][last];
+  uint16_t *o = j->piece ? piece : out;
+  int64_t os = j->piece ? 1 : p->stride[0][last];
   const void *v[3];             /* input q's first element (the condition's is a bool) */
   int64_t vs[3];
   for (int q = 0; q < j->nin; q++) {
@@ -493,6 +495,7 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
       generic16(j, off, c, len, o);   /* NaN with NaN: the generic loop's payload (ew_half.h) */
   }
   if (j->stream) em_stream_copy(out, piece, len * 2);
+  else if (j->piece) memcpy(out, piece, (size_t)len * 2);
 }
 
 static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
@@ -515,7 +518,7 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   size_t out_es = em_dtype_size(j->out->dtype);
   for (int64_t t = t0; t < t1; t++) {
     int64_t end = EM_MIN(s + TASK, j->inner);
-    int64_t step = j->fast ? (j->stream ? PIECE16 : end - s) : j->all_direct && !j->stream ? end - s : CHUNK;
+    int64_t step = j->fast ? (j->piece ? PIECE16 : end - s) : j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
       if (j->fast) {
@@ -577,7 +580,7 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, {0}};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, {0}};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
@@ -591,6 +594,9 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
              em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
   for (int q = 0; q < nin; q++)
     j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
+  j.piece = j.stream;
+  for (int q = 0; q < nin && j.fast == FAST_BIN16; q++)
+    j.piece = j.piece || (in[q].t && in[q].t->storage == out->storage);   /* a += b: see fast16 */
   int64_t tasks = numel / j.inner * j.tasks_per_row;
   em_parallel_for(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }

@@ -250,6 +250,11 @@ describe("bf16/f16 add, sub, mul, div (fused loop)", function()
         assert.is_false(a2:is_contiguous())
         assert_same_bits(a[name](a, b), ref, dt .. " " .. name .. " of NaNs")
         assert_same_bits(a2[name](a2, b), ref, dt .. " " .. name .. " of NaNs, generic loop")
+        for _, m in ipairs(MODES) do                             -- in place: the recompute reads a as it was
+          local c = a:clone()
+          with(m[1], m[2], function() c[name .. "_"](c, b) end)
+          assert_same_bits(c, ref, dt .. " " .. name .. "_ of NaNs in place, " .. m[3])
+        end
       end
     end)
 
