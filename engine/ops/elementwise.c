@@ -29,6 +29,7 @@
 #include "cost.h"
 #include "parallel.h"
 #include "stream.h"
+#include "ew_half.h"
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -302,6 +303,10 @@ static const void *load(int cls, const em_tensor *t, int64_t off, int64_t st, in
     em_convert(b->f, EM_F32, (const uint16_t *)t->storage->data + off, EM_BF16, n);
     return b;
   }
+  if (st == 1 && cls == C_F32 && t->dtype == EM_F16) {   /* a SIMD loop of em_f16_to_f32's bits (ew_half.h) */
+    em_ew_load_f16(b->f, (const uint16_t *)t->storage->data + off, n);
+    return b;
+  }
   switch (cls) {
     case C_F32: load_f32(b->f, t, off, st, n); break;
     case C_F64: load_f64(b->d, t, off, st, n); break;
@@ -353,8 +358,8 @@ static void store_i64(em_tensor *t, int64_t off, int64_t st, int64_t n, const in
 #undef TO_INT
 
 static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, const chunk_buf *b) {
-  if (st == 1 && cls == C_F32 && t->dtype == EM_BF16) {   /* as in load(): a strided scalar loop was 3x slower */
-    em_convert((uint16_t *)t->storage->data + off, EM_BF16, b->f, EM_F32, n);
+  if (st == 1 && cls == C_F32 && (t->dtype == EM_BF16 || t->dtype == EM_F16)) {   /* as in load(): SIMD */
+    em_ew_store16((uint16_t *)t->storage->data + off, t->dtype, b->f, n);
     return;
   }
   switch (cls) {
@@ -428,8 +433,70 @@ typedef struct {
   const loop_plan *p;
   int64_t inner, tasks_per_row, base[4];
   bool out_direct, all_direct;
-  bool stream;                 /* a large contiguous output: computed into buf[0], streamed out (stream.h) */
+  bool stream;                 /* a large contiguous output: computed into a buffer, streamed out (stream.h) */
+  int fast;                    /* FAST_*: a 16-bit path of ew_half.h instead of compute() */
+  bool piece;                  /* the fast path computes into an L1 piece first (streamed, or copied out) */
+  uint16_t cst[3];             /* FAST_SEL16: input q's constant in the output's dtype */
 } ew_job;
+
+enum { FAST_NONE, FAST_SEL16, FAST_BIN16 };
+/* Elements of a 16-bit output a fast path computes before streaming them out. */
+#define PIECE16 (EM_STREAM_PIECE / 2)
+
+/* Elements [c, c + len) of the inner row at offsets off computed as the
+ * generic loop does (CHUNK at a time from the same boundaries: c is a multiple
+ * of CHUNK), rounded into the unit-stride 16-bit o. */
+static void generic16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, uint16_t *o) {
+  const loop_plan *p = j->p;
+  const kern *k = j->k;
+  int last = p->ndim - 1;
+  chunk_buf buf[4];
+  for (int q = 0; q < j->nin; q++)
+    if (!j->in[q].t) fill_const(k->cls, &buf[q + 1], j->in[q].c, CHUNK);
+  for (int64_t c0 = 0; c0 < len; c0 += CHUNK) {
+    int64_t n = EM_MIN(CHUNK, len - c0);
+    const void *src[3];
+    for (int q = 0; q < j->nin; q++) {
+      int64_t st = p->stride[q + 1][last];
+      src[q] = j->in[q].t ? load(k->cls, j->in[q].t, off[q + 1] + (c + c0) * st, st, n, &buf[q + 1]) : &buf[q + 1];
+    }
+    compute(k, &buf[0], src, n);
+    em_ew_store16(o + c0, j->out->dtype, buf[0].f, n);
+  }
+}
+
+/* Elements [c, c + len) of the inner row at offsets off (operand 0: the
+ * output, at `out`) through the fast path: straight into the output, or into
+ * an L1 piece streamed (or, for an output that is also an input, copied) out:
+ * generic16 must still read the inputs a fused piece was computed from. */
+static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out) {
+  const loop_plan *p = j->p;
+  int last = p->ndim - 1;
+  _Alignas(64) uint16_t piece[PIECE16];
+  uint16_t *o = j->piece ? piece : out;
+  int64_t os = j->piece ? 1 : p->stride[0][last];
+  const void *v[3];             /* input q's first element (the condition's is a bool) */
+  int64_t vs[3];
+  for (int q = 0; q < j->nin; q++) {
+    const em_tensor *t = j->in[q].t;
+    vs[q] = t ? p->stride[q + 1][last] : 0;
+    v[q] = t ? (const char *)t->storage->data + (off[q + 1] + c * vs[q]) * (int64_t)em_dtype_size(t->dtype)
+             : (const void *)&j->cst[q];
+  }
+  if (j->fast == FAST_SEL16) {
+    em_ew_select16(o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
+  } else {   /* FAST_BIN16: a per-row tensor value (stride 0) or a number is a float constant */
+    float cv[2];
+    for (int q = 0; q < 2; q++) {
+      uint16_t h = j->in[q].t ? *(const uint16_t *)v[q] : 0;
+      cv[q] = !j->in[q].t ? (float)j->in[q].c : j->out->dtype == EM_F16 ? em_f16_to_f32(h) : em_bf16_to_f32(h);
+    }
+    if (em_ew_half_binary(j->k->code, j->out->dtype, o, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len))
+      generic16(j, off, c, len, o);   /* NaN with NaN: the generic loop's payload (ew_half.h) */
+  }
+  if (j->stream) em_stream_copy(out, piece, len * 2);
+  else if (j->piece) memcpy(out, piece, (size_t)len * 2);
+}
 
 static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   const ew_job *j = ctx;
@@ -451,9 +518,13 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   size_t out_es = em_dtype_size(j->out->dtype);
   for (int64_t t = t0; t < t1; t++) {
     int64_t end = EM_MIN(s + TASK, j->inner);
-    int64_t step = j->all_direct && !j->stream ? end - s : CHUNK;
+    int64_t step = j->fast ? (j->piece ? PIECE16 : end - s) : j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
+      if (j->fast) {
+        fast16(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es);
+        continue;
+      }
       const void *src[3];
       for (int q = 0; q < nin; q++) {
         int64_t st = p->stride[q + 1][last];
@@ -462,8 +533,12 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
       int64_t o0 = off[0] + c * p->stride[0][last];
       void *out = (char *)j->out->storage->data + o0 * (int64_t)out_es;
       compute(k, j->out_direct && !j->stream ? out : (void *)&buf[0], src, len);
-      if (j->stream) em_stream_copy(out, &buf[0], len * (int64_t)out_es);
-      else if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
+      if (j->stream && j->out_direct) em_stream_copy(out, &buf[0], len * (int64_t)out_es);
+      else if (j->stream) {   /* a bf16/f16 output: rounded into an L1 buffer, then streamed */
+        _Alignas(64) uint16_t h[CHUNK];
+        em_ew_store16(h, j->out->dtype, buf[0].f, len);
+        em_stream_copy(out, h, len * 2);
+      } else if (!j->out_direct) store(k->cls, j->out, o0, p->stride[0][last], len, &buf[0]);
     }
     s = end;
     if (s < j->inner) continue;
@@ -477,6 +552,27 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
+/* The ew_half.h path that computes this 16-bit output (C_F32 into bf16/f16),
+ * or FAST_NONE: where/masked_fill with a bool condition and every value a
+ * tensor of the output's dtype or a constant (any strides); add/sub/mul/div
+ * into a unit-stride output from tensors of its dtype, each unit-stride or one
+ * value per row along the inner dim, or numbers. */
+static int fast_path(const kern *k, const em_tensor *out, int nin, const operand *in, const loop_plan *p) {
+  int last = p->ndim - 1;
+  if (k->kind == K_WHERE && nin == 3 && in[0].t && in[0].t->dtype == EM_BOOL) {
+    for (int q = 1; q < 3; q++)
+      if (in[q].t && in[q].t->dtype != out->dtype) return FAST_NONE;
+    return FAST_SEL16;
+  }
+  if (k->kind == K_BINARY && nin == 2 && em_ew_half_binary_has(k->code) && p->stride[0][last] == 1) {
+    for (int q = 0; q < 2; q++)
+      if (in[q].t && (in[q].t->dtype != out->dtype || (p->stride[q + 1][last] != 0 && p->stride[q + 1][last] != 1)))
+        return FAST_NONE;
+    return FAST_BIN16;
+  }
+  return FAST_NONE;
+}
+
 static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, int nd, const int64_t *shape) {
   const em_tensor *ts[4] = {out, NULL, NULL, NULL};
   for (int j = 0; j < nin; j++) ts[j + 1] = in[j].t;
@@ -484,14 +580,23 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, {0}};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
   j.all_direct = j.out_direct;
-  j.stream = j.out_direct && em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
+  bool half = k->cls == C_F32 && (out->dtype == EM_BF16 || out->dtype == EM_F16);
+  j.fast = half ? fast_path(k, out, nin, in, &p) : FAST_NONE;
+  if (j.fast == FAST_SEL16)
+    for (int q = 1; q < 3; q++)
+      if (!in[q].t) j.cst[q] = out->dtype == EM_BF16 ? em_f32_to_bf16((float)in[q].c) : em_f32_to_f16((float)in[q].c);
+  j.stream = (j.out_direct || half) && p.stride[0][last] == 1 &&
+             em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
   for (int q = 0; q < nin; q++)
     j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
+  j.piece = j.stream;
+  for (int q = 0; q < nin && j.fast == FAST_BIN16; q++)
+    j.piece = j.piece || (in[q].t && in[q].t->storage == out->storage);   /* a += b: see fast16 */
   int64_t tasks = numel / j.inner * j.tasks_per_row;
   em_parallel_for(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }

@@ -1,0 +1,147 @@
+/* The CPU elementwise loop's 16-bit fast paths: see ew_half.h. */
+#include "ew_half.h"
+#include "ember/ops.h"
+#include "vec_math.h"
+
+/* vec_math.h's clones with x86-64-v4 (AVX-512 BW/VL) for avx512f: the
+ * conversions need many registers, and with BW/VL the 16-bit packing and the
+ * selects use mask registers, so the loops stop spilling (f16 add 1.25 ->
+ * 0.66 ns an element hot). Integer operations and IEEE float ones only, no
+ * contraction (-ffp-contract=off): every clone gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12   /* x86-64-v4: GCC 11+ */
+#define EW_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#else
+#define EW_CLONES EM_SIMD_CLONES
+#endif
+
+/* The rounding of a widened 16-bit value back to its dtype (ember/half.h),
+ * which changes only NaNs: em_f32_to_bf16 quiets (h | 0x40), em_f32_to_f16
+ * maps every NaN to sign | 0x7e00. */
+#define CANON_BF16(v) ((uint16_t)(((v) & 0x7fff) > 0x7f80 ? ((v) | 0x40) : (v)))
+#define CANON_F16(v) ((uint16_t)(((v) & 0x7fff) > 0x7c00 ? (((v) & 0x8000) | 0x7e00) : (v)))
+
+/* Both values loaded unconditionally: a blend, not a branch per element. */
+#define SEL_LOOP(CANON, CS, AS, BS)                                              \
+  for (int64_t i = 0; i < n; i++) {                                              \
+    uint16_t av = a[i * (AS)], bv = b[i * (BS)], v = c[i * (CS)] != 0 ? av : bv; \
+    o[i] = CANON(v);                                                             \
+  }                                                                              \
+  return
+
+/* The unit-stride output with each input unit-stride or one value (the
+ * attention mask over scores, masked_fill's constant) gets a loop of its own. */
+#define SEL_BODY(CANON)                                                          \
+  if (os == 1 && cs >= 0 && cs <= 1 && as >= 0 && as <= 1 && bs >= 0 && bs <= 1) { \
+    switch (cs * 4 + as * 2 + bs) {                                              \
+      case 7: SEL_LOOP(CANON, 1, 1, 1);                                          \
+      case 6: SEL_LOOP(CANON, 1, 1, 0);                                          \
+      case 5: SEL_LOOP(CANON, 1, 0, 1);                                          \
+      case 4: SEL_LOOP(CANON, 1, 0, 0);                                          \
+      case 3: SEL_LOOP(CANON, 0, 1, 1);                                          \
+      case 2: SEL_LOOP(CANON, 0, 1, 0);                                          \
+      case 1: SEL_LOOP(CANON, 0, 0, 1);                                          \
+      default: SEL_LOOP(CANON, 0, 0, 0);                                         \
+    }                                                                            \
+  }                                                                              \
+  for (int64_t i = 0; i < n; i++) {                                              \
+    uint16_t v = c[i * cs] != 0 ? a[i * as] : b[i * bs];                         \
+    o[i * os] = CANON(v);                                                        \
+  }
+
+EW_CLONES static void sel_bf16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
+                                    int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
+  SEL_BODY(CANON_BF16)
+}
+
+EW_CLONES static void sel_f16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
+                                   int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
+  SEL_BODY(CANON_F16)
+}
+
+void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
+                    const uint16_t *b, int64_t bs, int64_t n, bool f16) {
+  if (f16) sel_f16(o, os, c, cs, a, as, b, bs, n);
+  else sel_bf16(o, os, c, cs, a, as, b, bs, n);
+}
+
+/* em_f16_to_f32 without its normalisation loop (F. Giesen's half_to_float):
+ * a subnormal (or zero) is rebuilt exactly by one float subtraction,
+ * 2^-14 (1 + m/1024) - 2^-14 = m 2^-24. Branch-free, so the loop is SIMD. */
+EM_VEC float f16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)(h & 0x7fff) << 13, e = u & 0x0f800000u;
+  u += (uint32_t)(127 - 15) << 23;
+  uint32_t sub = em_f32_bits(em_bits_f32(u + (1u << 23)) - em_bits_f32(113u << 23));
+  uint32_t r = e == 0x0f800000u ? u + ((uint32_t)(128 - 16) << 23) : e == 0 ? sub : u;   /* inf/NaN, subnormal */
+  return em_bits_f32(r | (uint32_t)(h & 0x8000) << 16);
+}
+
+/* em_f32_to_f16 with selects for its early returns (Giesen's
+ * float_to_half_fast3_rtne): a result below 2^-14 is rounded to nearest even
+ * by the FPU, adding 0.5 (whose ulp is f16's least subnormal, 2^-24); a
+ * normal one by adding 0xfff plus the kept mantissa's low bit. */
+EM_VEC uint16_t f32_to_f16(float x) {
+  uint32_t u = em_f32_bits(x), sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+  uint32_t special = a > 0x7f800000u ? 0x7e00 : 0x7c00;                      /* NaN, or inf / overflow */
+  uint32_t sub = em_f32_bits(em_bits_f32(a) + em_bits_f32(126u << 23)) - (126u << 23);
+  uint32_t nrm = (a - (112u << 23) + 0xfff + ((a >> 13) & 1)) >> 13;        /* 0x7c00 from 65520 on */
+  uint32_t r = a >= 0x47800000u ? special : a < 0x38800000u ? sub : nrm;
+  return (uint16_t)(sign | r);
+}
+
+bool em_ew_half_binary_has(int code) {
+  return code == EM_ADD || code == EM_SUB || code == EM_MUL || code == EM_DIV;
+}
+
+#define BF(p, i) em_bits_f32((uint32_t)(p)[i] << 16)
+#define HF(p, i) f16_to_f32((p)[i])
+#define BIN_LOOP(X, Y, OP, RND)                                                   \
+  for (int64_t i = 0; i < n; i++) {                                                \
+    float x = (X), y = (Y);                                                        \
+    o[i] = RND(x OP y);                                                            \
+    pair |= (x != x) & (y != y);                                                   \
+  }                                                                                \
+  return pair
+#define BIN_OPS(X, Y, RND)                                                         \
+  switch (code) {                                                                  \
+    case EM_ADD: BIN_LOOP(X, Y, +, RND);                                           \
+    case EM_SUB: BIN_LOOP(X, Y, -, RND);                                           \
+    case EM_MUL: BIN_LOOP(X, Y, *, RND);                                           \
+    default: BIN_LOOP(X, Y, /, RND);                                               \
+  }
+/* Tensor with tensor, tensor with constant, constant with tensor, two constants. */
+#define BIN_BODY(LD, RND)                                                          \
+  int pair = 0;                                                                    \
+  if (a && b) BIN_OPS(LD(a, i), LD(b, i), RND)                                     \
+  if (a) BIN_OPS(LD(a, i), cb, RND)                                                \
+  if (b) BIN_OPS(ca, LD(b, i), RND)                                                \
+  BIN_OPS(ca, cb, RND)
+
+EW_CLONES static int bf16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                                    int64_t n) {
+  BIN_BODY(BF, em_f32_to_bf16)
+}
+
+EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                                   int64_t n) {
+  BIN_BODY(HF, f32_to_f16)
+}
+
+bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                       int64_t n) {
+  return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;
+}
+
+EW_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(s[i]);
+}
+
+EW_CLONES static void from_f16s(float *d, const uint16_t *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = f16_to_f32(s[i]);
+}
+
+void em_ew_load_f16(float *d, const uint16_t *s, int64_t n) { from_f16s(d, s, n); }
+
+void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n) {
+  if (dt == EM_F16) to_f16s(d, s, n);
+  else em_convert(d, EM_BF16, s, EM_F32, n);
+}

@@ -1,0 +1,50 @@
+/* The CPU elementwise loop's 16-bit fast paths (engine/ops/elementwise.c),
+ * compiled for SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
+ *
+ * Each gives the bits the generic path gives (widen to f32, compute, round
+ * once with ember/half.h), without the f32 buffers in between:
+ *  - select16: where/masked_fill into bf16/f16 with every value a tensor of the
+ *    output's dtype or a constant. Widening then rounding is the identity on
+ *    every 16-bit value except NaN, which the rounding canonicalises (bf16:
+ *    quieted, h | 0x40; f16: sign | 0x7e00), so a raw 16-bit select plus that
+ *    canonicalisation is the same result, with no arithmetic.
+ *  - half_binary: add, sub, mul, div of bf16 (f16) operands (unit stride, or
+ *    a constant already widened to float) into a bf16 (f16) output in one
+ *    pass: load, op in f32, round to nearest even. The same IEEE operations as the
+ *    generic loop (-ffp-contract=off), so no clone changes a result.
+ *  - store16 / load_f16: the generic loop's unit-stride conversions between
+ *    float buffers and bf16/f16, SIMD (f16 branch-free). */
+#ifndef EMBER_OPS_EW_HALF_H
+#define EMBER_OPS_EW_HALF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "ember/dtype.h"
+
+/* o[i*os] = canon(c[i*cs] != 0 ? a[i*as] : b[i*bs]) for i < n, strides in
+ * elements (0: one value for every i), canon the dtype's NaN rule (f16: true). */
+void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
+                    const uint16_t *b, int64_t bs, int64_t n, bool f16);
+
+/* Whether half_binary runs binary op code `code` (em_binop). */
+bool em_ew_half_binary_has(int code);
+
+/* o[i] = dt(a_i OP b_i) for i < n, dt EM_BF16 or EM_F16: a_i = a[i] widened
+ * to float, or ca when a is NULL (likewise b); o unit stride. Returns whether
+ * some a_i and b_i were both NaN: x86 returns the NaN of an instruction's
+ * first operand, and which operand of a commutative a + b or a * b comes
+ * first is the compiler's choice, different in each clone, so the caller
+ * recomputes such a piece the generic loop's way (same code, same bits). */
+bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                       int64_t n);
+
+/* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16): em_f32_to_bf16 /
+ * em_f32_to_f16's bits (f16 branch-free, so it vectorises; tests/c/test_ew_half.c
+ * sweeps every float). */
+void em_ew_store16(uint16_t *d, em_dtype dt, const float *s, int64_t n);
+
+/* d[0..n) = s[0..n) widened from f16: em_f16_to_f32's bits, branch-free
+ * (its subnormal loop does not vectorise). */
+void em_ew_load_f16(float *d, const uint16_t *s, int64_t n);
+
+#endif
