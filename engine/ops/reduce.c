@@ -150,7 +150,8 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
 static double sum_run_bf16(const uint16_t *x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512(x, n);
+  static int ab = -1; if (ab < 0) ab = getenv("EM_AB") ? atoi(getenv("EM_AB")) : 0; /* AB-TEMP */
+  if (__builtin_cpu_supports("avx512f")) return ab == 1 ? em_sum_bf16_avx512(x, n) : em_sum_bf16_avx512u(x, n);
 #endif
   return sum_run_bf16_c(x, n);
 }
@@ -355,7 +356,7 @@ static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base) {
   int nan;
   int64_t from = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  float m = __builtin_cpu_supports("avx512f") ? em_extreme_from_bf16_avx512(x, n, e->is_max, &nan, &from)
+  float m = __builtin_cpu_supports("avx512bw") ? em_extreme_from_bf16_avx512(x, n, e->is_max, &nan, &from)
                                               : ext_lanes_bf16(x, n, e->is_max, &nan);
 #else
   float m = ext_lanes_bf16(x, n, e->is_max, &nan);
