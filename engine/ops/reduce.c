@@ -584,11 +584,13 @@ typedef union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_accs;
 static _Thread_local col_accs col_tls;
 
 /* Tasks [w0, w1) with the calling thread's accumulators t, passed in rather
- * than read from col_tls here: the engine is position-independent code, and
- * GCC propagated col_tls's address into col8_bf16_avx512 and recomputed it
- * there once per eight columns (a __tls_get_addr call, with a vzeroupper and
- * a spill of the sum: 2-core VM, L2-resident bf16 (32, 4096) column sum
- * 0.23 ns an element against a row sum's 0.12; noipa on it keeps acc a parameter). */
+ * than read from col_tls here: the engine is compiled as position-independent
+ * code, and GCC propagated col_tls's address into col8_bf16_avx512 and
+ * recomputed it there once per eight columns, as a __tls_get_addr call with a
+ * vzeroupper and a spill of the sum around it (the linker relaxes the call to
+ * a %fs load in the ember executable; the vzeroupper and the spill stay, and
+ * a shared build would keep the call). noipa on col8_bf16_avx512 keeps acc a
+ * parameter. */
 EM_SIMD_CLONES static void col_run(const col_job *j, int64_t w0, int64_t w1, col_accs *t) {
   const rplan *p = j->p;
   double *acc = t->d, *buf = t->d + COL_WIDTH;
