@@ -150,7 +150,7 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
 static double sum_run_bf16(const uint16_t *x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512(x, n);
+  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512u(x, n);
 #endif
   return sum_run_bf16_c(x, n);
 }
@@ -347,14 +347,21 @@ static int64_t find_bf16(const uint16_t *x, int64_t n, float v) {
   return find_bf16_c(x, n, v);
 }
 
-/* ext_run_f32 over a contiguous bf16 run. */
+/* ext_run_f32 over a contiguous bf16 run. On AVX-512 the pass also gives
+ * the sub-block where the extreme first lies, and the search starts there. */
 static void ext_run_bf16(void *s, const uint16_t *x, int64_t n, int64_t base) {
   fext *e = s;
   if (n == 0 || (e->any && isnan(e->v))) return;
   int nan;
+  int64_t from = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  float m = __builtin_cpu_supports("avx512bw") ? em_extreme_from_bf16_avx512(x, n, e->is_max, &nan, &from)
+                                              : ext_lanes_bf16(x, n, e->is_max, &nan);
+#else
   float m = ext_lanes_bf16(x, n, e->is_max, &nan);
+#endif
   if (!nan && e->any && !(e->is_max ? m > e->v : m < e->v)) return;
-  int64_t at = find_bf16(x, n, nan ? NAN : m);
+  int64_t at = from + find_bf16(x + from, n - from, nan ? NAN : m);
   e->v = em_bf16_to_f32(x[at]); e->idx = base + at; e->any = true;
 }
 
@@ -539,11 +546,29 @@ static inline double bf16_d(uint16_t h) { return em_bf16_to_f32(h); }
  * register: the same additions in the same order as the C loop (GCC
  * vectorises that one in 256-bit halves with shuffles between them, bound by
  * the core at ~12 GB/s on the 2-core VM). Returns the columns done (a
- * multiple of 8); the C loop takes the rest. */
-__attribute__((target("avx512f"))) static int64_t col8_bf16_avx512(double *acc, const uint16_t *const y[8], int64_t n) {
+ * multiple of 8); the C loop takes the rest. noipa: see col_run. */
+__attribute__((target("avx512f"), noipa)) static int64_t col8_bf16_avx512(double *acc, const uint16_t *const y[8], int64_t n) {
 #define D8(r) _mm512_cvtps_pd(_mm256_castsi256_ps(                                     \
     _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(y[r] + q))), 16)))
   int64_t q = 0;
+  /* sixteen columns a step widened by unpacks with zero (8 rows: 48 uops
+   * against 64): each register holds columns 0-3 and 8-11, or 4-7 and
+   * 12-15, put back in order before the accumulator; each column's
+   * additions are the same */
+  const __m256i z = _mm256_setzero_si256();
+#define LH(r) __m256i p##r = _mm256_loadu_si256((const __m256i *)(y[r] + q));                        \
+  __m512d l##r = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, p##r)));               \
+  __m512d h##r = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, p##r)));
+  for (; q + 16 <= n; q += 16) {
+    LH(0) LH(1) LH(2) LH(3) LH(4) LH(5) LH(6) LH(7)
+    __m512d lo = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(l0, l1), _mm512_add_pd(l2, l3)),
+                               _mm512_add_pd(_mm512_add_pd(l4, l5), _mm512_add_pd(l6, l7)));
+    __m512d hi = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(h0, h1), _mm512_add_pd(h2, h3)),
+                               _mm512_add_pd(_mm512_add_pd(h4, h5), _mm512_add_pd(h6, h7)));
+    _mm512_storeu_pd(acc + q, _mm512_add_pd(_mm512_loadu_pd(acc + q), _mm512_shuffle_f64x2(lo, hi, 0x44)));
+    _mm512_storeu_pd(acc + q + 8, _mm512_add_pd(_mm512_loadu_pd(acc + q + 8), _mm512_shuffle_f64x2(lo, hi, 0xee)));
+  }
+#undef LH
   for (; q + 8 <= n; q += 8) {
     __m512d a = _mm512_add_pd(_mm512_add_pd(D8(0), D8(1)), _mm512_add_pd(D8(2), D8(3)));
     __m512d b = _mm512_add_pd(_mm512_add_pd(D8(4), D8(5)), _mm512_add_pd(D8(6), D8(7)));
@@ -555,13 +580,21 @@ __attribute__((target("avx512f"))) static int64_t col8_bf16_avx512(double *acc, 
 #endif
 
 /* Per-thread column accumulators (64 KiB: off the workers' stacks). */
-static _Thread_local union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_tls;
+typedef union { double d[2 * COL_WIDTH]; int64_t i[2 * COL_WIDTH]; } col_accs;
+static _Thread_local col_accs col_tls;
 
-EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
-  const col_job *j = ctx;
+/* Tasks [w0, w1) with the calling thread's accumulators t, passed in rather
+ * than read from col_tls here: the engine is compiled as position-independent
+ * code, and GCC propagated col_tls's address into col8_bf16_avx512 and
+ * recomputed it there once per eight columns, as a __tls_get_addr call with a
+ * vzeroupper and a spill of the sum around it (the linker relaxes the call to
+ * a %fs load in the ember executable; the vzeroupper and the spill stay, and
+ * a shared build would keep the call). noipa on col8_bf16_avx512 keeps acc a
+ * parameter. */
+EM_SIMD_CLONES static void col_run(const col_job *j, int64_t w0, int64_t w1, col_accs *t) {
   const rplan *p = j->p;
-  double *acc = col_tls.d, *buf = col_tls.d + COL_WIDTH;
-  int64_t *iacc = col_tls.i, *ibuf = col_tls.i + COL_WIDTH;
+  double *acc = t->d, *buf = t->d + COL_WIDTH;
+  int64_t *iacc = t->i, *ibuf = t->i + COL_WIDTH;
   for (int64_t w = w0; w < w1; w++) {
     int64_t b = w % j->nb, kc = (w / j->nb) % j->kch, o = w / j->nb / j->kch;
     int64_t k0 = kc * COL_WIDTH, n = EM_MIN(COL_WIDTH, j->K - k0), r0 = b * COL_ROWS, r1 = EM_MIN(r0 + COL_ROWS, p->n_red);
@@ -634,6 +667,8 @@ EM_SIMD_CLONES static void col_tasks(void *ctx, int64_t w0, int64_t w1) {
   }
 }
 
+static void col_tasks(void *ctx, int64_t w0, int64_t w1) { col_run(ctx, w0, w1, &col_tls); }
+
 /* Blocks' column sums added in block order, in tasks of (outer, COMBINE
  * columns): one task per 4096-column band left a 32-block combine (1 MiB of
  * partials for a (4096, 4096) sum over dim 0) on one thread while the others
@@ -673,7 +708,10 @@ static int column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool i
   if (j.nb > 1 && !(j.parts = malloc(8 * (size_t)(tasks * j.slot))))
     return em_error_oom("out of memory: sum partials (%lld)", (long long)(tasks * j.slot));
   em_parallel_for(tasks, em_grain(EM_MIN(COL_ROWS, p->n_red) * j.slot), col_tasks, &j);
-  if (j.nb > 1) em_parallel_for(outer * ((j.K + COMBINE - 1) / COMBINE), em_grain(j.nb * EM_MIN(j.K, COMBINE)),
+  /* a partial read in the combine is another core's write (a cache miss, not a
+   * simple op): cost 4 a value, so a (4096, 4096) sum over dim 0 (32 blocks, 1 MiB
+   * of partials) spreads its 16 tasks over 16 threads rather than 4 */
+  if (j.nb > 1) em_parallel_for(outer * ((j.K + COMBINE - 1) / COMBINE), em_grain(4 * j.nb * EM_MIN(j.K, COMBINE)),
                                 col_combine, &j);
   free(j.parts);
   return 0;

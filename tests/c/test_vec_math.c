@@ -181,12 +181,64 @@ TEST(bf16_kernels_match_f32_and_the_lane_order) {
     exact = exact && memcmp(&got, &acc[0], 8) == 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
-      double g512 = em_sum_bf16_avx512(h, n);
-      exact = exact && memcmp(&g512, &acc[0], 8) == 0;
+      double g512 = em_sum_bf16_avx512(h, n), u512 = em_sum_bf16_avx512u(h, n);
+      exact = exact && memcmp(&g512, &acc[0], 8) == 0 && memcmp(&u512, &acc[0], 8) == 0;
     }
 #endif
   }
   CHECK(exact);
+}
+
+/* em_extreme_from_bf16_avx512: the extreme and the NaN flag of the f32
+ * kernel, and a start from which em_find_bf16 finds the same first position
+ * as a search of the whole run: lengths around the 64-value steps, the
+ * 256-value sub-blocks and EXT16's 4096; the extreme placed in one or two
+ * sub-blocks (the later one in a lower lane), in the tail, on -0/+0 ties,
+ * behind a NaN, or everywhere (-inf rows). */
+TEST(bf16_extreme_from_names_the_first_sub_block) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!__builtin_cpu_supports("avx512bw")) return;
+  enum { N = 4200 };
+  static uint16_t h[N];
+  static float w[N];
+  const int lens[] = {1, 5, 63, 64, 65, 127, 255, 256, 257, 300, 511, 512, 513, 1000, 4095, 4096, 4097, 4200};
+  srand(29);
+  int ok = 1, cases = 0;
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+    int n = lens[li];
+    for (int kind = 0; kind < 7; kind++) {
+      for (int rep = 0; rep < 12; rep++) {
+        for (int i = 0; i < n; i++) {
+          float f = (float)(rand() % 100) - 100.0f;           /* below the extremes placed next */
+          if (kind == 2) f = rand() & 1 ? -0.0f : 0.0f;        /* +-0 ties everywhere, and negatives */
+          if (kind == 2 && rand() % 3 == 0) f = -(float)(1 + rand() % 9);
+          if (kind == 5) f = -INFINITY;
+          h[i] = bf16_of(f);
+        }
+        int p = rand() % n, q = rand() % n;
+        if (kind == 0) h[p] = bf16_of(5.0f);                                          /* one maximum */
+        if (kind == 1) { h[p] = bf16_of(5.0f); h[q] = bf16_of(5.0f); }                /* two, anywhere */
+        if (kind == 3) { h[p] = bf16_of(5.0f); h[q] = bf16_of(NAN); }                 /* a NaN wins */
+        if (kind == 4) { h[p] = bf16_of(5.0f); h[n - 1] = bf16_of(9.0f); }            /* the tail's */
+        if (kind == 6) { int a = p & ~255, b = (a + 256 + (p & 63)) % n;              /* tie in a lower lane */
+                         h[p] = bf16_of(5.0f); h[b] = bf16_of(5.0f); h[a + (p & 15)] = bf16_of(-0.0f); }
+        for (int i = 0; i < n; i++) w[i] = fbits((uint32_t)h[i] << 16);
+        for (int is_max = 0; is_max < 2; is_max++) {
+          int nan32, nan512;
+          int64_t from = -1;
+          float b = em_extreme_f32(w, n, is_max, &nan32), c = em_extreme_from_bf16_avx512(h, n, is_max, &nan512, &from);
+          ok = ok && nan512 == nan32 && (nan32 || c == b) && from >= 0 && from <= n;
+          float v = nan32 ? NAN : b;
+          int64_t first = em_find_f32(w, n, v);
+          ok = ok && from <= first && from + em_find_bf16(h + from, n - from, v) == first;
+          cases++;
+        }
+      }
+    }
+  }
+  CHECK(ok);
+  CHECK(cases == 18 * 7 * 12 * 2);
+#endif
 }
 
 int main(void) {
@@ -196,5 +248,6 @@ int main(void) {
   RUN(lane_sums_and_maxima);
   RUN(extreme_and_find_match_a_loop);
   RUN(bf16_kernels_match_f32_and_the_lane_order);
+  RUN(bf16_extreme_from_names_the_first_sub_block);
   TEST_MAIN_END();
 }

@@ -260,6 +260,57 @@ describe("sum and mean", function()
     assert.same(i64:tolist(), i:tolist())
   end)
 
+  -- The bf16 max/min pass also names the 256-value sub-block where the
+  -- extreme first lies, and the search for its index starts there: rows
+  -- around the 64-value steps, the sub-blocks and the 4096-value passes, the
+  -- extreme in one or two places, on -0/+0 ties, behind a NaN; values and
+  -- indices as the f64 path (a separate walk) gives them, zeros' signs too.
+  it("bf16 max/min over the last dim: first index around the sub-block edges, ties, -0/+0, NaN", function()
+    ember.manual_seed(20)
+    math.randomseed(20)
+    for _, len in ipairs({63, 64, 65, 255, 256, 257, 513, 4095, 4096, 4097, 8300}) do
+      local rows = {}
+      for r = 1, 24 do
+        local row = {}
+        for i = 1, len do row[i] = -math.random(1, 100) end
+        local p, q = math.random(1, len), math.random(1, len)
+        if r % 6 == 1 then row[p] = 5 end
+        if r % 6 == 2 then row[p], row[q] = 5, 5 end
+        if r % 6 == 3 then                                     -- the same sub-block offset, one block apart
+          local b = ((p - 1) // 256 + 1) * 256 + (p - 1) % 16 + 1
+          row[p] = 5
+          if b <= len then row[b] = 5 end
+        end
+        if r % 6 == 4 then for i = 1, len do if math.random() < 0.3 then row[i] = math.random() < 0.5 and 0.0 or -0.0 end end end
+        if r % 6 == 5 then row[p], row[q] = 5, 0 / 0 end
+        if r % 6 == 0 then row[len] = 7; row[p] = 7 end
+        rows[r] = row
+      end
+      local x = ember.tensor(rows):to("bf16")
+      for _, f in ipairs({"max", "min"}) do
+        local v, i = x[f](x, -1)
+        local v64, i64 = x:to("f64")[f](x:to("f64"), -1)
+        local what = ("%s over rows of %d"):format(f, len)
+        assert.same(i64:tolist(), i:tolist(), what .. ": indices")
+        local a, b = v:to("f64"), v64
+        assert.same(b:ne(b):tolist(), a:ne(a):tolist(), what .. ": NaNs")
+        a, b = a:masked_fill(a:ne(a), 1), b:masked_fill(b:ne(b), 1)
+        assert.same(b:tolist(), a:tolist(), what .. ": values")
+        assert.same(b:reciprocal():tolist(), a:reciprocal():tolist(), what .. ": signs of zeros")
+      end
+    end
+  end)
+
+  it("bf16 column sums in 16-column steps, an 8-column step and single columns equal the row sums (integers: exact)",
+    function()
+      ember.manual_seed(21)
+      for _, k in ipairs({7, 8, 15, 16, 17, 24, 31, 33, 300, 4100}) do
+        local x = ember.randint(-50, 50, {27, k}):to("bf16")   -- 3 groups of 8 rows and 3 rows
+        local got, want = x:sum(0), x:t():contiguous():sum(-1)
+        assert.same(want:to("f64"):tolist(), got:to("f64"):tolist(), ("%d columns"):format(k))
+      end
+    end)
+
   it("a long f32 sum is accurate: 10^6 × 0.1 is within 1e-6 relative of 100000", function()
     -- float(0.1) · 10^6 = 100000.0014901…; naive f32 accumulation drifts by ~1%
     local r = ember.full({1000000}, 0.1):sum():item()

@@ -219,7 +219,8 @@ describe("CPU results at 1 and 3 threads on shapes past one reduction block", fu
   end
 
   -- bf16 reductions read runs in place (32 double lanes for sums, a max pass
-  -- per 4096 values) and column sums take eight rows at a time: the same bits
+  -- per 4096 values naming the sub-block of its extreme) and column sums take
+  -- eight rows at a time, sixteen columns a step: the same bits
   -- at 1, 2, 3 and 16 threads. Values spread over 2^-40 .. 2^40 so that a sum
   -- in double depends on its order (randn's would be exact in any order).
   local function wide_bf16(shape)
@@ -234,6 +235,10 @@ describe("CPU results at 1 and 3 threads on shapes past one reduction block", fu
     {"max over dim 1 of (3, 70000)", function(x) return x:max(1) end, {3, 70000}},
     {"min of 100003", function(x) return x:min() end, {100003}},
     {"amax over the last dim of (700, 300)", function(x) return x:amax(-1) end, {700, 300}},
+    {"max over the last dim of (40, 8300) (sub-blocks, two passes a row)", function(x) return x:max(-1) end,
+      {40, 8300}},
+    {"sum over dim 0 of (300, 1030) (16-column steps)", function(x) return x:sum(0) end, {300, 1030}},
+    {"sum over the last dim of (64, 4096)", function(x) return x:sum(-1) end, {64, 4096}},
   }
   for _, b in ipairs(BF16) do
     it(("bf16 %s at 1, 2, 3 and 16 threads"):format(b[1]), function()
