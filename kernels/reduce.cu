@@ -23,8 +23,7 @@
  *    thread takes a Packed128 of neighbouring outputs instead
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
  *  - either splits the reduced range over gridDim.y when there are too few
- *    outputs to fill the GPU (sum over everything), each split block
- *    reading at most kSplitBytes (64 KB): partials go to a small
+ *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
  *    of each column of the rows kernel (an atomic arrival count, no second
  *    launch), or by a second kernel (reduce_finish: the column kernels, and
@@ -39,8 +38,6 @@
 #include "dtype_io.cuh"
 #include "backend.h"
 #include "runtime.h"
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -61,22 +58,6 @@ constexpr int kMinBlocks = 4;
 /* Rows in flight per thread in the column kernel: each row is V outputs'
  * worth of accumulators already (up to 8 values + indices for max/min). */
 constexpr int kColsUnroll = 4;
-/* Split reductions (few outputs: a sum over everything, dim 0 of a wide
- * matrix): a block of a split reads at most kSplitBytes (issue 12, fine
- * splits). 512 blocks of 256 KB (bf16 (8192, 8192)) made a static
- * partition, one wave, every SM keeping its 3-4 blocks to the end: the
- * suspect for the fixed 6-11 µs those sums lost against the elementwise
- * kernels' time line (docs/perf.md, 2026-11-28 "fine splits"). 64 KB blocks
- * (two trips of the rows kernel; 128 rows of the column kernel's 512-byte
- * tiles) let the hardware hand out thousands of short blocks, as it does
- * for elementwise kernels. A constant, so the partition depends on the
- * shape alone; EMBER_REDUCE_SPLIT_KB overrides it for A/B timing. */
-constexpr int64_t kSplitBytes = 64 << 10;
-constexpr int64_t kMaxSplits = 8192;
-/* Partials in flight per thread when merging splits (merge_one; 4 for
- * max/min): 2048 partials of a sum over 2^26 bf16 take one L2 round trip
- * of a block. */
-constexpr int kMergeUnroll = 8;
 
 enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN,
        R_PROD, R_ASUM, R_SSQ, R_AMAX, R_PSUM };   /* issue 12: prod and the vector norms */
@@ -268,9 +249,8 @@ __device__ __forceinline__ int64_t red_offset(const RedArgs &a, int64_t r) {
 
 /* Merge the splits' partials of output o, then finalize: TPO threads per
  * output (a warp, or the block when there are few outputs and many splits,
- * as for a sum over everything), kMergeUnroll partial loads in flight per
- * thread, read at L2 (__ldcg: other SMs wrote them). Each lane merges its
- * partials s, s + TPO, ... in that order, so the merge order depends on
+ * as for a sum over everything), four partial loads in flight per thread,
+ * read at L2 (__ldcg: other SMs wrote them). The merge order depends on
  * splits and TPO only: deterministic, and the same whether reduce_finish or
  * the last block of a split kernel runs it. TPO == kBlock: a 1-D block,
  * every thread calls it. */
@@ -279,14 +259,11 @@ __device__ __forceinline__ void merge_one(const RedArgs &a, int64_t o, int lane,
   Acc<C, OP> acc;
   acc.init();
   if (live) {
-    /* the lane's partials s, s + TPO, ...: the order does not depend on M;
-     * max/min's (value, index) pairs keep 4 (8 spilled in reduce_rows) */
-    constexpr int M = Acc<C, OP>::ext ? 4 : kMergeUnroll;
-    for (int s = lane; s < a.splits; s += M * TPO) {
-      C v[M];
-      int64_t ix[M];
+    for (int s = lane; s < a.splits; s += 4 * TPO) {
+      C v[4];
+      int64_t ix[4];
 #pragma unroll
-      for (int u = 0; u < M; u++) {
+      for (int u = 0; u < 4; u++) {
         const int64_t at = o * a.splits + s + u * TPO;
         if (s + u * TPO < a.splits) {
           v[u] = __ldcg((const C *)a.part + at);
@@ -294,7 +271,7 @@ __device__ __forceinline__ void merge_one(const RedArgs &a, int64_t o, int lane,
         }
       }
 #pragma unroll
-      for (int u = 0; u < M; u++)
+      for (int u = 0; u < 4; u++)
         if (s + u * TPO < a.splits) acc.merge(v[u], ix[u]);
     }
   }
@@ -337,13 +314,10 @@ __device__ void split_done(const RedArgs &a, int64_t o0, int64_t o1, int tid) {
 
 /* rows: TPO threads per output (32: a warp, kBlock: the block). T: the
  * storage type for Packed128 loads (aligned unit-stride rows), or void for
- * the generic strided load of any dtype. NT: threads a block; below kBlock
- * (a warp a row, no splits) so a block reads at most kSplitBytes: the same
- * bits, the same threads an SM, shorter blocks. */
-template <typename T, typename C, int OP, int TPO, int NT = kBlock>
-__global__ void __launch_bounds__(NT, kMinBlocks * kBlock / NT) reduce_rows(RedArgs a) {
-  static_assert(NT == kBlock || TPO == 32, "blocks under kBlock threads take a warp per output");
-  constexpr int per = NT / TPO;
+ * the generic strided load of any dtype. */
+template <typename T, typename C, int OP, int TPO>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
+  constexpr int per = kBlock / TPO;
   const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
   const int lane = threadIdx.x % TPO;
   const bool live = o < a.n_out;
@@ -392,11 +366,9 @@ __global__ void __launch_bounds__(NT, kMinBlocks * kBlock / NT) reduce_rows(RedA
   if constexpr (TPO == 32) acc.warp_merge();
   else acc.block_merge();
   if (live && lane == 0) emit<C, OP>(a, o, acc);
-  if constexpr (NT == kBlock) {   /* the host splits only kBlock-thread blocks */
-    if (a.cnt) {
-      const int64_t o0 = (int64_t)blockIdx.x * per;
-      split_done<C, OP>(a, o0, o0 + per < a.n_out ? o0 + per : a.n_out, threadIdx.x);
-    }
+  if (a.cnt) {
+    const int64_t o0 = (int64_t)blockIdx.x * per;
+    split_done<C, OP>(a, o0, o0 + per < a.n_out ? o0 + per : a.n_out, threadIdx.x);
   }
 }
 
@@ -510,27 +482,6 @@ template <typename C> em_dtype dtype_of() {
   return std::is_same<C, double>::value ? EM_F64 : std::is_same<C, float>::value ? EM_F32 : EM_I64;
 }
 
-/* EMBER_REDUCE_SPLIT_KB (read once): the most a block of a split reduction
- * reads, in KiB (16 to 65536; default kSplitBytes), or "wide": the plan
- * before fine splits (512 blocks in all, at most 1024 splits), so one H100
- * call can time both (bench_ops.lua). Bytes, 0 for wide, -1 with the error
- * set. Either way the partition depends on the shape (and this setting). */
-int64_t split_cap(const char *op) {
-  static int64_t cap = -1;
-  if (cap < 0) {
-    const char *env = getenv("EMBER_REDUCE_SPLIT_KB");
-    char *end = NULL;
-    long kb = env && *env ? strtol(env, &end, 10) : 0;
-    if (!env || !*env) cap = kSplitBytes;
-    else if (strcmp(env, "wide") == 0) cap = 0;
-    else if (end == env || *end || kb < 16 || kb > 65536)
-      return em_error("%s: expected EMBER_REDUCE_SPLIT_KB to be wide or a number of KiB from 16 to 65536, got '%s'",
-                      op, env);
-    else cap = (int64_t)kb << 10;
-  }
-  return cap;
-}
-
 /* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */
 template <typename C, int OP>
 int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, const void *ref,
@@ -581,8 +532,6 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     blocks = (p->n_out + (kBlock / tpo) - 1) / (kBlock / tpo);
   }
   /* splits: enough blocks to fill the GPU, each split still a real amount of work */
-  const int64_t cap = split_cap(name);
-  if (cap < 0) return -1;
   int64_t min_split = cols ? 64 : 4096, splits = 1;
   if (blocks < target && p->n_red >= 2 * min_split) {
     splits = (target + blocks - 1) / blocks;
@@ -595,17 +544,6 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
    * number of the block's trips (kUnroll loads per thread), so no split ends
    * on a partly predicated trip */
   const int64_t gran = vec && splits > 1 ? (int64_t)kUnroll * tpo * (int64_t)(16 / es) : 16;
-  if (splits > 1 && cap > 0) {
-    /* fine splits: a block reads at most cap bytes (a whole number of grans,
-     * and at least min_split reduced elements); bytes a block reads per
-     * reduced index: its rows, or its column tile's width */
-    const int64_t per_index = cols ? (cvec ? 32 * cv : 32) * (int64_t)es : (kBlock / tpo) * (int64_t)es;
-    int64_t lim = cap / per_index / gran * gran;
-    if (lim < min_split) lim = (min_split + gran - 1) / gran * gran;
-    int64_t want = (p->n_red + lim - 1) / lim;
-    if (want > kMaxSplits) want = kMaxSplits;
-    if (want > splits) splits = want;
-  }
   int64_t chunk = (p->n_red + splits - 1) / splits;
   chunk = (chunk + gran - 1) / gran * gran;
   if (chunk < 1) chunk = 1;
@@ -625,23 +563,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     r.part = em_data_ptr(part);
   }
 
-  /* rows kernels: the last block of each blockIdx.x merges the partials (no
-   * second launch) where counts exist. The column kernels keep reduce_finish:
-   * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
-  if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
-  /* a warp a row without splits: 4 or 2 rows a block where 8 rows would
-   * read more than the cap ((8192, 8192): 128 KB bf16, 256 KB f32) */
-  const bool typed = std::is_same<C, double>::value ? a->dtype == EM_F64
-                    : std::is_same<C, float>::value &&
-                      (a->dtype == EM_F32 || a->dtype == EM_BF16 || a->dtype == EM_F16);   /* EM_ROWS_VEC's types */
-  int nt = kBlock;
-  if (vec && typed && tpo == 32 && splits == 1 && cap > 0)
-    while (nt > 64 && (nt / 32) * p->n_red * (int64_t)es > cap) nt /= 2;
-  if (nt < kBlock) blocks = (p->n_out + nt / 32 - 1) / (nt / 32);
   if (blocks > INT32_MAX) {
     em_tensor_release(part); em_tensor_release(part_idx);
     return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
   }
+  /* rows kernels: the last block of each blockIdx.x merges the partials (no
+   * second launch) where counts exist. The column kernels keep reduce_finish:
+   * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
+  if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cols && cvec) {
     if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
@@ -660,24 +589,17 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);              \
     else reduce_rows<T, C, OP, kBlock><<<grid, kBlock, 0, s>>>(r);                    \
   } while (0)
-#define EM_ROWS_VEC(T)                                                                 \
-  do {                                                                                 \
-    if (nt == 64) reduce_rows<T, C, OP, 32, 64><<<grid, 64, 0, s>>>(r);               \
-    else if (nt == 128) reduce_rows<T, C, OP, 32, 128><<<grid, 128, 0, s>>>(r);       \
-    else EM_ROWS(T);                                                                   \
-  } while (0)
-    if constexpr (std::is_same<C, double>::value) EM_ROWS_VEC(double);
+    if constexpr (std::is_same<C, double>::value) EM_ROWS(double);
     else if constexpr (std::is_same<C, float>::value) {
       switch (a->dtype) {
-        case EM_F32: EM_ROWS_VEC(float); break;
-        case EM_BF16: EM_ROWS_VEC(__nv_bfloat16); break;
-        case EM_F16: EM_ROWS_VEC(__half); break;
+        case EM_F32: EM_ROWS(float); break;
+        case EM_BF16: EM_ROWS(__nv_bfloat16); break;
+        case EM_F16: EM_ROWS(__half); break;
         default: EM_ROWS(void); break;
       }
     } else EM_ROWS(void);
   } else {
     EM_ROWS(void);
-#undef EM_ROWS_VEC
 #undef EM_ROWS
   }
   int rc = em_launch_check(name);
