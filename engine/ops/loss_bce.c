@@ -70,17 +70,6 @@ BCE_GRAD(bce_grad_f64, double)
 
 static const void *ptr_or_null(const em_tensor *t) { return t ? em_data_ptr(t) : NULL; }
 
-/* t broadcast to (ndim, shape) as a contiguous tensor of dtype dt (t itself when it already is one). */
-static em_tensor *full_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt) {
-  if (t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
-    return em_contiguous_as(t, dt);
-  int64_t st[EM_MAX_DIMS];
-  em_broadcast_strides(t, ndim, shape, st);
-  em_tensor *v = em_as_strided(t, ndim, shape, st, t->offset);
-  em_tensor *r = v ? em_contiguous_as(v, dt) : NULL;
-  em_tensor_release(v);
-  return r;
-}
 
 /* How factor t (NULL, weight or pos_weight) is read against the loss's shape, and the tensor to read. */
 static em_tensor *factor_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt, int *mode) {
@@ -91,7 +80,7 @@ static em_tensor *factor_as(em_tensor *t, int ndim, const int64_t *shape, em_dty
   for (int d = 0; row && d < t->ndim - 1; d++) row = t->shape[d] == 1;
   if (em_numel(t) == 1) *mode = EM_BCE_SCALAR;
   else if (row) *mode = EM_BCE_ROW;
-  else { *mode = EM_BCE_FULL; return full_as(t, ndim, shape, dt); }
+  else { *mode = EM_BCE_FULL; return em_op_broadcast_as(t, ndim, shape, dt); }
   return em_contiguous_as(t, dt);
 }
 
@@ -122,8 +111,8 @@ static int bce_prepare(em_tensor *const *in, int ndim, const int64_t *shape, em_
   o->a.n = em_shape_numel(ndim, shape);
   o->a.C = ndim > 0 ? shape[ndim - 1] : 1;
   o->a.reduction = reduction;
-  o->t[0] = full_as(in[0], ndim, shape, dt);
-  o->t[1] = o->t[0] ? full_as(in[1], ndim, shape, dt) : NULL;
+  o->t[0] = em_op_broadcast_as(in[0], ndim, shape, dt);
+  o->t[1] = o->t[0] ? em_op_broadcast_as(in[1], ndim, shape, dt) : NULL;
   if (!o->t[1]) { bce_ops_release(o); return -1; }
   if ((in[2] && !(o->t[2] = factor_as(in[2], ndim, shape, dt, &o->a.w_mode))) ||
       (in[3] && !(o->t[3] = factor_as(in[3], ndim, shape, dt, &o->a.pw_mode)))) {

@@ -89,17 +89,6 @@ static void diff_grad_range(void *ctx, int64_t b, int64_t e) {
                   j->gstride, j->scale, OFF(j->out, float, b), OFF(j->out2, float, b));
 }
 
-/* t broadcast to (ndim, shape) as a contiguous tensor of dtype dt (t itself when it already is one). */
-static em_tensor *full_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt) {
-  if (t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
-    return em_contiguous_as(t, dt);
-  int64_t st[EM_MAX_DIMS];
-  em_broadcast_strides(t, ndim, shape, st);
-  em_tensor *v = em_as_strided(t, ndim, shape, st, t->offset);
-  em_tensor *r = v ? em_contiguous_as(v, dt) : NULL;
-  em_tensor_release(v);
-  return r;
-}
 
 /* CPU forward: the loss (shape or 0-d) in dt. */
 static em_tensor *diff_cpu(int kind, em_reduction red, em_tensor *const *xy, int ndim, const int64_t *shape,
@@ -183,8 +172,8 @@ static em_tensor *diff_op(int kind, em_tensor *const *in, em_reduction red) {
   int64_t shape[EM_MAX_DIMS];
   if (em_broadcast_shape(op, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &ndim, shape)) return NULL;
   em_dtype dt = em_promote(in[0]->dtype, in[1]->dtype);
-  em_tensor *xy[2] = {full_as(in[0], ndim, shape, dt), NULL};
-  if (xy[0]) xy[1] = full_as(in[1], ndim, shape, dt);
+  em_tensor *xy[2] = {em_op_broadcast_as(in[0], ndim, shape, dt), NULL};
+  if (xy[0]) xy[1] = em_op_broadcast_as(in[1], ndim, shape, dt);
   em_tensor *loss = NULL;
   if (xy[1]) {
     loss = xy[0]->device.type == EM_CPU ? diff_cpu(kind, red, xy, ndim, shape, dt)

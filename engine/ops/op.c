@@ -1,5 +1,5 @@
-/* The one op path's helpers (op.h): autocast of an op's inputs and the
- * autograd record. Behaviour is exactly the hand-written sequences they
+/* The one op path's helpers (op.h): autocast of an op's inputs, the
+ * autograd record, and a broadcast operand made flat. Behaviour is exactly the hand-written sequences they
  * replace: em_autocast_upper / em_autocast_lower per input, then
  * em_node_new + set_input + save + finish. */
 #include "op.h"
@@ -37,4 +37,15 @@ em_tensor *em_op_record(em_tensor *y, em_node **node, const char *op, em_backwar
   if (node) *node = n;
   em_node_finish(n, y);
   return y;
+}
+
+em_tensor *em_op_broadcast_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt) {
+  if (t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
+    return em_contiguous_as(t, dt);
+  int64_t st[EM_MAX_DIMS];
+  em_broadcast_strides(t, ndim, shape, st);
+  em_tensor *v = em_as_strided(t, ndim, shape, st, t->offset);
+  em_tensor *r = v ? em_contiguous_as(v, dt) : NULL;
+  em_tensor_release(v);
+  return r;
 }

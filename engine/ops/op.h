@@ -57,6 +57,10 @@ void em_op_args_release(em_op_args *a);
 em_tensor *em_op_record(em_tensor *y, em_node **node, const char *op, em_backward_fn backward, int n_in,
                         em_tensor *const *in, int n_sv, em_tensor *const *sv);
 
+/* t broadcast to (ndim, shape) as a contiguous tensor of dtype dt (t itself,
+ * retained, when it already is one): a fused op's operand read flat. */
+em_tensor *em_op_broadcast_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt);
+
 /* ---- backward formulas built from ops ----
  * Temporaries of one backward formula, released together. EM_TMP evaluates
  * its expression only while nothing has failed, so a chain of statements
