@@ -87,6 +87,33 @@ void lem_check_type(lua_State *L, int idx, const char *fn, const char *arg, int 
 
 /* ---------------- push / check ---------------- */
 
+/* The tensor metatable of the Lua state that opened this module, and that
+ * state's registry, by address: every op checks its arguments, and
+ * luaL_testudata looked the metatable up by name (a string lookup in the
+ * registry) each time, ~300 instructions an argument. A metatable pointer
+ * compare is valid while the registry is the one it was taken in; another
+ * state takes the slow path, which refreshes the cache, and closing a state
+ * clears it (a sentinel's __gc in the registry), so no address can be
+ * reused by a later state's tables while cached. */
+static const void *tensor_mt, *tensor_registry;
+static char SENTINEL_KEY;
+
+static int clear_mt_cache(lua_State *L) { (void)L; tensor_mt = tensor_registry = NULL; return 0; }
+
+static em_tensor **test_box(lua_State *L, int idx) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || !lua_getmetatable(L, idx)) return NULL;
+  const void *mt = lua_topointer(L, -1);
+  if (mt == tensor_mt && lua_topointer(L, LUA_REGISTRYINDEX) == tensor_registry) { lua_pop(L, 1); return p; }
+  luaL_getmetatable(L, EM_TENSOR_MT);
+  bool is = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  if (!is) return NULL;
+  tensor_mt = mt;
+  tensor_registry = lua_topointer(L, LUA_REGISTRYINDEX);
+  return p;
+}
+
 void lem_push_tensor(lua_State *L, em_tensor *t) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
   if (t->binding) {                       /* maybe a live userdata already */
@@ -172,7 +199,7 @@ int lem_push_result(lua_State *L, em_tensor *t) {
 }
 
 em_tensor *lem_test_tensor(lua_State *L, int idx, const char *fn) {
-  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  em_tensor **box = test_box(L, idx);
   if (box && !*box) {
     if (fn) lem_error(L, fn, "argument %d is a tensor that was already closed (by <close>)", idx);
     lua_pushliteral(L, "ember.Tensor: this tensor was already closed (by <close>) and cannot be used");
@@ -182,7 +209,7 @@ em_tensor *lem_test_tensor(lua_State *L, int idx, const char *fn) {
 }
 
 em_tensor *lem_check_tensor(lua_State *L, int idx, const char *fn, const char *arg) {
-  em_tensor **box = luaL_testudata(L, idx, EM_TENSOR_MT);
+  em_tensor **box = test_box(L, idx);
   if (!box) lem_error(L, fn, "expected argument %d (%s) to be a tensor, got %s", idx, arg, luaL_typename(L, idx));
   if (!*box) lem_error(L, fn, "argument %d (%s) is a tensor that was already closed", idx, arg);
   return *box;
@@ -972,6 +999,12 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
   lua_pushcfunction(L, size_tostring); lua_setfield(L, -2, "__tostring");
   lua_pushcfunction(L, size_eq); lua_setfield(L, -2, "__eq");
   lua_pop(L, 1);
+
+  lua_newuserdatauv(L, 1, 0);                       /* closing the state clears test_box's cache */
+  lua_newtable(L);
+  lua_pushcfunction(L, clear_mt_cache); lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &SENTINEL_KEY);
 
   luaL_newmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);

@@ -483,6 +483,18 @@ describe("inspection", function()
     assert.is_false(ember.is_tensor(3))
   end)
 
+  it("a userdata of another kind is not a tensor, before and after a tensor was checked", function()
+    local f = io.tmpfile()
+    local a = ember.ones(2)
+    assert.is_false(ember.is_tensor(f))
+    assert.is_true(ember.is_tensor(a))                  -- the checked metatable is now the tensors'
+    assert.is_false(ember.is_tensor(f))
+    local ok, err = pcall(function() return a + f end)
+    assert.is_false(ok)
+    assert.matches("expected argument 2 to be a tensor or a number, got userdata", err, 1, true)
+    f:close()
+  end)
+
   it("the same tensor is the same Lua value every time it is pushed", function()
     local p = ember.zeros(2, {requires_grad = true})
     local g = ember.zeros(2)
