@@ -26,8 +26,12 @@
 -- (ember.stream_read). A read-only op (its output at most 1/16 of its bytes:
 -- reductions) is divided by the read bandwidth, marked "(read)", every other
 -- op by the copy's: a CPU reads faster than it copies, and dividing a
--- reduction by the copy's rate would flatter it. --threads sets the CPU thread count (the header, every
--- JSON line and the Markdown file say which ran).
+-- reduction by the copy's rate would flatter it. On a shared host whose
+-- bandwidth drifts between rows, --peak-each times the copy (or the read)
+-- again right after each row, as the row is timed (median of --reps), and
+-- divides by that ("85% of 160": the row's own reference in GB/s).
+-- --threads sets the CPU thread count (the header, every JSON line and the
+-- Markdown file say which ran).
 --   ember run scripts/bench_ops.lua --threads 1 --op add,sum,softmax
 -- Output: a Markdown table on stdout (and in DIR/ops.md with --out), one JSON
 -- line per measurement (DIR/ops.jsonl, or --json FILE).
@@ -59,6 +63,9 @@ parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(t
 parser:option("--stream-mb", "CPU: MiB of f32 the bandwidth copy moves each way and the read reads (0: do not measure).",
   "256")
   :convert(math.tointeger)
+parser:flag("--peak-each", "CPU: measure the copy (or, for a read-only op, the read) again right after each row, "
+  .. "with the row's reps and statistic (median), and hold the row to that: a noisy host's drift between rows "
+  .. "cancels out.")
 S.add_threads_option(parser)
 parser:option("--out", "Write DIR/ops.jsonl and DIR/ops.md.")
 parser:option("--json", "Append the JSON lines to this file.")
@@ -144,15 +151,31 @@ local function stream_read_gbs(mb)
   local r = ember.bench(function() ember.stream_read(src) end, {warmup = 2, reps = 10, device = "cpu", flush_l2 = true})
   return n * 4 / r.min / 1e9
 end
+if args.peak_each and (on_cuda or args.peak_gbs or args.stream_mb == 0) then
+  parser:error("--peak-each: needs --device cpu, no --peak-gbs and --stream-mb > 0")
+end
 local measure_stream = not on_cuda and not args.peak_gbs and args.stream_mb > 0
 local stream_gbs = measure_stream and stream_copy_gbs(args.stream_mb)
 local read_gbs = measure_stream and stream_read_gbs(args.stream_mb)
 local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs) or stream_gbs or nil
 --- The bandwidth an op of `bytes` moved, `out_bytes` of them written, is held
 -- to: the read stream's for a read-only op, else peak_gbs; and which.
+local function read_only(bytes, out_bytes) return read_gbs and out_bytes * 16 <= bytes end
 local function op_peak_gbs(bytes, out_bytes)
-  if read_gbs and out_bytes * 16 <= bytes then return read_gbs, "read" end
+  if read_only(bytes, out_bytes) then return read_gbs, "read" end
   return peak_gbs, stream_gbs and "copy" or nil
+end
+--- --peak-each: the copy's or the read's GB/s right now, timed as the rows are.
+local each_src, each_dst
+local function local_peak_gbs(is_read)
+  local n = args.stream_mb * 1024 * 1024 // 4
+  each_src = each_src or ember.ones({n})
+  local o = {warmup = args.warmup, reps = args.reps, device = "cpu", flush_l2 = not args.no_flush}
+  if is_read then
+    return n * 4 / ember.bench(function() ember.stream_read(each_src) end, o).median / 1e9
+  end
+  each_dst = each_dst or ember.empty({n})
+  return 2 * n * 4 / ember.bench(function() each_dst:copy_(each_src) end, o).median / 1e9
 end
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
 S.print_header(facts)
@@ -315,10 +338,16 @@ for i, t in ipairs(todo) do
       rec.gbs = r.bytes / r.fwd / 1e9
       rate = (rec.gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.gbs)
       local pk, kind = op_peak_gbs(r.bytes, r.out_bytes)
+      if args.peak_each then
+        kind = read_only(r.bytes, r.out_bytes) and "read" or "copy"
+        pk = local_peak_gbs(kind == "read")
+        rec.peak_each = true
+      end
       if pk then rec.peak_fraction, rec.peak_gbs, rec.peak_kind = rec.gbs / pk, pk, kind end
     end
     if rec.peak_fraction then
       frac = ("%.0f%%"):format(rec.peak_fraction * 100) .. (rec.peak_kind == "read" and " (read)" or "")
+      if rec.peak_each then frac = frac .. (" of %.0f"):format(rec.peak_gbs) end
     end
     if r.bwd_bytes and r.fwd_bwd and r.fwd_bwd > r.fwd then
       rec.bwd_bytes, rec.bwd_gbs = r.bwd_bytes, r.bwd_bytes / (r.fwd_bwd - r.fwd) / 1e9

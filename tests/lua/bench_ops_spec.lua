@@ -58,6 +58,30 @@ describe("scripts/bench_ops.lua", function()
     assert.is_nil(r.fwd_bwd_ms, "--no-backward")
   end)
 
+  it("--peak-each holds each row to a copy (or read) timed right after it", function()
+    local dir = H.tmpdir()
+    local out, err, status = H.ember({"run", SCRIPT, "--op", "neg,sum", "--match", "(4096,4096)", "--reps", "2",
+                                      "--warmup", "0", "--no-backward", "--stream-mb", "8", "--peak-each",
+                                      "--json", dir .. "/r.jsonl"})
+    assert.are.equal(0, status, err)
+    local recs = {}
+    for line in H.slurp(dir .. "/r.jsonl"):gmatch("[^\n]+") do recs[#recs + 1] = cjson.decode(line) end
+    assert.is_true(#recs >= 2)
+    local kinds = {}
+    for _, r in ipairs(recs) do
+      assert.is_true(r.peak_each, r.case)
+      assert.is_true(r.peak_gbs > 0, r.case)
+      assert.near(r.gbs / r.peak_gbs, r.peak_fraction, 1e-9)
+      kinds[r.op] = r.peak_kind
+      assert.truthy(out:find(("%%d+%%%% %sof %%d+ |"):format(r.peak_kind == "read" and "%(read%) " or "")), out)
+    end
+    assert.are.equal("copy", kinds.neg)
+    assert.are.equal("read", kinds.sum)
+    local _, err2, status2 = H.ember({"run", SCRIPT, "--op", "neg", "--peak-each", "--stream-mb", "0"})
+    assert.are_not.equal(0, status2)
+    assert.truthy(err2:find("--peak-each: needs --device cpu, no --peak-gbs and --stream-mb > 0", 1, true), err2)
+  end)
+
   it("refuses an unknown op, a bad device and bad reps, naming them", function()
     local _, err, status = H.ember({"run", SCRIPT, "--op", "nope"})
     assert.are_not.equal(0, status)
