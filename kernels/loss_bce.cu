@@ -27,11 +27,11 @@ namespace {
 
 using loss_reduce::kThreads;
 
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+using loss_reduce::acc_t;
+using loss_reduce::ld;
+using loss_reduce::st;
+using loss_reduce::load_vals;
+using loss_reduce::store_vals;
 
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }
@@ -45,35 +45,10 @@ struct BceArgs {
   int wm, pwm;
 };
 
-/* V consecutive values of a full-size operand from element i0. */
-template <typename T, int V, typename C>
-__device__ __forceinline__ void load_full(const T *p, int64_t i0, C (&v)[V]) {
-  if constexpr (V > 1) {
-    Packed128<T> q = load128(p + i0);
-#pragma unroll
-    for (int e = 0; e < V; e++) v[e] = ld<C>(q[e]);
-  } else {
-    v[0] = ld<C>(p[i0]);
-  }
-}
-
-/* V values into a full-size output from element i0, rounded once to T. */
-template <typename T, int V, typename C>
-__device__ __forceinline__ void store_vals(T *p, int64_t i0, const C (&v)[V]) {
-  if constexpr (V > 1) {
-    Packed128<T> q;
-#pragma unroll
-    for (int e = 0; e < V; e++) q[e] = st<T, C>(v[e]);
-    store128(p + i0, q);
-  } else {
-    p[i0] = st<T, C>(v[0]);
-  }
-}
-
 /* weight / pos_weight at elements i0 .. i0 + V - 1 by mode; sc: the scalar (or 1). */
 template <typename T, int V, typename C>
 __device__ __forceinline__ void load_factor(const T *p, int mode, int64_t i0, int64_t C_, C sc, C (&v)[V]) {
-  if (mode == EM_BCE_FULL) { load_full<T, V, C>(p, i0, v); return; }
+  if (mode == EM_BCE_FULL) { load_vals<T, V, C>(p, i0, v); return; }
   if (mode == EM_BCE_ROW) {
     int64_t c = i0 % C_;
 #pragma unroll
@@ -111,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
   for (int64_t v = tid; v < nv; v += step) {
     const int64_t i0 = v * V;
     C x[V], y[V], w[V], pw[V], l[V];
-    load_full<T, V, C>(a.x, i0, x);
-    load_full<T, V, C>(a.y, i0, y);
+    load_vals<T, V, C>(a.x, i0, x);
+    load_vals<T, V, C>(a.y, i0, y);
     load_factor<T, V, C>(a.w, a.wm, i0, a.C, wsc, w);
     load_factor<T, V, C>(a.pw, a.pwm, i0, a.C, pwsc, pw);
 #pragma unroll
@@ -127,8 +102,8 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
   const int64_t i = nv * V + tid;   /* the last n % V elements, one per thread */
   if (V > 1 && i < a.n) {
     C x[1], y[1], w[1], pw[1];
-    load_full<T, 1, C>(a.x, i, x);
-    load_full<T, 1, C>(a.y, i, y);
+    load_vals<T, 1, C>(a.x, i, x);
+    load_vals<T, 1, C>(a.y, i, y);
     load_factor<T, 1, C>(a.w, a.wm, i, a.C, wsc, w);
     load_factor<T, 1, C>(a.pw, a.pwm, i, a.C, pwsc, pw);
     C l = bce_loss<C>(x[0], y[0], w[0], pw[0], has_pw);
@@ -161,12 +136,12 @@ __global__ void __launch_bounds__(kThreads) bce_bwd_kernel(BceArgs<T> a, const T
   auto one = [&](int64_t i0, auto width) {
     constexpr int W = decltype(width)::value;
     C x[W], y[W], w[W], pw[W], gg[W], ox[W], oy[W], ow[W], opw[W];
-    load_full<T, W, C>(a.x, i0, x);
-    load_full<T, W, C>(a.y, i0, y);
+    load_vals<T, W, C>(a.x, i0, x);
+    load_vals<T, W, C>(a.y, i0, y);
     load_factor<T, W, C>(a.w, a.wm, i0, a.C, wsc, w);
     load_factor<T, W, C>(a.pw, a.pwm, i0, a.C, pwsc, pw);
     if (gvec) {
-      load_full<T, W, C>(g, i0, gg);
+      load_vals<T, W, C>(g, i0, gg);
 #pragma unroll
       for (int e = 0; e < W; e++) gg[e] *= sc;
     } else {

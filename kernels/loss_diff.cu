@@ -27,35 +27,11 @@ namespace {
 using loss_reduce::kThreads;
 constexpr int kUnroll = 2;
 
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
-
-/* W consecutive values from element i0 (one 16-byte load when W > 1). */
-template <typename T, int W, typename C>
-__device__ __forceinline__ void load_vals(const T *p, int64_t i0, C (&v)[W]) {
-  if constexpr (W > 1) {
-    Packed128<T> q = load128(p + i0);
-#pragma unroll
-    for (int e = 0; e < W; e++) v[e] = ld<C>(q[e]);
-  } else {
-    v[0] = ld<C>(p[i0]);
-  }
-}
-
-template <typename T, int W, typename C>
-__device__ __forceinline__ void store_vals(T *p, int64_t i0, const C (&v)[W]) {
-  if constexpr (W > 1) {
-    Packed128<T> q;
-#pragma unroll
-    for (int e = 0; e < W; e++) q[e] = st<T, C>(v[e]);
-    store128(p + i0, q);
-  } else {
-    p[i0] = st<T, C>(v[0]);
-  }
-}
+using loss_reduce::acc_t;
+using loss_reduce::ld;
+using loss_reduce::st;
+using loss_reduce::load_vals;
+using loss_reduce::store_vals;
 
 template <int KIND, typename C>
 __device__ __forceinline__ C diff_loss(C x, C y) {

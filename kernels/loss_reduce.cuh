@@ -1,4 +1,5 @@
-/* Device-wide sums for the fused losses (loss_bce.cu, loss_nll.cu): each
+/* Device-wide sums for the fused losses (loss_bce.cu, loss_nll.cu,
+ * loss_diff.cu), and their operands' loads and stores: each
  * block of a grid-stride kernel folds its threads' K running double sums
  * into part[blockIdx.x * K + k]; one block of a second kernel then sums the
  * parts in a fixed order. Deterministic (no atomics; the grid depends only
@@ -7,7 +8,9 @@
 #ifndef EMBER_KERNELS_LOSS_REDUCE_CUH
 #define EMBER_KERNELS_LOSS_REDUCE_CUH
 
+#include <type_traits>
 #include "common.cuh"
+#include "dtype_io.cuh"
 
 namespace loss_reduce {
 
@@ -60,6 +63,39 @@ __device__ __forceinline__ void sum_partials(const double *part, int nparts, dou
 #pragma unroll
     for (int k = 0; k < K; k++) tot[k] += part[(int64_t)p * K + k];
   block_sums<K>(tot);
+}
+
+/* The accumulation type (f32, f64 for f64) and one value in and out of it:
+ * 16-bit types through f32, rounded once. */
+template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
+template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
+template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
+template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+
+/* W consecutive values of a full-size operand from element i0 (one 16-byte load when W > 1). */
+template <typename T, int W, typename C>
+__device__ __forceinline__ void load_vals(const T *p, int64_t i0, C (&v)[W]) {
+  if constexpr (W > 1) {
+    Packed128<T> q = load128(p + i0);
+#pragma unroll
+    for (int e = 0; e < W; e++) v[e] = ld<C>(q[e]);
+  } else {
+    v[0] = ld<C>(p[i0]);
+  }
+}
+
+/* W values into a full-size output from element i0, rounded once to T. */
+template <typename T, int W, typename C>
+__device__ __forceinline__ void store_vals(T *p, int64_t i0, const C (&v)[W]) {
+  if constexpr (W > 1) {
+    Packed128<T> q;
+#pragma unroll
+    for (int e = 0; e < W; e++) q[e] = st<T, C>(v[e]);
+    store128(p + i0, q);
+  } else {
+    p[i0] = st<T, C>(v[0]);
+  }
 }
 
 }  // namespace loss_reduce
