@@ -134,29 +134,26 @@ end
 local facts = runinfo.collect(device)
 local peak = peaks.lookup(facts.device)
 
---- The CPU's copy bandwidth in GB/s at the current thread count (STREAM's
--- copy: dst = src over mb MiB, bytes read + written, best of the reps).
-local function stream_copy_gbs(mb)
-  local n = mb * 1024 * 1024 // 4
-  local src, dst = ember.ones({n}), ember.empty({n})
-  local r = ember.bench(function() dst:copy_(src) end, {warmup = 2, reps = 10, device = "cpu"})
-  return 2 * n * 4 / r.min / 1e9
-end
---- The CPU's read bandwidth in GB/s at the current thread count: every byte
--- of mb MiB read once, nothing written (ember.stream_read), caches flushed
--- first (the buffer could fit a large L3), best of the reps.
-local function stream_read_gbs(mb)
-  local n = mb * 1024 * 1024 // 4
-  local src = ember.ones({n})
-  local r = ember.bench(function() ember.stream_read(src) end, {warmup = 2, reps = 10, device = "cpu", flush_l2 = true})
-  return n * 4 / r.min / 1e9
+--- The CPU's bandwidth in GB/s at the current thread count over --stream-mb
+-- MiB of f32: a STREAM-like copy (dst = src, bytes read + written) or, with
+-- is_read, a read of every byte with nothing written (ember.stream_read);
+-- timed by ember.bench with options o, statistic stat ("min" or "median").
+local ref_src, ref_dst
+local function reference_gbs(is_read, o, stat)
+  local n = args.stream_mb * 1024 * 1024 // 4
+  ref_src = ref_src or ember.ones({n})
+  if is_read then return n * 4 / ember.bench(function() ember.stream_read(ref_src) end, o)[stat] / 1e9 end
+  ref_dst = ref_dst or ember.empty({n})
+  return 2 * n * 4 / ember.bench(function() ref_dst:copy_(ref_src) end, o)[stat] / 1e9
 end
 if args.peak_each and (on_cuda or args.peak_gbs or args.stream_mb == 0) then
   parser:error("--peak-each: needs --device cpu, no --peak-gbs and --stream-mb > 0")
 end
 local measure_stream = not on_cuda and not args.peak_gbs and args.stream_mb > 0
-local stream_gbs = measure_stream and stream_copy_gbs(args.stream_mb)
-local read_gbs = measure_stream and stream_read_gbs(args.stream_mb)
+-- best of 10 each, the read with the caches flushed first (the buffer could fit a large L3)
+local stream_gbs = measure_stream and reference_gbs(false, {warmup = 2, reps = 10, device = "cpu"}, "min")
+local read_gbs = measure_stream and reference_gbs(true, {warmup = 2, reps = 10, device = "cpu", flush_l2 = true}, "min")
+if not args.peak_each then ref_src, ref_dst = nil, nil end   -- 2 x --stream-mb not held through the run
 local peak_gbs = args.peak_gbs or (on_cuda and peak and peak.gbs) or stream_gbs or nil
 --- The bandwidth an op of `bytes` moved, `out_bytes` of them written, is held
 -- to: the read stream's for a read-only op, else peak_gbs; and which.
@@ -166,16 +163,9 @@ local function op_peak_gbs(bytes, out_bytes)
   return peak_gbs, stream_gbs and "copy" or nil
 end
 --- --peak-each: the copy's or the read's GB/s right now, timed as the rows are.
-local each_src, each_dst
 local function local_peak_gbs(is_read)
-  local n = args.stream_mb * 1024 * 1024 // 4
-  each_src = each_src or ember.ones({n})
-  local o = {warmup = args.warmup, reps = args.reps, device = "cpu", flush_l2 = not args.no_flush}
-  if is_read then
-    return n * 4 / ember.bench(function() ember.stream_read(each_src) end, o).median / 1e9
-  end
-  each_dst = each_dst or ember.empty({n})
-  return 2 * n * 4 / ember.bench(function() each_dst:copy_(each_src) end, o).median / 1e9
+  return reference_gbs(is_read, {warmup = args.warmup, reps = args.reps, device = "cpu", flush_l2 = not args.no_flush},
+                       "median")
 end
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
 S.print_header(facts)
