@@ -82,9 +82,7 @@ test-gpu: build
 # and the studies spec, which runs the study scripts as child processes (their
 # kernels are the ops the other specs cover). The flash specs' checks by kernel
 # name need CUPTI too: EMBER_UNDER_SANITIZER=1 makes them pending (reported
-# skipped, with the reason) instead of failing. The whole set runs for well over
-# 10 minutes under the sanitizer; a subset runs as
-#   make test-gpu-memcheck MEMCHECK_SPECS="tests/gpu/flash_wg_bwd_spec.lua tests/gpu/flash_fused_bwd_spec.lua"
+# skipped, with the reason) instead of failing.
 MEMCHECK_SPECS = $(filter-out tests/gpu/device_spec.lua tests/gpu/lm_spec.lua tests/gpu/profiler_spec.lua \
   tests/gpu/studies_spec.lua,\
   $(wildcard tests/gpu/*_spec.lua))
