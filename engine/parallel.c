@@ -175,6 +175,43 @@ static void range_of(int64_t n, int64_t t, int64_t T, int64_t *b, int64_t *e) {
   *e = *b + q + (t < r);
 }
 
+/* Work stealing (the default; EMBER_CPU_SCHED=static turns it off): [0, n)
+ * is cut into CHUNKS_PER_THREAD chunks a thread, a split that depends on n
+ * and the thread count only. Thread t first takes its own chunks in order
+ * (the same memory the static split gives it, so caches stay warm between
+ * ops), then takes what is left of the others'. A preempted vCPU or a slow
+ * core then delays an op by one chunk, not by its whole share. Which thread
+ * runs a chunk never changes a result: parallel.h's contract already makes
+ * every range split give the same bits. */
+#define CHUNKS_PER_THREAD 4
+typedef struct {
+  _Alignas(64) atomic_llong next;   /* the owner's next chunk; others take from here too */
+  int64_t end;                      /* one past the owner's last chunk */
+} chunk_queue;
+
+static struct {
+  em_range_fn fn;
+  void *ctx;
+  int64_t n, chunks;
+  int nt;
+} steal;
+static chunk_queue queues[MAX_THREADS];
+static int use_steal = 1;
+
+static void steal_run(void *unused, int64_t t, int64_t unused_e) {
+  (void)unused; (void)unused_e;
+  for (int k = 0; k < steal.nt; k++) {
+    chunk_queue *q = &queues[(t + k) % steal.nt];
+    for (;;) {
+      int64_t c = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
+      if (c >= q->end) break;
+      int64_t b, e;
+      range_of(steal.n, c, steal.chunks, &b, &e);
+      steal.fn(steal.ctx, b, e);
+    }
+  }
+}
+
 void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
@@ -188,12 +225,25 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   int have = ensure_workers(nt - 1);
   if (have < nt - 1) nt = have + 1;
   int64_t b, e;
-  for (int t = 1; t < nt; t++) {
-    range_of(n, t, nt, &b, &e);
-    hand_out(workers[t - 1], fn, ctx, b, e);
+  if (use_steal && most >= 2 * (int64_t)nt) {
+    int64_t chunks = most < (int64_t)nt * CHUNKS_PER_THREAD ? most : (int64_t)nt * CHUNKS_PER_THREAD;
+    steal.fn = fn; steal.ctx = ctx; steal.n = n; steal.chunks = chunks; steal.nt = nt;
+    for (int t = 0; t < nt; t++) {           /* thread t owns chunks [t·chunks/nt, (t+1)·chunks/nt) */
+      range_of(chunks, t, nt, &b, &e);
+      atomic_store_explicit(&queues[t].next, b, memory_order_relaxed);
+      queues[t].end = e;
+    }
+    /* hand_out's seq_cst increment publishes the queues and `steal` to each worker */
+    for (int t = 1; t < nt; t++) hand_out(workers[t - 1], steal_run, NULL, t, t + 1);
+    steal_run(NULL, 0, 1);
+  } else {
+    for (int t = 1; t < nt; t++) {
+      range_of(n, t, nt, &b, &e);
+      hand_out(workers[t - 1], fn, ctx, b, e);
+    }
+    range_of(n, 0, nt, &b, &e);
+    fn(ctx, b, e);
   }
-  range_of(n, 0, nt, &b, &e);
-  fn(ctx, b, e);
   em_stream_fence();
   for (int t = 1; t < nt; t++) wait_done(workers[t - 1]);
   atomic_store_explicit(&busy, 0, memory_order_release);
@@ -258,6 +308,12 @@ static void apply(int n) {
  * fail to load). */
 __attribute__((constructor)) static void threads_init(void) {
   pthread_atfork(NULL, NULL, after_fork_child);
+  const char *sched = getenv("EMBER_CPU_SCHED");
+  if (sched && *sched) {
+    if (strcmp(sched, "static") == 0) use_steal = 0;
+    else if (strcmp(sched, "steal") != 0)
+      fprintf(stderr, "ember: EMBER_CPU_SCHED must be 'steal' or 'static', got '%s'; using steal\n", sched);
+  }
   n_default = compute_default();
   int n = n_default;
   const char *vars[2] = {"EMBER_NUM_THREADS", "OMP_NUM_THREADS"};

@@ -5,9 +5,10 @@
  *   static void body(void *ctx, int64_t begin, int64_t end) { ... items [begin, end) ... }
  *   em_parallel_for(rows, em_grain(D), body, &(job){x, y, D});
  *
- * [0, n) is cut into at most ember.get_num_threads() contiguous ranges of at
- * least `grain` items, one per thread; fewer than 2 * grain items run on the
- * calling thread with no fork at all, so the small tensors of the specs cost
+ * [0, n) is cut into contiguous ranges of at least `grain` items, up to four
+ * a thread (work stealing: parallel.c), or one a thread with
+ * EMBER_CPU_SCHED=static; fewer than 2 * grain items run on the calling
+ * thread with no fork at all, so the small tensors of the specs cost
  * what they did before threads. No op starts threads of its own.
  *
  * The contract that keeps every result bit-identical at any thread count:
