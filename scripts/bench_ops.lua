@@ -27,9 +27,9 @@
 -- reductions) is divided by the read bandwidth, marked "(read)", every other
 -- op by the copy's: a CPU reads faster than it copies, and dividing a
 -- reduction by the copy's rate would flatter it. On a shared host whose
--- bandwidth drifts between rows, --peak-each times the copy (or the read)
--- again right after each row, as the row is timed (median of --reps), and
--- divides by that ("85% of 160": the row's own reference in GB/s).
+-- bandwidth drifts, --peak-each times the copy (or the read) interleaved
+-- with the row, one rep of each in turn (median of --reps each), and divides
+-- by that ("85% of 160": the row's own reference in GB/s).
 -- --threads sets the CPU thread count (the header, every JSON line and the
 -- Markdown file say which ran).
 --   ember run scripts/bench_ops.lua --threads 1 --op add,sum,softmax
@@ -63,9 +63,8 @@ parser:option("--peak-tflops", "Peak compute to divide by (TFLOP/s)."):convert(t
 parser:option("--stream-mb", "CPU: MiB of f32 the bandwidth copy moves each way and the read reads (0: do not measure).",
   "256")
   :convert(math.tointeger)
-parser:flag("--peak-each", "CPU: measure the copy (or, for a read-only op, the read) again right after each row, "
-  .. "with the row's reps and statistic (median), and hold the row to that: a noisy host's drift between rows "
-  .. "cancels out.")
+parser:flag("--peak-each", "CPU: time the copy (or, for a read-only op, the read) interleaved with each row, one rep "
+  .. "of each in turn (median of --reps each), and hold the row to that: a noisy host's drift cancels out.")
 S.add_threads_option(parser)
 parser:option("--out", "Write DIR/ops.jsonl and DIR/ops.md.")
 parser:option("--json", "Append the JSON lines to this file.")
@@ -162,11 +161,6 @@ local function op_peak_gbs(bytes, out_bytes)
   if read_only(bytes, out_bytes) then return read_gbs, "read" end
   return peak_gbs, stream_gbs and "copy" or nil
 end
---- --peak-each: the copy's or the read's GB/s right now, timed as the rows are.
-local function local_peak_gbs(is_read)
-  return reference_gbs(is_read, {warmup = args.warmup, reps = args.reps, device = "cpu", flush_l2 = not args.no_flush},
-                       "median")
-end
 local function peak_tflops(dtype) return args.peak_tflops or (on_cuda and peak and peak.tflops[dtype]) end
 S.print_header(facts)
 if stream_gbs then
@@ -221,7 +215,23 @@ local function measure(p, dtype)
   local close = getmetatable(out).__close
   local function release(y) if not is_input[y] then close(y) end end   -- never an input handed back
   local function fwd() release(p.fn(table.unpack(inputs))) end
-  r.fwd = bench(function() ember.no_grad(fwd) end).median
+  if args.peak_each and r.bytes > 0 and not r.flops then
+    -- interleaved: one rep of the row, one of its reference, --reps times, so
+    -- a host's bandwidth drifting during the row moves both medians alike
+    r.peak_kind = read_only(r.bytes, r.out_bytes) and "read" or "copy"
+    local once = {warmup = 0, reps = 1, device = device, flush_l2 = not args.no_flush}
+    for _ = 1, args.warmup do ember.no_grad(fwd) end
+    local t, ref = {}, {}
+    for k = 1, args.reps do
+      t[k] = ember.bench(function() ember.no_grad(fwd) end, once).median
+      ref[k] = reference_gbs(r.peak_kind == "read", once, "median")
+    end
+    table.sort(t); table.sort(ref)
+    local function median(v) local n = #v; return n % 2 == 1 and v[(n + 1) // 2] or (v[n // 2] + v[n // 2 + 1]) / 2 end
+    r.fwd, r.peak_gbs = median(t), median(ref)
+  else
+    r.fwd = bench(function() ember.no_grad(fwd) end).median
+  end
   if grads then
     local ones = ember.ones(out.shape, {dtype = out.dtype, device = out.device})
     local leaves = {}
@@ -328,11 +338,7 @@ for i, t in ipairs(todo) do
       rec.gbs = r.bytes / r.fwd / 1e9
       rate = (rec.gbs < 10 and "%.2f GB/s" or "%.0f GB/s"):format(rec.gbs)
       local pk, kind = op_peak_gbs(r.bytes, r.out_bytes)
-      if args.peak_each then
-        kind = read_only(r.bytes, r.out_bytes) and "read" or "copy"
-        pk = local_peak_gbs(kind == "read")
-        rec.peak_each = true
-      end
+      if r.peak_gbs then pk, kind, rec.peak_each = r.peak_gbs, r.peak_kind, true end
       if pk then rec.peak_fraction, rec.peak_gbs, rec.peak_kind = rec.gbs / pk, pk, kind end
     end
     if rec.peak_fraction then
