@@ -43,9 +43,7 @@
  * counter per (batch, q head, 64-query tile, consumer half) that a block's
  * writer warp (red: consumer) waits on (ld.acquire, until it equals the
  * number of key blocks above it that add to this tile) before its adds, and
- * bumps (red.release) after they are performed (bulk: a tile late, once the
- * next tile's reduces are issued, so the writer does not idle on each
- * reduce's round trip); key blocks run highest
+ * bumps (red.release) after they are performed; key blocks run highest
  * first (block x = n_blocks − 1 − n). A block only ever waits on blocks of the same (batch, kv head) with a higher key
  * block, i.e. a lower blockIdx.x, launched before it: they are resident or
  * done, and by induction on blockIdx they never wait on it, so it cannot
@@ -152,8 +150,6 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 /* the groups complete: their writes to global memory performed */
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-/* all bulk groups but the 2 newest (one tile's two halves) complete: the previous tile's adds performed */
-__device__ __forceinline__ void bulk_wait_all_but_tile() { asm volatile("cp.async.bulk.wait_group 2;\n" ::: "memory"); }
 /* orders the async proxy's global accesses (the bulk reduces) with the generic ones (fused's counters) */
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
@@ -301,25 +297,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             dq_empty_arrive(1);
           }
           if constexpr (DET) {
-            // the bump lags a tile: once tile jt's reduces are issued, wait only until tile jt−1's are performed
-            // (all but the 2 newest groups), so the writer never idles on a reduce's round trip; the key block
-            // below is two tiles behind under the causal mask, so the lag rarely makes it wait
-            if (lead && jt > 0) {
-              bulk_wait_all_but_tile();
+            if (lead) {
+              bulk_wait_all();
               fence_proxy_async_global();
-              red_release_inc(counter(jt - 1, 0));
-              red_release_inc(counter(jt - 1, 1));
+              red_release_inc(counter(jt, 0));
+              red_release_inc(counter(jt, 1));
             }
           }
         }
-        if (lead) {
-          bulk_wait_all();
-          if constexpr (DET) {
-            fence_proxy_async_global();
-            red_release_inc(counter(ntile - 1, 0));
-            red_release_inc(counter(ntile - 1, 1));
-          }
-        }
+        if (lead) bulk_wait_all();
       }
     }
     return;

@@ -271,8 +271,7 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
 
 def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False):
     """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
-    red: each half bumped after its adds; bulk: the writer waits for and adds both halves, and bumps both a tile
-    late (once the next tile's reduces are issued; the last tile's at the end)."""
+    red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
     tqp = (Tq + STR - 1) // STR * STR
@@ -286,7 +285,6 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
         k0 = n * RES
         qstart = (max(0, k0 - off) // STR) * STR if causal else 0
         nq = max(0, (Tq - qstart + STR - 1) // STR)
-        prev = None
         for jt in range(group * nq):
             hg, mt = jt // nq, qstart // STR + jt % nq
             for half in range(2):   # the two consumers, each its own counter (disjoint columns)
@@ -297,13 +295,9 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
                 if not bulk:
                     cnt[key] = cnt.get(key, 0) + 1
             yield
-            if bulk and prev is not None:   # the writer bumps a tile late: after the next tile's reduces
+            if bulk:
                 for half in range(2):
-                    cnt[prev + (half,)] = cnt.get(prev + (half,), 0) + 1
-            prev = (hg, mt)
-        if bulk and prev is not None:       # the last tile's, after wait_group 0
-            for half in range(2):
-                cnt[prev + (half,)] = cnt.get(prev + (half,), 0) + 1
+                    cnt[(hg, mt, half)] = cnt.get((hg, mt, half), 0) + 1
 
     pending = list(order); live = []
     steps = 0

@@ -12,7 +12,7 @@ Run: python3 tools/flash_bwd_fused_tail.py
 RES, STR = 128, 64
 
 
-def makespan(T, heads, slots, order, wait=True, causal=True, lag=0):
+def makespan(T, heads, slots, order, wait=True, causal=True):
     nb = (T + RES - 1) // RES
     cnt = {}
 
@@ -21,17 +21,11 @@ def makespan(T, heads, slots, order, wait=True, causal=True, lag=0):
 
     def blk(hh, n):
         qstart = (n * RES // STR) * STR if causal else 0
-        done = []
         for mt in range(qstart // STR, (T + STR - 1) // STR):
             while wait and cnt.get((hh, mt), 0) != nlast(mt) - n:
                 yield
             yield
-            done.append(mt)
-            if len(done) > lag:   # lag 1: a tile's bump after the next tile's adds (the bulk writer's)
-                m = done.pop(0)
-                cnt[(hh, m)] = cnt.get((hh, m), 0) + 1
-        for m in done:
-            cnt[(hh, m)] = cnt.get((hh, m), 0) + 1
+            cnt[(hh, mt)] = cnt.get((hh, mt), 0) + 1
 
     seq = [nb - 1 - x for x in range(nb)] if order == 'highest' else list(range(nb))
     pending = [(hh, n) for hh in range(heads) for n in seq]
@@ -57,10 +51,8 @@ def main():
         nd = makespan(T, 16, 132, 'longest', wait=False)
         hi = makespan(T, 16, 132, 'highest')
         lo = makespan(T, 16, 132, 'longest')
-        lag = makespan(T, 16, 132, 'highest', lag=1)
         print('T %5d: ideal %.0f, fused_nd %d, fused (highest first) %d (+%.1f %% on fused_nd), '
-              'fused with the bump a tile late %d (+%.1f %%), fused longest first %d'
-              % (T, ideal, nd, hi, 100 * (hi / nd - 1), lag, 100 * (lag / nd - 1), lo))
+              'fused longest first %d' % (T, ideal, nd, hi, 100 * (hi / nd - 1), lo))
 
 
 if __name__ == '__main__':
