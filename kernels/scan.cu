@@ -8,9 +8,12 @@
  *
  * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
  * Launch shapes, by where the scanned dim lies:
- *  - one row (outer = inner = 1, cumsum of a long vector): cub::DeviceScan,
- *    the decoupled look-back single-pass scan, at copy bandwidth. Reverse
- *    (cumsum's backward) reverses into scratch, scans, reverses back.
+ *  - one row (outer = inner = 1, cumsum of a long vector): scan_row_tiles,
+ *    one pass (read once, write once) over 4096-element tiles whose prefixes
+ *    come from a look-back in a fixed order, so the same bits on every run
+ *    (see above scan_row_tiles); reverse (cumsum's backward) maps positions.
+ *    EMBER_SCAN_ROW=cub: the previous cub::DeviceScan (decoupled look-back:
+ *    a float result may change from run to run with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles.
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
@@ -22,6 +25,8 @@
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
  * the column walk with three passes per row, in strips of 32 columns staged
  * through shared memory when there are at least 32 (cumprod_grad_strips). */
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <cub/cub.cuh>
 #include <thrust/iterator/transform_iterator.h>
@@ -215,12 +220,160 @@ int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_
   return rc;
 }
 
+/* ---- one long row, deterministic: tiles with a fixed-order look-back ----
+ * Tile k (kRowTile elements, one block, ticket order) loads its elements
+ * once (16-byte loads), scans them in registers (16 per thread in order,
+ * then cub::BlockScan's fixed tree) and publishes its total agg[k]. Its
+ * prefix is then computed, never taken from whoever happens to be done:
+ *   prefix(k) = sum_fixed(ctot[0 .. m)) + sum_fixed(agg[mC .. k)),  m = k / C,
+ * where ctot[m'] (chunk m' of C tiles) is published by the chunk's last
+ * tile as sum_fixed(agg[m'C .. m'C + C - 1)) + agg[m'C + C - 1], and
+ * sum_fixed is one warp summing v[j] into lane j % 32 in order, then an xor
+ * butterfly (commutative pairs: every lane the same bits). Each value is
+ * thus one fixed expression of the input, whatever the timing: the same
+ * bits every run (CUB's look-back adds whichever predecessors are ready).
+ * A tile waits only on tiles with earlier tickets (already running), so it
+ * cannot deadlock. Bytes: one read and one write, like CUB's scan. */
+constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
+
+template <typename A>
+struct RowState {
+  unsigned *ticket;
+  int *agg_flag, *ctot_flag;   /* zeroed before the launch */
+  A *agg, *ctot;
+};
+
+template <typename A>
+__device__ __forceinline__ void publish(A *val, int *flag, A v) {
+  *(volatile A *)val = v;
+  __threadfence();
+  *(volatile int *)flag = 1;
+}
+
+/* sum_fixed over v[0 .. n) by one warp, once every flag is up; every lane returns the result */
+template <typename A, typename Op>
+__device__ __forceinline__ A fixed_sum(const A *v, const int *flag, int64_t n, Op op, A identity) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t j = lane; j < n; j += 32)
+    while (*(volatile const int *)(flag + j) == 0) {}
+  __threadfence();   /* the values were written before their flags */
+  A acc = identity;
+  for (int64_t j = lane; j < n; j += 32) acc = op(acc, __ldcg(v + j));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  return acc;
+}
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_row_tiles(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                         bool reverse, bool vec, Op op, A identity, RowState<A> st) {
+  typedef cub::BlockScan<A, kBlock> BlockScan;
+  __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ unsigned tile_sh;
+  __shared__ A prefix_sh;
+  const int t = threadIdx.x;
+  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
+  __syncthreads();
+  const int64_t tile = tile_sh, p0 = tile * kRowTile + (int64_t)t * kRowItems;
+  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
+  A v[kRowItems];
+  if (fast) {
+    constexpr int P = Packed128<T>::size;
+#pragma unroll
+    for (int i = 0; i < kRowItems; i += P) {
+      const Packed128<T> x = load128(in + p0 + i);
+#pragma unroll
+      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowItems; i++) {
+      const int64_t p = p0 + i;
+      v[i] = p < L ? widen<A, T>(in[reverse ? L - 1 - p : p]) : identity;
+    }
+  }
+#pragma unroll
+  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
+  A tp, total;
+  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
+  if (t < 32) {   /* warp 0: publish, then the fixed-order prefix */
+    if (t == 0) publish(st.agg + tile, st.agg_flag + tile, total);
+    const int64_t m = tile / kRowChunk, first = m * kRowChunk;
+    const A within = fixed_sum(st.agg + first, st.agg_flag + first, tile - first, op, identity);
+    /* a chunk's total depends on its own tiles only: published before waiting on earlier chunks, no chain */
+    if (t == 0 && tile - first == kRowChunk - 1) publish(st.ctot + m, st.ctot_flag + m, op(within, total));
+    const A carry = fixed_sum(st.ctot, st.ctot_flag, m, op, identity);
+    if (t == 0) prefix_sh = op(carry, within);
+  }
+  __syncthreads();
+  const A base = op(prefix_sh, tp);
+  if (fast) {
+    constexpr int P = Packed128<T>::size;
+#pragma unroll
+    for (int i = 0; i < kRowItems; i += P) {
+      Packed128<T> x;
+#pragma unroll
+      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
+      store128(out + p0 + i, x);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowItems; i++) {
+      const int64_t p = p0 + i;
+      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, A>(op(base, v[i]));
+    }
+  }
+}
+
+/* EMBER_SCAN_ROW (read once): "tiles" (default) or "cub" (the previous device scan, not deterministic for floats). */
+static int row_scan_cub(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_ROW");
+    if (!env || !*env || strcmp(env, "tiles") == 0) mode = 0;
+    else if (strcmp(env, "cub") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_SCAN_ROW to be tiles or cub, got '%s'", op, env);
+  }
+  return mode;
+}
+
+template <typename T, typename A, typename Op>
+int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
+                 cudaStream_t s) {
+  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = nt / kRowChunk + 1;
+  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+  const size_t flags = (256 + (size_t)(nt + nc) * sizeof(int) + 255) & ~(size_t)255;
+  int64_t total = (int64_t)(flags + (size_t)(nt + nc) * sizeof(A));
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  RowState<A> st;
+  st.ticket = (unsigned *)p;
+  st.agg_flag = (int *)(p + 256);
+  st.ctot_flag = st.agg_flag + nt;
+  st.agg = (A *)(p + flags);
+  st.ctot = st.agg + nt;
+  int rc = em_cuda_check(cudaMemsetAsync(p, 0, flags, s), op, "cudaMemsetAsync");
+  if (!rc) {
+    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    scan_row_tiles<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* stream-ordered */
+  return rc;
+}
+
 template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
               A identity, em_tensor *res, cudaStream_t s) {
   const T *in = (const T *)em_data_ptr(a);
   T *out = (T *)em_data_ptr(res);
-  if (outer == 1 && inner == 1) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
+  if (outer == 1 && inner == 1) {
+    const int cub_row = row_scan_cub(op);
+    if (cub_row < 0) return -1;
+    if (cub_row) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
+    return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
+  }
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);

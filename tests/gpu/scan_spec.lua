@@ -1,0 +1,63 @@
+-- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (scan_row_tiles: 4096-
+-- element tiles, a fixed-order look-back over 64-tile chunks) against the
+-- CPU, at sizes around the tile and the chunk, misaligned (the scalar path)
+-- and reversed (cumsum's backward); and its promise: the same bits on every
+-- run (CUB's look-back, EMBER_SCAN_ROW=cub, does not promise that for floats).
+-- Tolerance: compare.lua's for the dtype (the GPU accumulates in f32 for
+-- f32/bf16, the CPU in double); integers exact.
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local SIZES = {1, 4095, 4096, 4097, 3 * 4096 + 5, 64 * 4096 - 1, 64 * 4096 + 5, 131 * 4096 + 77}
+
+local function same_bits(a, b, what)
+  local d = (a:to("f64") - b:to("f64")):abs():max():item()
+  assert.are.equal(0, d, what .. ": two runs differ")
+end
+
+describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", function()
+  for _, dt in ipairs({"f32", "bf16", "f64", "f16"}) do
+    it(("cumsum and cumprod of one row match the CPU (%s), forward, misaligned and reversed"):format(dt), function()
+      ember.manual_seed(31)
+      for _, n in ipairs(SIZES) do
+        local x = ember.randn(n + 1, {dtype = "f64"}):to(dt)
+        local xc = x:cuda()
+        local what = ("%s n %d"):format(dt, n)
+        cmp.assert_close(xc:narrow(0, 0, n):cumsum(0), x:narrow(0, 0, n):cumsum(0), cmp.rtol(dt), "cumsum " .. what)
+        cmp.assert_close(xc:narrow(0, 1, n):cumsum(0), x:narrow(0, 1, n):cumsum(0), cmp.rtol(dt),
+                         "cumsum misaligned " .. what)
+        -- every product rounds about sqrt(n) 2^-24 away from the CPU's double: f32 meets 1e-5 only for short rows
+        if dt ~= "f32" or n <= 3 * 4096 + 5 then
+          local p = (ember.rand(n, {dtype = "f64"}) * 0.002 + 0.999):to(dt)
+          cmp.assert_close(p:cuda():cumprod(0), p:cumprod(0), cmp.rtol(dt), "cumprod " .. what)
+        end
+        local a, ac = x:narrow(0, 0, n):detach(), xc:narrow(0, 0, n):detach()
+        a.requires_grad, ac.requires_grad = true, true
+        local g = ember.randn(n, {dtype = "f64"}):to(dt)
+        a:cumsum(0):backward(g)
+        ac:cumsum(0):backward(g:cuda())
+        cmp.assert_close(ac.grad, a.grad, cmp.rtol(dt), "cumsum backward (reversed) " .. what)
+      end
+    end)
+  end
+
+  it("integer cumsum of one row is exact", function()
+    ember.manual_seed(32)
+    local x = ember.randint(-1000, 1000, {131 * 4096 + 77})
+    cmp.assert_close(x:cuda():cumsum(0), x:cumsum(0), 0, "i64 cumsum")
+  end)
+
+  it("gives the same bits on every run (f32 and bf16, 2^22 + 3 elements)", function()
+    ember.manual_seed(33)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local x = ember.randn((1 << 22) + 3):to(dt):cuda()
+      local first = x:cumsum(0)
+      for _ = 1, 5 do same_bits(x:cumsum(0), first, "cumsum " .. dt) end
+      local p = (ember.rand((1 << 22) + 3) * 0.002 + 0.999):to(dt):cuda()
+      local pf = p:cumprod(0)
+      for _ = 1, 3 do same_bits(p:cumprod(0), pf, "cumprod " .. dt) end
+    end
+  end)
+end)
