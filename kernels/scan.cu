@@ -15,9 +15,12 @@
  *    EMBER_SCAN_ROW=cub: the previous cub::DeviceScan (decoupled look-back:
  *    a float result may change from run to run with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
- *    256 x 4 elements with the running total carried between tiles.
+ *    256 x 4 elements with the running total carried between tiles; a
+ *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
+ *    when the rows allow it (same values, same order, same bits).
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
- *    block per strip of 32 columns (scan_strips): tiles of rows staged in
+ *    block per strip of 32, 16 or 8 columns (scan_strips; narrower when 32
+ *    would give under ~3 blocks per SM): tiles of rows staged in
  *    shared memory by the whole block, the next tile's loads in flight while
  *    one warp walks this one, a lane per column, in row order.
  *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
@@ -65,8 +68,18 @@ struct Narrow {
   __host__ __device__ __forceinline__ T operator()(const A &x) const { return narrow<T, A>(x); }
 };
 
+/* A thread's kItems neighbours in one load/store (16 bytes for f32, 8 for bf16). */
+template <typename T>
+struct alignas(sizeof(T) * kItems) Items {
+  T v[kItems];
+};
+
+/* vec: not reversed, rows a whole number of Items long and in/out aligned to
+ * them, so a thread's kItems elements move as one Items; the same values in
+ * the same order as the scalar loads, so the same bits. */
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, Op op, A identity) {
+__global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, bool vec, Op op,
+                                                    A identity) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
   const T *row = in + (int64_t)blockIdx.x * L;
@@ -74,17 +87,32 @@ __global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t
   A carry = identity;
   for (int64_t base = 0; base < L; base += kBlock * kItems) {
     A v[kItems];
+    const int64_t j0 = base + threadIdx.x * kItems;
+    const bool whole = vec && j0 + kItems <= L;
+    if (whole) {
+      const Items<T> x = *reinterpret_cast<const Items<T> *>(row + j0);
 #pragma unroll
-    for (int i = 0; i < kItems; i++) {
-      int64_t j = base + threadIdx.x * kItems + i;
-      v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+      for (int i = 0; i < kItems; i++) v[i] = widen<A, T>(x.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kItems; i++) {
+        int64_t j = j0 + i;
+        v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+      }
     }
     A total;
     BlockScan(tmp).InclusiveScan(v, v, op, total);
+    if (whole) {
+      Items<T> x;
 #pragma unroll
-    for (int i = 0; i < kItems; i++) {
-      int64_t j = base + threadIdx.x * kItems + i;
-      if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+      for (int i = 0; i < kItems; i++) x.v[i] = narrow<T, A>(op(carry, v[i]));
+      *reinterpret_cast<Items<T> *>(orow + j0) = x;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kItems; i++) {
+        int64_t j = j0 + i;
+        if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+      }
     }
     carry = op(carry, total);
     __syncthreads();   /* tmp is reused by the next tile */
@@ -122,19 +150,26 @@ constexpr int kStripTileBytes = 32 * 1024;
 
 constexpr int kStripSmem = 2 * kStripTileBytes;   /* double-buffered */
 
-template <typename T, typename A, typename Op>
+/* SC columns a strip (32, 16 or 8; kernels/scan.cu picks, EMBER_SCAN_STRIP
+ * overrides): narrower strips make more blocks, so more walking warps per
+ * SM when there are few columns — the walk, one warp's chain of dependent
+ * adds per tile, is what bounds a (4096, 4096) dim-0 scan at 32 (128 blocks,
+ * one walker per SM: ~60 us for f32 and bf16 alike). A warp loads 32 / SC
+ * rows of SC columns per instruction; the walk is the same for every SC. */
+template <int SC, typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                              int64_t inner, int64_t strips, bool reverse, Op op,
                                                              A identity) {
-  /* R rows a tile; E of them loaded by each thread */
-  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;
+  /* R rows a tile (SC / 32 of kStripTileBytes); RPW rows per warp load; E loads per thread */
+  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), RPW = 32 / SC, E = R / (kStripWarps * RPW);
   extern __shared__ __align__(16) unsigned char strip_raw[];
-  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + lane;
-  const bool active = col < inner;
-  const int64_t base = o * L * inner + col, step = reverse ? -inner : inner;
-  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from base */
+  T(*buf)[R][SC] = reinterpret_cast<T(*)[R][SC]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / SC, c = lane % SC;
+  const int64_t o = blockIdx.x / strips, col0 = (blockIdx.x % strips) * SC;
+  const bool ld_active = col0 + c < inner, walk_active = lane < SC && col0 + lane < inner;
+  const int64_t step = reverse ? -inner : inner;
+  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from a column's start */
+  const int64_t ld_base = o * L * inner + col0 + c + first, walk_base = o * L * inner + col0 + lane + first;
   const int64_t ntiles = (L + R - 1) / R;
   T reg[E];
 #pragma unroll
@@ -142,13 +177,13 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   auto load = [&](int64_t t) {
 #pragma unroll
     for (int e = 0; e < E; e++) {
-      const int64_t j = t * R + warp + e * kStripWarps;
-      if (active && j < L) reg[e] = in[base + first + j * step];
+      const int64_t j = t * R + (warp + e * kStripWarps) * RPW + sub;
+      if (ld_active && j < L) reg[e] = in[ld_base + j * step];
     }
   };
   auto stash = [&](int b) {
 #pragma unroll
-    for (int e = 0; e < E; e++) buf[b][warp + e * kStripWarps][lane] = reg[e];
+    for (int e = 0; e < E; e++) buf[b][(warp + e * kStripWarps) * RPW + sub][c] = reg[e];
   };
   load(0);
   stash(0);
@@ -156,13 +191,13 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   A acc = identity;
   for (int64_t t = 0; t < ntiles; t++) {
     if (t + 1 < ntiles) load(t + 1);   /* in flight during the walk below */
-    if (warp == 0 && active) {
+    if (warp == 0 && walk_active) {
       const int rows = (int)(L - t * R < R ? L - t * R : R);
-      T *p = out + base + first + t * R * step;
+      T *p = out + walk_base + t * R * step;
       const T *row = &buf[t & 1][0][lane];
 #pragma unroll 8
       for (int r = 0; r < rows; r++) {
-        acc = op(acc, widen<A, T>(row[r * kStripCols]));
+        acc = op(acc, widen<A, T>(row[r * SC]));
         *p = narrow<T, A>(acc);
         p += step;
       }
@@ -170,6 +205,35 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
     if (t + 1 < ntiles) stash((t + 1) & 1);   /* the other buffer: its walk ended before the last barrier */
     __syncthreads();
   }
+}
+
+/* EMBER_SCAN_STRIP (read once): 0 = pick by the grid (default, "auto"), else 32, 16 or 8 columns a strip. */
+static int strip_override(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_STRIP");
+    if (!env || !*env || strcmp(env, "auto") == 0) mode = 0;
+    else if (strcmp(env, "32") == 0) mode = 32;
+    else if (strcmp(env, "16") == 0) mode = 16;
+    else if (strcmp(env, "8") == 0) mode = 8;
+    else return em_error("%s: expected EMBER_SCAN_STRIP to be auto, 32, 16 or 8, got '%s'", op, env);
+  }
+  return mode;
+}
+
+template <int SC, typename T, typename A, typename Op>
+int launch_strips(const char *op, const T *in, T *out, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
+                  A identity, cudaStream_t s) {
+  const int64_t strips = (inner + SC - 1) / SC;
+  if (outer * strips > INT32_MAX)
+    return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+  const int smem = kStripSmem / (kStripCols / SC);
+  auto k = scan_strips<SC, T, A, Op>;
+  if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
+                    "cudaFuncSetAttribute"))
+    return -1;
+  k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+  return em_launch_check(op);
 }
 
 template <typename A>
@@ -376,16 +440,18 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   }
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
-    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
+    const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
+    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
-    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
-    if (outer * strips > INT32_MAX)
-      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
-    auto k = scan_strips<T, A, Op>;
-    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kStripSmem), op,
-                      "cudaFuncSetAttribute"))
-      return -1;
-    k<<<(unsigned)(outer * strips), kStripThreads, kStripSmem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+    int sc = strip_override(op);
+    if (sc < 0) return -1;
+    if (sc == 0) {   /* the widest strip that still gives ~3 blocks per SM (else 8) */
+      const int64_t want = 3 * (int64_t)em_sm_count(a->device.index);
+      sc = outer * ((inner + 31) / 32) >= want ? 32 : outer * ((inner + 15) / 16) >= want ? 16 : 8;
+    }
+    if (sc == 32) return launch_strips<32, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
+    if (sc == 16) return launch_strips<16, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
+    return launch_strips<8, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
   } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);
