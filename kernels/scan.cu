@@ -19,8 +19,10 @@
  *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
  *    when the rows allow it (same values, same order, same bits).
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
- *    block per strip of 32, 16 or 8 columns (scan_strips; narrower when 32
- *    would give under ~3 blocks per SM): tiles of rows staged in
+ *    block per strip of 32 columns: where a strip's rows are 16-byte
+ *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
+ *    place in shared memory, written back 16 bytes a thread); else (or
+ *    EMBER_SCAN_STRIP=v1) scan_strips: tiles of rows staged in
  *    shared memory by the whole block, the next tile's loads in flight while
  *    one warp walks this one, a lane per column, in row order.
  *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
@@ -150,26 +152,19 @@ constexpr int kStripTileBytes = 32 * 1024;
 
 constexpr int kStripSmem = 2 * kStripTileBytes;   /* double-buffered */
 
-/* SC columns a strip (32, 16 or 8; kernels/scan.cu picks, EMBER_SCAN_STRIP
- * overrides): narrower strips make more blocks, so more walking warps per
- * SM when there are few columns — the walk, one warp's chain of dependent
- * adds per tile, is what bounds a (4096, 4096) dim-0 scan at 32 (128 blocks,
- * one walker per SM: ~60 us for f32 and bf16 alike). A warp loads 32 / SC
- * rows of SC columns per instruction; the walk is the same for every SC. */
-template <int SC, typename T, typename A, typename Op>
+template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                              int64_t inner, int64_t strips, bool reverse, Op op,
                                                              A identity) {
-  /* R rows a tile (SC / 32 of kStripTileBytes); RPW rows per warp load; E loads per thread */
-  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), RPW = 32 / SC, E = R / (kStripWarps * RPW);
+  /* R rows a tile; E of them loaded by each thread */
+  constexpr int R = kStripTileBytes / (kStripCols * (int)sizeof(T)), E = R / kStripWarps;
   extern __shared__ __align__(16) unsigned char strip_raw[];
-  T(*buf)[R][SC] = reinterpret_cast<T(*)[R][SC]>(strip_raw);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / SC, c = lane % SC;
-  const int64_t o = blockIdx.x / strips, col0 = (blockIdx.x % strips) * SC;
-  const bool ld_active = col0 + c < inner, walk_active = lane < SC && col0 + lane < inner;
-  const int64_t step = reverse ? -inner : inner;
-  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from a column's start */
-  const int64_t ld_base = o * L * inner + col0 + c + first, walk_base = o * L * inner + col0 + lane + first;
+  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o = blockIdx.x / strips, col = (blockIdx.x % strips) * kStripCols + lane;
+  const bool active = col < inner;
+  const int64_t base = o * L * inner + col, step = reverse ? -inner : inner;
+  const int64_t first = reverse ? (L - 1) * inner : 0;   /* offset of walk row 0 from base */
   const int64_t ntiles = (L + R - 1) / R;
   T reg[E];
 #pragma unroll
@@ -177,13 +172,13 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   auto load = [&](int64_t t) {
 #pragma unroll
     for (int e = 0; e < E; e++) {
-      const int64_t j = t * R + (warp + e * kStripWarps) * RPW + sub;
-      if (ld_active && j < L) reg[e] = in[ld_base + j * step];
+      const int64_t j = t * R + warp + e * kStripWarps;
+      if (active && j < L) reg[e] = in[base + first + j * step];
     }
   };
   auto stash = [&](int b) {
 #pragma unroll
-    for (int e = 0; e < E; e++) buf[b][(warp + e * kStripWarps) * RPW + sub][c] = reg[e];
+    for (int e = 0; e < E; e++) buf[b][warp + e * kStripWarps][lane] = reg[e];
   };
   load(0);
   stash(0);
@@ -191,13 +186,13 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   A acc = identity;
   for (int64_t t = 0; t < ntiles; t++) {
     if (t + 1 < ntiles) load(t + 1);   /* in flight during the walk below */
-    if (warp == 0 && walk_active) {
+    if (warp == 0 && active) {
       const int rows = (int)(L - t * R < R ? L - t * R : R);
-      T *p = out + walk_base + t * R * step;
+      T *p = out + base + first + t * R * step;
       const T *row = &buf[t & 1][0][lane];
 #pragma unroll 8
       for (int r = 0; r < rows; r++) {
-        acc = op(acc, widen<A, T>(row[r * SC]));
+        acc = op(acc, widen<A, T>(row[r * kStripCols]));
         *p = narrow<T, A>(acc);
         p += step;
       }
@@ -207,33 +202,97 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   }
 }
 
-/* EMBER_SCAN_STRIP (read once): 0 = pick by the grid (default, "auto"), else 32, 16 or 8 columns a strip. */
-static int strip_override(const char *op) {
+/* scan_strips with the tile moved by cp.async and the walk kept in shared
+ * memory (the default where rows of a strip are 16-byte aligned; EMBER_SCAN_STRIP=v1
+ * keeps scan_strips above). scan_strips' walk pays a global store and 64-bit
+ * pointer steps per row in its one walking warp, and keeps one 32 KiB tile
+ * in flight; with 128 strips (4096 columns) that is one walker per SM and
+ * ~60 us for a (4096, 4096) dim-0 scan, f32 and bf16 alike. Here:
+ *  - kAsyncStages tiles of kAsyncTileBytes are copied global -> shared by
+ *    cp.async, 16 bytes per thread per copy, up to three tiles ahead, no
+ *    registers held;
+ *  - warp 0 walks the tile in place (shared load, op, shared store per row:
+ *    the chain of dependent ops is the only serial part);
+ *  - all warps write the tile back with 16-byte stores.
+ * Per column the same ops in the same order (row 0, 1, ... or reversed) in
+ * A, one rounding per output: the bits of scan_strips and scan_cols. */
+constexpr int kAsyncStages = 4, kAsyncTileBytes = 16 * 1024;
+constexpr int kAsyncSmem = kAsyncStages * kAsyncTileBytes;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
+                                                                   int64_t L, int64_t inner, int64_t strips,
+                                                                   bool reverse, Op op, A identity) {
+  constexpr int R = kAsyncTileBytes / (kStripCols * (int)sizeof(T));   /* rows a tile */
+  constexpr int CPR = kStripCols * (int)sizeof(T) / 16;                /* 16-byte chunks a row */
+  constexpr int CPT = R * CPR / kStripThreads;                          /* chunks a thread, per tile */
+  constexpr int V = 16 / (int)sizeof(T);                                /* elements a chunk */
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o = blockIdx.x / strips, col0 = (blockIdx.x % strips) * kStripCols;
+  const int64_t base = o * L * inner + col0;   /* element (row 0, col0) of this strip */
+  const int64_t ntiles = (L + R - 1) / R;
+  /* global row of walk row k */
+  auto grow = [&](int64_t k) { return reverse ? L - 1 - k : k; };
+  auto fetch = [&](int64_t t) {   /* tile t into its stage; rows past L and columns past inner are not copied */
+    if (t < ntiles) {
+#pragma unroll
+      for (int i = 0; i < CPT; i++) {
+        const int q = i * kStripThreads + threadIdx.x, r = q / CPR, cc = q % CPR;
+        const int64_t k = t * R + r;
+        if (k < L && col0 + cc * V < inner) cp_async16(&buf[t % kAsyncStages][r][cc * V], in + base + grow(k) * inner + cc * V);
+      }
+    }
+    cp_async_commit();   /* a group per tile, empty past the end: the wait count stays uniform */
+  };
+#pragma unroll
+  for (int t = 0; t < kAsyncStages - 1; t++) fetch(t);
+  A acc = identity;
+  const bool walker = warp == 0 && col0 + lane < inner;
+  for (int64_t t = 0; t < ntiles; t++) {
+    cp_async_wait<kAsyncStages - 2>();   /* this thread's copies of tile t have landed */
+    __syncthreads();                      /* everyone's; and tile t - 1's write-back has read its stage */
+    fetch(t + kAsyncStages - 1);          /* into tile t - 1's stage */
+    T(*tile)[kStripCols] = buf[t % kAsyncStages];
+    const int rows = (int)(L - t * R < R ? L - t * R : R);
+    if (walker) {
+#pragma unroll 8
+      for (int r = 0; r < rows; r++) {
+        acc = op(acc, widen<A, T>(tile[r][lane]));
+        tile[r][lane] = narrow<T, A>(acc);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {   /* write back, 16 bytes a thread, coalesced */
+      const int q = i * kStripThreads + threadIdx.x, r = q / CPR, cc = q % CPR;
+      if (r < rows && col0 + cc * V < inner)
+        *reinterpret_cast<uint4 *>(out + base + grow(t * R + r) * inner + cc * V) =
+            *reinterpret_cast<const uint4 *>(&tile[r][cc * V]);
+    }
+  }
+  cp_async_wait<0>();   /* no copy outlives the block */
+}
+
+/* EMBER_SCAN_STRIP (read once): "async" (default) or "v1" (scan_strips). */
+static int strips_v1(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_STRIP");
-    if (!env || !*env || strcmp(env, "auto") == 0) mode = 0;
-    else if (strcmp(env, "32") == 0) mode = 32;
-    else if (strcmp(env, "16") == 0) mode = 16;
-    else if (strcmp(env, "8") == 0) mode = 8;
-    else return em_error("%s: expected EMBER_SCAN_STRIP to be auto, 32, 16 or 8, got '%s'", op, env);
+    if (!env || !*env || strcmp(env, "async") == 0) mode = 0;
+    else if (strcmp(env, "v1") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_SCAN_STRIP to be async or v1, got '%s'", op, env);
   }
   return mode;
-}
-
-template <int SC, typename T, typename A, typename Op>
-int launch_strips(const char *op, const T *in, T *out, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
-                  A identity, cudaStream_t s) {
-  const int64_t strips = (inner + SC - 1) / SC;
-  if (outer * strips > INT32_MAX)
-    return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
-  const int smem = kStripSmem / (kStripCols / SC);
-  auto k = scan_strips<SC, T, A, Op>;
-  if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
-                    "cudaFuncSetAttribute"))
-    return -1;
-  k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
-  return em_launch_check(op);
 }
 
 template <typename A>
@@ -443,15 +502,19 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
     scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
-    int sc = strip_override(op);
-    if (sc < 0) return -1;
-    if (sc == 0) {   /* the widest strip that still gives ~3 blocks per SM (else 8) */
-      const int64_t want = 3 * (int64_t)em_sm_count(a->device.index);
-      sc = outer * ((inner + 31) / 32) >= want ? 32 : outer * ((inner + 15) / 16) >= want ? 16 : 8;
-    }
-    if (sc == 32) return launch_strips<32, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
-    if (sc == 16) return launch_strips<16, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
-    return launch_strips<8, T, A, Op>(op, in, out, outer, L, inner, reverse, f, identity, s);
+    const int64_t strips = (inner + kStripCols - 1) / kStripCols;
+    if (outer * strips > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
+    const int v1 = strips_v1(op);
+    if (v1 < 0) return -1;
+    /* cp.async moves 16-byte chunks: every row of a strip must start 16-byte aligned */
+    const bool async = !v1 && (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    auto k = async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
+    const int smem = async ? kAsyncSmem : kStripSmem;
+    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
+                      "cudaFuncSetAttribute"))
+      return -1;
+    k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
   } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);

@@ -62,35 +62,41 @@ describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", functi
   end)
 end)
 
--- Column scans (dim not innermost): scan_strips walks each column in row
--- order whatever the strip width, so the bits of a row-by-row walk. The
--- width is picked from the grid (132 SMs: (300, 13000) takes 32 columns,
--- (300, 7000) 16, (300, 100) 8); sort_spec covers the narrow shapes.
-describe("column scans on CUDA in strips of 32, 16 and 8 columns", function()
-  it("are the bits of the row-by-row walk, forward and reversed (f32, bf16)", function()
+-- Column scans (dim not innermost): scan_strips_async (rows of a strip
+-- 16-byte aligned) and scan_strips (else, or EMBER_SCAN_STRIP=v1) both walk
+-- each column in row order in the accumulator, so the bits of a row-by-row
+-- walk. 1300 rows: more tiles (128 rows f32, 256 bf16) than the 4 stages of
+-- the async ring; 160 columns: async for both dtypes; 100: a partial strip,
+-- async for f32, scan_strips for bf16 (200 bytes a row); 1030: scan_strips.
+describe("column scans on CUDA (cp.async strips and the register-staged strips)", function()
+  it("are the bits of the row-by-row walk, forward and reversed (f32, bf16, f64)", function()
     ember.manual_seed(34)
-    for _, dt in ipairs({"f32", "bf16"}) do
-      for _, shape in ipairs({{300, 13000}, {300, 7000}, {300, 100}}) do
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      local acc = dt == "bf16" and "f32" or dt
+      for _, shape in ipairs({{1300, 160}, {1300, 100}, {1300, 1030}}) do
         local x = (ember.randn(shape, {dtype = "f64"}) * 0.05 + 1):to(dt):cuda()
         local L = shape[1]
-        for _, reverse in ipairs({false, true}) do
-          local rows, a = {}, nil
-          for k = 0, L - 1 do
-            local r = reverse and L - 1 - k or k
-            local v = x:select(0, r):to("f32")
-            a = a == nil and v or a + v
-            rows[r + 1] = a:to(dt)
+        for _, op in ipairs({"cumsum", "cumprod"}) do
+          for _, reverse in ipairs({false, true}) do
+            local rows, a = {}, nil
+            for k = 0, L - 1 do
+              local r = reverse and L - 1 - k or k
+              local v = x:select(0, r):to(acc)
+              a = a == nil and v or (op == "cumsum" and a + v or a * v)
+              rows[r + 1] = a:to(dt)
+            end
+            local got
+            if not reverse then got = x[op](x, 0)
+            elseif op == "cumsum" then   -- cumsum's backward is the reversed scan
+              local xl = x:detach(); xl.requires_grad = true
+              xl:cumsum(0):backward(x)
+              got = xl.grad
+            else
+              got = x:flip(0):cumprod(0):flip(0)
+            end
+            cmp.assert_same_bits(got, ember.stack(rows, 0),
+              ("%s %s %s%s"):format(op, dt, table.concat(shape, "x"), reverse and " reversed" or ""))
           end
-          local got
-          if reverse then
-            local xl = x:detach(); xl.requires_grad = true
-            xl:cumsum(0):backward(x)
-            got = xl.grad
-          else
-            got = x:cumsum(0)
-          end
-          cmp.assert_same_bits(got, ember.stack(rows, 0),
-            ("cumsum %s %s%s"):format(dt, table.concat(shape, "x"), reverse and " reversed" or ""))
         end
       end
     end
