@@ -214,6 +214,32 @@ __global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restr
   }
 }
 
+/* unique: mark the first element of each run of equal neighbours in sorted
+ * v (floats compared as doubles: -0 equals +0, NaN equals nothing, as
+ * sort.cu's run_flags). One element per lane, a ballot per 32; the
+ * predecessor's load mostly hits the cache. */
+template <typename C>
+__global__ void __launch_bounds__(kThreads) mark_heads(const void *v, int dt, int64_t n, uint32_t *__restrict__ words,
+                                                       int64_t *__restrict__ tcount) {
+  typedef cub::BlockReduce<int, kThreads> Reduce;
+  __shared__ typename Reduce::TempStorage red;
+  const int t = threadIdx.x, lane = t & 31;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  uint32_t *w = words + (int64_t)blockIdx.x * kWords;
+  int c = 0;
+#pragma unroll 4
+  for (int j = 0; j < kPer; j++) {
+    const int e = j * kThreads + t;
+    const int64_t i = base + e;
+    const bool b = i < n && (i == 0 || !(load_as<C>(v, dt, i) == load_as<C>(v, dt, i - 1)));
+    const uint32_t bits = __ballot_sync(0xffffffffu, b);
+    c += b;
+    if (lane == 0) w[e / 32] = bits;
+  }
+  const int total = Reduce(red).Sum(c);
+  if (t == 0) tcount[blockIdx.x] = total;
+}
+
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 }  // namespace
@@ -246,6 +272,25 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
                                                                         fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off); break;
     default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
   }
+  if (em_launch_check(op)) return -1;
+  scan_tiles<<<1, kScanThreads, 0, s>>>(off, nt, (int64_t *)em_data_ptr(count));
+  return em_launch_check(op);
+}
+
+extern "C" int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count) {
+  const int64_t n = em_numel(sorted);
+  const int dev = sorted->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  const int64_t nt = ntiles_of(n);
+  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  uint32_t *w = ws_words(ws);
+  int64_t *off = ws_off(ws, n);
+  if (em_dtype_is_float(sorted->dtype))
+    mark_heads<double><<<(unsigned)nt, kThreads, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, w, off);
+  else
+    mark_heads<int64_t><<<(unsigned)nt, kThreads, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, w, off);
   if (em_launch_check(op)) return -1;
   scan_tiles<<<1, kScanThreads, 0, s>>>(off, nt, (int64_t *)em_data_ptr(count));
   return em_launch_check(op);

@@ -676,6 +676,9 @@ int64_t em_compact_ws_bytes(int64_t n);
  * per element and each 4096-element tile's offset; count (0-d i64) = the
  * number marked, on the device, for the engine to read. */
 int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count);
+/* Step 1 for unique: mark the first element of each run of equal neighbours
+ * in sorted (contiguous; floats compared as doubles, NaN equal to nothing). */
+int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count);
 /* Step 2, with a marked ws of numel(x) elements: out (count, contiguous,
  * x's dtype) = the marked elements of x (contiguous) in order. */
 int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x, em_tensor *out);

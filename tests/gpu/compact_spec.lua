@@ -76,6 +76,39 @@ describe("stream compaction on CUDA", function()
     assert.equals(0, max_diff(ember.ones(4097, 3):cuda():nonzero(), ember.ones(4097, 3):nonzero()))
   end)
 
+  -- unique without inverse/counts marks run heads in the sorted values and
+  -- compacts them (engine/ops/sort.c unique_heads_cuda); with them it takes
+  -- the run-id path: both must give the CPU's values.
+  it("unique's run-head compaction: integer keys narrowed or not, floats with NaN and -0, matches the CPU", function()
+    ember.manual_seed(25)
+    local cases = {
+      ember.randint(0, 100000, {1 << 20}),                -- i32 keys
+      ember.randint(-3, 200, {3 * 4096 + 5}),              -- u8 keys
+      ember.randint(-(1 << 40), 1 << 40, {70001}),         -- not narrowed
+      ember.randint(0, 5000, {70001}):to("i32"),
+      ember.randint(0, 300, {50, 401}):to("bf16"),
+    }
+    local f = ember.randint(-50, 50, {20011}):to("f32"):mul(0.5)
+    f:narrow(0, 0, 7):fill_(0 / 0)
+    f:narrow(0, 7, 5):fill_(-0.0)
+    cases[#cases + 1] = f
+    -- equal values, NaN meeting NaN
+    local function same(got, want, what)
+      local a, b = got:cpu():to("f64"), want:cpu():to("f64")
+      assert.same(b.shape, a.shape, what)
+      local na, nb = a:ne(a), b:ne(b)
+      assert.equals(0, (na:to("f64") - nb:to("f64")):abs():max():item(), what .. ": NaNs in other places")
+      assert.equals(0, (a:masked_fill(na, 0) - b:masked_fill(nb, 0)):abs():max():item(), what)
+    end
+    for k, x in ipairs(cases) do
+      local xc = x:cuda()
+      local got = xc:unique()
+      assert.equals(x.dtype, got.dtype)
+      same(got, x:unique(), "case " .. k)
+      same(got, xc:unique({return_inverse = true}), "case " .. k .. " against the run-id path")
+    end
+  end)
+
   it("masked_select's backward over several tiles and a broadcast x matches the CPU exactly", function()
     ember.manual_seed(24)
     for _, dt in ipairs({"f32", "bf16", "f64"}) do
