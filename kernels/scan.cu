@@ -8,13 +8,21 @@
  *
  * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
  * Launch shapes, by where the scanned dim lies:
- *  - one row (outer = inner = 1, cumsum of a long vector): cub::DeviceScan,
- *    the decoupled look-back single-pass scan, at copy bandwidth. Reverse
- *    (cumsum's backward) reverses into scratch, scans, reverses back.
+ *  - one row (outer = inner = 1, cumsum of a long vector): scan_row_tiles,
+ *    one pass (read once, write once) over 4096-element tiles whose prefixes
+ *    come from a look-back in a fixed order, so the same bits on every run
+ *    (see above scan_row_tiles); reverse (cumsum's backward) maps positions.
+ *    EMBER_SCAN_ROW=cub: the previous cub::DeviceScan (decoupled look-back:
+ *    a float result may change from run to run with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
- *    256 x 4 elements with the running total carried between tiles.
+ *    256 x 4 elements with the running total carried between tiles; a
+ *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
+ *    when the rows allow it (same values, same order, same bits).
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
- *    block per strip of 32 columns (scan_strips): tiles of rows staged in
+ *    block per strip of 32 columns: where a strip's rows are 16-byte
+ *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
+ *    place in shared memory, written back 16 bytes a thread); else (or
+ *    EMBER_SCAN_STRIP=v1) scan_strips: tiles of rows staged in
  *    shared memory by the whole block, the next tile's loads in flight while
  *    one warp walks this one, a lane per column, in row order.
  *  - fewer columns (1 < inner < 32): one thread per (outer, inner) column
@@ -22,6 +30,8 @@
  * cumprod's backward (zeros handled: engine/ops/scan.c has the formula) is
  * the column walk with three passes per row, in strips of 32 columns staged
  * through shared memory when there are at least 32 (cumprod_grad_strips). */
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <cub/cub.cuh>
 #include <thrust/iterator/transform_iterator.h>
@@ -60,8 +70,18 @@ struct Narrow {
   __host__ __device__ __forceinline__ T operator()(const A &x) const { return narrow<T, A>(x); }
 };
 
+/* A thread's kItems neighbours in one load/store (16 bytes for f32, 8 for bf16). */
+template <typename T>
+struct alignas(sizeof(T) * kItems) Items {
+  T v[kItems];
+};
+
+/* vec: not reversed, rows a whole number of Items long and in/out aligned to
+ * them, so a thread's kItems elements move as one Items; the same values in
+ * the same order as the scalar loads, so the same bits. */
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, Op op, A identity) {
+__global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, bool vec, Op op,
+                                                    A identity) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
   const T *row = in + (int64_t)blockIdx.x * L;
@@ -69,17 +89,32 @@ __global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t
   A carry = identity;
   for (int64_t base = 0; base < L; base += kBlock * kItems) {
     A v[kItems];
+    const int64_t j0 = base + threadIdx.x * kItems;
+    const bool whole = vec && j0 + kItems <= L;
+    if (whole) {
+      const Items<T> x = *reinterpret_cast<const Items<T> *>(row + j0);
 #pragma unroll
-    for (int i = 0; i < kItems; i++) {
-      int64_t j = base + threadIdx.x * kItems + i;
-      v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+      for (int i = 0; i < kItems; i++) v[i] = widen<A, T>(x.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kItems; i++) {
+        int64_t j = j0 + i;
+        v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+      }
     }
     A total;
     BlockScan(tmp).InclusiveScan(v, v, op, total);
+    if (whole) {
+      Items<T> x;
 #pragma unroll
-    for (int i = 0; i < kItems; i++) {
-      int64_t j = base + threadIdx.x * kItems + i;
-      if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+      for (int i = 0; i < kItems; i++) x.v[i] = narrow<T, A>(op(carry, v[i]));
+      *reinterpret_cast<Items<T> *>(orow + j0) = x;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kItems; i++) {
+        int64_t j = j0 + i;
+        if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+      }
     }
     carry = op(carry, total);
     __syncthreads();   /* tmp is reused by the next tile */
@@ -167,6 +202,99 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
   }
 }
 
+/* scan_strips with the tile moved by cp.async and the walk kept in shared
+ * memory (the default where rows of a strip are 16-byte aligned; EMBER_SCAN_STRIP=v1
+ * keeps scan_strips above). scan_strips' walk pays a global store and 64-bit
+ * pointer steps per row in its one walking warp, and keeps one 32 KiB tile
+ * in flight; with 128 strips (4096 columns) that is one walker per SM and
+ * ~60 us for a (4096, 4096) dim-0 scan, f32 and bf16 alike. Here:
+ *  - kAsyncStages tiles of kAsyncTileBytes are copied global -> shared by
+ *    cp.async, 16 bytes per thread per copy, up to three tiles ahead, no
+ *    registers held;
+ *  - warp 0 walks the tile in place (shared load, op, shared store per row:
+ *    the chain of dependent ops is the only serial part);
+ *  - all warps write the tile back with 16-byte stores.
+ * Per column the same ops in the same order (row 0, 1, ... or reversed) in
+ * A, one rounding per output: the bits of scan_strips and scan_cols. */
+constexpr int kAsyncStages = 4, kAsyncTileBytes = 16 * 1024;
+constexpr int kAsyncSmem = kAsyncStages * kAsyncTileBytes;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
+                                                                   int64_t L, int64_t inner, int64_t strips,
+                                                                   bool reverse, Op op, A identity) {
+  constexpr int R = kAsyncTileBytes / (kStripCols * (int)sizeof(T));   /* rows a tile */
+  constexpr int CPR = kStripCols * (int)sizeof(T) / 16;                /* 16-byte chunks a row */
+  constexpr int CPT = R * CPR / kStripThreads;                          /* chunks a thread, per tile */
+  constexpr int V = 16 / (int)sizeof(T);                                /* elements a chunk */
+  extern __shared__ __align__(16) unsigned char strip_raw[];
+  T(*buf)[R][kStripCols] = reinterpret_cast<T(*)[R][kStripCols]>(strip_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o = blockIdx.x / strips, col0 = (blockIdx.x % strips) * kStripCols;
+  const int64_t base = o * L * inner + col0;   /* element (row 0, col0) of this strip */
+  const int64_t ntiles = (L + R - 1) / R;
+  /* global row of walk row k */
+  auto grow = [&](int64_t k) { return reverse ? L - 1 - k : k; };
+  auto fetch = [&](int64_t t) {   /* tile t into its stage; rows past L and columns past inner are not copied */
+    if (t < ntiles) {
+#pragma unroll
+      for (int i = 0; i < CPT; i++) {
+        const int q = i * kStripThreads + threadIdx.x, r = q / CPR, cc = q % CPR;
+        const int64_t k = t * R + r;
+        if (k < L && col0 + cc * V < inner) cp_async16(&buf[t % kAsyncStages][r][cc * V], in + base + grow(k) * inner + cc * V);
+      }
+    }
+    cp_async_commit();   /* a group per tile, empty past the end: the wait count stays uniform */
+  };
+#pragma unroll
+  for (int t = 0; t < kAsyncStages - 1; t++) fetch(t);
+  A acc = identity;
+  const bool walker = warp == 0 && col0 + lane < inner;
+  for (int64_t t = 0; t < ntiles; t++) {
+    cp_async_wait<kAsyncStages - 2>();   /* this thread's copies of tile t have landed */
+    __syncthreads();                      /* everyone's; and tile t - 1's write-back has read its stage */
+    fetch(t + kAsyncStages - 1);          /* into tile t - 1's stage */
+    T(*tile)[kStripCols] = buf[t % kAsyncStages];
+    const int rows = (int)(L - t * R < R ? L - t * R : R);
+    if (walker) {
+#pragma unroll 8
+      for (int r = 0; r < rows; r++) {
+        acc = op(acc, widen<A, T>(tile[r][lane]));
+        tile[r][lane] = narrow<T, A>(acc);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {   /* write back, 16 bytes a thread, coalesced */
+      const int q = i * kStripThreads + threadIdx.x, r = q / CPR, cc = q % CPR;
+      if (r < rows && col0 + cc * V < inner)
+        *reinterpret_cast<uint4 *>(out + base + grow(t * R + r) * inner + cc * V) =
+            *reinterpret_cast<const uint4 *>(&tile[r][cc * V]);
+    }
+  }
+  cp_async_wait<0>();   /* no copy outlives the block */
+}
+
+/* EMBER_SCAN_STRIP (read once): "async" (default) or "v1" (scan_strips). */
+static int strips_v1(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_STRIP");
+    if (!env || !*env || strcmp(env, "async") == 0) mode = 0;
+    else if (strcmp(env, "v1") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_SCAN_STRIP to be async or v1, got '%s'", op, env);
+  }
+  return mode;
+}
+
 template <typename A>
 __global__ void reverse_copy(const A *in, A *out, int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -215,24 +343,178 @@ int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_
   return rc;
 }
 
+/* ---- one long row, deterministic: tiles with a fixed-order look-back ----
+ * Tile k (kRowTile elements, one block, ticket order) loads its elements
+ * once (16-byte loads), scans them in registers (16 per thread in order,
+ * then cub::BlockScan's fixed tree) and publishes its total agg[k]. Its
+ * prefix is then computed, never taken from whoever happens to be done:
+ *   prefix(k) = sum_fixed(ctot[0 .. m)) + sum_fixed(agg[mC .. k)),  m = k / C,
+ * where ctot[m'] (chunk m' of C tiles) is published by the chunk's last
+ * tile as sum_fixed(agg[m'C .. m'C + C - 1)) + agg[m'C + C - 1], and
+ * sum_fixed is one warp summing v[j] into lane j % 32 in order, then an xor
+ * butterfly (commutative pairs: every lane the same bits). Each value is
+ * thus one fixed expression of the input, whatever the timing: the same
+ * bits every run (CUB's look-back adds whichever predecessors are ready).
+ * A tile waits only on tiles with earlier tickets (already running), so it
+ * cannot deadlock. Bytes: one read and one write, like CUB's scan. */
+constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
+
+template <typename A>
+struct RowState {
+  unsigned *ticket;
+  int *agg_flag, *ctot_flag;   /* zeroed before the launch */
+  A *agg, *ctot;
+};
+
+template <typename A>
+__device__ __forceinline__ void publish(A *val, int *flag, A v) {
+  *(volatile A *)val = v;
+  __threadfence();
+  *(volatile int *)flag = 1;
+}
+
+/* sum_fixed over v[0 .. n) by one warp, once every flag is up; every lane returns the result */
+template <typename A, typename Op>
+__device__ __forceinline__ A fixed_sum(const A *v, const int *flag, int64_t n, Op op, A identity) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t j = lane; j < n; j += 32)
+    while (*(volatile const int *)(flag + j) == 0) {}
+  __threadfence();   /* the values were written before their flags */
+  A acc = identity;
+  for (int64_t j = lane; j < n; j += 32) acc = op(acc, __ldcg(v + j));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  return acc;
+}
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_row_tiles(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                         bool reverse, bool vec, Op op, A identity, RowState<A> st) {
+  typedef cub::BlockScan<A, kBlock> BlockScan;
+  __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ unsigned tile_sh;
+  __shared__ A prefix_sh;
+  const int t = threadIdx.x;
+  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
+  __syncthreads();
+  const int64_t tile = tile_sh, p0 = tile * kRowTile + (int64_t)t * kRowItems;
+  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
+  A v[kRowItems];
+  if (fast) {
+    constexpr int P = Packed128<T>::size;
+#pragma unroll
+    for (int i = 0; i < kRowItems; i += P) {
+      const Packed128<T> x = load128(in + p0 + i);
+#pragma unroll
+      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowItems; i++) {
+      const int64_t p = p0 + i;
+      v[i] = p < L ? widen<A, T>(in[reverse ? L - 1 - p : p]) : identity;
+    }
+  }
+#pragma unroll
+  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
+  A tp, total;
+  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
+  if (t < 32) {   /* warp 0: publish, then the fixed-order prefix */
+    if (t == 0) publish(st.agg + tile, st.agg_flag + tile, total);
+    const int64_t m = tile / kRowChunk, first = m * kRowChunk;
+    const A within = fixed_sum(st.agg + first, st.agg_flag + first, tile - first, op, identity);
+    /* a chunk's total depends on its own tiles only: published before waiting on earlier chunks, no chain */
+    if (t == 0 && tile - first == kRowChunk - 1) publish(st.ctot + m, st.ctot_flag + m, op(within, total));
+    const A carry = fixed_sum(st.ctot, st.ctot_flag, m, op, identity);
+    if (t == 0) prefix_sh = op(carry, within);
+  }
+  __syncthreads();
+  const A base = op(prefix_sh, tp);
+  if (fast) {
+    constexpr int P = Packed128<T>::size;
+#pragma unroll
+    for (int i = 0; i < kRowItems; i += P) {
+      Packed128<T> x;
+#pragma unroll
+      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
+      store128(out + p0 + i, x);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowItems; i++) {
+      const int64_t p = p0 + i;
+      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, A>(op(base, v[i]));
+    }
+  }
+}
+
+/* EMBER_SCAN_ROW (read once): "tiles" (default) or "cub" (the previous device scan, not deterministic for floats). */
+static int row_scan_cub(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_ROW");
+    if (!env || !*env || strcmp(env, "tiles") == 0) mode = 0;
+    else if (strcmp(env, "cub") == 0) mode = 1;
+    else return em_error("%s: expected EMBER_SCAN_ROW to be tiles or cub, got '%s'", op, env);
+  }
+  return mode;
+}
+
+template <typename T, typename A, typename Op>
+int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
+                 cudaStream_t s) {
+  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = nt / kRowChunk + 1;
+  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+  const size_t flags = (256 + (size_t)(nt + nc) * sizeof(int) + 255) & ~(size_t)255;
+  int64_t total = (int64_t)(flags + (size_t)(nt + nc) * sizeof(A));
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  RowState<A> st;
+  st.ticket = (unsigned *)p;
+  st.agg_flag = (int *)(p + 256);
+  st.ctot_flag = st.agg_flag + nt;
+  st.agg = (A *)(p + flags);
+  st.ctot = st.agg + nt;
+  int rc = em_cuda_check(cudaMemsetAsync(p, 0, flags, s), op, "cudaMemsetAsync");
+  if (!rc) {
+    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    scan_row_tiles<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* stream-ordered */
+  return rc;
+}
+
 template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
               A identity, em_tensor *res, cudaStream_t s) {
   const T *in = (const T *)em_data_ptr(a);
   T *out = (T *)em_data_ptr(res);
-  if (outer == 1 && inner == 1) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
+  if (outer == 1 && inner == 1) {
+    const int cub_row = row_scan_cub(op);
+    if (cub_row < 0) return -1;
+    if (cub_row) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
+    return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
+  }
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
-    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, f, identity);
+    const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
+    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
     if (outer * strips > INT32_MAX)
       return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
-    auto k = scan_strips<T, A, Op>;
-    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kStripSmem), op,
+    const int v1 = strips_v1(op);
+    if (v1 < 0) return -1;
+    /* cp.async moves 16-byte chunks: every row of a strip must start 16-byte aligned */
+    const bool async = !v1 && (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    auto k = async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
+    const int smem = async ? kAsyncSmem : kStripSmem;
+    if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
                       "cudaFuncSetAttribute"))
       return -1;
-    k<<<(unsigned)(outer * strips), kStripThreads, kStripSmem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+    k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
   } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);

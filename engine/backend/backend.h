@@ -666,6 +666,29 @@ int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_
 int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count);
 int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape, em_tensor *out);
 /* ==== ops-indexing block end ==== */
+/* ---- stream compaction (kernels/compact.cu; also the em_nonzero_scan /
+ * em_masked_* / em_nonzero / em_count_nonzero / em_nonzero_select path
+ * above, kept for EMBER_COMPACT=scan) ---- */
+/* Bytes of the workspace (u8) a compaction of n elements needs. */
+int64_t em_compact_ws_bytes(int64_t n);
+/* Step 1: mark the nonzero elements of x (contiguous, n elements, any dtype;
+ * NaN counts, -0.0 does not) in ws (em_compact_ws_bytes(n) bytes): one bit
+ * per element and each 4096-element tile's offset; count (0-d i64) = the
+ * number marked, on the device, for the engine to read. */
+int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count);
+/* Step 1 for unique: mark the first element of each run of equal neighbours
+ * in sorted (contiguous; floats compared as doubles, NaN equal to nothing). */
+int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count);
+/* Step 2, with a marked ws of numel(x) elements: out (count, contiguous,
+ * x's dtype) = the marked elements of x (contiguous) in order. */
+int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x, em_tensor *out);
+/* masked_select's backward: gx[i] (contiguous, n = numel(gx)) = the next
+ * element of g (contiguous, count) where i is marked, else 0. */
+int em_compact_expand_cuda(const char *op, const em_tensor *ws, const em_tensor *g, em_tensor *gx);
+/* nonzero: out (count, ndim; i64 contiguous) = the coordinates in shape
+ * (row-major, n elements) of the marked flat indices, in order. */
+int em_compact_coords_cuda(const char *op, const em_tensor *ws, int64_t n, int ndim, const int64_t *shape,
+                           em_tensor *out);
 /* ---- sorting, selection and scans (kernels/sort.cu, kernels/scan.cu) ---- */
 /* The device half of engine/ops/sort.c and engine/ops/scan.c. Tensors are
  * validated by the engine op. */

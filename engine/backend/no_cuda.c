@@ -215,6 +215,17 @@ int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count) 
 int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape,
                            em_tensor *out) { return no_cuda(op); }
 /* ==== ops-indexing block end ==== */
+/* ---- stream compaction ---- */
+int64_t em_compact_ws_bytes(int64_t n) { return 1; }
+int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) { return no_cuda(op); }
+int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws,
+                               em_tensor *count) { return no_cuda(op); }
+int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x,
+                           em_tensor *out) { return no_cuda(op); }
+int em_compact_expand_cuda(const char *op, const em_tensor *ws, const em_tensor *g,
+                           em_tensor *gx) { return no_cuda(op); }
+int em_compact_coords_cuda(const char *op, const em_tensor *ws, int64_t n, int ndim, const int64_t *shape,
+                           em_tensor *out) { return no_cuda(op); }
 /* ---- sorting, selection and scans ---- */
 int em_sort_cuda(const char *op, const em_tensor *a, int dim, bool descending, int64_t j0, int64_t cnt,
                  bool median_nan, em_tensor *vals, em_tensor *idx) { return no_cuda(op); }

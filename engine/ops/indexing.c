@@ -25,9 +25,13 @@
  * forms are not recorded (ops.h: no writes into tensors that require grad).
  *
  * masked_select and nonzero need their output size on the host: on CUDA one
- * CUB scan counts, then one 8-byte device-to-host read synchronises (as in
- * PyTorch). Their backward reuses the scan and reads nothing on the host. */
+ * read of the mask marks a bit per element and counts per tile
+ * (kernels/compact.cu), then one 8-byte device-to-host read synchronises (as
+ * in PyTorch). Their backward marks again and reads nothing on the host.
+ * EMBER_COMPACT=scan selects the previous path (i64 flags and a CUB scan). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "op.h"
 #include "parallel.h"
 
@@ -490,6 +494,27 @@ static int scan_count(em_tensor *pos, int64_t *count) {
   return rc;
 }
 
+/* EMBER_COMPACT=scan: the previous CUDA path (i64 flags + a scan; count + select) instead of the tiles. */
+static int compact_scan_path(void) {
+  const char *e = getenv("EMBER_COMPACT");
+  return e && strcmp(e, "scan") == 0;
+}
+
+/* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws); read their count unless count is NULL. */
+static int compact_mark(const char *op, em_tensor *t, int ndim, const int64_t *shape, em_tensor **ws, int64_t *count) {
+  em_tensor *b = broadcast_alias(t, ndim, shape);
+  em_tensor *c = b ? em_contiguous_as(b, b->dtype) : NULL;
+  int64_t nb = em_compact_ws_bytes(em_shape_numel(ndim, shape));
+  em_tensor *cnt = c ? em_empty(0, NULL, EM_I64, t->device) : NULL;
+  *ws = cnt ? em_empty(1, &nb, EM_U8, t->device) : NULL;
+  double v = 0;
+  int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt) == 0 && (!count || em_item(cnt, &v) == 0) ? 0 : -1;
+  if (count) *count = (int64_t)v;
+  em_tensor_release(b); em_tensor_release(c); em_tensor_release(cnt);
+  if (rc) { em_tensor_release(*ws); *ws = NULL; }
+  return rc;
+}
+
 static int masked_select_validate(em_tensor *x, em_tensor *mask, int *nd, int64_t *shape) {
   if (mask->dtype != EM_BOOL)
     return em_error("masked_select: expected mask of dtype bool, got %s", em_dtype_name(mask->dtype));
@@ -519,6 +544,13 @@ static int masked_select_backward(em_node *n, em_tensor **gout, em_tensor **gin)
       else memset(dst + (size_t)i * es, 0, es);
     }
     em_tensor_release(gc);
+  } else if (!compact_scan_path()) {
+    em_tensor *ws = NULL;
+    int rc = compact_mark("masked_select backward", mask, nd, shape, &ws, NULL);
+    em_tensor *gc = rc ? NULL : em_contiguous_as(g, g->dtype);
+    rc = gc ? em_compact_expand_cuda("masked_select backward", ws, gc, gb) : -1;
+    em_tensor_release(ws); em_tensor_release(gc);
+    if (rc) { em_tensor_release(gb); return -1; }
   } else {
     em_tensor *pos = scan_cuda("masked_select backward", mask, nd, shape);
     em_tensor *gc = pos ? em_contiguous_as(g, g->dtype) : NULL;
@@ -549,6 +581,17 @@ static em_tensor *masked_select_cpu(em_tensor *x, em_tensor *mask, int nd, const
 }
 
 static em_tensor *masked_select_cuda(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
+  if (!compact_scan_path()) {
+    em_tensor *ws = NULL;
+    int64_t count;
+    if (compact_mark("masked_select", mask, nd, shape, &ws, &count)) return NULL;
+    em_tensor *xb = broadcast_alias(x, nd, shape);
+    em_tensor *xc = xb ? em_contiguous_as(xb, x->dtype) : NULL;
+    em_tensor *out = xc ? em_empty(1, &count, x->dtype, x->device) : NULL;
+    if (out && count > 0 && em_compact_select_cuda("masked_select", ws, xc, out)) { em_tensor_release(out); out = NULL; }
+    em_tensor_release(ws); em_tensor_release(xb); em_tensor_release(xc);
+    return out;
+  }
   em_tensor *pos = scan_cuda("masked_select", mask, nd, shape);
   em_tensor *xb = pos ? broadcast_alias(x, nd, shape) : NULL;
   em_tensor *xc = xb ? em_contiguous_as(xb, x->dtype) : NULL;
@@ -592,6 +635,18 @@ static em_tensor *nonzero_cpu(em_tensor *x) {
 
 /* CUDA: count (one reduction), read the count (synchronises), select (one more read of x). */
 static em_tensor *nonzero_cuda(em_tensor *x) {
+  if (!compact_scan_path()) {   /* mark (one read of x, the count read back), then the coordinates from the bits */
+    em_tensor *ws = NULL;
+    int64_t shape[2] = {0, x->ndim};
+    if (compact_mark("nonzero", x, x->ndim, x->shape, &ws, &shape[0])) return NULL;
+    em_tensor *out = em_empty(2, shape, EM_I64, x->device);
+    if (out && em_compact_coords_cuda("nonzero", ws, em_numel(x), x->ndim, x->shape, out)) {
+      em_tensor_release(out);
+      out = NULL;
+    }
+    em_tensor_release(ws);
+    return out;
+  }
   em_tensor *c = em_contiguous_as(x, x->dtype);
   em_tensor *cnt = c ? em_empty(0, NULL, EM_I64, x->device) : NULL;
   int64_t shape[2] = {0, x->ndim};

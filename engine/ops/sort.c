@@ -26,6 +26,8 @@
  *    unique of integers also reads their range first and sorts them shifted
  *    into the narrowest dtype that holds it (fewer radix passes). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "op.h"
 #include "parallel.h"
 
@@ -402,6 +404,29 @@ static int narrow_keys(em_tensor *flat, em_tensor **keys, int64_t *lo) {
   return *keys ? 0 : -1;
 }
 
+/* CUDA, neither inverse nor counts: the first element of each run of sorted
+ * s, compacted (kernels/compact.cu: one read marks run heads, the count is
+ * read, one more read selects) instead of i64 run ids for every element.
+ * EMBER_UNIQUE=ids keeps the run-id path for every unique. */
+static em_tensor *unique_heads_cuda(em_tensor *s) {
+  int64_t n = em_numel(s), nb = em_compact_ws_bytes(n);
+  em_tensor *ws = em_empty(1, &nb, EM_U8, s->device);
+  em_tensor *cnt = ws ? em_empty(0, NULL, EM_I64, s->device) : NULL, *out = NULL;
+  double u = 0;
+  if (cnt && em_compact_mark_heads_cuda("unique", s, ws, cnt) == 0 && em_item(cnt, &u) == 0) {
+    int64_t U = (int64_t)u;
+    out = em_empty(1, &U, s->dtype, s->device);
+    if (out && U > 0 && em_compact_select_cuda("unique", ws, s, out)) { em_tensor_release(out); out = NULL; }
+  }
+  em_tensor_release(ws); em_tensor_release(cnt);
+  return out;
+}
+
+static bool unique_ids_path(void) {
+  const char *e = getenv("EMBER_UNIQUE");
+  return e && strcmp(e, "ids") == 0;
+}
+
 em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor **counts) {
   EM_OP_SCOPE("unique");
   EM_UNUSED(sorted);   /* always sorted, as PyTorch on CUDA */
@@ -417,6 +442,7 @@ em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor *
   em_tensor *ids = order ? em_empty(1, &n, EM_I64, a->device) : NULL;
   em_tensor *cnt = NULL, *vals = NULL, *inv = NULL, *cts = NULL;
   int rc = -1;
+  const bool heads = !cpu && !inverse && !counts && !unique_ids_path();
   if (!ids) goto done;
   if (!cpu && n > 0 && em_dtype_is_int(a->dtype) && em_dtype_size(a->dtype) > 1) {
     em_tensor *keys, *skeys = NULL, *wide = NULL, *back = NULL;
@@ -424,16 +450,31 @@ em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor *
     if (narrow_keys(flat, &keys, &lo)) goto done;
     if (keys) {   /* sort the narrow keys, then sv = their values + lo (in i64) in a's dtype */
       skeys = em_empty(1, &n, keys->dtype, a->device);
-      if (skeys && !sort_rows("unique", keys, 0, false, 0, n, false, skeys, order) &&
-          (wide = em_to(skeys, EM_I64, a->device)) && (back = em_binary_scalar(EM_ADD, wide, (double)lo, false, NULL)))
-        rc = em_copy_(sv, back);   /* converts to a's dtype */
+      if (skeys && !sort_rows("unique", keys, 0, false, 0, n, false, skeys, order)) {
+        if (heads) {   /* the unique narrow keys, then + lo in a's dtype: U values widened, not n */
+          em_tensor *hk = unique_heads_cuda(skeys);
+          wide = hk ? em_to(hk, EM_I64, a->device) : NULL;
+          back = wide ? em_binary_scalar(EM_ADD, wide, (double)lo, false, NULL) : NULL;
+          vals = back ? em_to(back, a->dtype, a->device) : NULL;
+          em_tensor_release(hk);
+          rc = vals ? 0 : -1;
+        } else if ((wide = em_to(skeys, EM_I64, a->device)) &&
+                   (back = em_binary_scalar(EM_ADD, wide, (double)lo, false, NULL))) {
+          rc = em_copy_(sv, back);   /* converts to a's dtype */
+        }
+      }
       em_tensor_release(keys); em_tensor_release(skeys); em_tensor_release(wide); em_tensor_release(back);
-      if (rc) goto done;
+      if (rc || heads) goto done;
       rc = -1;
     } else if (sort_rows("unique", flat, 0, false, 0, n, false, sv, order)) {
       goto done;
     }
   } else if (sort_rows("unique", flat, 0, false, 0, n, false, sv, order)) {
+    goto done;
+  }
+  if (heads) {
+    vals = unique_heads_cuda(sv);
+    rc = vals ? 0 : -1;
     goto done;
   }
   if (cpu) unique_ids_cpu(sv, ids, &U);

@@ -140,6 +140,14 @@ return function(case, perf, ember, F)
   perf("nonzero", "nonzero of 2^24 elements, half nonzero",
     function(m) return m:nonzero() end,
     function(T) return {T.mask({4096, 4096})} end)
+  -- 2^26 elements, CUDA only: the size issue 12's bandwidth target is judged at
+  perf("masked_select", "masked_select of (8192, 8192), half selected",
+    function(x, m) return x:masked_select(m) end,
+    function(T) return {T.randn({8192, 8192}), T.mask({8192, 8192})} end,
+    {device = "cuda", torch = "a.masked_select(b)"})
+  perf("nonzero", "nonzero of (8192, 8192), half nonzero",
+    function(m) return m:nonzero() end,
+    function(T) return {T.mask({8192, 8192})} end, {device = "cuda", torch = "a.nonzero()"})
   perf("one_hot", "one_hot of 131072 ids over 128 classes",
     function(i) return F.one_hot(i, 128) end,
     function(T) return {T.ids({131072}, 128)} end)

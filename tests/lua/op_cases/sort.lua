@@ -175,6 +175,15 @@ return function(case, perf, ember, F)
     function(T) return {T.randn({4096, 4096})} end)
   perf("cumprod", "cumprod along dim 0 of (4096, 4096)", function(a) return a:cumprod(0) end,
     function(T) return {T.uniform({4096, 4096}, 0.999, 1.001)} end, {backward = true})
+  -- 2^26 elements, CUDA only: the size issue 12's bandwidth target is judged at
+  perf("cumsum", "cumsum of 2^26 elements", function(a) return a:cumsum(0) end,
+    function(T) return {T.randn({67108864})} end, {device = "cuda", torch = "a.cumsum(0)"})
+  perf("cumsum", "cumsum along the last dim of (8192, 8192)", function(a) return a:cumsum(1) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.cumsum(1)"})
+  perf("cumsum", "cumsum along dim 0 of (8192, 8192)", function(a) return a:cumsum(0) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.cumsum(0)"})
+  perf("cumprod", "cumprod along dim 0 of (8192, 8192)", function(a) return a:cumprod(0) end,
+    function(T) return {T.uniform({8192, 8192}, 0.999, 1.001)} end, {device = "cuda", torch = "a.cumprod(0)"})
   perf("unique", "unique of 2^22 ids in [0, 100000)", function(a) return a:unique() end,
     function(T) return {T.ids({4194304}, 100000)} end, {dtypes = {"f32"}})
   perf("bincount", "bincount of 2^24 ids in [0, 4096)", function(a) return a:bincount() end,

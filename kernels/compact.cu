@@ -1,0 +1,598 @@
+/* Stream compactions on CUDA: masked_select (and its backward) and nonzero,
+ * the device half of their branch in engine/ops/indexing.c.
+ *
+ * Cost: no FLOPs; the floor is one read of the mask (or x for nonzero), one
+ * read of x (masked_select) and one write of the survivors. Three launches,
+ * tiles of kTile = 4096 elements (one block of 256 threads each):
+ *  1. mark: read the mask once with 16-byte loads, write one bit per element
+ *     (u32 words, word w = elements [32 w, 32 w + 32)) and each tile's count.
+ *     A 1/8-byte-per-element bitmap instead of the mask again in step 3: for
+ *     a bool mask the second read costs 1/8 of the first.
+ *  2. scan: one block turns the tile counts into exclusive offsets in tile
+ *     order (integers: deterministic), and writes the total, which the engine
+ *     reads on the host (the output's size; PyTorch's nonzero does the same).
+ *  3. select / coords / expand: each tile reads its 128 words into shared
+ *     memory, ranks its survivors (word prefix + popcount), stages them in
+ *     shared memory in element order, and writes them out as one contiguous,
+ *     coalesced run at its offset. x is read with 16-byte loads, striped over
+ *     the block (coalesced); only the staging is per element.
+ * Bytes for masked_select of n elements of size s, half selected: mask n +
+ * bits n/4 (written, read) + x s n + out s n/2; nonzero: x + bits + 8 ndim
+ * per survivor. Misaligned pointers and the last partial tile take a scalar
+ * path with the same layout (ballot per 32 elements).
+ *
+ * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
+ * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
+ * cub::DeviceSelect for nonzero. */
+#include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
+#include "common.cuh"
+#include "dtype_io.cuh"
+#include "backend.h"
+
+#define THREADS 256
+
+namespace {
+
+constexpr int kThreads = 256, kTile = 4096, kWords = kTile / 32, kPer = kTile / kThreads;
+
+/* The workspace: ntiles x kWords u32 words, then ntiles + 1 i64 offsets. */
+int64_t ntiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
+size_t words_bytes(int64_t n) { return ((size_t)ntiles_of(n) * kWords * 4 + 255) & ~(size_t)255; }
+
+/* Raw element bits U nonzero; floats ignore the sign bit (-0.0 is zero, NaN is not). */
+template <typename U> __device__ __forceinline__ bool raw_nonzero(U v, U keep) { return (v & keep) != 0; }
+
+template <typename U>
+__global__ void __launch_bounds__(kThreads) mark_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec,
+                                                        uint32_t *__restrict__ words, int64_t *__restrict__ tcount) {
+  constexpr int V = 16 / sizeof(U), G = 32 / V, S = kTile / V / kThreads;   /* elems/vector, lanes/word, vectors/thread */
+  typedef cub::BlockReduce<int, kThreads> Reduce;
+  __shared__ typename Reduce::TempStorage red;
+  const int t = threadIdx.x, lane = t & 31;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  uint32_t *w = words + (int64_t)blockIdx.x * kWords;
+  int c = 0;
+  if (vec && base + kTile <= n) {
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+      const int q = j * kThreads + t;   /* vector q of the tile: elements [q V, q V + V) */
+      const Packed128<U> v = load128(x + base + (int64_t)q * V);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int k = 0; k < V; k++) bits |= raw_nonzero(v[k], keep) ? 1u << k : 0u;
+      c += __popc(bits);
+      bits <<= (lane % G) * V;
+#pragma unroll
+      for (int off = 1; off < G; off <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, off);
+      if (lane % G == 0) w[q * V / 32] = bits;
+    }
+  } else {   /* last partial tile or misaligned x: one element per lane, a ballot per 32 */
+#pragma unroll 4
+    for (int j = 0; j < kPer; j++) {
+      const int e = j * kThreads + t;
+      const bool b = base + e < n && raw_nonzero(x[base + e], keep);
+      const uint32_t bits = __ballot_sync(0xffffffffu, b);
+      c += b;
+      if (lane == 0) w[e / 32] = bits;
+    }
+  }
+  const int total = Reduce(red).Sum(c);
+  if (t == 0) tcount[blockIdx.x] = total;
+}
+
+/* tile counts -> exclusive offsets in tile order; off[ntiles] = *count = the total. */
+constexpr int kScanThreads = 512;
+__global__ void __launch_bounds__(kScanThreads) scan_tiles(int64_t *off, int64_t ntiles, int64_t *count) {
+  typedef cub::BlockScan<int64_t, kScanThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t per = (ntiles + kScanThreads - 1) / kScanThreads;
+  const int64_t b = threadIdx.x * per, e = b + per < ntiles ? b + per : ntiles;
+  int64_t sum = 0;
+  for (int64_t i = b; i < e; i++) sum += off[i];
+  int64_t run, total;
+  Scan(tmp).ExclusiveSum(sum, run, total);
+  for (int64_t i = b; i < e; i++) { const int64_t c = off[i]; off[i] = run; run += c; }
+  if (threadIdx.x == 0) { off[ntiles] = total; *count = total; }
+}
+
+/* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
+struct TileRanks {
+  uint32_t w[kWords];
+  int pre[kWords];
+};
+__device__ __forceinline__ int load_ranks(TileRanks &r, const uint32_t *words, const int64_t *off) {
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  const int t = threadIdx.x;
+  const uint32_t wd = t < kWords ? words[(int64_t)blockIdx.x * kWords + t] : 0u;
+  int p;
+  Scan(tmp).ExclusiveSum(__popc(wd), p);
+  if (t < kWords) { r.w[t] = wd; r.pre[t] = p; }
+  __syncthreads();
+  return (int)(off[blockIdx.x + 1] - off[blockIdx.x]);
+}
+/* rank among the tile's survivors of tile element e (set or not) */
+__device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
+  return r.pre[e >> 5] + __popc(r.w[e >> 5] & ((1u << (e & 31)) - 1u));
+}
+
+/* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run. */
+template <typename U>
+__global__ void __launch_bounds__(kThreads) select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
+                                                          const U *__restrict__ x, int64_t n, bool vec, U *__restrict__ out) {
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  __shared__ TileRanks r;
+  __shared__ U stage[kTile];
+  const int cnt = load_ranks(r, words, off);
+  const int t = threadIdx.x;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  if (vec && base + kTile <= n) {
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+      const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
+      const Packed128<U> v = load128(x + base + e0);
+      const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+      int k = rank_of(r, e0);
+#pragma unroll
+      for (int i = 0; i < V; i++)
+        if (bits >> i & 1u) stage[k++] = v[i];
+    }
+  } else {
+    for (int e = t; e < kTile && base + e < n; e += kThreads)
+      if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
+  }
+  __syncthreads();
+  U *o = out + off[blockIdx.x];
+  for (int k = t; k < cnt; k += kThreads) o[k] = stage[k];
+}
+
+/* masked_select's backward: gx[e] = marked ? g[off + rank] : 0, 16-byte stores where aligned. */
+template <typename U>
+__global__ void __launch_bounds__(kThreads) expand_tiles(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
+                                                         const U *__restrict__ g, int64_t n, bool vec, U *__restrict__ gx) {
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  __shared__ TileRanks r;
+  load_ranks(r, words, off);
+  const int t = threadIdx.x;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  const U *src = g + off[blockIdx.x];
+  if (vec && base + kTile <= n) {
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+      const int e0 = (j * kThreads + t) * V;
+      const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+      int k = rank_of(r, e0);
+      Packed128<U> v;
+#pragma unroll
+      for (int i = 0; i < V; i++) v[i] = bits >> i & 1u ? src[k++] : U(0);
+      store128(gx + base + e0, v);
+    }
+  } else {
+    for (int e = t; e < kTile && base + e < n; e += kThreads)
+      gx[base + e] = r.w[e >> 5] >> (e & 31) & 1u ? src[rank_of(r, e)] : U(0);
+  }
+}
+
+struct Dims { int ndim; int64_t s[EM_MAX_DIMS]; uint32_t s32[EM_MAX_DIMS]; };
+
+/* nonzero: row off + rank of out = the coordinates of marked flat index e.
+ * O: the index type of the divisions (u32 when every flat index fits). */
+template <typename O>
+__global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
+                                                         Dims d, int64_t *__restrict__ out) {
+  __shared__ TileRanks r;
+  __shared__ int stage[kTile];
+  const int cnt = load_ranks(r, words, off);
+  const int t = threadIdx.x;
+  {   /* thread t ranks the 16 elements [16 t, 16 t + 16) from half a word */
+    const int wi = t >> 1, h = (t & 1) * 16;
+    uint32_t bits = (r.w[wi] >> h) & 0xffffu;
+    int k = r.pre[wi] + (h ? __popc(r.w[wi] & 0xffffu) : 0);
+    while (bits) {
+      const int b = __ffs(bits) - 1;
+      stage[k++] = t * 16 + b;
+      bits &= bits - 1u;
+    }
+  }
+  __syncthreads();
+  const int64_t base = (int64_t)blockIdx.x * kTile, row0 = off[blockIdx.x];
+  for (int k = t; k < cnt; k += kThreads) {
+    O l = (O)(base + stage[k]);
+    int64_t *row = out + (row0 + k) * d.ndim;
+#pragma unroll
+    for (int i = EM_MAX_DIMS - 1; i > 0; i--) {   /* constant indices: d stays in the parameter bank */
+      if (i >= d.ndim) continue;
+      const O s = sizeof(O) == 4 ? (O)d.s32[i] : (O)d.s[i];
+      const O q = l / s;
+      row[i] = (int64_t)(l - q * s);
+      l = q;
+    }
+    row[0] = (int64_t)l;
+  }
+}
+
+/* unique: mark the first element of each run of equal neighbours in sorted
+ * v (floats compared as doubles: -0 equals +0, NaN equals nothing, as
+ * sort.cu's run_flags). One element per lane, a ballot per 32; the
+ * predecessor's load mostly hits the cache. */
+template <typename C>
+__global__ void __launch_bounds__(kThreads) mark_heads(const void *v, int dt, int64_t n, uint32_t *__restrict__ words,
+                                                       int64_t *__restrict__ tcount) {
+  typedef cub::BlockReduce<int, kThreads> Reduce;
+  __shared__ typename Reduce::TempStorage red;
+  const int t = threadIdx.x, lane = t & 31;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  uint32_t *w = words + (int64_t)blockIdx.x * kWords;
+  int c = 0;
+#pragma unroll 4
+  for (int j = 0; j < kPer; j++) {
+    const int e = j * kThreads + t;
+    const int64_t i = base + e;
+    const bool b = i < n && (i == 0 || !(load_as<C>(v, dt, i) == load_as<C>(v, dt, i - 1)));
+    const uint32_t bits = __ballot_sync(0xffffffffu, b);
+    c += b;
+    if (lane == 0) w[e / 32] = bits;
+  }
+  const int total = Reduce(red).Sum(c);
+  if (t == 0) tcount[blockIdx.x] = total;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+}  // namespace
+
+extern "C" int64_t em_compact_ws_bytes(int64_t n) {
+  return (int64_t)(words_bytes(n) + (size_t)(ntiles_of(n) + 1) * sizeof(int64_t));
+}
+
+static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
+static int64_t *ws_off(const em_tensor *ws, int64_t n) { return (int64_t *)((char *)em_data_ptr(ws) + words_bytes(n)); }
+
+extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) {
+  const int64_t n = em_numel(x);
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  const int64_t nt = ntiles_of(n);
+  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
+  uint32_t *w = ws_words(ws);
+  int64_t *off = ws_off(ws, n);
+  const void *xp = em_data_ptr(x);
+  const unsigned grid = (unsigned)nt;
+  switch (em_dtype_size(x->dtype)) {
+    case 1: mark_kernel<uint8_t><<<grid, kThreads, 0, s>>>((const uint8_t *)xp, n, 0xffu, vec, w, off); break;
+    case 2: mark_kernel<uint16_t><<<grid, kThreads, 0, s>>>((const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off); break;
+    case 4: mark_kernel<uint32_t><<<grid, kThreads, 0, s>>>((const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w, off); break;
+    case 8: mark_kernel<unsigned long long><<<grid, kThreads, 0, s>>>((const unsigned long long *)xp, n,
+                                                                        fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off); break;
+    default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
+  }
+  if (em_launch_check(op)) return -1;
+  scan_tiles<<<1, kScanThreads, 0, s>>>(off, nt, (int64_t *)em_data_ptr(count));
+  return em_launch_check(op);
+}
+
+extern "C" int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count) {
+  const int64_t n = em_numel(sorted);
+  const int dev = sorted->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  const int64_t nt = ntiles_of(n);
+  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  uint32_t *w = ws_words(ws);
+  int64_t *off = ws_off(ws, n);
+  if (em_dtype_is_float(sorted->dtype))
+    mark_heads<double><<<(unsigned)nt, kThreads, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, w, off);
+  else
+    mark_heads<int64_t><<<(unsigned)nt, kThreads, 0, s>>>(em_data_ptr(sorted), sorted->dtype, n, w, off);
+  if (em_launch_check(op)) return -1;
+  scan_tiles<<<1, kScanThreads, 0, s>>>(off, nt, (int64_t *)em_data_ptr(count));
+  return em_launch_check(op);
+}
+
+extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x, em_tensor *out) {
+  const int64_t n = em_numel(x);
+  if (n == 0 || em_numel(out) == 0) return 0;
+  cudaStream_t s = em_cur_stream(x->device.index);
+  const bool vec = aligned16(em_data_ptr(x));
+  const unsigned grid = (unsigned)ntiles_of(n);
+  const uint32_t *w = ws_words(ws);
+  const int64_t *off = ws_off(ws, n);
+  const void *xp = em_data_ptr(x);
+  void *o = em_data_ptr(out);
+  switch (em_dtype_size(x->dtype)) {
+    case 1: select_kernel<uint8_t><<<grid, kThreads, 0, s>>>(w, off, (const uint8_t *)xp, n, vec, (uint8_t *)o); break;
+    case 2: select_kernel<uint16_t><<<grid, kThreads, 0, s>>>(w, off, (const uint16_t *)xp, n, vec, (uint16_t *)o); break;
+    case 4: select_kernel<uint32_t><<<grid, kThreads, 0, s>>>(w, off, (const uint32_t *)xp, n, vec, (uint32_t *)o); break;
+    default: select_kernel<unsigned long long><<<grid, kThreads, 0, s>>>(w, off, (const unsigned long long *)xp, n, vec,
+                                                                         (unsigned long long *)o); break;
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_compact_expand_cuda(const char *op, const em_tensor *ws, const em_tensor *g, em_tensor *gx) {
+  const int64_t n = em_numel(gx);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(gx->device.index);
+  const bool vec = aligned16(em_data_ptr(gx));
+  const unsigned grid = (unsigned)ntiles_of(n);
+  const uint32_t *w = ws_words(ws);
+  const int64_t *off = ws_off(ws, n);
+  const void *gp = em_data_ptr(g);
+  void *o = em_data_ptr(gx);
+  switch (em_dtype_size(gx->dtype)) {
+    case 1: expand_tiles<uint8_t><<<grid, kThreads, 0, s>>>(w, off, (const uint8_t *)gp, n, vec, (uint8_t *)o); break;
+    case 2: expand_tiles<uint16_t><<<grid, kThreads, 0, s>>>(w, off, (const uint16_t *)gp, n, vec, (uint16_t *)o); break;
+    case 4: expand_tiles<uint32_t><<<grid, kThreads, 0, s>>>(w, off, (const uint32_t *)gp, n, vec, (uint32_t *)o); break;
+    default: expand_tiles<unsigned long long><<<grid, kThreads, 0, s>>>(w, off, (const unsigned long long *)gp, n, vec,
+                                                                        (unsigned long long *)o); break;
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_compact_coords_cuda(const char *op, const em_tensor *ws, int64_t n, int ndim, const int64_t *shape,
+                                      em_tensor *out) {
+  if (n == 0 || ndim == 0 || em_numel(out) == 0) return 0;
+  cudaStream_t s = em_cur_stream(out->device.index);
+  Dims d;
+  d.ndim = ndim;
+  for (int i = 0; i < ndim; i++) { d.s[i] = shape[i]; d.s32[i] = (uint32_t)shape[i]; }
+  const unsigned grid = (unsigned)ntiles_of(n);
+  const uint32_t *w = ws_words(ws);
+  const int64_t *off = ws_off(ws, n);
+  int64_t *o = (int64_t *)em_data_ptr(out);
+  if (n <= (int64_t)UINT32_MAX) coords_tiles<uint32_t><<<grid, kThreads, 0, s>>>(w, off, d, o);
+  else coords_tiles<uint64_t><<<grid, kThreads, 0, s>>>(w, off, d, o);
+  return em_launch_check(op);
+}
+
+/* ================= the previous path (EMBER_COMPACT=scan) ================= */
+
+/* ---------------- masked_select, nonzero ---------------- */
+
+template <typename T> __device__ __forceinline__ bool nonzero_of(T v) { return v != T(0); }
+template <> __device__ __forceinline__ bool nonzero_of<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v) != 0.f; }
+template <> __device__ __forceinline__ bool nonzero_of<__half>(__half v) { return __half2float(v) != 0.f; }
+
+template <typename T>
+__global__ void flags_kernel(const T *x, int64_t n, int64_t *pos) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    pos[i] = nonzero_of(x[i]) ? 1 : 0;
+}
+
+extern "C" int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos) {
+  int64_t n = em_numel(x);
+  if (n == 0) return 0;
+  int dev = x->device.index;
+  cudaStream_t s = em_cur_stream(dev);
+  int64_t *pp = (int64_t *)em_data_ptr(pos);
+  unsigned grid = em_grid(n, THREADS);
+#define FLAGS(T) flags_kernel<T><<<grid, THREADS, 0, s>>>((const T *)em_data_ptr(x), n, pp)
+  switch (x->dtype) {
+    case EM_F32: FLAGS(float); break;
+    case EM_F64: FLAGS(double); break;
+    case EM_BF16: FLAGS(__nv_bfloat16); break;
+    case EM_F16: FLAGS(__half); break;
+    case EM_I32: FLAGS(int32_t); break;
+    case EM_I64: FLAGS(int64_t); break;
+    case EM_U16: FLAGS(uint16_t); break;
+    default: FLAGS(uint8_t); break;    /* u8, bool */
+  }
+#undef FLAGS
+  if (em_launch_check(op)) return -1;
+  size_t bytes = 0;
+  if (em_cuda_check(cub::DeviceScan::InclusiveSum(NULL, bytes, pp, n, s), op, "cub::DeviceScan (size)")) return -1;
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = em_empty(1, &nb, EM_U8, x->device);
+  if (!tmp) return -1;
+  int rc = em_cuda_check(cub::DeviceScan::InclusiveSum(em_data_ptr(tmp), bytes, pp, n, s), op, "cub::DeviceScan");
+  em_tensor_release(tmp);   /* stream-ordered: reused only after the scan */
+  return rc ? rc : em_launch_check(op);
+}
+
+__device__ __forceinline__ bool selected(const int64_t *pos, int64_t i) { return pos[i] > (i ? pos[i - 1] : 0); }
+
+template <typename T>
+__global__ void compact_kernel(const T *x, const int64_t *pos, int64_t n, T *out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (selected(pos, i)) out[pos[i] - 1] = x[i];
+}
+
+template <typename T>
+__global__ void expand_kernel(const T *g, const int64_t *pos, int64_t n, T *gx) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    gx[i] = selected(pos, i) ? g[pos[i] - 1] : T(0);
+}
+
+extern "C" int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos, em_tensor *out) {
+  int64_t n = em_numel(pos);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(x->device.index);
+  unsigned grid = em_grid(n, THREADS);
+  const void *xp = em_data_ptr(x);
+  const int64_t *pp = (const int64_t *)em_data_ptr(pos);
+  void *op_ = em_data_ptr(out);
+  switch (em_dtype_size(x->dtype)) {
+    case 1: compact_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)xp, pp, n, (uint8_t *)op_); break;
+    case 2: compact_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)xp, pp, n, (uint16_t *)op_); break;
+    case 4: compact_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)xp, pp, n, (uint32_t *)op_); break;
+    default: compact_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)xp, pp, n, (uint64_t *)op_); break;
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_masked_scatter_cuda(const char *op, const em_tensor *g, const em_tensor *pos, em_tensor *gx) {
+  int64_t n = em_numel(pos);
+  if (n == 0) return 0;
+  cudaStream_t s = em_cur_stream(gx->device.index);
+  unsigned grid = em_grid(n, THREADS);
+  const void *gp = em_data_ptr(g);
+  const int64_t *pp = (const int64_t *)em_data_ptr(pos);
+  void *xp = em_data_ptr(gx);
+  switch (em_dtype_size(gx->dtype)) {
+    case 1: expand_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)gp, pp, n, (uint8_t *)xp); break;
+    case 2: expand_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)gp, pp, n, (uint16_t *)xp); break;
+    case 4: expand_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)gp, pp, n, (uint32_t *)xp); break;
+    default: expand_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)gp, pp, n, (uint64_t *)xp); break;
+  }
+  return em_launch_check(op);
+}
+
+struct Shape { int ndim; int64_t s[EM_MAX_DIMS]; };
+
+__global__ void coords_kernel(const int64_t *pos, int64_t n, Shape sh, int64_t *out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (!selected(pos, i)) continue;
+    int64_t *row = out + (pos[i] - 1) * sh.ndim, l = i;
+    for (int d = sh.ndim - 1; d >= 0; d--) { row[d] = l % sh.s[d]; l /= sh.s[d]; }
+  }
+}
+
+extern "C" int em_nonzero_cuda(const char *op, const em_tensor *pos, int ndim, const int64_t *shape, em_tensor *out) {
+  int64_t n = em_numel(pos);
+  if (n == 0 || ndim == 0) return 0;
+  Shape sh;
+  sh.ndim = ndim;
+  for (int d = 0; d < ndim; d++) sh.s[d] = shape[d];
+  cudaStream_t s = em_cur_stream(out->device.index);
+  coords_kernel<<<em_grid(n, THREADS), THREADS, 0, s>>>((const int64_t *)em_data_ptr(pos), n, sh,
+                                                          (int64_t *)em_data_ptr(out));
+  return em_launch_check(op);
+}
+
+/* ---- nonzero in two reads: count, then select ----
+ * The predicate reads x by its runtime dtype (a launch-uniform switch), so
+ * one CUB instantiation serves all nine dtypes. For 2-4 dims the selection
+ * writes the coordinates directly (an output iterator turning each flat
+ * index into an N-int64 row); other ranks go through flat indices and one
+ * expansion. */
+
+__device__ __forceinline__ bool nonzero_at(const void *x, int dt, int64_t i) {
+  switch (dt) {
+    case EM_F32: return nonzero_of(((const float *)x)[i]);
+    case EM_F64: return nonzero_of(((const double *)x)[i]);
+    case EM_BF16: return nonzero_of(((const __nv_bfloat16 *)x)[i]);
+    case EM_F16: return nonzero_of(((const __half *)x)[i]);
+    case EM_I32: return ((const int32_t *)x)[i] != 0;
+    case EM_I64: return ((const int64_t *)x)[i] != 0;
+    case EM_U16: return ((const uint16_t *)x)[i] != 0;
+    default: return ((const uint8_t *)x)[i] != 0;   /* u8, bool */
+  }
+}
+
+struct IsNonzero {
+  const void *x;
+  int dt;
+  __device__ __forceinline__ bool operator()(int64_t i) const { return nonzero_at(x, dt, i); }
+};
+struct NonzeroFlag {
+  const void *x;
+  int dt;
+  __device__ __forceinline__ int64_t operator()(int64_t i) const { return nonzero_at(x, dt, i) ? 1 : 0; }
+};
+
+/* One row of N coordinates, and the functor that makes it from a flat index. */
+template <int N> struct Coords { int64_t c[N]; };
+template <int N>
+struct ToCoords {
+  int64_t s[N];
+  __host__ __device__ __forceinline__ Coords<N> operator()(int64_t l) const {
+    Coords<N> r;
+#pragma unroll
+    for (int d = N - 1; d >= 0; d--) { r.c[d] = l % s[d]; l /= s[d]; }
+    return r;
+  }
+};
+
+static int count_nonzero(const char *op, const em_tensor *x, em_tensor *count, cudaStream_t s) {
+  const int64_t n = em_numel(x);
+  thrust::transform_iterator<NonzeroFlag, thrust::counting_iterator<int64_t>, int64_t> in(
+      thrust::counting_iterator<int64_t>(0), NonzeroFlag{em_data_ptr(x), x->dtype});
+  int64_t *out = (int64_t *)em_data_ptr(count);
+  size_t bytes = 0;
+  if (em_cuda_check(cub::DeviceReduce::Sum(nullptr, bytes, in, out, n, s), op, "cub::DeviceReduce (size)")) return -1;
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = em_empty(1, &nb, EM_U8, x->device);
+  if (!tmp) return -1;
+  int rc = em_cuda_check(cub::DeviceReduce::Sum(em_data_ptr(tmp), bytes, in, out, n, s), op, "cub::DeviceReduce");
+  em_tensor_release(tmp);   /* stream-ordered */
+  return rc ? rc : em_launch_check(op);
+}
+
+/* The selected flat indices, in order, through the output iterator out. */
+template <typename Out>
+static int select_nonzero(const char *op, const em_tensor *x, Out out, cudaStream_t s) {
+  const int64_t n = em_numel(x);
+  thrust::counting_iterator<int64_t> in(0);
+  IsNonzero pred{em_data_ptr(x), x->dtype};
+  int64_t one = 1;
+  em_tensor *num = em_empty(1, &one, EM_I64, x->device);   /* the count again, on the device: not read */
+  if (!num) return -1;
+  size_t bytes = 0;
+  int rc = em_cuda_check(cub::DeviceSelect::If(nullptr, bytes, in, out, (int64_t *)em_data_ptr(num), n, pred, s), op,
+                         "cub::DeviceSelect (size)");
+  int64_t nb = (int64_t)(bytes ? bytes : 1);
+  em_tensor *tmp = rc ? NULL : em_empty(1, &nb, EM_U8, x->device);
+  if (!rc && !tmp) rc = -1;
+  if (!rc)
+    rc = em_cuda_check(cub::DeviceSelect::If(em_data_ptr(tmp), bytes, in, out, (int64_t *)em_data_ptr(num), n, pred, s),
+                       op, "cub::DeviceSelect");
+  em_tensor_release(tmp);
+  em_tensor_release(num);
+  return rc ? rc : em_launch_check(op);
+}
+
+template <int N>
+static int select_coords(const char *op, const em_tensor *x, const int64_t *shape, em_tensor *out, cudaStream_t s) {
+  ToCoords<N> f;
+  for (int d = 0; d < N; d++) f.s[d] = shape[d];
+  return select_nonzero(op, x, thrust::make_transform_output_iterator((Coords<N> *)em_data_ptr(out), f), s);
+}
+
+/* row k of out = the coordinates of flat index flat[k] */
+__global__ void flat_coords_kernel(const int64_t *flat, int64_t count, Shape sh, int64_t *out) {
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < count; k += (int64_t)gridDim.x * blockDim.x) {
+    int64_t l = flat[k], *row = out + k * sh.ndim;
+    for (int d = sh.ndim - 1; d >= 0; d--) { row[d] = l % sh.s[d]; l /= sh.s[d]; }
+  }
+}
+
+extern "C" int em_count_nonzero_cuda(const char *op, const em_tensor *x, em_tensor *count) {
+  cudaStream_t s = em_cur_stream(x->device.index);
+  if (em_numel(x) == 0)
+    return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  return count_nonzero(op, x, count, s);
+}
+
+extern "C" int em_nonzero_select_cuda(const char *op, const em_tensor *x, int ndim, const int64_t *shape,
+                                      em_tensor *out) {
+  const int64_t count = out->ndim ? out->shape[0] : 0;
+  if (count == 0 || ndim == 0) return 0;
+  cudaStream_t s = em_cur_stream(x->device.index);
+  switch (ndim) {
+    case 1: return select_nonzero(op, x, (int64_t *)em_data_ptr(out), s);
+    case 2: return select_coords<2>(op, x, shape, out, s);
+    case 3: return select_coords<3>(op, x, shape, out, s);
+    case 4: return select_coords<4>(op, x, shape, out, s);
+    default: break;
+  }
+  em_tensor *flat = em_empty(1, &count, EM_I64, x->device);
+  if (!flat) return -1;
+  int64_t *fp = (int64_t *)em_data_ptr(flat);
+  int rc = select_nonzero(op, x, fp, s);
+  if (!rc) {
+    Shape sh;
+    sh.ndim = ndim;
+    for (int d = 0; d < ndim; d++) sh.s[d] = shape[d];
+    flat_coords_kernel<<<em_grid(count, THREADS), THREADS, 0, s>>>(fp, count, sh, (int64_t *)em_data_ptr(out));
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(flat);
+  return rc;
+}

@@ -1,0 +1,104 @@
+-- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (scan_row_tiles: 4096-
+-- element tiles, a fixed-order look-back over 64-tile chunks) against the
+-- CPU, at sizes around the tile and the chunk, misaligned (the scalar path)
+-- and reversed (cumsum's backward); and its promise: the same bits on every
+-- run (CUB's look-back, EMBER_SCAN_ROW=cub, does not promise that for floats).
+-- Tolerance: compare.lua's for the dtype (the GPU accumulates in f32 for
+-- f32/bf16, the CPU in double); integers exact.
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local SIZES = {1, 4095, 4096, 4097, 3 * 4096 + 5, 64 * 4096 - 1, 64 * 4096 + 5, 131 * 4096 + 77}
+
+local function same_bits(a, b, what)
+  local d = (a:to("f64") - b:to("f64")):abs():max():item()
+  assert.are.equal(0, d, what .. ": two runs differ")
+end
+
+describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", function()
+  for _, dt in ipairs({"f32", "bf16", "f64", "f16"}) do
+    it(("cumsum and cumprod of one row match the CPU (%s), forward, misaligned and reversed"):format(dt), function()
+      ember.manual_seed(31)
+      for _, n in ipairs(SIZES) do
+        local x = ember.randn(n + 1, {dtype = "f64"}):to(dt)
+        local xc = x:cuda()
+        local what = ("%s n %d"):format(dt, n)
+        cmp.assert_close(xc:narrow(0, 0, n):cumsum(0), x:narrow(0, 0, n):cumsum(0), cmp.rtol(dt), "cumsum " .. what)
+        cmp.assert_close(xc:narrow(0, 1, n):cumsum(0), x:narrow(0, 1, n):cumsum(0), cmp.rtol(dt),
+                         "cumsum misaligned " .. what)
+        -- every product rounds about sqrt(n) 2^-24 away from the CPU's double: f32 meets 1e-5 only for short rows
+        if dt ~= "f32" or n <= 3 * 4096 + 5 then
+          local p = (ember.rand(n, {dtype = "f64"}) * 0.002 + 0.999):to(dt)
+          cmp.assert_close(p:cuda():cumprod(0), p:cumprod(0), cmp.rtol(dt), "cumprod " .. what)
+        end
+        local a, ac = x:narrow(0, 0, n):detach(), xc:narrow(0, 0, n):detach()
+        a.requires_grad, ac.requires_grad = true, true
+        local g = ember.randn(n, {dtype = "f64"}):to(dt)
+        a:cumsum(0):backward(g)
+        ac:cumsum(0):backward(g:cuda())
+        cmp.assert_close(ac.grad, a.grad, cmp.rtol(dt), "cumsum backward (reversed) " .. what)
+      end
+    end)
+  end
+
+  it("integer cumsum of one row is exact", function()
+    ember.manual_seed(32)
+    local x = ember.randint(-1000, 1000, {131 * 4096 + 77})
+    cmp.assert_close(x:cuda():cumsum(0), x:cumsum(0), 0, "i64 cumsum")
+  end)
+
+  it("gives the same bits on every run (f32 and bf16, 2^22 + 3 elements)", function()
+    ember.manual_seed(33)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local x = ember.randn((1 << 22) + 3):to(dt):cuda()
+      local first = x:cumsum(0)
+      for _ = 1, 5 do same_bits(x:cumsum(0), first, "cumsum " .. dt) end
+      local p = (ember.rand((1 << 22) + 3) * 0.002 + 0.999):to(dt):cuda()
+      local pf = p:cumprod(0)
+      for _ = 1, 3 do same_bits(p:cumprod(0), pf, "cumprod " .. dt) end
+    end
+  end)
+end)
+
+-- Column scans (dim not innermost): scan_strips_async (rows of a strip
+-- 16-byte aligned) and scan_strips (else, or EMBER_SCAN_STRIP=v1) both walk
+-- each column in row order in the accumulator, so the bits of a row-by-row
+-- walk. 1300 rows: more tiles (128 rows f32, 256 bf16) than the 4 stages of
+-- the async ring; 160 columns: async for both dtypes; 100: a partial strip,
+-- async for f32, scan_strips for bf16 (200 bytes a row); 1030: scan_strips.
+describe("column scans on CUDA (cp.async strips and the register-staged strips)", function()
+  it("are the bits of the row-by-row walk, forward and reversed (f32, bf16, f64)", function()
+    ember.manual_seed(34)
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      local acc = dt == "bf16" and "f32" or dt
+      for _, shape in ipairs({{1300, 160}, {1300, 100}, {1300, 1030}}) do
+        local x = (ember.randn(shape, {dtype = "f64"}) * 0.05 + 1):to(dt):cuda()
+        local L = shape[1]
+        for _, op in ipairs({"cumsum", "cumprod"}) do
+          for _, reverse in ipairs({false, true}) do
+            local rows, a = {}, nil
+            for k = 0, L - 1 do
+              local r = reverse and L - 1 - k or k
+              local v = x:select(0, r):to(acc)
+              a = a == nil and v or (op == "cumsum" and a + v or a * v)
+              rows[r + 1] = a:to(dt)
+            end
+            local got
+            if not reverse then got = x[op](x, 0)
+            elseif op == "cumsum" then   -- cumsum's backward is the reversed scan
+              local xl = x:detach(); xl.requires_grad = true
+              xl:cumsum(0):backward(x)
+              got = xl.grad
+            else
+              got = x:flip(0):cumprod(0):flip(0)
+            end
+            cmp.assert_same_bits(got, ember.stack(rows, 0),
+              ("%s %s %s%s"):format(op, dt, table.concat(shape, "x"), reverse and " reversed" or ""))
+          end
+        end
+      end
+    end
+  end)
+end)
