@@ -735,6 +735,129 @@ __global__ void __launch_bounds__(FWD_THREADS) ln_fwd_kernel(const TX *x, const 
   }
 }
 
+/* issue 12: the forward with the row in registers (ln_fwd_reg_kernel), one
+ * read of x and one write of y — 2·N·D·sizeof(T) bytes, the minimum, where
+ * ln_fwd_kernel read x three times with scalar loads (the last two mostly
+ * from L1: 41 % of 3350 GB/s at (8192,1600) f32). TPR threads per row (a
+ * warp, or 4 or 8 warps whose partials meet in shared memory in warp order),
+ * NV 16-byte packs a thread, pack v·TPR + t; mean, then the centred sum of
+ * squares from the registers (the same two-pass formulas, no cancellation),
+ * then y. The sums' order is fixed by (D, dtype): deterministic. */
+template <int TPR> __device__ __forceinline__ float group_sum(float v, float *red) {
+  v = warp_allsum(v);
+  if constexpr (TPR == 32) return v;
+  else {
+    constexpr int W = TPR / 32;
+    const int warp = threadIdx.x >> 5, g0 = warp / W * W;
+    __syncthreads();                                   /* red is reused by the next call */
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < W; k++) s += red[g0 + k];
+    return s;
+  }
+}
+
+template <typename TX, typename TW, int NV, int TPR>
+__global__ void __launch_bounds__(FWD_THREADS) ln_fwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
+                                                                 const TW *__restrict__ b, int64_t N, int64_t D,
+                                                                 float eps, TX *__restrict__ y,
+                                                                 float *__restrict__ mean, float *__restrict__ rstd,
+                                                                 bool wvec) {
+  constexpr int VEC = 16 / sizeof(TX);
+  __shared__ float red[FWD_THREADS / 32];
+  const int t = threadIdx.x % TPR;
+  const int64_t i = (int64_t)blockIdx.x * (FWD_THREADS / TPR) + threadIdx.x / TPR;
+  const bool live = i < N;
+  const TX *xr = x + (live ? i : 0) * D;
+  uint4 buf[NV];
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D) buf[v] = *reinterpret_cast<const uint4 *>(xr + j);
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) s += raw_elem<float, TX>(buf[v], k);
+  }
+  const float m = group_sum<TPR>(s, red) / (float)D;
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) { const float d = raw_elem<float, TX>(buf[v], k) - m; ss += d * d; }
+  }
+  const float r = rsqrt_exact(group_sum<TPR>(ss, red) / (float)D + eps);
+  if (!live) return;
+  if (t == 0) { mean[i] = m; rstd[i] = r; }
+  TX *yr = y + i * D;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (j < D) {
+      float wv[VEC], bv[VEC];
+      load_w<float, TW, VEC>(w, j, wvec, wv);
+      if (b) load_w<float, TW, VEC>(b, j, wvec, bv);
+      Packed128<TX> q;
+#pragma unroll
+      for (int k = 0; k < VEC; k++) {
+        float e = (raw_elem<float, TX>(buf[v], k) - m) * r;
+        if (w) e *= wv[k];
+        if (b) e += bv[k];
+        q[k] = st<TX>(e);
+      }
+      store128(yr + j, q);
+    }
+  }
+}
+
+/* EMBER_LAYER_NORM_FWD (read once): "reg" (default) or "loop" (ln_fwd_kernel
+ * always, to time both in one process); 0 reg, 1 loop. */
+static int ln_fwd_loop_only() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_LAYER_NORM_FWD");
+    mode = env && strcmp(env, "loop") == 0 ? 1 : 0;
+  }
+  return mode;
+}
+
+/* true when launched: x f32/bf16/f16, rows 16-byte aligned, D <= 2048 packs */
+template <typename TX, typename TW>
+static bool ln_launch_fwd_reg(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps, em_tensor *y,
+                              em_tensor *mean, em_tensor *rstd, cudaStream_t s) {
+  if constexpr (std::is_same<TX, double>::value) return false;
+  else {
+    constexpr int VEC = 16 / sizeof(TX);
+    const int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D, P = (D + VEC - 1) / VEC;
+    const TX *xp = (const TX *)em_data_ptr(x);
+    TX *yp = (TX *)em_data_ptr(y);
+    if (D % VEC != 0 || ((uintptr_t)xp & 15) != 0 || ((uintptr_t)yp & 15) != 0 || ln_fwd_loop_only()) return false;
+    const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr, *bp = b ? (const TW *)em_data_ptr(b) : nullptr;
+    const bool wvec = (!wp || ((uintptr_t)wp & 15) == 0) && (!bp || ((uintptr_t)bp & 15) == 0);
+    float *mp = (float *)em_data_ptr(mean), *rp = (float *)em_data_ptr(rstd);
+#define EM_LN_REG(NV, TPR)                                                                                      \
+  if (P <= (int64_t)(NV) * (TPR)) {                                                                           \
+    const int64_t per = FWD_THREADS / (TPR), blocks = (N + per - 1) / per;                                    \
+    if (blocks > INT32_MAX) return false;                                                                     \
+    ln_fwd_reg_kernel<TX, TW, NV, TPR><<<(unsigned)blocks, FWD_THREADS, 0, s>>>(xp, wp, bp, N, D, (float)eps, \
+                                                                                yp, mp, rp, wvec);            \
+    return true;                                                                                              \
+  }
+    EM_LN_REG(1, 32) EM_LN_REG(2, 32) EM_LN_REG(4, 32) EM_LN_REG(8, 32)
+    EM_LN_REG(4, 128) EM_LN_REG(4, 256) EM_LN_REG(8, 256)
+#undef EM_LN_REG
+    return false;
+  }
+}
+
 extern "C" int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps,
                                       em_tensor *y, em_tensor *mean, em_tensor *rstd) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
@@ -747,6 +870,9 @@ extern "C" int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, co
   em_dtype wt = w ? w->dtype : b ? b->dtype : x->dtype;
   int64_t blocks = (N + FWD_THREADS / 32 - 1) / (FWD_THREADS / 32), cap = (int64_t)em_sm_count(x->device.index) * 64;
   unsigned grid = (unsigned)(blocks > cap ? cap : blocks);
+  bool done = false;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, done = ln_launch_fwd_reg<TX, TW>(x, w, b, eps, y, mean, rstd, s)); });
+  if (done) return em_launch_check("layer_norm");
   EM_DISPATCH_FLOAT(x->dtype, TX, {
     EM_DISPATCH_FLOAT(wt, TW, {
       using C = acc_t<TX>;
