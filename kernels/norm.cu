@@ -701,14 +701,16 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
  * variance), and its backward
  *   xhat = (x - mean)·rstd, u = gy·w,
  *   gx = rstd·(u − mean(u) − xhat·mean(u·xhat)), gw = Σ_rows gy·xhat, gb = Σ_rows gy.
- * Cost like rmsnorm's (one more pass over the row in registers/L1, memory
- * bound). Launch: forward one warp per row (8 rows per 256-thread block), two
- * passes over the row (mean, then the centred sum of squares: no
- * cancellation); backward one block per group of rows whose threads split D,
- * dw and db kept in shared memory per block and summed over blocks in a fixed
- * order by dw_reduce_kernel: bit-reproducible. Plain (unvectorised) loads:
- * this is the straightforward version; rmsnorm's register-resident variants
- * are the template if layer_norm ever sits on a hot path. */
+ * Cost like rmsnorm's (one more pass over the row in registers, memory
+ * bound): forward 2·N·D·sizeof(T) bytes, backward 3·N·D·sizeof(T).
+ * Launch: rows of f32/bf16/f16 that are 16-byte aligned and fit go to the
+ * register kernels below (ln_fwd_reg_kernel, ln_bwd_reg_kernel: one read of
+ * each input). The rest (f64, odd D, wider rows) take the loop kernels here:
+ * forward one warp per row (8 rows per 256-thread block), two passes over the
+ * row (mean, then the centred sum of squares: no cancellation); backward one
+ * block per group of rows whose threads split D, dw and db kept in shared
+ * memory per block and summed over blocks in a fixed order by
+ * dw_reduce_kernel: bit-reproducible. Plain (unvectorised) loads. */
 
 template <typename TX, typename TW>
 __global__ void __launch_bounds__(FWD_THREADS) ln_fwd_kernel(const TX *x, const TW *w, const TW *b, int64_t N,
