@@ -701,14 +701,16 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
  * variance), and its backward
  *   xhat = (x - mean)·rstd, u = gy·w,
  *   gx = rstd·(u − mean(u) − xhat·mean(u·xhat)), gw = Σ_rows gy·xhat, gb = Σ_rows gy.
- * Cost like rmsnorm's (one more pass over the row in registers/L1, memory
- * bound). Launch: forward one warp per row (8 rows per 256-thread block), two
- * passes over the row (mean, then the centred sum of squares: no
- * cancellation); backward one block per group of rows whose threads split D,
- * dw and db kept in shared memory per block and summed over blocks in a fixed
- * order by dw_reduce_kernel: bit-reproducible. Plain (unvectorised) loads:
- * this is the straightforward version; rmsnorm's register-resident variants
- * are the template if layer_norm ever sits on a hot path. */
+ * Cost like rmsnorm's (one more pass over the row in registers, memory
+ * bound): forward 2·N·D·sizeof(T) bytes, backward 3·N·D·sizeof(T).
+ * Launch: rows of f32/bf16/f16 that are 16-byte aligned and fit go to the
+ * register kernels below (ln_fwd_reg_kernel, ln_bwd_reg_kernel: one read of
+ * each input). The rest (f64, odd D, wider rows) take the loop kernels here:
+ * forward one warp per row (8 rows per 256-thread block), two passes over the
+ * row (mean, then the centred sum of squares: no cancellation); backward one
+ * block per group of rows whose threads split D, dw and db kept in shared
+ * memory per block and summed over blocks in a fixed order by
+ * dw_reduce_kernel: bit-reproducible. Plain (unvectorised) loads. */
 
 template <typename TX, typename TW>
 __global__ void __launch_bounds__(FWD_THREADS) ln_fwd_kernel(const TX *x, const TW *w, const TW *b, int64_t N,
@@ -735,6 +737,129 @@ __global__ void __launch_bounds__(FWD_THREADS) ln_fwd_kernel(const TX *x, const 
   }
 }
 
+/* issue 12: the forward with the row in registers (ln_fwd_reg_kernel), one
+ * read of x and one write of y — 2·N·D·sizeof(T) bytes, the minimum, where
+ * ln_fwd_kernel read x three times with scalar loads (the last two mostly
+ * from L1: 41 % of 3350 GB/s at (8192,1600) f32). TPR threads per row (a
+ * warp, or 4 or 8 warps whose partials meet in shared memory in warp order),
+ * NV 16-byte packs a thread, pack v·TPR + t; mean, then the centred sum of
+ * squares from the registers (the same two-pass formulas, no cancellation),
+ * then y. The sums' order is fixed by (D, dtype): deterministic. */
+template <int TPR> __device__ __forceinline__ float group_sum(float v, float *red) {
+  v = warp_allsum(v);
+  if constexpr (TPR == 32) return v;
+  else {
+    constexpr int W = TPR / 32;
+    const int warp = threadIdx.x >> 5, g0 = warp / W * W;
+    __syncthreads();                                   /* red is reused by the next call */
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < W; k++) s += red[g0 + k];
+    return s;
+  }
+}
+
+template <typename TX, typename TW, int NV, int TPR>
+__global__ void __launch_bounds__(FWD_THREADS) ln_fwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
+                                                                 const TW *__restrict__ b, int64_t N, int64_t D,
+                                                                 float eps, TX *__restrict__ y,
+                                                                 float *__restrict__ mean, float *__restrict__ rstd,
+                                                                 bool wvec) {
+  constexpr int VEC = 16 / sizeof(TX);
+  __shared__ float red[FWD_THREADS / 32];
+  const int t = threadIdx.x % TPR;
+  const int64_t i = (int64_t)blockIdx.x * (FWD_THREADS / TPR) + threadIdx.x / TPR;
+  const bool live = i < N;
+  const TX *xr = x + (live ? i : 0) * D;
+  uint4 buf[NV];
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D) buf[v] = *reinterpret_cast<const uint4 *>(xr + j);
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) s += raw_elem<float, TX>(buf[v], k);
+  }
+  const float m = group_sum<TPR>(s, red) / (float)D;
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (live && j < D)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) { const float d = raw_elem<float, TX>(buf[v], k) - m; ss += d * d; }
+  }
+  const float r = rsqrt_exact(group_sum<TPR>(ss, red) / (float)D + eps);
+  if (!live) return;
+  if (t == 0) { mean[i] = m; rstd[i] = r; }
+  TX *yr = y + i * D;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (j < D) {
+      float wv[VEC], bv[VEC];
+      load_w<float, TW, VEC>(w, j, wvec, wv);
+      if (b) load_w<float, TW, VEC>(b, j, wvec, bv);
+      Packed128<TX> q;
+#pragma unroll
+      for (int k = 0; k < VEC; k++) {
+        float e = (raw_elem<float, TX>(buf[v], k) - m) * r;
+        if (w) e *= wv[k];
+        if (b) e += bv[k];
+        q[k] = st<TX>(e);
+      }
+      store128(yr + j, q);
+    }
+  }
+}
+
+/* EMBER_LAYER_NORM_FWD (read once): "reg" (default) or "loop" (ln_fwd_kernel
+ * always, to time both in one process); 0 reg, 1 loop. */
+static int ln_fwd_loop_only() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_LAYER_NORM_FWD");
+    mode = env && strcmp(env, "loop") == 0 ? 1 : 0;
+  }
+  return mode;
+}
+
+/* true when launched: x f32/bf16/f16, rows 16-byte aligned, D <= 2048 packs */
+template <typename TX, typename TW>
+static bool ln_launch_fwd_reg(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps, em_tensor *y,
+                              em_tensor *mean, em_tensor *rstd, cudaStream_t s) {
+  if constexpr (std::is_same<TX, double>::value) return false;
+  else {
+    constexpr int VEC = 16 / sizeof(TX);
+    const int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D, P = (D + VEC - 1) / VEC;
+    const TX *xp = (const TX *)em_data_ptr(x);
+    TX *yp = (TX *)em_data_ptr(y);
+    if (D % VEC != 0 || ((uintptr_t)xp & 15) != 0 || ((uintptr_t)yp & 15) != 0 || ln_fwd_loop_only()) return false;
+    const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr, *bp = b ? (const TW *)em_data_ptr(b) : nullptr;
+    const bool wvec = (!wp || ((uintptr_t)wp & 15) == 0) && (!bp || ((uintptr_t)bp & 15) == 0);
+    float *mp = (float *)em_data_ptr(mean), *rp = (float *)em_data_ptr(rstd);
+#define EM_LN_REG(NV, TPR)                                                                                      \
+  if (P <= (int64_t)(NV) * (TPR)) {                                                                           \
+    const int64_t per = FWD_THREADS / (TPR), blocks = (N + per - 1) / per;                                    \
+    if (blocks > INT32_MAX) return false;                                                                     \
+    ln_fwd_reg_kernel<TX, TW, NV, TPR><<<(unsigned)blocks, FWD_THREADS, 0, s>>>(xp, wp, bp, N, D, (float)eps, \
+                                                                                yp, mp, rp, wvec);            \
+    return true;                                                                                              \
+  }
+    EM_LN_REG(1, 32) EM_LN_REG(2, 32) EM_LN_REG(4, 32) EM_LN_REG(8, 32)
+    EM_LN_REG(4, 128) EM_LN_REG(4, 256) EM_LN_REG(8, 256)
+#undef EM_LN_REG
+    return false;
+  }
+}
+
 extern "C" int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps,
                                       em_tensor *y, em_tensor *mean, em_tensor *rstd) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
@@ -747,6 +872,9 @@ extern "C" int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, co
   em_dtype wt = w ? w->dtype : b ? b->dtype : x->dtype;
   int64_t blocks = (N + FWD_THREADS / 32 - 1) / (FWD_THREADS / 32), cap = (int64_t)em_sm_count(x->device.index) * 64;
   unsigned grid = (unsigned)(blocks > cap ? cap : blocks);
+  bool done = false;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, done = ln_launch_fwd_reg<TX, TW>(x, w, b, eps, y, mean, rstd, s)); });
+  if (done) return em_launch_check("layer_norm");
   EM_DISPATCH_FLOAT(x->dtype, TX, {
     EM_DISPATCH_FLOAT(wt, TW, {
       using C = acc_t<TX>;
@@ -792,6 +920,179 @@ __global__ void __launch_bounds__(BWD_THREADS) ln_bwd_kernel(const TX *x, const 
   for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
     if (dw_part) dw_part[blockIdx.x * D + j] = dw[j];
     if (db_part) db_part[blockIdx.x * D + j] = db[j];
+  }
+}
+
+/* issue 12: the backward with the rows in registers (ln_bwd_reg_kernel):
+ * x and gy read once with 16-byte loads, gx written once — 3·N·D·sizeof(T)
+ * bytes — where ln_bwd_kernel read both twice with scalar loads and kept a
+ * single row per block in flight. RPB = 256 / TPR rows at a time per block
+ * (a group of TPR threads a row, NV 16-byte packs a thread, pack v·TPR + t);
+ * each thread keeps dw and db of its own columns in registers over the
+ * block's rows (the same columns every row), the groups' sums meet in
+ * shared memory in group order, one partial row per block, and
+ * dw_reduce_kernel adds the partial rows in a fixed order. The grid is the
+ * blocks one wave holds (occupancy calculator): partial rows and every sum's
+ * order depend on the shape and the GPU model only — bit-reproducible. */
+template <typename TX, typename TW, int NV, int TPR>
+__global__ void __launch_bounds__(BWD_THREADS) ln_bwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
+                                                                 const float *__restrict__ mean,
+                                                                 const float *__restrict__ rstd,
+                                                                 const TX *__restrict__ gy, int64_t N, int64_t D,
+                                                                 TX *__restrict__ gx, float *__restrict__ dw_part,
+                                                                 float *__restrict__ db_part, bool wvec) {
+  constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR;
+  extern __shared__ __align__(16) unsigned char smem[];   /* 2·RPB·D floats when dw or db is wanted */
+  __shared__ float red[BWD_THREADS / 32];
+  const int t = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+  float dw[NV][VEC], db[NV][VEC];
+#pragma unroll
+  for (int v = 0; v < NV; v++)
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { dw[v][k] = 0.f; db[v][k] = 0.f; }
+  const int64_t tiles = (N + RPB - 1) / RPB;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {   /* uniform over the block */
+    const int64_t i = tile * RPB + grp;
+    const bool live = i < N;
+    uint4 bx[NV], bg[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      const int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (live && j < D) {
+        bx[v] = *reinterpret_cast<const uint4 *>(x + i * D + j);
+        bg[v] = *reinterpret_cast<const uint4 *>(gy + i * D + j);
+      }
+    }
+    const float m = live ? mean[i] : 0.f, r = live ? rstd[i] : 0.f;
+    float su = 0.f, sux = 0.f;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      const int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (live && j < D) {
+        float wv[VEC];
+        load_w<float, TW, VEC>(w, j, wvec, wv);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          const float u = raw_elem<float, TX>(bg[v], k) * wv[k], xh = (raw_elem<float, TX>(bx[v], k) - m) * r;
+          su += u;
+          sux += u * xh;
+        }
+      }
+    }
+    const float cu = group_sum<TPR>(su, red) / (float)D;
+    const float cx = group_sum<TPR>(sux, red) / (float)D;
+    if (!live) continue;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      const int64_t j = (int64_t)(t + v * TPR) * VEC;
+      if (j < D) {
+        float wv[VEC];
+        load_w<float, TW, VEC>(w, j, wvec, wv);
+        Packed128<TX> q;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          const float g = raw_elem<float, TX>(bg[v], k), xh = (raw_elem<float, TX>(bx[v], k) - m) * r;
+          q[k] = st<TX>(r * (g * wv[k] - cu - xh * cx));
+          dw[v][k] += g * xh;
+          db[v][k] += g;
+        }
+        if (gx) store128(gx + i * D + j, q);
+      }
+    }
+  }
+  if (!dw_part && !db_part) return;
+  float *sdw = (float *)smem, *sdb = sdw + RPB * D;
+#pragma unroll
+  for (int v = 0; v < NV; v++) {
+    const int64_t j = (int64_t)(t + v * TPR) * VEC;
+    if (j < D)
+#pragma unroll
+      for (int k = 0; k < VEC; k++) { sdw[grp * D + j + k] = dw[v][k]; sdb[grp * D + j + k] = db[v][k]; }
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
+    float a = 0.f, c = 0.f;
+#pragma unroll
+    for (int g = 0; g < RPB; g++) { a += sdw[g * D + j]; c += sdb[g * D + j]; }
+    if (dw_part) dw_part[blockIdx.x * D + j] = a;
+    if (db_part) db_part[blockIdx.x * D + j] = c;
+  }
+}
+
+/* EMBER_LAYER_NORM_BWD (read once): "reg" (default) or "loop" (ln_bwd_kernel always); 0 reg, 1 loop. */
+static int ln_bwd_loop_only() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_LAYER_NORM_BWD");
+    mode = env && strcmp(env, "loop") == 0 ? 1 : 0;
+  }
+  return mode;
+}
+
+/* The register backward's launch: 1 launched, 0 not this shape, -1 error. */
+template <typename TX, typename TW, int NV, int TPR>
+static int ln_bwd_reg_run(const em_tensor *x, const em_tensor *w, const em_tensor *mean, const em_tensor *rstd,
+                          const em_tensor *gy, em_tensor *gx, em_tensor *gw, em_tensor *gb, cudaStream_t s) {
+  constexpr int RPB = BWD_THREADS / TPR;
+  const int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D, tiles = (N + RPB - 1) / RPB;
+  const int dev = x->device.index;
+  const size_t smem = (gw || gb) ? 2 * (size_t)RPB * (size_t)D * sizeof(float) : 0;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ln_bwd_reg_kernel<TX, TW, NV, TPR>, BWD_THREADS, smem) !=
+          cudaSuccess || per_sm < 1) {
+    cudaGetLastError();
+    per_sm = 1;
+  }
+  const int64_t cap = (int64_t)em_sm_count(dev) * per_sm, blocks = tiles < cap ? tiles : cap;
+  if (blocks < 1) return 1;
+  int64_t pshape[2] = {blocks, D};
+  em_tensor *pw = gw ? em_empty(2, pshape, EM_F32, x->device) : NULL, *pb = gb ? em_empty(2, pshape, EM_F32, x->device) : NULL;
+  int rc = -1;
+  if ((gw && !pw) || (gb && !pb)) goto done;
+  {
+    const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr;
+    ln_bwd_reg_kernel<TX, TW, NV, TPR><<<(unsigned)blocks, BWD_THREADS, smem, s>>>(
+        (const TX *)em_data_ptr(x), wp, (const float *)em_data_ptr(mean), (const float *)em_data_ptr(rstd),
+        (const TX *)em_data_ptr(gy), N, D, gx ? (TX *)em_data_ptr(gx) : nullptr, pw ? (float *)em_data_ptr(pw) : nullptr,
+        pb ? (float *)em_data_ptr(pb) : nullptr, !wp || ((uintptr_t)wp & 15) == 0);
+  }
+  rc = em_launch_check("layer_norm backward");
+  {
+    em_tensor *parts[2] = {pw, pb}, *outs[2] = {gw, gb};
+    for (int k = 0; k < 2 && rc == 0; k++) {
+      if (!outs[k]) continue;
+      EM_DISPATCH_FLOAT(outs[k]->dtype, TG, {
+        dw_reduce_kernel<float, TG><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
+            (const float *)em_data_ptr(parts[k]), blocks, D, (TG *)em_data_ptr(outs[k]));
+      });
+      rc = em_launch_check("layer_norm backward");
+    }
+  }
+  if (rc == 0) rc = 1;
+done:
+  em_tensor_release(pw); em_tensor_release(pb);
+  return rc;
+}
+
+/* Rows of f32/bf16/f16, 16-byte aligned: the fewest threads a row that hold
+ * it in 2 packs a thread (dw, db, x and gy of 2 packs in registers), or 4
+ * packs of f32 over 256 threads (D <= 4096); else 0 (the loop kernel). */
+template <typename TX, typename TW>
+static int ln_launch_bwd_reg(const em_tensor *x, const em_tensor *w, const em_tensor *mean, const em_tensor *rstd,
+                             const em_tensor *gy, em_tensor *gx, em_tensor *gw, em_tensor *gb, cudaStream_t s) {
+  if constexpr (std::is_same<TX, double>::value) return 0;
+  else {
+    constexpr int VEC = 16 / sizeof(TX);
+    const int64_t D = x->shape[x->ndim - 1], P = D / VEC;
+    const uintptr_t al = (uintptr_t)em_data_ptr(x) | (uintptr_t)em_data_ptr(gy) | (gx ? (uintptr_t)em_data_ptr(gx) : 0);
+    if (D % VEC != 0 || (al & 15) != 0 || ln_bwd_loop_only()) return 0;
+    if (P <= 64) return ln_bwd_reg_run<TX, TW, 2, 32>(x, w, mean, rstd, gy, gx, gw, gb, s);
+    if (P <= 128) return ln_bwd_reg_run<TX, TW, 2, 64>(x, w, mean, rstd, gy, gx, gw, gb, s);
+    if (P <= 256) return ln_bwd_reg_run<TX, TW, 2, 128>(x, w, mean, rstd, gy, gx, gw, gb, s);
+    if (P <= 512) return ln_bwd_reg_run<TX, TW, 2, 256>(x, w, mean, rstd, gy, gx, gw, gb, s);
+    if constexpr (VEC == 4)
+      if (P <= 1024) return ln_bwd_reg_run<TX, TW, 4, 256>(x, w, mean, rstd, gy, gx, gw, gb, s);
+    return 0;
   }
 }
 
@@ -852,6 +1153,8 @@ extern "C" int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, co
   cudaStream_t s = em_cur_stream(x->device.index);
   em_dtype wt = w ? w->dtype : x->dtype;
   int rc = 0;
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = ln_launch_bwd_reg<TX, TW>(x, w, mean, rstd, gy, gx, gw, gb, s)); });
+  if (rc) return rc < 0 ? -1 : 0;
   EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = ln_launch_bwd<TX, TW>(x, w, mean, rstd, gy, gx, gw, gb, s)); });
   return rc;
 }

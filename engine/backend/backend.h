@@ -302,6 +302,11 @@ int em_extreme_cuda(const char *op, const em_tensor *a, const em_red_plan *p, bo
                     em_tensor *vals, em_tensor *idx);
 /* res = max + log(sum(exp(a - max))) (shift 0 for an infinite max, NaN for a NaN max). */
 int em_logsumexp_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p);
+/* One-pass var and logsumexp over float rows held in registers
+ * (kernels/stat.cu): 0 done, -1 error, 1 when the plan is not such rows
+ * (the caller then runs em_var_cuda / em_logsumexp_cuda). */
+int em_var_rows_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p, double dof);
+int em_logsumexp_rows_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p);
 /* Softmax / log-softmax of a along dim into res (contiguous, a's shape and dtype). */
 int em_softmax_cuda(const char *op, em_tensor *res, em_tensor *a, int dim, bool log_out);
 /* Fused backward: gx = y * (g - sum(g * y)) (softmax) or g - exp(y) * sum(g)

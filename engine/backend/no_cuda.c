@@ -124,6 +124,10 @@ int em_extreme_cuda(const char *op, const em_tensor *a, const em_red_plan *p, bo
                     em_tensor *idx) { return no_cuda(op); }
 int em_logsumexp_cuda(const char *op, em_tensor *res, const em_tensor *a,
                       const em_red_plan *p) { return no_cuda(op); }
+int em_var_rows_cuda(const char *op, em_tensor *res, const em_tensor *a, const em_red_plan *p,
+                     double dof) { return no_cuda(op); }
+int em_logsumexp_rows_cuda(const char *op, em_tensor *res, const em_tensor *a,
+                           const em_red_plan *p) { return no_cuda(op); }
 int em_softmax_cuda(const char *op, em_tensor *res, em_tensor *a, int dim,
                     bool log_out) { return no_cuda(op); }
 int em_softmax_backward_cuda(const char *op, em_tensor *gx, em_tensor *g, em_tensor *y, int dim,

@@ -851,7 +851,10 @@ em_tensor *em_var(em_tensor *a, int ndims, const int64_t *dims, double correctio
   EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 3 * em_numel(a), em_cost_simt_class(a->dtype));
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_var(res, a, &p, dof);
-  else if (a->device.type == EM_CUDA) rc = em_var_cuda("var", res, a, &p, dof);
+  else if (a->device.type == EM_CUDA) {
+    rc = em_var_rows_cuda("var", res, a, &p, dof);          /* one pass over rows in registers */
+    if (rc > 0) rc = em_var_cuda("var", res, a, &p, dof);   /* other shapes: two passes */
+  }
   else rc = em_error_device("var", a);
   if (rc) { em_tensor_release(res); return NULL; }
   em_node *n;
@@ -1076,7 +1079,10 @@ em_tensor *em_logsumexp(em_tensor *a, int64_t dim, bool keepdim) {
   EM_OP_COST(em_cost_nbytes(a) + em_cost_nbytes(res), 4 * em_numel(a), em_cost_simt_class(a->dtype));
   int rc;
   if (a->device.type == EM_CPU) rc = cpu_logsumexp(res, a, &p);
-  else if (a->device.type == EM_CUDA) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
+  else if (a->device.type == EM_CUDA) {
+    rc = em_logsumexp_rows_cuda("logsumexp", res, a, &p);
+    if (rc > 0) rc = em_logsumexp_cuda("logsumexp", res, a, &p);
+  }
   else rc = em_error_device("logsumexp", a);
   if (rc) { em_tensor_release(res); return NULL; }
   return record_reduction(res, NULL, "logsumexp", logsumexp_backward, a, &r, keepdim, a, res);

@@ -115,6 +115,10 @@ return function(case, perf, ember, F)
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
     {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
+  -- issue 12: 2^26 elements (512 / 256 MiB moved), a 4096-wide model's rows, CUDA only
+  perf("layer_norm", "layer_norm (16384,4096)", function(x, w, b) return F.layer_norm(x, 4096, w, b) end,
+    function(T) return {T.randn({16384, 4096}), T.randn({4096}), T.randn({4096})} end,
+    {backward = true, device = "cuda", torch = "F.layer_norm(a, (4096,), b, c)"})
   -- rope backward: the gradient read, x's gradient written, the positions read
   local function rope_bwd_bytes(i, out) return 2 * out:numel() * out:element_size() + i[2]:numel() * 8 end
   perf("rope", "rope (8,25,1024,64) heads", function(x, pos) return F.rope(x, pos) end,

@@ -103,6 +103,11 @@ return function(case, perf, ember, F)
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.var(-1)"})
   perf("logsumexp", "logsumexp over the last dim (4096,4096)", function(a) return a:logsumexp(-1) end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.logsumexp(-1)"})
+  -- issue 12: var and logsumexp at 2^26 elements (one read of 256 / 128 MiB), CUDA only
+  perf("var", "var over the last dim (8192,8192)", function(a) return a:var(-1) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.var(-1)"})
+  perf("logsumexp", "logsumexp over the last dim (8192,8192)", function(a) return a:logsumexp(-1) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.logsumexp(-1)"})
   perf("softmax", "softmax over the last dim (2048,8192)", function(a) return a:softmax(-1) end,
     function(T) return {T.randn({2048, 8192})} end, {backward = true, torch = "a.softmax(-1)"})
   perf("log_softmax", "log_softmax over the last dim (2048,8192)", function(a) return a:log_softmax(-1) end,
