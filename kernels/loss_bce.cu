@@ -10,13 +10,15 @@
  *
  * Launch: 256 threads, grid-stride over 16-byte vectors (Packed128: 4 f32
  * or 8 bf16 per thread per step) when every full-size operand is 16-byte
- * aligned, else one element per step; at most 8 blocks per multiprocessor.
+ * aligned, else one element per step; at most 8 blocks per multiprocessor,
+ * fewer where the kernel's registers keep fewer resident (bce_grid).
  * weight / pos_weight are read in place by mode (backend.h em_bce_args): a
  * scalar is loaded once per thread, a row (C) by index i % C (one division
  * per vector, then a wrap-around counter). A reduction folds each thread's
  * losses into a double, blocks into partials, and a one-block kernel sums
  * the partials in a fixed order (loss_reduce.cuh): deterministic, no host
  * read. Math in f32 (f64 for f64); exp(-|x|) keeps every term finite. */
+#include <stdlib.h>
 #include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -194,6 +196,30 @@ bool can_vec(const BceArgs<T> &b, const void *const *extra, int n_extra) {
   return ok;
 }
 
+/* Blocks of a grid-stride pass of kernel k: loss_reduce::grid_for's 8 a multiprocessor, or as many as k's
+ * registers keep resident when that is fewer (the 16-byte-vector kernels take 47-61 registers: 4-5 blocks of
+ * 256), so that every block runs in the first wave -- with equal shares, a second wave 60 % full (f32: 5
+ * resident of 8) stretched the pass by up to a quarter. Deterministic (the kernel and the device fix it); the
+ * partials of a reduction are then fewer, summed in the same fixed order. *per caches the occupancy (one
+ * per call site and dtype). EMBER_BCE_GRID8=1: 8 a multiprocessor always, as before. */
+template <typename K>
+unsigned bce_grid(K kernel, int *per, int64_t units, int dev) {
+  static const bool grid8 = [] { const char *e = getenv("EMBER_BCE_GRID8"); return e && *e && *e != '0'; }();
+  const unsigned g = loss_reduce::grid_for(units, dev);
+  if (grid8) return g;
+  if (*per == 0) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0) != cudaSuccess || b < 1) {
+      cudaGetLastError();   /* clear it: the launch's own check must not see it */
+      b = 8;
+    }
+    *per = b;
+  }
+  if (*per >= 8) return g;
+  const int64_t cap = (int64_t)em_sm_count(dev) * *per;
+  return (int64_t)g < cap ? g : (unsigned)cap;
+}
+
 template <typename T>
 int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw, const em_bce_args *a,
             em_tensor *out) {
@@ -205,7 +231,9 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   T *o = none ? (T *)em_data_ptr(out) : nullptr;
   const void *extra[1] = {o};
   const bool vec = can_vec<T>(b, extra, 1);
-  const unsigned grid = loss_reduce::grid_for(vec ? (a->n + V - 1) / V : a->n, dev);
+  static int per[2];
+  const unsigned grid = vec ? bce_grid(bce_fwd_kernel<T, V>, &per[1], (a->n + V - 1) / V, dev)
+                            : bce_grid(bce_fwd_kernel<T, 1>, &per[0], a->n, dev);
   em_tensor *part = nullptr;
   if (!none) {
     int64_t np = grid;
@@ -241,7 +269,9 @@ int bce_bwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   const void *extra[5] = {o[0], o[1], o[2], o[3], gvec ? em_data_ptr(g) : nullptr};
   const bool vec = can_vec<T>(b, extra, 5);
   const T *gp = (const T *)em_data_ptr(g);
-  const unsigned grid = loss_reduce::grid_for(vec ? (a->n + V - 1) / V : a->n, dev);
+  static int per[2];
+  const unsigned grid = vec ? bce_grid(bce_bwd_kernel<T, V>, &per[1], (a->n + V - 1) / V, dev)
+                            : bce_grid(bce_bwd_kernel<T, 1>, &per[0], a->n, dev);
   if (vec) bce_bwd_kernel<T, V><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
   else bce_bwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
   return em_launch_check("binary_cross_entropy_with_logits backward");

@@ -129,6 +129,19 @@ describe("binary_cross_entropy_with_logits on CUDA", function()
     end)
   end
 
+  for _, dt in ipairs {"f32", "bf16"} do
+    it(dt .. ": 2^22 + 7 elements (more blocks than stay resident: the occupancy-capped grid), mean and sum, repeatable", function()
+      local x, y = randn({(1 << 22) + 7}, dt, 3), randn({(1 << 22) + 7}, "f32"):sigmoid():to(dt)
+      for _, r in ipairs({"mean", "sum"}) do
+        local c, g = both_devices(function(a, b) return F.binary_cross_entropy_with_logits(a, b, {reduction = r}) end, {x, y})
+        C.assert_close(g.l, c.l, TOL[dt], r .. " loss")
+        check_grads(c, g, TOL[dt])
+        local again = F.binary_cross_entropy_with_logits(x:cuda(), y:cuda(), {reduction = r})
+        assert.are.equal(g.l:item(), again:item(), r .. ": the same loss on a second run")
+      end
+    end)
+  end
+
   it("f32: reduction none and sum, a scalar weight, upstream gradients", function()
     local x, y = randn({33, 65}, "f32", 10), randn({33, 65}, "f32"):sigmoid()
     local w = ember.tensor({0.7})
