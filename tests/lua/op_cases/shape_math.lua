@@ -228,6 +228,10 @@ return function(case, perf, ember, F)
   perf("addcdiv", "addcdiv of 2^24 elements",
     function(x, a, b) return x:addcdiv(a, b, {value = 0.5}) end,
     function(T) return {T.randn({N, N}), T.randn({N, N}), T.randn({N, N})} end)
+  perf("isnan", "isnan of 2^26 elements", function(a) return a:isnan() end,
+    function(T) return {T.randn({B, B})} end, {device = "cuda", torch = "a.isnan()"})
+  perf("isfinite", "isfinite of 2^26 elements", function(a) return a:isfinite() end,
+    function(T) return {T.randn({B, B})} end, {device = "cuda", torch = "a.isfinite()"})
   perf("isnan", "isnan of 2^24 elements", function(a) return a:isnan() end, T2)
   perf("isfinite", "isfinite of 2^24 elements", function(a) return a:isfinite() end, T2)
   -- PyTorch beside ours in bench_ops.lua --torch
