@@ -194,7 +194,7 @@ return function(case, perf, ember, F)
   perf("roll", "roll (4096,4096) by 17 along the last dim", function(a) return a:roll(17, 1) end, T2)
   -- issue 12's >= 70 % judged past the 50 MB L2: 2^26 output elements, CUDA only
   local B = 8192               -- B * B = 2^26
-  -- (the input is read once a copy: 16 MiB in f32 stays in L2, where a 64 MiB one would be read 16 times from DRAM)
+  -- (the input is read once a copy: 16 MiB in f32 stays in L2; a 64 MiB one, 4096² by 4, would come from DRAM every time)
   perf("repeat", "repeat (512,8192) by (16,1)", function(a) return a:rep(16, 1) end,
     function(T) return {T.randn({512, B})} end, {device = "cuda", torch = "a.repeat(16, 1)"})
   perf("tile", "tile (1,8192) by {8192,1}", function(a) return a:tile({B, 1}) end,
