@@ -11,7 +11,9 @@
  * Launch: 256 threads, grid-stride over 16-byte vectors (Packed128: 4 f32
  * or 8 bf16 per thread per step) when every full-size operand is 16-byte
  * aligned, else one element per step; at most 8 blocks per multiprocessor,
- * fewer where the kernel's registers keep fewer resident (bce_grid).
+ * fewer where the kernel's registers keep fewer resident (bce_grid); the
+ * forward without weight and pos_weight has its own instantiation (PLAIN:
+ * 32 registers, 8 blocks resident, against 47-57 with the weight modes).
  * weight / pos_weight are read in place by mode (backend.h em_bce_args): a
  * scalar is loaded once per thread, a row (C) by index i % C (one division
  * per vector, then a wrap-around counter). A reduction folds each thread's
@@ -77,9 +79,13 @@ __device__ __forceinline__ C bce_loss(C x, C y, C w, C pw, bool has_pw) {
   return l * w;
 }
 
-template <typename T, int V>
+/* PLAIN: no weight and no pos_weight (the common call), compiled without their loads and modes: fewer
+ * registers for the 16-byte-vector kernels (more blocks resident); the loss is the same expression
+ * (l * 1 is l exactly). */
+template <typename T, int V, bool PLAIN>
 __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__restrict__ out, double *part) {
   using C = acc_t<T>;
+  if constexpr (PLAIN) { a.wm = EM_BCE_NONE; a.pwm = EM_BCE_NONE; }
   const C wsc = scalar_of<T, C>(a.w, a.wm), pwsc = scalar_of<T, C>(a.pw, a.pwm);
   const bool has_pw = a.pwm != EM_BCE_NONE;
   const int64_t nv = a.n / V, step = (int64_t)gridDim.x * blockDim.x;
@@ -231,9 +237,11 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   T *o = none ? (T *)em_data_ptr(out) : nullptr;
   const void *extra[1] = {o};
   const bool vec = can_vec<T>(b, extra, 1);
-  static int per[2];
-  const unsigned grid = vec ? bce_grid(bce_fwd_kernel<T, V>, &per[1], (a->n + V - 1) / V, dev)
-                            : bce_grid(bce_fwd_kernel<T, 1>, &per[0], a->n, dev);
+  static int per[3];
+  const bool plain = vec && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE;
+  const unsigned grid = plain ? bce_grid(bce_fwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
+                        : vec ? bce_grid(bce_fwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
+                              : bce_grid(bce_fwd_kernel<T, 1, false>, &per[0], a->n, dev);
   em_tensor *part = nullptr;
   if (!none) {
     int64_t np = grid;
@@ -241,8 +249,9 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   }
   double *pp = part ? (double *)em_data_ptr(part) : nullptr;
   if (a->n > 0) {
-    if (vec) bce_fwd_kernel<T, V><<<grid, kThreads, 0, s>>>(b, o, pp);
-    else bce_fwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(b, o, pp);
+    if (plain) bce_fwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, o, pp);
+    else if (vec) bce_fwd_kernel<T, V, false><<<grid, kThreads, 0, s>>>(b, o, pp);
+    else bce_fwd_kernel<T, 1, false><<<grid, kThreads, 0, s>>>(b, o, pp);
   }
   int rc = em_launch_check("binary_cross_entropy_with_logits");
   if (rc == 0 && !none) {
