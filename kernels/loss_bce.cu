@@ -130,11 +130,14 @@ __global__ void __launch_bounds__(kThreads) bce_finish_kernel(const double *part
 }
 
 /* Every gradient asked for (NULL: not wanted); upstream g[i] (gvec) or g[0], times scale. */
-template <typename T, int V>
+/* PLAIN: no weight or pos_weight and only dx wanted (the common call): the other gradients and the
+ * softplus they need are compiled out; dx is the same expression (g * 1 is g exactly). */
+template <typename T, int V, bool PLAIN>
 __global__ void __launch_bounds__(kThreads) bce_bwd_kernel(BceArgs<T> a, const T *__restrict__ g, bool gvec, double scale,
                                                            T *__restrict__ gx, T *__restrict__ gy,
                                                            T *__restrict__ gw, T *__restrict__ gpw) {
   using C = acc_t<T>;
+  if constexpr (PLAIN) { a.wm = EM_BCE_NONE; a.pwm = EM_BCE_NONE; gy = gw = gpw = nullptr; }
   const C wsc = scalar_of<T, C>(a.w, a.wm), pwsc = scalar_of<T, C>(a.pw, a.pwm);
   const bool has_pw = a.pwm != EM_BCE_NONE;
   const C g0 = gvec ? (C)0 : (C)((double)ld<C>(g[0]) * scale), sc = (C)scale;
@@ -278,11 +281,14 @@ int bce_bwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   const void *extra[5] = {o[0], o[1], o[2], o[3], gvec ? em_data_ptr(g) : nullptr};
   const bool vec = can_vec<T>(b, extra, 5);
   const T *gp = (const T *)em_data_ptr(g);
-  static int per[2];
-  const unsigned grid = vec ? bce_grid(bce_bwd_kernel<T, V>, &per[1], (a->n + V - 1) / V, dev)
-                            : bce_grid(bce_bwd_kernel<T, 1>, &per[0], a->n, dev);
-  if (vec) bce_bwd_kernel<T, V><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
-  else bce_bwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  static int per[3];
+  const bool plain = vec && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE && !o[1] && !o[2] && !o[3];
+  const unsigned grid = plain ? bce_grid(bce_bwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
+                        : vec ? bce_grid(bce_bwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
+                              : bce_grid(bce_bwd_kernel<T, 1, false>, &per[0], a->n, dev);
+  if (plain) bce_bwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  else if (vec) bce_bwd_kernel<T, V, false><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  else bce_bwd_kernel<T, 1, false><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
   return em_launch_check("binary_cross_entropy_with_logits backward");
 }
 

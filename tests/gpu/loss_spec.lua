@@ -139,6 +139,15 @@ describe("binary_cross_entropy_with_logits on CUDA", function()
         local again = F.binary_cross_entropy_with_logits(x:cuda(), y:cuda(), {reduction = r})
         assert.are.equal(g.l:item(), again:item(), r .. ": the same loss on a second run")
       end
+      -- targets that need no gradient and no weights: the backward that computes dx alone
+      local dx = {}
+      for k, dev in ipairs({"cpu", "cuda"}) do
+        local xl = leaf(x, dev)
+        F.binary_cross_entropy_with_logits(xl, y:to(dev)):backward()
+        dx[k] = xl.grad
+      end
+      assert.equals("cuda:0", dx[2].device)
+      C.assert_close(dx[2], dx[1], TOL[dt], "dx alone")
     end)
   end
 
