@@ -210,12 +210,17 @@ bool can_vec(const BceArgs<T> &b, const void *const *extra, int n_extra) {
  * 256), so that every block runs in the first wave -- with equal shares, a second wave 60 % full (f32: 5
  * resident of 8) stretched the pass by up to a quarter. Deterministic (the kernel and the device fix it); the
  * partials of a reduction are then fewer, summed in the same fixed order. *per caches the occupancy (one
- * per call site and dtype). EMBER_BCE_GRID8=1: 8 a multiprocessor always, as before. */
+ * per call site and dtype). */
+/* EMBER_BCE_OLD=1: the launches as before (8 blocks a multiprocessor, no PLAIN kernels), for A/B timing. */
+bool bce_old() {
+  static const bool on = [] { const char *e = getenv("EMBER_BCE_OLD"); return e && *e && *e != '0'; }();
+  return on;
+}
+
 template <typename K>
 unsigned bce_grid(K kernel, int *per, int64_t units, int dev) {
-  static const bool grid8 = [] { const char *e = getenv("EMBER_BCE_GRID8"); return e && *e && *e != '0'; }();
   const unsigned g = loss_reduce::grid_for(units, dev);
-  if (grid8) return g;
+  if (bce_old()) return g;
   if (*per == 0) {
     int b = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0) != cudaSuccess || b < 1) {
@@ -241,7 +246,7 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   const void *extra[1] = {o};
   const bool vec = can_vec<T>(b, extra, 1);
   static int per[3];
-  const bool plain = vec && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE;
+  const bool plain = vec && !bce_old() && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE;
   const unsigned grid = plain ? bce_grid(bce_fwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
                         : vec ? bce_grid(bce_fwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
                               : bce_grid(bce_fwd_kernel<T, 1, false>, &per[0], a->n, dev);
@@ -282,7 +287,7 @@ int bce_bwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   const bool vec = can_vec<T>(b, extra, 5);
   const T *gp = (const T *)em_data_ptr(g);
   static int per[3];
-  const bool plain = vec && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE && !o[1] && !o[2] && !o[3];
+  const bool plain = vec && !bce_old() && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE && !o[1] && !o[2] && !o[3];
   const unsigned grid = plain ? bce_grid(bce_bwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
                         : vec ? bce_grid(bce_bwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
                               : bce_grid(bce_bwd_kernel<T, 1, false>, &per[0], a->n, dev);
