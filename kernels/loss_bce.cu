@@ -10,13 +10,17 @@
  *
  * Launch: 256 threads, grid-stride over 16-byte vectors (Packed128: 4 f32
  * or 8 bf16 per thread per step) when every full-size operand is 16-byte
- * aligned, else one element per step; at most 8 blocks per multiprocessor.
+ * aligned, else one element per step; at most 8 blocks per multiprocessor,
+ * fewer where the kernel's registers keep fewer resident (bce_grid); the
+ * forward without weight and pos_weight has its own instantiation (PLAIN:
+ * 32 registers, 8 blocks resident, against 47-57 with the weight modes).
  * weight / pos_weight are read in place by mode (backend.h em_bce_args): a
  * scalar is loaded once per thread, a row (C) by index i % C (one division
  * per vector, then a wrap-around counter). A reduction folds each thread's
  * losses into a double, blocks into partials, and a one-block kernel sums
  * the partials in a fixed order (loss_reduce.cuh): deterministic, no host
  * read. Math in f32 (f64 for f64); exp(-|x|) keeps every term finite. */
+#include <stdlib.h>
 #include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -75,9 +79,13 @@ __device__ __forceinline__ C bce_loss(C x, C y, C w, C pw, bool has_pw) {
   return l * w;
 }
 
-template <typename T, int V>
+/* PLAIN: no weight and no pos_weight (the common call), compiled without their loads and modes: fewer
+ * registers for the 16-byte-vector kernels (more blocks resident); the loss is the same expression
+ * (l * 1 is l exactly). */
+template <typename T, int V, bool PLAIN>
 __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__restrict__ out, double *part) {
   using C = acc_t<T>;
+  if constexpr (PLAIN) { a.wm = EM_BCE_NONE; a.pwm = EM_BCE_NONE; }
   const C wsc = scalar_of<T, C>(a.w, a.wm), pwsc = scalar_of<T, C>(a.pw, a.pwm);
   const bool has_pw = a.pwm != EM_BCE_NONE;
   const int64_t nv = a.n / V, step = (int64_t)gridDim.x * blockDim.x;
@@ -122,11 +130,14 @@ __global__ void __launch_bounds__(kThreads) bce_finish_kernel(const double *part
 }
 
 /* Every gradient asked for (NULL: not wanted); upstream g[i] (gvec) or g[0], times scale. */
-template <typename T, int V>
+/* PLAIN: no weight or pos_weight and only dx wanted (the common call): the other gradients and the
+ * softplus they need are compiled out; dx is the same expression (g * 1 is g exactly). */
+template <typename T, int V, bool PLAIN>
 __global__ void __launch_bounds__(kThreads) bce_bwd_kernel(BceArgs<T> a, const T *__restrict__ g, bool gvec, double scale,
                                                            T *__restrict__ gx, T *__restrict__ gy,
                                                            T *__restrict__ gw, T *__restrict__ gpw) {
   using C = acc_t<T>;
+  if constexpr (PLAIN) { a.wm = EM_BCE_NONE; a.pwm = EM_BCE_NONE; gy = gw = gpw = nullptr; }
   const C wsc = scalar_of<T, C>(a.w, a.wm), pwsc = scalar_of<T, C>(a.pw, a.pwm);
   const bool has_pw = a.pwm != EM_BCE_NONE;
   const C g0 = gvec ? (C)0 : (C)((double)ld<C>(g[0]) * scale), sc = (C)scale;
@@ -194,6 +205,35 @@ bool can_vec(const BceArgs<T> &b, const void *const *extra, int n_extra) {
   return ok;
 }
 
+/* Blocks of a grid-stride pass of kernel k: loss_reduce::grid_for's 8 a multiprocessor, or as many as k's
+ * registers keep resident when that is fewer (the 16-byte-vector kernels take 47-61 registers: 4-5 blocks of
+ * 256), so that every block runs in the first wave -- with equal shares, a second wave 60 % full (f32: 5
+ * resident of 8) stretched the pass by up to a quarter. Deterministic (the kernel and the device fix it); the
+ * partials of a reduction are then fewer, summed in the same fixed order. *per caches the occupancy (one
+ * per call site and dtype). */
+/* EMBER_BCE_OLD=1: the launches as before (8 blocks a multiprocessor, no PLAIN kernels), for A/B timing. */
+bool bce_old() {
+  static const bool on = [] { const char *e = getenv("EMBER_BCE_OLD"); return e && *e && *e != '0'; }();
+  return on;
+}
+
+template <typename K>
+unsigned bce_grid(K kernel, int *per, int64_t units, int dev) {
+  const unsigned g = loss_reduce::grid_for(units, dev);
+  if (bce_old()) return g;
+  if (*per == 0) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0) != cudaSuccess || b < 1) {
+      cudaGetLastError();   /* clear it: the launch's own check must not see it */
+      b = 8;
+    }
+    *per = b;
+  }
+  if (*per >= 8) return g;
+  const int64_t cap = (int64_t)em_sm_count(dev) * *per;
+  return (int64_t)g < cap ? g : (unsigned)cap;
+}
+
 template <typename T>
 int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em_tensor *pw, const em_bce_args *a,
             em_tensor *out) {
@@ -205,7 +245,11 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   T *o = none ? (T *)em_data_ptr(out) : nullptr;
   const void *extra[1] = {o};
   const bool vec = can_vec<T>(b, extra, 1);
-  const unsigned grid = loss_reduce::grid_for(vec ? (a->n + V - 1) / V : a->n, dev);
+  static int per[3];
+  const bool plain = vec && !bce_old() && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE;
+  const unsigned grid = plain ? bce_grid(bce_fwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
+                        : vec ? bce_grid(bce_fwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
+                              : bce_grid(bce_fwd_kernel<T, 1, false>, &per[0], a->n, dev);
   em_tensor *part = nullptr;
   if (!none) {
     int64_t np = grid;
@@ -213,8 +257,9 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   }
   double *pp = part ? (double *)em_data_ptr(part) : nullptr;
   if (a->n > 0) {
-    if (vec) bce_fwd_kernel<T, V><<<grid, kThreads, 0, s>>>(b, o, pp);
-    else bce_fwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(b, o, pp);
+    if (plain) bce_fwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, o, pp);
+    else if (vec) bce_fwd_kernel<T, V, false><<<grid, kThreads, 0, s>>>(b, o, pp);
+    else bce_fwd_kernel<T, 1, false><<<grid, kThreads, 0, s>>>(b, o, pp);
   }
   int rc = em_launch_check("binary_cross_entropy_with_logits");
   if (rc == 0 && !none) {
@@ -241,9 +286,14 @@ int bce_bwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   const void *extra[5] = {o[0], o[1], o[2], o[3], gvec ? em_data_ptr(g) : nullptr};
   const bool vec = can_vec<T>(b, extra, 5);
   const T *gp = (const T *)em_data_ptr(g);
-  const unsigned grid = loss_reduce::grid_for(vec ? (a->n + V - 1) / V : a->n, dev);
-  if (vec) bce_bwd_kernel<T, V><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
-  else bce_bwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  static int per[3];
+  const bool plain = vec && !bce_old() && b.wm == EM_BCE_NONE && b.pwm == EM_BCE_NONE && !o[1] && !o[2] && !o[3];
+  const unsigned grid = plain ? bce_grid(bce_bwd_kernel<T, V, true>, &per[2], (a->n + V - 1) / V, dev)
+                        : vec ? bce_grid(bce_bwd_kernel<T, V, false>, &per[1], (a->n + V - 1) / V, dev)
+                              : bce_grid(bce_bwd_kernel<T, 1, false>, &per[0], a->n, dev);
+  if (plain) bce_bwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  else if (vec) bce_bwd_kernel<T, V, false><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
+  else bce_bwd_kernel<T, 1, false><<<grid, kThreads, 0, s>>>(b, gp, gvec, scale, o[0], o[1], o[2], o[3]);
   return em_launch_check("binary_cross_entropy_with_logits backward");
 }
 

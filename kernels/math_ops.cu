@@ -6,11 +6,13 @@
  * Cost: 0 FLOPs; read es + write 1 byte per element (5 B for f32). Memory-
  * bound: the ceiling is the copy bandwidth.
  *
- * Launch shape: 256 threads, grid-stride; a thread reads one 16-byte
- * Packed128 of input (4 f32, 8 bf16/f16, 2 f64) and writes its 2-8 bools as
- * one store, so loads and stores are both wide. The scalar tail and
+ * Launch shape: 256 threads, grid-stride; a thread reads G 16-byte
+ * Packed128s of input (4 f32, 8 bf16/f16, 2 f64 each; G = 4, 2, 4) and
+ * writes their 16 (f64 8) bools as one store, so loads and stores are both
+ * wide and G loads are in flight a thread. The leftover vectors, the scalar tail and
  * unaligned tensors take the one-element path. The test is done on the bits
  * (exponent all ones), identical for every float type, without converting. */
+#include <stdlib.h>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
@@ -37,34 +39,61 @@ __device__ __forceinline__ uint8_t classify(typename Bits<T>::U u, bool nan) {
 
 template <int V> struct alignas(V) Bools { uint8_t v[V]; };
 
-template <typename T, bool VEC>
+/* VEC: a thread takes G = 16 / V 16-byte vectors of input at a time (4 f32, 2 bf16/f16; 4 f64: 8 bytes of
+ * bools), all G loads issued before any test, and writes their G V bools as one store (16 bytes, f64 8);
+ * the vectors left over (fewer than G a thread) and the last n % V elements follow one at a time. */
+template <typename T, bool VEC, int G>
 __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *in, int64_t n, bool nan) {
   typedef typename Bits<T>::U U;
   constexpr int V = VEC ? 16 / (int)sizeof(T) : 1;
   const U *u = reinterpret_cast<const U *>(in);
   const int64_t units = n / V, step = (int64_t)gridDim.x * blockDim.x;
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for (int64_t k = tid; k < units; k += step) {
-    Bools<V> b;
+  const int64_t groups = units / G;
+  for (int64_t k = tid; k < groups; k += step) {
+    Bools<G * V> b;
     if constexpr (VEC) {
-      Packed128<U> p = load128(u + k * V);
+      Packed128<U> p[G];
 #pragma unroll
-      for (int e = 0; e < V; e++) b.v[e] = classify<T>(p[e], nan);
+      for (int q = 0; q < G; q++) p[q] = load128(u + (k * G + q) * V);
+#pragma unroll
+      for (int q = 0; q < G; q++)
+#pragma unroll
+        for (int e = 0; e < V; e++) b.v[q * V + e] = classify<T>(p[q][e], nan);
     } else {
       b.v[0] = classify<T>(u[k], nan);
     }
-    *reinterpret_cast<Bools<V> *>(out + k * V) = b;
+    *reinterpret_cast<Bools<G * V> *>(out + k * G * V) = b;
+  }
+  if constexpr (VEC && G > 1) {
+    const int64_t k = groups * G + tid;   /* the last units % G vectors */
+    if (k < units) {
+      Packed128<U> p = load128(u + k * V);
+      Bools<V> b;
+#pragma unroll
+      for (int e = 0; e < V; e++) b.v[e] = classify<T>(p[e], nan);
+      *reinterpret_cast<Bools<V> *>(out + k * V) = b;
+    }
   }
   const int64_t i = units * V + tid;   /* the last n % V elements */
   if (VEC && i < n) out[i] = classify<T>(u[i], nan);
 }
 
+/* EMBER_FLOAT_CLASS_OLD=1: one vector a thread (G = 1), as before. */
+bool one_vector() {
+  static const bool on = [] { const char *e = getenv("EMBER_FLOAT_CLASS_OLD"); return e && *e && *e != '0'; }();
+  return on;
+}
+
 template <typename T>
 void launch(uint8_t *out, const void *in, int64_t n, bool nan, cudaStream_t s) {
-  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int V = 16 / (int)sizeof(T), G = 16 / V < 4 ? 16 / V : 4;
   const bool vec = ((uintptr_t)in & 15) == 0 && ((uintptr_t)out % V) == 0;
-  if (vec) float_class<T, true><<<em_grid(n / V > 0 ? n / V : 1, kThreads), kThreads, 0, s>>>(out, (const T *)in, n, nan);
-  else float_class<T, false><<<em_grid(n, kThreads), kThreads, 0, s>>>(out, (const T *)in, n, nan);
+  const T *x = (const T *)in;
+  if (vec && !one_vector() && (uintptr_t)out % (G * V) == 0)
+    float_class<T, true, G><<<em_grid(n / (G * V) > 0 ? n / (G * V) : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
+  else if (vec) float_class<T, true, 1><<<em_grid(n / V > 0 ? n / V : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
+  else float_class<T, false, 1><<<em_grid(n, kThreads), kThreads, 0, s>>>(out, x, n, nan);
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
  * or, for 64-bit draws, (seed, ctr0 + e/2)).
  *
  *   bernoulli    a thread per 8 or 16 elements (2 or 4 Philox blocks of
- *                10 rounds: 16 to 64 bytes of out), sizeof(out) + sizeof(p)
+ *                10 rounds: 16 to 64 bytes of out; 16 for a constant p into
+ *                bf16/f16/u16, bound by issue), sizeof(out) + sizeof(p)
  *                bytes per element, 16-byte stores. Memory bound.
  *   randperm     one thread per block makes two (key, index) pairs, then
  *                cub::DeviceRadixSort sorts them by key (stable, so equal
@@ -20,6 +21,7 @@
  * Nothing reads the device from the host; every launch goes on the current
  * stream, and the stream start is resolved on the device (em_philox_resolve)
  * so all three can be captured in a CUDA graph. */
+#include <stdlib.h>
 #include <type_traits>
 #include <cub/device/device_radix_sort.cuh>
 #include "rng_math.h"
@@ -107,12 +109,29 @@ __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const voi
   }
 }
 
-template <typename S, typename P>
-static void bernoulli_launch(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
-  constexpr int B = sizeof(S) >= 2 ? 2 : 4;   /* 16 bytes of u8/u16, 32 of f32: two Philox chains at least */
+template <typename S, typename P, int B>
+static void bernoulli_launch_b(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
   constexpr size_t PS = std::is_void<P>::value ? 1 : sizeof(typename std::conditional<std::is_void<P>::value, char, P>::type);
   const bool vec = (uintptr_t)o % (4 * B * sizeof(S)) == 0 && (uintptr_t)p % (4 * B * PS) == 0;
   bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, lim, n, s, vec);
+}
+
+/* EMBER_BERNOULLI_OLD=1: two Philox blocks a thread for a constant p into 16-bit outputs, as before. */
+static bool bernoulli_old() {
+  static const bool on = [] { const char *e = getenv("EMBER_BERNOULLI_OLD"); return e && *e && *e != '0'; }();
+  return on;
+}
+
+/* B Philox blocks a thread: 16 bytes of u8 (4), 32 of f32 and wider (2); u16 outputs 16 bytes (2) from
+ * probabilities, 32 (4) for a constant p, where only the Philox rounds and the index work are left, so a
+ * thread's fixed work spread over 16 elements instead of 8 is what the issue rate gains. The same
+ * element-to-counter map either way: element j is word j % 4 of block ctr0 + j / 4. */
+template <typename S, typename P>
+static void bernoulli_launch(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
+  if constexpr (std::is_void<P>::value && sizeof(S) == 2) {
+    if (!bernoulli_old()) { bernoulli_launch_b<S, P, 4>(o, one, p, lim, n, s, st); return; }
+  }
+  bernoulli_launch_b<S, P, sizeof(S) >= 2 ? 2 : 4>(o, one, p, lim, n, s, st);
 }
 
 template <typename S>

@@ -20,12 +20,19 @@
  * Launch: 256 threads, grid-stride. Contiguous, 16-byte aligned float
  * tensors (every fill a training script makes) take rng_contig, one
  * instantiation per distribution: each thread turns B consecutive blocks
- * (B = 2, f64 1) into 4B consecutive elements and writes them with 16-byte
- * stores (bf16/f16 rounded in pairs by the hardware), the [lo, hi) rule of
+ * (B = 4 for bf16/f16 and f32 normal_, which the issue rate bounds: half the
+ * per-thread work an element; 2 for f32 uniform_ and trunc_normal_; f64 1)
+ * into 4B consecutive elements and writes them with 16-byte stores (bf16/f16
+ * rounded in pairs by the hardware, NaN-checked only where the parameters
+ * allow a NaN; EMBER_RNG_CONTIG_OLD=1: B = 2 and every pair checked, as
+ * before; the values are the same either way), the [lo, hi) rule of
  * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
- * skips the double arithmetic (exact in f32). Everything else
+ * skips the double arithmetic (exact in f32), other spans take (hi - lo) u
+ * as one DFMA (kUniformFma: the same bits). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
+#include <math.h>
+#include <stdlib.h>
 #include <cuda_runtime.h>
 #include "rng_math.h"
 #include "common.cuh"
@@ -117,7 +124,17 @@ template <int DT, bool MAYBE_NAN> __device__ __forceinline__ uint32_t rng_pack2(
  * carries only its own math (a runtime switch kept erfinv's and Box-Muller's
  * registers in the uniform fill). kUnit is uniform on [0, 1): u24 itself,
  * exact in f32, so it needs no double arithmetic and gives the same bits. */
-enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100 };
+enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100, kUniformFma = 101 };
+
+/* kUniformFma: uniform_ into f32/bf16/f16 with (hi - lo) u in one DFMA instead of building u (a DADD) and
+ * multiplying: with a = span 2^-24 and m = w >> 8, fma(a, 2^52 + m, -a 2^52) is a m exact, rounded once, so
+ * it is fl(span u) bit for bit (u = m 2^-24: the power of two commutes with the rounding). 2^52 + m is the
+ * double with high word 0x43300000 and low word m. Needs a and a 2^52 exact and a m clear of the
+ * subnormals: span 0 or in [2^-998, 2^995) (rng_fma_ok, host); any other span takes kUniform. */
+static bool rng_fma_ok(const em_rng_dist *d) {
+  const double span = d->p1 - d->p0;
+  return span == 0.0 || (span >= 0x1p-998 && span < 0x1p995);
+}
 
 /* u24(w) = (w >> 8) 2^-24 as a double without a 64-bit conversion (16 a
  * clock per SM on Hopper, against 64 for a DADD): 2^28 + m 2^-24 is the
@@ -140,6 +157,11 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
     const double span = d.p1 - d.p0;                                     /* as em_rng_block_uniform */
 #pragma unroll
     for (int e = 0; e < 4; e++) z[e] = (float)EM_RNG_ADD(d.p0, EM_RNG_MUL(span, rng_u24_f64(pb.v[e])));
+  } else if constexpr (KIND == kUniformFma) {
+    const double span = d.p1 - d.p0, a = span * 0x1p-24, c = -(span * 0x1p28);   /* exact: rng_fma_ok */
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      z[e] = (float)EM_RNG_ADD(d.p0, __fma_rn(a, __hiloint2double(0x43300000, (int)(pb.v[e] >> 8)), c));
   } else {
     double x[4];
     em_rng_block_trunc(&d, &pb, x);
@@ -153,14 +175,14 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
  * rounds to hi in the dtype is stored as lo) is one compare on the f32 value z before its rounding, z >= bound
  * (em_rng_hi_bound, rng_math.h: every z is <= hi, and rounding is monotone), z then replaced by lo_f, lo in f32, whose
  * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
-template <int DT, int B, int KIND>
+template <int DT, int B, int KIND, bool NANS>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
                                                  em_philox_state st, float bound, float lo_f) {
   typedef typename RngOut<DT>::S S;
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
   /* whether a stored value can equal hi: uniform_ (kUnit: 1 in bf16/f16, never in f32, where u < 1 is exact) */
-  constexpr bool HI_RULE = KIND == kUniform || (KIND == kUnit && DT != EM_F32);
+  constexpr bool HI_RULE = KIND == kUniform || KIND == kUniformFma || (KIND == kUnit && DT != EM_F32);
   uint64_t seed, ctr0;
   em_philox_resolve(st, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
@@ -200,7 +222,7 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const float a = HI_RULE && z[e] >= bound ? lo_f : z[e], b = HI_RULE && z[e + 1] >= bound ? lo_f : z[e + 1];
-            v.w[2 * k + e / 2] = rng_pack2<DT, KIND != kUnit>(a, b);   /* u in [0, 1) is never NaN */
+            v.w[2 * k + e / 2] = rng_pack2<DT, NANS>(a, b);
           }
         }
       }
@@ -217,20 +239,64 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   }
 }
 
+template <int DT, int B, int KIND>
+static void rng_contig_go(unsigned grid, void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d,
+                          em_philox_state ps, cudaStream_t st, float bound, float lo_f, bool nans) {
+  constexpr bool PACKED = DT == EM_BF16 || DT == EM_F16;   /* NANS matters only to rng_pack2 */
+  if (PACKED && nans) rng_contig<DT, B, KIND, PACKED><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
+  else rng_contig<DT, B, KIND, false><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
+}
+
+/* Whether an f32 value of the fill can be NaN (then 16-bit stores take the CPU's NaN pattern, rng_pack2):
+ * uniform_ only with a NaN or infinite lo or hi - lo (lo + (hi - lo) u is otherwise finite in double, and
+ * its f32 rounding at worst infinite), normal_ only with a NaN or infinite f32 mean or std (the Box-Muller
+ * z is finite, so mean + std (r cos) is finite or infinite, never inf - inf), [0, 1) never; trunc_normal_
+ * keeps the check. f32/f64 outputs store NaN as it comes and ignore this. */
+static bool rng_may_nan(const em_rng_dist *d, bool unit) {
+  if (unit) return false;
+  if (d->kind == EM_RNG_UNIFORM) return !(isfinite(d->p0) && isfinite(d->p1 - d->p0));
+  if (d->kind == EM_RNG_NORMAL) return !(isfinite((float)d->p0) && isfinite((float)d->p1));
+  return true;
+}
+
+/* EMBER_RNG_CONTIG_OLD=1: the launch before 4-block threads and NaN-free packing (B = 2, every 16-bit
+ * pair checked for NaN), for A/B timing; the values are the same either way. */
+static bool rng_contig_old() {
+  static const bool on = [] { const char *e = getenv("EMBER_RNG_CONTIG_OLD"); return e && *e && *e != '0'; }();
+  return on;
+}
+
 template <int DT, int B>
 static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
                               cudaStream_t st) {
   const unsigned grid = em_grid((int64_t)((nblocks + B - 1) / B), 256);
   const bool unit = d->kind == EM_RNG_UNIFORM && d->p0 == 0.0 && d->p1 == 1.0;
   const float bound = em_rng_hi_bound(d, DT), lo_f = (float)d->p0;
-  if (unit)
-    rng_contig<DT, B, kUnit><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
-  else if (d->kind == EM_RNG_UNIFORM)
-    rng_contig<DT, B, kUniform><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
-  else if (d->kind == EM_RNG_NORMAL)
-    rng_contig<DT, B, kNormal><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
-  else
-    rng_contig<DT, B, kTrunc><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
+  /* the old kernels checked every 16-bit pair but [0, 1)'s for NaN */
+  const bool nans = rng_contig_old() ? !unit : rng_may_nan(d, unit);
+  if (unit) rng_contig_go<DT, B, kUnit>(grid, out, n, nblocks, d, ps, st, bound, lo_f, false);
+  else if (d->kind == EM_RNG_UNIFORM) {
+    if constexpr (DT != EM_F64) {    /* f64 keeps its own double map (em_rng_block_uniform) */
+      if (!rng_contig_old() && rng_fma_ok(d)) {
+        rng_contig_go<DT, B, kUniformFma>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
+        return;
+      }
+    }
+    rng_contig_go<DT, B, kUniform>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
+  }
+  else if (d->kind == EM_RNG_NORMAL) rng_contig_go<DT, B, kNormal>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
+  else if constexpr (B <= 2) rng_contig_go<DT, B, kTrunc>(grid, out, n, nblocks, d, ps, st, bound, lo_f, true);
+}
+
+/* Blocks a thread: 4 for 16-bit outputs and f32 normal_, which the issue rate bounds (half the per-thread
+ * index and tail work an element), 2 for f32 uniform_ (bound by memory, more threads in flight at 31
+ * registers than at ~40) and trunc_normal_ (double erfinv: 4 chains spill), 1 for f64. */
+template <int DT>
+static void rng_contig_pick(void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d, em_philox_state ps,
+                            cudaStream_t st) {
+  const bool four = !rng_contig_old() && d->kind != EM_RNG_TRUNC && (DT != EM_F32 || d->kind == EM_RNG_NORMAL);
+  if (four) rng_contig_launch<DT, 4>(out, n, nblocks, d, ps, st);
+  else rng_contig_launch<DT, 2>(out, n, nblocks, d, ps, st);
 }
 
 extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_state ps) {
@@ -248,10 +314,10 @@ extern "C" int em_rng_fill_cuda(em_tensor *t, const em_rng_dist *d, em_philox_st
   const bool contig = g.ndim == 1 && (g.stride[0][0] == 1 || n == 1) && ((uintptr_t)out & 15) == 0;
   if (!randint && contig && em_dtype_is_float(t->dtype)) {
     switch (t->dtype) {
-      case EM_F32: rng_contig_launch<EM_F32, 2>(out, n, nblocks, d, ps, st); break;
+      case EM_F32: rng_contig_pick<EM_F32>(out, n, nblocks, d, ps, st); break;
       case EM_F64: rng_contig_launch<EM_F64, 1>(out, n, nblocks, d, ps, st); break;
-      case EM_BF16: rng_contig_launch<EM_BF16, 2>(out, n, nblocks, d, ps, st); break;
-      default: rng_contig_launch<EM_F16, 2>(out, n, nblocks, d, ps, st); break;
+      case EM_BF16: rng_contig_pick<EM_BF16>(out, n, nblocks, d, ps, st); break;
+      default: rng_contig_pick<EM_F16>(out, n, nblocks, d, ps, st); break;
     }
     return em_launch_check(op);
   }

@@ -5,15 +5,22 @@
  * Cost: 0 FLOPs; one element read and one written per output element (8 B
  * per f32 element). Memory-bound: the ceiling is the copy bandwidth.
  *
- * Launch shape: 256 threads, grid-stride; each thread owns 4 consecutive
- * output elements of the last dim (when its size is a multiple of 4): the
- * outer dims' source offset is computed once per 4 elements (one division
- * per dim), the last dim's source per element is an add (and a compare for
- * the wrap), and the 4 outputs go out as one 4-element store. The engine has
- * already dropped size-1 dims and merged identity dims (map_compress), so
- * the division chain is short. Indices are 32-bit whenever the output and
- * the input's span fit. Elements move as unsigned integers of their width:
- * no dtype conversion, any of the 9 dtypes. */
+ * Launch shape: 256 threads, grid-stride; each thread owns V consecutive
+ * output elements of the last dim, V = 16 bytes' worth (8 bf16, 4 f32, 16
+ * u8; 4 f64: 32 bytes) when the last dim's size is a multiple of it, else 4,
+ * else 1: the outer dims' source offset is computed once per V elements
+ * (one division per dim) and the V outputs go out as one wide store. The
+ * loads are wide too when the last dim is read forward or backward with
+ * stride 1 from an aligned place (kLoadVec: identity, repeat, a roll by a
+ * multiple of V; kLoadFlip: one vector, reversed in registers; kLoadShift: a
+ * roll by any other amount, two aligned 16-byte vectors funnel-shifted by
+ * the roll's remainder, the same for every thread); otherwise one load per
+ * element (kLoadScalar, the path of every layout before; EMBER_DIMMAP_SCALAR=1
+ * selects it always). The engine has already dropped size-1 dims and merged
+ * identity dims (map_compress), so the division chain is short. Indices are
+ * 32-bit whenever the output and the input's span fit. Elements move as
+ * unsigned integers of their width: no dtype conversion, any of the 9 dtypes. */
+#include <stdlib.h>
 #include "common.cuh"
 #include "dtype_io.cuh"   /* em_use_device */
 #include "backend.h"
@@ -39,10 +46,27 @@ __device__ __forceinline__ I src_of(const MapArgs &m, int d, I i) {
 /* V elements of E stored as one access (16 B for 4-byte elements). */
 template <typename E, int V> struct alignas(V * sizeof(E)) VecE { E v[V]; };
 
+/* How a thread reads its V source elements of the last dim (uniform over the launch). */
+enum { kLoadScalar, kLoadVec, kLoadFlip, kLoadShift };
+
+/* Bytes [rb, rb + 16) of the 32 bytes a:b (rb in 1..15, the same in every
+ * thread): whole words picked by selects, the rest by funnel shifts. */
+__device__ __forceinline__ uint4 bytes_from_pair(uint4 a, uint4 b, int rb) {
+  const uint32_t w[9] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, 0u};
+  const int ws = rb >> 2;
+  const unsigned sh = (unsigned)(rb & 3) * 8u;
+  uint32_t s[5];
+#pragma unroll
+  for (int i = 0; i < 5; i++) s[i] = ws == 0 ? w[i] : ws == 1 ? w[i + 1] : ws == 2 ? w[i + 2] : w[i + 3];
+  return make_uint4(__funnelshift_r(s[0], s[1], sh), __funnelshift_r(s[1], s[2], sh),
+                    __funnelshift_r(s[2], s[3], sh), __funnelshift_r(s[3], s[4], sh));
+}
+
 template <typename E, typename I, int V>
-__global__ void __launch_bounds__(kThreads) dimmap_kernel(E *out, const E *in, MapArgs m) {
+__global__ void __launch_bounds__(kThreads) dimmap_kernel(E *out, const E *in, MapArgs m, int load) {
+  typedef VecE<E, V> Vec;
   const int last = m.ndim - 1;
-  const I L = (I)m.out_size[last], S = (I)m.in_size[last], st = (I)m.in_stride[last];
+  const I L = (I)m.out_size[last], S = (I)m.in_size[last], st = (I)m.in_stride[last], offl = (I)m.off[last];
   const I units = (I)(m.numel / V), step = (I)gridDim.x * blockDim.x;
   for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += step) {
     const I i0 = u * V;
@@ -52,13 +76,26 @@ __global__ void __launch_bounds__(kThreads) dimmap_kernel(E *out, const E *in, M
       off += src_of<I>(m, d, row - q * s) * (I)m.in_stride[d];
       row = q;
     }
-    VecE<E, V> r;
+    Vec r;
     E *v = r.v;
-    if (m.kind[last] == EM_MAP_FLIP) {
+    if (load == kLoadVec) {                    /* V elements from src, src % V == 0 and src + V <= S */
+      const I src = m.kind[last] == EM_MAP_MOD ? (j + offl) % S : j;
+      r = *reinterpret_cast<const Vec *>(in + off + src);
+    } else if (load == kLoadFlip) {            /* in[S - 1 - j - e] = the vector at S - j - V, backwards */
+      const Vec x = *reinterpret_cast<const Vec *>(in + off + (S - j - V));
+#pragma unroll
+      for (int e = 0; e < V; e++) v[e] = x.v[V - 1 - e];
+    } else if (load == kLoadShift) {           /* 16-byte V: src % V == offl % V != 0, S % V == 0 */
+      if constexpr (V * sizeof(E) == 16) {
+        const I src = (j + offl) % S, rem = offl % V, a0 = src - rem, b0 = a0 + V == S ? 0 : a0 + V;
+        const uint4 a = *reinterpret_cast<const uint4 *>(in + off + a0), b = *reinterpret_cast<const uint4 *>(in + off + b0);
+        *reinterpret_cast<uint4 *>(v) = bytes_from_pair(a, b, (int)rem * (int)sizeof(E));
+      }
+    } else if (m.kind[last] == EM_MAP_FLIP) {
 #pragma unroll
       for (int e = 0; e < V; e++) v[e] = in[off + (S - 1 - (j + e)) * st];
     } else if (m.kind[last] == EM_MAP_MOD) {
-      I s0 = (j + (I)m.off[last]) % S;
+      I s0 = (j + offl) % S;
 #pragma unroll
       for (int e = 0; e < V; e++) {
         v[e] = in[off + s0 * st];
@@ -68,21 +105,57 @@ __global__ void __launch_bounds__(kThreads) dimmap_kernel(E *out, const E *in, M
 #pragma unroll
       for (int e = 0; e < V; e++) v[e] = in[off + (j + e) * st];
     }
-    *reinterpret_cast<VecE<E, V> *>(out + i0) = r;
+    *reinterpret_cast<Vec *>(out + i0) = r;
   }
+}
+
+/* The wide-load mode for V elements per thread, or kLoadScalar: the last dim
+ * read with stride 1, every source offset a multiple of V (outer strides and
+ * the pointer aligned to the vector), and the V elements inside the row. */
+template <typename E, int V>
+int load_mode(const void *in, const MapArgs &m) {
+  const int last = m.ndim - 1;
+  if constexpr (V == 1) return kLoadScalar;
+  if (m.in_stride[last] != 1 || (uintptr_t)in % (V * sizeof(E)) != 0) return kLoadScalar;
+  for (int d = 0; d < last; d++)
+    if (m.in_stride[d] % V != 0) return kLoadScalar;
+  const int64_t S = m.in_size[last];
+  switch (m.kind[last]) {
+    case EM_MAP_ID: return kLoadVec;                                 /* src = j, j % V == 0, j + V <= L <= S */
+    case EM_MAP_FLIP: return S % V == 0 ? kLoadFlip : kLoadScalar;
+    default:
+      if (S % V != 0) return kLoadScalar;
+      if (m.off[last] % V == 0) return kLoadVec;
+      return V * sizeof(E) == 16 ? kLoadShift : kLoadScalar;
+  }
+}
+
+/* EMBER_DIMMAP_SCALAR=1: the kernel as it was before wide loads (4-element stores, a load per element). */
+bool scalar_only() {
+  static const bool on = [] { const char *e = getenv("EMBER_DIMMAP_SCALAR"); return e && *e && *e != '0'; }();
+  return on;
+}
+
+template <typename E, typename I, int V>
+void launch_v(E *o, const E *i, const MapArgs &m, cudaStream_t s) {
+  const int load = scalar_only() ? (int)kLoadScalar : load_mode<E, V>(i, m);
+  dimmap_kernel<E, I, V><<<em_grid(m.numel / V, kThreads), kThreads, 0, s>>>(o, i, m, load);
 }
 
 template <typename E>
 void launch(void *out, const void *in, const MapArgs &m, bool idx32, cudaStream_t s) {
+  constexpr int VW = sizeof(E) >= 8 ? 4 : 16 / (int)sizeof(E);   /* 16 bytes (32 for 8-byte elements) */
   const int64_t L = m.out_size[m.ndim - 1];
-  const bool four = L % 4 == 0 && ((uintptr_t)out % (4 * sizeof(E))) == 0;
-  const unsigned grid = em_grid(four ? m.numel / 4 : m.numel, kThreads);
+  const bool wide = !scalar_only() && L % VW == 0 && (uintptr_t)out % (VW * sizeof(E)) == 0;
+  const bool four = !wide && L % 4 == 0 && (uintptr_t)out % (4 * sizeof(E)) == 0;
   E *o = (E *)out;
   const E *i = (const E *)in;
-  if (four && idx32) dimmap_kernel<E, int32_t, 4><<<grid, kThreads, 0, s>>>(o, i, m);
-  else if (four) dimmap_kernel<E, int64_t, 4><<<grid, kThreads, 0, s>>>(o, i, m);
-  else if (idx32) dimmap_kernel<E, int32_t, 1><<<grid, kThreads, 0, s>>>(o, i, m);
-  else dimmap_kernel<E, int64_t, 1><<<grid, kThreads, 0, s>>>(o, i, m);
+  if (wide && idx32) launch_v<E, int32_t, VW>(o, i, m, s);
+  else if (wide) launch_v<E, int64_t, VW>(o, i, m, s);
+  else if (four && idx32) launch_v<E, int32_t, 4>(o, i, m, s);
+  else if (four) launch_v<E, int64_t, 4>(o, i, m, s);
+  else if (idx32) launch_v<E, int32_t, 1>(o, i, m, s);
+  else launch_v<E, int64_t, 1>(o, i, m, s);
 }
 
 }  // namespace

@@ -129,6 +129,28 @@ describe("binary_cross_entropy_with_logits on CUDA", function()
     end)
   end
 
+  for _, dt in ipairs {"f32", "bf16"} do
+    it(dt .. ": 2^22 + 7 elements (more blocks than stay resident: the occupancy-capped grid), mean and sum, repeatable", function()
+      local x, y = randn({(1 << 22) + 7}, dt, 3), randn({(1 << 22) + 7}, "f32"):sigmoid():to(dt)
+      for _, r in ipairs({"mean", "sum"}) do
+        local c, g = both_devices(function(a, b) return F.binary_cross_entropy_with_logits(a, b, {reduction = r}) end, {x, y})
+        C.assert_close(g.l, c.l, TOL[dt], r .. " loss")
+        check_grads(c, g, TOL[dt])
+        local again = F.binary_cross_entropy_with_logits(x:cuda(), y:cuda(), {reduction = r})
+        assert.are.equal(g.l:item(), again:item(), r .. ": the same loss on a second run")
+      end
+      -- targets that need no gradient and no weights: the backward that computes dx alone
+      local dx = {}
+      for k, dev in ipairs({"cpu", "cuda"}) do
+        local xl = leaf(x, dev)
+        F.binary_cross_entropy_with_logits(xl, y:to(dev)):backward()
+        dx[k] = xl.grad
+      end
+      assert.equals("cuda:0", dx[2].device)
+      C.assert_close(dx[2], dx[1], TOL[dt], "dx alone")
+    end)
+  end
+
   it("f32: reduction none and sum, a scalar weight, upstream gradients", function()
     local x, y = randn({33, 65}, "f32", 10), randn({33, 65}, "f32"):sigmoid()
     local w = ember.tensor({0.7})

@@ -1,6 +1,6 @@
 -- random_fill_spec.lua (GPU) — the vector paths of the CUDA random kernels
 -- against the CPU's stream, bit for bit (raw bytes): the contiguous fills of
--- kernels/rng.cu (B = 2 Philox blocks a thread, 16-byte stores, bf16/f16
+-- kernels/rng.cu (B = 2 or 4 Philox blocks a thread, 16-byte stores, bf16/f16
 -- rounded in pairs by cvt.rn.{bf16x2,f16x2}.f32), dropout (kernels/dropout.cu:
 -- 8 elements a thread, the keep test in integers) and bernoulli
 -- (kernels/random.cu: 16 bytes of output a thread, probabilities read as
@@ -103,6 +103,24 @@ describe("contiguous random fills on CUDA (kernels/rng.cu)", function()
         end)
         assert_same_bits(g, c, ("uniform_(%g, %g) %s"):format(lohi[1], lohi[2], dt))
         assert.is_true(g:to("f32"):max():item() < lohi[2], "every value below hi")
+      end
+    end
+  end)
+
+  it("bf16/f16 fills whose f32 values overflow or are NaN: the CPU's bits (the NaN-checked packing)", function()
+    -- std 1e39 is infinite in f32: inf * 0 (a zero r cos) is NaN; uniform_ over +-1e300 overflows f32 to +-inf
+    -- without NaN, and over +-1.7e308 its hi - lo is infinite in double
+    for _, dt in ipairs {"bf16", "f16"} do
+      for _, f in ipairs {
+        {"normal_(0, 1e39)", function(t) return t:normal_(0, 1e39) end},
+        {"normal_(3e38, 1)", function(t) return t:normal_(3e38, 1) end},
+        {"uniform_(-1e300, 1e300)", function(t) return t:uniform_(-1e300, 1e300) end},
+        {"uniform_(-1.7e308, 1.7e308)", function(t) return t:uniform_(-1.7e308, 1.7e308) end},
+      } do
+        for _, n in ipairs {33, 4099} do
+          local g, c = both(n + 5, 1, function(dev) return f[2](ember.empty(n, {dtype = dt, device = dev})) end)
+          assert_same_bits(g, c, ("%s %s n=%d"):format(f[1], dt, n))
+        end
       end
     end
   end)

@@ -82,6 +82,10 @@ return function(case, perf, ember, F)
     function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
     function(T) return {T.randn({4096, 4096}), T.uniform({4096, 4096}, 0, 1)} end, {backward = true, device = "cuda",
     torch = "F.binary_cross_entropy_with_logits(a, b)"})
+  perf("binary_cross_entropy_with_logits", "BCE with logits of 2^26 elements",
+    function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
+    function(T) return {T.randn({8192, 8192}), T.uniform({8192, 8192}, 0, 1)} end, {device = "cuda",
+    torch = "F.binary_cross_entropy_with_logits(a, b)"})
   perf("gelu_tanh", "gelu tanh of 2^24 elements", function(x) return F.gelu(x, {approximate = "tanh"}) end,
     function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda",
     torch = "F.gelu(a, approximate='tanh')"})

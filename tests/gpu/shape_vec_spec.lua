@@ -1,0 +1,82 @@
+-- shape_vec_spec.lua (GPU) — the wide paths of kernels/shape_ops.cu (repeat,
+-- tile, flip, roll) against the CPU: last dims that are multiples of the
+-- 16-byte vector (8 bf16/f16, 4 f32, 16 u8/bool, 4 f64/i64) take wide loads
+-- (forward, reversed, or a roll's two vectors funnel-shifted by every
+-- remainder 1 .. V-1), other sizes, unaligned views and strided inputs the
+-- one-element loads. The gather moves bits without arithmetic: results must
+-- be exact, in every dtype.
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+local DTYPES = {"f32", "bf16", "f16", "f64", "u8", "i32", "i64", "bool"}
+local VEC = {f32 = 4, bf16 = 8, f16 = 8, f64 = 4, u8 = 16, i32 = 4, i64 = 4, bool = 16}
+
+-- Distinct values in every element (integers and bools: their own range), so a misplaced element shows.
+local function data(shape, dtype)
+  if dtype == "bool" then return ember.rand(shape):lt(0.5) end
+  if dtype == "u8" then return ember.randint(0, 256, shape):to("u8") end
+  if dtype == "i32" or dtype == "i64" then return ember.randint(-100000, 100000, shape):to(dtype) end
+  return ember.randn(shape):to(dtype)
+end
+
+-- f(x) on the CPU and on a CUDA copy of x: exactly equal results.
+local function agree(what, f, x)
+  local ref = f(x)
+  local got = f(x:to("cuda"))
+  assert.are.equal("cuda:0", got.device, what .. ": device")
+  cmp.assert_equal(got, ref, what)
+end
+
+for _, dt in ipairs(DTYPES) do
+  local V = VEC[dt]
+  describe(("shape gathers on CUDA [%s]"):format(dt), function()
+    it("repeat and tile with wide rows, narrow rows and odd rows", function()
+      ember.manual_seed(11)
+      for _, cols in ipairs({V, 4 * V, 4 * V + 4, 4 * V + 1, 3}) do
+        local a = data({5, cols}, dt)
+        agree(("repeat (5,%d) by (3,1)"):format(cols), function(x) return x:rep(3, 1) end, a)
+        agree(("repeat (5,%d) by (2,3)"):format(cols), function(x) return x:rep(2, 3) end, a)
+        agree(("tile (1,%d) by {7,1}"):format(cols), function(x) return x:narrow(0, 1, 1):tile({7, 1}) end, a)
+      end
+    end)
+
+    it("flip the last dim, several dims, and a flattened tensor", function()
+      ember.manual_seed(12)
+      for _, cols in ipairs({V, 8 * V, 8 * V + 4, 8 * V + 3}) do
+        local a = data({3, 4, cols}, dt)
+        agree(("flip (3,4,%d) dim -1"):format(cols), function(x) return x:flip(-1) end, a)
+        agree(("flip (3,4,%d) dims {0,2}"):format(cols), function(x) return x:flip({0, 2}) end, a)
+        agree(("flip (3,4,%d) dim 1"):format(cols), function(x) return x:flip(1) end, a)
+      end
+      agree("flip of a flat tensor", function(x) return x:reshape({-1}):flip(0) end, data({6, 8 * V}, dt))
+    end)
+
+    it("roll along the last dim by every remainder of the vector, both ways", function()
+      ember.manual_seed(13)
+      local a = data({6, 8 * V}, dt)
+      for s = -V - 1, 2 * V + 1 do
+        agree(("roll (6,%d) by %d"):format(8 * V, s), function(x) return x:roll(s, 1) end, a)
+      end
+      agree("roll by the row length minus one", function(x) return x:roll(8 * V - 1, 1) end, a)
+      agree("roll two dims", function(x) return x:roll({2, 3}, {0, 1}) end, a)
+      agree("roll the flattened tensor by 5", function(x) return x:roll(5) end, a)
+      agree("roll a row of one vector by 1", function(x) return x:roll(1, 1) end, data({4, V}, dt))
+      agree("roll odd rows by 3", function(x) return x:roll(3, 1) end, data({4, 8 * V + 3}, dt))
+    end)
+
+    it("unaligned and strided inputs take the one-element loads", function()
+      ember.manual_seed(14)
+      local a = data({9, 8 * V + 1}, dt)
+      local un = function(x) return x:narrow(1, 1, 8 * V) end          -- rows of 8V starting one element in
+      agree("roll of an unaligned view", function(x) return un(x):roll(V + 1, 1) end, a)
+      agree("flip of an unaligned view", function(x) return un(x):flip(-1) end, a)
+      agree("repeat of an unaligned view", function(x) return un(x):rep(2, 1) end, a)
+      local b = data({8 * V, 6}, dt)
+      agree("roll of a transposed view", function(x) return x:t():roll(3, 1) end, b)
+      agree("flip of a transposed view", function(x) return x:t():flip(-1) end, b)
+    end)
+  end)
+end
