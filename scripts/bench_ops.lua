@@ -54,6 +54,9 @@ parser:option("--reps", "Timed reps per measurement (the median is reported).", 
 parser:option("--warmup", "Untimed calls first.", "3"):convert(math.tointeger)
 parser:flag("--no-backward", "Time forwards only.")
 parser:flag("--no-flush", "Do not flush the L2 (or CPU caches) before each rep.")
+parser:option("--flush", "CUDA: evict the L2 by reading a buffer (read: the lines left are clean) or by zeroing it "
+  .. "(write, as Triton's do_bench: the op then also pays ~15 us of write-backs on an H100). PyTorch's side "
+  .. "flushes the same way.", "read"):choices({"read", "write"})
 parser:option("--timer", "host: host clock between device syncs (counts launch latency); "
   .. "events: CUDA events around the call, the flush not waited for (Triton's do_bench).", "host")
   :choices({"host", "events"})
@@ -172,7 +175,7 @@ end
 local peak_src = stream_gbs and " (measured copy)" or peak and (" (" .. peak.name .. " datasheet)") or ""
 if args.timer == "events" and not on_cuda then parser:error("--timer events: needs --device cuda") end
 print(("config: %d measurements, reps %d (median), warmup %d, L2 flush %s, timer %s, backward %s, peaks %s"):format(
-  #todo, args.reps, args.warmup, args.no_flush and "off" or "on", args.timer, args.no_backward and "off" or "on",
+  #todo, args.reps, args.warmup, args.no_flush and "off" or on_cuda and ("on (" .. args.flush .. ")") or "on (read)", args.timer, args.no_backward and "off" or "on",
   peak_gbs and ("%.1f GB/s%s"):format(peak_gbs, peak_src) or "none"))
 io.stdout:flush()
 
@@ -197,7 +200,7 @@ end
 
 local function bench(fn, setup)
   return ember.bench(fn, {warmup = args.warmup, reps = args.reps, device = device, setup = setup,
-                          flush_l2 = not args.no_flush, timer = args.timer})
+                          flush_l2 = not args.no_flush, flush = args.flush, timer = args.timer})
 end
 
 -- One (entry, dtype): {fwd_ms, fwd_bwd_ms, bytes, flops, ...} or {error = msg}.
@@ -293,7 +296,7 @@ if args.torch then
     local tmp = os.tmpname()
     local f = assert(io.open(tmp, "w"))
     f:write(cjson.encode({device = device, reps = args.reps, warmup = args.warmup, flush = not args.no_flush,
-                          timer = args.timer, cases = spec}))
+                          flush_mode = args.flush, timer = args.timer, cases = spec}))
     f:close()
     local cmd = ("python3 %sscripts/torch/bench_ops.py --spec %s 2>&1"):format(root, tmp)
     print("pytorch: " .. cmd)

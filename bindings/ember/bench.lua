@@ -28,6 +28,13 @@
 --                   (one fill kernel, never timed). CPU: a read of a host
 --                   buffer (ember.stream_read: no dirty lines left for fn to
 --                   write back), sized from the largest cache sysfs reports.
+--   flush   ("write") CUDA: how the flush evicts the L2. "write" zeroes the
+--                   buffer (as do_bench: the lines it leaves are dirty, and
+--                   the L2 writes them back while fn runs: ~15 µs on an
+--                   H100, a fixed cost that caps a 128 MB op near 70 % of
+--                   bandwidth); "read" sums it (one reduction kernel: the
+--                   lines left are clean, fn pays for its own bytes only).
+--                   The CPU's flush is always a read.
 --   flush_bytes     the flush buffer's size; default on CUDA 256 MiB (more than
 --                   twice the L2 of every current NVIDIA GPU: H100/H200 50 MB,
 --                   A100 40 MB, B200 126 MB), or 2x the L2 when the core can
@@ -164,6 +171,9 @@ local function check_opts(opts)
   if opts.setup ~= nil and not is_callable(opts.setup) then
     error("ember.bench: setup must be a function, got " .. type(opts.setup), 3)
   end
+  if opts.flush ~= nil and opts.flush ~= "write" and opts.flush ~= "read" then
+    error(("ember.bench: flush must be \"write\" or \"read\", got %s"):format(tostring(opts.flush)), 3)
+  end
   local fb = opts.flush_bytes
   if fb ~= nil and (math.type(fb) ~= "integer" or fb < 4) then
     error("ember.bench: flush_bytes must be an integer >= 4", 3)
@@ -192,7 +202,10 @@ function M.bench(fn, opts)
   local flush, flush_bytes
   if opts.flush_l2 then
     flush_bytes = opts.flush_bytes or M.default_flush_bytes(device)
-    if on_cuda then
+    if on_cuda and opts.flush == "read" then
+      local buf = core.zeros({flush_bytes // 4}, {dtype = "f32", device = device})
+      flush = function() buf:sum() end   -- a read: no dirty lines left in the L2 for fn to write back
+    elseif on_cuda then
       local buf = core.empty({flush_bytes // 4}, {dtype = "i32", device = device})
       flush = function() buf:zero_() end
     else
@@ -244,6 +257,7 @@ function M.bench(fn, opts)
   local r = M.stats(samples)
   r.reps, r.warmup, r.device, r.timer = reps, warmup, device, opts.timer or "host"
   r.flush_bytes = flush_bytes
+  r.flush = flush and (on_cuda and (opts.flush or "write") or "read") or nil
   r.clock_mhz_before, r.clock_mhz_after, r.clock_mhz_max = before, after, max_mhz
   return r
 end

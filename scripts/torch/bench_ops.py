@@ -40,11 +40,19 @@ def make_input(d, dev, grad):
     return torch.randint(0, max(1, int(d.get("high") or 1)), shape, device=dev, dtype=DTYPES[dt])
 
 
-def timer(dev, flush, reps, warmup, events=False):
+def timer(dev, flush, reps, warmup, events=False, flush_mode="write"):
     """events: CUDA events around fn and no sync after the flush (Triton's
-    do_bench; bench_ops.lua --timer events), else the host clock between syncs."""
+    do_bench; bench_ops.lua --timer events), else the host clock between syncs.
+    flush_mode "read" evicts the cache by summing the buffer (clean lines left),
+    "write" by zeroing it (do_bench's way: dirty lines the op writes back)."""
     cuda = dev.type == "cuda"
-    cache = torch.empty(256 * 2 ** 20 // 4, dtype=torch.int32, device=dev) if flush else None
+    cache = torch.zeros(256 * 2 ** 20 // 4, dtype=torch.int32, device=dev) if flush else None
+
+    def do_flush():
+        if flush_mode == "read":
+            cache.sum()
+        else:
+            cache.zero_()
     if events and not cuda:
         raise ValueError("timer events needs a CUDA device")
 
@@ -60,7 +68,7 @@ def timer(dev, flush, reps, warmup, events=False):
                 if setup:
                     setup()
                 if cache is not None:
-                    cache.zero_()
+                    do_flush()
                 e0.record()
                 fn()
                 e1.record()
@@ -71,7 +79,7 @@ def timer(dev, flush, reps, warmup, events=False):
             if setup:
                 setup()
             if cache is not None:
-                cache.zero_()
+                do_flush()
             if cuda:
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
@@ -89,7 +97,8 @@ def main():
     a = ap.parse_args()
     spec = json.load(open(a.spec))
     dev = torch.device("cuda" if spec["device"].startswith("cuda") else "cpu")
-    run = timer(dev, spec.get("flush", True), int(spec["reps"]), int(spec["warmup"]), spec.get("timer") == "events")
+    run = timer(dev, spec.get("flush", True), int(spec["reps"]), int(spec["warmup"]), spec.get("timer") == "events",
+                spec.get("flush_mode", "write"))
     for c in spec["cases"]:
         rec = {"key": c["key"]}
         try:
