@@ -38,6 +38,7 @@
 #include "dtype_io.cuh"
 #include "backend.h"
 #include "runtime.h"
+#include <cstdlib>
 #include <type_traits>
 
 namespace {
@@ -530,8 +531,10 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
           if (seq_better<C, OP>(m, ev[e], ei[e] < 0)) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
-              const C x = raw_elem<C, T>(pk[u], e);
-              if (r + u * 8 < r1 && seq_better<C, OP>(x, ev[e], ei[e] < 0)) { ev[e] = x; ei[e] = (int)(r - r0) + u * 8; }
+              if (r + u * 8 < r1) {
+                const C x = raw_elem<C, T>(pk[u], e);
+                if (seq_better<C, OP>(x, ev[e], ei[e] < 0)) { ev[e] = x; ei[e] = (int)(r - r0) + u * 8; }
+              }
             }
           }
         }
@@ -584,6 +587,15 @@ template <typename C> em_dtype dtype_of() {
   return std::is_same<C, double>::value ? EM_F64 : std::is_same<C, float>::value ? EM_F32 : EM_I64;
 }
 
+/* EMBER_REDUCE_EXT_VEC=0: max/min leave the vector kernels (a load's extreme,
+ * then the search) for the scalar ones, one element at a time as before
+ * issue 12's rework; read once. */
+bool ext_vec_on() {
+  static int on = -1;
+  if (on < 0) { const char *e = getenv("EMBER_REDUCE_EXT_VEC"); on = !(e && e[0] == '0'); }
+  return on != 0;
+}
+
 /* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */
 template <typename C, int OP>
 int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, const void *ref,
@@ -618,13 +630,13 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   for (int d = 0; cvec && d < p->nr; d++) cvec = (p->rstride[d] * (int64_t)es) % 16 == 0;
   for (int d = 0; cvec && d < p->nk - 1; d++) cvec = (p->kstride[d] * (int64_t)es) % 16 == 0;
   /* max/min there keep a row as a 32-bit offset into the chunk */
-  if (Acc<C, OP>::ext && p->n_red > INT32_MAX / 2) cvec = false;
+  if (Acc<C, OP>::ext && (p->n_red > INT32_MAX / 2 || !ext_vec_on())) cvec = false;
   /* the split count changes no max/min (their order is total: value, then
    * index), so their column kernel may aim for its own one-wave grid */
   const int64_t target = Acc<C, OP>::ext && cvec ? kTargetBlocksExt : kTargetBlocks;
   /* rows with vector loads: unit-stride rows whose starts are all 16-byte aligned */
   bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
-             em_dtype_is_float(a->dtype);
+             em_dtype_is_float(a->dtype) && (!Acc<C, OP>::ext || ext_vec_on());
   for (int d = 0; vec && d < p->nk; d++) vec = (p->kstride[d] * (int64_t)es) % 16 == 0;
   /* a warp per output for short rows, and for rows up to 16384 when there are
    * enough of them to fill the GPU with warps (2048: ~2 blocks of 8 warps per
