@@ -33,7 +33,10 @@
  * index), which is associative — so tree order, splits and vector loads
  * cannot change which index wins a tie, and results match the CPU's
  * "first extreme wins" walk. Floats accumulate in f32 (f64 for f64),
- * integers in wrapping i64. */
+ * integers in wrapping i64. Within a thread elements come in index order, so
+ * max/min's vector paths compare a whole load's (or trip's) max.NaN/min.NaN
+ * with the state and search the winner only when it beats it (push_vec):
+ * ~1 instruction per element instead of better()'s ~12 (issue 12). */
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
