@@ -33,11 +33,15 @@
  * index), which is associative — so tree order, splits and vector loads
  * cannot change which index wins a tie, and results match the CPU's
  * "first extreme wins" walk. Floats accumulate in f32 (f64 for f64),
- * integers in wrapping i64. */
+ * integers in wrapping i64. Within a thread elements come in index order, so
+ * max/min's vector paths compare a whole load's (or trip's) max.NaN/min.NaN
+ * with the state and search the winner only when it beats it (push_vec):
+ * ~1 instruction per element instead of better()'s ~12 (issue 12). */
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
 #include "runtime.h"
+#include <cstdlib>
 #include <type_traits>
 
 namespace {
@@ -58,6 +62,12 @@ constexpr int kMinBlocks = 4;
 /* Rows in flight per thread in the column kernel: each row is V outputs'
  * worth of accumulators already (up to 8 values + indices for max/min). */
 constexpr int kColsUnroll = 4;
+/* ... and for max/min, which hold 96 registers (bf16) there whatever the
+ * unroll (capped at 64 they spill ~0.5 KiB): 2 blocks per SM, so 8 rows in
+ * flight for 64 KiB of loads per SM, and a grid of about two blocks per SM
+ * (kTargetBlocksExt) so that it runs in one wave */
+constexpr int kColsUnrollExt = 8;
+constexpr int64_t kTargetBlocksExt = 256;
 
 enum { R_SUM, R_SQDEV, R_SUMEXP, R_MAX, R_MIN,
        R_PROD, R_ASUM, R_SSQ, R_AMAX, R_PSUM };   /* issue 12: prod and the vector norms */
@@ -136,12 +146,19 @@ struct Acc {
     if (x == v) return ix < i;
     return OP == R_MAX ? x > v : x < v;
   }
+  /* Every kernel pushes a thread's elements in increasing index order, so for
+   * max/min ix is past i and better() shrinks to: nothing yet, or no NaN held
+   * and x not below v (a NaN x wins) — no tie and index compares per element. */
   __device__ __forceinline__ void push(C x, int64_t ix, C sh) {
     if constexpr (OP == R_SUM) v = radd(v, x);
     else if constexpr (OP == R_SQDEV) { C d = x - sh; v += d * d; }
     else if constexpr (OP == R_SUMEXP) v += m_exp(x - sh);
     else if constexpr (OP == R_PROD || OP == R_ASUM || OP == R_SSQ || OP == R_AMAX || OP == R_PSUM) more(x, sh);
-    else if (better(x, ix)) { v = x; i = ix; }
+    else if (later_better(x)) { v = x; i = ix; }
+  }
+  /* better(x, ix) for an ix past i (see push) */
+  __device__ __forceinline__ bool later_better(C x) const {
+    return i < 0 || (!m_isnan(v) && !(OP == R_MAX ? x <= v : x >= v));
   }
   __device__ __forceinline__ void merge(C ov, int64_t oi) {
     if constexpr (ext) { if (oi >= 0 && better(ov, oi)) { v = ov; i = oi; } }
@@ -183,6 +200,52 @@ struct Acc {
     }
   }
 };
+
+/* Acc::later_better on a bare (value, none-yet) pair */
+template <typename C, int OP> __device__ __forceinline__ bool seq_better(C x, C v, bool none) {
+  return none || (!m_isnan(v) && !(OP == R_MAX ? x <= v : x >= v));
+}
+
+/* A max/min that returns a NaN when either is (PTX max.NaN: one instruction
+ * for f32); which of -0/+0 it returns does not matter (push_vec). */
+template <int OP> __device__ __forceinline__ float ext_nan(float a, float b) {
+  float r;
+  if constexpr (OP == R_MAX) asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  else asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+template <int OP> __device__ __forceinline__ double ext_nan(double a, double b) {
+  if (isnan(a) || isnan(b)) return isnan(a) ? a : b;
+  return OP == R_MAX ? fmax(a, b) : fmin(a, b);
+}
+
+/* max/min over the V elements of one 16-byte load at indices at..at+V-1,
+ * all past acc.i: the same state as V pushes, for one min/max per element.
+ * The load's extreme m (NaN if any element is) decides whether anything
+ * changes (rarely, on random data); only then is the winner searched: the
+ * first NaN, or the first element equal to m (-0 == +0, as the CPU's ext_f),
+ * whose own bits and index are kept. */
+template <typename T, typename C, int OP>
+__device__ __forceinline__ C vec_extreme(const uint4 &pk) {
+  constexpr int V = 16 / (int)sizeof(T);
+  C m = raw_elem<C, T>(pk, 0);
+#pragma unroll
+  for (int e = 1; e < V; e++) m = ext_nan<OP>(m, raw_elem<C, T>(pk, e));
+  return m;
+}
+template <typename T, typename C, int OP>
+__device__ __forceinline__ void push_vec(Acc<C, OP> &acc, const uint4 &pk, int64_t at) {
+  constexpr int V = 16 / (int)sizeof(T);
+  const C m = vec_extreme<T, C, OP>(pk);
+  if (!acc.later_better(m)) return;
+  const bool mn = m_isnan(m);
+  bool found = false;
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    const C x = raw_elem<C, T>(pk, e);
+    if (!found && (mn ? m_isnan(x) : x == m)) { acc.v = x; acc.i = at + e; found = true; }
+  }
+}
 
 /* The shift of a logsumexp row from its maximum: 0 when infinite or NaN. */
 template <typename C> __device__ __forceinline__ C lse_shift(C m) { return (isinf(m) || isnan(m)) ? (C)0 : m; }
@@ -340,12 +403,26 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++)
           if (j + u * TPO < nv) pk[u] = q[j + u * TPO];
+        if constexpr (Acc<C, OP>::ext) {
+          /* max/min: the extreme of the trip's live loads (pk[0] always is)
+           * against the state, and only when it wins, the loads in order */
+          C m = vec_extreme<T, C, OP>(pk[0]);
 #pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-          if (j + u * TPO < nv) {
-            const int64_t at = r0 + (j + u * TPO) * V;
+          for (int u = 1; u < kUnroll; u++)
+            if (j + u * TPO < nv) m = ext_nan<OP>(m, vec_extreme<T, C, OP>(pk[u]));
+          if (acc.later_better(m)) {
 #pragma unroll
-            for (int e = 0; e < V; e++) acc.push(raw_elem<C, T>(pk[u], e), at + e, sh);
+            for (int u = 0; u < kUnroll; u++)
+              if (j + u * TPO < nv) push_vec<T, C, OP>(acc, pk[u], r0 + (j + u * TPO) * V);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < kUnroll; u++) {
+            if (j + u * TPO < nv) {
+              const int64_t at = r0 + (j + u * TPO) * V;
+#pragma unroll
+              for (int e = 0; e < V; e++) acc.push(raw_elem<C, T>(pk[u], e), at + e, sh);
+            }
           }
         }
       }
@@ -432,19 +509,50 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
     for (int e = 0; e < V; e++) sh[e] = ref_of<C, OP>(a, ob * K + k + e);
     /* U rows in flight per thread (8 threads down a block column), the last
      * trip predicated; the row address by one multiply when one dim is reduced */
-    constexpr int U = kColsUnroll;
+    constexpr int U = ext ? kColsUnrollExt : kColsUnroll;
     const int64_t rs = a.rstride[0];
+    C ev[ext ? V : 1];     /* max/min: each output's extreme so far and its row - r0 (-1: none yet) */
+    int ei[ext ? V : 1];
+#pragma unroll
+    for (int e = 0; e < (ext ? V : 1); e++) { ev[e] = acc[e].v; ei[e] = -1; }
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8 * U) {
       uint4 pk[U];
 #pragma unroll
       for (int u = 0; u < U; u++)
         if (r + u * 8 < r1) pk[u] = *(const uint4 *)(p + (a.nr == 1 ? (r + u * 8) * rs : red_offset(a, r + u * 8)));
+      if constexpr (ext) {
+        /* max/min, per output: the extreme of the trip's live rows (row r
+         * always is) against the state, and only when it wins, the rows in
+         * order (push_vec's idea, down a column); the row kept as a 32-bit
+         * offset from r0 (the host keeps chunks under 2^31) */
 #pragma unroll
-      for (int u = 0; u < U; u++)
-        if (r + u * 8 < r1) {
+        for (int e = 0; e < V; e++) {
+          C m = raw_elem<C, T>(pk[0], e);
 #pragma unroll
-          for (int e = 0; e < V; e++) acc[e].push(raw_elem<C, T>(pk[u], e), r + u * 8, sh[e]);
+          for (int u = 1; u < U; u++)
+            if (r + u * 8 < r1) m = ext_nan<OP>(m, raw_elem<C, T>(pk[u], e));
+          if (seq_better<C, OP>(m, ev[e], ei[e] < 0)) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+              if (r + u * 8 < r1) {
+                const C x = raw_elem<C, T>(pk[u], e);
+                if (seq_better<C, OP>(x, ev[e], ei[e] < 0)) { ev[e] = x; ei[e] = (int)(r - r0) + u * 8; }
+              }
+            }
+          }
         }
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          if (r + u * 8 < r1) {
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e].push(raw_elem<C, T>(pk[u], e), r + u * 8, sh[e]);
+          }
+      }
+    }
+    if constexpr (ext) {
+#pragma unroll
+      for (int e = 0; e < V; e++) { acc[e].v = ev[e]; acc[e].i = ei[e] < 0 ? -1 : r0 + ei[e]; }
     }
   }
   __shared__ C sv[8][32 * V];
@@ -482,6 +590,15 @@ template <typename C> em_dtype dtype_of() {
   return std::is_same<C, double>::value ? EM_F64 : std::is_same<C, float>::value ? EM_F32 : EM_I64;
 }
 
+/* EMBER_REDUCE_EXT_VEC=0: max/min leave the vector kernels (a load's extreme,
+ * then the search) for the scalar ones, one element at a time as before
+ * issue 12's rework; read once. */
+bool ext_vec_on() {
+  static int on = -1;
+  if (on < 0) { const char *e = getenv("EMBER_REDUCE_EXT_VEC"); on = !(e && e[0] == '0'); }
+  return on != 0;
+}
+
 /* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */
 template <typename C, int OP>
 int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, const void *ref,
@@ -503,7 +620,6 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   r.out = out ? em_data_ptr(out) : NULL; r.out_dtype = out ? out->dtype : EM_F32;
   r.out_idx = idx ? (int64_t *)em_data_ptr(idx) : NULL;
   r.scale = scale;
-  const int64_t target = kTargetBlocks;
   const size_t es = em_dtype_size(a->dtype);
 
   bool cols = p->nk > 0 && p->kstride[p->nk - 1] == 1 && p->rstride[p->nr - 1] != 1 && p->n_red > 1;
@@ -516,9 +632,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
               p->kshape[p->nk - 1] % cv == 0 && ((uintptr_t)r.in & 15) == 0;
   for (int d = 0; cvec && d < p->nr; d++) cvec = (p->rstride[d] * (int64_t)es) % 16 == 0;
   for (int d = 0; cvec && d < p->nk - 1; d++) cvec = (p->kstride[d] * (int64_t)es) % 16 == 0;
+  /* max/min there keep a row as a 32-bit offset into the chunk */
+  if (Acc<C, OP>::ext && (p->n_red > INT32_MAX / 2 || !ext_vec_on())) cvec = false;
+  /* the split count changes no max/min (their order is total: value, then
+   * index), so their column kernel may aim for its own one-wave grid */
+  const int64_t target = Acc<C, OP>::ext && cvec ? kTargetBlocksExt : kTargetBlocks;
   /* rows with vector loads: unit-stride rows whose starts are all 16-byte aligned */
   bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
-             em_dtype_is_float(a->dtype);
+             em_dtype_is_float(a->dtype) && (!Acc<C, OP>::ext || ext_vec_on());
   for (int d = 0; vec && d < p->nk; d++) vec = (p->kstride[d] * (int64_t)es) % 16 == 0;
   /* a warp per output for short rows, and for rows up to 16384 when there are
    * enough of them to fill the GPU with warps (2048: ~2 blocks of 8 warps per

@@ -1,0 +1,90 @@
+-- reduce_ext_spec.lua (GPU) — max/min, argmax/argmin and amax/amin on CUDA
+-- keep the CPU's "first extreme wins" down to the bits where values tie
+-- without being identical: -0 and +0 (equal, yet 1/x tells them apart) and
+-- NaN (the first one). kernels/reduce.cu compares a whole 16-byte load (the
+-- rows kernel) or a trip of rows (the column kernel) against the state with
+-- max.NaN / min.NaN and searches the winner only when it beats the state:
+-- these inputs make every load tie, so that search and the index merges run
+-- all the time. Shapes drive each launch shape: a warp or a block per row,
+-- rows split across blocks, everything, the vector column kernel (several
+-- column blocks, split down the rows) and the scalar paths (unaligned rows).
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp = dofile(here .. "compare.lua")
+
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+-- f(x) on the CPU input and on its CUDA copy: every result equal, and every
+-- float result's reciprocal too (so -0 and +0 must match)
+local function agree(what, f, a)
+  local r = table.pack(f(a))
+  local g = table.pack(f(a:to("cuda")))
+  assert.are.equal(r.n, g.n, what .. ": number of results")
+  for i = 1, r.n do
+    local x, y = g[i], r[i]
+    assert.are.equal(y.dtype, x.dtype, what .. ": dtype")
+    cmp.assert_close(x, y, 0, ("%s (result %d)"):format(what, i))
+    if y.dtype ~= "i64" then
+      cmp.assert_close(1 / x:to("cpu"):to("f64"), 1 / y:to("f64"), 0, ("%s (result %d): the sign of zeros"):format(what, i))
+    end
+  end
+end
+
+-- values -0, +0 and two of one sign (s = -1: below the zeros, for max; +1:
+-- above them, for min), so the extreme of nearly every load is a zero tie
+local function zeros(shape, s, dt)
+  local x = ember.randint(0, 4, shape):to("f64")
+  return ember.where(x:lt(2), (x * 2 - 1) * 0, (x - 1) * s):to(dt)
+end
+
+local LAYOUTS = {
+  {"rows, a warp per output", {37, 1000}, -1},
+  {"rows, a block per output", {6, 5000}, 1},
+  {"rows of 3000, a warp each, many rows", {2200, 3000}, 1},
+  {"rows split across blocks", {2, 300000}, 1},
+  {"rows, unaligned (scalar loads)", {5, 3001}, 1},
+  {"everything, split", {1000003}, nil},
+  {"columns, vectors", {3000, 64}, 0},
+  {"columns, vectors, wide and split", {700, 4096}, 0},
+  {"middle dim, vectors, split", {4, 20000, 24}, 1},
+  {"columns, scalar (odd width)", {3000, 70}, 0},
+}
+
+describe("max/min and amax/amin on CUDA: ties of -0/+0 and NaN as the CPU", function()
+  for _, L in ipairs(LAYOUTS) do
+    it("keeps the first zero's sign and index: " .. L[1], function()
+      ember.manual_seed(11)
+      for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+        local d = L[3]
+        local lo, hi = zeros(L[2], -1, dt), zeros(L[2], 1, dt)
+        if d then
+          agree("amax " .. dt, function(x) return x:amax(d) end, lo)
+          agree("amin " .. dt, function(x) return x:amin(d) end, hi)
+          agree("max " .. dt, function(x) return x:max(d) end, lo)
+          agree("min " .. dt, function(x) return x:min(d) end, hi)
+        else
+          agree("amax all " .. dt, function(x) return x:amax() end, lo)
+          agree("max all " .. dt, function(x) return x:max() end, lo)
+          agree("argmin all " .. dt, function(x) return x:argmin() end, hi)
+        end
+      end
+    end)
+  end
+
+  it("lets the first NaN win in the vector rows and columns", function()
+    ember.manual_seed(12)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      -- rows: NaNs placed in some rows, late and early; columns: the same transposed into place
+      local a = ember.randn({64, 2048}, {dtype = "f64"})
+      local nan = ember.zeros({64, 2048}, {dtype = "f64"})
+      local l = nan:tolist()
+      l[3][1500] = 0 / 0; l[3][700] = 0 / 0; l[10][2048] = 0 / 0; l[64][1] = 0 / 0
+      a = (a + ember.tensor(l)):to(dt)
+      agree("amax rows with NaN " .. dt, function(x) return x:amax(1) end, a)
+      agree("max rows with NaN " .. dt, function(x) return x:max(1) end, a)
+      local c = a:t():contiguous()
+      agree("amin columns with NaN " .. dt, function(x) return x:amin(0) end, c)
+      agree("argmax columns with NaN " .. dt, function(x) return x:argmax(0) end, c)
+    end
+  end)
+end)
