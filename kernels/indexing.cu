@@ -48,7 +48,11 @@ struct Geo {
   O shape[EM_MAX_DIMS], self_st[EM_MAX_DIMS], index_st[EM_MAX_DIMS], other_st[EM_MAX_DIMS];
   O dim_stride;
   int64_t dim_size;
+  int wrap;                            /* negative indices count from the end */
 };
+
+/* The index as followed: negatives wrapped when the plan says so (t:index). */
+__device__ __forceinline__ int64_t wrapped(int64_t ix, int64_t size, int wrap) { return wrap && ix < 0 ? ix + size : ix; }
 
 /* Offsets of position l in self (without dim's part), index and other. */
 template <typename O>
@@ -69,7 +73,7 @@ __global__ void copy_kernel(Geo<O> g, O n, int kind, T *self, const I *index, T 
   for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
     O so, io, oo;
     offsets(g, l, so, io, oo);
-    int64_t ix = (int64_t)index[io];
+    int64_t ix = wrapped((int64_t)index[io], g.dim_size, g.wrap);
     bool ok = ix >= 0 && ix < g.dim_size;
     so += (O)ix * g.dim_stride;
     if (kind == EM_IX_GATHER) other[oo] = ok ? self[so] : poison;
@@ -102,7 +106,7 @@ __global__ void add_kernel(Geo<O> g, O n, T *self, const I *index, const T *othe
   for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
     O so, io, oo;
     offsets(g, l, so, io, oo);
-    int64_t ix = (int64_t)index[io];
+    int64_t ix = wrapped((int64_t)index[io], g.dim_size, g.wrap);
     if (ix < 0 || ix >= g.dim_size) continue;
     atomic_add(self + so + (O)ix * g.dim_stride, scaled(other[oo], alpha));
   }
@@ -136,6 +140,7 @@ static Geo<O> geo(const em_index_plan *p) {
   }
   g.dim_stride = (O)p->dim_stride;
   g.dim_size = p->dim_size;
+  g.wrap = p->wrap;
   return g;
 }
 
@@ -189,29 +194,32 @@ static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, e
  * An out-of-range index writes the row as NaN (0 for integers), as the
  * element kernel does. */
 struct RowsPlan {
-  int no;                              /* dims before dim */
+  int no, wrap;                        /* dims before dim; negative indices count from the end */
   int64_t oshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS];   /* their sizes and self's strides (bytes) */
   int64_t nidx, idx_stride, dim_size, dim_stride;      /* dim_stride in bytes */
   int64_t vpr, rows;                   /* 16-byte vectors per row; output rows (outer x nidx) */
 };
 
-template <typename I>
+/* O: the type of the vector/row arithmetic; 32-bit (unsigned) whenever
+ * rows * vpr < 2^31, so the two divisions per vector are the cheap ones. */
+template <typename I, typename O>
 __global__ void __launch_bounds__(THREADS) rows_kernel(const char *__restrict__ self, const I *__restrict__ index,
                                                        uint4 *__restrict__ other, RowsPlan g, uint4 poison) {
-  const int64_t total = g.rows * g.vpr;
-  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t R = v / g.vpr, c = v - R * g.vpr;
-    int64_t o = R / g.nidx;
-    const int64_t i = R - o * g.nidx, id = (int64_t)index[i * g.idx_stride];
+  const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
+    const O R = v / vpr, c = v - R * vpr;
+    O o = R / nidx;
+    const O i = R - o * nidx;
+    const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
     uint4 val = poison;
     if (id >= 0 && id < g.dim_size) {
       int64_t off = id * g.dim_stride;
       for (int k = g.no - 1; k >= 0; k--) {
-        const int64_t q = o / g.oshape[k];
-        off += (o - q * g.oshape[k]) * g.ostride[k];
+        const O q = o / (O)g.oshape[k];
+        off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
         o = q;
       }
-      val = reinterpret_cast<const uint4 *>(self + off)[c];
+      val = __ldg(reinterpret_cast<const uint4 *>(self + off) + c);
     }
     other[v] = val;
   }
@@ -243,6 +251,7 @@ static bool rows_plan(const em_index_plan *p, const em_tensor *self, const em_te
   g->nidx = p->shape[d];
   g->idx_stride = p->index_stride[d];
   g->dim_size = p->dim_size;
+  g->wrap = p->wrap;
   g->dim_stride = p->dim_stride * es;
   g->vpr = inner * es / 16;
   g->rows = outer * g->nidx;
@@ -257,9 +266,15 @@ static int launch_rows(const RowsPlan &g, em_tensor *self, const em_tensor *inde
   unsigned char *b = (unsigned char *)w;
   for (int k = 0; k < 16; k++) b[k] = (unsigned char)(nb >> (8 * (k % es)));   /* little-endian NaN per element */
   uint4 poison = make_uint4(w[0], w[1], w[2], w[3]);
-  rows_kernel<I><<<em_grid(g.rows * g.vpr, THREADS), THREADS, 0, s>>>((const char *)em_data_ptr(self),
-                                                                       (const I *)em_data_ptr(index),
-                                                                       (uint4 *)em_data_ptr(other), g, poison);
+  const int64_t total = g.rows * g.vpr;
+  const unsigned grid = em_grid(total, THREADS);
+  /* 32-bit: total and a grid-stride step below 2^31 (em_grid caps the grid at ~2^21 blocks) */
+  if (total < ((int64_t)1 << 30))
+    rows_kernel<I, uint32_t><<<grid, THREADS, 0, s>>>((const char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                      (uint4 *)em_data_ptr(other), g, poison);
+  else
+    rows_kernel<I, int64_t><<<grid, THREADS, 0, s>>>((const char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                     (uint4 *)em_data_ptr(other), g, poison);
   return 0;
 }
 

@@ -111,6 +111,26 @@ function methods.index(t, idx)
     end
     return r
   end
+  -- one index tensor and no integers on CUDA: one kernel (ember._index_wrap
+  -- wraps negatives and writes NaN for an out-of-range index in the gather
+  -- itself) instead of ~8 launches normalising the index first. The CPU keeps
+  -- the path below (its out-of-range error names the caller's index).
+  if t.device ~= "cpu" then
+    local only
+    for k = 1, t:dim() do
+      local e = entries[k]
+      if e and (only or not e.t) then only = false break end
+      if e then only = k end
+    end
+    if only then
+      local i = entries[only].t
+      local shape = {}
+      for j = 1, only - 1 do shape[#shape + 1] = t.shape[j] end
+      for j = 1, i:dim() do shape[#shape + 1] = i.shape[j] end
+      for j = only + 1, t:dim() do shape[#shape + 1] = t.shape[j] end
+      return core._index_wrap(t, only - 1, i:reshape({-1})):reshape(shape)
+    end
+  end
   local adv, rest, lin, bad = {}, {}, nil, nil
   for k = 1, t:dim() do
     local e = entries[k]

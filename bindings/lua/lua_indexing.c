@@ -20,6 +20,14 @@ static int l_index_select(lua_State *L) {
   return lem_push_result(L, em_index_select(x, dim, lem_check_tensor(L, 3, fn, "index")));
 }
 
+/* ember._index_wrap(x, dim, index): em_index_select_wrap, for t:index (bindings/ember/indexing.lua). */
+static int l_index_wrap(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "self");
+  int64_t dim = lem_check_int(L, 2, fn, "dim");
+  return lem_push_result(L, em_index_select_wrap(x, dim, lem_check_tensor(L, 3, fn, "index")));
+}
+
 static int l_gather(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "self");
@@ -140,7 +148,7 @@ void lem_open_indexing(lua_State *L, int methods, int module) {
     {"index_add_", l_index_add_}, {"masked_select", l_masked_select}, {"nonzero", l_nonzero},
     {"take_along_dim", l_take_along_dim}, {NULL, NULL}};
   lem_register(L, methods, module, both);
-  static const luaL_Reg module_only[] = {{"one_hot", l_one_hot}, {NULL, NULL}};
+  static const luaL_Reg module_only[] = {{"one_hot", l_one_hot}, {"_index_wrap", l_index_wrap}, {NULL, NULL}};
   lem_register(L, 0, module, module_only);
   luaL_getmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);

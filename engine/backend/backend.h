@@ -625,9 +625,11 @@ enum { EM_IX_GATHER, EM_IX_SCATTER, EM_IX_SCATTER_VALUE, EM_IX_SCATTER_ADD };
  * self's dtype); SCATTER_ADD: s += alpha * o. index_select is a GATHER whose
  * index strides are 0 but along dim, index_add a SCATTER_ADD likewise, gather
  * and scatter walk the index's own shape. Strides are in elements from each
- * tensor's data pointer (offset included). */
+ * tensor's data pointer (offset included). wrap: an index in [-dim_size, 0)
+ * counts from the end (t:index's rule; index_select's own plans leave it 0,
+ * so a negative index there stays out of range). */
 typedef struct {
-  int kind, ndim, dim;
+  int kind, ndim, dim, wrap;
   int64_t shape[EM_MAX_DIMS];
   int64_t self_stride[EM_MAX_DIMS];    /* self's strides, 0 at dim */
   int64_t index_stride[EM_MAX_DIMS];

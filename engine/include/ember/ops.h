@@ -259,6 +259,10 @@ em_tensor *em_multinomial(em_tensor *probs, int64_t num_samples, bool replacemen
  * anything is written; on CUDA see backend.h's em_index_cuda). */
 /* x's slices along dim picked by the 1-D index: shape of x with dim's size = numel(index). */
 em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index);
+/* index_select with t[idx]'s rule (t:index): an index in [-size, 0) counts
+ * from the end; out of [-size, size) is an error on the CPU, a NaN slice on
+ * CUDA (as index_select's). One kernel on CUDA (no normalising launches). */
+em_tensor *em_index_select_wrap(em_tensor *x, int64_t dim, em_tensor *index);
 /* out[p] = x[p with p[dim] = index[p]]; index has x's ndim, out has index's shape. */
 em_tensor *em_gather(em_tensor *x, int64_t dim, em_tensor *index);
 /* x with x[p with p[dim] = index[p]] = src[p] (src NULL: value) for every p of index.
