@@ -19,6 +19,7 @@ local methods = core.methods
 local M = {}
 
 local is_tensor = core.is_tensor
+local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
 
 -- An error pointing at the caller's line: the first frame outside this file (and C).
 local function fail(fn, fmt, ...)
@@ -183,8 +184,12 @@ function M.embedding_bag(ids, weight, offsets, mode)
   if mode ~= "sum" and mode ~= "mean" then
     fail("embedding_bag", "expected mode 'sum' or 'mean', got %s ('max' is not implemented)", tostring(mode))
   end
+  -- CUDA, float weight: one fused kernel (a block per bag, rows summed in id
+  -- order: deterministic); the CPU composes embedding + sum / index_add.
+  local fused = weight.device ~= "cpu" and FLOAT[weight.dtype]
   if ids:dim() == 2 then
     if offsets ~= nil then fail("embedding_bag", "expected offsets nil for 2-D ids (each row is a bag)") end
+    if fused then return core._embedding_bag(ids, weight, nil, mode == "mean") end
     local e = core.embedding(ids, weight)
     return mode == "sum" and e:sum(1) or e:mean(1)
   end
@@ -194,13 +199,20 @@ function M.embedding_bag(ids, weight, offsets, mode)
   end
   local offs, n, d = offsets:tolist(), ids:numel(), weight.shape[2]
   local B = #offs
-  local seg, counts = {}, {}
   for b = 1, B do
     local lo, hi = offs[b], b < B and offs[b + 1] or n
     if lo < 0 or lo > hi or hi > n or (b == 1 and lo ~= 0) then
       fail("embedding_bag", "expected offsets to start at 0 and increase up to %d (the number of ids), got %s",
            n, shape_str(offs))
     end
+  end
+  if fused then
+    local offt = core.tensor(offs, {dtype = "i64", device = weight.device})
+    return core._embedding_bag(ids, weight, offt, mode == "mean")
+  end
+  local seg, counts = {}, {}
+  for b = 1, B do
+    local lo, hi = offs[b], b < B and offs[b + 1] or n
     for _ = lo, hi - 1 do seg[#seg + 1] = b - 1 end
     counts[b] = math.max(hi - lo, 1)
   end

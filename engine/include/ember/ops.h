@@ -110,6 +110,11 @@ em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias);
 em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets);
 /* ids integer (any shape), w (n, d) -> (..., d). */
 em_tensor *em_embedding(em_tensor *ids, em_tensor *w);
+/* Per-bag sums (mean: / max(count, 1)) of embedding rows, one fused kernel;
+ * CUDA only (F.embedding_bag composes embedding + sum on the CPU). ids (B, L)
+ * with offsets NULL, or 1-D ids with offsets (B) i64 on w's device, already
+ * validated (start at 0, non-decreasing, <= numel(ids)). -> (B, d) */
+em_tensor *em_embedding_bag(em_tensor *ids, em_tensor *w, em_tensor *offsets, bool mean);
 /* x / sqrt(mean(x^2, -1) + eps) * w, computed in f32 (or f64 for f64), result in x's dtype. w may be NULL. */
 em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
 /* (x - mean) / sqrt(var + eps) * w + b over the last dim (PyTorch's layer_norm), in f32 (f64 for f64); w, b may be NULL. */
