@@ -174,6 +174,47 @@ describe("indexing on CUDA", function()
     assert.same({8, 9, 10, 11}, r[3])
   end)
 
+  it("gathers with a contiguous last dim (the 16-byte vector kernel) match the CPU exactly, every width", function()
+    ember.manual_seed(13)
+    local x = ember.randn(64, 256, {dtype = "f64"}):mul(20)
+    for _, idt in ipairs({"i64", "i32"}) do
+      local i1 = ember.randint(0, 256, {64, 256}):to(idt)   -- dim 1 = the last dim: self read at the indices
+      local i0 = ember.randint(0, 64, {48, 256}):to(idt)    -- dim 0: self's last dim contiguous
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local xd = x:to(dt)
+        assert.equals(0, max_diff(xd:cuda():gather(1, i1:cuda()), xd:gather(1, i1)), dt .. " " .. idt)
+        assert.equals(0, max_diff(xd:cuda():gather(0, i0:cuda()), xd:gather(0, i0)), dt .. " " .. idt)
+        assert.equals(0, max_diff(xd:cuda():take_along_dim(i1:cuda(), 1), xd:take_along_dim(i1, 1)), dt .. " " .. idt)
+      end
+    end
+    local xc = ember.arange(16):float():view(2, 8):cuda()
+    local r = xc:gather(1, long({{7, 6, 5, 4, 3, 2, 1, 99}, {0, 0, 0, 0, -1, 1, 1, 1}}):cuda()):cpu():tolist()
+    assert.same({7, 6, 5, 4, 3, 2, 1}, {table.unpack(r[1], 1, 7)})
+    assert.is_true(r[1][8] ~= r[1][8])
+    assert.same({8, 8, 8, 8}, {table.unpack(r[2], 1, 4)})
+    assert.is_true(r[2][5] ~= r[2][5])
+  end)
+
+  it("index_add of whole rows (16-byte vector atomics) is exact on integer-valued f32, bf16 and f16", function()
+    ember.manual_seed(14)
+    local src = ember.randint(-2, 3, {400, 64}):float()
+    local i = ember.randint(0, 50, {400})
+    for _, dt in ipairs({"f32", "bf16", "f16"}) do
+      for _, alpha in ipairs({1, 0.5}) do
+        local want = ember.zeros(50, 64, {dtype = "f64"}):index_add(0, i, src:double(), alpha)
+        local got = ember.zeros(50, 64, {dtype = dt}):cuda():index_add(0, i:cuda(), src:to(dt):cuda(), alpha)
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+      end
+      -- along dim 1 of a 3-D target (outer dims before the indexed one), i32 index with a skipped bad one
+      local x3 = ember.zeros(3, 10, 8, {dtype = dt}):cuda()
+      local s3 = ember.randint(-2, 3, {3, 5, 8}):to(dt)
+      local j = long({9, 0, 9, 12, 4}):to("i32")
+      local want3 = ember.zeros(3, 10, 8, {dtype = "f64"}):index_add(1, long({9, 0, 9, 4}), s3:double():index_select(1, long({0, 1, 2, 4})))
+      assert.equals(0, max_diff(x3:index_add(1, j:cuda(), s3:cuda()), want3), dt)
+    end
+  end)
+
   it("out-of-range scatter indices are skipped", function()
     local z = ember.zeros(3):cuda():scatter_add(0, long({0, 5, -2, 2}):cuda(), ember.ones(4):cuda())
     assert.same({1, 0, 1}, z:cpu():tolist())
