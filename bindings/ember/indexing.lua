@@ -20,6 +20,9 @@ local M = {}
 
 local is_tensor = core.is_tensor
 local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
+-- The one-kernel CUDA paths below; "0" selects the composed ones they replaced.
+local INDEX_ONE_KERNEL = os.getenv("EMBER_INDEX_ONE_KERNEL") ~= "0"
+local BAG_FUSED = os.getenv("EMBER_EMBEDDING_BAG_FUSED") ~= "0"
 
 -- An error pointing at the caller's line: the first frame outside this file (and C).
 local function fail(fn, fmt, ...)
@@ -115,8 +118,9 @@ function methods.index(t, idx)
   -- one index tensor and no integers on CUDA: one kernel (ember._index_wrap
   -- wraps negatives and writes NaN for an out-of-range index in the gather
   -- itself) instead of ~8 launches normalising the index first. The CPU keeps
-  -- the path below (its out-of-range error names the caller's index).
-  if t.device ~= "cpu" then
+  -- the path below (its out-of-range error names the caller's index), as does
+  -- EMBER_INDEX_ONE_KERNEL=0.
+  if t.device ~= "cpu" and INDEX_ONE_KERNEL then
     local only
     for k = 1, t:dim() do
       local e = entries[k]
@@ -185,8 +189,9 @@ function M.embedding_bag(ids, weight, offsets, mode)
     fail("embedding_bag", "expected mode 'sum' or 'mean', got %s ('max' is not implemented)", tostring(mode))
   end
   -- CUDA, float weight: one fused kernel (a block per bag, rows summed in id
-  -- order: deterministic); the CPU composes embedding + sum / index_add.
-  local fused = weight.device ~= "cpu" and FLOAT[weight.dtype]
+  -- order: deterministic); the CPU (and EMBER_EMBEDDING_BAG_FUSED=0) composes
+  -- embedding + sum / index_add.
+  local fused = BAG_FUSED and weight.device ~= "cpu" and FLOAT[weight.dtype]
   if ids:dim() == 2 then
     if offsets ~= nil then fail("embedding_bag", "expected offsets nil for 2-D ids (each row is a bag)") end
     if fused then return core._embedding_bag(ids, weight, nil, mode == "mean") end
