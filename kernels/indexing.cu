@@ -147,16 +147,17 @@ static Geo<O> geo(const em_index_plan *p) {
   return g;
 }
 
-/* ---------------- gathers with a contiguous last dim ----------------
- * A GATHER whose index and other are row-major contiguous over the walk and
- * whose last dim is either dim itself or contiguous in self (gather /
- * take_along_dim of contiguous tensors): VEC = 16 / sizeof(T) consecutive
- * positions per thread, one divmod walk for all of them, the indices read
- * as 16-byte vectors and the VEC results stored as one 16-byte vector
- * (the element kernel moves 2-8 bytes per index read and store). The reads
- * of self stay scalar: they go wherever the indices point. Same values as
- * copy_kernel (NaN / 0 for an out-of-range index). EMBER_IX_GATHER_VEC=0:
- * the element kernel. */
+/* ---------------- gathers and scatters with a contiguous last dim ----------------
+ * A GATHER or SCATTER whose index and other are row-major contiguous over
+ * the walk and whose last dim is either dim itself or contiguous in self
+ * (gather / take_along_dim / scatter of contiguous tensors): VEC = 16 /
+ * sizeof(T) consecutive positions per thread, one divmod walk for all of
+ * them, the indices read as 16-byte vectors and other stored (gather) or
+ * loaded (scatter) as one 16-byte vector (the element kernel moves 2-8
+ * bytes per index read). The accesses to self stay scalar: they go
+ * wherever the indices point. Same values as copy_kernel (NaN / 0 for an
+ * out-of-range gather index, a skipped scatter; duplicate scatter writes
+ * race as there). EMBER_IX_GATHER_VEC=0: the element kernel. */
 template <typename I, int VEC>
 __device__ __forceinline__ void load_idx(const I *p, I (&out)[VEC]) {
   constexpr int B = VEC * (int)sizeof(I);
@@ -173,7 +174,7 @@ __device__ __forceinline__ void load_idx(const I *p, I (&out)[VEC]) {
 }
 
 template <typename T, typename I, typename O>
-__global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, const T *__restrict__ self,
+__global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, int kind, T *__restrict__ self,
                                                              const I *__restrict__ index, T *__restrict__ other,
                                                              T poison) {
   constexpr int VEC = 16 / sizeof(T);
@@ -183,13 +184,22 @@ __global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, c
     offsets(g, v * (O)VEC, so, io, oo);
     I ix[VEC];
     load_idx<I, VEC>(index + io, ix);
-    Packed128<T> r;
+    if (kind == EM_IX_GATHER) {
+      Packed128<T> r;
 #pragma unroll
-    for (int e = 0; e < VEC; e++) {
-      const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
-      r[e] = k >= 0 && k < g.dim_size ? self[so + (O)e * last + (O)k * g.dim_stride] : poison;
+      for (int e = 0; e < VEC; e++) {
+        const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+        r[e] = k >= 0 && k < g.dim_size ? self[so + (O)e * last + (O)k * g.dim_stride] : poison;
+      }
+      store128(other + oo, r);
+    } else {                              /* SCATTER: other read as one vector; the writes go where the indices say */
+      const Packed128<T> x = load128(other + oo);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+        if (k >= 0 && k < g.dim_size) self[so + (O)e * last + (O)k * g.dim_stride] = x[e];
+      }
     }
-    store128(other + oo, r);
   }
 }
 
@@ -198,7 +208,8 @@ static bool gather_vec_ok(const em_index_plan *p, const em_tensor *index, const 
   static int env = -1;
   if (env < 0) { const char *e = getenv("EMBER_IX_GATHER_VEC"); env = !(e && e[0] == '0'); }
   const int L = p->ndim - 1, vec = 16 / es;
-  if (!env || p->kind != EM_IX_GATHER || !other || L < 0 || p->shape[L] % vec != 0) return false;
+  if (!env || (p->kind != EM_IX_GATHER && p->kind != EM_IX_SCATTER) || !other || L < 0 || p->shape[L] % vec != 0)
+    return false;
   if (L != p->dim && p->self_stride[L] != 1) return false;
   int64_t want = 1;                      /* index and other: row-major contiguous over the walk */
   for (int k = L; k >= 0; k--) {
@@ -218,8 +229,8 @@ static void launch_copy(const em_index_plan *p, int64_t n, em_tensor *self, cons
   memcpy(&poison, &pb, sizeof(T));
   if (gather_vec_ok(p, index, other, (int)sizeof(T))) {
     const int64_t nvec = n / (16 / (int64_t)sizeof(T));
-    gather_vec_kernel<T, I, O><<<em_grid(nvec, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)nvec,
-        (const T *)em_data_ptr(self), (const I *)em_data_ptr(index), (T *)em_data_ptr(other), poison);
+    gather_vec_kernel<T, I, O><<<em_grid(nvec, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)nvec, p->kind,
+        (T *)em_data_ptr(self), (const I *)em_data_ptr(index), (T *)em_data_ptr(other), poison);
     return;
   }
   copy_kernel<T, I, O><<<em_grid(n, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)n, p->kind, (T *)em_data_ptr(self),

@@ -195,6 +195,26 @@ describe("indexing on CUDA", function()
     assert.is_true(r[2][5] ~= r[2][5])
   end)
 
+  it("scatters with a contiguous last dim (the 16-byte vector kernel) match the CPU exactly, every width", function()
+    ember.manual_seed(15)
+    local src = ember.randn(64, 256, {dtype = "f64"}):mul(20)
+    local p1 = ember.rand(64, 256):argsort(1)                 -- each row a permutation: no duplicate writes
+    local p0 = ember.rand(64, 256):argsort(0)                 -- each column a permutation
+    for _, idt in ipairs({"i64", "i32"}) do
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local s, base = src:to(dt), ember.zeros(64, 256, {dtype = dt})
+        for _, case in ipairs({{1, p1}, {0, p0}}) do
+          local d, ix = case[1], case[2]:to(idt)
+          local want = base:scatter(d, ix, s)
+          assert.equals(0, max_diff(base:cuda():scatter(d, ix:cuda(), s:cuda()), want), dt .. " " .. idt .. " dim " .. d)
+        end
+      end
+    end
+    local z = ember.zeros(2, 8):cuda():scatter(1, long({{7, 6, 5, 4, 3, 2, 1, 99}, {0, 1, 2, 3, -1, 5, 6, 7}}):cuda(),
+                                              ember.arange(16):float():view(2, 8):cuda()):cpu():tolist()
+    assert.same({{0, 6, 5, 4, 3, 2, 1, 0}, {8, 9, 10, 11, 0, 13, 14, 15}}, z)   -- 99 and -1 skipped
+  end)
+
   it("index_add of whole rows (16-byte vector atomics) is exact on integer-valued f32, bf16 and f16", function()
     ember.manual_seed(14)
     local src = ember.randint(-2, 3, {400, 64}):float()
