@@ -21,7 +21,10 @@
  * vector (32-bit when it fits), the row's index read once per vector
  * (cached). index_add of whole rows (f32, bf16, f16) takes rows_add_kernel:
  * the same walk with 16-byte vector atomics (EMBER_IX_ROWS_ADD=0: the
- * element kernel). t:index's plans wrap negative indices (plan.wrap).
+ * element kernel). Gathers, scatters and scatter_adds whose index and other
+ * are contiguous with a last dim of 16-byte multiples take gather_vec_kernel
+ * / add_vec_kernel: 16 bytes of positions per thread (EMBER_IX_GATHER_VEC=0:
+ * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
  * nonzero: a CUB reduction counts the nonzeros, the engine reads the
  * count (the output's size), and cub::DeviceSelect writes their
@@ -203,13 +206,12 @@ __global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, i
   }
 }
 
-/* Does p fit gather_vec_kernel (VEC elements of es bytes)? */
+/* Does p fit gather_vec_kernel / add_vec_kernel (VEC elements of es bytes)? */
 static bool gather_vec_ok(const em_index_plan *p, const em_tensor *index, const em_tensor *other, int es) {
   static int env = -1;
   if (env < 0) { const char *e = getenv("EMBER_IX_GATHER_VEC"); env = !(e && e[0] == '0'); }
   const int L = p->ndim - 1, vec = 16 / es;
-  if (!env || (p->kind != EM_IX_GATHER && p->kind != EM_IX_SCATTER) || !other || L < 0 || p->shape[L] % vec != 0)
-    return false;
+  if (!env || p->kind == EM_IX_SCATTER_VALUE || !other || L < 0 || p->shape[L] % vec != 0) return false;
   if (L != p->dim && p->self_stride[L] != 1) return false;
   int64_t want = 1;                      /* index and other: row-major contiguous over the walk */
   for (int k = L; k >= 0; k--) {
@@ -217,6 +219,30 @@ static bool gather_vec_ok(const em_index_plan *p, const em_tensor *index, const 
     want *= p->shape[k];
   }
   return ((uintptr_t)em_data_ptr(other) & 15) == 0 && ((uintptr_t)em_data_ptr(index) & 15) == 0;
+}
+
+/* SCATTER_ADD with the same geometry (scatter_add of contiguous tensors):
+ * the indices and other read as 16-byte vectors, then VEC atomic adds
+ * (fire-and-forget reductions) back to back. The same adds as add_kernel,
+ * in an order that was unspecified there too. */
+template <typename T, typename I, typename O>
+__global__ void __launch_bounds__(THREADS) add_vec_kernel(Geo<O> g, O nvec, T *__restrict__ self,
+                                                          const I *__restrict__ index, const T *__restrict__ other,
+                                                          double alpha) {
+  constexpr int VEC = 16 / sizeof(T);
+  const O last = g.self_st[g.ndim - 1];
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < nvec; v += (O)gridDim.x * blockDim.x) {
+    O so, io, oo;
+    offsets(g, v * (O)VEC, so, io, oo);
+    I ix[VEC];
+    load_idx<I, VEC>(index + io, ix);
+    const Packed128<T> x = load128(other + oo);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+      if (k >= 0 && k < g.dim_size) atomic_add(self + so + (O)e * last + (O)k * g.dim_stride, scaled(x[e], alpha));
+    }
+  }
 }
 
 template <typename T, typename I, typename O>
@@ -251,8 +277,16 @@ static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, e
   Geo<O> g = geo<O>(p);
   unsigned grid = em_grid(n, THREADS);
   const I *ix = (const I *)em_data_ptr(index);
-#define ADD(T) add_kernel<T, I, O><<<grid, THREADS, 0, s>>>(g, (O)n, (T *)em_data_ptr(self), ix, \
-                                                           (const T *)em_data_ptr(other), p->alpha)
+  const int es = (int)em_dtype_size(self->dtype);
+  const bool vec = gather_vec_ok(p, index, other, es);
+  const unsigned vgrid = em_grid(n / (16 / es), THREADS);
+#define ADD(T)                                                                                                 \
+  do {                                                                                                         \
+    if (vec) add_vec_kernel<T, I, O><<<vgrid, THREADS, 0, s>>>(g, (O)(n / (16 / es)), (T *)em_data_ptr(self), ix, \
+                                                              (const T *)em_data_ptr(other), p->alpha);        \
+    else add_kernel<T, I, O><<<grid, THREADS, 0, s>>>(g, (O)n, (T *)em_data_ptr(self), ix,                      \
+                                                      (const T *)em_data_ptr(other), p->alpha);                \
+  } while (0)
   switch (self->dtype) {
     case EM_F32: ADD(float); return 0;
     case EM_F64: ADD(double); return 0;
