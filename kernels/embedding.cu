@@ -164,3 +164,123 @@ extern "C" int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, e
   em_tensor_release(scratch);   /* stream-ordered: the caching allocator reuses it only after the kernel */
   return rc;
 }
+
+/* ---------------- embedding_bag: per-bag sums / means of rows ----------------
+ * out[b, :] = sum over the ids k of bag b of w[ids[k], :] (mean: / max(count, 1)).
+ * Bytes: each id's row read once (n·d·sizeof(T)), ids (8 B each), out written
+ * once (B·d·sizeof(T)); one add per row element (no FLOP bound). One block
+ * per bag; each thread owns a 16-byte chunk of the row (VEC elements) and
+ * adds the bag's rows into f32 (f64 for f64) registers in id order, 4 rows'
+ * loads in flight before their adds: a fixed order, so the sums are
+ * bit-identical from run to run (no atomics). An out-of-range id makes the
+ * bag's row NaN (embedding's poison row, summed). */
+template <typename E, typename I, bool VECT>
+__global__ void __launch_bounds__(THREADS) bag_fwd_kernel(const I *__restrict__ ids, const int64_t *__restrict__ offs,
+                                                          int64_t L, int64_t n, int64_t B, const E *__restrict__ w,
+                                                          int64_t rows, int64_t rs, int64_t d, E *__restrict__ out,
+                                                          int mean) {
+  using C = acc_t<E>;
+  constexpr int VEC = VECT ? 16 / sizeof(E) : 1;
+  const int64_t b = blockIdx.x;
+  const int64_t lo = offs ? offs[b] : b * L, hi = offs ? (b + 1 < B ? offs[b + 1] : n) : lo + L;
+  const C cnt = mean ? (C)(hi - lo > 1 ? hi - lo : 1) : (C)1;   /* mean: the sum / count, as sum(1) / L */
+  for (int64_t j = (int64_t)threadIdx.x * VEC; j < d; j += (int64_t)blockDim.x * VEC) {
+    C acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = 0;
+    bool bad = false;
+    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
+      Packed128<E> v[4];
+      E s[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int64_t k = k0 + u;
+        if (k >= hi) break;
+        const int64_t id = (int64_t)ids[k];
+        if (id < 0 || id >= rows) { bad = true; continue; }
+        if (VECT) v[u] = load128(w + id * rs + j);
+        else s[u] = w[id * rs + j];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int64_t k = k0 + u;
+        if (k >= hi) break;
+        const int64_t id = (int64_t)ids[k];
+        if (id < 0 || id >= rows) continue;
+        if (VECT) {
+#pragma unroll
+          for (int e = 0; e < VEC; e++) acc[e] += ld<C>(v[u][e]);
+        } else {
+          acc[0] += ld<C>(s[u]);
+        }
+      }
+    }
+    if (VECT) {
+      Packed128<E> r;
+#pragma unroll
+      for (int e = 0; e < VEC; e++) r[e] = bad ? from_f32<E>(__int_as_float(0x7fc00000)) : st<E>(acc[e] / cnt);
+      store128(out + b * d + j, r);
+    } else {
+      out[b * d + j] = bad ? from_f32<E>(__int_as_float(0x7fc00000)) : st<E>(acc[0] / cnt);
+    }
+  }
+}
+
+/* The threads per bag block: enough for one chunk each (a warp at least). */
+static int bag_threads(int64_t chunks) {
+  int64_t t = (chunks + 31) / 32 * 32;
+  return (int)(t < 32 ? 32 : (t > THREADS ? THREADS : t));
+}
+
+extern "C" int em_embedding_bag_cuda(const em_tensor *ids, const em_tensor *offsets, const em_tensor *w, int mean,
+                                     em_tensor *out) {
+  const int64_t B = out->shape[0], d = w->shape[1], rows = w->shape[0], rs = w->stride[0], n = em_numel(ids);
+  if (B == 0 || d == 0) return 0;
+  cudaStream_t s = em_cur_stream(w->device.index);
+  const int64_t L = offsets ? 0 : (ids->ndim == 2 ? ids->shape[1] : 0);
+  const int64_t *op = offsets ? (const int64_t *)em_data_ptr(offsets) : NULL;
+  const int64_t es = (int64_t)em_dtype_size(w->dtype);
+  const bool vec = (d * es) % 16 == 0 && (rs * es) % 16 == 0 && ((uintptr_t)em_data_ptr(w) & 15) == 0 &&
+                   ((uintptr_t)em_data_ptr(out) & 15) == 0;
+  const int threads = bag_threads(vec ? d * es / 16 : d);
+#define BAG(I)                                                                                                   \
+  EM_DISPATCH_FLOAT(w->dtype, E, {                                                                             \
+    if (vec) bag_fwd_kernel<E, I, true><<<(unsigned)B, threads, 0, s>>>((const I *)em_data_ptr(ids), op, L, n, B, \
+        (const E *)em_data_ptr(w), rows, rs, d, (E *)em_data_ptr(out), mean);                                   \
+    else bag_fwd_kernel<E, I, false><<<(unsigned)B, threads, 0, s>>>((const I *)em_data_ptr(ids), op, L, n, B,    \
+        (const E *)em_data_ptr(w), rows, rs, d, (E *)em_data_ptr(out), mean);                                   \
+  })
+  if (ids->dtype == EM_I64) { BAG(int64_t); }
+  else if (ids->dtype == EM_I32) { BAG(int32_t); }
+  else return em_error("embedding_bag: CUDA ids must be i32 or i64, got %s", em_dtype_name(ids->dtype));
+#undef BAG
+  return em_launch_check("embedding_bag");
+}
+
+/* Backward's first half: gexp[k, :] = g[b, :] (· 1/count for mean) for each id k of bag b, so
+ * em_embedding_bwd_cuda (deterministic, token order) adds them into gw. Block per bag. */
+template <typename E>
+__global__ void bag_expand_kernel(const int64_t *__restrict__ offs, int64_t L, int64_t n, int64_t B,
+                                  const E *__restrict__ g, int64_t d, E *__restrict__ gexp, int mean) {
+  using C = acc_t<E>;
+  const int64_t b = blockIdx.x;
+  const int64_t lo = offs ? offs[b] : b * L, hi = offs ? (b + 1 < B ? offs[b + 1] : n) : lo + L;
+  const C cnt = (C)(hi - lo > 1 ? hi - lo : 1);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const E v = mean ? st<E>(ld<C>(g[b * d + j]) / cnt) : g[b * d + j];
+    for (int64_t k = lo; k < hi; k++) gexp[k * d + j] = v;
+  }
+}
+
+extern "C" int em_embedding_bag_expand_cuda(const em_tensor *offsets, int64_t L, const em_tensor *g, int mean,
+                                            em_tensor *gexp) {
+  const int64_t B = g->shape[0], d = g->shape[1], n = gexp->shape[0];
+  if (B == 0 || d == 0 || n == 0) return 0;
+  cudaStream_t s = em_cur_stream(g->device.index);
+  const int64_t *op = offsets ? (const int64_t *)em_data_ptr(offsets) : NULL;
+  const int threads = bag_threads(d);
+  EM_DISPATCH_FLOAT(g->dtype, E,
+    bag_expand_kernel<E><<<(unsigned)B, threads, 0, s>>>(op, L, n, B, (const E *)em_data_ptr(g), d,
+                                                          (E *)em_data_ptr(gexp), mean));
+  return em_launch_check("embedding_bag backward");
+}

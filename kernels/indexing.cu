@@ -17,7 +17,13 @@
  *
  * Gathers of whole contiguous rows (index_select of a contiguous x) take
  * rows_kernel instead: one 16-byte vector per thread, one division per
- * vector, the row's index read once per vector (cached).
+ * vector (32-bit when it fits), the row's index read once per vector
+ * (cached). index_add of whole rows (f32, bf16, f16) takes rows_add_kernel:
+ * the same walk with 16-byte vector atomics (EMBER_IX_ROWS_ADD=0: the
+ * element kernel). Gathers, scatters and scatter_adds whose index and other
+ * are contiguous with a last dim of 16-byte multiples take gather_vec_kernel
+ * / add_vec_kernel: 16 bytes of positions per thread (EMBER_IX_GATHER_VEC=0:
+ * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
  * masked_select and nonzero (stream compactions) live in kernels/compact.cu. */
 #include <cub/cub.cuh>
@@ -37,7 +43,11 @@ struct Geo {
   O shape[EM_MAX_DIMS], self_st[EM_MAX_DIMS], index_st[EM_MAX_DIMS], other_st[EM_MAX_DIMS];
   O dim_stride;
   int64_t dim_size;
+  int wrap;                            /* negative indices count from the end */
 };
+
+/* The index as followed: negatives wrapped when the plan says so (t:index). */
+__device__ __forceinline__ int64_t wrapped(int64_t ix, int64_t size, int wrap) { return wrap && ix < 0 ? ix + size : ix; }
 
 /* Offsets of position l in self (without dim's part), index and other. */
 template <typename O>
@@ -58,7 +68,7 @@ __global__ void copy_kernel(Geo<O> g, O n, int kind, T *self, const I *index, T 
   for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
     O so, io, oo;
     offsets(g, l, so, io, oo);
-    int64_t ix = (int64_t)index[io];
+    int64_t ix = wrapped((int64_t)index[io], g.dim_size, g.wrap);
     bool ok = ix >= 0 && ix < g.dim_size;
     so += (O)ix * g.dim_stride;
     if (kind == EM_IX_GATHER) other[oo] = ok ? self[so] : poison;
@@ -91,7 +101,7 @@ __global__ void add_kernel(Geo<O> g, O n, T *self, const I *index, const T *othe
   for (O l = blockIdx.x * (O)blockDim.x + threadIdx.x; l < n; l += (O)gridDim.x * blockDim.x) {
     O so, io, oo;
     offsets(g, l, so, io, oo);
-    int64_t ix = (int64_t)index[io];
+    int64_t ix = wrapped((int64_t)index[io], g.dim_size, g.wrap);
     if (ix < 0 || ix >= g.dim_size) continue;
     atomic_add(self + so + (O)ix * g.dim_stride, scaled(other[oo], alpha));
   }
@@ -125,7 +135,103 @@ static Geo<O> geo(const em_index_plan *p) {
   }
   g.dim_stride = (O)p->dim_stride;
   g.dim_size = p->dim_size;
+  g.wrap = p->wrap;
   return g;
+}
+
+/* ---------------- gathers and scatters with a contiguous last dim ----------------
+ * A GATHER or SCATTER whose index and other are row-major contiguous over
+ * the walk and whose last dim is either dim itself or contiguous in self
+ * (gather / take_along_dim / scatter of contiguous tensors): VEC = 16 /
+ * sizeof(T) consecutive positions per thread, one divmod walk for all of
+ * them, the indices read as 16-byte vectors and other stored (gather) or
+ * loaded (scatter) as one 16-byte vector (the element kernel moves 2-8
+ * bytes per index read). The accesses to self stay scalar: they go
+ * wherever the indices point. Same values as copy_kernel (NaN / 0 for an
+ * out-of-range gather index, a skipped scatter; duplicate scatter writes
+ * race as there). EMBER_IX_GATHER_VEC=0: the element kernel. */
+template <typename I, int VEC>
+__device__ __forceinline__ void load_idx(const I *p, I (&out)[VEC]) {
+  constexpr int B = VEC * (int)sizeof(I);
+  if constexpr (B >= 16) {
+#pragma unroll
+    for (int c = 0; c < B / 16; c++) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p) + c);
+      memcpy(out + c * (16 / (int)sizeof(I)), &u, 16);
+    }
+  } else {
+    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
+    memcpy(out, &u, 8);
+  }
+}
+
+template <typename T, typename I, typename O>
+__global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, int kind, T *__restrict__ self,
+                                                             const I *__restrict__ index, T *__restrict__ other,
+                                                             T poison) {
+  constexpr int VEC = 16 / sizeof(T);
+  const O last = g.self_st[g.ndim - 1];   /* 1, or 0 when the last dim is dim */
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < nvec; v += (O)gridDim.x * blockDim.x) {
+    O so, io, oo;
+    offsets(g, v * (O)VEC, so, io, oo);
+    I ix[VEC];
+    load_idx<I, VEC>(index + io, ix);
+    if (kind == EM_IX_GATHER) {
+      Packed128<T> r;
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+        r[e] = k >= 0 && k < g.dim_size ? self[so + (O)e * last + (O)k * g.dim_stride] : poison;
+      }
+      store128(other + oo, r);
+    } else {                              /* SCATTER: other read as one vector; the writes go where the indices say */
+      const Packed128<T> x = load128(other + oo);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+        if (k >= 0 && k < g.dim_size) self[so + (O)e * last + (O)k * g.dim_stride] = x[e];
+      }
+    }
+  }
+}
+
+/* Does p fit gather_vec_kernel / add_vec_kernel (VEC elements of es bytes)? */
+static bool gather_vec_ok(const em_index_plan *p, const em_tensor *index, const em_tensor *other, int es) {
+  static int env = -1;
+  if (env < 0) { const char *e = getenv("EMBER_IX_GATHER_VEC"); env = !(e && e[0] == '0'); }
+  const int L = p->ndim - 1, vec = 16 / es;
+  if (!env || p->kind == EM_IX_SCATTER_VALUE || !other || L < 0 || p->shape[L] % vec != 0) return false;
+  if (L != p->dim && p->self_stride[L] != 1) return false;
+  int64_t want = 1;                      /* index and other: row-major contiguous over the walk */
+  for (int k = L; k >= 0; k--) {
+    if (p->shape[k] != 1 && (p->index_stride[k] != want || p->other_stride[k] != want)) return false;
+    want *= p->shape[k];
+  }
+  return ((uintptr_t)em_data_ptr(other) & 15) == 0 && ((uintptr_t)em_data_ptr(index) & 15) == 0;
+}
+
+/* SCATTER_ADD with the same geometry (scatter_add of contiguous tensors):
+ * the indices and other read as 16-byte vectors, then VEC atomic adds
+ * (fire-and-forget reductions) back to back. The same adds as add_kernel,
+ * in an order that was unspecified there too. */
+template <typename T, typename I, typename O>
+__global__ void __launch_bounds__(THREADS) add_vec_kernel(Geo<O> g, O nvec, T *__restrict__ self,
+                                                          const I *__restrict__ index, const T *__restrict__ other,
+                                                          double alpha) {
+  constexpr int VEC = 16 / sizeof(T);
+  const O last = g.self_st[g.ndim - 1];
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < nvec; v += (O)gridDim.x * blockDim.x) {
+    O so, io, oo;
+    offsets(g, v * (O)VEC, so, io, oo);
+    I ix[VEC];
+    load_idx<I, VEC>(index + io, ix);
+    const Packed128<T> x = load128(other + oo);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const int64_t k = wrapped((int64_t)ix[e], g.dim_size, g.wrap);
+      if (k >= 0 && k < g.dim_size) atomic_add(self + so + (O)e * last + (O)k * g.dim_stride, scaled(x[e], alpha));
+    }
+  }
 }
 
 template <typename T, typename I, typename O>
@@ -136,6 +242,12 @@ static void launch_copy(const em_index_plan *p, int64_t n, em_tensor *self, cons
   T value, poison;
   memcpy(&value, &vb, sizeof(T));
   memcpy(&poison, &pb, sizeof(T));
+  if (gather_vec_ok(p, index, other, (int)sizeof(T))) {
+    const int64_t nvec = n / (16 / (int64_t)sizeof(T));
+    gather_vec_kernel<T, I, O><<<em_grid(nvec, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)nvec, p->kind,
+        (T *)em_data_ptr(self), (const I *)em_data_ptr(index), (T *)em_data_ptr(other), poison);
+    return;
+  }
   copy_kernel<T, I, O><<<em_grid(n, THREADS), THREADS, 0, s>>>(geo<O>(p), (O)n, p->kind, (T *)em_data_ptr(self),
       (const I *)em_data_ptr(index), other ? (T *)em_data_ptr(other) : NULL, value, poison);
 }
@@ -154,8 +266,16 @@ static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, e
   Geo<O> g = geo<O>(p);
   unsigned grid = em_grid(n, THREADS);
   const I *ix = (const I *)em_data_ptr(index);
-#define ADD(T) add_kernel<T, I, O><<<grid, THREADS, 0, s>>>(g, (O)n, (T *)em_data_ptr(self), ix, \
-                                                           (const T *)em_data_ptr(other), p->alpha)
+  const int es = (int)em_dtype_size(self->dtype);
+  const bool vec = gather_vec_ok(p, index, other, es);
+  const unsigned vgrid = em_grid(n / (16 / es), THREADS);
+#define ADD(T)                                                                                                 \
+  do {                                                                                                         \
+    if (vec) add_vec_kernel<T, I, O><<<vgrid, THREADS, 0, s>>>(g, (O)(n / (16 / es)), (T *)em_data_ptr(self), ix, \
+                                                              (const T *)em_data_ptr(other), p->alpha);        \
+    else add_kernel<T, I, O><<<grid, THREADS, 0, s>>>(g, (O)n, (T *)em_data_ptr(self), ix,                      \
+                                                      (const T *)em_data_ptr(other), p->alpha);                \
+  } while (0)
   switch (self->dtype) {
     case EM_F32: ADD(float); return 0;
     case EM_F64: ADD(double); return 0;
@@ -178,37 +298,111 @@ static int dispatch_offsets(const char *op, const em_index_plan *p, int64_t n, e
  * An out-of-range index writes the row as NaN (0 for integers), as the
  * element kernel does. */
 struct RowsPlan {
-  int no;                              /* dims before dim */
+  int no, wrap;                        /* dims before dim; negative indices count from the end */
   int64_t oshape[EM_MAX_DIMS], ostride[EM_MAX_DIMS];   /* their sizes and self's strides (bytes) */
   int64_t nidx, idx_stride, dim_size, dim_stride;      /* dim_stride in bytes */
   int64_t vpr, rows;                   /* 16-byte vectors per row; output rows (outer x nidx) */
 };
 
-template <typename I>
+/* O: the type of the vector/row arithmetic; 32-bit (unsigned) whenever
+ * rows * vpr < 2^31, so the two divisions per vector are the cheap ones. */
+template <typename I, typename O>
 __global__ void __launch_bounds__(THREADS) rows_kernel(const char *__restrict__ self, const I *__restrict__ index,
                                                        uint4 *__restrict__ other, RowsPlan g, uint4 poison) {
-  const int64_t total = g.rows * g.vpr;
-  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t R = v / g.vpr, c = v - R * g.vpr;
-    int64_t o = R / g.nidx;
-    const int64_t i = R - o * g.nidx, id = (int64_t)index[i * g.idx_stride];
+  const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
+    const O R = v / vpr, c = v - R * vpr;
+    O o = R / nidx;
+    const O i = R - o * nidx;
+    const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
     uint4 val = poison;
     if (id >= 0 && id < g.dim_size) {
       int64_t off = id * g.dim_stride;
       for (int k = g.no - 1; k >= 0; k--) {
-        const int64_t q = o / g.oshape[k];
-        off += (o - q * g.oshape[k]) * g.ostride[k];
+        const O q = o / (O)g.oshape[k];
+        off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
         o = q;
       }
-      val = reinterpret_cast<const uint4 *>(self + off)[c];
+      val = __ldg(reinterpret_cast<const uint4 *>(self + off) + c);
     }
     other[v] = val;
   }
 }
 
+/* index_add of whole rows (SCATTER_ADD with rows_plan's geometry: other
+ * read contiguously, self's rows added at the indexed row): one 16-byte
+ * vector of other per thread, added with vector atomics (sm_90: float4
+ * red.global.v4.f32; bf16x2 / half2 pairs), 4x-8x fewer atomic operations
+ * than one per element. Each element still gets one atomic add of
+ * alpha * other, so the sums are the element kernel's (in an unspecified
+ * order, as before). */
+template <typename T> struct Vec16;
+template <> struct Vec16<float> {
+  static __device__ __forceinline__ void add(float *p, uint4 v, double a) {
+    float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+    f.x = scaled(f.x, a); f.y = scaled(f.y, a); f.z = scaled(f.z, a); f.w = scaled(f.w, a);
+    atomicAdd(reinterpret_cast<float4 *>(p), f);
+  }
+};
+template <typename H, typename H2> struct Vec16Pairs {
+  static __device__ __forceinline__ void add(H *p, uint4 v, double a) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      H2 h = *reinterpret_cast<const H2 *>(&w[k]);
+      h.x = scaled(h.x, a); h.y = scaled(h.y, a);
+      atomicAdd(reinterpret_cast<H2 *>(p) + k, h);
+    }
+  }
+};
+template <> struct Vec16<__nv_bfloat16> : Vec16Pairs<__nv_bfloat16, __nv_bfloat162> {};
+template <> struct Vec16<__half> : Vec16Pairs<__half, __half2> {};
+
+template <typename T, typename I, typename O>
+__global__ void __launch_bounds__(THREADS) rows_add_kernel(char *__restrict__ self, const I *__restrict__ index,
+                                                           const uint4 *__restrict__ other, RowsPlan g, double alpha) {
+  const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
+  for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
+    const O R = v / vpr, c = v - R * vpr;
+    O o = R / nidx;
+    const O i = R - o * nidx;
+    const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
+    if (id < 0 || id >= g.dim_size) continue;
+    int64_t off = id * g.dim_stride;
+    for (int k = g.no - 1; k >= 0; k--) {
+      const O q = o / (O)g.oshape[k];
+      off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
+      o = q;
+    }
+    Vec16<T>::add(reinterpret_cast<T *>(self + off + (int64_t)c * 16), __ldg(other + v), alpha);
+  }
+}
+
+template <typename T, typename I>
+static void launch_rows_add(const RowsPlan &g, em_tensor *self, const em_tensor *index, const em_tensor *other,
+                            double alpha, cudaStream_t s) {
+  const int64_t total = g.rows * g.vpr;
+  const unsigned grid = em_grid(total, THREADS);
+  if (total < ((int64_t)1 << 30))
+    rows_add_kernel<T, I, uint32_t><<<grid, THREADS, 0, s>>>((char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                             (const uint4 *)em_data_ptr(other), g, alpha);
+  else
+    rows_add_kernel<T, I, int64_t><<<grid, THREADS, 0, s>>>((char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                            (const uint4 *)em_data_ptr(other), g, alpha);
+}
+
+/* index_add's row path: f32, bf16, f16 (the dtypes with 16-byte vector atomics). EMBER_IX_ROWS_ADD=0: the element kernel. */
+static bool rows_add_ok(const em_tensor *self) {
+  static int env = -1;
+  if (env < 0) { const char *e = getenv("EMBER_IX_ROWS_ADD"); env = !(e && e[0] == '0'); }
+  return env && (self->dtype == EM_F32 || self->dtype == EM_BF16 || self->dtype == EM_F16);
+}
+
 /* Is p a gather of whole rows that rows_kernel can move with aligned 16-byte vectors? */
 static bool rows_plan(const em_index_plan *p, const em_tensor *self, const em_tensor *other, RowsPlan *g) {
-  if (p->kind != EM_IX_GATHER || !other || !em_is_contiguous(other)) return false;
+  if ((p->kind != EM_IX_GATHER && !(p->kind == EM_IX_SCATTER_ADD && rows_add_ok(self))) || !other ||
+      !em_is_contiguous(other))
+    return false;
   const int d = p->dim, nd = p->ndim;
   const int64_t es = (int64_t)em_dtype_size(self->dtype);
   if (nd < 1 || d >= nd || d >= EM_MAX_DIMS) return false;
@@ -232,6 +426,7 @@ static bool rows_plan(const em_index_plan *p, const em_tensor *self, const em_te
   g->nidx = p->shape[d];
   g->idx_stride = p->index_stride[d];
   g->dim_size = p->dim_size;
+  g->wrap = p->wrap;
   g->dim_stride = p->dim_stride * es;
   g->vpr = inner * es / 16;
   g->rows = outer * g->nidx;
@@ -246,9 +441,15 @@ static int launch_rows(const RowsPlan &g, em_tensor *self, const em_tensor *inde
   unsigned char *b = (unsigned char *)w;
   for (int k = 0; k < 16; k++) b[k] = (unsigned char)(nb >> (8 * (k % es)));   /* little-endian NaN per element */
   uint4 poison = make_uint4(w[0], w[1], w[2], w[3]);
-  rows_kernel<I><<<em_grid(g.rows * g.vpr, THREADS), THREADS, 0, s>>>((const char *)em_data_ptr(self),
-                                                                       (const I *)em_data_ptr(index),
-                                                                       (uint4 *)em_data_ptr(other), g, poison);
+  const int64_t total = g.rows * g.vpr;
+  const unsigned grid = em_grid(total, THREADS);
+  /* 32-bit: total and a grid-stride step below 2^31 (em_grid caps the grid at ~2^21 blocks) */
+  if (total < ((int64_t)1 << 30))
+    rows_kernel<I, uint32_t><<<grid, THREADS, 0, s>>>((const char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                      (uint4 *)em_data_ptr(other), g, poison);
+  else
+    rows_kernel<I, int64_t><<<grid, THREADS, 0, s>>>((const char *)em_data_ptr(self), (const I *)em_data_ptr(index),
+                                                     (uint4 *)em_data_ptr(other), g, poison);
   return 0;
 }
 
@@ -259,8 +460,20 @@ extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *
   cudaStream_t s = em_cur_stream(self->device.index);
   RowsPlan rp;
   if ((index->dtype == EM_I64 || index->dtype == EM_I32) && rows_plan(p, self, other, &rp)) {
-    if (index->dtype == EM_I64) launch_rows<int64_t>(rp, self, index, other, s);
-    else launch_rows<int32_t>(rp, self, index, other, s);
+    const bool i64 = index->dtype == EM_I64;
+    if (p->kind == EM_IX_GATHER) {
+      if (i64) launch_rows<int64_t>(rp, self, index, other, s);
+      else launch_rows<int32_t>(rp, self, index, other, s);
+    } else if (self->dtype == EM_F32) {
+      if (i64) launch_rows_add<float, int64_t>(rp, self, index, other, p->alpha, s);
+      else launch_rows_add<float, int32_t>(rp, self, index, other, p->alpha, s);
+    } else if (self->dtype == EM_BF16) {
+      if (i64) launch_rows_add<__nv_bfloat16, int64_t>(rp, self, index, other, p->alpha, s);
+      else launch_rows_add<__nv_bfloat16, int32_t>(rp, self, index, other, p->alpha, s);
+    } else {
+      if (i64) launch_rows_add<__half, int64_t>(rp, self, index, other, p->alpha, s);
+      else launch_rows_add<__half, int32_t>(rp, self, index, other, p->alpha, s);
+    }
     return em_launch_check(op);
   }
   bool small = fits32(p, n);

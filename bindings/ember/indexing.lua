@@ -19,6 +19,10 @@ local methods = core.methods
 local M = {}
 
 local is_tensor = core.is_tensor
+local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
+-- The one-kernel CUDA paths below; "0" selects the composed ones they replaced.
+local INDEX_ONE_KERNEL = os.getenv("EMBER_INDEX_ONE_KERNEL") ~= "0"
+local BAG_FUSED = os.getenv("EMBER_EMBEDDING_BAG_FUSED") ~= "0"
 
 -- An error pointing at the caller's line: the first frame outside this file (and C).
 local function fail(fn, fmt, ...)
@@ -111,6 +115,27 @@ function methods.index(t, idx)
     end
     return r
   end
+  -- one index tensor and no integers on CUDA: one kernel (ember._index_wrap
+  -- wraps negatives and writes NaN for an out-of-range index in the gather
+  -- itself) instead of ~8 launches normalising the index first. The CPU keeps
+  -- the path below (its out-of-range error names the caller's index), as does
+  -- EMBER_INDEX_ONE_KERNEL=0.
+  if t.device ~= "cpu" and INDEX_ONE_KERNEL then
+    local only
+    for k = 1, t:dim() do
+      local e = entries[k]
+      if e and (only or not e.t) then only = false break end
+      if e then only = k end
+    end
+    if only then
+      local i = entries[only].t
+      local shape = {}
+      for j = 1, only - 1 do shape[#shape + 1] = t.shape[j] end
+      for j = 1, i:dim() do shape[#shape + 1] = i.shape[j] end
+      for j = only + 1, t:dim() do shape[#shape + 1] = t.shape[j] end
+      return core._index_wrap(t, only - 1, i:reshape({-1})):reshape(shape)
+    end
+  end
   local adv, rest, lin, bad = {}, {}, nil, nil
   for k = 1, t:dim() do
     local e = entries[k]
@@ -163,8 +188,13 @@ function M.embedding_bag(ids, weight, offsets, mode)
   if mode ~= "sum" and mode ~= "mean" then
     fail("embedding_bag", "expected mode 'sum' or 'mean', got %s ('max' is not implemented)", tostring(mode))
   end
+  -- CUDA, float weight: one fused kernel (a block per bag, rows summed in id
+  -- order: deterministic); the CPU (and EMBER_EMBEDDING_BAG_FUSED=0) composes
+  -- embedding + sum / index_add.
+  local fused = BAG_FUSED and weight.device ~= "cpu" and FLOAT[weight.dtype]
   if ids:dim() == 2 then
     if offsets ~= nil then fail("embedding_bag", "expected offsets nil for 2-D ids (each row is a bag)") end
+    if fused then return core._embedding_bag(ids, weight, nil, mode == "mean") end
     local e = core.embedding(ids, weight)
     return mode == "sum" and e:sum(1) or e:mean(1)
   end
@@ -174,13 +204,20 @@ function M.embedding_bag(ids, weight, offsets, mode)
   end
   local offs, n, d = offsets:tolist(), ids:numel(), weight.shape[2]
   local B = #offs
-  local seg, counts = {}, {}
   for b = 1, B do
     local lo, hi = offs[b], b < B and offs[b + 1] or n
     if lo < 0 or lo > hi or hi > n or (b == 1 and lo ~= 0) then
       fail("embedding_bag", "expected offsets to start at 0 and increase up to %d (the number of ids), got %s",
            n, shape_str(offs))
     end
+  end
+  if fused then
+    local offt = core.tensor(offs, {dtype = "i64", device = weight.device})
+    return core._embedding_bag(ids, weight, offt, mode == "mean")
+  end
+  local seg, counts = {}, {}
+  for b = 1, B do
+    local lo, hi = offs[b], b < B and offs[b + 1] or n
     for _ = lo, hi - 1 do seg[#seg + 1] = b - 1 end
     counts[b] = math.max(hi - lo, 1)
   end

@@ -20,6 +20,22 @@ static int l_index_select(lua_State *L) {
   return lem_push_result(L, em_index_select(x, dim, lem_check_tensor(L, 3, fn, "index")));
 }
 
+/* ember._index_wrap(x, dim, index): em_index_select_wrap, for t:index (bindings/ember/indexing.lua). */
+static int l_index_wrap(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "self");
+  int64_t dim = lem_check_int(L, 2, fn, "dim");
+  return lem_push_result(L, em_index_select_wrap(x, dim, lem_check_tensor(L, 3, fn, "index")));
+}
+
+/* ember._embedding_bag(ids, w, offsets | nil, mean): em_embedding_bag (CUDA), for F.embedding_bag. */
+static int l_embedding_bag(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *ids = lem_check_tensor(L, 1, fn, "ids"), *w = lem_check_tensor(L, 2, fn, "weight");
+  em_tensor *offsets = lua_isnoneornil(L, 3) ? NULL : lem_check_tensor(L, 3, fn, "offsets");
+  return lem_push_result(L, em_embedding_bag(ids, w, offsets, lua_toboolean(L, 4)));
+}
+
 static int l_gather(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "self");
@@ -140,7 +156,8 @@ void lem_open_indexing(lua_State *L, int methods, int module) {
     {"index_add_", l_index_add_}, {"masked_select", l_masked_select}, {"nonzero", l_nonzero},
     {"take_along_dim", l_take_along_dim}, {NULL, NULL}};
   lem_register(L, methods, module, both);
-  static const luaL_Reg module_only[] = {{"one_hot", l_one_hot}, {NULL, NULL}};
+  static const luaL_Reg module_only[] = {{"one_hot", l_one_hot}, {"_index_wrap", l_index_wrap},
+                                               {"_embedding_bag", l_embedding_bag}, {NULL, NULL}};
   lem_register(L, 0, module, module_only);
   luaL_getmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);

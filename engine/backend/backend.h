@@ -421,6 +421,19 @@ int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *o
  * ids outside [0, rows) are skipped. */
 int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw);
 
+/* embedding_bag: out (B, d) contiguous = per-bag sums (mean: / max(count, 1))
+ * of w's rows, summed in f32 (f64 for f64) in id order: deterministic. Bags:
+ * offsets NULL -> ids (B, L) contiguous, row b a bag; else ids 1-D contiguous
+ * and offsets (B) contiguous i64 on the device, bag b = [offsets[b],
+ * offsets[b+1]) (the last to n), validated by the caller. w float, unit
+ * column stride. An id outside [0, rows) makes its bag's row NaN. */
+int em_embedding_bag_cuda(const em_tensor *ids, const em_tensor *offsets, const em_tensor *w, int mean,
+                          em_tensor *out);
+/* Its backward's expansion: gexp (n, d) contiguous, row k = g[bag of k] (mean: / count); g (B, d)
+ * contiguous; bags as above (offsets NULL: L ids per bag). */
+int em_embedding_bag_expand_cuda(const em_tensor *offsets, int64_t L, const em_tensor *g, int mean,
+                                 em_tensor *gexp);
+
 /* ---- cross-entropy (kernels/softmax_xent.cu) ---- */
 /* Fused softmax cross-entropy on CUDA (kernels/softmax_xent.cu), the device
  * half of engine/ops/loss.c. Tensors are validated by the engine op. */
@@ -630,9 +643,11 @@ enum { EM_IX_GATHER, EM_IX_SCATTER, EM_IX_SCATTER_VALUE, EM_IX_SCATTER_ADD };
  * self's dtype); SCATTER_ADD: s += alpha * o. index_select is a GATHER whose
  * index strides are 0 but along dim, index_add a SCATTER_ADD likewise, gather
  * and scatter walk the index's own shape. Strides are in elements from each
- * tensor's data pointer (offset included). */
+ * tensor's data pointer (offset included). wrap: an index in [-dim_size, 0)
+ * counts from the end (t:index's rule; index_select's own plans leave it 0,
+ * so a negative index there stays out of range). */
 typedef struct {
-  int kind, ndim, dim;
+  int kind, ndim, dim, wrap;
   int64_t shape[EM_MAX_DIMS];
   int64_t self_stride[EM_MAX_DIMS];    /* self's strides, 0 at dim */
   int64_t index_stride[EM_MAX_DIMS];

@@ -153,6 +153,10 @@ int em_swiglu_bwd_cuda(const em_tensor *a, const em_tensor *b, const em_tensor *
                        em_tensor *gb) { return no_cuda(NULL); }
 int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, em_tensor *out) { return no_cuda(NULL); }
 int em_embedding_bwd_cuda(const em_tensor *ids, const em_tensor *g, em_tensor *gw) { return no_cuda(NULL); }
+int em_embedding_bag_cuda(const em_tensor *ids, const em_tensor *offsets, const em_tensor *w, int mean,
+                          em_tensor *out) { return no_cuda(NULL); }
+int em_embedding_bag_expand_cuda(const em_tensor *offsets, int64_t L, const em_tensor *g, int mean,
+                                 em_tensor *gexp) { return no_cuda(NULL); }
 int em_xent_fwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, em_tensor *lse,
                      em_tensor *loss, em_tensor *count) { return no_cuda(NULL); }
 int em_xent_bwd_cuda(const em_tensor *logits, const em_tensor *targets, const em_xent_opts *o, const em_tensor *lse,

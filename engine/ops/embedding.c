@@ -148,3 +148,60 @@ em_tensor *em_embedding(em_tensor *ids, em_tensor *w) {
   EM_OP_COST(em_cost_nbytes(ids) + 2 * em_cost_nbytes(out), 0, EM_FLOPS_F32);
   return em_op_record(out, NULL, "embedding", embedding_backward, 1, &w, 1, &ids);
 }
+
+/* ---------------- embedding_bag (CUDA) ----------------
+ * Forward: one kernel, a block per bag, rows summed in id order (f32; f64
+ * for f64): deterministic. Backward: each id's row of the gradient is its
+ * bag's row of g (mean: / count), then embedding's deterministic backward
+ * adds them into gw in token order. saved: ids, offsets (if any); i[0] mean,
+ * i[1] L (ids per bag, 2-D ids). */
+static int embedding_bag_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *ids = n->saved[0], *offs = n->n_saved > 1 ? n->saved[1] : NULL;
+  int64_t cnt = em_numel(ids), shape[2] = {cnt, n->in_shape[0][1]};
+  EM_OP_COST(em_cost_nbytes(ids) + 2.0 * (double)cnt * (double)shape[1] * (double)em_dtype_size(gout[0]->dtype) +
+                 (double)n->in_shape[0][0] * (double)n->in_shape[0][1] * (double)em_dtype_size(n->in_dtype[0]),
+             (double)cnt * (double)shape[1], em_cost_simt_class(n->in_dtype[0]));
+  em_tensor *g = em_contiguous(gout[0]);
+  em_tensor *gexp = g ? em_empty(2, shape, g->dtype, g->device) : NULL;
+  if (gexp && em_embedding_bag_expand_cuda(offs, n->i[1], g, (int)n->i[0], gexp)) { em_tensor_release(gexp); gexp = NULL; }
+  em_tensor *gw = gexp ? em_empty(2, n->in_shape[0], n->in_dtype[0], g->device) : NULL;
+  if (gw && em_embedding_bwd_cuda(ids, gexp, gw)) { em_tensor_release(gw); gw = NULL; }
+  em_tensor_release(g); em_tensor_release(gexp);
+  gin[0] = gw;
+  return gw ? 0 : -1;
+}
+
+em_tensor *em_embedding_bag(em_tensor *ids, em_tensor *w, em_tensor *offsets, bool mean) {
+  EM_OP_SCOPE("embedding_bag");
+  char s[160];
+  if (em_check_int("embedding_bag", "ids", ids)) return NULL;
+  if (em_check_ndim("embedding_bag", "weight", w, 2)) return NULL;
+  if (em_check_same_device("embedding_bag", ids, w)) return NULL;
+  if (w->device.type == EM_CPU)
+    return em_error("embedding_bag: the fused op runs on CUDA only (F.embedding_bag composes it on the CPU)"), NULL;
+  if (!em_dtype_is_float(w->dtype))
+    return em_error("embedding_bag: expected a float weight, got %s", em_dtype_name(w->dtype)), NULL;
+  if (offsets ? ids->ndim != 1 : ids->ndim != 2)
+    return em_error("embedding_bag: expected %s ids, got shape %s", offsets ? "1-D (with offsets)" : "2-D (B, L)",
+                    em_shape_str(ids->ndim, ids->shape, s, 160)), NULL;
+  if (offsets && em_check_same_device("embedding_bag", ids, offsets)) return NULL;
+  if (offsets && (offsets->ndim != 1 || offsets->dtype != EM_I64))
+    return em_error("embedding_bag: expected 1-D i64 offsets, got %s of shape %s", em_dtype_name(offsets->dtype),
+                    em_shape_str(offsets->ndim, offsets->shape, s, 160)), NULL;
+  int64_t shape[2] = {offsets ? offsets->shape[0] : ids->shape[0], w->shape[1]};
+  em_tensor *id = cuda_ids(ids);
+  em_tensor *off = id && offsets ? em_contiguous(offsets) : NULL;
+  em_tensor *wc = !id || (offsets && !off) ? NULL
+                  : (w->stride[1] == 1 || w->shape[1] <= 1) ? em_tensor_retain(w) : em_contiguous(w);
+  em_tensor *out = wc ? em_empty(2, shape, w->dtype, w->device) : NULL;
+  if (out && em_embedding_bag_cuda(id, off, wc, mean, out)) { em_tensor_release(out); out = NULL; }
+  /* ids read; one row of w read per id; out written once */
+  EM_OP_COST(em_cost_nbytes(ids) + (double)em_numel(ids) * (double)shape[1] * (double)em_dtype_size(w->dtype) +
+                 (out ? em_cost_nbytes(out) : 0),
+             (double)em_numel(ids) * (double)shape[1], em_cost_simt_class(w->dtype));
+  em_node *node;
+  out = em_op_record(out, &node, "embedding_bag", embedding_bag_backward, 1, &w, 2, (em_tensor *[]){id, off});
+  if (node) { node->i[0] = mean; node->i[1] = offsets ? 0 : ids->shape[1]; }
+  em_tensor_release(id); em_tensor_release(off); em_tensor_release(wc);
+  return out;
+}

@@ -237,25 +237,55 @@ static void index_select_rows(const em_tensor *x, int d, const int64_t *ix, int6
   em_parallel_for(outer * n, em_grain(inner), isel_rows, &j);
 }
 
-/* gx = zeros(x) with g's slices added at index along dim (in f32 for bf16/f16). */
+/* gx = zeros(x) with g's slices added at index along dim (in f32 for bf16/f16).
+ * i[1]: the forward's wrap (t:index on CUDA saves the raw index, negatives included). */
 static int index_select_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   int d = (int)n->i[0];
   em_dtype ct = acc_dtype(n->in_dtype[0]);
   em_tensor *g = em_to(gout[0], ct, gout[0]->device);
   em_tensor *gx = g ? em_zeros(n->in_ndim[0], n->in_shape[0], ct, g->device) : NULL;
   em_index_plan p;
-  if (gx) plan_along(&p, EM_IX_SCATTER_ADD, d, gx, n->saved[0], g);
+  if (gx) { plan_along(&p, EM_IX_SCATTER_ADD, d, gx, n->saved[0], g); p.wrap = (int)n->i[1]; }
   if (gx && ix_run("index_select backward", &p, gx, n->saved[0], g)) { em_tensor_release(gx); gx = NULL; }
   em_tensor_release(g);
   gin[0] = gx;
   return gx ? 0 : -1;
 }
 
-em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index) {
-  EM_OP_SCOPE("index_select");
+/* t:index's index on the CPU: contiguous i64 with negatives wrapped (a fresh
+ * copy when any is negative: the caller's tensor is never written), every
+ * value checked against [-size, size). */
+static em_tensor *prep_index_wrap(const char *op, em_tensor *index, int dim, int64_t size) {
+  em_tensor *ix = em_contiguous_as(index, EM_I64);
+  if (!ix) return NULL;
+  const int64_t *v = em_data_ptr(ix), n = em_numel(ix);
+  bool neg = false;
+  for (int64_t i = 0; i < n; i++) {
+    if (v[i] < -size || v[i] >= size) {
+      em_error("%s: index %lld (at flat position %lld of the index) is out of range for dim %d of size %lld "
+               "(expected %lld..%lld)", op, (long long)v[i], (long long)i, dim, (long long)size, (long long)-size,
+               (long long)(size - 1));
+      em_tensor_release(ix);
+      return NULL;
+    }
+    neg |= v[i] < 0;
+  }
+  if (!neg) return ix;
+  em_tensor *w = em_empty(ix->ndim, ix->shape, EM_I64, ix->device);
+  if (w) {
+    int64_t *o = em_data_ptr(w);
+    for (int64_t i = 0; i < n; i++) o[i] = v[i] < 0 ? v[i] + size : v[i];
+  }
+  em_tensor_release(ix);
+  return w;
+}
+
+/* index_select; wrap: t:index's rule (negatives count from the end). */
+static em_tensor *index_select_impl(const char *op, em_tensor *x, int64_t dim, em_tensor *index, bool wrap) {
   int d;
   if (index_select_validate(x, dim, index, &d)) return NULL;
-  em_tensor *ix = prep_index("index_select", index, d, x->shape[d]);
+  bool on_cpu = index->device.type == EM_CPU;
+  em_tensor *ix = wrap && on_cpu ? prep_index_wrap(op, index, d, x->shape[d]) : prep_index(op, index, d, x->shape[d]);
   if (!ix) return NULL;
   int64_t shape[EM_MAX_DIMS], n = em_numel(index);
   memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
@@ -266,13 +296,24 @@ em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index) {
   } else if (out) {
     em_index_plan p;
     plan_along(&p, EM_IX_GATHER, d, x, ix, out);
-    if (ix_run("index_select", &p, x, ix, out)) { em_tensor_release(out); out = NULL; }
+    p.wrap = wrap && !on_cpu;            /* the CPU's ix is already wrapped */
+    if (ix_run(op, &p, x, ix, out)) { em_tensor_release(out); out = NULL; }
   }
   em_node *node;
-  out = em_op_record(out, &node, "index_select", index_select_backward, 1, &x, 1, &ix);
-  if (node) node->i[0] = d;
+  out = em_op_record(out, &node, op, index_select_backward, 1, &x, 1, &ix);
+  if (node) { node->i[0] = d; node->i[1] = wrap && !on_cpu; }
   em_tensor_release(ix);
   return out;
+}
+
+em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index) {
+  EM_OP_SCOPE("index_select");
+  return index_select_impl("index_select", x, dim, index, false);
+}
+
+em_tensor *em_index_select_wrap(em_tensor *x, int64_t dim, em_tensor *index) {
+  EM_OP_SCOPE("index");
+  return index_select_impl("index", x, dim, index, true);
 }
 
 /* ---------------- gather ---------------- */

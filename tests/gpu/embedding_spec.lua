@@ -1,7 +1,8 @@
 -- embedding_spec.lua (GPU) — embedding gather and its deterministic backward
 -- on CUDA (kernels/embedding.cu) against the CPU reference.
 --
--- Tolerance: none. The forward is a copy, so it is bit-exact. The backward
+-- Tolerance: none (embedding_bag's reasons are given above its cases below).
+-- The forward is a copy, so it is bit-exact. The backward
 -- sums each table row's output gradients in token order in f32 (f64 for
 -- f64) and rounds once, exactly as the CPU's sequential scatter-add does, so
 -- it is bit-exact against the CPU as well, and bit-identical across runs.
@@ -86,5 +87,81 @@ describe("embedding on CUDA", function()
     for _, v in ipairs(bad) do assert.is_true(v ~= v, "expected NaN, got " .. tostring(v)) end
     local good = r:select(0, 0):tolist()
     for _, v in ipairs(good) do assert.is_true(v == v) end
+  end)
+
+  ---------------------------------------------------------------------------
+  -- F.embedding_bag: one fused kernel (kernels/embedding.cu bag_fwd_kernel).
+  -- Each bag's rows are added in id order in f32 and rounded once, so the
+  -- reference below (f32 tensor adds on the CPU in the same order, then one
+  -- rounding to the table's dtype) is bit-exact for "sum"; "mean" divides
+  -- that f32 sum by the count (one correctly rounded f32 division) before
+  -- rounding: also exact against the reference's f32 division.
+  ---------------------------------------------------------------------------
+  -- the kernel's order: acc = 0 + r0 + r1 + ... in f32, then / count (mean), then rounded to dt
+  local function bag_ref(w, i2d, mode)
+    local wf = w:to("f32")
+    local B, L = i2d.shape[1], i2d.shape[2]
+    local acc = ember.zeros(B, wf.shape[2])
+    for l = 0, L - 1 do acc = acc + wf:index_select(0, i2d:select(1, l):contiguous()) end
+    if mode == "mean" then acc = acc / ember.full({B, 1}, math.max(L, 1)) end
+    return acc:to(w.dtype)
+  end
+
+  for _, dt in ipairs {"f32", "bf16"} do
+    for _, mode in ipairs {"sum", "mean"} do
+      for _, d in ipairs {512, 67} do                -- 67: the element (non-vector) path
+        it(("embedding_bag %s %s over (64, 13) ids, d = %d: the id-order f32 sum, bit for bit"):format(dt, mode, d), function()
+          local w, i = randn({1000, d}, dt), ids({64, 13}, 1000)
+          local got = F.embedding_bag(i:cuda(), w:cuda(), nil, mode)
+          assert.equals(dt, got.dtype)
+          assert.same({64, d}, got.shape)
+          assert.equals(0, max_diff(got, bag_ref(w, i, mode)))
+          assert.equals(0, max_diff(F.embedding_bag(i:cuda(), w:cuda(), nil, mode), got))   -- run to run
+        end)
+      end
+    end
+  end
+
+  it("embedding_bag with 1-D ids and offsets (an empty bag, i32 ids) matches the CPU's index_add path", function()
+    local w = randn({200, 64})
+    local i = ids({40}, 200, "i32")
+    local offs = ember.tensor({0, 5, 5, 17, 39}, {dtype = "i64"})
+    for _, mode in ipairs {"sum", "mean"} do
+      local want = F.embedding_bag(i, w, offs, mode)          -- CPU: sequential index_add (f32 adds), / count
+      local got = F.embedding_bag(i:cuda(), w:cuda(), offs:cuda(), mode)
+      assert.same({5, 64}, got.shape)
+      assert.equals(0, max_diff(got, want), mode)
+      assert.equals(0, got:select(0, 1):abs():sum():item())   -- the empty bag is zeros
+    end
+  end)
+
+  for _, mode in ipairs {"sum", "mean"} do
+    it("embedding_bag " .. mode .. " backward equals the CPU composition (2-D and offsets)", function()
+      local w, i = randn({300, 64}), ids({16, 9}, 40)    -- repeats across bags
+      local g = randn({16, 64})
+      local wc = w:clone(); wc.requires_grad = true
+      local wg = w:cuda(); wg.requires_grad = true
+      F.embedding_bag(i, wc, nil, mode):backward(g)
+      F.embedding_bag(i:cuda(), wg, nil, mode):backward(g:cuda())
+      -- sum: the same f32 adds in token order as embedding's backward; mean: g / count rounded once per id
+      -- (the CPU's mean backward divides the same f32 values), then the same adds
+      assert.equals(0, max_diff(wg.grad, wc.grad))
+      local flat, offs = i:reshape({-1}), ember.tensor({0, 30, 30, 100}, {dtype = "i64"})
+      local g2 = randn({4, 64})
+      local wc2 = w:clone(); wc2.requires_grad = true
+      local wg2 = w:cuda(); wg2.requires_grad = true
+      F.embedding_bag(flat, wc2, offs, mode):backward(g2)
+      F.embedding_bag(flat:cuda(), wg2, offs:cuda(), mode):backward(g2:cuda())
+      -- the CPU: g / count (f32), index_add's backward gathers it per id, embedding's backward adds in token order
+      assert.equals(0, max_diff(wg2.grad, wc2.grad), mode)
+    end)
+  end
+
+  it("embedding_bag: an out-of-range id makes its bag NaN, the others stay exact", function()
+    local w = randn({10, 8})
+    local i = ember.tensor({{1, 2}, {3, 99}}, {dtype = "i64"})
+    local r = F.embedding_bag(i:cuda(), w:cuda(), nil, "sum"):cpu()
+    for _, v in ipairs(r:select(0, 1):tolist()) do assert.is_true(v ~= v, "expected NaN, got " .. tostring(v)) end
+    assert.equals(0, max_diff(r:select(0, 0), w:select(0, 1) + w:select(0, 2)))
   end)
 end)

@@ -142,6 +142,99 @@ describe("indexing on CUDA", function()
     for _, v in ipairs(bad[2]) do assert.is_true(v ~= v) end
   end)
 
+  it("t:index with one index tensor (one kernel, negatives wrapped in it) matches the CPU exactly", function()
+    ember.manual_seed(12)
+    local x = ember.randn(300, 64)
+    local i = ember.randint(-300, 300, {7, 40})              -- 2-D, negatives, repeats
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      local xd = x:to(dt)
+      assert.equals(0, max_diff(xd:cuda():index({i:cuda()}), xd:index({i})), dt)
+      assert.equals(0, max_diff(xd:cuda()[i:cuda()], xd[i]), dt)
+    end
+    local x3 = ember.randn(4, 50, 24)
+    local j = ember.randint(-50, 50, {33}):to("i32")
+    assert.equals(0, max_diff(x3:cuda():index({nil, j:cuda()}), x3:index({nil, j})))
+    assert.equals(0, max_diff(x3:cuda():index({nil, nil, long({-1, 0, 23}):cuda()}), x3:index({nil, nil, long({-1, 0, 23})})))
+    local s = ember.tensor(-2, {dtype = "i64"})                  -- a 0-d index drops the dim
+    assert.equals(0, max_diff(x3:cuda():index({s:cuda()}), x3:index({s})))
+    -- backward: index_select's index_add of g, negatives wrapped too (integer-valued g: atomics sum exactly)
+    local xc, xg = x:clone(), x:cuda()
+    xc.requires_grad = true; xg.requires_grad = true
+    local g = ember.randint(-3, 4, {7, 40, 64}):float()
+    xc:index({i}):backward(g)
+    xg:index({i:cuda()}):backward(g:cuda())
+    assert.equals(0, max_diff(xg.grad, xc.grad))
+  end)
+
+  it("t:index below -size is out of range on CUDA: a NaN row, not a wrapped read", function()
+    local t = ember.arange(12):float():view(3, 4):cuda()
+    local r = t:index({long({-1, -4, 2}):cuda()}):cpu():tolist()
+    assert.same({8, 9, 10, 11}, r[1])
+    for _, v in ipairs(r[2]) do assert.is_true(v ~= v) end
+    assert.same({8, 9, 10, 11}, r[3])
+  end)
+
+  it("gathers with a contiguous last dim (the 16-byte vector kernel) match the CPU exactly, every width", function()
+    ember.manual_seed(13)
+    local x = ember.randn(64, 256, {dtype = "f64"}):mul(20)
+    for _, idt in ipairs({"i64", "i32"}) do
+      local i1 = ember.randint(0, 256, {64, 256}):to(idt)   -- dim 1 = the last dim: self read at the indices
+      local i0 = ember.randint(0, 64, {48, 256}):to(idt)    -- dim 0: self's last dim contiguous
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local xd = x:to(dt)
+        assert.equals(0, max_diff(xd:cuda():gather(1, i1:cuda()), xd:gather(1, i1)), dt .. " " .. idt)
+        assert.equals(0, max_diff(xd:cuda():gather(0, i0:cuda()), xd:gather(0, i0)), dt .. " " .. idt)
+        assert.equals(0, max_diff(xd:cuda():take_along_dim(i1:cuda(), 1), xd:take_along_dim(i1, 1)), dt .. " " .. idt)
+      end
+    end
+    local xc = ember.arange(16):float():view(2, 8):cuda()
+    local r = xc:gather(1, long({{7, 6, 5, 4, 3, 2, 1, 99}, {0, 0, 0, 0, -1, 1, 1, 1}}):cuda()):cpu():tolist()
+    assert.same({7, 6, 5, 4, 3, 2, 1}, {table.unpack(r[1], 1, 7)})
+    assert.is_true(r[1][8] ~= r[1][8])
+    assert.same({8, 8, 8, 8}, {table.unpack(r[2], 1, 4)})
+    assert.is_true(r[2][5] ~= r[2][5])
+  end)
+
+  it("scatters with a contiguous last dim (the 16-byte vector kernel) match the CPU exactly, every width", function()
+    ember.manual_seed(15)
+    local src = ember.randn(64, 256, {dtype = "f64"}):mul(20)
+    local p1 = ember.rand(64, 256):argsort(1)                 -- each row a permutation: no duplicate writes
+    local p0 = ember.rand(64, 256):argsort(0)                 -- each column a permutation
+    for _, idt in ipairs({"i64", "i32"}) do
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local s, base = src:to(dt), ember.zeros(64, 256, {dtype = dt})
+        for _, case in ipairs({{1, p1}, {0, p0}}) do
+          local d, ix = case[1], case[2]:to(idt)
+          local want = base:scatter(d, ix, s)
+          assert.equals(0, max_diff(base:cuda():scatter(d, ix:cuda(), s:cuda()), want), dt .. " " .. idt .. " dim " .. d)
+        end
+      end
+    end
+    local z = ember.zeros(2, 8):cuda():scatter(1, long({{7, 6, 5, 4, 3, 2, 1, 99}, {0, 1, 2, 3, -1, 5, 6, 7}}):cuda(),
+                                              ember.arange(16):float():view(2, 8):cuda()):cpu():tolist()
+    assert.same({{0, 6, 5, 4, 3, 2, 1, 0}, {8, 9, 10, 11, 0, 13, 14, 15}}, z)   -- 99 and -1 skipped
+  end)
+
+  it("index_add of whole rows (16-byte vector atomics) is exact on integer-valued f32, bf16 and f16", function()
+    ember.manual_seed(14)
+    local src = ember.randint(-2, 3, {400, 64}):float()
+    local i = ember.randint(0, 50, {400})
+    for _, dt in ipairs({"f32", "bf16", "f16"}) do
+      for _, alpha in ipairs({1, 0.5}) do
+        local want = ember.zeros(50, 64, {dtype = "f64"}):index_add(0, i, src:double(), alpha)
+        local got = ember.zeros(50, 64, {dtype = dt}):cuda():index_add(0, i:cuda(), src:to(dt):cuda(), alpha)
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+      end
+      -- along dim 1 of a 3-D target (outer dims before the indexed one), i32 index with a skipped bad one
+      local x3 = ember.zeros(3, 10, 8, {dtype = dt}):cuda()
+      local s3 = ember.randint(-2, 3, {3, 5, 8}):to(dt)
+      local j = long({9, 0, 9, 12, 4}):to("i32")
+      local want3 = ember.zeros(3, 10, 8, {dtype = "f64"}):index_add(1, long({9, 0, 9, 4}), s3:double():index_select(1, long({0, 1, 2, 4})))
+      assert.equals(0, max_diff(x3:index_add(1, j:cuda(), s3:cuda()), want3), dt)
+    end
+  end)
+
   it("out-of-range scatter indices are skipped", function()
     local z = ember.zeros(3):cuda():scatter_add(0, long({0, 5, -2, 2}):cuda(), ember.ones(4):cuda())
     assert.same({1, 0, 1}, z:cpu():tolist())

@@ -353,3 +353,29 @@ describe("t:index and t[idx]", function()
     assert.same({{1, 1}, {0, 0}, {2, 2}}, t.grad:tolist())
   end)
 end)
+
+-- The C ops behind t:index's and F.embedding_bag's CUDA paths (bindings/ember/indexing.lua
+-- calls them on CUDA only; these check the CPU side of the same entry points).
+describe("ember._index_wrap and ember._embedding_bag", function()
+  it("_index_wrap is index_select with negatives counting from the end; the index is not written", function()
+    local x = iota({4, 3})
+    local i = long({3, -1, -4, 0})
+    assert.same({{9, 10, 11}, {9, 10, 11}, {0, 1, 2}, {0, 1, 2}}, ember._index_wrap(x, 0, i):tolist())
+    assert.same({3, -1, -4, 0}, i:tolist())
+    assert.same({{2, 0}, {5, 3}, {8, 6}, {11, 9}}, ember._index_wrap(x, 1, long({-1, -3}):int()):tolist())
+    expect_error(function() return ember._index_wrap(x, 0, long({0, 4})) end,
+      "index: index 4 (at flat position 1 of the index) is out of range for dim 0 of size 4 (expected -4..3)")
+    expect_error(function() return ember._index_wrap(x, 1, long({-4})) end, "index -4", "(expected -3..2)")
+  end)
+
+  it("_index_wrap is differentiable: repeated and negative indices accumulate at the wrapped rows", function()
+    local t = ember.zeros(3, 2, {dtype = "f64", requires_grad = true})
+    ember._index_wrap(t, 0, long({-1, 2, 0, -3})):sum():backward()
+    assert.same({{2, 2}, {0, 0}, {2, 2}}, t.grad:tolist())
+  end)
+
+  it("_embedding_bag is the CUDA kernel's entry point: on the CPU it says so", function()
+    expect_error(function() return ember._embedding_bag(long({{0}}), ember.ones(2, 3), nil, true) end,
+      "embedding_bag: the fused op runs on CUDA only")
+  end)
+end)

@@ -110,6 +110,11 @@ em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias);
 em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets);
 /* ids integer (any shape), w (n, d) -> (..., d). */
 em_tensor *em_embedding(em_tensor *ids, em_tensor *w);
+/* Per-bag sums (mean: / max(count, 1)) of embedding rows, one fused kernel;
+ * CUDA only (F.embedding_bag composes embedding + sum on the CPU). ids (B, L)
+ * with offsets NULL, or 1-D ids with offsets (B) i64 on w's device, already
+ * validated (start at 0, non-decreasing, <= numel(ids)). -> (B, d) */
+em_tensor *em_embedding_bag(em_tensor *ids, em_tensor *w, em_tensor *offsets, bool mean);
 /* x / sqrt(mean(x^2, -1) + eps) * w, computed in f32 (or f64 for f64), result in x's dtype. w may be NULL. */
 em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
 /* (x - mean) / sqrt(var + eps) * w + b over the last dim (PyTorch's layer_norm), in f32 (f64 for f64); w, b may be NULL. */
@@ -259,6 +264,10 @@ em_tensor *em_multinomial(em_tensor *probs, int64_t num_samples, bool replacemen
  * anything is written; on CUDA see backend.h's em_index_cuda). */
 /* x's slices along dim picked by the 1-D index: shape of x with dim's size = numel(index). */
 em_tensor *em_index_select(em_tensor *x, int64_t dim, em_tensor *index);
+/* index_select with t[idx]'s rule (t:index): an index in [-size, 0) counts
+ * from the end; out of [-size, size) is an error on the CPU, a NaN slice on
+ * CUDA (as index_select's). One kernel on CUDA (no normalising launches). */
+em_tensor *em_index_select_wrap(em_tensor *x, int64_t dim, em_tensor *index);
 /* out[p] = x[p with p[dim] = index[p]]; index has x's ndim, out has index's shape. */
 em_tensor *em_gather(em_tensor *x, int64_t dim, em_tensor *index);
 /* x with x[p with p[dim] = index[p]] = src[p] (src NULL: value) for every p of index.
