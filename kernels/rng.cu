@@ -27,8 +27,7 @@
  * allow a NaN; EMBER_RNG_CONTIG_OLD=1: B = 2 and every pair checked, as
  * before; the values are the same either way), the [lo, hi) rule of
  * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
- * skips the double arithmetic (exact in f32), other spans take (hi - lo) u
- * as one DFMA (kUniformFma: the same bits). Everything else
+ * skips the double arithmetic (exact in f32). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <math.h>
@@ -124,17 +123,7 @@ template <int DT, bool MAYBE_NAN> __device__ __forceinline__ uint32_t rng_pack2(
  * carries only its own math (a runtime switch kept erfinv's and Box-Muller's
  * registers in the uniform fill). kUnit is uniform on [0, 1): u24 itself,
  * exact in f32, so it needs no double arithmetic and gives the same bits. */
-enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100, kUniformFma = 101 };
-
-/* kUniformFma: uniform_ into f32/bf16/f16 with (hi - lo) u in one DFMA instead of building u (a DADD) and
- * multiplying: with a = span 2^-24 and m = w >> 8, fma(a, 2^52 + m, -a 2^52) is a m exact, rounded once, so
- * it is fl(span u) bit for bit (u = m 2^-24: the power of two commutes with the rounding). 2^52 + m is the
- * double with high word 0x43300000 and low word m. Needs a and a 2^52 exact and a m clear of the
- * subnormals: span 0 or in [2^-998, 2^995) (rng_fma_ok, host); any other span takes kUniform. */
-static bool rng_fma_ok(const em_rng_dist *d) {
-  const double span = d->p1 - d->p0;
-  return span == 0.0 || (span >= 0x1p-998 && span < 0x1p995);
-}
+enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100 };
 
 /* u24(w) = (w >> 8) 2^-24 as a double without a 64-bit conversion (16 a
  * clock per SM on Hopper, against 64 for a DADD): 2^28 + m 2^-24 is the
@@ -157,11 +146,6 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
     const double span = d.p1 - d.p0;                                     /* as em_rng_block_uniform */
 #pragma unroll
     for (int e = 0; e < 4; e++) z[e] = (float)EM_RNG_ADD(d.p0, EM_RNG_MUL(span, rng_u24_f64(pb.v[e])));
-  } else if constexpr (KIND == kUniformFma) {
-    const double span = d.p1 - d.p0, a = span * 0x1p-24, c = -(span * 0x1p28);   /* exact: rng_fma_ok */
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      z[e] = (float)EM_RNG_ADD(d.p0, __fma_rn(a, __hiloint2double(0x43300000, (int)(pb.v[e] >> 8)), c));
   } else {
     double x[4];
     em_rng_block_trunc(&d, &pb, x);
@@ -182,7 +166,7 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
   /* whether a stored value can equal hi: uniform_ (kUnit: 1 in bf16/f16, never in f32, where u < 1 is exact) */
-  constexpr bool HI_RULE = KIND == kUniform || KIND == kUniformFma || (KIND == kUnit && DT != EM_F32);
+  constexpr bool HI_RULE = KIND == kUniform || (KIND == kUnit && DT != EM_F32);
   uint64_t seed, ctr0;
   em_philox_resolve(st, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
@@ -275,15 +259,7 @@ static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_r
   /* the old kernels checked every 16-bit pair but [0, 1)'s for NaN */
   const bool nans = rng_contig_old() ? !unit : rng_may_nan(d, unit);
   if (unit) rng_contig_go<DT, B, kUnit>(grid, out, n, nblocks, d, ps, st, bound, lo_f, false);
-  else if (d->kind == EM_RNG_UNIFORM) {
-    if constexpr (DT != EM_F64) {    /* f64 keeps its own double map (em_rng_block_uniform) */
-      if (!rng_contig_old() && rng_fma_ok(d)) {
-        rng_contig_go<DT, B, kUniformFma>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
-        return;
-      }
-    }
-    rng_contig_go<DT, B, kUniform>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
-  }
+  else if (d->kind == EM_RNG_UNIFORM) rng_contig_go<DT, B, kUniform>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
   else if (d->kind == EM_RNG_NORMAL) rng_contig_go<DT, B, kNormal>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
   else if constexpr (B <= 2) rng_contig_go<DT, B, kTrunc>(grid, out, n, nblocks, d, ps, st, bound, lo_f, true);
 }
