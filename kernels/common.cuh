@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "backend.h"
 #include "ember/cuda.h"
 
@@ -31,6 +32,14 @@ static inline int em_launch_check(const char *op) {
 static inline int em_cuda_check(cudaError_t e, const char *op, const char *what) {
   if (e == cudaSuccess) return 0;
   return em_error("%s: %s failed: %s", op, what, cudaGetErrorString(e));
+}
+
+/* An A/B switch between a kernel and the one it replaced (EMBER_*_OLD=1, EMBER_*_VEC=0 ...): unset or empty
+ * gives dflt, a value starting with '0' false, anything else true. Call sites read it once (a static). */
+static inline bool em_env_switch(const char *name, bool dflt) {
+  const char *e = getenv(name);
+  if (!e || !*e) return dflt;
+  return e[0] != '0';
 }
 
 static inline unsigned em_grid(int64_t n, int threads) {

@@ -197,8 +197,7 @@ __global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, i
 
 /* Does p fit gather_vec_kernel / add_vec_kernel (VEC elements of es bytes)? */
 static bool gather_vec_ok(const em_index_plan *p, const em_tensor *index, const em_tensor *other, int es) {
-  static int env = -1;
-  if (env < 0) { const char *e = getenv("EMBER_IX_GATHER_VEC"); env = !(e && e[0] == '0'); }
+  static const bool env = em_env_switch("EMBER_IX_GATHER_VEC", true);
   const int L = p->ndim - 1, vec = 16 / es;
   if (!env || p->kind == EM_IX_SCATTER_VALUE || !other || L < 0 || p->shape[L] % vec != 0) return false;
   if (L != p->dim && p->self_stride[L] != 1) return false;
@@ -393,8 +392,7 @@ static void launch_rows_add(const RowsPlan &g, em_tensor *self, const em_tensor 
 
 /* index_add's row path: f32, bf16, f16 (the dtypes with 16-byte vector atomics). EMBER_IX_ROWS_ADD=0: the element kernel. */
 static bool rows_add_ok(const em_tensor *self) {
-  static int env = -1;
-  if (env < 0) { const char *e = getenv("EMBER_IX_ROWS_ADD"); env = !(e && e[0] == '0'); }
+  static const bool env = em_env_switch("EMBER_IX_ROWS_ADD", true);
   return env && (self->dtype == EM_F32 || self->dtype == EM_BF16 || self->dtype == EM_F16);
 }
 

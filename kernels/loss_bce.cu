@@ -213,7 +213,7 @@ bool can_vec(const BceArgs<T> &b, const void *const *extra, int n_extra) {
  * per call site and dtype). */
 /* EMBER_BCE_OLD=1: the launches as before (8 blocks a multiprocessor, no PLAIN kernels), for A/B timing. */
 bool bce_old() {
-  static const bool on = [] { const char *e = getenv("EMBER_BCE_OLD"); return e && *e && *e != '0'; }();
+  static const bool on = em_env_switch("EMBER_BCE_OLD", false);
   return on;
 }
 

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *i
 
 /* EMBER_FLOAT_CLASS_OLD=1: one vector a thread (G = 1), as before. */
 bool one_vector() {
-  static const bool on = [] { const char *e = getenv("EMBER_FLOAT_CLASS_OLD"); return e && *e && *e != '0'; }();
+  static const bool on = em_env_switch("EMBER_FLOAT_CLASS_OLD", false);
   return on;
 }
 

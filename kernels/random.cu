@@ -118,7 +118,7 @@ static void bernoulli_launch_b(void *o, S one, const void *p, uint32_t lim, int6
 
 /* EMBER_BERNOULLI_OLD=1: two Philox blocks a thread for a constant p into 16-bit outputs, as before. */
 static bool bernoulli_old() {
-  static const bool on = [] { const char *e = getenv("EMBER_BERNOULLI_OLD"); return e && *e && *e != '0'; }();
+  static const bool on = em_env_switch("EMBER_BERNOULLI_OLD", false);
   return on;
 }
 

@@ -594,9 +594,8 @@ template <typename C> em_dtype dtype_of() {
  * then the search) for the scalar ones, one element at a time as before
  * issue 12's rework; read once. */
 bool ext_vec_on() {
-  static int on = -1;
-  if (on < 0) { const char *e = getenv("EMBER_REDUCE_EXT_VEC"); on = !(e && e[0] == '0'); }
-  return on != 0;
+  static const bool on = em_env_switch("EMBER_REDUCE_EXT_VEC", true);
+  return on;
 }
 
 /* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */

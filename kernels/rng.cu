@@ -246,7 +246,7 @@ static bool rng_may_nan(const em_rng_dist *d, bool unit) {
 /* EMBER_RNG_CONTIG_OLD=1: the launch before 4-block threads and NaN-free packing (B = 2, every 16-bit
  * pair checked for NaN), for A/B timing; the values are the same either way. */
 static bool rng_contig_old() {
-  static const bool on = [] { const char *e = getenv("EMBER_RNG_CONTIG_OLD"); return e && *e && *e != '0'; }();
+  static const bool on = em_env_switch("EMBER_RNG_CONTIG_OLD", false);
   return on;
 }
 

@@ -132,7 +132,7 @@ int load_mode(const void *in, const MapArgs &m) {
 
 /* EMBER_DIMMAP_SCALAR=1: the kernel as it was before wide loads (4-element stores, a load per element). */
 bool scalar_only() {
-  static const bool on = [] { const char *e = getenv("EMBER_DIMMAP_SCALAR"); return e && *e && *e != '0'; }();
+  static const bool on = em_env_switch("EMBER_DIMMAP_SCALAR", false);
   return on;
 }
 
