@@ -42,6 +42,17 @@ static inline bool em_env_switch(const char *name, bool dflt) {
   return e[0] != '0';
 }
 
+/* f(T{}) with T the unsigned integer of es bytes (1, 2, 4, else 8): one instantiation per width for the kernels
+ * that move a dtype's bits as they are (compaction, gathers). */
+template <typename F> static inline void em_by_width(size_t es, F &&f) {
+  switch (es) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f((unsigned long long)0); break;
+  }
+}
+
 static inline unsigned em_grid(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;
   return (unsigned)(b > 65535LL * 32 ? 65535LL * 32 : (b < 1 ? 1 : b));

@@ -306,13 +306,10 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   const int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   void *o = em_data_ptr(out);
-  switch (em_dtype_size(x->dtype)) {
-    case 1: select_kernel<uint8_t><<<grid, kThreads, 0, s>>>(w, off, (const uint8_t *)xp, n, vec, (uint8_t *)o); break;
-    case 2: select_kernel<uint16_t><<<grid, kThreads, 0, s>>>(w, off, (const uint16_t *)xp, n, vec, (uint16_t *)o); break;
-    case 4: select_kernel<uint32_t><<<grid, kThreads, 0, s>>>(w, off, (const uint32_t *)xp, n, vec, (uint32_t *)o); break;
-    default: select_kernel<unsigned long long><<<grid, kThreads, 0, s>>>(w, off, (const unsigned long long *)xp, n, vec,
-                                                                         (unsigned long long *)o); break;
-  }
+  em_by_width(em_dtype_size(x->dtype), [&](auto z) {
+    using T = decltype(z);
+    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, (T *)o);
+  });
   return em_launch_check(op);
 }
 
@@ -326,13 +323,10 @@ extern "C" int em_compact_expand_cuda(const char *op, const em_tensor *ws, const
   const int64_t *off = ws_off(ws, n);
   const void *gp = em_data_ptr(g);
   void *o = em_data_ptr(gx);
-  switch (em_dtype_size(gx->dtype)) {
-    case 1: expand_tiles<uint8_t><<<grid, kThreads, 0, s>>>(w, off, (const uint8_t *)gp, n, vec, (uint8_t *)o); break;
-    case 2: expand_tiles<uint16_t><<<grid, kThreads, 0, s>>>(w, off, (const uint16_t *)gp, n, vec, (uint16_t *)o); break;
-    case 4: expand_tiles<uint32_t><<<grid, kThreads, 0, s>>>(w, off, (const uint32_t *)gp, n, vec, (uint32_t *)o); break;
-    default: expand_tiles<unsigned long long><<<grid, kThreads, 0, s>>>(w, off, (const unsigned long long *)gp, n, vec,
-                                                                        (unsigned long long *)o); break;
-  }
+  em_by_width(em_dtype_size(gx->dtype), [&](auto z) {
+    using T = decltype(z);
+    expand_tiles<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)gp, n, vec, (T *)o);
+  });
   return em_launch_check(op);
 }
 
@@ -418,12 +412,10 @@ extern "C" int em_masked_select_cuda(const char *op, const em_tensor *x, const e
   const void *xp = em_data_ptr(x);
   const int64_t *pp = (const int64_t *)em_data_ptr(pos);
   void *op_ = em_data_ptr(out);
-  switch (em_dtype_size(x->dtype)) {
-    case 1: compact_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)xp, pp, n, (uint8_t *)op_); break;
-    case 2: compact_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)xp, pp, n, (uint16_t *)op_); break;
-    case 4: compact_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)xp, pp, n, (uint32_t *)op_); break;
-    default: compact_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)xp, pp, n, (uint64_t *)op_); break;
-  }
+  em_by_width(em_dtype_size(x->dtype), [&](auto z) {
+    using T = decltype(z);
+    compact_kernel<T><<<grid, THREADS, 0, s>>>((const T *)xp, pp, n, (T *)op_);
+  });
   return em_launch_check(op);
 }
 
@@ -435,12 +427,10 @@ extern "C" int em_masked_scatter_cuda(const char *op, const em_tensor *g, const 
   const void *gp = em_data_ptr(g);
   const int64_t *pp = (const int64_t *)em_data_ptr(pos);
   void *xp = em_data_ptr(gx);
-  switch (em_dtype_size(gx->dtype)) {
-    case 1: expand_kernel<uint8_t><<<grid, THREADS, 0, s>>>((const uint8_t *)gp, pp, n, (uint8_t *)xp); break;
-    case 2: expand_kernel<uint16_t><<<grid, THREADS, 0, s>>>((const uint16_t *)gp, pp, n, (uint16_t *)xp); break;
-    case 4: expand_kernel<uint32_t><<<grid, THREADS, 0, s>>>((const uint32_t *)gp, pp, n, (uint32_t *)xp); break;
-    default: expand_kernel<uint64_t><<<grid, THREADS, 0, s>>>((const uint64_t *)gp, pp, n, (uint64_t *)xp); break;
-  }
+  em_by_width(em_dtype_size(gx->dtype), [&](auto z) {
+    using T = decltype(z);
+    expand_kernel<T><<<grid, THREADS, 0, s>>>((const T *)gp, pp, n, (T *)xp);
+  });
   return em_launch_check(op);
 }
 
