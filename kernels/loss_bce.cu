@@ -121,14 +121,6 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
   if (part) loss_reduce::write_partials<1>(acc, part);
 }
 
-/* out[0] = (sum of the partials) * scale, rounded once to L. */
-template <typename L>
-__global__ void __launch_bounds__(kThreads) bce_finish_kernel(const double *part, int nparts, double scale, L *out) {
-  double tot[1];
-  loss_reduce::sum_partials<1>(part, nparts, tot);
-  if (threadIdx.x == 0) out[0] = st<L, acc_t<L>>((acc_t<L>)(tot[0] * scale));
-}
-
 /* Every gradient asked for (NULL: not wanted); upstream g[i] (gvec) or g[0], times scale. */
 /* PLAIN: no weight or pos_weight and only dx wanted (the common call): the other gradients and the
  * softplus they need are compiled out; dx is the same expression (g * 1 is g exactly). */
@@ -264,7 +256,7 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   int rc = em_launch_check("binary_cross_entropy_with_logits");
   if (rc == 0 && !none) {
     double scale = a->reduction == EM_REDUCTION_MEAN ? 1.0 / (double)a->n : 1.0;   /* n = 0: 0 * inf = NaN */
-    bce_finish_kernel<T><<<1, kThreads, 0, s>>>(pp, a->n > 0 ? (int)grid : 0, scale, (T *)em_data_ptr(out));
+    loss_reduce::finish_scaled<T><<<1, kThreads, 0, s>>>(pp, a->n > 0 ? (int)grid : 0, scale, (T *)em_data_ptr(out));
     rc = em_launch_check("binary_cross_entropy_with_logits");
   }
   em_tensor_release(part);

@@ -88,14 +88,6 @@ __global__ void __launch_bounds__(kThreads) diff_fwd_kernel(const T *__restrict_
   if (part) loss_reduce::write_partials<1>(acc, part);
 }
 
-/* out[0] = (sum of the partials) * scale, rounded once to L. */
-template <typename L>
-__global__ void __launch_bounds__(kThreads) diff_finish_kernel(const double *part, int nparts, double scale, L *out) {
-  double tot[1];
-  loss_reduce::sum_partials<1>(part, nparts, tot);
-  if (threadIdx.x == 0) out[0] = st<L, acc_t<L>>((acc_t<L>)(tot[0] * scale));
-}
-
 /* dx and/or dy (NULL: not wanted); upstream g[i] (gvec) or g[0], times scale. */
 template <typename T, int V, int KIND>
 __global__ void __launch_bounds__(kThreads) diff_bwd_kernel(const T *__restrict__ x, const T *__restrict__ y, int64_t n,
@@ -157,7 +149,7 @@ int diff_fwd(int reduction, const em_tensor *xt, const em_tensor *yt, em_tensor 
   int rc = em_launch_check(op);
   if (rc == 0 && !none) {
     double scale = reduction == EM_REDUCTION_MEAN ? 1.0 / (double)n : 1.0;   /* n = 0: 0 * inf = NaN */
-    diff_finish_kernel<T><<<1, kThreads, 0, s>>>(pp, n > 0 ? (int)grid : 0, scale, (T *)em_data_ptr(out));
+    loss_reduce::finish_scaled<T><<<1, kThreads, 0, s>>>(pp, n > 0 ? (int)grid : 0, scale, (T *)em_data_ptr(out));
     rc = em_launch_check(op);
   }
   em_tensor_release(part);

@@ -98,6 +98,17 @@ __device__ __forceinline__ void store_vals(T *p, int64_t i0, const C (&v)[W]) {
   }
 }
 
+namespace {   /* one copy per including file: no host stub shared between them */
+/* The finishing kernel of a one-sum loss (one block of kThreads): out[0] = (sum of the partials) * scale,
+ * rounded once to L. */
+template <typename L>
+__global__ void __launch_bounds__(kThreads) finish_scaled(const double *part, int nparts, double scale, L *out) {
+  double tot[1];
+  sum_partials<1>(part, nparts, tot);
+  if (threadIdx.x == 0) out[0] = st<L, acc_t<L>>((acc_t<L>)(tot[0] * scale));
+}
+}  // namespace
+
 }  // namespace loss_reduce
 
 #endif
