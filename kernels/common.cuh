@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "backend.h"
 #include "ember/cuda.h"
 
@@ -40,6 +41,19 @@ static inline bool em_env_switch(const char *name, bool dflt) {
   const char *e = getenv(name);
   if (!e || !*e) return dflt;
   return e[0] != '0';
+}
+
+/* A two-way switch between a kernel (`now`) and the one it replaced (`old`), read once into *mode (a static,
+ * -1 unread): 0 when `name` is unset, empty or `now`, 1 when `old`; any other value is an error naming both.
+ * Returns the mode, or -1 with the error set. */
+static inline int em_env_choice(int *mode, const char *op, const char *name, const char *now, const char *old) {
+  if (*mode < 0) {
+    const char *env = getenv(name);
+    if (!env || !*env || strcmp(env, now) == 0) *mode = 0;
+    else if (strcmp(env, old) == 0) *mode = 1;
+    else return em_error("%s: expected %s to be %s or %s, got '%s'", op, name, now, old, env);
+  }
+  return *mode;
 }
 
 /* f(T{}) with T the unsigned integer of es bytes (1, 2, 4, else 8): one instantiation per width for the kernels

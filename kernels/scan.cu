@@ -286,13 +286,7 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
 /* EMBER_SCAN_STRIP (read once): "async" (default) or "v1" (scan_strips). */
 static int strips_v1(const char *op) {
   static int mode = -1;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_SCAN_STRIP");
-    if (!env || !*env || strcmp(env, "async") == 0) mode = 0;
-    else if (strcmp(env, "v1") == 0) mode = 1;
-    else return em_error("%s: expected EMBER_SCAN_STRIP to be async or v1, got '%s'", op, env);
-  }
-  return mode;
+  return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
 }
 
 template <typename A>
@@ -451,13 +445,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_tiles(const T *__restrict__ i
 /* EMBER_SCAN_ROW (read once): "tiles" (default) or "cub" (the previous device scan, not deterministic for floats). */
 static int row_scan_cub(const char *op) {
   static int mode = -1;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env || strcmp(env, "tiles") == 0) mode = 0;
-    else if (strcmp(env, "cub") == 0) mode = 1;
-    else return em_error("%s: expected EMBER_SCAN_ROW to be tiles or cub, got '%s'", op, env);
-  }
-  return mode;
+  return em_env_choice(&mode, op, "EMBER_SCAN_ROW", "tiles", "cub");
 }
 
 template <typename T, typename A, typename Op>

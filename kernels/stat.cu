@@ -136,13 +136,7 @@ bool launch_rows(const RowArgs &a, cudaStream_t s) {
 /* EMBER_STAT_KERNELS (read once): "onepass" (default) or "twopass"; 0, 1 or -1 with the error set. */
 int twopass_only(const char *op) {
   static int mode = -1;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_STAT_KERNELS");
-    if (!env || !*env || strcmp(env, "onepass") == 0) mode = 0;
-    else if (strcmp(env, "twopass") == 0) mode = 1;
-    else return em_error("%s: expected EMBER_STAT_KERNELS to be onepass or twopass, got '%s'", op, env);
-  }
-  return mode;
+  return em_env_choice(&mode, op, "EMBER_STAT_KERNELS", "onepass", "twopass");
 }
 
 /* 0 done, -1 error, 1 not a shape these kernels take. */
