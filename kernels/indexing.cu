@@ -305,26 +305,34 @@ struct RowsPlan {
 
 /* O: the type of the vector/row arithmetic; 32-bit (unsigned) whenever
  * rows * vpr < 2^31, so the two divisions per vector are the cheap ones. */
+/* Output vector v of the row walk (vpr vectors a row, nidx rows an outer index): its column c (in vectors)
+ * and the byte offset of self's indexed row; false when the (wrapped) index is out of range. */
+template <typename I, typename O>
+__device__ __forceinline__ bool row_at(const I *__restrict__ index, const RowsPlan &g, O v, O vpr, O nidx, O &c,
+                                       int64_t &off) {
+  const O R = v / vpr;
+  c = v - R * vpr;
+  O o = R / nidx;
+  const O i = R - o * nidx;
+  const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
+  if (id < 0 || id >= g.dim_size) return false;
+  off = id * g.dim_stride;
+  for (int k = g.no - 1; k >= 0; k--) {
+    const O q = o / (O)g.oshape[k];
+    off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
+    o = q;
+  }
+  return true;
+}
+
 template <typename I, typename O>
 __global__ void __launch_bounds__(THREADS) rows_kernel(const char *__restrict__ self, const I *__restrict__ index,
                                                        uint4 *__restrict__ other, RowsPlan g, uint4 poison) {
   const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
   for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
-    const O R = v / vpr, c = v - R * vpr;
-    O o = R / nidx;
-    const O i = R - o * nidx;
-    const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
-    uint4 val = poison;
-    if (id >= 0 && id < g.dim_size) {
-      int64_t off = id * g.dim_stride;
-      for (int k = g.no - 1; k >= 0; k--) {
-        const O q = o / (O)g.oshape[k];
-        off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
-        o = q;
-      }
-      val = __ldg(reinterpret_cast<const uint4 *>(self + off) + c);
-    }
-    other[v] = val;
+    O c;
+    int64_t off;
+    other[v] = row_at(index, g, v, vpr, nidx, c, off) ? __ldg(reinterpret_cast<const uint4 *>(self + off) + c) : poison;
   }
 }
 
@@ -362,17 +370,9 @@ __global__ void __launch_bounds__(THREADS) rows_add_kernel(char *__restrict__ se
                                                            const uint4 *__restrict__ other, RowsPlan g, double alpha) {
   const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
   for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
-    const O R = v / vpr, c = v - R * vpr;
-    O o = R / nidx;
-    const O i = R - o * nidx;
-    const int64_t id = wrapped((int64_t)index[(int64_t)i * g.idx_stride], g.dim_size, g.wrap);
-    if (id < 0 || id >= g.dim_size) continue;
-    int64_t off = id * g.dim_stride;
-    for (int k = g.no - 1; k >= 0; k--) {
-      const O q = o / (O)g.oshape[k];
-      off += (int64_t)(o - q * (O)g.oshape[k]) * g.ostride[k];
-      o = q;
-    }
+    O c;
+    int64_t off;
+    if (!row_at(index, g, v, vpr, nidx, c, off)) continue;
     Vec16<T>::add(reinterpret_cast<T *>(self + off + (int64_t)c * 16), __ldg(other + v), alpha);
   }
 }
