@@ -235,9 +235,7 @@ local function measure(p, dtype)
       ref[k] = reference_gbs(r.peak_kind == "read", once, "median")
     end
     buf = nil
-    table.sort(t); table.sort(ref)
-    local function median(v) local n = #v; return n % 2 == 1 and v[(n + 1) // 2] or (v[n // 2] + v[n // 2 + 1]) / 2 end
-    r.fwd, r.peak_gbs = median(t), median(ref)
+    r.fwd, r.peak_gbs = ember.bench.stats(t).median, ember.bench.stats(ref).median
   else
     r.fwd = bench(function() ember.no_grad(fwd) end).median
   end
