@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 #include <stdlib.h>
 #include <string.h>
 #include "backend.h"
@@ -122,6 +123,16 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 template <> __device__ __forceinline__ double from_f32<double>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+/* The accumulation type of T (f32; f64 for f64) and one value into and out of it, 16-bit types through
+ * f32 and rounded once; a namespace, as rope.cu and dropout.cu keep an ld/st of their own (<T, C> order). */
+namespace acc {
+template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
+template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
+template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
+template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+}  // namespace acc
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -91,11 +91,9 @@ extern "C" int em_embedding_fwd_cuda(const em_tensor *ids, const em_tensor *w, e
 
 /* ---------------- backward ---------------- */
 
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+using acc::acc_t;   /* common.cuh */
+using acc::ld;
+using acc::st;
 
 /* acc: the (rows, d) accumulator (gw itself when its dtype is the accumulator's, else scratch). */
 template <typename G, typename W, typename I>

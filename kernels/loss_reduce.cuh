@@ -67,11 +67,9 @@ __device__ __forceinline__ void sum_partials(const double *part, int nparts, dou
 
 /* The accumulation type (f32, f64 for f64) and one value in and out of it:
  * 16-bit types through f32, rounded once. */
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+using acc::acc_t;   /* common.cuh */
+using acc::ld;
+using acc::st;
 
 /* W consecutive values of a full-size operand from element i0 (one 16-byte load when W > 1). */
 template <typename T, int W, typename C>

@@ -30,12 +30,9 @@
 #define THREADS 256
 #define UNROLL 4      /* 16-byte loads in flight per thread before the first use */
 
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+using acc::acc_t;   /* common.cuh */
+using acc::ld;
+using acc::st;
 
 __device__ __forceinline__ float ex(float x) { return expf(x); }
 __device__ __forceinline__ double ex(double x) { return exp(x); }

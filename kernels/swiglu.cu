@@ -17,11 +17,9 @@
 
 #define THREADS 256
 
-template <typename T> using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
-template <typename C, typename T> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
-template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
-template <typename T, typename C> __device__ __forceinline__ T st(C x) { return from_f32<T>((float)x); }
-template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
+using acc::acc_t;   /* common.cuh */
+using acc::ld;
+using acc::st;
 
 __device__ __forceinline__ float sig(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ double sig(double x) { return 1.0 / (1.0 + exp(-x)); }
