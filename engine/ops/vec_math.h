@@ -38,6 +38,12 @@
 #else
 #define EM_SIMD_CLONES
 #endif
+/* Whether the hand-written AVX-512 BW loops of the 16-bit casts and the bf16
+ * binary ops run (engine/dtype.c, engine/ops/ew_half.c): the CPU has
+ * avx512f and avx512bw and EMBER_CPU_X512 is not "off" (read once at load;
+ * "off" keeps the compiler's clones, the same bits, to compare speed). */
+int em_x512_ok(void);
+
 /* Always inlined: an out-of-line copy would be compiled for the baseline
  * only, whichever clone calls it. */
 #define EM_VEC static inline __attribute__((always_inline))
