@@ -2,10 +2,12 @@
  * give ember/half.h's scalar bits: f16 -> f32 for all 2^16 patterns, f32 ->
  * f16 (and bf16) for all 2^32 floats, in pieces of an odd length so the SIMD
  * loops' remainders run too. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include "test.h"
 #include "ember/half.h"
+#include "ember/ops.h"
 #include "ops/ew_half.h"
 
 TEST(f16_to_f32_every_pattern) {
@@ -40,8 +42,71 @@ TEST(f32_to_16_every_float) {
   CHECK(bad == 0);
 }
 
+/* bf16 add/sub/mul/div (em_ew_half_binary, the AVX-512 loop where the CPU
+ * has it): every bf16 pattern as a against a set of b patterns (signed zeros,
+ * infinities, NaNs with payloads, subnormals, random), tensor with tensor and
+ * with a constant either side (constants also off the bf16 grid), in pieces
+ * of odd lengths so the masked or scalar tails run. Each value must be
+ * em_f32_to_bf16(x OP y), except where x and y are both NaN (the caller
+ * recomputes such a piece), and the pair flag must be set exactly when such
+ * a pair is in the piece. */
+static float bin_ref(int code, float x, float y) {
+  switch (code) {
+    case EM_ADD: return x + y;
+    case EM_SUB: return x - y;
+    case EM_MUL: return x * y;
+    default: return x / y;
+  }
+}
+
+static int bin_piece(int code, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n, uint16_t *o) {
+  bool pair = em_ew_half_binary(code, EM_BF16, o, a, ca, b, cb, n), want_pair = false;
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float x = a ? em_bf16_to_f32(a[i]) : ca, y = b ? em_bf16_to_f32(b[i]) : cb;
+    if (x != x && y != y) { want_pair = true; continue; }
+    uint16_t want = em_f32_to_bf16(bin_ref(code, x, y));
+    if (o[i] != want && bad++ < 3)
+      fprintf(stderr, "op %d: 0x%08x, 0x%08x -> 0x%04x, expected 0x%04x\n", code, em_f32_bits(x), em_f32_bits(y), o[i], want);
+  }
+  if (pair != want_pair) {
+    fprintf(stderr, "op %d: pair flag %d over %lld values, expected %d\n", code, pair, (long long)n, want_pair);
+    bad++;
+  }
+  return bad;
+}
+
+TEST(bf16_binary_every_a) {
+  enum { N = 65536, NB = 96 };
+  static uint16_t a[N], b[N], o[N];
+  uint16_t bs[NB] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x7fa5, 0x0001, 0x8001, 0x007f,
+                     0x0080, 0x3f80, 0xbf80, 0x7f7f, 0xff7f, 0x3f81, 0x4000, 0x3400};
+  uint32_t rng = 12345;
+  for (int k = 20; k < NB; k++) { rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; bs[k] = (uint16_t)rng; }
+  const float cs[] = {0.1f, -3.0e38f, 1e-40f, 1.0f, -0.0f, INFINITY, NAN};
+  for (int i = 0; i < N; i++) a[i] = (uint16_t)i;
+  int bad = 0;
+  for (int code = EM_ADD; code <= EM_DIV; code++) {
+    for (int k = 0; k < NB; k++) {
+      for (int i = 0; i < N; i++) b[i] = bs[(k + i) % NB];   /* b varies along the row too */
+      for (int64_t at = 0, len = 1; at < N; at += len, len = len * 3 % 2053 + 1) {
+        int64_t m = N - at < len ? N - at : len;
+        bad += bin_piece(code, a + at, 0, b + at, 0, m, o + at);
+        bad += bin_piece(code, a + at, 0, NULL, em_bf16_to_f32(bs[k]), m, o + at);
+        bad += bin_piece(code, NULL, em_bf16_to_f32(bs[k]), a + at, 0, m, o + at);
+      }
+    }
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+      bad += bin_piece(code, a, 0, NULL, cs[k], N, o);
+      bad += bin_piece(code, NULL, cs[k], a + 1, 0, N - 1, o);
+    }
+  }
+  CHECK(bad == 0);
+}
+
 int main(void) {
   RUN(f16_to_f32_every_pattern);
   RUN(f32_to_16_every_float);
+  RUN(bf16_binary_every_a);
   TEST_MAIN_END();
 }
