@@ -104,9 +104,29 @@ TEST(bf16_binary_every_a) {
   CHECK(bad == 0);
 }
 
+/* One NaN-with-NaN pair at each position of a 100-value piece (the flag must
+ * see it, in the vector body or the tail), and one NaN beside a number (no
+ * pair: the flag must stay clear, the NaN result exact). */
+TEST(bf16_binary_lone_pair) {
+  enum { N = 100 };
+  uint16_t a[N], b[N], o[N];
+  int bad = 0;
+  for (int code = EM_ADD; code <= EM_DIV; code++)
+    for (int p = 0; p < N; p++) {
+      for (int i = 0; i < N; i++) { a[i] = (uint16_t)(0x3f80 + i); b[i] = (uint16_t)(0x4000 + i); }
+      a[p] = 0x7fc1;
+      bad += bin_piece(code, a, 0, b, 0, N, o);   /* NaN beside a number */
+      b[p] = 0xff85;
+      bad += bin_piece(code, a, 0, b, 0, N, o);   /* the pair */
+      bad += bin_piece(code, a, 0, NULL, NAN, N, o);
+    }
+  CHECK(bad == 0);
+}
+
 int main(void) {
   RUN(f16_to_f32_every_pattern);
   RUN(f32_to_16_every_float);
   RUN(bf16_binary_every_a);
+  RUN(bf16_binary_lone_pair);
   TEST_MAIN_END();
 }
