@@ -191,27 +191,56 @@ __attribute__((target("avx512f,avx512bw"))) static void f32_to_bf16s_x512(uint16
     _mm512_mask_storeu_epi16(d + i, (__mmask32)(((uint64_t)1 << k) - 1), _mm512_permutex2var_epi16(r0, hi, r1));
   }
 }
-#define HAVE_X512 1
+
+/* The same with AVX2 (no mask registers): the kept half's low bit added by a
+ * shift and an and, NaN lanes by a blend, and the narrowing by a pack
+ * (within 128-bit lanes) and a quadword permute; the tail as em_f32_to_bf16. */
+__attribute__((target("avx2"))) static inline __m256i rne_bf16_x2(__m256i u) {
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                               _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  __m256 v = _mm256_castsi256_ps(u), nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
+                          _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), nan));
+  return _mm256_srli_epi32(r, 16);
+}
+
+__attribute__((target("avx2"))) static void f32_to_bf16s_x2(uint16_t *d, const float *s, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i r0 = rne_bf16_x2(_mm256_loadu_si256((const __m256i *)(s + i)));
+    __m256i r1 = rne_bf16_x2(_mm256_loadu_si256((const __m256i *)(s + i + 8)));
+    _mm256_storeu_si256((__m256i *)(d + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8));
+  }
+  for (; i < n; i++) d[i] = em_f32_to_bf16(s[i]);
+}
+#define HAVE_HAND 1
 #endif
 
-static int x512_ok;
-#ifdef HAVE_X512
-__attribute__((constructor)) static void x512_init(void) {
+static int hand_level;
+#ifdef HAVE_HAND
+__attribute__((constructor)) static void hand_init(void) {
   __builtin_cpu_init();
-  const char *e = getenv("EMBER_CPU_X512");
-  bool off = e && strcmp(e, "off") == 0;
-  if (e && *e && !off && strcmp(e, "on") != 0)
-    fprintf(stderr, "ember: EMBER_CPU_X512 must be 'on' or 'off', got '%s'; using on\n", e);
-  x512_ok = !off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  int cap = EM_HAND_AVX512;
+  const char *e = getenv("EMBER_CPU_SIMD");
+  if (e && *e) {
+    if (strcmp(e, "clones") == 0) cap = EM_HAND_NONE;
+    else if (strcmp(e, "avx2") == 0) cap = EM_HAND_AVX2;
+    else if (strcmp(e, "avx512") != 0)
+      fprintf(stderr, "ember: EMBER_CPU_SIMD must be 'clones', 'avx2' or 'avx512', got '%s'; using avx512\n", e);
+  }
+  int have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? EM_HAND_AVX512
+             : __builtin_cpu_supports("avx2") ? EM_HAND_AVX2 : EM_HAND_NONE;
+  hand_level = have < cap ? have : cap;
 }
 #endif
-int em_x512_ok(void) { return x512_ok; }
+int em_hand_simd(void) { return hand_level; }
 
-/* The f32 -> bf16 cast: the AVX-512 loop where the CPU has AVX-512 BW
- * (EMBER_CPU_X512=off keeps the clones, to compare), else the clones. */
+/* The f32 -> bf16 cast: the widest hand-written loop em_hand_simd allows, else the clones. */
 static void f32_to_bf16_run(uint16_t *d, const float *s, int64_t n) {
-#ifdef HAVE_X512
-  if (em_x512_ok()) { f32_to_bf16s_x512(d, s, n); return; }
+#ifdef HAVE_HAND
+  int lv = em_hand_simd();
+  if (lv == EM_HAND_AVX512) { f32_to_bf16s_x512(d, s, n); return; }
+  if (lv == EM_HAND_AVX2) { f32_to_bf16s_x2(d, s, n); return; }
 #endif
   f32_to_bf16s(d, s, n);
 }

@@ -168,13 +168,23 @@ X512 static inline __m512i x512_rne(__m512 v, __mmask16 *nan) {
     any |= r != r;                                                                                 \
   }                                                                                                \
   break
-#define X_OPS(LA, LB)                                                                               \
+#define X_OPS(LA, LB, W)                                                                            \
   switch (code) {                                                                                  \
-    case EM_ADD: X_LOOP(LA, LB, _mm512_add_ps, +);                                                 \
-    case EM_SUB: X_LOOP(LA, LB, _mm512_sub_ps, -);                                                 \
-    case EM_MUL: X_LOOP(LA, LB, _mm512_mul_ps, *);                                                 \
-    default: X_LOOP(LA, LB, _mm512_div_ps, /);                                                     \
+    case EM_ADD: X_LOOP(LA, LB, W##_add_ps, +);                                                    \
+    case EM_SUB: X_LOOP(LA, LB, W##_sub_ps, -);                                                    \
+    case EM_MUL: X_LOOP(LA, LB, W##_mul_ps, *);                                                    \
+    default: X_LOOP(LA, LB, W##_div_ps, /);                                                        \
   }
+
+/* Whether some a_i and b_i are both NaN (a piece with a NaN result). */
+static int nan_pair(const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n) {
+  int pair = 0;
+  for (int64_t i = 0; i < n && !pair; i++) {
+    float x = a ? BF(a, i) : ca, y = b ? BF(b, i) : cb;
+    pair = (x != x) & (y != y);
+  }
+  return pair;
+}
 
 /* a or b (or both) a tensor: the constant-with-constant case stays in bf16_bin. */
 X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
@@ -183,28 +193,72 @@ X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca
   __mmask16 nan = 0;
   int any = 0;
   int64_t i = 0;
-  if (a && b) X_OPS(X_TEN, X_TEN)
-  else if (a) X_OPS(X_TEN, X_CST)
-  else X_OPS(X_CST, X_TEN)
+  if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
+  else if (a) X_OPS(X_TEN, X_CST, _mm512)
+  else X_OPS(X_CST, X_TEN, _mm512)
   if (!nan && !any) return 0;
-  int pair = 0;    /* a NaN result: was it NaN with NaN? */
-  for (i = 0; i < n && !pair; i++) {
-    float x = a ? BF(a, i) : ca, y = b ? BF(b, i) : cb;
-    pair = (x != x) & (y != y);
-  }
-  return pair;
+  return nan_pair(a, ca, b, cb, n);
+}
+#undef X_TEN
+#undef X_CST
+#undef X_LOOP
+
+/* The same with AVX2, 16 values a step (no mask registers): the kept half's
+ * low bit added by a shift and an and, NaN lanes by a blend, the NaN results
+ * gathered in a register, and the halves merged by a word blend. */
+__attribute__((target("avx2"))) static inline __m256i x2_rne(__m256 v, __m256 *nan) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                               _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  __m256 m = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  *nan = _mm256_or_ps(*nan, m);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
+                             _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), m));
+}
+
+#define X_TEN(p, E, O) { __m256i w = _mm256_loadu_si256((const __m256i *)((p) + i));               \
+    E = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                                              \
+    O = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u))); }
+#define X_CST(p, E, O) { E = O = (p##v); }
+#define X_LOOP(LA, LB, OPV, OP)                                                                     \
+  for (; i + 16 <= n; i += 16) {                                                                   \
+    __m256 xe, xo, ye, yo;                                                                         \
+    LA(a, xe, xo) LB(b, ye, yo)                                                                    \
+    __m256i re = x2_rne(OPV(xe, ye), &nan), ro = x2_rne(OPV(xo, yo), &nan);                       \
+    _mm256_storeu_si256((__m256i *)(o + i), _mm256_blend_epi16(_mm256_srli_epi32(re, 16), ro, 0xaa)); \
+  }                                                                                                \
+  for (; i < n; i++) {                                                                             \
+    float r = (a ? BF(a, i) : ca) OP (b ? BF(b, i) : cb);                                          \
+    o[i] = em_f32_to_bf16(r);                                                                      \
+    any |= r != r;                                                                                 \
+  }                                                                                                \
+  break
+
+__attribute__((target("avx2"))) static int bf16_bin_x2(int code, uint16_t *o, const uint16_t *a, float ca,
+                                                       const uint16_t *b, float cb, int64_t n) {
+  const __m256 av = _mm256_set1_ps(ca), bv = _mm256_set1_ps(cb);
+  __m256 nan = _mm256_setzero_ps();
+  int any = 0;
+  int64_t i = 0;
+  if (a && b) X_OPS(X_TEN, X_TEN, _mm256)
+  else if (a) X_OPS(X_TEN, X_CST, _mm256)
+  else X_OPS(X_CST, X_TEN, _mm256)
+  if (!_mm256_movemask_ps(nan) && !any) return 0;
+  return nan_pair(a, ca, b, cb, n);
 }
 #undef X_TEN
 #undef X_CST
 #undef X_LOOP
 #undef X_OPS
-#define HAVE_X512 1
+#define HAVE_HAND 1
 #endif
 
 bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
                        int64_t n) {
-#ifdef HAVE_X512
-  if (dt == EM_BF16 && (a || b) && em_x512_ok()) return bf16_bin_x512(code, o, a, ca, b, cb, n) != 0;
+#ifdef HAVE_HAND
+  int lv = dt == EM_BF16 && (a || b) ? em_hand_simd() : EM_HAND_NONE;
+  if (lv == EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n) != 0;
+  if (lv == EM_HAND_AVX2) return bf16_bin_x2(code, o, a, ca, b, cb, n) != 0;
 #endif
   return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;
 }

@@ -38,11 +38,13 @@
 #else
 #define EM_SIMD_CLONES
 #endif
-/* Whether the hand-written AVX-512 BW loops of the 16-bit casts and the bf16
- * binary ops run (engine/dtype.c, engine/ops/ew_half.c): the CPU has
- * avx512f and avx512bw and EMBER_CPU_X512 is not "off" (read once at load;
- * "off" keeps the compiler's clones, the same bits, to compare speed). */
-int em_x512_ok(void);
+/* Which hand-written loops the 16-bit casts and the bf16 binary ops run
+ * (engine/dtype.c, engine/ops/ew_half.c): EM_HAND_AVX512 (avx512f and
+ * avx512bw), EM_HAND_AVX2, or EM_HAND_NONE (the compiler's clones). The
+ * widest the CPU has, capped by EMBER_CPU_SIMD ("clones", "avx2" or "avx512",
+ * read once at load) to compare speed: every level gives the same bits. */
+enum { EM_HAND_NONE, EM_HAND_AVX2, EM_HAND_AVX512 };
+int em_hand_simd(void);
 
 /* Always inlined: an out-of-line copy would be compiled for the baseline
  * only, whichever clone calls it. */
