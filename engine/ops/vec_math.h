@@ -39,11 +39,12 @@
 #define EM_SIMD_CLONES
 #endif
 /* Which hand-written loops the 16-bit casts and the bf16 binary ops run
- * (engine/dtype.c, engine/ops/ew_half.c): EM_HAND_AVX512 (avx512f and
- * avx512bw), EM_HAND_AVX2, or EM_HAND_NONE (the compiler's clones). The
- * widest the CPU has, capped by EMBER_CPU_SIMD ("clones", "avx2" or "avx512",
- * read once at load) to compare speed: every level gives the same bits. */
-enum { EM_HAND_NONE, EM_HAND_AVX2, EM_HAND_AVX512 };
+ * (engine/dtype.c, engine/ops/ew_half.c): EM_HAND_BF16 (AVX-512 F/BW/DQ and
+ * the BF16 extension's rounding instruction), EM_HAND_AVX512 (F/BW/DQ),
+ * EM_HAND_AVX2, or EM_HAND_NONE (the compiler's clones). The widest the CPU
+ * has, capped by EMBER_CPU_SIMD ("clones", "avx2", "avx512" or "bf16", read
+ * once at load) to compare speed: every level gives the same bits. */
+enum { EM_HAND_NONE, EM_HAND_AVX2, EM_HAND_AVX512, EM_HAND_BF16 };
 int em_hand_simd(void);
 
 /* Always inlined: an out-of-line copy would be compiled for the baseline
