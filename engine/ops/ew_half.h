@@ -11,7 +11,9 @@
  *  - half_binary: add, sub, mul, div of bf16 (f16) operands (unit stride, or
  *    a constant already widened to float) into a bf16 (f16) output in one
  *    pass: load, op in f32, round to nearest even. The same IEEE operations as the
- *    generic loop (-ffp-contract=off), so no clone changes a result.
+ *    generic loop (-ffp-contract=off), so no clone changes a result. bf16
+ *    runs hand-written loops where the CPU allows (vec_math.h's
+ *    em_hand_simd: AVX-512 BF16, AVX-512 BW or AVX2 intrinsics, the same bits).
  *  - store16 / load_f16: the generic loop's unit-stride conversions between
  *    float buffers and bf16/f16, SIMD (f16 branch-free). */
 #ifndef EMBER_OPS_EW_HALF_H
