@@ -192,6 +192,7 @@ __attribute__((target("avx512f,avx512bw"))) static void f32_to_bf16s_x512(uint16
   }
 }
 
+#ifdef EM_HAVE_BF16_INSN
 /* With the AVX-512 BF16 extension: vcvtne2ps2bf16 rounds 32 floats as
  * em_f32_to_bf16 does (round to nearest even by the same integer add, NaN
  * quieted as (u >> 16) | 0x40, infinities kept) except that it flushes a
@@ -208,6 +209,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static void f32_
   }
   if (i < n) f32_to_bf16s_x512(d + i, s + i, n - i);
 }
+#endif
+
 /* The same with AVX2 (no mask registers): the kept half's low bit added by a
  * shift and an and, NaN lanes by a blend, and the narrowing by a pack
  * (within 128-bit lanes) and a quadword permute; the tail as em_f32_to_bf16. */
@@ -247,8 +250,10 @@ __attribute__((constructor)) static void hand_init(void) {
   }
   bool x512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512dq");
-  int have = x512 && __builtin_cpu_supports("avx512bf16") ? EM_HAND_BF16
-             : x512 ? EM_HAND_AVX512 : __builtin_cpu_supports("avx2") ? EM_HAND_AVX2 : EM_HAND_NONE;
+  int have = x512 ? EM_HAND_AVX512 : __builtin_cpu_supports("avx2") ? EM_HAND_AVX2 : EM_HAND_NONE;
+#ifdef EM_HAVE_BF16_INSN
+  if (x512 && __builtin_cpu_supports("avx512bf16")) have = EM_HAND_BF16;
+#endif
   hand_level = have < cap ? have : cap;
 }
 #endif
@@ -258,8 +263,10 @@ int em_hand_simd(void) { return hand_level; }
 static void f32_to_bf16_run(uint16_t *d, const float *s, int64_t n) {
 #ifdef HAVE_HAND
   int lv = em_hand_simd();
+#ifdef EM_HAVE_BF16_INSN
   if (lv == EM_HAND_BF16) { f32_to_bf16s_bf16(d, s, n); return; }
-  if (lv == EM_HAND_AVX512) { f32_to_bf16s_x512(d, s, n); return; }
+#endif
+  if (lv >= EM_HAND_AVX512) { f32_to_bf16s_x512(d, s, n); return; }
   if (lv == EM_HAND_AVX2) { f32_to_bf16s_x2(d, s, n); return; }
 #endif
   f32_to_bf16s(d, s, n);

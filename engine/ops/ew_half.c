@@ -200,6 +200,7 @@ X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca
   return nan_pair(a, ca, b, cb, n);
 }
 
+#ifdef EM_HAVE_BF16_INSN
 /* With the AVX-512 BF16 extension: the same widening and op, then one
  * vcvtne2ps2bf16 rounds both halves (em_f32_to_bf16's bits except that it
  * flushes subnormals, see f32_to_bf16s_bf16 in engine/dtype.c) and one word
@@ -234,6 +235,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_
   if (i < n) pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, n - i);
   return pair;
 }
+#endif
 #undef X_TEN
 #undef X_CST
 #undef X_LOOP
@@ -292,8 +294,10 @@ bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, fl
                        int64_t n) {
 #ifdef HAVE_HAND
   int lv = dt == EM_BF16 && (a || b) ? em_hand_simd() : EM_HAND_NONE;
+#ifdef EM_HAVE_BF16_INSN
   if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n) != 0;
-  if (lv == EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n) != 0;
+#endif
+  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n) != 0;
   if (lv == EM_HAND_AVX2) return bf16_bin_x2(code, o, a, ca, b, cb, n) != 0;
 #endif
   return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;

@@ -45,6 +45,10 @@
  * has, capped by EMBER_CPU_SIMD ("clones", "avx2", "avx512" or "bf16", read
  * once at load) to compare speed: every level gives the same bits. */
 enum { EM_HAND_NONE, EM_HAND_AVX2, EM_HAND_AVX512, EM_HAND_BF16 };
+/* The BF16 level's intrinsics and CPU feature name: GCC 12 on (as ew_half.c's x86-64-v4 clones). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define EM_HAVE_BF16_INSN 1
+#endif
 int em_hand_simd(void);
 
 /* Always inlined: an out-of-line copy would be compiled for the baseline
