@@ -334,6 +334,54 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
   }
 }
 
+/* ---------------- transcendental unary ops in bf16/f16, the op compiled in ----------------
+ * gelu in bf16 ran at 51 % of the H200's bandwidth on ew_contig (torch 10 %
+ * faster): it moves 4 B an element, and at 70 % of 4800 GB/s that leaves ~28
+ * lane-instructions an element, while gelu's erff alone is ~22 (9 FSEL of
+ * coefficients, 7 FFMA, an ex2) and the rest of the op ~5. ew_contig adds
+ * per thread (16 elements) the Kern and constant set-up (five f64 -> f32
+ * conversions), the three operand-mode tests and the switch's dispatch: ~2-4
+ * more an element. Here CODE is a template argument (float_unary's switch
+ * folds away: the same expression, so the same bits) and the prologue is
+ * the index alone. Same shape as ew_contig's bf16 path: two 16-byte vectors
+ * a thread in flight (v and v + grid), int32 offsets (n <= 2^30), aligned
+ * pointers. EMBER_EW_UNARY16_OLD=1 runs these on ew_contig again. */
+template <typename T, int CODE>
+__global__ void __launch_bounds__(kThreads) ew_unary16(const T *__restrict__ in, T *__restrict__ out, int n) {
+  constexpr int V = 8, U = 2, W = U * V;
+  const int nv = n / V;
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (int v0 = tid; v0 < nv; v0 += U * step) {
+    uint4 w[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      w[u] = (u == 0 || v < nv) ? reinterpret_cast<const uint4 *>(in)[v] : make_uint4(0, 0, 0, 0);
+    }
+    float x[W], o[W];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int e = 0; e < V; e++) x[u * V + e] = raw_elem<float, T>(w[u], e);
+    float_unary<float, W>(CODE, o, x, 0.f, 0.f);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      if (u > 0 && v >= nv) break;
+      Packed128<T> p;
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = from_compute<T, float>(o[u * V + e]);
+      store128(out + (size_t)v * V, p);
+    }
+  }
+  const int i = nv * V + tid;   /* the last n % 8 elements, one per thread */
+  if (i < n) {
+    float x[1] = {to_compute<float, T>(in[i])}, o[1];
+    float_unary<float, 1>(CODE, o, x, 0.f, 0.f);
+    out[i] = from_compute<T, float>(o[0]);
+  }
+}
+
 /* ---------------- mixed float storage types, unit stride ----------------
  * f32 residual stream + bf16 branch output under autocast (x + attn(x)),
  * and its kin: every operand unit-stride, storage f32/bf16/f16 in any mix
@@ -582,7 +630,12 @@ __global__ void __launch_bounds__(kThreads) ew_select16(EwArgs a) {
  * thread count a multiple of cv, so rstep = threads / cv rows. U = 2 rows in
  * flight, every load of a step issued before the first use. int32 offsets
  * (the host's idx32 check). */
-template <typename T, int NIN>
+/* ROWV (issue 12): some operand is a per-row value (stride 0 along cols, any
+ * dtype: outer's column vector, x * per_row_scale), read as one scalar a row
+ * (the warp's threads share it) by load_as, the value ew_rows reads; outer
+ * in bf16 ran at 40 % of an H100's bandwidth on ew_rows (two divisions and a
+ * runtime-dtype load a vector for 2 bytes an element moved). */
+template <typename T, int NIN, bool ROWV>
 __global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rstep) {
   constexpr int V = 16 / (int)sizeof(T), U = 2, W = U * V;
   const Kern<float> k(a);
@@ -591,24 +644,31 @@ __global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rste
   const int c = (g % cv) * V;
   float cst[3];
   const T *src[3];
+  bool per[3];
   int rs[4];
 #pragma unroll
   for (int j = 0; j < 3; j++) {
     cst[j] = a.mode[j] == IN_CONST ? (float)a.cval[j] : 0.f;
-    src[j] = (const T *)a.ptr[j + 1] + c;
+    per[j] = ROWV && a.mode[j] == IN_PTR && a.stride[j + 1][1] == 0;
+    src[j] = (const T *)a.ptr[j + 1] + (per[j] ? 0 : c);
   }
 #pragma unroll
   for (int q = 0; q < 4; q++) rs[q] = (int)a.stride[q][0];
   T *out = (T *)a.ptr[0] + c;
   for (int r0 = g / cv; r0 < rows; r0 += U * rstep) {
     uint4 w[NIN][U];
+    float rv[NIN][U];
 #pragma unroll
     for (int j = 0; j < NIN; j++)
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int r = r0 + u * rstep;
         w[j][u] = make_uint4(0, 0, 0, 0);
-        if (a.mode[j] == IN_PTR && (u == 0 || r < rows)) w[j][u] = *(const uint4 *)(src[j] + r * rs[j + 1]);
+        rv[j][u] = 0.f;
+        if (a.mode[j] == IN_PTR && (u == 0 || r < rows)) {
+          if (per[j]) rv[j][u] = load_as<float>(a.ptr[j + 1], a.dtype[j + 1], (int64_t)r * rs[j + 1]);
+          else w[j][u] = *(const uint4 *)(src[j] + r * rs[j + 1]);
+        }
       }
     float x[NIN][W], o[W];
 #pragma unroll
@@ -617,7 +677,8 @@ __global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rste
 #pragma unroll
       for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int e = 0; e < V; e++) x[j][u * V + e] = ptr ? raw_elem<float, T>(w[j][u], e) : cst[j];
+        for (int e = 0; e < V; e++)
+          x[j][u * V + e] = !ptr ? cst[j] : per[j] ? rv[j][u] : raw_elem<float, T>(w[j][u], e);
     }
     k.apply(o, x[0], x[NIN > 1 ? 1 : 0], x[NIN > 2 ? 2 : 0]);
 #pragma unroll
@@ -725,6 +786,30 @@ int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   return 0;
 }
 
+/* ew_unary16's launch, or false when the op is not one of its codes (the
+ * caller has checked: unary, 16-bit, contiguous, aligned, n <= 2^30). */
+template <typename T>
+bool launch_unary16(const EwArgs &a, cudaStream_t s) {
+  const T *in = (const T *)a.ptr[1];
+  T *out = (T *)a.ptr[0];
+  const int n = (int)a.numel;
+  const unsigned g = grid_for((n / 8 + 1) / 2 > 0 ? (n / 8 + 1) / 2 : 1);
+  switch (a.code) {
+    case EM_GELU: ew_unary16<T, EM_GELU><<<g, kThreads, 0, s>>>(in, out, n); return true;
+    case EM_GELU_TANH: ew_unary16<T, EM_GELU_TANH><<<g, kThreads, 0, s>>>(in, out, n); return true;
+    case EM_SILU: ew_unary16<T, EM_SILU><<<g, kThreads, 0, s>>>(in, out, n); return true;
+    case EM_SIGMOID: ew_unary16<T, EM_SIGMOID><<<g, kThreads, 0, s>>>(in, out, n); return true;
+    case EM_TANH: ew_unary16<T, EM_TANH><<<g, kThreads, 0, s>>>(in, out, n); return true;
+    default: return false;
+  }
+}
+
+/* EMBER_EW_UNARY16_OLD=1: gelu / silu / sigmoid / tanh in bf16/f16 on ew_contig, as before (A/B timing). */
+bool unary16_old() {
+  static const bool on = em_env_switch("EMBER_EW_UNARY16_OLD", false);
+  return on;
+}
+
 template <typename C>
 int launch_strided(const EwArgs &a, bool idx32, cudaStream_t s) {
   unsigned g = grid_for((a.numel + kUnroll - 1) / kUnroll);
@@ -814,12 +899,16 @@ int launch_select16(const EwArgs &a, cudaStream_t s) {
 }
 
 /* ew_rows2d's launch, or false when the plan is not its (2-D, bf16/f16, every
- * tensor unit-stride along cols: no per-row values) or its grid would idle
+ * tensor unit-stride along cols or a per-row value) or its grid would idle
  * more than half its threads. rows_eligible already holds. */
 bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_t s) {
   if (p->ndim != 2 || !idx32 || !half16(a.dtype[0])) return false;
+  bool rowv = false;   /* a per-row value (rows_eligible allows stride 0 along cols) */
   for (int j = 0; j < a.nin; j++)
-    if (a.mode[j] == IN_PTR && p->stride[j + 1][1] != 1) return false;
+    if (a.mode[j] == IN_PTR && p->stride[j + 1][1] != 1) {
+      if (p->stride[j + 1][1] != 0) return false;
+      rowv = true;
+    }
   const int64_t rows = p->shape[0], cv = p->shape[1] / 8;   /* 8 elements a vector */
   if (rows < 1 || cv < 1) return false;
   /* threads: a multiple of lcm(cv, kThreads) covering cv x ceil(rows / 2) */
@@ -835,9 +924,11 @@ bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_
   const int rstep = (int)(threads / cv);
 #define EM_R2(T)                                                                             \
   do {                                                                                       \
-    if (a.nin == 1) ew_rows2d<T, 1><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);               \
-    else if (a.nin == 2) ew_rows2d<T, 2><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);          \
-    else ew_rows2d<T, 3><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);                          \
+    if (rowv && a.nin == 2) ew_rows2d<T, 2, true><<<g, kThreads, 0, s>>>(a, (int)cv, rstep); \
+    else if (rowv) ew_rows2d<T, 3, true><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);          \
+    else if (a.nin == 1) ew_rows2d<T, 1, false><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);   \
+    else if (a.nin == 2) ew_rows2d<T, 2, false><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);   \
+    else ew_rows2d<T, 3, false><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);                   \
   } while (0)
   if (a.dtype[0] == EM_BF16) EM_R2(__nv_bfloat16);
   else EM_R2(__half);
@@ -891,6 +982,11 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
     if (st == 0 && !one) a.mode[j] = IN_SCALAR;
     else if ((st == 1 || one) && a.dtype[j + 1] == (int)T) vec = vec && aligned16(a.ptr[j + 1]);
     else fast = false;
+  }
+  if (fast && vec && k->kind == EM_EW_UNARY && nin == 1 && a.mode[0] == IN_PTR && half16(T) &&
+      numel <= ((int64_t)1 << 30) && !unary16_old()) {
+    const bool done = T == EM_BF16 ? launch_unary16<__nv_bfloat16>(a, s) : launch_unary16<__half>(a, s);
+    if (done) return em_launch_check(op);
   }
   if (fast) {
     switch (T) {

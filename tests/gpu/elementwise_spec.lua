@@ -231,6 +231,10 @@ describe("the vector paths' edges on CUDA", function()
       for _, dt in ipairs({"bf16", "f16", "f32"}) do
         local a, b, w = smooth(dt, {n}), smooth(dt, {n}), ember.rand({n}):to(dt)
         agree("neg n=" .. n .. " " .. dt, function(x) return -x end, a)
+        for _, op in ipairs({"gelu", "silu", "sigmoid", "tanh"}) do   -- bf16/f16: ew_unary16
+          agree(op .. " n=" .. n .. " " .. dt, function(x) return x[op](x) end, a)
+        end
+        agree("gelu tanh n=" .. n .. " " .. dt, function(x) return ember.nn.functional.gelu(x, {approximate = "tanh"}) end, a)
         agree("mul n=" .. n .. " " .. dt, function(x, y) return x * y end, a, b)
         agree("mul by a number n=" .. n .. " " .. dt, function(x) return x * 1.5 end, a)
         agree("lerp n=" .. n .. " " .. dt, function(x, y, z) return x:lerp(y, z) end, a, b, w)
@@ -327,6 +331,14 @@ describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)",
         same("bias - x" .. tag, gb - gx, bias - x)
         same("x * bias" .. tag, gx * gb, x * bias)
         same("x + bias, in place" .. tag, gx:clone():add_(gb), x:clone():add_(bias))
+        -- a per-row value (stride 0 along cols): outer, a per-row scale, a per-row value first
+        local col = edgy(dt, rows)
+        local gcol = col:to("cuda")
+        same("outer" .. tag, ember.outer(gcol, gb), ember.outer(col, bias))
+        same("x * per-row scale" .. tag, gx * gcol:reshape({rows, 1}), x * col:reshape({rows, 1}))
+        same("per-row value - x" .. tag, gcol:reshape({rows, 1}) - gx, col:reshape({rows, 1}) - x)
+        same("where, per-row branch" .. tag, ember.where(gx:gt(0), gcol:reshape({rows, 1}), gx),
+          ember.where(x:gt(0), col:reshape({rows, 1}), x))
         if cols > 8 then   -- a narrowed view (row stride cols, 8 columns in) and a number
           same("narrowed view * 2" .. tag, gx:narrow(1, 8, cols - 8) * 2, x:narrow(1, 8, cols - 8) * 2)
           same("narrowed view + narrowed bias" .. tag, gx:narrow(1, 8, cols - 8) + gb:narrow(0, 0, cols - 8),

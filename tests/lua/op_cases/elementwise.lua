@@ -148,6 +148,16 @@ return function(case, perf, ember, F)
     function(T) return {T.mask(L), T.randn(L), T.randn(L)} end, {device = "cuda", torch = "torch.where(a, b, c)"})
   perf("masked_fill", "masked_fill (8192,8192)", function(a, m) return a:masked_fill(m, 0) end,
     function(T) return {T.randn(L), T.mask(L)} end, {device = "cuda", torch = "a.masked_fill(b, 0)"})
+  -- issue 12: the binary ops beyond add and the costliest unary ops at 2^26 too (gelu's erf is ~22 lane
+  -- instructions an element, near the bf16 budget of ~28 at 70 % of the H200's 4800 GB/s)
+  for _, op in ipairs({"maximum", "minimum"}) do
+    perf(op, op .. " (8192,8192) x (8192,8192)", ember[op],
+      function(T) return {T.uniform(L, 0.5, 2), T.uniform(L, 0.5, 2)} end, {device = "cuda", torch = binary_torch[op]})
+  end
+  for _, op in ipairs({"gelu", "sigmoid", "tanh"}) do   -- (silu: nn.lua's (8192,6400))
+    perf(op, op .. " (8192,8192)", function(a) return a[op](a) end,
+      function(T) return {T.uniform(L, 0.5, 2)} end, {device = "cuda", torch = torch_unary[op]})
+  end
   perf("triu", "triu (4096,4096)", function(a) return a:triu(1) end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.triu(1)"})
   perf("tril", "tril (4096,4096)", function(a) return a:tril() end,

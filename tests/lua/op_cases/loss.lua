@@ -89,4 +89,11 @@ return function(case, perf, ember, F)
   perf("gelu_tanh", "gelu tanh of 2^24 elements", function(x) return F.gelu(x, {approximate = "tanh"}) end,
     function(T) return {T.randn({4096, 4096})} end, {backward = true, device = "cuda",
     torch = "F.gelu(a, approximate='tanh')"})
+  perf("gelu_tanh", "gelu tanh of 2^26 elements", function(x) return F.gelu(x, {approximate = "tanh"}) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "F.gelu(a, approximate='tanh')"})
+  -- nll_loss's forward is a gather (one target and one picked value a row): its default byte count (all of
+  -- logp) is not what it moves; 2^26 log-probs make the backward (d logp written once) a bandwidth figure
+  perf("nll_loss", "nll_loss (65536, 1024) log-probs", function(x, t) return F.nll_loss(x, t) end,
+    function(T) return {T.randn({65536, 1024}), T.ids({65536}, 1024)} end, {backward = true, device = "cuda",
+    torch = "F.nll_loss(a, b)"})
 end

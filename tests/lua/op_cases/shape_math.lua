@@ -241,6 +241,20 @@ return function(case, perf, ember, F)
   perf("addcdiv", "addcdiv of 2^24 elements",
     function(x, a, b) return x:addcdiv(a, b, {value = 0.5}) end,
     function(T) return {T.randn({N, N}), T.randn({N, N}), T.randn({N, N})} end)
+  -- issue 12: the ternary ops, diag and outer at 2^26 (output) elements, CUDA only
+  for _, t in ipairs({{"lerp", "lerp of 2^26 elements, tensor weight", function(a, b, w) return a:lerp(b, w) end,
+                       "torch.lerp(a, b, c)"},
+                      {"addcmul", "addcmul of 2^26 elements", function(x, a, b) return x:addcmul(a, b, {value = 0.5}) end,
+                       "torch.addcmul(a, b, c, value=0.5)"},
+                      {"addcdiv", "addcdiv of 2^26 elements", function(x, a, b) return x:addcdiv(a, b, {value = 0.5}) end,
+                       "torch.addcdiv(a, b, c, value=0.5)"}}) do
+    perf(t[1], t[2], t[3], function(T) return {T.randn({B, B}), T.randn({B, B}), T.randn({B, B})} end,
+      {device = "cuda", torch = t[4]})
+  end
+  perf("diag", "diag of a 8192 vector -> (8192,8192)", function(a) return a:diag() end,
+    function(T) return {T.randn({B})} end, {device = "cuda", torch = "a.diag()"})
+  perf("outer", "outer (8192) x (8192)", function(a, b) return ember.outer(a, b) end,
+    function(T) return {T.randn({B}), T.randn({B})} end, {device = "cuda", torch = "torch.outer(a, b)"})
   perf("isnan", "isnan of 2^26 elements", function(a) return a:isnan() end,
     function(T) return {T.randn({B, B})} end, {device = "cuda", torch = "a.isnan()"})
   perf("isfinite", "isfinite of 2^26 elements", function(a) return a:isfinite() end,
