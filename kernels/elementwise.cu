@@ -334,50 +334,73 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
   }
 }
 
-/* ---------------- transcendental unary ops in bf16/f16, the op compiled in ----------------
- * gelu in bf16 ran at 51 % of the H200's bandwidth on ew_contig (torch 10 %
- * faster): it moves 4 B an element, and at 70 % of 4800 GB/s that leaves ~28
- * lane-instructions an element, while gelu's erff alone is ~22 (9 FSEL of
- * coefficients, 7 FFMA, an ex2) and the rest of the op ~5. ew_contig adds
- * per thread (16 elements) the Kern and constant set-up (five f64 -> f32
- * conversions), the three operand-mode tests and the switch's dispatch: ~2-4
- * more an element. Here CODE is a template argument (float_unary's switch
- * folds away: the same expression, so the same bits) and the prologue is
- * the index alone. Same shape as ew_contig's bf16 path: two 16-byte vectors
- * a thread in flight (v and v + grid), int32 offsets (n <= 2^30), aligned
- * pointers. EMBER_EW_UNARY16_OLD=1 runs these on ew_contig again. */
-template <typename T, int CODE>
-__global__ void __launch_bounds__(kThreads) ew_unary16(const T *__restrict__ in, T *__restrict__ out, int n) {
+/* ---------------- bf16/f16, unit stride, the op compiled in (issue 12) ----------------
+ * ew_contig serves every op with runtime switches; per thread (16 bf16
+ * elements) it pays the Kern and constant set-up (five f64 -> f32
+ * conversions), operand-mode tests and the switch's dispatch, and carries
+ * registers for every case: 48 (unary) / 64 (binary) / 80 (ternary). gelu in
+ * bf16 ran at 51 % of the H200's bandwidth (torch 10 % faster): at 4 B an
+ * element, 70 % of 4800 GB/s leaves ~28 lane-instructions an element, and
+ * gelu's erff alone is ~22 (9 FSEL of coefficients, 7 FFMA, an ex2), the
+ * rest of the op ~5; bf16 add / maximum / lerp trailed torch by ~8-10 %.
+ * Here NIN and CODE are template arguments: float_unary / float_binary /
+ * ternary fold to the one case (the same expression, so the same bits); an
+ * operand is a tensor or a number (a uniform branch). Same shape as
+ * ew_contig's bf16 path: two 16-byte vectors per operand a thread in flight
+ * (v and v + grid), int32 offsets (n <= 2^30), 16-byte aligned tensors.
+ * v: addcmul / addcdiv's value (Kern's lo). EMBER_EW_FIXED16_OLD=1 runs
+ * these on ew_contig again. */
+template <typename T, int NIN, int CODE>
+__global__ void __launch_bounds__(kThreads) ew_fixed16(EwArgs a) {
   constexpr int V = 8, U = 2, W = U * V;
-  const int nv = n / V;
+  const uint4 *src[NIN];
+  float cst[NIN];
+#pragma unroll
+  for (int j = 0; j < NIN; j++) {
+    src[j] = a.mode[j] == IN_PTR ? (const uint4 *)a.ptr[j + 1] : nullptr;
+    cst[j] = (float)a.cval[j];
+  }
+  const float v = (float)a.lo;
+  T *out = (T *)a.ptr[0];
+  const int n = (int)a.numel, nv = n / V;
   const int tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   for (int v0 = tid; v0 < nv; v0 += U * step) {
-    uint4 w[U];
+    uint4 w[NIN][U];
+#pragma unroll
+    for (int j = 0; j < NIN; j++)
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int vi = v0 + u * step;
+        w[j][u] = (src[j] && (u == 0 || vi < nv)) ? src[j][vi] : make_uint4(0, 0, 0, 0);
+      }
+    float x[NIN][W], o[W];
+#pragma unroll
+    for (int j = 0; j < NIN; j++)
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int e = 0; e < V; e++) x[j][u * V + e] = src[j] ? raw_elem<float, T>(w[j][u], e) : cst[j];
+    if constexpr (NIN == 1) float_unary<float, W>(CODE, o, x[0], 0.f, 0.f);
+    else if constexpr (NIN == 2) float_binary<float, W>(CODE, o, x[0], x[1], 0.f, 0.f);
+    else ternary<float, W>(CODE, o, x[0], x[1], x[2], v);
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int v = v0 + u * step;
-      w[u] = (u == 0 || v < nv) ? reinterpret_cast<const uint4 *>(in)[v] : make_uint4(0, 0, 0, 0);
-    }
-    float x[W], o[W];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int e = 0; e < V; e++) x[u * V + e] = raw_elem<float, T>(w[u], e);
-    float_unary<float, W>(CODE, o, x, 0.f, 0.f);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int v = v0 + u * step;
-      if (u > 0 && v >= nv) break;
+      const int vi = v0 + u * step;
+      if (u > 0 && vi >= nv) break;
       Packed128<T> p;
 #pragma unroll
       for (int e = 0; e < V; e++) p[e] = from_compute<T, float>(o[u * V + e]);
-      store128(out + (size_t)v * V, p);
+      store128(out + (size_t)vi * V, p);
     }
   }
   const int i = nv * V + tid;   /* the last n % 8 elements, one per thread */
   if (i < n) {
-    float x[1] = {to_compute<float, T>(in[i])}, o[1];
-    float_unary<float, 1>(CODE, o, x, 0.f, 0.f);
+    float x[NIN][1], o[1];
+#pragma unroll
+    for (int j = 0; j < NIN; j++) x[j][0] = src[j] ? to_compute<float, T>(((const T *)a.ptr[j + 1])[i]) : cst[j];
+    if constexpr (NIN == 1) float_unary<float, 1>(CODE, o, x[0], 0.f, 0.f);
+    else if constexpr (NIN == 2) float_binary<float, 1>(CODE, o, x[0], x[1], 0.f, 0.f);
+    else ternary<float, 1>(CODE, o, x[0], x[1], x[2], v);
     out[i] = from_compute<T, float>(o[0]);
   }
 }
@@ -786,27 +809,39 @@ int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   return 0;
 }
 
-/* ew_unary16's launch, or false when the op is not one of its codes (the
- * caller has checked: unary, 16-bit, contiguous, aligned, n <= 2^30). */
+/* ew_fixed16's launch, or false when the op is not one of its (kind, code)s.
+ * The caller has checked: bf16/f16, every tensor operand of that dtype,
+ * unit-stride and 16-byte aligned, the others numbers, n <= 2^30. */
 template <typename T>
-bool launch_unary16(const EwArgs &a, cudaStream_t s) {
-  const T *in = (const T *)a.ptr[1];
-  T *out = (T *)a.ptr[0];
-  const int n = (int)a.numel;
-  const unsigned g = grid_for((n / 8 + 1) / 2 > 0 ? (n / 8 + 1) / 2 : 1);
-  switch (a.code) {
-    case EM_GELU: ew_unary16<T, EM_GELU><<<g, kThreads, 0, s>>>(in, out, n); return true;
-    case EM_GELU_TANH: ew_unary16<T, EM_GELU_TANH><<<g, kThreads, 0, s>>>(in, out, n); return true;
-    case EM_SILU: ew_unary16<T, EM_SILU><<<g, kThreads, 0, s>>>(in, out, n); return true;
-    case EM_SIGMOID: ew_unary16<T, EM_SIGMOID><<<g, kThreads, 0, s>>>(in, out, n); return true;
-    case EM_TANH: ew_unary16<T, EM_TANH><<<g, kThreads, 0, s>>>(in, out, n); return true;
-    default: return false;
+bool launch_fixed16(const EwArgs &a, cudaStream_t s) {
+  const int64_t units = (a.numel / 8 + 1) / 2;
+  const unsigned g = grid_for(units > 0 ? units : 1);
+#define EM_FX(NIN, CODE) case CODE: ew_fixed16<T, NIN, CODE><<<g, kThreads, 0, s>>>(a); return true
+  if (a.kind == EM_EW_UNARY && a.nin == 1) {
+    switch (a.code) {
+      EM_FX(1, EM_GELU); EM_FX(1, EM_GELU_TANH); EM_FX(1, EM_SILU); EM_FX(1, EM_SIGMOID); EM_FX(1, EM_TANH);
+      default: return false;
+    }
   }
+  if (a.kind == EM_EW_BINARY && a.nin == 2) {
+    switch (a.code) {
+      EM_FX(2, EM_ADD); EM_FX(2, EM_SUB); EM_FX(2, EM_MUL); EM_FX(2, EM_DIV); EM_FX(2, EM_MAXIMUM); EM_FX(2, EM_MINIMUM);
+      default: return false;
+    }
+  }
+  if (a.kind == EM_EW_TERNARY && a.nin == 3) {
+    switch (a.code) {
+      EM_FX(3, EM_EW_LERP); EM_FX(3, EM_EW_ADDCMUL); EM_FX(3, EM_EW_ADDCDIV);
+      default: return false;
+    }
+  }
+#undef EM_FX
+  return false;
 }
 
-/* EMBER_EW_UNARY16_OLD=1: gelu / silu / sigmoid / tanh in bf16/f16 on ew_contig, as before (A/B timing). */
-bool unary16_old() {
-  static const bool on = em_env_switch("EMBER_EW_UNARY16_OLD", false);
+/* EMBER_EW_FIXED16_OLD=1: ew_fixed16's ops on ew_contig, as before (A/B timing in one session). */
+bool fixed16_old() {
+  static const bool on = em_env_switch("EMBER_EW_FIXED16_OLD", false);
   return on;
 }
 
@@ -983,10 +1018,11 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
     else if ((st == 1 || one) && a.dtype[j + 1] == (int)T) vec = vec && aligned16(a.ptr[j + 1]);
     else fast = false;
   }
-  if (fast && vec && k->kind == EM_EW_UNARY && nin == 1 && a.mode[0] == IN_PTR && half16(T) &&
-      numel <= ((int64_t)1 << 30) && !unary16_old()) {
-    const bool done = T == EM_BF16 ? launch_unary16<__nv_bfloat16>(a, s) : launch_unary16<__half>(a, s);
-    if (done) return em_launch_check(op);
+  if (fast && vec && half16(T) && numel <= ((int64_t)1 << 30) && !fixed16_old()) {
+    bool fixed = true;   /* no broadcast scalar (IN_SCALAR) operands */
+    for (int j = 0; j < nin; j++) fixed = fixed && a.mode[j] != IN_SCALAR;
+    if (fixed && (T == EM_BF16 ? launch_fixed16<__nv_bfloat16>(a, s) : launch_fixed16<__half>(a, s)))
+      return em_launch_check(op);
   }
   if (fast) {
     switch (T) {

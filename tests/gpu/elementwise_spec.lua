@@ -231,10 +231,19 @@ describe("the vector paths' edges on CUDA", function()
       for _, dt in ipairs({"bf16", "f16", "f32"}) do
         local a, b, w = smooth(dt, {n}), smooth(dt, {n}), ember.rand({n}):to(dt)
         agree("neg n=" .. n .. " " .. dt, function(x) return -x end, a)
-        for _, op in ipairs({"gelu", "silu", "sigmoid", "tanh"}) do   -- bf16/f16: ew_unary16
+        -- bf16/f16: ew_fixed16 (the op compiled in) for these
+        for _, op in ipairs({"gelu", "silu", "sigmoid", "tanh"}) do
           agree(op .. " n=" .. n .. " " .. dt, function(x) return x[op](x) end, a)
         end
         agree("gelu tanh n=" .. n .. " " .. dt, function(x) return ember.nn.functional.gelu(x, {approximate = "tanh"}) end, a)
+        agree("add n=" .. n .. " " .. dt, function(x, y) return x + y end, a, b)
+        agree("number - x n=" .. n .. " " .. dt, function(x) return 0.75 - x end, a)
+        agree("div n=" .. n .. " " .. dt, function(x, y) return x / y end, a, b)
+        agree("maximum n=" .. n .. " " .. dt, function(x, y) return ember.maximum(x, y) end, a, b)
+        agree("minimum n=" .. n .. " " .. dt, function(x, y) return ember.minimum(x, y) end, a, b)
+        agree("addcmul n=" .. n .. " " .. dt, function(x, y, z) return x:addcmul(y, z, {value = 0.5}) end, a, b, w)
+        agree("addcdiv n=" .. n .. " " .. dt, function(x, y, z) return x:addcdiv(y, z, {value = -2}) end, a, b, w)
+        agree("lerp by a number n=" .. n .. " " .. dt, function(x, y) return x:lerp(y, 0.3) end, a, b)
         agree("mul n=" .. n .. " " .. dt, function(x, y) return x * y end, a, b)
         agree("mul by a number n=" .. n .. " " .. dt, function(x) return x * 1.5 end, a)
         agree("lerp n=" .. n .. " " .. dt, function(x, y, z) return x:lerp(y, z) end, a, b, w)
