@@ -14,6 +14,7 @@ for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
   _ = m + r({40}, dt), m * r({7, 1}, dt), m:t():exp(), ember.where(m:gt(0), m, 0.5)      -- rows, per-row, strided, where
   local w = r({301, 64}, dt)                                                                -- bf16/f16: rows2d
   _ = w + r({64}, dt), w:narrow(1, 8, 48) * 2, ember.where(w:gt(0), w, w * 2), w:masked_fill(w:lt(0), 1)
+  _ = -a, a:lerp(b, 0.3), a:addcdiv(b, a, {value = 0.5}), w * r({301, 1}, dt), ember.outer(r({301}, dt), r({64}, dt))
   _ = m:triu(1), m:t():tril(-1)
   _ = m:sum(-1), m:sum(0), m:sum(), m:mean({0, 1}), m:var(1), m:logsumexp(0)             -- rows, cols, all
   _ = m:max(-1), m:argmin(0), r({3, 5000}, dt):sum(-1), r({200001}, dt):max()             -- block rows, splits
