@@ -343,6 +343,8 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
  * element, 70 % of 4800 GB/s leaves ~28 lane-instructions an element, and
  * gelu's erff alone is ~22 (9 FSEL of coefficients, 7 FFMA, an ex2), the
  * rest of the op ~5; bf16 add / maximum / lerp trailed torch by ~8-10 %.
+ * Also the fused gradients of gelu, gelu tanh, silu, sigmoid and tanh
+ * (binary codes: g' = f(g, x or y)), the backward of the unary ones.
  * Here NIN and CODE are template arguments: float_unary / float_binary /
  * ternary fold to the one case (the same expression, so the same bits); an
  * operand is a tensor or a number (a uniform branch). Same shape as
@@ -826,6 +828,9 @@ bool launch_fixed16(const EwArgs &a, cudaStream_t s) {
   if (a.kind == EM_EW_BINARY && a.nin == 2) {
     switch (a.code) {
       EM_FX(2, EM_ADD); EM_FX(2, EM_SUB); EM_FX(2, EM_MUL); EM_FX(2, EM_DIV); EM_FX(2, EM_MAXIMUM); EM_FX(2, EM_MINIMUM);
+      /* the backward of the transcendental unary ops: g' = f(g, x or y) */
+      EM_FX(2, EM_EW_G_GELU); EM_FX(2, EM_EW_G_GELU_TANH); EM_FX(2, EM_EW_G_SILU); EM_FX(2, EM_EW_G_SIGMOID);
+      EM_FX(2, EM_EW_G_TANH);
       default: return false;
     }
   }

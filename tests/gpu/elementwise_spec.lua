@@ -402,6 +402,14 @@ describe("fused unary gradients on CUDA", function()
         return x.grad
       end
       cmp.assert_close(clamp_grad("cuda"), clamp_grad("cpu"), cmp.rtol(dt), "clamp gradient " .. dt)
+      local function gelu_tanh_grad(device)   -- bf16: ew_fixed16's EM_EW_G_GELU_TANH
+        local x = (base * sign):to({dtype = dt, device = device}):clone()
+        x.requires_grad = true
+        local loss = (ember.nn.functional.gelu(x, {approximate = "tanh"}) * w:to(device)):sum()
+        loss:backward()
+        return x.grad
+      end
+      cmp.assert_close(gelu_tanh_grad("cuda"), gelu_tanh_grad("cpu"), cmp.rtol(dt), "gelu tanh gradient " .. dt)
     end)
   end
 end)
