@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
   }
 }
 
-/* ---------------- bf16/f16, unit stride, the op compiled in (issue 12) ----------------
+/* ---------------- bf16/f16 (and f32), unit stride, the op compiled in (issue 12) ----------------
  * ew_contig serves every op with runtime switches; per thread (16 bf16
  * elements) it pays the Kern and constant set-up (five f64 -> f32
  * conversions), operand-mode tests and the switch's dispatch, and carries
@@ -350,11 +350,14 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
  * operand is a tensor or a number (a uniform branch). Same shape as
  * ew_contig's bf16 path: two 16-byte vectors per operand a thread in flight
  * (v and v + grid), int32 offsets (n <= 2^30), 16-byte aligned tensors.
- * v: addcmul / addcdiv's value (Kern's lo). EMBER_EW_FIXED16_OLD=1 runs
- * these on ew_contig again. */
+ * v: addcmul / addcdiv's value (Kern's lo). f32 takes it for the unary
+ * transcendental ops and their gradients only (ew_contig's f32 path moves
+ * 4 elements a thread, so its set-up weighs 4x per element: gelu f32 77 %,
+ * torch 8 % faster; f32 add / lerp are at 85-91 % there and stay).
+ * EMBER_EW_FIXED_OLD=1 runs all of these on ew_contig again. */
 template <typename T, int NIN, int CODE>
-__global__ void __launch_bounds__(kThreads) ew_fixed16(EwArgs a) {
-  constexpr int V = 8, U = 2, W = U * V;
+__global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
+  constexpr int V = 16 / (int)sizeof(T), U = 2, W = U * V;
   const uint4 *src[NIN];
   float cst[NIN];
 #pragma unroll
@@ -395,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) ew_fixed16(EwArgs a) {
       store128(out + (size_t)vi * V, p);
     }
   }
-  const int i = nv * V + tid;   /* the last n % 8 elements, one per thread */
+  const int i = nv * V + tid;   /* the last n % V elements, one per thread */
   if (i < n) {
     float x[NIN][1], o[1];
 #pragma unroll
@@ -811,42 +814,50 @@ int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   return 0;
 }
 
-/* ew_fixed16's launch, or false when the op is not one of its (kind, code)s.
- * The caller has checked: bf16/f16, every tensor operand of that dtype,
- * unit-stride and 16-byte aligned, the others numbers, n <= 2^30. */
+/* ew_fixed's launch, or false when the op is not one of its (kind, code)s.
+ * The caller has checked: bf16/f16/f32, every tensor operand of that dtype,
+ * unit-stride and 16-byte aligned, the others numbers, n <= 2^30. f32: the
+ * transcendental unary ops and their gradients only. */
 template <typename T>
-bool launch_fixed16(const EwArgs &a, cudaStream_t s) {
-  const int64_t units = (a.numel / 8 + 1) / 2;
+bool launch_fixed(const EwArgs &a, cudaStream_t s) {
+  constexpr bool f32 = std::is_same<T, float>::value;
+  const int64_t units = (a.numel / (16 / (int)sizeof(T)) + 1) / 2;
   const unsigned g = grid_for(units > 0 ? units : 1);
-#define EM_FX(NIN, CODE) case CODE: ew_fixed16<T, NIN, CODE><<<g, kThreads, 0, s>>>(a); return true
+#define EM_FX(NIN, CODE) case CODE: ew_fixed<T, NIN, CODE><<<g, kThreads, 0, s>>>(a); return true
+  if (a.kind == EM_EW_BINARY && a.nin == 2) {   /* the backward of the transcendental unary ops: g' = f(g, x or y) */
+    switch (a.code) {
+      EM_FX(2, EM_EW_G_GELU); EM_FX(2, EM_EW_G_GELU_TANH); EM_FX(2, EM_EW_G_SILU); EM_FX(2, EM_EW_G_SIGMOID);
+      EM_FX(2, EM_EW_G_TANH);
+      default: break;
+    }
+  }
   if (a.kind == EM_EW_UNARY && a.nin == 1) {
     switch (a.code) {
       EM_FX(1, EM_GELU); EM_FX(1, EM_GELU_TANH); EM_FX(1, EM_SILU); EM_FX(1, EM_SIGMOID); EM_FX(1, EM_TANH);
       default: return false;
     }
   }
-  if (a.kind == EM_EW_BINARY && a.nin == 2) {
-    switch (a.code) {
-      EM_FX(2, EM_ADD); EM_FX(2, EM_SUB); EM_FX(2, EM_MUL); EM_FX(2, EM_DIV); EM_FX(2, EM_MAXIMUM); EM_FX(2, EM_MINIMUM);
-      /* the backward of the transcendental unary ops: g' = f(g, x or y) */
-      EM_FX(2, EM_EW_G_GELU); EM_FX(2, EM_EW_G_GELU_TANH); EM_FX(2, EM_EW_G_SILU); EM_FX(2, EM_EW_G_SIGMOID);
-      EM_FX(2, EM_EW_G_TANH);
-      default: return false;
+  if constexpr (!f32) {
+    if (a.kind == EM_EW_BINARY && a.nin == 2) {
+      switch (a.code) {
+        EM_FX(2, EM_ADD); EM_FX(2, EM_SUB); EM_FX(2, EM_MUL); EM_FX(2, EM_DIV); EM_FX(2, EM_MAXIMUM); EM_FX(2, EM_MINIMUM);
+        default: return false;
+      }
     }
-  }
-  if (a.kind == EM_EW_TERNARY && a.nin == 3) {
-    switch (a.code) {
-      EM_FX(3, EM_EW_LERP); EM_FX(3, EM_EW_ADDCMUL); EM_FX(3, EM_EW_ADDCDIV);
-      default: return false;
+    if (a.kind == EM_EW_TERNARY && a.nin == 3) {
+      switch (a.code) {
+        EM_FX(3, EM_EW_LERP); EM_FX(3, EM_EW_ADDCMUL); EM_FX(3, EM_EW_ADDCDIV);
+        default: return false;
+      }
     }
   }
 #undef EM_FX
   return false;
 }
 
-/* EMBER_EW_FIXED16_OLD=1: ew_fixed16's ops on ew_contig, as before (A/B timing in one session). */
-bool fixed16_old() {
-  static const bool on = em_env_switch("EMBER_EW_FIXED16_OLD", false);
+/* EMBER_EW_FIXED_OLD=1: ew_fixed's ops on ew_contig, as before (A/B timing in one session). */
+bool fixed_old() {
+  static const bool on = em_env_switch("EMBER_EW_FIXED_OLD", false);
   return on;
 }
 
@@ -939,17 +950,19 @@ int launch_select16(const EwArgs &a, cudaStream_t s) {
 }
 
 /* ew_rows2d's launch, or false when the plan is not its (2-D, bf16/f16, every
- * tensor unit-stride along cols or a per-row value) or its grid would idle
+ * tensor unit-stride along cols or a per-row value; f32 with a per-row value) or its grid would idle
  * more than half its threads. rows_eligible already holds. */
 bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_t s) {
-  if (p->ndim != 2 || !idx32 || !half16(a.dtype[0])) return false;
+  const bool f32 = a.dtype[0] == EM_F32;
+  if (p->ndim != 2 || !idx32 || !(half16(a.dtype[0]) || f32)) return false;
   bool rowv = false;   /* a per-row value (rows_eligible allows stride 0 along cols) */
   for (int j = 0; j < a.nin; j++)
     if (a.mode[j] == IN_PTR && p->stride[j + 1][1] != 1) {
       if (p->stride[j + 1][1] != 0) return false;
       rowv = true;
     }
-  const int64_t rows = p->shape[0], cv = p->shape[1] / 8;   /* 8 elements a vector */
+  if (f32 && !rowv) return false;   /* f32: per-row values only (outer: 59 % on ew_rows; x + bias is at 80 % there) */
+  const int64_t rows = p->shape[0], cv = p->shape[1] / (f32 ? 4 : 8);   /* elements a 16-byte vector */
   if (rows < 1 || cv < 1) return false;
   /* threads: a multiple of lcm(cv, kThreads) covering cv x ceil(rows / 2) */
   int64_t gcd = cv, b = kThreads;
@@ -971,7 +984,9 @@ bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_
     else ew_rows2d<T, 3, false><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);                   \
   } while (0)
   if (a.dtype[0] == EM_BF16) EM_R2(__nv_bfloat16);
-  else EM_R2(__half);
+  else if (a.dtype[0] == EM_F16) EM_R2(__half);
+  else if (rowv && a.nin == 2) ew_rows2d<float, 2, true><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);
+  else ew_rows2d<float, 3, true><<<g, kThreads, 0, s>>>(a, (int)cv, rstep);
 #undef EM_R2
   return true;
 }
@@ -1023,10 +1038,11 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
     else if ((st == 1 || one) && a.dtype[j + 1] == (int)T) vec = vec && aligned16(a.ptr[j + 1]);
     else fast = false;
   }
-  if (fast && vec && half16(T) && numel <= ((int64_t)1 << 30) && !fixed16_old()) {
+  if (fast && vec && (half16(T) || T == EM_F32) && numel <= ((int64_t)1 << 30) && !fixed_old()) {
     bool fixed = true;   /* no broadcast scalar (IN_SCALAR) operands */
     for (int j = 0; j < nin; j++) fixed = fixed && a.mode[j] != IN_SCALAR;
-    if (fixed && (T == EM_BF16 ? launch_fixed16<__nv_bfloat16>(a, s) : launch_fixed16<__half>(a, s)))
+    if (fixed && (T == EM_BF16 ? launch_fixed<__nv_bfloat16>(a, s) : T == EM_F16 ? launch_fixed<__half>(a, s)
+                                                                    : launch_fixed<float>(a, s)))
       return em_launch_check(op);
   }
   if (fast) {

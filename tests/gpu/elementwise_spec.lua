@@ -231,7 +231,7 @@ describe("the vector paths' edges on CUDA", function()
       for _, dt in ipairs({"bf16", "f16", "f32"}) do
         local a, b, w = smooth(dt, {n}), smooth(dt, {n}), ember.rand({n}):to(dt)
         agree("neg n=" .. n .. " " .. dt, function(x) return -x end, a)
-        -- bf16/f16: ew_fixed16 (the op compiled in) for these
+        -- bf16/f16: ew_fixed (the op compiled in) for these
         for _, op in ipairs({"gelu", "silu", "sigmoid", "tanh"}) do
           agree(op .. " n=" .. n .. " " .. dt, function(x) return x[op](x) end, a)
         end
@@ -325,6 +325,19 @@ describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)",
     same("where grad of b", gy, ry)
   end)
 
+  it("per-row values in f32 (outer, a per-row scale: ew_rows2d) agree bit for bit with the CPU", function()
+    ember.manual_seed(25)
+    for _, shape in ipairs({{1, 4}, {5, 8}, {257, 36}, {1031, 72}, {2049, 768}}) do
+      local rows, cols = shape[1], shape[2]
+      local x, row, col = edgy("f32", rows * cols):reshape({rows, cols}), edgy("f32", cols), edgy("f32", rows)
+      local gx, grow, gcol = x:to("cuda"), row:to("cuda"), col:to("cuda")
+      local tag = (" (%d,%d) f32"):format(rows, cols)
+      same("outer" .. tag, ember.outer(gcol, grow), ember.outer(col, row))
+      same("x * per-row scale" .. tag, gx * gcol:reshape({rows, 1}), x * col:reshape({rows, 1}))
+      same("per-row value - x" .. tag, gcol:reshape({rows, 1}) - gx, col:reshape({rows, 1}) - x)
+    end
+  end)
+
   it("row-broadcast ops agree bit for bit with the CPU over row counts, widths and views", function()
     ember.manual_seed(24)
     -- widths: one 8-element vector a row, 9 (a thread count that is no
@@ -402,7 +415,7 @@ describe("fused unary gradients on CUDA", function()
         return x.grad
       end
       cmp.assert_close(clamp_grad("cuda"), clamp_grad("cpu"), cmp.rtol(dt), "clamp gradient " .. dt)
-      local function gelu_tanh_grad(device)   -- bf16: ew_fixed16's EM_EW_G_GELU_TANH
+      local function gelu_tanh_grad(device)   -- bf16: ew_fixed's EM_EW_G_GELU_TANH
         local x = (base * sign):to({dtype = dt, device = device}):clone()
         x.requires_grad = true
         local loss = (ember.nn.functional.gelu(x, {approximate = "tanh"}) * w:to(device)):sum()
