@@ -47,7 +47,7 @@ struct RowWalk {
 /* ---------------- scatter along the last dim ---------------- */
 
 template <typename T, typename I>
-__global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *__restrict__ self,
+__global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *self, const T *from,
                                                                  const I *__restrict__ index,
                                                                  const T *__restrict__ other, T value) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *_
 #pragma unroll 4
   for (int c = tid; c < L; c += nt) {
     const int w = win[c];
-    T *p = self + so + c * g.ds;
-    *p = w < 0 ? *p : g.kind == EM_IX_SCATTER ? srow[w] : value;
+    const int64_t o = so + c * g.ds;
+    self[o] = w < 0 ? from[o] : g.kind == EM_IX_SCATTER ? srow[w] : value;
   }
 }
 
@@ -102,7 +102,7 @@ template <> __device__ __forceinline__ float sm_scaled<float>(float v, double a)
 }
 
 template <typename T, typename I>
-__global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *__restrict__ self,
+__global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, const T *from,
                                                               const I *__restrict__ index,
                                                               const T *__restrict__ other) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *__restric
   const int64_t c = (int64_t)blockIdx.x * W + w;
   const bool cok = c < g.cols;
   const int D = (int)g.D;
-  for (int r = tid >> g.lw; r < D; r += step) acc[(r << g.lw) + w] = cok ? to_f32(self[r * g.ds + c * g.ss]) : 0.f;
+  for (int r = tid >> g.lw; r < D; r += step) acc[(r << g.lw) + w] = cok ? to_f32(from[r * g.ds + c * g.ss]) : 0.f;
   __syncthreads();
   if (cok) {
     for (int64_t r0 = tid >> g.lw; r0 < g.rows; r0 += (int64_t)step * ADD_UNROLL) {
@@ -148,7 +148,7 @@ static int sm_launch_prep(K kernel, int smem, const char *op) {
 
 /* scatter / scatter-value along the last dim: 1 launched, 0 not this shape, -1 error. */
 template <typename I>
-static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
+static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *from,
                             const em_tensor *index, const em_tensor *other, cudaStream_t s) {
   const int nd = p->ndim, last = nd - 1;
   if ((p->kind != EM_IX_SCATTER && p->kind != EM_IX_SCATTER_VALUE) || nd < 1 || p->dim != last) return 0;
@@ -163,6 +163,7 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
   g.nd = last;
   for (int d = 0; d < last; d++) {
     if (p->shape[d] > 1 && p->self_stride[d] == 0) return 0;   /* two rows of the walk on one row of self */
+    if (from != self && p->shape[d] != self->shape[d]) return 0;   /* out of place: every row of self written */
     g.shape[d] = p->shape[d]; g.sst[d] = p->self_stride[d];
     g.ist[d] = p->index_stride[d]; g.ost[d] = other ? p->other_stride[d] : 0;
   }
@@ -177,7 +178,8 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
     memcpy(&value, &vb, sizeof(T));
     auto k = scatter_row_kernel<T, I>;
     if (sm_launch_prep(k, (int)smem, op)) { rc = -1; return; }
-    k<<<(unsigned)rows, SM_THREADS, (size_t)smem, s>>>(g, (T *)em_data_ptr(self), (const I *)em_data_ptr(index),
+    k<<<(unsigned)rows, SM_THREADS, (size_t)smem, s>>>(g, (T *)em_data_ptr(self), (const T *)em_data_ptr(from),
+                                                       (const I *)em_data_ptr(index),
                                                        other ? (const T *)em_data_ptr(other) : NULL, value);
   });
   return rc ? -1 : 1;
@@ -185,9 +187,10 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
 
 /* scatter_add along dim 0 of a 2-D walk, f32 / bf16 / f16: 1 launched, 0 not this shape, -1 error. */
 template <typename I>
-static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *index,
-                         const em_tensor *other, cudaStream_t s) {
+static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *from,
+                         const em_tensor *index, const em_tensor *other, cudaStream_t s) {
   if (p->kind != EM_IX_SCATTER_ADD || p->ndim != 2 || p->dim != 0 || !other) return 0;
+  if (from != self && p->shape[1] != self->shape[1]) return 0;   /* out of place: every column of self written */
   if (self->dtype != EM_F32 && self->dtype != EM_BF16 && self->dtype != EM_F16) return 0;
   const int64_t D = p->dim_size, rows = p->shape[0], cols = p->shape[1];
   if (D * 4 * 4 > kSmemMax || rows * 4 < D) return 0;   /* self's slab read and written whole: enough adds into it */
@@ -208,7 +211,7 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   do {                                                                                                     \
     auto k = add_slab_kernel<T, I>;                                                                        \
     if (sm_launch_prep(k, smem, op)) { rc = -1; break; }                                                   \
-    k<<<(unsigned)blocks, threads, (size_t)smem, s>>>(g, (T *)em_data_ptr(self),                        \
+    k<<<(unsigned)blocks, threads, (size_t)smem, s>>>(g, (T *)em_data_ptr(self), (const T *)em_data_ptr(from), \
                                                          (const I *)em_data_ptr(index),                    \
                                                          (const T *)em_data_ptr(other));                   \
   } while (0)
@@ -219,16 +222,34 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   return rc ? -1 : 1;
 }
 
-/* 1: p ran here (launched; the caller checks the launch), 0: not a shape these kernels take, -1: error set. */
-extern "C" int em_index_smem_cuda(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
-                                  const em_tensor *index, const em_tensor *other) {
+static int smem_run(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *from,
+                    const em_tensor *index, const em_tensor *other) {
   static const bool env = em_env_switch("EMBER_IX_SMEM", true);
   if (!env || n <= 0 || (index->dtype != EM_I64 && index->dtype != EM_I32)) return 0;
   cudaStream_t s = em_cur_stream(self->device.index);
   if (index->dtype == EM_I64) {
-    const int r = try_scatter_rows<int64_t>(op, p, n, self, index, other, s);
-    return r ? r : try_add_slabs<int64_t>(op, p, n, self, index, other, s);
+    const int r = try_scatter_rows<int64_t>(op, p, n, self, from, index, other, s);
+    return r ? r : try_add_slabs<int64_t>(op, p, n, self, from, index, other, s);
   }
-  const int r = try_scatter_rows<int32_t>(op, p, n, self, index, other, s);
-  return r ? r : try_add_slabs<int32_t>(op, p, n, self, index, other, s);
+  const int r = try_scatter_rows<int32_t>(op, p, n, self, from, index, other, s);
+  return r ? r : try_add_slabs<int32_t>(op, p, n, self, from, index, other, s);
+}
+
+/* In place (self read and written): 1 launched (the caller checks the launch), 0 not a shape these kernels
+ * take, -1 error set. */
+extern "C" int em_index_smem_cuda(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
+                                  const em_tensor *index, const em_tensor *other) {
+  return smem_run(op, p, n, self, self, index, other);
+}
+
+/* backend.h: self = from with p applied, in one pass (from contiguous, of self's shape and dtype; self fresh). */
+extern "C" int em_index_from_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *from,
+                                  const em_tensor *index, const em_tensor *other) {
+  const int64_t n = em_shape_numel(p->ndim, p->shape);
+  if (!em_is_contiguous(from) || !em_is_contiguous(self) || from->dtype != self->dtype || from->ndim != self->ndim ||
+      em_data_ptr(from) == em_data_ptr(self))
+    return 0;
+  for (int d = 0; d < self->ndim; d++) if (from->shape[d] != self->shape[d]) return 0;
+  const int r = smem_run(op, p, n, self, from, index, other);
+  return r <= 0 ? r : em_launch_check(op) ? -1 : 1;
 }

@@ -666,6 +666,14 @@ typedef struct {
 int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
                   em_tensor *other);
 
+/* The out-of-place form, where one kernel can do the copy too: self (fresh, contiguous) = from (contiguous, of
+ * self's shape and dtype) with plan p applied, `from` read where em_index_cuda would first need a copy of it
+ * (a scatter along the last dim, a 2-D scatter_add along dim 0, whose walk covers every row / column of self:
+ * kernels/scatter_smem.cu). Returns 1 when done, 0 when p is not such a shape (nothing launched: the caller
+ * copies and runs em_index_cuda), -1 on error. */
+int em_index_from_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *from,
+                       const em_tensor *index, const em_tensor *other);
+
 /* pos (n, i64, contiguous) = inclusive prefix count of the nonzero elements
  * of x (contiguous, n elements, any dtype; NaN counts, -0.0 does not), one
  * CUB device scan; pos[n-1] is the count. Element i is selected when
