@@ -17,7 +17,7 @@
  * (D, C) x, gather's backward): a block owns W columns of self for all D
  * rows (D * W f32 accumulators in shared memory), reads the index and src
  * of its columns for every walk row, adds with shared-memory atomics, and
- * writes its slab back once. Global traffic: index + src + self read +
+ * writes its slab once as self + the sums (self read there, coalesced). Global traffic: index + src + self read +
  * self write, no global atomics (they were random read-modify-writes of
  * 32-byte sectors, DRAM-bound once self outgrows L2). bf16/f16 accumulate
  * in f32 and round once (closer to the exact sum than an atomic rounding at
@@ -32,8 +32,10 @@
 #define ADD_UNROLL 8
 static const int kSmemMax = 200 * 1024;   /* of the 227 KB a block may opt into on sm_90 */
 
-__device__ __forceinline__ int64_t sm_wrapped(int64_t ix, int64_t size, int wrap) {
-  return wrap && ix < 0 ? ix + size : ix;
+/* The followed index in [0, size) (negatives wrapped when the plan says so), or -1: skipped. */
+__device__ __forceinline__ int sm_slot(int64_t ix, int64_t size, int wrap) {
+  if (wrap && ix < 0) ix += size;
+  return ix >= 0 && ix < size ? (int)ix : -1;
 }
 
 /* Byte offsets are int64 throughout: a handful of multiply-adds per 12-24 bytes moved. */
@@ -62,19 +64,23 @@ __global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *s
   const int tid = threadIdx.x, nt = blockDim.x;
   const int m = (int)g.m, L = (int)g.L;
   for (int c = tid; c < L; c += nt) win[c] = -1;
-  if (g.kind == EM_IX_SCATTER)
-    for (int j = tid; j < m; j += nt) srow[j] = other[oo + j * g.os];
   __syncthreads();
-  for (int j0 = tid; j0 < m; j0 += nt * SM_UNROLL) {   /* the indices loaded in a batch, then the atomics */
-    int64_t k[SM_UNROLL];
+  const bool src = g.kind == EM_IX_SCATTER;
+  for (int j0 = tid; j0 < m; j0 += nt * SM_UNROLL) {   /* indices and src loaded in a batch, then the atomics */
+    int k[SM_UNROLL];                                  /* the target column, -1: none (out of range) */
+    T v[SM_UNROLL];
 #pragma unroll
     for (int u = 0; u < SM_UNROLL; u++) {
       const int j = j0 + u * nt;
-      k[u] = j < m ? sm_wrapped((int64_t)index[io + j * g.is], g.L, g.wrap) : -1;
+      k[u] = j < m ? sm_slot((int64_t)index[io + j * g.is], g.L, g.wrap) : -1;
+      if (src && j < m) v[u] = other[oo + j * g.os];
     }
 #pragma unroll
-    for (int u = 0; u < SM_UNROLL; u++)
-      if (k[u] >= 0 && k[u] < g.L) atomicMax(win + k[u], j0 + u * nt);
+    for (int u = 0; u < SM_UNROLL; u++) {
+      const int j = j0 + u * nt;
+      if (src && j < m) srow[j] = v[u];
+      if (k[u] >= 0) atomicMax(win + k[u], j);
+    }
   }
   __syncthreads();
 #pragma unroll 4
@@ -112,29 +118,34 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
   const int64_t c = (int64_t)blockIdx.x * W + w;
   const bool cok = c < g.cols;
   const int D = (int)g.D;
-  for (int r = tid >> g.lw; r < D; r += step) acc[(r << g.lw) + w] = cok ? to_f32(from[r * g.ds + c * g.ss]) : 0.f;
+  /* the adds first, self joins at the end; -0 is the identity of + (an element nothing adds to keeps its -0.0) */
+  for (int q = tid; q < (D << g.lw); q += blockDim.x) acc[q] = -0.f;
   __syncthreads();
   if (cok) {
     for (int64_t r0 = tid >> g.lw; r0 < g.rows; r0 += (int64_t)step * ADD_UNROLL) {
-      int64_t k[ADD_UNROLL];
+      int k[ADD_UNROLL];                               /* the target row, -1: none */
       float v[ADD_UNROLL];
 #pragma unroll
       for (int u = 0; u < ADD_UNROLL; u++) {
         const int64_t r = r0 + (int64_t)u * step;
         k[u] = -1; v[u] = 0.f;
         if (r < g.rows) {
-          k[u] = sm_wrapped((int64_t)index[r * g.is0 + c * g.is1], g.D, g.wrap);
+          k[u] = sm_slot((int64_t)index[r * g.is0 + c * g.is1], g.D, g.wrap);
           v[u] = sm_scaled(other[r * g.os0 + c * g.os1], g.alpha);
         }
       }
 #pragma unroll
       for (int u = 0; u < ADD_UNROLL; u++)
-        if (k[u] >= 0 && k[u] < g.D) atomicAdd(acc + ((int)k[u] << g.lw) + w, v[u]);
+        if (k[u] >= 0) atomicAdd(acc + (k[u] << g.lw) + w, v[u]);
     }
   }
   __syncthreads();
   if (cok)
-    for (int r = tid >> g.lw; r < D; r += step) self[r * g.ds + c * g.ss] = from_f32<T>(acc[(r << g.lw) + w]);
+#pragma unroll 4
+    for (int r = tid >> g.lw; r < D; r += step) {
+      const int64_t o = r * g.ds + c * g.ss;
+      self[o] = from_f32<T>(to_f32(from[o]) + acc[(r << g.lw) + w]);
+    }
 }
 
 /* ---------------- host side ---------------- */
