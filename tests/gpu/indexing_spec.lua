@@ -285,6 +285,10 @@ describe("indexing on CUDA", function()
         local got = ember.zeros(50, 64, {dtype = dt}):cuda():index_add(0, i:cuda(), src:to(dt):cuda(), alpha)
         assert.equals(dt, got.dtype)
         assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+        -- in place: the row kernel (out of place, a 2-D index_add along dim 0 this small takes the smem slabs)
+        local gi = ember.zeros(50, 64, {dtype = dt}):cuda()
+        gi:index_add_(0, i:cuda(), src:to(dt):cuda(), alpha)
+        assert.equals(0, max_diff(gi, want), dt .. " alpha " .. alpha .. " in place")
       end
       -- along dim 1 of a 3-D target (outer dims before the indexed one), i32 index with a skipped bad one
       local x3 = ember.zeros(3, 10, 8, {dtype = dt}):cuda()
