@@ -23,6 +23,11 @@
  * in f32 and round once (closer to the exact sum than an atomic rounding at
  * every add); the order of the adds stays unspecified, as before.
  *
+ * scatter_add / index_add along the last dim (f32, bf16, f16) use the
+ * row layout with f32 sums in shared memory in place of the winners.
+ * Out of place (em_index_from_cuda), the kernels read x and write a fresh
+ * out whole: the clone's two passes are gone.
+ *
  * EMBER_IX_SMEM=0: the previous kernels (kernels/indexing.cu). */
 #include "common.cuh"
 #include "backend.h"
@@ -44,7 +49,16 @@ struct RowWalk {
   int64_t shape[EM_MAX_DIMS], sst[EM_MAX_DIMS], ist[EM_MAX_DIMS], ost[EM_MAX_DIMS];
   int64_t m, L, ds, is, os;                          /* index row length; self's row length and stride; index's and src's last strides */
   int wrap, kind;
+  double alpha;                                      /* SCATTER_ADD */
 };
+
+/* alpha * v as indexing.cu's scaled() computes it (rounded to T), widened to f32 for the sums. */
+template <typename T> __device__ __forceinline__ float sm_scaled(T v, double a) {
+  return to_f32(from_f32<T>(to_f32(v) * (float)a));  /* indexing.cu's scaled(): rounded to T */
+}
+template <> __device__ __forceinline__ float sm_scaled<float>(float v, double a) {
+  return a == 1.0 ? v : (float)((double)v * a);
+}
 
 /* ---------------- scatter along the last dim ---------------- */
 
@@ -91,6 +105,48 @@ __global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *s
   }
 }
 
+/* scatter_add along the last dim (gather's backward along it): the row's sums in f32 shared-memory
+ * accumulators (from -0, the identity of +), then the row written whole as self + sums. */
+template <typename T, typename I>
+__global__ void __launch_bounds__(SM_THREADS) add_row_kernel(RowWalk g, T *self, const T *from,
+                                                             const I *__restrict__ index,
+                                                             const T *__restrict__ other) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float *acc = reinterpret_cast<float *>(smem_raw);
+  int64_t so = 0, io = 0, oo = 0, b = blockIdx.x;
+  for (int d = g.nd - 1; d >= 0; d--) {
+    const int64_t c = b % g.shape[d];
+    b /= g.shape[d];
+    so += c * g.sst[d]; io += c * g.ist[d]; oo += c * g.ost[d];
+  }
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int m = (int)g.m, L = (int)g.L;
+  for (int c = tid; c < L; c += nt) acc[c] = -0.f;
+  __syncthreads();
+  for (int j0 = tid; j0 < m; j0 += nt * SM_UNROLL) {
+    int k[SM_UNROLL];
+    float v[SM_UNROLL];
+#pragma unroll
+    for (int u = 0; u < SM_UNROLL; u++) {
+      const int j = j0 + u * nt;
+      k[u] = -1; v[u] = 0.f;
+      if (j < m) {
+        k[u] = sm_slot((int64_t)index[io + j * g.is], g.L, g.wrap);
+        v[u] = sm_scaled(other[oo + j * g.os], g.alpha);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < SM_UNROLL; u++)
+      if (k[u] >= 0) atomicAdd(acc + k[u], v[u]);
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int c = tid; c < L; c += nt) {
+    const int64_t o = so + c * g.ds;
+    self[o] = from_f32<T>(to_f32(from[o]) + acc[c]);
+  }
+}
+
 /* ---------------- scatter_add along dim 0: column slabs ---------------- */
 
 struct SlabWalk {
@@ -99,13 +155,6 @@ struct SlabWalk {
   int lw, wrap;                                      /* log2 of the slab width W */
   double alpha;
 };
-
-template <typename T> __device__ __forceinline__ float sm_scaled(T v, double a) {
-  return to_f32(from_f32<T>(to_f32(v) * (float)a));  /* indexing.cu's scaled(): rounded to T */
-}
-template <> __device__ __forceinline__ float sm_scaled<float>(float v, double a) {
-  return a == 1.0 ? v : (float)((double)v * a);
-}
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, const T *from,
@@ -157,15 +206,17 @@ static int sm_launch_prep(K kernel, int smem, const char *op) {
                        "cudaFuncSetAttribute");
 }
 
-/* scatter / scatter-value along the last dim: 1 launched, 0 not this shape, -1 error. */
+/* scatter / scatter-value / scatter_add (f32, bf16, f16) along the last dim: 1 launched, 0 not this shape, -1 error. */
 template <typename I>
 static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *from,
                             const em_tensor *index, const em_tensor *other, cudaStream_t s) {
   const int nd = p->ndim, last = nd - 1;
-  if ((p->kind != EM_IX_SCATTER && p->kind != EM_IX_SCATTER_VALUE) || nd < 1 || p->dim != last) return 0;
-  if (p->kind == EM_IX_SCATTER && !other) return 0;
+  const bool add = p->kind == EM_IX_SCATTER_ADD;
+  if (nd < 1 || p->dim != last) return 0;
+  if (add && self->dtype != EM_F32 && self->dtype != EM_BF16 && self->dtype != EM_F16) return 0;
+  if ((p->kind == EM_IX_SCATTER || add) && !other) return 0;
   const int64_t m = p->shape[last], L = p->dim_size, es = (int64_t)em_dtype_size(self->dtype), rows = n / m;
-  const int64_t smem = ((L * 4 + 15) / 16) * 16 + (p->kind == EM_IX_SCATTER ? m * es : 0);
+  const int64_t smem = ((L * 4 + 15) / 16) * 16 + (p->kind == EM_IX_SCATTER ? m * es : 0);   /* winners or sums */
   /* a row of self is read and written whole: worth it when the index row covers a fair part of it */
   if (smem > kSmemMax || m * 4 < L || p->dim_stride == 0 || rows > INT32_MAX) return 0;
   if (rows < em_sm_count(self->device.index) && n > 65536) return 0;
@@ -179,7 +230,21 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
     g.ist[d] = p->index_stride[d]; g.ost[d] = other ? p->other_stride[d] : 0;
   }
   g.m = m; g.L = L; g.ds = p->dim_stride; g.is = p->index_stride[last]; g.os = other ? p->other_stride[last] : 0;
-  g.wrap = p->wrap; g.kind = p->kind;
+  g.wrap = p->wrap; g.kind = p->kind; g.alpha = p->alpha;
+  if (add) {
+#define ROWADD(T)                                                                                            \
+  do {                                                                                                       \
+    auto k = add_row_kernel<T, I>;                                                                           \
+    if (sm_launch_prep(k, (int)smem, op)) return -1;                                                         \
+    k<<<(unsigned)rows, SM_THREADS, (size_t)smem, s>>>(g, (T *)em_data_ptr(self), (const T *)em_data_ptr(from), \
+                                                       (const I *)em_data_ptr(index), (const T *)em_data_ptr(other)); \
+  } while (0)
+    if (self->dtype == EM_F32) ROWADD(float);
+    else if (self->dtype == EM_BF16) ROWADD(__nv_bfloat16);
+    else ROWADD(__half);
+#undef ROWADD
+    return 1;
+  }
   uint64_t vb = 0;
   if (p->kind == EM_IX_SCATTER_VALUE) em_store_f64(&vb, self->dtype, 0, p->value);
   int rc = 0;

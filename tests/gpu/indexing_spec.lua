@@ -243,7 +243,7 @@ describe("indexing on CUDA", function()
     assert.same({{6, 0, 0, 7, 0, 0, 0, 0}, {9, 11, 13, 0, 0, 0, 0, 15}}, z)   -- last write wins; 9 and -1 skipped
   end)
 
-  it("scatter_add along dim 0 (column slabs in shared memory) is exact on integer-valued f32, bf16 and f16", function()
+  it("scatter_add along dim 0 (column slabs) and the last dim (rows) in shared memory: exact on integer-valued f32, bf16, f16", function()
     ember.manual_seed(22)
     for _, idt in ipairs({"i64", "i32"}) do
       local src = ember.randint(-2, 3, {2048, 1024}):float()
@@ -265,6 +265,19 @@ describe("indexing on CUDA", function()
     -- out-of-range indices (and negatives: no wrap here) are skipped
     local z = ember.zeros(3, 4):cuda():scatter_add(0, long({{0, 5, -1, 2}, {2, 2, 0, -3}}):cuda(), ember.ones(2, 4):cuda())
     assert.same({{1, 0, 1, 0}, {0, 0, 0, 0}, {1, 1, 0, 1}}, z:cpu():tolist())
+    -- along the last dim (gather's backward along it): a block per row, f32 sums in shared memory
+    local sl, il = ember.randint(-2, 3, {300, 400}):float(), ember.randint(0, 257, {300, 400})
+    local bl = ember.randint(-4, 5, {300, 257}):float()
+    local wantl = bl:double():scatter_add(1, il, sl:double())
+    local ia, sa = ember.randint(0, 257, {100}), ember.randint(-2, 3, {300, 100}):float()
+    local wanta = bl:double():index_add(1, ia, sa:double(), 0.5)
+    for _, dt in ipairs({"f32", "bf16", "f16"}) do
+      assert.equals(0, max_diff(bl:to(dt):cuda():scatter_add(1, il:cuda(), sl:to(dt):cuda()), wantl), dt .. " last dim")
+      assert.equals(0, max_diff(bl:to(dt):cuda():index_add(1, ia:cuda(), sa:to(dt):cuda(), 0.5), wanta), dt .. " index_add")
+      local inpl = bl:to(dt):cuda()
+      inpl:scatter_add_(1, il:int():cuda(), sl:to(dt):cuda())
+      assert.equals(0, max_diff(inpl, wantl), dt .. " last dim in place, i32")
+    end
     -- 8192 target rows (a 128 KB slab, one block of 1024 threads an SM)
     local s8, i8 = ember.randint(-2, 3, {2048, 600}):float(), ember.randint(0, 8192, {2048, 600})
     local want8 = ember.zeros(8192, 600, {dtype = "f64"}):scatter_add(0, i8, s8:double())
