@@ -218,7 +218,7 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
   const int64_t m = p->shape[last], L = p->dim_size, es = (int64_t)em_dtype_size(self->dtype), rows = n / m;
   const int64_t smem = ((L * 4 + 15) / 16) * 16 + (p->kind == EM_IX_SCATTER ? m * es : 0);   /* winners or sums */
   /* a row of self is read and written whole: worth it when the index row covers a fair part of it */
-  if (smem > kSmemMax || m * 4 < L || p->dim_stride == 0 || rows > INT32_MAX) return 0;
+  if (smem > kSmemMax || m * 4 < L || m >= ((int64_t)1 << 30) || p->dim_stride == 0 || rows > INT32_MAX) return 0;
   if (rows < em_sm_count(self->device.index) && n > 65536) return 0;
   RowWalk g;
   memset(&g, 0, sizeof g);
@@ -270,6 +270,7 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   if (self->dtype != EM_F32 && self->dtype != EM_BF16 && self->dtype != EM_F16) return 0;
   const int64_t D = p->dim_size, rows = p->shape[0], cols = p->shape[1];
   if (D * 4 * 4 > kSmemMax || rows * 4 < D) return 0;   /* self's slab read and written whole: enough adds into it */
+  if (p->dim_stride == 0 || (cols > 1 && p->self_stride[1] == 0)) return 0;   /* positions of self must be distinct */
   const int sms = em_sm_count(self->device.index);
   int lw = 5;                                          /* W = 32 columns; narrower while the slab is large or blocks few */
   while (lw > 2 && (D * (4 << lw) > 96 * 1024 || (cols + (1 << lw) - 1) >> lw < 2 * sms)) lw--;
