@@ -25,6 +25,8 @@
  * / add_vec_kernel: 16 bytes of positions per thread (EMBER_IX_GATHER_VEC=0:
  * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
+ * Scatters along the last dim and 2-D scatter_adds along dim 0 are staged in
+ * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not).
  * masked_select and nonzero (stream compactions) live in kernels/compact.cu. */
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>

@@ -660,7 +660,9 @@ typedef struct {
  * index is i32 or i64. No host check of the indices (it would synchronise):
  * an index outside [0, dim_size) is never followed — a GATHER writes NaN
  * there (0 for integer dtypes), a scatter skips the element. Duplicate
- * indices: SCATTER's writes race (one wins, unspecified which); SCATTER_ADD
+ * indices: SCATTER's writes race (one wins, unspecified which; along the last dim
+ * of rows that fit in shared memory the last in index order wins, as on the CPU:
+ * kernels/scatter_smem.cu); SCATTER_ADD
  * adds with atomics (f32, f64, bf16, f16, i32, i64), so float sums may differ
  * in the last bits from run to run. */
 int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
