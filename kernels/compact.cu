@@ -122,18 +122,26 @@ __device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
 /* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run. */
 template <typename U>
 __global__ void __launch_bounds__(kThreads) select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
-                                                          const U *__restrict__ x, int64_t n, bool vec, U *__restrict__ out) {
+                                                          const U *__restrict__ x, int64_t n, bool vec, bool early,
+                                                          U *__restrict__ out) {
   constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
   __shared__ TileRanks r;
   __shared__ U stage[kTile];
-  const int cnt = load_ranks(r, words, off);
   const int t = threadIdx.x;
   const int64_t base = (int64_t)blockIdx.x * kTile;
-  if (vec && base + kTile <= n) {
+  const bool full = vec && base + kTile <= n;
+  /* x's loads first (EMBER_COMPACT_EARLY=0: after the ranks): they do not need the ranks, so their DRAM
+   * latency overlaps the words' load and the block scan instead of following it */
+  Packed128<U> xv[S];
+  if (full && early)
+#pragma unroll
+    for (int j = 0; j < S; j++) xv[j] = load128(x + base + (j * kThreads + t) * V);
+  const int cnt = load_ranks(r, words, off);
+  if (full) {
 #pragma unroll
     for (int j = 0; j < S; j++) {
       const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
-      const Packed128<U> v = load128(x + base + e0);
+      const Packed128<U> v = early ? xv[j] : load128(x + base + e0);
       const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
       int k = rank_of(r, e0);
 #pragma unroll
@@ -182,7 +190,7 @@ struct Dims { int ndim; int64_t s[EM_MAX_DIMS]; uint32_t s32[EM_MAX_DIMS]; };
  * O: the index type of the divisions (u32 when every flat index fits). */
 template <typename O>
 __global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
-                                                         Dims d, int64_t *__restrict__ out) {
+                                                         Dims d, bool pair, int64_t *__restrict__ out) {
   __shared__ TileRanks r;
   __shared__ int stage[kTile];
   const int cnt = load_ranks(r, words, off);
@@ -199,6 +207,15 @@ __global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restr
   }
   __syncthreads();
   const int64_t base = (int64_t)blockIdx.x * kTile, row0 = off[blockIdx.x];
+  if (pair) {   /* 2-D: a row is 16 bytes, one store (a warp writes 512 contiguous bytes) */
+    const O s = sizeof(O) == 4 ? (O)d.s32[1] : (O)d.s[1];
+    longlong2 *o2 = reinterpret_cast<longlong2 *>(out) + row0;
+    for (int k = t; k < cnt; k += kThreads) {
+      const O l = (O)(base + stage[k]), q = l / s;
+      o2[k] = make_longlong2((long long)q, (long long)(l - q * s));
+    }
+    return;
+  }
   for (int k = t; k < cnt; k += kThreads) {
     O l = (O)(base + stage[k]);
     int64_t *row = out + (row0 + k) * d.ndim;
@@ -300,6 +317,7 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   const int64_t n = em_numel(x);
   if (n == 0 || em_numel(out) == 0) return 0;
   cudaStream_t s = em_cur_stream(x->device.index);
+  static const bool early = em_env_switch("EMBER_COMPACT_EARLY", true);
   const bool vec = aligned16(em_data_ptr(x));
   const unsigned grid = (unsigned)ntiles_of(n);
   const uint32_t *w = ws_words(ws);
@@ -308,7 +326,7 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   void *o = em_data_ptr(out);
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
-    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, (T *)o);
+    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, (T *)o);
   });
   return em_launch_check(op);
 }
@@ -341,8 +359,10 @@ extern "C" int em_compact_coords_cuda(const char *op, const em_tensor *ws, int64
   const uint32_t *w = ws_words(ws);
   const int64_t *off = ws_off(ws, n);
   int64_t *o = (int64_t *)em_data_ptr(out);
-  if (n <= (int64_t)UINT32_MAX) coords_tiles<uint32_t><<<grid, kThreads, 0, s>>>(w, off, d, o);
-  else coords_tiles<uint64_t><<<grid, kThreads, 0, s>>>(w, off, d, o);
+  static const bool pairs = em_env_switch("EMBER_COMPACT_PAIRS", true);   /* 0: 2-D rows as two 8-byte stores */
+  const bool pair = pairs && ndim == 2 && aligned16(o);
+  if (n <= (int64_t)UINT32_MAX) coords_tiles<uint32_t><<<grid, kThreads, 0, s>>>(w, off, d, pair, o);
+  else coords_tiles<uint64_t><<<grid, kThreads, 0, s>>>(w, off, d, pair, o);
   return em_launch_check(op);
 }
 

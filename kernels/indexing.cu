@@ -25,6 +25,8 @@
  * / add_vec_kernel: 16 bytes of positions per thread (EMBER_IX_GATHER_VEC=0:
  * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
+ * Scatters along the last dim and 2-D scatter_adds along dim 0 are staged in
+ * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not).
  * masked_select and nonzero (stream compactions) live in kernels/compact.cu. */
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -34,6 +36,10 @@
 #include "backend.h"
 
 #define THREADS 256
+
+/* Scatters along the last dim and scatter_adds along dim 0, staged in shared memory: 1 ran, 0 not taken, -1 error. */
+extern "C" int em_index_smem_cuda(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
+                                  const em_tensor *index, const em_tensor *other);
 
 /* ---------------- the gather/scatter walk ---------------- */
 
@@ -345,21 +351,35 @@ __global__ void __launch_bounds__(THREADS) rows_kernel(const char *__restrict__ 
  * order, as before). */
 template <typename T> struct Vec16;
 template <> struct Vec16<float> {
-  static __device__ __forceinline__ void add(float *p, uint4 v, double a) {
+  static __device__ __forceinline__ void add(float *p, uint4 v, double a, bool) {
     float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
     f.x = scaled(f.x, a); f.y = scaled(f.y, a); f.z = scaled(f.z, a); f.w = scaled(f.w, a);
     atomicAdd(reinterpret_cast<float4 *>(p), f);
   }
 };
+/* bf16 / f16: 8 values a vector. sm_90 adds all 16 bytes in one red.global.add.noftz.v4.{bf16x2,f16x2}
+ * (as f32's float4): a quarter of the atomic operations of four pair atomics, which set index_add's
+ * bf16 pace (the same time as f32 for half the bytes). v4 = false (EMBER_IX_RED_V4=0): the pairs. */
 template <typename H, typename H2> struct Vec16Pairs {
-  static __device__ __forceinline__ void add(H *p, uint4 v, double a) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  static __device__ __forceinline__ void add(H *p, uint4 v, double a, bool v4) {
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       H2 h = *reinterpret_cast<const H2 *>(&w[k]);
       h.x = scaled(h.x, a); h.y = scaled(h.y, a);
-      atomicAdd(reinterpret_cast<H2 *>(p) + k, h);
+      if (v4) w[k] = *reinterpret_cast<const uint32_t *>(&h);
+      else atomicAdd(reinterpret_cast<H2 *>(p) + k, h);
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (v4) {
+      if constexpr (std::is_same<H, __nv_bfloat16>::value)
+        asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3]) : "memory");
+      else
+        asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3]) : "memory");
+    }
+#endif
   }
 };
 template <> struct Vec16<__nv_bfloat16> : Vec16Pairs<__nv_bfloat16, __nv_bfloat162> {};
@@ -367,27 +387,29 @@ template <> struct Vec16<__half> : Vec16Pairs<__half, __half2> {};
 
 template <typename T, typename I, typename O>
 __global__ void __launch_bounds__(THREADS) rows_add_kernel(char *__restrict__ self, const I *__restrict__ index,
-                                                           const uint4 *__restrict__ other, RowsPlan g, double alpha) {
+                                                           const uint4 *__restrict__ other, RowsPlan g, double alpha,
+                                                           bool v4) {
   const O total = (O)(g.rows * g.vpr), vpr = (O)g.vpr, nidx = (O)g.nidx;
   for (O v = blockIdx.x * (O)blockDim.x + threadIdx.x; v < total; v += (O)gridDim.x * blockDim.x) {
     O c;
     int64_t off;
     if (!row_at(index, g, v, vpr, nidx, c, off)) continue;
-    Vec16<T>::add(reinterpret_cast<T *>(self + off + (int64_t)c * 16), __ldg(other + v), alpha);
+    Vec16<T>::add(reinterpret_cast<T *>(self + off + (int64_t)c * 16), __ldg(other + v), alpha, v4);
   }
 }
 
 template <typename T, typename I>
 static void launch_rows_add(const RowsPlan &g, em_tensor *self, const em_tensor *index, const em_tensor *other,
                             double alpha, cudaStream_t s) {
+  static const bool v4 = em_env_switch("EMBER_IX_RED_V4", true);
   const int64_t total = g.rows * g.vpr;
   const unsigned grid = em_grid(total, THREADS);
   if (total < ((int64_t)1 << 30))
     rows_add_kernel<T, I, uint32_t><<<grid, THREADS, 0, s>>>((char *)em_data_ptr(self), (const I *)em_data_ptr(index),
-                                                             (const uint4 *)em_data_ptr(other), g, alpha);
+                                                             (const uint4 *)em_data_ptr(other), g, alpha, v4);
   else
     rows_add_kernel<T, I, int64_t><<<grid, THREADS, 0, s>>>((char *)em_data_ptr(self), (const I *)em_data_ptr(index),
-                                                            (const uint4 *)em_data_ptr(other), g, alpha);
+                                                            (const uint4 *)em_data_ptr(other), g, alpha, v4);
 }
 
 /* index_add's row path: f32, bf16, f16 (the dtypes with 16-byte vector atomics). EMBER_IX_ROWS_ADD=0: the element kernel. */
@@ -474,6 +496,8 @@ extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *
     }
     return em_launch_check(op);
   }
+  const int sm = em_index_smem_cuda(op, p, n, self, index, other);   /* kernels/scatter_smem.cu */
+  if (sm) return sm < 0 ? -1 : em_launch_check(op);
   bool small = fits32(p, n);
   int rc;
   if (index->dtype == EM_I64)

@@ -660,11 +660,21 @@ typedef struct {
  * index is i32 or i64. No host check of the indices (it would synchronise):
  * an index outside [0, dim_size) is never followed — a GATHER writes NaN
  * there (0 for integer dtypes), a scatter skips the element. Duplicate
- * indices: SCATTER's writes race (one wins, unspecified which); SCATTER_ADD
+ * indices: SCATTER's writes race (one wins, unspecified which; along the last dim
+ * of rows that fit in shared memory the last in index order wins, as on the CPU:
+ * kernels/scatter_smem.cu); SCATTER_ADD
  * adds with atomics (f32, f64, bf16, f16, i32, i64), so float sums may differ
  * in the last bits from run to run. */
 int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
                   em_tensor *other);
+
+/* The out-of-place form, where one kernel can do the copy too: self (fresh, contiguous) = from (contiguous, of
+ * self's shape and dtype) with plan p applied, `from` read where em_index_cuda would first need a copy of it
+ * (a scatter along the last dim, a 2-D scatter_add along dim 0, whose walk covers every row / column of self:
+ * kernels/scatter_smem.cu). Returns 1 when done, 0 when p is not such a shape (nothing launched: the caller
+ * copies and runs em_index_cuda), -1 on error. */
+int em_index_from_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *from,
+                       const em_tensor *index, const em_tensor *other);
 
 /* pos (n, i64, contiguous) = inclusive prefix count of the nonzero elements
  * of x (contiguous, n elements, any dtype; NaN counts, -0.0 does not), one

@@ -212,6 +212,8 @@ int em_multinomial_cuda(const em_tensor *probs, em_tensor *out, bool replacement
 /* ==== indexing — ops-indexing block begin ==== */
 int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *index,
                   em_tensor *other) { return no_cuda(op); }
+int em_index_from_cuda(const char *op, const em_index_plan *p, em_tensor *self, const em_tensor *from,
+                       const em_tensor *index, const em_tensor *other) { return no_cuda(op); }
 int em_nonzero_scan_cuda(const char *op, const em_tensor *x, em_tensor *pos) { return no_cuda(op); }
 int em_masked_select_cuda(const char *op, const em_tensor *x, const em_tensor *pos,
                           em_tensor *out) { return no_cuda(op); }

@@ -421,15 +421,30 @@ static em_tensor *scatter_common(const char *op, int kind, em_tensor *x, int d, 
       return em_error("%s: src requires grad; an in-place scatter is not recorded by autograd "
                       "(use the out-of-place form, detach() or ember.no_grad)", op), NULL;
   }
-  em_tensor *out = inplace ? em_tensor_retain(x) : fresh_copy(x);
-  if (!out) return NULL;
   em_index_plan p;
-  if (along) plan_along(&p, kind, d, out, ix, src);
-  else plan_each(&p, kind, d, out, ix, src);
-  p.value = value;
-  p.alpha = alpha;
-  if (inplace) em_bump_version(out);
-  if (ix_run(op, &p, out, ix, src)) { em_tensor_release(out); return NULL; }
+  em_tensor *out = NULL;
+  if (!inplace && x->device.type == EM_CUDA && em_is_contiguous(x)) {
+    /* CUDA: one kernel may read x and write all of a fresh out (em_index_from_cuda), instead of a copy + the walk */
+    out = em_empty(x->ndim, x->shape, x->dtype, x->device);
+    if (!out) return NULL;
+    if (along) plan_along(&p, kind, d, out, ix, src);
+    else plan_each(&p, kind, d, out, ix, src);
+    p.value = value;
+    p.alpha = alpha;
+    int r = em_index_from_cuda(op, &p, out, x, ix, src);
+    if (r < 0) { em_tensor_release(out); return NULL; }
+    if (r == 0) { em_tensor_release(out); out = NULL; }
+  }
+  if (!out) {
+    out = inplace ? em_tensor_retain(x) : fresh_copy(x);
+    if (!out) return NULL;
+    if (along) plan_along(&p, kind, d, out, ix, src);
+    else plan_each(&p, kind, d, out, ix, src);
+    p.value = value;
+    p.alpha = alpha;
+    if (inplace) em_bump_version(out);
+    if (ix_run(op, &p, out, ix, src)) { em_tensor_release(out); return NULL; }
+  }
   if (inplace) return out;
   em_node *node;
   out = em_op_record(out, &node, op, scatter_backward, 2, (em_tensor *[]){x, src}, 1, &ix);

@@ -215,6 +215,79 @@ describe("indexing on CUDA", function()
     assert.same({{0, 6, 5, 4, 3, 2, 1, 0}, {8, 9, 10, 11, 0, 13, 14, 15}}, z)   -- 99 and -1 skipped
   end)
 
+  it("scatter along the last dim (rows staged in shared memory): duplicates take the last write, as on the CPU", function()
+    ember.manual_seed(21)
+    local src = ember.randn(300, 257, {dtype = "f64"}):mul(20)
+    for _, idt in ipairs({"i64", "i32"}) do
+      local i = ember.randint(0, 257, {300, 200}):to(idt)          -- many duplicates in every row
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local s, base = src:to(dt), ember.randn(300, 257, {dtype = "f64"}):mul(20):to(dt)
+        local want = base:scatter(1, i, s)
+        assert.equals(0, max_diff(base:cuda():scatter(1, i:cuda(), s:cuda()), want), dt .. " " .. idt)
+        assert.equals(0, max_diff(base:cuda():scatter(1, i:cuda(), 2.5), base:scatter(1, i, 2.5)), dt .. " value")
+      end
+    end
+    -- 1024 rows of 4096 (more rows than SMs), a transposed (strided) target, a 3-D walk over a smaller index
+    local x, i = ember.randn(1024, 4096), ember.randint(0, 4096, {1024, 4096})
+    local sx = ember.randn(1024, 4096)
+    assert.equals(0, max_diff(x:cuda():scatter(1, i:cuda(), sx:cuda()), x:scatter(1, i, sx)))
+    local xt, it_ = ember.randn(64, 48), ember.randint(0, 64, {48, 60})
+    local st = ember.randn(48, 70)
+    local want = xt:clone(); want:t():scatter_(1, it_, st)
+    local got = xt:cuda(); got:t():scatter_(1, it_:cuda(), st:cuda())
+    assert.equals(0, max_diff(got, want))
+    local x3, i3, s3 = ember.randn(3, 5, 40), ember.randint(0, 40, {2, 4, 30}), ember.randn(3, 5, 40)
+    assert.equals(0, max_diff(x3:cuda():scatter(2, i3:cuda(), s3:cuda()), x3:scatter(2, i3, s3)))
+    local z = ember.zeros(2, 8):cuda():scatter(1, long({{3, 3, 3, 9, 3, -1, 0, 3}, {0, 0, 1, 1, 2, 2, 7, 7}}):cuda(),
+                                              ember.arange(16):float():view(2, 8):cuda()):cpu():tolist()
+    assert.same({{6, 0, 0, 7, 0, 0, 0, 0}, {9, 11, 13, 0, 0, 0, 0, 15}}, z)   -- last write wins; 9 and -1 skipped
+  end)
+
+  it("scatter_add along dim 0 (column slabs) and the last dim (rows) in shared memory: exact on integer-valued f32, bf16, f16", function()
+    ember.manual_seed(22)
+    for _, idt in ipairs({"i64", "i32"}) do
+      local src = ember.randint(-2, 3, {2048, 1024}):float()
+      local i = ember.randint(0, 1024, {2048, 1024}):to(idt)
+      local base = ember.randint(-4, 5, {1024, 1024}):float()
+      local want = base:double():scatter_add(0, i, src:double())
+      for _, dt in ipairs({"f32", "bf16", "f16"}) do
+        local got = base:to(dt):cuda():scatter_add(0, i:cuda(), src:to(dt):cuda())
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " " .. idt)
+      end
+      -- a transposed target and src (strided columns), an index with fewer columns than the target
+      local bt = base:t():contiguous()
+      local wantt = bt:double():t():scatter_add(0, i:narrow(1, 0, 1000), src:t():contiguous():t():double())
+      local tgt = bt:cuda()                                     -- in place: the kernel sees the strided view
+      tgt:t():scatter_add_(0, i:narrow(1, 0, 1000):cuda(), src:t():contiguous():cuda():t())
+      assert.equals(0, max_diff(tgt:t(), wantt), "strided " .. idt)
+    end
+    -- out-of-range indices (and negatives: no wrap here) are skipped
+    local z = ember.zeros(3, 4):cuda():scatter_add(0, long({{0, 5, -1, 2}, {2, 2, 0, -3}}):cuda(), ember.ones(2, 4):cuda())
+    assert.same({{1, 0, 1, 0}, {0, 0, 0, 0}, {1, 1, 0, 1}}, z:cpu():tolist())
+    -- along the last dim (gather's backward along it): a block per row, f32 sums in shared memory
+    local sl, il = ember.randint(-2, 3, {300, 400}):float(), ember.randint(0, 257, {300, 400})
+    local bl = ember.randint(-4, 5, {300, 257}):float()
+    local wantl = bl:double():scatter_add(1, il, sl:double())
+    local ia, sa = ember.randint(0, 257, {100}), ember.randint(-2, 3, {300, 100}):float()
+    local wanta = bl:double():index_add(1, ia, sa:double(), 0.5)
+    for _, dt in ipairs({"f32", "bf16", "f16"}) do
+      assert.equals(0, max_diff(bl:to(dt):cuda():scatter_add(1, il:cuda(), sl:to(dt):cuda()), wantl), dt .. " last dim")
+      assert.equals(0, max_diff(bl:to(dt):cuda():index_add(1, ia:cuda(), sa:to(dt):cuda(), 0.5), wanta), dt .. " index_add")
+      local inpl = bl:to(dt):cuda()
+      inpl:scatter_add_(1, il:int():cuda(), sl:to(dt):cuda())
+      assert.equals(0, max_diff(inpl, wantl), dt .. " last dim in place, i32")
+    end
+    -- 8192 target rows (a 128 KB slab, one block of 1024 threads an SM)
+    local s8, i8 = ember.randint(-2, 3, {2048, 600}):float(), ember.randint(0, 8192, {2048, 600})
+    local want8 = ember.zeros(8192, 600, {dtype = "f64"}):scatter_add(0, i8, s8:double())
+    assert.equals(0, max_diff(ember.zeros(8192, 600):cuda():scatter_add(0, i8:cuda(), s8:cuda()), want8))
+    -- random-valued f32: the exact sum up to f32 rounding of ~4 adds a target
+    local src, i = ember.randn(4096, 1024), ember.randint(0, 1024, {4096, 1024})
+    local want = ember.zeros(1024, 1024, {dtype = "f64"}):scatter_add(0, i, src:double())
+    assert.is_true(max_diff(ember.zeros(1024, 1024):cuda():scatter_add(0, i:cuda(), src:cuda()), want) <= 1e-5)
+  end)
+
   it("index_add of whole rows (16-byte vector atomics) is exact on integer-valued f32, bf16 and f16", function()
     ember.manual_seed(14)
     local src = ember.randint(-2, 3, {400, 64}):float()
@@ -225,6 +298,10 @@ describe("indexing on CUDA", function()
         local got = ember.zeros(50, 64, {dtype = dt}):cuda():index_add(0, i:cuda(), src:to(dt):cuda(), alpha)
         assert.equals(dt, got.dtype)
         assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+        -- in place: the row kernel (out of place, a 2-D index_add along dim 0 this small takes the smem slabs)
+        local gi = ember.zeros(50, 64, {dtype = dt}):cuda()
+        gi:index_add_(0, i:cuda(), src:to(dt):cuda(), alpha)
+        assert.equals(0, max_diff(gi, want), dt .. " alpha " .. alpha .. " in place")
       end
       -- along dim 1 of a 3-D target (outer dims before the indexed one), i32 index with a skipped bad one
       local x3 = ember.zeros(3, 10, 8, {dtype = dt}):cuda()

@@ -193,6 +193,10 @@ return function(case, perf, ember, F)
     function(x, src, i) return x:scatter_add(0, i, src) end,
     function(T) return {T.randn({8192, 8192}), T.randn({8192, 8192}), T.ids({8192, 8192}, 8192)} end,
     with {bytes = scatter_bytes, torch = "a.scatter_add(0, c, b)"})
+  perf("scatter_add", "scatter_add (8192, 8192) into (8192, 8192) along dim 1",
+    function(x, src, i) return x:scatter_add(1, i, src) end,
+    function(T) return {T.randn({8192, 8192}), T.randn({8192, 8192}), T.ids({8192, 8192}, 8192)} end,
+    with {bytes = scatter_bytes, torch = "a.scatter_add(1, c, b)"})
   perf("scatter", "scatter (8192, 8192) along dim 1",
     function(x, src, i) return x:scatter(1, i, src) end,
     function(T) return {T.randn({8192, 8192}), T.randn({8192, 8192}), T.ids({8192, 8192}, 8192)} end,
