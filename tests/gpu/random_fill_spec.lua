@@ -132,6 +132,25 @@ describe("contiguous random fills on CUDA (kernels/rng.cu)", function()
     g, c = both(4, 0, function(dev) return ember.empty(4099, {device = dev}):uniform_(0, 0.1) end)
     assert_same_bits(g, c, "uniform_(0, 0.1) f32")
   end)
+
+  it("uniform_ in one FFMA where lo and hi - lo are exact in f32 and the double sum is exact, else in double", function()
+    -- one FFMA (kernels/rng.cu, uniform_f32_exact): (-2, 3), (-0, 0), (1.5, 1.75)
+    -- (hi exact in bf16: the [lo, hi) rule), 2^-100 and 2^100 scales, (1, 2^24); in double: hi - lo or lo
+    -- not exact in f32 (0.1, 1e-7), or a sum of more than 53 bits (2^40 + 1.5 u, 2^-120 + 2^-120 u: span 2^-24
+    -- below f32's normals)
+    local cases = {{-2, 3}, {-0.0, 0}, {1.5, 1.75}, {-2 ^ -100, 2 ^ -100}, {2 ^ 100, 2 ^ 101}, {1, 2 ^ 24},
+                   {0.1, 0.2}, {-7, 1e-7}, {2 ^ 40, 2 ^ 40 + 1.5}, {2 ^ -120, 2 ^ -119}, {-65504, 65504}}
+    for _, dt in ipairs {"f32", "bf16", "f16"} do
+      for _, lohi in ipairs(cases) do
+        for _, n in ipairs {33, 4099 * 4} do
+          local g, c = both(n + 11, 3, function(dev)
+            return ember.empty(n, {dtype = dt, device = dev}):uniform_(lohi[1], lohi[2])
+          end)
+          assert_same_bits(g, c, ("uniform_(%a, %a) %s n=%d"):format(lohi[1], lohi[2], dt, n))
+        end
+      end
+    end
+  end)
 end)
 
 describe("dropout on CUDA at the per-thread edges (kernels/dropout.cu)", function()
