@@ -14,7 +14,8 @@
  * twice f32's, so a thread's fixed index/loop work is spread over 16
  * elements; 2 for f32; 1 for f64), loaded and stored as 16-byte vectors
  * when x and y are 16-byte aligned, the loads issued before the Philox
- * rounds (EMBER_DROPOUT_OLD=1: B = 2 for bf16/f16, as before). The mask compares integers
+ * rounds (EMBER_DROPOUT_OLD=1: B = 2 for bf16/f16, as before). The B blocks
+ * come from em_philox_run (rng_math.h: the first rounds' products shared). The mask compares integers
  * (em_rng_keep_limit): no conversion to double per element. The one trick: the key and first counter
  * are resolved on the device (em_philox_resolve), so inside a CUDA graph
  * the kernel reads the graph's cell and each replay draws a fresh mask. */
@@ -66,7 +67,7 @@ template <> __device__ __forceinline__ void unpack2<__half>(uint32_t w, float &a
  * time (cvt.rn.{bf16x2,f16x2}.f32: the same bits as from_f32's one at a time). */
 template <typename T, int B>
 __global__ void __launch_bounds__(256) dropout_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, uint32_t lim,
-                                                      acc_t<T> scale, em_philox_state s, bool vec) {
+                                                      acc_t<T> scale, em_philox_state s, bool vec, bool shared) {
   using C = acc_t<T>;
   constexpr int E = 4 * B;
   uint64_t seed, ctr0;
@@ -79,12 +80,12 @@ __global__ void __launch_bounds__(256) dropout_kernel(const T *__restrict__ x, T
     VecE<T, E> in;
     if (full) in = *reinterpret_cast<const VecE<T, E> *>(x + j0);   /* issued before the Philox rounds: in flight meanwhile */
     C keep[E];
+    em_philox_block pb[B];
+    em_philox_run(ctr0 + (uint64_t)(t * B), B, shared, k0, k1, pb);   /* blocks B t .. B t + B - 1 */
 #pragma unroll
     for (int k = 0; k < B; k++) {
-      uint64_t c = ctr0 + (uint64_t)(t * B + k);
-      em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
 #pragma unroll
-      for (int w = 0; w < 4; w++) keep[4 * k + w] = pb.v[w] <= lim ? scale : (C)0;
+      for (int w = 0; w < 4; w++) keep[4 * k + w] = pb[k].v[w] <= lim ? scale : (C)0;
     }
     if (full) {
       if constexpr (sizeof(T) == 2) {
@@ -117,7 +118,8 @@ template <typename T, int B>
 void dropout_launch(const T *xp, T *yp, int64_t n, uint32_t lim, acc_t<T> scale, em_philox_state s, cudaStream_t st) {
   constexpr uintptr_t A = 4 * B * sizeof(T) < 16 ? 4 * B * sizeof(T) : 16;
   const bool vec = (uintptr_t)xp % A == 0 && (uintptr_t)yp % A == 0;
-  dropout_kernel<T, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>(xp, yp, n, lim, scale, s, vec);
+  dropout_kernel<T, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>(xp, yp, n, lim, scale, s, vec,
+                                                                               em_philox_run_shared());
 }
 
 /* EMBER_DROPOUT_OLD=1: two Philox blocks a thread (8 elements) for bf16/f16, as before; the same masks. */

@@ -22,6 +22,8 @@
  * instantiation per distribution: each thread turns B consecutive blocks
  * (B = 4 for bf16/f16 and f32 normal_, which the issue rate bounds: half the
  * per-thread work an element; 2 for f32 uniform_ and trunc_normal_; f64 1)
+ * (em_philox_run: the first two rounds' products shared by the B blocks,
+ * 2 + 17B multiplies instead of 19B; EMBER_PHILOX_RUN_OLD=1: whole blocks)
  * into 4B consecutive elements and writes them with 16-byte stores (bf16/f16
  * rounded in pairs by the hardware, NaN-checked only where the parameters
  * allow a NaN; EMBER_RNG_CONTIG_OLD=1: B = 2 and every pair checked, as
@@ -29,7 +31,7 @@
  * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
  * skips the double arithmetic (exact in f32), and so does uniform_(lo, hi)
  * where lo and hi - lo are exact in f32 and the double arithmetic exact
- * (uniform_f32_exact: one FFMA, the same bits; EMBER_RNG_UNIFORM_OLD=1
+ * (em_rng_uniform_f32_exact, rng_math.h: one FFMA, the same bits; EMBER_RNG_UNIFORM_OLD=1
  * keeps the double path: two DADD, a DMUL and a 1/16-rate F2F.F32.F64 an
  * element). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
@@ -146,7 +148,7 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
 #pragma unroll
     for (int e = 0; e < 4; e++) z[e] = (float)(pb.v[e] >> 8) * 0x1p-24f;   /* exact: 24 bits */
   } else if constexpr (KIND == kUniformF) {
-    /* lo + span u with lo, span exact in f32 and the double arithmetic exact (uniform_f32_exact): one
+    /* lo + span u with lo, span exact in f32 and the double arithmetic exact (em_rng_uniform_f32_exact): one
      * rounding of the exact value either way, so this FFMA is the CPU's double result rounded to f32 */
 #pragma unroll
     for (int e = 0; e < 4; e++) z[e] = __fmaf_rn(span_s, (float)(pb.v[e] >> 8), lo_f);
@@ -171,7 +173,8 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
  * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
 template <int DT, int B, int KIND, bool NANS>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
-                                                 em_philox_state st, float bound, float lo_f, float span_s) {
+                                                 em_philox_state st, float bound, float lo_f, float span_s,
+                                                 bool shared) {
   typedef typename RngOut<DT>::S S;
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
@@ -185,11 +188,7 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nthr; t += (uint64_t)gridDim.x * blockDim.x) {
     union { S s[E]; uint32_t w[E * sizeof(S) / 4]; uint4 q[CHUNKS]; } v;
     em_philox_block pb[B];
-#pragma unroll
-    for (int k = 0; k < B; k++) {
-      const uint64_t c = ctr0 + t * B + k;
-      pb[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    }
+    em_philox_run(ctr0 + t * B, B, shared, k0, k1, pb);   /* blocks B t .. B t + B - 1 */
     if constexpr (DT == EM_F64) {
 #pragma unroll
       for (int k = 0; k < B; k++) {
@@ -237,8 +236,10 @@ template <int DT, int B, int KIND>
 static void rng_contig_go(unsigned grid, void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d,
                           em_philox_state ps, cudaStream_t st, float bound, float lo_f, bool nans, float span_s = 0) {
   constexpr bool PACKED = DT == EM_BF16 || DT == EM_F16;   /* NANS matters only to rng_pack2 */
-  if (PACKED && nans) rng_contig<DT, B, KIND, PACKED><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s);
-  else rng_contig<DT, B, KIND, false><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s);
+  const bool shared = em_philox_run_shared();
+  if (PACKED && nans)
+    rng_contig<DT, B, KIND, PACKED><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s, shared);
+  else rng_contig<DT, B, KIND, false><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s, shared);
 }
 
 /* EMBER_RNG_UNIFORM_OLD=1: uniform_ always in double (as before), even where one FFMA gives the same bits. */
@@ -247,33 +248,6 @@ static bool rng_uniform_old() {
   return on;
 }
 
-/* The exponent of x's last significant bit (x finite, nonzero, exact in f32). */
-static int lsb_exp(double x) {
-  int ex;
-  const double f = frexp(fabs(x), &ex);           /* |x| = f 2^ex, f in [0.5, 1) */
-  int64_t m = (int64_t)ldexp(f, 24);               /* exact: x has at most 24 significant bits */
-  ex -= 24;
-  while (!(m & 1)) { m >>= 1; ex++; }
-  return ex;
-}
-
-/* Whether uniform_'s f32/bf16/f16 values (float)(lo + span u24(w)), in double, are one FFMA fmaf(span_s, m, lo)
- * for u24 = m 2^-24, bit for bit: lo and span = hi - lo exact in f32, span_s = span 2^-24 a normal f32 (or 0),
- * and the double product and sum exact (span u has at most 48 significant bits; the sum's bits lie between
- * the top of |lo| + |span| and the lowest set bit e of lo or span 2^-24, at most 53 of them). Then both
- * round the exact value once to f32 (ties to even, signed zeros alike). */
-static bool uniform_f32_exact(const em_rng_dist *d, float *span_s) {
-  const double lo = d->p0, span = d->p1 - d->p0;   /* as em_rng_block_uniform */
-  if (!isfinite(lo) || !isfinite(span) || (double)(float)lo != lo || (double)(float)span != span) return false;
-  const float ss = (float)span * 0x1p-24f;
-  if ((double)ss * 0x1p24 != span || (span != 0 && fabs(span) < 0x1p-102)) return false;   /* exact and normal */
-  if (span == 0) { *span_s = ss; return true; }   /* lo + 0: lo (+0 for -0) on both */
-  int e = lsb_exp(span) - 24;
-  if (lo != 0 && lsb_exp(lo) < e) e = lsb_exp(lo);
-  if (!(fabs(lo) + fabs(span) <= ldexp(1.0, 52 + e))) return false;
-  *span_s = ss;
-  return true;
-}
 
 /* Whether an f32 value of the fill can be NaN (then 16-bit stores take the CPU's NaN pattern, rng_pack2):
  * uniform_ only with a NaN or infinite lo or hi - lo (lo + (hi - lo) u is otherwise finite in double, and
@@ -304,7 +278,7 @@ static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_r
   const bool nans = rng_contig_old() ? !unit : rng_may_nan(d, unit);
   float span_s = 0;
   bool ffma = false;   /* uniform_ in one FFMA (f32/bf16/f16 outputs) */
-  if constexpr (DT != EM_F64) ffma = !unit && d->kind == EM_RNG_UNIFORM && !rng_uniform_old() && uniform_f32_exact(d, &span_s);
+  if constexpr (DT != EM_F64) ffma = !unit && d->kind == EM_RNG_UNIFORM && !rng_uniform_old() && em_rng_uniform_f32_exact(d, &span_s);
   if (unit) rng_contig_go<DT, B, kUnit>(grid, out, n, nblocks, d, ps, st, bound, lo_f, false);
   else if (ffma) {
     if constexpr (DT != EM_F64) rng_contig_go<DT, B, kUniformF>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans, span_s);
