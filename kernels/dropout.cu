@@ -15,8 +15,8 @@
  * elements; 2 for f32; 1 for f64), loaded and stored as 16-byte vectors
  * when x and y are 16-byte aligned, the loads issued before the Philox
  * rounds (EMBER_DROPOUT_OLD=1: B = 2 for bf16/f16, as before). The B blocks
- * come from em_philox_run (rng_math.h: the first rounds' products shared). The mask compares integers
- * (em_rng_keep_limit): no conversion to double per element. The one trick: the key and first counter
+ * come from em_philox_run (rng_math.h: the first rounds' products shared).
+ * The mask compares integers (em_rng_keep_limit): no conversion to double per element. The one trick: the key and first counter
  * are resolved on the device (em_philox_resolve), so inside a CUDA graph
  * the kernel reads the graph's cell and each replay draws a fresh mask. */
 #include <type_traits>

@@ -31,9 +31,9 @@
  * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
  * skips the double arithmetic (exact in f32), and so does uniform_(lo, hi)
  * where lo and hi - lo are exact in f32 and the double arithmetic exact
- * (em_rng_uniform_f32_exact, rng_math.h: one FFMA, the same bits; EMBER_RNG_UNIFORM_OLD=1
- * keeps the double path: two DADD, a DMUL and a 1/16-rate F2F.F32.F64 an
- * element). Everything else
+ * (em_rng_uniform_f32_exact, rng_math.h: one FFMA, the same bits;
+ * EMBER_RNG_UNIFORM_OLD=1 keeps the double path: two DADD, a DMUL and a
+ * 1/16-rate F2F.F32.F64 an element). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <math.h>
@@ -248,7 +248,6 @@ static bool rng_uniform_old() {
   return on;
 }
 
-
 /* Whether an f32 value of the fill can be NaN (then 16-bit stores take the CPU's NaN pattern, rng_pack2):
  * uniform_ only with a NaN or infinite lo or hi - lo (lo + (hi - lo) u is otherwise finite in double, and
  * its f32 rounding at worst infinite), normal_ only with a NaN or infinite f32 mean or std (the Box-Muller
@@ -278,7 +277,8 @@ static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_r
   const bool nans = rng_contig_old() ? !unit : rng_may_nan(d, unit);
   float span_s = 0;
   bool ffma = false;   /* uniform_ in one FFMA (f32/bf16/f16 outputs) */
-  if constexpr (DT != EM_F64) ffma = !unit && d->kind == EM_RNG_UNIFORM && !rng_uniform_old() && em_rng_uniform_f32_exact(d, &span_s);
+  if constexpr (DT != EM_F64)
+    ffma = !unit && d->kind == EM_RNG_UNIFORM && !rng_uniform_old() && em_rng_uniform_f32_exact(d, &span_s);
   if (unit) rng_contig_go<DT, B, kUnit>(grid, out, n, nblocks, d, ps, st, bound, lo_f, false);
   else if (ffma) {
     if constexpr (DT != EM_F64) rng_contig_go<DT, B, kUniformF>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans, span_s);

@@ -141,7 +141,10 @@ static inline EM_HOSTDEV void em_philox_run(uint64_t ctr, int nb, int shared, ui
 #pragma unroll
 #endif
     for (int k = 0; k < 4; k++)
-      if (k < nb) out[k] = em_philox4x32_10((uint32_t)(ctr + (uint64_t)k), (uint32_t)((ctr + (uint64_t)k) >> 32), 0, 0, k0, k1);
+      if (k < nb) {
+        const uint64_t c = ctr + (uint64_t)k;
+        out[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+      }
     return;
   }
   uint32_t st[4][4];
