@@ -6,7 +6,8 @@
  *   bernoulli    a thread per 8 or 16 elements (2 or 4 Philox blocks of
  *                10 rounds: 16 to 64 bytes of out; 16 for a constant p into
  *                bf16/f16/u16, bound by issue), sizeof(out) + sizeof(p)
- *                bytes per element, 16-byte stores. Memory bound.
+ *                bytes per element, 16-byte stores (the B blocks from
+ *                em_philox_run: the first rounds' products shared).
  *   randperm     one thread per block makes two (key, index) pairs, then
  *                cub::DeviceRadixSort sorts them by key (stable, so equal
  *                keys keep index order, as the CPU's (key, index) sort).
@@ -63,7 +64,7 @@ template <> struct ProbIO<__half> {
 
 template <typename S, typename P, int B>
 __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const void *pv, uint32_t lim, int64_t n,
-                                                        em_philox_state s, bool vec) {
+                                                        em_philox_state s, bool vec, bool shared) {
   constexpr int E = 4 * B;
   constexpr bool CONST_P = std::is_void<P>::value;
   typedef typename std::conditional<CONST_P, ProbIO<float>, ProbIO<P>>::type IO;
@@ -88,15 +89,15 @@ __global__ void __launch_bounds__(256) bernoulli_kernel(S *out, S one, const voi
       }
     }
     VecS<S, E> v;
+    em_philox_block pb[B];
+    em_philox_run(ctr0 + (uint64_t)(t * B), B, shared, k0, k1, pb);   /* blocks B t .. B t + B - 1 */
 #pragma unroll
     for (int k = 0; k < B; k++) {
-      const uint64_t c = ctr0 + (uint64_t)(t * B + k);
-      em_philox_block pb = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
 #pragma unroll
       for (int w = 0; w < 4; w++) {
         bool hit;
-        if constexpr (CONST_P) hit = pb.v[w] <= lim;
-        else hit = below(pb.v[w], IO::get(pr[4 * k + w]));
+        if constexpr (CONST_P) hit = pb[k].v[w] <= lim;
+        else hit = below(pb[k].v[w], IO::get(pr[4 * k + w]));
         v.v[4 * k + w] = hit ? one : (S)0;
       }
     }
@@ -113,7 +114,8 @@ template <typename S, typename P, int B>
 static void bernoulli_launch_b(void *o, S one, const void *p, uint32_t lim, int64_t n, em_philox_state s, cudaStream_t st) {
   constexpr size_t PS = std::is_void<P>::value ? 1 : sizeof(typename std::conditional<std::is_void<P>::value, char, P>::type);
   const bool vec = (uintptr_t)o % (4 * B * sizeof(S)) == 0 && (uintptr_t)p % (4 * B * PS) == 0;
-  bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, lim, n, s, vec);
+  bernoulli_kernel<S, P, B><<<em_grid((n + 4 * B - 1) / (4 * B), 256), 256, 0, st>>>((S *)o, one, p, lim, n, s, vec,
+                                                                                       em_philox_run_shared());
 }
 
 /* EMBER_BERNOULLI_OLD=1: two Philox blocks a thread for a constant p into 16-bit outputs, as before. */

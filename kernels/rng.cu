@@ -22,12 +22,18 @@
  * instantiation per distribution: each thread turns B consecutive blocks
  * (B = 4 for bf16/f16 and f32 normal_, which the issue rate bounds: half the
  * per-thread work an element; 2 for f32 uniform_ and trunc_normal_; f64 1)
+ * (em_philox_run: the first two rounds' products shared by the B blocks,
+ * 2 + 17B multiplies instead of 19B; EMBER_PHILOX_RUN_OLD=1: whole blocks)
  * into 4B consecutive elements and writes them with 16-byte stores (bf16/f16
  * rounded in pairs by the hardware, NaN-checked only where the parameters
  * allow a NaN; EMBER_RNG_CONTIG_OLD=1: B = 2 and every pair checked, as
  * before; the values are the same either way), the [lo, hi) rule of
  * uniform_ one compare on the f32 value in registers; uniform on [0, 1)
- * skips the double arithmetic (exact in f32). Everything else
+ * skips the double arithmetic (exact in f32), and so does uniform_(lo, hi)
+ * where lo and hi - lo are exact in f32 and the double arithmetic exact
+ * (em_rng_uniform_f32_exact, rng_math.h: one FFMA, the same bits;
+ * EMBER_RNG_UNIFORM_OLD=1 keeps the double path: two DADD, a DMUL and a
+ * 1/16-rate F2F.F32.F64 an element). Everything else
  * (strided views, randint) takes rng_kernel: one block per thread, element
  * offsets from the view's geometry, one store per element. */
 #include <math.h>
@@ -123,7 +129,7 @@ template <int DT, bool MAYBE_NAN> __device__ __forceinline__ uint32_t rng_pack2(
  * carries only its own math (a runtime switch kept erfinv's and Box-Muller's
  * registers in the uniform fill). kUnit is uniform on [0, 1): u24 itself,
  * exact in f32, so it needs no double arithmetic and gives the same bits. */
-enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100 };
+enum { kUniform = EM_RNG_UNIFORM, kNormal = EM_RNG_NORMAL, kTrunc = EM_RNG_TRUNC, kUnit = 100, kUniformF = 101 };
 
 /* u24(w) = (w >> 8) 2^-24 as a double without a 64-bit conversion (16 a
  * clock per SM on Hopper, against 64 for a DADD): 2^28 + m 2^-24 is the
@@ -136,10 +142,16 @@ __device__ __forceinline__ double rng_u24_f64(uint32_t w) {
 /* The four values of a block rounded once to f32 (the CPU's value before its
  * bf16/f16 rounding): the f32/bf16/f16 fills. */
 template <int KIND>
-__device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_philox_block &pb, float *z) {
+__device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_philox_block &pb, float *z, float span_s,
+                                              float lo_f) {
   if constexpr (KIND == kUnit) {
 #pragma unroll
     for (int e = 0; e < 4; e++) z[e] = (float)(pb.v[e] >> 8) * 0x1p-24f;   /* exact: 24 bits */
+  } else if constexpr (KIND == kUniformF) {
+    /* lo + span u with lo, span exact in f32 and the double arithmetic exact (em_rng_uniform_f32_exact): one
+     * rounding of the exact value either way, so this FFMA is the CPU's double result rounded to f32 */
+#pragma unroll
+    for (int e = 0; e < 4; e++) z[e] = __fmaf_rn(span_s, (float)(pb.v[e] >> 8), lo_f);
   } else if constexpr (KIND == kNormal) {
     em_rng_block_normal_f32(&d, &pb, z);
   } else if constexpr (KIND == kUniform) {
@@ -161,12 +173,13 @@ __device__ __forceinline__ void rng_block_f32(const em_rng_dist &d, const em_phi
  * rounding is the CPU's lo in the dtype; bound is NaN where the rule cannot fire. */
 template <int DT, int B, int KIND, bool NANS>
 __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t nblocks, em_rng_dist d,
-                                                 em_philox_state st, float bound, float lo_f) {
+                                                 em_philox_state st, float bound, float lo_f, float span_s,
+                                                 bool shared) {
   typedef typename RngOut<DT>::S S;
   constexpr int E = 4 * B, CHUNKS = E * (int)sizeof(S) / 16;
   static_assert(E * sizeof(S) % 16 == 0, "whole 16-byte chunks per thread");
   /* whether a stored value can equal hi: uniform_ (kUnit: 1 in bf16/f16, never in f32, where u < 1 is exact) */
-  constexpr bool HI_RULE = KIND == kUniform || (KIND == kUnit && DT != EM_F32);
+  constexpr bool HI_RULE = KIND == kUniform || KIND == kUniformF || (KIND == kUnit && DT != EM_F32);
   uint64_t seed, ctr0;
   em_philox_resolve(st, &seed, &ctr0);
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
@@ -175,11 +188,7 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
   for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < nthr; t += (uint64_t)gridDim.x * blockDim.x) {
     union { S s[E]; uint32_t w[E * sizeof(S) / 4]; uint4 q[CHUNKS]; } v;
     em_philox_block pb[B];
-#pragma unroll
-    for (int k = 0; k < B; k++) {
-      const uint64_t c = ctr0 + t * B + k;
-      pb[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    }
+    em_philox_run(ctr0 + t * B, B, shared, k0, k1, pb);   /* blocks B t .. B t + B - 1 */
     if constexpr (DT == EM_F64) {
 #pragma unroll
       for (int k = 0; k < B; k++) {
@@ -198,7 +207,7 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
 #pragma unroll
       for (int k = 0; k < B; k++) {
         float z[4];
-        rng_block_f32<KIND>(d, pb[k], z);
+        rng_block_f32<KIND>(d, pb[k], z, span_s, lo_f);
         if constexpr (DT == EM_F32) {
 #pragma unroll
           for (int e = 0; e < 4; e++) v.s[4 * k + e] = HI_RULE && z[e] >= bound ? lo_f : z[e];
@@ -225,10 +234,18 @@ __global__ void __launch_bounds__(256) rng_contig(void *out, int64_t n, uint64_t
 
 template <int DT, int B, int KIND>
 static void rng_contig_go(unsigned grid, void *out, int64_t n, uint64_t nblocks, const em_rng_dist *d,
-                          em_philox_state ps, cudaStream_t st, float bound, float lo_f, bool nans) {
+                          em_philox_state ps, cudaStream_t st, float bound, float lo_f, bool nans, float span_s = 0) {
   constexpr bool PACKED = DT == EM_BF16 || DT == EM_F16;   /* NANS matters only to rng_pack2 */
-  if (PACKED && nans) rng_contig<DT, B, KIND, PACKED><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
-  else rng_contig<DT, B, KIND, false><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f);
+  const bool shared = em_philox_run_shared();
+  if (PACKED && nans)
+    rng_contig<DT, B, KIND, PACKED><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s, shared);
+  else rng_contig<DT, B, KIND, false><<<grid, 256, 0, st>>>(out, n, nblocks, *d, ps, bound, lo_f, span_s, shared);
+}
+
+/* EMBER_RNG_UNIFORM_OLD=1: uniform_ always in double (as before), even where one FFMA gives the same bits. */
+static bool rng_uniform_old() {
+  static const bool on = em_env_switch("EMBER_RNG_UNIFORM_OLD", false);
+  return on;
 }
 
 /* Whether an f32 value of the fill can be NaN (then 16-bit stores take the CPU's NaN pattern, rng_pack2):
@@ -258,8 +275,14 @@ static void rng_contig_launch(void *out, int64_t n, uint64_t nblocks, const em_r
   const float bound = em_rng_hi_bound(d, DT), lo_f = (float)d->p0;
   /* the old kernels checked every 16-bit pair but [0, 1)'s for NaN */
   const bool nans = rng_contig_old() ? !unit : rng_may_nan(d, unit);
+  float span_s = 0;
+  bool ffma = false;   /* uniform_ in one FFMA (f32/bf16/f16 outputs) */
+  if constexpr (DT != EM_F64)
+    ffma = !unit && d->kind == EM_RNG_UNIFORM && !rng_uniform_old() && em_rng_uniform_f32_exact(d, &span_s);
   if (unit) rng_contig_go<DT, B, kUnit>(grid, out, n, nblocks, d, ps, st, bound, lo_f, false);
-  else if (d->kind == EM_RNG_UNIFORM) rng_contig_go<DT, B, kUniform>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
+  else if (ffma) {
+    if constexpr (DT != EM_F64) rng_contig_go<DT, B, kUniformF>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans, span_s);
+  } else if (d->kind == EM_RNG_UNIFORM) rng_contig_go<DT, B, kUniform>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
   else if (d->kind == EM_RNG_NORMAL) rng_contig_go<DT, B, kNormal>(grid, out, n, nblocks, d, ps, st, bound, lo_f, nans);
   else if constexpr (B <= 2) rng_contig_go<DT, B, kTrunc>(grid, out, n, nblocks, d, ps, st, bound, lo_f, true);
 }

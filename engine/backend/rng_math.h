@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "backend.h"   /* em_rng_dist */
 #include "ember/half.h"
 
@@ -103,6 +104,100 @@ static inline EM_HOSTDEV double em_rng_race_key(double p, uint64_t r) {
   return p > 0 ? p / -log1p(-u) : 0.0;
 }
 
+/* Philox blocks ctr .. ctr + nb - 1 (nb <= 4, a constant where it matters: the device callers unroll it) into
+ * out[0 .. nb), em_philox4x32_10's bits, with less multiply work when the nb counters share their high word
+ * (lo = ctr mod 2^32 <= 2^32 - nb, always but once in 2^32 / nb): the first round's two products are M0 (lo + k)
+ * = M0 lo + M0 k, one product and 64-bit adds of constants (M1 c2 is 0: c2 = c3 = 0), and it leaves c0 =
+ * hi ^ k0 in every block, so the second round's M0 c0 is one product for all nb. 2 + 17 nb 32x32 products
+ * instead of 19 nb (the multiply pipe bounds the Philox fills: docs/perf.md). `shared` = 0 (EMBER_PHILOX_RUN_OLD
+ * in the kernels) takes the plain blocks, as does a run that crosses a multiple of 2^32. */
+/* For the CUDA launches, host side: whether em_philox_run may share the first rounds' products
+ * (EMBER_PHILOX_RUN_OLD=1: not, every block computed whole as before; the same bits either way). */
+static inline int em_philox_run_shared(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("EMBER_PHILOX_RUN_OLD");
+    on = !(e && *e && e[0] != '0');
+  }
+  return on;
+}
+static inline EM_HOSTDEV void em_philox_round(uint32_t *c, uint32_t k0, uint32_t k1) {
+  const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+#if defined(__CUDA_ARCH__)
+  const uint32_t hi0 = __umulhi(M0, c[0]), lo0 = M0 * c[0], hi1 = __umulhi(M1, c[2]), lo1 = M1 * c[2];
+#else
+  const uint64_t p0 = (uint64_t)M0 * c[0], p1 = (uint64_t)M1 * c[2];
+  const uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0, hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+#endif
+  const uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+  c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+}
+static inline EM_HOSTDEV void em_philox_run(uint64_t ctr, int nb, int shared, uint32_t k0, uint32_t k1,
+                                            em_philox_block *out) {
+  const uint32_t M0 = 0xD2511F53u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  const uint32_t lo = (uint32_t)ctr, hi = (uint32_t)(ctr >> 32);
+  if (!shared || lo > 0xFFFFFFFFu - (uint32_t)(nb - 1)) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; k++)
+      if (k < nb) {
+        const uint64_t c = ctr + (uint64_t)k;
+        out[k] = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+      }
+    return;
+  }
+  uint32_t st[4][4];
+  /* round 1 (key k0, k1): c = (lo + k, hi, 0, 0) -> (hi ^ k0, 0, hi(M0 (lo + k)) ^ k1, lo(M0 (lo + k))) */
+  const uint64_t p = (uint64_t)M0 * lo;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 4; k++) {
+    if (k >= nb) break;
+    const uint64_t pk = p + (uint64_t)M0 * (uint32_t)k;   /* M0 (lo + k) exactly: lo + k < 2^32 */
+    st[k][2] = (uint32_t)(pk >> 32) ^ k1;
+    st[k][3] = (uint32_t)pk;
+  }
+  /* round 2: c0 = hi ^ k0 and c1 = 0 in every block, so M0 c0 is one product */
+  const uint32_t c0 = hi ^ k0;
+  k0 += W0; k1 += W1;
+  {
+    const uint64_t q = (uint64_t)M0 * c0;
+    const uint32_t hi0 = (uint32_t)(q >> 32), lo0 = (uint32_t)q, M1 = 0xCD9E8D57u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; k++) {
+      if (k >= nb) break;
+#if defined(__CUDA_ARCH__)
+      const uint32_t hi1 = __umulhi(M1, st[k][2]), lo1 = M1 * st[k][2];
+#else
+      const uint64_t p1 = (uint64_t)M1 * st[k][2];
+      const uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+#endif
+      const uint32_t n0 = hi1 ^ k0, n2 = hi0 ^ st[k][3] ^ k1;   /* c1 = 0 after round 1 */
+      st[k][0] = n0; st[k][1] = lo1; st[k][2] = n2; st[k][3] = lo0;
+    }
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 2; r < 10; r++) {
+    k0 += W0; k1 += W1;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; k++)
+      if (k < nb) em_philox_round(st[k], k0, k1);
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 4; k++)
+    if (k < nb) { out[k].v[0] = st[k][0]; out[k].v[1] = st[k][1]; out[k].v[2] = st[k][2]; out[k].v[3] = st[k][3]; }
+}
+
 /* The key and first counter of a CUDA op's stream (backend.h, em_philox_state):
  * read from the capturing graph's device cell when there is one. */
 #if defined(__CUDACC__)
@@ -145,6 +240,34 @@ static inline float em_rng_hi_bound(const em_rng_dist *d, int dt) {
     else lo_k = mid;
   }
   return em_rng_ordered_f32(hi_k);
+}
+
+/* For the CUDA fills, host side: whether uniform_'s f32/bf16/f16 values (float)(lo + span u24(w)), computed
+ * in double (em_rng_block_uniform), are one FFMA fmaf(span_s, m, lo) for u24 = m 2^-24, bit for bit: lo and
+ * span = hi - lo exact in f32, span_s = span 2^-24 a normal f32 (or span 0), and the double product and sum
+ * exact (span u has at most 48 significant bits; the sum's bits lie between the top of |lo| + |span| and the
+ * lowest set bit e of lo or of span 2^-24: at most 53 of them). Then both round the exact value once to f32
+ * (ties to even, signed zeros alike). Sets *span_s when true. */
+static inline int em_rng_lsb_exp(double x) {   /* the exponent of the last set bit of x (finite, nonzero, an f32) */
+  int ex;
+  const double f = frexp(fabs(x), &ex);         /* |x| = f 2^ex, f in [0.5, 1) */
+  int64_t m = (int64_t)ldexp(f, 24);             /* exact: at most 24 significant bits */
+  ex -= 24;
+  while (!(m & 1)) { m >>= 1; ex++; }
+  return ex;
+}
+static inline int em_rng_uniform_f32_exact(const em_rng_dist *d, float *span_s) {
+  const double lo = d->p0, span = d->p1 - d->p0;
+  if (!isfinite(lo) || !isfinite(span) || (double)(float)lo != lo || (double)(float)span != span) return 0;
+  const float ss = (float)span * 0x1p-24f;
+  if ((double)ss * 0x1p24 != span || (span != 0 && fabs(span) < 0x1p-102)) return 0;   /* exact and normal */
+  if (span != 0) {   /* span 0: lo + 0 is lo (+0 for -0) on both */
+    int e = em_rng_lsb_exp(span) - 24;
+    if (lo != 0 && em_rng_lsb_exp(lo) < e) e = em_rng_lsb_exp(lo);
+    if (!(fabs(lo) + fabs(span) <= ldexp(1.0, 52 + e))) return 0;
+  }
+  *span_s = ss;
+  return 1;
 }
 
 /* ---- normal_/randn in f32 (f32/bf16/f16 tensors) ----

@@ -848,6 +848,64 @@ TEST(rng_uniform_hi_bound) {
   CHECK(isnan(em_rng_hi_bound(&d, EM_F32)));             /* 0.1 is not an f32: the rule never fires */
 }
 
+/* uniform_'s FFMA form in the CUDA fills (kernels/rng.cu, em_rng_uniform_f32_exact): where it is taken,
+ * fmaf(span_s, m, lo) is the CPU's (float)(lo + span u) for m = 0 .. 2^24 - 1 (every third m and the first and
+ * last 4096); where it is refused, the double sum is inexact for some m or lo / hi - lo are not f32. */
+static long uniform_ffma_mismatches(double lo, double hi, int *taken) {
+  em_rng_dist d;
+  memset(&d, 0, sizeof d);
+  d.kind = EM_RNG_UNIFORM; d.p0 = lo; d.p1 = hi;
+  float ss = NAN;
+  *taken = em_rng_uniform_f32_exact(&d, &ss);
+  if (!*taken) return 0;
+  long bad = 0;
+  const float lo_f = (float)lo;
+  for (uint32_t m = 0; m < (1u << 24); m += (m < 4096 || m >= (1u << 24) - 4096) ? 1 : 3) {
+    const float want = (float)(lo + (hi - lo) * em_rng_u24(m << 8)), got = fmaf(ss, (float)m, lo_f);
+    bad += memcmp(&want, &got, sizeof want) != 0;
+  }
+  return bad;
+}
+TEST(rng_uniform_f32_exact) {
+  const double yes[][2] = {{-2, 3}, {0, 1}, {-1, 1}, {-0.0, 0}, {2, 2}, {1.5, 1.75}, {-65504, 65504},
+                           {-0x1p-100, 0x1p-100}, {0x1p100, 0x1p101}, {1, 0x1p24}, {(double)1e8f, (double)1e8f + 1}};
+  const double no[][2] = {{0, 0.1}, {-7, 1e-7}, {0x1p40, 0x1p40 + 1.5}, {0x1p-120, 0x1p-119}, {-1e30, 1e30},
+                          {0, 0x1p24 + 1}};
+  int taken;
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    CHECK(uniform_ffma_mismatches(yes[i][0], yes[i][1], &taken) == 0);
+    CHECK(taken);
+  }
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+    CHECK(uniform_ffma_mismatches(no[i][0], no[i][1], &taken) == 0);
+    CHECK(!taken);
+  }
+}
+
+/* em_philox_run (the CUDA fills' B blocks a thread, the first rounds' products shared) against
+ * em_philox4x32_10 block by block, near and across multiples of 2^32 and elsewhere. */
+TEST(rng_philox_run) {
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  long bad = 0;
+  for (int i = 0; i < 20000; i++) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    uint64_t ctr = s;
+    if (i % 3 == 0) ctr = (s & 0xFFFFFFFF00000000ull) | (0xFFFFFFFFu - (uint32_t)(i % 7));
+    if (i % 5 == 0) ctr = (uint64_t)(i % 11);
+    const uint32_t k0 = (uint32_t)(s * 31), k1 = (uint32_t)((s * 17) >> 32);
+    for (int nb = 1; nb <= 4; nb++)
+      for (int sh = 0; sh <= 1; sh++) {
+        em_philox_block out[4];
+        em_philox_run(ctr, nb, sh, k0, k1, out);
+        for (int k = 0; k < nb; k++) {
+          em_philox_block w = em_philox4x32_10((uint32_t)(ctr + k), (uint32_t)((ctr + k) >> 32), 0, 0, k0, k1);
+          bad += memcmp(&w, &out[k], sizeof w) != 0;
+        }
+      }
+  }
+  CHECK(bad == 0);
+}
+
 TEST(rng_stream_layout) {
   uint64_t seed = 0x123456789abcdefULL;
   em_rng_set_state(seed, 7);
@@ -977,6 +1035,8 @@ int main(void) {
   RUN(philox_known_answers);
   RUN(rng_kernel_shortcuts);
   RUN(rng_uniform_hi_bound);
+  RUN(rng_uniform_f32_exact);
+  RUN(rng_philox_run);
   RUN(rng_stream_layout);
   RUN(rng_distributions);
   RUN(trunc_normal);

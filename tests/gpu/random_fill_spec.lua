@@ -132,6 +132,25 @@ describe("contiguous random fills on CUDA (kernels/rng.cu)", function()
     g, c = both(4, 0, function(dev) return ember.empty(4099, {device = dev}):uniform_(0, 0.1) end)
     assert_same_bits(g, c, "uniform_(0, 0.1) f32")
   end)
+
+  it("uniform_ in one FFMA where lo and hi - lo are exact in f32 and the double sum is exact, else in double", function()
+    -- one FFMA (kernels/rng.cu, uniform_f32_exact): (-2, 3), (-0, 0), (1.5, 1.75)
+    -- (hi exact in bf16: the [lo, hi) rule), 2^-100 and 2^100 scales, (1, 2^24); in double: hi - lo or lo
+    -- not exact in f32 (0.1, 1e-7), or a sum of more than 53 bits (2^40 + 1.5 u, 2^-120 + 2^-120 u: span 2^-24
+    -- below f32's normals)
+    local cases = {{-2, 3}, {-0.0, 0}, {1.5, 1.75}, {-2 ^ -100, 2 ^ -100}, {2 ^ 100, 2 ^ 101}, {1, 2 ^ 24},
+                   {0.1, 0.2}, {-7, 1e-7}, {2 ^ 40, 2 ^ 40 + 1.5}, {2 ^ -120, 2 ^ -119}, {-65504, 65504}}
+    for _, dt in ipairs {"f32", "bf16", "f16"} do
+      for _, lohi in ipairs(cases) do
+        for _, n in ipairs {33, 4099 * 4} do
+          local g, c = both(n + 11, 3, function(dev)
+            return ember.empty(n, {dtype = dt, device = dev}):uniform_(lohi[1], lohi[2])
+          end)
+          assert_same_bits(g, c, ("uniform_(%a, %a) %s n=%d"):format(lohi[1], lohi[2], dt, n))
+        end
+      end
+    end
+  end)
 end)
 
 describe("dropout on CUDA at the per-thread edges (kernels/dropout.cu)", function()
@@ -218,4 +237,42 @@ describe("bernoulli on CUDA at the per-thread edges (kernels/random.cu)", functi
     local g, c = both(14, 0, function(dev) return ember.zeros(17, 33, {device = dev}):bernoulli_(row:to(dev)) end)
     assert_same_bits(g, c, "bernoulli_ with a broadcast row of p")
   end)
+end)
+
+describe("Philox runs across a multiple of 2^32 counters (rng_math.h em_philox_run)", function()
+  -- A thread's B consecutive blocks share their first rounds' products only while the counters' high word is
+  -- the same; a run that crosses 2^32 (the generator offset set just below it) takes the plain blocks. Both,
+  -- in every kernel that draws B blocks a thread, against the CPU.
+  local function at(offset, make)
+    local out = {}
+    for _, dev in ipairs {"cuda", "cpu"} do
+      ember.set_rng_state({seed = 91, offset = offset})
+      out[dev] = make(dev)
+      out[dev .. "_offset"] = ember.get_rng_state().offset
+    end
+    assert.are.equal(out.cpu_offset, out.cuda_offset, "generator offset after the op")
+    return out.cuda:cpu(), out.cpu
+  end
+  local x = ember.randn(4099)
+  local p = ember.rand(4099)
+  local ops = {
+    {"uniform_(-2, 3) bf16", function(dev) return ember.empty(4099, {dtype = "bf16", device = dev}):uniform_(-2, 3) end},
+    {"uniform_(-2, 3) f32", function(dev) return ember.empty(4099, {device = dev}):uniform_(-2, 3) end},
+    {"uniform_(0, 0.1) f32", function(dev) return ember.empty(4099, {device = dev}):uniform_(0, 0.1) end},
+    {"normal_(1, 2) f32", function(dev) return ember.empty(4099, {device = dev}):normal_(1, 2) end},
+    {"normal_(1, 2) bf16", function(dev) return ember.empty(4099, {dtype = "bf16", device = dev}):normal_(1, 2) end},
+    {"bernoulli_(0.3) bf16", function(dev) return ember.zeros(4099, {dtype = "bf16", device = dev}):bernoulli_(0.3) end},
+    {"bernoulli_(0.3) u8", function(dev) return ember.zeros(4099, {dtype = "u8", device = dev}):bernoulli_(0.3) end},
+    {"bernoulli(p) f32", function(dev) return ember.bernoulli(p:to(dev)) end},
+    {"dropout bf16", function(dev) return F.dropout(x:to("bf16"):to(dev), 0.3) end},
+    {"dropout f32", function(dev) return F.dropout(x:to(dev), 0.3) end},
+  }
+  for _, off in ipairs {(1 << 32) - 1, (1 << 32) - 2, (1 << 32) - 3, (1 << 32) - 6, (1 << 33) - 4} do
+    it(("offset 0x%x"):format(off), function()
+      for _, op in ipairs(ops) do
+        local g, c = at(off, op[2])
+        assert_same_bits(g, c, ("%s at offset %d"):format(op[1], off))
+      end
+    end)
+  end
 end)
