@@ -14,6 +14,7 @@
  * run Box-Muller in f32 (rng_math.h). */
 #include <stdatomic.h>
 #include "internal.h"
+#include "parallel.h"
 #include "backend/rng_math.h"   /* the distributions, shared with kernels/rng.cu */
 
 /* ---------------- the generator ---------------- */
@@ -54,15 +55,18 @@ static double norm_cdf(double x) { return (1.0 + erf(x / M_SQRT2)) / 2.0; }
 
 
 
-/* Fill n contiguous elements of dtype dt from counter ctr0 on. */
-static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t ctr0, const dist *d) {
+/* Fill elements [j_begin, j_end) of a contiguous run of dtype dt whose
+ * element 0 draws from counter ctr0 (j_begin a multiple of the block's
+ * elements, so a range starts on a block). */
+static void cpu_fill_range(void *dst, em_dtype dt, int64_t j_begin, int64_t j_end, uint64_t seed, uint64_t ctr0,
+                           const dist *d) {
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   bool wide = d->kind == D_RANDINT && d->span > 0x100000000ull;
   int per = wide ? 2 : 4;
-  for (int64_t j0 = 0; j0 < n; j0 += per) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += per) {
     uint64_t c = ctr0 + (uint64_t)(j0 / per);
     em_philox_block b = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    int cnt = (int)EM_MIN((int64_t)per, n - j0);
+    int cnt = (int)EM_MIN((int64_t)per, j_end - j0);
     if (d->kind == D_RANDINT) {
       for (int k = 0; k < cnt; k++) {
         uint64_t u = wide ? ((uint64_t)b.v[2 * k] | ((uint64_t)b.v[2 * k + 1] << 32)) : b.v[k];
@@ -78,6 +82,23 @@ static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t 
         em_store_f64(dst, dt, j0 + k, d->p0);   /* [lo, hi) in every dtype */
     }
   }
+}
+
+typedef struct { void *dst; em_dtype dt; int64_t n; uint64_t seed, ctr0; const dist *d; int per; } fill_job;
+
+static void fill_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const fill_job *f = ctx;
+  cpu_fill_range(f->dst, f->dt, b0 * f->per, EM_MIN(b1 * f->per, f->n), f->seed, f->ctr0, f->d);
+}
+
+/* Fill n contiguous elements from counter ctr0 on, a range of Philox blocks a
+ * thread: each element's draw depends on its index only, so the bits are the
+ * same at any thread count. */
+static void cpu_fill(void *dst, em_dtype dt, int64_t n, uint64_t seed, uint64_t ctr0, const dist *d) {
+  int per = (d->kind == D_RANDINT && d->span > 0x100000000ull) ? 2 : 4;
+  fill_job f = {dst, dt, n, seed, ctr0, d, per};
+  /* a block: one Philox call (~100 simple operations) and `per` maps */
+  em_parallel_for((n + per - 1) / per, em_grain(128), fill_blocks, &f);
 }
 
 static uint64_t blocks_for(const dist *d, int64_t n) {

@@ -22,6 +22,7 @@
  * would read the device from the host (and could not be captured). */
 #include <stdio.h>
 #include "op.h"
+#include "parallel.h"
 #include "backend/rng_math.h"
 
 /* The stream for an op drawing `blocks` blocks on t's device. */
@@ -34,18 +35,29 @@ static em_philox_state state_for(em_device dev, uint64_t blocks) {
 
 /* ---------------- bernoulli ---------------- */
 
-/* out (contiguous, n elements, any dtype) = u(w_j) < p_j; p NULL: the constant pc. */
+/* out (contiguous, n elements, any dtype) = u(w_j) < p_j; p NULL: the constant
+ * pc. A range of Philox blocks a thread: element j draws word j % 4 of block
+ * offset + j / 4 whichever thread holds it, so the bits do not depend on the
+ * thread count. */
+typedef struct { void *o; em_dtype dt; int64_t n; const double *p; double pc; em_philox_state st; } bern_job;
+
+static void bernoulli_blocks(void *ctx, int64_t b0, int64_t b1) {
+  const bern_job *jb = ctx;
+  uint32_t k0 = (uint32_t)jb->st.seed, k1 = (uint32_t)(jb->st.seed >> 32);
+  int64_t end = EM_MIN(b1 * 4, jb->n);
+  for (int64_t j0 = b0 * 4; j0 < end; j0 += 4) {
+    uint64_t c = jb->st.offset + (uint64_t)(j0 / 4);
+    em_philox_block b = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
+    int cnt = (int)EM_MIN((int64_t)4, end - j0);
+    for (int k = 0; k < cnt; k++)
+      em_store_f64(jb->o, jb->dt, j0 + k, em_rng_below(b.v[k], jb->p ? jb->p[j0 + k] : jb->pc) ? 1.0 : 0.0);
+  }
+}
+
 static void bernoulli_cpu(em_tensor *out, const double *p, double pc, em_philox_state st) {
   int64_t n = em_numel(out);
-  uint32_t k0 = (uint32_t)st.seed, k1 = (uint32_t)(st.seed >> 32);
-  void *o = em_data_ptr(out);
-  for (int64_t j0 = 0; j0 < n; j0 += 4) {
-    uint64_t c = st.offset + (uint64_t)(j0 / 4);
-    em_philox_block b = em_philox4x32_10((uint32_t)c, (uint32_t)(c >> 32), 0, 0, k0, k1);
-    int cnt = (int)EM_MIN((int64_t)4, n - j0);
-    for (int k = 0; k < cnt; k++)
-      em_store_f64(o, out->dtype, j0 + k, em_rng_below(b.v[k], p ? p[j0 + k] : pc) ? 1.0 : 0.0);
-  }
+  bern_job jb = {em_data_ptr(out), out->dtype, n, p, pc, st};
+  em_parallel_for((n + 3) / 4, em_grain(128), bernoulli_blocks, &jb);
 }
 
 static int check_probs_cpu(const char *op, const double *p, int64_t n) {

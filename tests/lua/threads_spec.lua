@@ -257,6 +257,43 @@ describe("CPU results at 1 and 3 threads on shapes past one reduction block", fu
     end)
   end
 
+  -- random fills draw a range of Philox blocks a thread (engine/rng.c,
+  -- ops/random.c): element j's draw depends on j only, so the same bits at any
+  -- thread count; 10001 elements end in a part block, the dtypes cover the
+  -- f64, f32 (Box-Muller in f32) and 16-bit stores and randint's wide draws
+  local FILLS = {
+    {"randn", function(dt) return ember.randn({10001}, {dtype = dt}) end},
+    {"rand", function(dt) return ember.rand({10001}, {dtype = dt}) end},
+    {"uniform_(-2, 3)", function(dt) return ember.empty({10001}, {dtype = dt}):uniform_(-2, 3) end},
+    {"normal_(1, 2) of a transposed view", function(dt) return ember.empty({101, 99}, {dtype = dt}):t():normal_(1, 2) end},
+    {"bernoulli_(0.3)", function(dt) return ember.empty({10001}, {dtype = dt}):bernoulli_(0.3) end},
+    {"bernoulli of a probability tensor", function(dt)
+      return ember.bernoulli(ember.arange(10001):to("f64"):div(10001):to(dt)) end},
+  }
+  for _, b in ipairs(FILLS) do
+    for _, dt in ipairs({"f64", "f32", "bf16"}) do
+      it(("%s [%s] at 1, 2, 3 and 16 threads"):format(b[1], dt), function()
+        local function run() ember.manual_seed(cases.seed_of(b[1])) return b[2](dt) end
+        local one = with_threads(1, 32768, run)
+        for _, n in ipairs({2, 3, 16}) do
+          for _, w in ipairs({32768, 1}) do
+            assert_same_bits(one, with_threads(n, w, run), ("%d threads, min work %d"):format(n, w))
+          end
+        end
+      end)
+    end
+  end
+  for _, wide in ipairs({false, true}) do
+    it(("randint%s at 1, 3 and 16 threads"):format(wide and " over a span above 2^32" or ""), function()
+      local function run()
+        ember.manual_seed(7)
+        return wide and ember.randint(-(1 << 40), 1 << 40, {10001}) or ember.randint(0, 1000, {10001})
+      end
+      local one = with_threads(1, 32768, run)
+      for _, n in ipairs({3, 16}) do assert_same_bits(one, with_threads(n, 1, run), n .. " threads") end
+    end)
+  end
+
   it("AdamW and clip_grad_norm over a (300, 700) parameter", function()
     local function steps()
       ember.manual_seed(3)
