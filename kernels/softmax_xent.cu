@@ -25,6 +25,7 @@
  * logits), bf16/f16 widened on load and rounded once on store. */
 #include <type_traits>
 #include "common.cuh"
+#include "dtype_io.cuh"
 #include "backend.h"
 
 #define THREADS 256
@@ -58,21 +59,17 @@ __device__ __forceinline__ int64_t head_len(const T *p, int64_t n) {
 template <typename I>
 __device__ __forceinline__ int64_t target_of(const I *t, int64_t row) { return (int64_t)t[row]; }
 
-/* The exp of the forward's per-element sum: em_exp_fast (common.cuh; FMUL +
- * MUFU.EX2.FTZ) for bf16/f16 logits unless EMBER_XENT_EXP_OLD=1, else expf /
- * exp. A bf16 element (2 bytes) leaves ~20 lane-instructions at 70 % of an
- * H200's 4.8 TB/s; with expf (~10 of them) the smoothed forward spent ~15
- * (unpack, max, row sum, sub, expf, add) and ran (8192,50304) at 58 %, now
- * ~7. The error (~2 ulp for the terms near the max that make the sum, a
- * flushed term under 2^-126 beside the max's 1) is far below the 1e-2 the
- * bf16 loss is held to; same order of operations, so still deterministic.
- * f32/f64 keep expf/exp (bits unchanged; f32 ran at 90 %). The chunk
- * rescale and the backward keep ex(). */
-template <bool FAST, typename C> __device__ __forceinline__ C ex_sum(C x) {
-  if constexpr (FAST && std::is_same<C, float>::value) return em_exp_fast(x);
-  else return ex(x);
-}
-
+/* FAST (bf16/f16 logits unless EMBER_XENT_EXP_OLD=1): the per-element exp is
+ * em_exp_fast (common.cuh; FMUL + MUFU.EX2.FTZ) instead of expf (~10
+ * instructions), and a chunk's max is taken two lanes an instruction on the
+ * raw words (em_max_x2: exact, the same max). A bf16 element (2 bytes) leaves
+ * ~20 lane-instructions at 70 % of an H200's 4.8 TB/s; the smoothed forward
+ * spent ~15 (unpack, max, row sum, sub, expf, add) and ran (8192,50304) at
+ * 58 %; now ~6.5. The exp's error (~2 ulp for the terms near the max that make
+ * the sum; a term under 2^-126 flushes to 0 beside the max's 1) is far below
+ * the 1e-2 the bf16 loss is held to; the same operations in the same order,
+ * so deterministic. f32/f64 keep expf/exp (bits unchanged; f32 ran at 90 %);
+ * the chunk rescale and the backward keep ex(). */
 /* One block per row: lse[row] = m + log(s); rowsum[row] = sum of the row
  * (label smoothing only; NULL otherwise, the sum then costs nothing). */
 template <typename T, bool FAST>
@@ -97,6 +94,20 @@ __global__ void __launch_bounds__(THREADS) xent_fwd_kernel(const T *__restrict__
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
       if (v0 + u * THREADS >= nv) break;
+      if constexpr (FAST) {   /* 2-byte T: the chunk as raw words, its max two lanes an instruction */
+        const uint4 w = *reinterpret_cast<const uint4 *>(&p[u]);
+        const uint4 mw = make_uint4(em_max_x2<T>(em_max_x2<T>(w.x, w.y), em_max_x2<T>(w.z, w.w)), 0u, 0u, 0u);
+        const float cm = fmaxf(raw_elem<float, T>(mw, 0), raw_elem<float, T>(mw, 1));   /* exact: the same max */
+        if (want_sum) {
+#pragma unroll
+          for (int k = 0; k < VEC; k++) sx += raw_elem<float, T>(w, k);
+        }
+        if (cm == -INFINITY) continue;
+        if (cm > m) { s = m == -INFINITY ? 0.f : s * ex(m - cm); m = cm; }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) s += em_exp_fast(raw_elem<float, T>(w, k) - m);
+        continue;
+      }
       C cm = ld<C>(p[u][0]);
 #pragma unroll
       for (int k = 1; k < VEC; k++) cm = fmax(cm, ld<C>(p[u][k]));
@@ -107,7 +118,7 @@ __global__ void __launch_bounds__(THREADS) xent_fwd_kernel(const T *__restrict__
       if (cm == -INFINITY) continue;
       if (cm > m) { s = m == -INFINITY ? (C)0 : s * ex(m - cm); m = cm; }
 #pragma unroll
-      for (int k = 0; k < VEC; k++) s += ex_sum<FAST>(ld<C>(p[u][k]) - m);
+      for (int k = 0; k < VEC; k++) s += ex(ld<C>(p[u][k]) - m);
     }
   }
   for (int64_t j = h + nv * VEC + threadIdx.x; j < V; j += THREADS) {

@@ -36,7 +36,7 @@
  * lane-instructions an element at 70 % of an H200's 4.8 TB/s, and expf's row
  * spent ~16 (unpack, max, unpack, sub, expf, add), which held (8192,8192)
  * bf16 at 56 %; now ~5.5 (the max two lanes at a time in the storage type,
- * max_x2: exact, so the same max). The error is ~2 ulp near 0 (the terms that make the
+ * em_max_x2: exact, so the same max). The error is ~2 ulp near 0 (the terms that make the
  * sum; a term exp(-d) carries ~1.2·d ulp of itself, and one under 2^-126
  * flushes to 0 beside the max's 1), far under the bf16/f16 output's
  * rounding (2^-9 / 2^-12): the same order, deterministic, results equal to
@@ -44,7 +44,6 @@
  * unchanged; 88 % already).
  * EMBER_LSE_EXP_OLD=1 puts expf back for bf16/f16 too. */
 #include <cstring>
-#include <type_traits>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
@@ -90,18 +89,6 @@ template <int TPR> __device__ __forceinline__ float row_max(float v, float *red)
 /* exp(x) for the logsumexp sum: em_exp_fast when FAST (bf16/f16 rows; see the top). */
 template <bool FAST> __device__ __forceinline__ float row_exp(float x) { return FAST ? em_exp_fast(x) : expf(x); }
 
-/* The max of two 16-bit lanes at once (MNMX2; as fmaxf, a NaN lane yields the other operand): the FAST
- * (bf16/f16 logsumexp) max pass costs half an instruction an element instead of an unpack and a max. */
-template <typename T> __device__ __forceinline__ uint32_t max_x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-template <typename T> __device__ __forceinline__ constexpr uint32_t neg_inf_x2() {
-  return std::is_same<T, __nv_bfloat16>::value ? 0xff80ff80u : 0xfc00fc00u;
-}
-
 /* TPR threads per row (32 or kThreads), N packs a thread. Every thread of a
  * block calls the block reductions (live is uniform when TPR == kThreads). */
 template <typename T, int OP, int N, int TPR, bool FAST>
@@ -123,13 +110,13 @@ __global__ void __launch_bounds__(kThreads) stat_rows(RowArgs a) {
   /* first statistic: the sum (var) or the max (logsumexp) */
   float s = OP == S_VAR ? 0.f : -INFINITY;
   if constexpr (FAST) {   /* the max in the storage type, two lanes an instruction: exact, the same value */
-    uint32_t m2 = neg_inf_x2<T>();
+    uint32_t m2 = em_neg_inf_x2<T>();
 #pragma unroll
     for (int n = 0; n < N; n++) {
       const int64_t j = (int64_t)n * TPR + lane;
       if (live && j < packs) {
-        m2 = max_x2<T>(m2, buf[n].x); m2 = max_x2<T>(m2, buf[n].y);
-        m2 = max_x2<T>(m2, buf[n].z); m2 = max_x2<T>(m2, buf[n].w);
+        m2 = em_max_x2<T>(m2, buf[n].x); m2 = em_max_x2<T>(m2, buf[n].y);
+        m2 = em_max_x2<T>(m2, buf[n].z); m2 = em_max_x2<T>(m2, buf[n].w);
       }
     }
     const uint4 mw = make_uint4(m2, 0u, 0u, 0u);
