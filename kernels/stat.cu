@@ -36,13 +36,13 @@
  * lane-instructions an element at 70 % of an H200's 4.8 TB/s, and expf's row
  * spent ~16 (unpack, max, unpack, sub, expf, add), which held (8192,8192)
  * bf16 at 56 %; now ~5.5 (the max two lanes at a time in the storage type,
- * em_max_x2: exact, so the same max). The error is ~2 ulp near 0 (the terms that make the
- * sum; a term exp(-d) carries ~1.2·d ulp of itself, and one under 2^-126
- * flushes to 0 beside the max's 1), far under the bf16/f16 output's
- * rounding (2^-9 / 2^-12): the same order, deterministic, results equal to
- * expf's but at a rounding boundary. f32 rows keep expf (their bits
- * unchanged; 88 % already).
- * EMBER_LSE_EXP_OLD=1 puts expf back for bf16/f16 too. */
+ * em_max_x2: exact, so the same max). The error is ~2 ulp near 0 (the terms
+ * that make the sum; a term exp(-d) carries ~1.2·d ulp of itself, and one
+ * under 2^-126 flushes to 0 beside the max's 1), far under the bf16/f16
+ * output's rounding (2^-9 / 2^-12): the same order, deterministic, results
+ * equal to expf's but at a rounding boundary. f32 rows keep expf (their bits
+ * unchanged; 88 % already). EMBER_LSE_EXP_OLD=1 (read once) puts the expf
+ * kernel back for bf16/f16 too. */
 #include <cstring>
 #include "common.cuh"
 #include "dtype_io.cuh"
