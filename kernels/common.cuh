@@ -134,6 +134,29 @@ template <typename T, typename C> __device__ __forceinline__ T st(C x) { return 
 template <> __device__ __forceinline__ double st<double, double>(double x) { return x; }
 }  // namespace acc
 
+/* e^x as 2^(x·log2 e) through MUFU.EX2 with ftz: 2 instructions where expf takes ~10 (and __expf's non-ftz
+ * ex2 ~5). Error ~2 ulp for |x| < 1, growing ~1.2·|x| ulp; results under 2^-126 flush to 0, ±inf and NaN as
+ * expf. For sums of exp(x - max) of 2-byte rows (>= 1, so a flushed term is invisible): stat.cu, softmax_xent.cu. */
+__device__ __forceinline__ float em_exp_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
+/* The max of two bf16 (T = __nv_bfloat16) or f16 lanes of a word at once (max.bf16x2 / max.f16x2: as fmaxf, a
+ * NaN lane yields the other operand): half an instruction an element for a row max instead of an unpack and a
+ * max, and exact (the max of stored values is a stored value). em_neg_inf_x2: both lanes -inf. */
+template <typename T> __device__ __forceinline__ uint32_t em_max_x2(uint32_t a, uint32_t b) {
+  static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or f16 lanes");
+  uint32_t d;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+template <typename T> __device__ __forceinline__ constexpr uint32_t em_neg_inf_x2() {
+  return std::is_same<T, __nv_bfloat16>::value ? 0xff80ff80u : 0xfc00fc00u;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -28,7 +28,21 @@
  * Anything else (f64, a reduction not over unit-stride rows, rows not
  * 16-byte aligned, longer rows) returns 1 and the engine takes reduce.cu's
  * two-pass path. EMBER_STAT_KERNELS=twopass selects that path always (to
- * time both in one process). */
+ * time both in one process).
+ *
+ * logsumexp of bf16/f16 rows exponentiates with em_exp_fast (common.cuh:
+ * FMUL by log2 e, then MUFU.EX2.FTZ: 2 instructions) instead of expf (~10:
+ * range reduction, two FMAs, a scale): a 2-byte element leaves ~20
+ * lane-instructions an element at 70 % of an H200's 4.8 TB/s, and expf's row
+ * spent ~16 (unpack, max, unpack, sub, expf, add), which held (8192,8192)
+ * bf16 at 56 %; now ~5.5 (the max two lanes at a time in the storage type,
+ * em_max_x2: exact, so the same max). The error is ~2 ulp near 0 (the terms
+ * that make the sum; a term exp(-d) carries ~1.2·d ulp of itself, and one
+ * under 2^-126 flushes to 0 beside the max's 1), far under the bf16/f16
+ * output's rounding (2^-9 / 2^-12): the same order, deterministic, results
+ * equal to expf's but at a rounding boundary. f32 rows keep expf (their bits
+ * unchanged; 88 % already). EMBER_LSE_EXP_OLD=1 (read once) puts the expf
+ * kernel back for bf16/f16 too. */
 #include <cstring>
 #include "common.cuh"
 #include "dtype_io.cuh"
@@ -51,14 +65,18 @@ struct RowArgs {
   float dof;   /* var: the divisor n - correction (in f32, as reduce.cu divides) */
 };
 
-__device__ __forceinline__ int64_t row_offset(const RowArgs &a, int64_t o) {
+/* Row o's element offset. o < rows <= INT32_MAX (stat_rows_cuda checks), so the index splits in 32 bits, and
+ * the outermost kept dim needs no division (o is already below its extent): a contiguous 2-D input costs one
+ * multiply, not a 64-bit division routine per thread (~2 instructions an element of a bf16 8192-row). */
+__device__ __forceinline__ int64_t row_offset(const RowArgs &a, int64_t row) {
+  uint32_t o = (uint32_t)row;
   int64_t off = 0;
-  for (int d = a.nk - 1; d >= 0; d--) {
-    const int64_t s = a.kshape[d];
-    off += (o % s) * a.kstride[d];
+  for (int d = a.nk - 1; d >= 1; d--) {
+    const uint32_t s = (uint32_t)a.kshape[d];
+    off += (int64_t)(o % s) * a.kstride[d];
     o /= s;
   }
-  return off;
+  return a.nk > 0 ? off + (int64_t)o * a.kstride[0] : off;
 }
 
 template <int TPR> __device__ __forceinline__ float row_sum(float v, float *red) {
@@ -68,9 +86,12 @@ template <int TPR> __device__ __forceinline__ float row_max(float v, float *red)
   return TPR == 32 ? warp_max(v) : block_max(v, red);
 }
 
+/* exp(x) for the logsumexp sum: em_exp_fast when FAST (bf16/f16 rows; see the top). */
+template <bool FAST> __device__ __forceinline__ float row_exp(float x) { return FAST ? em_exp_fast(x) : expf(x); }
+
 /* TPR threads per row (32 or kThreads), N packs a thread. Every thread of a
  * block calls the block reductions (live is uniform when TPR == kThreads). */
-template <typename T, int OP, int N, int TPR>
+template <typename T, int OP, int N, int TPR, bool FAST>
 __global__ void __launch_bounds__(kThreads) stat_rows(RowArgs a) {
   constexpr int V = 16 / (int)sizeof(T);
   constexpr int per = kThreads / TPR;
@@ -88,14 +109,28 @@ __global__ void __launch_bounds__(kThreads) stat_rows(RowArgs a) {
   }
   /* first statistic: the sum (var) or the max (logsumexp) */
   float s = OP == S_VAR ? 0.f : -INFINITY;
+  if constexpr (FAST) {   /* the max in the storage type, two lanes an instruction: exact, the same value */
+    uint32_t m2 = em_neg_inf_x2<T>();
 #pragma unroll
-  for (int n = 0; n < N; n++) {
-    const int64_t j = (int64_t)n * TPR + lane;
-    if (live && j < packs) {
+    for (int n = 0; n < N; n++) {
+      const int64_t j = (int64_t)n * TPR + lane;
+      if (live && j < packs) {
+        m2 = em_max_x2<T>(m2, buf[n].x); m2 = em_max_x2<T>(m2, buf[n].y);
+        m2 = em_max_x2<T>(m2, buf[n].z); m2 = em_max_x2<T>(m2, buf[n].w);
+      }
+    }
+    const uint4 mw = make_uint4(m2, 0u, 0u, 0u);
+    s = fmaxf(raw_elem<float, T>(mw, 0), raw_elem<float, T>(mw, 1));
+  } else {
 #pragma unroll
-      for (int e = 0; e < V; e++) {
-        const float x = raw_elem<float, T>(buf[n], e);
-        s = OP == S_VAR ? s + x : fmaxf(s, x);
+    for (int n = 0; n < N; n++) {
+      const int64_t j = (int64_t)n * TPR + lane;
+      if (live && j < packs) {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+          const float x = raw_elem<float, T>(buf[n], e);
+          s = OP == S_VAR ? s + x : fmaxf(s, x);
+        }
       }
     }
   }
@@ -111,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) stat_rows(RowArgs a) {
       for (int e = 0; e < V; e++) {
         const float x = raw_elem<float, T>(buf[n], e);
         if constexpr (OP == S_VAR) { const float d = x - ref; t += d * d; }
-        else t += expf(x - ref);
+        else t += row_exp<FAST>(x - ref);
       }
     }
   }
@@ -119,13 +154,13 @@ __global__ void __launch_bounds__(kThreads) stat_rows(RowArgs a) {
   if (live && lane == 0) store_as<float>(a.out, a.out_dtype, row, OP == S_VAR ? t / a.dof : ref + logf(t));
 }
 
-template <typename T, int OP>
+template <typename T, int OP, bool FAST>
 bool launch_rows(const RowArgs &a, cudaStream_t s) {
   constexpr int V = 16 / (int)sizeof(T);
   const int64_t P = a.L / V;
   const unsigned warp_grid = (unsigned)((a.rows + 7) / 8), block_grid = (unsigned)a.rows;
-#define EM_ST_WARP(N) if (P <= 32 * N) { stat_rows<T, OP, N, 32><<<warp_grid, kThreads, 0, s>>>(a); return true; }
-#define EM_ST_BLOCK(N) if (P <= kThreads * N) { stat_rows<T, OP, N, kThreads><<<block_grid, kThreads, 0, s>>>(a); return true; }
+#define EM_ST_WARP(N) if (P <= 32 * N) { stat_rows<T, OP, N, 32, FAST><<<warp_grid, kThreads, 0, s>>>(a); return true; }
+#define EM_ST_BLOCK(N) if (P <= kThreads * N) { stat_rows<T, OP, N, kThreads, FAST><<<block_grid, kThreads, 0, s>>>(a); return true; }
   EM_ST_WARP(1) EM_ST_WARP(2) EM_ST_WARP(4) EM_ST_WARP(8)
   EM_ST_BLOCK(2) EM_ST_BLOCK(4) EM_ST_BLOCK(8)
 #undef EM_ST_WARP
@@ -163,12 +198,19 @@ int stat_rows_cuda(const char *op, int kind, em_tensor *res, const em_tensor *a,
   if (em_use_device(dev, op)) return -1;
   cudaStream_t s = em_cur_stream(dev);
   bool done = false;
+  static const bool old_exp = em_env_switch("EMBER_LSE_EXP_OLD", false);
   switch (dt) {
-    case EM_F32: done = kind == S_VAR ? launch_rows<float, S_VAR>(r, s) : launch_rows<float, S_LSE>(r, s); break;
+    case EM_F32: done = kind == S_VAR ? launch_rows<float, S_VAR, false>(r, s) : launch_rows<float, S_LSE, false>(r, s); break;
     case EM_BF16:
-      done = kind == S_VAR ? launch_rows<__nv_bfloat16, S_VAR>(r, s) : launch_rows<__nv_bfloat16, S_LSE>(r, s);
+      done = kind == S_VAR ? launch_rows<__nv_bfloat16, S_VAR, false>(r, s)
+             : old_exp     ? launch_rows<__nv_bfloat16, S_LSE, false>(r, s)
+                           : launch_rows<__nv_bfloat16, S_LSE, true>(r, s);
       break;
-    default: done = kind == S_VAR ? launch_rows<__half, S_VAR>(r, s) : launch_rows<__half, S_LSE>(r, s); break;
+    default:
+      done = kind == S_VAR ? launch_rows<__half, S_VAR, false>(r, s)
+             : old_exp     ? launch_rows<__half, S_LSE, false>(r, s)
+                           : launch_rows<__half, S_LSE, true>(r, s);
+      break;
   }
   if (!done) return 1;
   return em_launch_check(op);

@@ -295,3 +295,27 @@ describe("nll_loss on CUDA", function()
     C.assert_close(l, F.nll_loss(x:to("f32"), t), 1e-5, "autocast loss")
   end)
 end)
+
+-- (at the end: R's seeds of the cases above stay what they were)
+describe("cross_entropy's mean/sum kernel on CUDA", function()
+  -- the mean/sum kernel takes each thread's rows 4 at a time (1024 threads: 4096 rows a batch): 9221 rows
+  -- run two full batches and a part-filled third, with ignored rows at every batch position and the
+  -- (ignored-row-excluding) count in the mean; label smoothing adds the row sums
+  for _, dt in ipairs {"f32", "bf16"} do
+    for _, red in ipairs {"mean", "sum"} do
+      it(dt .. ": (9221, 37) logits, label smoothing 0.1, ignore_index 3, " .. red .. ": loss matches the CPU, same bits twice", function()
+        local N, V = 9221, 37
+        local x = randn({N, V}, dt, 3)
+        local tl = targets({N}, V):tolist()
+        for i = 1, N, 997 do tl[i] = 3 end                        -- ignored rows spread over batches and lanes
+        local t = ember.tensor(tl, {dtype = "i64"})
+        local opts = {label_smoothing = 0.1, ignore_index = 3, reduction = red}
+        local lc = F.cross_entropy(x, t, opts)
+        local xg, tg = x:cuda(), t:cuda()
+        local lg = F.cross_entropy(xg, tg, opts)
+        close(lg, lc, TOL[dt], "loss")
+        C.assert_close(F.cross_entropy(xg, tg, opts), lg, 0, "second run")
+      end)
+    end
+  end
+end)

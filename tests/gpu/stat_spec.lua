@@ -79,4 +79,14 @@ describe("one-pass var and logsumexp on CUDA", function()
       cmp.assert_close(a:logsumexp(-1), a:logsumexp(-1), 0, "logsumexp repeat " .. L)
     end
   end)
+
+  it("gives the same bits on a second run [bf16, f16: the MUFU exp and the two-lane max]", function()
+    ember.manual_seed(34)
+    for _, dt in ipairs({"bf16", "f16"}) do
+      for _, L in ipairs({1000, 8192}) do
+        local a = randn({64, L}, dt, 4):to("cuda")
+        cmp.assert_close(a:logsumexp(-1), a:logsumexp(-1), 0, "logsumexp repeat " .. dt .. " " .. L)
+      end
+    end
+  end)
 end)
