@@ -212,7 +212,7 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
                             const em_tensor *index, const em_tensor *other, cudaStream_t s) {
   const int nd = p->ndim, last = nd - 1;
   const bool add = p->kind == EM_IX_SCATTER_ADD;
-  if (nd < 1 || p->dim != last) return 0;
+  if (p->kind == EM_IX_GATHER || nd < 1 || p->dim != last) return 0;   /* scatters only: a gather reads */
   if (add && self->dtype != EM_F32 && self->dtype != EM_BF16 && self->dtype != EM_F16) return 0;
   if ((p->kind == EM_IX_SCATTER || add) && !other) return 0;
   const int64_t m = p->shape[last], L = p->dim_size, es = (int64_t)em_dtype_size(self->dtype), rows = n / m;
