@@ -159,7 +159,7 @@ EM_SIMD_CLONES static void bf16_to_f32s(float *d, const uint16_t *s, int64_t n) 
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "ops/bf16_simd.h"
 /* f32_to_bf16s with AVX-512 BW intrinsics, 32 floats a step in 14 vector
  * operations (the avx512f clone above stays in 256-bit registers and spends
  * ~2 a value): em_f32_to_bf16 per lane, u + 0x7fff plus the kept half's low
@@ -169,10 +169,8 @@ EM_SIMD_CLONES static void bf16_to_f32s(float *d, const uint16_t *s, int64_t n) 
  * last n % 32 values take the same steps with masked loads and stores: the
  * same bits as em_f32_to_bf16 for every float (tests/c/test_ew_half.c). */
 __attribute__((target("avx512f,avx512bw"))) static inline __m512i rne_bf16_hi(__m512i u) {
-  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
-  r = _mm512_mask_add_epi32(r, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000)), u, _mm512_set1_epi32(0x8000));
-  __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(u), _mm512_castsi512_ps(u), _CMP_UNORD_Q);
-  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+  __mmask16 unused = 0;
+  return em_x512_bf16_round(_mm512_castsi512_ps(u), &unused);
 }
 
 __attribute__((target("avx512f,avx512bw"))) static void f32_to_bf16s_x512(uint16_t *d, const float *s, int64_t n) {
@@ -215,12 +213,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static void f32_
  * shift and an and, NaN lanes by a blend, and the narrowing by a pack
  * (within 128-bit lanes) and a quadword permute; the tail as em_f32_to_bf16. */
 __attribute__((target("avx2"))) static inline __m256i rne_bf16_x2(__m256i u) {
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                               _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-  __m256 v = _mm256_castsi256_ps(u), nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
-                          _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), nan));
-  return _mm256_srli_epi32(r, 16);
+  __m256 unused = _mm256_setzero_ps();
+  return _mm256_srli_epi32(em_x2_bf16_round(_mm256_castsi256_ps(u), &unused), 16);
 }
 
 __attribute__((target("avx2"))) static void f32_to_bf16s_x2(uint16_t *d, const float *s, int64_t n) {

@@ -127,7 +127,7 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "bf16_simd.h"
 #define X512 __attribute__((target("avx512f,avx512bw")))
 
 /* bf16_bin with AVX-512 BW intrinsics, 32 values a step and no shuffles: the
@@ -142,14 +142,6 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
  * NaN-pair test kept it core-bound: the pair test is left to the rare piece
  * with a NaN result, scanned after (a NaN with NaN gives a NaN). The same
  * IEEE operation per value, so the same bits (tests/c/test_ew_half.c). */
-X512 static inline __m512i x512_rne(__m512 v, __mmask16 *nan) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
-  r = _mm512_mask_add_epi32(r, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000)), u, _mm512_set1_epi32(0x8000));
-  __mmask16 m = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  *nan |= m;
-  return _mm512_mask_or_epi32(r, m, u, _mm512_set1_epi32(0x400000));
-}
 
 #define X_TEN(p, E, O) { __m512i w = _mm512_loadu_si512((p) + i);                                  \
     E = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                                              \
@@ -159,7 +151,7 @@ X512 static inline __m512i x512_rne(__m512 v, __mmask16 *nan) {
   for (; i + 32 <= n; i += 32) {                                                                   \
     __m512 xe, xo, ye, yo;                                                                         \
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
-    __m512i re = x512_rne(OPV(xe, ye), &nan), ro = x512_rne(OPV(xo, yo), &nan);                   \
+    __m512i re = em_x512_bf16_round(OPV(xe, ye), &nan), ro = em_x512_bf16_round(OPV(xo, yo), &nan);                   \
     _mm512_storeu_si512(o + i, _mm512_mask_mov_epi16(_mm512_srli_epi32(re, 16), 0xaaaaaaaau, ro));  \
   }                                                                                                \
   for (; i < n; i++) {                                                                             \
@@ -243,15 +235,6 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_
 /* The same with AVX2, 16 values a step (no mask registers): the kept half's
  * low bit added by a shift and an and, NaN lanes by a blend, the NaN results
  * gathered in a register, and the halves merged by a word blend. */
-__attribute__((target("avx2"))) static inline __m256i x2_rne(__m256 v, __m256 *nan) {
-  __m256i u = _mm256_castps_si256(v);
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                               _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-  __m256 m = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  *nan = _mm256_or_ps(*nan, m);
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
-                             _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), m));
-}
 
 #define X_TEN(p, E, O) { __m256i w = _mm256_loadu_si256((const __m256i *)((p) + i));               \
     E = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                                              \
@@ -261,7 +244,7 @@ __attribute__((target("avx2"))) static inline __m256i x2_rne(__m256 v, __m256 *n
   for (; i + 16 <= n; i += 16) {                                                                   \
     __m256 xe, xo, ye, yo;                                                                         \
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
-    __m256i re = x2_rne(OPV(xe, ye), &nan), ro = x2_rne(OPV(xo, yo), &nan);                       \
+    __m256i re = em_x2_bf16_round(OPV(xe, ye), &nan), ro = em_x2_bf16_round(OPV(xo, yo), &nan);                       \
     _mm256_storeu_si256((__m256i *)(o + i), _mm256_blend_epi16(_mm256_srli_epi32(re, 16), ro, 0xaa)); \
   }                                                                                                \
   for (; i < n; i++) {                                                                             \
