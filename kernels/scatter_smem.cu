@@ -52,6 +52,16 @@ struct RowWalk {
   double alpha;                                      /* SCATTER_ADD */
 };
 
+/* Block b's row: its offsets in self, index and src (the outer dims of the walk). */
+__device__ __forceinline__ void row_offsets(const RowWalk &g, int64_t b, int64_t &so, int64_t &io, int64_t &oo) {
+  so = 0; io = 0; oo = 0;
+  for (int d = g.nd - 1; d >= 0; d--) {
+    const int64_t c = b % g.shape[d];
+    b /= g.shape[d];
+    so += c * g.sst[d]; io += c * g.ist[d]; oo += c * g.ost[d];
+  }
+}
+
 /* alpha * v as indexing.cu's scaled() computes it (rounded to T), widened to f32 for the sums. */
 template <typename T> __device__ __forceinline__ float sm_scaled(T v, double a) {
   return to_f32(from_f32<T>(to_f32(v) * (float)a));  /* indexing.cu's scaled(): rounded to T */
@@ -69,12 +79,8 @@ __global__ void __launch_bounds__(SM_THREADS) scatter_row_kernel(RowWalk g, T *s
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int *win = reinterpret_cast<int *>(smem_raw);
   T *srow = reinterpret_cast<T *>(smem_raw + ((g.L * 4 + 15) / 16) * 16);
-  int64_t so = 0, io = 0, oo = 0, b = blockIdx.x;
-  for (int d = g.nd - 1; d >= 0; d--) {
-    const int64_t c = b % g.shape[d];
-    b /= g.shape[d];
-    so += c * g.sst[d]; io += c * g.ist[d]; oo += c * g.ost[d];
-  }
+  int64_t so, io, oo;
+  row_offsets(g, blockIdx.x, so, io, oo);
   const int tid = threadIdx.x, nt = blockDim.x;
   const int m = (int)g.m, L = (int)g.L;
   for (int c = tid; c < L; c += nt) win[c] = -1;
@@ -113,12 +119,8 @@ __global__ void __launch_bounds__(SM_THREADS) add_row_kernel(RowWalk g, T *self,
                                                              const T *__restrict__ other) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float *acc = reinterpret_cast<float *>(smem_raw);
-  int64_t so = 0, io = 0, oo = 0, b = blockIdx.x;
-  for (int d = g.nd - 1; d >= 0; d--) {
-    const int64_t c = b % g.shape[d];
-    b /= g.shape[d];
-    so += c * g.sst[d]; io += c * g.ist[d]; oo += c * g.ost[d];
-  }
+  int64_t so, io, oo;
+  row_offsets(g, blockIdx.x, so, io, oo);
   const int tid = threadIdx.x, nt = blockDim.x;
   const int m = (int)g.m, L = (int)g.L;
   for (int c = tid; c < L; c += nt) acc[c] = -0.f;
