@@ -818,14 +818,16 @@ __global__ void __launch_bounds__(FWD_THREADS) ln_fwd_reg_kernel(const TX *__res
   }
 }
 
-/* EMBER_LAYER_NORM_FWD (read once): "reg" (default) or "loop" (ln_fwd_kernel
- * always, to time both in one process); 0 reg, 1 loop. */
+/* Whether the layer_norm switch `name` says "loop" (the loop kernels always, to time both in one
+ * process); anything else, or unset, is "reg" (the default). */
+static int ln_env_loop(const char *name) {
+  const char *env = getenv(name);
+  return env && strcmp(env, "loop") == 0 ? 1 : 0;
+}
+
+/* EMBER_LAYER_NORM_FWD (read once): "reg" or "loop" (ln_fwd_kernel); 0 reg, 1 loop. */
 static int ln_fwd_loop_only() {
-  static int mode = -1;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_LAYER_NORM_FWD");
-    mode = env && strcmp(env, "loop") == 0 ? 1 : 0;
-  }
+  static const int mode = ln_env_loop("EMBER_LAYER_NORM_FWD");
   return mode;
 }
 
@@ -1019,11 +1021,7 @@ __global__ void __launch_bounds__(BWD_THREADS) ln_bwd_reg_kernel(const TX *__res
 
 /* EMBER_LAYER_NORM_BWD (read once): "reg" (default) or "loop" (ln_bwd_kernel always); 0 reg, 1 loop. */
 static int ln_bwd_loop_only() {
-  static int mode = -1;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_LAYER_NORM_BWD");
-    mode = env && strcmp(env, "loop") == 0 ? 1 : 0;
-  }
+  static const int mode = ln_env_loop("EMBER_LAYER_NORM_BWD");
   return mode;
 }
 
