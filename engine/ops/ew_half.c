@@ -143,6 +143,14 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
  * with a NaN result, scanned after (a NaN with NaN gives a NaN). The same
  * IEEE operation per value, so the same bits (tests/c/test_ew_half.c). */
 
+/* The last values of a piece one at a time, as em_f32_to_bf16 rounds them; a NaN result noted in `any`. */
+#define X_TAIL(OP)                                                                                 \
+  for (; i < n; i++) {                                                                             \
+    float r = (a ? BF(a, i) : ca) OP (b ? BF(b, i) : cb);                                          \
+    o[i] = em_f32_to_bf16(r);                                                                      \
+    any |= r != r;                                                                                 \
+  }
+
 #define X_TEN(p, E, O) { __m512i w = _mm512_loadu_si512((p) + i);                                  \
     E = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                                              \
     O = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))); }
@@ -151,14 +159,11 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
   for (; i + 32 <= n; i += 32) {                                                                   \
     __m512 xe, xo, ye, yo;                                                                         \
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
-    __m512i re = em_x512_bf16_round(OPV(xe, ye), &nan), ro = em_x512_bf16_round(OPV(xo, yo), &nan);                   \
+    __m512i re = em_x512_bf16_round(OPV(xe, ye), &nan);                                            \
+    __m512i ro = em_x512_bf16_round(OPV(xo, yo), &nan);                                            \
     _mm512_storeu_si512(o + i, _mm512_mask_mov_epi16(_mm512_srli_epi32(re, 16), 0xaaaaaaaau, ro));  \
   }                                                                                                \
-  for (; i < n; i++) {                                                                             \
-    float r = (a ? BF(a, i) : ca) OP (b ? BF(b, i) : cb);                                          \
-    o[i] = em_f32_to_bf16(r);                                                                      \
-    any |= r != r;                                                                                 \
-  }                                                                                                \
+  X_TAIL(OP)                                                                                       \
   break
 #define X_OPS(LA, LB, W)                                                                            \
   switch (code) {                                                                                  \
@@ -244,14 +249,11 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_
   for (; i + 16 <= n; i += 16) {                                                                   \
     __m256 xe, xo, ye, yo;                                                                         \
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
-    __m256i re = em_x2_bf16_round(OPV(xe, ye), &nan), ro = em_x2_bf16_round(OPV(xo, yo), &nan);                       \
+    __m256i re = em_x2_bf16_round(OPV(xe, ye), &nan);                                              \
+    __m256i ro = em_x2_bf16_round(OPV(xo, yo), &nan);                                              \
     _mm256_storeu_si256((__m256i *)(o + i), _mm256_blend_epi16(_mm256_srli_epi32(re, 16), ro, 0xaa)); \
   }                                                                                                \
-  for (; i < n; i++) {                                                                             \
-    float r = (a ? BF(a, i) : ca) OP (b ? BF(b, i) : cb);                                          \
-    o[i] = em_f32_to_bf16(r);                                                                      \
-    any |= r != r;                                                                                 \
-  }                                                                                                \
+  X_TAIL(OP)                                                                                       \
   break
 
 __attribute__((target("avx2"))) static int bf16_bin_x2(int code, uint16_t *o, const uint16_t *a, float ca,
@@ -270,6 +272,7 @@ __attribute__((target("avx2"))) static int bf16_bin_x2(int code, uint16_t *o, co
 #undef X_CST
 #undef X_LOOP
 #undef X_OPS
+#undef X_TAIL
 #define HAVE_HAND 1
 #endif
 
