@@ -34,19 +34,28 @@ local function assert_same_bits(got, want, what)
   end
 end
 
--- make(dev) on both devices from the same generator state, the state first
--- advanced by `skip` blocks (draws of skip * 4 elements), so the op's first
--- counter is ctr0 = skip; the generator must end at the same offset.
-local function both(seed, skip, make)
+-- from_state(start, make): start() sets the generator before each device's
+-- make(dev); the two results (CUDA's copied back) after checking that both
+-- end at the same offset.
+local function from_state(start, make)
   local out = {}
   for _, dev in ipairs {"cuda", "cpu"} do
-    ember.manual_seed(seed)
-    if skip > 0 then ember.rand(skip * 4) end
+    start()
     out[dev] = make(dev)
     out[dev .. "_offset"] = ember.get_rng_state().offset
   end
   assert.are.equal(out.cpu_offset, out.cuda_offset, "generator offset after the op")
   return out.cuda:cpu(), out.cpu
+end
+
+-- make(dev) on both devices from the same generator state, the state first
+-- advanced by `skip` blocks (draws of skip * 4 elements), so the op's first
+-- counter is ctr0 = skip; the generator must end at the same offset.
+local function both(seed, skip, make)
+  return from_state(function()
+    ember.manual_seed(seed)
+    if skip > 0 then ember.rand(skip * 4) end
+  end, make)
 end
 
 describe("contiguous random fills on CUDA (kernels/rng.cu)", function()
@@ -244,14 +253,7 @@ describe("Philox runs across a multiple of 2^32 counters (rng_math.h em_philox_r
   -- the same; a run that crosses 2^32 (the generator offset set just below it) takes the plain blocks. Both,
   -- in every kernel that draws B blocks a thread, against the CPU.
   local function at(offset, make)
-    local out = {}
-    for _, dev in ipairs {"cuda", "cpu"} do
-      ember.set_rng_state({seed = 91, offset = offset})
-      out[dev] = make(dev)
-      out[dev .. "_offset"] = ember.get_rng_state().offset
-    end
-    assert.are.equal(out.cpu_offset, out.cuda_offset, "generator offset after the op")
-    return out.cuda:cpu(), out.cpu
+    return from_state(function() ember.set_rng_state({seed = 91, offset = offset}) end, make)
   end
   local x = ember.randn(4099)
   local p = ember.rand(4099)
