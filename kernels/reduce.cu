@@ -572,6 +572,88 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
+/* max/min down columns, branch-free (issue 12: reduce_cols_vec's max/min
+ * searched a trip's rows whenever one lane's extreme moved, which with 32
+ * columns a warp is nearly every trip, and held 80-92 registers: 2 blocks
+ * per SM). Per output and trip of U rows: the trip's extreme m (max.NaN:
+ * U-1 instructions), the first row equal to it by a reverse select (2 per
+ * element; a NaN m, rare, searches the first NaN instead), then one
+ * later_better against the state (M, R). Rows come in index order within a
+ * thread, so the first trip to reach the extreme and its first row equal to
+ * it are the CPU's first extreme. M keeps m, whose bits are the winner's
+ * except for a zero's sign or a NaN's payload: those winners are read again
+ * once at the end (one element). ~3 instructions per f32 element, ~4 for
+ * bf16/f16 (the conversion); <= 64 registers: 4 blocks per SM. */
+template <typename T, typename C, int OP>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int U = V == 8 ? 4 : kColsUnrollExt;   /* 16-bit: 8 rows spill at 64 registers */
+  const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
+  const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
+  const bool live = k < K;
+  const T *p = (const T *)a.in + (live ? kept_offset(a, ob, a.nk - 1) + k : 0);
+  const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+  const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+  const int64_t rs = a.rstride[0];
+  C M[V];      /* each output's extreme so far (m's bits) */
+  int R[V];    /* ... and its row - r0 (-1: none yet; the host keeps chunks under 2^31) */
+#pragma unroll
+  for (int e = 0; e < V; e++) { M[e] = OP == R_MAX ? lowest<C>() : highest<C>(); R[e] = -1; }
+  for (int64_t r = r0 + threadIdx.y; live && r < r1; r += 8 * U) {
+    /* U rows in flight; a row past the chunk repeats row r (always live),
+     * which changes neither m nor the first row equal to it */
+    uint4 pk[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
+    const int rr = (int)(r - r0);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      C m = raw_elem<C, T>(pk[0], e);
+#pragma unroll
+      for (int u = 1; u < U; u++) m = ext_nan<OP>(m, raw_elem<C, T>(pk[u], e));
+      /* the first row holding m: a reverse select keeps the lowest hit */
+      int uh = 0;
+      if (!m_isnan(m)) {
+        /* no NaN in the trip: x <= m (>= for min) everywhere, so "not
+         * below m" is "equal to m" (-0 == +0, as the CPU's compare) */
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--) {
+          const C x = raw_elem<C, T>(pk[u], e);
+          if (OP == R_MAX ? !(x < m) : !(x > m)) uh = u;
+        }
+      } else {
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--)
+          if (m_isnan(raw_elem<C, T>(pk[u], e))) uh = u;
+      }
+      if (seq_better<C, OP>(m, M[e], R[e] < 0)) { M[e] = m; R[e] = rr + uh * 8; }
+    }
+  }
+  /* the 8 threads down each block column meet in shared memory (y order:
+   * deterministic) and y == 0 emits, one output at a time (few registers) */
+  __shared__ C sv[8][32 * V];
+  __shared__ int64_t si[8][32 * V];
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
+      M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
+    }
+    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
+    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+    for (int e = 0; e < V; e++) {
+      Acc<C, OP> acc;
+      acc.v = sv[0][threadIdx.x * V + e];
+      acc.i = si[0][threadIdx.x * V + e];
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x * V + e], si[y][threadIdx.x * V + e]);
+      emit<C, OP>(a, ob * K + k + e, acc);
+    }
+  }
+}
+
 template <typename C, int OP, int TPO>
 __global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
   constexpr int per = kBlock / TPO;
@@ -595,6 +677,14 @@ template <typename C> em_dtype dtype_of() {
  * issue 12's rework; read once. */
 bool ext_vec_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_EXT_VEC", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_EXT=0: max/min down columns take reduce_cols_vec's
+ * search-when-it-moves loop (2 blocks per SM, a 256-block grid) instead of
+ * reduce_cols_ext; read once. */
+bool cols_ext_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_EXT", true);
   return on;
 }
 
@@ -635,7 +725,8 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   if (Acc<C, OP>::ext && (p->n_red > INT32_MAX / 2 || !ext_vec_on())) cvec = false;
   /* the split count changes no max/min (their order is total: value, then
    * index), so their column kernel may aim for its own one-wave grid */
-  const int64_t target = Acc<C, OP>::ext && cvec ? kTargetBlocksExt : kTargetBlocks;
+  const bool cext = Acc<C, OP>::ext && cvec && p->nr == 1 && cols_ext_on();
+  const int64_t target = Acc<C, OP>::ext && cvec && !cext ? kTargetBlocksExt : kTargetBlocks;
   /* rows with vector loads: unit-stride rows whose starts are all 16-byte aligned */
   bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
              em_dtype_is_float(a->dtype) && (!Acc<C, OP>::ext || ext_vec_on());
@@ -692,7 +783,16 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
    * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
   if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
-  if (cols && cvec) {
+  if (cext) {
+    if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+    else if constexpr (std::is_same<C, float>::value) {
+      switch (a->dtype) {
+        case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+      }
+    }
+  } else if (cols && cvec) {
     if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
     else if constexpr (std::is_same<C, float>::value) {
       switch (a->dtype) {
