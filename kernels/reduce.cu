@@ -378,7 +378,7 @@ __device__ void split_done(const RedArgs &a, int64_t o0, int64_t o1, int tid) {
 /* rows: TPO threads per output (32: a warp, kBlock: the block). T: the
  * storage type for Packed128 loads (aligned unit-stride rows), or void for
  * the generic strided load of any dtype. */
-template <typename T, typename C, int OP, int TPO>
+template <typename T, typename C, int OP, int TPO, bool KEEP = false>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
   constexpr int per = kBlock / TPO;
   const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
@@ -398,12 +398,43 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
       constexpr int V = 16 / (int)sizeof(T);
       const uint4 *q = (const uint4 *)((const T *)a.in + base + r0);
       const int64_t nv = (r1 - r0) / V;
+      C mx = (C)0;        /* KEEP: the extreme so far, */
+      int64_t wi = -1;    /* the index of the kept load's first element (-1: none yet) */
+      uint4 wk = make_uint4(0, 0, 0, 0);   /* and the kept load */
       for (int64_t j = lane; j < nv; j += (int64_t)kUnroll * TPO) {
         uint4 pk[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++)
           if (j + u * TPO < nv) pk[u] = q[j + u * TPO];
-        if constexpr (Acc<C, OP>::ext) {
+        if constexpr (Acc<C, OP>::ext && KEEP) {
+          /* max/min, branch-free (issue 12): each load's extreme, the trip's,
+           * and when the trip beats the state (mx: the state's value; none
+           * yet: wi < 0), the trip's first load holding it is kept (wk, its
+           * element index wi); that one load is searched after the loop. A
+           * thread's elements come in index order, so the first trip to reach
+           * the extreme, its first load holding it and that load's first
+           * element holding it are the CPU's first extreme. */
+          C mm[kUnroll];
+#pragma unroll
+          for (int u = 0; u < kUnroll; u++) mm[u] = vec_extreme<T, C, OP>(pk[u]);
+          C m = mm[0];
+#pragma unroll
+          for (int u = 1; u < kUnroll; u++)
+            if (j + u * TPO < nv) m = ext_nan<OP>(m, mm[u]);
+          const bool mn = m_isnan(m);
+          int uh = 0;
+#pragma unroll
+          for (int u = kUnroll - 1; u > 0; u--)
+            if (j + u * TPO < nv && (mn ? m_isnan(mm[u]) : (OP == R_MAX ? !(mm[u] < m) : !(mm[u] > m)))) uh = u;
+          if (mn ? m_isnan(mm[0]) : (OP == R_MAX ? !(mm[0] < m) : !(mm[0] > m))) uh = 0;
+          if (seq_better<C, OP>(m, mx, wi < 0)) {
+            mx = m;
+            wi = r0 + (j + uh * TPO) * V;
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++)
+              if (u == uh) wk = pk[u];
+          }
+        } else if constexpr (Acc<C, OP>::ext) {
           /* max/min: the extreme of the trip's live loads (pk[0] always is)
            * against the state, and only when it wins, the loads in order */
           C m = vec_extreme<T, C, OP>(pk[0]);
@@ -426,6 +457,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
           }
         }
       }
+      if constexpr (Acc<C, OP>::ext && KEEP)
+        if (wi >= 0) push_vec<T, C, OP>(acc, wk, wi);   /* acc is empty: the kept load's winner */
       const T *p = (const T *)a.in + base;
       for (int64_t t = r0 + nv * V + lane; t < r1; t += TPO) acc.push(to_compute<C, T>(p[t]), t, sh);
     } else {
@@ -688,6 +721,14 @@ bool cols_ext_on() {
   return on;
 }
 
+/* EMBER_REDUCE_ROWS_KEEP=0: max/min along rows search a trip's loads
+ * whenever its extreme beats the state (push_vec) instead of keeping the
+ * trip's winning load and searching it once (reduce_rows' KEEP); read once. */
+bool rows_keep_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_ROWS_KEEP", true);
+  return on;
+}
+
 /* One reduction pass: out (contiguous, may be NULL) and idx (may be NULL). */
 template <typename C, int OP>
 int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, const void *ref,
@@ -804,9 +845,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   } else if (cols) {
     reduce_cols<C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
   } else if (vec) {
+    /* max/min with vector loads: KEEP (EMBER_REDUCE_ROWS_KEEP) */
 #define EM_ROWS(T)                                                                     \
   do {                                                                                 \
-    if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);              \
+    constexpr bool kk = Acc<C, OP>::ext && !std::is_void<T>::value;                    \
+    const bool keep = kk && rows_keep_on();                                            \
+    if (keep && tpo == 32) reduce_rows<T, C, OP, 32, kk><<<grid, kBlock, 0, s>>>(r);   \
+    else if (keep) reduce_rows<T, C, OP, kBlock, kk><<<grid, kBlock, 0, s>>>(r);      \
+    else if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);         \
     else reduce_rows<T, C, OP, kBlock><<<grid, kBlock, 0, s>>>(r);                    \
   } while (0)
     if constexpr (std::is_same<C, double>::value) EM_ROWS(double);

@@ -149,3 +149,56 @@ describe("max/min down columns on CUDA (reduce_cols_ext)", function()
     end
   end)
 end)
+
+-- issue 12: max/min along rows with vector loads keep each trip's winning
+-- load and search it once (reduce_rows' KEEP; EMBER_REDUCE_ROWS_KEEP=0: the
+-- search whenever a trip wins). Ties everywhere, a last partial trip, rows
+-- that end in scalar elements (a narrowed view: row stride 4104, 4101
+-- reduced), rows split over blocks.
+describe("max/min along rows on CUDA (reduce_rows, the kept load)", function()
+  -- f on a view of the CPU tensor and on the same view of its CUDA copy
+  local function agree_view(what, f, a, view)
+    local r = table.pack(f(view(a)))
+    local g = table.pack(f(view(a:to("cuda"))))
+    for i = 1, r.n do
+      cmp.assert_close(g[i], r[i], 0, ("%s (result %d)"):format(what, i))
+      if r[i].dtype ~= "i64" then
+        cmp.assert_close(1 / g[i]:to("cpu"):to("f64"), 1 / r[i]:to("f64"), 0, ("%s (result %d): the sign of zeros"):format(what, i))
+      end
+    end
+  end
+  local ROWS = {
+    {"a warp a row, partial last trip", {300, 4104}},
+    {"a block a row", {5, 20008}},
+    {"split rows", {2, 262152}},
+  }
+  for _, L in ipairs(ROWS) do
+    it("matches the CPU, ties to the first element: " .. L[1], function()
+      ember.manual_seed(31)
+      for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+        local t = (ember.randint(0, 9, L[2]):to("f64") - 4):to(dt)
+        agree("amax ties " .. dt, function(x) return x:amax(1) end, t)
+        agree("min ties " .. dt, function(x) return x:min(1) end, t)
+        agree("argmax ties " .. dt, function(x) return x:argmax(1) end, t)
+        local r = ember.randn(L[2], {dtype = "f64"}):to(dt)
+        agree("max randn " .. dt, function(x) return x:max(1) end, r)
+        agree("amin randn " .. dt, function(x) return x:amin(1) end, r)
+        local z = zeros(L[2], 1, dt)
+        agree("min zeros " .. dt, function(x) return x:min(1) end, z)
+      end
+    end)
+  end
+
+  it("takes the scalar tail after the kept load (rows narrowed to 4101)", function()
+    ember.manual_seed(32)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local t = (ember.randint(0, 5, {64, 4104}):to("f64") - 2):to(dt)
+      local l = t:to("f64"):tolist()
+      l[3][4101] = 50; l[4][4100] = 0 / 0; l[5][1] = 0 / 0; l[5][4101] = 0 / 0   -- a tail winner, NaNs
+      t = ember.tensor(l):to(dt)
+      local nar = function(x) return x:narrow(1, 0, 4101) end
+      agree_view("max narrowed " .. dt, function(x) return x:max(1) end, t, nar)
+      agree_view("amin narrowed " .. dt, function(x) return x:amin(1) end, t, nar)
+    end
+  end)
+end)
