@@ -21,7 +21,8 @@
  *    per step, 32 rows in flight (8 threads x 4 loads); the 8 partials meet
  *    in shared memory. With float storage and 16-byte aligned rows each
  *    thread takes a Packed128 of neighbouring outputs instead
- *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
+ *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements);
+ *    max/min there run reduce_cols_ext (branch-free, see there).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
@@ -825,12 +826,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cext) {
-    if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
-    else if constexpr (std::is_same<C, float>::value) {
-      switch (a->dtype) {
-        case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
-        case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
-        default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+    if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
+      if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+      else if constexpr (std::is_same<C, float>::value) {
+        switch (a->dtype) {
+          case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+          case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+          default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        }
       }
     }
   } else if (cols && cvec) {
@@ -845,10 +848,11 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   } else if (cols) {
     reduce_cols<C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
   } else if (vec) {
-    /* max/min with vector loads: KEEP (EMBER_REDUCE_ROWS_KEEP) */
+    /* max/min with vector loads: KEEP (EMBER_REDUCE_ROWS_KEEP), not for f64
+     * (eight double extremes spill ~170 bytes at 64 registers) */
 #define EM_ROWS(T)                                                                     \
   do {                                                                                 \
-    constexpr bool kk = Acc<C, OP>::ext && !std::is_void<T>::value;                    \
+    constexpr bool kk = Acc<C, OP>::ext && !std::is_void<T>::value && sizeof(C) == 4; \
     const bool keep = kk && rows_keep_on();                                            \
     if (keep && tpo == 32) reduce_rows<T, C, OP, 32, kk><<<grid, kBlock, 0, s>>>(r);   \
     else if (keep) reduce_rows<T, C, OP, kBlock, kk><<<grid, kBlock, 0, s>>>(r);      \
