@@ -417,7 +417,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
            * element holding it are the CPU's first extreme. */
           C mm[kUnroll];
 #pragma unroll
-          for (int u = 0; u < kUnroll; u++) mm[u] = vec_extreme<T, C, OP>(pk[u]);
+          for (int u = 0; u < kUnroll; u++)   /* a load past the end (unread) repeats load 0 */
+            mm[u] = u == 0 || j + u * TPO < nv ? vec_extreme<T, C, OP>(pk[u]) : mm[0];
           C m = mm[0];
 #pragma unroll
           for (int u = 1; u < kUnroll; u++)
