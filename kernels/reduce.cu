@@ -21,7 +21,8 @@
  *    per step, 32 rows in flight (8 threads x 4 loads); the 8 partials meet
  *    in shared memory. With float storage and 16-byte aligned rows each
  *    thread takes a Packed128 of neighbouring outputs instead
- *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements).
+ *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements);
+ *    max/min there run reduce_cols_ext (branch-free, see there).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
@@ -378,7 +379,7 @@ __device__ void split_done(const RedArgs &a, int64_t o0, int64_t o1, int tid) {
 /* rows: TPO threads per output (32: a warp, kBlock: the block). T: the
  * storage type for Packed128 loads (aligned unit-stride rows), or void for
  * the generic strided load of any dtype. */
-template <typename T, typename C, int OP, int TPO>
+template <typename T, typename C, int OP, int TPO, bool KEEP = false>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
   constexpr int per = kBlock / TPO;
   const int64_t o = (int64_t)blockIdx.x * per + threadIdx.x / TPO;
@@ -398,12 +399,44 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
       constexpr int V = 16 / (int)sizeof(T);
       const uint4 *q = (const uint4 *)((const T *)a.in + base + r0);
       const int64_t nv = (r1 - r0) / V;
+      C mx = (C)0;        /* KEEP: the extreme so far, */
+      int64_t wi = -1;    /* the index of the kept load's first element (-1: none yet) */
+      uint4 wk = make_uint4(0, 0, 0, 0);   /* and the kept load */
       for (int64_t j = lane; j < nv; j += (int64_t)kUnroll * TPO) {
         uint4 pk[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++)
           if (j + u * TPO < nv) pk[u] = q[j + u * TPO];
-        if constexpr (Acc<C, OP>::ext) {
+        if constexpr (Acc<C, OP>::ext && KEEP) {
+          /* max/min, branch-free (issue 12): each load's extreme, the trip's,
+           * and when the trip beats the state (mx: the state's value; none
+           * yet: wi < 0), the trip's first load holding it is kept (wk, its
+           * element index wi); that one load is searched after the loop. A
+           * thread's elements come in index order, so the first trip to reach
+           * the extreme, its first load holding it and that load's first
+           * element holding it are the CPU's first extreme. */
+          C mm[kUnroll];
+#pragma unroll
+          for (int u = 0; u < kUnroll; u++)   /* a load past the end (unread) repeats load 0 */
+            mm[u] = u == 0 || j + u * TPO < nv ? vec_extreme<T, C, OP>(pk[u]) : mm[0];
+          C m = mm[0];
+#pragma unroll
+          for (int u = 1; u < kUnroll; u++)
+            if (j + u * TPO < nv) m = ext_nan<OP>(m, mm[u]);
+          const bool mn = m_isnan(m);
+          int uh = 0;
+#pragma unroll
+          for (int u = kUnroll - 1; u > 0; u--)
+            if (j + u * TPO < nv && (mn ? m_isnan(mm[u]) : (OP == R_MAX ? !(mm[u] < m) : !(mm[u] > m)))) uh = u;
+          if (mn ? m_isnan(mm[0]) : (OP == R_MAX ? !(mm[0] < m) : !(mm[0] > m))) uh = 0;
+          if (seq_better<C, OP>(m, mx, wi < 0)) {
+            mx = m;
+            wi = r0 + (j + uh * TPO) * V;
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++)
+              if (u == uh) wk = pk[u];
+          }
+        } else if constexpr (Acc<C, OP>::ext) {
           /* max/min: the extreme of the trip's live loads (pk[0] always is)
            * against the state, and only when it wins, the loads in order */
           C m = vec_extreme<T, C, OP>(pk[0]);
@@ -426,6 +459,8 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_rows(RedArgs a) {
           }
         }
       }
+      if constexpr (Acc<C, OP>::ext && KEEP)
+        if (wi >= 0) push_vec<T, C, OP>(acc, wk, wi);   /* acc is empty: the kept load's winner */
       const T *p = (const T *)a.in + base;
       for (int64_t t = r0 + nv * V + lane; t < r1; t += TPO) acc.push(to_compute<C, T>(p[t]), t, sh);
     } else {
@@ -572,6 +607,88 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
+/* max/min down columns, branch-free (issue 12: reduce_cols_vec's max/min
+ * searched a trip's rows whenever one lane's extreme moved, which with 32
+ * columns a warp is nearly every trip, and held 80-92 registers: 2 blocks
+ * per SM). Per output and trip of U rows: the trip's extreme m (max.NaN:
+ * U-1 instructions), the first row equal to it by a reverse select (2 per
+ * element; a NaN m, rare, searches the first NaN instead), then one
+ * later_better against the state (M, R). Rows come in index order within a
+ * thread, so the first trip to reach the extreme and its first row equal to
+ * it are the CPU's first extreme. M keeps m, whose bits are the winner's
+ * except for a zero's sign or a NaN's payload: those winners are read again
+ * once at the end (one element). ~3 instructions per f32 element, ~4 for
+ * bf16/f16 (the conversion); <= 64 registers: 4 blocks per SM. */
+template <typename T, typename C, int OP>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a) {
+  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int U = V == 8 ? 4 : kColsUnrollExt;   /* 16-bit: 8 rows spill at 64 registers */
+  const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
+  const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
+  const bool live = k < K;
+  const T *p = (const T *)a.in + (live ? kept_offset(a, ob, a.nk - 1) + k : 0);
+  const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+  const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+  const int64_t rs = a.rstride[0];
+  C M[V];      /* each output's extreme so far (m's bits) */
+  int R[V];    /* ... and its row - r0 (-1: none yet; the host keeps chunks under 2^31) */
+#pragma unroll
+  for (int e = 0; e < V; e++) { M[e] = OP == R_MAX ? lowest<C>() : highest<C>(); R[e] = -1; }
+  for (int64_t r = r0 + threadIdx.y; live && r < r1; r += 8 * U) {
+    /* U rows in flight; a row past the chunk repeats row r (always live),
+     * which changes neither m nor the first row equal to it */
+    uint4 pk[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
+    const int rr = (int)(r - r0);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      C m = raw_elem<C, T>(pk[0], e);
+#pragma unroll
+      for (int u = 1; u < U; u++) m = ext_nan<OP>(m, raw_elem<C, T>(pk[u], e));
+      /* the first row holding m: a reverse select keeps the lowest hit */
+      int uh = 0;
+      if (!m_isnan(m)) {
+        /* no NaN in the trip: x <= m (>= for min) everywhere, so "not
+         * below m" is "equal to m" (-0 == +0, as the CPU's compare) */
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--) {
+          const C x = raw_elem<C, T>(pk[u], e);
+          if (OP == R_MAX ? !(x < m) : !(x > m)) uh = u;
+        }
+      } else {
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--)
+          if (m_isnan(raw_elem<C, T>(pk[u], e))) uh = u;
+      }
+      if (seq_better<C, OP>(m, M[e], R[e] < 0)) { M[e] = m; R[e] = rr + uh * 8; }
+    }
+  }
+  /* the 8 threads down each block column meet in shared memory (y order:
+   * deterministic) and y == 0 emits, one output at a time (few registers) */
+  __shared__ C sv[8][32 * V];
+  __shared__ int64_t si[8][32 * V];
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
+      M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
+    }
+    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
+    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+    for (int e = 0; e < V; e++) {
+      Acc<C, OP> acc;
+      acc.v = sv[0][threadIdx.x * V + e];
+      acc.i = si[0][threadIdx.x * V + e];
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x * V + e], si[y][threadIdx.x * V + e]);
+      emit<C, OP>(a, ob * K + k + e, acc);
+    }
+  }
+}
+
 template <typename C, int OP, int TPO>
 __global__ void __launch_bounds__(kBlock) reduce_finish(RedArgs a) {
   constexpr int per = kBlock / TPO;
@@ -595,6 +712,22 @@ template <typename C> em_dtype dtype_of() {
  * issue 12's rework; read once. */
 bool ext_vec_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_EXT_VEC", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_EXT=0: max/min down columns take reduce_cols_vec's
+ * search-when-it-moves loop (2 blocks per SM, a 256-block grid) instead of
+ * reduce_cols_ext; read once. */
+bool cols_ext_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_EXT", true);
+  return on;
+}
+
+/* EMBER_REDUCE_ROWS_KEEP=0: max/min along rows search a trip's loads
+ * whenever its extreme beats the state (push_vec) instead of keeping the
+ * trip's winning load and searching it once (reduce_rows' KEEP); read once. */
+bool rows_keep_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_ROWS_KEEP", true);
   return on;
 }
 
@@ -635,7 +768,8 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   if (Acc<C, OP>::ext && (p->n_red > INT32_MAX / 2 || !ext_vec_on())) cvec = false;
   /* the split count changes no max/min (their order is total: value, then
    * index), so their column kernel may aim for its own one-wave grid */
-  const int64_t target = Acc<C, OP>::ext && cvec ? kTargetBlocksExt : kTargetBlocks;
+  const bool cext = Acc<C, OP>::ext && cvec && p->nr == 1 && cols_ext_on();
+  const int64_t target = Acc<C, OP>::ext && cvec && !cext ? kTargetBlocksExt : kTargetBlocks;
   /* rows with vector loads: unit-stride rows whose starts are all 16-byte aligned */
   bool vec = !cols && p->nr == 1 && p->rstride[0] == 1 && ((uintptr_t)r.in & 15) == 0 &&
              em_dtype_is_float(a->dtype) && (!Acc<C, OP>::ext || ext_vec_on());
@@ -692,7 +826,18 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
    * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
   if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
-  if (cols && cvec) {
+  if (cext) {
+    if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
+      if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+      else if constexpr (std::is_same<C, float>::value) {
+        switch (a->dtype) {
+          case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+          case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+          default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+        }
+      }
+    }
+  } else if (cols && cvec) {
     if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
     else if constexpr (std::is_same<C, float>::value) {
       switch (a->dtype) {
@@ -704,9 +849,15 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   } else if (cols) {
     reduce_cols<C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
   } else if (vec) {
+    /* max/min with vector loads: KEEP (EMBER_REDUCE_ROWS_KEEP), not for f64
+     * (eight double extremes spill ~170 bytes at 64 registers) */
 #define EM_ROWS(T)                                                                     \
   do {                                                                                 \
-    if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);              \
+    constexpr bool kk = Acc<C, OP>::ext && !std::is_void<T>::value && sizeof(C) == 4; \
+    const bool keep = kk && rows_keep_on();                                            \
+    if (keep && tpo == 32) reduce_rows<T, C, OP, 32, kk><<<grid, kBlock, 0, s>>>(r);   \
+    else if (keep) reduce_rows<T, C, OP, kBlock, kk><<<grid, kBlock, 0, s>>>(r);      \
+    else if (tpo == 32) reduce_rows<T, C, OP, 32><<<grid, kBlock, 0, s>>>(r);         \
     else reduce_rows<T, C, OP, kBlock><<<grid, kBlock, 0, s>>>(r);                    \
   } while (0)
     if constexpr (std::is_same<C, double>::value) EM_ROWS(double);

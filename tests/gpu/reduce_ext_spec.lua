@@ -88,3 +88,117 @@ describe("max/min and amax/amin on CUDA: ties of -0/+0 and NaN as the CPU", func
     end
   end)
 end)
+
+-- issue 12: max/min down columns run reduce_cols_ext (a trip's extreme, its
+-- first row by a reverse select, one compare against the state; the winner's
+-- bits read again for a zero or a NaN). Few distinct values, so every trip
+-- ties and the first row must win; heights that end on a partial trip of
+-- rows and on splits of several sizes; K a multiple of the vector width
+-- (the scalar kernel takes the rest). EMBER_REDUCE_COLS_EXT=0 runs the
+-- previous kernel against the same cases.
+local COLS = {
+  {"one trip, partial", {13, 64}, 0},
+  {"partial trips", {1001, 136}, 0},
+  {"tall, split", {8193, 264}, 0},
+  {"wide, split", {2048, 1024}, 0},
+  {"middle dim", {3, 777, 40}, 1},
+  {"middle dim, tall", {2, 5000, 16}, 1},
+}
+
+describe("max/min down columns on CUDA (reduce_cols_ext)", function()
+  for _, L in ipairs(COLS) do
+    it("matches the CPU, ties to the first row: " .. L[1], function()
+      ember.manual_seed(21)
+      for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+        local d = L[3]
+        local t = (ember.randint(0, 9, L[2]):to("f64") - 4):to(dt)   -- 9 values: ties everywhere
+        agree("amax ties " .. dt, function(x) return x:amax(d) end, t)
+        agree("amin ties " .. dt, function(x) return x:amin(d) end, t)
+        agree("max ties " .. dt, function(x) return x:max(d) end, t)
+        agree("min ties " .. dt, function(x) return x:min(d) end, t)
+        local r = ember.randn(L[2], {dtype = "f64"}):to(dt)      -- distinct values: the extreme moves late
+        agree("max randn " .. dt, function(x) return x:max(d) end, r)
+        agree("argmin randn " .. dt, function(x) return x:argmin(d) end, r)
+      end
+    end)
+  end
+
+  it("lets the first NaN of a column win, within a trip and across trips", function()
+    ember.manual_seed(22)
+    for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+      local a = ember.randn({1001, 136}, {dtype = "f64"})
+      local l = ember.zeros({1001, 136}, {dtype = "f64"}):tolist()
+      -- column 1: rows 41 and 9 share a thread's trip (8 apart); 9 wins
+      l[41][1] = 0 / 0; l[9][1] = 0 / 0
+      -- column 7: a NaN late (row 990, the last partial trip) and one later
+      l[990][7] = 0 / 0; l[1001][7] = 0 / 0
+      -- column 136 (the last vector's last lane): a NaN in the first row
+      l[1][136] = 0 / 0; l[500][136] = 0 / 0
+      a = (a + ember.tensor(l)):to(dt)
+      agree("amax columns with NaN " .. dt, function(x) return x:amax(0) end, a)
+      agree("min columns with NaN " .. dt, function(x) return x:min(0) end, a)
+      agree("argmax columns with NaN " .. dt, function(x) return x:argmax(0) end, a)
+    end
+  end)
+
+  it("keeps -inf/+inf columns (m infinite, every row equal) at the first row", function()
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local n = ember.full({300, 64}, -1 / 0, {dtype = dt})
+      agree("max of -inf " .. dt, function(x) return x:max(0) end, n)
+      agree("min of +inf " .. dt, function(x) return x:min(0) end, ember.full({300, 64}, 1 / 0, {dtype = dt}))
+    end
+  end)
+end)
+
+-- issue 12: max/min along rows with vector loads keep each trip's winning
+-- load and search it once (reduce_rows' KEEP; EMBER_REDUCE_ROWS_KEEP=0: the
+-- search whenever a trip wins). Ties everywhere, a last partial trip, rows
+-- that end in scalar elements (a narrowed view: row stride 4104, 4101
+-- reduced), rows split over blocks.
+describe("max/min along rows on CUDA (reduce_rows, the kept load)", function()
+  -- f on a view of the CPU tensor and on the same view of its CUDA copy
+  local function agree_view(what, f, a, view)
+    local r = table.pack(f(view(a)))
+    local g = table.pack(f(view(a:to("cuda"))))
+    for i = 1, r.n do
+      cmp.assert_close(g[i], r[i], 0, ("%s (result %d)"):format(what, i))
+      if r[i].dtype ~= "i64" then
+        cmp.assert_close(1 / g[i]:to("cpu"):to("f64"), 1 / r[i]:to("f64"), 0, ("%s (result %d): the sign of zeros"):format(what, i))
+      end
+    end
+  end
+  local ROWS = {
+    {"a warp a row, partial last trip", {300, 4104}},
+    {"a block a row", {5, 20008}},
+    {"split rows", {2, 262152}},
+  }
+  for _, L in ipairs(ROWS) do
+    it("matches the CPU, ties to the first element: " .. L[1], function()
+      ember.manual_seed(31)
+      for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+        local t = (ember.randint(0, 9, L[2]):to("f64") - 4):to(dt)
+        agree("amax ties " .. dt, function(x) return x:amax(1) end, t)
+        agree("min ties " .. dt, function(x) return x:min(1) end, t)
+        agree("argmax ties " .. dt, function(x) return x:argmax(1) end, t)
+        local r = ember.randn(L[2], {dtype = "f64"}):to(dt)
+        agree("max randn " .. dt, function(x) return x:max(1) end, r)
+        agree("amin randn " .. dt, function(x) return x:amin(1) end, r)
+        local z = zeros(L[2], 1, dt)
+        agree("min zeros " .. dt, function(x) return x:min(1) end, z)
+      end
+    end)
+  end
+
+  it("takes the scalar tail after the kept load (rows narrowed to 4101)", function()
+    ember.manual_seed(32)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local t = (ember.randint(0, 5, {64, 4104}):to("f64") - 2):to(dt)
+      local l = t:to("f64"):tolist()
+      l[3][4101] = 50; l[4][4100] = 0 / 0; l[5][1] = 0 / 0; l[5][4101] = 0 / 0   -- a tail winner, NaNs
+      t = ember.tensor(l):to(dt)
+      local nar = function(x) return x:narrow(1, 0, 4101) end
+      agree_view("max narrowed " .. dt, function(x) return x:max(1) end, t, nar)
+      agree_view("amin narrowed " .. dt, function(x) return x:amin(1) end, t, nar)
+    end
+  end)
+end)

@@ -99,6 +99,11 @@ return function(case, perf, ember, F)
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.max(-1).values"})
   perf("min", "min over the last dim (4096,4096)", function(a) return (a:min(-1)) end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.min(-1).values"})
+  -- issue 12: max/min with indices at 2^26 elements, down columns (reduce_cols_ext) and along rows, CUDA only
+  perf("max", "max over dim 0 (8192,8192)", function(a) return (a:max(0)) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.max(0).values"})
+  perf("min", "min over the last dim (8192,8192)", function(a) return (a:min(-1)) end,
+    function(T) return {T.randn({8192, 8192})} end, {device = "cuda", torch = "a.min(-1).values"})
   perf("var", "var over the last dim (4096,4096)", function(a) return a:var(-1) end,
     function(T) return {T.randn(N)} end, {backward = true, torch = "a.var(-1)"})
   perf("logsumexp", "logsumexp over the last dim (4096,4096)", function(a) return a:logsumexp(-1) end,
