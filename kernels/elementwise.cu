@@ -757,8 +757,8 @@ __global__ void __launch_bounds__(kThreads) ew_outer2d(EwArgs a, int cv) {
     float xs[V], o[V];
 #pragma unroll
     for (int e = 0; e < V; e++) xs[e] = s[u];
-    if (PJ == 0) k.apply(o, xs, xr, xr);
-    else k.apply(o, xr, xs, xs);
+    if (PJ == 0) k.apply(o, xs, xr, xs);   /* z as ew_rows2d passes it (x[0]; unread by a binary op) */
+    else k.apply(o, xr, xs, xr);
     Packed128<T> p;
 #pragma unroll
     for (int e = 0; e < V; e++) p[e] = from_compute<T, float>(o[e]);
