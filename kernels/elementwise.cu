@@ -728,35 +728,34 @@ __global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rste
  * cols, the output's dtype). The output is all the traffic (8192 x 8192:
  * 256 MiB of f32 written, 64 KiB read), so this is a pure write: thread g of
  * block (x, y) owns column vector x * kThreads + g, reads its 16 bytes of the
- * row once, then writes RB rows (y * RB ...), the RB per-row values loaded
- * up front (a warp shares each one). ew_rows2d ran one or two rows a thread,
+ * row once, then writes rb rows (y * rb ...), the block's rb per-row values
+ * loaded once into shared memory (one thread each). ew_rows2d ran one or two rows a thread,
  * each after a dependent load of the row vector: 60 % (f32) / 40 % (bf16) of
  * an H200 where a pure write (diag) reaches 85 / 78 %. Same k.apply on the
  * same floats as ew_rows2d: the same bits. EMBER_EW_OUTER2D=0: ew_rows2d. */
-template <typename T, int RB, int PJ>
-__global__ void __launch_bounds__(kThreads) ew_outer2d(EwArgs a, int cv) {
+template <typename T, int PJ>
+__global__ void __launch_bounds__(kThreads, 4) ew_outer2d(EwArgs a, int cv, int rb) {
   constexpr int V = 16 / (int)sizeof(T), RJ = 1 - PJ;
+  __shared__ float sv[kThreads];       /* the block's rb <= kThreads per-row values */
+  const int rows = (int)a.shape[0], r0 = blockIdx.y * rb;
+  const int n = rows - r0 < rb ? rows - r0 : rb;
+  if ((int)threadIdx.x < n)
+    sv[threadIdx.x] = load_as<float>(a.ptr[PJ + 1], a.dtype[PJ + 1], (int64_t)(r0 + threadIdx.x) * a.stride[PJ + 1][0]);
+  __syncthreads();
   const int cvi = blockIdx.x * kThreads + threadIdx.x;
   if (cvi >= cv) return;
-  const int rows = (int)a.shape[0], r0 = blockIdx.y * RB;
-  const int n = rows - r0 < RB ? rows - r0 : RB;
   const Kern<float> k(a);
   const uint4 w = *(const uint4 *)((const T *)a.ptr[RJ + 1] + cvi * V);
-  const void *pv = a.ptr[PJ + 1];
-  const int pdt = a.dtype[PJ + 1], prs = (int)a.stride[PJ + 1][0], ors = (int)a.stride[0][0];
-  float s[RB];
-#pragma unroll
-  for (int u = 0; u < RB; u++) s[u] = u < n ? load_as<float>(pv, pdt, (int64_t)(r0 + u) * prs) : 0.f;
   float xr[V];
 #pragma unroll
   for (int e = 0; e < V; e++) xr[e] = raw_elem<float, T>(w, e);
+  const int ors = (int)a.stride[0][0];
   T *out = (T *)a.ptr[0] + cvi * V + r0 * ors;
-#pragma unroll
-  for (int u = 0; u < RB; u++) {
-    if (u >= n) break;
+#pragma unroll 1
+  for (int u = 0; u < n; u++) {        /* not unrolled: one copy of apply's op switch (stores need no waiting) */
     float xs[V], o[V];
 #pragma unroll
-    for (int e = 0; e < V; e++) xs[e] = s[u];
+    for (int e = 0; e < V; e++) xs[e] = sv[u];
     if (PJ == 0) k.apply(o, xs, xr, xs);   /* z as ew_rows2d passes it (x[0]; unread by a binary op) */
     else k.apply(o, xr, xs, xr);
     Packed128<T> p;
@@ -996,8 +995,8 @@ int launch_select16(const EwArgs &a, cudaStream_t s) {
 
 /* ew_outer2d's launch (issue 12), or false when the plan is not its: 2 tensor
  * inputs, one a per-row value and the other a row broadcast down the rows;
- * at least 128 column vectors (half a block) and rows / RB within the grid's
- * y limit. RB = 16 rows a thread where that still leaves >= 2048 blocks
+ * at least 128 column vectors (half a block) and rows / rb within the grid's
+ * y limit. rb = 16 rows a thread where that still leaves >= 2048 blocks
  * (about two waves of 8 blocks on 132 SMs), else 4. */
 bool launch_outer2d(const EwArgs &a, const em_ew_plan *p, int64_t rows, int64_t cv, cudaStream_t s) {
   static const bool on = em_env_switch("EMBER_EW_OUTER2D", true);
@@ -1011,12 +1010,10 @@ bool launch_outer2d(const EwArgs &a, const em_ew_plan *p, int64_t rows, int64_t 
   const int64_t gy = (rows + rb - 1) / rb;
   if (gy > 65535) return false;
   const dim3 g(gx, (unsigned)gy);
-#define EM_O2(T)                                                                    \
-  do {                                                                              \
-    if (rb == 16 && pj) ew_outer2d<T, 16, 1><<<g, kThreads, 0, s>>>(a, (int)cv);    \
-    else if (rb == 16) ew_outer2d<T, 16, 0><<<g, kThreads, 0, s>>>(a, (int)cv);     \
-    else if (pj) ew_outer2d<T, 4, 1><<<g, kThreads, 0, s>>>(a, (int)cv);            \
-    else ew_outer2d<T, 4, 0><<<g, kThreads, 0, s>>>(a, (int)cv);                    \
+#define EM_O2(T)                                                            \
+  do {                                                                      \
+    if (pj) ew_outer2d<T, 1><<<g, kThreads, 0, s>>>(a, (int)cv, rb);        \
+    else ew_outer2d<T, 0><<<g, kThreads, 0, s>>>(a, (int)cv, rb);           \
   } while (0)
   if (a.dtype[0] == EM_BF16) EM_O2(__nv_bfloat16);
   else if (a.dtype[0] == EM_F16) EM_O2(__half);
