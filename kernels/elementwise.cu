@@ -721,6 +721,50 @@ __global__ void __launch_bounds__(kThreads) ew_rows2d(EwArgs a, int cv, int rste
   }
 }
 
+/* ---------------- outer-like: a per-row value op a row, 2-D ----------------
+ * outer(a, b) = a[:, None] * b[None, :] and its kin (x * per_row_scale with a
+ * row broadcast down the rows): 2 inputs, one a per-row value (stride 0
+ * along cols, any dtype), the other one row (stride 0 down rows, unit along
+ * cols, the output's dtype). The output is all the traffic (8192 x 8192:
+ * 256 MiB of f32 written, 64 KiB read), so this is a pure write: thread g of
+ * block (x, y) owns column vector x * kThreads + g, reads its 16 bytes of the
+ * row once, then writes rb rows (y * rb ...), the block's rb per-row values
+ * loaded once into shared memory (one thread each). ew_rows2d ran one or two rows a thread,
+ * each after a dependent load of the row vector: 60 % (f32) / 40 % (bf16) of
+ * an H200 where a pure write (diag) reaches 85 / 78 %. Same k.apply on the
+ * same floats as ew_rows2d: the same bits. EMBER_EW_OUTER2D=0: ew_rows2d. */
+template <typename T, int PJ>
+__global__ void __launch_bounds__(kThreads, 4) ew_outer2d(EwArgs a, int cv, int rb) {
+  constexpr int V = 16 / (int)sizeof(T), RJ = 1 - PJ;
+  __shared__ float sv[kThreads];       /* the block's rb <= kThreads per-row values */
+  const int rows = (int)a.shape[0], r0 = blockIdx.y * rb;
+  const int n = rows - r0 < rb ? rows - r0 : rb;
+  if ((int)threadIdx.x < n)
+    sv[threadIdx.x] = load_as<float>(a.ptr[PJ + 1], a.dtype[PJ + 1], (int64_t)(r0 + threadIdx.x) * a.stride[PJ + 1][0]);
+  __syncthreads();
+  const int cvi = blockIdx.x * kThreads + threadIdx.x;
+  if (cvi >= cv) return;
+  const Kern<float> k(a);
+  const uint4 w = *(const uint4 *)((const T *)a.ptr[RJ + 1] + cvi * V);
+  float xr[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) xr[e] = raw_elem<float, T>(w, e);
+  const int ors = (int)a.stride[0][0];
+  T *out = (T *)a.ptr[0] + cvi * V + r0 * ors;
+#pragma unroll 1
+  for (int u = 0; u < n; u++) {        /* not unrolled: one copy of apply's op switch (stores need no waiting) */
+    float xs[V], o[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) xs[e] = sv[u];
+    if (PJ == 0) k.apply(o, xs, xr, xs);   /* z as ew_rows2d passes it (x[0]; unread by a binary op) */
+    else k.apply(o, xr, xs, xr);
+    Packed128<T> p;
+#pragma unroll
+    for (int e = 0; e < V; e++) p[e] = from_compute<T, float>(o[e]);
+    store128(out + u * ors, p);
+  }
+}
+
 /* ---------------- general path: any dtypes, broadcast, strides ----------------
  * Four elements per thread per step (indices i, i + step, ... so each of the
  * four is coalesced across the warp): all loads are issued before the first
@@ -949,6 +993,35 @@ int launch_select16(const EwArgs &a, cudaStream_t s) {
   return 0;
 }
 
+/* ew_outer2d's launch (issue 12), or false when the plan is not its: 2 tensor
+ * inputs, one a per-row value and the other a row broadcast down the rows;
+ * at least 128 column vectors (half a block) and rows / rb within the grid's
+ * y limit. rb = 16 rows a thread where that still leaves >= 2048 blocks
+ * (about two waves of 8 blocks on 132 SMs), else 4. */
+bool launch_outer2d(const EwArgs &a, const em_ew_plan *p, int64_t rows, int64_t cv, cudaStream_t s) {
+  static const bool on = em_env_switch("EMBER_EW_OUTER2D", true);
+  if (!on || a.mode[0] != IN_PTR || a.mode[1] != IN_PTR || cv < 128) return false;
+  int pj;
+  if (p->stride[1][1] == 0 && p->stride[2][1] == 1 && p->stride[2][0] == 0) pj = 0;
+  else if (p->stride[2][1] == 0 && p->stride[1][1] == 1 && p->stride[1][0] == 0) pj = 1;
+  else return false;
+  const unsigned gx = (unsigned)((cv + kThreads - 1) / kThreads);
+  const int rb = gx * ((rows + 15) / 16) >= 2048 ? 16 : 4;
+  const int64_t gy = (rows + rb - 1) / rb;
+  if (gy > 65535) return false;
+  const dim3 g(gx, (unsigned)gy);
+#define EM_O2(T)                                                            \
+  do {                                                                      \
+    if (pj) ew_outer2d<T, 1><<<g, kThreads, 0, s>>>(a, (int)cv, rb);        \
+    else ew_outer2d<T, 0><<<g, kThreads, 0, s>>>(a, (int)cv, rb);           \
+  } while (0)
+  if (a.dtype[0] == EM_BF16) EM_O2(__nv_bfloat16);
+  else if (a.dtype[0] == EM_F16) EM_O2(__half);
+  else EM_O2(float);
+#undef EM_O2
+  return true;
+}
+
 /* ew_rows2d's launch, or false when the plan is not its (2-D, bf16/f16, every
  * tensor unit-stride along cols or a per-row value; f32 with a per-row value) or its grid would idle
  * more than half its threads. rows_eligible already holds. */
@@ -964,6 +1037,7 @@ bool launch_rows2d(const EwArgs &a, const em_ew_plan *p, bool idx32, cudaStream_
   if (f32 && !rowv) return false;   /* f32: per-row values only (outer: 59 % on ew_rows; x + bias is at 80 % there) */
   const int64_t rows = p->shape[0], cv = p->shape[1] / (f32 ? 4 : 8);   /* elements a 16-byte vector */
   if (rows < 1 || cv < 1) return false;
+  if (rowv && a.nin == 2 && launch_outer2d(a, p, rows, cv, s)) return true;
   /* threads: a multiple of lcm(cv, kThreads) covering cv x ceil(rows / 2) */
   int64_t gcd = cv, b = kThreads;
   while (b) { const int64_t t = gcd % b; gcd = b; b = t; }

@@ -133,7 +133,8 @@ function methods.index(t, idx)
       for j = 1, only - 1 do shape[#shape + 1] = t.shape[j] end
       for j = 1, i:dim() do shape[#shape + 1] = i.shape[j] end
       for j = only + 1, t:dim() do shape[#shape + 1] = t.shape[j] end
-      return core._index_wrap(t, only - 1, i:reshape({-1})):reshape(shape)
+      -- flattened and reshaped in C: no intermediate handle keeps the result's storage from <close>
+      return core._index_wrap(t, only - 1, i, shape)
     end
   end
   local adv, rest, lin, bad = {}, {}, nil, nil

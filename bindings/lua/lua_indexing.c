@@ -20,12 +20,27 @@ static int l_index_select(lua_State *L) {
   return lem_push_result(L, em_index_select(x, dim, lem_check_tensor(L, 3, fn, "index")));
 }
 
-/* ember._index_wrap(x, dim, index): em_index_select_wrap, for t:index (bindings/ember/indexing.lua). */
+/* ember._index_wrap(x, dim, index[, shape]): em_index_select_wrap of the
+ * flattened index, reshaped to shape, for t:index (bindings/ember/indexing.lua).
+ * Flattening and reshaping here leaves no intermediate Lua handle holding the
+ * gather's storage: with `local y <close> = t:index(...)` (bench_ops closes
+ * every result) the block goes back to the caching allocator at once, where a
+ * handle left to the Lua GC made each call cudaMalloc a fresh output (issue 12:
+ * f32 t:index 3.6x index_select's time on the H200). */
 static int l_index_wrap(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "self");
   int64_t dim = lem_check_int(L, 2, fn, "dim");
-  return lem_push_result(L, em_index_select_wrap(x, dim, lem_check_tensor(L, 3, fn, "index")));
+  em_tensor *index = lem_check_tensor(L, 3, fn, "index");
+  if (lua_isnoneornil(L, 4)) return lem_push_result(L, em_index_select_wrap(x, dim, index));
+  int64_t shape[EM_MAX_DIMS], flat = -1;
+  int next, n = lem_check_shape(L, 4, fn, shape, &next);
+  em_tensor *ix = em_reshape(index, 1, &flat);
+  em_tensor *g = ix ? em_index_select_wrap(x, dim, ix) : NULL;
+  em_tensor *out = g ? em_reshape(g, n, shape) : NULL;
+  em_tensor_release(g);
+  em_tensor_release(ix);
+  return lem_push_result(L, out);
 }
 
 /* ember._embedding_bag(ids, w, offsets | nil, mean): em_embedding_bag (CUDA), for F.embedding_bag. */

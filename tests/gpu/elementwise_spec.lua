@@ -338,6 +338,27 @@ describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)",
     end
   end)
 
+  -- ew_outer2d (issue 12): a per-row value op a row broadcast down the rows, f32/bf16/f16, at least
+  -- 128 column vectors. 4 rows a thread (a single short block; a partial x block) and 16 (5 x blocks,
+  -- the last partial; 1 block wide with 130 of 256 threads busy), the last row block partial; the
+  -- per-row operand first (outer) and second (a row op a per-row value), and a per-row i32 operand.
+  it("outer-like broadcasts (ew_outer2d) agree bit for bit with the CPU, 4 and 16 rows a thread", function()
+    ember.manual_seed(26)
+    for _, c in ipairs({{3, 1024, "f32"}, {1031, 1100 * 4, "f32"}, {6563, 1028 * 4, "f32"},
+                        {129, 4096, "bf16"}, {32773, 130 * 8, "bf16"}, {2051, 200 * 8, "f16"}}) do
+      local rows, cols, dt = c[1], c[2], c[3]
+      local col, row = ember.randn({rows}):to(dt), ember.randn({cols}):to(dt)
+      local gcol, grow = col:to("cuda"), row:to("cuda")
+      local tag = (" (%d,%d) %s"):format(rows, cols, dt)
+      cmp.assert_same_bits(ember.outer(gcol, grow), ember.outer(col, row), "outer" .. tag)
+      cmp.assert_same_bits(grow:reshape({1, cols}) - gcol:reshape({rows, 1}),
+        row:reshape({1, cols}) - col:reshape({rows, 1}), "row - per-row value" .. tag)
+      cmp.assert_same_bits(gcol:reshape({rows, 1}) + grow, col:reshape({rows, 1}) + row, "per-row value + row" .. tag)
+      local ic = ember.randint(-50, 50, {rows, 1}):to("i32")
+      cmp.assert_same_bits(ic:cuda() * grow, ic * row, "i32 per-row value * row" .. tag)
+    end
+  end)
+
   it("row-broadcast ops agree bit for bit with the CPU over row counts, widths and views", function()
     ember.manual_seed(24)
     -- widths: one 8-element vector a row, 9 (a thread count that is no

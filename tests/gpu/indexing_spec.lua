@@ -166,6 +166,38 @@ describe("indexing on CUDA", function()
     assert.equals(0, max_diff(xg.grad, xc.grad))
   end)
 
+  -- Issue 12: t:index f32 ran at 3.6x index_select's time on the H200 because a second Lua handle
+  -- (the gather before its reshape) kept the result's storage alive after bench_ops closed it, so
+  -- every call cudaMalloc'd a fresh output. Closing the result must free its block, GC stopped;
+  -- and the gather is one rows_kernel launch (no fall-back to the composed path).
+  it("t:index's result is the only handle on its storage (closing it frees the block) and one rows kernel", function()
+    local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "compare.lua")
+    ember.manual_seed(14)
+    local x = ember.randn(4096, 256):cuda()
+    local i = ember.randint(-4096, 4096, {2, 1024}):cuda()   -- 2-D: flattened and reshaped in C
+    local want = x:cpu():index({i:cpu()})
+    collectgarbage(); collectgarbage()
+    collectgarbage("stop")
+    local ok, err = pcall(function()
+      local a0 = ember.cuda.memory_allocated()
+      for rep = 1, 3 do
+        do
+          local y <close> = x:index({i})
+          assert.same({2, 1024, 256}, y.shape)
+          assert.is_true(ember.cuda.memory_allocated() >= a0 + 2 * 1024 * 256 * 4)
+          if rep == 1 then assert.equals(0, max_diff(y, want)) end
+        end
+        assert.equals(a0, ember.cuda.memory_allocated(), "rep " .. rep .. ": bytes still held after closing")
+      end
+    end)
+    collectgarbage("restart")
+    assert(ok, err)
+    C.need_cupti(pending)
+    local ran = C.kernel_names(function() x:index({i}) end)
+    assert.truthy(ran:find("rows_kernel"), ran)
+    assert.is_nil(ran:find(" | "), "expected one kernel, ran: " .. ran)
+  end)
+
   it("t:index below -size is out of range on CUDA: a NaN row, not a wrapped read", function()
     local t = ember.arange(12):float():view(3, 4):cuda()
     local r = t:index({long({-1, -4, 2}):cuda()}):cpu():tolist()

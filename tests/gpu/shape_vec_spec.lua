@@ -13,6 +13,7 @@ assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER
 
 local DTYPES = {"f32", "bf16", "f16", "f64", "u8", "i32", "i64", "bool"}
 local VEC = {f32 = 4, bf16 = 8, f16 = 8, f64 = 4, u8 = 16, i32 = 4, i64 = 4, bool = 16}
+local V16 = {f32 = 4, bf16 = 8, f16 = 8, f64 = 2, u8 = 16, i32 = 4, i64 = 2, bool = 16}   -- elements a 16 B vector
 
 -- Distinct values in every element (integers and bools: their own range), so a misplaced element shows.
 local function data(shape, dtype)
@@ -67,6 +68,27 @@ for _, dt in ipairs(DTYPES) do
       agree("roll odd rows by 3", function(x) return x:roll(3, 1) end, data({4, 8 * V + 3}, dt))
     end)
 
+    -- The rows kernel (issue 12): the last dim read as is and >= 128 16-byte vectors a row. Rows of
+    -- 128 (one vector a thread, half a block), 600 (two a thread, a partial second block) and 1100
+    -- vectors (four a thread, a partial second block); outer dims repeated, flipped, rolled; a
+    -- narrowed input (aligned rows) and one whose row stride is not 16 bytes (dimmap_kernel).
+    it("whole rows: repeat, tile, flip and roll of outer dims, every thread count", function()
+      ember.manual_seed(15)
+      for _, nv in ipairs({128, 600, 1100}) do
+        local cols = nv * V16[dt]
+        local a = data({5, cols}, dt)
+        local what = function(s) return ("%s, rows of %d vectors"):format(s, nv) end
+        agree(what("repeat (5,c) by (3,1)"), function(x) return x:rep(3, 1) end, a)
+        agree(what("tile (1,c) by {7,1}"), function(x) return x:narrow(0, 1, 1):tile({7, 1}) end, a)
+        agree(what("repeat (2,2,c) by (2,3,1)"), function(x) return x:narrow(0, 0, 4):reshape({2, 2, cols}):rep(2, 3, 1) end, a)
+        agree(what("flip dim 0"), function(x) return x:flip(0) end, a)
+        agree(what("roll dim 0 by 2 and -1"), function(x) return x:roll(2, 0):roll(-1, 0) end, a)
+        agree(what("repeat of rows 1..3 (an offset view)"), function(x) return x:narrow(0, 1, 3):rep(2, 1) end, a)
+        local b = data({3, cols + 1}, dt)
+        agree(what("repeat with a row stride off 16 bytes"), function(x) return x:narrow(1, 0, cols):rep(2, 1) end, b)
+      end
+    end)
+
     it("unaligned and strided inputs take the one-element loads", function()
       ember.manual_seed(14)
       local a = data({9, 8 * V + 1}, dt)
@@ -80,3 +102,14 @@ for _, dt in ipairs(DTYPES) do
     end)
   end)
 end
+
+describe("shape gathers on CUDA, the rows kernel past the grid's 65535 rows", function()
+  it("repeat (3, 2048) u8 by (22000, 1): 66000 rows, each block walking rows", function()
+    ember.manual_seed(16)
+    local a = ember.randint(0, 256, {3, 2048}):to("u8")
+    local ref = a:rep(22000, 1)
+    local got = a:cuda():rep(22000, 1):cpu()
+    assert.same(ref.shape, got.shape)
+    assert.are.equal(0, got:ne(ref):sum():item(), "elements differing from the CPU")
+  end)
+end)
