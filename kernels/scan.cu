@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
 }
 
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock, 6) scan_row_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+__global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                          bool reverse, bool vec, Op op, A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
