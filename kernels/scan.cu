@@ -8,16 +8,20 @@
  *
  * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
  * Launch shapes, by where the scanned dim lies:
- *  - one row (outer = inner = 1, cumsum of a long vector): scan_row_tiles,
- *    one pass (read once, write once) over 4096-element tiles whose prefixes
- *    come from a look-back in a fixed order, so the same bits on every run
- *    (see above scan_row_tiles); reverse (cumsum's backward) maps positions.
- *    EMBER_SCAN_ROW=cub: the previous cub::DeviceScan (decoupled look-back:
- *    a float result may change from run to run with the timing).
+ *  - one row (outer = inner = 1, cumsum of a long vector): 4096-element
+ *    tiles whose prefixes are fixed-order sums of tile and chunk totals, so
+ *    the same bits on every run: scan_row_sums then scan_row_apply (the
+ *    default, EMBER_SCAN_ROW=split: totals first, then each tile again with
+ *    its prefix; read twice, write once) or scan_row_tiles
+ *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
+ *    predecessors' totals; the same bits, slower); reverse (cumsum's
+ *    backward) maps positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
+ *    (decoupled look-back: a float result may change with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles; a
  *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
- *    when the rows allow it (same values, same order, same bits).
+ *    when the rows allow it, 64 bytes a thread loaded ahead (same values,
+ *    same order, same bits).
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
  *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
