@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
                                                         Op op, A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ int last_sh;
+  __shared__ int chunk_sh, all_sh;   /* this block completed chunk m / the last chunk */
   const int t = threadIdx.x;
   const int64_t tile = blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
@@ -556,10 +556,10 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   if (t == 0) {
     st.agg[tile] = total;
     __threadfence();   /* agg visible before the count that announces it */
-    last_sh = atomicAdd(st.chunk_done + m, 1u) == (unsigned)(size - 1);
+    chunk_sh = atomicAdd(st.chunk_done + m, 1u) == (unsigned)(size - 1);
   }
   __syncthreads();
-  if (!last_sh) return;
+  if (!chunk_sh) return;
   /* this block completed chunk m (block-uniform from here) */
   if (t < 32) {
     __threadfence();   /* the chunk's aggs, counted before, are visible */
@@ -569,11 +569,11 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
     }
     if (t == 0) {
       __threadfence();
-      last_sh = atomicAdd(st.chunks_done, 1u) == (unsigned)(st.nchunks - 1);
+      all_sh = atomicAdd(st.chunks_done, 1u) == (unsigned)(st.nchunks - 1);
     }
   }
   __syncthreads();
-  if (!last_sh) return;
+  if (!all_sh) return;
   /* every chunk is done: carry[m] = sum_fixed(ctot[0 .. m)), each warp a run of chunks. Lane l's
    * partial adds ctot[j], j = l (mod 32), in order, as sum_fixed does; the butterfly is sum_fixed's. */
   __threadfence();
