@@ -632,8 +632,103 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   }
 }
 
+/* ---- one long row, deterministic, one pass with a short look-back (EMBER_SCAN_ROW=chain; f32 accumulators) ----
+ * scan_row_tiles' expression and tickets, with its waits cut to about one L2
+ * round trip: each published total is one 8-byte word (flag in the high
+ * half, the f32 bits in the low: a single access, so no fence between value
+ * and flag), and a warp issues all its loads at once (up to 8 words a lane)
+ * before polling those not yet set, where fixed_sum waited word after word.
+ * Warp 0 sums the chunk's earlier tile totals (and publishes the chunk
+ * total), warp 1 the earlier chunk totals, side by side. Same sums in the
+ * same order: the bits of scan_row_tiles and split. */
+struct RowChain {
+  unsigned *ticket;
+  unsigned long long *agg, *ctot;   /* zeroed before the launch */
+};
+
+__device__ __forceinline__ void chain_publish(unsigned long long *w, float v) {
+  *(volatile unsigned long long *)w = (1ull << 32) | __float_as_uint(v);
+}
+
+/* sum_fixed over the words w[0 .. n), waiting for each to be set; every lane returns the result */
+template <typename Op>
+__device__ __forceinline__ float chain_sum(const unsigned long long *w, int64_t n, Op op, float identity) {
+  constexpr int B = 8;   /* words a lane a batch */
+  const int lane = threadIdx.x & 31;
+  float acc = identity;
+  for (int64_t b = 0; b < n; b += 32 * B) {
+    unsigned long long x[B];
+#pragma unroll
+    for (int i = 0; i < B; i++) {
+      const int64_t j = b + lane + 32 * i;
+      x[i] = j < n ? *(volatile const unsigned long long *)(w + j) : 0ull;
+    }
+#pragma unroll
+    for (int i = 0; i < B; i++) {
+      const int64_t j = b + lane + 32 * i;
+      if (j < n) {
+        while ((x[i] >> 32) == 0) x[i] = *(volatile const unsigned long long *)(w + j);
+        acc = op(acc, __uint_as_float((unsigned)x[i]));
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  return acc;
+}
+
+template <typename T, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                         bool reverse, bool vec, Op op, float identity, RowChain st) {
+  typedef cub::BlockScan<float, kBlock> BlockScan;
+  __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ unsigned tile_sh;
+  __shared__ float within_sh, carry_sh;
+  const int t = threadIdx.x;
+  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
+  __syncthreads();
+  const int64_t tile = tile_sh, m = tile / kRowChunk, first = m * kRowChunk;
+  const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
+  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
+  float v[kRowItems];
+  row_tile_load<T, float, Op>(in, L, tile, fast, reverse, op, identity, v);
+#pragma unroll
+  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
+  float tp, total;
+  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
+  if (t < 32) {
+    if (t == 0) chain_publish(st.agg + tile, total);
+    const float within = chain_sum(st.agg + first, tile - first, op, identity);
+    /* a chunk's total depends on its own tiles only: no chain across chunks */
+    if (t == 0 && tile - first == kRowChunk - 1) chain_publish(st.ctot + m, op(within, total));
+    if (t == 0) within_sh = within;
+  } else if (t < 64) {
+    const float carry = chain_sum(st.ctot, m, op, identity);
+    if (t == 32) carry_sh = carry;
+  }
+  __syncthreads();
+  const float base = op(op(carry_sh, within_sh), tp);
+  if (fast) {
+    constexpr int P = Packed128<T>::size;
+#pragma unroll
+    for (int i = 0; i < kRowItems; i += P) {
+      Packed128<T> x;
+#pragma unroll
+      for (int k = 0; k < P; k++) x[k] = narrow<T, float>(op(base, v[i + k]));
+      store128(out + p0 + i, x);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowItems; i++) {
+      const int64_t p = p0 + i;
+      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, float>(op(base, v[i]));
+    }
+  }
+}
+
 /* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
- * single pass; the same bits) or "cub" (cub::DeviceScan, not deterministic for floats). 0, 1, 2; -1 on error. */
+ * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats) or "chain" (scan_row_chain
+ * for f32 accumulators, split for the others; the same bits). 0, 1, 2, 3; -1 on error. */
 static int row_scan_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
@@ -641,9 +736,34 @@ static int row_scan_mode(const char *op) {
     if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
-    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles or cub, got '%s'", op, env);
+    else if (strcmp(env, "chain") == 0) mode = 3;
+    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub or chain, got '%s'", op, env);
   }
   return mode;
+}
+
+template <typename T, typename Op>
+int scan_row_chain_run(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
+                       float identity, cudaStream_t s) {
+  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
+  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+  const size_t bytes = 256 + (size_t)(nt + nc) * sizeof(unsigned long long);
+  int64_t total = (int64_t)bytes;
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  RowChain st;
+  st.ticket = (unsigned *)p;
+  st.agg = (unsigned long long *)(p + 256);
+  st.ctot = st.agg + nt;
+  int rc = em_cuda_check(cudaMemsetAsync(p, 0, bytes, s), op, "cudaMemsetAsync");
+  if (!rc) {
+    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    scan_row_chain<T, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
+    rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* stream-ordered */
+  return rc;
 }
 
 template <typename T, typename A, typename Op>
@@ -714,6 +834,8 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     if (mode < 0) return -1;
     if (mode == 2) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
     if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
+    if constexpr (std::is_same<A, float>::value)
+      if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
     return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
   }
   if (inner == 1) {

@@ -72,7 +72,7 @@ local BIG = 300 * 64 * 4096 + 4099
 local CHILD = [[
 local ember = require "ember"
 local out = {}
-for _, dt in ipairs({"f32", "bf16", "f64"}) do
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
   for k, n in ipairs({4097, 64 * 4096 + 5, ]] .. BIG .. [[}) do
     ember.manual_seed(40 + k)
     local x = ember.randn(n, {device = "cuda"}):to(dt)
@@ -95,7 +95,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("one-row scan paths on CUDA", function()
   after_each(function() H.remove_temps() end)
 
-  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f64)", function()
+  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
     local script = H.temp_file(CHILD, ".lua")
     local got = {}
     for _, mode in ipairs({"split", "tiles"}) do
@@ -111,7 +111,7 @@ describe("one-row scan paths on CUDA", function()
       assert(d == 0, ("split vs tiles, %s: max |split - tiles| = %.17g, expected 0"):format(name, d))
       n = n + 1
     end
-    assert.are.equal(3 * 3 * 4, n)
+    assert.are.equal(4 * 3 * 4, n)
   end)
 
   it("split matches the CPU across 301 chunks (f32 cumsum)", function()
