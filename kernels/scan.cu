@@ -14,8 +14,10 @@
  *    default, EMBER_SCAN_ROW=split: totals first, then each tile again with
  *    its prefix; read twice, write once) or scan_row_tiles
  *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
- *    predecessors' totals; the same bits, slower); reverse (cumsum's
- *    backward) maps positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
+ *    predecessors' totals; the same bits, slower) or scan_row_chain
+ *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
+ *    trip look-back; the same bits); reverse (cumsum's backward) maps
+ *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
  *    (decoupled look-back: a float result may change with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles; a
