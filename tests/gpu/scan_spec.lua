@@ -1,5 +1,6 @@
--- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (scan_row_tiles: 4096-
--- element tiles, a fixed-order look-back over 64-tile chunks) against the
+-- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (kernels/scan_row.cuh:
+-- 4096-element tiles, prefixes summed in a fixed order over 64-tile chunks;
+-- split by default, tiles with EMBER_SCAN_ROW=tiles) against the
 -- CPU, at sizes around the tile and the chunk, misaligned (the scalar path)
 -- and reversed (cumsum's backward); and its promise: the same bits on every
 -- run (CUB's look-back, EMBER_SCAN_ROW=cub, does not promise that for floats).
