@@ -89,17 +89,16 @@ __host__ __device__ constexpr int rows_ahead() { return sizeof(Items<T>) >= 64 ?
 /* vec: not reversed, rows a whole number of Items long and in/out aligned to
  * them, so a thread's kItems elements move as one Items; the same values in
  * the same order as the scalar loads, so the same bits. The vector loads of
- * D = rows_ahead tiles are issued first, then the tiles are scanned in
+ * D tiles (rows_ahead, for rows over two tiles; else 1) are issued first, then the tiles are scanned in
  * order, each slot refilled with the tile D further on as it is consumed:
  * D tiles in flight a block, where one row's block used to keep one tile
  * (256 x 8 bytes for bf16) in flight and wait out a DRAM latency per tile
  * (bf16 (8192, 8192) at 66 %). */
-template <typename T, typename A, typename Op>
+template <typename T, typename A, typename Op, int D>
 __global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, bool vec, Op op,
                                                     A identity) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
-  constexpr int D = rows_ahead<T>();
   constexpr int64_t kTile = kBlock * kItems;
   const T *row = in + (int64_t)blockIdx.x * L;
   T *orow = out + (int64_t)blockIdx.x * L;
@@ -341,7 +340,10 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
-    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
+    /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
+    constexpr int D = rows_ahead<T>();
+    auto k = vec && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
     if (outer * strips > INT32_MAX)

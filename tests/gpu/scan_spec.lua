@@ -127,13 +127,14 @@ end)
 -- Row scans (scan_rows, many rows): the vector path keeps rows_ahead() tiles
 -- of loads in flight (4 for f32, 8 for bf16, 2 for f64, 1024 elements a
 -- tile), refilling each slot as it is consumed; lengths around 8 and 16
--- tiles, one short row, and a length that is no multiple of 4 (the scalar
--- path), against the CPU, forward and reversed (cumsum's backward).
+-- tiles, rows of one and two tiles (no loading ahead past the next tile), and
+-- a length that is no multiple of 4 (the scalar path), against the CPU,
+-- forward and reversed (cumsum's backward).
 describe("row scans on CUDA (tiles loaded ahead)", function()
   it("match the CPU (f32, bf16, f64)", function()
     ember.manual_seed(35)
     for _, dt in ipairs({"f32", "bf16", "f64"}) do
-      for _, shape in ipairs({{5, 8192}, {3, 8 * 1024 + 4}, {4, 16 * 1024 + 1024 + 8}, {7, 100}, {3, 9 * 1024 + 3}}) do
+      for _, shape in ipairs({{5, 8192}, {3, 8 * 1024 + 4}, {4, 16 * 1024 + 1024 + 8}, {7, 100}, {6, 2048}, {3, 9 * 1024 + 3}}) do
         local x = ember.randn(shape, {dtype = "f64"}):to(dt)
         local what = ("%s (%d, %d)"):format(dt, shape[1], shape[2])
         cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), "cumsum " .. what)
