@@ -8,16 +8,22 @@
  *
  * Cost: 1 FLOP and 2 x element size bytes per element; memory-bound.
  * Launch shapes, by where the scanned dim lies:
- *  - one row (outer = inner = 1, cumsum of a long vector): scan_row_tiles,
- *    one pass (read once, write once) over 4096-element tiles whose prefixes
- *    come from a look-back in a fixed order, so the same bits on every run
- *    (see above scan_row_tiles); reverse (cumsum's backward) maps positions.
- *    EMBER_SCAN_ROW=cub: the previous cub::DeviceScan (decoupled look-back:
- *    a float result may change from run to run with the timing).
+ *  - one row (outer = inner = 1, cumsum of a long vector; scan_row.cuh): 4096-element
+ *    tiles whose prefixes are fixed-order sums of tile and chunk totals, so
+ *    the same bits on every run: scan_row_sums then scan_row_apply (the
+ *    default, EMBER_SCAN_ROW=split: totals first, then each tile again with
+ *    its prefix; read twice, write once) or scan_row_tiles
+ *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
+ *    predecessors' totals; the same bits, slower) or scan_row_chain
+ *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
+ *    trip look-back; the same bits); reverse (cumsum's backward) maps
+ *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
+ *    (decoupled look-back: a float result may change with the timing).
  *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
  *    256 x 4 elements with the running total carried between tiles; a
  *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
- *    when the rows allow it (same values, same order, same bits).
+ *    when the rows allow it, 64 bytes a thread loaded ahead (same values,
+ *    same order, same bits).
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
  *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
@@ -76,48 +82,70 @@ struct alignas(sizeof(T) * kItems) Items {
   T v[kItems];
 };
 
+/* Tiles a scan_rows block keeps loading ahead: 64 bytes a thread. */
+template <typename T>
+__host__ __device__ constexpr int rows_ahead() { return sizeof(Items<T>) >= 64 ? 1 : 64 / (int)sizeof(Items<T>); }
+
 /* vec: not reversed, rows a whole number of Items long and in/out aligned to
  * them, so a thread's kItems elements move as one Items; the same values in
- * the same order as the scalar loads, so the same bits. */
-template <typename T, typename A, typename Op>
+ * the same order as the scalar loads, so the same bits. The vector loads of
+ * D tiles (rows_ahead, for rows over two tiles; else 1) are issued first, then the tiles are scanned in
+ * order, each slot refilled with the tile D further on as it is consumed:
+ * D tiles in flight a block, where one row's block used to keep one tile
+ * (256 x 8 bytes for bf16) in flight and wait out a DRAM latency per tile
+ * (bf16 (8192, 8192) at 66 %). */
+template <typename T, typename A, typename Op, int D>
 __global__ void __launch_bounds__(kBlock) scan_rows(const T *in, T *out, int64_t L, bool reverse, bool vec, Op op,
                                                     A identity) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
+  constexpr int64_t kTile = kBlock * kItems;
   const T *row = in + (int64_t)blockIdx.x * L;
   T *orow = out + (int64_t)blockIdx.x * L;
   A carry = identity;
-  for (int64_t base = 0; base < L; base += kBlock * kItems) {
-    A v[kItems];
-    const int64_t j0 = base + threadIdx.x * kItems;
-    const bool whole = vec && j0 + kItems <= L;
-    if (whole) {
-      const Items<T> x = *reinterpret_cast<const Items<T> *>(row + j0);
+  Items<T> xs[D];   /* slot d: the tile d (mod D) tiles ahead, refilled as it is consumed */
 #pragma unroll
-      for (int i = 0; i < kItems; i++) v[i] = widen<A, T>(x.v[i]);
-    } else {
+  for (int d = 0; d < D; d++) {
+    const int64_t j0 = d * kTile + threadIdx.x * kItems;
+    if (vec && j0 + kItems <= L) xs[d] = *reinterpret_cast<const Items<T> *>(row + j0);
+  }
+  for (int64_t base0 = 0; base0 < L; base0 += D * kTile) {
 #pragma unroll
-      for (int i = 0; i < kItems; i++) {
-        int64_t j = j0 + i;
-        v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+    for (int d = 0; d < D; d++) {
+      const int64_t base = base0 + d * kTile;
+      if (base >= L) break;   /* block-uniform */
+      A v[kItems];
+      const int64_t j0 = base + threadIdx.x * kItems;
+      const bool whole = vec && j0 + kItems <= L;
+      if (whole) {
+#pragma unroll
+        for (int i = 0; i < kItems; i++) v[i] = widen<A, T>(xs[d].v[i]);
+        const int64_t jn = j0 + D * kTile;   /* D tiles on: keeps D tiles' loads in flight */
+        if (jn + kItems <= L) xs[d] = *reinterpret_cast<const Items<T> *>(row + jn);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kItems; i++) {
+          int64_t j = j0 + i;
+          v[i] = j < L ? widen<A, T>(row[reverse ? L - 1 - j : j]) : identity;
+        }
       }
-    }
-    A total;
-    BlockScan(tmp).InclusiveScan(v, v, op, total);
-    if (whole) {
-      Items<T> x;
+      A total;
+      BlockScan(tmp).InclusiveScan(v, v, op, total);
+      if (whole) {
+        Items<T> x;
 #pragma unroll
-      for (int i = 0; i < kItems; i++) x.v[i] = narrow<T, A>(op(carry, v[i]));
-      *reinterpret_cast<Items<T> *>(orow + j0) = x;
-    } else {
+        for (int i = 0; i < kItems; i++) x.v[i] = narrow<T, A>(op(carry, v[i]));
+        *reinterpret_cast<Items<T> *>(orow + j0) = x;
+      } else {
 #pragma unroll
-      for (int i = 0; i < kItems; i++) {
-        int64_t j = j0 + i;
-        if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+        for (int i = 0; i < kItems; i++) {
+          int64_t j = j0 + i;
+          if (j < L) orow[reverse ? L - 1 - j : j] = narrow<T, A>(op(carry, v[i]));
+        }
       }
+      carry = op(carry, total);
+      __syncthreads();   /* tmp is reused by the next tile */
     }
-    carry = op(carry, total);
-    __syncthreads();   /* tmp is reused by the next tile */
   }
 }
 
@@ -216,7 +244,7 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips(const T *__restrict
  *  - all warps write the tile back with 16-byte stores.
  * Per column the same ops in the same order (row 0, 1, ... or reversed) in
  * A, one rounding per output: the bits of scan_strips and scan_cols. */
-constexpr int kAsyncStages = 4, kAsyncTileBytes = 16 * 1024;
+constexpr int kAsyncStages = 4, kAsyncTileBytes = 16 * 1024, kWalkBatch = 8;
 constexpr int kAsyncSmem = kAsyncStages * kAsyncTileBytes;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -264,9 +292,19 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
     fetch(t + kAsyncStages - 1);          /* into tile t - 1's stage */
     T(*tile)[kStripCols] = buf[t % kAsyncStages];
     const int rows = (int)(L - t * R < R ? L - t * R : R);
-    if (walker) {
-#pragma unroll 8
-      for (int r = 0; r < rows; r++) {
+    if (walker) {   /* 8 rows' loads issued before their chain: only the adds wait on each other */
+      int r = 0;
+      for (; r + kWalkBatch <= rows; r += kWalkBatch) {
+        T x[kWalkBatch];
+#pragma unroll
+        for (int i = 0; i < kWalkBatch; i++) x[i] = tile[r + i][lane];
+#pragma unroll
+        for (int i = 0; i < kWalkBatch; i++) {
+          acc = op(acc, widen<A, T>(x[i]));
+          tile[r + i][lane] = narrow<T, A>(acc);
+        }
+      }
+      for (; r < rows; r++) {
         acc = op(acc, widen<A, T>(tile[r][lane]));
         tile[r][lane] = narrow<T, A>(acc);
       }
@@ -289,190 +327,7 @@ static int strips_v1(const char *op) {
   return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
 }
 
-template <typename A>
-__global__ void reverse_copy(const A *in, A *out, int64_t n) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    out[n - 1 - i] = in[i];
-}
-
-/* CUB's device scan from in to out: raw pointers when T is the accumulator
- * (CUB's vectorised loads), else widening / rounding iterators. */
-template <typename T, typename A, typename Op>
-cudaError_t device_scan(void *tmp, size_t &temp, const T *in, T *out, Op f, int n, cudaStream_t s) {
-  if constexpr (std::is_same<T, A>::value) {
-    return cub::DeviceScan::InclusiveScan(tmp, temp, in, out, f, n, s);
-  } else {
-    typedef thrust::transform_iterator<Widen<T, A>, const T *, A> InIt;
-    typedef thrust::transform_output_iterator<Narrow<T, A>, T *> OutIt;
-    return cub::DeviceScan::InclusiveScan(tmp, temp, InIt(in, Widen<T, A>()), OutIt(out, Narrow<T, A>()), f, n, s);
-  }
-}
-
-/* One long row: cub's device-wide scan, decoupled look-back, accumulating in
- * A whatever T stores (reverse through scratch). */
-template <typename T, typename A, typename Op>
-int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
-                 cudaStream_t s) {
-  if (L > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 elements in one row, got %lld", op, (long long)L);
-  size_t temp = 0;
-  if (em_cuda_check(device_scan<T, A, Op>(nullptr, temp, in, out, f, (int)L, s), op, "cub scan (temp size)")) return -1;
-  const size_t rb = reverse ? ((size_t)L * sizeof(T) + 255) & ~(size_t)255 : 0;
-  int64_t total = (int64_t)(rb + temp);
-  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
-  if (!ws) return -1;
-  char *p = (char *)em_data_ptr(ws);
-  T *rev = (T *)p;
-  int rc;
-  if (reverse) {
-    reverse_copy<T><<<em_grid(L, kBlock), kBlock, 0, s>>>(in, rev, L);
-    rc = em_cuda_check(device_scan<T, A, Op>(p + rb, temp, rev, out, f, (int)L, s), op, "cub scan");
-    if (!rc) reverse_copy<T><<<em_grid(L, kBlock), kBlock, 0, s>>>(out, rev, L);
-    if (!rc) rc = em_cuda_check(cudaMemcpyAsync(out, rev, (size_t)L * sizeof(T), cudaMemcpyDeviceToDevice, s), op,
-                                "cudaMemcpyAsync");
-  } else {
-    rc = em_cuda_check(device_scan<T, A, Op>(p, temp, in, out, f, (int)L, s), op, "cub scan");
-  }
-  if (!rc) rc = em_launch_check(op);
-  em_tensor_release(ws);   /* stream-ordered: safe to reuse after the work above */
-  return rc;
-}
-
-/* ---- one long row, deterministic: tiles with a fixed-order look-back ----
- * Tile k (kRowTile elements, one block, ticket order) loads its elements
- * once (16-byte loads), scans them in registers (16 per thread in order,
- * then cub::BlockScan's fixed tree) and publishes its total agg[k]. Its
- * prefix is then computed, never taken from whoever happens to be done:
- *   prefix(k) = sum_fixed(ctot[0 .. m)) + sum_fixed(agg[mC .. k)),  m = k / C,
- * where ctot[m'] (chunk m' of C tiles) is published by the chunk's last
- * tile as sum_fixed(agg[m'C .. m'C + C - 1)) + agg[m'C + C - 1], and
- * sum_fixed is one warp summing v[j] into lane j % 32 in order, then an xor
- * butterfly (commutative pairs: every lane the same bits). Each value is
- * thus one fixed expression of the input, whatever the timing: the same
- * bits every run (CUB's look-back adds whichever predecessors are ready).
- * A tile waits only on tiles with earlier tickets (already running), so it
- * cannot deadlock. Bytes: one read and one write, like CUB's scan. */
-constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
-
-template <typename A>
-struct RowState {
-  unsigned *ticket;
-  int *agg_flag, *ctot_flag;   /* zeroed before the launch */
-  A *agg, *ctot;
-};
-
-template <typename A>
-__device__ __forceinline__ void publish(A *val, int *flag, A v) {
-  *(volatile A *)val = v;
-  __threadfence();
-  *(volatile int *)flag = 1;
-}
-
-/* sum_fixed over v[0 .. n) by one warp, once every flag is up; every lane returns the result */
-template <typename A, typename Op>
-__device__ __forceinline__ A fixed_sum(const A *v, const int *flag, int64_t n, Op op, A identity) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t j = lane; j < n; j += 32)
-    while (*(volatile const int *)(flag + j) == 0) {}
-  __threadfence();   /* the values were written before their flags */
-  A acc = identity;
-  for (int64_t j = lane; j < n; j += 32) acc = op(acc, __ldcg(v + j));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-  return acc;
-}
-
-template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_row_tiles(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                         bool reverse, bool vec, Op op, A identity, RowState<A> st) {
-  typedef cub::BlockScan<A, kBlock> BlockScan;
-  __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ unsigned tile_sh;
-  __shared__ A prefix_sh;
-  const int t = threadIdx.x;
-  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
-  __syncthreads();
-  const int64_t tile = tile_sh, p0 = tile * kRowTile + (int64_t)t * kRowItems;
-  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
-  A v[kRowItems];
-  if (fast) {
-    constexpr int P = Packed128<T>::size;
-#pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      const Packed128<T> x = load128(in + p0 + i);
-#pragma unroll
-      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRowItems; i++) {
-      const int64_t p = p0 + i;
-      v[i] = p < L ? widen<A, T>(in[reverse ? L - 1 - p : p]) : identity;
-    }
-  }
-#pragma unroll
-  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
-  A tp, total;
-  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
-  if (t < 32) {   /* warp 0: publish, then the fixed-order prefix */
-    if (t == 0) publish(st.agg + tile, st.agg_flag + tile, total);
-    const int64_t m = tile / kRowChunk, first = m * kRowChunk;
-    const A within = fixed_sum(st.agg + first, st.agg_flag + first, tile - first, op, identity);
-    /* a chunk's total depends on its own tiles only: published before waiting on earlier chunks, no chain */
-    if (t == 0 && tile - first == kRowChunk - 1) publish(st.ctot + m, st.ctot_flag + m, op(within, total));
-    const A carry = fixed_sum(st.ctot, st.ctot_flag, m, op, identity);
-    if (t == 0) prefix_sh = op(carry, within);
-  }
-  __syncthreads();
-  const A base = op(prefix_sh, tp);
-  if (fast) {
-    constexpr int P = Packed128<T>::size;
-#pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      Packed128<T> x;
-#pragma unroll
-      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
-      store128(out + p0 + i, x);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRowItems; i++) {
-      const int64_t p = p0 + i;
-      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, A>(op(base, v[i]));
-    }
-  }
-}
-
-/* EMBER_SCAN_ROW (read once): "tiles" (default) or "cub" (the previous device scan, not deterministic for floats). */
-static int row_scan_cub(const char *op) {
-  static int mode = -1;
-  return em_env_choice(&mode, op, "EMBER_SCAN_ROW", "tiles", "cub");
-}
-
-template <typename T, typename A, typename Op>
-int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
-                 cudaStream_t s) {
-  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = nt / kRowChunk + 1;
-  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-  const size_t flags = (256 + (size_t)(nt + nc) * sizeof(int) + 255) & ~(size_t)255;
-  int64_t total = (int64_t)(flags + (size_t)(nt + nc) * sizeof(A));
-  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
-  if (!ws) return -1;
-  char *p = (char *)em_data_ptr(ws);
-  RowState<A> st;
-  st.ticket = (unsigned *)p;
-  st.agg_flag = (int *)(p + 256);
-  st.ctot_flag = st.agg_flag + nt;
-  st.agg = (A *)(p + flags);
-  st.ctot = st.agg + nt;
-  int rc = em_cuda_check(cudaMemsetAsync(p, 0, flags, s), op, "cudaMemsetAsync");
-  if (!rc) {
-    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_tiles<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
-    rc = em_launch_check(op);
-  }
-  em_tensor_release(ws);   /* stream-ordered */
-  return rc;
-}
+#include "scan_row.cuh"   /* one long row: tiles, split, chain, CUB */
 
 template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
@@ -480,15 +335,15 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   const T *in = (const T *)em_data_ptr(a);
   T *out = (T *)em_data_ptr(res);
   if (outer == 1 && inner == 1) {
-    const int cub_row = row_scan_cub(op);
-    if (cub_row < 0) return -1;
-    if (cub_row) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
-    return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
+    return scan_row<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
   }
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
-    scan_rows<T, A, Op><<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
+    /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
+    constexpr int D = rows_ahead<T>();
+    auto k = vec && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
     if (outer * strips > INT32_MAX)

@@ -1,5 +1,6 @@
--- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (scan_row_tiles: 4096-
--- element tiles, a fixed-order look-back over 64-tile chunks) against the
+-- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (kernels/scan_row.cuh:
+-- 4096-element tiles, prefixes summed in a fixed order over 64-tile chunks;
+-- split by default, tiles with EMBER_SCAN_ROW=tiles) against the
 -- CPU, at sizes around the tile and the chunk, misaligned (the scalar path)
 -- and reversed (cumsum's backward); and its promise: the same bits on every
 -- run (CUB's look-back, EMBER_SCAN_ROW=cub, does not promise that for floats).
@@ -7,7 +8,7 @@
 -- f32/bf16, the CPU in double); integers exact.
 local ember = require "ember"
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local cmp = dofile(here .. "compare.lua")
+local cmp, H = dofile(here .. "compare.lua")
 assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
 
 local SIZES = {1, 4095, 4096, 4097, 3 * 4096 + 5, 64 * 4096 - 1, 64 * 4096 + 5, 131 * 4096 + 77}
@@ -58,6 +59,96 @@ describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", functi
       local p = (ember.rand((1 << 22) + 3) * 0.002 + 0.999):to(dt):cuda()
       local pf = p:cumprod(0)
       for _ = 1, 3 do same_bits(p:cumprod(0), pf, "cumprod " .. dt) end
+    end
+  end)
+end)
+
+-- The default one-row scan is three phases (scan_row_sums, scan_row_apply:
+-- EMBER_SCAN_ROW=split) with scan_row_tiles' partition and fixed sums, so it
+-- must give scan_row_tiles' bits (EMBER_SCAN_ROW=tiles). The switch is read
+-- once a process: each path runs in a child and saves its results. Sizes: one
+-- tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry warps
+-- each start past 32 chunks, the lane partials' first loop).
+local BIG = 300 * 64 * 4096 + 4099
+local CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, n in ipairs({4097, 64 * 4096 + 5, ]] .. BIG .. [[}) do
+    ember.manual_seed(40 + k)
+    local x = ember.randn(n, {device = "cuda"}):to(dt)
+    local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
+    local key = dt .. "_" .. k
+    -- the largest row is sampled every 997th element (several a tile, so every tile's prefix), not saved whole
+    local idx = n > 1000000 and ember.arange(0, n, 997, {device = "cuda"}) or nil
+    local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
+    out["in_" .. key] = keep(x)
+    out["sum_" .. key] = keep(x:cumsum(0))
+    out["prod_" .. key] = keep(p:cumprod(0))
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(0):backward(p)   -- the reversed scan of p
+    out["rev_" .. key] = keep(xl.grad)
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("one-row scan paths on CUDA", function()
+  after_each(function() H.remove_temps() end)
+
+  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
+    local script = H.temp_file(CHILD, ".lua")
+    local got = {}
+    for _, mode in ipairs({"split", "tiles"}) do
+      local path = H.temp(".safetensors")
+      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = mode, SCAN_SPEC_OUT = path}})
+      assert.are.equal(0, code, ("EMBER_SCAN_ROW=%s child failed: %s"):format(mode, err))
+      got[mode] = ember.load(path)
+    end
+    local n = 0
+    for name, t in pairs(got.tiles) do
+      local other = assert(got.split[name], "split's results lack " .. name)
+      assert.are.same(t.shape, other.shape, "split vs tiles, " .. name .. ": shapes")
+      -- ne, not a difference: f16's reversed sums overflow to inf, and inf - inf is NaN
+      local d = other:ne(t):sum():item()
+      assert(d == 0, ("split vs tiles, %s: %d of %d elements differ, expected 0"):format(name, d, t:numel()))
+      n = n + 1
+    end
+    assert.are.equal(4 * 3 * 4, n)
+  end)
+
+  it("split matches the CPU across 301 chunks (f32 cumsum)", function()
+    ember.manual_seed(41)
+    local x = ember.randn(BIG, {dtype = "f64"})
+    cmp.assert_close(x:to("f32"):cuda():cumsum(0), x:to("f32"):cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+  end)
+end)
+
+-- Row scans (scan_rows, many rows): the vector path keeps rows_ahead() tiles
+-- of loads in flight (4 for f32, 8 for bf16, 2 for f64, 1024 elements a
+-- tile), refilling each slot as it is consumed; lengths around 8 and 16
+-- tiles, rows of one and two tiles (no loading ahead past the next tile), and
+-- a length that is no multiple of 4 (the scalar path), against the CPU,
+-- forward and reversed (cumsum's backward).
+describe("row scans on CUDA (tiles loaded ahead)", function()
+  it("match the CPU (f32, bf16, f64)", function()
+    ember.manual_seed(35)
+    for _, dt in ipairs({"f32", "bf16", "f64"}) do
+      for _, shape in ipairs({{5, 8192}, {3, 8 * 1024 + 4}, {4, 16 * 1024 + 1024 + 8}, {7, 100}, {6, 2048}, {3, 9 * 1024 + 3}}) do
+        local x = ember.randn(shape, {dtype = "f64"}):to(dt)
+        local what = ("%s (%d, %d)"):format(dt, shape[1], shape[2])
+        cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), "cumsum " .. what)
+        local p = (ember.rand(shape, {dtype = "f64"}) * 0.002 + 0.999):to(dt)
+        -- as above: a long f32 product drifts ~sqrt(L) 2^-24 from the CPU's double, near 1e-5 past ~10^4
+        if dt ~= "f32" or shape[2] <= 10000 then
+          cmp.assert_close(p:cuda():cumprod(1), p:cumprod(1), cmp.rtol(dt), "cumprod " .. what)
+        end
+        local a, ac = x:detach(), x:cuda():detach()
+        a.requires_grad, ac.requires_grad = true, true
+        a:cumsum(1):backward(p)
+        ac:cumsum(1):backward(p:cuda())
+        cmp.assert_close(ac.grad, a.grad, cmp.rtol(dt), "cumsum backward (reversed) " .. what)
+      end
     end
   end)
 end)
