@@ -656,7 +656,7 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   j.nt = nt_op && j.stream && ((j.fast == FAST_BIN16 && out->dtype == EM_BF16) ||
                                (j.fast == FAST_NONE && j.all_direct && out->dtype == EM_F32 && em_ew_f32_nt_has(k->code)));
   int64_t tasks = numel / j.inner * j.tasks_per_row;
-  em_parallel_for(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
+  em_parallel_for_mem(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }
 
 static bool same_view(const em_tensor *a, const em_tensor *b) {
