@@ -449,8 +449,9 @@ enum { FAST_NONE, FAST_SEL16, FAST_BIN16, FAST_SEL32 };
  * written, EMBER_CPU_PIECE_OUT (read once at load) to compare them on a host:
  * 0, CHUNK values a compute() call through the CHUNK buffer (before
  * c2ebb13); 1, a whole stream piece a compute() call; 2 (the default), as 1,
- * and add/sub/mul/div of f32 (of bf16, with AVX-512) computed and streamed
- * line by line with no piece between (ew_nt.h, ew_half.h). The same bits. */
+ * and add/sub/mul/div of f32 (of bf16, with AVX-512), where and masked_fill
+ * (with AVX-512) computed and streamed line by line with no piece between
+ * (ew_nt.h, ew_half.h). The same bits. */
 static int piece_mode = 2;
 __attribute__((constructor)) static void piece_mode_init(void) {
   const char *e = getenv("EMBER_CPU_PIECE_OUT");
@@ -499,6 +500,10 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
     v[q] = t ? (const char *)t->storage->data + (off[q + 1] + c * vs[q]) * (int64_t)em_dtype_size(t->dtype)
              : j->fast == FAST_SEL32 ? (const void *)&j->cst[q].f : (const void *)&j->cst[q].h;
   }
+  bool sel = j->fast == FAST_SEL32 || j->fast == FAST_SEL16;
+  if (sel && j->stream && piece_mode == 2 && vs[0] == 1 &&   /* selected and streamed in one loop (ew_nt.h) */
+      em_ew_select_nt(out, j->fast == FAST_SEL32 ? 4 : 2, v[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16))
+    return;
   if (j->fast == FAST_SEL32) {   /* the piece holds len f32 values: EM_STREAM_PIECE bytes */
     em_ew_select32((uint32_t *)o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len);
     if (j->stream) em_stream_copy(out, piece, len * 4);

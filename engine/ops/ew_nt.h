@@ -1,5 +1,6 @@
-/* f32 add/sub/mul/div written straight to memory with non-temporal stores
- * (the CPU elementwise loop's streamed outputs, engine/ops/elementwise.c).
+/* f32 add/sub/mul/div, and where/masked_fill (f32, bf16, f16), written
+ * straight to memory with non-temporal stores (the CPU elementwise loop's
+ * streamed outputs, engine/ops/elementwise.c).
  *
  * A streamed output was computed into an L1 piece, then copied out by
  * em_stream_copy (engine/stream.h): every value stored, loaded and stored
@@ -25,5 +26,14 @@ bool em_ew_f32_nt_has(int code);
  * the ragged end stored plainly). Returns whether some o[i] is NaN: the
  * caller then fences (em_stream_fence) and recomputes those n values. */
 bool em_ew_f32_binary_nt(int code, float *o, const float *a, const float *b, int64_t n);
+
+/* where / masked_fill into a unit-stride output o (64-byte aligned) of
+ * 4-byte (es 4) or 2-byte values, with the condition c unit stride and a, b
+ * each unit stride or one value (stride 0): o[i] = c[i] != 0 ? a : b, the raw
+ * bits (2-byte: bf16's or, f16, f16's NaN rule applied as ew_half.h's select
+ * does), streamed. False, writing nothing, where there is no AVX-512 BW loop
+ * or the strides or alignment do not fit: the caller's L1 piece then. */
+bool em_ew_select_nt(void *o, int es, const uint8_t *c, const void *a, int64_t as, const void *b, int64_t bs,
+                     int64_t n, bool f16);
 
 #endif
