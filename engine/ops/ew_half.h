@@ -1,5 +1,6 @@
 /* The CPU elementwise loop's 16-bit fast paths (engine/ops/elementwise.c),
- * compiled for SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
+ * and the raw 32-bit select of where/masked_fill into f32, compiled for
+ * SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
  *
  * Each gives the bits the generic path gives (widen to f32, compute, round
  * once with ember/half.h), without the f32 buffers in between:
