@@ -184,6 +184,13 @@ static void range_of(int64_t n, int64_t t, int64_t T, int64_t *b, int64_t *e) {
  * runs a chunk never changes a result: parallel.h's contract already makes
  * every range split give the same bits. */
 #define CHUNKS_PER_THREAD 4
+/* em_parallel_for_mem's chunks a thread (EMBER_CPU_STEAL_MEM, read at load):
+ * a memory-bound op's thread streams ~5 GB/s when 16 share the memory, so a
+ * quarter of its share is ~0.2 ms of a 1 ms op (64 MiB), the time a straggler
+ * (a core shared with another process on a loaded host) holds the others
+ * back by; a sixteenth is ~0.05 ms. A thread's own chunks are adjacent, so
+ * its stream runs on across them unless one is stolen. */
+static int mem_chunks = 16;
 typedef struct {
   _Alignas(64) atomic_llong next;   /* the owner's next chunk; others take from here too */
   int64_t end;                      /* one past the owner's last chunk */
@@ -212,7 +219,7 @@ static void steal_run(void *unused, int64_t t, int64_t unused_e) {
   }
 }
 
-void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
+static void parallel_for(int64_t n, int64_t grain, int per_thread, em_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   int64_t most = n / grain;                  /* ranges of at least `grain` items */
@@ -226,7 +233,7 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   if (have < nt - 1) nt = have + 1;
   int64_t b, e;
   if (use_steal && most >= 2 * (int64_t)nt) {
-    int64_t chunks = most < (int64_t)nt * CHUNKS_PER_THREAD ? most : (int64_t)nt * CHUNKS_PER_THREAD;
+    int64_t chunks = most < (int64_t)nt * per_thread ? most : (int64_t)nt * per_thread;
     steal.fn = fn; steal.ctx = ctx; steal.n = n; steal.chunks = chunks; steal.nt = nt;
     for (int t = 0; t < nt; t++) {           /* thread t owns chunks [t·chunks/nt, (t+1)·chunks/nt) */
       range_of(chunks, t, nt, &b, &e);
@@ -247,6 +254,14 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   em_stream_fence();
   for (int t = 1; t < nt; t++) wait_done(workers[t - 1]);
   atomic_store_explicit(&busy, 0, memory_order_release);
+}
+
+void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
+  parallel_for(n, grain, CHUNKS_PER_THREAD, fn, ctx);
+}
+
+void em_parallel_for_mem(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
+  parallel_for(n, grain, mem_chunks, fn, ctx);
 }
 
 int64_t em_set_parallel_min_work(int64_t n) {
@@ -313,6 +328,13 @@ __attribute__((constructor)) static void threads_init(void) {
     if (strcmp(sched, "static") == 0) use_steal = 0;
     else if (strcmp(sched, "steal") != 0)
       fprintf(stderr, "ember: EMBER_CPU_SCHED must be 'steal' or 'static', got '%s'; using steal\n", sched);
+  }
+  const char *mc = getenv("EMBER_CPU_STEAL_MEM");
+  if (mc && *mc) {
+    int c = parse_count(mc);
+    if (c && c <= 64) mem_chunks = c;
+    else fprintf(stderr, "ember: EMBER_CPU_STEAL_MEM must be an integer from 1 to 64, got '%s'; using %d\n", mc,
+                 mem_chunks);
   }
   n_default = compute_default();
   int n = n_default;

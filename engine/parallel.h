@@ -36,6 +36,12 @@ typedef void (*em_range_fn)(void *ctx, int64_t begin, int64_t end);
  * n >= 2 * grain and more than one thread is allowed. */
 void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
 
+/* em_parallel_for for a memory-bound body (elementwise ops, reductions):
+ * the same contract, with up to 16 chunks a thread to steal instead of four
+ * (EMBER_CPU_STEAL_MEM sets the count, 1 to 64: 4 is em_parallel_for's), so
+ * a thread slowed by another process costs the op less on a loaded host. */
+void em_parallel_for_mem(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
+
 /* Work below which forking costs more than it saves: about 32K simple
  * element operations (tens of microseconds on one core). The specs lower it
  * (em_set_parallel_min_work) so their small tensors take the parallel paths. */

@@ -30,6 +30,9 @@
 #include "parallel.h"
 #include "stream.h"
 #include "ew_half.h"
+#include "ew_nt.h"
+#include <stdio.h>
+#include <stdlib.h>
 #include <tgmath.h>
 
 /* ---------------- names ---------------- */
@@ -434,14 +437,28 @@ typedef struct {
   int64_t inner, tasks_per_row, base[4];
   bool out_direct, all_direct;
   bool stream;                 /* a large contiguous output: computed into a buffer, streamed out (stream.h) */
-  int fast;                    /* FAST_*: a 16-bit path of ew_half.h instead of compute() */
+  int fast;                    /* FAST_*: a path of ew_half.h instead of compute() */
   bool piece;                  /* the fast path computes into an L1 piece first (streamed, or copied out) */
-  uint16_t cst[3];             /* FAST_SEL16: input q's constant in the output's dtype */
+  bool nt;                     /* a streamed add/sub/mul/div written by ew_nt.h's fused loop (piece_mode 2) */
+  union { uint16_t h; float f; } cst[3];   /* FAST_SEL16/32: input q's constant in the output's dtype */
 } ew_job;
 
-enum { FAST_NONE, FAST_SEL16, FAST_BIN16 };
-/* Elements of a 16-bit output a fast path computes before streaming them out. */
-#define PIECE16 (EM_STREAM_PIECE / 2)
+enum { FAST_NONE, FAST_SEL16, FAST_BIN16, FAST_SEL32 };
+
+/* How a streamed output whose inputs all hold the compute type in place is
+ * written, EMBER_CPU_PIECE_OUT (read once at load) to compare them on a host:
+ * 0, CHUNK values a compute() call through the CHUNK buffer (before
+ * c2ebb13); 1, a whole stream piece a compute() call; 2 (the default), as 1,
+ * and add/sub/mul/div of f32 (of bf16, with AVX-512), where and masked_fill
+ * (with AVX-512) computed and streamed line by line with no piece between
+ * (ew_nt.h, ew_half.h). The same bits. */
+static int piece_mode = 2;
+__attribute__((constructor)) static void piece_mode_init(void) {
+  const char *e = getenv("EMBER_CPU_PIECE_OUT");
+  if (!e || !*e) return;
+  if ((e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1]) piece_mode = e[0] - '0';
+  else fprintf(stderr, "ember: EMBER_CPU_PIECE_OUT must be 0, 1 or 2, got '%s'; using 2\n", e);
+}
 
 /* Elements [c, c + len) of the inner row at offsets off computed as the
  * generic loop does (CHUNK at a time from the same boundaries: c is a multiple
@@ -472,7 +489,7 @@ static void generic16(const ew_job *j, const int64_t *off, int64_t c, int64_t le
 static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out) {
   const loop_plan *p = j->p;
   int last = p->ndim - 1;
-  _Alignas(64) uint16_t piece[PIECE16];
+  _Alignas(64) uint16_t piece[EM_STREAM_PIECE / 2];
   uint16_t *o = j->piece ? piece : out;
   int64_t os = j->piece ? 1 : p->stride[0][last];
   const void *v[3];             /* input q's first element (the condition's is a bool) */
@@ -481,7 +498,28 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
     const em_tensor *t = j->in[q].t;
     vs[q] = t ? p->stride[q + 1][last] : 0;
     v[q] = t ? (const char *)t->storage->data + (off[q + 1] + c * vs[q]) * (int64_t)em_dtype_size(t->dtype)
-             : (const void *)&j->cst[q];
+             : j->fast == FAST_SEL32 ? (const void *)&j->cst[q].f : (const void *)&j->cst[q].h;
+  }
+  bool sel = j->fast == FAST_SEL32 || j->fast == FAST_SEL16;
+  if (sel && j->stream && piece_mode == 2 && vs[0] == 1 &&   /* selected and streamed in one loop (ew_nt.h) */
+      em_ew_select_nt(out, j->fast == FAST_SEL32 ? 4 : 2, v[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16))
+    return;
+  if (j->fast == FAST_SEL32) {   /* the piece holds len f32 values: EM_STREAM_PIECE bytes */
+    em_ew_select32((uint32_t *)o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len);
+    if (j->stream) em_stream_copy(out, piece, len * 4);
+    return;
+  }
+  if (j->fast == FAST_BIN16 && j->nt && !((uintptr_t)out & 63)) {   /* fused and streamed (ew_half.h) */
+    float cv[2];
+    for (int q = 0; q < 2; q++)
+      cv[q] = !j->in[q].t ? (float)j->in[q].c : em_bf16_to_f32(*(const uint16_t *)v[q]);
+    int pair = em_ew_half_binary_nt(j->k->code, out, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len);
+    if (pair == 0) return;
+    if (pair > 0) {   /* a NaN pair: the generic loop's payload, stored over what was streamed */
+      em_stream_fence();
+      generic16(j, off, c, len, out);
+      return;
+    }                 /* -1: no AVX-512 loop, the piece below */
   }
   if (j->fast == FAST_SEL16) {
     em_ew_select16(o, os, v[0], vs[0], v[1], vs[1], v[2], vs[2], len, j->out->dtype == EM_F16);
@@ -520,9 +558,9 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
     int64_t end = EM_MIN(s + TASK, j->inner);
     /* a streamed output whose inputs are all read in place: a whole stream piece
      * a compute() call (CHUNK's per-call costs, a quarter of the time of an f32
-     * row-broadcast add at 16 threads, paid 4x less often) */
-    bool piece_out = j->stream && j->all_direct;
-    int64_t step = j->fast ? (j->piece ? PIECE16 : end - s)
+     * row-broadcast add at 16 threads, paid 4x less often); piece_mode 0: CHUNK */
+    bool piece_out = j->stream && j->all_direct && piece_mode > 0;
+    int64_t step = j->fast ? (j->piece ? EM_STREAM_PIECE / (int64_t)out_es : end - s)
                  : piece_out ? EM_STREAM_PIECE / (int64_t)out_es : j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
@@ -537,6 +575,10 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
       }
       int64_t o0 = off[0] + c * p->stride[0][last];
       void *out = (char *)j->out->storage->data + o0 * (int64_t)out_es;
+      if (j->nt && !((uintptr_t)out & 63)) {   /* loaded, computed and streamed line by line (ew_nt.h) */
+        if (!em_ew_f32_binary_nt(k->code, out, src[0], src[1], len)) continue;
+        em_stream_fence();                      /* a NaN: the generic loop's payload, through the piece */
+      }
       if (piece_out) {
         _Alignas(64) char piece[EM_STREAM_PIECE];
         compute(k, piece, src, len);
@@ -563,18 +605,20 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
-/* The ew_half.h path that computes this 16-bit output (C_F32 into bf16/f16),
- * or FAST_NONE: where/masked_fill with a bool condition and every value a
- * tensor of the output's dtype or a constant (any strides); add/sub/mul/div
- * into a unit-stride output from tensors of its dtype, each unit-stride or one
- * value per row along the inner dim, or numbers. */
+/* The ew_half.h path that computes this 16-bit output (C_F32 into bf16/f16)
+ * or f32 output, or FAST_NONE: where/masked_fill with a bool condition and
+ * every value a tensor of the output's dtype or a constant (any strides:
+ * FAST_SEL16, FAST_SEL32 for f32); add/sub/mul/div into a unit-stride 16-bit
+ * output from tensors of its dtype, each unit-stride or one value per row
+ * along the inner dim, or numbers. */
 static int fast_path(const kern *k, const em_tensor *out, int nin, const operand *in, const loop_plan *p) {
   int last = p->ndim - 1;
   if (k->kind == K_WHERE && nin == 3 && in[0].t && in[0].t->dtype == EM_BOOL) {
     for (int q = 1; q < 3; q++)
       if (in[q].t && in[q].t->dtype != out->dtype) return FAST_NONE;
-    return FAST_SEL16;
+    return out->dtype == EM_F32 ? FAST_SEL32 : FAST_SEL16;
   }
+  if (out->dtype == EM_F32) return FAST_NONE;
   if (k->kind == K_BINARY && nin == 2 && em_ew_half_binary_has(k->code) && p->stride[0][last] == 1) {
     for (int q = 0; q < 2; q++)
       if (in[q].t && (in[q].t->dtype != out->dtype || (p->stride[q + 1][last] != 0 && p->stride[q + 1][last] != 1)))
@@ -591,25 +635,33 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, {0}};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, false, {{0}}};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
   j.all_direct = j.out_direct;
   bool half = k->cls == C_F32 && (out->dtype == EM_BF16 || out->dtype == EM_F16);
-  j.fast = half ? fast_path(k, out, nin, in, &p) : FAST_NONE;
+  j.fast = half || (k->cls == C_F32 && out->dtype == EM_F32) ? fast_path(k, out, nin, in, &p) : FAST_NONE;
   if (j.fast == FAST_SEL16)
     for (int q = 1; q < 3; q++)
-      if (!in[q].t) j.cst[q] = out->dtype == EM_BF16 ? em_f32_to_bf16((float)in[q].c) : em_f32_to_f16((float)in[q].c);
+      if (!in[q].t) j.cst[q].h = out->dtype == EM_BF16 ? em_f32_to_bf16((float)in[q].c) : em_f32_to_f16((float)in[q].c);
+  if (j.fast == FAST_SEL32)
+    for (int q = 1; q < 3; q++) j.cst[q].f = (float)in[q].c;   /* fill_const's value */
   j.stream = (j.out_direct || half) && p.stride[0][last] == 1 &&
              em_stream_wanted(numel * (int64_t)em_dtype_size(out->dtype));
   for (int q = 0; q < nin; q++)
     j.all_direct = j.all_direct && in[q].t && p.stride[q + 1][last] == 1 && in[q].t->dtype == class_dtype(k->cls);
   j.piece = j.stream;
-  for (int q = 0; q < nin && j.fast == FAST_BIN16; q++)
-    j.piece = j.piece || (in[q].t && in[q].t->storage == out->storage);   /* a += b: see fast16 */
+  bool alias = false;
+  for (int q = 0; q < nin; q++) alias = alias || (in[q].t && in[q].t->storage == out->storage);
+  if (j.fast == FAST_BIN16) j.piece = j.piece || alias;   /* a += b: see fast16 */
+  /* the fused streamed loops (piece_mode 2) recompute a piece with a NaN the
+   * generic way, from inputs that must still be there: not for a += b */
+  bool nt_op = k->kind == K_BINARY && nin == 2 && em_ew_half_binary_has(k->code) && piece_mode == 2 && !alias;
+  j.nt = nt_op && j.stream && ((j.fast == FAST_BIN16 && out->dtype == EM_BF16) ||
+                               (j.fast == FAST_NONE && j.all_direct && out->dtype == EM_F32 && em_ew_f32_nt_has(k->code)));
   int64_t tasks = numel / j.inner * j.tasks_per_row;
-  em_parallel_for(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
+  em_parallel_for_mem(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }
 
 static bool same_view(const em_tensor *a, const em_tensor *b) {

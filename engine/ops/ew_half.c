@@ -21,41 +21,53 @@
 #define CANON_F16(v) ((uint16_t)(((v) & 0x7fff) > 0x7c00 ? (((v) & 0x8000) | 0x7e00) : (v)))
 
 /* Both values loaded unconditionally: a blend, not a branch per element. */
-#define SEL_LOOP(CANON, CS, AS, BS)                                              \
+#define SEL_LOOP(T, CANON, CS, AS, BS)                                           \
   for (int64_t i = 0; i < n; i++) {                                              \
-    uint16_t av = a[i * (AS)], bv = b[i * (BS)], v = c[i * (CS)] != 0 ? av : bv; \
+    T av = a[i * (AS)], bv = b[i * (BS)], v = c[i * (CS)] != 0 ? av : bv;        \
     o[i] = CANON(v);                                                             \
   }                                                                              \
   return
 
 /* The unit-stride output with each input unit-stride or one value (the
  * attention mask over scores, masked_fill's constant) gets a loop of its own. */
-#define SEL_BODY(CANON)                                                          \
+#define SEL_BODY(T, CANON)                                                       \
   if (os == 1 && cs >= 0 && cs <= 1 && as >= 0 && as <= 1 && bs >= 0 && bs <= 1) { \
     switch (cs * 4 + as * 2 + bs) {                                              \
-      case 7: SEL_LOOP(CANON, 1, 1, 1);                                          \
-      case 6: SEL_LOOP(CANON, 1, 1, 0);                                          \
-      case 5: SEL_LOOP(CANON, 1, 0, 1);                                          \
-      case 4: SEL_LOOP(CANON, 1, 0, 0);                                          \
-      case 3: SEL_LOOP(CANON, 0, 1, 1);                                          \
-      case 2: SEL_LOOP(CANON, 0, 1, 0);                                          \
-      case 1: SEL_LOOP(CANON, 0, 0, 1);                                          \
-      default: SEL_LOOP(CANON, 0, 0, 0);                                         \
+      case 7: SEL_LOOP(T, CANON, 1, 1, 1);                                       \
+      case 6: SEL_LOOP(T, CANON, 1, 1, 0);                                       \
+      case 5: SEL_LOOP(T, CANON, 1, 0, 1);                                       \
+      case 4: SEL_LOOP(T, CANON, 1, 0, 0);                                       \
+      case 3: SEL_LOOP(T, CANON, 0, 1, 1);                                       \
+      case 2: SEL_LOOP(T, CANON, 0, 1, 0);                                       \
+      case 1: SEL_LOOP(T, CANON, 0, 0, 1);                                       \
+      default: SEL_LOOP(T, CANON, 0, 0, 0);                                      \
     }                                                                            \
   }                                                                              \
   for (int64_t i = 0; i < n; i++) {                                              \
-    uint16_t v = c[i * cs] != 0 ? a[i * as] : b[i * bs];                         \
+    T v = c[i * cs] != 0 ? a[i * as] : b[i * bs];                                \
     o[i * os] = CANON(v);                                                        \
   }
 
 EW_CLONES static void sel_bf16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
                                     int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
-  SEL_BODY(CANON_BF16)
+  SEL_BODY(uint16_t, CANON_BF16)
 }
 
 EW_CLONES static void sel_f16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a,
                                    int64_t as, const uint16_t *b, int64_t bs, int64_t n) {
-  SEL_BODY(CANON_F16)
+  SEL_BODY(uint16_t, CANON_F16)
+}
+
+/* The 32-bit select: no canonicalisation (a float is copied, never rounded). */
+#define CANON_NONE(v) (v)
+EW_CLONES static void sel_32(uint32_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint32_t *a, int64_t as,
+                             const uint32_t *b, int64_t bs, int64_t n) {
+  SEL_BODY(uint32_t, CANON_NONE)
+}
+
+void em_ew_select32(uint32_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint32_t *a, int64_t as,
+                    const uint32_t *b, int64_t bs, int64_t n) {
+  sel_32(o, os, c, cs, a, as, b, bs, n);
 }
 
 void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
@@ -143,6 +155,10 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
  * with a NaN result, scanned after (a NaN with NaN gives a NaN). The same
  * IEEE operation per value, so the same bits (tests/c/test_ew_half.c). */
 
+/* A step's 32 results: streamed (nt: o is 64-byte aligned, ew_half.h's
+ * em_ew_half_binary_nt) or stored. */
+#define X_ST(p, v) (nt ? _mm512_stream_si512((__m512i *)(p), (v)) : _mm512_storeu_si512((p), (v)))
+
 /* The last values of a piece one at a time, as em_f32_to_bf16 rounds them; a NaN result noted in `any`. */
 #define X_TAIL(OP)                                                                                 \
   for (; i < n; i++) {                                                                             \
@@ -161,7 +177,7 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
     __m512i re = em_x512_bf16_round(OPV(xe, ye), &nan);                                            \
     __m512i ro = em_x512_bf16_round(OPV(xo, yo), &nan);                                            \
-    _mm512_storeu_si512(o + i, _mm512_mask_mov_epi16(_mm512_srli_epi32(re, 16), 0xaaaaaaaau, ro));  \
+    X_ST(o + i, _mm512_mask_mov_epi16(_mm512_srli_epi32(re, 16), 0xaaaaaaaau, ro));                 \
   }                                                                                                \
   X_TAIL(OP)                                                                                       \
   break
@@ -185,7 +201,7 @@ static int nan_pair(const uint16_t *a, float ca, const uint16_t *b, float cb, in
 
 /* a or b (or both) a tensor: the constant-with-constant case stays in bf16_bin. */
 X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
-                              int64_t n) {
+                              int64_t n, bool nt) {
   const __m512 av = _mm512_set1_ps(ca), bv = _mm512_set1_ps(cb);
   __mmask16 nan = 0;
   int any = 0;
@@ -211,14 +227,14 @@ X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca
     LA(a, xe, xo) LB(b, ye, yo)                                                                    \
     __m512 re = OPV(xe, ye), ro = OPV(xo, yo);                                                     \
     if (_mm512_fpclass_ps_mask(re, 0xa1) | _mm512_fpclass_ps_mask(ro, 0xa1))                       \
-      pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, 32);          \
+      pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, 32, nt);      \
     else                                                                                           \
-      _mm512_storeu_si512(o + i, _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(ro, re))); \
+      X_ST(o + i, _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(ro, re)));            \
   }                                                                                                \
   break
 
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_bin_bf16(
-    int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n) {
+    int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n, bool nt) {
   /* word w of the output: even value w / 2 (word w / 2 of the rounding), odd ones from word 16 + w / 2 */
   _Alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
@@ -229,7 +245,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_
   if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
   else if (a) X_OPS(X_TEN, X_CST, _mm512)
   else X_OPS(X_CST, X_TEN, _mm512)
-  if (i < n) pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, n - i);
+  if (i < n) pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, n - i, nt);
   return pair;
 }
 #endif
@@ -281,12 +297,25 @@ bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, fl
 #ifdef HAVE_HAND
   int lv = dt == EM_BF16 && (a || b) ? em_hand_simd() : EM_HAND_NONE;
 #ifdef EM_HAVE_BF16_INSN
-  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n) != 0;
+  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, false) != 0;
 #endif
-  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n) != 0;
+  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, false) != 0;
   if (lv == EM_HAND_AVX2) return bf16_bin_x2(code, o, a, ca, b, cb, n) != 0;
 #endif
   return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;
+}
+
+int em_ew_half_binary_nt(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
+                         int64_t n) {
+#ifdef HAVE_HAND
+  int lv = a || b ? em_hand_simd() : EM_HAND_NONE;
+#ifdef EM_HAVE_BF16_INSN
+  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, true) != 0;
+#endif
+  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, true) != 0;
+#endif
+  (void)code; (void)o; (void)a; (void)ca; (void)b; (void)cb; (void)n;
+  return -1;
 }
 
 EW_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {

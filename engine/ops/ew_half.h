@@ -1,5 +1,6 @@
 /* The CPU elementwise loop's 16-bit fast paths (engine/ops/elementwise.c),
- * compiled for SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
+ * and the raw 32-bit select of where/masked_fill into f32, compiled for
+ * SSE2, AVX2 and AVX-512 (vec_math.h's EM_SIMD_CLONES).
  *
  * Each gives the bits the generic path gives (widen to f32, compute, round
  * once with ember/half.h), without the f32 buffers in between:
@@ -28,6 +29,12 @@
 void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,
                     const uint16_t *b, int64_t bs, int64_t n, bool f16);
 
+/* o[i*os] = c[i*cs] != 0 ? a[i*as] : b[i*bs], the raw 32 bits (where and
+ * masked_fill into f32 from f32 values or constants: the generic loop copies
+ * floats without arithmetic, so the same bits, without widening the mask). */
+void em_ew_select32(uint32_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint32_t *a, int64_t as,
+                    const uint32_t *b, int64_t bs, int64_t n);
+
 /* Whether half_binary runs binary op code `code` (em_binop). */
 bool em_ew_half_binary_has(int code);
 
@@ -39,6 +46,13 @@ bool em_ew_half_binary_has(int code);
  * recomputes such a piece the generic loop's way (same code, same bits). */
 bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
                        int64_t n);
+
+/* em_ew_half_binary for bf16 with o 64-byte aligned and written with
+ * non-temporal stores (whole 32-value steps; the ragged end stored plainly).
+ * -1 where there is no AVX-512 loop (the caller keeps its L1 piece), else
+ * whether a NaN pair was seen: the caller fences (em_stream_fence) and
+ * recomputes the n values the generic way. */
+int em_ew_half_binary_nt(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n);
 
 /* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16): em_f32_to_bf16 /
  * em_f32_to_f16's bits (f16 branch-free, so it vectorises; tests/c/test_ew_half.c

@@ -447,12 +447,12 @@ static int red_run(red_op *r) {
   if (p->n_out == 0) return 0;
   r->nblk = em_red_blocks(p->n_red);
   if (r->nblk == 1) {
-    em_parallel_for(p->n_out, em_grain(p->n_red), red_outputs, r);
+    em_parallel_for_mem(p->n_out, em_grain(p->n_red), red_outputs, r);
     return 0;
   }
   r->parts = malloc(sizeof(rstate) * (size_t)(p->n_out * r->nblk));
   if (!r->parts) return em_error_oom("out of memory: reduction partials (%lld)", (long long)(p->n_out * r->nblk));
-  em_parallel_for(p->n_out * r->nblk, 1, red_blocks, r);
+  em_parallel_for_mem(p->n_out * r->nblk, 1, red_blocks, r);
   em_parallel_for(p->n_out, em_grain(r->nblk), red_combine, r);
   free(r->parts);
   r->parts = NULL;
@@ -707,7 +707,7 @@ static int column_sum(em_tensor *res, const em_tensor *a, const rplan *p, bool i
   int64_t outer = p->n_out / j.K, tasks = outer * j.kch * j.nb;
   if (j.nb > 1 && !(j.parts = malloc(8 * (size_t)(tasks * j.slot))))
     return em_error_oom("out of memory: sum partials (%lld)", (long long)(tasks * j.slot));
-  em_parallel_for(tasks, em_grain(EM_MIN(COL_ROWS, p->n_red) * j.slot), col_tasks, &j);
+  em_parallel_for_mem(tasks, em_grain(EM_MIN(COL_ROWS, p->n_red) * j.slot), col_tasks, &j);
   /* a partial read in the combine is another core's write (a cache miss, not a
    * simple op): cost 4 a value, so a (4096, 4096) sum over dim 0 (32 blocks, 1 MiB
    * of partials) spreads its 16 tasks over 16 threads rather than 4 */

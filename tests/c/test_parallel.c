@@ -26,11 +26,12 @@ static void cover(void *ctx, int64_t b, int64_t e) {
   __atomic_add_fetch(&j->ranges, 1, __ATOMIC_RELAXED);
 }
 
-/* Visit [0, n) with grain g on t threads; returns the number of ranges. */
-static int visit(int64_t n, int64_t g, int t) {
+/* Visit [0, n) with grain g on t threads (em_parallel_for_mem when mem); returns the number of ranges. */
+static int visit_with(int64_t n, int64_t g, int t, int mem) {
   CHECK(em_set_num_threads(t) == 0);
   cover_job j = {calloc((size_t)(n > 0 ? n : 1), sizeof(int)), 0, 0, n};
-  em_parallel_for(n, g, cover, &j);
+  if (mem) em_parallel_for_mem(n, g, cover, &j);
+  else em_parallel_for(n, g, cover, &j);
   int once = 1;
   for (int64_t i = 0; i < n; i++) once = once && j.hits[i] == 1;
   CHECK(once);
@@ -38,6 +39,7 @@ static int visit(int64_t n, int64_t g, int t) {
   free(j.hits);
   return j.ranges;
 }
+static int visit(int64_t n, int64_t g, int t) { return visit_with(n, g, t, 0); }
 
 TEST(covers_every_item_once) {
   int64_t ns[] = {0, 1, 2, 7, 100, 4097, 100000};
@@ -47,6 +49,21 @@ TEST(covers_every_item_once) {
       int r = visit(ns[a], 1, ts[b]);
       CHECK(r <= 4 * ts[b]);              /* up to four chunks a thread (parallel.c) */
       CHECK(ns[a] == 0 ? r == 0 : r >= 1);
+    }
+}
+
+/* The memory-bound variant: the same cover, up to 16 chunks a thread (the
+ * default of EMBER_CPU_STEAL_MEM, unset in the tests), never below the grain. */
+TEST(mem_variant_covers_every_item_once) {
+  int64_t ns[] = {0, 1, 2, 7, 100, 4097, 100000};
+  int ts[] = {1, 2, 3, 7};
+  for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+    for (size_t b = 0; b < sizeof ts / sizeof ts[0]; b++) {
+      int r = visit_with(ns[a], 1, ts[b], 1);
+      CHECK(r <= 16 * ts[b]);
+      CHECK(ns[a] == 0 ? r == 0 : r >= 1);
+      if (ns[a] >= 16 * ts[b] && ts[b] > 1) CHECK(r == 16 * ts[b]);   /* finer than em_parallel_for's four */
+      CHECK(visit_with(ns[a], 1000, ts[b], 1) <= (ns[a] >= 2000 ? ns[a] / 1000 : 1));
     }
 }
 
@@ -105,6 +122,7 @@ TEST(thread_count) {
 
 int main(void) {
   RUN(covers_every_item_once);
+  RUN(mem_variant_covers_every_item_once);
   RUN(stalled_share_is_stolen);
   RUN(small_work_stays_on_one_range);
   RUN(thread_count);
