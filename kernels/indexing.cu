@@ -33,6 +33,7 @@
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
 #include "common.cuh"
+#include "index_scale.cuh"   /* scaled() */
 #include "backend.h"
 
 #define THREADS 256
@@ -91,15 +92,6 @@ __device__ __forceinline__ void atomic_add(__half *p, __half v) { atomicAdd(p, v
 __device__ __forceinline__ void atomic_add(int32_t *p, int32_t v) { atomicAdd((int *)p, (int)v); }
 __device__ __forceinline__ void atomic_add(int64_t *p, int64_t v) {
   atomicAdd((unsigned long long *)p, (unsigned long long)v);   /* two's complement: wraps like the CPU */
-}
-
-/* alpha * v in T: floats scale in f32 (f64 for f64), integers in i64. */
-template <typename T> __device__ __forceinline__ T scaled(T v, double a) { return from_f32<T>(to_f32(v) * (float)a); }
-template <> __device__ __forceinline__ double scaled<double>(double v, double a) { return v * a; }
-template <> __device__ __forceinline__ float scaled<float>(float v, double a) { return a == 1.0 ? v : (float)((double)v * a); }
-template <> __device__ __forceinline__ int32_t scaled<int32_t>(int32_t v, double a) { return (int32_t)((int64_t)v * (int64_t)a); }
-template <> __device__ __forceinline__ int64_t scaled<int64_t>(int64_t v, double a) {
-  return (int64_t)((uint64_t)v * (uint64_t)(int64_t)a);
 }
 
 template <typename T, typename I, typename O>

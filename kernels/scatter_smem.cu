@@ -30,6 +30,7 @@
  *
  * EMBER_IX_SMEM=0: the previous kernels (kernels/indexing.cu). */
 #include "common.cuh"
+#include "index_scale.cuh"   /* scaled_f32() */
 #include "backend.h"
 
 #define SM_THREADS 512
@@ -60,14 +61,6 @@ __device__ __forceinline__ void row_offsets(const RowWalk &g, int64_t b, int64_t
     b /= g.shape[d];
     so += c * g.sst[d]; io += c * g.ist[d]; oo += c * g.ost[d];
   }
-}
-
-/* alpha * v as indexing.cu's scaled() computes it (rounded to T), widened to f32 for the sums. */
-template <typename T> __device__ __forceinline__ float sm_scaled(T v, double a) {
-  return to_f32(from_f32<T>(to_f32(v) * (float)a));  /* indexing.cu's scaled(): rounded to T */
-}
-template <> __device__ __forceinline__ float sm_scaled<float>(float v, double a) {
-  return a == 1.0 ? v : (float)((double)v * a);
 }
 
 /* ---------------- scatter along the last dim ---------------- */
@@ -134,7 +127,7 @@ __global__ void __launch_bounds__(SM_THREADS) add_row_kernel(RowWalk g, T *self,
       k[u] = -1; v[u] = 0.f;
       if (j < m) {
         k[u] = sm_slot((int64_t)index[io + j * g.is], g.L, g.wrap);
-        v[u] = sm_scaled(other[oo + j * g.os], g.alpha);
+        v[u] = scaled_f32(other[oo + j * g.os], g.alpha);
       }
     }
 #pragma unroll
@@ -182,7 +175,7 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
         k[u] = -1; v[u] = 0.f;
         if (r < g.rows) {
           k[u] = sm_slot((int64_t)index[r * g.is0 + c * g.is1], g.D, g.wrap);
-          v[u] = sm_scaled(other[r * g.os0 + c * g.os1], g.alpha);
+          v[u] = scaled_f32(other[r * g.os0 + c * g.os1], g.alpha);
         }
       }
 #pragma unroll
