@@ -26,14 +26,15 @@
  * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
  * Scatters along the last dim and 2-D scatter_adds along dim 0 are staged in
- * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not).
+ * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not), and so
+ * are gathers along the last dim (kernels/gather_smem.cu, EMBER_IX_GATHER_SMEM=0: not).
  * masked_select and nonzero (stream compactions) live in kernels/compact.cu. */
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
 #include "common.cuh"
-#include "index_scale.cuh"   /* scaled() */
+#include "index_common.cuh"   /* scaled(), load_idx() */
 #include "backend.h"
 
 #define THREADS 256
@@ -41,6 +42,10 @@
 /* Scatters along the last dim and scatter_adds along dim 0, staged in shared memory: 1 ran, 0 not taken, -1 error. */
 extern "C" int em_index_smem_cuda(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
                                   const em_tensor *index, const em_tensor *other);
+
+/* Gathers along the last dim with self's row staged in shared memory (kernels/gather_smem.cu): 1 ran, 0 not taken. */
+extern "C" int em_gather_smem_cuda(const em_index_plan *p, int64_t n, const em_tensor *self, const em_tensor *index,
+                                   em_tensor *other);
 
 /* ---------------- the gather/scatter walk ---------------- */
 
@@ -148,21 +153,6 @@ static Geo<O> geo(const em_index_plan *p) {
  * wherever the indices point. Same values as copy_kernel (NaN / 0 for an
  * out-of-range gather index, a skipped scatter; duplicate scatter writes
  * race as there). EMBER_IX_GATHER_VEC=0: the element kernel. */
-template <typename I, int VEC>
-__device__ __forceinline__ void load_idx(const I *p, I (&out)[VEC]) {
-  constexpr int B = VEC * (int)sizeof(I);
-  if constexpr (B >= 16) {
-#pragma unroll
-    for (int c = 0; c < B / 16; c++) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p) + c);
-      memcpy(out + c * (16 / (int)sizeof(I)), &u, 16);
-    }
-  } else {
-    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
-    memcpy(out, &u, 8);
-  }
-}
-
 template <typename T, typename I, typename O>
 __global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, int kind, T *__restrict__ self,
                                                              const I *__restrict__ index, T *__restrict__ other,
@@ -488,6 +478,7 @@ extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *
     }
     return em_launch_check(op);
   }
+  if (em_gather_smem_cuda(p, n, self, index, other)) return em_launch_check(op);   /* kernels/gather_smem.cu */
   const int sm = em_index_smem_cuda(op, p, n, self, index, other);   /* kernels/scatter_smem.cu */
   if (sm) return sm < 0 ? -1 : em_launch_check(op);
   bool small = fits32(p, n);

@@ -30,7 +30,7 @@
  *
  * EMBER_IX_SMEM=0: the previous kernels (kernels/indexing.cu). */
 #include "common.cuh"
-#include "index_scale.cuh"   /* scaled_f32() */
+#include "index_common.cuh"   /* scaled_f32() */
 #include "backend.h"
 
 #define SM_THREADS 512
