@@ -36,6 +36,7 @@
 #define SM_THREADS 512
 #define SM_UNROLL 4                       /* index loads in flight per thread before its atomics */
 #define ADD_UNROLL 8
+#define SLAB_WB 8                         /* rows of self a thread loads before its stores (slab write-back) */
 static const int kSmemMax = 200 * 1024;   /* of the 227 KB a block may opt into on sm_90 */
 
 /* The followed index in [0, size) (negatives wrapped when the plan says so), or -1: skipped. */
@@ -293,6 +294,7 @@ struct SlabWalk {
   int64_t rows, cols, D;                             /* walk rows and columns; self's rows (dim_size) */
   int64_t ss, ds, is0, is1, os0, os1;                /* self's column and row strides; index's, src's strides */
   int lw, wrap;                                      /* log2 of the slab width W */
+  int wb;                                            /* write-back SLAB_WB rows a thread at a time (EMBER_IX_SLAB_WB) */
   double alpha;
 };
 
@@ -329,12 +331,31 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
     }
   }
   __syncthreads();
-  if (cok)
-#pragma unroll 4
+  /* self + sums, SLAB_WB rows a thread loaded before the first store: with `#pragma unroll 4` over
+   * self[o] = from[o] + .. the compiler kept one load in flight (self and from may alias), ~4 KB an SM,
+   * and this pass (8192 rows of W columns a block, one block an SM) ran ~32 dependent rounds. In place
+   * each (r, c) is read and written by its one thread. EMBER_IX_SLAB_WB=0: one row at a time, as before. */
+  if (!cok) return;
+  if (!g.wb) {
     for (int r = tid >> g.lw; r < D; r += step) {
       const int64_t o = r * g.ds + c * g.ss;
       self[o] = from_f32<T>(to_f32(from[o]) + acc[(r << g.lw) + w]);
     }
+    return;
+  }
+  for (int r0 = tid >> g.lw; r0 < D; r0 += step * SLAB_WB) {
+    T f[SLAB_WB];
+#pragma unroll
+    for (int u = 0; u < SLAB_WB; u++) {
+      const int r = r0 + u * step;
+      if (r < D) f[u] = from[r * g.ds + c * g.ss];
+    }
+#pragma unroll
+    for (int u = 0; u < SLAB_WB; u++) {
+      const int r = r0 + u * step;
+      if (r < D) self[r * g.ds + c * g.ss] = from_f32<T>(to_f32(f[u]) + acc[(r << g.lw) + w]);
+    }
+  }
 }
 
 /* ---------------- host side ---------------- */
@@ -439,7 +460,8 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   g.rows = rows; g.cols = cols; g.D = D;
   g.ss = p->self_stride[1]; g.ds = p->dim_stride;
   g.is0 = p->index_stride[0]; g.is1 = p->index_stride[1]; g.os0 = p->other_stride[0]; g.os1 = p->other_stride[1];
-  g.lw = lw; g.wrap = p->wrap; g.alpha = p->alpha;
+  static const bool wb = em_env_switch("EMBER_IX_SLAB_WB", true);
+  g.lw = lw; g.wrap = p->wrap; g.alpha = p->alpha; g.wb = wb;
   const int smem = (int)(D * (4 << lw));
   const int threads = smem > 96 * 1024 ? 1024 : 512;  /* one block an SM: all its threads on the one slab */
   int rc = 0;
