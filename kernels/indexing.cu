@@ -26,13 +26,15 @@
  * the element kernels). t:index's plans wrap negative indices (plan.wrap).
  *
  * Scatters along the last dim and 2-D scatter_adds along dim 0 are staged in
- * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not).
+ * shared memory first (kernels/scatter_smem.cu, EMBER_IX_SMEM=0: not), and so
+ * are gathers along the last dim (kernels/gather_smem.cu, EMBER_IX_GATHER_SMEM=0: not).
  * masked_select and nonzero (stream compactions) live in kernels/compact.cu. */
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
 #include "common.cuh"
+#include "index_common.cuh"   /* scaled(), load_idx() */
 #include "backend.h"
 
 #define THREADS 256
@@ -40,6 +42,10 @@
 /* Scatters along the last dim and scatter_adds along dim 0, staged in shared memory: 1 ran, 0 not taken, -1 error. */
 extern "C" int em_index_smem_cuda(const char *op, const em_index_plan *p, int64_t n, em_tensor *self,
                                   const em_tensor *index, const em_tensor *other);
+
+/* Gathers along the last dim with self's row staged in shared memory (kernels/gather_smem.cu): 1 ran, 0 not taken. */
+extern "C" int em_gather_smem_cuda(const em_index_plan *p, int64_t n, const em_tensor *self, const em_tensor *index,
+                                   em_tensor *other);
 
 /* ---------------- the gather/scatter walk ---------------- */
 
@@ -91,15 +97,6 @@ __device__ __forceinline__ void atomic_add(__half *p, __half v) { atomicAdd(p, v
 __device__ __forceinline__ void atomic_add(int32_t *p, int32_t v) { atomicAdd((int *)p, (int)v); }
 __device__ __forceinline__ void atomic_add(int64_t *p, int64_t v) {
   atomicAdd((unsigned long long *)p, (unsigned long long)v);   /* two's complement: wraps like the CPU */
-}
-
-/* alpha * v in T: floats scale in f32 (f64 for f64), integers in i64. */
-template <typename T> __device__ __forceinline__ T scaled(T v, double a) { return from_f32<T>(to_f32(v) * (float)a); }
-template <> __device__ __forceinline__ double scaled<double>(double v, double a) { return v * a; }
-template <> __device__ __forceinline__ float scaled<float>(float v, double a) { return a == 1.0 ? v : (float)((double)v * a); }
-template <> __device__ __forceinline__ int32_t scaled<int32_t>(int32_t v, double a) { return (int32_t)((int64_t)v * (int64_t)a); }
-template <> __device__ __forceinline__ int64_t scaled<int64_t>(int64_t v, double a) {
-  return (int64_t)((uint64_t)v * (uint64_t)(int64_t)a);
 }
 
 template <typename T, typename I, typename O>
@@ -156,21 +153,6 @@ static Geo<O> geo(const em_index_plan *p) {
  * wherever the indices point. Same values as copy_kernel (NaN / 0 for an
  * out-of-range gather index, a skipped scatter; duplicate scatter writes
  * race as there). EMBER_IX_GATHER_VEC=0: the element kernel. */
-template <typename I, int VEC>
-__device__ __forceinline__ void load_idx(const I *p, I (&out)[VEC]) {
-  constexpr int B = VEC * (int)sizeof(I);
-  if constexpr (B >= 16) {
-#pragma unroll
-    for (int c = 0; c < B / 16; c++) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p) + c);
-      memcpy(out + c * (16 / (int)sizeof(I)), &u, 16);
-    }
-  } else {
-    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
-    memcpy(out, &u, 8);
-  }
-}
-
 template <typename T, typename I, typename O>
 __global__ void __launch_bounds__(THREADS) gather_vec_kernel(Geo<O> g, O nvec, int kind, T *__restrict__ self,
                                                              const I *__restrict__ index, T *__restrict__ other,
@@ -496,6 +478,7 @@ extern "C" int em_index_cuda(const char *op, const em_index_plan *p, em_tensor *
     }
     return em_launch_check(op);
   }
+  if (em_gather_smem_cuda(p, n, self, index, other)) return em_launch_check(op);   /* kernels/gather_smem.cu */
   const int sm = em_index_smem_cuda(op, p, n, self, index, other);   /* kernels/scatter_smem.cu */
   if (sm) return sm < 0 ? -1 : em_launch_check(op);
   bool small = fits32(p, n);

@@ -137,16 +137,27 @@ int load_mode(const void *in, const MapArgs &m) {
  * vector's source by 2-3 divisions and a modulo and moved one vector a
  * thread, its store waiting on its load: repeat (512, 8192) by (16, 1) and
  * tile to (8192, 8192) ran at 54-57 % of an H200 (pure write: 78-85 %).
- * Here block (x, y) takes output rows y, y + gridDim.y, ...: the row's source
+ * Here block (x, y) takes rows y, y + gridDim.y, ...: the row's source
  * offset once per row (the same for the whole block), then U vectors a
  * thread, all loaded before the first store. Bytes move as uint4: any dtype.
+ *
+ * Repeats of the outermost dim (repeat (512, 8192) by (16, 1): output rows
+ * b + k * 512 all copy input row b): a block loads its vectors of source row
+ * b once and stores them to `per` of those copies (reps / per blocks share a
+ * row, adjacent in launch order, so the row is read from DRAM once and from
+ * L2 after). One row a block reached 59 % there (tile, whose one source row
+ * stays in L1, 90 %): the 16 MB input came back from DRAM about once per
+ * copy, the 268 MB of output writes evicting it from L2 between copies.
+ * EMBER_DIMMAP_REPS=0: one copy a block (per = reps = 1, the kernel before).
  * EMBER_DIMMAP_ROWS=0 (or EMBER_DIMMAP_SCALAR=1): dimmap_kernel. */
 template <typename I, int U>
-__global__ void __launch_bounds__(kThreads) dimmap_rows_kernel(uint4 *out, const char *in, MapArgs m, I rows, I lv,
-                                                               int es) {
+__global__ void __launch_bounds__(kThreads) dimmap_rows_kernel(uint4 *out, const char *in, MapArgs m, I base, I lv,
+                                                               int es, int gx, int reps, int per) {
   const int last = m.ndim - 1;
-  const I c0 = (I)blockIdx.x * (kThreads * U) + threadIdx.x;
-  for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+  const int cb = (int)(blockIdx.x % (unsigned)gx), k0 = (int)(blockIdx.x / (unsigned)gx) * per;
+  const int k1 = k0 + per < reps ? k0 + per : reps;
+  const I c0 = (I)cb * (kThreads * U) + threadIdx.x;
+  for (I row = blockIdx.y; row < base; row += gridDim.y) {
     I r = row, off = 0;
     for (int d = last - 1; d >= 0; d--) {
       const I sz = (I)m.out_size[d], q = r / sz;
@@ -154,17 +165,19 @@ __global__ void __launch_bounds__(kThreads) dimmap_rows_kernel(uint4 *out, const
       r = q;
     }
     const uint4 *src = reinterpret_cast<const uint4 *>(in + (int64_t)off * es);
-    uint4 *dst = out + (int64_t)row * lv;
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const I c = c0 + u * kThreads;
       if (c < lv) v[u] = src[c];
     }
+    for (int k = k0; k < k1; k++) {
+      uint4 *dst = out + ((int64_t)row + (int64_t)k * base) * lv;
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const I c = c0 + u * kThreads;
-      if (c < lv) dst[c] = v[u];
+      for (int u = 0; u < U; u++) {
+        const I c = c0 + u * kThreads;
+        if (c < lv) dst[c] = v[u];
+      }
     }
   }
 }
@@ -176,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) dimmap_rows_kernel(uint4 *out, const
  * block: dimmap_kernel keeps them). */
 bool launch_rows(void *out, const void *in, const MapArgs &m, int es, bool idx32, cudaStream_t s) {
   static const bool on = em_env_switch("EMBER_DIMMAP_ROWS", true);
+  static const bool reps_on = em_env_switch("EMBER_DIMMAP_REPS", true);
   const int last = m.ndim - 1;
   const int64_t L = m.out_size[last], S = m.in_size[last];
   if (!on || m.in_stride[last] != 1 || (L * es) % 16 != 0 || (uintptr_t)out % 16 || (uintptr_t)in % 16) return false;
@@ -186,15 +200,26 @@ bool launch_rows(void *out, const void *in, const MapArgs &m, int es, bool idx32
   if (lv < 128) return false;
   const int u = lv >= 4 * kThreads ? 4 : lv >= 2 * kThreads ? 2 : 1;
   const int64_t gx = (lv + (int64_t)kThreads * u - 1) / ((int64_t)kThreads * u);
-  if (gx > 65535) return false;
-  const dim3 g((unsigned)gx, (unsigned)(rows < 65535 ? rows : 65535));
+  /* copies of the outermost dim: out rows b + k * base (k < reps) all read source row b */
+  int64_t reps = 1;
+  if (reps_on && last > 0 && m.kind[0] == EM_MAP_MOD && m.out_size[0] > m.in_size[0] &&
+      m.out_size[0] % m.in_size[0] == 0 && m.off[0] % m.in_size[0] == 0)
+    reps = m.out_size[0] / m.in_size[0];
+  const int64_t base = rows / reps;
+  /* up to 8 copies a block; fewer while that leaves under ~2000 blocks (two waves of 8 an SM) */
+  int64_t per = reps < 8 ? reps : 8;
+  while (per > 1 && gx * base * ((reps + per - 1) / per) < 2048) per = (per + 1) / 2;
+  const int64_t gxx = gx * ((reps + per - 1) / per);
+  if (gxx > INT32_MAX || reps > INT32_MAX) return false;
+  const dim3 g((unsigned)gxx, (unsigned)(base < 65535 ? base : 65535));
   uint4 *o = (uint4 *)out;
   const char *i = (const char *)in;
-#define EM_ROWS(I)                                                                            \
-  do {                                                                                        \
-    if (u == 4) dimmap_rows_kernel<I, 4><<<g, kThreads, 0, s>>>(o, i, m, (I)rows, (I)lv, es); \
-    else if (u == 2) dimmap_rows_kernel<I, 2><<<g, kThreads, 0, s>>>(o, i, m, (I)rows, (I)lv, es); \
-    else dimmap_rows_kernel<I, 1><<<g, kThreads, 0, s>>>(o, i, m, (I)rows, (I)lv, es);         \
+  const int gxi = (int)gx, ri = (int)reps, pi = (int)per;
+#define EM_ROWS(I)                                                                                          \
+  do {                                                                                                      \
+    if (u == 4) dimmap_rows_kernel<I, 4><<<g, kThreads, 0, s>>>(o, i, m, (I)base, (I)lv, es, gxi, ri, pi);      \
+    else if (u == 2) dimmap_rows_kernel<I, 2><<<g, kThreads, 0, s>>>(o, i, m, (I)base, (I)lv, es, gxi, ri, pi); \
+    else dimmap_rows_kernel<I, 1><<<g, kThreads, 0, s>>>(o, i, m, (I)base, (I)lv, es, gxi, ri, pi);             \
   } while (0)
   if (idx32) EM_ROWS(int32_t);
   else EM_ROWS(int64_t);

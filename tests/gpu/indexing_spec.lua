@@ -227,6 +227,48 @@ describe("indexing on CUDA", function()
     assert.is_true(r[2][5] ~= r[2][5])
   end)
 
+  -- kernels/gather_smem.cu: a block per row, self's row staged in shared memory (up to 48 KB), the
+  -- indices read 16 bytes at a time. Rows of 4096 and 12288 f32 (48 KB: the largest taken), 12292
+  -- (past it: the vector kernel), an index row shorter than self's, self larger than the index in an
+  -- outer dim (3-D), a view whose rows start 4 bytes in (the one-element staging loads), and indices
+  -- out of range on both sides (NaN, 0 for integers).
+  it("gathers along the last dim with the row in shared memory match the CPU exactly", function()
+    ember.manual_seed(16)
+    for _, idt in ipairs({"i64", "i32"}) do
+      for _, dt in ipairs({"f32", "bf16", "f64", "i64", "u8"}) do
+        local x = ember.randn(300, 4096, {dtype = "f64"}):mul(20):to(dt)
+        local i = ember.randint(0, 4096, {300, 4096}):to(idt)
+        local j = ember.randint(0, 4096, {300, 1024}):to(idt)
+        assert.equals(0, max_diff(x:cuda():gather(1, i:cuda()), x:gather(1, i)), dt .. " " .. idt)
+        assert.equals(0, max_diff(x:cuda():take_along_dim(i:cuda(), 1), x:take_along_dim(i, 1)), dt .. " " .. idt)
+        assert.equals(0, max_diff(x:cuda():gather(1, j:cuda()), x:gather(1, j)), dt .. " " .. idt .. " short rows")
+        local x3, i3 = ember.randn(3, 7, 1000, {dtype = "f64"}):mul(20):to(dt), ember.randint(0, 1000, {2, 5, 800}):to(idt)
+        assert.equals(0, max_diff(x3:cuda():gather(2, i3:cuda()), x3:gather(2, i3)), dt .. " " .. idt .. " 3-D")
+        local xo = ember.randn(200, 1028, {dtype = "f64"}):mul(20):to(dt)
+        local io = ember.randint(0, 1024, {200, 1024}):to(idt)
+        assert.equals(0, max_diff(xo:cuda():narrow(1, 1, 1024):gather(1, io:cuda()), xo:narrow(1, 1, 1024):gather(1, io)),
+                      dt .. " " .. idt .. " offset rows")
+      end
+    end
+    for _, L in ipairs({12288, 12292}) do
+      local x, i = ember.randn(150, L), ember.randint(0, L, {150, L})
+      assert.equals(0, max_diff(x:cuda():gather(1, i:cuda()), x:gather(1, i)), "rows of " .. L)
+    end
+    local i = ember.randint(-8, 4104, {140, 4096})             -- about 0.3 % out of range, both sides
+    for _, dt in ipairs({"f32", "bf16", "i32"}) do
+      local x = ember.randn(140, 4096, {dtype = "f64"}):mul(20):to(dt)
+      local got = x:cuda():gather(1, i:cuda()):cpu():to("f64")
+      local bad = i:lt(0):logical_or(i:ge(4096))
+      local want = x:gather(1, i:clamp(0, 4095)):to("f64")
+      if dt == "i32" then
+        assert.equals(0, max_diff(got, want:masked_fill(bad, 0)), dt)
+      else
+        assert.equals(0, got:isnan():ne(bad):sum():item(), dt .. ": NaN exactly where the index is out of range")
+        assert.equals(0, max_diff(got:masked_fill(bad, 0), want:masked_fill(bad, 0)), dt)
+      end
+    end
+  end)
+
   it("scatters with a contiguous last dim (the 16-byte vector kernel) match the CPU exactly, every width", function()
     ember.manual_seed(15)
     local src = ember.randn(64, 256, {dtype = "f64"}):mul(20)
@@ -273,6 +315,42 @@ describe("indexing on CUDA", function()
     local z = ember.zeros(2, 8):cuda():scatter(1, long({{3, 3, 3, 9, 3, -1, 0, 3}, {0, 0, 1, 1, 2, 2, 7, 7}}):cuda(),
                                               ember.arange(16):float():view(2, 8):cuda()):cpu():tolist()
     assert.same({{6, 0, 0, 7, 0, 0, 0, 0}, {9, 11, 13, 0, 0, 0, 0, 15}}, z)   -- last write wins; 9 and -1 skipped
+  end)
+
+  -- The 16-byte row kernels (scatter_row_vec_kernel, add_row_vec_kernel): index, src and self rows with
+  -- unit stride and lengths that are multiples of the vector (200 of 256 columns: duplicates and untouched
+  -- columns in every row), out of place, in place, a value, i64 and i32 indices; u8 keeps the element kernel.
+  it("scatter, scatter_add and index_add along the last dim with 16-byte rows match the CPU exactly", function()
+    ember.manual_seed(23)
+    for _, idt in ipairs({"i64", "i32"}) do
+      local i = ember.randint(0, 256, {300, 200}):to(idt)
+      local src = ember.randn(300, 200, {dtype = "f64"}):mul(20)
+      for _, dt in ipairs({"f32", "bf16", "f16", "f64", "i64", "i32", "u8"}) do
+        local s, base = src:to(dt), ember.randn(300, 256, {dtype = "f64"}):mul(20):to(dt)
+        local want = base:scatter(1, i, s)
+        assert.equals(0, max_diff(base:cuda():scatter(1, i:cuda(), s:cuda()), want), dt .. " " .. idt)
+        local inpl = base:cuda()
+        inpl:scatter_(1, i:cuda(), s:cuda())
+        assert.equals(0, max_diff(inpl, want), dt .. " " .. idt .. " in place")
+        assert.equals(0, max_diff(base:cuda():scatter(1, i:cuda(), 2.5), base:scatter(1, i, 2.5)), dt .. " value")
+      end
+      local si, bi = ember.randint(-2, 3, {300, 200}), ember.randint(-4, 5, {300, 256})
+      local ia, sa = ember.randint(0, 256, {96}):to(idt), ember.randint(-2, 3, {300, 96})
+      local want = bi:double():scatter_add(1, i, si:double())
+      local wanta = bi:double():index_add(1, ia, sa:double(), 0.5)
+      for _, dt in ipairs({"f32", "bf16", "f16"}) do
+        local b, sv = bi:to(dt), si:to(dt)
+        assert.equals(0, max_diff(b:cuda():scatter_add(1, i:cuda(), sv:cuda()), want), dt .. " " .. idt .. " scatter_add")
+        local inpl = b:cuda()
+        inpl:scatter_add_(1, i:cuda(), sv:cuda())
+        assert.equals(0, max_diff(inpl, want), dt .. " " .. idt .. " scatter_add in place")
+        assert.equals(0, max_diff(b:cuda():index_add(1, ia:cuda(), sa:to(dt):cuda(), 0.5), wanta), dt .. " " .. idt .. " index_add")
+      end
+    end
+    -- more rows than SMs and past 65536 positions: bf16 rows of 1024, a permutation plus duplicates
+    local x, i = ember.randn(600, 1024):to("bf16"), ember.randint(0, 1024, {600, 1024})
+    local sx = ember.randn(600, 1024):to("bf16")
+    assert.equals(0, max_diff(x:cuda():scatter(1, i:cuda(), sx:cuda()), x:scatter(1, i, sx)))
   end)
 
   it("scatter_add along dim 0 (column slabs) and the last dim (rows) in shared memory: exact on integer-valued f32, bf16, f16", function()

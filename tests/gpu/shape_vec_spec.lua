@@ -103,12 +103,39 @@ for _, dt in ipairs(DTYPES) do
   end)
 end
 
+-- Repeats of the outermost dim load a source row once and store it to up to 8 of its copies
+-- (launch_rows: `per` copies a block, fewer while the grid would be small). Enough rows that per > 1,
+-- with a partial last group of copies (5 = 3 + 2, 7 = 4 + 3), an inner repeated dim and an offset view.
+describe("shape gathers on CUDA, the rows kernel storing several copies a block", function()
+  for _, dt in ipairs(DTYPES) do
+    it(("repeat with per > 1 copies a block [%s]"):format(dt), function()
+      ember.manual_seed(17)
+      local cols = 128 * V16[dt]
+      local a = data({1101, cols}, dt)
+      agree("repeat (1100,c) by (5,1)", function(x) return x:narrow(0, 1, 1100):rep(5, 1) end, a)
+      agree("repeat (300,2,c) by (7,3,1)", function(x) return x:narrow(0, 0, 600):reshape({300, 2, cols}):rep(7, 3, 1) end, a)
+      agree("repeat (1101,c/2) by (3,2)", function(x) return x:narrow(1, 0, cols // 2):contiguous():rep(3, 2) end, a)
+    end)
+  end
+end)
+
 describe("shape gathers on CUDA, the rows kernel past the grid's 65535 rows", function()
   it("repeat (3, 2048) u8 by (22000, 1): 66000 rows, each block walking rows", function()
     ember.manual_seed(16)
     local a = ember.randint(0, 256, {3, 2048}):to("u8")
     local ref = a:rep(22000, 1)
     local got = a:cuda():rep(22000, 1):cpu()
+    assert.same(ref.shape, got.shape)
+    assert.are.equal(0, got:ne(ref):sum():item(), "elements differing from the CPU")
+  end)
+
+  -- (the case above now stores 8 copies a block over only 3 block rows: a repeat of an inner dim keeps
+  -- one copy a block, 66000 rows of blocks)
+  it("repeat (11000, 3, 2048) u8 by (1, 2, 1): 66000 rows, one copy a block", function()
+    ember.manual_seed(18)
+    local a = ember.randint(0, 256, {11000, 3, 2048}):to("u8")
+    local ref = a:rep(1, 2, 1)
+    local got = a:cuda():rep(1, 2, 1):cpu()
     assert.same(ref.shape, got.shape)
     assert.are.equal(0, got:ne(ref):sum():item(), "elements differing from the CPU")
   end)
