@@ -19,11 +19,15 @@
  *    trip look-back; the same bits); reverse (cumsum's backward) maps
  *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
  *    (decoupled look-back: a float result may change with the timing).
- *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
- *    256 x 4 elements with the running total carried between tiles; a
- *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
- *    when the rows allow it, 64 bytes a thread loaded ahead (same values,
- *    same order, same bits).
+ *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements
+ *    with the running total carried between tiles; a thread's 4 elements
+ *    move as one 16-byte (f32) / 8-byte (bf16) access when the rows allow it
+ *    (vec). Vec rows (EMBER_SCAN_ROWS=ring, the default; scan_rows_ring.cuh):
+ *    a block walks several rows as one stream of tiles, the next ones in
+ *    flight in a cp.async ring of 16 KiB; else (or EMBER_SCAN_ROWS=one /
+ *    ahead) scan_rows, one block per row, the next tile (one) or 64 bytes a
+ *    thread (ahead) loaded ahead in registers. Same values, same order, same
+ *    bits on every path.
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
  *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
@@ -327,7 +331,22 @@ static int strips_v1(const char *op) {
   return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
 }
 
-#include "scan_row.cuh"   /* one long row: tiles, split, chain, CUB */
+#include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
+#include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
+
+/* EMBER_SCAN_ROWS (read once): "ring" (default: scan_rows_ring for vec rows), "ahead" (scan_rows with
+ * rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0, 1, 2; -1 on error. */
+static int rows_mode(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_ROWS");
+    if (!env || !*env || strcmp(env, "ring") == 0) mode = 0;
+    else if (strcmp(env, "ahead") == 0) mode = 1;
+    else if (strcmp(env, "one") == 0) mode = 2;
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be ring, ahead or one, got '%s'", op, env);
+  }
+  return mode;
+}
 
 template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
@@ -340,9 +359,12 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
+    const int rm = rows_mode(op);
+    if (rm < 0) return -1;
+    if (vec && rm == 0) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
-    auto k = vec && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    auto k = vec && rm == 1 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
     k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
