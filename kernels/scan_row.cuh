@@ -409,9 +409,12 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
   }
 }
 
+#include "scan_row_ring.cuh"   /* EMBER_SCAN_ROW=ring: chain's pass, persistent, the next tile in flight */
+
 /* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
- * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats) or "chain" (scan_row_chain
- * for f32 accumulators, split for the others; the same bits). 0, 1, 2, 3; -1 on error. */
+ * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
+ * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise). 0 .. 4; -1 on
+ * error. */
 static int row_scan_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
@@ -420,7 +423,8 @@ static int row_scan_mode(const char *op) {
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
     else if (strcmp(env, "chain") == 0) mode = 3;
-    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub or chain, got '%s'", op, env);
+    else if (strcmp(env, "ring") == 0) mode = 4;
+    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub, chain or ring, got '%s'", op, env);
   }
   return mode;
 }
@@ -517,5 +521,7 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
   if constexpr (std::is_same<A, float>::value)
     if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
+  if constexpr (std::is_same<A, float>::value)
+    if (mode == 4) return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }
