@@ -266,12 +266,20 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   A p = identity;
   if (m0 < m1)
     for (int64_t j = lane; j < m0; j += 32) p = op(p, __ldcg(st.ctot + j));
+  /* ctot[mm] is added by lane mm % 32: each lane loads its value for the next 32 chunks at once (w), so the
+   * butterfly of one chunk waits on no L2 load (it did, ~32 chained round trips a warp at 256 chunks, ~10 us
+   * of phase 1's tail with the GPU otherwise idle). Same adds, same order. */
+  A w = identity;
   for (int64_t mm = m0; mm < m1; mm++) {
+    if (mm == m0 || (mm & 31) == 0) {   /* warp-uniform: lane l's value in [mm, next multiple of 32) */
+      const int64_t j = (mm & ~(int64_t)31) + lane;
+      if (j >= mm && j + 1 < m1) w = __ldcg(st.ctot + j);
+    }
     A c = p;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) c = op(c, __shfl_xor_sync(0xffffffffu, c, off));
     if (lane == 0) st.carry[mm] = c;
-    if ((mm & 31) == lane && mm + 1 < m1) p = op(p, __ldcg(st.ctot + mm));
+    if ((mm & 31) == lane && mm + 1 < m1) p = op(p, w);
   }
 }
 
