@@ -16,7 +16,9 @@
  *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
  *    predecessors' totals; the same bits, slower) or scan_row_chain
  *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
- *    trip look-back; the same bits); reverse (cumsum's backward) maps
+ *    trip look-back; the same bits) or scan_row_ring (EMBER_SCAN_ROW=ring,
+ *    f32 accumulators: chain's pass, persistent, the next tile in flight;
+ *    the same bits); reverse (cumsum's backward) maps
  *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
  *    (decoupled look-back: a float result may change with the timing).
  *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements

@@ -1,12 +1,14 @@
 /* The one-row scans of kernels/scan.cu (outer = inner = 1: cumsum of a long
  * vector), included by it inside its anonymous namespace after the shared
- * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Four
+ * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Five
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
  *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
+ *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
+ *    next tile's loads in flight (f32 accumulators);
  *  - cub: cub::DeviceScan (not deterministic for floats).
- * split, tiles and chain evaluate the same expression: the same bits. */
+ * split, tiles, chain and ring evaluate the same expression: the same bits. */
 #pragma once
 
 template <typename A>
