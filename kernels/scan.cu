@@ -16,14 +16,20 @@
  *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
  *    predecessors' totals; the same bits, slower) or scan_row_chain
  *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
- *    trip look-back; the same bits); reverse (cumsum's backward) maps
+ *    trip look-back; the same bits) or scan_row_ring (EMBER_SCAN_ROW=ring,
+ *    f32 accumulators: chain's pass, persistent, the next tile in flight;
+ *    the same bits); reverse (cumsum's backward) maps
  *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
  *    (decoupled look-back: a float result may change with the timing).
- *  - many rows (inner = 1): one block per row, cub::BlockScan over tiles of
- *    256 x 4 elements with the running total carried between tiles; a
- *    thread's 4 elements move as one 16-byte (f32) / 8-byte (bf16) access
- *    when the rows allow it, 64 bytes a thread loaded ahead (same values,
- *    same order, same bits).
+ *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements
+ *    with the running total carried between tiles; a thread's 4 elements
+ *    move as one 16-byte (f32) / 8-byte (bf16) access when the rows allow it
+ *    (vec). Vec rows (EMBER_SCAN_ROWS=ring, the default; scan_rows_ring.cuh):
+ *    a block walks several rows as one stream of tiles, the next ones in
+ *    flight in a cp.async ring of 16 KiB; else (or EMBER_SCAN_ROWS=one /
+ *    ahead) scan_rows, one block per row, the next tile (one) or 64 bytes a
+ *    thread (ahead) loaded ahead in registers. Same values, same order, same
+ *    bits on every path.
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
  *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
@@ -256,7 +262,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
+__global__ void __launch_bounds__(kStripThreads, 3) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
                                                                    int64_t L, int64_t inner, int64_t strips,
                                                                    bool reverse, Op op, A identity) {
   constexpr int R = kAsyncTileBytes / (kStripCols * (int)sizeof(T));   /* rows a tile */
@@ -292,16 +298,33 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
     fetch(t + kAsyncStages - 1);          /* into tile t - 1's stage */
     T(*tile)[kStripCols] = buf[t % kAsyncStages];
     const int rows = (int)(L - t * R < R ? L - t * R : R);
-    if (walker) {   /* 8 rows' loads issued before their chain: only the adds wait on each other */
+    if (walker) {
+      /* 8 rows' loads issued before their chain, and the next 8 rows' loads before this chain (software-
+       * pipelined: a batch's shared-memory latency hides behind the previous batch's adds, where it was
+       * waited out every 8 rows); only the adds wait on each other. Same adds, same order. */
       int r = 0;
+      T x[kWalkBatch];
+      if (rows >= kWalkBatch) {
+#pragma unroll
+        for (int i = 0; i < kWalkBatch; i++) x[i] = tile[i][lane];
+      }
       for (; r + kWalkBatch <= rows; r += kWalkBatch) {
-        T x[kWalkBatch];
+        const bool more = r + 2 * kWalkBatch <= rows;   /* warp-uniform */
+        T y[kWalkBatch];
+        if (more) {
 #pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) x[i] = tile[r + i][lane];
+          for (int i = 0; i < kWalkBatch; i++) y[i] = tile[r + kWalkBatch + i][lane];
+        }
+        A a[kWalkBatch];   /* the chain of adds alone, then the roundings and stores: nothing in its way */
 #pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) {
-          acc = op(acc, widen<A, T>(x[i]));
-          tile[r + i][lane] = narrow<T, A>(acc);
+        for (int i = 0; i < kWalkBatch; i++) a[i] = widen<A, T>(x[i]);
+#pragma unroll
+        for (int i = 0; i < kWalkBatch; i++) a[i] = acc = op(acc, a[i]);
+#pragma unroll
+        for (int i = 0; i < kWalkBatch; i++) tile[r + i][lane] = narrow<T, A>(a[i]);
+        if (more) {
+#pragma unroll
+          for (int i = 0; i < kWalkBatch; i++) x[i] = y[i];
         }
       }
       for (; r < rows; r++) {
@@ -327,7 +350,22 @@ static int strips_v1(const char *op) {
   return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
 }
 
-#include "scan_row.cuh"   /* one long row: tiles, split, chain, CUB */
+#include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
+#include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
+
+/* EMBER_SCAN_ROWS (read once): "ring" (default: scan_rows_ring for vec rows), "ahead" (scan_rows with
+ * rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0, 1, 2; -1 on error. */
+static int rows_mode(const char *op) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_ROWS");
+    if (!env || !*env || strcmp(env, "ring") == 0) mode = 0;
+    else if (strcmp(env, "ahead") == 0) mode = 1;
+    else if (strcmp(env, "one") == 0) mode = 2;
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be ring, ahead or one, got '%s'", op, env);
+  }
+  return mode;
+}
 
 template <typename T, typename A, typename Op>
 int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool reverse, Op f,
@@ -340,9 +378,12 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
   if (inner == 1) {
     if (outer > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 rows, got %lld", op, (long long)outer);
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
+    const int rm = rows_mode(op);
+    if (rm < 0) return -1;
+    if (vec && rm == 0) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
-    auto k = vec && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    auto k = vec && rm == 1 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
     k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;

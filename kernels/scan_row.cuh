@@ -1,12 +1,14 @@
 /* The one-row scans of kernels/scan.cu (outer = inner = 1: cumsum of a long
  * vector), included by it inside its anonymous namespace after the shared
- * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Four
+ * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Five
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
+ *  - split (default for f64/i64): scan_row_sums then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
+ *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
+ *    next tile's loads in flight (f32 accumulators; the default for them);
  *  - cub: cub::DeviceScan (not deterministic for floats).
- * split, tiles and chain evaluate the same expression: the same bits. */
+ * split, tiles, chain and ring evaluate the same expression: the same bits. */
 #pragma once
 
 template <typename A>
@@ -266,12 +268,20 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   A p = identity;
   if (m0 < m1)
     for (int64_t j = lane; j < m0; j += 32) p = op(p, __ldcg(st.ctot + j));
+  /* ctot[mm] is added by lane mm % 32: each lane loads its value for the next 32 chunks at once (w), so the
+   * butterfly of one chunk waits on no L2 load (it did, ~32 chained round trips a warp at 256 chunks, ~10 us
+   * of phase 1's tail with the GPU otherwise idle). Same adds, same order. */
+  A w = identity;
   for (int64_t mm = m0; mm < m1; mm++) {
+    if (mm == m0 || (mm & 31) == 0) {   /* warp-uniform: lane l's value in [mm, next multiple of 32) */
+      const int64_t j = (mm & ~(int64_t)31) + lane;
+      if (j >= mm && j + 1 < m1) w = __ldcg(st.ctot + j);
+    }
     A c = p;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) c = op(c, __shfl_xor_sync(0xffffffffu, c, off));
     if (lane == 0) st.carry[mm] = c;
-    if ((mm & 31) == lane && mm + 1 < m1) p = op(p, __ldcg(st.ctot + mm));
+    if ((mm & 31) == lane && mm + 1 < m1) p = op(p, w);
   }
 }
 
@@ -409,18 +419,24 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
   }
 }
 
-/* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
- * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats) or "chain" (scan_row_chain
- * for f32 accumulators, split for the others; the same bits). 0, 1, 2, 3; -1 on error. */
+#include "scan_row_ring.cuh"   /* EMBER_SCAN_ROW=ring: chain's pass, persistent, the next tile in flight */
+
+/* EMBER_SCAN_ROW (read once): unset: ring for f32 accumulators, split for the others; "split" (scan_row_sums +
+ * scan_row_apply), "tiles" (scan_row_tiles, the
+ * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
+ * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise). 0 .. 4; -1 on
+ * error. */
 static int row_scan_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
+    if (!env || !*env) mode = 4;   /* ring: f32/bf16/f16 rows; f64 and i64 take split (scan_row) */
+    else if (strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
     else if (strcmp(env, "chain") == 0) mode = 3;
-    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub or chain, got '%s'", op, env);
+    else if (strcmp(env, "ring") == 0) mode = 4;
+    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub, chain or ring, got '%s'", op, env);
   }
   return mode;
 }
@@ -517,5 +533,7 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
   if constexpr (std::is_same<A, float>::value)
     if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
+  if constexpr (std::is_same<A, float>::value)
+    if (mode == 4) return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

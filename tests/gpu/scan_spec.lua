@@ -124,11 +124,10 @@ describe("one-row scan paths on CUDA", function()
   end)
 end)
 
--- Row scans (scan_rows, many rows): the vector path keeps rows_ahead() tiles
--- of loads in flight (4 for f32, 8 for bf16, 2 for f64, 1024 elements a
--- tile), refilling each slot as it is consumed; lengths around 8 and 16
--- tiles, rows of one and two tiles (no loading ahead past the next tile), and
--- a length that is no multiple of 4 (the scalar path), against the CPU,
+-- Row scans (many rows): the vector path (scan_rows_ring by default, scan_rows
+-- with EMBER_SCAN_ROWS=one/ahead) keeps tiles of loads in flight (1024
+-- elements a tile); lengths around 8 and 16 tiles, rows of one and two tiles,
+-- and a length that is no multiple of 4 (the scalar path), against the CPU,
 -- forward and reversed (cumsum's backward).
 describe("row scans on CUDA (tiles loaded ahead)", function()
   it("match the CPU (f32, bf16, f64)", function()
@@ -149,6 +148,68 @@ describe("row scans on CUDA (tiles loaded ahead)", function()
         ac:cumsum(1):backward(p:cuda())
         cmp.assert_close(ac.grad, a.grad, cmp.rtol(dt), "cumsum backward (reversed) " .. what)
       end
+    end
+  end)
+end)
+
+-- Row scans, the three paths (EMBER_SCAN_ROWS, read once a process: each runs
+-- in a child): ring (the default: a block walks rows b, b + G, ... as one
+-- stream of tiles, the next ones in flight in a cp.async ring) must give the
+-- bits of one (scan_rows, a row a block) and ahead (gpuscan2's registers).
+-- Shapes: more rows than the grid has blocks (several rows a block, the ring
+-- crossing row ends), rows of 3 elements and of 1028 (a partial second
+-- tile), 8 tiles, a length no multiple of 4 and a reversed scan (those two
+-- take scan_rows whatever the switch), f32, bf16, f16, f64.
+local ROWS_CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, shape in ipairs({{3000, 1028}, {2500, 12}, {300, 8192}, {37, 4 * 1024 + 5}, {2, 4}}) do
+    ember.manual_seed(60 + k)
+    local x = ember.randn(shape, {device = "cuda"}):to(dt)
+    local p = (ember.rand(shape, {device = "cuda"}) * 0.002 + 0.999):to(dt)
+    local key = dt .. "_" .. k
+    out["sum_" .. key] = x:cumsum(1):cpu()
+    out["prod_" .. key] = p:cumprod(1):cpu()
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(1):backward(p)   -- the reversed scan of p
+    out["rev_" .. key] = xl.grad:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
+  after_each(function() H.remove_temps() end)
+
+  it("ring (the default) gives the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)", function()
+    local script = H.temp_file(ROWS_CHILD, ".lua")
+    local got = {}
+    for _, mode in ipairs({"ring", "one", "ahead"}) do
+      local path = H.temp(".safetensors")
+      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROWS = mode, SCAN_SPEC_OUT = path}})
+      assert.are.equal(0, code, ("EMBER_SCAN_ROWS=%s child failed: %s"):format(mode, err))
+      got[mode] = ember.load(path)
+    end
+    local n = 0
+    for name, t in pairs(got.one) do
+      for _, mode in ipairs({"ring", "ahead"}) do
+        local other = assert(got[mode][name], mode .. "'s results lack " .. name)
+        assert.are.same(t.shape, other.shape, mode .. " vs one, " .. name .. ": shapes")
+        local d = other:ne(t):sum():item()   -- ne: f16's reversed sums may overflow to inf
+        assert(d == 0, ("%s vs one, %s: %d of %d elements differ, expected 0"):format(mode, name, d, t:numel()))
+      end
+      n = n + 1
+    end
+    assert.are.equal(4 * 5 * 3, n)
+  end)
+
+  it("ring matches the CPU with several rows a block (f32 and bf16 (3000, 1028), f64 (2500, 12))", function()
+    ember.manual_seed(36)
+    for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}}) do
+      local dt, shape = c[1], c[2]
+      local x = ember.randn(shape, {dtype = "f64"}):to(dt)
+      cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), ("cumsum %s (%d, %d)"):format(dt, shape[1], shape[2]))
     end
   end)
 end)

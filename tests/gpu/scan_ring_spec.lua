@@ -1,0 +1,80 @@
+-- scan_ring_spec.lua (GPU) — the opt-in persistent one-pass one-row scan
+-- (EMBER_SCAN_ROW=ring: scan_row_ring in kernels/scan_row_ring.cuh, f32
+-- accumulators, i.e. f32/bf16/f16 rows; f64 and i64 fall back to split) must
+-- give the bits of scan_row_tiles (EMBER_SCAN_ROW=tiles): chain's fixed sums,
+-- a grid of resident blocks taking tiles by ticket, the next tile copied in
+-- ahead. Sizes: two elements, one tile and a bit (fewer tiles than blocks), a
+-- chunk and a bit, 301 chunks (~30 tiles a block); misaligned (the scalar
+-- loads), reversed (cumsum's backward), and a second run of each sum (the
+-- same bits, whatever the timing). The switch is read once a process, so
+-- each path runs in a child that saves its results. Kept apart from
+-- scan_spec.lua: the default path does not depend on it.
+local ember = require "ember"
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local cmp, H = dofile(here .. "compare.lua")
+assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
+
+-- two elements, one tile and a bit, a chunk and a bit, 301 chunks (more than 8 chunk totals a lane in warp 1's batches)
+local BIG = 300 * 64 * 4096 + 4099
+local CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, n in ipairs({2, 4097, 64 * 4096 + 5, ]] .. BIG .. [[}) do
+    ember.manual_seed(50 + k)
+    local x = ember.randn(n, {device = "cuda"}):to(dt)
+    local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
+    local key = dt .. "_" .. k
+    local idx = n > 1000000 and ember.arange(0, n, 997, {device = "cuda"}) or nil
+    local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
+    out["in_" .. key] = keep(x)
+    out["sum_" .. key] = keep(x:cumsum(0))
+    out["again_" .. key] = keep(x:cumsum(0))   -- tiles go to other blocks on a second run: same bits
+    out["prod_" .. key] = keep(p:cumprod(0))
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(0):backward(p)   -- the reversed scan of p
+    out["rev_" .. key] = keep(xl.grad)
+    out["mis_" .. key] = keep(x:narrow(0, 1, n - 1):cumsum(0))   -- misaligned: the scalar loads
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("one-row scan, EMBER_SCAN_ROW=ring", function()
+  after_each(function() H.remove_temps() end)
+
+  it("gives the bits of tiles (f32, bf16, f16; f64 through split), forward, cumprod, reversed, misaligned", function()
+    local script = H.temp_file(CHILD, ".lua")
+    local got = {}
+    for _, mode in ipairs({"ring", "tiles"}) do
+      local path = H.temp(".safetensors")
+      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = mode, SCAN_SPEC_OUT = path}})
+      assert.are.equal(0, code, ("EMBER_SCAN_ROW=%s child failed: %s"):format(mode, err))
+      got[mode] = ember.load(path)
+    end
+    local n = 0
+    for name, t in pairs(got.tiles) do
+      local other = assert(got.ring[name], "ring's results lack " .. name)
+      assert.are.same(t.shape, other.shape, "ring vs tiles, " .. name .. ": shapes")
+      -- ne, not a difference: f16's reversed sums overflow to inf, and inf - inf is NaN
+      local d = other:ne(t):sum():item()
+      assert(d == 0, ("ring vs tiles, %s: %d of %d elements differ, expected 0"):format(name, d, t:numel()))
+      n = n + 1
+    end
+    assert.are.equal(4 * 4 * 6, n)
+  end)
+
+  it("matches the CPU across 301 chunks (f32 cumsum, in a child)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(41)
+local x = ember.randn(]] .. BIG .. [[, {dtype = "f64"}):to("f32")
+ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
+]], ".lua")
+    local path = H.temp(".safetensors")
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "ring", SCAN_SPEC_OUT = path}})
+    assert.are.equal(0, code, "EMBER_SCAN_ROW=ring child failed: " .. err)
+    local r = ember.load(path)
+    cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+  end)
+end)
