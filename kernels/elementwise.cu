@@ -441,13 +441,21 @@ __device__ __forceinline__ uint32_t gelu_word(const unsigned short *tab, uint32_
 
 __global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *out, int n) {
   __shared__ unsigned short tab[2 * kGeluN];
+  const int nv = n / 8, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  /* the first trip's loads go out before the table is built: the build (~4 us for a full grid) hides their latency */
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+  if (tid < nv) w0 = in[tid];
+  if (tid + step < nv) w1 = in[tid + step];
+#pragma unroll 1
   for (int i = threadIdx.x; i < 2 * kGeluN; i += kThreads)
     tab[i] = (unsigned short)gelu_calc((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
   __syncthreads();
-  const int nv = n / 8, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   for (int v = tid; v < nv; v += 2 * step) {
     const bool two = v + step < nv;
-    const uint4 w0 = in[v], w1 = two ? in[v + step] : w0;
+    if (v != tid) {
+      w0 = in[v];
+      if (two) w1 = in[v + step];
+    }
     out[v] = make_uint4(gelu_word(tab, w0.x), gelu_word(tab, w0.y), gelu_word(tab, w0.z), gelu_word(tab, w0.w));
     if (two)
       out[v + step] = make_uint4(gelu_word(tab, w1.x), gelu_word(tab, w1.y), gelu_word(tab, w1.z), gelu_word(tab, w1.w));

@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
  * 2^15 magnitudes, so lp = bce_lp(x) is a function of 15 bits: each block
  * first evaluates it (the same device code, so the same bits) for every
  * bf16 |x| in [2^-12, 2^6) -- 18 binades of 128, 2304 floats, 9 KiB of
- * shared memory, ~9 evaluations a thread -- and the loop reads it back by
+ * shared memory, ~9 evaluations a thread, while the first trip's loads are
+ * in flight -- and the loop reads it back by
  * the bits of x (~4 instructions and a shared load); |x| outside the range
  * (zeros, tiny, huge, inf, NaN) computes as before. The loss expression,
  * the grid (the PLAIN kernel's, passed in), each thread's elements and
@@ -153,15 +154,19 @@ __global__ void __launch_bounds__(kThreads, 8) bce_fwd_tab(BceArgs<__nv_bfloat16
   using C = float;
   constexpr int V = 8;
   __shared__ float tab[kLpN];
+  const int64_t nv = a.n / V, step = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  /* the first trip's loads go out before the table is built (~3 us for a full grid), hiding their latency */
+  uint4 wx = make_uint4(0, 0, 0, 0), wy = wx;
+  if (tid < nv) { wx = *(const uint4 *)(a.x + tid * V); wy = *(const uint4 *)(a.y + tid * V); }
+#pragma unroll 1
   for (int i = threadIdx.x; i < kLpN; i += kThreads)
     tab[i] = bce_lp<C>(__uint_as_float((uint32_t)(i + (kLpE0 << 7)) << 16));
   __syncthreads();
-  const int64_t nv = a.n / V, step = (int64_t)gridDim.x * blockDim.x;
-  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   double acc[1] = {0};
   for (int64_t v = tid; v < nv; v += step) {
     const int64_t i0 = v * V;
-    const uint4 wx = *(const uint4 *)(a.x + i0), wy = *(const uint4 *)(a.y + i0);
+    if (v != tid) { wx = *(const uint4 *)(a.x + i0); wy = *(const uint4 *)(a.y + i0); }
     C l[V];
 #pragma unroll
     for (int e = 0; e < V; e++) {
