@@ -134,15 +134,15 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
  * first evaluates it (the same device code, so the same bits) for every
  * bf16 |x| in [2^-12, 2^6) -- 18 binades of 128, 2304 floats, 9 KiB of
  * shared memory, ~9 evaluations a thread, while the first trip's loads are
- * in flight -- and the loop reads it back by
- * the bits of x (~4 instructions and a shared load); |x| outside the range
- * (zeros, tiny, huge, inf, NaN) computes as before. The loss expression,
+ * in flight -- and the loop reads it back by the bits of x (~4
+ * instructions and a shared load); |x| outside the range (zeros, tiny,
+ * huge, inf, NaN) computes as before. The loss expression,
  * the grid (the PLAIN kernel's, passed in), each thread's elements and
  * their order into the double sum are the PLAIN kernel's: the same values
  * and bits. EMBER_BCE_LPTAB=0 runs bce_fwd_kernel<PLAIN>. */
 constexpr int kLpE0 = 127 - 12, kLpN = 18 * 128;
 
-/* lp of element e of 16-byte word set w (x's bits) from the table, or computed */
+/* lp of the bf16 in word's low (hi = 0) or high half, whose value is x: from the table, or computed */
 __device__ __forceinline__ float lp_of(const float *tab, uint32_t word, int hi, float x) {
   const uint32_t i = ((hi ? word >> 16 : word) & 0x7fffu) - (uint32_t)(kLpE0 << 7);
   return i < (uint32_t)kLpN ? tab[i] : bce_lp<float>(x);
