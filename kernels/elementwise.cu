@@ -422,23 +422,29 @@ __global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
  * (~8 instructions and a shared load); other x (zeros, tiny, large, inf,
  * NaN) compute as before. A grid of at most 8 blocks a multiprocessor
  * strides over the tensor, two 16-byte vectors a thread in flight, so the
- * table is built once per block. EMBER_GELU_TAB=0 runs ew_fixed. */
+ * table is built once per block. gelu tanh likewise. EMBER_GELU_TAB=0 runs
+ * ew_fixed. */
 constexpr int kGeluE0 = 127 - 12, kGeluN = 18 * 128;
 
+template <int CODE>
 __device__ __forceinline__ uint32_t gelu_calc(uint32_t b) {   /* b: a bf16's bits -> gelu's bits */
   float o[1];
   const float x[1] = {__uint_as_float(b << 16)};
-  float_unary<float, 1>(EM_GELU, o, x, 0.f, 0.f);
+  float_unary<float, 1>(CODE, o, x, 0.f, 0.f);
   return __bfloat16_as_ushort(from_compute<__nv_bfloat16, float>(o[0]));
 }
+template <int CODE>
 __device__ __forceinline__ uint32_t gelu_look(const unsigned short *tab, uint32_t b) {
   const uint32_t i = (b & 0x7fffu) - (uint32_t)(kGeluE0 << 7);
-  return i < (uint32_t)kGeluN ? (uint32_t)tab[i + (b >> 15) * kGeluN] : gelu_calc(b);
+  return i < (uint32_t)kGeluN ? (uint32_t)tab[i + (b >> 15) * kGeluN] : gelu_calc<CODE>(b);
 }
+template <int CODE>
 __device__ __forceinline__ uint32_t gelu_word(const unsigned short *tab, uint32_t w) {
-  return gelu_look(tab, w & 0xffffu) | gelu_look(tab, w >> 16) << 16;
+  return gelu_look<CODE>(tab, w & 0xffffu) | gelu_look<CODE>(tab, w >> 16) << 16;
 }
 
+/* CODE: EM_GELU or EM_GELU_TANH (its tanh ~14 instructions and the cubic ~5: 2^24 ran at 63 %) */
+template <int CODE>
 __global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *out, int n) {
   __shared__ unsigned short tab[2 * kGeluN];
   const int nv = n / 8, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
@@ -448,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *
   if (tid + step < nv) w1 = in[tid + step];
 #pragma unroll 1
   for (int i = threadIdx.x; i < 2 * kGeluN; i += kThreads)
-    tab[i] = (unsigned short)gelu_calc((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
+    tab[i] = (unsigned short)gelu_calc<CODE>((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
   __syncthreads();
   for (int v = tid; v < nv; v += 2 * step) {
     const bool two = v + step < nv;
@@ -456,14 +462,16 @@ __global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *
       w0 = in[v];
       if (two) w1 = in[v + step];
     }
-    out[v] = make_uint4(gelu_word(tab, w0.x), gelu_word(tab, w0.y), gelu_word(tab, w0.z), gelu_word(tab, w0.w));
+    out[v] = make_uint4(gelu_word<CODE>(tab, w0.x), gelu_word<CODE>(tab, w0.y), gelu_word<CODE>(tab, w0.z),
+                        gelu_word<CODE>(tab, w0.w));
     if (two)
-      out[v + step] = make_uint4(gelu_word(tab, w1.x), gelu_word(tab, w1.y), gelu_word(tab, w1.z), gelu_word(tab, w1.w));
+      out[v + step] = make_uint4(gelu_word<CODE>(tab, w1.x), gelu_word<CODE>(tab, w1.y), gelu_word<CODE>(tab, w1.z),
+                                 gelu_word<CODE>(tab, w1.w));
   }
   const int i = nv * 8 + tid;   /* the last n % 8 elements, one per thread */
   if (i < n) {
     const unsigned short *pi = (const unsigned short *)in;
-    ((unsigned short *)out)[i] = (unsigned short)gelu_look(tab, pi[i]);
+    ((unsigned short *)out)[i] = (unsigned short)gelu_look<CODE>(tab, pi[i]);
   }
 }
 
@@ -915,7 +923,7 @@ int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   return 0;
 }
 
-/* EMBER_GELU_TAB=0: bf16 gelu on ew_fixed (erff per element) instead of gelu_tab; read once. */
+/* EMBER_GELU_TAB=0: bf16 gelu and gelu tanh on ew_fixed (erff / tanhf per element) instead of gelu_tab; read once. */
 bool gelu_tab_on() {
   static const bool on = em_env_switch("EMBER_GELU_TAB", true);
   return on;
@@ -931,11 +939,15 @@ bool launch_fixed(const EwArgs &a, cudaStream_t s, int dev) {
   const int64_t units = (a.numel / (16 / (int)sizeof(T)) + 1) / 2;
   const unsigned g = grid_for(units > 0 ? units : 1);
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    if (a.kind == EM_EW_UNARY && a.nin == 1 && a.code == EM_GELU && a.mode[0] == IN_PTR && gelu_tab_on()) {
+    if (a.kind == EM_EW_UNARY && a.nin == 1 && (a.code == EM_GELU || a.code == EM_GELU_TANH) && a.mode[0] == IN_PTR &&
+        gelu_tab_on()) {
       /* at most 8 blocks a multiprocessor (gelu_tab's bound): one wave, each block building its table once */
       const int64_t cap = (int64_t)em_sm_count(dev) * 8;
-      gelu_tab<<<(unsigned)((int64_t)g < cap ? g : cap), kThreads, 0, s>>>((const uint4 *)a.ptr[1], (uint4 *)a.ptr[0],
-                                                                           (int)a.numel);
+      const unsigned gg = (unsigned)((int64_t)g < cap ? g : cap);
+      const uint4 *in = (const uint4 *)a.ptr[1];
+      uint4 *out = (uint4 *)a.ptr[0];
+      if (a.code == EM_GELU) gelu_tab<EM_GELU><<<gg, kThreads, 0, s>>>(in, out, (int)a.numel);
+      else gelu_tab<EM_GELU_TANH><<<gg, kThreads, 0, s>>>(in, out, (int)a.numel);
       return true;
     }
   }

@@ -1,5 +1,5 @@
 -- bf16_table_ref.lua — the results that bf16_table_spec.lua checks, as text
--- that keeps every bit (hex floats; "nan" for a NaN): gelu and
+-- that keeps every bit (hex floats; "nan" for a NaN): gelu, gelu tanh and
 -- binary_cross_entropy_with_logits on CUDA over every bf16 value. The spec
 -- computes them in its own process and in a child run with the table
 -- kernels switched off (EMBER_GELU_TAB=0 EMBER_BCE_LPTAB=0), which prints
@@ -48,6 +48,7 @@ function M.cases(dev)
   local function bce(a, b, r) return M.text(F.binary_cross_entropy_with_logits(a, b, {reduction = r})) end
   return {
     {"gelu all bf16", function() return M.text(x:gelu()) end},
+    {"gelu tanh all bf16", function() return M.text(F.gelu(x, {approximate = "tanh"})) end},
     {"bce none all bf16", function() return bce(x, y, "none") end},
     {"bce mean all bf16 x64", function() return bce(big, ybig, "mean") end},
     {"bce sum all bf16 x64", function() return bce(big, ybig, "sum") end},

@@ -1,4 +1,4 @@
--- bf16_table_spec.lua (GPU) — issue 12: bf16 gelu (gelu_tab) and the plain
+-- bf16_table_spec.lua (GPU) — issue 12: bf16 gelu and gelu tanh (gelu_tab) and the plain
 -- binary_cross_entropy_with_logits forward (bce_fwd_tab) read a per-block
 -- table of the same device function's results by the bits of x instead of
 -- evaluating erff / log1pf(expf) per element. bf16 has 65536 values, so
@@ -41,7 +41,7 @@ describe("bf16 tables (gelu_tab, bce_fwd_tab) on CUDA", function()
       same_text(c[1], c[2](), want[c[1]])
       n = n + 1
     end
-    assert.are.equal(6, n)
+    assert.are.equal(7, n)
   end)
 
   it("agree with the per-element (unaligned) paths for every bf16 value", function()
@@ -52,6 +52,8 @@ describe("bf16 tables (gelu_tab, bce_fwd_tab) on CUDA", function()
     local function off(t) return ember.cat({t:narrow(0, 0, 1), t}):cuda():narrow(0, 1, 65536) end
     local xa, ya, xu, yu = x:cuda(), y:cuda(), off(x), off(y)
     same_text("gelu aligned vs unaligned", R.text(xa:gelu()), R.text(xu:gelu()))
+    same_text("gelu tanh aligned vs unaligned", R.text(F.gelu(xa, {approximate = "tanh"})),
+      R.text(F.gelu(xu, {approximate = "tanh"})))
     same_text("bce none aligned vs unaligned",
       R.text(F.binary_cross_entropy_with_logits(xa, ya, {reduction = "none"})),
       R.text(F.binary_cross_entropy_with_logits(xu, yu, {reduction = "none"})))
