@@ -420,11 +420,12 @@ __global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
  * 2^6) (18 binades of 128, both signs: 4608 results, 9 KiB of shared
  * memory, 18 evaluations a thread), then looks each element up by its bits
  * (~8 instructions and a shared load); other x (zeros, tiny, large, inf,
- * NaN) compute as before. A grid of at most 8 blocks a multiprocessor
- * strides over the tensor, two 16-byte vectors a thread in flight, so the
- * table is built once per block. gelu tanh likewise. EMBER_GELU_TAB=0 runs
+ * NaN) compute as before. Blocks of 1024 threads, two a multiprocessor
+ * (a full SM at <= 32 registers), stride over the tensor with two 16-byte
+ * vectors a thread in flight, so the table is built twice per SM (~1.3 us;
+ * 256-thread blocks built it 8 times, ~5 us). gelu tanh likewise. EMBER_GELU_TAB=0 runs
  * ew_fixed. */
-constexpr int kGeluE0 = 127 - 12, kGeluN = 18 * 128;
+constexpr int kGeluE0 = 127 - 12, kGeluN = 18 * 128, kGeluThreads = 1024;
 
 template <int CODE>
 __device__ __forceinline__ uint32_t gelu_calc(uint32_t b) {   /* b: a bf16's bits -> gelu's bits */
@@ -445,7 +446,7 @@ __device__ __forceinline__ uint32_t gelu_word(const unsigned short *tab, uint32_
 
 /* CODE: EM_GELU or EM_GELU_TANH (its tanh ~14 instructions and the cubic ~5: 2^24 ran at 63 %) */
 template <int CODE>
-__global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *out, int n) {
+__global__ void __launch_bounds__(kGeluThreads, 2) gelu_tab(const uint4 *in, uint4 *out, int n) {
   __shared__ unsigned short tab[2 * kGeluN];
   const int nv = n / 8, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   /* the first trip's loads go out before the table is built: the build (~4 us for a full grid) hides their latency */
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 8) gelu_tab(const uint4 *in, uint4 *
   if (tid < nv) w0 = in[tid];
   if (tid + step < nv) w1 = in[tid + step];
 #pragma unroll 1
-  for (int i = threadIdx.x; i < 2 * kGeluN; i += kThreads)
+  for (int i = threadIdx.x; i < 2 * kGeluN; i += kGeluThreads)
     tab[i] = (unsigned short)gelu_calc<CODE>((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
   __syncthreads();
   for (int v = tid; v < nv; v += 2 * step) {
@@ -941,13 +942,13 @@ bool launch_fixed(const EwArgs &a, cudaStream_t s, int dev) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
     if (a.kind == EM_EW_UNARY && a.nin == 1 && (a.code == EM_GELU || a.code == EM_GELU_TANH) && a.mode[0] == IN_PTR &&
         gelu_tab_on()) {
-      /* at most 8 blocks a multiprocessor (gelu_tab's bound): one wave, each block building its table once */
-      const int64_t cap = (int64_t)em_sm_count(dev) * 8;
-      const unsigned gg = (unsigned)((int64_t)g < cap ? g : cap);
+      /* at most 2 blocks of 1024 a multiprocessor (gelu_tab's bound): one wave, each block building its table once */
+      const int64_t cap = (int64_t)em_sm_count(dev) * 2, want = (units + kGeluThreads - 1) / kGeluThreads;
+      const unsigned gg = (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
       const uint4 *in = (const uint4 *)a.ptr[1];
       uint4 *out = (uint4 *)a.ptr[0];
-      if (a.code == EM_GELU) gelu_tab<EM_GELU><<<gg, kThreads, 0, s>>>(in, out, (int)a.numel);
-      else gelu_tab<EM_GELU_TANH><<<gg, kThreads, 0, s>>>(in, out, (int)a.numel);
+      if (a.code == EM_GELU) gelu_tab<EM_GELU><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
+      else gelu_tab<EM_GELU_TANH><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
       return true;
     }
   }
