@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
  * evaluates it -- the same float_unary code, rounded by the same
  * from_compute, so the same bits -- for every bf16 x with |x| in [2^-12,
  * 2^6) (18 binades of 128, both signs: 4608 results, 9 KiB of shared
- * memory, 18 evaluations a thread), then looks each element up by its bits
+ * memory, 4.5 evaluations a thread), then looks each element up by its bits
  * (~8 instructions and a shared load); other x (zeros, tiny, large, inf,
  * NaN) compute as before. Blocks of 1024 threads, two a multiprocessor
  * (a full SM at <= 32 registers), stride over the tensor with two 16-byte
