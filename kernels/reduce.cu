@@ -22,7 +22,8 @@
  *    in shared memory. With float storage and 16-byte aligned rows each
  *    thread takes a Packed128 of neighbouring outputs instead
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements);
- *    max/min there run reduce_cols_ext (branch-free, see there).
+ *    max/min there run reduce_cols_ext (branch-free, see there; bf16:
+ *    reduce_cols_bx2, two columns an instruction).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
