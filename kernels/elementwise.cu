@@ -410,6 +410,72 @@ __global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
   }
 }
 
+/* ---------------- gelu (erf) on bf16 by table (issue 12) ----------------
+ * ew_fixed's bf16 gelu ran at 64 % of the bandwidth at (8192,8192): ~31
+ * lane-instructions an element (erff ~22, the rest ~9) against the ~28 that
+ * 70 % of 4800 GB/s leaves at 4 B an element, so issue and memory both ran
+ * near their limits. A bf16 gelu has 65536 inputs: each block first
+ * evaluates it -- the same float_unary code, rounded by the same
+ * from_compute, so the same bits -- for every bf16 x with |x| in [2^-12,
+ * 2^6) (18 binades of 128, both signs: 4608 results, 9 KiB of shared
+ * memory, 4.5 evaluations a thread), then looks each element up by its bits
+ * (~8 instructions and a shared load); other x (zeros, tiny, large, inf,
+ * NaN) compute as before. Blocks of 1024 threads, two a multiprocessor
+ * (a full SM at <= 32 registers), stride over the tensor with two 16-byte
+ * vectors a thread in flight, so the table is built twice per SM (~1.3 us;
+ * 256-thread blocks built it 8 times, ~5 us). gelu tanh likewise. EMBER_GELU_TAB=0 runs
+ * ew_fixed. */
+constexpr int kGeluE0 = 127 - 12, kGeluN = 18 * 128, kGeluThreads = 1024;
+
+template <int CODE>
+__device__ __forceinline__ uint32_t gelu_calc(uint32_t b) {   /* b: a bf16's bits -> gelu's bits */
+  float o[1];
+  const float x[1] = {__uint_as_float(b << 16)};
+  float_unary<float, 1>(CODE, o, x, 0.f, 0.f);
+  return __bfloat16_as_ushort(from_compute<__nv_bfloat16, float>(o[0]));
+}
+template <int CODE>
+__device__ __forceinline__ uint32_t gelu_look(const unsigned short *tab, uint32_t b) {
+  const uint32_t i = (b & 0x7fffu) - (uint32_t)(kGeluE0 << 7);
+  return i < (uint32_t)kGeluN ? (uint32_t)tab[i + (b >> 15) * kGeluN] : gelu_calc<CODE>(b);
+}
+template <int CODE>
+__device__ __forceinline__ uint32_t gelu_word(const unsigned short *tab, uint32_t w) {
+  return gelu_look<CODE>(tab, w & 0xffffu) | gelu_look<CODE>(tab, w >> 16) << 16;
+}
+
+/* CODE: EM_GELU or EM_GELU_TANH (its tanh ~14 instructions and the cubic ~5: 2^24 ran at 63 %) */
+template <int CODE>
+__global__ void __launch_bounds__(kGeluThreads, 2) gelu_tab(const uint4 *in, uint4 *out, int n) {
+  __shared__ unsigned short tab[2 * kGeluN];
+  const int nv = n / 8, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  /* the first trip's loads go out before the table is built: the build (~4 us for a full grid) hides their latency */
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+  if (tid < nv) w0 = in[tid];
+  if (tid + step < nv) w1 = in[tid + step];
+#pragma unroll 1
+  for (int i = threadIdx.x; i < 2 * kGeluN; i += kGeluThreads)
+    tab[i] = (unsigned short)gelu_calc<CODE>((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
+  __syncthreads();
+  for (int v = tid; v < nv; v += 2 * step) {
+    const bool two = v + step < nv;
+    if (v != tid) {
+      w0 = in[v];
+      if (two) w1 = in[v + step];
+    }
+    out[v] = make_uint4(gelu_word<CODE>(tab, w0.x), gelu_word<CODE>(tab, w0.y), gelu_word<CODE>(tab, w0.z),
+                        gelu_word<CODE>(tab, w0.w));
+    if (two)
+      out[v + step] = make_uint4(gelu_word<CODE>(tab, w1.x), gelu_word<CODE>(tab, w1.y), gelu_word<CODE>(tab, w1.z),
+                                 gelu_word<CODE>(tab, w1.w));
+  }
+  const int i = nv * 8 + tid;   /* the last n % 8 elements, one per thread */
+  if (i < n) {
+    const unsigned short *pi = (const unsigned short *)in;
+    ((unsigned short *)out)[i] = (unsigned short)gelu_look<CODE>(tab, pi[i]);
+  }
+}
+
 /* ---------------- mixed float storage types, unit stride ----------------
  * f32 residual stream + bf16 branch output under autocast (x + attn(x)),
  * and its kin: every operand unit-stride, storage f32/bf16/f16 in any mix
@@ -858,15 +924,34 @@ int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
   return 0;
 }
 
+/* EMBER_GELU_TAB=0: bf16 gelu and gelu tanh on ew_fixed (erff / tanhf per element) instead of gelu_tab; read once. */
+bool gelu_tab_on() {
+  static const bool on = em_env_switch("EMBER_GELU_TAB", true);
+  return on;
+}
+
 /* ew_fixed's launch, or false when the op is not one of its (kind, code)s.
  * The caller has checked: bf16/f16/f32, every tensor operand of that dtype,
  * unit-stride and 16-byte aligned, the others numbers, n <= 2^30. f32: the
  * transcendental unary ops and their gradients only. */
 template <typename T>
-bool launch_fixed(const EwArgs &a, cudaStream_t s) {
+bool launch_fixed(const EwArgs &a, cudaStream_t s, int dev) {
   constexpr bool f32 = std::is_same<T, float>::value;
   const int64_t units = (a.numel / (16 / (int)sizeof(T)) + 1) / 2;
   const unsigned g = grid_for(units > 0 ? units : 1);
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    if (a.kind == EM_EW_UNARY && a.nin == 1 && (a.code == EM_GELU || a.code == EM_GELU_TANH) && a.mode[0] == IN_PTR &&
+        gelu_tab_on()) {
+      /* at most 2 blocks of 1024 a multiprocessor (gelu_tab's bound): one wave, each block building its table once */
+      const int64_t cap = (int64_t)em_sm_count(dev) * 2, want = (units + kGeluThreads - 1) / kGeluThreads;
+      const unsigned gg = (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
+      const uint4 *in = (const uint4 *)a.ptr[1];
+      uint4 *out = (uint4 *)a.ptr[0];
+      if (a.code == EM_GELU) gelu_tab<EM_GELU><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
+      else gelu_tab<EM_GELU_TANH><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
+      return true;
+    }
+  }
 #define EM_FX(NIN, CODE) case CODE: ew_fixed<T, NIN, CODE><<<g, kThreads, 0, s>>>(a); return true
   if (a.kind == EM_EW_BINARY && a.nin == 2) {   /* the backward of the transcendental unary ops: g' = f(g, x or y) */
     switch (a.code) {
@@ -1115,8 +1200,8 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
   if (fast && vec && (half16(T) || T == EM_F32) && numel <= ((int64_t)1 << 30) && !fixed_old()) {
     bool fixed = true;   /* no broadcast scalar (IN_SCALAR) operands */
     for (int j = 0; j < nin; j++) fixed = fixed && a.mode[j] != IN_SCALAR;
-    if (fixed && (T == EM_BF16 ? launch_fixed<__nv_bfloat16>(a, s) : T == EM_F16 ? launch_fixed<__half>(a, s)
-                                                                    : launch_fixed<float>(a, s)))
+    if (fixed && (T == EM_BF16 ? launch_fixed<__nv_bfloat16>(a, s, dev) : T == EM_F16 ? launch_fixed<__half>(a, s, dev)
+                                                                    : launch_fixed<float>(a, s, dev)))
       return em_launch_check(op);
   }
   if (fast) {

@@ -71,12 +71,18 @@ __device__ __forceinline__ C scalar_of(const T *p, int mode) {
   return mode == EM_BCE_SCALAR ? ld<C>(p[0]) : (C)1;
 }
 
-/* The loss of one element (w = 1, pw = 1 when absent). */
+/* softplus(-|x|) = log1p(exp(-|x|)), the loss's transcendental part */
+template <typename C> __device__ __forceinline__ C bce_lp(C x) { return m_log1p(m_exp(-fabs(x))); }
+
+/* The loss of one element (w = 1, pw = 1 when absent), lp = bce_lp(x). */
 template <typename C>
-__device__ __forceinline__ C bce_loss(C x, C y, C w, C pw, bool has_pw) {
-  C lp = m_log1p(m_exp(-fabs(x)));
+__device__ __forceinline__ C bce_loss_lp(C x, C y, C w, C pw, bool has_pw, C lp) {
   C l = has_pw ? (1 - y) * x + (1 + (pw - 1) * y) * (fmax(-x, (C)0) + lp) : fmax(x, (C)0) - x * y + lp;
   return l * w;
+}
+template <typename C>
+__device__ __forceinline__ C bce_loss(C x, C y, C w, C pw, bool has_pw) {
+  return bce_loss_lp<C>(x, y, w, pw, has_pw, bce_lp<C>(x));
 }
 
 /* PLAIN: no weight and no pos_weight (the common call), compiled without their loads and modes: fewer
@@ -115,6 +121,69 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
     load_factor<T, 1, C>(a.w, a.wm, i, a.C, wsc, w);
     load_factor<T, 1, C>(a.pw, a.pwm, i, a.C, pwsc, pw);
     C l = bce_loss<C>(x[0], y[0], w[0], pw[0], has_pw);
+    if (out) out[i] = st<T, C>(l);
+    else acc[0] += (double)l;
+  }
+  if (part) loss_reduce::write_partials<1>(acc, part);
+}
+
+/* issue 12: bf16 BCE was issue-bound, not memory-bound: expf + log1pf are
+ * ~36 of the ~45 lane-instructions an element (a 4-byte element leaves ~39
+ * at 70 % of 4800 GB/s), 50 % of the bandwidth at 2^26. But bf16 x has
+ * 2^15 magnitudes, so lp = bce_lp(x) is a function of 15 bits: each block
+ * first evaluates it (the same device code, so the same bits) for every
+ * bf16 |x| in [2^-12, 2^6) -- 18 binades of 128, 2304 floats, 9 KiB of
+ * shared memory, ~9 evaluations a thread, while the first trip's loads are
+ * in flight -- and the loop reads it back by the bits of x (~4
+ * instructions and a shared load); |x| outside the range (zeros, tiny,
+ * huge, inf, NaN) computes as before. The loss expression,
+ * the grid (the PLAIN kernel's, passed in), each thread's elements and
+ * their order into the double sum are the PLAIN kernel's: the same values
+ * and bits. EMBER_BCE_LPTAB=0 runs bce_fwd_kernel<PLAIN>. */
+constexpr int kLpE0 = 127 - 12, kLpN = 18 * 128;
+
+/* lp of the bf16 in word's low (hi = 0) or high half, whose value is x: from the table, or computed */
+__device__ __forceinline__ float lp_of(const float *tab, uint32_t word, int hi, float x) {
+  const uint32_t i = ((hi ? word >> 16 : word) & 0x7fffu) - (uint32_t)(kLpE0 << 7);
+  return i < (uint32_t)kLpN ? tab[i] : bce_lp<float>(x);
+}
+
+__global__ void __launch_bounds__(kThreads, 8) bce_fwd_tab(BceArgs<__nv_bfloat16> a, __nv_bfloat16 *__restrict__ out,
+                                                           double *part) {
+  using T = __nv_bfloat16;
+  using C = float;
+  constexpr int V = 8;
+  __shared__ float tab[kLpN];
+  const int64_t nv = a.n / V, step = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  /* the first trip's loads go out before the table is built (~3 us for a full grid), hiding their latency */
+  uint4 wx = make_uint4(0, 0, 0, 0), wy = wx;
+  if (tid < nv) { wx = *(const uint4 *)(a.x + tid * V); wy = *(const uint4 *)(a.y + tid * V); }
+#pragma unroll 1
+  for (int i = threadIdx.x; i < kLpN; i += kThreads)
+    tab[i] = bce_lp<C>(__uint_as_float((uint32_t)(i + (kLpE0 << 7)) << 16));
+  __syncthreads();
+  double acc[1] = {0};
+  for (int64_t v = tid; v < nv; v += step) {
+    const int64_t i0 = v * V;
+    if (v != tid) { wx = *(const uint4 *)(a.x + i0); wy = *(const uint4 *)(a.y + i0); }
+    C l[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      const C x = raw_elem<C, T>(wx, e), y = raw_elem<C, T>(wy, e);
+      l[e] = bce_loss_lp<C>(x, y, (C)1, (C)1, false, lp_of(tab, word_at(wx, e >> 1), e & 1, x));
+    }
+    if (out) {
+      store_vals<T, V, C>(out, i0, l);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) acc[0] += (double)l[e];
+    }
+  }
+  const int64_t i = nv * V + tid;   /* the last n % V elements, one per thread */
+  if (i < a.n) {
+    const C x = ld<C>(a.x[i]), y = ld<C>(a.y[i]);
+    C l = bce_loss_lp<C>(x, y, (C)1, (C)1, false, bce_lp<C>(x));
     if (out) out[i] = st<T, C>(l);
     else acc[0] += (double)l;
   }
@@ -209,6 +278,12 @@ bool bce_old() {
   return on;
 }
 
+/* EMBER_BCE_LPTAB=0: bf16's PLAIN forward computes lp per element (bce_fwd_kernel) instead of bce_fwd_tab. */
+bool bce_lptab() {
+  static const bool on = em_env_switch("EMBER_BCE_LPTAB", true);
+  return on;
+}
+
 template <typename K>
 unsigned bce_grid(K kernel, int *per, int64_t units, int dev) {
   const unsigned g = loss_reduce::grid_for(units, dev);
@@ -249,7 +324,12 @@ int bce_fwd(const em_tensor *x, const em_tensor *y, const em_tensor *w, const em
   }
   double *pp = part ? (double *)em_data_ptr(part) : nullptr;
   if (a->n > 0) {
-    if (plain) bce_fwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, o, pp);
+    bool tab = false;
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) tab = plain && bce_lptab();
+    if (tab) {   /* the PLAIN kernel's grid: the same partials */
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) bce_fwd_tab<<<grid, kThreads, 0, s>>>(b, o, pp);
+    }
+    else if (plain) bce_fwd_kernel<T, V, true><<<grid, kThreads, 0, s>>>(b, o, pp);
     else if (vec) bce_fwd_kernel<T, V, false><<<grid, kThreads, 0, s>>>(b, o, pp);
     else bce_fwd_kernel<T, 1, false><<<grid, kThreads, 0, s>>>(b, o, pp);
   }

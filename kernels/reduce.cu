@@ -22,7 +22,8 @@
  *    in shared memory. With float storage and 16-byte aligned rows each
  *    thread takes a Packed128 of neighbouring outputs instead
  *    (reduce_cols_vec: a warp reads 512 bytes a row, not 32 elements);
- *    max/min there run reduce_cols_ext (branch-free, see there).
+ *    max/min there run reduce_cols_ext (branch-free, see there; bf16:
+ *    reduce_cols_bx2, two columns an instruction).
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
@@ -607,6 +608,36 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
+/* The end of the column max/min kernels: each thread's V extremes M (m's
+ * bits) and rows R (offsets from r0, -1: none). The 8 threads down each
+ * block column meet in shared memory (y order: deterministic) and y == 0
+ * emits, one output at a time (few registers). A zero or NaN winner's own
+ * bits are read again (m may carry the other zero's sign or another NaN). */
+template <typename T, typename C, int OP, int V>
+__device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
+                                              int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
+  __shared__ C sv[8][32 * V];
+  __shared__ int64_t si[8][32 * V];
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
+      M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
+    }
+    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
+    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+    for (int e = 0; e < V; e++) {
+      Acc<C, OP> acc;
+      acc.v = sv[0][threadIdx.x * V + e];
+      acc.i = si[0][threadIdx.x * V + e];
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x * V + e], si[y][threadIdx.x * V + e]);
+      emit<C, OP>(a, ob * K + k + e, acc);
+    }
+  }
+}
+
 /* max/min down columns, branch-free (issue 12: reduce_cols_vec's max/min
  * searched a trip's rows whenever one lane's extreme moved, which with 32
  * columns a warp is nearly every trip, and held 80-92 registers: 2 blocks
@@ -665,28 +696,111 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a)
       if (seq_better<C, OP>(m, M[e], R[e] < 0)) { M[e] = m; R[e] = rr + uh * 8; }
     }
   }
-  /* the 8 threads down each block column meet in shared memory (y order:
-   * deterministic) and y == 0 emits, one output at a time (few registers) */
-  __shared__ C sv[8][32 * V];
-  __shared__ int64_t si[8][32 * V];
+  cols_ext_emit<T, C, OP>(a, p, r0, rs, live, ob, K, k, M, R);
+}
+
+/* bf16 pairs (two neighbouring columns in one 32-bit word): max.NaN /
+ * min.NaN, compares into 0xffff-per-half masks and selects (LOP3), each on
+ * two columns at once. A max/min's result is one of its inputs (or a NaN),
+ * so working on the bf16 bits changes nothing but the instruction count. */
+template <int OP> __device__ __forceinline__ uint32_t bx2_ext(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if constexpr (OP == R_MAX) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t bx2_eq(uint32_t a, uint32_t b) {   /* -0 == +0; a NaN equals nothing */
+  uint32_t r;
+  asm("set.eq.u32.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t bx2_nan(uint32_t a) {
+  uint32_t r;
+  asm("set.nan.u32.bf16x2 %0, %1, %1;" : "=r"(r) : "r"(a));
+  return r;
+}
+/* !(m <= s) for max (!(m >= s) for min): m beats s, or either is a NaN */
+template <int OP> __device__ __forceinline__ uint32_t bx2_beats(uint32_t m, uint32_t s) {
+  uint32_t r;
+  if constexpr (OP == R_MAX) asm("set.gtu.u32.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(s));
+  else asm("set.ltu.u32.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(s));
+  return r;
+}
+__device__ __forceinline__ uint32_t bx2_sel(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+
+/* reduce_cols_ext for bf16, two columns an instruction (issue 12: the f32
+ * compute of reduce_cols_ext held 4 rows of 8 bf16 in flight at 64
+ * registers -- 64 B a thread, half the f32 kernel's 128 B -- and ran at
+ * 50 % of the bandwidth). Here the state is bf16 pairs: M (the extremes'
+ * bits) and R (their rows - r0, two 16-bit halves; 0xffff: none yet; the
+ * host keeps chunks under 65535), 8 registers for 8 columns, so 8 rows (128
+ * B) are in flight at 64 registers. Per pair and trip of U rows: U-1
+ * max.NaN, the first row equal to m by a reverse select (a compare and a
+ * LOP3 per row; a trip holding a NaN, rare, searches the first NaN
+ * instead), and one "later better" against the state: !(m <= M) unless M
+ * is a NaN (seq_better). Row r is always live, so a thread that has trips
+ * has a row unless every m it saw was the infinity it started from (every
+ * element -inf for max): then R stays none, and the merge's -1 / index 0
+ * rule gives the CPU's answer (the whole column is that infinity, row 0
+ * first). ~1.6 instructions an element; same values, indices and bits as
+ * reduce_cols_ext (EMBER_REDUCE_COLS_BF16X2=0 runs that one). */
+template <int OP>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a) {
+  using T = __nv_bfloat16;
+  constexpr int V = 8, U = kColsUnrollExt, P = V / 2;
+  const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
+  const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
+  const bool live = k < K;
+  const T *p = (const T *)a.in + (live ? kept_offset(a, ob, a.nk - 1) + k : 0);
+  const int64_t r0 = (int64_t)blockIdx.y * a.chunk;
+  const int64_t r1 = r0 + a.chunk < a.n_red ? r0 + a.chunk : a.n_red;
+  const int64_t rs = a.rstride[0];
+  uint32_t M[P], R[P];
+#pragma unroll
+  for (int j = 0; j < P; j++) { M[j] = OP == R_MAX ? 0xff80ff80u : 0x7f807f80u; R[j] = 0xffffffffu; }
+  for (int64_t r = r0 + threadIdx.y; live && r < r1; r += 8 * U) {
+    uint4 pk[U];   /* a row past the chunk repeats row r, as reduce_cols_ext */
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
+    const uint32_t rr = (uint32_t)(r - r0) * 0x00010001u;
+    uint32_t m[P], anyn = 0;
+#pragma unroll
+    for (int j = 0; j < P; j++) {
+      m[j] = word_at(pk[0], j);
+#pragma unroll
+      for (int u = 1; u < U; u++) m[j] = bx2_ext<OP>(m[j], word_at(pk[u], j));
+      anyn |= bx2_nan(m[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < P; j++) {
+      /* uh: each half's first row (0..U-1) holding m, lowest last */
+      uint32_t uh = 0;
+      if (!anyn) {
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--) uh = bx2_sel(bx2_eq(word_at(pk[u], j), m[j]), (uint32_t)u * 0x00010001u, uh);
+      } else {
+        /* a NaN half: x == m holds nowhere there, and x is a NaN only there */
+#pragma unroll
+        for (int u = U - 1; u >= 0; u--) {
+          const uint32_t x = word_at(pk[u], j);
+          uh = bx2_sel(bx2_eq(x, m[j]) | bx2_nan(x), (uint32_t)u * 0x00010001u, uh);
+        }
+      }
+      const uint32_t b = bx2_beats<OP>(m[j], M[j]) & ~bx2_nan(M[j]);
+      M[j] = bx2_sel(b, m[j], M[j]);
+      R[j] = bx2_sel(b, rr + (uh << 3), R[j]);
+    }
+  }
+  float Mf[V];
+  int Ri[V];
 #pragma unroll
   for (int e = 0; e < V; e++) {
-    if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
-      M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
-    }
-    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
-    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+    const uint32_t h = (e & 1) ? R[e >> 1] >> 16 : R[e >> 1] & 0xffffu;
+    Ri[e] = h == 0xffffu ? -1 : (int)h;
+    Mf[e] = __uint_as_float((e & 1) ? (M[e >> 1] & 0xffff0000u) : (M[e >> 1] << 16));
   }
-  __syncthreads();
-  if (threadIdx.y == 0 && live) {
-    for (int e = 0; e < V; e++) {
-      Acc<C, OP> acc;
-      acc.v = sv[0][threadIdx.x * V + e];
-      acc.i = si[0][threadIdx.x * V + e];
-      for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x * V + e], si[y][threadIdx.x * V + e]);
-      emit<C, OP>(a, ob * K + k + e, acc);
-    }
-  }
+  cols_ext_emit<T, float, OP>(a, p, r0, rs, live, ob, K, k, Mf, Ri);
 }
 
 template <typename C, int OP, int TPO>
@@ -720,6 +834,13 @@ bool ext_vec_on() {
  * reduce_cols_ext; read once. */
 bool cols_ext_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_COLS_EXT", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_BF16X2=0: bf16 max/min down columns run reduce_cols_ext
+ * (f32 compares, 4 rows in flight) instead of reduce_cols_bx2; read once. */
+bool cols_bx2_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_BF16X2", true);
   return on;
 }
 
@@ -830,7 +951,10 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
       if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
       else if constexpr (std::is_same<C, float>::value) {
-        switch (a->dtype) {
+        /* bf16 in pairs: rows kept as 16-bit offsets into the chunk */
+        if (a->dtype == EM_BF16 && chunk < 0xffff && cols_bx2_on()) {
+          reduce_cols_bx2<OP><<<grid, dim3(32, 8), 0, s>>>(r);
+        } else switch (a->dtype) {
           case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
           case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
           default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;

@@ -95,7 +95,8 @@ end)
 -- ties and the first row must win; heights that end on a partial trip of
 -- rows and on splits of several sizes; K a multiple of the vector width
 -- (the scalar kernel takes the rest). EMBER_REDUCE_COLS_EXT=0 runs the
--- previous kernel against the same cases.
+-- previous kernel against the same cases; bf16 takes reduce_cols_bx2
+-- (EMBER_REDUCE_COLS_BF16X2=0: reduce_cols_ext).
 local COLS = {
   {"one trip, partial", {13, 64}, 0},
   {"partial trips", {1001, 136}, 0},
@@ -138,6 +139,27 @@ describe("max/min down columns on CUDA (reduce_cols_ext)", function()
       agree("amax columns with NaN " .. dt, function(x) return x:amax(0) end, a)
       agree("min columns with NaN " .. dt, function(x) return x:min(0) end, a)
       agree("argmax columns with NaN " .. dt, function(x) return x:argmax(0) end, a)
+    end
+  end)
+
+  -- bf16 runs reduce_cols_bx2 (two columns an instruction: max.NaN.bf16x2,
+  -- compares into half masks; EMBER_REDUCE_COLS_BF16X2=0: reduce_cols_ext):
+  -- subnormals (bf16 instructions must not flush them), both zeros and the
+  -- infinities, in neighbouring columns of one pair, ties everywhere
+  it("bf16 pairs: subnormals, zeros and infinities tie as the CPU", function()
+    ember.manual_seed(23)
+    for _, shape in ipairs({{1001, 136}, {8193, 264}, {700, 4096}}) do
+      local x = ember.randint(0, 7, shape):to("f64")
+      local v = (x - 3) * 2 ^ -130                              -- +-2^-130, 2^-129: subnormal in bf16
+      v = ember.where(x:eq(1), v * 0, v)                       -- -0
+      v = ember.where(x:eq(0), ember.full(shape, -1 / 0, {dtype = "f64"}), v)
+      v = ember.where(x:eq(6), ember.full(shape, 1 / 0, {dtype = "f64"}), v):to("bf16")
+      agree("max subnormal bf16", function(t) return t:max(0) end, v)
+      agree("min subnormal bf16", function(t) return t:min(0) end, v)
+      agree("amax subnormal bf16", function(t) return t:amax(0) end, v)
+      local s = (x - 3) * 2 ^ -133                             -- the smallest subnormals, and +0
+      agree("argmax tiny bf16", function(t) return t:argmax(0) end, s:to("bf16"))
+      agree("argmin tiny bf16", function(t) return t:argmin(0) end, s:to("bf16"))
     end
   end)
 
