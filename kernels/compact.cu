@@ -38,9 +38,11 @@ namespace {
 
 constexpr int kThreads = 256, kTile = 4096, kWords = kTile / 32, kPer = kTile / kThreads;
 
-/* The workspace: ntiles x kWords u32 words, then ntiles + 1 i64 offsets. */
+/* The workspace: ntiles x kWords u32 words, then ntiles + 1 i64 offsets, then (256-aligned) one u64 look-back
+ * status a block of mark_lb_kernel (at most ntiles blocks). */
 int64_t ntiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
 size_t words_bytes(int64_t n) { return ((size_t)ntiles_of(n) * kWords * 4 + 255) & ~(size_t)255; }
+size_t offs_bytes(int64_t n) { return ((size_t)(ntiles_of(n) + 1) * sizeof(int64_t) + 255) & ~(size_t)255; }
 
 /* Raw element bits U nonzero; floats ignore the sign bit (-0.0 is zero, NaN is not). */
 template <typename U> __device__ __forceinline__ bool raw_nonzero(U v, U keep) { return (v & keep) != 0; }
@@ -98,6 +100,118 @@ __global__ void __launch_bounds__(kScanThreads) scan_tiles(int64_t *off, int64_t
   if (threadIdx.x == 0) { off[ntiles] = total; *count = total; }
 }
 
+/* mark with the tile scan folded in (EMBER_COMPACT_LOOKBACK=1, the default): what mark_kernel + scan_tiles
+ * compute (the same words, off[t] = the exclusive count before tile t, off[ntiles] = *count = the total) in
+ * one launch. A block takes BT tiles (BT x 4096 x sizeof(U) = 16 KB of x for 1- and 2-byte U: mark_kernel's
+ * one 16-byte load a thread of a bool mask left 4 KB a block in flight), all its loads issued first, then
+ * finds the count before it by a decoupled look-back over the blocks before it: each block publishes its
+ * count (AGG) at once and its inclusive prefix (INC) when it has it, in one u64 status word (flag in the top
+ * 2 bits); warp 0 reads the 32 statuses before it, waits until none is empty, sums back to the nearest INC,
+ * and moves 32 further back while there is none. Counts are integers: any order of adds gives the same
+ * offsets (deterministic, unlike a float scan). Blocks only wait on lower block indices, which the hardware
+ * starts first (as CUB's single-pass scan assumes); the statuses are zeroed by a memset before the launch. */
+constexpr unsigned long long kAgg = 1ull << 62, kInc = 2ull << 62, kValue = (1ull << 62) - 1;
+__device__ __forceinline__ unsigned long long ld_status(const unsigned long long *p) {
+  return *(const volatile unsigned long long *)p;
+}
+__device__ __forceinline__ long long warp_sum64(long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename U, int BT>
+__global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec,
+                                                           uint32_t *__restrict__ words, int64_t *__restrict__ off,
+                                                           unsigned long long *status, int64_t ntiles,
+                                                           int64_t *__restrict__ count) {
+  constexpr int V = 16 / sizeof(U), G = 32 / V, S = kTile / V / kThreads;
+  __shared__ int wsum[kThreads / 32][BT];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t tile0 = (int64_t)blockIdx.x * BT;
+  int c[BT];
+  if (vec && (tile0 + BT) * kTile <= n) {
+    Packed128<U> v[BT][S];
+#pragma unroll
+    for (int b = 0; b < BT; b++)
+#pragma unroll
+      for (int j = 0; j < S; j++) v[b][j] = load128(x + (tile0 + b) * kTile + (int64_t)(j * kThreads + t) * V);
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      uint32_t *w = words + (tile0 + b) * kWords;
+      c[b] = 0;
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int q = j * kThreads + t;
+        uint32_t bits = 0;
+#pragma unroll
+        for (int k = 0; k < V; k++) bits |= raw_nonzero(v[b][j][k], keep) ? 1u << k : 0u;
+        c[b] += __popc(bits);
+        bits <<= (lane % G) * V;
+#pragma unroll
+        for (int o = 1; o < G; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+        if (lane % G == 0) w[q * V / 32] = bits;
+      }
+    }
+  } else {   /* a partial tile in the block or misaligned x: one element per lane, a ballot per 32 */
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      c[b] = 0;
+      const int64_t tile = tile0 + b, base = tile * kTile;
+      if (tile >= ntiles) continue;   /* block-uniform */
+      uint32_t *w = words + tile * kWords;
+#pragma unroll 4
+      for (int j = 0; j < kPer; j++) {
+        const int e = j * kThreads + t;
+        const bool bit = base + e < n && raw_nonzero(x[base + e], keep);
+        const uint32_t bits = __ballot_sync(0xffffffffu, bit);
+        c[b] += bit;
+        if (lane == 0) w[e / 32] = bits;
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BT; b++) {
+    const int r = __reduce_add_sync(0xffffffffu, c[b]);
+    if (lane == 0) wsum[warp][b] = r;
+  }
+  __syncthreads();
+  if (warp) return;
+  int tc = 0;   /* lane b < BT: tile tile0 + b's count */
+  if (lane < BT)
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++) tc += wsum[w][lane];
+  int inc = tc;   /* inclusive prefix over the block's tiles */
+#pragma unroll
+  for (int o = 1; o < BT; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  const long long agg = __shfl_sync(0xffffffffu, inc, BT - 1);
+  long long excl = 0;
+  if (blockIdx.x == 0) {
+    if (lane == 0) *(volatile unsigned long long *)&status[0] = kInc | (unsigned long long)agg;
+  } else {
+    if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kAgg | (unsigned long long)agg;
+    for (int64_t pos = (int64_t)blockIdx.x - 1;; pos -= 32) {
+      const int64_t i = pos - lane;
+      unsigned long long st = i >= 0 ? ld_status(status + i) : kInc;   /* before block 0: an INC of 0 */
+      while (__any_sync(0xffffffffu, st == 0))
+        if (st == 0) st = ld_status(status + i);
+      const unsigned incs = __ballot_sync(0xffffffffu, (st >> 62) == 2);
+      long long val = (long long)(st & kValue);
+      if (incs) {
+        if (lane > __ffs(incs) - 1) val = 0;   /* up to and including the nearest INC */
+        excl += warp_sum64(val);
+        break;
+      }
+      excl += warp_sum64(val);
+    }
+    if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kInc | (unsigned long long)(excl + agg);
+  }
+  if (lane < BT && tile0 + lane < ntiles) off[tile0 + lane] = excl + inc - tc;
+  if (lane == 0 && blockIdx.x == gridDim.x - 1) { off[ntiles] = excl + agg; *count = excl + agg; }
+}
+
 /* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
 struct TileRanks {
   uint32_t w[kWords];
@@ -120,16 +234,25 @@ __device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
 }
 
 /* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run. */
+/* With vout (EMBER_COMPACT_VOUT=1, the default) the survivors are staged h elements in, h = how far the run's
+ * start lies past a 16-byte boundary of out, and written as 16-byte vectors of the stage (a warp stores 512
+ * contiguous bytes; the scalar loop stored 64 bytes a warp instruction for bf16), the run's partial first and
+ * last vectors element by element. */
+template <typename U> constexpr int select_blocks() { return sizeof(U) == 8 ? 4 : sizeof(U) == 2 ? 8 : 6; }
+/* blocks an SM: 2-byte 8 at 32 registers; 4-byte 6 at 40 (46 unbounded: 5); 8-byte by its 35 KB stage */
 template <typename U>
-__global__ void __launch_bounds__(kThreads) select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
-                                                          const U *__restrict__ x, int64_t n, bool vec, bool early,
-                                                          U *__restrict__ out) {
+__global__ void __launch_bounds__(kThreads, select_blocks<U>())
+    select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
+                  int64_t n, bool vec, bool early, bool vout, U *__restrict__ out) {
   constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
   __shared__ TileRanks r;
-  __shared__ U stage[kTile];
+  __shared__ __align__(16) U stage_buf[kTile + V];
   const int t = threadIdx.x;
   const int64_t base = (int64_t)blockIdx.x * kTile;
   const bool full = vec && base + kTile <= n;
+  U *o = out + off[blockIdx.x];
+  const int h = vout ? (int)(((uintptr_t)o / sizeof(U)) % V) : 0;
+  U *stage = stage_buf + h;
   /* x's loads first (EMBER_COMPACT_EARLY=0: after the ranks): they do not need the ranks, so their DRAM
    * latency overlaps the words' load and the block scan instead of following it */
   Packed128<U> xv[S];
@@ -153,8 +276,20 @@ __global__ void __launch_bounds__(kThreads) select_kernel(const uint32_t *__rest
       if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
   }
   __syncthreads();
-  U *o = out + off[blockIdx.x];
-  for (int k = t; k < cnt; k += kThreads) o[k] = stage[k];
+  if (!vout) {
+    for (int k = t; k < cnt; k += kThreads) o[k] = stage[k];
+    return;
+  }
+  U *oa = o - h;   /* 16-byte aligned; stage_buf[i] goes to oa[i], for i in [h, h + cnt) */
+  const int end = h + cnt, nv = (end + V - 1) / V;
+  for (int q = t; q < nv; q += kThreads) {
+    const int i0 = q * V;
+    if (i0 >= h && i0 + V <= end) {
+      store128(oa + i0, *reinterpret_cast<const Packed128<U> *>(stage_buf + i0));
+    } else {
+      for (int i = i0 > h ? i0 : h; i < i0 + V && i < end; i++) oa[i] = stage_buf[i];
+    }
+  }
 }
 
 /* masked_select's backward: gx[e] = marked ? g[off + rank] : 0, 16-byte stores where aligned. */
@@ -262,11 +397,25 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 }  // namespace
 
 extern "C" int64_t em_compact_ws_bytes(int64_t n) {
-  return (int64_t)(words_bytes(n) + (size_t)(ntiles_of(n) + 1) * sizeof(int64_t));
+  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)ntiles_of(n) * sizeof(unsigned long long));
 }
 
 static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
 static int64_t *ws_off(const em_tensor *ws, int64_t n) { return (int64_t *)((char *)em_data_ptr(ws) + words_bytes(n)); }
+static unsigned long long *ws_status(const em_tensor *ws, int64_t n) {
+  return (unsigned long long *)((char *)em_data_ptr(ws) + words_bytes(n) + offs_bytes(n));
+}
+
+/* The look-back mark: BT tiles a block (16 KB of x for 1- and 2-byte elements), statuses zeroed first. */
+template <typename U, int BT>
+static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
+                          unsigned long long *status, int64_t *count, cudaStream_t s) {
+  const int64_t nt = ntiles_of(n), nb = (nt + BT - 1) / BT;
+  if (em_cuda_check(cudaMemsetAsync(status, 0, (size_t)nb * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
+  mark_lb_kernel<U, BT><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, status, nt, count);
+  return em_launch_check(op);
+}
 
 extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) {
   const int64_t n = em_numel(x);
@@ -281,6 +430,21 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
   int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   const unsigned grid = (unsigned)nt;
+  static const bool lookback = em_env_switch("EMBER_COMPACT_LOOKBACK", true);   /* 0: mark_kernel + scan_tiles */
+  if (lookback) {
+    unsigned long long *st = ws_status(ws, n);
+    int64_t *cnt = (int64_t *)em_data_ptr(count);
+    switch (em_dtype_size(x->dtype)) {
+      case 1: return launch_mark_lb<uint8_t, 4>(op, (const uint8_t *)xp, n, 0xffu, vec, w, off, st, cnt, s);
+      case 2: return launch_mark_lb<uint16_t, 2>(op, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, st,
+                                                 cnt, s);
+      case 4: return launch_mark_lb<uint32_t, 1>(op, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
+                                                 off, st, cnt, s);
+      case 8: return launch_mark_lb<unsigned long long, 1>(op, (const unsigned long long *)xp, n,
+                                                           fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, st, cnt, s);
+      default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
+    }
+  }
   switch (em_dtype_size(x->dtype)) {
     case 1: mark_kernel<uint8_t><<<grid, kThreads, 0, s>>>((const uint8_t *)xp, n, 0xffu, vec, w, off); break;
     case 2: mark_kernel<uint16_t><<<grid, kThreads, 0, s>>>((const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off); break;
@@ -318,6 +482,7 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   if (n == 0 || em_numel(out) == 0) return 0;
   cudaStream_t s = em_cur_stream(x->device.index);
   static const bool early = em_env_switch("EMBER_COMPACT_EARLY", true);
+  static const bool vout = em_env_switch("EMBER_COMPACT_VOUT", true);   /* 0: one element a lane per store */
   const bool vec = aligned16(em_data_ptr(x));
   const unsigned grid = (unsigned)ntiles_of(n);
   const uint32_t *w = ws_words(ws);
@@ -326,7 +491,7 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   void *o = em_data_ptr(out);
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
-    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, (T *)o);
+    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, vout, (T *)o);
   });
   return em_launch_check(op);
 }

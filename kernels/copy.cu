@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kWideThreads) convert_wide_kernel(void *dst, c
       ((uint4 *)dst)[v] = out;
     }
   }
-  for (int64_t i = nvec * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = nvec * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     convert_one<DD, SD>(dst, i, src, i);   /* the tail */
 }
 
