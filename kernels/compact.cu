@@ -119,6 +119,34 @@ __device__ __forceinline__ long long warp_sum64(long long v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+/* Warp 0 of block blockIdx.x, whose count is agg: publish it, find the count of the blocks before (returned on
+ * every lane), publish the inclusive prefix. */
+__device__ __forceinline__ long long look_back(unsigned long long *status, long long agg) {
+  const int lane = threadIdx.x & 31;
+  long long excl = 0;
+  if (blockIdx.x == 0) {
+    if (lane == 0) *(volatile unsigned long long *)&status[0] = kInc | (unsigned long long)agg;
+    return 0;
+  }
+  if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kAgg | (unsigned long long)agg;
+  for (int64_t pos = (int64_t)blockIdx.x - 1;; pos -= 32) {
+    const int64_t i = pos - lane;
+    unsigned long long st = i >= 0 ? ld_status(status + i) : kInc;   /* before block 0: an INC of 0 */
+    while (__any_sync(0xffffffffu, st == 0))
+      if (st == 0) st = ld_status(status + i);
+    const unsigned incs = __ballot_sync(0xffffffffu, (st >> 62) == 2);
+    long long val = (long long)(st & kValue);
+    if (incs) {
+      if (lane > __ffs(incs) - 1) val = 0;   /* up to and including the nearest INC */
+      excl += warp_sum64(val);
+      break;
+    }
+    excl += warp_sum64(val);
+  }
+  if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kInc | (unsigned long long)(excl + agg);
+  return excl;
+}
+
 template <typename U, int BT>
 __global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec,
                                                            uint32_t *__restrict__ words, int64_t *__restrict__ off,
@@ -187,27 +215,7 @@ __global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restric
     if (lane >= o) inc += y;
   }
   const long long agg = __shfl_sync(0xffffffffu, inc, BT - 1);
-  long long excl = 0;
-  if (blockIdx.x == 0) {
-    if (lane == 0) *(volatile unsigned long long *)&status[0] = kInc | (unsigned long long)agg;
-  } else {
-    if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kAgg | (unsigned long long)agg;
-    for (int64_t pos = (int64_t)blockIdx.x - 1;; pos -= 32) {
-      const int64_t i = pos - lane;
-      unsigned long long st = i >= 0 ? ld_status(status + i) : kInc;   /* before block 0: an INC of 0 */
-      while (__any_sync(0xffffffffu, st == 0))
-        if (st == 0) st = ld_status(status + i);
-      const unsigned incs = __ballot_sync(0xffffffffu, (st >> 62) == 2);
-      long long val = (long long)(st & kValue);
-      if (incs) {
-        if (lane > __ffs(incs) - 1) val = 0;   /* up to and including the nearest INC */
-        excl += warp_sum64(val);
-        break;
-      }
-      excl += warp_sum64(val);
-    }
-    if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kInc | (unsigned long long)(excl + agg);
-  }
+  const long long excl = look_back(status, agg);
   if (lane < BT && tile0 + lane < ntiles) off[tile0 + lane] = excl + inc - tc;
   if (lane == 0 && blockIdx.x == gridDim.x - 1) { off[ntiles] = excl + agg; *count = excl + agg; }
 }
@@ -282,6 +290,83 @@ __global__ void __launch_bounds__(kThreads, select_blocks<U>())
   }
   U *oa = o - h;   /* 16-byte aligned; stage_buf[i] goes to oa[i], for i in [h, h + cnt) */
   const int end = h + cnt, nv = (end + V - 1) / V;
+  for (int q = t; q < nv; q += kThreads) {
+    const int i0 = q * V;
+    if (i0 >= h && i0 + V <= end) {
+      store128(oa + i0, *reinterpret_cast<const Packed128<U> *>(stage_buf + i0));
+    } else {
+      for (int i = i0 > h ? i0 : h; i < i0 + V && i < end; i++) oa[i] = stage_buf[i];
+    }
+  }
+}
+
+/* masked_select in one pass (EMBER_COMPACT_ONEPASS=1; the engine's out holds n elements, the worst case, so
+ * nothing waits for the count before this launch): a tile of 4096 elements a block reads its 4 KB of the bool
+ * mask (16 bytes a thread) and its x (16-byte vectors, issued first), ranks the survivors in shared memory,
+ * finds the survivors before it by look_back over the tiles, and writes its run at that offset as
+ * select_kernel's vout path does. Bytes: mask n + x s n + out s n/2 (half selected), the floor; the bits and
+ * offsets of the two-pass path and its host round trip between the passes are gone. */
+template <typename U>
+__global__ void __launch_bounds__(kThreads, select_blocks<U>())
+    select1_kernel(const uint8_t *__restrict__ mask, const U *__restrict__ x, int64_t n, bool vec,
+                   unsigned long long *status, int64_t *__restrict__ count, U *__restrict__ out) {
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ TileRanks r;
+  __shared__ __align__(16) U stage_buf[kTile + V];
+  __shared__ long long s_excl;
+  const int t = threadIdx.x;
+  const int64_t base = (int64_t)blockIdx.x * kTile;
+  const bool full = vec && base + kTile <= n;
+  Packed128<U> xv[S];
+  uint32_t half = 0;   /* the mask bits of elements [16 t, 16 t + 16) */
+  if (full) {
+    const Packed128<uint8_t> mv = load128(mask + base + 16 * t);
+#pragma unroll
+    for (int j = 0; j < S; j++) xv[j] = load128(x + base + (j * kThreads + t) * V);
+#pragma unroll
+    for (int k = 0; k < 16; k++) half |= mv[k] ? 1u << k : 0u;
+  } else {
+    for (int k = 0; k < 16; k++) {
+      const int64_t e = base + 16 * t + k;
+      if (e < n && mask[e]) half |= 1u << k;
+    }
+  }
+  const uint32_t hi = __shfl_down_sync(0xffffffffu, half, 1);
+  if (!(t & 1)) r.w[t >> 1] = half | hi << 16;
+  __syncthreads();
+  int p, agg;
+  Scan(tmp).ExclusiveSum(t < kWords ? __popc(r.w[t]) : 0, p, agg);
+  if (t < kWords) r.pre[t] = p;
+  if (t < 32) {
+    const long long excl = look_back(status, agg);
+    if (t == 0) {
+      s_excl = excl;
+      if (blockIdx.x == gridDim.x - 1) *count = excl + agg;
+    }
+  }
+  __syncthreads();
+  U *o = out + s_excl;
+  const int h = (int)(((uintptr_t)o / sizeof(U)) % V);
+  U *stage = stage_buf + h;
+  if (full) {
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+      const int e0 = (j * kThreads + t) * V;
+      const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+      int k = rank_of(r, e0);
+#pragma unroll
+      for (int i = 0; i < V; i++)
+        if (bits >> i & 1u) stage[k++] = xv[j][i];
+    }
+  } else {
+    for (int e = t; e < kTile && base + e < n; e += kThreads)
+      if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
+  }
+  __syncthreads();
+  U *oa = o - h;
+  const int end = h + agg, nv = (end + V - 1) / V;
   for (int q = t; q < nv; q += kThreads) {
     const int i0 = q * V;
     if (i0 >= h && i0 + V <= end) {
@@ -492,6 +577,34 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
     select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, vout, (T *)o);
+  });
+  return em_launch_check(op);
+}
+
+extern "C" int64_t em_compact_select1_ws_bytes(int64_t n) {
+  return (int64_t)((size_t)ntiles_of(n) * sizeof(unsigned long long));
+}
+
+extern "C" int em_compact_select1_cuda(const char *op, const em_tensor *mask, const em_tensor *x, em_tensor *ws,
+                                       em_tensor *count, em_tensor *out) {
+  const int64_t n = em_numel(x);
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  const int64_t nt = ntiles_of(n);
+  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  unsigned long long *st = (unsigned long long *)em_data_ptr(ws);
+  if (em_cuda_check(cudaMemsetAsync(st, 0, (size_t)nt * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
+  const bool vec = aligned16(em_data_ptr(x)) && aligned16(em_data_ptr(mask));
+  const uint8_t *mp = (const uint8_t *)em_data_ptr(mask);
+  const void *xp = em_data_ptr(x);
+  void *o = em_data_ptr(out);
+  int64_t *cnt = (int64_t *)em_data_ptr(count);
+  em_by_width(em_dtype_size(x->dtype), [&](auto z) {
+    using T = decltype(z);
+    select1_kernel<T><<<(unsigned)nt, kThreads, 0, s>>>(mp, (const T *)xp, n, vec, st, cnt, (T *)o);
   });
   return em_launch_check(op);
 }
