@@ -246,46 +246,12 @@ __device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
  * start lies past a 16-byte boundary of out, and written as 16-byte vectors of the stage (a warp stores 512
  * contiguous bytes; the scalar loop stored 64 bytes a warp instruction for bf16), the run's partial first and
  * last vectors element by element. */
-template <typename U> constexpr int select_blocks() { return sizeof(U) == 8 ? 4 : sizeof(U) == 2 ? 8 : 6; }
-/* blocks an SM: 2-byte 8 at 32 registers; 4-byte 6 at 40 (46 unbounded: 5); 8-byte by its 35 KB stage */
 template <typename U>
-__global__ void __launch_bounds__(kThreads, select_blocks<U>())
-    select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
-                  int64_t n, bool vec, bool early, bool vout, U *__restrict__ out) {
-  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
-  __shared__ TileRanks r;
-  __shared__ __align__(16) U stage_buf[kTile + V];
+__device__ __forceinline__ void store_run(const U *stage_buf, int h, int cnt, U *o, bool vout) {
+  constexpr int V = 16 / sizeof(U);
   const int t = threadIdx.x;
-  const int64_t base = (int64_t)blockIdx.x * kTile;
-  const bool full = vec && base + kTile <= n;
-  U *o = out + off[blockIdx.x];
-  const int h = vout ? (int)(((uintptr_t)o / sizeof(U)) % V) : 0;
-  U *stage = stage_buf + h;
-  /* x's loads first (EMBER_COMPACT_EARLY=0: after the ranks): they do not need the ranks, so their DRAM
-   * latency overlaps the words' load and the block scan instead of following it */
-  Packed128<U> xv[S];
-  if (full && early)
-#pragma unroll
-    for (int j = 0; j < S; j++) xv[j] = load128(x + base + (j * kThreads + t) * V);
-  const int cnt = load_ranks(r, words, off);
-  if (full) {
-#pragma unroll
-    for (int j = 0; j < S; j++) {
-      const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
-      const Packed128<U> v = early ? xv[j] : load128(x + base + e0);
-      const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
-      int k = rank_of(r, e0);
-#pragma unroll
-      for (int i = 0; i < V; i++)
-        if (bits >> i & 1u) stage[k++] = v[i];
-    }
-  } else {
-    for (int e = t; e < kTile && base + e < n; e += kThreads)
-      if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
-  }
-  __syncthreads();
   if (!vout) {
-    for (int k = t; k < cnt; k += kThreads) o[k] = stage[k];
+    for (int k = t; k < cnt; k += kThreads) o[k] = stage_buf[k];
     return;
   }
   U *oa = o - h;   /* 16-byte aligned; stage_buf[i] goes to oa[i], for i in [h, h + cnt) */
@@ -297,6 +263,73 @@ __global__ void __launch_bounds__(kThreads, select_blocks<U>())
     } else {
       for (int i = i0 > h ? i0 : h; i < i0 + V && i < end; i++) oa[i] = stage_buf[i];
     }
+  }
+}
+
+/* blocks an SM: 2-byte 6 at 40 registers with 2 tiles a block (16 KB of x in flight; 8 KB at 8 blocks with 1);
+ * 4-byte 6 at 40 (46 unbounded: 5); 8-byte by its 35 KB stage; 1-byte 6 (32 registers spilled) */
+template <typename U, int BT = 1> constexpr int select_blocks() {
+  return sizeof(U) == 8 ? 4 : sizeof(U) == 2 && BT == 1 ? 8 : 6;
+}
+/* tiles a block of select_kernel (EMBER_COMPACT_VOUT=1): 2 for 2-byte x, whose tile is 8 KB (1-byte x spilled) */
+template <typename U> constexpr int select_tiles() { return sizeof(U) == 2 ? 2 : 1; }
+/* BT tiles a block: every tile's x loads first (EMBER_COMPACT_EARLY=0: each tile's after its ranks), and every
+ * tile's words (thread t: word t % 128 of tile t / 128); then per tile a block scan of the words' popcounts,
+ * the staging and the run's stores. */
+template <typename U, int BT>
+__global__ void __launch_bounds__(kThreads, (select_blocks<U, BT>()))
+    select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
+                  int64_t n, int64_t ntiles, bool vec, bool early, bool vout, U *__restrict__ out) {
+  static_assert(BT * kWords <= kThreads, "a word a thread");
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ TileRanks r;
+  __shared__ __align__(16) U stage_buf[kTile + V];
+  const int t = threadIdx.x;
+  const int64_t tile0 = (int64_t)blockIdx.x * BT;
+  /* x's loads first: they do not need the ranks, so their DRAM latency overlaps the words' load and the scan */
+  Packed128<U> xv[BT][S];
+  if (early)
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      const int64_t base = (tile0 + b) * kTile;
+      if (vec && base + kTile <= n)
+#pragma unroll
+        for (int j = 0; j < S; j++) xv[b][j] = load128(x + base + (j * kThreads + t) * V);
+    }
+  const int64_t wt = tile0 + t / kWords;
+  const uint32_t wd = t < BT * kWords && wt < ntiles ? words[wt * kWords + t % kWords] : 0u;
+#pragma unroll
+  for (int b = 0; b < BT; b++) {
+    const int64_t tile = tile0 + b, base = tile * kTile;
+    if (tile >= ntiles) break;   /* block-uniform */
+    if (b) __syncthreads();      /* the last tile's stores have read the stage and the ranks */
+    int p;
+    Scan(tmp).ExclusiveSum(t / kWords == b ? __popc(wd) : 0, p);
+    if (t / kWords == b) { r.w[t % kWords] = wd; r.pre[t % kWords] = p; }
+    __syncthreads();
+    const int cnt = (int)(off[tile + 1] - off[tile]);
+    U *o = out + off[tile];
+    const int h = vout ? (int)(((uintptr_t)o / sizeof(U)) % V) : 0;
+    U *stage = stage_buf + h;
+    if (vec && base + kTile <= n) {
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
+        const Packed128<U> v = early ? xv[b][j] : load128(x + base + e0);
+        const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+        int k = rank_of(r, e0);
+#pragma unroll
+        for (int i = 0; i < V; i++)
+          if (bits >> i & 1u) stage[k++] = v[i];
+      }
+    } else {
+      for (int e = t; e < kTile && base + e < n; e += kThreads)
+        if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
+    }
+    __syncthreads();
+    store_run(stage_buf, h, cnt, o, vout);
   }
 }
 
@@ -365,16 +398,7 @@ __global__ void __launch_bounds__(kThreads, select_blocks<U>())
       if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
   }
   __syncthreads();
-  U *oa = o - h;
-  const int end = h + agg, nv = (end + V - 1) / V;
-  for (int q = t; q < nv; q += kThreads) {
-    const int i0 = q * V;
-    if (i0 >= h && i0 + V <= end) {
-      store128(oa + i0, *reinterpret_cast<const Packed128<U> *>(stage_buf + i0));
-    } else {
-      for (int i = i0 > h ? i0 : h; i < i0 + V && i < end; i++) oa[i] = stage_buf[i];
-    }
-  }
+  store_run(stage_buf, h, agg, o, true);
 }
 
 /* masked_select's backward: gx[e] = marked ? g[off + rank] : 0, 16-byte stores where aligned. */
@@ -574,9 +598,15 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   const int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   void *o = em_data_ptr(out);
+  const int64_t nt = ntiles_of(n);
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
-    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, vout, (T *)o);
+    constexpr int BT = select_tiles<T>();
+    if (vout && BT > 1)   /* EMBER_COMPACT_VOUT=0: one tile a block, as before */
+      select_kernel<T, BT><<<(unsigned)((nt + BT - 1) / BT), kThreads, 0, s>>>(w, off, (const T *)xp, n, nt, vec, early,
+                                                                                vout, (T *)o);
+    else
+      select_kernel<T, 1><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, nt, vec, early, vout, (T *)o);
   });
   return em_launch_check(op);
 }
