@@ -2,7 +2,6 @@
 look-back, select_kernel with BT tiles, select1_kernel, store_run's 16-byte runs at every alignment), checked
 against a plain masked_select; the look-back sees most earlier blocks as AGG only (random), so walks past 32
 blocks happen. Threads and warps are loops; no GPU. Run: python3 tools/compact_model.py (~1 min)."""
-# store_run) against numpy's masked_select. Threads emulated by loops; warps by lists.
 import random, itertools
 class _NP:
     uint64='u'; int64='i'
