@@ -454,6 +454,14 @@ __global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restr
   if (pair) {   /* 2-D: a row is 16 bytes, one store (a warp writes 512 contiguous bytes) */
     const O s = sizeof(O) == 4 ? (O)d.s32[1] : (O)d.s[1];
     longlong2 *o2 = reinterpret_cast<longlong2 *>(out) + row0;
+    if (s >= (O)kTile) {   /* one division a tile: base + e lies in row q0 or q0 + 1 (e < 4096 <= s) */
+      const O q0 = (O)base / s, r0 = (O)base - q0 * s;
+      for (int k = t; k < cnt; k += kThreads) {
+        const O r = r0 + (O)stage[k], c = r >= s;
+        o2[k] = make_longlong2((long long)(q0 + c), (long long)(r - c * s));
+      }
+      return;
+    }
     for (int k = t; k < cnt; k += kThreads) {
       const O l = (O)(base + stage[k]), q = l / s;
       o2[k] = make_longlong2((long long)q, (long long)(l - q * s));

@@ -126,8 +126,12 @@ describe("stream compaction on CUDA", function()
         assert.equals(0, max_diff(x:cuda():masked_select(mc), x:masked_select(m)), ("p %g %s"):format(p, dt))
       end
       assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), ("p %g bool nonzero"):format(p))
-      local m2 = m:narrow(0, 0, 2053 * 2043):view(2053, 2043)
-      assert.equals(0, max_diff(m2:cuda():nonzero(), m2:nonzero()), ("p %g 2-D bool nonzero"):format(p))
+      -- 2-D: rows shorter than a tile (a division a row) and at least a tile long (one a tile, coords_tiles)
+      for _, rc in ipairs({{2053, 2043}, {1023, 4100}, {1024, 4096}, {511, 8193}}) do
+        local m2 = m:narrow(0, 0, rc[1] * rc[2]):view(rc[1], rc[2])
+        local what = ("p %g 2-D bool nonzero %dx%d"):format(p, rc[1], rc[2])
+        assert.equals(0, max_diff(m2:cuda():nonzero(), m2:nonzero()), what)
+      end
       local xz = x64:to("bf16"):masked_fill(m, 0)
       assert.equals(0, max_diff(xz:cuda():nonzero(), xz:nonzero()), ("p %g bf16 nonzero"):format(p))
       local xf = x64:to("f32"):masked_fill(m, 0)
