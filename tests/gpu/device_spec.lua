@@ -115,7 +115,7 @@ describe("copies between the CPU and CUDA", function()
     -- the widening kernel (convert_wide_kernel, EMBER_CAST_WIDE): 1024 dst vectors a block; 2^20 + 4103
     -- elements leave a partial chunk and a scalar tail; narrow(0, 4, ...) moves a 2-byte src 8 bytes in
     -- (8-byte aligned, not 16: still this kernel for bf16 -> f32, whose src vector is 8 bytes)
-    local n = 2^20 + 4103
+    local n = (1 << 20) + 4103
     local base = ember.randn({n}):mul(1000)
     for _, p in ipairs({{"bf16", "f32"}, {"f16", "f32"}, {"f32", "f64"}, {"bf16", "f64"}, {"u8", "f32"},
                         {"u8", "f64"}, {"i32", "i64"}, {"u16", "i32"}, {"bool", "f32"}}) do
