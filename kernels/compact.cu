@@ -21,6 +21,11 @@
  * per survivor. Misaligned pointers and the last partial tile take a scalar
  * path with the same layout (ballot per 32 elements).
  *
+ * Eleventh session (EMBER_*=0 selects what was there before): step 1 and 2 are one launch, mark_lb_kernel
+ * (a decoupled look-back over blocks finds each tile's offset; EMBER_COMPACT_LOOKBACK); step 3's runs are
+ * stored as 16-byte vectors, 2 tiles a block for 2-byte x (EMBER_COMPACT_VOUT). EMBER_COMPACT_ONEPASS=1 (off
+ * by default) runs masked_select as select1_kernel alone, into an output of the worst-case size.
+ *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
  * cub::DeviceSelect for nonzero. */
@@ -241,7 +246,6 @@ __device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
   return r.pre[e >> 5] + __popc(r.w[e >> 5] & ((1u << (e & 31)) - 1u));
 }
 
-/* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run. */
 /* With vout (EMBER_COMPACT_VOUT=1, the default) the survivors are staged h elements in, h = how far the run's
  * start lies past a 16-byte boundary of out, and written as 16-byte vectors of the stage (a warp stores 512
  * contiguous bytes; the scalar loop stored 64 bytes a warp instruction for bf16), the run's partial first and
@@ -273,7 +277,8 @@ template <typename U, int BT = 1> constexpr int select_blocks() {
 }
 /* tiles a block of select_kernel (EMBER_COMPACT_VOUT=1): 2 for 2-byte x, whose tile is 8 KB (1-byte x spilled) */
 template <typename U> constexpr int select_tiles() { return sizeof(U) == 2 ? 2 : 1; }
-/* BT tiles a block: every tile's x loads first (EMBER_COMPACT_EARLY=0: each tile's after its ranks), and every
+/* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run.
+ * BT tiles a block: every tile's x loads first (EMBER_COMPACT_EARLY=0: each tile's after its ranks), and every
  * tile's words (thread t: word t % 128 of tile t / 128); then per tile a block scan of the words' popcounts,
  * the staging and the run's stores. */
 template <typename U, int BT>
