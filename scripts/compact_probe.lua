@@ -3,7 +3,8 @@
 -- median of --reps), then the same calls under the CUPTI profiler: each
 -- kernel's average µs a call, and the op's time less the kernels' (the host
 -- round trip for the count, launches, gaps). nonzero and masked_select read
--- their output's size back mid-op, so a gap the GPU waits for the host counts.
+-- their output's size back mid-op, so a gap the GPU waits for the host counts
+-- (a cudaMalloc in it too: the allocator's counts around the timed reps are printed).
 --
 --   ember run scripts/compact_probe.lua [--reps 20] [--n 8192]
 --   EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
@@ -40,12 +41,15 @@ for name in args.order:gmatch("[^,]+") do
   local c = assert(cases[name], "unknown case " .. name)
   local fn, bytes = c[1], c[2]
   local function call() local y = fn(); getmetatable(y).__close(y) end
-  local r = ember.bench(function() ember.no_grad(call) end,
-                        {warmup = 2, reps = args.reps, device = "cuda", flush_l2 = true, flush = "read", timer = "events"})
+  local m0 = ember.cuda.memory_stats()
+  local opts = {warmup = 2, reps = args.reps, device = "cuda", flush_l2 = true, flush = "read", timer = "events"}
+  local r = ember.bench(function() ember.no_grad(call) end, opts)
+  local m1 = ember.cuda.memory_stats()
   local p = ember.profile(function() for _ = 1, 5 do ember.no_grad(call) end end, {backend = "cupti", print = false})
   local ksum = 0
-  print(("\n== %s: %.4f ms (min %.4f), %.0f GB/s, %.0f%% of 4800"):format(name, r.median * 1e3, r.min * 1e3,
-    bytes / r.median / 1e9, bytes / r.median / 48e9))
+  print(("\n== %s: %.4f ms (min %.4f, max %.4f), %.0f GB/s, %.0f%% of 4800; cudaMalloc %d, cudaFree %d in it")
+    :format(name, r.median * 1e3, r.min * 1e3, r.max * 1e3, bytes / r.median / 1e9, bytes / r.median / 48e9,
+    m1.num_cuda_mallocs - m0.num_cuda_mallocs, m1.num_cuda_frees - m0.num_cuda_frees))
   if p:has_kernels() then
     for _, k in ipairs(p:kernels()) do
       local per = k.total_ms / 5 * 1e3
