@@ -21,6 +21,11 @@
  * per survivor. Misaligned pointers and the last partial tile take a scalar
  * path with the same layout (ballot per 32 elements).
  *
+ * Eleventh session (EMBER_*=0 selects what was there before): step 1 and 2 are one launch, mark_lb_kernel
+ * (a decoupled look-back over blocks finds each tile's offset; EMBER_COMPACT_LOOKBACK); step 3's runs are
+ * stored as 16-byte vectors, 2 tiles a block for 2-byte x (EMBER_COMPACT_VOUT). EMBER_COMPACT_ONEPASS=1 (off
+ * by default) runs masked_select as select1_kernel alone, into an output of the worst-case size.
+ *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
  * cub::DeviceSelect for nonzero. */
@@ -38,9 +43,11 @@ namespace {
 
 constexpr int kThreads = 256, kTile = 4096, kWords = kTile / 32, kPer = kTile / kThreads;
 
-/* The workspace: ntiles x kWords u32 words, then ntiles + 1 i64 offsets. */
+/* The workspace: ntiles x kWords u32 words, then ntiles + 1 i64 offsets, then (256-aligned) one u64 look-back
+ * status a block of mark_lb_kernel (at most ntiles blocks). */
 int64_t ntiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
 size_t words_bytes(int64_t n) { return ((size_t)ntiles_of(n) * kWords * 4 + 255) & ~(size_t)255; }
+size_t offs_bytes(int64_t n) { return ((size_t)(ntiles_of(n) + 1) * sizeof(int64_t) + 255) & ~(size_t)255; }
 
 /* Raw element bits U nonzero; floats ignore the sign bit (-0.0 is zero, NaN is not). */
 template <typename U> __device__ __forceinline__ bool raw_nonzero(U v, U keep) { return (v & keep) != 0; }
@@ -98,6 +105,126 @@ __global__ void __launch_bounds__(kScanThreads) scan_tiles(int64_t *off, int64_t
   if (threadIdx.x == 0) { off[ntiles] = total; *count = total; }
 }
 
+/* mark with the tile scan folded in (EMBER_COMPACT_LOOKBACK=1, the default): what mark_kernel + scan_tiles
+ * compute (the same words, off[t] = the exclusive count before tile t, off[ntiles] = *count = the total) in
+ * one launch. A block takes BT tiles (BT x 4096 x sizeof(U) = 16 KB of x for 1- and 2-byte U: mark_kernel's
+ * one 16-byte load a thread of a bool mask left 4 KB a block in flight), all its loads issued first, then
+ * finds the count before it by a decoupled look-back over the blocks before it: each block publishes its
+ * count (AGG) at once and its inclusive prefix (INC) when it has it, in one u64 status word (flag in the top
+ * 2 bits); warp 0 reads the 32 statuses before it, waits until none is empty, sums back to the nearest INC,
+ * and moves 32 further back while there is none. Counts are integers: any order of adds gives the same
+ * offsets (deterministic, unlike a float scan). Blocks only wait on lower block indices, which the hardware
+ * starts first (as CUB's single-pass scan assumes); the statuses are zeroed by a memset before the launch. */
+constexpr unsigned long long kAgg = 1ull << 62, kInc = 2ull << 62, kValue = (1ull << 62) - 1;
+__device__ __forceinline__ unsigned long long ld_status(const unsigned long long *p) {
+  return *(const volatile unsigned long long *)p;
+}
+__device__ __forceinline__ long long warp_sum64(long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+/* Warp 0 of block blockIdx.x, whose count is agg: publish it, find the count of the blocks before (returned on
+ * every lane), publish the inclusive prefix. */
+__device__ __forceinline__ long long look_back(unsigned long long *status, long long agg) {
+  const int lane = threadIdx.x & 31;
+  long long excl = 0;
+  if (blockIdx.x == 0) {
+    if (lane == 0) *(volatile unsigned long long *)&status[0] = kInc | (unsigned long long)agg;
+    return 0;
+  }
+  if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kAgg | (unsigned long long)agg;
+  for (int64_t pos = (int64_t)blockIdx.x - 1;; pos -= 32) {
+    const int64_t i = pos - lane;
+    unsigned long long st = i >= 0 ? ld_status(status + i) : kInc;   /* before block 0: an INC of 0 */
+    while (__any_sync(0xffffffffu, st == 0))
+      if (st == 0) st = ld_status(status + i);
+    const unsigned incs = __ballot_sync(0xffffffffu, (st >> 62) == 2);
+    long long val = (long long)(st & kValue);
+    if (incs) {
+      if (lane > __ffs(incs) - 1) val = 0;   /* up to and including the nearest INC */
+      excl += warp_sum64(val);
+      break;
+    }
+    excl += warp_sum64(val);
+  }
+  if (lane == 0) *(volatile unsigned long long *)&status[blockIdx.x] = kInc | (unsigned long long)(excl + agg);
+  return excl;
+}
+
+template <typename U, int BT>
+__global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec,
+                                                           uint32_t *__restrict__ words, int64_t *__restrict__ off,
+                                                           unsigned long long *status, int64_t ntiles,
+                                                           int64_t *__restrict__ count) {
+  constexpr int V = 16 / sizeof(U), G = 32 / V, S = kTile / V / kThreads;
+  __shared__ int wsum[kThreads / 32][BT];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t tile0 = (int64_t)blockIdx.x * BT;
+  int c[BT];
+  if (vec && (tile0 + BT) * kTile <= n) {
+    Packed128<U> v[BT][S];
+#pragma unroll
+    for (int b = 0; b < BT; b++)
+#pragma unroll
+      for (int j = 0; j < S; j++) v[b][j] = load128(x + (tile0 + b) * kTile + (int64_t)(j * kThreads + t) * V);
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      uint32_t *w = words + (tile0 + b) * kWords;
+      c[b] = 0;
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int q = j * kThreads + t;
+        uint32_t bits = 0;
+#pragma unroll
+        for (int k = 0; k < V; k++) bits |= raw_nonzero(v[b][j][k], keep) ? 1u << k : 0u;
+        c[b] += __popc(bits);
+        bits <<= (lane % G) * V;
+#pragma unroll
+        for (int o = 1; o < G; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+        if (lane % G == 0) w[q * V / 32] = bits;
+      }
+    }
+  } else {   /* a partial tile in the block or misaligned x: one element per lane, a ballot per 32 */
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      c[b] = 0;
+      const int64_t tile = tile0 + b, base = tile * kTile;
+      if (tile >= ntiles) continue;   /* block-uniform */
+      uint32_t *w = words + tile * kWords;
+#pragma unroll 4
+      for (int j = 0; j < kPer; j++) {
+        const int e = j * kThreads + t;
+        const bool bit = base + e < n && raw_nonzero(x[base + e], keep);
+        const uint32_t bits = __ballot_sync(0xffffffffu, bit);
+        c[b] += bit;
+        if (lane == 0) w[e / 32] = bits;
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BT; b++) {
+    const int r = __reduce_add_sync(0xffffffffu, c[b]);
+    if (lane == 0) wsum[warp][b] = r;
+  }
+  __syncthreads();
+  if (warp) return;
+  int tc = 0;   /* lane b < BT: tile tile0 + b's count */
+  if (lane < BT)
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++) tc += wsum[w][lane];
+  int inc = tc;   /* inclusive prefix over the block's tiles */
+#pragma unroll
+  for (int o = 1; o < BT; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  const long long agg = __shfl_sync(0xffffffffu, inc, BT - 1);
+  const long long excl = look_back(status, agg);
+  if (lane < BT && tile0 + lane < ntiles) off[tile0 + lane] = excl + inc - tc;
+  if (lane == 0 && blockIdx.x == gridDim.x - 1) { off[ntiles] = excl + agg; *count = excl + agg; }
+}
+
 /* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
 struct TileRanks {
   uint32_t w[kWords];
@@ -119,42 +246,164 @@ __device__ __forceinline__ int rank_of(const TileRanks &r, int e) {
   return r.pre[e >> 5] + __popc(r.w[e >> 5] & ((1u << (e & 31)) - 1u));
 }
 
-/* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run. */
+/* With vout (EMBER_COMPACT_VOUT=1, the default) the survivors are staged h elements in, h = how far the run's
+ * start lies past a 16-byte boundary of out, and written as 16-byte vectors of the stage (a warp stores 512
+ * contiguous bytes; the scalar loop stored 64 bytes a warp instruction for bf16), the run's partial first and
+ * last vectors element by element. */
 template <typename U>
-__global__ void __launch_bounds__(kThreads) select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off,
-                                                          const U *__restrict__ x, int64_t n, bool vec, bool early,
-                                                          U *__restrict__ out) {
+__device__ __forceinline__ void store_run(const U *stage_buf, int h, int cnt, U *o, bool vout) {
+  constexpr int V = 16 / sizeof(U);
+  const int t = threadIdx.x;
+  if (!vout) {
+    for (int k = t; k < cnt; k += kThreads) o[k] = stage_buf[k];
+    return;
+  }
+  U *oa = o - h;   /* 16-byte aligned; stage_buf[i] goes to oa[i], for i in [h, h + cnt) */
+  const int end = h + cnt, nv = (end + V - 1) / V;
+  for (int q = t; q < nv; q += kThreads) {
+    const int i0 = q * V;
+    if (i0 >= h && i0 + V <= end) {
+      store128(oa + i0, *reinterpret_cast<const Packed128<U> *>(stage_buf + i0));
+    } else {
+      for (int i = i0 > h ? i0 : h; i < i0 + V && i < end; i++) oa[i] = stage_buf[i];
+    }
+  }
+}
+
+/* blocks an SM: 2-byte 6 at 40 registers with 2 tiles a block (16 KB of x in flight; 8 KB at 8 blocks with 1);
+ * 4-byte 6 at 40 (46 unbounded: 5); 8-byte by its 35 KB stage; 1-byte 6 (32 registers spilled) */
+template <typename U, int BT = 1> constexpr int select_blocks() {
+  return sizeof(U) == 8 ? 4 : sizeof(U) == 2 && BT == 1 ? 8 : 6;
+}
+/* tiles a block of select_kernel (EMBER_COMPACT_VOUT=1): 2 for 2-byte x, whose tile is 8 KB (1-byte x spilled) */
+template <typename U> constexpr int select_tiles() { return sizeof(U) == 2 ? 2 : 1; }
+/* masked_select: out[off + rank] = x[e] for each marked e, staged in order then written as one run.
+ * BT tiles a block: every tile's x loads first (EMBER_COMPACT_EARLY=0: each tile's after its ranks), and every
+ * tile's words (thread t: word t % 128 of tile t / 128); then per tile a block scan of the words' popcounts,
+ * the staging and the run's stores. */
+template <typename U, int BT>
+__global__ void __launch_bounds__(kThreads, (select_blocks<U, BT>()))
+    select_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
+                  int64_t n, int64_t ntiles, bool vec, bool early, bool vout, U *__restrict__ out) {
+  static_assert(BT * kWords <= kThreads, "a word a thread");
   constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
   __shared__ TileRanks r;
-  __shared__ U stage[kTile];
+  __shared__ __align__(16) U stage_buf[kTile + V];
+  const int t = threadIdx.x;
+  const int64_t tile0 = (int64_t)blockIdx.x * BT;
+  /* x's loads first: they do not need the ranks, so their DRAM latency overlaps the words' load and the scan */
+  Packed128<U> xv[BT][S];
+  if (early)
+#pragma unroll
+    for (int b = 0; b < BT; b++) {
+      const int64_t base = (tile0 + b) * kTile;
+      if (vec && base + kTile <= n)
+#pragma unroll
+        for (int j = 0; j < S; j++) xv[b][j] = load128(x + base + (j * kThreads + t) * V);
+    }
+  const int64_t wt = tile0 + t / kWords;
+  const uint32_t wd = t < BT * kWords && wt < ntiles ? words[wt * kWords + t % kWords] : 0u;
+#pragma unroll
+  for (int b = 0; b < BT; b++) {
+    const int64_t tile = tile0 + b, base = tile * kTile;
+    if (tile >= ntiles) break;   /* block-uniform */
+    if (b) __syncthreads();      /* the last tile's stores have read the stage and the ranks */
+    int p;
+    Scan(tmp).ExclusiveSum(t / kWords == b ? __popc(wd) : 0, p);
+    if (t / kWords == b) { r.w[t % kWords] = wd; r.pre[t % kWords] = p; }
+    __syncthreads();
+    const int cnt = (int)(off[tile + 1] - off[tile]);
+    U *o = out + off[tile];
+    const int h = vout ? (int)(((uintptr_t)o / sizeof(U)) % V) : 0;
+    U *stage = stage_buf + h;
+    if (vec && base + kTile <= n) {
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
+        const Packed128<U> v = early ? xv[b][j] : load128(x + base + e0);
+        const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+        int k = rank_of(r, e0);
+#pragma unroll
+        for (int i = 0; i < V; i++)
+          if (bits >> i & 1u) stage[k++] = v[i];
+      }
+    } else {
+      for (int e = t; e < kTile && base + e < n; e += kThreads)
+        if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
+    }
+    __syncthreads();
+    store_run(stage_buf, h, cnt, o, vout);
+  }
+}
+
+/* masked_select in one pass (EMBER_COMPACT_ONEPASS=1; the engine's out holds n elements, the worst case, so
+ * nothing waits for the count before this launch): a tile of 4096 elements a block reads its 4 KB of the bool
+ * mask (16 bytes a thread) and its x (16-byte vectors, issued first), ranks the survivors in shared memory,
+ * finds the survivors before it by look_back over the tiles, and writes its run at that offset as
+ * select_kernel's vout path does. Bytes: mask n + x s n + out s n/2 (half selected), the floor; the bits and
+ * offsets of the two-pass path and its host round trip between the passes are gone. */
+template <typename U>
+__global__ void __launch_bounds__(kThreads, select_blocks<U>())
+    select1_kernel(const uint8_t *__restrict__ mask, const U *__restrict__ x, int64_t n, bool vec,
+                   unsigned long long *status, int64_t *__restrict__ count, U *__restrict__ out) {
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ TileRanks r;
+  __shared__ __align__(16) U stage_buf[kTile + V];
+  __shared__ long long s_excl;
   const int t = threadIdx.x;
   const int64_t base = (int64_t)blockIdx.x * kTile;
   const bool full = vec && base + kTile <= n;
-  /* x's loads first (EMBER_COMPACT_EARLY=0: after the ranks): they do not need the ranks, so their DRAM
-   * latency overlaps the words' load and the block scan instead of following it */
   Packed128<U> xv[S];
-  if (full && early)
+  uint32_t half = 0;   /* the mask bits of elements [16 t, 16 t + 16) */
+  if (full) {
+    const Packed128<uint8_t> mv = load128(mask + base + 16 * t);
 #pragma unroll
     for (int j = 0; j < S; j++) xv[j] = load128(x + base + (j * kThreads + t) * V);
-  const int cnt = load_ranks(r, words, off);
+#pragma unroll
+    for (int k = 0; k < 16; k++) half |= mv[k] ? 1u << k : 0u;
+  } else {
+    for (int k = 0; k < 16; k++) {
+      const int64_t e = base + 16 * t + k;
+      if (e < n && mask[e]) half |= 1u << k;
+    }
+  }
+  const uint32_t hi = __shfl_down_sync(0xffffffffu, half, 1);
+  if (!(t & 1)) r.w[t >> 1] = half | hi << 16;
+  __syncthreads();
+  int p, agg;
+  Scan(tmp).ExclusiveSum(t < kWords ? __popc(r.w[t]) : 0, p, agg);
+  if (t < kWords) r.pre[t] = p;
+  if (t < 32) {
+    const long long excl = look_back(status, agg);
+    if (t == 0) {
+      s_excl = excl;
+      if (blockIdx.x == gridDim.x - 1) *count = excl + agg;
+    }
+  }
+  __syncthreads();
+  U *o = out + s_excl;
+  const int h = (int)(((uintptr_t)o / sizeof(U)) % V);
+  U *stage = stage_buf + h;
   if (full) {
 #pragma unroll
     for (int j = 0; j < S; j++) {
-      const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
-      const Packed128<U> v = early ? xv[j] : load128(x + base + e0);
+      const int e0 = (j * kThreads + t) * V;
       const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
       int k = rank_of(r, e0);
 #pragma unroll
       for (int i = 0; i < V; i++)
-        if (bits >> i & 1u) stage[k++] = v[i];
+        if (bits >> i & 1u) stage[k++] = xv[j][i];
     }
   } else {
     for (int e = t; e < kTile && base + e < n; e += kThreads)
       if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
   }
   __syncthreads();
-  U *o = out + off[blockIdx.x];
-  for (int k = t; k < cnt; k += kThreads) o[k] = stage[k];
+  store_run(stage_buf, h, agg, o, true);
 }
 
 /* masked_select's backward: gx[e] = marked ? g[off + rank] : 0, 16-byte stores where aligned. */
@@ -210,6 +459,14 @@ __global__ void __launch_bounds__(kThreads) coords_tiles(const uint32_t *__restr
   if (pair) {   /* 2-D: a row is 16 bytes, one store (a warp writes 512 contiguous bytes) */
     const O s = sizeof(O) == 4 ? (O)d.s32[1] : (O)d.s[1];
     longlong2 *o2 = reinterpret_cast<longlong2 *>(out) + row0;
+    if (s >= (O)kTile) {   /* one division a tile: base + e lies in row q0 or q0 + 1 (e < 4096 <= s) */
+      const O q0 = (O)base / s, r0 = (O)base - q0 * s;
+      for (int k = t; k < cnt; k += kThreads) {
+        const O r = r0 + (O)stage[k], c = r >= s;
+        o2[k] = make_longlong2((long long)(q0 + c), (long long)(r - c * s));
+      }
+      return;
+    }
     for (int k = t; k < cnt; k += kThreads) {
       const O l = (O)(base + stage[k]), q = l / s;
       o2[k] = make_longlong2((long long)q, (long long)(l - q * s));
@@ -262,11 +519,25 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 }  // namespace
 
 extern "C" int64_t em_compact_ws_bytes(int64_t n) {
-  return (int64_t)(words_bytes(n) + (size_t)(ntiles_of(n) + 1) * sizeof(int64_t));
+  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)ntiles_of(n) * sizeof(unsigned long long));
 }
 
 static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
 static int64_t *ws_off(const em_tensor *ws, int64_t n) { return (int64_t *)((char *)em_data_ptr(ws) + words_bytes(n)); }
+static unsigned long long *ws_status(const em_tensor *ws, int64_t n) {
+  return (unsigned long long *)((char *)em_data_ptr(ws) + words_bytes(n) + offs_bytes(n));
+}
+
+/* The look-back mark: BT tiles a block (16 KB of x for 1- and 2-byte elements), statuses zeroed first. */
+template <typename U, int BT>
+static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
+                          unsigned long long *status, int64_t *count, cudaStream_t s) {
+  const int64_t nt = ntiles_of(n), nb = (nt + BT - 1) / BT;
+  if (em_cuda_check(cudaMemsetAsync(status, 0, (size_t)nb * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
+  mark_lb_kernel<U, BT><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, status, nt, count);
+  return em_launch_check(op);
+}
 
 extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) {
   const int64_t n = em_numel(x);
@@ -281,6 +552,21 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
   int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   const unsigned grid = (unsigned)nt;
+  static const bool lookback = em_env_switch("EMBER_COMPACT_LOOKBACK", true);   /* 0: mark_kernel + scan_tiles */
+  if (lookback) {
+    unsigned long long *st = ws_status(ws, n);
+    int64_t *cnt = (int64_t *)em_data_ptr(count);
+    switch (em_dtype_size(x->dtype)) {
+      case 1: return launch_mark_lb<uint8_t, 4>(op, (const uint8_t *)xp, n, 0xffu, vec, w, off, st, cnt, s);
+      case 2: return launch_mark_lb<uint16_t, 2>(op, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, st,
+                                                 cnt, s);
+      case 4: return launch_mark_lb<uint32_t, 1>(op, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
+                                                 off, st, cnt, s);
+      case 8: return launch_mark_lb<unsigned long long, 1>(op, (const unsigned long long *)xp, n,
+                                                           fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, st, cnt, s);
+      default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
+    }
+  }
   switch (em_dtype_size(x->dtype)) {
     case 1: mark_kernel<uint8_t><<<grid, kThreads, 0, s>>>((const uint8_t *)xp, n, 0xffu, vec, w, off); break;
     case 2: mark_kernel<uint16_t><<<grid, kThreads, 0, s>>>((const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off); break;
@@ -318,15 +604,50 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   if (n == 0 || em_numel(out) == 0) return 0;
   cudaStream_t s = em_cur_stream(x->device.index);
   static const bool early = em_env_switch("EMBER_COMPACT_EARLY", true);
+  static const bool vout = em_env_switch("EMBER_COMPACT_VOUT", true);   /* 0: one element a lane per store */
   const bool vec = aligned16(em_data_ptr(x));
   const unsigned grid = (unsigned)ntiles_of(n);
   const uint32_t *w = ws_words(ws);
   const int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   void *o = em_data_ptr(out);
+  const int64_t nt = ntiles_of(n);
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
-    select_kernel<T><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, vec, early, (T *)o);
+    constexpr int BT = select_tiles<T>();
+    if (vout && BT > 1)   /* EMBER_COMPACT_VOUT=0: one tile a block, as before */
+      select_kernel<T, BT><<<(unsigned)((nt + BT - 1) / BT), kThreads, 0, s>>>(w, off, (const T *)xp, n, nt, vec, early,
+                                                                                vout, (T *)o);
+    else
+      select_kernel<T, 1><<<grid, kThreads, 0, s>>>(w, off, (const T *)xp, n, nt, vec, early, vout, (T *)o);
+  });
+  return em_launch_check(op);
+}
+
+extern "C" int64_t em_compact_select1_ws_bytes(int64_t n) {
+  return (int64_t)((size_t)ntiles_of(n) * sizeof(unsigned long long));
+}
+
+extern "C" int em_compact_select1_cuda(const char *op, const em_tensor *mask, const em_tensor *x, em_tensor *ws,
+                                       em_tensor *count, em_tensor *out) {
+  const int64_t n = em_numel(x);
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
+  const int64_t nt = ntiles_of(n);
+  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  unsigned long long *st = (unsigned long long *)em_data_ptr(ws);
+  if (em_cuda_check(cudaMemsetAsync(st, 0, (size_t)nt * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
+  const bool vec = aligned16(em_data_ptr(x)) && aligned16(em_data_ptr(mask));
+  const uint8_t *mp = (const uint8_t *)em_data_ptr(mask);
+  const void *xp = em_data_ptr(x);
+  void *o = em_data_ptr(out);
+  int64_t *cnt = (int64_t *)em_data_ptr(count);
+  em_by_width(em_dtype_size(x->dtype), [&](auto z) {
+    using T = decltype(z);
+    select1_kernel<T><<<(unsigned)nt, kThreads, 0, s>>>(mp, (const T *)xp, n, vec, st, cnt, (T *)o);
   });
   return em_launch_check(op);
 }

@@ -712,6 +712,13 @@ int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tenso
 /* Step 2, with a marked ws of numel(x) elements: out (count, contiguous,
  * x's dtype) = the marked elements of x (contiguous) in order. */
 int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x, em_tensor *out);
+/* masked_select in one pass (EMBER_COMPACT_ONEPASS=1): out (contiguous, at
+ * least numel(x) elements, x's dtype) starts with the elements of x
+ * (contiguous) where mask (bool, contiguous, x's numel) is set, in order;
+ * count (0-d i64) = how many, on the device. ws: em_compact_select1_ws_bytes(n). */
+int64_t em_compact_select1_ws_bytes(int64_t n);
+int em_compact_select1_cuda(const char *op, const em_tensor *mask, const em_tensor *x, em_tensor *ws,
+                            em_tensor *count, em_tensor *out);
 /* masked_select's backward: gx[i] (contiguous, n = numel(gx)) = the next
  * element of g (contiguous, count) where i is marked, else 0. */
 int em_compact_expand_cuda(const char *op, const em_tensor *ws, const em_tensor *g, em_tensor *gx);

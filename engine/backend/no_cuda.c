@@ -232,6 +232,9 @@ int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tenso
                                em_tensor *count) { return no_cuda(op); }
 int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x,
                            em_tensor *out) { return no_cuda(op); }
+int64_t em_compact_select1_ws_bytes(int64_t n) { return 1; }
+int em_compact_select1_cuda(const char *op, const em_tensor *mask, const em_tensor *x, em_tensor *ws,
+                            em_tensor *count, em_tensor *out) { return no_cuda(op); }
 int em_compact_expand_cuda(const char *op, const em_tensor *ws, const em_tensor *g,
                            em_tensor *gx) { return no_cuda(op); }
 int em_compact_coords_cuda(const char *op, const em_tensor *ws, int64_t n, int ndim, const int64_t *shape,

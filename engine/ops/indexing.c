@@ -636,7 +636,34 @@ static em_tensor *masked_select_cpu(em_tensor *x, em_tensor *mask, int nd, const
   return out;
 }
 
+/* EMBER_COMPACT_ONEPASS=1: masked_select in one launch into an output of the worst-case size (numel of the
+ * broadcast shape); the result is its first count elements (a view: the storage keeps the whole block). Off
+ * by default: it trades memory (up to numel x element size per result) for the host round trip between the
+ * passes. */
+static int compact_onepass(void) {
+  const char *e = getenv("EMBER_COMPACT_ONEPASS");
+  return e && e[0] == '1';
+}
+
+static em_tensor *masked_select_onepass(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
+  const char *op = "masked_select";
+  int64_t n = em_shape_numel(nd, shape), nb = em_compact_select1_ws_bytes(n);
+  em_tensor *mb = broadcast_alias(mask, nd, shape), *xb = broadcast_alias(x, nd, shape);
+  em_tensor *mc = mb ? em_contiguous_as(mb, EM_BOOL) : NULL, *xc = xb ? em_contiguous_as(xb, x->dtype) : NULL;
+  em_tensor *full = mc && xc ? em_empty(1, &n, x->dtype, x->device) : NULL;
+  em_tensor *ws = full ? em_empty(1, &nb, EM_U8, x->device) : NULL;
+  em_tensor *cnt = ws ? em_empty(0, NULL, EM_I64, x->device) : NULL;
+  double v = 0;
+  int rc = cnt && em_compact_select1_cuda(op, mc, xc, ws, cnt, full) == 0 && em_item(cnt, &v) == 0 ? 0 : -1;
+  int64_t count = (int64_t)v, one = 1;
+  em_tensor *out = rc ? NULL : count == n ? em_tensor_retain(full) : em_as_strided(full, 1, &count, &one, full->offset);
+  em_tensor_release(mb); em_tensor_release(xb); em_tensor_release(mc); em_tensor_release(xc);
+  em_tensor_release(full); em_tensor_release(ws); em_tensor_release(cnt);
+  return out;
+}
+
 static em_tensor *masked_select_cuda(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
+  if (!compact_scan_path() && compact_onepass()) return masked_select_onepass(x, mask, nd, shape);
   if (!compact_scan_path()) {
     em_tensor *ws = NULL;
     int64_t count;

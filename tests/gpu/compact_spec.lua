@@ -4,7 +4,8 @@
 -- 8 bytes: the 16-byte vector paths), misaligned operands (the scalar path),
 -- empty and full tiles, and ranks up to 5. Values are moved, not computed:
 -- every comparison is exact. Run once more with EMBER_COMPACT=scan to check
--- the previous path.
+-- the previous path, and with EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 for
+-- the tiles' previous mark (mark_kernel + scan_tiles) and output stores.
 local ember = require "ember"
 
 local function max_diff(got, want)
@@ -106,6 +107,35 @@ describe("stream compaction on CUDA", function()
       assert.equals(x.dtype, got.dtype)
       same(got, x:unique(), "case " .. k)
       same(got, xc:unique({return_inverse = true}), "case " .. k .. " against the run-id path")
+    end
+  end)
+
+  -- mark_lb_kernel (EMBER_COMPACT_LOOKBACK=1): 4 tiles a block for a bool mask, 2 for 2-byte x, 1 for 4- and
+  -- 8-byte x; 2^22 + 333 elements = 1025 tiles: hundreds of blocks (look-backs past a window of 32 blocks), a
+  -- last block with one tile of its 4 or 2, and survivors' runs starting at every offset within 16 bytes (the
+  -- vector stores of select_kernel, EMBER_COMPACT_VOUT=1)
+  it("masked_select and nonzero over 1025 tiles (look-backs past 32 blocks, a partial last block)", function()
+    ember.manual_seed(26)
+    local n = (1 << 22) + 333
+    local x64 = ember.randn(n, {dtype = "f64"}):mul(100)
+    for _, p in ipairs({0.5, 0.002}) do
+      local m = mask_of(n, p)
+      local mc = m:cuda()
+      for _, dt in ipairs({"f32", "bf16", "f64", "u8"}) do
+        local x = x64:to(dt)
+        assert.equals(0, max_diff(x:cuda():masked_select(mc), x:masked_select(m)), ("p %g %s"):format(p, dt))
+      end
+      assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), ("p %g bool nonzero"):format(p))
+      -- 2-D: rows shorter than a tile (a division a row) and at least a tile long (one a tile, coords_tiles)
+      for _, rc in ipairs({{2053, 2043}, {1023, 4100}, {1024, 4096}, {511, 8193}}) do
+        local m2 = m:narrow(0, 0, rc[1] * rc[2]):view(rc[1], rc[2])
+        local what = ("p %g 2-D bool nonzero %dx%d"):format(p, rc[1], rc[2])
+        assert.equals(0, max_diff(m2:cuda():nonzero(), m2:nonzero()), what)
+      end
+      local xz = x64:to("bf16"):masked_fill(m, 0)
+      assert.equals(0, max_diff(xz:cuda():nonzero(), xz:nonzero()), ("p %g bf16 nonzero"):format(p))
+      local xf = x64:to("f32"):masked_fill(m, 0)
+      assert.equals(0, max_diff(xf:cuda():nonzero(), xf:nonzero()), ("p %g f32 nonzero"):format(p))
     end
   end)
 

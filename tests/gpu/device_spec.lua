@@ -111,6 +111,22 @@ describe("copies between the CPU and CUDA", function()
     end
   end)
 
+  it("widens (bf16 -> f32, u8 -> f64, ...) over many blocks, a partial last chunk and a src 8 bytes in", function()
+    -- the widening kernel (convert_wide_kernel, EMBER_CAST_WIDE): 1024 dst vectors a block; 2^20 + 4103
+    -- elements leave a partial chunk and a scalar tail; narrow(0, 4, ...) moves a 2-byte src 8 bytes in
+    -- (8-byte aligned, not 16: still this kernel for bf16 -> f32, whose src vector is 8 bytes)
+    local n = (1 << 20) + 4103
+    local base = ember.randn({n}):mul(1000)
+    for _, p in ipairs({{"bf16", "f32"}, {"f16", "f32"}, {"f32", "f64"}, {"bf16", "f64"}, {"u8", "f32"},
+                        {"u8", "f64"}, {"i32", "i64"}, {"u16", "i32"}, {"bool", "f32"}}) do
+      local s, d = p[1], p[2]
+      local x = (s == "u8" or s == "u16" or s == "i32") and base:abs():to(s) or s == "bool" and base:gt(0) or base:to(s)
+      local gx = x:to("cuda")
+      assert_same_bits(gx:to(d):cpu(), x:to(d), s .. " -> " .. d .. " (2^20 + 4103)")
+      assert_same_bits(gx:narrow(0, 4, n - 9):to(d):cpu(), x:narrow(0, 4, n - 9):to(d), s .. " -> " .. d .. " (4 in)")
+    end
+  end)
+
   it("fills CUDA tensors of any strides with the CPU's conversion of the value", function()
     for _, dt in ipairs(DTYPES) do
       for _, v in ipairs {0, 1.5, -3.7, 300, 1e10, 0 / 0} do
