@@ -6,12 +6,10 @@
  * Cost: 0 FLOPs; read es + write 1 byte per element (5 B for f32). Memory-
  * bound: the ceiling is the copy bandwidth.
  *
- * Launch shape: 256 threads, grid-stride; a thread reads G = 4 16-byte
- * Packed128s of input (4 f32, 8 bf16/f16, 2 f64 each) and writes their 16
- * (bf16/f16 32, f64 8) bools as one or two stores, so loads and stores are
- * both wide and 64 bytes of loads are in flight a thread (bf16 at G = 2, 32
- * bytes, ran at 80 % of the H200 to PyTorch's 86 %; EMBER_FLOAT_CLASS_G2=1
- * keeps that). The leftover vectors, the scalar tail and
+ * Launch shape: 256 threads, grid-stride; a thread reads G 16-byte
+ * Packed128s of input (4 f32, 8 bf16/f16, 2 f64 each; G = 4, 2, 4) and
+ * writes their 16 (f64 8) bools as one store, so loads and stores are both
+ * wide and G loads are in flight a thread. The leftover vectors, the scalar tail and
  * unaligned tensors take the one-element path. The test is done on the bits
  * (exponent all ones), identical for every float type, without converting. */
 #include <stdlib.h>
@@ -41,8 +39,8 @@ __device__ __forceinline__ uint8_t classify(typename Bits<T>::U u, bool nan) {
 
 template <int V> struct alignas(V) Bools { uint8_t v[V]; };
 
-/* VEC: a thread takes G 16-byte vectors of input at a time (4; bf16/f16 2 under EMBER_FLOAT_CLASS_G2),
- * all G loads issued before any test, and writes their G V bools at once (16 bytes; bf16/f16 32, f64 8);
+/* VEC: a thread takes G = 16 / V 16-byte vectors of input at a time (4 f32, 2 bf16/f16; 4 f64: 8 bytes of
+ * bools), all G loads issued before any test, and writes their G V bools as one store (16 bytes, f64 8);
  * the vectors left over (fewer than G a thread) and the last n % V elements follow one at a time. */
 template <typename T, bool VEC, int G>
 __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *in, int64_t n, bool nan) {
@@ -87,28 +85,14 @@ bool one_vector() {
   return on;
 }
 
-/* EMBER_FLOAT_CLASS_G2=1: bf16/f16 two vectors a thread (16 bools), as before. */
-bool half_g2() {
-  static const bool on = em_env_switch("EMBER_FLOAT_CLASS_G2", false);
-  return on;
-}
-
-template <typename T, int G>
-void launch_wide(uint8_t *out, const T *x, int64_t n, bool nan, cudaStream_t s) {
-  constexpr int V = 16 / (int)sizeof(T);
-  float_class<T, true, G><<<em_grid(n / (G * V) > 0 ? n / (G * V) : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
-}
-
 template <typename T>
 void launch(uint8_t *out, const void *in, int64_t n, bool nan, cudaStream_t s) {
-  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int V = 16 / (int)sizeof(T), G = 16 / V < 4 ? 16 / V : 4;
   const bool vec = ((uintptr_t)in & 15) == 0 && ((uintptr_t)out % V) == 0;
-  const bool g2 = sizeof(T) == 2 && half_g2();
   const T *x = (const T *)in;
-  if (vec && !one_vector() && (uintptr_t)out % ((g2 ? 2 : 4) * V) == 0) {
-    if (g2) launch_wide<T, 2>(out, x, n, nan, s);
-    else launch_wide<T, 4>(out, x, n, nan, s);
-  } else if (vec) float_class<T, true, 1><<<em_grid(n / V > 0 ? n / V : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
+  if (vec && !one_vector() && (uintptr_t)out % (G * V) == 0)
+    float_class<T, true, G><<<em_grid(n / (G * V) > 0 ? n / (G * V) : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
+  else if (vec) float_class<T, true, 1><<<em_grid(n / V > 0 ? n / V : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
   else float_class<T, false, 1><<<em_grid(n, kThreads), kThreads, 0, s>>>(out, x, n, nan);
 }
 

@@ -1,6 +1,6 @@
 -- float_class_spec.lua (GPU) — isnan and isfinite on CUDA (kernels/math_ops.cu)
 -- against the CPU, exactly: every size edge of the wide path (G 16-byte vectors
--- a thread, G = 4 (bf16/f16 2 under EMBER_FLOAT_CLASS_G2=1); the leftover vectors; the scalar tail),
+-- a thread, G = 4 f32/f64, 2 bf16/f16; the leftover vectors; the scalar tail),
 -- NaN, +-inf and finite values at random places, and views off the 16-byte
 -- alignment (the one-element path).
 local ember = require "ember"
