@@ -262,7 +262,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kStripThreads, 3) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
+__global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__restrict__ in, T *__restrict__ out,
                                                                    int64_t L, int64_t inner, int64_t strips,
                                                                    bool reverse, Op op, A identity) {
   constexpr int R = kAsyncTileBytes / (kStripCols * (int)sizeof(T));   /* rows a tile */
