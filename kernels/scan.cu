@@ -315,13 +315,11 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
 #pragma unroll
           for (int i = 0; i < kWalkBatch; i++) y[i] = tile[r + kWalkBatch + i][lane];
         }
-        A a[kWalkBatch];   /* the chain of adds alone, then the roundings and stores: nothing in its way */
 #pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) a[i] = widen<A, T>(x[i]);
-#pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) a[i] = acc = op(acc, a[i]);
-#pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) tile[r + i][lane] = narrow<T, A>(a[i]);
+        for (int i = 0; i < kWalkBatch; i++) {
+          acc = op(acc, widen<A, T>(x[i]));
+          tile[r + i][lane] = narrow<T, A>(acc);
+        }
         if (more) {
 #pragma unroll
           for (int i = 0; i < kWalkBatch; i++) x[i] = y[i];
