@@ -298,31 +298,16 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
     fetch(t + kAsyncStages - 1);          /* into tile t - 1's stage */
     T(*tile)[kStripCols] = buf[t % kAsyncStages];
     const int rows = (int)(L - t * R < R ? L - t * R : R);
-    if (walker) {
-      /* 8 rows' loads issued before their chain, and the next 8 rows' loads before this chain (software-
-       * pipelined: a batch's shared-memory latency hides behind the previous batch's adds, where it was
-       * waited out every 8 rows); only the adds wait on each other. Same adds, same order. */
+    if (walker) {   /* 8 rows' loads issued before their chain: only the adds wait on each other */
       int r = 0;
-      T x[kWalkBatch];
-      if (rows >= kWalkBatch) {
-#pragma unroll
-        for (int i = 0; i < kWalkBatch; i++) x[i] = tile[i][lane];
-      }
       for (; r + kWalkBatch <= rows; r += kWalkBatch) {
-        const bool more = r + 2 * kWalkBatch <= rows;   /* warp-uniform */
-        T y[kWalkBatch];
-        if (more) {
+        T x[kWalkBatch];
 #pragma unroll
-          for (int i = 0; i < kWalkBatch; i++) y[i] = tile[r + kWalkBatch + i][lane];
-        }
+        for (int i = 0; i < kWalkBatch; i++) x[i] = tile[r + i][lane];
 #pragma unroll
         for (int i = 0; i < kWalkBatch; i++) {
           acc = op(acc, widen<A, T>(x[i]));
           tile[r + i][lane] = narrow<T, A>(acc);
-        }
-        if (more) {
-#pragma unroll
-          for (int i = 0; i < kWalkBatch; i++) x[i] = y[i];
         }
       }
       for (; r < rows; r++) {
