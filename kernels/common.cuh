@@ -157,6 +157,14 @@ template <typename T> __device__ __forceinline__ constexpr uint32_t em_neg_inf_x
   return std::is_same<T, __nv_bfloat16>::value ? 0xff80ff80u : 0xfc00fc00u;
 }
 
+/* Per-block tables of a bf16 function's results (gelu_tab in elementwise.cu, bce_fwd_tab in loss_bce.cu):
+ * they cover the bf16 magnitudes |x| in [2^-12, 2^6), 18 binades of 128 = kBf16TabN entries; every other x
+ * (zeros, tiny, huge, inf, NaN) is computed. em_bf16_tab_index: a bf16's bits (the sign ignored) -> its
+ * entry, >= kBf16TabN outside the range (unsigned wrap); em_bf16_tab_bits: entry i -> the positive bf16's bits. */
+constexpr int kBf16TabE0 = 127 - 12, kBf16TabN = 18 * 128;
+__device__ __forceinline__ uint32_t em_bf16_tab_index(uint32_t b) { return (b & 0x7fffu) - (uint32_t)(kBf16TabE0 << 7); }
+__device__ __forceinline__ uint32_t em_bf16_tab_bits(int i) { return (uint32_t)(i + (kBf16TabE0 << 7)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
  * vectors a thread in flight, so the table is built twice per SM (~1.3 us;
  * 256-thread blocks built it 8 times, ~5 us). gelu tanh likewise. EMBER_GELU_TAB=0 runs
  * ew_fixed. */
-constexpr int kGeluE0 = 127 - 12, kGeluN = 18 * 128, kGeluThreads = 1024;
+constexpr int kGeluN = kBf16TabN, kGeluThreads = 1024;
 
 template <int CODE>
 __device__ __forceinline__ uint32_t gelu_calc(uint32_t b) {   /* b: a bf16's bits -> gelu's bits */
@@ -436,7 +436,7 @@ __device__ __forceinline__ uint32_t gelu_calc(uint32_t b) {   /* b: a bf16's bit
 }
 template <int CODE>
 __device__ __forceinline__ uint32_t gelu_look(const unsigned short *tab, uint32_t b) {
-  const uint32_t i = (b & 0x7fffu) - (uint32_t)(kGeluE0 << 7);
+  const uint32_t i = em_bf16_tab_index(b);
   return i < (uint32_t)kGeluN ? (uint32_t)tab[i + (b >> 15) * kGeluN] : gelu_calc<CODE>(b);
 }
 template <int CODE>
@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(kGeluThreads, 2) gelu_tab(const uint4 *in, uin
   if (tid + step < nv) w1 = in[tid + step];
 #pragma unroll 1
   for (int i = threadIdx.x; i < 2 * kGeluN; i += kGeluThreads)
-    tab[i] = (unsigned short)gelu_calc<CODE>((uint32_t)(i % kGeluN + (kGeluE0 << 7)) | (i >= kGeluN ? 0x8000u : 0u));
+    tab[i] = (unsigned short)gelu_calc<CODE>(em_bf16_tab_bits(i % kGeluN) | (i >= kGeluN ? 0x8000u : 0u));
   __syncthreads();
   for (int v = tid; v < nv; v += 2 * step) {
     const bool two = v + step < nv;

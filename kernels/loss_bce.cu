@@ -140,11 +140,11 @@ __global__ void __launch_bounds__(kThreads) bce_fwd_kernel(BceArgs<T> a, T *__re
  * the grid (the PLAIN kernel's, passed in), each thread's elements and
  * their order into the double sum are the PLAIN kernel's: the same values
  * and bits. EMBER_BCE_LPTAB=0 runs bce_fwd_kernel<PLAIN>. */
-constexpr int kLpE0 = 127 - 12, kLpN = 18 * 128;
+constexpr int kLpN = kBf16TabN;
 
 /* lp of the bf16 in word's low (hi = 0) or high half, whose value is x: from the table, or computed */
 __device__ __forceinline__ float lp_of(const float *tab, uint32_t word, int hi, float x) {
-  const uint32_t i = ((hi ? word >> 16 : word) & 0x7fffu) - (uint32_t)(kLpE0 << 7);
+  const uint32_t i = em_bf16_tab_index(hi ? word >> 16 : word);
   return i < (uint32_t)kLpN ? tab[i] : bce_lp<float>(x);
 }
 
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 8) bce_fwd_tab(BceArgs<__nv_bfloat16
   if (tid < nv) { wx = *(const uint4 *)(a.x + tid * V); wy = *(const uint4 *)(a.y + tid * V); }
 #pragma unroll 1
   for (int i = threadIdx.x; i < kLpN; i += kThreads)
-    tab[i] = bce_lp<C>(__uint_as_float((uint32_t)(i + (kLpE0 << 7)) << 16));
+    tab[i] = bce_lp<C>(__uint_as_float(em_bf16_tab_bits(i) << 16));
   __syncthreads();
   double acc[1] = {0};
   for (int64_t v = tid; v < nv; v += step) {
