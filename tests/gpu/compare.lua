@@ -183,5 +183,41 @@ function M.need_cupti(pending)
   error(msg, 2)
 end
 
+--- Runs `script` once per mode in a child `ember run`, with the environment
+-- variable `var` set to the mode (such switches are read once a process) and
+-- SCAN_SPEC_OUT naming the file the child saves its tensors to; returns
+-- {[mode] = the tensors loaded}. H: the calling spec's helpers (its temp files).
+function M.mode_results(H, script, var, modes)
+  local got = {}
+  for _, mode in ipairs(modes) do
+    local path = H.temp(".safetensors")
+    local _, err, code = H.ember({"run", script}, {env = {[var] = mode, SCAN_SPEC_OUT = path}})
+    if code ~= 0 then error(("%s=%s child failed (exit %s): %s"):format(var, mode, tostring(code), err), 2) end
+    got[mode] = ember.load(path)
+  end
+  return got
+end
+
+--- Every tensor of got[ref] equals the same-named tensor of each mode in
+-- `modes`, element for element (ne, not a difference: an overflow to inf must
+-- meet the same inf); returns how many names were compared.
+function M.assert_modes_agree(got, ref, modes)
+  local n = 0
+  for name, t in pairs(got[ref]) do
+    for _, mode in ipairs(modes) do
+      local other = got[mode][name]
+      if not other then error(mode .. "'s results lack " .. name, 2) end
+      if shape_str(other) ~= shape_str(t) then
+        error(("%s vs %s, %s: shape %s, expected %s"):format(mode, ref, name, shape_str(other), shape_str(t)), 2)
+      end
+      local d = other:ne(t):sum():item()
+      if d ~= 0 then
+        error(("%s vs %s, %s: %d of %d elements differ, expected 0"):format(mode, ref, name, d, t:numel()), 2)
+      end
+    end
+    n = n + 1
+  end
+  return n
+end
 
 return M, dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")

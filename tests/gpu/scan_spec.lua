@@ -97,24 +97,8 @@ describe("one-row scan paths on CUDA", function()
   after_each(function() H.remove_temps() end)
 
   it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
-    local script = H.temp_file(CHILD, ".lua")
-    local got = {}
-    for _, mode in ipairs({"split", "tiles"}) do
-      local path = H.temp(".safetensors")
-      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = mode, SCAN_SPEC_OUT = path}})
-      assert.are.equal(0, code, ("EMBER_SCAN_ROW=%s child failed: %s"):format(mode, err))
-      got[mode] = ember.load(path)
-    end
-    local n = 0
-    for name, t in pairs(got.tiles) do
-      local other = assert(got.split[name], "split's results lack " .. name)
-      assert.are.same(t.shape, other.shape, "split vs tiles, " .. name .. ": shapes")
-      -- ne, not a difference: f16's reversed sums overflow to inf, and inf - inf is NaN
-      local d = other:ne(t):sum():item()
-      assert(d == 0, ("split vs tiles, %s: %d of %d elements differ, expected 0"):format(name, d, t:numel()))
-      n = n + 1
-    end
-    assert.are.equal(4 * 3 * 4, n)
+    local got = cmp.mode_results(H, H.temp_file(CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", "tiles"})
+    assert.are.equal(4 * 3 * 4, cmp.assert_modes_agree(got, "tiles", {"split"}))
   end)
 
   it("split matches the CPU across 301 chunks (f32 cumsum)", function()
@@ -183,25 +167,8 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
   after_each(function() H.remove_temps() end)
 
   it("ring (the default) gives the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)", function()
-    local script = H.temp_file(ROWS_CHILD, ".lua")
-    local got = {}
-    for _, mode in ipairs({"ring", "one", "ahead"}) do
-      local path = H.temp(".safetensors")
-      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROWS = mode, SCAN_SPEC_OUT = path}})
-      assert.are.equal(0, code, ("EMBER_SCAN_ROWS=%s child failed: %s"):format(mode, err))
-      got[mode] = ember.load(path)
-    end
-    local n = 0
-    for name, t in pairs(got.one) do
-      for _, mode in ipairs({"ring", "ahead"}) do
-        local other = assert(got[mode][name], mode .. "'s results lack " .. name)
-        assert.are.same(t.shape, other.shape, mode .. " vs one, " .. name .. ": shapes")
-        local d = other:ne(t):sum():item()   -- ne: f16's reversed sums may overflow to inf
-        assert(d == 0, ("%s vs one, %s: %d of %d elements differ, expected 0"):format(mode, name, d, t:numel()))
-      end
-      n = n + 1
-    end
-    assert.are.equal(4 * 5 * 3, n)
+    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", {"ring", "one", "ahead"})
+    assert.are.equal(4 * 5 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead"}))
   end)
 
   it("ring matches the CPU with several rows a block (f32 and bf16 (3000, 1028), f64 (2500, 12))", function()
