@@ -19,30 +19,7 @@ local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "hel
 -- bits in and out
 ---------------------------------------------------------------------------
 
---- The 16-bit patterns of a bf16/f16 tensor, in logical order.
-local function u16s(t)
-  local s, out = H.raw_bytes(t), {}
-  for i = 1, #s // 2 do out[i] = string.unpack("<I2", s, 2 * i - 1) end
-  return out
-end
-
---- A bf16/f16 tensor of the given shape holding exactly the 16-bit patterns
--- `bits` (a safetensors file written here and loaded: no conversion touches them).
-local function from_u16(dtype, shape, bits)
-  local parts = {}
-  for i, b in ipairs(bits) do parts[i] = string.pack("<I2", b) end
-  local data = table.concat(parts)
-  local dims = {}
-  for i, d in ipairs(shape) do dims[i] = tostring(d) end
-  local header = ('{"x":{"dtype":"%s","shape":[%s],"data_offsets":[0,%d]}}'):format(
-    dtype == "bf16" and "BF16" or "F16", table.concat(dims, ","), #data)
-  header = header .. string.rep(" ", (8 - #header % 8) % 8)
-  local path = H.temp(".safetensors")
-  H.spit(path, string.pack("<I8", #header) .. header .. data)
-  local t = ember.load(path).x
-  os.remove(path)
-  return t
-end
+local u16s, from_u16 = H.bits, H.from_bits   -- bf16/f16 bit patterns out and in
 
 --- A bool tensor of the given shape from a Lua predicate of the flat index (0-based).
 local function mask(shape, pred)

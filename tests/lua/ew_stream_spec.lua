@@ -12,32 +12,7 @@
 local ember = require "ember"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
---- The element bit patterns of a tensor (4 bytes: f32, 2: bf16), in logical order.
-local function bits(t)
-  local s, w, out = H.raw_bytes(t), t.dtype == "f32" and 4 or 2, {}
-  local fmt = w == 4 and "<I4" or "<I2"
-  for i = 1, #s // w do out[i] = string.unpack(fmt, s, w * (i - 1) + 1) end
-  return out
-end
-
---- A tensor of dtype ("f32" or "bf16") and shape holding exactly the patterns
--- `pat` (a safetensors file written here and loaded: nothing converts them).
-local function from_bits(dtype, shape, pat)
-  local fmt = dtype == "f32" and "<I4" or "<I2"
-  local parts = {}
-  for i, b in ipairs(pat) do parts[i] = string.pack(fmt, b) end
-  local data = table.concat(parts)
-  local dims = {}
-  for i, d in ipairs(shape) do dims[i] = tostring(d) end
-  local header = ('{"x":{"dtype":"%s","shape":[%s],"data_offsets":[0,%d]}}'):format(
-    dtype == "f32" and "F32" or "BF16", table.concat(dims, ","), #data)
-  header = header .. string.rep(" ", (8 - #header % 8) % 8)
-  local path = H.temp(".safetensors")
-  H.spit(path, string.pack("<I8", #header) .. header .. data)
-  local t = ember.load(path).x
-  os.remove(path)
-  return t
-end
+local bits, from_bits = H.bits, H.from_bits
 
 local function assert_same_bits(got, want, what)
   assert.are.equal(want.dtype, got.dtype, what .. ": dtype")

@@ -216,6 +216,36 @@ function H.raw_bytes(t)
   return s:sub(9 + n)
 end
 
+local BITS_WIDTH = {f32 = 4, bf16 = 2, f16 = 2}
+local BITS_NAME = {f32 = "F32", bf16 = "BF16", f16 = "F16"}
+
+--- The element bit patterns of an f32/bf16/f16 tensor, in logical order.
+function H.bits(t)
+  local w = assert(BITS_WIDTH[t.dtype], "H.bits: f32, bf16 or f16, got " .. tostring(t.dtype))
+  local s, fmt, out = H.raw_bytes(t), "<I" .. w, {}
+  for i = 1, #s // w do out[i] = string.unpack(fmt, s, w * (i - 1) + 1) end
+  return out
+end
+
+--- An f32/bf16/f16 tensor of the given shape holding exactly the bit patterns
+-- `pat` (a safetensors file written here and loaded: no conversion touches them).
+function H.from_bits(dtype, shape, pat)
+  local w = assert(BITS_WIDTH[dtype], "H.from_bits: f32, bf16 or f16, got " .. tostring(dtype))
+  local parts = {}
+  for i, b in ipairs(pat) do parts[i] = string.pack("<I" .. w, b) end
+  local data = table.concat(parts)
+  local dims = {}
+  for i, d in ipairs(shape) do dims[i] = tostring(d) end
+  local header = ('{"x":{"dtype":"%s","shape":[%s],"data_offsets":[0,%d]}}'):format(
+    BITS_NAME[dtype], table.concat(dims, ","), #data)
+  header = header .. string.rep(" ", (8 - #header % 8) % 8)
+  local path = H.temp(".safetensors")
+  H.spit(path, string.pack("<I8", #header) .. header .. data)
+  local t = ember().load(path).x
+  os.remove(path)
+  return t
+end
+
 --- got and ref, Lua lists (nested for tensors of more dims), agree element by
 -- element within atol + rtol·|ref|; NaN matches NaN and an infinity only
 -- itself. A failure names the element, both values and the tolerances.
