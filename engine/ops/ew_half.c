@@ -14,12 +14,6 @@
 #define EW_CLONES EM_SIMD_CLONES
 #endif
 
-/* The rounding of a widened 16-bit value back to its dtype (ember/half.h),
- * which changes only NaNs: em_f32_to_bf16 quiets (h | 0x40), em_f32_to_f16
- * maps every NaN to sign | 0x7e00. */
-#define CANON_BF16(v) ((uint16_t)(((v) & 0x7fff) > 0x7f80 ? ((v) | 0x40) : (v)))
-#define CANON_F16(v) ((uint16_t)(((v) & 0x7fff) > 0x7c00 ? (((v) & 0x8000) | 0x7e00) : (v)))
-
 /* Both values loaded unconditionally: a blend, not a branch per element. */
 #define SEL_LOOP(T, CANON, CS, AS, BS)                                           \
   for (int64_t i = 0; i < n; i++) {                                              \

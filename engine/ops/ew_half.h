@@ -24,6 +24,12 @@
 #include <stdint.h>
 #include "ember/dtype.h"
 
+/* The rounding of a widened 16-bit value back to its dtype (ember/half.h),
+ * which changes only NaNs: em_f32_to_bf16 quiets (h | 0x40), em_f32_to_f16
+ * maps every NaN to sign | 0x7e00. */
+#define CANON_BF16(v) ((uint16_t)(((v) & 0x7fff) > 0x7f80 ? ((v) | 0x40) : (v)))
+#define CANON_F16(v) ((uint16_t)(((v) & 0x7fff) > 0x7c00 ? (((v) & 0x8000) | 0x7e00) : (v)))
+
 /* o[i*os] = canon(c[i*cs] != 0 ? a[i*as] : b[i*bs]) for i < n, strides in
  * elements (0: one value for every i), canon the dtype's NaN rule (f16: true). */
 void em_ew_select16(uint16_t *o, int64_t os, const uint8_t *c, int64_t cs, const uint16_t *a, int64_t as,

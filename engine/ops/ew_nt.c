@@ -1,5 +1,6 @@
 /* f32 binary ops with streamed stores: see ew_nt.h. */
 #include "ew_nt.h"
+#include "ew_half.h"
 #include "ember/ops.h"
 #include "vec_math.h"
 
@@ -114,7 +115,7 @@ XBW static void sel32_x512(uint32_t *o, const uint8_t *c, const uint32_t *a, int
   for (; i < n; i++) o[i] = c[i] != 0 ? a[i * as] : b[i * bs];
 }
 
-/* 16-bit values, then the dtype's NaN rule (ew_half.c's CANON_BF16 / CANON_F16). */
+/* 16-bit values, then the dtype's NaN rule (ew_half.h's CANON_BF16 / CANON_F16). */
 XBW static void sel16_x512(uint16_t *o, const uint8_t *c, const uint16_t *a, int64_t as, const uint16_t *b, int64_t bs,
                            int64_t n, bool f16) {
   const __m512i av = _mm512_set1_epi16((short)a[0]), bv = _mm512_set1_epi16((short)b[0]);
@@ -130,9 +131,8 @@ XBW static void sel16_x512(uint16_t *o, const uint8_t *c, const uint16_t *a, int
     _mm512_stream_si512((__m512i *)(o + i), _mm512_mask_mov_epi16(v, nan, fix));
   }
   for (; i < n; i++) {
-    uint16_t v = c[i] != 0 ? a[i * as] : b[i * bs];
-    if ((v & 0x7fff) > (f16 ? 0x7c00 : 0x7f80)) v = f16 ? (uint16_t)((v & 0x8000) | 0x7e00) : (uint16_t)(v | 0x40);
-    o[i] = v;
+    const uint16_t v = c[i] != 0 ? a[i * as] : b[i * bs];
+    o[i] = f16 ? CANON_F16(v) : CANON_BF16(v);
   }
 }
 #undef SEL_SRC
