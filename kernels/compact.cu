@@ -49,6 +49,18 @@ int64_t ntiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
 size_t words_bytes(int64_t n) { return ((size_t)ntiles_of(n) * kWords * 4 + 255) & ~(size_t)255; }
 size_t offs_bytes(int64_t n) { return ((size_t)(ntiles_of(n) + 1) * sizeof(int64_t) + 255) & ~(size_t)255; }
 
+/* The start the mark and select entry points share: the device made current, its stream in *s, n's tile
+ * count in *nt. Returns 1 when n is 0 (count set to 0 on the stream: nothing else to do), -1 on an error (set),
+ * 0 to go on. */
+int compact_begin(const char *op, int dev, int64_t n, em_tensor *count, cudaStream_t *s, int64_t *nt) {
+  if (em_use_device(dev, op)) return -1;
+  *s = em_cur_stream(dev);
+  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), *s), op, "cudaMemsetAsync") ? -1 : 1;
+  *nt = ntiles_of(n);
+  if (*nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)*nt);
+  return 0;
+}
+
 /* Raw element bits U nonzero; floats ignore the sign bit (-0.0 is zero, NaN is not). */
 template <typename U> __device__ __forceinline__ bool raw_nonzero(U v, U keep) { return (v & keep) != 0; }
 
@@ -541,12 +553,9 @@ static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool ve
 
 extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) {
   const int64_t n = em_numel(x);
-  const int dev = x->device.index;
-  if (em_use_device(dev, op)) return -1;
-  cudaStream_t s = em_cur_stream(dev);
-  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
-  const int64_t nt = ntiles_of(n);
-  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  cudaStream_t s;
+  int64_t nt;
+  if (const int b = compact_begin(op, x->device.index, n, count, &s, &nt)) return b < 0 ? -1 : 0;
   const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n);
@@ -582,12 +591,9 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
 
 extern "C" int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count) {
   const int64_t n = em_numel(sorted);
-  const int dev = sorted->device.index;
-  if (em_use_device(dev, op)) return -1;
-  cudaStream_t s = em_cur_stream(dev);
-  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
-  const int64_t nt = ntiles_of(n);
-  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  cudaStream_t s;
+  int64_t nt;
+  if (const int b = compact_begin(op, sorted->device.index, n, count, &s, &nt)) return b < 0 ? -1 : 0;
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n);
   if (em_dtype_is_float(sorted->dtype))
@@ -631,12 +637,9 @@ extern "C" int64_t em_compact_select1_ws_bytes(int64_t n) {
 extern "C" int em_compact_select1_cuda(const char *op, const em_tensor *mask, const em_tensor *x, em_tensor *ws,
                                        em_tensor *count, em_tensor *out) {
   const int64_t n = em_numel(x);
-  const int dev = x->device.index;
-  if (em_use_device(dev, op)) return -1;
-  cudaStream_t s = em_cur_stream(dev);
-  if (n == 0) return em_cuda_check(cudaMemsetAsync(em_data_ptr(count), 0, sizeof(int64_t), s), op, "cudaMemsetAsync");
-  const int64_t nt = ntiles_of(n);
-  if (nt > INT32_MAX) return em_error("%s: CUDA compaction takes at most 2^31 - 1 tiles, got %lld", op, (long long)nt);
+  cudaStream_t s;
+  int64_t nt;
+  if (const int b = compact_begin(op, x->device.index, n, count, &s, &nt)) return b < 0 ? -1 : 0;
   unsigned long long *st = (unsigned long long *)em_data_ptr(ws);
   if (em_cuda_check(cudaMemsetAsync(st, 0, (size_t)nt * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
     return -1;
