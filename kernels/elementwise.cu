@@ -26,9 +26,10 @@
  *    thread per step with all loads issued first, 32-bit index arithmetic
  *    whenever the offsets fit.
  * And two for bf16/f16 shapes that ran at 56-60% of an H100's bandwidth on
- * the paths above: ew_select16 (where/masked_fill, contiguous, a bool
- * condition; instead of ew_mixed) and ew_rows2d (a row broadcast down 2-D
- * rows; instead of ew_rows). EMBER_EW_KERNELS=generic turns them off.
+ * the paths above: ew_select16w (where/masked_fill, contiguous, a bool
+ * condition, on the raw 16-bit words; instead of ew_mixed; ew_select16 under
+ * EMBER_SELECT16=old) and ew_rows2d (a row broadcast down 2-D rows; instead
+ * of ew_rows). EMBER_EW_KERNELS=generic turns them off.
  * The one trick: the op code is a runtime switch, uniform across a launch,
  * placed outside the loop over a thread's 4-16 elements — so each case's
  * independent computations overlap, and one kernel per storage type serves
