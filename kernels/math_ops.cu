@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *i
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t groups = units / G;
   for (int64_t k = tid; k < groups; k += step) {
-    Bools<G * V> b;
     if constexpr (SW) {   /* the whole step on words: 4 bools a classify4 */
       uint4 w[G];
 #pragma unroll
@@ -81,19 +80,21 @@ __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *i
       o.z = classify4<T>(w[1].x, w[1].y, add2, flip);
       o.w = classify4<T>(w[1].z, w[1].w, add2, flip);
       *reinterpret_cast<uint4 *>(out + k * G * V) = o;
-      continue;
-    } else if constexpr (VEC) {
-      Packed128<U> p[G];
-#pragma unroll
-      for (int q = 0; q < G; q++) p[q] = load128(u + (k * G + q) * V);
-#pragma unroll
-      for (int q = 0; q < G; q++)
-#pragma unroll
-        for (int e = 0; e < V; e++) b.v[q * V + e] = classify<T>(p[q][e], nan);
     } else {
-      b.v[0] = classify<T>(u[k], nan);
+      Bools<G * V> b;
+      if constexpr (VEC) {
+        Packed128<U> p[G];
+#pragma unroll
+        for (int q = 0; q < G; q++) p[q] = load128(u + (k * G + q) * V);
+#pragma unroll
+        for (int q = 0; q < G; q++)
+#pragma unroll
+          for (int e = 0; e < V; e++) b.v[q * V + e] = classify<T>(p[q][e], nan);
+      } else {
+        b.v[0] = classify<T>(u[k], nan);
+      }
+      *reinterpret_cast<Bools<G * V> *>(out + k * G * V) = b;
     }
-    *reinterpret_cast<Bools<G * V> *>(out + k * G * V) = b;
   }
   if constexpr (VEC && G > 1) {
     const int64_t k = groups * G + tid;   /* the last units % G vectors */

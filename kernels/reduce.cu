@@ -610,10 +610,11 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
 
 /* The end of the column max/min kernels: each thread's V extremes M (m's
  * bits) and rows R (offsets from r0, -1: none). The 8 threads down each
- * block column meet in shared memory (y order: deterministic) and y == 0
- * emits, one output at a time (few registers). A zero or NaN winner's own
- * bits are read again (m may carry the other zero's sign or another NaN). */
-template <typename T, typename C, int OP, int V>
+ * block column meet in shared memory (y order: deterministic); WIDE (the
+ * default, with CLAMP): a thread per column merges and emits, else y == 0
+ * emits its V columns one at a time (few registers). A zero or NaN winner's
+ * own bits are read again (m may carry the other zero's sign or another NaN). */
+template <typename T, typename C, int OP, int V, bool WIDE = false>
 __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
                                               int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
   __shared__ C sv[8][32 * V];
@@ -627,7 +628,21 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
     si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
   }
   __syncthreads();
-  if (threadIdx.y == 0 && live) {
+  if constexpr (WIDE) {
+    /* the block's 32 V columns spread over its 256 threads (32 V <= 256):
+     * one column's 7 merges a thread, in the same y order, instead of V
+     * columns' 56 on the y == 0 warp while 7 warps wait (~1 µs a block) */
+    const int c = threadIdx.y * 32 + threadIdx.x;
+    const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
+    if (c < 32 * V && kc < K) {
+      Acc<C, OP> acc;
+      acc.v = sv[0][c];
+      acc.i = si[0][c];
+#pragma unroll
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c]);
+      emit<C, OP>(a, ob * K + kc, acc);
+    }
+  } else if (threadIdx.y == 0 && live) {
     for (int e = 0; e < V; e++) {
       Acc<C, OP> acc;
       acc.v = sv[0][threadIdx.x * V + e];
@@ -715,7 +730,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a)
       if (seq_better<C, OP>(m, M[e], R[e] < 0)) { M[e] = m; R[e] = rr + uh * 8; }
     }
   }
-  cols_ext_emit<T, C, OP>(a, p, r0, rs, live, ob, K, k, M, R);
+  cols_ext_emit<T, C, OP, V, CLAMP>(a, p, r0, rs, live, ob, K, k, M, R);
 }
 
 /* bf16 pairs (two neighbouring columns in one 32-bit word): max.NaN /
@@ -817,7 +832,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a)
     Ri[e] = h == 0xffffu ? -1 : (int)h;
     Mf[e] = __uint_as_float((e & 1) ? (M[e >> 1] & 0xffff0000u) : (M[e >> 1] << 16));
   }
-  cols_ext_emit<T, float, OP>(a, p, r0, rs, live, ob, K, k, Mf, Ri);
+  cols_ext_emit<T, float, OP, V, CLAMP>(a, p, r0, rs, live, ob, K, k, Mf, Ri);
 }
 
 template <typename C, int OP, int TPO>
@@ -861,9 +876,11 @@ bool cols_bx2_on() {
   return on;
 }
 
-/* EMBER_REDUCE_COLS_CLAMP=0: the column max/min kernels fill a short last
- * trip's rows by copying the first row's registers (each trip then waits out
- * two load latencies, see cols_trip_load) instead of re-reading row r; read once. */
+/* EMBER_REDUCE_COLS_CLAMP=0: the column max/min kernels as before gpured6:
+ * a short last trip's rows copied from the first row's registers (each trip
+ * then waits out two load latencies, see cols_trip_load) instead of
+ * re-reading row r, and the y == 0 warp merging the block's columns alone
+ * (cols_ext_emit's WIDE); read once. */
 bool cols_clamp_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_COLS_CLAMP", true);
   return on;
