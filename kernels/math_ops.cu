@@ -110,6 +110,41 @@ __global__ void __launch_bounds__(kThreads) float_class(uint8_t *out, const T *i
   if (VEC && i < n) out[i] = classify<T>(u[i], nan);
 }
 
+/* bf16/f16 with each warp instruction on one contiguous run (opt-in,
+ * EMBER_FLOAT_CLASS_LANES=1): a lane takes one 16-byte vector a step and
+ * stores its 8 bools as one 8-byte store, 2 steps in flight (v and v + grid),
+ * as ew_contig's bf16 add (90 % on the H200); float_class<.., SW> instead
+ * gives a lane 2 neighbouring vectors, so each of its load instructions
+ * covers half of every sector of a 1 KiB run. Same classify4, same bools. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) float_class_lanes(uint8_t *out, const T *in, int64_t n, bool nan) {
+  constexpr int U = 2;
+  const uint32_t add2 = (nan ? 0x7fffu - (uint32_t)Bits<T>::exp : 0x8000u - (uint32_t)Bits<T>::exp) * 0x00010001u;
+  const uint32_t flip = nan ? 0u : ~0u;
+  const uint4 *src = reinterpret_cast<const uint4 *>(in);
+  uint2 *dst = reinterpret_cast<uint2 *>(out);
+  const int64_t nv = n / 8, step = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t v0 = tid; v0 < nv; v0 += U * step) {
+    uint4 w[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (u == 0 || v0 + u * step < nv) w[u] = src[v0 + u * step];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (u > 0 && v0 + u * step >= nv) break;
+      dst[v0 + u * step] = make_uint2(classify4<T>(w[u].x, w[u].y, add2, flip), classify4<T>(w[u].z, w[u].w, add2, flip));
+    }
+  }
+  const int64_t i = nv * 8 + tid;   /* the last n % 8 elements */
+  if (i < n) out[i] = classify<T>(reinterpret_cast<const typename Bits<T>::U *>(in)[i], nan);
+}
+
+bool lanes16() {
+  static const bool on = em_env_switch("EMBER_FLOAT_CLASS_LANES", false);
+  return on;
+}
+
 /* EMBER_FLOAT_CLASS_OLD=1: one vector a thread (G = 1), as before. */
 bool one_vector() {
   static const bool on = em_env_switch("EMBER_FLOAT_CLASS_OLD", false);
@@ -131,7 +166,10 @@ void launch(uint8_t *out, const void *in, int64_t n, bool nan, cudaStream_t s) {
   const unsigned gg = em_grid(n / (G * V) > 0 ? n / (G * V) : 1, kThreads);
   if (vec && !one_vector() && (uintptr_t)out % (G * V) == 0) {
     if constexpr (sizeof(T) == 2) {
-      if (words16()) float_class<T, true, G, true><<<gg, kThreads, 0, s>>>(out, x, n, nan);
+      const int64_t nl = (n / 8 + 1) / 2;   /* float_class_lanes: 2 vectors a thread */
+      if (lanes16() && words16())
+        float_class_lanes<T><<<em_grid(nl > 0 ? nl : 1, kThreads), kThreads, 0, s>>>(out, x, n, nan);
+      else if (words16()) float_class<T, true, G, true><<<gg, kThreads, 0, s>>>(out, x, n, nan);
       else float_class<T, true, G><<<gg, kThreads, 0, s>>>(out, x, n, nan);
     } else {
       float_class<T, true, G><<<gg, kThreads, 0, s>>>(out, x, n, nan);
