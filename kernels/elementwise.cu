@@ -26,9 +26,10 @@
  *    thread per step with all loads issued first, 32-bit index arithmetic
  *    whenever the offsets fit.
  * And two for bf16/f16 shapes that ran at 56-60% of an H100's bandwidth on
- * the paths above: ew_select16 (where/masked_fill, contiguous, a bool
- * condition; instead of ew_mixed) and ew_rows2d (a row broadcast down 2-D
- * rows; instead of ew_rows). EMBER_EW_KERNELS=generic turns them off.
+ * the paths above: ew_select16w (where/masked_fill, contiguous, a bool
+ * condition, on the raw 16-bit words; instead of ew_mixed; ew_select16 under
+ * EMBER_SELECT16=old) and ew_rows2d (a row broadcast down 2-D rows; instead
+ * of ew_rows). EMBER_EW_KERNELS=generic turns them off.
  * The one trick: the op code is a runtime switch, uniform across a launch,
  * placed outside the loop over a thread's 4-16 elements — so each case's
  * independent computations overlap, and one kernel per storage type serves
@@ -713,6 +714,105 @@ __global__ void __launch_bounds__(kThreads) ew_select16(EwArgs a) {
   }
 }
 
+/* where / masked_fill in bf16/f16, coalesced and on the raw bits (issue 12:
+ * ew_select16 ran where (8192,8192) bf16 at 84 % to PyTorch's 92 %). A lane
+ * takes 8 elements a step -- the condition's 8 bools as one 8-byte load, each
+ * value operand as one 16-byte load, one 16-byte store -- so every load and
+ * store instruction of a warp covers one contiguous 256/512-byte run
+ * (ew_select16's lane takes 16: its two 16-byte loads of an operand, and its
+ * two stores, each cover half of every 32-byte sector of a 1 KiB run), U = 4
+ * steps in flight (160 bytes a lane, as ew_select16). RAW: the select on the
+ * 16-bit words -- a byte's "nonzero" into its bit 7 (mask, add, or), a PRMT
+ * that replicates that bit over the two halves of a word, one LOP3 -- ~3
+ * instructions an element against ~4 for the f32 select and rounding. The
+ * f32 path's rounding changes no value but a NaN (bf16/f16 -> f32 -> bf16/f16
+ * is exact otherwise, subnormals included: no .ftz), so a step whose selected
+ * word holds a NaN half is redone the f32 way (select16_f32: the very code of
+ * ew_select16): same bits, NaN payloads included. A constant operand is its
+ * f32 value rounded once (from_f32, the f32 path's rounding of it). int32
+ * offsets: n <= 2^30. */
+template <typename T> __device__ __forceinline__ uint32_t bits16(T x);
+template <> __device__ __forceinline__ uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+template <> __device__ __forceinline__ uint32_t bits16<__half>(__half x) { return __half_as_ushort(x); }
+
+__device__ __forceinline__ uint32_t prmt_sx(uint32_t x, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0u), "r"(sel));
+  return r;
+}
+
+/* 8 elements the f32 way: cond bytes m, values wa / wb (or the constants) */
+template <typename T, bool AT, bool BT>
+__device__ __forceinline__ void select16_f32(T *out, uint2 m, const uint4 &wa, const uint4 &wb, float ca, float cb) {
+  Packed128<T> p;
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    const bool c = (((e < 4 ? m.x : m.y) >> (8 * (e & 3))) & 0xFFu) != 0;
+    const float x = AT ? raw_elem<float, T>(wa, e) : ca;
+    const float y = BT ? raw_elem<float, T>(wb, e) : cb;
+    p[e] = from_compute<T, float>(c ? x : y);
+  }
+  store128(out, p);
+}
+
+template <typename T, bool AT, bool BT, bool RAW>
+__global__ void __launch_bounds__(kThreads) ew_select16w(EwArgs a) {
+  constexpr int U = 4;
+  /* |h| + NA reaches bit 15 of a half exactly when h is a NaN */
+  constexpr uint32_t NA = (std::is_same<T, __half>::value ? 0x7fffu - 0x7c00u : 0x7fffu - 0x7f80u) * 0x00010001u;
+  const uint2 *cond = (const uint2 *)a.ptr[1];
+  const uint4 *pa = (const uint4 *)a.ptr[2], *pb = (const uint4 *)a.ptr[3];
+  const float ca = (float)a.cval[1], cb = (float)a.cval[2];
+  const uint32_t ha = AT ? 0u : bits16<T>(from_f32<T>(ca)) * 0x00010001u;
+  const uint32_t hb = BT ? 0u : bits16<T>(from_f32<T>(cb)) * 0x00010001u;
+  T *out = (T *)a.ptr[0];
+  const int n = (int)a.numel, nv = n / 8;
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (int v0 = tid; v0 < nv; v0 += U * step) {
+    uint2 m[U];
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      if (u == 0 || v < nv) {
+        m[u] = cond[v];
+        if (AT) wa[u] = pa[v];
+        if (BT) wb[u] = pb[v];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int v = v0 + u * step;
+      if (u > 0 && v >= nv) break;
+      if constexpr (RAW) {
+        const uint32_t nz0 = ((m[u].x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | m[u].x;   /* bit 7 of a byte: nonzero */
+        const uint32_t nz1 = ((m[u].y & 0x7f7f7f7fu) + 0x7f7f7f7fu) | m[u].y;
+        uint32_t o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t msk = prmt_sx(j < 2 ? nz0 : nz1, (j & 1) ? 0xbbaau : 0x9988u);
+          const uint32_t x = AT ? word_at(wa[u], j) : ha, y = BT ? word_at(wb[u], j) : hb;
+          o[j] = (x & msk) | (y & ~msk);
+        }
+        const uint32_t nn = ((o[0] & 0x7fff7fffu) + NA) | ((o[1] & 0x7fff7fffu) + NA) |
+                             ((o[2] & 0x7fff7fffu) + NA) | ((o[3] & 0x7fff7fffu) + NA);
+        if (!(nn & 0x80008000u)) {
+          *(uint4 *)(out + 8 * v) = make_uint4(o[0], o[1], o[2], o[3]);
+          continue;
+        }
+      }
+      select16_f32<T, AT, BT>(out + 8 * v, m[u], AT ? wa[u] : make_uint4(0, 0, 0, 0), BT ? wb[u] : make_uint4(0, 0, 0, 0), ca, cb);
+    }
+  }
+  const int i = nv * 8 + tid;   /* the last n % 8 elements, one per thread */
+  if (i < n) {
+    const bool c = ((const uint8_t *)a.ptr[1])[i] != 0;
+    const float x = AT ? to_compute<float, T>(((const T *)a.ptr[2])[i]) : ca;
+    const float y = BT ? to_compute<float, T>(((const T *)a.ptr[3])[i]) : cb;
+    out[i] = from_compute<T, float>(c ? x : y);
+  }
+}
+
 /* ---------------- broadcast along rows, 2-D, no index division in the loop ----------------
  * x + bias in bf16/f16 over a (rows, cols) plan: every tensor operand
  * unit-stride along cols with any 16-byte-multiple row stride (0: a row
@@ -1061,10 +1161,42 @@ bool select16_eligible(const EwArgs &a, const em_ew_kern *k, const em_ew_plan *p
   return true;
 }
 
+/* EMBER_SELECT16 (read once): "raw" (default: ew_select16w on the 16-bit
+ * words), "f32" (ew_select16w selecting on f32 values), "old" (ew_select16). */
+int select16_mode() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SELECT16");
+    mode = env && strcmp(env, "old") == 0 ? 0 : env && strcmp(env, "f32") == 0 ? 1 : 2;
+  }
+  return mode;
+}
+
 int launch_select16(const EwArgs &a, cudaStream_t s) {
+  const bool at = a.mode[1] == IN_PTR, bt = a.mode[2] == IN_PTR;
+  const int mode = select16_mode();
+  if (mode > 0) {
+    const int64_t units = (a.numel / 8 + 3) / 4;   /* U = 4 vectors of 8 a thread */
+    const unsigned g = grid_for(units > 0 ? units : 1);
+#define EM_SELW(T, R)                                                          \
+  do {                                                                         \
+    if (at && bt) ew_select16w<T, true, true, R><<<g, kThreads, 0, s>>>(a);    \
+    else if (at) ew_select16w<T, true, false, R><<<g, kThreads, 0, s>>>(a);    \
+    else if (bt) ew_select16w<T, false, true, R><<<g, kThreads, 0, s>>>(a);    \
+    else ew_select16w<T, false, false, R><<<g, kThreads, 0, s>>>(a);           \
+  } while (0)
+    if (a.dtype[0] == EM_BF16) {
+      if (mode == 2) EM_SELW(__nv_bfloat16, true);
+      else EM_SELW(__nv_bfloat16, false);
+    } else {
+      if (mode == 2) EM_SELW(__half, true);
+      else EM_SELW(__half, false);
+    }
+#undef EM_SELW
+    return 0;
+  }
   const int64_t units = (a.numel / 16 + 1) / 2;   /* U = 2 vectors a thread */
   const unsigned g = grid_for(units > 0 ? units : 1);
-  const bool at = a.mode[1] == IN_PTR, bt = a.mode[2] == IN_PTR;
 #define EM_SEL(T)                                                         \
   do {                                                                    \
     if (at && bt) ew_select16<T, true, true><<<g, kThreads, 0, s>>>(a);   \

@@ -610,10 +610,11 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
 
 /* The end of the column max/min kernels: each thread's V extremes M (m's
  * bits) and rows R (offsets from r0, -1: none). The 8 threads down each
- * block column meet in shared memory (y order: deterministic) and y == 0
- * emits, one output at a time (few registers). A zero or NaN winner's own
- * bits are read again (m may carry the other zero's sign or another NaN). */
-template <typename T, typename C, int OP, int V>
+ * block column meet in shared memory (y order: deterministic); WIDE (the
+ * default, with CLAMP): a thread per column merges and emits, else y == 0
+ * emits its V columns one at a time (few registers). A zero or NaN winner's
+ * own bits are read again (m may carry the other zero's sign or another NaN). */
+template <typename T, typename C, int OP, int V, bool WIDE = false>
 __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
                                               int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
   __shared__ C sv[8][32 * V];
@@ -627,13 +628,48 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
     si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
   }
   __syncthreads();
-  if (threadIdx.y == 0 && live) {
+  if constexpr (WIDE) {
+    /* the block's 32 V columns spread over its 256 threads (32 V <= 256):
+     * one column's 7 merges a thread, in the same y order, instead of V
+     * columns' 56 on the y == 0 warp while 7 warps wait (~1 µs a block) */
+    const int c = threadIdx.y * 32 + threadIdx.x;
+    const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
+    if (c < 32 * V && kc < K) {
+      Acc<C, OP> acc;
+      acc.v = sv[0][c];
+      acc.i = si[0][c];
+#pragma unroll
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c]);
+      emit<C, OP>(a, ob * K + kc, acc);
+    }
+  } else if (threadIdx.y == 0 && live) {
     for (int e = 0; e < V; e++) {
       Acc<C, OP> acc;
       acc.v = sv[0][threadIdx.x * V + e];
       acc.i = si[0][threadIdx.x * V + e];
       for (int y = 1; y < 8; y++) acc.merge(sv[y][threadIdx.x * V + e], si[y][threadIdx.x * V + e]);
       emit<C, OP>(a, ob * K + k + e, acc);
+    }
+  }
+}
+
+/* A column trip's U rows in flight: row r + 8u, or row r again past the
+ * chunk (row r is always live; a repeat changes neither m nor the first row
+ * equal to it). CLAMP picks the row's address, not the value: the old
+ * "else pk[0]" (CLAMP false, EMBER_REDUCE_COLS_CLAMP=0) made ptxas copy
+ * pk[0]'s registers ahead of the second load, and that copy waits for the
+ * first load to land -- each trip paid two memory latencies, the first with
+ * one row in flight (issue 12: bf16 max over dim 0 of 8192^2 at 60 %). The
+ * repeated row of a short last trip is an L1/L2 hit. */
+template <int U, bool CLAMP, typename T>
+__device__ __forceinline__ void cols_trip_load(uint4 (&pk)[U], const T *p, int64_t r, int64_t r1, int64_t rs) {
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    if constexpr (CLAMP) {
+      const int64_t ru = u == 0 || r + u * 8 < r1 ? r + u * 8 : r;
+      pk[u] = *(const uint4 *)(p + ru * rs);
+    } else {
+      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
     }
   }
 }
@@ -650,7 +686,7 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
  * except for a zero's sign or a NaN's payload: those winners are read again
  * once at the end (one element). ~3 instructions per f32 element, ~4 for
  * bf16/f16 (the conversion); <= 64 registers: 4 blocks per SM. */
-template <typename T, typename C, int OP>
+template <typename T, typename C, int OP, bool CLAMP>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a) {
   constexpr int V = 16 / (int)sizeof(T);
   constexpr int U = V == 8 ? 4 : kColsUnrollExt;   /* 16-bit: 8 rows spill at 64 registers */
@@ -669,9 +705,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a)
     /* U rows in flight; a row past the chunk repeats row r (always live),
      * which changes neither m nor the first row equal to it */
     uint4 pk[U];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
+    cols_trip_load<U, CLAMP>(pk, p, r, r1, rs);
     const int rr = (int)(r - r0);
 #pragma unroll
     for (int e = 0; e < V; e++) {
@@ -696,7 +730,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_ext(RedArgs a)
       if (seq_better<C, OP>(m, M[e], R[e] < 0)) { M[e] = m; R[e] = rr + uh * 8; }
     }
   }
-  cols_ext_emit<T, C, OP>(a, p, r0, rs, live, ob, K, k, M, R);
+  cols_ext_emit<T, C, OP, V, CLAMP>(a, p, r0, rs, live, ob, K, k, M, R);
 }
 
 /* bf16 pairs (two neighbouring columns in one 32-bit word): max.NaN /
@@ -744,7 +778,7 @@ __device__ __forceinline__ uint32_t bx2_sel(uint32_t mask, uint32_t a, uint32_t 
  * rule gives the CPU's answer (the whole column is that infinity, row 0
  * first). ~1.6 instructions an element; same values, indices and bits as
  * reduce_cols_ext (EMBER_REDUCE_COLS_BF16X2=0 runs that one). */
-template <int OP>
+template <int OP, bool CLAMP>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a) {
   using T = __nv_bfloat16;
   constexpr int V = 8, U = kColsUnrollExt, P = V / 2;
@@ -760,9 +794,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a)
   for (int j = 0; j < P; j++) { M[j] = OP == R_MAX ? 0xff80ff80u : 0x7f807f80u; R[j] = 0xffffffffu; }
   for (int64_t r = r0 + threadIdx.y; live && r < r1; r += 8 * U) {
     uint4 pk[U];   /* a row past the chunk repeats row r, as reduce_cols_ext */
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      pk[u] = u == 0 || r + u * 8 < r1 ? *(const uint4 *)(p + (r + u * 8) * rs) : pk[0];
+    cols_trip_load<U, CLAMP>(pk, p, r, r1, rs);
     const uint32_t rr = (uint32_t)(r - r0) * 0x00010001u;
     uint32_t m[P], anyn = 0;
 #pragma unroll
@@ -800,7 +832,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a)
     Ri[e] = h == 0xffffu ? -1 : (int)h;
     Mf[e] = __uint_as_float((e & 1) ? (M[e >> 1] & 0xffff0000u) : (M[e >> 1] << 16));
   }
-  cols_ext_emit<T, float, OP>(a, p, r0, rs, live, ob, K, k, Mf, Ri);
+  cols_ext_emit<T, float, OP, V, CLAMP>(a, p, r0, rs, live, ob, K, k, Mf, Ri);
 }
 
 template <typename C, int OP, int TPO>
@@ -841,6 +873,16 @@ bool cols_ext_on() {
  * (f32 compares, 4 rows in flight) instead of reduce_cols_bx2; read once. */
 bool cols_bx2_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_COLS_BF16X2", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_CLAMP=0: the column max/min kernels as before gpured6:
+ * a short last trip's rows copied from the first row's registers (each trip
+ * then waits out two load latencies, see cols_trip_load) instead of
+ * re-reading row r, and the y == 0 warp merging the block's columns alone
+ * (cols_ext_emit's WIDE); read once. */
+bool cols_clamp_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_CLAMP", true);
   return on;
 }
 
@@ -949,17 +991,25 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cext) {
     if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
-      if constexpr (std::is_same<C, double>::value) reduce_cols_ext<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);
+      const bool clamp = cols_clamp_on();
+#define EM_CEXT(T)                                                                              \
+  do {                                                                                          \
+    if (clamp) reduce_cols_ext<T, C, OP, true><<<grid, dim3(32, 8), 0, s>>>(r);                 \
+    else reduce_cols_ext<T, C, OP, false><<<grid, dim3(32, 8), 0, s>>>(r);                      \
+  } while (0)
+      if constexpr (std::is_same<C, double>::value) EM_CEXT(double);
       else if constexpr (std::is_same<C, float>::value) {
         /* bf16 in pairs: rows kept as 16-bit offsets into the chunk */
         if (a->dtype == EM_BF16 && chunk < 0xffff && cols_bx2_on()) {
-          reduce_cols_bx2<OP><<<grid, dim3(32, 8), 0, s>>>(r);
+          if (clamp) reduce_cols_bx2<OP, true><<<grid, dim3(32, 8), 0, s>>>(r);
+          else reduce_cols_bx2<OP, false><<<grid, dim3(32, 8), 0, s>>>(r);
         } else switch (a->dtype) {
-          case EM_F32: reduce_cols_ext<float, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
-          case EM_BF16: reduce_cols_ext<__nv_bfloat16, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
-          default: reduce_cols_ext<__half, C, OP><<<grid, dim3(32, 8), 0, s>>>(r); break;
+          case EM_F32: EM_CEXT(float); break;
+          case EM_BF16: EM_CEXT(__nv_bfloat16); break;
+          default: EM_CEXT(__half); break;
         }
       }
+#undef EM_CEXT
     }
   } else if (cols && cvec) {
     if constexpr (std::is_same<C, double>::value) reduce_cols_vec<double, C, OP><<<grid, dim3(32, 8), 0, s>>>(r);

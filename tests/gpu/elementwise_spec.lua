@@ -279,18 +279,22 @@ describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)",
     cmp.assert_equal(got:cpu(), ref, what)
     cmp.assert_equal(got:cpu():to("f32"):reciprocal(), ref:to("f32"):reciprocal(), what .. " (1/x: signed zeros)")
   end
-  -- smooth values with -0, +0, +-inf and a subnormal-sized value mixed in
+  -- smooth values with -0, +0, +-inf, NaN, a tiny value and subnormals (bf16
+  -- below 1.2e-38, f16 below 6.1e-5) mixed in: ew_select16w selects raw 16-bit
+  -- words and redoes a step holding a NaN the f32 way
   local function edgy(dt, n)
-    local x, picks = (ember.randn({n}, {dtype = "f64"}) * 3):tolist(), {-0.0, 0.0, math.huge, -math.huge, 1e-30}
+    local x, picks = (ember.randn({n}, {dtype = "f64"}) * 3):tolist(),
+      {-0.0, 0.0, math.huge, -math.huge, 1e-30, 0 / 0, -1e-40, 3e-6}
     for i = 1, n, 7 do x[i] = picks[(i // 7) % #picks + 1] end
     return ember.tensor(x, {dtype = "f64"}):to(dt)
   end
 
   it("where and masked_fill agree bit for bit with the CPU at awkward sizes, both branch kinds", function()
     ember.manual_seed(21)
-    -- 16 conditions a vector, two vectors a thread: sizes below one vector,
-    -- an odd vector count, a grid's worth plus a tail, and a large one
-    for _, n in ipairs({1, 15, 16, 17, 33, 48 + 5, 4096 * 3 + 11, 1048576 + 16 * 7 + 3}) do
+    -- ew_select16: 16 conditions a vector, two vectors a thread; ew_select16w
+    -- (the default, EMBER_SELECT16): 8 a vector, four a thread. Sizes below
+    -- one vector, odd vector counts, a grid's worth plus a tail, a large one
+    for _, n in ipairs({1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48 + 5, 4096 * 3 + 11, 1048576 + 16 * 7 + 3}) do
       local c = ember.rand({n}):lt(0.5)
       for _, dt in ipairs({"bf16", "f16"}) do
         local a, b = edgy(dt, n), edgy(dt, n)
@@ -301,6 +305,8 @@ describe("the bf16/f16 select and row kernels on CUDA (ew_select16, ew_rows2d)",
         same("where, a number second" .. tag, ember.where(gc, ga, -0.0), ember.where(c, a, -0.0))
         same("masked_fill 0.1" .. tag, ga:masked_fill(gc, 0.1), a:masked_fill(c, 0.1))
         same("masked_fill -inf" .. tag, ga:masked_fill(gc, -math.huge), a:masked_fill(c, -math.huge))
+        same("masked_fill NaN" .. tag, ga:masked_fill(gc, 0 / 0), a:masked_fill(c, 0 / 0))
+        same("where, a NaN number second" .. tag, ember.where(gc, ga, 0 / 0), ember.where(c, a, 0 / 0))
         local ip = ga:clone(); ip:masked_fill_(gc, 3)
         local ic = a:clone(); ic:masked_fill_(c, 3)
         same("masked_fill_" .. tag, ip, ic)

@@ -21,7 +21,34 @@ local function mixed(n, dt)
   return x:to(dt)
 end
 
+-- every 16-bit pattern's value in f64 (the NaNs as one NaN), in bit order: ebits
+-- exponent bits, mbits mantissa bits (bf16 8/7, f16 5/10)
+local function all16(ebits, mbits, dt)
+  local v, emax, bias = {}, (1 << ebits) - 1, (1 << (ebits - 1)) - 1
+  for b = 0, 65535 do
+    local s, e, m = b >> 15, (b >> mbits) & emax, b & ((1 << mbits) - 1)
+    local x
+    if e == emax then x = m == 0 and INF or NAN
+    elseif e == 0 then x = m * 2.0 ^ (1 - bias - mbits)
+    else x = ((1 << mbits) + m) * 2.0 ^ (e - bias - mbits) end
+    v[#v + 1] = s == 1 and -x or x
+  end
+  return ember.tensor(v, {dtype = "f64"}):to(dt)
+end
+
 describe("isnan and isfinite on CUDA", function()
+  -- bf16/f16 test two elements a word (classify4: an add into bit 15 of each half)
+  for _, c in ipairs({{"bf16", 8, 7}, {"f16", 5, 10}}) do
+    it(c[1] .. ": every value (subnormals, both zeros, both infinities, the largest finite), the CPU's answer", function()
+      local x = all16(c[2], c[3], c[1])
+      assert.are.equal(65536, x.shape[1])
+      local g = x:to("cuda")
+      for _, op in ipairs({"isnan", "isfinite"}) do
+        cmp.assert_equal(g[op](g), x[op](x), ("%s over every %s value"):format(op, c[1]))
+      end
+    end)
+  end
+
   for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
     it(dt .. ": every size edge, the CPU's answer", function()
       ember.manual_seed(31)
