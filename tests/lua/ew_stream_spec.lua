@@ -236,3 +236,30 @@ describe("EMBER_CPU_PIECE_OUT", function()
     H.remove_temps()
   end)
 end)
+
+describe("EMBER_CPU_SUM16 (the AVX-512 bf16 sum's widening)", function()
+  it("gives the same bits with 'shift' and 'unpack' and refuses other values", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.manual_seed(9)
+      -- exponents from 2^-40 to 2^40: the order of the additions shows in the bits
+      local a = (e.randn({37, 4133}) * e.exp(e.randn({37, 4133}) * 9)):to('bf16')
+      local out = {}
+      for _, t in ipairs({a:sum(), a:sum(1), a:mean(1), a:narrow(1, 3, 4000):sum(1)}) do
+        for _, v in ipairs(t:to('f64'):reshape({-1}):tolist()) do out[#out + 1] = ('%a'):format(v) end
+      end
+      io.write(table.concat(out, ';'))]])
+    local outs = {}
+    for _, mode in ipairs({"shift", "unpack"}) do
+      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = mode, EMBER_NUM_THREADS = "2"}})
+      assert.are.equal("", err or "", "mode " .. mode)
+      outs[#outs + 1] = out
+    end
+    assert.is_true(#outs[1] > 1000, outs[1])
+    assert.are.equal(outs[1], outs[2])
+    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = "fast"}})
+    assert.matches("EMBER_CPU_SUM16 must be 'shift' or 'unpack', got 'fast'; using shift", err, 1, true)
+    H.remove_temps()
+  end)
+end)
