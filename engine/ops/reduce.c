@@ -151,8 +151,9 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 
 /* The same over contiguous bf16 runs, each value widened in its register. */
 EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
-/* EMBER_CPU_SUM16=unpack (read once at load): the unpack-widened AVX-512
- * bf16 sum before the shift-widened one, to compare on a host. The same bits. */
+/* EMBER_CPU_SUM16=unpack (read once at load): the bf16 sums before the
+ * shift-widened loops (AVX-512: the unpack loop; AVX2: the compiler's clone),
+ * to compare on a host. The same bits. */
 static bool sum16_unpack = false;
 __attribute__((constructor)) static void sum16_init(void) {
   const char *e = getenv("EMBER_CPU_SUM16");
@@ -164,6 +165,7 @@ static double sum_run_bf16(const uint16_t *x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f"))   /* avx512vl: every AVX-512 CPU but Knights Landing / Mill */
     return sum16_unpack || !__builtin_cpu_supports("avx512vl") ? em_sum_bf16_avx512u(x, n) : em_sum_bf16_avx512s(x, n);
+  if (!sum16_unpack && __builtin_cpu_supports("avx2")) return em_sum_bf16_avx2s(x, n);
 #endif
   return sum_run_bf16_c(x, n);
 }

@@ -185,6 +185,10 @@ TEST(bf16_kernels_match_f32_and_the_lane_order) {
       exact = exact && memcmp(&g512, &acc[0], 8) == 0 && memcmp(&u512, &acc[0], 8) == 0 &&
               memcmp(&s512, &acc[0], 8) == 0;
     }
+    if (__builtin_cpu_supports("avx2")) {
+      double s2 = em_sum_bf16_avx2s(h, n);
+      exact = exact && memcmp(&s2, &acc[0], 8) == 0;
+    }
 #endif
   }
   CHECK(exact);
