@@ -441,7 +441,23 @@ typedef struct {
   bool piece;                  /* the fast path computes into an L1 piece first (streamed, or copied out) */
   bool nt;                     /* a streamed add/sub/mul/div written by ew_nt.h's fused loop (piece_mode 2) */
   union { uint16_t h; float f; } cst[3];   /* FAST_SEL16/32: input q's constant in the output's dtype */
+  int roww;                    /* q + 1: input q is one bf16 row every row reads, widened once a call (nt only) */
 } ew_job;
+
+/* The longest row widened once for many (em_ew_bf16_widen): 32 KiB of f32,
+ * in L1 beside the streamed lines on the hosts that matter (48 KiB). */
+#define ROWW_MAX 8192
+static _Thread_local _Alignas(64) float roww_buf[ROWW_MAX];
+
+/* EMBER_CPU_ROW_WIDEN=0 (read once at load): widen a broadcast bf16 row in
+ * every step again, as before, to compare on a host. The same bits. */
+static bool row_widen = true;
+__attribute__((constructor)) static void row_widen_init(void) {
+  const char *e = getenv("EMBER_CPU_ROW_WIDEN");
+  if (!e || !*e) return;
+  if ((e[0] == '0' || e[0] == '1') && !e[1]) row_widen = e[0] == '1';
+  else fprintf(stderr, "ember: EMBER_CPU_ROW_WIDEN must be 0 or 1, got '%s'; using 1\n", e);
+}
 
 enum { FAST_NONE, FAST_SEL16, FAST_BIN16, FAST_SEL32 };
 
@@ -486,7 +502,7 @@ static void generic16(const ew_job *j, const int64_t *off, int64_t c, int64_t le
  * output, at `out`) through the fast path: straight into the output, or into
  * an L1 piece streamed (or, for an output that is also an input, copied) out:
  * generic16 must still read the inputs a fused piece was computed from. */
-static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out) {
+static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, void *out, const float *rw) {
   const loop_plan *p = j->p;
   int last = p->ndim - 1;
   _Alignas(64) uint16_t piece[EM_STREAM_PIECE / 2];
@@ -513,7 +529,9 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
     float cv[2];
     for (int q = 0; q < 2; q++)
       cv[q] = !j->in[q].t ? (float)j->in[q].c : em_bf16_to_f32(*(const uint16_t *)v[q]);
-    int pair = em_ew_half_binary_nt(j->k->code, out, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len);
+    const float *w = rw ? rw + c : NULL;   /* c: a multiple of 32 from the row's start (TASK, the piece) */
+    int pair = em_ew_half_binary_nt(j->k->code, out, vs[0] ? v[0] : NULL, cv[0], vs[1] ? v[1] : NULL, cv[1], len,
+                                    j->roww == 1 ? w : NULL, j->roww == 2 ? w : NULL);
     if (pair == 0) return;
     if (pair > 0) {   /* a NaN pair: the generic loop's payload, stored over what was streamed */
       em_stream_fence();
@@ -554,6 +572,12 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
     for (int q = 0; q <= nin; q++) off[q] += idx[d] * p->stride[q][d];
   }
   size_t out_es = em_dtype_size(j->out->dtype);
+  const float *rw = NULL;   /* the broadcast row widened, for all of this call's rows */
+  if (j->roww) {
+    const em_tensor *r = j->in[j->roww - 1].t;
+    const uint16_t *x = (const uint16_t *)r->storage->data + j->base[j->roww];
+    if (em_ew_bf16_widen(roww_buf, x, j->inner)) rw = roww_buf;
+  }
   for (int64_t t = t0; t < t1; t++) {
     int64_t end = EM_MIN(s + TASK, j->inner);
     /* a streamed output whose inputs are all read in place: a whole stream piece
@@ -565,7 +589,7 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
       if (j->fast) {
-        fast16(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es);
+        fast16(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es, rw);
         continue;
       }
       const void *src[3];
@@ -635,7 +659,7 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   int64_t numel = plan_init(&p, nd, shape, nin + 1, ts);
   if (numel == 0) return;
   int last = p.ndim - 1;
-  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, false, {{0}}};
+  ew_job j = {k, out, nin, in, &p, p.shape[last], 0, {0}, false, true, false, FAST_NONE, false, false, {{0}}, 0};
   j.tasks_per_row = (j.inner + TASK - 1) / TASK;
   for (int q = 0; q <= nin; q++) j.base[q] = ts[q] ? ts[q]->offset : 0;
   j.out_direct = out->dtype == class_dtype(k->cls) && p.stride[0][last] == 1;
@@ -660,6 +684,13 @@ static void cpu_loop(const kern *k, em_tensor *out, int nin, const operand *in, 
   bool nt_op = k->kind == K_BINARY && nin == 2 && em_ew_half_binary_has(k->code) && piece_mode == 2 && !alias;
   j.nt = nt_op && j.stream && ((j.fast == FAST_BIN16 && out->dtype == EM_BF16) ||
                                (j.fast == FAST_NONE && j.all_direct && out->dtype == EM_F32 && em_ew_f32_nt_has(k->code)));
+  /* an operand that is one bf16 row read by every row (stride 0 in every outer
+   * dim): widened to f32 once a call of ew_tasks, not once a row */
+  for (int q = 0; q < 2 && j.nt && j.fast == FAST_BIN16 && row_widen && j.inner <= ROWW_MAX && numel > j.inner; q++) {
+    bool row = in[q].t && p.stride[q + 1][last] == 1;
+    for (int d = 0; d < last && row; d++) row = p.stride[q + 1][d] == 0 || p.shape[d] == 1;
+    if (row && !j.roww) j.roww = q + 1;
+  }
   int64_t tasks = numel / j.inner * j.tasks_per_row;
   em_parallel_for_mem(tasks, em_grain(EM_MIN(TASK, j.inner) * kern_cost(k)), ew_tasks, &j);
 }

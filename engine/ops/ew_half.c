@@ -165,6 +165,9 @@ EW_CLONES static int f16_bin(int code, uint16_t *o, const uint16_t *a, float ca,
     E = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                                              \
     O = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))); }
 #define X_CST(p, E, O) { E = O = (p##v); }
+/* A row widened once for many rows (em_ew_bf16_widen): the block's 16 even
+ * values, then its 16 odd ones, already f32 (two loads for a load, a shift and an and). */
+#define X_PRE(p, E, O) { E = _mm512_loadu_ps(p##w + i); O = _mm512_loadu_ps(p##w + i + 16); }
 #define X_LOOP(LA, LB, OPV, OP)                                                                     \
   for (; i + 32 <= n; i += 32) {                                                                   \
     __m512 xe, xo, ye, yo;                                                                         \
@@ -195,12 +198,14 @@ static int nan_pair(const uint16_t *a, float ca, const uint16_t *b, float cb, in
 
 /* a or b (or both) a tensor: the constant-with-constant case stays in bf16_bin. */
 X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
-                              int64_t n, bool nt) {
+                              int64_t n, bool nt, const float *aw, const float *bw) {
   const __m512 av = _mm512_set1_ps(ca), bv = _mm512_set1_ps(cb);
   __mmask16 nan = 0;
   int any = 0;
   int64_t i = 0;
-  if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
+  if (a && b && aw) X_OPS(X_PRE, X_TEN, _mm512)
+  else if (a && b && bw) X_OPS(X_TEN, X_PRE, _mm512)
+  else if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
   else if (a) X_OPS(X_TEN, X_CST, _mm512)
   else X_OPS(X_CST, X_TEN, _mm512)
   if (!nan && !any) return 0;
@@ -215,20 +220,27 @@ X512 static int bf16_bin_x512(int code, uint16_t *o, const uint16_t *a, float ca
  * (one class test a register) is recomputed by bf16_bin_x512, which also
  * reports a NaN pair. ~16 instructions per 32 values against ~27. */
 #undef X_LOOP
+/* The step to recompute leaves the inner loop, so its call does not clobber
+ * the loop's constants (GCC rebuilt the widening mask every step), and the two
+ * class masks are tested by one kortest, not two moves to integer registers and an or. */
 #define X_LOOP(LA, LB, OPV, OP)                                                                     \
-  for (; i + 32 <= n; i += 32) {                                                                   \
-    __m512 xe, xo, ye, yo;                                                                         \
-    LA(a, xe, xo) LB(b, ye, yo)                                                                    \
-    __m512 re = OPV(xe, ye), ro = OPV(xo, yo);                                                     \
-    if (_mm512_fpclass_ps_mask(re, 0xa1) | _mm512_fpclass_ps_mask(ro, 0xa1))                       \
-      pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, 32, nt);      \
-    else                                                                                           \
+  while (i + 32 <= n) {                                                                            \
+    for (; i + 32 <= n; i += 32) {                                                                 \
+      __m512 xe, xo, ye, yo;                                                                       \
+      LA(a, xe, xo) LB(b, ye, yo)                                                                  \
+      __m512 re = OPV(xe, ye), ro = OPV(xo, yo);                                                   \
+      if (!_kortestz_mask16_u8(_mm512_fpclass_ps_mask(re, 0xa1), _mm512_fpclass_ps_mask(ro, 0xa1))) break; \
       X_ST(o + i, _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(ro, re)));            \
+    }                                                                                              \
+    if (i + 32 > n) break;                                                                         \
+    pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, 32, nt, NULL, NULL); \
+    i += 32;                                                                                       \
   }                                                                                                \
   break
 
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_bin_bf16(
-    int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n, bool nt) {
+    int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n, bool nt,
+    const float *aw, const float *bw) {
   /* word w of the output: even value w / 2 (word w / 2 of the rounding), odd ones from word 16 + w / 2 */
   _Alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
@@ -236,16 +248,28 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) static int bf16_
   const __m512 av = _mm512_set1_ps(ca), bv = _mm512_set1_ps(cb);
   int pair = 0;
   int64_t i = 0;
-  if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
+  if (a && b && aw) X_OPS(X_PRE, X_TEN, _mm512)
+  else if (a && b && bw) X_OPS(X_TEN, X_PRE, _mm512)
+  else if (a && b) X_OPS(X_TEN, X_TEN, _mm512)
   else if (a) X_OPS(X_TEN, X_CST, _mm512)
   else X_OPS(X_CST, X_TEN, _mm512)
-  if (i < n) pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, n - i, nt);
+  if (i < n) pair |= bf16_bin_x512(code, o + i, a ? a + i : NULL, ca, b ? b + i : NULL, cb, n - i, nt, NULL, NULL);
   return pair;
 }
 #endif
 #undef X_TEN
 #undef X_CST
+#undef X_PRE
 #undef X_LOOP
+
+/* em_ew_bf16_widen's blocks: the even values by a shift, the odd by a mask, as X_TEN splits them. */
+X512 static void widen_x512(float *w, const uint16_t *x, int64_t n) {
+  for (int64_t i = 0; i + 32 <= n; i += 32) {
+    __m512i v = _mm512_loadu_si512(x + i);
+    _mm512_storeu_si512(w + i, _mm512_slli_epi32(v, 16));
+    _mm512_storeu_si512(w + i + 16, _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+  }
+}
 
 /* The same with AVX2, 16 values a step (no mask registers): the kept half's
  * low bit added by a shift and an and, NaN lanes by a blend, the NaN results
@@ -291,25 +315,34 @@ bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, fl
 #ifdef HAVE_HAND
   int lv = dt == EM_BF16 && (a || b) ? em_hand_simd() : EM_HAND_NONE;
 #ifdef EM_HAVE_BF16_INSN
-  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, false) != 0;
+  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, false, NULL, NULL) != 0;
 #endif
-  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, false) != 0;
+  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, false, NULL, NULL) != 0;
   if (lv == EM_HAND_AVX2) return bf16_bin_x2(code, o, a, ca, b, cb, n) != 0;
 #endif
   return (dt == EM_F16 ? f16_bin(code, o, a, ca, b, cb, n) : bf16_bin(code, o, a, ca, b, cb, n)) != 0;
 }
 
 int em_ew_half_binary_nt(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb,
-                         int64_t n) {
+                         int64_t n, const float *aw, const float *bw) {
 #ifdef HAVE_HAND
   int lv = a || b ? em_hand_simd() : EM_HAND_NONE;
+  if (!a || !b) aw = bw = NULL;
 #ifdef EM_HAVE_BF16_INSN
-  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, true) != 0;
+  if (lv == EM_HAND_BF16) return bf16_bin_bf16(code, o, a, ca, b, cb, n, true, aw, bw) != 0;
 #endif
-  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, true) != 0;
+  if (lv >= EM_HAND_AVX512) return bf16_bin_x512(code, o, a, ca, b, cb, n, true, aw, bw) != 0;
 #endif
-  (void)code; (void)o; (void)a; (void)ca; (void)b; (void)cb; (void)n;
+  (void)code; (void)o; (void)a; (void)ca; (void)b; (void)cb; (void)n; (void)aw; (void)bw;
   return -1;
+}
+
+bool em_ew_bf16_widen(float *w, const uint16_t *x, int64_t n) {
+#ifdef HAVE_HAND
+  if (em_hand_simd() >= EM_HAND_AVX512) { widen_x512(w, x, n); return true; }
+#endif
+  (void)w; (void)x; (void)n;
+  return false;
 }
 
 EW_CLONES static void to_f16s(uint16_t *d, const float *s, int64_t n) {

@@ -58,7 +58,17 @@ bool em_ew_half_binary(int code, em_dtype dt, uint16_t *o, const uint16_t *a, fl
  * -1 where there is no AVX-512 loop (the caller keeps its L1 piece), else
  * whether a NaN pair was seen: the caller fences (em_stream_fence) and
  * recomputes the n values the generic way. */
-int em_ew_half_binary_nt(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n);
+int em_ew_half_binary_nt(int code, uint16_t *o, const uint16_t *a, float ca, const uint16_t *b, float cb, int64_t n,
+                         const float *aw, const float *bw);
+
+/* A bf16 row that many rows of an add/sub/mul/div read (a (R, C) + (C)
+ * broadcast), widened to f32 once instead of once a row: w[i .. i + 32) for
+ * each whole 32-value block at i < n holds x[i], x[i + 2], ..., x[i + 30],
+ * then x[i + 1], ..., x[i + 31] (the AVX-512 loops' even/odd split). Passed
+ * to em_ew_half_binary_nt as aw (bw) beside a (b) itself, each offset by the
+ * same block-aligned position: the same bits, the ragged end and any
+ * recomputed step read a (b). False, writing nothing, without the AVX-512 loops. */
+bool em_ew_bf16_widen(float *w, const uint16_t *x, int64_t n);
 
 /* d[0..n) = s[0..n) rounded to dt (EM_BF16 or EM_F16): em_f32_to_bf16 /
  * em_f32_to_f16's bits (f16 branch-free, so it vectorises; tests/c/test_ew_half.c

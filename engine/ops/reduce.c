@@ -31,6 +31,9 @@
 #include "parallel.h"
 #include "stream.h"
 #include "vec_math.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define CHUNK 256
 #define EXT16 4096  /* bf16 values a max/min pass takes at a time (8 KiB: L1) */
@@ -148,9 +151,21 @@ static void ext_run_f32(void *s, const float *x, int64_t n, int64_t base);
 
 /* The same over contiguous bf16 runs, each value widened in its register. */
 EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { return em_sum_bf16(x, n); }
+/* EMBER_CPU_SUM16=unpack (read once at load): the bf16 sums before the
+ * shift-widened loops (AVX-512: the unpack loop; AVX2: the compiler's clone),
+ * to compare on a host. The same bits. */
+static bool sum16_unpack = false;
+__attribute__((constructor)) static void sum16_init(void) {
+  const char *e = getenv("EMBER_CPU_SUM16");
+  if (!e || !*e) return;
+  if (strcmp(e, "unpack") == 0 || strcmp(e, "shift") == 0) sum16_unpack = e[0] == 'u';
+  else fprintf(stderr, "ember: EMBER_CPU_SUM16 must be 'shift' or 'unpack', got '%s'; using shift\n", e);
+}
 static double sum_run_bf16(const uint16_t *x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return em_sum_bf16_avx512u(x, n);
+  if (__builtin_cpu_supports("avx512f"))   /* avx512vl: every AVX-512 CPU but Knights Landing / Mill */
+    return sum16_unpack || !__builtin_cpu_supports("avx512vl") ? em_sum_bf16_avx512u(x, n) : em_sum_bf16_avx512s(x, n);
+  if (!sum16_unpack && __builtin_cpu_supports("avx2")) return em_sum_bf16_avx2s(x, n);
 #endif
   return sum_run_bf16_c(x, n);
 }

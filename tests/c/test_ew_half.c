@@ -9,6 +9,7 @@
 #include "ember/half.h"
 #include "ember/ops.h"
 #include "ops/ew_half.h"
+#include "stream.h"
 
 TEST(f16_to_f32_every_pattern) {
   static uint16_t h[65536];
@@ -123,10 +124,58 @@ TEST(bf16_binary_lone_pair) {
   CHECK(bad == 0);
 }
 
+/* The streamed loop with a widened row (em_ew_bf16_widen, a (R, C) + (C)
+ * broadcast): every bf16 pattern as a against a row holding signed zeros,
+ * infinities, NaNs, subnormals and random values, the row as b and as a, at
+ * odd lengths (the ragged end) and each block offset into the widened row:
+ * the bits and the pair flag of the plain loop, and of the widening-free
+ * streamed one. Without the AVX-512 loops there is nothing to widen. */
+TEST(bf16_binary_widened_row) {
+  enum { N = 65536, C = 4096 };
+  static _Alignas(64) uint16_t a[N], o[N], ref[N], ref2[N];
+  static _Alignas(64) uint16_t row[C];
+  static _Alignas(64) float w[C];
+  uint16_t sp[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x0001, 0x8001, 0x007f, 0x0080, 0x3f80, 0x0081, 0x8080};
+  uint32_t rng = 777;
+  for (int i = 0; i < C; i++) {
+    rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5;
+    row[i] = i % 7 == 3 ? sp[(rng >> 8) % (sizeof sp / sizeof sp[0])] : (uint16_t)rng;
+  }
+  row[1000] = 0x7fc0; row[2001] = 0xffc3; row[3001] = 0x7f81;   /* few NaNs: most pieces hold no NaN pair */
+  for (int i = 0; i < N; i++) a[i] = (uint16_t)(i * 40503u);   /* every pattern, scattered */
+  if (!em_ew_bf16_widen(w, row, C)) return;
+  int bad = 0, pieces = 0, pairs = 0;
+  for (int code = EM_ADD; code <= EM_DIV; code++)
+    for (int64_t at = 0, len = 4096; at + len <= N; at += len, len = len == 4096 ? 4093 - (at % 3) * 32 : 4096) {
+      int64_t r0 = (at / 32) % (C / 32) * 32;   /* the row position this piece starts at, block-aligned */
+      int64_t m = len < C - r0 ? len : C - r0;
+      for (int side = 0; side < 2; side++) {
+        const uint16_t *x = side ? row + r0 : a + at, *y = side ? a + at : row + r0;
+        const float *xw = side ? w + r0 : NULL, *yw = side ? NULL : w + r0;
+        bool pr = em_ew_half_binary(code, EM_BF16, ref, x, 0, y, 0, m);
+        int p1 = em_ew_half_binary_nt(code, o, x, 0, y, 0, m, xw, yw);
+        int p0 = em_ew_half_binary_nt(code, ref2, x, 0, y, 0, m, NULL, NULL);
+        if (p1 != p0 || (p1 != 0) != pr) {
+          if (bad++ < 3) fprintf(stderr, "op %d side %d at %lld: pair %d, %d unwidened, %d plain\n", code, side, (long long)at, p1, p0, pr);
+          continue;
+        }
+        if (p1) { pairs++; continue; }   /* a NaN pair: the caller recomputes the piece */
+        pieces++;
+        for (int64_t i = 0; i < m; i++)
+          if ((o[i] != ref[i] || o[i] != ref2[i]) && bad++ < 3)
+            fprintf(stderr, "op %d side %d: 0x%04x, 0x%04x -> 0x%04x, expected 0x%04x\n", code, side, x[i], y[i], o[i], ref[i]);
+      }
+    }
+  em_stream_fence();
+  CHECK(bad == 0);
+  CHECK(pieces > 10 * pairs);   /* the comparison ran on most pieces */
+}
+
 int main(void) {
   RUN(f16_to_f32_every_pattern);
   RUN(f32_to_16_every_float);
   RUN(bf16_binary_every_a);
   RUN(bf16_binary_lone_pair);
+  RUN(bf16_binary_widened_row);
   TEST_MAIN_END();
 }

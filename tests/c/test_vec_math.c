@@ -181,8 +181,13 @@ TEST(bf16_kernels_match_f32_and_the_lane_order) {
     exact = exact && memcmp(&got, &acc[0], 8) == 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
-      double g512 = em_sum_bf16_avx512(h, n), u512 = em_sum_bf16_avx512u(h, n);
-      exact = exact && memcmp(&g512, &acc[0], 8) == 0 && memcmp(&u512, &acc[0], 8) == 0;
+      double g512 = em_sum_bf16_avx512(h, n), u512 = em_sum_bf16_avx512u(h, n), s512 = em_sum_bf16_avx512s(h, n);
+      exact = exact && memcmp(&g512, &acc[0], 8) == 0 && memcmp(&u512, &acc[0], 8) == 0 &&
+              memcmp(&s512, &acc[0], 8) == 0;
+    }
+    if (__builtin_cpu_supports("avx2")) {
+      double s2 = em_sum_bf16_avx2s(h, n);
+      exact = exact && memcmp(&s2, &acc[0], 8) == 0;
     }
 #endif
   }

@@ -81,6 +81,58 @@ describe("streamed add/sub/mul/div (fused line-by-line loops)", function()
   end
 end)
 
+describe("a bf16 row broadcast over many rows (widened once a call)", function()
+  -- 4096 columns: every row's output starts on a line, so every row takes the
+  -- fused loop with the widened row; 3-d too, the row broadcast over two dims
+  for _, every in ipairs({1000000007, 97}) do
+    it(("gives the 1-thread regular-store bits, %s"):format(every > 1000 and "no NaN" or "with NaN pairs"), function()
+      local R, C = 9, 4096
+      local a = from_bits("bf16", {R, C}, patterns("bf16", R * C, 41, every))
+      local row = from_bits("bf16", {C}, patterns("bf16", C, 43, every // 3 + 1))
+      local a3 = a:reshape({3, 3, C})
+      for _, op in ipairs({"add", "sub", "mul", "div"}) do
+        for _, c in ipairs({{"row second", function() return a[op](a, row) end},
+                            {"row first", function() return row[op](row, a) end},
+                            {"3-d", function() return a3[op](a3, row) end}}) do
+          local one = with(1, -1, c[2])
+          for _, n in ipairs({1, 2, 3}) do
+            assert_same_bits(with(n, 0, c[2]), one, ("bf16 %s %s, %d threads streamed"):format(op, c[1], n))
+          end
+        end
+      end
+    end)
+  end
+
+  it("EMBER_CPU_ROW_WIDEN=0 gives the same bits and other values are refused", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.set_stream_min(0)
+      e.manual_seed(7)
+      local a, r = e.randn({8, 4096}):to('bf16'), e.randn({4096}):to('bf16')
+      local h = {}
+      for _, t in ipairs({a + r, r - a, a * r, r / a}) do
+        local x = 2166136261   -- FNV-1a over every value's bits
+        for _, v in ipairs(t:float():reshape({-1}):tolist()) do
+          for k = 1, 8 do x = ((x ~ string.byte(string.pack('<d', v), k)) * 16777619) & 0xffffffff end
+        end
+        h[#h + 1] = ('%08x'):format(x)
+      end
+      io.write(table.concat(h, ';'))]])
+    local outs = {}
+    for _, mode in ipairs({"0", "1"}) do
+      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_ROW_WIDEN = mode, EMBER_NUM_THREADS = "3"}})
+      assert.are.equal("", err or "", "mode " .. mode)
+      outs[#outs + 1] = out
+    end
+    assert.is_true(#outs[1] > 20, outs[1])
+    assert.are.equal(outs[1], outs[2])
+    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_ROW_WIDEN = "yes"}})
+    assert.matches("EMBER_CPU_ROW_WIDEN must be 0 or 1, got 'yes'; using 1", err, 1, true)
+    H.remove_temps()
+  end)
+end)
+
 describe("where and masked_fill into f32 (raw 32-bit select)", function()
   local n = ROWS * COLS
   local pa, pb = patterns("f32", n, 5, 13), patterns("f32", n, 7, 17)
@@ -156,6 +208,33 @@ describe("EMBER_CPU_PIECE_OUT", function()
     assert.are.equal(outs[1], outs[3])
     local _, err = H.ember({"run", script}, {env = {EMBER_CPU_PIECE_OUT = "fast"}})
     assert.matches("EMBER_CPU_PIECE_OUT must be 0, 1 or 2, got 'fast'; using 2", err, 1, true)
+    H.remove_temps()
+  end)
+end)
+
+describe("EMBER_CPU_SUM16 (the AVX-512 bf16 sum's widening)", function()
+  it("gives the same bits with 'shift' and 'unpack' and refuses other values", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.manual_seed(9)
+      -- exponents from 2^-40 to 2^40: the order of the additions shows in the bits
+      local a = (e.randn({37, 4133}) * e.exp(e.randn({37, 4133}) * 9)):to('bf16')
+      local out = {}
+      for _, t in ipairs({a:sum(), a:sum(1), a:mean(1), a:narrow(1, 3, 4000):sum(1)}) do
+        for _, v in ipairs(t:to('f64'):reshape({-1}):tolist()) do out[#out + 1] = ('%a'):format(v) end
+      end
+      io.write(table.concat(out, ';'))]])
+    local outs = {}
+    for _, mode in ipairs({"shift", "unpack"}) do
+      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = mode, EMBER_NUM_THREADS = "2"}})
+      assert.are.equal("", err or "", "mode " .. mode)
+      outs[#outs + 1] = out
+    end
+    assert.is_true(#outs[1] > 1000, outs[1])
+    assert.are.equal(outs[1], outs[2])
+    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = "fast"}})
+    assert.matches("EMBER_CPU_SUM16 must be 'shift' or 'unpack', got 'fast'; using shift", err, 1, true)
     H.remove_temps()
   end)
 end)
