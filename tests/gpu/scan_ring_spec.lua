@@ -2,8 +2,8 @@
 -- (EMBER_SCAN_ROW=ring: scan_row_ring in kernels/scan_row_ring.cuh, f32
 -- accumulators, i.e. f32/bf16/f16 rows; f64 and i64 fall back to split) must
 -- give the bits of scan_row_tiles (EMBER_SCAN_ROW=tiles): chain's fixed sums,
--- a grid of resident blocks taking tiles by ticket, the next tile copied in
--- ahead. Sizes: two elements, one tile and a bit (fewer tiles than blocks), a
+-- a cooperative grid of resident blocks, block b taking tiles b, b + G, ...,
+-- the next tile copied in ahead. Sizes: two elements, one tile and a bit (fewer tiles than blocks), a
 -- chunk and a bit, 301 chunks (~30 tiles a block); misaligned (the scalar
 -- loads), reversed (cumsum's backward), and a second run of each sum (the
 -- same bits, whatever the timing). The switch is read once a process, so
@@ -29,7 +29,7 @@ for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
     local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
     out["in_" .. key] = keep(x)
     out["sum_" .. key] = keep(x:cumsum(0))
-    out["again_" .. key] = keep(x:cumsum(0))   -- tiles go to other blocks on a second run: same bits
+    out["again_" .. key] = keep(x:cumsum(0))   -- a second run: same bits, whatever the timing
     out["prod_" .. key] = keep(p:cumprod(0))
     local xl = x:detach(); xl.requires_grad = true
     xl:cumsum(0):backward(p)   -- the reversed scan of p
