@@ -521,6 +521,12 @@ int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_
   return rc;
 }
 
+/* ring's cooperative launch is kept out of graph capture (ember.cuda.graph): split there, the same bits */
+static bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
+}
+
 /* The one-row scan, by EMBER_SCAN_ROW (chain: f32 accumulators only, split for the others). */
 template <typename T, typename A, typename Op>
 int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
@@ -532,6 +538,7 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
   if constexpr (std::is_same<A, float>::value)
-    if (mode == 4) return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
+    if (mode == 4 && !stream_capturing(s))
+      return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

@@ -77,4 +77,29 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
     local r = ember.load(path)
     cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
   end)
+
+  it("gives the same bits inside graph capture (split there) as eagerly (ring by default)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(43)
+local out = {}
+for _, dt in ipairs({"f32", "bf16"}) do
+  local x = ember.randn(64 * 4096 + 5, {device = "cuda"}):to(dt)
+  local eager = x:cumsum(0)
+  local g, y = ember.cuda.graph(function() return x:cumsum(0) end)
+  g:replay()
+  out["eager_" .. dt], out["graph_" .. dt] = eager:cpu(), y:cpu()
+  g:close()
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local path = H.temp(".safetensors")
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "ring", SCAN_SPEC_OUT = path}})
+    assert.are.equal(0, code, "EMBER_SCAN_ROW=ring child (graph capture) failed: " .. err)
+    local r = ember.load(path)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
+      assert(d == 0, ("graph vs eager cumsum %s: %d elements differ, expected 0"):format(dt, d))
+    end
+  end)
 end)
