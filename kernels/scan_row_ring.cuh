@@ -11,9 +11,10 @@
  * spent waiting. Here a grid of as many blocks as fit at once each takes
  * tile after tile, and while it scans and looks back for tile k its next
  * tile's 16-byte copies (cp.async, coalesced, into the other half of a
- * two-tile ring in shared memory) are already in flight: the DRAM latency
- * hides behind the look-back, one tile a block always in flight (5 blocks
- * an SM: 80 KiB f32).
+ * two-tile ring in shared memory) are already in flight, and once tile k
+ * is in registers (after the look-back's barrier) tile k + 2G's copies go
+ * into its half: the DRAM latency hides behind the look-back, one to two
+ * tiles a block always in flight (5 blocks an SM: 80-160 KiB f32).
  *
  * Tiles by a fixed schedule, not tickets: block b takes tiles b, b + G,
  * b + 2G, ... (G = gridDim.x), launched cooperatively so that all G blocks
@@ -68,10 +69,10 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
   const int64_t G = gridDim.x;
   int64_t cur = blockIdx.x;
   copy_tile(cur, 0);
+  copy_tile(cur + G, 1);
   int s = 0;
   while (cur < nt) {   /* block-uniform */
-    copy_tile(cur + G, s ^ 1);   /* stage s ^ 1 was last read before the previous iteration's final barrier */
-    cp_async_wait<1>();   /* this thread's copies of cur have landed */
+    cp_async_wait<1>();   /* this thread's copies of cur have landed (cur + G's may be in flight) */
     __syncthreads();      /* and everyone's */
     const int64_t m = cur / kRowChunk, first = m * kRowChunk;
     float v[kRowItems];
@@ -100,7 +101,8 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
       const float carry = chain_sum(st.ctot, m, op, identity);
       if (t == 32) carry_sh = carry;
     }
-    __syncthreads();
+    __syncthreads();   /* within_sh, carry_sh; and everyone has read stage s into v */
+    copy_tile(cur + 2 * G, s);   /* two tiles ahead: in flight across this tile's stores and all of the next */
     const float base = op(op(carry_sh, within_sh), tp);
     const int64_t p0 = cur * kRowTile + (int64_t)t * kRowItems;
     if (fast_tile(cur)) {
@@ -119,7 +121,8 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
         if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, float>(op(base, v[i]));
       }
     }
-    __syncthreads();   /* within_sh/carry_sh and tmp reused, stage s read by everyone */
+    /* no barrier: the next within_sh/carry_sh writes and the next BlockScan come after the next iteration's
+     * first barrier, which everyone reaches after reading these */
     cur += G;
     s ^= 1;
   }
