@@ -1,5 +1,5 @@
-/* One long row, one pass, persistent: scan_row_ring (EMBER_SCAN_ROW=ring,
- * opt-in; f32 accumulators, so f32/bf16/f16 rows), included by
+/* One long row, one pass, persistent: scan_row_ring (EMBER_SCAN_ROW=ring, and
+ * the default for forward aligned f32/bf16/f16 rows: f32 accumulators), included by
  * kernels/scan_row.cuh after scan_row_chain's pieces (RowChain,
  * chain_publish, chain_sum, row_tile_load).
  *
