@@ -1,5 +1,5 @@
-/* One long row, one pass, persistent: scan_row_ring (EMBER_SCAN_ROW=ring,
- * opt-in; f32 accumulators, so f32/bf16/f16 rows), included by
+/* One long row, one pass, persistent: scan_row_ring (EMBER_SCAN_ROW=ring, and
+ * the default for forward aligned f32/bf16/f16 rows: f32 accumulators), included by
  * kernels/scan_row.cuh after scan_row_chain's pieces (RowChain,
  * chain_publish, chain_sum, row_tile_load).
  *
@@ -9,21 +9,36 @@
  * tile's loads in flight only in the second of those: ~5 blocks an SM x
  * 16 KiB over a ~3.5 us life is ~3 TB/s of reads at best, less the time
  * spent waiting. Here a grid of as many blocks as fit at once each takes
- * tiles one ticket after another, and while it scans and looks back for
- * tile k its next tile's 16-byte copies (cp.async, coalesced, into the other
- * half of a two-tile ring in shared memory) are already in flight and its
- * next-but-one ticket's atomic is on its way: the DRAM latency and the
- * ticket round trip are hidden behind the look-back, one tile a block
- * always in flight (5 blocks an SM: 80 KiB f32).
+ * tile after tile, and while it scans and looks back for tile k its next
+ * tile's 16-byte copies (cp.async, coalesced, into the other half of a
+ * two-tile ring in shared memory) are already in flight, and once tile k
+ * is in registers (after the look-back's barrier) tile k + 2G's copies go
+ * into its half: the DRAM latency hides behind the look-back, one to two
+ * tiles a block always in flight (5 blocks an SM: 80-160 KiB f32).
  *
- * Values: the tile partition (kRowTile elements, tile k by ticket order),
- * the thread's 16 elements scanned in order, cub::BlockScan, the packed
- * total words and the fixed-order sums (chain_sum over the chunk's earlier
- * tiles, over the earlier chunks' totals) are scan_row_chain's, so the bits
- * of chain, split and tiles. Tickets are taken by running blocks only, in
- * order, and each block finishes its tickets in order: the lowest unfinished
- * ticket always has every predecessor finished, so no deadlock, however
- * many blocks are resident. */
+ * Tiles by a fixed schedule, not tickets: block b takes tiles b, b + G,
+ * b + 2G, ... (G = gridDim.x), launched cooperatively so that all G blocks
+ * are resident at once (the look-back waits on other blocks' tiles). The
+ * ticket version measured 1.59 ms at 2^26 f32 (5.7x split) because it ran
+ * one tile at a time: each block took two consecutive tickets at its start
+ * (k, k + 1); tile k + 1's total is published only after tile k's
+ * look-back, which waits on tile k - 1, the previous block's second tile:
+ * a chain through every tile (two tiles a hop, ~60-100 ns a tile). Worse,
+ * it is self-sustaining: a block takes its next ticket when it starts an
+ * iteration, and in that chain only one block is ever running, so it
+ * again takes two consecutive tickets (an event simulation reproduces the
+ * chain and its linear cost in tiles). With the fixed schedule a block's
+ * consecutive tiles are G apart: tile k + G's total waits on tile k's
+ * look-back, which waits on tiles < k, all one round earlier: the rounds
+ * overlap, ~nt / G rounds of one iteration each.
+ *
+ * Values: the tile partition (kRowTile elements), the thread's 16 elements
+ * scanned in order, cub::BlockScan, the packed total words and the
+ * fixed-order sums (chain_sum over the chunk's earlier tiles, over the
+ * earlier chunks' totals) are scan_row_chain's, so the bits of chain, split
+ * and tiles: no value depends on which block took which tile. No deadlock:
+ * every block is resident (cooperative launch) and finishes its tiles in
+ * order, so the lowest unfinished tile has every predecessor published. */
 #pragma once
 
 constexpr int kRingStages = 2;
@@ -36,7 +51,6 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
   constexpr int E = 16 / (int)sizeof(T);                         /* elements a 16-byte chunk */
   __shared__ typename BlockScan::TempStorage tmp;
   __shared__ __align__(16) T ring[kRingStages][kRowTile];
-  __shared__ unsigned tick_sh[2];
   __shared__ float within_sh, carry_sh;
   const int t = threadIdx.x;
   const int64_t nt = (L + kRowTile - 1) / kRowTile;
@@ -52,19 +66,13 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
     }
     cp_async_commit();   /* a group a tile, empty when nothing is copied: the wait count stays uniform */
   };
-  if (t == 0) {
-    tick_sh[0] = atomicAdd(st.ticket, 1u);
-    tick_sh[1] = atomicAdd(st.ticket, 1u);
-  }
-  __syncthreads();
-  int64_t cur = tick_sh[0], nxt = tick_sh[1];
+  const int64_t G = gridDim.x;
+  int64_t cur = blockIdx.x;
   copy_tile(cur, 0);
+  copy_tile(cur + G, 1);
   int s = 0;
-  while (cur < nt) {   /* block-uniform; tickets only grow, so nxt >= nt once cur is */
-    copy_tile(nxt, s ^ 1);   /* stage s ^ 1 was last read before the previous iteration's final barrier */
-    unsigned tk = 0;
-    if (t == 0) tk = atomicAdd(st.ticket, 1u);   /* the ticket after nxt, needed only at the end */
-    cp_async_wait<1>();   /* this thread's copies of cur have landed */
+  while (cur < nt) {   /* block-uniform */
+    cp_async_wait<1>();   /* this thread's copies of cur have landed (cur + G's may be in flight) */
     __syncthreads();      /* and everyone's */
     const int64_t m = cur / kRowChunk, first = m * kRowChunk;
     float v[kRowItems];
@@ -93,7 +101,8 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
       const float carry = chain_sum(st.ctot, m, op, identity);
       if (t == 32) carry_sh = carry;
     }
-    __syncthreads();
+    __syncthreads();   /* within_sh, carry_sh; and everyone has read stage s into v */
+    copy_tile(cur + 2 * G, s);   /* two tiles ahead: in flight across this tile's stores and all of the next */
     const float base = op(op(carry_sh, within_sh), tp);
     const int64_t p0 = cur * kRowTile + (int64_t)t * kRowItems;
     if (fast_tile(cur)) {
@@ -112,10 +121,9 @@ __global__ void __launch_bounds__(kBlock) scan_row_ring(const T *__restrict__ in
         if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, float>(op(base, v[i]));
       }
     }
-    if (t == 0) tick_sh[0] = tk;   /* read before this iteration's first barrier, rewritten after it */
-    __syncthreads();   /* tick_sh, within_sh/carry_sh and tmp reused, stage s read by everyone */
-    cur = nxt;
-    nxt = tick_sh[0];
+    /* no barrier: the next within_sh/carry_sh writes and the next BlockScan come after the next iteration's
+     * first barrier, which everyone reaches after reading these */
+    cur += G;
     s ^= 1;
   }
   cp_async_wait<0>();   /* no copy outlives the block */
@@ -141,7 +149,6 @@ int scan_row_ring_run(const char *op, const em_tensor *a, const T *in, T *out, i
   const int per = row_ring_blocks_per_sm<T, Op>();
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_row_ring", op);
   const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
-  /* tickets: nt + 2 grid at most are taken (each block two past its last tile): far below 2^32 */
   const size_t bytes = 256 + (size_t)(nt + nc) * sizeof(unsigned long long);
   int64_t total = (int64_t)bytes;
   em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
@@ -154,8 +161,13 @@ int scan_row_ring_run(const char *op, const em_tensor *a, const T *in, T *out, i
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, bytes, s), op, "cudaMemsetAsync");
   if (!rc) {
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_ring<T, Op><<<(unsigned)grid, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
-    rc = em_launch_check(op);
+    /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
+    void *args[] = {(void *)&in, (void *)&out, (void *)&L, (void *)&reverse, (void *)&vec, (void *)&f,
+                    (void *)&identity, (void *)&st};
+    rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_row_ring<T, Op>, dim3((unsigned)grid),
+                                                   dim3(kBlock), args, 0, s),
+                       op, "cudaLaunchCooperativeKernel (scan_row_ring)");
+    if (!rc) rc = em_launch_check(op);
   }
   em_tensor_release(ws);   /* stream-ordered */
   return rc;
