@@ -2,12 +2,11 @@
  * vector), included by it inside its anonymous namespace after the shared
  * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Five
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (default for f64/i64 and for reversed or misaligned rows): scan_row_sums then
- *    scan_row_apply, no waits inside a kernel;
+ *  - split (default for f64/i64): scan_row_sums then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
  *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
- *    next tile's loads in flight (f32 accumulators; the default for their forward, aligned rows);
+ *    next tile's loads in flight (f32 accumulators; the default for them);
  *  - cub: cub::DeviceScan (not deterministic for floats).
  * split, tiles, chain and ring evaluate the same expression: the same bits. */
 #pragma once
@@ -425,13 +424,13 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
 /* EMBER_SCAN_ROW (read once): unset: ring for f32 accumulators, split for the others; "split" (scan_row_sums +
  * scan_row_apply), "tiles" (scan_row_tiles, the
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
- * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise); unset: 5, ring where it streams (scan_row). 0 .. 5; -1 on
+ * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise). 0 .. 4; -1 on
  * error. */
 static int row_scan_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env) mode = 5;   /* ring for forward, 16-byte aligned f32/bf16/f16 rows, else split (scan_row) */
+    if (!env || !*env) mode = 4;   /* ring: f32/bf16/f16 rows; f64 and i64 take split (scan_row) */
     else if (strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
@@ -540,12 +539,8 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
   if constexpr (std::is_same<A, float>::value)
     if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  /* the default: ring's cp.async ring serves forward rows on 16-byte boundaries only; reversed (cumsum's
-   * backward) or misaligned rows would load element by element with nothing ahead: split, as before */
-  if constexpr (std::is_same<A, float>::value) {
-    const bool streams = !reverse && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    if ((mode == 4 || (mode == 5 && streams)) && !stream_capturing(s))
+  if constexpr (std::is_same<A, float>::value)
+    if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  }
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }
