@@ -2,11 +2,11 @@
  * vector), included by it inside its anonymous namespace after the shared
  * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Five
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (default for f64/i64): scan_row_sums then scan_row_apply, no waits inside a kernel;
+ *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
  *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
- *    next tile's loads in flight (f32 accumulators; the default for them);
+ *    next tile's loads in flight (f32 accumulators);
  *  - cub: cub::DeviceScan (not deterministic for floats).
  * split, tiles, chain and ring evaluate the same expression: the same bits. */
 #pragma once
@@ -421,8 +421,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
 
 #include "scan_row_ring.cuh"   /* EMBER_SCAN_ROW=ring: chain's pass, persistent, the next tile in flight */
 
-/* EMBER_SCAN_ROW (read once): unset: ring for f32 accumulators, split for the others; "split" (scan_row_sums +
- * scan_row_apply), "tiles" (scan_row_tiles, the
+/* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
  * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise). 0 .. 4; -1 on
  * error. */
@@ -430,8 +429,7 @@ static int row_scan_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env) mode = 4;   /* ring: f32/bf16/f16 rows; f64 and i64 take split (scan_row) */
-    else if (strcmp(env, "split") == 0) mode = 0;
+    if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
     else if (strcmp(env, "chain") == 0) mode = 3;
