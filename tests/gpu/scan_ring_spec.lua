@@ -59,7 +59,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
     cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
   end)
 
-  it("gives the same bits inside graph capture (split there) as eagerly (ring by default)", function()
+  it("gives the same bits inside graph capture (split there) as eagerly (ring)", function()
     local script = H.temp_file([[
 local ember = require "ember"
 ember.manual_seed(43)
