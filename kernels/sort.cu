@@ -561,6 +561,77 @@ __global__ void bincount_global(const void *x, int dt, const W *w, int64_t n, W 
     atomicAdd(&out[load_as<int64_t>(x, dt, i)], w ? w[i] : (W)1);
 }
 
+/* bincount in one read (em_bincount_range_cuda): each block counts the values
+ * that fall in [0, kSharedBins) in shared memory and keeps the min and max of
+ * all of them; the engine reads the range to size the output (as it did with
+ * a min and a max pass before) and copies the counts out when every value was
+ * counted. 16-byte loads, two a thread in flight; counts are integers, so the
+ * order of the adds does not matter. */
+static_assert(kSharedBins == EM_BINCOUNT_BINS, "the engine sizes bincount's scratch by EM_BINCOUNT_BINS");
+
+__global__ void bincount_range_init(unsigned long long *bins, long long *range) {
+  for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < kSharedBins; b += gridDim.x * blockDim.x) bins[b] = 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) { range[0] = LLONG_MAX; range[1] = LLONG_MIN; }
+}
+
+template <typename T>
+__device__ __forceinline__ void bincount_take(const uint4 &v, unsigned int *h, long long &lo, long long &hi) {
+  const T *e = reinterpret_cast<const T *>(&v);
+#pragma unroll
+  for (int k = 0; k < (int)(16 / sizeof(T)); k++) {
+    const long long x = (long long)e[k];
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+    if ((unsigned long long)x < (unsigned long long)kSharedBins) atomicAdd(&h[x], 1u);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kBlock) bincount_range(const T *x, int64_t n, unsigned long long *bins,
+                                                         long long *range) {
+  __shared__ unsigned int h[kSharedBins];
+  for (int b = threadIdx.x; b < kSharedBins; b += blockDim.x) h[b] = 0;
+  __syncthreads();
+  constexpr int V = 16 / sizeof(T);
+  const uint4 *xv = reinterpret_cast<const uint4 *>(x);
+  const int64_t nv = n / V, stride = (int64_t)gridDim.x * blockDim.x;
+  long long lo = LLONG_MAX, hi = LLONG_MIN;
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + stride < nv; i += 2 * stride) {   /* two loads in flight before the first atomic */
+    const uint4 a = __ldg(xv + i), b = __ldg(xv + i + stride);
+    bincount_take<T>(a, h, lo, hi);
+    bincount_take<T>(b, h, lo, hi);
+  }
+  if (i < nv) bincount_take<T>(__ldg(xv + i), h, lo, hi);
+  if (blockIdx.x == 0)   /* the tail past the last whole vector */
+    for (int64_t j = nv * V + threadIdx.x; j < n; j += blockDim.x) {
+      const long long v = (long long)x[j];
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+      if ((unsigned long long)v < (unsigned long long)kSharedBins) atomicAdd(&h[v], 1u);
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const long long l2 = __shfl_xor_sync(0xffffffffu, lo, o), h2 = __shfl_xor_sync(0xffffffffu, hi, o);
+    lo = l2 < lo ? l2 : lo;
+    hi = h2 > hi ? h2 : hi;
+  }
+  if ((threadIdx.x & 31) == 0) { atomicMin(&range[0], lo); atomicMax(&range[1], hi); }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kSharedBins; b += blockDim.x)
+    if (h[b]) atomicAdd(&bins[b], (unsigned long long)h[b]);
+}
+
+template <typename T>
+void bincount_range_launch(const em_tensor *x, int64_t n, unsigned long long *bins, long long *range, int dev,
+                           cudaStream_t s) {
+  const int64_t nv = n / (16 / (int64_t)sizeof(T)), threads = (nv + 1) / 2;
+  const int64_t blocks = (threads + kBlock - 1) / kBlock, cap = (int64_t)em_sm_count(dev) * 4;
+  const unsigned grid = (unsigned)(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
+  bincount_range<T><<<grid, kBlock, 0, s>>>((const T *)em_data_ptr(x), n, bins,
+                                                                                range);
+}
+
 /* ---- searchsorted ---- */
 
 template <typename C>
@@ -703,6 +774,25 @@ extern "C" int em_bincount_cuda(const char *op, const em_tensor *x, const em_ten
   } else {
     bincount_global<double><<<em_grid(n, kBlock), kBlock, 0, s>>>(xv, x->dtype, (const double *)em_data_ptr(weights),
                                                                   n, (double *)em_data_ptr(out));
+  }
+  return em_launch_check(op);
+}
+
+extern "C" int em_bincount_range_cuda(const char *op, const em_tensor *x, em_tensor *scratch) {
+  const int64_t n = em_numel(x);
+  if (((uintptr_t)em_data_ptr(x) & 15) || n / (16 / (int64_t)em_dtype_size(x->dtype)) > INT_MAX) return 1;
+  const int dev = x->device.index;
+  if (em_use_device(dev, op)) return -1;
+  cudaStream_t s = em_cur_stream(dev);
+  unsigned long long *bins = (unsigned long long *)em_data_ptr(scratch);
+  long long *range = (long long *)(bins + kSharedBins);
+  bincount_range_init<<<(kSharedBins + kBlock - 1) / kBlock, kBlock, 0, s>>>(bins, range);
+  switch (x->dtype) {
+    case EM_I64: bincount_range_launch<int64_t>(x, n, bins, range, dev, s); break;
+    case EM_I32: bincount_range_launch<int32_t>(x, n, bins, range, dev, s); break;
+    case EM_U16: bincount_range_launch<uint16_t>(x, n, bins, range, dev, s); break;
+    case EM_U8: bincount_range_launch<uint8_t>(x, n, bins, range, dev, s); break;
+    default: return 1;
   }
   return em_launch_check(op);
 }

@@ -753,6 +753,13 @@ int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tens
  * contiguous; may be NULL) added at x[i] (contiguous integers, checked by the
  * engine to lie in [0, numel(out))). Atomic adds: float sums in any order. */
 int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out);
+/* bincount without weights in one read of x: scratch (EM_BINCOUNT_BINS + 2
+ * i64, contiguous) gets the counts of the values in [0, EM_BINCOUNT_BINS)
+ * (as u64 bits) followed by min and max of all of x (contiguous integers,
+ * 16-byte aligned). Returns 1, launching nothing, where it does not apply
+ * (misaligned x, more than 2^31 - 1 vectors). */
+#define EM_BINCOUNT_BINS 12288
+int em_bincount_range_cuda(const char *op, const em_tensor *x, em_tensor *scratch);
 /* out (i64, values' shape, contiguous) = insertion points of values
  * (contiguous) in the rows of seq (contiguous; 1-D: one row for every value;
  * else one row per leading index of values). right: after equal elements.

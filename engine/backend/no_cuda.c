@@ -246,6 +246,7 @@ int em_unique_ids_cuda(const char *op, const em_tensor *sorted, em_tensor *ids, 
 int em_unique_finish_cuda(const char *op, const em_tensor *sorted, const em_tensor *order, const em_tensor *ids,
                           em_tensor *vals, em_tensor *inverse, em_tensor *counts) { return no_cuda(op); }
 int em_bincount_cuda(const char *op, const em_tensor *x, const em_tensor *weights, em_tensor *out) { return no_cuda(op); }
+int em_bincount_range_cuda(const char *op, const em_tensor *x, em_tensor *scratch) { return no_cuda(op); }
 int em_searchsorted_cuda(const char *op, const em_tensor *seq, const em_tensor *values, bool right,
                          em_tensor *out) { return no_cuda(op); }
 int em_scan_cuda(const char *op, const em_tensor *a, int64_t outer, int64_t L, int64_t inner, bool prod,

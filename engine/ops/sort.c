@@ -521,6 +521,38 @@ static int int_range(em_tensor *a, int64_t *lo, int64_t *hi) {
   return rc;
 }
 
+/* CUDA, no weights: the counts of the small values and the range in one read
+ * of x (kernels/sort.cu bincount_range), then the range read on the host as
+ * before. Returns 0 with *out set (the counts, every value in the counted
+ * bins) or NULL (*lo, *hi set: the general path counts again), 1 where the
+ * kernel does not apply (nothing set), -1 on error. EMBER_BINCOUNT=two keeps
+ * the min and max passes and a counting pass for every bincount. */
+static int bincount_one_read_cuda(em_tensor *x, int64_t minlength, int64_t *lo, int64_t *hi, em_tensor **out) {
+  const char *e = getenv("EMBER_BINCOUNT");
+  if (e && strcmp(e, "two") == 0) return 1;
+  int64_t ns = EM_BINCOUNT_BINS + 2;
+  em_tensor *scr = em_empty(1, &ns, EM_I64, x->device);
+  if (!scr) return -1;
+  int rc = em_bincount_range_cuda("bincount", x, scr);
+  em_tensor *r = rc ? NULL : em_narrow(scr, 0, EM_BINCOUNT_BINS, 2);
+  em_tensor *h = r ? em_to(r, EM_I64, (em_device){EM_CPU, 0}) : NULL;   /* bincount synchronises */
+  if (!rc && !h) rc = -1;
+  if (h) {
+    *lo = ((int64_t *)em_data_ptr(h))[0]; *hi = ((int64_t *)em_data_ptr(h))[1];
+    *out = NULL;
+    if (*lo >= 0 && *hi < EM_BINCOUNT_BINS) {
+      int64_t nb = EM_MAX(*hi + 1, minlength), k = EM_MIN(nb, EM_BINCOUNT_BINS);
+      em_tensor *o = em_zeros(1, &nb, EM_I64, x->device);
+      em_tensor *dst = o ? em_narrow(o, 0, 0, k) : NULL, *src = dst ? em_narrow(scr, 0, 0, k) : NULL;
+      if (!src || em_copy_(dst, src)) { em_tensor_release(o); o = NULL; rc = -1; }
+      em_tensor_release(dst); em_tensor_release(src);
+      *out = o;
+    }
+  }
+  em_tensor_release(h); em_tensor_release(r); em_tensor_release(scr);
+  return rc;
+}
+
 em_tensor *em_bincount(em_tensor *a, em_tensor *weights, int64_t minlength) {
   EM_OP_SCOPE("bincount");
   char s1[160], s2[160];
@@ -537,7 +569,19 @@ em_tensor *em_bincount(em_tensor *a, em_tensor *weights, int64_t minlength) {
     if (em_check_same_device("bincount", a, weights)) return NULL;
   }
   int64_t lo = 0, hi = -1;
-  if (em_numel(a) > 0 && int_range(a, &lo, &hi)) return NULL;
+  bool ranged = false;
+  if (a->device.type == EM_CUDA && !weights && em_numel(a) > 0) {
+    em_tensor *x = em_contiguous_as(a, a->dtype), *counted = NULL;
+    int rc = x ? bincount_one_read_cuda(x, minlength, &lo, &hi, &counted) : -1;
+    em_tensor_release(x);
+    if (rc < 0) return NULL;
+    if (rc == 0) {
+      ranged = true;
+      EM_CHECK_NULL(lo >= 0, "bincount: expected non-negative values, got %lld", (long long)lo);
+      if (counted) return counted;
+    }
+  }
+  if (!ranged && em_numel(a) > 0 && int_range(a, &lo, &hi)) return NULL;
   EM_CHECK_NULL(lo >= 0, "bincount: expected non-negative values, got %lld", (long long)lo);
   int64_t nb = EM_MAX(hi + 1, minlength);
   em_dtype dt = !weights ? EM_I64 : weights->dtype == EM_F32 ? EM_F32 : EM_F64;

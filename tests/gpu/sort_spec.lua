@@ -297,6 +297,28 @@ describe("unique, bincount, searchsorted on CUDA", function()
     agree("bincount weighted f32", function(a, w) return a:bincount(w, 300) end,
       {ember.randint(0, 100, {5000}), ember.rand({5000})})
   end)
+  it("bincount in one read (counts and range together): every integer dtype, tails, misaligned, past the bins", function()
+    -- 12288 shared bins: values below are counted in the same read as the range; a value past them (or a view
+    -- not on a 16-byte boundary) takes the general path; minlength past the bins pads with zeros.
+    local cases = {{0, 4096, 1000003, "i64"}, {0, 12288, 300001, "i32"}, {0, 256, 99999, "u8"},
+                   {0, 60000, 77777, "u16"}, {0, 12289, 200000, "i64"}, {5, 9, 7, "i64"}, {0, 3, 1, "i32"}}
+    for _, c in ipairs(cases) do
+      local x = ember.randint(c[1], c[2], {c[3]}):to(c[4])
+      agree(("bincount [%d, %d) n %d %s"):format(c[1], c[2], c[3], c[4]), function(a) return a:bincount() end, {x},
+        true)
+      agree(("bincount [%d, %d) %s, minlength 20000"):format(c[1], c[2], c[4]),
+        function(a) return a:bincount(nil, 20000) end, {x}, true)
+    end
+    local x = ember.randint(0, 700, {4099})
+    agree("bincount of a misaligned view", function(a) return a:narrow(0, 1, 4097):bincount() end, {x}, true)
+    local big = ember.cat({ember.randint(0, 100, {77777}), ember.tensor({12288}, {dtype = "i64"}),
+                           ember.randint(0, 100, {22222})}, 0)
+    agree("bincount with one value just past the bins", function(a) return a:bincount() end, {big}, true)
+    local neg = ember.cat({ember.randint(0, 100, {4999}), ember.tensor({-3}, {dtype = "i64"})}, 0):cuda()
+    local ok, err = pcall(function() return neg:bincount() end)
+    assert.is_false(ok)
+    assert.matches("bincount: expected non%-negative values, got %-3", tostring(err))
+  end)
   it("searchsorted left and right, 1-D and row-wise", function()
     local seq = ember.randint(0, 50, {1000}):to("f32"):sort()
     local v = ember.randint(-2, 53, {37, 11}):to("f32")
