@@ -360,6 +360,10 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
 
 /* ---------------- host side ---------------- */
 
+/* index_add out of place, grouped by destination row (kernels/index_add_group.cu): 1 done, 0 not taken, -1 error. */
+extern "C" int em_index_add_group_cuda(const char *op, const em_index_plan *p, em_tensor *self,
+                                       const em_tensor *from, const em_tensor *index, const em_tensor *other);
+
 template <typename K>
 static int sm_launch_prep(K kernel, int smem, const char *op) {
   if (smem <= 48 * 1024) return 0;
@@ -508,6 +512,8 @@ extern "C" int em_index_from_cuda(const char *op, const em_index_plan *p, em_ten
       em_data_ptr(from) == em_data_ptr(self))
     return 0;
   for (int d = 0; d < self->ndim; d++) if (from->shape[d] != self->shape[d]) return 0;
+  const int gr = em_index_add_group_cuda(op, p, self, from, index, other);   /* kernels/index_add_group.cu */
+  if (gr) return gr;
   const int r = smem_run(op, p, n, self, from, index, other);
   return r <= 0 ? r : em_launch_check(op) ? -1 : 1;
 }

@@ -422,6 +422,35 @@ describe("indexing on CUDA", function()
     end
   end)
 
+  -- kernels/index_add_group.cu (out of place, src >= 96 MiB): the adds of each row in ascending index
+  -- position, rounded to the dtype after each, as the CPU does them: the CPU's bits exactly, randn values.
+  it("index_add of >= 96 MiB of src (rows grouped by destination, sorted) gives the CPU's bits, f32 / bf16 / f16", function()
+    ember.manual_seed(15)
+    local D, n, h = 50000, 65536, 30000
+    for _, c in ipairs({{"f32", 512}, {"bf16", 1024}, {"f16", 1024}}) do
+      local dt, w = c[1], c[2]                       -- 128 MiB of src either way
+      local x = ember.randn(D, w):to(dt)
+      local src = ember.randn(n, w):to(dt)
+      local i = ember.randint(0, D, {n})             -- ~1.3 adds a row: runs of 0, 1, 2, 3+ src rows
+      local sevens = {}
+      for k = 1, 64 do sevens[k] = 7 end
+      i = ember.cat({long(sevens), i:narrow(0, 64, n - 64)})   -- row 7 at least 64 times
+      -- the device index: two positions out of range (skipped), D and -3; the CPU one leaves them out
+      local gi = ember.cat({i:narrow(0, 0, h), long({D, -3}), i:narrow(0, h + 2, n - h - 2)})
+      local keep = ember.cat({i:narrow(0, 0, h), i:narrow(0, h + 2, n - h - 2)})
+      local ks = ember.cat({src:narrow(0, 0, h), src:narrow(0, h + 2, n - h - 2)})
+      local xc, sc = x:cuda(), src:cuda()
+      for _, alpha in ipairs({1, 0.5}) do
+        local want = x:index_add(0, keep, ks, alpha)
+        local got = xc:index_add(0, gi:cuda(), sc, alpha)
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+        assert.equals(0, max_diff(xc:index_add(0, gi:int():cuda(), sc, alpha), want), dt .. " i32 alpha " .. alpha)
+      end
+      assert.equals(0, max_diff(xc, x), dt .. ": x untouched")
+    end
+  end)
+
   it("out-of-range scatter indices are skipped", function()
     local z = ember.zeros(3):cuda():scatter_add(0, long({0, 5, -2, 2}):cuda(), ember.ones(4):cuda())
     assert.same({1, 0, 1}, z:cpu():tolist())
