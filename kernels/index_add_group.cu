@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, sizeof(O) == 4 ? 4 : 2) group_r
     }
 #pragma unroll
     for (int u = 0; u < GROUP_UNROLL; u++)
-      if (r[u].x < r[u].y) s[u] = src[(int64_t)__ldg(order + r[u].x) * (int64_t)vpr + (int64_t)c[u]];
+      if (r[u].x < r[u].y) s[u] = __ldg(src + (int64_t)__ldg(order + r[u].x) * (int64_t)vpr + (int64_t)c[u]);
 #pragma unroll
     for (int u = 0; u < GROUP_UNROLL; u++) {
       const O v = v0 + (O)u * stride;
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, sizeof(O) == 4 ? 4 : 2) group_r
       if (r[u].x < r[u].y) {
         group_add<T, ONE>(a[u], s[u], alpha);
         for (uint32_t q = r[u].x + 1; q < r[u].y; q++)
-          group_add<T, ONE>(a[u], src[(int64_t)__ldg(order + q) * (int64_t)vpr + (int64_t)c[u]], alpha);
+          group_add<T, ONE>(a[u], __ldg(src + (int64_t)__ldg(order + q) * (int64_t)vpr + (int64_t)c[u]), alpha);
       }
       out[v] = a[u];
     }
