@@ -422,6 +422,62 @@ describe("indexing on CUDA", function()
     end
   end)
 
+  -- add_slab_kernel with the row split (more than 2048 target rows at W = 4: 8 columns in two blocks that own
+  -- half the rows each): an odd row count (the halves 2501 / 2500), columns not a multiple of 8, indices out
+  -- of range on both sides and on the halves' boundary, i64 / i32, in place through a transposed view.
+  it("scatter_add along dim 0 into 5001 rows (column slabs split in two row halves) is exact on integer-valued f32, bf16, f16", function()
+    ember.manual_seed(23)
+    local D, R, C = 5001, 2000, 1003
+    local src = ember.randint(-2, 3, {R, C}):float()
+    local raw = ember.randint(-2, D + 3, {R, C})
+    raw = ember.cat({ember.full({1, C}, 2500, {dtype = "i64"}), ember.full({1, C}, 2501, {dtype = "i64"}),
+                     raw:narrow(0, 2, R - 2)})                  -- rows 0 and 1: the last of one half, the first of the other
+    local ok = raw:ge(0):logical_and(raw:lt(D))
+    local base = ember.randint(-4, 5, {D, C}):float()
+    -- the CPU refuses an out-of-range index: there they point at row 0 and add 0
+    local want = base:double():scatter_add(0, raw:clamp(0, D - 1), ember.where(ok, src, 0):double())
+    for _, idt in ipairs({"i64", "i32"}) do
+      for _, dt in ipairs({"f32", "bf16", "f16"}) do
+        local got = base:to(dt):cuda():scatter_add(0, raw:to(idt):cuda(), src:to(dt):cuda())
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " " .. idt)
+      end
+      local tgt = base:t():contiguous():cuda()                  -- in place through the transposed view
+      tgt:t():scatter_add_(0, raw:to(idt):cuda(), src:cuda())
+      assert.equals(0, max_diff(tgt:t(), want), "strided " .. idt)
+    end
+  end)
+
+  -- kernels/index_add_group.cu (out of place, src >= 96 MiB): the adds of each row in ascending index
+  -- position, rounded to the dtype after each, as the CPU does them: the CPU's bits exactly, randn values.
+  it("index_add of >= 96 MiB of src (rows grouped by destination, sorted) gives the CPU's bits, f32 / bf16 / f16", function()
+    if (os.getenv("EMBER_IX_ADD_SORT") or ""):sub(1, 1) == "0" then return end   -- switched off: the atomics' sums
+    ember.manual_seed(15)
+    local D, n, h = 50000, 65536, 30000
+    for _, c in ipairs({{"f32", 512}, {"bf16", 1024}, {"f16", 1024}}) do
+      local dt, w = c[1], c[2]                       -- 128 MiB of src either way
+      local x = ember.randn(D, w):to(dt)
+      local src = ember.randn(n, w):to(dt)
+      local i = ember.randint(0, D, {n})             -- ~1.3 adds a row: runs of 0, 1, 2, 3+ src rows
+      local sevens = {}
+      for k = 1, 64 do sevens[k] = 7 end
+      i = ember.cat({long(sevens), i:narrow(0, 64, n - 64)})   -- row 7 at least 64 times
+      -- the device index: two positions out of range (skipped), D and -3; the CPU one leaves them out
+      local gi = ember.cat({i:narrow(0, 0, h), long({D, -3}), i:narrow(0, h + 2, n - h - 2)})
+      local keep = ember.cat({i:narrow(0, 0, h), i:narrow(0, h + 2, n - h - 2)})
+      local ks = ember.cat({src:narrow(0, 0, h), src:narrow(0, h + 2, n - h - 2)})
+      local xc, sc = x:cuda(), src:cuda()
+      for _, alpha in ipairs({1, 0.5}) do
+        local want = x:index_add(0, keep, ks, alpha)
+        local got = xc:index_add(0, gi:cuda(), sc, alpha)
+        assert.equals(dt, got.dtype)
+        assert.equals(0, max_diff(got, want), dt .. " alpha " .. alpha)
+        assert.equals(0, max_diff(xc:index_add(0, gi:int():cuda(), sc, alpha), want), dt .. " i32 alpha " .. alpha)
+      end
+      assert.equals(0, max_diff(xc, x), dt .. ": x untouched")
+    end
+  end)
+
   it("out-of-range scatter indices are skipped", function()
     local z = ember.zeros(3):cuda():scatter_add(0, long({0, 5, -2, 2}):cuda(), ember.ones(4):cuda())
     assert.same({1, 0, 1}, z:cpu():tolist())
