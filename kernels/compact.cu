@@ -631,10 +631,13 @@ static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool ve
   return em_launch_check(op);
 }
 
-/* EMBER_COMPACT_LATESCAN=0: the eleventh session's mark, offsets and all in one launch (EMBER_COMPACT_LOOKBACK). */
-static bool latescan(void) {
+/* mark_cnt_kernel + offsets_kernel for n over kLateTiles tiles; EMBER_COMPACT_LATESCAN=0 or fewer tiles: the
+ * eleventh session's mark, offsets and all in one launch (EMBER_COMPACT_LOOKBACK). Up to 128 tiles (2^19
+ * elements, at most 128 blocks: 4 look-back windows) the look-back costs about what the scan's own launch adds. */
+constexpr int64_t kLateTiles = 128;
+static bool latescan(int64_t n) {
   static const bool on = em_env_switch("EMBER_COMPACT_LATESCAN", true);
-  return on;
+  return on && ntiles_of(n) > kLateTiles;
 }
 
 /* mark_cnt_kernel: BT tiles a block; *count zeroed by the caller. */
@@ -647,7 +650,7 @@ static int launch_mark_cnt(const char *op, const U *x, int64_t n, U keep, bool v
 }
 
 extern "C" int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int64_t n) {
-  if (!latescan() || n == 0) return 0;   /* the mark wrote the offsets */
+  if (!latescan(n)) return 0;   /* the mark wrote the offsets (or n is 0) */
   if (em_use_device(ws->device.index, op)) return -1;
   offsets_kernel<<<1, kOffThreads, 0, em_cur_stream(ws->device.index)>>>(ws_off(ws, n), ntiles_of(n));
   return em_launch_check(op);
@@ -663,7 +666,7 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
   int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   const unsigned grid = (unsigned)nt;
-  if (latescan()) {
+  if (latescan(n)) {
     unsigned long long *cnt = (unsigned long long *)em_data_ptr(count);
     if (em_cuda_check(cudaMemsetAsync(cnt, 0, sizeof(int64_t), s), op, "cudaMemsetAsync")) return -1;
     switch (em_dtype_size(x->dtype)) {

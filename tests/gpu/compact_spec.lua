@@ -141,7 +141,8 @@ describe("stream compaction on CUDA", function()
     end
   end)
 
-  -- offsets_kernel (EMBER_COMPACT_LATESCAN=1): one block of 512 threads, each a run of per tiles (per even) in
+  -- offsets_kernel (EMBER_COMPACT_LATESCAN=1, over 128 tiles; the 1025-tile case above takes it too): one block
+  -- of 512 threads, each a run of per tiles (per even) in
   -- chunks of 8 pairs; 2^25 + 12345 elements = 8196 tiles: per 18, so two chunks a thread, a last pair cut
   -- short (an odd tile count) and threads past the end with nothing
   it("masked_select and nonzero over 8196 tiles (the tile scan's chunks and its odd last run)", function()
