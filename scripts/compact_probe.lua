@@ -6,8 +6,16 @@
 -- their output's size back mid-op, so a gap the GPU waits for the host counts
 -- (a cudaMalloc in it too: the allocator's counts around the timed reps are printed).
 --
---   ember run scripts/compact_probe.lua [--reps 20] [--n 8192]
---   EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
+-- --samples prints each timed rep (events, read flush, as bench_ops) with the Lua
+-- collections that ran in it (a finalizer sentinel counts them) and what one full
+-- collection costs here: a result of 512 MB (nonzero of (8192, 8192)) is 512 MiB of
+-- fresh device memory, and the binding runs a full collection whenever that passes
+-- max(1 GiB, reserved / 4) since the last (bindings/lua/lua_tensor.c), inside the
+-- call that made it: every second nonzero.
+--
+--   ember run scripts/compact_probe.lua [--reps 20] [--n 8192] [--samples]
+--   EMBER_COMPACT_LATESCAN=0 ember run scripts/compact_probe.lua   (the eleventh session's look-back mark)
+--   EMBER_COMPACT_LATESCAN=0 EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
 local ember = require "ember"
 local argparse = require "argparse"
 
@@ -17,13 +25,15 @@ parser:option("--n", "Side of the square input.", "8192"):convert(math.tointeger
 parser:option("--order", "Comma list of cases (nonzero, select_f32, select_bf16, cast), run in this order; a case "
   .. "may repeat (nonzero,nonzero: the same op twice, as bench_ops' two dtype rows).",
   "nonzero,nonzero,select_f32,select_bf16,cast")
+parser:flag("--samples", "Print every timed rep with the Lua collections in it.")
 local args = parser:parse()
 assert(ember.cuda.is_available(), "compact_probe.lua needs a CUDA device")
 
 local n = args.n
 local function env(k) return os.getenv(k) or "(unset)" end
-print(("n %d x %d; EMBER_COMPACT_LOOKBACK=%s EMBER_COMPACT_VOUT=%s EMBER_CAST_WIDE=%s EMBER_COMPACT=%s"):format(
-  n, n, env("EMBER_COMPACT_LOOKBACK"), env("EMBER_COMPACT_VOUT"), env("EMBER_CAST_WIDE"), env("EMBER_COMPACT")))
+print(("n %d x %d; EMBER_COMPACT_LATESCAN=%s EMBER_COMPACT_LOOKBACK=%s EMBER_COMPACT_VOUT=%s EMBER_CAST_WIDE=%s "
+  .. "EMBER_COMPACT=%s"):format(n, n, env("EMBER_COMPACT_LATESCAN"), env("EMBER_COMPACT_LOOKBACK"),
+  env("EMBER_COMPACT_VOUT"), env("EMBER_CAST_WIDE"), env("EMBER_COMPACT")))
 
 local mask = ember.rand({n, n}):lt(0.5):to("cuda")
 local xf = ember.randn({n, n}):to("cuda")
@@ -35,6 +45,30 @@ local cases = {
   select_bf16 = {function() return xb:masked_select(mask) end, n * n * 3 + count * 2},
   cast = {function() return xb:to("f32") end, n * n * 6},
 }
+
+-- collections: a sentinel whose finalizer counts one and makes the next
+local gc_cycles = 0
+local function sentinel() setmetatable({}, {__gc = function() gc_cycles = gc_cycles + 1; sentinel() end}) end
+sentinel()
+
+-- each timed rep as ember.bench's events timer takes it (read flush not waited for), and the collections in it
+local function samples(name, call)
+  local buf = ember.zeros({ember.bench.default_flush_bytes("cuda") // 4}, {device = "cuda"})
+  local e0, e1 = ember.cuda.Event{enable_timing = true}, ember.cuda.Event{enable_timing = true}
+  for _ = 1, 2 do ember.no_grad(call) end
+  ember.cuda.synchronize()
+  local line = {}
+  for i = 1, args.reps do
+    buf:sum()
+    local g0 = gc_cycles
+    e0:record()
+    ember.no_grad(call)
+    e1:record()
+    e1:synchronize()
+    line[i] = ("%.3f%s"):format(e0:elapsed_time(e1), gc_cycles > g0 and "*" or "")
+  end
+  print(("   %s reps (ms; * = a Lua collection ran in it): %s"):format(name, table.concat(line, " ")))
+end
 
 local rows = {}
 for name in args.order:gmatch("[^,]+") do
@@ -61,8 +95,19 @@ for name in args.order:gmatch("[^,]+") do
   else
     print("   (no CUPTI: " .. tostring(p.reason) .. ")")
   end
+  if args.samples then samples(name, call) end
   rows[#rows + 1] = ("%-12s %8.4f ms  kernels %7.1f us  rest %7.1f us"):format(name, r.median * 1e3, ksum,
     r.median * 1e6 - ksum)
   p:close()
 end
 print("\n" .. table.concat(rows, "\n"))
+if args.samples then
+  local t = {}
+  for i = 1, 9 do
+    local t0 = ember.clock()
+    collectgarbage("collect")
+    t[i] = (ember.clock() - t0) * 1e3
+  end
+  table.sort(t)
+  print(("one full Lua collection here: median %.3f ms (min %.3f)"):format(t[5], t[1]))
+end

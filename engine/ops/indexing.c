@@ -556,15 +556,17 @@ static int compact_scan_path(void) {
   return e && strcmp(e, "scan") == 0;
 }
 
-/* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws); read their count unless count is NULL. */
+/* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws); read their count unless count is
+ * NULL; then the tiles' offsets (launched after the read: they run while the caller allocates the output). */
 static int compact_mark(const char *op, em_tensor *t, int ndim, const int64_t *shape, em_tensor **ws, int64_t *count) {
   em_tensor *b = broadcast_alias(t, ndim, shape);
   em_tensor *c = b ? em_contiguous_as(b, b->dtype) : NULL;
-  int64_t nb = em_compact_ws_bytes(em_shape_numel(ndim, shape));
+  int64_t n = em_shape_numel(ndim, shape), nb = em_compact_ws_bytes(n);
   em_tensor *cnt = c ? em_empty(0, NULL, EM_I64, t->device) : NULL;
   *ws = cnt ? em_empty(1, &nb, EM_U8, t->device) : NULL;
   double v = 0;
-  int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt) == 0 && (!count || em_item(cnt, &v) == 0) ? 0 : -1;
+  int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt) == 0 && (!count || em_item(cnt, &v) == 0) &&
+           em_compact_offsets_cuda(op, *ws, n) == 0 ? 0 : -1;
   if (count) *count = (int64_t)v;
   em_tensor_release(b); em_tensor_release(c); em_tensor_release(cnt);
   if (rc) { em_tensor_release(*ws); *ws = NULL; }

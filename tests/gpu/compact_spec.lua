@@ -4,8 +4,10 @@
 -- 8 bytes: the 16-byte vector paths), misaligned operands (the scalar path),
 -- empty and full tiles, and ranks up to 5. Values are moved, not computed:
 -- every comparison is exact. Run once more with EMBER_COMPACT=scan to check
--- the previous path, and with EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 for
--- the tiles' previous mark (mark_kernel + scan_tiles) and output stores.
+-- the previous path, with EMBER_COMPACT_LATESCAN=0 for the eleventh session's
+-- look-back mark, and with EMBER_COMPACT_LATESCAN=0 EMBER_COMPACT_LOOKBACK=0
+-- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
+-- output stores.
 local ember = require "ember"
 
 local function max_diff(got, want)
@@ -137,6 +139,24 @@ describe("stream compaction on CUDA", function()
       local xf = x64:to("f32"):masked_fill(m, 0)
       assert.equals(0, max_diff(xf:cuda():nonzero(), xf:nonzero()), ("p %g f32 nonzero"):format(p))
     end
+  end)
+
+  -- offsets_kernel (EMBER_COMPACT_LATESCAN=1, over 128 tiles; the 1025-tile case above takes it too): one block
+  -- of 512 threads, each a run of per tiles (per even) in
+  -- chunks of 8 pairs; 2^25 + 12345 elements = 8196 tiles: per 18, so two chunks a thread, a last pair cut
+  -- short (an odd tile count) and threads past the end with nothing
+  it("masked_select and nonzero over 8196 tiles (the tile scan's chunks and its odd last run)", function()
+    ember.manual_seed(27)
+    local n = (1 << 25) + 12345
+    local m = ember.rand(n):lt(0.3)
+    m:narrow(0, 4096 * 100, 4096 * 3):fill_(false)
+    m:narrow(0, 4096 * 5000 + 1, 4096 * 2):fill_(true)
+    local mc = m:cuda()
+    assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), "bool nonzero")
+    local x = ember.randint(0, 250, {n}):to("u8")
+    assert.equals(0, max_diff(x:cuda():masked_select(mc), x:masked_select(m)), "u8 masked_select")
+    local xb = ember.randn(n):to("bf16")
+    assert.equals(0, max_diff(xb:cuda():masked_select(mc), xb:masked_select(m)), "bf16 masked_select")
   end)
 
   it("masked_select's backward over several tiles and a broadcast x matches the CPU exactly", function()
