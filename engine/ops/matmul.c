@@ -177,14 +177,21 @@ static void gemm_span(const gemm_job *j, int64_t bi, int64_t kbi, int64_t u0, in
   }
 }
 
-/* Task t is tile t % tiles of batch (t % bt) / tiles, k-block t / bt (bt =
- * batches x tiles): a range's adjacent tasks are adjacent tiles of one
- * k-block, which gemm_span can merge (gemm_merge). */
+/* Merging, task t is tile t % tiles of batch (t % bt) / tiles, k-block
+ * t / bt (bt = batches x tiles): a range's adjacent tasks are adjacent tiles
+ * of one k-block, which gemm_span runs as rectangles (gemm_merge). Else, as
+ * before, one call a task, k-block t % nkb of (batch, tile) t / nkb. */
 static void gemm_tasks(void *ctx, int64_t t0, int64_t t1) {
   const gemm_job *j = ctx;
   for (int64_t t = t0; t < t1;) {
+    if (!j->merge) {
+      int64_t kbi = t % j->nkb, bt = t / j->nkb;
+      gemm_span(j, bt / j->tiles, kbi, bt % j->tiles, bt % j->tiles + 1);
+      t++;
+      continue;
+    }
     int64_t kbi = t / j->bt, bi = t % j->bt / j->tiles, tile = t % j->tiles;
-    int64_t end = j->merge ? EM_MIN(t1, t + j->tiles - tile) : t + 1;   /* the rest of this batch's tiles */
+    int64_t end = EM_MIN(t1, t + j->tiles - tile);   /* the rest of this batch's tiles */
     gemm_span(j, bi, kbi, tile, tile + (end - t));
     t = end;
   }
@@ -219,7 +226,8 @@ static void plan_with(gemm_job *j, int64_t from, bool split) {
 }
 
 /* Merging tiles (EMBER_CPU_GEMM_MERGE=0|1, read once at load; 1 the
- * default). A thread's range of adjacent tiles (of one batch and k-block)
+ * default; 0: one call a tile, tasks in the order and chunks they had
+ * before). A thread's range of adjacent tiles (of one batch and k-block)
  * runs as one BLAS call per rectangle instead of one per tile: OpenBLAS
  * packs each operand panel once for the rectangle instead of once per tile
  * (a 1024 x 256 x 256 product in 16 tiles of 128 packs 4x what one call
