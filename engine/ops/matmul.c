@@ -34,7 +34,10 @@
  * of spinning threads. Tiles of at least 128 x 128 cost 5-10% against one
  * call (packing the shared operand once per tile). A big product left with
  * fewer than 16 tiles (a 256 x 256 weight gradient) also cuts k into blocks
- * chosen from the shape, summed in block order (gemm_kblock). */
+ * chosen from the shape, summed in block order (gemm_kblock). With OpenBLAS's
+ * SkylakeX/Cooperlake kernels the tiles a thread takes in a row run as one
+ * call per rectangle (gemm_merge): the packing is paid once, the bits are the
+ * same. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
