@@ -264,6 +264,10 @@ void em_parallel_for_mem(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
   parallel_for(n, grain, mem_chunks, fn, ctx);
 }
 
+void em_parallel_for_chunks(int64_t n, int64_t grain, int per_thread, em_range_fn fn, void *ctx) {
+  parallel_for(n, grain, per_thread < 1 ? 1 : per_thread > 64 ? 64 : per_thread, fn, ctx);
+}
+
 int64_t em_set_parallel_min_work(int64_t n) {
   int64_t old = em_par_min_work;
   em_par_min_work = n < 1 ? 1 : n;

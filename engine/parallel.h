@@ -42,6 +42,11 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
  * a thread slowed by another process costs the op less on a loaded host. */
 void em_parallel_for_mem(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
 
+/* em_parallel_for with `per_thread` chunks a thread to steal (1 to 64)
+ * instead of four: bigger ranges for a body that does better with more
+ * items at once (matmul merges adjacent tiles into one BLAS call). */
+void em_parallel_for_chunks(int64_t n, int64_t grain, int per_thread, em_range_fn fn, void *ctx);
+
 /* Work below which forking costs more than it saves: about 32K simple
  * element operations (tens of microseconds on one core). The specs lower it
  * (em_set_parallel_min_work) so their small tensors take the parallel paths. */

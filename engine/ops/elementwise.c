@@ -31,6 +31,7 @@
 #include "stream.h"
 #include "ew_half.h"
 #include "ew_nt.h"
+#include "vec_math.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <tgmath.h>
@@ -554,6 +555,33 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
   else if (j->piece) memcpy(out, piece, (size_t)len * 2);
 }
 
+/* EMBER_CPU_NT_SPAN=0|1 (read once at load; 1 the default): a bf16
+ * add/sub/mul/div streamed by the fused AVX-512 loop (ew_half.h) computes a
+ * whole task (TASK values of a row, 8 KiB out) a call instead of one stream
+ * piece (2 KiB values): it writes the output directly, so the piece's size
+ * bought nothing, and a call's set-up (operand pointers, dispatch, the loop's
+ * constants) came 4x as often. 0: a piece a call, as before. The same bits. */
+static bool nt_span = true;
+__attribute__((constructor)) static void nt_span_init(void) {
+  const char *e = getenv("EMBER_CPU_NT_SPAN");
+  if (!e || !*e) return;
+  if ((e[0] == '0' || e[0] == '1') && !e[1]) nt_span = e[0] == '1';
+  else fprintf(stderr, "ember: EMBER_CPU_NT_SPAN must be 0 or 1, got '%s'; using 1\n", e);
+}
+
+/* fast16 over [c, c + len), len up to TASK: in one call where the fused
+ * streamed loop takes it whole (aligned output, AVX-512), else a stream
+ * piece a call (fast16's piece holds EM_STREAM_PIECE bytes). */
+static void fast16_span(const ew_job *j, const int64_t *off, int64_t c, int64_t len, char *out, size_t out_es,
+                        const float *rw) {
+  int64_t cap = EM_STREAM_PIECE / (int64_t)out_es;
+  if (len <= cap || (j->fast == FAST_BIN16 && j->nt && !((uintptr_t)out & 63) && em_hand_simd() >= EM_HAND_AVX512)) {
+    fast16(j, off, c, len, out, rw);
+    return;
+  }
+  for (int64_t x = 0; x < len; x += cap) fast16(j, off, c + x, EM_MIN(cap, len - x), out + x * (int64_t)out_es, rw);
+}
+
 static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
   const ew_job *j = ctx;
   const loop_plan *p = j->p;
@@ -584,12 +612,14 @@ static void ew_tasks(void *ctx, int64_t t0, int64_t t1) {
      * a compute() call (CHUNK's per-call costs, a quarter of the time of an f32
      * row-broadcast add at 16 threads, paid 4x less often); piece_mode 0: CHUNK */
     bool piece_out = j->stream && j->all_direct && piece_mode > 0;
-    int64_t step = j->fast ? (j->piece ? EM_STREAM_PIECE / (int64_t)out_es : end - s)
+    int64_t step = j->fast ? (j->piece && !(nt_span && j->nt && j->fast == FAST_BIN16) ? EM_STREAM_PIECE / (int64_t)out_es
+                                                                                      : end - s)
                  : piece_out ? EM_STREAM_PIECE / (int64_t)out_es : j->all_direct && !j->stream ? end - s : CHUNK;
     for (int64_t c = s; c < end; c += step) {
       int64_t len = EM_MIN(step, end - c);
       if (j->fast) {
-        fast16(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es, rw);
+        fast16_span(j, off, c, len, (char *)j->out->storage->data + (off[0] + c * p->stride[0][last]) * (int64_t)out_es,
+                    out_es, rw);
         continue;
       }
       const void *src[3];

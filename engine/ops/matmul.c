@@ -34,13 +34,19 @@
  * of spinning threads. Tiles of at least 128 x 128 cost 5-10% against one
  * call (packing the shared operand once per tile). A big product left with
  * fewer than 16 tiles (a 256 x 256 weight gradient) also cuts k into blocks
- * chosen from the shape, summed in block order (gemm_kblock). */
+ * chosen from the shape, summed in block order (gemm_kblock). With OpenBLAS's
+ * SkylakeX/Cooperlake kernels the tiles a thread takes in a row run as one
+ * call per rectangle (gemm_merge): the packing is paid once, the bits are the
+ * same. */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
 #include <cblas.h>
 #include "op.h"
 #include "cost.h"
 #include "parallel.h"
+#include "ember/threads.h"
 
 /* ---------------- BLAS operands ---------------- */
 
@@ -130,6 +136,8 @@ typedef struct {
   em_dtype dt;
   int64_t n, m, k, tn, tm, tiles_m, tiles, ldc;
   int64_t kb, nkb;              /* k-block and their count (1: no split) */
+  int64_t bt;                   /* batches x tiles: the tasks of one k-block */
+  bool merge;                   /* adjacent tiles of a range run as one BLAS call (gemm_merge) */
   const char *A, *B;
   char *C;
   char *P;                      /* nkb - 1 partials of n x m (row stride m), when nkb > 1 */
@@ -140,26 +148,55 @@ typedef struct {
   size_t es;
 } gemm_job;
 
+/* Rows [i0, i1) x columns [c0, c1) of batch bi's C (k-block 0) or of
+ * partial P_kbi: one BLAS call over k-block kbi. */
+static void gemm_rect(const gemm_job *j, int64_t bi, int64_t kbi, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+  int64_t i = i0, c = c0, rows = i1 - i0, cols = c1 - c0;
+  int64_t l = kbi * j->kb, depth = EM_MIN(j->kb, j->k - l);
+  /* element (i, l) of A: NoTrans A + i*ld + l, Trans A + l*ld + i; (l, c) of B: NoTrans B + l*ld + c, Trans B + c*ld + l */
+  const char *a = j->A + (j->offa ? j->offa[bi] : 0) +
+                  (j->oa.trans == CblasNoTrans ? i * j->oa.ld + l : l * j->oa.ld + i) * (int64_t)j->es;
+  const char *b = j->B + (j->offb ? j->offb[bi] : 0) +
+                  (j->ob.trans == CblasNoTrans ? l * j->ob.ld + c : c * j->ob.ld + l) * (int64_t)j->es;
+  if (kbi == 0) {
+    char *cc = j->C + bi * j->c_batch + (i * j->ldc + c) * (int64_t)j->es;
+    gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, j->beta, cc, j->ldc);
+  } else {                      /* the split path has one batch */
+    char *pc = j->P + ((kbi - 1) * j->n * j->m + i * j->m + c) * (int64_t)j->es;
+    gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, 0.0, pc, j->m);
+  }
+}
+
+/* Tiles [u0, u1) (row-major over the tile grid) of one batch and k-block
+ * as few rectangles as possible: the rest of a first tile row, whole tile
+ * rows, the start of a last one. */
+static void gemm_span(const gemm_job *j, int64_t bi, int64_t kbi, int64_t u0, int64_t u1) {
+  while (u0 < u1) {
+    int64_t tr = u0 / j->tiles_m, tc = u0 % j->tiles_m, tr1, tc1;
+    if (tc != 0 || u1 - u0 < j->tiles_m) { tr1 = tr + 1; tc1 = EM_MIN(j->tiles_m, tc + (u1 - u0)); }
+    else { tr1 = tr + (u1 - u0) / j->tiles_m; tc1 = j->tiles_m; }
+    gemm_rect(j, bi, kbi, tr * j->tn, EM_MIN(tr1 * j->tn, j->n), tc * j->tm, EM_MIN(tc1 * j->tm, j->m));
+    u0 += (tr1 - tr) * (tc1 - tc);
+  }
+}
+
+/* Merging, task t is tile t % tiles of batch (t % bt) / tiles, k-block
+ * t / bt (bt = batches x tiles): a range's adjacent tasks are adjacent tiles
+ * of one k-block, which gemm_span runs as rectangles (gemm_merge). Else, as
+ * before, one call a task, k-block t % nkb of (batch, tile) t / nkb. */
 static void gemm_tasks(void *ctx, int64_t t0, int64_t t1) {
   const gemm_job *j = ctx;
-  for (int64_t t = t0; t < t1; t++) {
-    int64_t kbi = t % j->nkb, bt = t / j->nkb;
-    int64_t bi = bt / j->tiles, tile = bt % j->tiles;
-    int64_t i = tile / j->tiles_m * j->tn, c = tile % j->tiles_m * j->tm;
-    int64_t rows = EM_MIN(j->tn, j->n - i), cols = EM_MIN(j->tm, j->m - c);
-    int64_t l = kbi * j->kb, depth = EM_MIN(j->kb, j->k - l);
-    /* element (i, l) of A: NoTrans A + i*ld + l, Trans A + l*ld + i; (l, c) of B: NoTrans B + l*ld + c, Trans B + c*ld + l */
-    const char *a = j->A + (j->offa ? j->offa[bi] : 0) +
-                    (j->oa.trans == CblasNoTrans ? i * j->oa.ld + l : l * j->oa.ld + i) * (int64_t)j->es;
-    const char *b = j->B + (j->offb ? j->offb[bi] : 0) +
-                    (j->ob.trans == CblasNoTrans ? l * j->ob.ld + c : c * j->ob.ld + l) * (int64_t)j->es;
-    if (kbi == 0) {
-      char *cc = j->C + bi * j->c_batch + (i * j->ldc + c) * (int64_t)j->es;
-      gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, j->beta, cc, j->ldc);
-    } else {                    /* the split path has one batch */
-      char *pc = j->P + ((kbi - 1) * j->n * j->m + i * j->m + c) * (int64_t)j->es;
-      gemm1(j->dt, rows, cols, depth, a, j->oa, b, j->ob, 0.0, pc, j->m);
+  for (int64_t t = t0; t < t1;) {
+    if (!j->merge) {
+      int64_t kbi = t % j->nkb, bt = t / j->nkb;
+      gemm_span(j, bt / j->tiles, kbi, bt % j->tiles, bt % j->tiles + 1);
+      t++;
+      continue;
     }
+    int64_t kbi = t / j->bt, bi = t % j->bt / j->tiles, tile = t % j->tiles;
+    int64_t end = EM_MIN(t1, t + j->tiles - tile);   /* the rest of this batch's tiles */
+    gemm_span(j, bi, kbi, tile, tile + (end - t));
+    t = end;
   }
 }
 
@@ -191,6 +228,32 @@ static void plan_with(gemm_job *j, int64_t from, bool split) {
   j->nkb = j->kb < j->k ? (j->k + j->kb - 1) / j->kb : 1;
 }
 
+/* Merging tiles (EMBER_CPU_GEMM_MERGE=0|1, read once at load; 1 the
+ * default; 0: one call a tile, tasks in the order and chunks they had
+ * before). A thread's range of adjacent tiles (of one batch and k-block)
+ * runs as one BLAS call per rectangle instead of one per tile: OpenBLAS
+ * packs each operand panel once for the rectangle instead of once per tile
+ * (a 1024 x 256 x 256 product in 16 tiles of 128 packs 4x what one call
+ * does; at 2 threads the step's sgemm copy routines took ~17% of its
+ * kernel's time). The tiles, k-blocks and their sums are unchanged; what
+ * must hold is that OpenBLAS computes an element of C the same way whatever
+ * call holds it, so long as the call's edges fall on the tiles' (multiples
+ * of 16) and k is the same. That is true of the SkylakeX and Cooperlake
+ * sgemm kernels of 0.3.21 (tested on every shape of the step and odd ones,
+ * in tests/lua/threads_spec.lua at 1, 2 and 3 threads) and false of
+ * Haswell's (its edge kernels sum in another order), so merging is on for
+ * f32 on those two cores only; elsewhere each tile is one call, as before. */
+static bool gemm_merge = false;
+__attribute__((constructor)) static void gemm_merge_init(void) {
+  const char *e = getenv("EMBER_CPU_GEMM_MERGE"), *core = em_blas_corename();
+  bool on = true;
+  if (e && *e) {
+    if ((e[0] == '0' || e[0] == '1') && !e[1]) on = e[0] == '1';
+    else fprintf(stderr, "ember: EMBER_CPU_GEMM_MERGE must be 0 or 1, got '%s'; using 1\n", e);
+  }
+  gemm_merge = on && (strcasecmp(core, "SkylakeX") == 0 || strcasecmp(core, "Cooperlake") == 0);
+}
+
 /* j's tiles and k-blocks, from the shape alone (see above); batched
  * products keep one k (their tasks are batches x tiles). */
 static void gemm_plan(gemm_job *j, int64_t nbatch) {
@@ -213,7 +276,11 @@ static int gemm_run(gemm_job *j, int64_t nbatch) {
     return em_error_oom("out of memory: matmul k-block partials (%lld x %lld x %lld blocks)", (long long)j->n,
                         (long long)j->m, (long long)(j->nkb - 1));
   int64_t macs = j->tn * j->tm * EM_MAX(j->kb, 1);           /* per task; ~32 multiply-adds per element op */
-  em_parallel_for(nbatch * j->tiles * j->nkb, em_grain(macs / 32 + 1), gemm_tasks, j);
+  j->bt = nbatch * j->tiles;
+  j->merge = j->dt == EM_F32 && gemm_merge;
+  /* merging: two chunks a thread to steal instead of four (a 16-task
+   * product at 2 threads: 4 tiles a call instead of 2; at 16, one each) */
+  em_parallel_for_chunks(j->bt * j->nkb, em_grain(macs / 32 + 1), j->merge ? 2 : 4, gemm_tasks, j);
   if (j->nkb == 1) return 0;
   em_parallel_for(j->n, em_grain(j->m * (j->nkb - 1)), gemm_combine, j);
   free(j->P);

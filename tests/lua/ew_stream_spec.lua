@@ -131,6 +131,42 @@ describe("a bf16 row broadcast over many rows (widened once a call)", function()
     assert.matches("EMBER_CPU_ROW_WIDEN must be 0 or 1, got 'yes'; using 1", err, 1, true)
     H.remove_temps()
   end)
+
+  it("EMBER_CPU_NT_SPAN=0 (a stream piece a call) gives the same bits and other values are refused", function()
+    -- rows of 4096 (aligned: a whole task a call), of 4100 (rows off the 64-byte
+    -- line: pieces) and NaNs in both operands (the generic loop's payload)
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.set_stream_min(0)
+      e.manual_seed(9)
+      local h = {}
+      for _, c in ipairs({4096, 4100}) do
+        local a = e.randn({6, c}):masked_fill(e.rand({6, c}):lt(0.001), 0/0):to('bf16')
+        local r = e.randn({c}):masked_fill(e.rand({c}):lt(0.01), 0/0):to('bf16')
+        local b = e.randn({6, c}):to('bf16')
+        for _, t in ipairs({a + r, r - a, a * b, b / a}) do
+          local x = 2166136261   -- FNV-1a over every value's bits
+          for _, v in ipairs(t:float():reshape({-1}):tolist()) do
+            local s = v ~= v and 'nan' or string.pack('<d', v)
+            for k = 1, #s do x = ((x ~ string.byte(s, k)) * 16777619) & 0xffffffff end
+          end
+          h[#h + 1] = ('%08x'):format(x)
+        end
+      end
+      io.write(table.concat(h, ';'))]])
+    local outs = {}
+    for _, mode in ipairs({"0", "1"}) do
+      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_NT_SPAN = mode, EMBER_NUM_THREADS = "3"}})
+      assert.are.equal("", err or "", "mode " .. mode)
+      outs[#outs + 1] = out
+    end
+    assert.is_true(#outs[1] > 60, outs[1])
+    assert.are.equal(outs[1], outs[2])
+    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_NT_SPAN = "2"}})
+    assert.matches("EMBER_CPU_NT_SPAN must be 0 or 1, got '2'; using 1", err, 1, true)
+    H.remove_temps()
+  end)
 end)
 
 describe("where and masked_fill into f32 (raw 32-bit select)", function()

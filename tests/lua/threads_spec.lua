@@ -334,3 +334,55 @@ describe("a training step of the tiny TransformerLM", function()
     assert.is_true(n > 10)
   end)
 end)
+
+-- engine/ops/matmul.c, gemm_merge: a thread's range of adjacent tiles runs as
+-- one sgemm a rectangle (on OpenBLAS's SkylakeX and Cooperlake kernels; one
+-- call a tile elsewhere). The ranges, so the rectangles, move with the thread
+-- count; the bits must not: the train step's products (16 tiles of 128 and of
+-- 256, 4 tiles x 4 k-blocks, the LM head's 1 x 16 tiles), odd edges and a
+-- batched product, each at 1, 2, 3, 4 and 16 threads against 1 thread.
+describe("matmul tiles merged into one BLAS call a range", function()
+  local function randn(shape) return ember.randn(shape) end
+  local PRODUCTS = {
+    {"(1024, 256) @ (256, 256)ᵀ-view: 16 tiles of 128", function() return randn({1024, 256}), randn({256, 256}):t() end},
+    {"(1024, 256) @ (1024, 256)ᵀ-view: 16 tiles of 256", function() return randn({1024, 256}), randn({1024, 256}):t() end},
+    {"(1024, 1024) @ (1024, 256): 4 tiles x 4 k-blocks", function() return randn({1024, 1024}), randn({1024, 256}) end},
+    {"(1024, 256)ᵀ-view @ (1024, 1024): a weight gradient", function() return randn({1024, 256}):t(), randn({1024, 1024}) end},
+    {"(1024, 256) @ (2000, 256)ᵀ-view: 1 x 16 tiles", function() return randn({1024, 256}), randn({2000, 256}):t() end},
+    {"(1001, 1000)ᵀ-view @ (1001, 999): odd edges", function() return randn({1001, 1000}):t(), randn({1001, 999}) end},
+    {"(3, 300, 200) @ (200, 300): tiles in each batch", function() return randn({3, 300, 200}), randn({200, 300}) end},
+  }
+  for _, pr in ipairs(PRODUCTS) do
+    it(pr[1] .. " at 1, 2, 3, 4 and 16 threads", function()
+      ember.manual_seed(cases.seed_of(pr[1]))
+      local a, b = pr[2]()
+      local function run() return a:matmul(b) end
+      local one = with_threads(1, 32768, run)
+      for _, n in ipairs({2, 3, 4, 16}) do
+        assert_same_bits(one, with_threads(n, 32768, run), ("%d threads"):format(n))
+      end
+    end)
+  end
+
+  it("EMBER_CPU_GEMM_MERGE=0 (a call a tile) gives the same bits and other values are refused", function()
+    local H = dofile(here .. "helpers.lua")
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.manual_seed(5)
+      local x, w, g = e.randn({1024, 256}), e.randn({1024, 256}), e.randn({1024, 1024})
+      e.save(arg[1], {y = x:matmul(w:t()), gx = g:matmul(w), gw = g:t():matmul(x), small = x:matmul(x:t():narrow(1, 0, 256))})]])
+    local files = {}
+    for _, mode in ipairs({"0", "1"}) do
+      local path = H.temp(".safetensors")
+      local _, err = H.ember({"run", script, path}, {env = {EMBER_CPU_GEMM_MERGE = mode, EMBER_NUM_THREADS = "3"}})
+      assert.are.equal("", err or "", "mode " .. mode)
+      files[#files + 1] = H.slurp(path)
+    end
+    assert.is_true(#files[1] > 4 * 1024 * 1024, "the products were saved")
+    assert.is_true(files[1] == files[2], "EMBER_CPU_GEMM_MERGE=0 and =1 saved different bytes")
+    local _, err = H.ember({"run", script, H.temp(".safetensors")}, {env = {EMBER_CPU_GEMM_MERGE = "yes"}})
+    assert.matches("EMBER_CPU_GEMM_MERGE must be 0 or 1, got 'yes'; using 1", err, 1, true)
+    H.remove_temps()
+  end)
+end)
