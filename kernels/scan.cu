@@ -335,17 +335,22 @@ static int strips_v1(const char *op) {
 
 #include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
 #include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
+#include "scan_rows_pair.cuh"   /* many rows: that stream P tiles a step, one raking scan for the P */
 
-/* EMBER_SCAN_ROWS (read once): "ring" (default: scan_rows_ring for vec rows), "ahead" (scan_rows with
- * rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0, 1, 2; -1 on error. */
+/* EMBER_SCAN_ROWS (read once): unset = pair for 16-bit elements, ring for the others; "pair" (scan_rows_pair, P
+ * tiles a step, for every dtype), "ring" (scan_rows_ring for vec rows), "ahead" (scan_rows with rows_ahead() tiles
+ * in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset), 1 ring, 2 ahead, 3 one, 4 pair;
+ * -1 on error. */
 static int rows_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROWS");
-    if (!env || !*env || strcmp(env, "ring") == 0) mode = 0;
-    else if (strcmp(env, "ahead") == 0) mode = 1;
-    else if (strcmp(env, "one") == 0) mode = 2;
-    else return em_error("%s: expected EMBER_SCAN_ROWS to be ring, ahead or one, got '%s'", op, env);
+    if (!env || !*env) mode = 0;
+    else if (strcmp(env, "ring") == 0) mode = 1;
+    else if (strcmp(env, "ahead") == 0) mode = 2;
+    else if (strcmp(env, "one") == 0) mode = 3;
+    else if (strcmp(env, "pair") == 0) mode = 4;
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, ring, ahead or one, got '%s'", op, env);
   }
   return mode;
 }
@@ -363,10 +368,12 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
     const int rm = rows_mode(op);
     if (rm < 0) return -1;
-    if (vec && rm == 0) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    const bool pair = rm == 4 || (rm == 0 && sizeof(T) == 2);
+    if (vec && pair) return scan_rows_pair_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if (vec && rm <= 1) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
-    auto k = vec && rm == 1 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    auto k = vec && rm == 2 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
     k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;

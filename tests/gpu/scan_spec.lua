@@ -136,19 +136,23 @@ describe("row scans on CUDA (tiles loaded ahead)", function()
   end)
 end)
 
--- Row scans, the three paths (EMBER_SCAN_ROWS, read once a process: each runs
--- in a child): ring (the default: a block walks rows b, b + G, ... as one
--- stream of tiles, the next ones in flight in a cp.async ring) must give the
--- bits of one (scan_rows, a row a block) and ahead (gpuscan2's registers).
+-- Row scans, the four paths (EMBER_SCAN_ROWS, read once a process: each runs
+-- in a child): ring (the default for f32/f64: a block walks rows b, b + G,
+-- ... as one stream of tiles, the next ones in flight in a cp.async ring) and
+-- pair (the default for bf16/f16: that stream two tiles a step, its own
+-- raking scan written out from cub's) must give the bits of one (scan_rows,
+-- a row a block, cub::BlockScan) and ahead (gpuscan2's registers).
 -- Shapes: more rows than the grid has blocks (several rows a block, the ring
 -- crossing row ends), rows of 3 elements and of 1028 (a partial second
--- tile), 8 tiles, a length no multiple of 4 and a reversed scan (those two
--- take scan_rows whatever the switch), f32, bf16, f16, f64.
+-- tile), 8 tiles, rows of 3 tiles (pair's last step half past the row end),
+-- 3 tiles the last partial, a length no multiple of 4 and a reversed scan
+-- (those two take scan_rows whatever the switch), f32, bf16, f16, f64.
 local ROWS_CHILD = [[
 local ember = require "ember"
 local out = {}
 for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
-  for k, shape in ipairs({{3000, 1028}, {2500, 12}, {300, 8192}, {37, 4 * 1024 + 5}, {2, 4}}) do
+  for k, shape in ipairs({{3000, 1028}, {2500, 12}, {300, 8192}, {37, 4 * 1024 + 5}, {2, 4}, {1500, 3 * 1024},
+                          {700, 2 * 1024 + 12}}) do
     ember.manual_seed(60 + k)
     local x = ember.randn(shape, {device = "cuda"}):to(dt)
     local p = (ember.rand(shape, {device = "cuda"}) * 0.002 + 0.999):to(dt)
@@ -166,14 +170,17 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
   after_each(function() H.remove_temps() end)
 
-  it("ring (the default) gives the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)", function()
-    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", {"ring", "one", "ahead"})
-    assert.are.equal(4 * 5 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead"}))
+  it("ring and pair (the defaults) give the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)",
+     function()
+    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", {"ring", "one", "ahead", "pair"})
+    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair"}))
   end)
 
-  it("ring matches the CPU with several rows a block (f32 and bf16 (3000, 1028), f64 (2500, 12))", function()
+  it("ring and pair match the CPU with several rows a block (f32, bf16, f16 (3000, 1028) and (1500, 3072), f64 (2500, 12))",
+     function()
     ember.manual_seed(36)
-    for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}}) do
+    for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}, {"bf16", {1500, 3072}},
+                        {"f16", {1500, 3072}}, {"f32", {1500, 3072}}}) do
       local dt, shape = c[1], c[2]
       local x = ember.randn(shape, {dtype = "f64"}):to(dt)
       cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), ("cumsum %s (%d, %d)"):format(dt, shape[1], shape[2]))
