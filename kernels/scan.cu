@@ -327,12 +327,23 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
   cp_async_wait<0>();   /* no copy outlives the block */
 }
 
-/* EMBER_SCAN_STRIP (read once): "async" (default) or "v1" (scan_strips). */
-static int strips_v1(const char *op) {
+/* EMBER_SCAN_STRIP (read once): unset = flow for 16-bit elements, async for the others; "flow"
+ * (scan_strips_flow, for every dtype), "async" (scan_strips_async) or "v1" (scan_strips). 0 unset, 1 async, 2 v1,
+ * 3 flow; -1 on error. flow and async need 16-byte aligned strip rows, else scan_strips. */
+static int strip_mode(const char *op) {
   static int mode = -1;
-  return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_STRIP");
+    if (!env || !*env) mode = 0;
+    else if (strcmp(env, "async") == 0) mode = 1;
+    else if (strcmp(env, "v1") == 0) mode = 2;
+    else if (strcmp(env, "flow") == 0) mode = 3;
+    else return em_error("%s: expected EMBER_SCAN_STRIP to be flow, async or v1, got '%s'", op, env);
+  }
+  return mode;
 }
 
+#include "scan_strips_flow.cuh"   /* column strips: the walker apart from the copies */
 #include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
 #include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
 #include "scan_rows_pair.cuh"   /* many rows: that stream P tiles a step, one raking scan for the P */
@@ -379,16 +390,18 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
     if (outer * strips > INT32_MAX)
       return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
-    const int v1 = strips_v1(op);
-    if (v1 < 0) return -1;
+    const int sm = strip_mode(op);
+    if (sm < 0) return -1;
     /* cp.async moves 16-byte chunks: every row of a strip must start 16-byte aligned */
-    const bool async = !v1 && (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    auto k = async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
-    const int smem = async ? kAsyncSmem : kStripSmem;
+    const bool aligned = (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    const bool flow = aligned && (sm == 3 || (sm == 0 && sizeof(T) == 2)), async = aligned && !flow && sm != 2;
+    auto k = flow ? scan_strips_flow<T, A, Op> : async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
+    const int smem = flow ? kFlowSmem : async ? kAsyncSmem : kStripSmem;
+    const int threads = flow ? kFlowThreads : kStripThreads;
     if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
                       "cudaFuncSetAttribute"))
       return -1;
-    k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+    k<<<(unsigned)(outer * strips), threads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
   } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);

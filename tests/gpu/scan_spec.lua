@@ -188,12 +188,14 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
   end)
 end)
 
--- Column scans (dim not innermost): scan_strips_async (rows of a strip
--- 16-byte aligned) and scan_strips (else, or EMBER_SCAN_STRIP=v1) both walk
+-- Column scans (dim not innermost): scan_strips_flow (the default for
+-- bf16/f16) and scan_strips_async (f32/f64), where rows of a strip are
+-- 16-byte aligned, and scan_strips (else, or EMBER_SCAN_STRIP=v1) all walk
 -- each column in row order in the accumulator, so the bits of a row-by-row
--- walk. 1300 rows: more tiles (128 rows f32, 256 bf16) than the 4 stages of
--- the async ring; 160 columns: async for both dtypes; 100: a partial strip,
--- async for f32, scan_strips for bf16 (200 bytes a row); 1030: scan_strips.
+-- walk. 1300 rows: more tiles (128 rows f32, 256 bf16; flow 64 / 128) than
+-- the stages of either ring (4; flow 6); 160 columns: flow/async for both
+-- dtypes; 100: a partial strip, async for f32, scan_strips for bf16 (200
+-- bytes a row); 1030: scan_strips.
 describe("column scans on CUDA (cp.async strips and the register-staged strips)", function()
   it("are the bits of the row-by-row walk, forward and reversed (f32, bf16, f64)", function()
     ember.manual_seed(34)
@@ -226,5 +228,40 @@ describe("column scans on CUDA (cp.async strips and the register-staged strips)"
         end
       end
     end
+  end)
+end)
+
+-- Column scans, the three paths (EMBER_SCAN_STRIP, read once a process: each
+-- runs in a child): flow (the walker apart from the copies, named barriers
+-- between them) and async must give the bits of v1 (scan_strips) for every
+-- dtype. Shapes: a partial strip (200 columns), several strips and an outer
+-- dim ((3, 1000, 96), dim 1), rows past several laps of either ring (2500),
+-- a last tile of one row (L = 6 * 128 + 1 for flow's bf16 tiles, 769), sums,
+-- products and reversed (cumsum's backward).
+local COLS_CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, shape in ipairs({{2500, 200}, {3, 1000, 96}, {769, 64}, {5, 32}}) do
+    ember.manual_seed(80 + k)
+    local d = #shape - 2
+    local x = (ember.randn(shape, {device = "cuda"}) * 0.05 + 1):to(dt)
+    local key = dt .. "_" .. k
+    out["sum_" .. key] = x:cumsum(d):cpu()
+    out["prod_" .. key] = x:cumprod(d):cpu()
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(d):backward(x)   -- the reversed scan of x
+    out["rev_" .. key] = xl.grad:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("column scan paths on CUDA (EMBER_SCAN_STRIP)", function()
+  after_each(function() H.remove_temps() end)
+
+  it("flow and async give the bits of v1, sums, products and reversed (f32, bf16, f16, f64)", function()
+    local got = cmp.mode_results(H, H.temp_file(COLS_CHILD, ".lua"), "EMBER_SCAN_STRIP", {"v1", "async", "flow"})
+    assert.are.equal(4 * 4 * 3, cmp.assert_modes_agree(got, "v1", {"async", "flow"}))
   end)
 end)
