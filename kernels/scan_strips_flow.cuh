@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kFlowThreads) scan_strips_flow(const T *__rest
           tile[r][lane] = narrow<T, A>(acc);
         }
       }
+      __syncwarp();   /* the idle lanes of a partial strip rejoin before the warp arrives */
       named_arrive(1 + NS + s, kFlowThreads);   /* stage s walked: the movers may write it back */
     }
     return;
