@@ -349,9 +349,9 @@ static int strip_mode(const char *op) {
 #include "scan_rows_pair.cuh"   /* many rows: that stream P tiles a step, one raking scan for the P */
 
 /* EMBER_SCAN_ROWS (read once): unset = pair for 16-bit elements, ring for the others; "pair" (scan_rows_pair, P
- * tiles a step, for every dtype), "ring" (scan_rows_ring for vec rows), "ahead" (scan_rows with rows_ahead() tiles
- * in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset), 1 ring, 2 ahead, 3 one, 4 pair;
- * -1 on error. */
+ * = 2 tiles a step, for every dtype), "quad" (scan_rows_pair, P = 4), "ring" (scan_rows_ring for vec rows), "ahead"
+ * (scan_rows with rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset),
+ * 1 ring, 2 ahead, 3 one, 4 pair, 5 quad; -1 on error. */
 static int rows_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
@@ -361,7 +361,8 @@ static int rows_mode(const char *op) {
     else if (strcmp(env, "ahead") == 0) mode = 2;
     else if (strcmp(env, "one") == 0) mode = 3;
     else if (strcmp(env, "pair") == 0) mode = 4;
-    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, ring, ahead or one, got '%s'", op, env);
+    else if (strcmp(env, "quad") == 0) mode = 5;
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, quad, ring, ahead or one, got '%s'", op, env);
   }
   return mode;
 }
@@ -380,7 +381,12 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const int rm = rows_mode(op);
     if (rm < 0) return -1;
     const bool pair = rm == 4 || (rm == 0 && sizeof(T) == 2);
-    if (vec && pair) return scan_rows_pair_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if (vec && pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if constexpr (sizeof(T) <= 4) {   /* f64/i64's 4 tiles a step would need 64 KiB of ring: they take pair */
+      if (vec && rm == 5) return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
+    } else if (vec && rm == 5) {
+      return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
+    }
     if (vec && rm <= 1) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();

@@ -7,7 +7,9 @@
  * address instructions a thread — ~32 lane-instructions an element, over
  * bf16's budget at 70 % (~28): bf16 (8192, 8192) took 0.0905 ms (62 %)
  * where f32, twice the bytes on the same instructions, took 0.142 (79 %).
- * Here a step scans P consecutive tiles of the same row at once: one
+ * Here a step scans P consecutive tiles of the same row at once (P = 2:
+ * EMBER_SCAN_ROWS=pair, the bf16/f16 default; P = 4: EMBER_SCAN_ROWS=quad,
+ * opt-in, f64/i64 taking P = 2 there): one
  * raking scan over P-wide partials (two barriers, not three: the storage is
  * only reused after the next step's first barrier), the cursors and the
  * loop once a step: ~half the instructions an element at P = 2.
@@ -27,7 +29,6 @@
  * vec rows (not reversed, L a multiple of 4, in/out aligned to Items<T>). */
 #pragma once
 
-constexpr int kPairTiles = 2;   /* P */
 
 /* P values of A moved as one shared-memory access. */
 template <typename A, int P>
@@ -64,16 +65,12 @@ __device__ __forceinline__ void rake_scan(RakeStorage<A, P> &s, A (&v)[P][kItems
   s.grid[t + (t >> 3)] = part;
   __syncthreads();
   if (t < 32) {
-    Lanes<A, P> seg[8];
+    Lanes<A, P> inc = s.grid[9 * t];
 #pragma unroll
-    for (int k = 0; k < 8; k++) seg[k] = s.grid[9 * t + k];
-    Lanes<A, P> inc;
+    for (int k = 1; k < 8; k++) {
+      const Lanes<A, P> x = s.grid[9 * t + k];
 #pragma unroll
-    for (int p = 0; p < P; p++) {
-      A u = seg[0].v[p];
-#pragma unroll
-      for (int k = 1; k < 8; k++) u = op(u, seg[k].v[p]);
-      inc.v[p] = u;
+      for (int p = 0; p < P; p++) inc.v[p] = op(inc.v[p], x.v[p]);
     }
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -83,6 +80,9 @@ __device__ __forceinline__ void rake_scan(RakeStorage<A, P> &s, A (&v)[P][kItems
         if (t >= off) inc.v[p] = op(lo, inc.v[p]);
       }
     }
+    Lanes<A, P> seg[8];   /* read again, as cub does (its raking scan does not memoize): fewer registers held */
+#pragma unroll
+    for (int k = 0; k < 8; k++) seg[k] = s.grid[9 * t + k];
 #pragma unroll
     for (int p = 0; p < P; p++) {
       const A exc = shfl_up(inc.v[p], 1);   /* lane 0's is unused: thread 0 is not seeded */
@@ -118,23 +118,25 @@ __device__ __forceinline__ void rake_scan(RakeStorage<A, P> &s, A (&v)[P][kItems
   }
 }
 
-/* The ring: 16 KiB of steps for 16-bit elements, 32 KiB otherwise (f32: 4 steps of 8 KiB; f64: 2 of 16). */
-template <typename T>
+/* The ring: 16 KiB of steps for 16-bit elements, 32 KiB otherwise (P = 2: bf16 4 steps of 4 KiB, f32 4 of 8 KiB,
+ * f64 2 of 16 KiB). */
+template <typename T, int P>
 __host__ __device__ constexpr int pair_stages() {
-  constexpr int step = kPairTiles * kBlock * (int)sizeof(Items<T>), bytes = sizeof(T) <= 2 ? 16384 : 32768;
+  constexpr int step = P * kBlock * (int)sizeof(Items<T>), bytes = sizeof(T) <= 2 ? 16384 : 32768;
   return bytes / step < 2 ? 2 : bytes / step;
 }
 
-/* 16-bit elements: 48 registers, 5 blocks an SM, no spills; wider ones (opt-in) spill under that bound. */
-template <typename T>
+/* 16-bit elements, P = 2: 48 registers, 5 blocks an SM, no spills; P = 4: 64, 4 blocks; wider elements (opt-in)
+ * spill under those bounds. */
+template <typename T, int P>
 __host__ __device__ constexpr int pair_min_blocks() {
-  return sizeof(T) <= 2 ? 5 : 1;
+  return sizeof(T) > 2 ? 1 : P <= 2 ? 5 : 4;
 }
 
-template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock, pair_min_blocks<T>()) scan_rows_pair(const T *__restrict__ in, T *__restrict__ out, int64_t outer,
-                                                         int64_t L, Op op, A identity) {
-  constexpr int P = kPairTiles, S = pair_stages<T>();
+template <typename T, typename A, typename Op, int P>
+__global__ void __launch_bounds__(kBlock, pair_min_blocks<T, P>())
+    scan_rows_pair(const T *__restrict__ in, T *__restrict__ out, int64_t outer, int64_t L, Op op, A identity) {
+  constexpr int S = pair_stages<T, P>();
   constexpr int64_t kTile = kBlock * kItems, kStep = P * kTile;
   __shared__ RakeStorage<A, P> tmp;
   __shared__ Items<T> ring[S][P][kBlock];   /* ring[s][p][t]: thread t's slot of tile p of stage s; only t touches it */
@@ -202,27 +204,27 @@ __global__ void __launch_bounds__(kBlock, pair_min_blocks<T>()) scan_rows_pair(c
   cp_async_wait<0>();   /* no copy outlives the block */
 }
 
-template <typename T, typename A, typename Op>
+template <typename T, typename A, typename Op, int P>
 int pair_blocks_per_sm() {
   static int per = -1;
   if (per < 0) {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, scan_rows_pair<T, A, Op>, kBlock, 0) != cudaSuccess) b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, scan_rows_pair<T, A, Op, P>, kBlock, 0) != cudaSuccess) b = 0;
     per = b;
   }
   return per;
 }
 
 /* The grid: as many blocks as fit at once, each the same number of rows (ceil(outer / slots)). */
-template <typename T, typename A, typename Op>
+template <typename T, typename A, typename Op, int P>
 int scan_rows_pair_run(const char *op, const T *in, T *out, int64_t outer, int64_t L, Op f, A identity, int dev,
                        cudaStream_t s) {
-  const int per = pair_blocks_per_sm<T, A, Op>();
-  if (L > INT32_MAX - 2 * kPairTiles * kBlock * kItems)
+  const int per = pair_blocks_per_sm<T, A, Op, P>();
+  if (L > INT32_MAX - 2 * P * kBlock * kItems)
     return em_error("%s: internal error: scan_rows_pair takes rows under 2^31 elements, got %lld", op, (long long)L);
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_rows_pair", op);
   const int64_t slots = (int64_t)em_sm_count(dev) * per, each = (outer + slots - 1) / slots;
   const int64_t grid = (outer + each - 1) / each;
-  scan_rows_pair<T, A, Op><<<(unsigned)grid, kBlock, 0, s>>>(in, out, outer, L, f, identity);
+  scan_rows_pair<T, A, Op, P><<<(unsigned)grid, kBlock, 0, s>>>(in, out, outer, L, f, identity);
   return em_launch_check(op);
 }

@@ -136,12 +136,13 @@ describe("row scans on CUDA (tiles loaded ahead)", function()
   end)
 end)
 
--- Row scans, the four paths (EMBER_SCAN_ROWS, read once a process: each runs
+-- Row scans, the five paths (EMBER_SCAN_ROWS, read once a process: each runs
 -- in a child): ring (the default for f32/f64: a block walks rows b, b + G,
--- ... as one stream of tiles, the next ones in flight in a cp.async ring) and
+-- ... as one stream of tiles, the next ones in flight in a cp.async ring),
 -- pair (the default for bf16/f16: that stream two tiles a step, its own
--- raking scan written out from cub's) must give the bits of one (scan_rows,
--- a row a block, cub::BlockScan) and ahead (gpuscan2's registers).
+-- raking scan written out from cub's) and quad (four tiles a step) must give
+-- the bits of one (scan_rows, a row a block, cub::BlockScan) and ahead
+-- (gpuscan2's registers).
 -- Shapes: more rows than the grid has blocks (several rows a block, the ring
 -- crossing row ends), rows of 3 elements and of 1028 (a partial second
 -- tile), 8 tiles, rows of 3 tiles (pair's last step half past the row end),
@@ -172,8 +173,9 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
 
   it("ring and pair (the defaults) give the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)",
      function()
-    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", {"ring", "one", "ahead", "pair"})
-    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair"}))
+    local modes = {"ring", "one", "ahead", "pair", "quad"}
+    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", modes)
+    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair", "quad"}))
   end)
 
   it("ring and pair match the CPU with several rows a block (f32, bf16, f16 (3000, 1028) and (1500, 3072), f64 (2500, 12))",
