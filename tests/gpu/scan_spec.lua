@@ -178,11 +178,11 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
     assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair", "quad"}))
   end)
 
-  it("ring and pair match the CPU with several rows a block (f32, bf16, f16 (3000, 1028) and (1500, 3072), f64 (2500, 12))",
+  it("ring and pair match the CPU with several rows a block (f32 and bf16 (3000, 1028), bf16 and f16 (1500, 3072), f64 (2500, 12))",
      function()
     ember.manual_seed(36)
     for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}, {"bf16", {1500, 3072}},
-                        {"f16", {1500, 3072}}, {"f32", {1500, 3072}}}) do
+                        {"f16", {1500, 3072}}}) do
       local dt, shape = c[1], c[2]
       local x = ember.randn(shape, {dtype = "f64"}):to(dt)
       cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), ("cumsum %s (%d, %d)"):format(dt, shape[1], shape[2]))
