@@ -380,14 +380,15 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
     const int rm = rows_mode(op);
     if (rm < 0) return -1;
-    const bool pair = rm == 4 || (rm == 0 && sizeof(T) == 2);
-    if (vec && pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
+    /* pair/quad keep 32-bit offsets in a row: longer rows (2^31 elements and more) take ring */
+    const bool steps = vec && L <= kPairMaxL, pair = steps && (rm == 4 || (rm == 0 && sizeof(T) == 2));
+    if (pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
     if constexpr (sizeof(T) <= 4) {   /* f64/i64's 4 tiles a step would need 64 KiB of ring: they take pair */
-      if (vec && rm == 5) return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
-    } else if (vec && rm == 5) {
+      if (steps && rm == 5) return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
+    } else if (steps && rm == 5) {
       return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
     }
-    if (vec && rm <= 1) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if (vec && (rm <= 1 || rm >= 4)) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
     auto k = vec && rm == 2 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;

@@ -31,6 +31,9 @@
 
 
 /* P values of A moved as one shared-memory access. */
+/* The longest row scan_rows_pair takes: its offsets in a row, 4 steps past the row's end included, stay in int. */
+constexpr int64_t kPairMaxL = INT32_MAX - 16 * kBlock * kItems;
+
 template <typename A, int P>
 struct alignas(sizeof(A) * P) Lanes {
   A v[P];
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(kBlock, pair_min_blocks<T, P>())
   constexpr int64_t kTile = kBlock * kItems, kStep = P * kTile;
   __shared__ RakeStorage<A, P> tmp;
   __shared__ Items<T> ring[S][P][kBlock];   /* ring[s][p][t]: thread t's slot of tile p of stage s; only t touches it */
-  const int t = threadIdx.x, Li = (int)L;   /* L < 2^31 - kStep: scan_rows_pair_run */
+  const int t = threadIdx.x, Li = (int)L;   /* L <= kPairMaxL: scan_rows_pair_run */
   const int64_t rstep = (int64_t)gridDim.x * L;
   /* The stream: rows blockIdx.x, + G, ... below outer (nrows of them), each as steps of P tiles at 0, kStep, ...
    * below L (a row's last step may hold tiles past L: nothing copied, identity scanned, nothing stored). Two
@@ -220,8 +223,9 @@ template <typename T, typename A, typename Op, int P>
 int scan_rows_pair_run(const char *op, const T *in, T *out, int64_t outer, int64_t L, Op f, A identity, int dev,
                        cudaStream_t s) {
   const int per = pair_blocks_per_sm<T, A, Op, P>();
-  if (L > INT32_MAX - 2 * P * kBlock * kItems)
-    return em_error("%s: internal error: scan_rows_pair takes rows under 2^31 elements, got %lld", op, (long long)L);
+  if (L > kPairMaxL)
+    return em_error("%s: internal error: scan_rows_pair takes rows of at most %lld elements, got %lld", op,
+                    (long long)kPairMaxL, (long long)L);
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_rows_pair", op);
   const int64_t slots = (int64_t)em_sm_count(dev) * per, each = (outer + slots - 1) / slots;
   const int64_t grid = (outer + each - 1) / each;
