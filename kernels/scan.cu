@@ -24,16 +24,21 @@
  *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements
  *    with the running total carried between tiles; a thread's 4 elements
  *    move as one 16-byte (f32) / 8-byte (bf16) access when the rows allow it
- *    (vec). Vec rows (EMBER_SCAN_ROWS=ring, the default; scan_rows_ring.cuh):
- *    a block walks several rows as one stream of tiles, the next ones in
- *    flight in a cp.async ring of 16 KiB; else (or EMBER_SCAN_ROWS=one /
- *    ahead) scan_rows, one block per row, the next tile (one) or 64 bytes a
- *    thread (ahead) loaded ahead in registers. Same values, same order, same
- *    bits on every path.
+ *    (vec). Vec rows: a block walks several rows as one stream of tiles, the
+ *    next ones in flight in a cp.async ring of 16 KiB — for bf16/f16 two
+ *    tiles a step through one raking scan written out from cub's
+ *    (scan_rows_pair.cuh; EMBER_SCAN_ROWS=pair, quad: four), for f32/f64 one
+ *    tile a cub::BlockScan (scan_rows_ring.cuh; EMBER_SCAN_ROWS=ring); else
+ *    (or EMBER_SCAN_ROWS=one / ahead) scan_rows, one block per row, the next
+ *    tile (one) or 64 bytes a thread (ahead) loaded ahead in registers. Same
+ *    values, same order, same bits on every path.
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
- *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
- *    place in shared memory, written back 16 bytes a thread); else (or
+ *    aligned, for bf16/f16 scan_strips_flow (scan_strips_flow.cuh; one warp
+ *    walks while four copy tiles in and out; EMBER_SCAN_STRIP=flow), for
+ *    f32/f64 scan_strips_async (EMBER_SCAN_STRIP=async: tiles copied in by
+ *    cp.async, walked in place in shared memory, written back 16 bytes a
+ *    thread, the block taking turns); else (or
  *    EMBER_SCAN_STRIP=v1) scan_strips: tiles of rows staged in
  *    shared memory by the whole block, the next tile's loads in flight while
  *    one warp walks this one, a lane per column, in row order.
@@ -384,11 +389,13 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool steps = vec && L <= kPairMaxL, pair = steps && (rm == 4 || (rm == 0 && sizeof(T) == 2));
     if (pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
     if constexpr (sizeof(T) <= 4) {   /* f64/i64's 4 tiles a step would need 64 KiB of ring: they take pair */
-      if (steps && rm == 5) return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
+      if (steps && rm == 5)
+        return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
     } else if (steps && rm == 5) {
       return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
     }
-    if (vec && (rm <= 1 || rm >= 4)) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if (vec && (rm <= 1 || rm >= 4))
+      return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
     auto k = vec && rm == 2 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
