@@ -24,16 +24,21 @@
  *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements
  *    with the running total carried between tiles; a thread's 4 elements
  *    move as one 16-byte (f32) / 8-byte (bf16) access when the rows allow it
- *    (vec). Vec rows (EMBER_SCAN_ROWS=ring, the default; scan_rows_ring.cuh):
- *    a block walks several rows as one stream of tiles, the next ones in
- *    flight in a cp.async ring of 16 KiB; else (or EMBER_SCAN_ROWS=one /
- *    ahead) scan_rows, one block per row, the next tile (one) or 64 bytes a
- *    thread (ahead) loaded ahead in registers. Same values, same order, same
- *    bits on every path.
+ *    (vec). Vec rows: a block walks several rows as one stream of tiles, the
+ *    next ones in flight in a cp.async ring of 16 KiB — for bf16/f16 two
+ *    tiles a step through one raking scan written out from cub's
+ *    (scan_rows_pair.cuh; EMBER_SCAN_ROWS=pair, quad: four), for f32/f64 one
+ *    tile a cub::BlockScan (scan_rows_ring.cuh; EMBER_SCAN_ROWS=ring); else
+ *    (or EMBER_SCAN_ROWS=one / ahead) scan_rows, one block per row, the next
+ *    tile (one) or 64 bytes a thread (ahead) loaded ahead in registers. Same
+ *    values, same order, same bits on every path.
  *  - scanned dim not innermost, at least 32 columns (inner >= 32): one
  *    block per strip of 32 columns: where a strip's rows are 16-byte
- *    aligned, scan_strips_async (tiles copied in by cp.async, walked in
- *    place in shared memory, written back 16 bytes a thread); else (or
+ *    aligned, for bf16/f16 scan_strips_flow (scan_strips_flow.cuh; one warp
+ *    walks while four copy tiles in and out; EMBER_SCAN_STRIP=flow), for
+ *    f32/f64 scan_strips_async (EMBER_SCAN_STRIP=async: tiles copied in by
+ *    cp.async, walked in place in shared memory, written back 16 bytes a
+ *    thread, the block taking turns); else (or
  *    EMBER_SCAN_STRIP=v1) scan_strips: tiles of rows staged in
  *    shared memory by the whole block, the next tile's loads in flight while
  *    one warp walks this one, a lane per column, in row order.
@@ -327,25 +332,42 @@ __global__ void __launch_bounds__(kStripThreads) scan_strips_async(const T *__re
   cp_async_wait<0>();   /* no copy outlives the block */
 }
 
-/* EMBER_SCAN_STRIP (read once): "async" (default) or "v1" (scan_strips). */
-static int strips_v1(const char *op) {
+/* EMBER_SCAN_STRIP (read once): unset = flow for 16-bit elements, async for the others; "flow"
+ * (scan_strips_flow, for every dtype), "async" (scan_strips_async) or "v1" (scan_strips). 0 unset, 1 async, 2 v1,
+ * 3 flow; -1 on error. flow and async need 16-byte aligned strip rows, else scan_strips. */
+static int strip_mode(const char *op) {
   static int mode = -1;
-  return em_env_choice(&mode, op, "EMBER_SCAN_STRIP", "async", "v1");
+  if (mode < 0) {
+    const char *env = getenv("EMBER_SCAN_STRIP");
+    if (!env || !*env) mode = 0;
+    else if (strcmp(env, "async") == 0) mode = 1;
+    else if (strcmp(env, "v1") == 0) mode = 2;
+    else if (strcmp(env, "flow") == 0) mode = 3;
+    else return em_error("%s: expected EMBER_SCAN_STRIP to be flow, async or v1, got '%s'", op, env);
+  }
+  return mode;
 }
 
+#include "scan_strips_flow.cuh"   /* column strips: the walker apart from the copies */
 #include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
 #include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
+#include "scan_rows_pair.cuh"   /* many rows: that stream P tiles a step, one raking scan for the P */
 
-/* EMBER_SCAN_ROWS (read once): "ring" (default: scan_rows_ring for vec rows), "ahead" (scan_rows with
- * rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0, 1, 2; -1 on error. */
+/* EMBER_SCAN_ROWS (read once): unset = pair for 16-bit elements, ring for the others; "pair" (scan_rows_pair, P
+ * = 2 tiles a step, for every dtype), "quad" (scan_rows_pair, P = 4), "ring" (scan_rows_ring for vec rows), "ahead"
+ * (scan_rows with rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset),
+ * 1 ring, 2 ahead, 3 one, 4 pair, 5 quad; -1 on error. */
 static int rows_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROWS");
-    if (!env || !*env || strcmp(env, "ring") == 0) mode = 0;
-    else if (strcmp(env, "ahead") == 0) mode = 1;
-    else if (strcmp(env, "one") == 0) mode = 2;
-    else return em_error("%s: expected EMBER_SCAN_ROWS to be ring, ahead or one, got '%s'", op, env);
+    if (!env || !*env) mode = 0;
+    else if (strcmp(env, "ring") == 0) mode = 1;
+    else if (strcmp(env, "ahead") == 0) mode = 2;
+    else if (strcmp(env, "one") == 0) mode = 3;
+    else if (strcmp(env, "pair") == 0) mode = 4;
+    else if (strcmp(env, "quad") == 0) mode = 5;
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, quad, ring, ahead or one, got '%s'", op, env);
   }
   return mode;
 }
@@ -363,25 +385,37 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
     const int rm = rows_mode(op);
     if (rm < 0) return -1;
-    if (vec && rm == 0) return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
+    /* pair/quad keep 32-bit offsets in a row: longer rows (2^31 elements and more) take ring */
+    const bool steps = vec && L <= kPairMaxL, pair = steps && (rm == 4 || (rm == 0 && sizeof(T) == 2));
+    if (pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
+    if constexpr (sizeof(T) <= 4) {   /* f64/i64's 4 tiles a step would need 64 KiB of ring: they take pair */
+      if (steps && rm == 5)
+        return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
+    } else if (steps && rm == 5) {
+      return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
+    }
+    if (vec && (rm <= 1 || rm >= 4))
+      return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();
-    auto k = vec && rm == 1 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
+    auto k = vec && rm == 2 && L > 2 * kBlock * kItems ? scan_rows<T, A, Op, D> : scan_rows<T, A, Op, 1>;
     k<<<(unsigned)outer, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity);
   } else if (inner >= kStripCols) {
     const int64_t strips = (inner + kStripCols - 1) / kStripCols;
     if (outer * strips > INT32_MAX)
       return em_error("%s: CUDA scans at most 2^31 - 1 column strips, got %lld", op, (long long)(outer * strips));
-    const int v1 = strips_v1(op);
-    if (v1 < 0) return -1;
+    const int sm = strip_mode(op);
+    if (sm < 0) return -1;
     /* cp.async moves 16-byte chunks: every row of a strip must start 16-byte aligned */
-    const bool async = !v1 && (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    auto k = async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
-    const int smem = async ? kAsyncSmem : kStripSmem;
+    const bool aligned = (inner * (int64_t)sizeof(T)) % 16 == 0 && (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    const bool flow = aligned && (sm == 3 || (sm == 0 && sizeof(T) == 2)), async = aligned && !flow && sm != 2;
+    auto k = flow ? scan_strips_flow<T, A, Op> : async ? scan_strips_async<T, A, Op> : scan_strips<T, A, Op>;
+    const int smem = flow ? kFlowSmem : async ? kAsyncSmem : kStripSmem;
+    const int threads = flow ? kFlowThreads : kStripThreads;
     if (em_cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op,
                       "cudaFuncSetAttribute"))
       return -1;
-    k<<<(unsigned)(outer * strips), kStripThreads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
+    k<<<(unsigned)(outer * strips), threads, smem, s>>>(in, out, L, inner, strips, reverse, f, identity);
   } else {   /* fewer columns than a strip: one thread per column */
     scan_cols<T, A, Op><<<em_grid(outer * inner, kBlock), kBlock, 0, s>>>(in, out, outer, L, inner, reverse, f,
                                                                           identity);

@@ -136,19 +136,24 @@ describe("row scans on CUDA (tiles loaded ahead)", function()
   end)
 end)
 
--- Row scans, the three paths (EMBER_SCAN_ROWS, read once a process: each runs
--- in a child): ring (the default: a block walks rows b, b + G, ... as one
--- stream of tiles, the next ones in flight in a cp.async ring) must give the
--- bits of one (scan_rows, a row a block) and ahead (gpuscan2's registers).
+-- Row scans, the five paths (EMBER_SCAN_ROWS, read once a process: each runs
+-- in a child): ring (the default for f32/f64: a block walks rows b, b + G,
+-- ... as one stream of tiles, the next ones in flight in a cp.async ring),
+-- pair (the default for bf16/f16: that stream two tiles a step, its own
+-- raking scan written out from cub's) and quad (four tiles a step) must give
+-- the bits of one (scan_rows, a row a block, cub::BlockScan) and ahead
+-- (gpuscan2's registers).
 -- Shapes: more rows than the grid has blocks (several rows a block, the ring
 -- crossing row ends), rows of 3 elements and of 1028 (a partial second
--- tile), 8 tiles, a length no multiple of 4 and a reversed scan (those two
--- take scan_rows whatever the switch), f32, bf16, f16, f64.
+-- tile), 8 tiles, rows of 3 tiles (pair's last step half past the row end),
+-- 3 tiles the last partial, a length no multiple of 4 and a reversed scan
+-- (those two take scan_rows whatever the switch), f32, bf16, f16, f64.
 local ROWS_CHILD = [[
 local ember = require "ember"
 local out = {}
 for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
-  for k, shape in ipairs({{3000, 1028}, {2500, 12}, {300, 8192}, {37, 4 * 1024 + 5}, {2, 4}}) do
+  for k, shape in ipairs({{3000, 1028}, {2500, 12}, {300, 8192}, {37, 4 * 1024 + 5}, {2, 4}, {1500, 3 * 1024},
+                          {700, 2 * 1024 + 12}}) do
     ember.manual_seed(60 + k)
     local x = ember.randn(shape, {device = "cuda"}):to(dt)
     local p = (ember.rand(shape, {device = "cuda"}) * 0.002 + 0.999):to(dt)
@@ -166,14 +171,17 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
   after_each(function() H.remove_temps() end)
 
-  it("ring (the default) gives the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)", function()
-    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", {"ring", "one", "ahead"})
-    assert.are.equal(4 * 5 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead"}))
+  it("ring and pair (the defaults) give the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)",
+     function()
+    local modes = {"ring", "one", "ahead", "pair", "quad"}
+    local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", modes)
+    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair", "quad"}))
   end)
 
-  it("ring matches the CPU with several rows a block (f32 and bf16 (3000, 1028), f64 (2500, 12))", function()
+  it("ring and pair match the CPU with several rows a block ((3000, 1028), (1500, 3072) and f64 (2500, 12))", function()
     ember.manual_seed(36)
-    for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}}) do
+    for _, c in ipairs({{"f32", {3000, 1028}}, {"bf16", {3000, 1028}}, {"f64", {2500, 12}}, {"bf16", {1500, 3072}},
+                        {"f16", {1500, 3072}}}) do
       local dt, shape = c[1], c[2]
       local x = ember.randn(shape, {dtype = "f64"}):to(dt)
       cmp.assert_close(x:cuda():cumsum(1), x:cumsum(1), cmp.rtol(dt), ("cumsum %s (%d, %d)"):format(dt, shape[1], shape[2]))
@@ -181,12 +189,14 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
   end)
 end)
 
--- Column scans (dim not innermost): scan_strips_async (rows of a strip
--- 16-byte aligned) and scan_strips (else, or EMBER_SCAN_STRIP=v1) both walk
+-- Column scans (dim not innermost): scan_strips_flow (the default for
+-- bf16/f16) and scan_strips_async (f32/f64), where rows of a strip are
+-- 16-byte aligned, and scan_strips (else, or EMBER_SCAN_STRIP=v1) all walk
 -- each column in row order in the accumulator, so the bits of a row-by-row
--- walk. 1300 rows: more tiles (128 rows f32, 256 bf16) than the 4 stages of
--- the async ring; 160 columns: async for both dtypes; 100: a partial strip,
--- async for f32, scan_strips for bf16 (200 bytes a row); 1030: scan_strips.
+-- walk. 1300 rows: more tiles (128 rows f32, 256 bf16; flow 64 / 128) than
+-- the stages of either ring (4; flow 6); 160 columns: flow/async for both
+-- dtypes; 100: a partial strip, async for f32, scan_strips for bf16 (200
+-- bytes a row); 1030: scan_strips.
 describe("column scans on CUDA (cp.async strips and the register-staged strips)", function()
   it("are the bits of the row-by-row walk, forward and reversed (f32, bf16, f64)", function()
     ember.manual_seed(34)
@@ -219,5 +229,40 @@ describe("column scans on CUDA (cp.async strips and the register-staged strips)"
         end
       end
     end
+  end)
+end)
+
+-- Column scans, the three paths (EMBER_SCAN_STRIP, read once a process: each
+-- runs in a child): flow (the walker apart from the copies, named barriers
+-- between them) and async must give the bits of v1 (scan_strips) for every
+-- dtype. Shapes: a partial strip (200 columns), several strips and an outer
+-- dim ((3, 1000, 96), dim 1), rows past several laps of either ring (2500),
+-- a last tile of one row (L = 6 * 128 + 1 for flow's bf16 tiles, 769), sums,
+-- products and reversed (cumsum's backward).
+local COLS_CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, shape in ipairs({{2500, 200}, {3, 1000, 96}, {769, 64}, {5, 32}}) do
+    ember.manual_seed(80 + k)
+    local d = #shape - 2
+    local x = (ember.randn(shape, {device = "cuda"}) * 0.05 + 1):to(dt)
+    local key = dt .. "_" .. k
+    out["sum_" .. key] = x:cumsum(d):cpu()
+    out["prod_" .. key] = x:cumprod(d):cpu()
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(d):backward(x)   -- the reversed scan of x
+    out["rev_" .. key] = xl.grad:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("column scan paths on CUDA (EMBER_SCAN_STRIP)", function()
+  after_each(function() H.remove_temps() end)
+
+  it("flow and async give the bits of v1, sums, products and reversed (f32, bf16, f16, f64)", function()
+    local got = cmp.mode_results(H, H.temp_file(COLS_CHILD, ".lua"), "EMBER_SCAN_STRIP", {"v1", "async", "flow"})
+    assert.are.equal(4 * 4 * 3, cmp.assert_modes_agree(got, "v1", {"async", "flow"}))
   end)
 end)
