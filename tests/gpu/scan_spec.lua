@@ -221,3 +221,96 @@ describe("column scans on CUDA (cp.async strips and the register-staged strips)"
     end
   end)
 end)
+
+-- The L2-segmented one-row scan (EMBER_SCAN_ROW=l2, kernels/scan_row_l2.cuh):
+-- split's two passes a segment of G chunks at a time, so it must give split's
+-- bits (and so tiles'). G from the L2 (l2: at 301 chunks, 19 segments of f32,
+-- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
+-- (8 chunks: segments of 3, 3 and a partial 2). auto (l2 for long forward
+-- aligned f32/bf16/f16 rows, split for the rest) likewise. Sizes: two
+-- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
+-- chunks (warp 1's carry sums more than 8 chunk totals a lane); misaligned
+-- (the scalar loads) and reversed (cumsum's backward); each sum run twice.
+local L2_CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, n in ipairs({2, 4097, 64 * 4096 + 5, 8 * 64 * 4096 - 4093, ]] .. BIG .. [[}) do
+    ember.manual_seed(60 + k)
+    local x = ember.randn(n, {device = "cuda"}):to(dt)
+    local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
+    local key = dt .. "_" .. k
+    local idx = n > 1000000 and ember.arange(0, n, 997, {device = "cuda"}) or nil
+    local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
+    out["in_" .. key] = keep(x)
+    out["sum_" .. key] = keep(x:cumsum(0))
+    out["again_" .. key] = keep(x:cumsum(0))
+    out["prod_" .. key] = keep(p:cumprod(0))
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(0):backward(p)   -- the reversed scan of p
+    out["rev_" .. key] = keep(xl.grad)
+    out["mis_" .. key] = keep(x:narrow(0, 1, n - 1):cumsum(0))
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", function()
+  after_each(function() H.remove_temps() end)
+
+  it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
+    local modes = {"split", "l2", "l2:1", "l2:3", "auto"}
+    local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", modes)
+    assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", {"l2", "l2:1", "l2:3", "auto"}))
+    for name, t in pairs(got.l2) do   -- the second run of each sum: the same bits
+      local key = name:match("^again_(.*)$")
+      if key then
+        local d = t:ne(got.l2["sum_" .. key]):sum():item()
+        assert(d == 0, ("l2 cumsum %s run twice: %d elements differ, expected 0"):format(key, d))
+      end
+    end
+  end)
+
+  it("matches the CPU across 301 chunks (f32 cumsum, segments from the L2, in a child)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(41)
+local x = ember.randn(]] .. BIG .. [[, {dtype = "f64"}):to("f32")
+ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
+]], ".lua")
+    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2"}).l2
+    cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+  end)
+
+  it("gives the same bits inside graph capture as eagerly (l2:3, 8 chunks: three segments)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(44)
+local out = {}
+for _, dt in ipairs({"f32", "bf16"}) do
+  local x = ember.randn(8 * 64 * 4096 - 4093, {device = "cuda"}):to(dt)
+  local eager = x:cumsum(0)
+  local g, y = ember.cuda.graph(function() return x:cumsum(0) end)
+  g:replay()
+  out["eager_" .. dt], out["graph_" .. dt] = eager:cpu(), y:cpu()
+  g:close()
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3"})["l2:3"]
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
+      assert(d == 0, ("graph vs eager cumsum %s: %d elements differ, expected 0"):format(dt, d))
+    end
+  end)
+
+  it("rejects a bad EMBER_SCAN_ROW=l2:G, naming the expected form", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.randn(10, {device = "cuda"}):cumsum(0)
+]], ".lua")
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "l2:0"}})
+    assert.are_not.equal(0, code, "EMBER_SCAN_ROW=l2:0 should fail")
+    assert.matches("expected EMBER_SCAN_ROW=l2:G with G chunks a segment in 1 .. 1048576, got 'l2:0'", err, 1, true)
+  end)
+end)
