@@ -546,13 +546,13 @@ static bool stream_capturing(cudaStream_t s) {
   return cudaStreamIsCapturing(s, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
 }
 
-/* auto: l2 for forward rows of f32 accumulators (f32, bf16, f16) on 16-byte boundaries that span two
- * segments or more (shorter ones already stay in L2 between split's passes); split elsewhere. */
+/* auto: l2 for forward rows of f32 accumulators (f32, bf16, f16) on 16-byte boundaries larger than the L2
+ * (split's second pass misses there; a shorter row is mostly still in L2 when split's apply pass, last
+ * tile first, reads it again, and l2 would only add launches); split elsewhere. */
 template <typename T, typename A>
-bool l2_wins(const em_tensor *a, const T *in, const T *out, int64_t L, bool reverse, int64_t seg_chunks) {
+bool l2_wins(const em_tensor *a, const T *in, const T *out, int64_t L, bool reverse) {
   if (!std::is_same<A, float>::value || reverse || (((uintptr_t)in | (uintptr_t)out) & 15) != 0) return false;
-  const int64_t seg = l2_seg_chunks<T>(a->device.index, seg_chunks) * kRowChunk * kRowTile;
-  return L > seg;
+  return L * (int64_t)sizeof(T) > device_l2_bytes(a->device.index);
 }
 
 /* The one-row scan, by EMBER_SCAN_ROW (chain, ring: f32 accumulators only, split for the others). */
@@ -569,7 +569,7 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if (mode == 5 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse, seg_chunks))) {
+  if (mode == 5 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
     if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
     return scan_row_l2<T, A, Op>(op, a, in, out, L, reverse, f, identity,

@@ -154,17 +154,22 @@ __global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in
   }
 }
 
-/* Chunks a segment: `chunks` when given (EMBER_SCAN_ROW=l2:G), else about a third of the device's L2
- * (the segment's input and its output both sit there during pass 2), at least one. */
-template <typename T>
-int64_t l2_seg_chunks(int dev, int64_t chunks) {
-  if (chunks > 0) return chunks;
+/* The device's L2 in bytes (50 MiB if the query fails) */
+static int64_t device_l2_bytes(int dev) {
   int l2 = 0;
   if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) {
     (void)cudaGetLastError();
     l2 = 50 << 20;
   }
-  const int64_t per = (int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T), g = (int64_t)l2 / 3 / per;
+  return l2;
+}
+
+/* Chunks a segment: `chunks` when given (EMBER_SCAN_ROW=l2:G), else about a third of the device's L2
+ * (the segment's input and its output both sit there during pass 2), at least one. */
+template <typename T>
+int64_t l2_seg_chunks(int dev, int64_t chunks) {
+  if (chunks > 0) return chunks;
+  const int64_t per = (int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T), g = device_l2_bytes(dev) / 3 / per;
   return g > 0 ? g : 1;
 }
 

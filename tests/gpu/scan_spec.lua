@@ -226,8 +226,9 @@ end)
 -- split's two passes a segment of G chunks at a time, so it must give split's
 -- bits (and so tiles'). G from the L2 (l2: at 301 chunks, 19 segments of f32,
 -- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
--- (8 chunks: segments of 3, 3 and a partial 2). auto (l2 for long forward
--- aligned f32/bf16/f16 rows, split for the rest) likewise. Sizes: two
+-- (8 chunks: segments of 3, 3 and a partial 2). auto (l2 for forward aligned
+-- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
+-- rest) likewise. Sizes: two
 -- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
 -- chunks (warp 1's carry sums more than 8 chunk totals a lane); misaligned
 -- (the scalar loads) and reversed (cumsum's backward); each sum run twice.
