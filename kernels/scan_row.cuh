@@ -428,8 +428,9 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
 /* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
  * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
- * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits) or "auto"
- * (l2 where it should win, split elsewhere: l2_wins). 0 .. 6; -1 on error. *seg_chunks: l2's G (0: from the L2). */
+ * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
+ * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits) or "auto" (l2 where it should
+ * win, split elsewhere: l2_wins). 0 .. 7; -1 on error. *seg_chunks: l2's G (0: from the L2). */
 static int row_scan_mode(const char *op, int64_t *seg_chunks) {
   static int mode = -1;
   static int64_t chunks = 0;
@@ -441,17 +442,20 @@ static int row_scan_mode(const char *op, int64_t *seg_chunks) {
     else if (strcmp(env, "chain") == 0) mode = 3;
     else if (strcmp(env, "ring") == 0) mode = 4;
     else if (strcmp(env, "l2") == 0) mode = 5;
+    else if (strcmp(env, "l2f") == 0) mode = 7;
     else if (strcmp(env, "auto") == 0) mode = 6;
-    else if (strncmp(env, "l2:", 3) == 0) {
+    else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0) {
+      const char *num = env + (env[2] == 'f' ? 4 : 3);
       char *end = nullptr;
-      const long long g = strtoll(env + 3, &end, 10);
-      if (end == env + 3 || *end || g < 1 || g > (1 << 20))
-        return em_error("%s: expected EMBER_SCAN_ROW=l2:G with G chunks a segment in 1 .. 1048576, got '%s'", op, env);
+      const long long g = strtoll(num, &end, 10);
+      if (end == num || *end || g < 1 || g > (1 << 20))
+        return em_error("%s: expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got '%s'",
+                        op, env);
       chunks = g;
-      mode = 5;
+      mode = env[2] == 'f' ? 7 : 5;
     } else {
-      return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub, chain, ring, l2, l2:G or auto, got '%s'",
-                      op, env);
+      return em_error("%s: expected EMBER_SCAN_ROW to be auto, split, tiles, cub, chain, ring, l2, l2:G, l2f or l2f:G, "
+                      "got '%s'", op, env);
     }
   }
   *seg_chunks = chunks;
@@ -569,11 +573,12 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if (mode == 5 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
+  if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
     if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+    const bool fused = mode == 7;
     return scan_row_l2<T, A, Op>(op, a, in, out, L, reverse, f, identity,
-                                 l2_seg_chunks<T>(a->device.index, seg_chunks), s);
+                                 l2_seg_chunks<T>(a->device.index, seg_chunks, fused), fused, s);
   }
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

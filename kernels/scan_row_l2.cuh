@@ -69,21 +69,24 @@ struct RowL2 {
   int64_t nt;
 };
 
+template <typename A>
+using L2Scan = cub::BlockScan<A, kBlock>;
+
+/* Pass 1 for one tile: agg[tile], and ctot[m] from the block that completes chunk m. Block-uniform. */
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_l2_sums(const T *__restrict__ in, int64_t L, int64_t tile0,
-                                                       bool reverse, bool vec, Op op, A identity, RowL2<A> st) {
-  typedef cub::BlockScan<A, kBlock> BlockScan;
-  __shared__ typename BlockScan::TempStorage tmp;
+__device__ __forceinline__ void l2_sums_tile(const T *__restrict__ in, int64_t L, int64_t tile, bool reverse,
+                                             bool vec, Op op, A identity, const RowL2<A> &st,
+                                             typename L2Scan<A>::TempStorage &tmp) {
   __shared__ int chunk_sh;   /* this block completed chunk m */
   const int t = threadIdx.x;
-  const int64_t tile = tile0 + blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
+  const int64_t m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   A v[kRowItems];
   row_tile_load<T, A, Op>(in, L, tile, fast, reverse, op, identity, v);
 #pragma unroll
   for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
   A tp, total;
-  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
+  L2Scan<A>(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
   const int64_t size = st.nt - first < kRowChunk ? st.nt - first : kRowChunk;   /* tiles in chunk m */
   if (t == 0) {
     st.agg[tile] = total;
@@ -100,15 +103,14 @@ __global__ void __launch_bounds__(kBlock) scan_l2_sums(const T *__restrict__ in,
   }
 }
 
+/* Pass 2 for one tile (its chunk's earlier tiles and every earlier chunk done by pass 1): the scan. */
 template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                        int64_t tile1, bool reverse, bool vec, Op op, A identity,
-                                                        RowL2<A> st) {
-  typedef cub::BlockScan<A, kBlock> BlockScan;
-  __shared__ typename BlockScan::TempStorage tmp;
+__device__ __forceinline__ void l2_apply_tile(const T *__restrict__ in, T *__restrict__ out, int64_t L, int64_t tile,
+                                              bool reverse, bool vec, Op op, A identity, const RowL2<A> &st,
+                                              typename L2Scan<A>::TempStorage &tmp) {
   __shared__ A within_sh, carry_sh;
   const int t = threadIdx.x;
-  const int64_t tile = tile1 - 1 - (int64_t)blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
+  const int64_t m = tile / kRowChunk, first = m * kRowChunk;
   const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   A v[kRowItems];
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in
 #pragma unroll
   for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
   A tp, total;
-  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
+  L2Scan<A>(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
   __syncthreads();   /* within_sh, carry_sh */
   const A base = op(op(carry_sh, within_sh), tp);
   if (fast) {
@@ -154,6 +156,41 @@ __global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in
   }
 }
 
+/* pass 1 over tiles [tile0, tile0 + grid) */
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_l2_sums(const T *__restrict__ in, int64_t L, int64_t tile0,
+                                                       bool reverse, bool vec, Op op, A identity, RowL2<A> st) {
+  __shared__ typename L2Scan<A>::TempStorage tmp;
+  l2_sums_tile<T, A, Op>(in, L, tile0 + blockIdx.x, reverse, vec, op, identity, st, tmp);
+}
+
+/* pass 2 over tiles [tile1 - grid, tile1), the last first (the newest in L2 first) */
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                        int64_t tile1, bool reverse, bool vec, Op op, A identity,
+                                                        RowL2<A> st) {
+  __shared__ typename L2Scan<A>::TempStorage tmp;
+  l2_apply_tile<T, A, Op>(in, out, L, tile1 - 1 - (int64_t)blockIdx.x, reverse, vec, op, identity, st, tmp);
+}
+
+/* EMBER_SCAN_ROW=l2f: one launch a segment boundary, not two a segment: the apply pass of tiles [a0, a1)
+ * (segment k - 1, from L2) and pass 1 of tiles [s0, s1) (segment k, from DRAM) side by side, blocks
+ * alternating between the two jobs, so segment k's DRAM reads overlap segment k - 1's L2 reads and DRAM
+ * writes. Segment k - 1's apply reads only totals of segments up to k - 1 (earlier launches); segment k's
+ * pass 1 writes only segment k's. Three segments live in L2 at once (k - 1's input and output, k's
+ * input): about a quarter of the L2 a segment. nseg + 1 launches. */
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                       int64_t a0, int64_t a1, int64_t s0, int64_t s1, bool reverse,
+                                                       bool vec, Op op, A identity, RowL2<A> st) {
+  __shared__ typename L2Scan<A>::TempStorage tmp;
+  const int64_t na = a1 - a0, ns = s1 - s0, both = na < ns ? na : ns, b = blockIdx.x;
+  const bool apply = b < 2 * both ? (b & 1) == 0 : na > ns;   /* block-uniform */
+  const int64_t i = b < 2 * both ? b >> 1 : both + (b - 2 * both);
+  if (apply) l2_apply_tile<T, A, Op>(in, out, L, a1 - 1 - i, reverse, vec, op, identity, st, tmp);
+  else l2_sums_tile<T, A, Op>(in, L, s0 + i, reverse, vec, op, identity, st, tmp);
+}
+
 /* The device's L2 in bytes (50 MiB if the query fails) */
 static int64_t device_l2_bytes(int dev) {
   int l2 = 0;
@@ -164,18 +201,20 @@ static int64_t device_l2_bytes(int dev) {
   return l2;
 }
 
-/* Chunks a segment: `chunks` when given (EMBER_SCAN_ROW=l2:G), else about a third of the device's L2
- * (the segment's input and its output both sit there during pass 2), at least one. */
+/* Chunks a segment: `chunks` when given (EMBER_SCAN_ROW=l2:G / l2f:G), else about a third of the device's L2
+ * for l2 (a segment's input and output sit there during its apply pass), a quarter for l2f (and the next
+ * segment's input); at least one. */
 template <typename T>
-int64_t l2_seg_chunks(int dev, int64_t chunks) {
+int64_t l2_seg_chunks(int dev, int64_t chunks, bool fused) {
   if (chunks > 0) return chunks;
-  const int64_t per = (int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T), g = device_l2_bytes(dev) / 3 / per;
+  const int64_t per = (int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T);
+  const int64_t g = device_l2_bytes(dev) / (fused ? 4 : 3) / per;
   return g > 0 ? g : 1;
 }
 
 template <typename T, typename A, typename Op>
 int scan_row_l2(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
-                int64_t seg_chunks, cudaStream_t s) {
+                int64_t seg_chunks, bool fused, cudaStream_t s) {
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
   const int64_t seg = seg_chunks * kRowChunk;   /* tiles a segment */
   const size_t counts = ((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -190,11 +229,21 @@ int scan_row_l2(const char *op, const em_tensor *a, const T *in, T *out, int64_t
   st.nt = nt;
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
   const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-  for (int64_t t0 = 0; !rc && t0 < nt; t0 += seg) {
-    const int64_t t1 = nt - t0 < seg ? nt : t0 + seg;
-    scan_l2_sums<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, L, t0, reverse, vec, f, identity, st);
-    scan_l2_apply<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, out, L, t1, reverse, vec, f, identity, st);
-    rc = em_launch_check(op);
+  if (fused) {   /* launch k: apply segment k - 1, pass 1 of segment k */
+    for (int64_t a0 = -seg; !rc && a0 < nt; a0 += seg) {
+      const int64_t s0 = a0 + seg < nt ? a0 + seg : nt, s1 = nt - s0 < seg ? nt : s0 + seg;
+      const int64_t lo = a0 < 0 ? 0 : a0, hi = a0 < 0 ? 0 : s0;   /* segment k - 1: none at k = 0 */
+      scan_l2_step<T, A, Op><<<(unsigned)(hi - lo + s1 - s0), kBlock, 0, s>>>(in, out, L, lo, hi, s0, s1, reverse,
+                                                                             vec, f, identity, st);
+      rc = em_launch_check(op);
+    }
+  } else {
+    for (int64_t t0 = 0; !rc && t0 < nt; t0 += seg) {
+      const int64_t t1 = nt - t0 < seg ? nt : t0 + seg;
+      scan_l2_sums<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, L, t0, reverse, vec, f, identity, st);
+      scan_l2_apply<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, out, L, t1, reverse, vec, f, identity, st);
+      rc = em_launch_check(op);
+    }
   }
   em_tensor_release(ws);   /* stream-ordered */
   return rc;

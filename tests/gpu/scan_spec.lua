@@ -226,7 +226,9 @@ end)
 -- split's two passes a segment of G chunks at a time, so it must give split's
 -- bits (and so tiles'). G from the L2 (l2: at 301 chunks, 19 segments of f32,
 -- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
--- (8 chunks: segments of 3, 3 and a partial 2). auto (l2 for forward aligned
+-- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
+-- segment k's apply beside segment k + 1's totals) likewise, with G from the
+-- L2 (a quarter) or 1 or 3. auto (l2 for forward aligned
 -- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
 -- rest) likewise. Sizes: two
 -- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
@@ -260,14 +262,16 @@ describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", 
   after_each(function() H.remove_temps() end)
 
   it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
-    local modes = {"split", "l2", "l2:1", "l2:3", "auto"}
-    local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", modes)
-    assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", {"l2", "l2:1", "l2:3", "auto"}))
-    for name, t in pairs(got.l2) do   -- the second run of each sum: the same bits
-      local key = name:match("^again_(.*)$")
-      if key then
-        local d = t:ne(got.l2["sum_" .. key]):sum():item()
-        assert(d == 0, ("l2 cumsum %s run twice: %d elements differ, expected 0"):format(key, d))
+    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "auto"}
+    local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", table.unpack(others)})
+    assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", others))
+    for _, mode in ipairs({"l2", "l2f"}) do
+      for name, t in pairs(got[mode]) do   -- the second run of each sum: the same bits
+        local key = name:match("^again_(.*)$")
+        if key then
+          local d = t:ne(got[mode]["sum_" .. key]):sum():item()
+          assert(d == 0, ("%s cumsum %s run twice: %d elements differ, expected 0"):format(mode, key, d))
+        end
       end
     end
   end)
@@ -283,7 +287,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
     cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
   end)
 
-  it("gives the same bits inside graph capture as eagerly (l2:3, 8 chunks: three segments)", function()
+  it("gives the same bits inside graph capture as eagerly (l2:3 and l2f:3, 8 chunks: three segments)", function()
     local script = H.temp_file([[
 local ember = require "ember"
 ember.manual_seed(44)
@@ -298,10 +302,12 @@ for _, dt in ipairs({"f32", "bf16"}) do
 end
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]], ".lua")
-    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3"})["l2:3"]
-    for _, dt in ipairs({"f32", "bf16"}) do
-      local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
-      assert(d == 0, ("graph vs eager cumsum %s: %d elements differ, expected 0"):format(dt, d))
+    local got = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3", "l2f:3"})
+    for mode, r in pairs(got) do
+      for _, dt in ipairs({"f32", "bf16"}) do
+        local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
+        assert(d == 0, ("%s graph vs eager cumsum %s: %d elements differ, expected 0"):format(mode, dt, d))
+      end
     end
   end)
 
@@ -312,6 +318,7 @@ ember.randn(10, {device = "cuda"}):cumsum(0)
 ]], ".lua")
     local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "l2:0"}})
     assert.are_not.equal(0, code, "EMBER_SCAN_ROW=l2:0 should fail")
-    assert.matches("expected EMBER_SCAN_ROW=l2:G with G chunks a segment in 1 .. 1048576, got 'l2:0'", err, 1, true)
+    assert.matches("expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got 'l2:0'", err, 1,
+                   true)
   end)
 end)
