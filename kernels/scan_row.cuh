@@ -551,6 +551,8 @@ static bool stream_capturing(cudaStream_t s) {
 }
 
 constexpr bool kAutoFused = false;   /* auto's l2: two launches a segment (l2), or one (true: l2f) */
+/* EMBER_SCAN_ROW_PDL's default: l2's kernels with programmatic dependent launch (not inside graph capture) */
+constexpr bool kAutoPdl = false;
 
 /* auto: l2 for forward rows of f32 accumulators (f32, bf16, f16) on 16-byte boundaries larger than the L2
  * (split's second pass misses there; a shorter row is mostly still in L2 when split's apply pass, last
@@ -578,9 +580,10 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
     if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-    const bool fused = mode == 7 || (mode == 6 && kAutoFused);
+    static const bool pdl_env = em_env_switch("EMBER_SCAN_ROW_PDL", kAutoPdl);
+    const bool fused = mode == 7 || (mode == 6 && kAutoFused), pdl = pdl_env && !stream_capturing(s);
     return scan_row_l2<T, A, Op>(op, a, in, out, L, reverse, f, identity,
-                                 l2_seg_chunks<T>(a->device.index, seg_chunks, fused), fused, s);
+                                 l2_seg_chunks<T>(a->device.index, seg_chunks, fused), fused, pdl, s);
   }
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

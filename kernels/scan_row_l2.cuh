@@ -61,6 +61,15 @@ __device__ __forceinline__ void store128_cs(T *p, Packed128<T> x) {
   __stcs(reinterpret_cast<uint4 *>(p), u.w);
 }
 
+/* Programmatic dependent launch (EMBER_SCAN_ROW_PDL=1): each kernel first waits for the one before it in the
+ * stream to finish (its writes visible), then lets the next one be scheduled, so the next kernel's launch and
+ * block placement overlap this one's tail instead of following it. Every kernel waits before it reads or
+ * writes anything, so the order is the plain stream order. Without the launch attribute both are no-ops. */
+__device__ __forceinline__ void l2_pdl_enter() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 /* chunk_done (zeroed before the first segment), agg, ctot: split's; nt tiles in the row */
 template <typename A>
 struct RowL2 {
@@ -161,6 +170,7 @@ template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_l2_sums(const T *__restrict__ in, int64_t L, int64_t tile0,
                                                        bool reverse, bool vec, Op op, A identity, RowL2<A> st) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
+  l2_pdl_enter();
   l2_sums_tile<T, A, Op>(in, L, tile0 + blockIdx.x, reverse, vec, op, identity, st, tmp);
 }
 
@@ -170,6 +180,7 @@ __global__ void __launch_bounds__(kBlock) scan_l2_apply(const T *__restrict__ in
                                                         int64_t tile1, bool reverse, bool vec, Op op, A identity,
                                                         RowL2<A> st) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
+  l2_pdl_enter();
   l2_apply_tile<T, A, Op>(in, out, L, tile1 - 1 - (int64_t)blockIdx.x, reverse, vec, op, identity, st, tmp);
 }
 
@@ -184,6 +195,7 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
                                                        int64_t a0, int64_t a1, int64_t s0, int64_t s1, bool reverse,
                                                        bool vec, Op op, A identity, RowL2<A> st) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
+  l2_pdl_enter();
   const int64_t na = a1 - a0, ns = s1 - s0, both = na < ns ? na : ns, b = blockIdx.x;
   const bool apply = b < 2 * both ? (b & 1) == 0 : na > ns;   /* block-uniform */
   const int64_t i = b < 2 * both ? b >> 1 : both + (b - 2 * both);
@@ -212,9 +224,29 @@ int64_t l2_seg_chunks(int dev, int64_t chunks, bool fused) {
   return g > 0 ? g : 1;
 }
 
+/* k<<<grid, kBlock, 0, s>>>(args...), with the programmatic-stream-serialization attribute when pdl */
+template <typename... P, typename... Q>
+cudaError_t l2_launch(void (*k)(P...), int64_t grid, cudaStream_t s, bool pdl, Q &&...args) {
+  if (!pdl) {
+    k<<<(unsigned)grid, kBlock, 0, s>>>(static_cast<Q &&>(args)...);
+    return cudaSuccess;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(kBlock);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, k, static_cast<Q &&>(args)...);
+}
+
 template <typename T, typename A, typename Op>
 int scan_row_l2(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
-                int64_t seg_chunks, bool fused, cudaStream_t s) {
+                int64_t seg_chunks, bool fused, bool pdl, cudaStream_t s) {
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
   const int64_t seg = seg_chunks * kRowChunk;   /* tiles a segment */
   const size_t counts = ((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -229,20 +261,23 @@ int scan_row_l2(const char *op, const em_tensor *a, const T *in, T *out, int64_t
   st.nt = nt;
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
   const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+  /* the first kernel follows the memset as usual; with pdl, each later one overlaps its predecessor's tail */
   if (fused) {   /* launch k: apply segment k - 1, pass 1 of segment k */
     for (int64_t a0 = -seg; !rc && a0 < nt; a0 += seg) {
       const int64_t s0 = a0 + seg < nt ? a0 + seg : nt, s1 = nt - s0 < seg ? nt : s0 + seg;
       const int64_t lo = a0 < 0 ? 0 : a0, hi = a0 < 0 ? 0 : s0;   /* segment k - 1: none at k = 0 */
-      scan_l2_step<T, A, Op><<<(unsigned)(hi - lo + s1 - s0), kBlock, 0, s>>>(in, out, L, lo, hi, s0, s1, reverse,
-                                                                             vec, f, identity, st);
-      rc = em_launch_check(op);
+      rc = em_cuda_check(l2_launch(scan_l2_step<T, A, Op>, hi - lo + s1 - s0, s, pdl && a0 >= 0, in, out, L, lo, hi,
+                                   s0, s1, reverse, vec, f, identity, st), op, "cudaLaunchKernelEx");
+      if (!rc) rc = em_launch_check(op);
     }
   } else {
     for (int64_t t0 = 0; !rc && t0 < nt; t0 += seg) {
       const int64_t t1 = nt - t0 < seg ? nt : t0 + seg;
-      scan_l2_sums<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, L, t0, reverse, vec, f, identity, st);
-      scan_l2_apply<T, A, Op><<<(unsigned)(t1 - t0), kBlock, 0, s>>>(in, out, L, t1, reverse, vec, f, identity, st);
-      rc = em_launch_check(op);
+      rc = em_cuda_check(l2_launch(scan_l2_sums<T, A, Op>, t1 - t0, s, pdl && t0 > 0, in, L, t0, reverse, vec, f,
+                                   identity, st), op, "cudaLaunchKernelEx");
+      if (!rc) rc = em_cuda_check(l2_launch(scan_l2_apply<T, A, Op>, t1 - t0, s, pdl, in, out, L, t1, reverse, vec, f,
+                                            identity, st), op, "cudaLaunchKernelEx");
+      if (!rc) rc = em_launch_check(op);
     }
   }
   em_tensor_release(ws);   /* stream-ordered */
