@@ -1,14 +1,18 @@
 /* The one-row scans of kernels/scan.cu (outer = inner = 1: cumsum of a long
  * vector), included by it inside its anonymous namespace after the shared
- * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Five
+ * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Six
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
+ *  - split (the default for rows up to the L2's size, reversed, misaligned, f64/i64): scan_row_sums
+ *    then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
  *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
  *    next tile's loads in flight (f32 accumulators);
+ *  - l2: scan_row_l2 (scan_row_l2.cuh), split's two passes a segment of the row at a time,
+ *    so the second pass reads from L2 (the default, auto, for forward aligned f32/bf16/f16 rows
+ *    larger than the L2);
  *  - cub: cub::DeviceScan (not deterministic for floats).
- * split, tiles, chain and ring evaluate the same expression: the same bits. */
+ * split, tiles, chain, ring and l2 evaluate the same expression: the same bits. */
 #pragma once
 
 template <typename A>
@@ -421,21 +425,43 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
 
 #include "scan_row_ring.cuh"   /* EMBER_SCAN_ROW=ring: chain's pass, persistent, the next tile in flight */
 
-/* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
+#include "scan_row_l2.cuh"     /* EMBER_SCAN_ROW=l2: split's two passes a segment (about a third of the L2) at a time */
+
+/* EMBER_SCAN_ROW (read once): "auto" (default: l2 where it should win, split elsewhere: l2_wins), "split"
+ * (scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
- * for f32 accumulators, split for the others; the same bits) or "ring" (scan_row_ring, likewise). 0 .. 4; -1 on
- * error. */
-static int row_scan_mode(const char *op) {
+ * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
+ * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
+ * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits). 0 .. 7; -1 on error.
+ * *seg_chunks: l2's G (0: from the L2). */
+static int row_scan_mode(const char *op, int64_t *seg_chunks) {
   static int mode = -1;
+  static int64_t chunks = 0;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
+    if (!env || !*env || strcmp(env, "auto") == 0) mode = 6;
+    else if (strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
     else if (strcmp(env, "chain") == 0) mode = 3;
     else if (strcmp(env, "ring") == 0) mode = 4;
-    else return em_error("%s: expected EMBER_SCAN_ROW to be split, tiles, cub, chain or ring, got '%s'", op, env);
+    else if (strcmp(env, "l2") == 0) mode = 5;
+    else if (strcmp(env, "l2f") == 0) mode = 7;
+    else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0) {
+      const char *num = env + (env[2] == 'f' ? 4 : 3);
+      char *end = nullptr;
+      const long long g = strtoll(num, &end, 10);
+      if (end == num || *end || g < 1 || g > (1 << 20))
+        return em_error("%s: expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got '%s'",
+                        op, env);
+      chunks = g;
+      mode = env[2] == 'f' ? 7 : 5;
+    } else {
+      return em_error("%s: expected EMBER_SCAN_ROW to be auto, split, tiles, cub, chain, ring, l2, l2:G, l2f or l2f:G, "
+                      "got '%s'", op, env);
+    }
   }
+  *seg_chunks = chunks;
   return mode;
 }
 
@@ -527,11 +553,25 @@ static bool stream_capturing(cudaStream_t s) {
   return cudaStreamIsCapturing(s, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
 }
 
-/* The one-row scan, by EMBER_SCAN_ROW (chain: f32 accumulators only, split for the others). */
+constexpr bool kAutoFused = false;   /* auto's l2: two launches a segment (l2), or one (true: l2f) */
+/* EMBER_SCAN_ROW_PDL's default: l2's kernels with programmatic dependent launch (not inside graph capture) */
+constexpr bool kAutoPdl = false;
+
+/* auto: l2 for forward rows of f32 accumulators (f32, bf16, f16) on 16-byte boundaries larger than the L2
+ * (split's second pass misses there; a shorter row is mostly still in L2 when split's apply pass, last
+ * tile first, reads it again, and l2 would only add launches); split elsewhere. */
+template <typename T, typename A>
+bool l2_wins(const em_tensor *a, const T *in, const T *out, int64_t L, bool reverse) {
+  if (!std::is_same<A, float>::value || reverse || (((uintptr_t)in | (uintptr_t)out) & 15) != 0) return false;
+  return L * (int64_t)sizeof(T) > device_l2_bytes(a->device.index);
+}
+
+/* The one-row scan, by EMBER_SCAN_ROW (chain, ring: f32 accumulators only, split for the others). */
 template <typename T, typename A, typename Op>
 int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
              cudaStream_t s) {
-  const int mode = row_scan_mode(op);
+  int64_t seg_chunks = 0;
+  const int mode = row_scan_mode(op, &seg_chunks);
   if (mode < 0) return -1;
   if (mode == 2) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
   if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
@@ -540,5 +580,13 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
+  if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
+    const int64_t nt = (L + kRowTile - 1) / kRowTile;
+    if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+    static const bool pdl_env = em_env_switch("EMBER_SCAN_ROW_PDL", kAutoPdl);
+    const bool fused = mode == 7 || (mode == 6 && kAutoFused), pdl = pdl_env && !stream_capturing(s);
+    return scan_row_l2<T, A, Op>(op, a, in, out, L, reverse, f, identity,
+                                 l2_seg_chunks<T>(a->device.index, seg_chunks, fused), fused, pdl, s);
+  }
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

@@ -63,8 +63,9 @@ describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", functi
   end)
 end)
 
--- The default one-row scan is three phases (scan_row_sums, scan_row_apply:
--- EMBER_SCAN_ROW=split) with scan_row_tiles' partition and fixed sums, so it
+-- The one-row scan up to the L2's size (the default, auto, takes it there) is
+-- three phases (scan_row_sums, scan_row_apply: EMBER_SCAN_ROW=split) with
+-- scan_row_tiles' partition and fixed sums, so it
 -- must give scan_row_tiles' bits (EMBER_SCAN_ROW=tiles). The switch is read
 -- once a process: each path runs in a child and saves its results. Sizes: one
 -- tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry warps
@@ -96,12 +97,12 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("one-row scan paths on CUDA", function()
   after_each(function() H.remove_temps() end)
 
-  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
+  it("split gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
     local got = cmp.mode_results(H, H.temp_file(CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", "tiles"})
     assert.are.equal(4 * 3 * 4, cmp.assert_modes_agree(got, "tiles", {"split"}))
   end)
 
-  it("split matches the CPU across 301 chunks (f32 cumsum)", function()
+  it("the default (auto: l2 at 301 chunks of f32) matches the CPU across 301 chunks (f32 cumsum)", function()
     ember.manual_seed(41)
     local x = ember.randn(BIG, {dtype = "f64"})
     cmp.assert_close(x:to("f32"):cuda():cumsum(0), x:to("f32"):cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
@@ -264,5 +265,106 @@ describe("column scan paths on CUDA (EMBER_SCAN_STRIP)", function()
   it("flow and async give the bits of v1, sums, products and reversed (f32, bf16, f16, f64)", function()
     local got = cmp.mode_results(H, H.temp_file(COLS_CHILD, ".lua"), "EMBER_SCAN_STRIP", {"v1", "async", "flow"})
     assert.are.equal(4 * 4 * 3, cmp.assert_modes_agree(got, "v1", {"async", "flow"}))
+  end)
+end)
+
+-- The L2-segmented one-row scan (EMBER_SCAN_ROW=l2, kernels/scan_row_l2.cuh):
+-- split's two passes a segment of G chunks at a time, so it must give split's
+-- bits (and so tiles'). G from the L2 (l2: at 301 chunks, 19 segments of f32,
+-- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
+-- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
+-- segment k's apply beside segment k + 1's totals) likewise, with G from the
+-- L2 (a quarter) or 1 or 3. auto (l2 for forward aligned
+-- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
+-- rest) likewise. Sizes: two
+-- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
+-- chunks (warp 1's carry sums more than 8 chunk totals a lane); misaligned
+-- (the scalar loads) and reversed (cumsum's backward); each sum run twice.
+local L2_CHILD = [[
+local ember = require "ember"
+local out = {}
+for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+  for k, n in ipairs({2, 4097, 64 * 4096 + 5, 8 * 64 * 4096 - 4093, ]] .. BIG .. [[}) do
+    ember.manual_seed(60 + k)
+    local x = ember.randn(n, {device = "cuda"}):to(dt)
+    local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
+    local key = dt .. "_" .. k
+    local idx = n > 1000000 and ember.arange(0, n, 997, {device = "cuda"}) or nil
+    local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
+    out["in_" .. key] = keep(x)
+    out["sum_" .. key] = keep(x:cumsum(0))
+    out["again_" .. key] = keep(x:cumsum(0))
+    out["prod_" .. key] = keep(p:cumprod(0))
+    local xl = x:detach(); xl.requires_grad = true
+    xl:cumsum(0):backward(p)   -- the reversed scan of p
+    out["rev_" .. key] = keep(xl.grad)
+    out["mis_" .. key] = keep(x:narrow(0, 1, n - 1):cumsum(0))
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+
+describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", function()
+  after_each(function() H.remove_temps() end)
+
+  it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
+    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "auto"}
+    local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", table.unpack(others)})
+    assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", others))
+    for _, mode in ipairs({"l2", "l2f"}) do
+      for name, t in pairs(got[mode]) do   -- the second run of each sum: the same bits
+        local key = name:match("^again_(.*)$")
+        if key then
+          local d = t:ne(got[mode]["sum_" .. key]):sum():item()
+          assert(d == 0, ("%s cumsum %s run twice: %d elements differ, expected 0"):format(mode, key, d))
+        end
+      end
+    end
+  end)
+
+  it("matches the CPU across 301 chunks (f32 cumsum, segments from the L2, in a child)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(41)
+local x = ember.randn(]] .. BIG .. [[, {dtype = "f64"}):to("f32")
+ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
+]], ".lua")
+    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2"}).l2
+    cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+  end)
+
+  it("gives the same bits inside graph capture as eagerly (l2:3 and l2f:3, 8 chunks: three segments)", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(44)
+local out = {}
+for _, dt in ipairs({"f32", "bf16"}) do
+  local x = ember.randn(8 * 64 * 4096 - 4093, {device = "cuda"}):to(dt)
+  local eager = x:cumsum(0)
+  local g, y = ember.cuda.graph(function() return x:cumsum(0) end)
+  g:replay()
+  out["eager_" .. dt], out["graph_" .. dt] = eager:cpu(), y:cpu()
+  g:close()
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local got = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3", "l2f:3"})
+    for mode, r in pairs(got) do
+      for _, dt in ipairs({"f32", "bf16"}) do
+        local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
+        assert(d == 0, ("%s graph vs eager cumsum %s: %d elements differ, expected 0"):format(mode, dt, d))
+      end
+    end
+  end)
+
+  it("rejects a bad EMBER_SCAN_ROW=l2:G, naming the expected form", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.randn(10, {device = "cuda"}):cumsum(0)
+]], ".lua")
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "l2:0"}})
+    assert.are_not.equal(0, code, "EMBER_SCAN_ROW=l2:0 should fail")
+    assert.matches("expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got 'l2:0'", err, 1,
+                   true)
   end)
 end)
