@@ -608,6 +608,52 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
+/* The split column max/min kernels' own merge (a.cnt set, with WIDE; issue
+ * 12: it saves reduce_finish's launch, ~2-3 us of the bf16 max over dim 0
+ * of 8192^2's 43). Thread tid holds column o's partial acc (col: a live
+ * column) and writes it split-major, part[split * n_out + o], coalesced
+ * across the block's columns; the last of the column's gridDim.y blocks
+ * to count in (split_done's fence and count) then merges every split's
+ * partial, in split order, a thread per column with 8 L2 reads in flight,
+ * and finalizes. max/min's order (NaN first, value, lower index) is total
+ * over distinct indices, so the bits are reduce_finish's whatever the
+ * order. Every thread of the block calls it. */
+template <typename C, int OP>
+__device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_t o, Acc<C, OP> acc, int tid) {
+  __shared__ int last;
+  if (col) {
+    ((C *)a.part)[(int64_t)blockIdx.y * a.n_out + o] = acc.v;
+    a.part_idx[(int64_t)blockIdx.y * a.n_out + o] = acc.i;
+  }
+  __threadfence();                                   /* the partials, visible before the count */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (col) {
+    acc.init();
+    constexpr int B = 8;
+    for (int s = 0; s < a.splits; s += B) {
+      C v[B];
+      int64_t ix[B];
+#pragma unroll
+      for (int u = 0; u < B; u++) {
+        const int64_t at = (int64_t)(s + u) * a.n_out + o;
+        if (s + u < a.splits) {
+          v[u] = __ldcg((const C *)a.part + at);
+          ix[u] = __ldcg((const long long *)a.part_idx + at);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < B; u++)
+        if (s + u < a.splits) acc.merge(v[u], ix[u]);
+    }
+    finalize<C, OP>(a, o, acc.v, acc.i);
+  }
+  if (tid == 0) a.cnt[blockIdx.x] = 0;
+}
+
 /* The end of the column max/min kernels: each thread's V extremes M (m's
  * bits) and rows R (offsets from r0, -1: none). The 8 threads down each
  * block column meet in shared memory (y order: deterministic); WIDE (the
@@ -617,15 +663,20 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
 template <typename T, typename C, int OP, int V, bool WIDE = false>
 __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
                                               int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
+  /* WIDE keeps the rows - r0 (R) in shared, 32-bit: 16 KiB + 1 KiB a bf16
+   * block instead of 24 + 1, so 4 blocks fit a 100 KiB carveout with
+   * cols_ext_last's flag (the rest of the SM's 256 KiB stays L1) */
+  using SI = typename std::conditional<WIDE, int, int64_t>::type;
   __shared__ C sv[8][32 * V];
-  __shared__ int64_t si[8][32 * V];
+  __shared__ SI si[8][32 * V];
 #pragma unroll
   for (int e = 0; e < V; e++) {
     if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
       M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
     }
     sv[threadIdx.y][threadIdx.x * V + e] = M[e];
-    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+    if constexpr (WIDE) si[threadIdx.y][threadIdx.x * V + e] = R[e];
+    else si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
   }
   __syncthreads();
   if constexpr (WIDE) {
@@ -634,14 +685,16 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
      * columns' 56 on the y == 0 warp while 7 warps wait (~1 µs a block) */
     const int c = threadIdx.y * 32 + threadIdx.x;
     const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
-    if (c < 32 * V && kc < K) {
-      Acc<C, OP> acc;
+    const bool col = c < 32 * V && kc < K;
+    Acc<C, OP> acc;
+    if (col) {
       acc.v = sv[0][c];
-      acc.i = si[0][c];
+      acc.i = si[0][c] < 0 ? -1 : r0 + si[0][c];
 #pragma unroll
-      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c]);
-      emit<C, OP>(a, ob * K + kc, acc);
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c] < 0 ? -1 : r0 + si[y][c]);
     }
+    if (a.cnt) cols_ext_last<C, OP>(a, col, ob * K + kc, acc, c);
+    else if (col) emit<C, OP>(a, ob * K + kc, acc);
   } else if (threadIdx.y == 0 && live) {
     for (int e = 0; e < V; e++) {
       Acc<C, OP> acc;
@@ -886,6 +939,14 @@ bool cols_clamp_on() {
   return on;
 }
 
+/* EMBER_REDUCE_COLS_LAST=0: split column max/min (with the clamp) leave
+ * their partials to reduce_finish, a second launch, instead of merging them
+ * in the column's last block (cols_ext_last); read once. */
+bool cols_last_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_LAST", true);
+  return on;
+}
+
 /* EMBER_REDUCE_ROWS_KEEP=0: max/min along rows search a trip's loads
  * whenever its extreme beats the state (push_vec) instead of keeping the
  * trip's winning load and searching it once (reduce_rows' KEEP); read once. */
@@ -985,13 +1046,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
   }
   /* rows kernels: the last block of each blockIdx.x merges the partials (no
-   * second launch) where counts exist. The column kernels keep reduce_finish:
-   * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
-  if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
+   * second launch) where counts exist, and so does the column max/min's
+   * (cols_ext_last). The other column kernels keep reduce_finish: the same
+   * tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
+  const bool clamp = cext && cols_clamp_on();
+  if (splits > 1 && blocks <= kMaxCounts && (!cols || (clamp && cols_last_on()))) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cext) {
     if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
-      const bool clamp = cols_clamp_on();
 #define EM_CEXT(T)                                                                              \
   do {                                                                                          \
     if (clamp) reduce_cols_ext<T, C, OP, true><<<grid, dim3(32, 8), 0, s>>>(r);                 \
