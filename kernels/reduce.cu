@@ -612,10 +612,10 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
  * 12: it saves reduce_finish's launch, ~2-3 us of the bf16 max over dim 0
  * of 8192^2's 43). Thread tid holds column o's partial acc (col: a live
  * column) and writes it split-major, part[split * n_out + o], coalesced
- * across the block's columns; the last of the column's gridDim.y blocks
- * to count in (split_done's fence and count) then merges every split's
- * partial, in split order, a thread per column with 8 L2 reads in flight,
- * and finalizes. max/min's order (NaN first, value, lower index) is total
+ * across the block's columns (the row as 32 bits); the last of the
+ * column's gridDim.y blocks to count in (split_done's fence and count)
+ * merges every split's partial, in split order, a thread per column with
+ * 16 L2 reads in flight, and finalizes. max/min's order (NaN first, value, lower index) is total
  * over distinct indices, so the bits are reduce_finish's whatever the
  * order. Every thread of the block calls it. */
 template <typename C, int OP>
@@ -623,7 +623,7 @@ __device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_
   __shared__ int last;
   if (col) {
     ((C *)a.part)[(int64_t)blockIdx.y * a.n_out + o] = acc.v;
-    a.part_idx[(int64_t)blockIdx.y * a.n_out + o] = acc.i;
+    ((int *)a.part_idx)[(int64_t)blockIdx.y * a.n_out + o] = (int)acc.i;   /* n_red < 2^30 here (host) */
   }
   __threadfence();                                   /* the partials, visible before the count */
   __syncthreads();
@@ -633,16 +633,16 @@ __device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_
   __threadfence();
   if (col) {
     acc.init();
-    constexpr int B = 8;
+    constexpr int B = sizeof(C) == 4 ? 16 : 8;   /* bf16 8192^2's 16 splits: one L2 round trip, no spills */
     for (int s = 0; s < a.splits; s += B) {
       C v[B];
-      int64_t ix[B];
+      int ix[B];
 #pragma unroll
       for (int u = 0; u < B; u++) {
         const int64_t at = (int64_t)(s + u) * a.n_out + o;
         if (s + u < a.splits) {
           v[u] = __ldcg((const C *)a.part + at);
-          ix[u] = __ldcg((const long long *)a.part_idx + at);
+          ix[u] = __ldcg((const int *)a.part_idx + at);
         }
       }
 #pragma unroll
