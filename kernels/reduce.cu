@@ -27,9 +27,9 @@
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
- *    of each column of the rows kernel (an atomic arrival count, no second
- *    launch), or by a second kernel (reduce_finish: the column kernels, and
- *    inside a graph capture).
+ *    of each column of the rows kernel and of the column max/min kernels
+ *    (an atomic arrival count, no second launch), or by a second kernel
+ *    (reduce_finish: the other column kernels, and inside a graph capture).
  * The one trick: every reduction is one accumulator type (Acc) with
  * push/merge, and max/min order candidates by (NaN first, value, then lower
  * index), which is associative — so tree order, splits and vector loads
@@ -831,10 +831,10 @@ __device__ __forceinline__ uint32_t bx2_sel(uint32_t mask, uint32_t a, uint32_t 
  * rule gives the CPU's answer (the whole column is that infinity, row 0
  * first). ~1.6 instructions an element; same values, indices and bits as
  * reduce_cols_ext (EMBER_REDUCE_COLS_BF16X2=0 runs that one). */
-template <int OP, bool CLAMP>
+template <int OP, bool CLAMP, int U = kColsUnrollExt>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a) {
   using T = __nv_bfloat16;
-  constexpr int V = 8, U = kColsUnrollExt, P = V / 2;
+  constexpr int V = 8, P = V / 2;
   const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
   const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
   const bool live = k < K;
@@ -944,6 +944,14 @@ bool cols_clamp_on() {
  * in the column's last block (cols_ext_last); read once. */
 bool cols_last_on() {
   static const bool on = em_env_switch("EMBER_REDUCE_COLS_LAST", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_BX2_ROWS4=1 (opt-in, a measurement): reduce_cols_bx2
+ * with 4 rows in flight a thread (64 B, 64 KiB an SM) instead of 8 (128 B,
+ * 128 KiB: 4x the ~32 KiB Little's law asks for at ~1 us); read once. */
+bool cols_bx2_rows4() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_BX2_ROWS4", false);
   return on;
 }
 
@@ -1063,7 +1071,8 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
       else if constexpr (std::is_same<C, float>::value) {
         /* bf16 in pairs: rows kept as 16-bit offsets into the chunk */
         if (a->dtype == EM_BF16 && chunk < 0xffff && cols_bx2_on()) {
-          if (clamp) reduce_cols_bx2<OP, true><<<grid, dim3(32, 8), 0, s>>>(r);
+          if (clamp && cols_bx2_rows4()) reduce_cols_bx2<OP, true, 4><<<grid, dim3(32, 8), 0, s>>>(r);
+          else if (clamp) reduce_cols_bx2<OP, true><<<grid, dim3(32, 8), 0, s>>>(r);
           else reduce_cols_bx2<OP, false><<<grid, dim3(32, 8), 0, s>>>(r);
         } else switch (a->dtype) {
           case EM_F32: EM_CEXT(float); break;
