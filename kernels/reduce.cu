@@ -687,6 +687,7 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
     const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
     const bool col = c < 32 * V && kc < K;
     Acc<C, OP> acc;
+    acc.init();
     if (col) {
       acc.v = sv[0][c];
       acc.i = si[0][c] < 0 ? -1 : r0 + si[0][c];
