@@ -663,20 +663,26 @@ __device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_
 template <typename T, typename C, int OP, int V, bool WIDE = false>
 __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
                                               int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
-  /* WIDE keeps the rows - r0 (R) in shared, 32-bit: 16 KiB + 1 KiB a bf16
-   * block instead of 24 + 1, so 4 blocks fit a 100 KiB carveout with
-   * cols_ext_last's flag (the rest of the SM's 256 KiB stays L1) */
+  /* WIDE keeps the rows - r0 (R) in shared, 32-bit, and pads each thread's
+   * V slots to SW = V + 1 (odd, in 4-byte words; f64's 3 x 8 bytes is
+   * conflict-free per half-warp too): thread x's slot e sits in bank
+   * (x SW + e) % 32, a different bank for each of the warp's 32 x, where x V
+   * + e put 8 threads on a bank for bf16 (4 for f32) -- with i64 rows 16 --
+   * so the 16 stores took ~144 shared wavefronts a warp, ~4600 cycles for an
+   * SM's 32 warps ending together in the one-wave grid (issue 12: ~2 us of
+   * the bf16 8192^2 tail). Now 16, and the reads by column <= 2-way. */
   using SI = typename std::conditional<WIDE, int, int64_t>::type;
-  __shared__ C sv[8][32 * V];
-  __shared__ SI si[8][32 * V];
+  constexpr int SW = WIDE ? V + 1 : V;
+  __shared__ C sv[8][32 * SW];
+  __shared__ SI si[8][32 * SW];
 #pragma unroll
   for (int e = 0; e < V; e++) {
     if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
       M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
     }
-    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
-    if constexpr (WIDE) si[threadIdx.y][threadIdx.x * V + e] = R[e];
-    else si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+    sv[threadIdx.y][threadIdx.x * SW + e] = M[e];
+    if constexpr (WIDE) si[threadIdx.y][threadIdx.x * SW + e] = R[e];
+    else si[threadIdx.y][threadIdx.x * SW + e] = R[e] < 0 ? -1 : r0 + R[e];
   }
   __syncthreads();
   if constexpr (WIDE) {
@@ -686,13 +692,14 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
     const int c = threadIdx.y * 32 + threadIdx.x;
     const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
     const bool col = c < 32 * V && kc < K;
+    const int sc = (c / V) * SW + c % V;                     /* column c's slot: thread c / V's slot c % V */
     Acc<C, OP> acc;
     acc.init();
     if (col) {
-      acc.v = sv[0][c];
-      acc.i = si[0][c] < 0 ? -1 : r0 + si[0][c];
+      acc.v = sv[0][sc];
+      acc.i = si[0][sc] < 0 ? -1 : r0 + si[0][sc];
 #pragma unroll
-      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c] < 0 ? -1 : r0 + si[y][c]);
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][sc], si[y][sc] < 0 ? -1 : r0 + si[y][sc]);
     }
     if (a.cnt) cols_ext_last<C, OP>(a, col, ob * K + kc, acc, c);
     else if (col) emit<C, OP>(a, ob * K + kc, acc);
