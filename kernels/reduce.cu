@@ -615,9 +615,9 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
  * across the block's columns (the row as 32 bits); the last of the
  * column's gridDim.y blocks to count in (split_done's fence and count)
  * merges every split's partial, in split order, a thread per column with
- * 16 L2 reads in flight, and finalizes. max/min's order (NaN first, value, lower index) is total
- * over distinct indices, so the bits are reduce_finish's whatever the
- * order. Every thread of the block calls it. */
+ * 16 L2 reads in flight, and finalizes. max/min's order (NaN first, value,
+ * lower index) is total over distinct indices, so the bits are
+ * reduce_finish's whatever the order. Every thread of the block calls it. */
 template <typename C, int OP>
 __device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_t o, Acc<C, OP> acc, int tid) {
   __shared__ int last;
@@ -668,8 +668,8 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
    * conflict-free per half-warp too): thread x's slot e sits in bank
    * (x SW + e) % 32, a different bank for each of the warp's 32 x, where x V
    * + e put 8 threads on a bank for bf16 (4 for f32) -- with i64 rows 16 --
-   * so the 16 stores took ~144 shared wavefronts a warp, ~4600 cycles for an
-   * SM's 32 warps ending together in the one-wave grid (issue 12: ~2 us of
+   * so the 16 stores took ~190 shared wavefronts a warp, ~6000 cycles for an
+   * SM's 32 warps ending together in the one-wave grid (issue 12: ~3 us of
    * the bf16 8192^2 tail). Now 16, and the reads by column <= 2-way. */
   using SI = typename std::conditional<WIDE, int, int64_t>::type;
   constexpr int SW = WIDE ? V + 1 : V;
