@@ -27,9 +27,9 @@
  *  - either splits the reduced range over gridDim.y when there are too few
  *    outputs to fill the GPU (sum over everything): partials go to a small
  *    workspace, merged in a fixed order — deterministic — by the last block
- *    of each column of the rows kernel (an atomic arrival count, no second
- *    launch), or by a second kernel (reduce_finish: the column kernels, and
- *    inside a graph capture).
+ *    of each column of the rows kernel and of the column max/min kernels
+ *    (an atomic arrival count, no second launch), or by a second kernel
+ *    (reduce_finish: the other column kernels, and inside a graph capture).
  * The one trick: every reduction is one accumulator type (Acc) with
  * push/merge, and max/min order candidates by (NaN first, value, then lower
  * index), which is associative — so tree order, splits and vector loads
@@ -608,6 +608,52 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
   }
 }
 
+/* The split column max/min kernels' own merge (a.cnt set, with WIDE; issue
+ * 12: it saves reduce_finish's launch, ~2-3 us of the bf16 max over dim 0
+ * of 8192^2's 43). Thread tid holds column o's partial acc (col: a live
+ * column) and writes it split-major, part[split * n_out + o], coalesced
+ * across the block's columns (the row as 32 bits); the last of the
+ * column's gridDim.y blocks to count in (split_done's fence and count)
+ * merges every split's partial, in split order, a thread per column with
+ * 16 L2 reads in flight, and finalizes. max/min's order (NaN first, value,
+ * lower index) is total over distinct indices, so the bits are
+ * reduce_finish's whatever the order. Every thread of the block calls it. */
+template <typename C, int OP>
+__device__ __forceinline__ void cols_ext_last(const RedArgs &a, bool col, int64_t o, Acc<C, OP> acc, int tid) {
+  __shared__ int last;
+  if (col) {
+    ((C *)a.part)[(int64_t)blockIdx.y * a.n_out + o] = acc.v;
+    ((int *)a.part_idx)[(int64_t)blockIdx.y * a.n_out + o] = (int)acc.i;   /* n_red < 2^30 here (host) */
+  }
+  __threadfence();                                   /* the partials, visible before the count */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (col) {
+    acc.init();
+    constexpr int B = sizeof(C) == 4 ? 16 : 8;   /* bf16 8192^2's 16 splits: one L2 round trip, no spills */
+    for (int s = 0; s < a.splits; s += B) {
+      C v[B];
+      int ix[B];
+#pragma unroll
+      for (int u = 0; u < B; u++) {
+        const int64_t at = (int64_t)(s + u) * a.n_out + o;
+        if (s + u < a.splits) {
+          v[u] = __ldcg((const C *)a.part + at);
+          ix[u] = __ldcg((const int *)a.part_idx + at);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < B; u++)
+        if (s + u < a.splits) acc.merge(v[u], ix[u]);
+    }
+    finalize<C, OP>(a, o, acc.v, acc.i);
+  }
+  if (tid == 0) a.cnt[blockIdx.x] = 0;
+}
+
 /* The end of the column max/min kernels: each thread's V extremes M (m's
  * bits) and rows R (offsets from r0, -1: none). The 8 threads down each
  * block column meet in shared memory (y order: deterministic); WIDE (the
@@ -617,15 +663,26 @@ __global__ void __launch_bounds__(kBlock) reduce_cols_vec(RedArgs a) {
 template <typename T, typename C, int OP, int V, bool WIDE = false>
 __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int64_t r0, int64_t rs, bool live,
                                               int64_t ob, int64_t K, int64_t k, C (&M)[V], const int (&R)[V]) {
-  __shared__ C sv[8][32 * V];
-  __shared__ int64_t si[8][32 * V];
+  /* WIDE keeps the rows - r0 (R) in shared, 32-bit, and pads each thread's
+   * V slots to SW = V + 1 (odd, in 4-byte words; f64's 3 x 8 bytes is
+   * conflict-free per half-warp too): thread x's slot e sits in bank
+   * (x SW + e) % 32, a different bank for each of the warp's 32 x, where x V
+   * + e put 8 threads on a bank for bf16 (4 for f32) -- with i64 rows 16 --
+   * so the 16 stores took ~190 shared wavefronts a warp, ~6000 cycles for an
+   * SM's 32 warps ending together in the one-wave grid (issue 12: ~3 us of
+   * the bf16 8192^2 tail). Now 16, and the reads by column <= 2-way. */
+  using SI = typename std::conditional<WIDE, int, int64_t>::type;
+  constexpr int SW = WIDE ? V + 1 : V;
+  __shared__ C sv[8][32 * SW];
+  __shared__ SI si[8][32 * SW];
 #pragma unroll
   for (int e = 0; e < V; e++) {
     if (live && R[e] >= 0 && (m_isnan(M[e]) || M[e] == (C)0)) {   /* the winner's own bits */
       M[e] = to_compute<C, T>(p[(r0 + R[e]) * rs + e]);
     }
-    sv[threadIdx.y][threadIdx.x * V + e] = M[e];
-    si[threadIdx.y][threadIdx.x * V + e] = R[e] < 0 ? -1 : r0 + R[e];
+    sv[threadIdx.y][threadIdx.x * SW + e] = M[e];
+    if constexpr (WIDE) si[threadIdx.y][threadIdx.x * SW + e] = R[e];
+    else si[threadIdx.y][threadIdx.x * SW + e] = R[e] < 0 ? -1 : r0 + R[e];
   }
   __syncthreads();
   if constexpr (WIDE) {
@@ -634,14 +691,18 @@ __device__ __forceinline__ void cols_ext_emit(const RedArgs &a, const T *p, int6
      * columns' 56 on the y == 0 warp while 7 warps wait (~1 µs a block) */
     const int c = threadIdx.y * 32 + threadIdx.x;
     const int64_t kc = k - (int64_t)threadIdx.x * V + c;   /* the block's first column + c */
-    if (c < 32 * V && kc < K) {
-      Acc<C, OP> acc;
-      acc.v = sv[0][c];
-      acc.i = si[0][c];
+    const bool col = c < 32 * V && kc < K;
+    const int sc = (c / V) * SW + c % V;                     /* column c's slot: thread c / V's slot c % V */
+    Acc<C, OP> acc;
+    acc.init();
+    if (col) {
+      acc.v = sv[0][sc];
+      acc.i = si[0][sc] < 0 ? -1 : r0 + si[0][sc];
 #pragma unroll
-      for (int y = 1; y < 8; y++) acc.merge(sv[y][c], si[y][c]);
-      emit<C, OP>(a, ob * K + kc, acc);
+      for (int y = 1; y < 8; y++) acc.merge(sv[y][sc], si[y][sc] < 0 ? -1 : r0 + si[y][sc]);
     }
+    if (a.cnt) cols_ext_last<C, OP>(a, col, ob * K + kc, acc, c);
+    else if (col) emit<C, OP>(a, ob * K + kc, acc);
   } else if (threadIdx.y == 0 && live) {
     for (int e = 0; e < V; e++) {
       Acc<C, OP> acc;
@@ -778,10 +839,10 @@ __device__ __forceinline__ uint32_t bx2_sel(uint32_t mask, uint32_t a, uint32_t 
  * rule gives the CPU's answer (the whole column is that infinity, row 0
  * first). ~1.6 instructions an element; same values, indices and bits as
  * reduce_cols_ext (EMBER_REDUCE_COLS_BF16X2=0 runs that one). */
-template <int OP, bool CLAMP>
+template <int OP, bool CLAMP, int U = kColsUnrollExt>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_cols_bx2(RedArgs a) {
   using T = __nv_bfloat16;
-  constexpr int V = 8, U = kColsUnrollExt, P = V / 2;
+  constexpr int V = 8, P = V / 2;
   const int64_t K = a.kshape[a.nk - 1], kb = (K + 32 * V - 1) / (32 * V);
   const int64_t ob = blockIdx.x / kb, k = (blockIdx.x % kb) * 32 * V + (int64_t)threadIdx.x * V;
   const bool live = k < K;
@@ -886,6 +947,22 @@ bool cols_clamp_on() {
   return on;
 }
 
+/* EMBER_REDUCE_COLS_LAST=0: split column max/min (with the clamp) leave
+ * their partials to reduce_finish, a second launch, instead of merging them
+ * in the column's last block (cols_ext_last); read once. */
+bool cols_last_on() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_LAST", true);
+  return on;
+}
+
+/* EMBER_REDUCE_COLS_BX2_ROWS4=1 (opt-in, a measurement): reduce_cols_bx2
+ * with 4 rows in flight a thread (64 B, 64 KiB an SM) instead of 8 (128 B,
+ * 128 KiB: 4x the ~32 KiB Little's law asks for at ~1 us); read once. */
+bool cols_bx2_rows4() {
+  static const bool on = em_env_switch("EMBER_REDUCE_COLS_BX2_ROWS4", false);
+  return on;
+}
+
 /* EMBER_REDUCE_ROWS_KEEP=0: max/min along rows search a trip's loads
  * whenever its extreme beats the state (push_vec) instead of keeping the
  * trip's winning load and searching it once (reduce_rows' KEEP); read once. */
@@ -985,13 +1062,14 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
     return em_error("%s: %lld outputs are more than one launch handles", name, (long long)p->n_out);
   }
   /* rows kernels: the last block of each blockIdx.x merges the partials (no
-   * second launch) where counts exist. The column kernels keep reduce_finish:
-   * the same tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
-  if (splits > 1 && !cols && blocks <= kMaxCounts) r.cnt = split_counts(dev, s);
+   * second launch) where counts exist, and so does the column max/min's
+   * (cols_ext_last). The other column kernels keep reduce_finish: the same
+   * tail there cost bf16/f16 sums 16 bytes of spills (ptxas -v) */
+  const bool clamp = cext && cols_clamp_on();
+  if (splits > 1 && blocks <= kMaxCounts && (!cols || (clamp && cols_last_on()))) r.cnt = split_counts(dev, s);
   dim3 grid((unsigned)blocks, (unsigned)splits);
   if (cext) {
     if constexpr (Acc<C, OP>::ext) {   /* cext implies it: no sum/var instances of the max/min kernel */
-      const bool clamp = cols_clamp_on();
 #define EM_CEXT(T)                                                                              \
   do {                                                                                          \
     if (clamp) reduce_cols_ext<T, C, OP, true><<<grid, dim3(32, 8), 0, s>>>(r);                 \
@@ -1001,7 +1079,8 @@ int reduce_pass(const char *name, const em_tensor *a, const em_red_plan *p, cons
       else if constexpr (std::is_same<C, float>::value) {
         /* bf16 in pairs: rows kept as 16-bit offsets into the chunk */
         if (a->dtype == EM_BF16 && chunk < 0xffff && cols_bx2_on()) {
-          if (clamp) reduce_cols_bx2<OP, true><<<grid, dim3(32, 8), 0, s>>>(r);
+          if (clamp && cols_bx2_rows4()) reduce_cols_bx2<OP, true, 4><<<grid, dim3(32, 8), 0, s>>>(r);
+          else if (clamp) reduce_cols_bx2<OP, true><<<grid, dim3(32, 8), 0, s>>>(r);
           else reduce_cols_bx2<OP, false><<<grid, dim3(32, 8), 0, s>>>(r);
         } else switch (a->dtype) {
           case EM_F32: EM_CEXT(float); break;

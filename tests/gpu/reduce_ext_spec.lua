@@ -163,6 +163,39 @@ describe("max/min down columns on CUDA (reduce_cols_ext)", function()
     end
   end)
 
+  -- split column max/min merge their partials in each column block's last
+  -- block (an arrival count; EMBER_REDUCE_COLS_LAST=0: reduce_finish, a
+  -- second launch); inside a graph capture there are no counts and
+  -- reduce_finish merges. Call after call (each last block leaves its count
+  -- at zero for the next), 2 to 103 splits, then the same op replayed.
+  it("split columns: the last block's merge call after call, and a captured graph's", function()
+    ember.manual_seed(24)
+    for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+      for _, shape in ipairs({{2048, 1024}, {8193, 264}, {130, 512}, {2048, 1024}}) do
+        local t = (ember.randint(0, 9, shape):to("f64") - 4):to(dt)
+        agree("max split " .. dt, function(x) return x:max(0) end, t)
+        agree("amin split " .. dt, function(x) return x:amin(0) end, t)
+      end
+    end
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local x = ember.zeros({4096, 1024}, {dtype = dt, device = "cuda"})
+      local g, v, i = ember.cuda.graph(function() return x:max(0) end)
+      assert.is_not_nil(g)
+      for step = 1, 2 do
+        local new = (ember.randint(0, 9, {4096, 1024}):to("f64") - 4):to(dt)
+        x:copy_(new)
+        g:replay()
+        ember.cuda.synchronize()
+        local rv, ri = new:max(0)
+        cmp.assert_close(v, rv, 0, ("graph max %s, replay %d: values"):format(dt, step))
+        cmp.assert_close(i, ri, 0, ("graph max %s, replay %d: indices"):format(dt, step))
+      end
+      g:close()
+      local t = (ember.randint(0, 9, {4096, 1024}):to("f64") - 4):to(dt)
+      agree("max after the graph " .. dt, function(y) return y:max(0) end, t)
+    end
+  end)
+
   it("keeps -inf/+inf columns (m infinite, every row equal) at the first row", function()
     for _, dt in ipairs({"f32", "bf16"}) do
       local n = ember.full({300, 64}, -1 / 0, {dtype = dt})
