@@ -450,13 +450,6 @@ static int try_scatter_rows(const char *op, const em_index_plan *p, int64_t n, e
   return rc ? -1 : 1;
 }
 
-/* EMBER_IX_SLAB_SPLIT: log2 of the row split of long column slabs, 0, 1 (unset or empty) or 2 (any other value). */
-static int slab_split_env(void) {
-  const char *e = getenv("EMBER_IX_SLAB_SPLIT");
-  if (!e || !*e) return 1;
-  return e[0] == '0' ? 0 : e[0] == '2' ? 2 : 1;
-}
-
 /* scatter_add along dim 0 of a 2-D walk, f32 / bf16 / f16: 1 launched, 0 not this shape, -1 error. */
 template <typename I>
 static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_tensor *self, const em_tensor *from,
@@ -476,11 +469,10 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
    * columns a row are 32 bytes of f32 src / self (16 of bf16) and 64 of i64 index, against 16 / 8 / 32 at
    * W = 4 — half as many scattered pieces (rows are 32-64 KiB apart), which is what the W = 4 walk pays for
    * (f32 and bf16 took the same 0.87 ms at (8192, 8192), the rate per element the same at 4096 rows and 3
-   * blocks an SM). EMBER_IX_SLAB_SPLIT=0: one block a slab, as before; =2: W = 16 in S = 4 blocks (32-byte
-   * bf16 pieces, the index read 4 times from L2). */
-  static const int split_env = slab_split_env();
+   * blocks an SM). EMBER_IX_SLAB_SPLIT=0: one block a slab, as before. */
+  static const bool split_env = em_env_switch("EMBER_IX_SLAB_SPLIT", true);
   int ls = 0;
-  if (split_env > 0 && lw == 2 && D > 2048 && cols >= 8) { ls = split_env; lw = 2 + ls; }
+  if (split_env && lw == 2 && D > 2048 && cols >= 8) { lw = 3; ls = 1; }
   const int64_t blocks = ((cols + (1 << lw) - 1) >> lw) << ls;
   if (blocks < sms && n > 65536) return 0;             /* a few long column walks: the atomic kernel spreads better */
   SlabWalk g;
