@@ -294,7 +294,6 @@ __global__ void __launch_bounds__(SM_THREADS, 3) add_row_vec_kernel(RowWalk g, T
 
 struct SlabWalk {
   int64_t rows, cols, D;                             /* walk rows and columns; self's rows (dim_size) */
-  int ls, Dl;                                        /* log2 of the row split S; rows of self a block owns (ceil(D / S)) */
   int64_t ss, ds, is0, is1, os0, os1;                /* self's column and row strides; index's, src's strides */
   int lw, wrap;                                      /* log2 of the slab width W */
   int wb;                                            /* write-back SLAB_WB rows a thread at a time (EMBER_IX_SLAB_WB) */
@@ -306,16 +305,14 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
                                                               const I *__restrict__ index,
                                                               const T *__restrict__ other) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  float *acc = reinterpret_cast<float *>(smem_raw);  /* [Dl][W]: rows k0 .. k0 + Dl - 1 of self */
+  float *acc = reinterpret_cast<float *>(smem_raw);  /* [D][W] */
   const int W = 1 << g.lw, tid = threadIdx.x, step = blockDim.x >> g.lw;
   const int w = tid & (W - 1);
-  const int split = blockIdx.x & ((1 << g.ls) - 1);  /* the S blocks of one column slab are adjacent in launch order */
-  const int64_t c = (int64_t)(blockIdx.x >> g.ls) * W + w;
+  const int64_t c = (int64_t)blockIdx.x * W + w;
   const bool cok = c < g.cols;
-  const int k0 = split * g.Dl;
-  const int D = min(g.Dl, (int)g.D - k0);            /* rows of self this block owns */
+  const int D = (int)g.D;
   /* the adds first, self joins at the end; -0 is the identity of + (an element nothing adds to keeps its -0.0) */
-  for (int q = tid; q < (g.Dl << g.lw); q += blockDim.x) acc[q] = -0.f;
+  for (int q = tid; q < (D << g.lw); q += blockDim.x) acc[q] = -0.f;
   __syncthreads();
   if (cok) {
     for (int64_t r0 = tid >> g.lw; r0 < g.rows; r0 += (int64_t)step * ADD_UNROLL) {
@@ -331,8 +328,8 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
         }
       }
 #pragma unroll
-      for (int u = 0; u < ADD_UNROLL; u++)   /* rows of self outside [k0, k0 + D): another block's */
-        if (k[u] >= 0 && (unsigned)(k[u] - k0) < (unsigned)D) atomicAdd(acc + ((k[u] - k0) << g.lw) + w, v[u]);
+      for (int u = 0; u < ADD_UNROLL; u++)
+        if (k[u] >= 0) atomicAdd(acc + (k[u] << g.lw) + w, v[u]);
     }
   }
   __syncthreads();
@@ -343,7 +340,7 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
   if (!cok) return;
   if (!g.wb) {
     for (int r = tid >> g.lw; r < D; r += step) {
-      const int64_t o = (int64_t)(k0 + r) * g.ds + c * g.ss;
+      const int64_t o = r * g.ds + c * g.ss;
       self[o] = from_f32<T>(to_f32(from[o]) + acc[(r << g.lw) + w]);
     }
     return;
@@ -353,12 +350,12 @@ __global__ void __launch_bounds__(1024) add_slab_kernel(SlabWalk g, T *self, con
 #pragma unroll
     for (int u = 0; u < SLAB_WB; u++) {
       const int r = r0 + u * step;
-      if (r < D) f[u] = from[(int64_t)(k0 + r) * g.ds + c * g.ss];
+      if (r < D) f[u] = from[r * g.ds + c * g.ss];
     }
 #pragma unroll
     for (int u = 0; u < SLAB_WB; u++) {
       const int r = r0 + u * step;
-      if (r < D) self[(int64_t)(k0 + r) * g.ds + c * g.ss] = from_f32<T>(to_f32(f[u]) + acc[(r << g.lw) + w]);
+      if (r < D) self[r * g.ds + c * g.ss] = from_f32<T>(to_f32(f[u]) + acc[(r << g.lw) + w]);
     }
   }
 }
@@ -463,17 +460,7 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   const int sms = em_sm_count(self->device.index);
   int lw = 5;                                          /* W = 32 columns; narrower while the slab is large or blocks few */
   while (lw > 2 && (D * (4 << lw) > 96 * 1024 || (cols + (1 << lw) - 1) >> lw < 2 * sms)) lw--;
-  /* Long columns (W = 4, more than 2048 rows of self): W = 8 columns in S = 2 blocks that own half the rows
-   * each (the same shared memory a block). Each block still reads all the index and src rows of its columns
-   * (the pair's second read from L2) and adds the half that is its own; what changes is DRAM's view: 8
-   * columns a row are 32 bytes of f32 src / self (16 of bf16) and 64 of i64 index, against 16 / 8 / 32 at
-   * W = 4 — half as many scattered pieces (rows are 32-64 KiB apart), which is what the W = 4 walk pays for
-   * (f32 and bf16 took the same 0.87 ms at (8192, 8192), the rate per element the same at 4096 rows and 3
-   * blocks an SM). EMBER_IX_SLAB_SPLIT=0: one block a slab, as before. */
-  static const bool split_env = em_env_switch("EMBER_IX_SLAB_SPLIT", true);
-  int ls = 0;
-  if (split_env && lw == 2 && D > 2048 && cols >= 8) { lw = 3; ls = 1; }
-  const int64_t blocks = ((cols + (1 << lw) - 1) >> lw) << ls;
+  const int64_t blocks = (cols + (1 << lw) - 1) >> lw;
   if (blocks < sms && n > 65536) return 0;             /* a few long column walks: the atomic kernel spreads better */
   SlabWalk g;
   g.rows = rows; g.cols = cols; g.D = D;
@@ -481,8 +468,7 @@ static int try_add_slabs(const char *op, const em_index_plan *p, int64_t n, em_t
   g.is0 = p->index_stride[0]; g.is1 = p->index_stride[1]; g.os0 = p->other_stride[0]; g.os1 = p->other_stride[1];
   static const bool wb = em_env_switch("EMBER_IX_SLAB_WB", true);
   g.lw = lw; g.wrap = p->wrap; g.alpha = p->alpha; g.wb = wb;
-  g.ls = ls; g.Dl = (int)((D + (1 << ls) - 1) >> ls);
-  const int smem = (int)((int64_t)g.Dl * (4 << lw));
+  const int smem = (int)(D * (4 << lw));
   const int threads = smem > 96 * 1024 ? 1024 : 512;  /* one block an SM: all its threads on the one slab */
   int rc = 0;
 #define SLAB(T)                                                                                            \
