@@ -132,7 +132,9 @@ static bool group_ok(const em_index_plan *p, const em_tensor *self, const em_ten
                      const em_tensor *other, int64_t *inner) {
   static const bool env = em_env_switch("EMBER_IX_ADD_SORT", true);
   if (!env || p->kind != EM_IX_SCATTER_ADD || !other || p->dim != 0 || p->ndim < 1) return false;
-  if (self->dtype != EM_F32 && self->dtype != EM_BF16 && self->dtype != EM_F16) return false;
+  /* f32 only: measured on the H200, bf16 gained nothing (0.1756 vs 0.1738 ms at 262144 rows) and f16 with
+   * alpha 0.5 missed the CPU's bits by an ulp (1.5e-5) in the GPU spec; both keep the copy + atomics. */
+  if (self->dtype != EM_F32) return false;
   if (index->dtype != EM_I64 && index->dtype != EM_I32) return false;
   if (!em_is_contiguous(other) || !em_is_contiguous(self) || !em_is_contiguous(from)) return false;
   const int64_t es = (int64_t)em_dtype_size(self->dtype), n = p->shape[0], D = p->dim_size;

@@ -424,10 +424,10 @@ describe("indexing on CUDA", function()
 
   -- kernels/index_add_group.cu (out of place, src >= 96 MiB): the adds of each row in ascending index
   -- position, rounded to the dtype after each, as the CPU does them: the CPU's bits exactly, randn values.
-  it("index_add of >= 96 MiB of src (rows grouped by destination, sorted) gives the CPU's bits, f32 / bf16 / f16", function()
+  it("index_add of >= 96 MiB of f32 src (rows grouped by destination, sorted) gives the CPU's bits", function()
     ember.manual_seed(15)
     local D, n, h = 50000, 65536, 30000
-    for _, c in ipairs({{"f32", 512}, {"bf16", 1024}, {"f16", 1024}}) do
+    for _, c in ipairs({{"f32", 512}}) do   -- bf16/f16 take the copy + atomics (kernels/index_add_group.cu)
       local dt, w = c[1], c[2]                       -- 128 MiB of src either way
       local x = ember.randn(D, w):to(dt)
       local src = ember.randn(n, w):to(dt)
