@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restric
   if (lane == 0 && blockIdx.x == gridDim.x - 1) { off[ntiles] = excl + agg; *count = excl + agg; }
 }
 
-/* The twelfth session's mark (EMBER_COMPACT_LATESCAN=1, the default): mark_block, then each tile's count into
+/* The twelfth session's mark (EMBER_COMPACT_LATESCAN=1, opt-in): mark_block, then each tile's count into
  * off[tile] and the block's into *count (zeroed before the launch) by one 64-bit atomic add: integers, so any
  * order gives the same total. No block waits for another: mark_lb_kernel's look-back (a warp reading its
  * predecessors' statuses, back 32 blocks a round trip until one has its prefix) kept each block resident for
@@ -636,7 +636,9 @@ static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool ve
  * elements, at most 128 blocks: 4 look-back windows) the look-back costs about what the scan's own launch adds. */
 constexpr int64_t kLateTiles = 128;
 static bool latescan(int64_t n) {
-  static const bool on = em_env_switch("EMBER_COMPACT_LATESCAN", true);
+  /* opt-in: on the H200 at (8192,8192) mark_cnt_kernel took 32 us and offsets_kernel 18 (predicted 2-4) against
+   * the look-back mark's 38.4 (compact_probe, 2026-11-28), so the look-back mark stays the default. */
+  static const bool on = em_env_switch("EMBER_COMPACT_LATESCAN", false);
   return on && ntiles_of(n) > kLateTiles;
 }
 

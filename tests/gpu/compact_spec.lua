@@ -4,8 +4,8 @@
 -- 8 bytes: the 16-byte vector paths), misaligned operands (the scalar path),
 -- empty and full tiles, and ranks up to 5. Values are moved, not computed:
 -- every comparison is exact. Run once more with EMBER_COMPACT=scan to check
--- the previous path, with EMBER_COMPACT_LATESCAN=0 for the eleventh session's
--- look-back mark, and with EMBER_COMPACT_LATESCAN=0 EMBER_COMPACT_LOOKBACK=0
+-- the previous path, with EMBER_COMPACT_LATESCAN=1 for the counting mark and
+-- its one-block scan (opt-in), and with EMBER_COMPACT_LOOKBACK=0
 -- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
 -- output stores.
 local ember = require "ember"
