@@ -10,16 +10,15 @@
  * Launch shapes, by where the scanned dim lies:
  *  - one row (outer = inner = 1, cumsum of a long vector; scan_row.cuh): 4096-element
  *    tiles whose prefixes are fixed-order sums of tile and chunk totals, so
- *    the same bits on every run: scan_row_sums then scan_row_apply (rows
- *    up to the L2's size, EMBER_SCAN_ROW=split: totals first, then each tile again with
+ *    the same bits on every run: scan_row_sums then scan_row_apply (the
+ *    default, EMBER_SCAN_ROW=split: totals first, then each tile again with
  *    its prefix; read twice, write once) or scan_row_tiles
  *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
  *    predecessors' totals; the same bits, slower) or scan_row_chain
  *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
  *    trip look-back; the same bits) or scan_row_ring (EMBER_SCAN_ROW=ring,
  *    f32 accumulators: chain's pass, persistent, the next tile in flight;
- *    the same bits) or scan_row_l2 (the default for forward rows larger than
- *    the L2: split's passes a segment at a time; the same bits); reverse (cumsum's backward) maps
+ *    the same bits); reverse (cumsum's backward) maps
  *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
  *    (decoupled look-back: a float result may change with the timing).
  *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements

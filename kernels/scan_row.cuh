@@ -2,15 +2,13 @@
  * vector), included by it inside its anonymous namespace after the shared
  * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Six
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (the default for rows up to the L2's size, reversed, misaligned, f64/i64): scan_row_sums
- *    then scan_row_apply, no waits inside a kernel;
+ *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
  *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
  *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
  *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
  *    next tile's loads in flight (f32 accumulators);
  *  - l2: scan_row_l2 (scan_row_l2.cuh), split's two passes a segment of the row at a time,
- *    so the second pass reads from L2 (the default, auto, for forward aligned f32/bf16/f16 rows
- *    larger than the L2);
+ *    so the second pass reads from L2 (EMBER_SCAN_ROW=auto: l2 for long forward f32/bf16/f16 rows);
  *  - cub: cub::DeviceScan (not deterministic for floats).
  * split, tiles, chain, ring and l2 evaluate the same expression: the same bits. */
 #pragma once
@@ -427,26 +425,25 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
 
 #include "scan_row_l2.cuh"     /* EMBER_SCAN_ROW=l2: split's two passes a segment (about a third of the L2) at a time */
 
-/* EMBER_SCAN_ROW (read once): "auto" (default: l2 where it should win, split elsewhere: l2_wins), "split"
- * (scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
+/* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
  * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
  * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
- * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits). 0 .. 7; -1 on error.
- * *seg_chunks: l2's G (0: from the L2). */
+ * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits) or "auto" (l2 where it should
+ * win, split elsewhere: l2_wins). 0 .. 7; -1 on error. *seg_chunks: l2's G (0: from the L2). */
 static int row_scan_mode(const char *op, int64_t *seg_chunks) {
   static int mode = -1;
   static int64_t chunks = 0;
   if (mode < 0) {
     const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env || strcmp(env, "auto") == 0) mode = 6;
-    else if (strcmp(env, "split") == 0) mode = 0;
+    if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
     else if (strcmp(env, "tiles") == 0) mode = 1;
     else if (strcmp(env, "cub") == 0) mode = 2;
     else if (strcmp(env, "chain") == 0) mode = 3;
     else if (strcmp(env, "ring") == 0) mode = 4;
     else if (strcmp(env, "l2") == 0) mode = 5;
     else if (strcmp(env, "l2f") == 0) mode = 7;
+    else if (strcmp(env, "auto") == 0) mode = 6;
     else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0) {
       const char *num = env + (env[2] == 'f' ? 4 : 3);
       char *end = nullptr;

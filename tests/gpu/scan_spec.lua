@@ -63,9 +63,8 @@ describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", functi
   end)
 end)
 
--- The one-row scan up to the L2's size (the default, auto, takes it there) is
--- three phases (scan_row_sums, scan_row_apply: EMBER_SCAN_ROW=split) with
--- scan_row_tiles' partition and fixed sums, so it
+-- The default one-row scan is three phases (scan_row_sums, scan_row_apply:
+-- EMBER_SCAN_ROW=split) with scan_row_tiles' partition and fixed sums, so it
 -- must give scan_row_tiles' bits (EMBER_SCAN_ROW=tiles). The switch is read
 -- once a process: each path runs in a child and saves its results. Sizes: one
 -- tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry warps
@@ -97,12 +96,12 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("one-row scan paths on CUDA", function()
   after_each(function() H.remove_temps() end)
 
-  it("split gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
+  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
     local got = cmp.mode_results(H, H.temp_file(CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", "tiles"})
     assert.are.equal(4 * 3 * 4, cmp.assert_modes_agree(got, "tiles", {"split"}))
   end)
 
-  it("the default (auto: l2 at 301 chunks of f32) matches the CPU across 301 chunks (f32 cumsum)", function()
+  it("split matches the CPU across 301 chunks (f32 cumsum)", function()
     ember.manual_seed(41)
     local x = ember.randn(BIG, {dtype = "f64"})
     cmp.assert_close(x:to("f32"):cuda():cumsum(0), x:to("f32"):cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
