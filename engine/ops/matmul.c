@@ -228,9 +228,11 @@ static void plan_with(gemm_job *j, int64_t from, bool split) {
   j->nkb = j->kb < j->k ? (j->k + j->kb - 1) / j->kb : 1;
 }
 
-/* Merging tiles (EMBER_CPU_GEMM_MERGE=0|1, read once at load; 1 the
- * default; 0: one call a tile, tasks in the order and chunks they had
- * before). A thread's range of adjacent tiles (of one batch and k-block)
+/* Merging tiles (EMBER_CPU_GEMM_MERGE=0|1, read once at load; 0, the
+ * default: one call a tile, tasks in the order and chunks they had before;
+ * 1: opt-in, because on the H200 host's 16-vCPU Xeon the 2-thread train step
+ * measured 298.6 / 331.3 ms with it against 262.8 / 310.7 without, in two
+ * interleaved pairs, 2026-11-28, where the VM had suggested 4-6 % less CPU). A thread's range of adjacent tiles (of one batch and k-block)
  * runs as one BLAS call per rectangle instead of one per tile: OpenBLAS
  * packs each operand panel once for the rectangle instead of once per tile
  * (a 1024 x 256 x 256 product in 16 tiles of 128 packs 4x what one call
@@ -246,10 +248,10 @@ static void plan_with(gemm_job *j, int64_t from, bool split) {
 static bool gemm_merge = false;
 __attribute__((constructor)) static void gemm_merge_init(void) {
   const char *e = getenv("EMBER_CPU_GEMM_MERGE"), *core = em_blas_corename();
-  bool on = true;
+  bool on = false;
   if (e && *e) {
     if ((e[0] == '0' || e[0] == '1') && !e[1]) on = e[0] == '1';
-    else fprintf(stderr, "ember: EMBER_CPU_GEMM_MERGE must be 0 or 1, got '%s'; using 1\n", e);
+    else fprintf(stderr, "ember: EMBER_CPU_GEMM_MERGE must be 0 or 1, got '%s'; using 0\n", e);
   }
   gemm_merge = on && (strcasecmp(core, "SkylakeX") == 0 || strcasecmp(core, "Cooperlake") == 0);
 }

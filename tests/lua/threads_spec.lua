@@ -364,7 +364,7 @@ describe("matmul tiles merged into one BLAS call a range", function()
     end)
   end
 
-  it("EMBER_CPU_GEMM_MERGE=0 (a call a tile) gives the same bits and other values are refused", function()
+  it("EMBER_CPU_GEMM_MERGE=1 (a call a rectangle of tiles) gives the bits of 0 and other values are refused", function()
     local H = dofile(here .. "helpers.lua")
     local script = H.temp(".lua")
     H.spit(script, [[
@@ -373,16 +373,21 @@ describe("matmul tiles merged into one BLAS call a range", function()
       local x, w, g = e.randn({1024, 256}), e.randn({1024, 256}), e.randn({1024, 1024})
       e.save(arg[1], {y = x:matmul(w:t()), gx = g:matmul(w), gw = g:t():matmul(x), small = x:matmul(x:t():narrow(1, 0, 256))})]])
     local files = {}
-    for _, mode in ipairs({"0", "1"}) do
+    -- merged (opt-in) at 2, 3 and 16 threads: the rectangles move with the thread count, the bits must not
+    local runs = {{"0", "3"}, {"1", "2"}, {"1", "3"}, {"1", "16"}}
+    for _, r in ipairs(runs) do
       local path = H.temp(".safetensors")
-      local _, err = H.ember({"run", script, path}, {env = {EMBER_CPU_GEMM_MERGE = mode, EMBER_NUM_THREADS = "3"}})
-      assert.are.equal("", err or "", "mode " .. mode)
+      local _, err = H.ember({"run", script, path}, {env = {EMBER_CPU_GEMM_MERGE = r[1], EMBER_NUM_THREADS = r[2]}})
+      assert.are.equal("", err or "", "mode " .. r[1] .. ", " .. r[2] .. " threads")
       files[#files + 1] = H.slurp(path)
     end
     assert.is_true(#files[1] > 4 * 1024 * 1024, "the products were saved")
-    assert.is_true(files[1] == files[2], "EMBER_CPU_GEMM_MERGE=0 and =1 saved different bytes")
+    for k = 2, #runs do
+      assert.is_true(files[1] == files[k], ("EMBER_CPU_GEMM_MERGE=0 at 3 threads and =%s at %s threads saved different bytes")
+        :format(runs[k][1], runs[k][2]))
+    end
     local _, err = H.ember({"run", script, H.temp(".safetensors")}, {env = {EMBER_CPU_GEMM_MERGE = "yes"}})
-    assert.matches("EMBER_CPU_GEMM_MERGE must be 0 or 1, got 'yes'; using 1", err, 1, true)
+    assert.matches("EMBER_CPU_GEMM_MERGE must be 0 or 1, got 'yes'; using 0", err, 1, true)
     H.remove_temps()
   end)
 end)
