@@ -574,16 +574,17 @@ __global__ void bincount_range_init(unsigned long long *bins, long long *range) 
   if (blockIdx.x == 0 && threadIdx.x == 0) { range[0] = LLONG_MAX; range[1] = LLONG_MIN; }
 }
 
+__device__ __forceinline__ void bincount_one(long long x, unsigned int *h, long long &lo, long long &hi) {
+  lo = x < lo ? x : lo;
+  hi = x > hi ? x : hi;
+  if ((unsigned long long)x < (unsigned long long)kSharedBins) atomicAdd(&h[x], 1u);
+}
+
 template <typename T>
 __device__ __forceinline__ void bincount_take(const uint4 &v, unsigned int *h, long long &lo, long long &hi) {
   const T *e = reinterpret_cast<const T *>(&v);
 #pragma unroll
-  for (int k = 0; k < (int)(16 / sizeof(T)); k++) {
-    const long long x = (long long)e[k];
-    lo = x < lo ? x : lo;
-    hi = x > hi ? x : hi;
-    if ((unsigned long long)x < (unsigned long long)kSharedBins) atomicAdd(&h[x], 1u);
-  }
+  for (int k = 0; k < (int)(16 / sizeof(T)); k++) bincount_one((long long)e[k], h, lo, hi);
 }
 
 template <typename T>
@@ -604,12 +605,7 @@ __global__ void __launch_bounds__(kBlock) bincount_range(const T *x, int64_t n, 
   }
   if (i < nv) bincount_take<T>(__ldg(xv + i), h, lo, hi);
   if (blockIdx.x == 0)   /* the tail past the last whole vector */
-    for (int64_t j = nv * V + threadIdx.x; j < n; j += blockDim.x) {
-      const long long v = (long long)x[j];
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
-      if ((unsigned long long)v < (unsigned long long)kSharedBins) atomicAdd(&h[v], 1u);
-    }
+    for (int64_t j = nv * V + threadIdx.x; j < n; j += blockDim.x) bincount_one((long long)x[j], h, lo, hi);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const long long l2 = __shfl_xor_sync(0xffffffffu, lo, o), h2 = __shfl_xor_sync(0xffffffffu, hi, o);
