@@ -16,11 +16,11 @@
  *   3. range[k] = [first, last + 1) of row k's run in the sorted keys (0, 0: none)
  *   4. per 16-byte vector of out: x, then + src[j] for each j of its row, in
  *      ascending j, rounded to T after each add: the CPU's serial order and
- *      rounding, so f32 / bf16 / f16 results (alpha 1, or a power of two)
- *      are the CPU's bits, and the same every run (the atomics' sums were not).
+ *      rounding, so f32 results (alpha 1, or a power of two) are the CPU's
+ *      bits, and the same every run (the atomics' sums were not).
  *
  * Shapes: index_add along dim 0 of a contiguous x (no outer dims), rows of a
- * multiple of 16 bytes, f32 / bf16 / f16, i64 / i32 indices, src contiguous,
+ * multiple of 16 bytes, f32 only (group_ok says why), i64 / i32 indices, src contiguous,
  * src >= 96 MiB (smaller: the sort's fixed cost is not paid back; the 65536-row
  * bench cases keep the atomic path). EMBER_IX_ADD_SORT=0: never (the clone +
  * row atomics, as before). */

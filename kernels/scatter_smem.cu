@@ -21,9 +21,9 @@
  * self write, no global atomics (they were random read-modify-writes of
  * 32-byte sectors, DRAM-bound once self outgrows L2). bf16/f16 accumulate
  * in f32 and round once (closer to the exact sum than an atomic rounding at
- * every add); the order of the adds stays unspecified, as before. Long
- * columns (over 2048 rows of self at W = 4) take W = 8 in two blocks that own
- * half the rows each (EMBER_IX_SLAB_SPLIT, at try_add_slabs).
+ * every add); the order of the adds stays unspecified, as before. (Long
+ * columns split between two blocks at W = 8 measured slower on the H200,
+ * docs/perf.md 2026-11-28, twelfth session.)
  *
  * scatter_add / index_add along the last dim (f32, bf16, f16) use the
  * row layout with f32 sums in shared memory in place of the winners.
