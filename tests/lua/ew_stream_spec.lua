@@ -119,16 +119,9 @@ describe("a bf16 row broadcast over many rows (widened once a call)", function()
         h[#h + 1] = ('%08x'):format(x)
       end
       io.write(table.concat(h, ';'))]])
-    local outs = {}
-    for _, mode in ipairs({"0", "1"}) do
-      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_ROW_WIDEN = mode, EMBER_NUM_THREADS = "3"}})
-      assert.are.equal("", err or "", "mode " .. mode)
-      outs[#outs + 1] = out
-    end
-    assert.is_true(#outs[1] > 20, outs[1])
-    assert.are.equal(outs[1], outs[2])
-    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_ROW_WIDEN = "yes"}})
-    assert.matches("EMBER_CPU_ROW_WIDEN must be 0 or 1, got 'yes'; using 1", err, 1, true)
+    H.switch_agrees(script, "EMBER_CPU_ROW_WIDEN", {"0", "1"}, "3", 20)
+    H.switch_refuses(script, "EMBER_CPU_ROW_WIDEN", "yes",
+      "EMBER_CPU_ROW_WIDEN must be 0 or 1, got 'yes'; using 1")
     H.remove_temps()
   end)
 
@@ -155,16 +148,9 @@ describe("a bf16 row broadcast over many rows (widened once a call)", function()
         end
       end
       io.write(table.concat(h, ';'))]])
-    local outs = {}
-    for _, mode in ipairs({"0", "1"}) do
-      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_NT_SPAN = mode, EMBER_NUM_THREADS = "3"}})
-      assert.are.equal("", err or "", "mode " .. mode)
-      outs[#outs + 1] = out
-    end
-    assert.is_true(#outs[1] > 60, outs[1])
-    assert.are.equal(outs[1], outs[2])
-    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_NT_SPAN = "2"}})
-    assert.matches("EMBER_CPU_NT_SPAN must be 0 or 1, got '2'; using 1", err, 1, true)
+    H.switch_agrees(script, "EMBER_CPU_NT_SPAN", {"0", "1"}, "3", 60)
+    H.switch_refuses(script, "EMBER_CPU_NT_SPAN", "2",
+      "EMBER_CPU_NT_SPAN must be 0 or 1, got '2'; using 1")
     H.remove_temps()
   end)
 end)
@@ -233,17 +219,9 @@ describe("EMBER_CPU_PIECE_OUT", function()
         h[#h + 1] = ('%08x'):format(x)
       end
       io.write(table.concat(h, ';'))]])
-    local outs = {}
-    for _, mode in ipairs({"0", "1", "2"}) do
-      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_PIECE_OUT = mode, EMBER_NUM_THREADS = "3"}})
-      assert.are.equal("", err or "", "mode " .. mode)
-      outs[#outs + 1] = out
-    end
-    assert.is_true(#outs[1] > 20, outs[1])
-    assert.are.equal(outs[1], outs[2])
-    assert.are.equal(outs[1], outs[3])
-    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_PIECE_OUT = "fast"}})
-    assert.matches("EMBER_CPU_PIECE_OUT must be 0, 1 or 2, got 'fast'; using 2", err, 1, true)
+    H.switch_agrees(script, "EMBER_CPU_PIECE_OUT", {"0", "1", "2"}, "3", 20)
+    H.switch_refuses(script, "EMBER_CPU_PIECE_OUT", "fast",
+      "EMBER_CPU_PIECE_OUT must be 0, 1 or 2, got 'fast'; using 2")
     H.remove_temps()
   end)
 end)
@@ -261,16 +239,9 @@ describe("EMBER_CPU_SUM16 (the AVX-512 bf16 sum's widening)", function()
         for _, v in ipairs(t:to('f64'):reshape({-1}):tolist()) do out[#out + 1] = ('%a'):format(v) end
       end
       io.write(table.concat(out, ';'))]])
-    local outs = {}
-    for _, mode in ipairs({"shift", "unpack"}) do
-      local out, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = mode, EMBER_NUM_THREADS = "2"}})
-      assert.are.equal("", err or "", "mode " .. mode)
-      outs[#outs + 1] = out
-    end
-    assert.is_true(#outs[1] > 1000, outs[1])
-    assert.are.equal(outs[1], outs[2])
-    local _, err = H.ember({"run", script}, {env = {EMBER_CPU_SUM16 = "fast"}})
-    assert.matches("EMBER_CPU_SUM16 must be 'shift' or 'unpack', got 'fast'; using shift", err, 1, true)
+    H.switch_agrees(script, "EMBER_CPU_SUM16", {"shift", "unpack"}, "2", 1000)
+    H.switch_refuses(script, "EMBER_CPU_SUM16", "fast",
+      "EMBER_CPU_SUM16 must be 'shift' or 'unpack', got 'fast'; using shift")
     H.remove_temps()
   end)
 end)

@@ -124,6 +124,33 @@ end
 -- busted's before_each and after_each: every case starts with the history
 -- off and empty (after a full collection) and ends with it off and empty and
 -- its temporary files removed.
+-- An A/B switch between two code paths that must give the same bits: run the script (a path) once per value
+-- of the environment variable var, with EMBER_NUM_THREADS = threads; every run must leave stderr empty and
+-- print the same text, longer than min_len bytes.
+function H.switch_agrees(script, var, modes, threads, min_len)
+  local first
+  for _, mode in ipairs(modes) do
+    local out, err = H.ember({"run", script}, {env = {[var] = mode, EMBER_NUM_THREADS = threads}})
+    if (err or "") ~= "" then error(("%s=%s: expected no stderr, got %s"):format(var, mode, err), 2) end
+    if not first then
+      if #out <= min_len then
+        error(("%s=%s: expected more than %d bytes of output, got %q"):format(var, mode, min_len, out), 2)
+      end
+      first = out
+    elseif out ~= first then
+      error(("%s=%s printed other values than %s=%s"):format(var, mode, var, modes[1]), 2)
+    end
+  end
+end
+
+-- A value the switch var does not take is reported on stderr with msg (plain text).
+function H.switch_refuses(script, var, bad, msg)
+  local _, err = H.ember({"run", script}, {env = {[var] = bad}})
+  if not (err or ""):find(msg, 1, true) then
+    error(("%s=%s: expected stderr to say %q, got %q"):format(var, bad, msg, err or ""), 2)
+  end
+end
+
 function H.fresh_memory_history(before_each, after_each)
   local memory = ember().memory
   before_each(function()
