@@ -203,6 +203,66 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
   else l2_sums_tile<T, A, Op>(in, L, s0 + i, reverse, vec, op, identity, st, tmp);
 }
 
+/* EMBER_SCAN_ROW=l2c: l2's segments in ONE cooperative launch (all blocks resident), so the ~8 us a launch
+ * (gap, ramp, tail) x 2 a segment of l2 becomes one grid barrier a segment. Block b, for each segment s:
+ *   pass 1 of segment s's tiles b', b' + G, ... (b' = G - 1 - b: the blocks with no apply tile take these
+ *   first) -> grid barrier -> apply of segment s's tiles, last first, b, b + G, ... -> segment s + 1.
+ * One barrier a segment suffices: segment s + 1's pass 1 writes only its own agg/ctot, which segment s's
+ * apply never reads, so apply(s) and pass 1(s + 1) run side by side (l2f's pairing, without its launches);
+ * the barrier orders pass 1(s) before apply(s). Three segments live in L2 at once (l2f's quarter of the L2).
+ * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits. No deadlock: every block is resident. */
+
+/* Grid barrier number `round` (1, 2, ...): a counter zeroed before the launch that every block bumps once a
+ * round; thread 0 spins until all G x round arrivals are in. The fences make each block's writes before the
+ * barrier (agg, ctot) visible to every block after it; those are read with __ldcg (L2, never a stale L1). */
+__device__ __forceinline__ void l2c_grid_sync(unsigned long long *count, unsigned long long round) {
+  __syncthreads();   /* the block's writes of this phase are done */
+  if (threadIdx.x == 0) {
+    __threadfence();   /* release them before the arrival */
+    atomicAdd(count, 1ull);
+    const unsigned long long target = round * gridDim.x;
+    while (*(volatile unsigned long long *)count < target) {}
+    __threadfence();   /* acquire: the others' writes before theirs */
+  }
+  __syncthreads();
+}
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_l2_coop(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                       int64_t seg, bool reverse, bool vec, Op op, A identity,
+                                                       RowL2<A> st, unsigned long long *barrier) {
+  __shared__ typename L2Scan<A>::TempStorage tmp;
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  unsigned long long round = 0;
+  for (int64_t t0 = 0; t0 < st.nt; t0 += seg) {   /* grid-uniform */
+    const int64_t t1 = st.nt - t0 < seg ? st.nt : t0 + seg;
+    for (int64_t tile = t0 + (G - 1 - b); tile < t1; tile += G) {
+      l2_sums_tile<T, A, Op>(in, L, tile, reverse, vec, op, identity, st, tmp);
+      __syncthreads();   /* tmp and chunk_sh are the next tile's */
+    }
+    l2c_grid_sync(barrier, ++round);
+    for (int64_t i = b; i < t1 - t0; i += G) {
+      l2_apply_tile<T, A, Op>(in, out, L, t1 - 1 - i, reverse, vec, op, identity, st, tmp);
+      __syncthreads();   /* tmp, within_sh and carry_sh are the next tile's */
+    }
+  }
+}
+
+/* Blocks an SM for scan_l2_coop<T, A, Op> on the current device (0 on error), read once. */
+template <typename T, typename A, typename Op>
+int l2_coop_blocks_per_sm() {
+  static int per = -1;
+  if (per < 0) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, scan_l2_coop<T, A, Op>, kBlock, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 0;
+    }
+    per = b;
+  }
+  return per;
+}
+
 /* The device's L2 in bytes (50 MiB if the query fails) */
 static int64_t device_l2_bytes(int dev) {
   int l2 = 0;
@@ -242,6 +302,44 @@ cudaError_t l2_launch(void (*k)(P...), int64_t grid, cudaStream_t s, bool pdl, Q
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, k, static_cast<Q &&>(args)...);
+}
+
+/* EMBER_SCAN_ROW=l2c: scan_l2_coop, a grid of as many blocks as fit at once (at most the row's tiles); a
+ * segment (l2f's size) may have fewer tiles than the grid has blocks: its apply takes the low blocks and the
+ * next segment's pass 1 the high ones, so both run at once. */
+template <typename T, typename A, typename Op>
+int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
+                     A identity, int64_t seg_chunks, cudaStream_t s) {
+  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
+  const int64_t seg = seg_chunks * kRowChunk;   /* tiles a segment */
+  const int per = l2_coop_blocks_per_sm<T, A, Op>();
+  if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_l2_coop", op);
+  const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
+  /* the barrier's counter (its own 256 bytes), then chunk_done, then agg and ctot */
+  const size_t counts = 256 + (((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255);
+  int64_t total = (int64_t)(counts + (size_t)(nt + nc) * sizeof(A));
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  unsigned long long *barrier = (unsigned long long *)p;
+  RowL2<A> st;
+  st.chunk_done = (unsigned *)(p + 256);
+  st.agg = (A *)(p + counts);
+  st.ctot = st.agg + nt;
+  st.nt = nt;
+  int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
+  if (!rc) {
+    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
+    void *args[] = {(void *)&in,  (void *)&out, (void *)&L,        (void *)&seg,       (void *)&reverse,
+                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&barrier};
+    rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_l2_coop<T, A, Op>, dim3((unsigned)grid),
+                                                   dim3(kBlock), args, 0, s),
+                       op, "cudaLaunchCooperativeKernel (scan_l2_coop)");
+    if (!rc) rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* stream-ordered */
+  return rc;
 }
 
 template <typename T, typename A, typename Op>
