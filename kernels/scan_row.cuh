@@ -9,7 +9,7 @@
  *    next tile's loads in flight (f32 accumulators);
  *  - l2: scan_row_l2 (scan_row_l2.cuh), split's two passes a segment of the row at a time,
  *    so the second pass reads from L2 (EMBER_SCAN_ROW=auto: l2 for long forward f32/bf16/f16 rows);
- *    l2c: the same segments in one cooperative launch, a grid barrier a segment;
+ *    l2c: the same segments in one cooperative launch, the next segment's first pass beside this one's second;
  *  - cub: cub::DeviceScan (not deterministic for floats).
  * split, tiles, chain, ring and l2 evaluate the same expression: the same bits. */
 #pragma once
@@ -431,7 +431,8 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
  * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
  * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
  * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits), "l2c" or "l2c:G" (scan_l2_coop:
- * l2's segments in one cooperative launch, a grid barrier a segment; split inside graph capture; the same bits)
+ * l2f's segments in one cooperative launch, waiting on a count, not a launch; split inside graph capture; the
+ * same bits)
  * or "auto" (l2 where it should win, split elsewhere: l2_wins). 0 .. 8; -1 on error. *seg_chunks: l2's G
  * (0: from the L2). */
 static int row_scan_mode(const char *op, int64_t *seg_chunks) {

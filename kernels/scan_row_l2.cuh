@@ -203,45 +203,64 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
   else l2_sums_tile<T, A, Op>(in, L, s0 + i, reverse, vec, op, identity, st, tmp);
 }
 
-/* EMBER_SCAN_ROW=l2c: l2's segments in ONE cooperative launch (all blocks resident), so the ~8 us a launch
- * (gap, ramp, tail) x 2 a segment of l2 becomes one grid barrier a segment. Block b, for each segment s:
- *   pass 1 of segment s's tiles b', b' + G, ... (b' = G - 1 - b: the blocks with no apply tile take these
- *   first) -> grid barrier -> apply of segment s's tiles, last first, b, b + G, ... -> segment s + 1.
- * One barrier a segment suffices: segment s + 1's pass 1 writes only its own agg/ctot, which segment s's
- * apply never reads, so apply(s) and pass 1(s + 1) run side by side (l2f's pairing, without its launches);
- * the barrier orders pass 1(s) before apply(s). Three segments live in L2 at once (l2f's quarter of the L2).
- * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits. No deadlock: every block is resident. */
+/* EMBER_SCAN_ROW=l2c: l2's segments in ONE cooperative launch (all blocks resident), so l2's ~8 us a launch
+ * (gap, ramp, tail) x 2 a segment goes, and no grid barrier drains the GPU between segments either. Block b:
+ *   pass 1 of segment 0; then for each segment s: pass 1 of segment s + 1, wait until every tile of segment
+ *   s has passed pass 1 (a count in global memory), apply of segment s.
+ * Pass 1 of a segment gives block b tiles G - 1 - b, G - 1 - b + G, ... (apply gives b, b + G, ...: when the
+ * segment has fewer tiles than the grid has blocks, different blocks take the two jobs). The wait for segment
+ * s is on pass 1 of s only, which every block did before its apply of s - 1, so it seldom waits at all: a
+ * one-segment lag, the next segment's DRAM reads in flight beside this one's L2 reads and DRAM writes (l2f's
+ * pairing, without its launches). Pass 1 of s + 1 writes only its own agg/ctot, which apply of s never reads.
+ * L2 holds segment s (being applied), s + 1 (read) and s + 2 (a fast block may read it while a slow one still
+ * applies s); the applies' loads and stores are evict-first: l2f's quarter of the L2 a segment.
+ * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits on every run. No deadlock: every block is
+ * resident, and pass 1 of s never waits on anything but pass 1 of s - 1 (the wait before apply of s - 1). */
 
-/* Grid barrier number `round` (1, 2, ...): a counter zeroed before the launch that every block bumps once a
- * round; thread 0 spins until all G x round arrivals are in. The fences make each block's writes before the
- * barrier (agg, ctot) visible to every block after it; those are read with __ldcg (L2, never a stale L1). */
-__device__ __forceinline__ void l2c_grid_sync(unsigned long long *count, unsigned long long round) {
-  __syncthreads();   /* the block's writes of this phase are done */
+/* After a block's pass-1 tiles of a segment (n of them): count them, after their agg/ctot (written by
+ * thread 0, l2_sums_tile) are visible to every block (release). */
+__device__ __forceinline__ void l2c_count(unsigned long long *done, unsigned long long n) {
+  if (threadIdx.x == 0 && n > 0) {
+    __threadfence();
+    atomicAdd(done, n);
+  }
+}
+
+/* Before applying tiles below `target`: thread 0 spins until that many tiles have passed pass 1, then the
+ * block reads their agg/ctot (with __ldcg: L2, never a stale L1) after the fence (acquire). */
+__device__ __forceinline__ void l2c_wait(unsigned long long *done, unsigned long long target) {
   if (threadIdx.x == 0) {
-    __threadfence();   /* release them before the arrival */
-    atomicAdd(count, 1ull);
-    const unsigned long long target = round * gridDim.x;
-    while (*(volatile unsigned long long *)count < target) {}
-    __threadfence();   /* acquire: the others' writes before theirs */
+    while (*(volatile unsigned long long *)done < target) {}
+    __threadfence();
   }
   __syncthreads();
+}
+
+/* Block b's pass 1 of the segment from tile s0 (nothing past the row), then its count */
+template <typename T, typename A, typename Op>
+__device__ __forceinline__ void l2c_pass1(const T *__restrict__ in, int64_t L, int64_t seg, int64_t s0, bool reverse,
+                                          bool vec, Op op, A identity, const RowL2<A> &st, unsigned long long *done,
+                                          typename L2Scan<A>::TempStorage &tmp) {
+  const int64_t s1 = st.nt - s0 < seg ? st.nt : s0 + seg;
+  unsigned long long n = 0;
+  for (int64_t tile = s0 + (gridDim.x - 1 - blockIdx.x); tile < s1; tile += gridDim.x, n++) {
+    l2_sums_tile<T, A, Op>(in, L, tile, reverse, vec, op, identity, st, tmp);
+    __syncthreads();   /* tmp and chunk_sh are the next tile's; thread 0's writes precede the count */
+  }
+  l2c_count(done, n);
 }
 
 template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_l2_coop(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                        int64_t seg, bool reverse, bool vec, Op op, A identity,
-                                                       RowL2<A> st, unsigned long long *barrier) {
+                                                       RowL2<A> st, unsigned long long *done) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
-  const int64_t G = gridDim.x, b = blockIdx.x;
-  unsigned long long round = 0;
+  l2c_pass1<T, A, Op>(in, L, seg, 0, reverse, vec, op, identity, st, done, tmp);
   for (int64_t t0 = 0; t0 < st.nt; t0 += seg) {   /* grid-uniform */
     const int64_t t1 = st.nt - t0 < seg ? st.nt : t0 + seg;
-    for (int64_t tile = t0 + (G - 1 - b); tile < t1; tile += G) {
-      l2_sums_tile<T, A, Op>(in, L, tile, reverse, vec, op, identity, st, tmp);
-      __syncthreads();   /* tmp and chunk_sh are the next tile's */
-    }
-    l2c_grid_sync(barrier, ++round);
-    for (int64_t i = b; i < t1 - t0; i += G) {
+    l2c_pass1<T, A, Op>(in, L, seg, t1, reverse, vec, op, identity, st, done, tmp);
+    l2c_wait(done, (unsigned long long)t1);   /* tiles [0, t1) have passed pass 1 */
+    for (int64_t i = blockIdx.x; i < t1 - t0; i += gridDim.x) {
       l2_apply_tile<T, A, Op>(in, out, L, t1 - 1 - i, reverse, vec, op, identity, st, tmp);
       __syncthreads();   /* tmp, within_sh and carry_sh are the next tile's */
     }
@@ -306,7 +325,7 @@ cudaError_t l2_launch(void (*k)(P...), int64_t grid, cudaStream_t s, bool pdl, Q
 
 /* EMBER_SCAN_ROW=l2c: scan_l2_coop, a grid of as many blocks as fit at once (at most the row's tiles); a
  * segment (l2f's size) may have fewer tiles than the grid has blocks: its apply takes the low blocks and the
- * next segment's pass 1 the high ones, so both run at once. */
+ * next segment's pass 1 the high ones. */
 template <typename T, typename A, typename Op>
 int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
                      A identity, int64_t seg_chunks, cudaStream_t s) {
@@ -315,13 +334,13 @@ int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, in
   const int per = l2_coop_blocks_per_sm<T, A, Op>();
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_l2_coop", op);
   const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
-  /* the barrier's counter (its own 256 bytes), then chunk_done, then agg and ctot */
+  /* the count of tiles past pass 1 (its own 256 bytes), then chunk_done, then agg and ctot */
   const size_t counts = 256 + (((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255);
   int64_t total = (int64_t)(counts + (size_t)(nt + nc) * sizeof(A));
   em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
   if (!ws) return -1;
   char *p = (char *)em_data_ptr(ws);
-  unsigned long long *barrier = (unsigned long long *)p;
+  unsigned long long *done = (unsigned long long *)p;
   RowL2<A> st;
   st.chunk_done = (unsigned *)(p + 256);
   st.agg = (A *)(p + counts);
@@ -332,7 +351,7 @@ int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, in
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
     /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
     void *args[] = {(void *)&in,  (void *)&out, (void *)&L,        (void *)&seg,       (void *)&reverse,
-                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&barrier};
+                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&done};
     rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_l2_coop<T, A, Op>, dim3((unsigned)grid),
                                                    dim3(kBlock), args, 0, s),
                        op, "cudaLaunchCooperativeKernel (scan_l2_coop)");
