@@ -431,8 +431,8 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
  * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
  * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
  * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits), "l2c" or "l2c:G" (scan_l2_coop:
- * l2f's segments in one cooperative launch, waiting on a count, not a launch; split inside graph capture; the
- * same bits)
+ * l2's passes in one cooperative launch, waiting on a count, not a launch; segments of G chunks or a sixth of
+ * the L2; split inside graph capture; the same bits)
  * or "auto" (l2 where it should win, split elsewhere: l2_wins). 0 .. 8; -1 on error. *seg_chunks: l2's G
  * (0: from the L2). */
 static int row_scan_mode(const char *op, int64_t *seg_chunks) {
@@ -582,11 +582,10 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if (mode == 8 && !stream_capturing(s)) {   /* l2f's segments: three in L2 at once */
+  if (mode == 8 && !stream_capturing(s)) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
     if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-    return scan_row_l2_coop<T, A, Op>(op, a, in, out, L, reverse, f, identity,
-                                      l2_seg_chunks<T>(a->device.index, seg_chunks, true), s);
+    return scan_row_l2_coop<T, A, Op>(op, a, in, out, L, reverse, f, identity, seg_chunks, s);
   }
   if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;

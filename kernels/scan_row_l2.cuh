@@ -212,8 +212,12 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
  * s is on pass 1 of s only, which every block did before its apply of s - 1, so it seldom waits at all: a
  * one-segment lag, the next segment's DRAM reads in flight beside this one's L2 reads and DRAM writes (l2f's
  * pairing, without its launches). Pass 1 of s + 1 writes only its own agg/ctot, which apply of s never reads.
- * L2 holds segment s (being applied), s + 1 (read) and s + 2 (a fast block may read it while a slow one still
- * applies s); the applies' loads and stores are evict-first: l2f's quarter of the L2 a segment.
+ * A block's pass-1 tiles would keep only its own tile's loads in flight (5-6 blocks an SM, each also waiting
+ * on fences and atomics between tiles), so before applying segment s it prefetches its pass-1 tiles of
+ * segment s + 2 into L2 (prefetch.global.L2: no registers, nothing waits on it; EMBER_SCAN_ROW_PREFETCH=0
+ * turns it off), and pass 1 of s + 2 then reads L2: the DRAM reads run ahead of the blocks by about two
+ * segments. L2 then holds segment s (being applied), s + 1 and s + 2 (read ahead), a fast block's s + 3;
+ * the applies' loads and stores are evict-first: segments of a sixth of the L2.
  * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits on every run. No deadlock: every block is
  * resident, and pass 1 of s never waits on anything but pass 1 of s - 1 (the wait before apply of s - 1). */
 
@@ -236,6 +240,19 @@ __device__ __forceinline__ void l2c_wait(unsigned long long *done, unsigned long
   __syncthreads();
 }
 
+/* Block b's pass-1 tiles of the segment from tile s0 (none past the row) into L2: each 128-byte line of a
+ * tile read on 16-byte boundaries (the vector path's tiles; the others are left to their loads) */
+template <typename T>
+__device__ __forceinline__ void l2c_prefetch(const T *in, int64_t L, int64_t seg, int64_t s0, bool reverse,
+                                             bool vec) {
+  constexpr int kLines = kRowTile * (int)sizeof(T) / 128;
+  if (!vec || reverse) return;
+  const int64_t s1 = L / kRowTile < s0 + seg ? L / kRowTile : s0 + seg;   /* full tiles only */
+  for (int64_t tile = s0 + (gridDim.x - 1 - blockIdx.x); tile < s1; tile += gridDim.x)
+    for (int j = threadIdx.x; j < kLines; j += kBlock)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(in + tile * kRowTile + j * (128 / (int)sizeof(T))));
+}
+
 /* Block b's pass 1 of the segment from tile s0 (nothing past the row), then its count */
 template <typename T, typename A, typename Op>
 __device__ __forceinline__ void l2c_pass1(const T *__restrict__ in, int64_t L, int64_t seg, int64_t s0, bool reverse,
@@ -253,13 +270,15 @@ __device__ __forceinline__ void l2c_pass1(const T *__restrict__ in, int64_t L, i
 template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_l2_coop(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                        int64_t seg, bool reverse, bool vec, Op op, A identity,
-                                                       RowL2<A> st, unsigned long long *done) {
+                                                       RowL2<A> st, unsigned long long *done, bool prefetch) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
+  if (prefetch) l2c_prefetch<T>(in, L, seg, seg, reverse, vec);   /* segment 1, while segment 0 is read */
   l2c_pass1<T, A, Op>(in, L, seg, 0, reverse, vec, op, identity, st, done, tmp);
   for (int64_t t0 = 0; t0 < st.nt; t0 += seg) {   /* grid-uniform */
     const int64_t t1 = st.nt - t0 < seg ? st.nt : t0 + seg;
     l2c_pass1<T, A, Op>(in, L, seg, t1, reverse, vec, op, identity, st, done, tmp);
     l2c_wait(done, (unsigned long long)t1);   /* tiles [0, t1) have passed pass 1 */
+    if (prefetch && t1 < st.nt) l2c_prefetch<T>(in, L, seg, t1 + seg, reverse, vec);   /* segment s + 2 */
     for (int64_t i = blockIdx.x; i < t1 - t0; i += gridDim.x) {
       l2_apply_tile<T, A, Op>(in, out, L, t1 - 1 - i, reverse, vec, op, identity, st, tmp);
       __syncthreads();   /* tmp, within_sh and carry_sh are the next tile's */
@@ -324,13 +343,15 @@ cudaError_t l2_launch(void (*k)(P...), int64_t grid, cudaStream_t s, bool pdl, Q
 }
 
 /* EMBER_SCAN_ROW=l2c: scan_l2_coop, a grid of as many blocks as fit at once (at most the row's tiles); a
- * segment (l2f's size) may have fewer tiles than the grid has blocks: its apply takes the low blocks and the
- * next segment's pass 1 the high ones. */
+ * segment (G chunks, or a sixth of the L2, at least a chunk) may have fewer tiles than the grid has blocks:
+ * its apply takes the low blocks and the next segment's pass 1 the high ones. */
 template <typename T, typename A, typename Op>
 int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
                      A identity, int64_t seg_chunks, cudaStream_t s) {
+  static const bool prefetch = em_env_switch("EMBER_SCAN_ROW_PREFETCH", true);
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
-  const int64_t seg = seg_chunks * kRowChunk;   /* tiles a segment */
+  const int64_t sixth = device_l2_bytes(a->device.index) / 6 / ((int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T));
+  const int64_t seg = (seg_chunks > 0 ? seg_chunks : sixth > 0 ? sixth : 1) * kRowChunk;   /* tiles a segment */
   const int per = l2_coop_blocks_per_sm<T, A, Op>();
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_l2_coop", op);
   const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
@@ -351,7 +372,7 @@ int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, in
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
     /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
     void *args[] = {(void *)&in,  (void *)&out, (void *)&L,        (void *)&seg,       (void *)&reverse,
-                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&done};
+                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&done, (void *)&prefetch};
     rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_l2_coop<T, A, Op>, dim3((unsigned)grid),
                                                    dim3(kBlock), args, 0, s),
                        op, "cudaLaunchCooperativeKernel (scan_l2_coop)");
