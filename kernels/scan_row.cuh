@@ -584,7 +584,8 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
   if (mode == 8 && !stream_capturing(s)) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
-    if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+    if (nt > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
     return scan_row_l2_coop<T, A, Op>(op, a, in, out, L, reverse, f, identity, seg_chunks, s);
   }
   if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {

@@ -206,7 +206,10 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
 /* EMBER_SCAN_ROW=l2c: l2's segments in ONE cooperative launch (all blocks resident), so l2's ~8 us a launch
  * (gap, ramp, tail) x 2 a segment goes, and no grid barrier drains the GPU between segments either. Block b:
  *   pass 1 of segment 0; then for each segment s: pass 1 of segment s + 1, wait until every tile of segment
- *   s has passed pass 1 (a count in global memory), apply of segment s.
+ *   s has passed pass 1 (segment s's count in global memory), apply of segment s.
+ * A count a segment, not one for the row: a fast block counts segment s + 1's tiles while a slow one is still
+ * in pass 1 of s, so a row-wide count can reach s's end too early (a scheduling simulation caught it). Earlier
+ * segments are complete: the block passed their waits.
  * Pass 1 of a segment gives block b tiles G - 1 - b, G - 1 - b + G, ... (apply gives b, b + G, ...: when the
  * segment has fewer tiles than the grid has blocks, different blocks take the two jobs). The wait for segment
  * s is on pass 1 of s only, which every block did before its apply of s - 1, so it seldom waits at all: a
@@ -221,20 +224,20 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
  * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits on every run. No deadlock: every block is
  * resident, and pass 1 of s never waits on anything but pass 1 of s - 1 (the wait before apply of s - 1). */
 
-/* After a block's pass-1 tiles of a segment (n of them): count them, after their agg/ctot (written by
- * thread 0, l2_sums_tile) are visible to every block (release). */
-__device__ __forceinline__ void l2c_count(unsigned long long *done, unsigned long long n) {
+/* After a block's pass-1 tiles of a segment (n of them): add them to the segment's count, after their
+ * agg/ctot (written by thread 0, l2_sums_tile) are visible to every block (release). */
+__device__ __forceinline__ void l2c_count(unsigned *done, unsigned n) {
   if (threadIdx.x == 0 && n > 0) {
     __threadfence();
     atomicAdd(done, n);
   }
 }
 
-/* Before applying tiles below `target`: thread 0 spins until that many tiles have passed pass 1, then the
- * block reads their agg/ctot (with __ldcg: L2, never a stale L1) after the fence (acquire). */
-__device__ __forceinline__ void l2c_wait(unsigned long long *done, unsigned long long target) {
+/* Before applying a segment of `tiles` tiles: thread 0 spins until its count has them all, then the block
+ * reads their agg/ctot (with __ldcg: L2, never a stale L1) after the fence (acquire). */
+__device__ __forceinline__ void l2c_wait(const unsigned *done, unsigned tiles) {
   if (threadIdx.x == 0) {
-    while (*(volatile unsigned long long *)done < target) {}
+    while (*(const volatile unsigned *)done < tiles) {}
     __threadfence();
   }
   __syncthreads();
@@ -256,28 +259,28 @@ __device__ __forceinline__ void l2c_prefetch(const T *in, int64_t L, int64_t seg
 /* Block b's pass 1 of the segment from tile s0 (nothing past the row), then its count */
 template <typename T, typename A, typename Op>
 __device__ __forceinline__ void l2c_pass1(const T *__restrict__ in, int64_t L, int64_t seg, int64_t s0, bool reverse,
-                                          bool vec, Op op, A identity, const RowL2<A> &st, unsigned long long *done,
+                                          bool vec, Op op, A identity, const RowL2<A> &st, unsigned *done,
                                           typename L2Scan<A>::TempStorage &tmp) {
   const int64_t s1 = st.nt - s0 < seg ? st.nt : s0 + seg;
-  unsigned long long n = 0;
+  unsigned n = 0;
   for (int64_t tile = s0 + (gridDim.x - 1 - blockIdx.x); tile < s1; tile += gridDim.x, n++) {
     l2_sums_tile<T, A, Op>(in, L, tile, reverse, vec, op, identity, st, tmp);
     __syncthreads();   /* tmp and chunk_sh are the next tile's; thread 0's writes precede the count */
   }
-  l2c_count(done, n);
+  l2c_count(done + s0 / seg, n);
 }
 
 template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_l2_coop(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                        int64_t seg, bool reverse, bool vec, Op op, A identity,
-                                                       RowL2<A> st, unsigned long long *done, bool prefetch) {
+                                                       RowL2<A> st, unsigned *done, bool prefetch) {
   __shared__ typename L2Scan<A>::TempStorage tmp;
   if (prefetch) l2c_prefetch<T>(in, L, seg, seg, reverse, vec);   /* segment 1, while segment 0 is read */
   l2c_pass1<T, A, Op>(in, L, seg, 0, reverse, vec, op, identity, st, done, tmp);
   for (int64_t t0 = 0; t0 < st.nt; t0 += seg) {   /* grid-uniform */
     const int64_t t1 = st.nt - t0 < seg ? st.nt : t0 + seg;
     l2c_pass1<T, A, Op>(in, L, seg, t1, reverse, vec, op, identity, st, done, tmp);
-    l2c_wait(done, (unsigned long long)t1);   /* tiles [0, t1) have passed pass 1 */
+    l2c_wait(done + t0 / seg, (unsigned)(t1 - t0));   /* segment s has passed pass 1 (and so have those before) */
     if (prefetch && t1 < st.nt) l2c_prefetch<T>(in, L, seg, t1 + seg, reverse, vec);   /* segment s + 2 */
     for (int64_t i = blockIdx.x; i < t1 - t0; i += gridDim.x) {
       l2_apply_tile<T, A, Op>(in, out, L, t1 - 1 - i, reverse, vec, op, identity, st, tmp);
@@ -355,15 +358,17 @@ int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, in
   const int per = l2_coop_blocks_per_sm<T, A, Op>();
   if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_l2_coop", op);
   const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
-  /* the count of tiles past pass 1 (its own 256 bytes), then chunk_done, then agg and ctot */
-  const size_t counts = 256 + (((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255);
+  /* each segment's count of tiles past pass 1, then chunk_done, then agg and ctot */
+  const int64_t nseg = (nt + seg - 1) / seg;
+  const size_t segs = ((size_t)nseg * sizeof(unsigned) + 255) & ~(size_t)255;
+  const size_t counts = segs + (((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255);
   int64_t total = (int64_t)(counts + (size_t)(nt + nc) * sizeof(A));
   em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
   if (!ws) return -1;
   char *p = (char *)em_data_ptr(ws);
-  unsigned long long *done = (unsigned long long *)p;
+  unsigned *done = (unsigned *)p;
   RowL2<A> st;
-  st.chunk_done = (unsigned *)(p + 256);
+  st.chunk_done = (unsigned *)(p + segs);
   st.agg = (A *)(p + counts);
   st.ctot = st.agg + nt;
   st.nt = nt;
@@ -371,8 +376,8 @@ int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, in
   if (!rc) {
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
     /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
-    void *args[] = {(void *)&in,  (void *)&out, (void *)&L,        (void *)&seg,       (void *)&reverse,
-                    (void *)&vec, (void *)&f,   (void *)&identity, (void *)&st,        (void *)&done, (void *)&prefetch};
+    void *args[] = {(void *)&in, (void *)&out,      (void *)&L,  (void *)&seg,  (void *)&reverse, (void *)&vec,
+                    (void *)&f,  (void *)&identity, (void *)&st, (void *)&done, (void *)&prefetch};
     rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_l2_coop<T, A, Op>, dim3((unsigned)grid),
                                                    dim3(kBlock), args, 0, s),
                        op, "cudaLaunchCooperativeKernel (scan_l2_coop)");
