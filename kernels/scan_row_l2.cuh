@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
  *   pass 1 of segment 0; then for each segment s: pass 1 of segment s + 1, wait until every tile of segment
  *   s has passed pass 1 (segment s's count in global memory), apply of segment s.
  * A count a segment, not one for the row: a fast block counts segment s + 1's tiles while a slow one is still
- * in pass 1 of s, so a row-wide count can reach s's end too early (a scheduling simulation caught it). Earlier
+ * in pass 1 of s, so a row-wide count can reach s's end too early (tools/scan_l2c_protocol.py). Earlier
  * segments are complete: the block passed their waits.
  * Pass 1 of a segment gives block b tiles G - 1 - b, G - 1 - b + G, ... (apply gives b, b + G, ...: when the
  * segment has fewer tiles than the grid has blocks, different blocks take the two jobs). The wait for segment
