@@ -273,9 +273,11 @@ end)
 -- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
 -- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
 -- segment k's apply beside segment k + 1's totals) likewise, with G from the
--- L2 (a quarter) or 1 or 3. l2c (l2f's segments in one cooperative launch,
--- each block waiting on a count of tiles past the first pass) likewise, with
--- G from the L2 or 1 or 3. auto (l2 for forward aligned
+-- L2 (a quarter) or 1 or 3. l2c (both passes in one cooperative launch, each
+-- block waiting on a segment's count of tiles past the first pass; more blocks
+-- than a segment has tiles at l2c:1 and l2c:3, several tiles a block at 301
+-- chunks of f32 with a sixth of the L2) likewise, with G from the L2 or 1 or
+-- 3. auto (l2 for forward aligned
 -- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
 -- rest) likewise. Sizes: two
 -- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
