@@ -274,10 +274,10 @@ end)
 -- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
 -- segment k's apply beside segment k + 1's totals) likewise, with G from the
 -- L2 (a quarter) or 1 or 3. l2c (both passes in one cooperative launch, each
--- block waiting on a segment's count of tiles past the first pass; more blocks
--- than a segment has tiles at l2c:1 and l2c:3, several tiles a block at 301
--- chunks of f32 with a sixth of the L2) likewise, with G from the L2 or 1 or
--- 3. auto (l2 for forward aligned
+-- block waiting on a segment's count of tiles past the first pass) likewise,
+-- with G from the L2 (a sixth: fewer tiles a segment than blocks), 1, 3 or 40
+-- (at 301 chunks: 2560-tile segments, several tiles a block a pass, and a
+-- partial last segment of 21 chunks). auto (l2 for forward aligned
 -- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
 -- rest) likewise. Sizes: two
 -- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
@@ -311,10 +311,11 @@ describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", 
   after_each(function() H.remove_temps() end)
 
   it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
-    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "l2c", "l2c:1", "l2c:3", "auto"}
+    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "l2c", "l2c:1", "l2c:3", "l2c:40",
+                    "auto"}
     local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", table.unpack(others)})
     assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", others))
-    for _, mode in ipairs({"l2", "l2f", "l2c", "l2c:1"}) do
+    for _, mode in ipairs({"l2", "l2f", "l2c", "l2c:1", "l2c:40"}) do
       for name, t in pairs(got[mode]) do   -- the second run of each sum: the same bits
         local key = name:match("^again_(.*)$")
         if key then
