@@ -9,6 +9,7 @@
  *    next tile's loads in flight (f32 accumulators);
  *  - l2: scan_row_l2 (scan_row_l2.cuh), split's two passes a segment of the row at a time,
  *    so the second pass reads from L2 (EMBER_SCAN_ROW=auto: l2 for long forward f32/bf16/f16 rows);
+ *    l2c: the same segments in one cooperative launch, the next segment's first pass beside this one's second;
  *  - cub: cub::DeviceScan (not deterministic for floats).
  * split, tiles, chain, ring and l2 evaluate the same expression: the same bits. */
 #pragma once
@@ -429,8 +430,11 @@ __global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ i
  * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
  * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
  * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
- * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits) or "auto" (l2 where it should
- * win, split elsewhere: l2_wins). 0 .. 7; -1 on error. *seg_chunks: l2's G (0: from the L2). */
+ * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits), "l2c" or "l2c:G" (scan_l2_coop:
+ * l2's passes in one cooperative launch, waiting on a count, not a launch; segments of G chunks or a sixth of
+ * the L2; split inside graph capture; the same bits)
+ * or "auto" (l2 where it should win, split elsewhere: l2_wins). 0 .. 8; -1 on error. *seg_chunks: l2's G
+ * (0: from the L2). */
 static int row_scan_mode(const char *op, int64_t *seg_chunks) {
   static int mode = -1;
   static int64_t chunks = 0;
@@ -444,18 +448,19 @@ static int row_scan_mode(const char *op, int64_t *seg_chunks) {
     else if (strcmp(env, "l2") == 0) mode = 5;
     else if (strcmp(env, "l2f") == 0) mode = 7;
     else if (strcmp(env, "auto") == 0) mode = 6;
-    else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0) {
-      const char *num = env + (env[2] == 'f' ? 4 : 3);
+    else if (strcmp(env, "l2c") == 0) mode = 8;
+    else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0 || strncmp(env, "l2c:", 4) == 0) {
+      const char *num = env + (env[2] == ':' ? 3 : 4);
       char *end = nullptr;
       const long long g = strtoll(num, &end, 10);
       if (end == num || *end || g < 1 || g > (1 << 20))
-        return em_error("%s: expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got '%s'",
-                        op, env);
+        return em_error("%s: expected EMBER_SCAN_ROW=l2:G, l2f:G or l2c:G with G chunks a segment in 1 .. 1048576, "
+                        "got '%s'", op, env);
       chunks = g;
-      mode = env[2] == 'f' ? 7 : 5;
+      mode = env[2] == 'f' ? 7 : env[2] == 'c' ? 8 : 5;
     } else {
-      return em_error("%s: expected EMBER_SCAN_ROW to be auto, split, tiles, cub, chain, ring, l2, l2:G, l2f or l2f:G, "
-                      "got '%s'", op, env);
+      return em_error("%s: expected EMBER_SCAN_ROW to be auto, split, tiles, cub, chain, ring, l2, l2:G, l2f, l2f:G, "
+                      "l2c or l2c:G, got '%s'", op, env);
     }
   }
   *seg_chunks = chunks;
@@ -544,7 +549,7 @@ int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_
   return rc;
 }
 
-/* ring's cooperative launch is kept out of graph capture (ember.cuda.graph): split there, the same bits */
+/* ring's and l2c's cooperative launches are kept out of graph capture (ember.cuda.graph): split there, the same bits */
 static bool stream_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(s, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
@@ -577,6 +582,12 @@ int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L,
   if constexpr (std::is_same<A, float>::value)
     if (mode == 4 && !stream_capturing(s))
       return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
+  if (mode == 8 && !stream_capturing(s)) {
+    const int64_t nt = (L + kRowTile - 1) / kRowTile;
+    if (nt > INT32_MAX)
+      return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
+    return scan_row_l2_coop<T, A, Op>(op, a, in, out, L, reverse, f, identity, seg_chunks, s);
+  }
   if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
     const int64_t nt = (L + kRowTile - 1) / kRowTile;
     if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);

@@ -203,6 +203,107 @@ __global__ void __launch_bounds__(kBlock) scan_l2_step(const T *__restrict__ in,
   else l2_sums_tile<T, A, Op>(in, L, s0 + i, reverse, vec, op, identity, st, tmp);
 }
 
+/* EMBER_SCAN_ROW=l2c: l2's segments in ONE cooperative launch (all blocks resident), so l2's ~8 us a launch
+ * (gap, ramp, tail) x 2 a segment goes, and no grid barrier drains the GPU between segments either. Block b:
+ *   pass 1 of segment 0; then for each segment s: pass 1 of segment s + 1, wait until every tile of segment
+ *   s has passed pass 1 (segment s's count in global memory), apply of segment s.
+ * A count a segment, not one for the row: a fast block counts segment s + 1's tiles while a slow one is still
+ * in pass 1 of s, so a row-wide count can reach s's end too early (tools/scan_l2c_protocol.py). Earlier
+ * segments are complete: the block passed their waits.
+ * Pass 1 of a segment gives block b tiles G - 1 - b, G - 1 - b + G, ... (apply gives b, b + G, ...: when the
+ * segment has fewer tiles than the grid has blocks, different blocks take the two jobs). The wait for segment
+ * s is on pass 1 of s only, which every block did before its apply of s - 1, so it seldom waits at all: a
+ * one-segment lag, the next segment's DRAM reads in flight beside this one's L2 reads and DRAM writes (l2f's
+ * pairing, without its launches). Pass 1 of s + 1 writes only its own agg/ctot, which apply of s never reads.
+ * A block's pass-1 tiles would keep only its own tile's loads in flight (5-6 blocks an SM, each also waiting
+ * on fences and atomics between tiles), so before applying segment s it prefetches its pass-1 tiles of
+ * segment s + 2 into L2 (prefetch.global.L2: no registers, nothing waits on it; EMBER_SCAN_ROW_PREFETCH=0
+ * turns it off), and pass 1 of s + 2 then reads L2: the DRAM reads run ahead of the blocks by about two
+ * segments. L2 then holds segment s (being applied), s + 1 and s + 2 (read ahead), a fast block's s + 3;
+ * the applies' loads and stores are evict-first: segments of a sixth of the L2.
+ * The tile code is l2's (l2_sums_tile, l2_apply_tile): split's bits on every run. No deadlock: every block is
+ * resident, and pass 1 of s never waits on anything but pass 1 of s - 1 (the wait before apply of s - 1). */
+
+/* After a block's pass-1 tiles of a segment (n of them): add them to the segment's count, after their
+ * agg/ctot (written by thread 0, l2_sums_tile) are visible to every block (release). */
+__device__ __forceinline__ void l2c_count(unsigned *done, unsigned n) {
+  if (threadIdx.x == 0 && n > 0) {
+    __threadfence();
+    atomicAdd(done, n);
+  }
+}
+
+/* Before applying a segment of `tiles` tiles: thread 0 spins until its count has them all, then the block
+ * reads their agg/ctot (with __ldcg: L2, never a stale L1) after the fence (acquire). */
+__device__ __forceinline__ void l2c_wait(const unsigned *done, unsigned tiles) {
+  if (threadIdx.x == 0) {
+    while (*(const volatile unsigned *)done < tiles) {}
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+/* Block b's pass-1 tiles of the segment from tile s0 (none past the row) into L2: each 128-byte line of a
+ * tile read on 16-byte boundaries (the vector path's tiles; the others are left to their loads) */
+template <typename T>
+__device__ __forceinline__ void l2c_prefetch(const T *in, int64_t L, int64_t seg, int64_t s0, bool reverse,
+                                             bool vec) {
+  constexpr int kLines = kRowTile * (int)sizeof(T) / 128;
+  if (!vec || reverse) return;
+  const int64_t s1 = L / kRowTile < s0 + seg ? L / kRowTile : s0 + seg;   /* full tiles only */
+  for (int64_t tile = s0 + (gridDim.x - 1 - blockIdx.x); tile < s1; tile += gridDim.x)
+    for (int j = threadIdx.x; j < kLines; j += kBlock)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(in + tile * kRowTile + j * (128 / (int)sizeof(T))));
+}
+
+/* Block b's pass 1 of the segment from tile s0 (nothing past the row), then its count */
+template <typename T, typename A, typename Op>
+__device__ __forceinline__ void l2c_pass1(const T *__restrict__ in, int64_t L, int64_t seg, int64_t s0, bool reverse,
+                                          bool vec, Op op, A identity, const RowL2<A> &st, unsigned *done,
+                                          typename L2Scan<A>::TempStorage &tmp) {
+  const int64_t s1 = st.nt - s0 < seg ? st.nt : s0 + seg;
+  unsigned n = 0;
+  for (int64_t tile = s0 + (gridDim.x - 1 - blockIdx.x); tile < s1; tile += gridDim.x, n++) {
+    l2_sums_tile<T, A, Op>(in, L, tile, reverse, vec, op, identity, st, tmp);
+    __syncthreads();   /* tmp and chunk_sh are the next tile's; thread 0's writes precede the count */
+  }
+  l2c_count(done + s0 / seg, n);
+}
+
+template <typename T, typename A, typename Op>
+__global__ void __launch_bounds__(kBlock) scan_l2_coop(const T *__restrict__ in, T *__restrict__ out, int64_t L,
+                                                       int64_t seg, bool reverse, bool vec, Op op, A identity,
+                                                       RowL2<A> st, unsigned *done, bool prefetch) {
+  __shared__ typename L2Scan<A>::TempStorage tmp;
+  if (prefetch) l2c_prefetch<T>(in, L, seg, seg, reverse, vec);   /* segment 1, while segment 0 is read */
+  l2c_pass1<T, A, Op>(in, L, seg, 0, reverse, vec, op, identity, st, done, tmp);
+  for (int64_t t0 = 0; t0 < st.nt; t0 += seg) {   /* grid-uniform */
+    const int64_t t1 = st.nt - t0 < seg ? st.nt : t0 + seg;
+    l2c_pass1<T, A, Op>(in, L, seg, t1, reverse, vec, op, identity, st, done, tmp);
+    l2c_wait(done + t0 / seg, (unsigned)(t1 - t0));   /* segment s has passed pass 1 (and so have those before) */
+    if (prefetch && t1 < st.nt) l2c_prefetch<T>(in, L, seg, t1 + seg, reverse, vec);   /* segment s + 2 */
+    for (int64_t i = blockIdx.x; i < t1 - t0; i += gridDim.x) {
+      l2_apply_tile<T, A, Op>(in, out, L, t1 - 1 - i, reverse, vec, op, identity, st, tmp);
+      __syncthreads();   /* tmp, within_sh and carry_sh are the next tile's */
+    }
+  }
+}
+
+/* Blocks an SM for scan_l2_coop<T, A, Op> on the current device (0 on error), read once. */
+template <typename T, typename A, typename Op>
+int l2_coop_blocks_per_sm() {
+  static int per = -1;
+  if (per < 0) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, scan_l2_coop<T, A, Op>, kBlock, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 0;
+    }
+    per = b;
+  }
+  return per;
+}
+
 /* The device's L2 in bytes (50 MiB if the query fails) */
 static int64_t device_l2_bytes(int dev) {
   int l2 = 0;
@@ -242,6 +343,48 @@ cudaError_t l2_launch(void (*k)(P...), int64_t grid, cudaStream_t s, bool pdl, Q
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, k, static_cast<Q &&>(args)...);
+}
+
+/* EMBER_SCAN_ROW=l2c: scan_l2_coop, a grid of as many blocks as fit at once (at most the row's tiles); a
+ * segment (G chunks, or a sixth of the L2, at least a chunk) may have fewer tiles than the grid has blocks:
+ * its apply takes the low blocks and the next segment's pass 1 the high ones. */
+template <typename T, typename A, typename Op>
+int scan_row_l2_coop(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
+                     A identity, int64_t seg_chunks, cudaStream_t s) {
+  static const bool prefetch = em_env_switch("EMBER_SCAN_ROW_PREFETCH", true);
+  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
+  const int64_t sixth = device_l2_bytes(a->device.index) / 6 / ((int64_t)kRowChunk * kRowTile * (int64_t)sizeof(T));
+  const int64_t seg = (seg_chunks > 0 ? seg_chunks : sixth > 0 ? sixth : 1) * kRowChunk;   /* tiles a segment */
+  const int per = l2_coop_blocks_per_sm<T, A, Op>();
+  if (per < 1) return em_error("%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed for scan_l2_coop", op);
+  const int64_t slots = (int64_t)em_sm_count(a->device.index) * per, grid = nt < slots ? nt : slots;
+  /* each segment's count of tiles past pass 1, then chunk_done, then agg and ctot */
+  const int64_t nseg = (nt + seg - 1) / seg;
+  const size_t segs = ((size_t)nseg * sizeof(unsigned) + 255) & ~(size_t)255;
+  const size_t counts = segs + (((size_t)nc * sizeof(unsigned) + 255) & ~(size_t)255);
+  int64_t total = (int64_t)(counts + (size_t)(nt + nc) * sizeof(A));
+  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
+  if (!ws) return -1;
+  char *p = (char *)em_data_ptr(ws);
+  unsigned *done = (unsigned *)p;
+  RowL2<A> st;
+  st.chunk_done = (unsigned *)(p + segs);
+  st.agg = (A *)(p + counts);
+  st.ctot = st.agg + nt;
+  st.nt = nt;
+  int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
+  if (!rc) {
+    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
+    /* cooperative: all `grid` blocks resident at once, or an error (never a hang) */
+    void *args[] = {(void *)&in, (void *)&out,      (void *)&L,  (void *)&seg,  (void *)&reverse, (void *)&vec,
+                    (void *)&f,  (void *)&identity, (void *)&st, (void *)&done, (void *)&prefetch};
+    rc = em_cuda_check(cudaLaunchCooperativeKernel((const void *)scan_l2_coop<T, A, Op>, dim3((unsigned)grid),
+                                                   dim3(kBlock), args, 0, s),
+                       op, "cudaLaunchCooperativeKernel (scan_l2_coop)");
+    if (!rc) rc = em_launch_check(op);
+  }
+  em_tensor_release(ws);   /* stream-ordered */
+  return rc;
 }
 
 template <typename T, typename A, typename Op>

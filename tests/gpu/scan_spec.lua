@@ -273,7 +273,11 @@ end)
 -- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
 -- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
 -- segment k's apply beside segment k + 1's totals) likewise, with G from the
--- L2 (a quarter) or 1 or 3. auto (l2 for forward aligned
+-- L2 (a quarter) or 1 or 3. l2c (both passes in one cooperative launch, each
+-- block waiting on a segment's count of tiles past the first pass) likewise,
+-- with G from the L2 (a sixth: fewer tiles a segment than blocks), 1, 3 or 40
+-- (at 301 chunks: 2560-tile segments, several tiles a block a pass, and a
+-- partial last segment of 21 chunks). auto (l2 for forward aligned
 -- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
 -- rest) likewise. Sizes: two
 -- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
@@ -307,10 +311,11 @@ describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", 
   after_each(function() H.remove_temps() end)
 
   it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
-    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "auto"}
+    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "l2c", "l2c:1", "l2c:3", "l2c:40",
+                    "auto"}
     local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", table.unpack(others)})
     assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", others))
-    for _, mode in ipairs({"l2", "l2f"}) do
+    for _, mode in ipairs({"l2", "l2f", "l2c", "l2c:1", "l2c:40"}) do
       for name, t in pairs(got[mode]) do   -- the second run of each sum: the same bits
         local key = name:match("^again_(.*)$")
         if key then
@@ -321,18 +326,20 @@ describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", 
     end
   end)
 
-  it("matches the CPU across 301 chunks (f32 cumsum, segments from the L2, in a child)", function()
+  it("matches the CPU across 301 chunks (f32 cumsum, segments from the L2, l2 and l2c, in a child)", function()
     local script = H.temp_file([[
 local ember = require "ember"
 ember.manual_seed(41)
 local x = ember.randn(]] .. BIG .. [[, {dtype = "f64"}):to("f32")
 ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
 ]], ".lua")
-    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2"}).l2
-    cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+    for mode, r in pairs(cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2", "l2c"})) do
+      cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), mode .. " cumsum f32 n " .. BIG)
+    end
   end)
 
-  it("gives the same bits inside graph capture as eagerly (l2:3 and l2f:3, 8 chunks: three segments)", function()
+  -- l2c's cooperative launch is not captured: split runs in the graph, the same bits as l2c eagerly
+  it("gives the same bits inside graph capture as eagerly (l2:3, l2f:3, l2c:3, 8 chunks: three segments)", function()
     local script = H.temp_file([[
 local ember = require "ember"
 ember.manual_seed(44)
@@ -347,7 +354,7 @@ for _, dt in ipairs({"f32", "bf16"}) do
 end
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]], ".lua")
-    local got = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3", "l2f:3"})
+    local got = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3", "l2f:3", "l2c:3"})
     for mode, r in pairs(got) do
       for _, dt in ipairs({"f32", "bf16"}) do
         local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
@@ -356,14 +363,16 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     end
   end)
 
-  it("rejects a bad EMBER_SCAN_ROW=l2:G, naming the expected form", function()
+  it("rejects a bad EMBER_SCAN_ROW=l2:G or l2c:G, naming the expected form", function()
     local script = H.temp_file([[
 local ember = require "ember"
 ember.randn(10, {device = "cuda"}):cumsum(0)
 ]], ".lua")
-    local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = "l2:0"}})
-    assert.are_not.equal(0, code, "EMBER_SCAN_ROW=l2:0 should fail")
-    assert.matches("expected EMBER_SCAN_ROW=l2:G or l2f:G with G chunks a segment in 1 .. 1048576, got 'l2:0'", err, 1,
-                   true)
+    for _, bad in ipairs({"l2:0", "l2c:x"}) do
+      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = bad}})
+      assert.are_not.equal(0, code, "EMBER_SCAN_ROW=" .. bad .. " should fail")
+      assert.matches("expected EMBER_SCAN_ROW=l2:G, l2f:G or l2c:G with G chunks a segment in 1 .. 1048576, got '"
+                     .. bad .. "'", err, 1, true)
+    end
   end)
 end)
