@@ -228,7 +228,8 @@ template <typename T, int D, int STAGES, bool DET, bool BULK>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                           const Params p, float *dqa, unsigned *sem, int tqp) {
+                           const Params p, float *dqa, unsigned *sem, int tqp, int chains, int64_t nacc,
+                           bool lazy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   using F = FLayout<D, STAGES, BULK>;
@@ -243,6 +244,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // fused: the highest key block first (the counters' order); fused_nd: the longest first
   const int nb = DET ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  // fused: key block nb adds into copy nb % chains of dq_accum, with that copy's counters (chains of key blocks
+  // nb, nb + chains, ...: a block's predecessor started 2·chains tiles ahead of it on any q tile)
+  if constexpr (DET) {
+    const int c = nb % chains;
+    dqa += c * nacc;
+    sem += (int64_t)c * (p.B * p.H * (tqp / STR) * 2);
+  }
   const DkdvTiles tiles = dkdv_tiles(p, nb);
   const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   const int wg = threadIdx.x >> 7;
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto ahead = [&](int jt) {
     const int mt = mt_of(jt);
     const int nlast = p.causal ? min((int)gridDim.x - 1, (mt * STR + STR - 1 + p.off) / RES) : (int)gridDim.x - 1;
-    return (unsigned)(nlast - nb);
+    return (unsigned)((nlast - nb) / chains);   // the key blocks n in (nb, nlast] with n ≡ nb (mod chains)
   };
 
   init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
@@ -268,10 +276,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       // warp 1 (idle in the producer): the dq writer. Per tile, each half once its consumer stored it (dq full),
       // fused: once the counter says the key blocks above have added theirs; one bulk reduce each, then the
       // halves handed back (dq empty) when the copies have read them; fused: bump the counters when the adds
-      // are performed.
+      // are performed — right away (lazy false: the writer waits out the adds' round trip every tile), or
+      // lazily (lazy: tile jt − 1's once consumer 0 has stored tile jt, by when its adds are done, before tile
+      // jt's counter wait: the writer never waits on its own adds and never bumps after waiting on another block)
       if ((threadIdx.x >> 5) == 1 && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
         const uint64_t pol = l2_evict_last();
+        auto bump = [&](int jt) {
+          bulk_wait_all();
+          fence_proxy_async_global();
+          red_release_inc(counter(jt, 0));
+          red_release_inc(counter(jt, 1));
+        };
         dq_empty_arrive(0);
         dq_empty_arrive(1);
         for (int jt = 0; jt < ntile; jt++) {
@@ -282,6 +298,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             dq_full_sync(h);
             if (lead) {
               if constexpr (DET) {
+                if (lazy && h == 0 && jt > 0) bump(jt - 1);
                 while (ld_acquire(counter(jt, h)) != ahead(jt)) {
                 }
                 fence_proxy_async_global();   // the adds below after those the counter acquired
@@ -297,12 +314,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             dq_empty_arrive(1);
           }
           if constexpr (DET) {
-            if (lead) {
-              bulk_wait_all();
-              fence_proxy_async_global();
-              red_release_inc(counter(jt, 0));
-              red_release_inc(counter(jt, 1));
-            }
+            if (lead && (!lazy || jt + 1 == ntile)) bump(jt);
           }
         }
         if (lead) bulk_wait_all();
@@ -448,14 +460,24 @@ __global__ void __launch_bounds__(THREADS, 1)
  *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
  *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
 template <typename T, int D, bool BULK>
-__global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp) {
+__global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp, int chains,
+                                                                int64_t nacc) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  // fused's copies of dq_accum (one a chain of key blocks) summed in copy order: the same bits on every run
+  auto load = [&](int64_t at) {
+    float4 v = *reinterpret_cast<const float4 *>(dqa + at);
+    for (int c = 1; c < chains; c++) {
+      const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
+      v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+    }
+    return v;
+  };
   if constexpr (!BULK) {
     if (idx >= (int64_t)p.B * p.H * p.Tq * (D / 4)) return;
     const int c = (int)(idx % (D / 4)) * 4;
     const int64_t r = idx / (D / 4), bh = r / p.Tq;
     const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
-    const float4 v = *reinterpret_cast<const float4 *>(dqa + (bh * tqp + i) * D + c);
+    const float4 v = load((bh * tqp + i) * D + c);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
     store2(dst, v.x * p.scale, v.y * p.scale);
     store2(dst + 2, v.z * p.scale, v.w * p.scale);
@@ -466,12 +488,38 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
     const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
     if (i >= p.Tq) return;
-    const float4 v = *reinterpret_cast<const float4 *>(dqa + 4 * idx);
+    const float4 v = load(4 * idx);
     const int b = (int)(bh / p.H), h = (int)(bh % p.H);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
     store2(dst, v.x * p.scale, v.y * p.scale);
     if (i + 8 < p.Tq) store2(dst + 8 * p.dq_st, v.z * p.scale, v.w * p.scale);
   }
+}
+
+/* fused's dq order (docs/flash.md "Step 5d"), read once: EMBER_FLASH_DET_CHAINS, the copies of dq_accum, key
+ * block n adding into copy n % chains after the blocks n + chains, n + 2·chains, ... above it (1-8; default 2;
+ * 1: one chain through every key block, Step 5's order); EMBER_FLASH_DET_LAZY=0: the writer bumps a tile's
+ * counters as soon as its adds are performed (Step 5), default 1: a tile later. Both change only how long
+ * blocks wait and (chains) the order of dq's adds; every setting gives the same bits on every run. */
+int g_det_chains = 0, g_det_lazy = -1;
+int det_chains() {
+  if (g_det_chains == 0) {
+    const char *env = getenv("EMBER_FLASH_DET_CHAINS");
+    if (!env || !*env) g_det_chains = 2;
+    else {
+      char *end;
+      const long v = strtol(env, &end, 10);
+      if (*end || v < 1 || v > 8)
+        return em_error("flash_attention: expected EMBER_FLASH_DET_CHAINS to be an integer from 1 to 8, got '%s'",
+                        env);
+      g_det_chains = (int)v;
+    }
+  }
+  return g_det_chains;
+}
+int det_lazy() {
+  if (g_det_lazy < 0) g_det_lazy = em_env_switch("EMBER_FLASH_DET_LAZY", true) ? 1 : 0;
+  return g_det_lazy;
 }
 
 template <typename T, int D, bool DET, bool BULK>
@@ -481,28 +529,31 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
+  const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0;
+  if (chains < 0 || lazy < 0) return -1;
   const size_t nacc = (size_t)p.B * p.H * tqp * D, ncnt = DET ? (size_t)p.B * p.H * (tqp / STR) * 2 : 0;
-  const size_t bytes = (nacc + ncnt) * 4;
+  const size_t bytes = (nacc + ncnt) * 4 * chains;
   // scratch from the caching allocator on this stream: freed below, reused only by later work on it
   const em_mem_category prev = em_mem_set_category_override(EM_MEM_WORKSPACE);   // memory history, as delta
   void *buf = em_cuda_caching_alloc(bytes, device);
   em_mem_set_category_override(prev);
   if (!buf) return -1;
   float *dqa = static_cast<float *>(buf);
-  unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc) : nullptr;
+  unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
   int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
     auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
-          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp);
+          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, lazy != 0);
       rc = em_launch_check(what);
     }
   }
   if (rc == 0) {
     const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
-    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp);
+    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+                                                                                  (int64_t)nacc);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }
   em_cuda_caching_free(buf, device);

@@ -269,9 +269,12 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
     return fails
 
 
-def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False):
+def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False):
     """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
-    red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both."""
+    red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both —
+    lazy (Step 5d): tile jt's bumps once the next tile's dq is stored, before that tile's counter wait (the last
+    tile's at the end). chains (Step 5d): key block n adds into copy n % chains, after the blocks n + chains,
+    n + 2·chains, ... above it, with that copy's counters."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
     tqp = (Tq + STR - 1) // STR * STR
@@ -285,19 +288,31 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
         k0 = n * RES
         qstart = (max(0, k0 - off) // STR) * STR if causal else 0
         nq = max(0, (Tq - qstart + STR - 1) // STR)
+        c = n % chains
+        prev = None
+
+        def bump(t):
+            for half in range(2):
+                cnt[(c,) + t + (half,)] = cnt.get((c,) + t + (half,), 0) + 1
+
         for jt in range(group * nq):
             hg, mt = jt // nq, qstart // STR + jt % nq
+            if lazy and prev is not None:
+                yield            # the next tile's dq stored (dq full): the previous tile's adds performed
+                bump(prev)
             for half in range(2):   # the two consumers, each its own counter (disjoint columns)
-                key = (hg, mt, half)
-                while cnt.get(key, 0) != nlast(mt) - n:
+                key = (c, hg, mt, half)
+                while cnt.get(key, 0) != (nlast(mt) - n) // chains:
                     yield
                 adds.setdefault(key, []).append(n)
                 if not bulk:
                     cnt[key] = cnt.get(key, 0) + 1
             yield
-            if bulk:
-                for half in range(2):
-                    cnt[(hg, mt, half)] = cnt.get((hg, mt, half), 0) + 1
+            if bulk and not lazy:
+                bump((hg, mt))
+            prev = (hg, mt)
+        if lazy and prev is not None:
+            bump(prev)
 
     pending = list(order); live = []
     steps = 0
@@ -312,13 +327,15 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
         steps += 1
         if steps > 200000:
             return 'deadlock'
-    for (hg, mt, half), ns in adds.items():
+    for (c, hg, mt, half), ns in adds.items():
         want = [n for n in range(nb - 1, -1, -1)
-                if ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR]
+                if n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR]
         if ns != want:
             return 'tile %s got adds from %s, expected %s' % ((hg, mt, half), ns, want)
-    expected_tiles = {(hg, mt, half) for hg in range(group) for mt in range(tqp // STR) for half in range(2)
-                      if any(((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR for n in range(nb))}
+    expected_tiles = {(c, hg, mt, half) for c in range(chains) for hg in range(group) for mt in range(tqp // STR)
+                      for half in range(2)
+                      if any(n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR
+                             for n in range(nb))}
     if set(adds) != expected_tiles:
         return 'tiles with adds %d, expected %d' % (len(adds), len(expected_tiles))
     return None
@@ -347,13 +364,15 @@ def main():
                             if bad < 6:
                                 print('FAIL block', stages, nds, v, Tq, Tk, H, Hkv, mode, f[0])
                     for slots in (1, 2, 3, 8):
-                        for bulk in (False, True):
-                            r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=bulk)
+                        for bulk, chains, lazy in ((False, 1, False), (True, 1, False), (False, 2, False),
+                                                   (True, 1, True), (True, 2, True), (True, 3, True)):
+                            r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=bulk, chains=chains,
+                                             lazy=lazy)
                             n += 1
                             if r:
                                 bad += 1
                                 if bad < 6:
-                                    print('FAIL counters', slots, bulk, Tq, Tk, H, Hkv, mode, r)
+                                    print('FAIL counters', slots, bulk, chains, lazy, Tq, Tk, H, Hkv, mode, r)
     print(n, 'configurations,', bad, 'failed')
     seeds = tuple(range(8))
     caught = {}
@@ -367,6 +386,8 @@ def main():
                                                                highest_first=False) == 'deadlock'
     caught['lowest key block first, bulk (deadlock)'] = counters_sim(1000, 1000, 1, True, 0, 1, highest_first=False,
                                                                      bulk=True) == 'deadlock'
+    caught['lowest key block first, 2 lazy chains (deadlock)'] = counters_sim(
+        1000, 1000, 1, True, 0, 1, highest_first=False, bulk=True, chains=2, lazy=True) == 'deadlock'
     for brk in ('early_empty', 'no_empty_sync', 'last_empty'):
         caught['bulk writer/consumer: ' + brk] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2, seeds=seeds,
                                                                 v={'bulk': True, 'ds_in_b': True, brk: True}))

@@ -93,6 +93,10 @@ end
 -- how dq leaves the fused kernel (EMBER_FLASH_DQ, read once by the engine): bulk (Step 5b, the default) or red
 -- (Step 5's per-thread adds); every case below runs on whichever is set, so one run per setting A/Bs them
 print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
+-- fused's dq order (Step 5d): EMBER_FLASH_DET_CHAINS copies of dq_accum (1: Step 5's one chain), the writer's
+-- counter bump a tile late (EMBER_FLASH_DET_LAZY, default on); also read once: one run per setting A/Bs them
+print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
+  "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -173,6 +177,27 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     local ka = bwd_kernels("auto", q, k, v, g)
     assert.truthy(ka:find("flash_dkdv_wg2_kernel", 1, true), ka)
     assert.falsy(ka:find("fused", 1, true), ka)
+  end)
+
+  it("rejects a bad EMBER_FLASH_DET_CHAINS, naming the expected range (in a child)", function()
+    local script = helpers.temp_file([[
+local ember = require "ember"
+local core = ember.core
+core.flash_bwd_kernel("fused")
+local x = ember.randn({1, 1, 256, 64}, {dtype = "bf16"}):cuda():requires_grad_()
+ember.nn.functional.flash_attention(x, x, x, true):sum():backward()
+print(x.grad:to("f32"):abs():sum():item())
+]], ".lua")
+    for _, bad in ipairs({"0", "9", "two"}) do
+      local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_CHAINS = bad}})
+      assert.are_not.equal(0, code, "EMBER_FLASH_DET_CHAINS=" .. bad .. " should fail")
+      assert.matches("expected EMBER_FLASH_DET_CHAINS to be an integer from 1 to 8, got '" .. bad .. "'", err, 1, true)
+    end
+    for _, good in ipairs({"1", "3", "8"}) do
+      local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_CHAINS = good}})
+      assert.are.equal(0, code, "EMBER_FLASH_DET_CHAINS=" .. good .. ": " .. tostring(err))
+      assert.is_truthy(tonumber(out:match("[%d.e+-]+")), "EMBER_FLASH_DET_CHAINS=" .. good .. " printed " .. out)
+    end
   end)
 
   it("fused gives bit-identical gradients on repeat (dq's adds in a fixed order); fused_nd within a rounding", function()
