@@ -67,6 +67,8 @@ using namespace flash;
 
 namespace {
 
+constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8;   // flash_bwd_fused_kernel's flags
+
 /* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
  * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
 template <int D, bool BULK> constexpr int kNds = (BULK && D == 128) ? 2 : 3;
@@ -229,7 +231,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                            const Params p, float *dqa, unsigned *sem, int tqp, int chains, int64_t nacc,
-                           bool lazy) {
+                           int flags) {
+  // flags: kLazy (EMBER_FLASH_DET_LAZY); diagnostics (EMBER_FLASH_FUSED_DEBUG, timing only: fused's bits are
+  // not guaranteed with kNoFence / kNoWait): kNoFence, no proxy fence before a reduce; kNoWait, no counter wait;
+  // kNdHighest, fused_nd in fused's block order
+  const bool lazy = flags & kLazy, nofence = flags & kNoFence, nowait = flags & kNoWait;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   using F = FLayout<D, STAGES, BULK>;
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t bar_kv = base + F::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
 
   // fused: the highest key block first (the counters' order); fused_nd: the longest first
-  const int nb = DET ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int nb = DET || (flags & kNdHighest) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   // fused: key block nb adds into copy nb % chains of dq_accum, with that copy's counters (chains of key blocks
   // nb, nb + chains, ...: a block's predecessor started 2·chains tiles ahead of it on any q tile)
   if constexpr (DET) {
@@ -299,9 +305,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (lead) {
               if constexpr (DET) {
                 if (lazy && h == 0 && jt > 0) bump(jt - 1);
-                while (ld_acquire(counter(jt, h)) != ahead(jt)) {
+                while (!nowait && ld_acquire(counter(jt, h)) != ahead(jt)) {
                 }
-                fence_proxy_async_global();   // the adds below after those the counter acquired
+                if (!nofence) fence_proxy_async_global();   // the adds below after those the counter acquired
               }
               bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
               bulk_commit();
@@ -531,6 +537,10 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   const int tqp = (p.Tq + STR - 1) / STR * STR;
   const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0;
   if (chains < 0 || lazy < 0) return -1;
+  static const int dbg = [] {
+    const char *e = getenv("EMBER_FLASH_FUSED_DEBUG");
+    return e ? (int)strtol(e, nullptr, 0) & (kNoFence | kNoWait | kNdHighest) : 0;
+  }();
   const size_t nacc = (size_t)p.B * p.H * tqp * D, ncnt = DET ? (size_t)p.B * p.H * (tqp / STR) * 2 : 0;
   const size_t bytes = (nacc + ncnt) * 4 * chains;
   // scratch from the caching allocator on this stream: freed below, reused only by later work on it
@@ -546,7 +556,7 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
-          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, lazy != 0);
+          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, (lazy ? kLazy : 0) | dbg);
       rc = em_launch_check(what);
     }
   }
