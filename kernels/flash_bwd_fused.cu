@@ -108,6 +108,15 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
 __device__ __forceinline__ void red_release_inc(unsigned *p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
 }
+/* a tile's two counters (halves 0 and 1, adjacent: half 0 the low word) read or bumped as one 8-byte word */
+__device__ __forceinline__ unsigned long long ld_acquire_pair(const unsigned *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_inc_pair(unsigned *p) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], 0x100000001;\n" ::"l"(p) : "memory");
+}
 
 /* ---- bulk dq (docs/flash.md "Step 5b") ----
  * Named barriers with immediate ids (ptxas reserves only those used), per consumer cw:
@@ -154,6 +163,8 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 /* the groups complete: their writes to global memory performed */
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+/* all but the newest two groups complete (fused, lazy: the tile before the one just issued) */
+__device__ __forceinline__ void bulk_wait_all_but2() { asm volatile("cp.async.bulk.wait_group 2;\n" ::: "memory"); }
 /* orders the async proxy's global accesses (the bulk reduces) with the generic ones (fused's counters) */
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
@@ -282,11 +293,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                              ntile);
     if constexpr (BULK) {
       // warp 1 (idle in the producer): the dq writer. Per tile, each half once its consumer stored it (dq full),
-      // fused: once the counter says the key blocks above have added theirs; one bulk reduce each, then the
-      // halves handed back (dq empty) when the copies have read them; fused: bump the counters when the adds
-      // are performed — right away (lazy false: the writer waits out the adds' round trip every tile), or
-      // lazily (lazy: tile jt − 1's once consumer 0 has stored tile jt, by when its adds are done, before tile
-      // jt's counter wait: the writer never waits on its own adds and never bumps after waiting on another block)
+      // fused: once the tile's counters say the key blocks above have added theirs; one bulk reduce each, then
+      // the halves handed back (dq empty) when the copies have read them; fused: the counters bumped once the
+      // adds are performed. Lazy (EMBER_FLASH_DET_LAZY, default; Step 5d): none of the writer's L2 round trips
+      // on the consumers' path — after handing tile jt's halves back, it bumps tile jt − 1 (whose adds, issued a
+      // tile ago, are done by then: wait_group 2 leaves tile jt's two groups in flight) and reads tile jt + 1's
+      // two counters as one word, while the consumers compute; at the tile it only checks that word. Not lazy
+      // (Step 5): each half's counter read when due, the tile's adds waited out and bumped every tile.
       if ((threadIdx.x >> 5) == 1 && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
         const uint64_t pol = l2_evict_last();
@@ -300,13 +313,19 @@ __global__ void __launch_bounds__(THREADS, 1)
           return (unsigned)t;
         };
         if (trace && lead) trace[2 * blk] = now();
-        auto bump = [&](int jt) {
-          bulk_wait_all();
+        auto want = [&](int jt) { return (unsigned long long)ahead(jt) * 0x100000001ull; };
+        auto bump = [&](int jt) {   // tile jt's adds performed (the caller waited on their groups)
           fence_proxy_async_global();
-          red_release_inc(counter(jt, 0));
-          red_release_inc(counter(jt, 1));
+          if (lazy) {
+            red_release_inc_pair(counter(jt, 0));
+          } else {
+            red_release_inc(counter(jt, 0));
+            red_release_inc(counter(jt, 1));
+          }
           if (trec && jt < maxt) trec[3 * jt + 2] = now();
         };
+        unsigned long long seen = 0;   // lazy: tile jt's two counters as last read
+        if (DET && lazy && lead && !nowait) seen = ld_acquire_pair(counter(0, 0));
         dq_empty_arrive(0);
         dq_empty_arrive(1);
         for (int jt = 0; jt < ntile; jt++) {
@@ -318,11 +337,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (lead) {
               if constexpr (DET) {
                 if (trec && h == 0 && jt < maxt) trec[3 * jt] = now();
-                if (lazy && h == 0 && jt > 0) bump(jt - 1);
-                while (!nowait && ld_acquire(counter(jt, h)) != ahead(jt)) {
-                }
+                if (!nowait && lazy && h == 0)
+                  while (seen != want(jt)) seen = ld_acquire_pair(counter(jt, 0));
+                if (!nowait && !lazy)
+                  while (ld_acquire(counter(jt, h)) != ahead(jt)) {
+                  }
                 if (trec && h == 0 && jt < maxt) trec[3 * jt + 1] = now();
-                if (!nofence) fence_proxy_async_global();   // the adds below after those the counter acquired
+                if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
               bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
               bulk_commit();
@@ -335,10 +356,23 @@ __global__ void __launch_bounds__(THREADS, 1)
             dq_empty_arrive(1);
           }
           if constexpr (DET) {
-            if (lead && (!lazy || jt + 1 == ntile)) bump(jt);
+            if (lead && !lazy) {
+              bulk_wait_all();
+              bump(jt);
+            }
+            if (lead && lazy) {
+              if (jt > 0) {
+                bulk_wait_all_but2();
+                bump(jt - 1);
+              }
+              if (jt + 1 < ntile && !nowait) seen = ld_acquire_pair(counter(jt + 1, 0));
+            }
           }
         }
         if (lead) bulk_wait_all();
+        if constexpr (DET) {
+          if (lead && lazy) bump(ntile - 1);
+        }
         if (trace && lead) trace[2 * blk + 1] = now();
       }
     }

@@ -272,8 +272,7 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
 def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False):
     """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
     red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both —
-    lazy (Step 5d): tile jt's bumps once the next tile's dq is stored, before that tile's counter wait (the last
-    tile's at the end). chains (Step 5d): key block n adds into copy n % chains, after the blocks n + chains,
+    lazy (Step 5d): tile jt's bumps after tile jt + 1's adds are issued (the last tile's at the end). chains (Step 5d): key block n adds into copy n % chains, after the blocks n + chains,
     n + 2·chains, ... above it, with that copy's counters."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
@@ -297,9 +296,6 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
 
         for jt in range(group * nq):
             hg, mt = jt // nq, qstart // STR + jt % nq
-            if lazy and prev is not None:
-                yield            # the next tile's dq stored (dq full): the previous tile's adds performed
-                bump(prev)
             for half in range(2):   # the two consumers, each its own counter (disjoint columns)
                 key = (c, hg, mt, half)
                 while cnt.get(key, 0) != (nlast(mt) - n) // chains:
@@ -310,6 +306,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
             yield
             if bulk and not lazy:
                 bump((hg, mt))
+            if lazy and prev is not None:
+                bump(prev)       # after this tile's adds are issued: the previous tile's are performed
             prev = (hg, mt)
         if lazy and prev is not None:
             bump(prev)
