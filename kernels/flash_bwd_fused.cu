@@ -52,11 +52,9 @@
  * block starts its q tiles 128 rows later, so it reaches a tile first
  * anyway: the counters rarely make anyone wait. */
 #include <cuda.h>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 #include "backend.h"
 #include "runtime.h"
 #include "ember/memory.h"
@@ -244,7 +242,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                            const Params p, float *dqa, unsigned *sem, int tqp, int chains, int64_t nacc,
-                           int flags, unsigned *trace, int maxt) {
+                           int flags) {
   // flags: kLazy (EMBER_FLASH_DET_LAZY); diagnostics (EMBER_FLASH_FUSED_DEBUG, timing only: fused's bits are
   // not guaranteed with kNoFence / kNoWait): kNoFence, no proxy fence before a reduce; kNoWait, no counter wait;
   // kNdHighest, fused_nd in fused's block order
@@ -303,16 +301,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       if ((threadIdx.x >> 5) == 1 && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
         const uint64_t pol = l2_evict_last();
-        // EMBER_FLASH_FUSED_TRACE (diagnostics): globaltimer's low 32 bits (ns) at the block's start and end, and
-        // per tile when dq half 0 was stored, when its counter wait ended, when the tile was bumped
-        const int64_t blk = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-        unsigned *trec = trace ? trace + 2 * (int64_t)gridDim.x * gridDim.y + blk * maxt * 3 : nullptr;
-        auto now = [] {
-          uint64_t t;
-          asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-          return (unsigned)t;
-        };
-        if (trace && lead) trace[2 * blk] = now();
         auto want = [&](int jt) { return (unsigned long long)ahead(jt) * 0x100000001ull; };
         auto bump = [&](int jt) {   // tile jt's adds performed (the caller waited on their groups)
           fence_proxy_async_global();
@@ -322,7 +310,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             red_release_inc(counter(jt, 0));
             red_release_inc(counter(jt, 1));
           }
-          if (trec && jt < maxt) trec[3 * jt + 2] = now();
         };
         unsigned long long seen = 0;   // lazy: tile jt's two counters as last read
         if (DET && lazy && lead && !nowait) seen = ld_acquire_pair(counter(0, 0));
@@ -336,13 +323,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             dq_full_sync(h);
             if (lead) {
               if constexpr (DET) {
-                if (trec && h == 0 && jt < maxt) trec[3 * jt] = now();
                 if (!nowait && lazy && h == 0)
                   while (seen != want(jt)) seen = ld_acquire_pair(counter(jt, 0));
                 if (!nowait && !lazy)
                   while (ld_acquire(counter(jt, h)) != ahead(jt)) {
                   }
-                if (trec && h == 0 && jt < maxt) trec[3 * jt + 1] = now();
                 if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
               bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
@@ -373,7 +358,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (DET) {
           if (lead && lazy) bump(ntile - 1);
         }
-        if (trace && lead) trace[2 * blk + 1] = now();
       }
     }
     return;
@@ -601,21 +585,12 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   float *dqa = static_cast<float *>(buf);
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
   int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
-  // EMBER_FLASH_FUSED_TRACE=path (diagnostics, fused with the bulk dq path): the writer's timestamps written to
-  // path after the call (a header of 4 i32: key blocks, grid rows, tiles a block at most, 3; then the records)
-  static const char *trace_path = getenv("EMBER_FLASH_FUSED_TRACE");
-  const int nkb = (p.Tk + RES - 1) / RES, maxt = p.group * (tqp / STR);
-  const size_t ntr = DET && BULK && trace_path ? (size_t)nkb * p.B * p.Hkv * (2 + 3 * (size_t)maxt) : 0;
-  unsigned *trace = nullptr;
-  if (rc == 0 && ntr && (cudaMalloc(&trace, ntr * 4) != cudaSuccess || cudaMemsetAsync(trace, 0, ntr * 4, s)))
-    rc = em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
     auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
-          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, (lazy ? kLazy : 0) | dbg, trace,
-          maxt);
+          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, (lazy ? kLazy : 0) | dbg);
       rc = em_launch_check(what);
     }
   }
@@ -624,19 +599,6 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
                                                                                   (int64_t)nacc);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
-  }
-  if (trace) {
-    std::vector<unsigned> h(ntr);
-    if (rc == 0 && cudaMemcpyAsync(h.data(), trace, ntr * 4, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
-        cudaStreamSynchronize(s) == cudaSuccess) {
-      if (FILE *f = fopen(trace_path, "wb")) {
-        const int hdr[4] = {nkb, p.B * p.Hkv, maxt, 3};
-        fwrite(hdr, sizeof hdr, 1, f);
-        fwrite(h.data(), 4, ntr, f);
-        fclose(f);
-      }
-    }
-    cudaFree(trace);
   }
   em_cuda_caching_free(buf, device);
   return rc;
