@@ -50,7 +50,12 @@
  * deadlock (as FA3's Deterministic mode; the hardware dispatches blocks in
  * blockIdx order — the one assumption). Under the causal mask a higher key
  * block starts its q tiles 128 rows later, so it reaches a tile first
- * anyway: the counters rarely make anyone wait. */
+ * anyway: the counters rarely make anyone wait. What did cost (Step 5d,
+ * measured by a trace of the writer) was the writer's own L2 round trips
+ * between a dq store and its reduce; the lazy writer (EMBER_FLASH_DET_LAZY)
+ * moves them behind the consumers' next tile, and EMBER_FLASH_DET_CHAINS
+ * copies of dq_accum (key block n into copy n % chains, summed in copy order
+ * by the convert kernel) give the lazy bump 2·chains tiles of slack. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
