@@ -75,13 +75,15 @@ int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_
  *  2. scan_row_apply (one block a tile, last tile first: pass 1 read the
  *     row front to back, so the L2 holds its tail): loads the tile again,
  *     prefix = carry[m] + sum_fixed(agg[mC .. k)), writes the scan. Its
- *     16-byte loads and stores are evict-first (ld/st .cs): the output's lines are
- *     the L2's first victims, not the not-yet-read tail, and a tile read is
- *     not read again. The tile order changes no value (every carry is known
- *     after pass 1). EMBER_SCAN_ROW_LAST_FIRST=0: first tile first (nearly
- *     every read a DRAM miss); EMBER_SCAN_ROW_EVICT=0: plain loads and
- *     stores (the output's write-allocations evict the oldest tail lines,
- *     the ones read next). The same bits either way.
+ *     16-byte loads and stores carry an L2 evict_first policy: the output's
+ *     lines are the L2's first victims, not the not-yet-read tail, and a
+ *     tile read is not read again. The tile order changes no value (every
+ *     carry is known after pass 1). EMBER_SCAN_ROW_LAST_FIRST=0: first tile
+ *     first (nearly every read a DRAM miss); EMBER_SCAN_ROW_EVICT=0:
+ *     evict_normal (the output's write-allocations evict the oldest tail
+ *     lines, the ones read next); EMBER_SCAN_ROW_COALESCE=1: both passes'
+ *     16-byte accesses coalesced through shared memory (RowChunks). The same
+ *     bits either way.
  * Bytes: 3 s n (read twice, write once) less the tail pass 2 finds in L2. */
 constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
 
@@ -103,47 +105,87 @@ __device__ __forceinline__ A sum_fixed(const A *v, int64_t n, Op op, A identity)
   return acc;
 }
 
-/* 16 bytes, with the streaming hint when Evict (ld/st .cs: evict first in L1 and L2). Only the 16-byte path
- * takes it: hinted scalar loads and stores (reversed or misaligned rows) cost f32's apply 13 registers (52:
- * 4 blocks an SM, not 6). */
+/* 16 bytes of the row: plain (.nc, pass 1) or with an L2 eviction policy (pass 2: evict_first, or
+ * evict_normal under EMBER_SCAN_ROW_EVICT=0). Only the 16-byte path takes a policy: hinted scalar loads
+ * and stores (reversed or misaligned rows) cost f32's apply 13 registers (4 blocks an SM, not 6). */
+template <bool Hint>
+__device__ __forceinline__ uint4 row_ld16(const uint4 *p, uint64_t pol) {
+  if constexpr (!Hint) {
+    return __ldg(p);
+  } else {
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    return v;
+  }
+}
+__device__ __forceinline__ void row_st16(uint4 *p, uint4 v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
+}
+__device__ __forceinline__ uint64_t row_policy(bool evict_first) {
+  uint64_t pol;
+  if (evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+/* A thread's kRowItems elements are K 16-byte chunks (K = 2 for 16-bit types, 4 for f32, 8 for f64/i64),
+ * its warp's 32 K chunks one contiguous run. Direct (Coalesce false): thread t moves its own K chunks, so
+ * one warp instruction touches 16 B at a 16 K-byte stride (f32: 16 lines, each sector half-used). Coalesced:
+ * instruction j moves chunks 32 j + lane (512 contiguous bytes) through shared memory, thread t's chunk c
+ * at slot K t + (c ^ swz(t)): conflict-free 16-byte accesses both ways (a quarter-warp's 8 slots distinct
+ * mod 8). The same elements in the same registers: the same bits. */
+template <typename T>
+struct RowChunks {
+  static constexpr int K = kRowItems * (int)sizeof(T) / 16;
+  static_assert(K >= 2 && K <= 8 && kRowItems * sizeof(T) % 16 == 0, "16-byte chunks, 2 to 8 a thread");
+  static __device__ __forceinline__ int slot(int t, int c) { return K * t + (c ^ ((t / (8 / K)) % K)); }
+};
+template <typename T, bool Coalesce>
+struct RowStage {   /* a warp's chunks, for the coalesced path (empty otherwise) */
+  uint4 w[kBlock / 32][32 * RowChunks<T>::K];
+};
+template <typename T>
+struct RowStage<T, false> {};
+
 template <typename T>
 union RowWord {
   uint4 w;
   Packed128<T> x;
 };
-template <bool Evict, typename T>
-__device__ __forceinline__ Packed128<T> row_load128(const T *p) {
-  if constexpr (!Evict) {
-    return load128(p);
-  } else {
-    RowWord<T> u;
-    u.w = __ldcs(reinterpret_cast<const uint4 *>(p));
-    return u.x;
-  }
-}
-template <bool Evict, typename T>
-__device__ __forceinline__ void row_store128(T *p, Packed128<T> x) {
-  if constexpr (!Evict) {
-    store128(p, x);
-  } else {
-    RowWord<T> u;
-    u.x = x;
-    __stcs(reinterpret_cast<uint4 *>(p), u.w);
-  }
-}
-/* Tile `tile`'s elements into v (not yet scanned); Evict: the 16-byte loads evict-first. */
-template <bool Evict, typename T, typename A, typename Op>
+
+/* Tile `tile`'s elements into v (not yet scanned). */
+template <bool Coalesce, bool Hint, typename T, typename A, typename Op>
 __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t L, int64_t tile, bool fast,
-                                              bool reverse, Op op, A identity, A (&v)[kRowItems]) {
+                                              bool reverse, Op op, A identity, RowStage<T, Coalesce> &sh,
+                                              uint64_t pol, A (&v)[kRowItems]) {
+  constexpr int K = RowChunks<T>::K, P = Packed128<T>::size;
   const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
   if (fast) {
-    constexpr int P = Packed128<T>::size;
+    RowWord<T> x[K];
+    if constexpr (Coalesce) {
+      const int lane = threadIdx.x & 31;
+      uint4 *st = sh.w[threadIdx.x >> 5];
+      const uint4 *src = reinterpret_cast<const uint4 *>(in + (p0 - (int64_t)lane * kRowItems));
 #pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      const Packed128<T> x = row_load128<Evict>(in + p0 + i);
+      for (int j = 0; j < K; j++) x[j].w = row_ld16<Hint>(src + 32 * j + lane, pol);
 #pragma unroll
-      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
+      for (int j = 0; j < K; j++) {
+        const int g = 32 * j + lane;
+        st[RowChunks<T>::slot(g / K, g % K)] = x[j].w;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < K; c++) x[c].w = st[RowChunks<T>::slot(lane, c)];
+    } else {
+#pragma unroll
+      for (int c = 0; c < K; c++) x[c].w = row_ld16<Hint>(reinterpret_cast<const uint4 *>(in + p0) + c, pol);
     }
+#pragma unroll
+    for (int c = 0; c < K; c++)
+#pragma unroll
+      for (int k = 0; k < P; k++) v[c * P + k] = widen<A, T>(x[c].x[k]);
   } else {
 #pragma unroll
     for (int i = 0; i < kRowItems; i++) {
@@ -153,17 +195,43 @@ __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t 
   }
 }
 
-template <typename T, typename A, typename Op>
+/* v (thread-ordered, already rounded to T) to tile `tile`'s 16-byte path, coalesced like row_tile_load. */
+template <bool Coalesce, typename T>
+__device__ __forceinline__ void row_tile_store(T *__restrict__ out, int64_t tile, RowStage<T, Coalesce> &sh,
+                                               uint64_t pol, const RowWord<T> (&x)[RowChunks<T>::K]) {
+  constexpr int K = RowChunks<T>::K;
+  const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
+  if constexpr (Coalesce) {
+    const int lane = threadIdx.x & 31;
+    uint4 *st = sh.w[threadIdx.x >> 5];
+    __syncwarp();   /* every lane has read its chunks of the load */
+#pragma unroll
+    for (int c = 0; c < K; c++) st[RowChunks<T>::slot(lane, c)] = x[c].w;
+    __syncwarp();
+    uint4 *dst = reinterpret_cast<uint4 *>(out + (p0 - (int64_t)lane * kRowItems));
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+      const int g = 32 * j + lane;
+      row_st16(dst + g, st[RowChunks<T>::slot(g / K, g % K)], pol);
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < K; c++) row_st16(reinterpret_cast<uint4 *>(out + p0) + c, x[c].w, pol);
+  }
+}
+
+template <typename T, typename A, typename Op, bool Coalesce>
 __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in, int64_t L, bool reverse, bool vec,
                                                         Op op, A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ RowStage<T, Coalesce> stage;
   __shared__ int chunk_sh, all_sh;   /* this block completed chunk m / the last chunk */
   const int t = threadIdx.x;
   const int64_t tile = blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   A v[kRowItems];
-  row_tile_load<false, T, A, Op>(in, L, tile, fast, reverse, op, identity, v);
+  row_tile_load<Coalesce, false, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, 0, v);
 #pragma unroll
   for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
   A tp, total;
@@ -216,21 +284,22 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   }
 }
 
-template <typename T, typename A, typename Op, bool Evict>
+template <typename T, typename A, typename Op, bool Coalesce>
 __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                         bool reverse, bool vec, bool last_first, Op op, A identity,
-                                                         RowSplit<A> st) {
+                                                         bool reverse, bool vec, bool last_first, bool evict, Op op,
+                                                         A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ RowStage<T, Coalesce> stage;
   __shared__ A prefix_sh;
   const int t = threadIdx.x;
   /* blocks start roughly in blockIdx order: last_first gives the first ones the tiles pass 1 left in L2 */
   const int64_t tile = last_first ? st.nt - 1 - (int64_t)blockIdx.x : (int64_t)blockIdx.x;
   const int64_t m = tile / kRowChunk, first = m * kRowChunk;
-  const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
+  const uint64_t pol = row_policy(evict);
   A v[kRowItems];
-  row_tile_load<Evict, T, A, Op>(in, L, tile, fast, reverse, op, identity, v);
+  row_tile_load<Coalesce, true, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, pol, v);
   if (t < 32) {   /* L2 hits, overlapping the tile's loads */
     const A within = sum_fixed(st.agg + first, tile - first, op, identity);
     if (t == 0) prefix_sh = op(__ldcg(st.carry + m), within);
@@ -242,15 +311,15 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   __syncthreads();   /* prefix_sh */
   const A base = op(prefix_sh, tp);
   if (fast) {
-    constexpr int P = Packed128<T>::size;
+    constexpr int K = RowChunks<T>::K, P = Packed128<T>::size;
+    RowWord<T> x[K];
 #pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      Packed128<T> x;
+    for (int c = 0; c < K; c++)
 #pragma unroll
-      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
-      row_store128<Evict>(out + p0 + i, x);
-    }
+      for (int k = 0; k < P; k++) x[c].x[k] = narrow<T, A>(op(base, v[c * P + k]));
+    row_tile_store<Coalesce, T>(out, tile, stage, pol, x);
   } else {
+    const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
 #pragma unroll
     for (int i = 0; i < kRowItems; i++) {
       const int64_t p = p0 + i;
@@ -259,12 +328,17 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   }
 }
 
+/* EMBER_SCAN_ROW_COALESCE's default: both passes' 16-byte accesses through shared memory (RowChunks) */
+constexpr bool kRowCoalesce = false;
+
 template <typename T, typename A, typename Op>
 int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
                    cudaStream_t s) {
-  /* the A/B switches of the apply pass (read once): tile order and evict-first hints; the same bits */
+  /* the A/B switches (read once): pass 2's tile order and eviction hints, both passes' coalesced 16-byte
+   * accesses; the same bits */
   static const bool last_first = em_env_switch("EMBER_SCAN_ROW_LAST_FIRST", true);
   static const bool evict = em_env_switch("EMBER_SCAN_ROW_EVICT", true);
+  static const bool coalesce = em_env_switch("EMBER_SCAN_ROW_COALESCE", kRowCoalesce);
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
   if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
   const size_t counts = ((size_t)(nc + 1) * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -283,11 +357,12 @@ int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int6
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
   if (!rc) {
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_sums<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
+    auto sums = coalesce ? scan_row_sums<T, A, Op, true> : scan_row_sums<T, A, Op, false>;
+    sums<<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
     rc = em_launch_check(op);
     if (!rc) {
-      auto apply = evict ? scan_row_apply<T, A, Op, true> : scan_row_apply<T, A, Op, false>;
-      apply<<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, last_first, f, identity, st);
+      auto apply = coalesce ? scan_row_apply<T, A, Op, true> : scan_row_apply<T, A, Op, false>;
+      apply<<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, last_first, evict, f, identity, st);
       rc = em_launch_check(op);
     }
   }

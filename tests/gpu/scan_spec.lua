@@ -66,13 +66,16 @@ end)
 -- The default one-row scan (split: scan_row_sums, then scan_row_apply) evaluates
 -- a fixed expression per element whatever the order its apply pass takes the
 -- tiles in and whatever cache hints it gives, so its A/B switches must not
--- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first) and
--- EMBER_SCAN_ROW_EVICT=0 (plain loads and stores) against the default (last
--- tile first, evict-first). The switches are read once a process: each runs in
--- a child and saves its results. Sizes: two elements, one tile and a bit, a
--- chunk and a bit, and 301 chunks (> 256: the carry warps each start past 32
--- chunks, the lane partials' first loop); forward, misaligned (the scalar
--- path), cumprod, reversed (cumsum's backward), each sum run twice.
+-- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first),
+-- EMBER_SCAN_ROW_EVICT=0 (evict_normal loads and stores) and
+-- EMBER_SCAN_ROW_COALESCE=1 (each warp's 16-byte accesses coalesced through
+-- shared memory, both passes) against the default (last tile first,
+-- evict_first, each thread's own chunks). The switches are read once a
+-- process: each runs in a child and saves its results. Sizes: two elements,
+-- one tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry
+-- warps each start past 32 chunks, the lane partials' first loop); forward,
+-- misaligned (the scalar path), cumprod, reversed (cumsum's backward), each
+-- sum run twice.
 local BIG = 300 * 64 * 4096 + 4099
 local CHILD = [[
 local ember = require "ember"
@@ -102,12 +105,14 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 describe("one-row scan on CUDA: split's switches, cub, graph capture", function()
   after_each(function() H.remove_temps() end)
 
-  it("gives the same bits last tile first or first, evict-first or plain (f32, bf16, f16, f64), run twice", function()
+  it("gives the same bits whatever its switches (f32, bf16, f16, f64; sums, products, reversed, misaligned), "
+     .. "and a second run the same bits", function()
     local script = H.temp_file(CHILD, ".lua")
     local order = cmp.mode_results(H, script, "EMBER_SCAN_ROW_LAST_FIRST", {"1", "0"})
-    local hint = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})
-    local got = {default = order["1"], first_first = order["0"], plain = hint["0"]}
-    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_first", "plain"}))
+    local got = {default = order["1"], first_tile_first = order["0"],
+                 normal = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})["0"],
+                 coalesced = cmp.mode_results(H, script, "EMBER_SCAN_ROW_COALESCE", {"1"})["1"]}
+    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first", "normal", "coalesced"}))
     for mode, r in pairs(got) do   -- the second run of each sum: the same bits
       for name, t in pairs(r) do
         local key = name:match("^again_(.*)$")
