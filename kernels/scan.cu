@@ -10,24 +10,19 @@
  * Launch shapes, by where the scanned dim lies:
  *  - one row (outer = inner = 1, cumsum of a long vector; scan_row.cuh): 4096-element
  *    tiles whose prefixes are fixed-order sums of tile and chunk totals, so
- *    the same bits on every run: scan_row_sums then scan_row_apply (the
- *    default, EMBER_SCAN_ROW=split: totals first, then each tile again with
- *    its prefix; read twice, write once) or scan_row_tiles
- *    (EMBER_SCAN_ROW=tiles: one pass, each tile polling for its
- *    predecessors' totals; the same bits, slower) or scan_row_chain
- *    (EMBER_SCAN_ROW=chain, f32 accumulators: that pass with a one-round-
- *    trip look-back; the same bits) or scan_row_ring (EMBER_SCAN_ROW=ring,
- *    f32 accumulators: chain's pass, persistent, the next tile in flight;
- *    the same bits); reverse (cumsum's backward) maps
- *    positions. EMBER_SCAN_ROW=cub: cub::DeviceScan
- *    (decoupled look-back: a float result may change with the timing).
+ *    the same bits on every run: scan_row_sums then scan_row_apply (totals
+ *    first, then each tile again with its prefix, last tile first with
+ *    evict-first loads and stores so the row's tail is read from L2; read
+ *    twice, write once); reverse (cumsum's backward) maps positions.
+ *    EMBER_SCAN_ROW=cub: cub::DeviceScan (decoupled look-back: a float
+ *    result may change with the timing).
  *  - many rows (inner = 1): cub::BlockScan over tiles of 256 x 4 elements
  *    with the running total carried between tiles; a thread's 4 elements
  *    move as one 16-byte (f32) / 8-byte (bf16) access when the rows allow it
  *    (vec). Vec rows: a block walks several rows as one stream of tiles, the
  *    next ones in flight in a cp.async ring of 16 KiB — for bf16/f16 two
  *    tiles a step through one raking scan written out from cub's
- *    (scan_rows_pair.cuh; EMBER_SCAN_ROWS=pair, quad: four), for f32/f64 one
+ *    (scan_rows_pair.cuh; EMBER_SCAN_ROWS=pair), for f32/f64 one
  *    tile a cub::BlockScan (scan_rows_ring.cuh; EMBER_SCAN_ROWS=ring); else
  *    (or EMBER_SCAN_ROWS=one / ahead) scan_rows, one block per row, the next
  *    tile (one) or 64 bytes a thread (ahead) loaded ahead in registers. Same
@@ -349,14 +344,14 @@ static int strip_mode(const char *op) {
 }
 
 #include "scan_strips_flow.cuh"   /* column strips: the walker apart from the copies */
-#include "scan_row.cuh"        /* one long row: tiles, split, chain, CUB */
+#include "scan_row.cuh"        /* one long row: split (two passes), CUB */
 #include "scan_rows_ring.cuh"   /* many rows: the tile stream with a cp.async ring */
 #include "scan_rows_pair.cuh"   /* many rows: that stream P tiles a step, one raking scan for the P */
 
-/* EMBER_SCAN_ROWS (read once): unset = pair for 16-bit elements, ring for the others; "pair" (scan_rows_pair, P
- * = 2 tiles a step, for every dtype), "quad" (scan_rows_pair, P = 4), "ring" (scan_rows_ring for vec rows), "ahead"
- * (scan_rows with rows_ahead() tiles in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset),
- * 1 ring, 2 ahead, 3 one, 4 pair, 5 quad; -1 on error. */
+/* EMBER_SCAN_ROWS (read once): unset = pair for 16-bit elements, ring for the others; "pair" (scan_rows_pair, 2
+ * tiles a step, for every dtype), "ring" (scan_rows_ring for vec rows), "ahead" (scan_rows with rows_ahead() tiles
+ * in registers, gpuscan2's) or "one" (scan_rows, the next tile only). 0 (unset), 1 ring, 2 ahead, 3 one, 4 pair;
+ * -1 on error. */
 static int rows_mode(const char *op) {
   static int mode = -1;
   if (mode < 0) {
@@ -366,8 +361,7 @@ static int rows_mode(const char *op) {
     else if (strcmp(env, "ahead") == 0) mode = 2;
     else if (strcmp(env, "one") == 0) mode = 3;
     else if (strcmp(env, "pair") == 0) mode = 4;
-    else if (strcmp(env, "quad") == 0) mode = 5;
-    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, quad, ring, ahead or one, got '%s'", op, env);
+    else return em_error("%s: expected EMBER_SCAN_ROWS to be pair, ring, ahead or one, got '%s'", op, env);
   }
   return mode;
 }
@@ -385,16 +379,10 @@ int scan_impl(const char *op, const em_tensor *a, int64_t outer, int64_t L, int6
     const bool vec = !reverse && L % kItems == 0 && (((uintptr_t)in | (uintptr_t)out) % sizeof(Items<T>)) == 0;
     const int rm = rows_mode(op);
     if (rm < 0) return -1;
-    /* pair/quad keep 32-bit offsets in a row: longer rows (2^31 elements and more) take ring */
-    const bool steps = vec && L <= kPairMaxL, pair = steps && (rm == 4 || (rm == 0 && sizeof(T) == 2));
+    /* pair keeps 32-bit offsets in a row: longer rows (2^31 elements and more) take ring */
+    const bool pair = vec && L <= kPairMaxL && (rm == 4 || (rm == 0 && sizeof(T) == 2));
     if (pair) return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
-    if constexpr (sizeof(T) <= 4) {   /* f64/i64's 4 tiles a step would need 64 KiB of ring: they take pair */
-      if (steps && rm == 5)
-        return scan_rows_pair_run<T, A, Op, 4>(op, in, out, outer, L, f, identity, a->device.index, s);
-    } else if (steps && rm == 5) {
-      return scan_rows_pair_run<T, A, Op, 2>(op, in, out, outer, L, f, identity, a->device.index, s);
-    }
-    if (vec && (rm <= 1 || rm >= 4))
+    if (vec && (rm <= 1 || rm == 4))
       return scan_rows_ring_run<T, A, Op>(op, in, out, outer, L, f, identity, a->device.index, s);
     /* rows of one or two tiles gain nothing from loading ahead, and D = 1 keeps the registers (8 blocks an SM) */
     constexpr int D = rows_ahead<T>();

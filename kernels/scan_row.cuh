@@ -1,17 +1,11 @@
 /* The one-row scans of kernels/scan.cu (outer = inner = 1: cumsum of a long
  * vector), included by it inside its anonymous namespace after the shared
- * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Six
+ * pieces (kBlock, widen/narrow, SumOp/ProdOp), so one translation unit. Two
  * paths, picked by EMBER_SCAN_ROW (scan_row at the end):
- *  - split (default): scan_row_sums then scan_row_apply, no waits inside a kernel;
- *  - tiles: scan_row_tiles, one pass with a fixed-order look-back polling flags;
- *  - chain: scan_row_chain, that pass with a one-round-trip look-back (f32 accumulators);
- *  - ring: scan_row_ring (scan_row_ring.cuh), chain's pass in a persistent grid with the
- *    next tile's loads in flight (f32 accumulators);
- *  - l2: scan_row_l2 (scan_row_l2.cuh), split's two passes a segment of the row at a time,
- *    so the second pass reads from L2 (EMBER_SCAN_ROW=auto: l2 for long forward f32/bf16/f16 rows);
- *    l2c: the same segments in one cooperative launch, the next segment's first pass beside this one's second;
- *  - cub: cub::DeviceScan (not deterministic for floats).
- * split, tiles, chain, ring and l2 evaluate the same expression: the same bits. */
+ *  - split (default): scan_row_sums then scan_row_apply, deterministic, no waits inside a kernel;
+ *  - cub: cub::DeviceScan (decoupled look-back: not deterministic for floats), the reference for speed.
+ * The single-pass and L2-segmented deterministic variants (tiles, chain, ring, l2, l2f, l2c, PDL) all
+ * measured slower than split on an H200 and were deleted (docs/perf.md, thirteenth session). */
 #pragma once
 
 template <typename A>
@@ -62,129 +56,37 @@ int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_
   return rc;
 }
 
-/* ---- one long row, deterministic: tiles with a fixed-order look-back ----
- * Tile k (kRowTile elements, one block, ticket order) loads its elements
- * once (16-byte loads), scans them in registers (16 per thread in order,
- * then cub::BlockScan's fixed tree) and publishes its total agg[k]. Its
- * prefix is then computed, never taken from whoever happens to be done:
+/* ---- one long row, deterministic, in two passes (the default) ----
+ * The row is cut into tiles of kRowTile elements (kRowItems a thread), the
+ * tiles into chunks of kRowChunk. A tile's elements are scanned in order
+ * within each thread, then across threads by cub::BlockScan's fixed tree;
+ * its prefix is a fixed expression of tile totals agg[k] and chunk totals
+ * ctot[m]:
  *   prefix(k) = sum_fixed(ctot[0 .. m)) + sum_fixed(agg[mC .. k)),  m = k / C,
- * where ctot[m'] (chunk m' of C tiles) is published by the chunk's last
- * tile as sum_fixed(agg[m'C .. m'C + C - 1)) + agg[m'C + C - 1], and
- * sum_fixed is one warp summing v[j] into lane j % 32 in order, then an xor
- * butterfly (commutative pairs: every lane the same bits). Each value is
- * thus one fixed expression of the input, whatever the timing: the same
- * bits every run (CUB's look-back adds whichever predecessors are ready).
- * A tile waits only on tiles with earlier tickets (already running), so it
- * cannot deadlock. Bytes: one read and one write, like CUB's scan. */
+ *   ctot[m]   = sum_fixed(agg[mC .. mC + C - 1)) + agg[mC + C - 1],
+ * sum_fixed being one warp summing v[j] into lane j % 32 in order, then an
+ * xor butterfly (commutative pairs: every lane the same bits). Every value
+ * is thus one fixed expression of the input, whoever evaluates it: the same
+ * bits on every run (CUB's look-back adds whichever predecessors are ready).
+ *  1. scan_row_sums (one block a tile): the tile's total into agg[k]. The
+ *     block that completes a chunk (a counter per chunk) writes ctot[m];
+ *     the block that completes the last chunk writes carry[m] =
+ *     sum_fixed(ctot[0 .. m)) for every chunk.
+ *  2. scan_row_apply (one block a tile, last tile first: pass 1 read the
+ *     row front to back, so the L2 holds its tail): loads the tile again,
+ *     prefix = carry[m] + sum_fixed(agg[mC .. k)), writes the scan. Its
+ *     16-byte loads and stores carry an L2 evict_first policy: the output's
+ *     lines are the L2's first victims, not the not-yet-read tail, and a
+ *     tile read is not read again. The tile order changes no value (every
+ *     carry is known after pass 1). EMBER_SCAN_ROW_LAST_FIRST=0: first tile
+ *     first (nearly every read a DRAM miss); EMBER_SCAN_ROW_EVICT=0:
+ *     evict_normal (the output's write-allocations evict the oldest tail
+ *     lines, the ones read next); EMBER_SCAN_ROW_COALESCE=1: both passes'
+ *     16-byte accesses coalesced through shared memory (RowChunks). The same
+ *     bits either way.
+ * Bytes: 3 s n (read twice, write once) less the tail pass 2 finds in L2. */
 constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
 
-template <typename A>
-struct RowState {
-  unsigned *ticket;
-  int *agg_flag, *ctot_flag;   /* zeroed before the launch */
-  A *agg, *ctot;
-};
-
-template <typename A>
-__device__ __forceinline__ void publish(A *val, int *flag, A v) {
-  *(volatile A *)val = v;
-  __threadfence();
-  *(volatile int *)flag = 1;
-}
-
-/* sum_fixed over v[0 .. n) by one warp, once every flag is up; every lane returns the result */
-template <typename A, typename Op>
-__device__ __forceinline__ A fixed_sum(const A *v, const int *flag, int64_t n, Op op, A identity) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t j = lane; j < n; j += 32)
-    while (*(volatile const int *)(flag + j) == 0) {}
-  __threadfence();   /* the values were written before their flags */
-  A acc = identity;
-  for (int64_t j = lane; j < n; j += 32) acc = op(acc, __ldcg(v + j));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-  return acc;
-}
-
-template <typename T, typename A, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_row_tiles(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                         bool reverse, bool vec, Op op, A identity, RowState<A> st) {
-  typedef cub::BlockScan<A, kBlock> BlockScan;
-  __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ unsigned tile_sh;
-  __shared__ A prefix_sh;
-  const int t = threadIdx.x;
-  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
-  __syncthreads();
-  const int64_t tile = tile_sh, p0 = tile * kRowTile + (int64_t)t * kRowItems;
-  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
-  A v[kRowItems];
-  if (fast) {
-    constexpr int P = Packed128<T>::size;
-#pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      const Packed128<T> x = load128(in + p0 + i);
-#pragma unroll
-      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRowItems; i++) {
-      const int64_t p = p0 + i;
-      v[i] = p < L ? widen<A, T>(in[reverse ? L - 1 - p : p]) : identity;
-    }
-  }
-#pragma unroll
-  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
-  A tp, total;
-  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
-  if (t < 32) {   /* warp 0: publish, then the fixed-order prefix */
-    if (t == 0) publish(st.agg + tile, st.agg_flag + tile, total);
-    const int64_t m = tile / kRowChunk, first = m * kRowChunk;
-    const A within = fixed_sum(st.agg + first, st.agg_flag + first, tile - first, op, identity);
-    /* a chunk's total depends on its own tiles only: published before waiting on earlier chunks, no chain */
-    if (t == 0 && tile - first == kRowChunk - 1) publish(st.ctot + m, st.ctot_flag + m, op(within, total));
-    const A carry = fixed_sum(st.ctot, st.ctot_flag, m, op, identity);
-    if (t == 0) prefix_sh = op(carry, within);
-  }
-  __syncthreads();
-  const A base = op(prefix_sh, tp);
-  if (fast) {
-    constexpr int P = Packed128<T>::size;
-#pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      Packed128<T> x;
-#pragma unroll
-      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
-      store128(out + p0 + i, x);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRowItems; i++) {
-      const int64_t p = p0 + i;
-      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, A>(op(base, v[i]));
-    }
-  }
-}
-
-/* ---- one long row, deterministic, in three phases (the default) ----
- * scan_row_tiles waits, per tile, on flags of earlier tiles: a ticket, the
- * tile's loads, then up to m / 32 + 2 dependent polls of L2 (m = chunks
- * before it) and as many fenced value loads, all while the block holds its
- * 16 KiB in registers — ~20-25 ns a tile on the H200 whatever the dtype
- * (2^26 f32 0.386 ms, 29 %). Here nothing waits inside a kernel:
- *  1. scan_row_sums (one block a tile): the tile's total, by the same
- *     thread-serial scan and cub::BlockScan as scan_row_tiles, into agg[k].
- *     The block that completes a chunk (a counter per chunk) writes its
- *     total ctot[m] (the full chunks'); the block that completes the last
- *     chunk writes carry[m] = sum_fixed(ctot[0 .. m)) for every chunk.
- *  2. scan_row_apply (one block a tile, last tile first, so the tiles that
- *     phase 1 read last are still in L2): loads the tile again, prefix =
- *     carry[m] + sum_fixed(agg[mC .. k)), writes the scan.
- * Every value is scan_row_tiles' expression (same partition, same
- * sum_fixed, same BlockScan), evaluated by whichever block, so the same
- * bits as scan_row_tiles and on every run. Bytes: 3 s n (read twice, write
- * once) instead of 2 s n, but streaming at full occupancy. */
 template <typename A>
 struct RowSplit {
   unsigned *chunk_done, *chunks_done;   /* zeroed before phase 1 */
@@ -203,19 +105,87 @@ __device__ __forceinline__ A sum_fixed(const A *v, int64_t n, Op op, A identity)
   return acc;
 }
 
-/* Tile `tile`'s elements into v, scanned in order within the thread (scan_row_tiles' first step). */
-template <typename T, typename A, typename Op>
+/* 16 bytes of the row: plain (.nc, pass 1) or with an L2 eviction policy (pass 2: evict_first, or
+ * evict_normal under EMBER_SCAN_ROW_EVICT=0). Only the 16-byte path takes a policy: hinted scalar loads
+ * and stores (reversed or misaligned rows) cost f32's apply 13 registers (4 blocks an SM, not 6). */
+template <bool Hint>
+__device__ __forceinline__ uint4 row_ld16(const uint4 *p, uint64_t pol) {
+  if constexpr (!Hint) {
+    return __ldg(p);
+  } else {
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    return v;
+  }
+}
+__device__ __forceinline__ void row_st16(uint4 *p, uint4 v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
+}
+__device__ __forceinline__ uint64_t row_policy(bool evict_first) {
+  uint64_t pol;
+  if (evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+/* A thread's kRowItems elements are K 16-byte chunks (K = 2 for 16-bit types, 4 for f32, 8 for f64/i64),
+ * its warp's 32 K chunks one contiguous run. Direct (Coalesce false): thread t moves its own K chunks, so
+ * one warp instruction touches 16 B at a 16 K-byte stride (f32: 16 lines, each sector half-used). Coalesced:
+ * instruction j moves chunks 32 j + lane (512 contiguous bytes) through shared memory, thread t's chunk c
+ * at slot K t + (c ^ swz(t)): conflict-free 16-byte accesses both ways (a quarter-warp's 8 slots distinct
+ * mod 8). The same elements in the same registers: the same bits. */
+template <typename T>
+struct RowChunks {
+  static constexpr int K = kRowItems * (int)sizeof(T) / 16;
+  static_assert(K >= 2 && K <= 8 && kRowItems * sizeof(T) % 16 == 0, "16-byte chunks, 2 to 8 a thread");
+  static __device__ __forceinline__ int slot(int t, int c) { return K * t + (c ^ ((t / (8 / K)) % K)); }
+};
+template <typename T, bool Coalesce>
+struct RowStage {   /* a warp's chunks, for the coalesced path (empty otherwise) */
+  uint4 w[kBlock / 32][32 * RowChunks<T>::K];
+};
+template <typename T>
+struct RowStage<T, false> {};
+
+template <typename T>
+union RowWord {
+  uint4 w;
+  Packed128<T> x;
+};
+
+/* Tile `tile`'s elements into v (not yet scanned). */
+template <bool Coalesce, bool Hint, typename T, typename A, typename Op>
 __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t L, int64_t tile, bool fast,
-                                              bool reverse, Op op, A identity, A (&v)[kRowItems]) {
+                                              bool reverse, Op op, A identity, RowStage<T, Coalesce> &sh,
+                                              uint64_t pol, A (&v)[kRowItems]) {
+  constexpr int K = RowChunks<T>::K, P = Packed128<T>::size;
   const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
   if (fast) {
-    constexpr int P = Packed128<T>::size;
+    RowWord<T> x[K];
+    if constexpr (Coalesce) {
+      const int lane = threadIdx.x & 31;
+      uint4 *st = sh.w[threadIdx.x >> 5];
+      const uint4 *src = reinterpret_cast<const uint4 *>(in + (p0 - (int64_t)lane * kRowItems));
 #pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      const Packed128<T> x = load128(in + p0 + i);
+      for (int j = 0; j < K; j++) x[j].w = row_ld16<Hint>(src + 32 * j + lane, pol);
 #pragma unroll
-      for (int k = 0; k < P; k++) v[i + k] = widen<A, T>(x[k]);
+      for (int j = 0; j < K; j++) {
+        const int g = 32 * j + lane;
+        st[RowChunks<T>::slot(g / K, g % K)] = x[j].w;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < K; c++) x[c].w = st[RowChunks<T>::slot(lane, c)];
+    } else {
+#pragma unroll
+      for (int c = 0; c < K; c++) x[c].w = row_ld16<Hint>(reinterpret_cast<const uint4 *>(in + p0) + c, pol);
     }
+#pragma unroll
+    for (int c = 0; c < K; c++)
+#pragma unroll
+      for (int k = 0; k < P; k++) v[c * P + k] = widen<A, T>(x[c].x[k]);
   } else {
 #pragma unroll
     for (int i = 0; i < kRowItems; i++) {
@@ -225,17 +195,43 @@ __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t 
   }
 }
 
-template <typename T, typename A, typename Op>
+/* v (thread-ordered, already rounded to T) to tile `tile`'s 16-byte path, coalesced like row_tile_load. */
+template <bool Coalesce, typename T>
+__device__ __forceinline__ void row_tile_store(T *__restrict__ out, int64_t tile, RowStage<T, Coalesce> &sh,
+                                               uint64_t pol, const RowWord<T> (&x)[RowChunks<T>::K]) {
+  constexpr int K = RowChunks<T>::K;
+  const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
+  if constexpr (Coalesce) {
+    const int lane = threadIdx.x & 31;
+    uint4 *st = sh.w[threadIdx.x >> 5];
+    __syncwarp();   /* every lane has read its chunks of the load */
+#pragma unroll
+    for (int c = 0; c < K; c++) st[RowChunks<T>::slot(lane, c)] = x[c].w;
+    __syncwarp();
+    uint4 *dst = reinterpret_cast<uint4 *>(out + (p0 - (int64_t)lane * kRowItems));
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+      const int g = 32 * j + lane;
+      row_st16(dst + g, st[RowChunks<T>::slot(g / K, g % K)], pol);
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < K; c++) row_st16(reinterpret_cast<uint4 *>(out + p0) + c, x[c].w, pol);
+  }
+}
+
+template <typename T, typename A, typename Op, bool Coalesce>
 __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in, int64_t L, bool reverse, bool vec,
                                                         Op op, A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ RowStage<T, Coalesce> stage;
   __shared__ int chunk_sh, all_sh;   /* this block completed chunk m / the last chunk */
   const int t = threadIdx.x;
   const int64_t tile = blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   A v[kRowItems];
-  row_tile_load<T, A, Op>(in, L, tile, fast, reverse, op, identity, v);
+  row_tile_load<Coalesce, false, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, 0, v);
 #pragma unroll
   for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
   A tp, total;
@@ -288,18 +284,22 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   }
 }
 
-template <typename T, typename A, typename Op>
+template <typename T, typename A, typename Op, bool Coalesce>
 __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                         bool reverse, bool vec, Op op, A identity, RowSplit<A> st) {
+                                                         bool reverse, bool vec, bool last_first, bool evict, Op op,
+                                                         A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ RowStage<T, Coalesce> stage;
   __shared__ A prefix_sh;
   const int t = threadIdx.x;
-  const int64_t tile = st.nt - 1 - (int64_t)blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
-  const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
+  /* blocks start roughly in blockIdx order: last_first gives the first ones the tiles pass 1 left in L2 */
+  const int64_t tile = last_first ? st.nt - 1 - (int64_t)blockIdx.x : (int64_t)blockIdx.x;
+  const int64_t m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
+  const uint64_t pol = row_policy(evict);
   A v[kRowItems];
-  row_tile_load<T, A, Op>(in, L, tile, fast, reverse, op, identity, v);
+  row_tile_load<Coalesce, true, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, pol, v);
   if (t < 32) {   /* L2 hits, overlapping the tile's loads */
     const A within = sum_fixed(st.agg + first, tile - first, op, identity);
     if (t == 0) prefix_sh = op(__ldcg(st.carry + m), within);
@@ -311,15 +311,15 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   __syncthreads();   /* prefix_sh */
   const A base = op(prefix_sh, tp);
   if (fast) {
-    constexpr int P = Packed128<T>::size;
+    constexpr int K = RowChunks<T>::K, P = Packed128<T>::size;
+    RowWord<T> x[K];
 #pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      Packed128<T> x;
+    for (int c = 0; c < K; c++)
 #pragma unroll
-      for (int k = 0; k < P; k++) x[k] = narrow<T, A>(op(base, v[i + k]));
-      store128(out + p0 + i, x);
-    }
+      for (int k = 0; k < P; k++) x[c].x[k] = narrow<T, A>(op(base, v[c * P + k]));
+    row_tile_store<Coalesce, T>(out, tile, stage, pol, x);
   } else {
+    const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
 #pragma unroll
     for (int i = 0; i < kRowItems; i++) {
       const int64_t p = p0 + i;
@@ -328,172 +328,17 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   }
 }
 
-/* ---- one long row, deterministic, one pass with a short look-back (EMBER_SCAN_ROW=chain; f32 accumulators) ----
- * scan_row_tiles' expression and tickets, with its waits cut to about one L2
- * round trip: each published total is one 8-byte word (flag in the high
- * half, the f32 bits in the low: a single access, so no fence between value
- * and flag), and a warp issues all its loads at once (up to 8 words a lane)
- * before polling those not yet set, where fixed_sum waited word after word.
- * Warp 0 sums the chunk's earlier tile totals (and publishes the chunk
- * total), warp 1 the earlier chunk totals, side by side. Same sums in the
- * same order: the bits of scan_row_tiles and split. */
-struct RowChain {
-  unsigned *ticket;
-  unsigned long long *agg, *ctot;   /* zeroed before the launch */
-};
-
-__device__ __forceinline__ void chain_publish(unsigned long long *w, float v) {
-  *(volatile unsigned long long *)w = (1ull << 32) | __float_as_uint(v);
-}
-
-/* sum_fixed over the words w[0 .. n), waiting for each to be set; every lane returns the result */
-template <typename Op>
-__device__ __forceinline__ float chain_sum(const unsigned long long *w, int64_t n, Op op, float identity) {
-  constexpr int B = 8;   /* words a lane a batch */
-  const int lane = threadIdx.x & 31;
-  float acc = identity;
-  for (int64_t b = 0; b < n; b += 32 * B) {
-    unsigned long long x[B];
-#pragma unroll
-    for (int i = 0; i < B; i++) {
-      const int64_t j = b + lane + 32 * i;
-      x[i] = j < n ? *(volatile const unsigned long long *)(w + j) : 0ull;
-    }
-#pragma unroll
-    for (int i = 0; i < B; i++) {
-      const int64_t j = b + lane + 32 * i;
-      if (j < n) {
-        while ((x[i] >> 32) == 0) x[i] = *(volatile const unsigned long long *)(w + j);
-        acc = op(acc, __uint_as_float((unsigned)x[i]));
-      }
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-  return acc;
-}
-
-template <typename T, typename Op>
-__global__ void __launch_bounds__(kBlock) scan_row_chain(const T *__restrict__ in, T *__restrict__ out, int64_t L,
-                                                         bool reverse, bool vec, Op op, float identity, RowChain st) {
-  typedef cub::BlockScan<float, kBlock> BlockScan;
-  __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ unsigned tile_sh;
-  __shared__ float within_sh, carry_sh;
-  const int t = threadIdx.x;
-  if (t == 0) tile_sh = atomicAdd(st.ticket, 1u);
-  __syncthreads();
-  const int64_t tile = tile_sh, m = tile / kRowChunk, first = m * kRowChunk;
-  const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
-  const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
-  float v[kRowItems];
-  row_tile_load<T, float, Op>(in, L, tile, fast, reverse, op, identity, v);
-#pragma unroll
-  for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
-  float tp, total;
-  BlockScan(tmp).ExclusiveScan(v[kRowItems - 1], tp, identity, op, total);
-  if (t < 32) {
-    if (t == 0) chain_publish(st.agg + tile, total);
-    const float within = chain_sum(st.agg + first, tile - first, op, identity);
-    /* a chunk's total depends on its own tiles only: no chain across chunks */
-    if (t == 0 && tile - first == kRowChunk - 1) chain_publish(st.ctot + m, op(within, total));
-    if (t == 0) within_sh = within;
-  } else if (t < 64) {
-    const float carry = chain_sum(st.ctot, m, op, identity);
-    if (t == 32) carry_sh = carry;
-  }
-  __syncthreads();
-  const float base = op(op(carry_sh, within_sh), tp);
-  if (fast) {
-    constexpr int P = Packed128<T>::size;
-#pragma unroll
-    for (int i = 0; i < kRowItems; i += P) {
-      Packed128<T> x;
-#pragma unroll
-      for (int k = 0; k < P; k++) x[k] = narrow<T, float>(op(base, v[i + k]));
-      store128(out + p0 + i, x);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kRowItems; i++) {
-      const int64_t p = p0 + i;
-      if (p < L) out[reverse ? L - 1 - p : p] = narrow<T, float>(op(base, v[i]));
-    }
-  }
-}
-
-#include "scan_row_ring.cuh"   /* EMBER_SCAN_ROW=ring: chain's pass, persistent, the next tile in flight */
-
-#include "scan_row_l2.cuh"     /* EMBER_SCAN_ROW=l2: split's two passes a segment (about a third of the L2) at a time */
-
-/* EMBER_SCAN_ROW (read once): "split" (default: scan_row_sums + scan_row_apply), "tiles" (scan_row_tiles, the
- * single pass; the same bits), "cub" (cub::DeviceScan, not deterministic for floats), "chain" (scan_row_chain
- * for f32 accumulators, split for the others; the same bits), "ring" (scan_row_ring, likewise), "l2" or
- * "l2:G" (scan_row_l2 for every row, segments of G chunks, or sized from the L2; the same bits), "l2f" or
- * "l2f:G" (scan_row_l2 with one launch a segment: scan_l2_step; the same bits), "l2c" or "l2c:G" (scan_l2_coop:
- * l2's passes in one cooperative launch, waiting on a count, not a launch; segments of G chunks or a sixth of
- * the L2; split inside graph capture; the same bits)
- * or "auto" (l2 where it should win, split elsewhere: l2_wins). 0 .. 8; -1 on error. *seg_chunks: l2's G
- * (0: from the L2). */
-static int row_scan_mode(const char *op, int64_t *seg_chunks) {
-  static int mode = -1;
-  static int64_t chunks = 0;
-  if (mode < 0) {
-    const char *env = getenv("EMBER_SCAN_ROW");
-    if (!env || !*env || strcmp(env, "split") == 0) mode = 0;
-    else if (strcmp(env, "tiles") == 0) mode = 1;
-    else if (strcmp(env, "cub") == 0) mode = 2;
-    else if (strcmp(env, "chain") == 0) mode = 3;
-    else if (strcmp(env, "ring") == 0) mode = 4;
-    else if (strcmp(env, "l2") == 0) mode = 5;
-    else if (strcmp(env, "l2f") == 0) mode = 7;
-    else if (strcmp(env, "auto") == 0) mode = 6;
-    else if (strcmp(env, "l2c") == 0) mode = 8;
-    else if (strncmp(env, "l2:", 3) == 0 || strncmp(env, "l2f:", 4) == 0 || strncmp(env, "l2c:", 4) == 0) {
-      const char *num = env + (env[2] == ':' ? 3 : 4);
-      char *end = nullptr;
-      const long long g = strtoll(num, &end, 10);
-      if (end == num || *end || g < 1 || g > (1 << 20))
-        return em_error("%s: expected EMBER_SCAN_ROW=l2:G, l2f:G or l2c:G with G chunks a segment in 1 .. 1048576, "
-                        "got '%s'", op, env);
-      chunks = g;
-      mode = env[2] == 'f' ? 7 : env[2] == 'c' ? 8 : 5;
-    } else {
-      return em_error("%s: expected EMBER_SCAN_ROW to be auto, split, tiles, cub, chain, ring, l2, l2:G, l2f, l2f:G, "
-                      "l2c or l2c:G, got '%s'", op, env);
-    }
-  }
-  *seg_chunks = chunks;
-  return mode;
-}
-
-template <typename T, typename Op>
-int scan_row_chain_run(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f,
-                       float identity, cudaStream_t s) {
-  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
-  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-  const size_t bytes = 256 + (size_t)(nt + nc) * sizeof(unsigned long long);
-  int64_t total = (int64_t)bytes;
-  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
-  if (!ws) return -1;
-  char *p = (char *)em_data_ptr(ws);
-  RowChain st;
-  st.ticket = (unsigned *)p;
-  st.agg = (unsigned long long *)(p + 256);
-  st.ctot = st.agg + nt;
-  int rc = em_cuda_check(cudaMemsetAsync(p, 0, bytes, s), op, "cudaMemsetAsync");
-  if (!rc) {
-    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_chain<T, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
-    rc = em_launch_check(op);
-  }
-  em_tensor_release(ws);   /* stream-ordered */
-  return rc;
-}
+/* EMBER_SCAN_ROW_COALESCE's default: both passes' 16-byte accesses through shared memory (RowChunks) */
+constexpr bool kRowCoalesce = false;
 
 template <typename T, typename A, typename Op>
 int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
                    cudaStream_t s) {
+  /* the A/B switches (read once): pass 2's tile order and eviction hints, both passes' coalesced 16-byte
+   * accesses; the same bits */
+  static const bool last_first = em_env_switch("EMBER_SCAN_ROW_LAST_FIRST", true);
+  static const bool evict = em_env_switch("EMBER_SCAN_ROW_EVICT", true);
+  static const bool coalesce = em_env_switch("EMBER_SCAN_ROW_COALESCE", kRowCoalesce);
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
   if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
   const size_t counts = ((size_t)(nc + 1) * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -512,10 +357,12 @@ int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int6
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
   if (!rc) {
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_sums<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
+    auto sums = coalesce ? scan_row_sums<T, A, Op, true> : scan_row_sums<T, A, Op, false>;
+    sums<<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
     rc = em_launch_check(op);
     if (!rc) {
-      scan_row_apply<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
+      auto apply = coalesce ? scan_row_apply<T, A, Op, true> : scan_row_apply<T, A, Op, false>;
+      apply<<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, last_first, evict, f, identity, st);
       rc = em_launch_check(op);
     }
   }
@@ -523,78 +370,13 @@ int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int6
   return rc;
 }
 
-template <typename T, typename A, typename Op>
-int scan_row_det(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
-                 cudaStream_t s) {
-  const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = nt / kRowChunk + 1;
-  if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-  const size_t flags = (256 + (size_t)(nt + nc) * sizeof(int) + 255) & ~(size_t)255;
-  int64_t total = (int64_t)(flags + (size_t)(nt + nc) * sizeof(A));
-  em_tensor *ws = em_empty(1, &total, EM_U8, a->device);
-  if (!ws) return -1;
-  char *p = (char *)em_data_ptr(ws);
-  RowState<A> st;
-  st.ticket = (unsigned *)p;
-  st.agg_flag = (int *)(p + 256);
-  st.ctot_flag = st.agg_flag + nt;
-  st.agg = (A *)(p + flags);
-  st.ctot = st.agg + nt;
-  int rc = em_cuda_check(cudaMemsetAsync(p, 0, flags, s), op, "cudaMemsetAsync");
-  if (!rc) {
-    const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    scan_row_tiles<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, f, identity, st);
-    rc = em_launch_check(op);
-  }
-  em_tensor_release(ws);   /* stream-ordered */
-  return rc;
-}
-
-/* ring's and l2c's cooperative launches are kept out of graph capture (ember.cuda.graph): split there, the same bits */
-static bool stream_capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(s, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
-}
-
-constexpr bool kAutoFused = false;   /* auto's l2: two launches a segment (l2), or one (true: l2f) */
-/* EMBER_SCAN_ROW_PDL's default: l2's kernels with programmatic dependent launch (not inside graph capture) */
-constexpr bool kAutoPdl = false;
-
-/* auto: l2 for forward rows of f32 accumulators (f32, bf16, f16) on 16-byte boundaries larger than the L2
- * (split's second pass misses there; a shorter row is mostly still in L2 when split's apply pass, last
- * tile first, reads it again, and l2 would only add launches); split elsewhere. */
-template <typename T, typename A>
-bool l2_wins(const em_tensor *a, const T *in, const T *out, int64_t L, bool reverse) {
-  if (!std::is_same<A, float>::value || reverse || (((uintptr_t)in | (uintptr_t)out) & 15) != 0) return false;
-  return L * (int64_t)sizeof(T) > device_l2_bytes(a->device.index);
-}
-
-/* The one-row scan, by EMBER_SCAN_ROW (chain, ring: f32 accumulators only, split for the others). */
+/* The one-row scan, by EMBER_SCAN_ROW (read once): "split" (unset: scan_row_sums + scan_row_apply, the same
+ * bits on every run) or "cub" (cub::DeviceScan, not deterministic for floats); anything else is an error. */
 template <typename T, typename A, typename Op>
 int scan_row(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
              cudaStream_t s) {
-  int64_t seg_chunks = 0;
-  const int mode = row_scan_mode(op, &seg_chunks);
-  if (mode < 0) return -1;
-  if (mode == 2) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
-  if (mode == 1) return scan_row_det<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if constexpr (std::is_same<A, float>::value)
-    if (mode == 3) return scan_row_chain_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if constexpr (std::is_same<A, float>::value)
-    if (mode == 4 && !stream_capturing(s))
-      return scan_row_ring_run<T, Op>(op, a, in, out, L, reverse, f, identity, s);
-  if (mode == 8 && !stream_capturing(s)) {
-    const int64_t nt = (L + kRowTile - 1) / kRowTile;
-    if (nt > INT32_MAX)
-      return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-    return scan_row_l2_coop<T, A, Op>(op, a, in, out, L, reverse, f, identity, seg_chunks, s);
-  }
-  if (mode == 5 || mode == 7 || (mode == 6 && l2_wins<T, A>(a, in, out, L, reverse))) {
-    const int64_t nt = (L + kRowTile - 1) / kRowTile;
-    if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
-    static const bool pdl_env = em_env_switch("EMBER_SCAN_ROW_PDL", kAutoPdl);
-    const bool fused = mode == 7 || (mode == 6 && kAutoFused), pdl = pdl_env && !stream_capturing(s);
-    return scan_row_l2<T, A, Op>(op, a, in, out, L, reverse, f, identity,
-                                 l2_seg_chunks<T>(a->device.index, seg_chunks, fused), fused, pdl, s);
-  }
+  static int mode = -1;
+  if (em_env_choice(&mode, op, "EMBER_SCAN_ROW", "split", "cub") < 0) return -1;
+  if (mode == 1) return scan_one_row<T, A, Op>(op, a, in, out, L, reverse, f, s);
   return scan_row_split<T, A, Op>(op, a, in, out, L, reverse, f, identity, s);
 }

@@ -8,8 +8,8 @@
  * bf16's budget at 70 % (~28): bf16 (8192, 8192) took 0.0905 ms (62 %)
  * where f32, twice the bytes on the same instructions, took 0.142 (79 %).
  * Here a step scans P consecutive tiles of the same row at once (P = 2:
- * EMBER_SCAN_ROWS=pair, the bf16/f16 default; P = 4: EMBER_SCAN_ROWS=quad,
- * opt-in, f64/i64 taking P = 2 there): one
+ * EMBER_SCAN_ROWS=pair, the bf16/f16 default; P = 4 measured slower on an
+ * H200 and lost its switch, EMBER_SCAN_ROWS=quad, in the thirteenth session): one
  * raking scan over P-wide partials (two barriers, not three: the storage is
  * only reused after the next step's first barrier), the cursors and the
  * loop once a step: ~half the instructions an element at P = 2.

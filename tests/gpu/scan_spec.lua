@@ -1,6 +1,6 @@
 -- scan_spec.lua (GPU) — kernels/scan.cu's one-row scan (kernels/scan_row.cuh:
 -- 4096-element tiles, prefixes summed in a fixed order over 64-tile chunks;
--- split by default, tiles with EMBER_SCAN_ROW=tiles) against the
+-- split, two passes, by default) against the
 -- CPU, at sizes around the tile and the chunk, misaligned (the scalar path)
 -- and reversed (cumsum's backward); and its promise: the same bits on every
 -- run (CUB's look-back, EMBER_SCAN_ROW=cub, does not promise that for floats).
@@ -63,18 +63,25 @@ describe("one-row cumsum/cumprod on CUDA (tiles, fixed-order look-back)", functi
   end)
 end)
 
--- The default one-row scan is three phases (scan_row_sums, scan_row_apply:
--- EMBER_SCAN_ROW=split) with scan_row_tiles' partition and fixed sums, so it
--- must give scan_row_tiles' bits (EMBER_SCAN_ROW=tiles). The switch is read
--- once a process: each path runs in a child and saves its results. Sizes: one
--- tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry warps
--- each start past 32 chunks, the lane partials' first loop).
+-- The default one-row scan (split: scan_row_sums, then scan_row_apply) evaluates
+-- a fixed expression per element whatever the order its apply pass takes the
+-- tiles in and whatever cache hints it gives, so its A/B switches must not
+-- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first),
+-- EMBER_SCAN_ROW_EVICT=0 (evict_normal loads and stores) and
+-- EMBER_SCAN_ROW_COALESCE=1 (each warp's 16-byte accesses coalesced through
+-- shared memory, both passes) against the default (last tile first,
+-- evict_first, each thread's own chunks). The switches are read once a
+-- process: each runs in a child and saves its results. Sizes: two elements,
+-- one tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry
+-- warps each start past 32 chunks, the lane partials' first loop); forward,
+-- misaligned (the scalar path), cumprod, reversed (cumsum's backward), each
+-- sum run twice.
 local BIG = 300 * 64 * 4096 + 4099
 local CHILD = [[
 local ember = require "ember"
 local out = {}
 for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
-  for k, n in ipairs({4097, 64 * 4096 + 5, ]] .. BIG .. [[}) do
+  for k, n in ipairs({2, 4097, 64 * 4096 + 5, ]] .. BIG .. [[}) do
     ember.manual_seed(40 + k)
     local x = ember.randn(n, {device = "cuda"}):to(dt)
     local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
@@ -84,27 +91,85 @@ for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
     local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
     out["in_" .. key] = keep(x)
     out["sum_" .. key] = keep(x:cumsum(0))
+    out["again_" .. key] = keep(x:cumsum(0))
     out["prod_" .. key] = keep(p:cumprod(0))
     local xl = x:detach(); xl.requires_grad = true
     xl:cumsum(0):backward(p)   -- the reversed scan of p
     out["rev_" .. key] = keep(xl.grad)
+    out["mis_" .. key] = keep(x:narrow(0, 1, n - 1):cumsum(0))
   end
 end
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]]
 
-describe("one-row scan paths on CUDA", function()
+describe("one-row scan on CUDA: split's switches, cub, graph capture", function()
   after_each(function() H.remove_temps() end)
 
-  it("split (the default) gives the bits of tiles, forward, cumprod and reversed (f32, bf16, f16, f64)", function()
-    local got = cmp.mode_results(H, H.temp_file(CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", "tiles"})
-    assert.are.equal(4 * 3 * 4, cmp.assert_modes_agree(got, "tiles", {"split"}))
+  it("gives the same bits whatever its switches (f32, bf16, f16, f64; sums, products, reversed, misaligned), "
+     .. "and a second run the same bits", function()
+    local script = H.temp_file(CHILD, ".lua")
+    local order = cmp.mode_results(H, script, "EMBER_SCAN_ROW_LAST_FIRST", {"1", "0"})
+    local got = {default = order["1"], first_tile_first = order["0"],
+                 normal = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})["0"],
+                 coalesced = cmp.mode_results(H, script, "EMBER_SCAN_ROW_COALESCE", {"1"})["1"]}
+    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first", "normal", "coalesced"}))
+    for mode, r in pairs(got) do   -- the second run of each sum: the same bits
+      for name, t in pairs(r) do
+        local key = name:match("^again_(.*)$")
+        if key then
+          local d = t:ne(r["sum_" .. key]):sum():item()
+          assert(d == 0, ("%s cumsum %s run twice: %d elements differ, expected 0"):format(mode, key, d))
+        end
+      end
+    end
   end)
 
   it("split matches the CPU across 301 chunks (f32 cumsum)", function()
     ember.manual_seed(41)
     local x = ember.randn(BIG, {dtype = "f64"})
     cmp.assert_close(x:to("f32"):cuda():cumsum(0), x:to("f32"):cumsum(0), cmp.rtol("f32"), "cumsum f32 n " .. BIG)
+  end)
+
+  it("gives the same bits inside graph capture as eagerly (f32, bf16; 8 chunks less a bit)", function()
+    ember.manual_seed(44)
+    for _, dt in ipairs({"f32", "bf16"}) do
+      local x = ember.randn(8 * 64 * 4096 - 4093, {device = "cuda"}):to(dt)
+      local eager = x:cumsum(0)
+      local g, y = ember.cuda.graph(function() return x:cumsum(0) end)
+      g:replay()
+      cmp.assert_same_bits(y, eager, "graph vs eager cumsum " .. dt)
+      local new = ember.randn(x:numel(), {device = "cuda"}):to(dt)
+      x:copy_(new)   -- a replay reads the captured input's new values
+      g:replay()
+      cmp.assert_same_bits(y, new:cumsum(0), "graph replay with new values, cumsum " .. dt)
+      g:close()
+    end
+  end)
+
+  it("EMBER_SCAN_ROW=cub (CUB's scan, not deterministic for floats) matches the CPU; another value is refused",
+     function()
+    local script = H.temp_file([[
+local ember = require "ember"
+ember.manual_seed(45)
+local out = {}
+for k, n in ipairs({4097, 64 * 4096 + 5}) do
+  local x = ember.randn(n, {dtype = "f64"}):to("f32")
+  out["x" .. k], out["got" .. k] = x, x:cuda():cumsum(0):cpu()
+  out["mis" .. k] = x:cuda():narrow(0, 1, n - 1):cumsum(0):cpu()
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local r = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"cub"}).cub
+    for k = 1, 2 do
+      local x = r["x" .. k]
+      cmp.assert_close(r["got" .. k], x:cumsum(0), cmp.rtol("f32"), "cub cumsum f32 n " .. x:numel())
+      cmp.assert_close(r["mis" .. k], x:narrow(0, 1, x:numel() - 1):cumsum(0), cmp.rtol("f32"), "cub misaligned")
+    end
+    for _, bad in ipairs({"ring", "l2", "tiles"}) do
+      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = bad, SCAN_SPEC_OUT = H.temp(".st")}})
+      assert.are_not.equal(0, code, "EMBER_SCAN_ROW=" .. bad .. " should fail")
+      assert.matches("expected EMBER_SCAN_ROW to be split or cub, got '" .. bad .. "'", err, 1, true)
+    end
   end)
 end)
 
@@ -136,11 +201,11 @@ describe("row scans on CUDA (tiles loaded ahead)", function()
   end)
 end)
 
--- Row scans, the five paths (EMBER_SCAN_ROWS, read once a process: each runs
+-- Row scans, the four paths (EMBER_SCAN_ROWS, read once a process: each runs
 -- in a child): ring (the default for f32/f64: a block walks rows b, b + G,
--- ... as one stream of tiles, the next ones in flight in a cp.async ring),
--- pair (the default for bf16/f16: that stream two tiles a step, its own
--- raking scan written out from cub's) and quad (four tiles a step) must give
+-- ... as one stream of tiles, the next ones in flight in a cp.async ring)
+-- and pair (the default for bf16/f16: that stream two tiles a step, its own
+-- raking scan written out from cub's) must give
 -- the bits of one (scan_rows, a row a block, cub::BlockScan) and ahead
 -- (gpuscan2's registers).
 -- Shapes: more rows than the grid has blocks (several rows a block, the ring
@@ -173,9 +238,9 @@ describe("row scan paths on CUDA (EMBER_SCAN_ROWS)", function()
 
   it("ring and pair (the defaults) give the bits of one and ahead, sums, products and reversed (f32, bf16, f16, f64)",
      function()
-    local modes = {"ring", "one", "ahead", "pair", "quad"}
+    local modes = {"ring", "one", "ahead", "pair"}
     local got = cmp.mode_results(H, H.temp_file(ROWS_CHILD, ".lua"), "EMBER_SCAN_ROWS", modes)
-    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair", "quad"}))
+    assert.are.equal(4 * 7 * 3, cmp.assert_modes_agree(got, "one", {"ring", "ahead", "pair"}))
   end)
 
   it("ring and pair match the CPU with several rows a block ((3000, 1028), (1500, 3072) and f64 (2500, 12))", function()
@@ -264,115 +329,5 @@ describe("column scan paths on CUDA (EMBER_SCAN_STRIP)", function()
   it("flow and async give the bits of v1, sums, products and reversed (f32, bf16, f16, f64)", function()
     local got = cmp.mode_results(H, H.temp_file(COLS_CHILD, ".lua"), "EMBER_SCAN_STRIP", {"v1", "async", "flow"})
     assert.are.equal(4 * 4 * 3, cmp.assert_modes_agree(got, "v1", {"async", "flow"}))
-  end)
-end)
-
--- The L2-segmented one-row scan (EMBER_SCAN_ROW=l2, kernels/scan_row_l2.cuh):
--- split's two passes a segment of G chunks at a time, so it must give split's
--- bits (and so tiles'). G from the L2 (l2: at 301 chunks, 19 segments of f32,
--- 10 of bf16/f16, 38 of f64), or given: l2:1 (a segment a chunk) and l2:3
--- (8 chunks: segments of 3, 3 and a partial 2). l2f (one launch a segment:
--- segment k's apply beside segment k + 1's totals) likewise, with G from the
--- L2 (a quarter) or 1 or 3. l2c (both passes in one cooperative launch, each
--- block waiting on a segment's count of tiles past the first pass) likewise,
--- with G from the L2 (a sixth: fewer tiles a segment than blocks), 1, 3 or 40
--- (at 301 chunks: 2560-tile segments, several tiles a block a pass, and a
--- partial last segment of 21 chunks). auto (l2 for forward aligned
--- f32/bf16/f16 rows larger than the L2 — here the 301 chunks —, split for the
--- rest) likewise. Sizes: two
--- elements, one tile and a bit, a chunk and a bit, 8 chunks less a bit, 301
--- chunks (warp 1's carry sums more than 8 chunk totals a lane); misaligned
--- (the scalar loads) and reversed (cumsum's backward); each sum run twice.
-local L2_CHILD = [[
-local ember = require "ember"
-local out = {}
-for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
-  for k, n in ipairs({2, 4097, 64 * 4096 + 5, 8 * 64 * 4096 - 4093, ]] .. BIG .. [[}) do
-    ember.manual_seed(60 + k)
-    local x = ember.randn(n, {device = "cuda"}):to(dt)
-    local p = (ember.rand(n, {device = "cuda"}) * 0.002 + 0.999):to(dt)
-    local key = dt .. "_" .. k
-    local idx = n > 1000000 and ember.arange(0, n, 997, {device = "cuda"}) or nil
-    local function keep(t) return (idx and t:index_select(0, idx) or t):cpu() end
-    out["in_" .. key] = keep(x)
-    out["sum_" .. key] = keep(x:cumsum(0))
-    out["again_" .. key] = keep(x:cumsum(0))
-    out["prod_" .. key] = keep(p:cumprod(0))
-    local xl = x:detach(); xl.requires_grad = true
-    xl:cumsum(0):backward(p)   -- the reversed scan of p
-    out["rev_" .. key] = keep(xl.grad)
-    out["mis_" .. key] = keep(x:narrow(0, 1, n - 1):cumsum(0))
-  end
-end
-ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]]
-
-describe("one-row scan, EMBER_SCAN_ROW=l2 (segments that stay in L2) and auto", function()
-  after_each(function() H.remove_temps() end)
-
-  it("gives split's bits (f32, bf16, f16, f64), forward, cumprod, reversed, misaligned, run twice", function()
-    local others = {"l2", "l2:1", "l2:3", "l2f", "l2f:1", "l2f:3", "l2c", "l2c:1", "l2c:3", "l2c:40",
-                    "auto"}
-    local got = cmp.mode_results(H, H.temp_file(L2_CHILD, ".lua"), "EMBER_SCAN_ROW", {"split", table.unpack(others)})
-    assert.are.equal(4 * 5 * 6, cmp.assert_modes_agree(got, "split", others))
-    for _, mode in ipairs({"l2", "l2f", "l2c", "l2c:1", "l2c:40"}) do
-      for name, t in pairs(got[mode]) do   -- the second run of each sum: the same bits
-        local key = name:match("^again_(.*)$")
-        if key then
-          local d = t:ne(got[mode]["sum_" .. key]):sum():item()
-          assert(d == 0, ("%s cumsum %s run twice: %d elements differ, expected 0"):format(mode, key, d))
-        end
-      end
-    end
-  end)
-
-  it("matches the CPU across 301 chunks (f32 cumsum, segments from the L2, l2 and l2c, in a child)", function()
-    local script = H.temp_file([[
-local ember = require "ember"
-ember.manual_seed(41)
-local x = ember.randn(]] .. BIG .. [[, {dtype = "f64"}):to("f32")
-ember.save(os.getenv("SCAN_SPEC_OUT"), {x = x, got = x:cuda():cumsum(0):cpu()})
-]], ".lua")
-    for mode, r in pairs(cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2", "l2c"})) do
-      cmp.assert_close(r.got, r.x:cumsum(0), cmp.rtol("f32"), mode .. " cumsum f32 n " .. BIG)
-    end
-  end)
-
-  -- l2c's cooperative launch is not captured: split runs in the graph, the same bits as l2c eagerly
-  it("gives the same bits inside graph capture as eagerly (l2:3, l2f:3, l2c:3, 8 chunks: three segments)", function()
-    local script = H.temp_file([[
-local ember = require "ember"
-ember.manual_seed(44)
-local out = {}
-for _, dt in ipairs({"f32", "bf16"}) do
-  local x = ember.randn(8 * 64 * 4096 - 4093, {device = "cuda"}):to(dt)
-  local eager = x:cumsum(0)
-  local g, y = ember.cuda.graph(function() return x:cumsum(0) end)
-  g:replay()
-  out["eager_" .. dt], out["graph_" .. dt] = eager:cpu(), y:cpu()
-  g:close()
-end
-ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]], ".lua")
-    local got = cmp.mode_results(H, script, "EMBER_SCAN_ROW", {"l2:3", "l2f:3", "l2c:3"})
-    for mode, r in pairs(got) do
-      for _, dt in ipairs({"f32", "bf16"}) do
-        local d = r["graph_" .. dt]:ne(r["eager_" .. dt]):sum():item()
-        assert(d == 0, ("%s graph vs eager cumsum %s: %d elements differ, expected 0"):format(mode, dt, d))
-      end
-    end
-  end)
-
-  it("rejects a bad EMBER_SCAN_ROW=l2:G or l2c:G, naming the expected form", function()
-    local script = H.temp_file([[
-local ember = require "ember"
-ember.randn(10, {device = "cuda"}):cumsum(0)
-]], ".lua")
-    for _, bad in ipairs({"l2:0", "l2c:x"}) do
-      local _, err, code = H.ember({"run", script}, {env = {EMBER_SCAN_ROW = bad}})
-      assert.are_not.equal(0, code, "EMBER_SCAN_ROW=" .. bad .. " should fail")
-      assert.matches("expected EMBER_SCAN_ROW=l2:G, l2f:G or l2c:G with G chunks a segment in 1 .. 1048576, got '"
-                     .. bad .. "'", err, 1, true)
-    end
   end)
 end)
