@@ -365,17 +365,18 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
  * rmsnorm's gx is the gradient of x and of r; on CUDA rmsnorm's backward
  * adds into gs in place (the gradient sink of the unfused pair). */
 
-static bool fuse_add_rmsnorm_on(void) {
-  static int on = -1;                       /* read once: a process-wide A/B switch */
-  if (on < 0) {
-    const char *e = getenv("EMBER_FUSE_ADD_RMSNORM");
-    on = !(e && e[0] == '0');
-  }
-  return on;
+/* EMBER_FUSE_ADD_RMSNORM=0 (read once at load): the two ops, as before, for
+ * an A/B on a GPU host. The same values. */
+static bool fuse_add_rmsnorm = true;
+__attribute__((constructor)) static void fuse_add_rmsnorm_init(void) {
+  const char *e = getenv("EMBER_FUSE_ADD_RMSNORM");
+  if (!e || !*e) return;
+  if ((e[0] == '0' || e[0] == '1') && !e[1]) fuse_add_rmsnorm = e[0] == '1';
+  else fprintf(stderr, "ember: EMBER_FUSE_ADD_RMSNORM must be 0 or 1, got '%s'; using 1\n", e);
 }
 
 static bool add_rmsnorm_fusable(em_tensor *x, em_tensor *r, em_tensor *w) {
-  if (!fuse_add_rmsnorm_on() || (x->dtype != EM_F32 && x->dtype != EM_F64)) return false;
+  if (!fuse_add_rmsnorm || (x->dtype != EM_F32 && x->dtype != EM_F64)) return false;
   if (em_promote(x->dtype, r->dtype) != x->dtype || (w && w->dtype != x->dtype)) return false;
   if (!em_device_eq(x->device, r->device) || (w && !em_device_eq(x->device, w->device))) return false;
   return x->ndim >= 1 && em_same_shape(x, r) && x->shape[x->ndim - 1] > 0 && em_numel(x) > 0;
