@@ -116,17 +116,17 @@ static int bwd_run(bwd_job *j, const char *op) {
   return 0;
 }
 
-static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
+static int rmsnorm_validate(const char *op, em_tensor *x, em_tensor *w, double eps) {
   char s1[160], s2[160];
-  if (em_check_float("rmsnorm", "x", x)) return -1;
-  if (x->ndim < 1) return em_error("rmsnorm: expected x with at least 1 dim (..., D), got a 0-dim tensor");
+  if (em_check_float(op, "x", x)) return -1;
+  if (x->ndim < 1) return em_error("%s: expected x with at least 1 dim (..., D), got a 0-dim tensor", op);
   if (!(eps >= 0) || isinf(eps))
-    return em_error("rmsnorm: expected eps to be a finite number >= 0, got %g", eps);
+    return em_error("%s: expected eps to be a finite number >= 0, got %g", op, eps);
   if (!w) return 0;
-  if (em_check_float("rmsnorm", "weight", w)) return -1;
-  if (em_check_same_device("rmsnorm", x, w)) return -1;
+  if (em_check_float(op, "weight", w)) return -1;
+  if (em_check_same_device(op, x, w)) return -1;
   if (w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
-    return em_error("rmsnorm: expected weight of shape [%lld] (x's last dim), got %s (x has shape %s)",
+    return em_error("%s: expected weight of shape [%lld] (x's last dim), got %s (x has shape %s)", op,
                     (long long)x->shape[x->ndim - 1], em_shape_str(w->ndim, w->shape, s1, 160),
                     em_shape_str(x->ndim, x->shape, s2, 160));
   return 0;
@@ -332,7 +332,7 @@ static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 }
 
 static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
-  if (rmsnorm_validate(x, w, eps)) return NULL;
+  if (rmsnorm_validate("rmsnorm", x, w, eps)) return NULL;
   em_tensor *rstd = NULL;
   em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, &rstd) : rmsnorm_cuda(x, w, eps, &rstd);
   /* x, w read; y, rstd written; x², the row sum, two scales per element */
@@ -473,7 +473,7 @@ int em_add_rmsnorm(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tens
     return 0;
   }
   EM_OP_SCOPE("add_rmsnorm");
-  if (rmsnorm_validate(x, w, eps)) return -1;
+  if (rmsnorm_validate("add_rmsnorm", x, w, eps)) return -1;
   return add_rmsnorm_fused(x, r, w, eps, s_out, y_out);
 }
 
