@@ -387,9 +387,9 @@ static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *s = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
   bool need_s = em_node_needs_input_grad(n, 0) || em_node_needs_input_grad(n, 1);
   bool need_w = w && em_node_needs_input_grad(n, 2);
-  /* rmsnorm's backward at s, plus gs read and added */
-  EM_OP_COST(3 * em_cost_nbytes(s) + em_cost_nbytes(gout[1]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
-             7 * em_numel(s), em_cost_simt_class(rstd->dtype));
+  /* rmsnorm's backward at s (gs read and added: rms_grads_cuda declares it, em_add on the CPU) */
+  EM_OP_COST(2 * em_cost_nbytes(s) + em_cost_nbytes(gout[1]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
+             6 * em_numel(s), em_cost_simt_class(rstd->dtype));
   em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL;
   int rc = -1;
   if (s->device.type == EM_CPU) {
