@@ -86,15 +86,22 @@ __device__ __forceinline__ void load_w(const TW *w, int64_t j, bool wvec, C *out
   for (int k = 0; k < N; k++) out[k] = ld<C>(w[j + k]);
 }
 
+/* VEC elements of T in one load (8 bytes for 4 bf16): r's chunk beside x's. */
+template <typename T, int N> struct alignas(sizeof(T) * N) VecN { T v[N]; };
+
 /* One warp per row with the row held in registers: NV 16-byte chunks per lane
- * (D <= 32·NV·VEC), all loads issued before the first use, one read of x. */
-template <typename TX, typename TW, int NV>
+ * (D <= 32·NV·VEC), all loads issued before the first use, one read of x.
+ * TR not void (add_rmsnorm): the row is s = x + r, added as the add kernel
+ * does (in C) and stored to s, then normed exactly as x would be. */
+template <typename TX, typename TW, int NV, typename TR = void>
 __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                   int64_t N, int64_t D, acc_t<TX> eps,
                                                                   TX *__restrict__ y, acc_t<TX> *__restrict__ rstd,
-                                                                  bool wvec) {
+                                                                  bool wvec, const TR *__restrict__ r = nullptr,
+                                                                  TX *__restrict__ s = nullptr) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX);
+  constexpr bool ADD = !std::is_void<TR>::value;
   int lane = threadIdx.x & 31;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
   for (int64_t i = warp; i < N; i += nwarps) {
@@ -105,6 +112,26 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(lane + v * 32) * VEC;
       if (j < D) buf[v] = *reinterpret_cast<const uint4 *>(xr + j);
+    }
+    if constexpr (ADD) {
+      using TRL = typename std::conditional<ADD, TR, char>::type;
+      VecN<TRL, VEC> rb[NV];
+#pragma unroll
+      for (int v = 0; v < NV; v++) {
+        int64_t j = (int64_t)(lane + v * 32) * VEC;
+        if (j < D) rb[v] = *reinterpret_cast<const VecN<TRL, VEC> *>(r + i * D + j);
+      }
+#pragma unroll
+      for (int v = 0; v < NV; v++) {
+        int64_t j = (int64_t)(lane + v * 32) * VEC;
+        if (j < D) {
+          Packed128<TX> q;
+#pragma unroll
+          for (int k = 0; k < VEC; k++) q[k] = st<TX>(raw_elem<C, TX>(buf[v], k) + ld<C>(rb[v].v[k]));
+          store128(s + i * D + j, q);
+          buf[v] = *reinterpret_cast<const uint4 *>(&q);
+        }
+      }
     }
     C ss = 0;
 #pragma unroll
@@ -215,6 +242,72 @@ extern "C" int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, doubl
   em_dtype wt = w ? w->dtype : x->dtype;
   EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, launch_fwd<TX, TW>(x, w, eps, y, rstd, s)); });
   return em_launch_check("rmsnorm");
+}
+
+/* ---------------- add_rmsnorm forward ----------------
+ * s = x + r and y = rmsnorm(s, w) in one pass for f32 rows that fit the
+ * register kernel: x (4 B) and r (2 B under autocast) read, s (4 B) and y
+ * (4 B) written, 14 B an element where the add kernel and the norm moved 22
+ * (x, r read, s written; s read, y written), and one launch instead of two.
+ * Other shapes (and f64) take s = x + r here, then the plain forward on s. */
+
+template <typename TX, typename TR>
+__global__ void add_rows_kernel(const TX *__restrict__ x, const TR *__restrict__ r, int64_t n, TX *__restrict__ s) {
+  using C = acc_t<TX>;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    s[i] = st<TX>(ld<C>(x[i]) + ld<C>(r[i]));
+}
+
+template <typename TX, typename TR>
+static void launch_add_fwd(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps, em_tensor *s,
+                           em_tensor *y, em_tensor *rstd, cudaStream_t st_) {
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D;
+  const TX *xp = (const TX *)em_data_ptr(x);
+  const TR *rp = (const TR *)em_data_ptr(r);
+  TX *sp = (TX *)em_data_ptr(s), *yp = (TX *)em_data_ptr(y);
+  constexpr int VEC = 16 / sizeof(TX);
+  bool vec = std::is_same<TX, float>::value && D % VEC == 0 && ((uintptr_t)xp & 15) == 0 &&
+             ((uintptr_t)yp & 15) == 0 && ((uintptr_t)sp & 15) == 0 && ((uintptr_t)rp % (VEC * sizeof(TR))) == 0;
+  int64_t chunks = vec ? (D / VEC + 31) / 32 : 0;
+  if (!vec || chunks > 8) {                /* two passes: the add, then rmsnorm's own forward on s */
+    int64_t n = em_numel(x), blocks = (n + 255) / 256, cap = (int64_t)em_sm_count(x->device.index) * 16;
+    add_rows_kernel<TX, TR><<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st_>>>(xp, rp, n, sp);
+    launch_fwd<TX, TX>(s, w, eps, y, rstd, st_);
+    return;
+  }
+  if constexpr (std::is_same<TX, float>::value) {
+    const float *wp = w ? (const float *)em_data_ptr(w) : nullptr;
+    bool wvec = wp && ((uintptr_t)wp & 15) == 0;
+    float *rs = (float *)em_data_ptr(rstd);
+    int64_t blocks = (N + FWD_THREADS / 32 - 1) / (FWD_THREADS / 32), cap = (int64_t)em_sm_count(x->device.index) * 64;
+    unsigned grid = (unsigned)(blocks > cap ? cap : (blocks < 1 ? 1 : blocks));
+    float e = (float)eps;
+#define ADD_RMS(NV) rms_fwd_reg_kernel<float, float, NV, TR><<<grid, FWD_THREADS, 0, st_>>>(xp, wp, N, D, e, yp, rs, wvec, rp, sp)
+    if (chunks <= 1) ADD_RMS(1);
+    else if (chunks <= 2) ADD_RMS(2);
+    else if (chunks <= 4) ADD_RMS(4);
+    else ADD_RMS(8);
+#undef ADD_RMS
+  }
+}
+
+extern "C" int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps,
+                                       em_tensor *s, em_tensor *y, em_tensor *rstd) {
+  if (em_numel(x) == 0 || x->shape[x->ndim - 1] == 0) return em_error("add_rmsnorm: expected non-empty rows on CUDA");
+  cudaStream_t st_ = em_cur_stream(x->device.index);
+  if (x->dtype == EM_F32) {
+    switch (r->dtype) {
+      case EM_F32: launch_add_fwd<float, float>(x, r, w, eps, s, y, rstd, st_); break;
+      case EM_BF16: launch_add_fwd<float, __nv_bfloat16>(x, r, w, eps, s, y, rstd, st_); break;
+      case EM_F16: launch_add_fwd<float, __half>(x, r, w, eps, s, y, rstd, st_); break;
+      default: return em_error("add_rmsnorm: r of dtype %s does not promote to f32", em_dtype_name(r->dtype));
+    }
+  } else if (x->dtype == EM_F64) {
+    EM_DISPATCH_FLOAT(r->dtype, TR, launch_add_fwd<double, TR>(x, r, w, eps, s, y, rstd, st_));
+  } else {
+    return em_error("add_rmsnorm: expected x f32 or f64 on the fused path, got %s", em_dtype_name(x->dtype));
+  }
+  return em_launch_check("add_rmsnorm");
 }
 
 /* ---------------- backward ---------------- */

@@ -75,13 +75,20 @@ local function restore_module(prev, prev_phase)
   end})
 end
 
---- Call module:forward(...) inside its module path (nn.Module's __call uses
--- this while tracking is on). A call outside any phase is marked "forward".
-function M.call_module(module, ...)
+--- Call method(module, ...) inside the module's path (a forward variant
+-- such as TransformerBlock.forward_residual). A call outside any phase is
+-- marked "forward".
+function M.call_method(module, method, ...)
   local prev = core.ctx_set_module(handle_of(module, 0))
   local prev_phase = core.ctx_phase() == "none" and core.ctx_set_phase("forward") or nil
   local _ <close> = restore_module(prev, prev_phase)
-  return module:forward(...)
+  return method(module, ...)
+end
+
+--- Call module:forward(...) inside its module path (nn.Module's __call uses
+-- this while tracking is on).
+function M.call_module(module, ...)
+  return M.call_method(module, module.forward, ...)
 end
 
 return M

@@ -57,6 +57,20 @@ function F.rmsnorm(x, w, eps)
   return core.rmsnorm(x, w, eps or 1e-5)
 end
 
+--- The pre-norm residual add and its norm in one op: s = x + r and
+-- rmsnorm(s, w, eps), the same values as `x + r` then F.rmsnorm (one CUDA
+-- kernel instead of two; EMBER_FUSE_ADD_RMSNORM=0 runs the two ops).
+-- @param x tensor (..., d), the residual stream
+-- @param r tensor of x's shape (a branch output, e.g. bf16 under autocast)
+-- @param[opt] w tensor (d)
+-- @tparam[opt=1e-5] number eps
+-- @return s, y
+function F.add_rmsnorm(x, r, w, eps)
+  check_tensor("add_rmsnorm", "x", x)
+  check_tensor("add_rmsnorm", "r", r)
+  return core.add_rmsnorm(x, r, w, eps or 1e-5)
+end
+
 --- (x - mean) / sqrt(var + eps) * weight + bias over the last dim (PyTorch's
 -- layer_norm), computed in f32. normalized_shape is the last dim (a number or
 -- {d}); a longer shape {..., d} normalizes over that many trailing dims.

@@ -240,6 +240,14 @@ static int l_rmsnorm(lua_State *L) {
   em_tensor *w = lem_opt_tensor(L, 2, fn, "weight");
   return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number(L, 3, fn, "eps", 1e-5)));
 }
+static int l_add_rmsnorm(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *x = lem_check_tensor(L, 1, fn, "x"), *r = lem_check_tensor(L, 2, fn, "r");
+  em_tensor *w = lem_opt_tensor(L, 3, fn, "weight"), *s, *y;
+  if (em_add_rmsnorm(x, r, w, lem_opt_number(L, 4, fn, "eps", 1e-5), &s, &y)) return lem_push_result(L, NULL);
+  lem_push_result(L, s);
+  return 1 + lem_push_result(L, y);
+}
 static int l_layer_norm(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "input");
@@ -508,7 +516,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
-    {"rmsnorm", l_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},

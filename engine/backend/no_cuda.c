@@ -140,6 +140,8 @@ int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_t
                         em_tensor *rstd) { return no_cuda(NULL); }
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
                         em_tensor *gx, bool gx_accumulate, em_tensor *gw) { return no_cuda(NULL); }
+int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps, em_tensor *s,
+                            em_tensor *y, em_tensor *rstd) { return no_cuda(NULL); }
 int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps, em_tensor *y,
                            em_tensor *mean, em_tensor *rstd) { return no_cuda(NULL); }
 int em_layer_norm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *mean, const em_tensor *rstd,

@@ -116,17 +116,17 @@ static int bwd_run(bwd_job *j, const char *op) {
   return 0;
 }
 
-static int rmsnorm_validate(em_tensor *x, em_tensor *w, double eps) {
+static int rmsnorm_validate(const char *op, em_tensor *x, em_tensor *w, double eps) {
   char s1[160], s2[160];
-  if (em_check_float("rmsnorm", "x", x)) return -1;
-  if (x->ndim < 1) return em_error("rmsnorm: expected x with at least 1 dim (..., D), got a 0-dim tensor");
+  if (em_check_float(op, "x", x)) return -1;
+  if (x->ndim < 1) return em_error("%s: expected x with at least 1 dim (..., D), got a 0-dim tensor", op);
   if (!(eps >= 0) || isinf(eps))
-    return em_error("rmsnorm: expected eps to be a finite number >= 0, got %g", eps);
+    return em_error("%s: expected eps to be a finite number >= 0, got %g", op, eps);
   if (!w) return 0;
-  if (em_check_float("rmsnorm", "weight", w)) return -1;
-  if (em_check_same_device("rmsnorm", x, w)) return -1;
+  if (em_check_float(op, "weight", w)) return -1;
+  if (em_check_same_device(op, x, w)) return -1;
   if (w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
-    return em_error("rmsnorm: expected weight of shape [%lld] (x's last dim), got %s (x has shape %s)",
+    return em_error("%s: expected weight of shape [%lld] (x's last dim), got %s (x has shape %s)", op,
                     (long long)x->shape[x->ndim - 1], em_shape_str(w->ndim, w->shape, s1, 160),
                     em_shape_str(x->ndim, x->shape, s2, 160));
   return 0;
@@ -262,15 +262,13 @@ fail:
   return NULL;
 }
 
-static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
-  em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
-  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
+/* gx (when need_x: a new tensor, or sink added into and returned) and gw
+ * (when need_w) of rmsnorm at x on CUDA. 0, or -1 with the error set. */
+static int rms_grads_cuda(em_tensor *x, em_tensor *rstd, em_tensor *w, em_tensor *gy, bool need_x, bool need_w,
+                          em_tensor *sink, em_tensor **gx_out, em_tensor **gw_out) {
   em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL;
-  /* the residual stream's gradient is summed here: add into the sum so far
-   * (the grad of the block's output) instead of a separate add kernel */
-  em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
   int rc = -1;
-  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gout[0], x->dtype))) goto done;
+  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gy, x->dtype))) goto done;
   if (sink) {
     gx = em_tensor_retain(sink);
     EM_OP_COST(em_cost_nbytes(x), (double)em_numel(x), em_cost_simt_class(rstd->dtype));  /* the sum so far read and added */
@@ -278,11 +276,47 @@ static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) 
   else if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
   if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
   if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw)) goto done;
-  gin[0] = gx; gx = NULL;
-  if (need_w) { gin[1] = gw; gw = NULL; }
+  *gx_out = gx; gx = NULL;
+  if (need_w) { *gw_out = gw; gw = NULL; }
   rc = 0;
 done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx); em_tensor_release(gw);
+  return rc;
+}
+
+static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *x = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+  bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
+  /* the residual stream's gradient is summed here: add into the sum so far
+   * (the grad of the block's output) instead of a separate add kernel */
+  em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
+  return rms_grads_cuda(x, rstd, w, gout[0], need_x, need_w, sink, &gin[0], &gin[1]);
+}
+
+/* gx (when need_x) and gw (when need_w) of rmsnorm at x on the CPU, in the
+ * compute dtype (rstd's). 0, or -1 with the error set. */
+static int rms_grads_cpu(em_tensor *x, em_tensor *rstd, em_tensor *w, em_tensor *gy, bool need_x, bool need_w,
+                         em_tensor **gx_out, em_tensor **gw_out) {
+  em_dtype ct = rstd->dtype;
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
+  em_tensor *xc, *wc, *g = NULL, *gx = NULL;
+  double *acc = NULL;
+  int rc = -1;
+  if (rms_inputs(x, w, ct, &xc, &wc) || !(g = em_contiguous_as(gy, ct))) goto done;
+  if (need_x && !(gx = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
+  if (need_w && !(acc = calloc((size_t)EM_MAX(2 * D, 1), sizeof *acc))) {
+    em_error_oom("out of memory: rmsnorm backward (%lld doubles)", (long long)D);
+    goto done;
+  }
+  bwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), NULL, em_data_ptr(rstd),
+               gx ? em_data_ptr(gx) : NULL, N, D, 0, need_w, false, ct == EM_F64, NULL, acc, rms_bwd_rows};
+  if (bwd_run(&j, "rmsnorm")) goto done;
+  if (need_w && !(*gw_out = gw_tensor(acc, D, ct, x->device))) goto done;
+  *gx_out = gx; gx = NULL;
+  rc = 0;
+done:
+  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx);
+  free(acc);
   return rc;
 }
 
@@ -293,32 +327,12 @@ static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   EM_OP_COST(2 * em_cost_nbytes(x) + em_cost_nbytes(gout[0]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
              6 * em_numel(x), em_cost_simt_class(rstd->dtype));
   if (x->device.type != EM_CPU) return rmsnorm_backward_cuda(n, gout, gin);
-  em_dtype ct = rstd->dtype;
-  int64_t D = x->shape[x->ndim - 1], N = em_numel(rstd);
   bool need_x = em_node_needs_input_grad(n, 0), need_w = w && em_node_needs_input_grad(n, 1);
-  em_tensor *xc, *wc, *g = NULL, *gx = NULL;
-  double *acc = NULL;
-  int rc = -1;
-  if (rms_inputs(x, w, ct, &xc, &wc) || !(g = em_contiguous_as(gout[0], ct))) goto done;
-  if (need_x && !(gx = em_empty(x->ndim, x->shape, ct, x->device))) goto done;
-  if (need_w && !(acc = calloc((size_t)EM_MAX(2 * D, 1), sizeof *acc))) {
-    em_error_oom("out of memory: rmsnorm backward (%lld doubles)", (long long)D);
-    goto done;
-  }
-  bwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, em_data_ptr(g), NULL, em_data_ptr(rstd),
-               gx ? em_data_ptr(gx) : NULL, N, D, 0, need_w, false, ct == EM_F64, NULL, acc, rms_bwd_rows};
-  if (bwd_run(&j, "rmsnorm")) goto done;
-  if (need_w && !(gin[1] = gw_tensor(acc, D, ct, x->device))) goto done;
-  gin[0] = gx; gx = NULL;
-  rc = 0;
-done:
-  em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(g); em_tensor_release(gx);
-  free(acc);
-  return rc;
+  return rms_grads_cpu(x, rstd, w, gout[0], need_x, need_w, &gin[0], &gin[1]);
 }
 
 static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
-  if (rmsnorm_validate(x, w, eps)) return NULL;
+  if (rmsnorm_validate("rmsnorm", x, w, eps)) return NULL;
   em_tensor *rstd = NULL;
   em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, &rstd) : rmsnorm_cuda(x, w, eps, &rstd);
   /* x, w read; y, rstd written; x², the row sum, two scales per element */
@@ -335,6 +349,132 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
   em_tensor *y = rmsnorm_op(a.t[0], a.t[1], eps);
   em_op_args_release(&a);
   return y;
+}
+
+/* ---------------- add_rmsnorm: s = x + r, y = rmsnorm(s, w) ----------------
+ * The pre-norm residual add and the norm that reads it straight back, in
+ * one pass: on CUDA one kernel reads x and r and writes s and y (the add
+ * kernel's write and the norm's read of s are gone). Values are exactly
+ * em_add then em_rmsnorm: s is the same add, y the same arithmetic on s
+ * (the CPU calls those functions; kernels/norm.cu shares rmsnorm's row
+ * code). The fused path takes x f32/f64 with r promoting to x's dtype, the
+ * same shape, and w absent or of x's dtype (nothing for autocast to cast);
+ * anything else, or EMBER_FUSE_ADD_RMSNORM=0, is em_add then em_rmsnorm
+ * (two nodes, the kernels of before).
+ * Backward: gs (s's own gradient, the rest of the residual stream) plus
+ * rmsnorm's gx is the gradient of x and of r; on CUDA rmsnorm's backward
+ * adds into gs in place (the gradient sink of the unfused pair). */
+
+/* EMBER_FUSE_ADD_RMSNORM=0 (read once at load): the two ops, as before, for
+ * an A/B on a GPU host. The same values. */
+static bool fuse_add_rmsnorm = true;
+__attribute__((constructor)) static void fuse_add_rmsnorm_init(void) {
+  const char *e = getenv("EMBER_FUSE_ADD_RMSNORM");
+  if (!e || !*e) return;
+  if ((e[0] == '0' || e[0] == '1') && !e[1]) fuse_add_rmsnorm = e[0] == '1';
+  else fprintf(stderr, "ember: EMBER_FUSE_ADD_RMSNORM must be 0 or 1, got '%s'; using 1\n", e);
+}
+
+static bool add_rmsnorm_fusable(em_tensor *x, em_tensor *r, em_tensor *w) {
+  if (!fuse_add_rmsnorm || (x->dtype != EM_F32 && x->dtype != EM_F64)) return false;
+  if (em_promote(x->dtype, r->dtype) != x->dtype || (w && w->dtype != x->dtype)) return false;
+  if (!em_device_eq(x->device, r->device) || (w && !em_device_eq(x->device, w->device))) return false;
+  return x->ndim >= 1 && em_same_shape(x, r) && x->shape[x->ndim - 1] > 0 && em_numel(x) > 0;
+}
+
+/* saved: s, rstd, [w]; inputs: x, r, [w]; outputs: s (gout[0]), y (gout[1]). */
+static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  em_tensor *s = n->saved[0], *rstd = n->saved[1], *w = n->n_saved > 2 ? n->saved[2] : NULL;
+  bool need_s = em_node_needs_input_grad(n, 0) || em_node_needs_input_grad(n, 1);
+  bool need_w = w && em_node_needs_input_grad(n, 2);
+  /* rmsnorm's backward at s (gs read and added: rms_grads_cuda declares it, em_add on the CPU) */
+  EM_OP_COST(2 * em_cost_nbytes(s) + em_cost_nbytes(gout[1]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
+             6 * em_numel(s), em_cost_simt_class(rstd->dtype));
+  em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL;
+  int rc = -1;
+  if (s->device.type == EM_CPU) {
+    if (rms_grads_cpu(s, rstd, w, gout[1], need_s, need_w, &gx, &gw)) goto done;
+    if (need_s) {                           /* the sum the engine formed for the unfused pair */
+      em_tensor *t = em_add(gs, gx);
+      em_tensor_release(gx);
+      if (!(gx = t)) goto done;
+    }
+  } else {
+    if (need_s) {                           /* gs is ours alone (moved out of the node): add into it */
+      bool own = gs->refcount == 1 && gs->storage->refcount == 1 && em_is_contiguous(gs) && gs->dtype == s->dtype;
+      sink = own ? em_tensor_retain(gs) : em_contiguous_as(gs, s->dtype);
+      if (sink && sink == gs && !own) { em_tensor_release(sink); sink = em_clone(gs); }
+      if (!sink) goto done;
+    }
+    if (rms_grads_cuda(s, rstd, w, gout[1], need_s, need_w, sink, &gx, &gw)) goto done;
+  }
+  if (em_node_needs_input_grad(n, 0)) gin[0] = em_tensor_retain(gx);
+  if (em_node_needs_input_grad(n, 1)) gin[1] = em_tensor_retain(gx);   /* the engine casts it to r's dtype */
+  if (need_w) { gin[2] = gw; gw = NULL; }
+  rc = 0;
+done:
+  em_tensor_release(sink); em_tensor_release(gx); em_tensor_release(gw);
+  return rc;
+}
+
+/* s and y fused (add_rmsnorm_fusable holds), with the node recorded. */
+static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out,
+                             em_tensor **y_out) {
+  int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D;
+  em_tensor *xc = NULL, *rc = NULL, *wc = NULL, *s = NULL, *y = NULL, *rstd = NULL;
+  if (x->device.type == EM_CPU) {
+    bool prev = em_set_grad_enabled(false);
+    s = em_add(x, r);
+    em_set_grad_enabled(prev);
+    if (!s || !(y = rmsnorm_cpu(s, w, eps, &rstd))) goto fail;
+  } else {
+    if (!(xc = em_contiguous(x)) || !(rc = em_contiguous(r)) || (w && !(wc = em_contiguous(w)))) goto fail;
+    if (!(s = em_empty(x->ndim, x->shape, x->dtype, x->device)) ||
+        !(y = em_empty(x->ndim, x->shape, x->dtype, x->device)) || !(rstd = em_empty(1, &N, x->dtype, x->device)))
+      goto fail;
+    if (em_add_rmsnorm_fwd_cuda(xc, rc, wc, eps, s, y, rstd)) goto fail;
+  }
+  /* x, r, w read; s, y, rstd written; the add, x², the row sum, two scales per element */
+  EM_OP_COST(em_cost_bytes(6, (em_tensor *const[]){x, r, w, s, y, rstd}), 5 * em_numel(x),
+             em_cost_simt_class(x->dtype));
+  em_tensor *in[3] = {x, r, w};
+  if (em_grad_needed(3, in)) {
+    em_node *n = em_node_new("add_rmsnorm", add_rmsnorm_backward, w ? 3 : 2, 2);
+    if (!n) goto fail;
+    for (int i = 0; i < (w ? 3 : 2); i++) em_node_set_input(n, i, in[i]);
+    em_node_save(n, s); em_node_save(n, rstd);
+    if (w) em_node_save(n, w);
+    em_node_set_output(n, 0, s);
+    em_node_set_output(n, 1, y);
+    em_node_release(n);
+  }
+  em_tensor_release(xc); em_tensor_release(rc); em_tensor_release(wc); em_tensor_release(rstd);
+  *s_out = s; *y_out = y;
+  return 0;
+fail:
+  em_tensor_release(xc); em_tensor_release(rc); em_tensor_release(wc);
+  em_tensor_release(s); em_tensor_release(y); em_tensor_release(rstd);
+  return -1;
+}
+
+int em_add_rmsnorm(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out, em_tensor **y_out) {
+  char s1[160], s2[160];
+  *s_out = *y_out = NULL;
+  if (em_check_float("add_rmsnorm", "x", x) || em_check_float("add_rmsnorm", "r", r) ||
+      em_check_same_device("add_rmsnorm", x, r))
+    return -1;
+  if (!em_same_shape(x, r))
+    return em_error("add_rmsnorm: expected r of x's shape %s, got %s", em_shape_str(x->ndim, x->shape, s1, 160),
+                    em_shape_str(r->ndim, r->shape, s2, 160));
+  if (!add_rmsnorm_fusable(x, r, w)) {      /* the unfused pair: the same values, two nodes */
+    em_tensor *s = em_add(x, r), *y = s ? em_rmsnorm(s, w, eps) : NULL;
+    if (!y) { em_tensor_release(s); return -1; }
+    *s_out = s; *y_out = y;
+    return 0;
+  }
+  EM_OP_SCOPE("add_rmsnorm");
+  if (rmsnorm_validate("add_rmsnorm", x, w, eps)) return -1;
+  return add_rmsnorm_fused(x, r, w, eps, s_out, y_out);
 }
 
 /* ---------------- layer_norm ---------------- */

@@ -216,3 +216,89 @@ describe("rmsnorm on CUDA", function()
     close(y, F.rmsnorm(x:to("f32"), w, 1e-5), 1e-5, "autocast")
   end)
 end)
+
+-- F.add_rmsnorm on CUDA (kernels/norm.cu, rms_fwd_reg_kernel with a
+-- residual): s, y and the gradients of x, r and w bit for bit those of
+-- `x + r` then F.rmsnorm on CUDA (the add kernel, the plain forward, the
+-- backward adding into the stream's gradient), and y within TOL of the CPU.
+-- Widths: every register variant (f32 D 96 | 256 | 512 | 768, 1024: 1, 2, 4,
+-- 8 chunks a lane) and the two-pass fallback (D 1028 past the registers, D
+-- 37 not a whole chunk, f64); r f32, bf16 and f16; 2051 rows: a grid-stride
+-- tail. EMBER_FUSE_ADD_RMSNORM=0 vs 1: a small model's bf16-autocast steps.
+describe("add_rmsnorm on CUDA", function()
+  local function pair(fused, x, r, w, gs, gy)
+    local xl, rl = C.leaf(x), C.leaf(r)
+    local wl = w and C.leaf(w)
+    local s, y
+    if fused then s, y = F.add_rmsnorm(xl, rl, wl)
+    else s = xl + rl; y = F.rmsnorm(s, wl) end
+    ;((y * gy):sum() + (s * gs):sum()):backward()
+    return {s = s, y = y, gx = xl.grad, gr = rl.grad, gw = wl and wl.grad}
+  end
+
+  local cases = {
+    {96, "f32", "bf16", true}, {256, "f32", "bf16", true}, {512, "f32", "f32", true}, {768, "f32", "bf16", true},
+    {1024, "f32", "f16", true}, {768, "f32", "bf16", false}, {1028, "f32", "bf16", true}, {37, "f32", "bf16", true},
+    {768, "f64", "f32", true},
+  }
+  for _, c in ipairs(cases) do
+    local D, xd, rd, has_w = c[1], c[2], c[3], c[4]
+    it(("(2051, %d) x %s + r %s%s: the pair's bits, forward and backward"):format(D, xd, rd,
+       has_w and ", weight" or ""), function()
+      local x, r = randn({2051, D}, xd, 2):cuda(), randn({2051, D}, rd):cuda()
+      local w = has_w and randn({D}, xd):cuda()
+      local gs, gy = randn({2051, D}, xd):cuda(), randn({2051, D}, xd):cuda()
+      local a, b = pair(true, x, r, w, gs, gy), pair(false, x, r, w, gs, gy)
+      for _, k in ipairs({"s", "y", "gx", "gr", "gw"}) do
+        if a[k] or b[k] then
+          assert.equals(b[k].dtype, a[k].dtype, k)
+          C.assert_same_bits(a[k], b[k], k)
+        end
+      end
+      local yc = F.rmsnorm(x:cpu() + r:cpu(), w and w:cpu())
+      close(a.y, yc, xd == "f64" and 1e-12 or TOL.f32, "y vs the CPU")
+    end)
+  end
+
+  it("replays in a CUDA graph with the eager bits", function()
+    local x, r, w = randn({512, 768}, "f32"):cuda(), randn({512, 768}, "bf16"):cuda(), randn({768}, "f32"):cuda()
+    local _, want = F.add_rmsnorm(x, r, w)
+    local got
+    local graph = ember.cuda.graph(function() local _, y = F.add_rmsnorm(x, r, w); got = y end, {warmup = 0})
+    got:fill_(0 / 0)
+    graph:replay()
+    ember.cuda.synchronize()
+    C.assert_same_bits(got, want, "graph replay y")
+    graph:close()
+  end)
+
+  it("EMBER_FUSE_ADD_RMSNORM=0 and 1 train a small model (bf16 autocast) to the same bits", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+local ember = require "ember"
+local nn, F = ember.nn, ember.nn.functional
+ember.manual_seed(11)
+local m = nn.TransformerLM{vocab_size = 101, context_length = 64, d_model = 768, d_ff = 1024, num_layers = 2,
+  num_heads = 12, device = "cuda"}
+local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2})
+local data = ember.randint(0, 101, {4, 65}):cuda()
+local x, y = data:narrow(1, 0, 64):contiguous(), data:narrow(1, 1, 64):contiguous()
+local out, losses = {}, {}
+for step = 1, 4 do
+  opt:zero_grad()
+  local loss = ember.autocast("bf16", function() return F.cross_entropy(m(x), y) end)
+  loss:backward()
+  opt:step()
+  losses[step] = loss:float():cpu():reshape(1)
+end
+out.losses = ember.cat(losses, 0)
+for name, p in pairs(m:state_dict()) do out["p_" .. name] = p:cpu() end
+local kv = nn.KVCache(m, {batch = 4, max_len = 64})
+out.cached_logits = m(x:narrow(1, 0, 9):contiguous(), {cache = kv}):float():cpu()
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]])
+    local got = C.mode_results(H, script, "EMBER_FUSE_ADD_RMSNORM", {"0", "1"})
+    assert.is_true(C.assert_modes_agree(got, "0", {"1"}) > 10)
+    H.remove_temps()
+  end)
+end)

@@ -22,7 +22,7 @@ local REQUIRED = {
   "neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "silu", "relu", "gelu",
   "sin", "cos", "square", "reciprocal", "clamp", "where", "masked_fill", "triu", "tril",
   "sum", "mean", "max", "min", "var", "logsumexp", "softmax", "log_softmax", "matmul",
-  "linear", "embedding", "cross_entropy", "rmsnorm", "layer_norm", "rope", "rope_qk", "swiglu", "scaled_dot_product_attention", "flash_attention",
+  "linear", "embedding", "cross_entropy", "rmsnorm", "add_rmsnorm", "layer_norm", "rope", "rope_qk", "swiglu", "scaled_dot_product_attention", "flash_attention",
   "cat", "stack", "view", "reshape", "transpose", "t", "permute", "narrow", "select", "squeeze",
   "unsqueeze", "expand", "flatten", "contiguous", "clone", "split", "chunk",
   -- issue 12: dropout and losses

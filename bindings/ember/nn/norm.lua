@@ -13,7 +13,10 @@ function RMSNorm:__init(d, opts)
   module.init_norm(self, "ember.nn.RMSNorm", d, opts)
 end
 
-function RMSNorm:forward(x)
+--- norm(x), or with a residual r: s = x + r and norm(s), returned as s, y
+-- (F.add_rmsnorm: the add fused into the norm's kernel).
+function RMSNorm:forward(x, r)
+  if r ~= nil then return F.add_rmsnorm(x, r, self.weight, self.eps) end
   return F.rmsnorm(x, self.weight, self.eps)
 end
 

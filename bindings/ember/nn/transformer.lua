@@ -17,6 +17,7 @@ local SwiGLU = require "ember.nn.swiglu"
 local attention = require "ember.nn.attention"
 local configs = require "ember.nn.configs"
 local KVCache = require("ember.nn.kv_cache").KVCache
+local context = require "ember.context"
 
 local fmt = string.format
 local Module, CTOR_LEVEL = module.Module, module.CTOR_LEVEL
@@ -44,8 +45,34 @@ function TransformerBlock:__init(d_model, num_heads, d_ff, opts)
 end
 
 function TransformerBlock:forward(x, pos, kv)
-  x = x + self.attn(self.ln1(x), pos, kv)
-  return x + self.ffn(self.ln2(x))
+  local s, f = self:forward_residual(x, nil, pos, kv)
+  return s + f
+end
+
+--- The block on the residual stream x with a branch output r not yet added
+-- (nil: none). Returns (s, f), the block's output being s + f: each add that
+-- an RMSNorm reads straight back is fused into it (F.add_rmsnorm: r's add
+-- into ln1, the attention branch's into ln2), and f's add is left to whoever
+-- norms next (the next block's ln1, ln_final). Same values as forward.
+function TransformerBlock:forward_residual(x, r, pos, kv)
+  local h
+  if r == nil then h = self.ln1(x) else x, h = self.ln1(x, r) end
+  x, h = self.ln2(x, self.attn(h, pos, kv))
+  return x, self.ffn(h)
+end
+
+-- block:forward_residual(...) inside the block's module path when a
+-- measurement tool tracks paths (as block(...) would be).
+local function block_residual(block, ...)
+  if context.enabled then return context.call_method(block, block.forward_residual, ...) end
+  return block:forward_residual(...)
+end
+
+-- ln_final(x + r) (r nil: ln_final(x)), the add fused into the norm.
+local function final_norm(lm, x, r)
+  if r == nil then return lm.ln_final(x) end
+  local _, h = lm.ln_final(x, r)
+  return h
 end
 
 --- LLaMA-style decoder-only language model with the reference names
@@ -111,13 +138,13 @@ function TransformerLM:forward(ids, opts)
   end
   local x = self.token_embeddings(ids)
   local layers = self.layers
-  local pos
+  local pos, r
   for i = 1, #layers do
     local block = layers[i]
     if pos == nil and block.attn.rope then pos = block.attn.rope:positions(T, ids.device) end
-    x = block(x, pos)
+    x, r = block_residual(block, x, r, pos)
   end
-  return self.lm_head(self.ln_final(x))
+  return self.lm_head(final_norm(self, x, r))
 end
 
 local CACHED_FORWARD_LEVEL = 3   -- error(): the caller of forward (cached_forward <- forward <- caller)
@@ -153,9 +180,9 @@ function TransformerLM:cached_forward(ids, opts)
   local logits = no_grad(function()
     local pos = kv:begin_step(shape[2])
     local x = self.token_embeddings(ids)
-    local layers = self.layers
-    for i = 1, #layers do x = layers[i](x, pos, kv.layers[i]) end
-    return self.lm_head(self.ln_final(x))
+    local layers, r = self.layers, nil
+    for i = 1, #layers do x, r = block_residual(layers[i], x, r, pos, kv.layers[i]) end
+    return self.lm_head(final_norm(self, x, r))
   end)
   kv:end_step()
   return logits

@@ -28,6 +28,19 @@ return function(case, perf, ember, F)
   case("F.rmsnorm without a weight, larger eps", "rmsnorm",
     function(x) return F.rmsnorm(x, nil, 0.1) end,
     function(T) return {T.randn({3, 6})} end)
+  -- both outputs weighed differently: s's own gradient and the norm's reach x and r
+  case("F.add_rmsnorm with a weight: s = x + r and rmsnorm(s)", "add_rmsnorm",
+    function(x, r, w)
+      local sum, y = F.add_rmsnorm(x, r, w)
+      return y + sum * 0.5
+    end,
+    function(T) return {T.randn({2, 3, 8}), T.randn({2, 3, 8}), T.randn({8})} end)
+  case("F.add_rmsnorm without a weight, only the norm used", "add_rmsnorm",
+    function(x, r)
+      local _, y = F.add_rmsnorm(x, r, nil, 0.1)
+      return y
+    end,
+    function(T) return {T.randn({3, 6}), T.randn({3, 6})} end)
   case("F.layer_norm with weight and bias", "layer_norm",
     function(x, w, b) return F.layer_norm(x, 8, w, b) end,
     function(T) return {T.randn({2, 3, 8}), T.randn({8}), T.randn({8})} end)
@@ -111,6 +124,16 @@ return function(case, perf, ember, F)
     perf("rmsnorm", ("rmsnorm (%d,%d), f32 weight"):format(s[1], s[2]), function(x, w) return F.rmsnorm(x, w) end,
       function(T) return {T.randn(s), T.randn_f32({s[2]})} end,
       {backward = true, bwd_bytes = rms_bwd_bytes, device = s[1] * s[2] > 2 ^ 24 and "cuda" or nil})
+  end
+  -- the residual add fused into the next norm: x (f32 stream) and r (the
+  -- branch output, bf16 under autocast) read, s (f32) and y written; backward:
+  -- rmsnorm's plus gs read and added in place (gr's cast is another op)
+  local function add_rms_bytes(i, out) return i[1]:numel() * (2 * i[1]:element_size() + i[2]:element_size() + 4) end
+  for _, s in ipairs({{2048, 768}, {8192, 1600}}) do
+    perf("add_rmsnorm", ("add_rmsnorm (%d,%d), f32 stream and weight"):format(s[1], s[2]),
+      function(x, r, w) local _, y = F.add_rmsnorm(x, r, w); return y end,
+      function(T) return {T.randn_f32(s), T.randn(s), T.randn_f32({s[2]})} end,
+      {bytes = add_rms_bytes, torch = ("F.rms_norm(a + b, (%d,), c)"):format(s[2])})
   end
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
