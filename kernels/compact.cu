@@ -43,6 +43,7 @@
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include "runtime.h"
 
 #define THREADS 256
 
@@ -331,7 +332,8 @@ __global__ void __launch_bounds__(kOffThreads) offsets_kernel(int64_t *__restric
  * - Counts: off[tile] = the tile's count; each block adds its total to acc[0] (one 64-bit atomic: integers, any
  *   order), then takes a ticket (acc[1]). The last block writes the total (into *count, off[ntiles] and, when
  *   host is not NULL, pinned mapped host memory the engine spins on) and then turns the counts into exclusive
- *   offsets in place (scan_counts): the host allocates the output while it runs. acc is zeroed before the launch.
+ *   offsets in place (scan_counts): the host allocates the output while it runs. acc is zero at the launch (a
+ *   memset of the workspace's, or a mapped slot's kept pair, which the last block zeroes again).
  * The grid is persistent (4 blocks an SM, the rounds balanced over the warps). */
 __device__ __forceinline__ uint32_t nz4(uint32_t x) {   /* bit k = byte k of x is nonzero */
   const uint32_t m = (((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;   /* bits 7, 15, 23, 31 */
@@ -467,8 +469,10 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) {
-    const long long total = (long long)atomicAdd(&acc[0], 0ull);
+    const long long total = (long long)atomicExch(&acc[0], 0ull);
+    atomicExch(&acc[1], 0ull);   /* a kept acc (a mapped slot's) is zero again for the slot's next mark */
     if (host) {   /* first: the host allocates the output while the scan below runs */
+      __threadfence_system();    /* the zeros before the count: the host frees the slot when it sees the count */
       *(volatile long long *)host = total;
       __threadfence_system();
     }
@@ -819,14 +823,15 @@ static int launch_mark_cnt(const char *op, const U *x, int64_t n, U keep, bool v
 }
 
 /* mark_tk_kernel: a persistent grid of kTkBlocks blocks an SM at most, the rounds of tiles balanced over the warps
- * (16384 tiles on 132 SMs: 4096 warps of 4 tiles each); acc (total, ticket) zeroed first; host: NULL or the
- * device address of a mapped slot. */
+ * (16384 tiles on 132 SMs: 4096 warps of 4 tiles each); acc (total, ticket) zeroed first unless it is a mapped
+ * slot's kept pair (zero); host: NULL or the device address of a mapped slot. */
 template <typename U>
 static int launch_mark_tk(const char *op, int dev, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
-                          unsigned long long *acc, int64_t *count, long long *host, cudaStream_t s) {
+                          unsigned long long *acc, bool zero, int64_t *count, long long *host, cudaStream_t s) {
   const int64_t nt = ntiles_of(n), wpb = kThreads / 32, wmax = (int64_t)em_sm_count(dev) * kTkBlocks * wpb;
   const int64_t rounds = (nt + wmax - 1) / wmax, warps = (nt + rounds - 1) / rounds, nb = (warps + wpb - 1) / wpb;
-  if (em_cuda_check(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), s), op, "cudaMemsetAsync")) return -1;
+  if (zero && em_cuda_check(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
   mark_tk_kernel<U><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, acc, count, host);
   return em_launch_check(op);
 }
@@ -837,16 +842,39 @@ static int launch_mark_tk(const char *op, int dev, const U *x, int64_t n, U keep
  * of host latency (the copy queued behind the mark, then the wake-up). 64 slots of a 64-byte line each, kept for
  * the process; a call holds one from before its launch until it has read the count, so compactions in flight on
  * other streams or threads never share one (none free: the device copy as before). The spin is bounded
- * (kSpinUs: a stream with a backlog), then the stream is synchronized, which also reports a failed kernel. */
+ * (kSpinUs: a stream with a backlog), then the stream is synchronized, which also reports a failed kernel.
+ * Each slot also has a kept (total, ticket) pair on each device, zeroed once and again by every mark's last block
+ * before it stores the count: no memset launch before the mark. */
 namespace {
 constexpr int kSlots = 64, kSlotLongs = 8;
 constexpr long long kSpinUs = 500;
 struct MappedSlots {
   long long *h = nullptr, *d = nullptr;
   std::atomic<unsigned long long> busy{0};
+  std::mutex mu;   /* the per-device pairs' first allocation */
+  unsigned long long *acc[EM_CUDA_MAX_DEVICES] = {};
 };
 MappedSlots g_slots;
 std::once_flag g_slots_once;
+
+/* device dev's kSlots (total, ticket) pairs, zeroed (allocated at the first call on dev, zeroed on s and waited for
+ * under the lock, so no other thread's mark sees them before; NULL if that failed) */
+unsigned long long *slot_accs(int dev, cudaStream_t s) {
+  if (dev < 0 || dev >= EM_CUDA_MAX_DEVICES) return nullptr;
+  std::lock_guard<std::mutex> lock(g_slots.mu);
+  if (!g_slots.acc[dev]) {
+    void *p = nullptr;
+    const size_t bytes = kSlots * 2 * sizeof(unsigned long long);
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
+      cudaGetLastError();
+      if (p) cudaFree(p);
+      return nullptr;
+    }
+    g_slots.acc[dev] = (unsigned long long *)p;
+  }
+  return g_slots.acc[dev];
+}
 
 /* slot i (host and device addresses), or -1 when none is free or pinned mapped memory is not available */
 int slot_acquire() {
@@ -900,24 +928,29 @@ int slot_wait(const char *op, volatile long long *p, cudaStream_t s, int64_t *ou
 static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, em_tensor *ws, em_tensor *count,
                        cudaStream_t s, int64_t *host_count) {
   static const bool mapped = em_env_switch("EMBER_COMPACT_MAPPED", true);
-  const int slot = host_count && mapped && !em_cuda_capturing() ? slot_acquire() : -1;
+  int slot = host_count && mapped && !em_cuda_capturing() ? slot_acquire() : -1;
+  unsigned long long *kept = slot >= 0 ? slot_accs(dev, s) : nullptr;
+  if (slot >= 0 && !kept) { slot_release(slot); slot = -1; }
   long long *hp = slot >= 0 ? g_slots.h + slot * kSlotLongs : nullptr;
   long long *dp = slot >= 0 ? g_slots.d + slot * kSlotLongs : nullptr;
   if (hp) *(volatile long long *)hp = -1;
   const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n), *cnt = (int64_t *)em_data_ptr(count);
-  unsigned long long *acc = ws_status(ws, n);
+  unsigned long long *acc = kept ? kept + 2 * slot : ws_status(ws, n);
+  const bool z = !kept;
   const void *xp = em_data_ptr(x);
   int rc;
   switch (em_dtype_size(x->dtype)) {
-    case 1: rc = launch_mark_tk<uint8_t>(op, dev, (const uint8_t *)xp, n, 0xffu, vec, w, off, acc, cnt, dp, s); break;
+    case 1: rc = launch_mark_tk<uint8_t>(op, dev, (const uint8_t *)xp, n, 0xffu, vec, w, off, acc, z, cnt, dp, s);
+      break;
     case 2: rc = launch_mark_tk<uint16_t>(op, dev, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, acc,
-                                          cnt, dp, s); break;
+                                          z, cnt, dp, s); break;
     case 4: rc = launch_mark_tk<uint32_t>(op, dev, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
-                                          off, acc, cnt, dp, s); break;
+                                          off, acc, z, cnt, dp, s); break;
     case 8: rc = launch_mark_tk<unsigned long long>(op, dev, (const unsigned long long *)xp, n,
-                                                    fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, acc, cnt, dp, s);
+                                                    fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, acc, z, cnt, dp,
+                                                    s);
       break;
     default: rc = em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
   }
