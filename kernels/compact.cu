@@ -30,6 +30,11 @@
  * and an atomic total with no block waiting on another; the tile scan (offsets_kernel, one block) is launched after
  * the host has read the count (em_compact_offsets_cuda), so it runs while the host allocates the output.
  *
+ * Thirteenth session (the default; EMBER_COMPACT_TICKET=0 selects the above): steps 1 and 2 are mark_tk_kernel, a
+ * warp a tile over a persistent grid, no block waiting on another; its last block (by ticket) stores the count into
+ * a slot of pinned host memory mapped into the device, which the host spins on (EMBER_COMPACT_MAPPED=0: the count
+ * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
+ *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
  * cub::DeviceSelect for nonzero. */
