@@ -344,17 +344,20 @@ __device__ __forceinline__ uint32_t nz4(uint32_t x) {   /* bit k = byte k of x i
   const uint32_t m = (((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;   /* bits 7, 15, 23, 31 */
   return (m * 0x00204081u) >> 28;   /* the four bits land on 28..31, no two partial products overlap */
 }
-/* bit k = element k of the 16 bytes v is nonzero (under keep) */
-template <typename U> __device__ __forceinline__ uint32_t nz_bits(const Packed128<U> &v, U keep) {
-  constexpr int V = 16 / sizeof(U);
-  uint32_t bits = 0;
+/* bit k = element k of the 16 bytes q is nonzero (under keep); bytes stay in their words (a byte array made the
+ * compiler unpack and repack them) */
+template <typename U> __device__ __forceinline__ uint32_t nz_bits(const uint4 &q, U keep) {
+  if constexpr (sizeof(U) == 1) {
+    return nz4(q.x) | nz4(q.y) << 4 | nz4(q.z) << 8 | nz4(q.w) << 12;
+  } else {
+    constexpr int V = 16 / sizeof(U);
+    Packed128<U> v;
+    memcpy(&v, &q, 16);
+    uint32_t bits = 0;
 #pragma unroll
-  for (int k = 0; k < V; k++) bits |= raw_nonzero(v[k], keep) ? 1u << k : 0u;
-  return bits;
-}
-template <> __device__ __forceinline__ uint32_t nz_bits<uint8_t>(const Packed128<uint8_t> &v, uint8_t) {
-  const uint4 q = *reinterpret_cast<const uint4 *>(&v);
-  return nz4(q.x) | nz4(q.y) << 4 | nz4(q.z) << 8 | nz4(q.w) << 12;
+    for (int k = 0; k < V; k++) bits |= raw_nonzero(v[k], keep) ? 1u << k : 0u;
+    return bits;
+  }
 }
 
 /* off[0, ntiles): counts -> exclusive offsets, by one block of kThreads (the last of mark_tk_kernel): rounds of
@@ -433,9 +436,9 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
     if (vec && base + kTile <= n) {
 #pragma unroll 1
       for (int s = 0; s < NS; s++) {
-        Packed128<U> v[L];
+        uint4 v[L];
 #pragma unroll
-        for (int j = 0; j < L; j++) v[j] = load128(x + base + s * STEP + (j * 32 + lane) * V);
+        for (int j = 0; j < L; j++) v[j] = *reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
 #pragma unroll
         for (int j = 0; j < L; j++) {
           uint32_t bits = nz_bits(v[j], keep);
