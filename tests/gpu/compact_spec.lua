@@ -9,7 +9,8 @@
 -- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
 -- output stores. The thirteenth session's ticket mark (EMBER_COMPACT_TICKET=1)
 -- and the count read from mapped host memory (EMBER_COMPACT_MAPPED=1) are the
--- default; the last cases run a script under both values of each switch.
+-- default, as the persistent select of 2-byte x (EMBER_COMPACT_PF=1); the last
+-- cases run a script under both values of each switch.
 local ember = require "ember"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 
@@ -226,7 +227,7 @@ describe("stream compaction on CUDA", function()
 
   -- Both values of each thirteenth-session switch: the script compares every result with the CPU (an error: text
   -- on stderr, which switch_agrees refuses) and prints a digest of the results, which must not change.
-  it("EMBER_COMPACT_TICKET and EMBER_COMPACT_MAPPED: 0 and 1 give the CPU's results and the same digests", function()
+  it("EMBER_COMPACT_TICKET, _MAPPED and _PF: 0 and 1 give the CPU's results and the same digests", function()
     local script = H.temp(".lua")
     H.spit(script, [[
       local e = require 'ember'
@@ -246,7 +247,7 @@ describe("stream compaction on CUDA", function()
         for _, p in ipairs({0, 0.5, 1}) do
           local m = e.rand(n):lt(p)
           local mc = m:cuda()
-          for _, dt in ipairs({'f32', 'bf16', 'i64', 'bool'}) do
+          for _, dt in ipairs({'f32', 'bf16', 'f16', 'i64', 'bool'}) do
             local x = e.randn(n):mul(100):to(dt)
             local got = x:cuda():masked_select(mc)
             same(got, x:masked_select(m), ('masked_select n %d p %g %s'):format(n, p, dt))
@@ -282,6 +283,7 @@ describe("stream compaction on CUDA", function()
       io.write(table.concat(out, ';'))]])
     H.switch_agrees(script, "EMBER_COMPACT_TICKET", {"1", "0"}, "2", 500)
     H.switch_agrees(script, "EMBER_COMPACT_MAPPED", {"1", "0"}, "2", 500)
+    H.switch_agrees(script, "EMBER_COMPACT_PF", {"1", "0"}, "2", 500)
     H.remove_temps()
   end)
 
