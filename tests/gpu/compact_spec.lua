@@ -58,6 +58,8 @@ describe("stream compaction on CUDA", function()
       local x, m = xb:narrow(0, o, n), mb:narrow(0, o, n)
       local xc, mc = xb:cuda():narrow(0, o, n), mb:cuda():narrow(0, o, n)
       assert.equals(0, max_diff(xc:masked_select(mc), x:masked_select(m)), "offset " .. o)
+      local xh, xhc = xb:to("bf16"):narrow(0, o, n), xb:cuda():to("bf16"):narrow(0, o, n)   -- 2-byte x misaligned
+      assert.equals(0, max_diff(xhc:masked_select(mc), xh:masked_select(m)), "bf16 offset " .. o)
       assert.equals(0, max_diff(xc:masked_select(mb:cuda():narrow(0, 0, n)), x:masked_select(mb:narrow(0, 0, n))))
       assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), "offset " .. o)
       assert.equals(0, max_diff(xc:nonzero(), x:nonzero()), "offset " .. o)
