@@ -34,6 +34,8 @@
  * warp a tile over a persistent grid, no block waiting on another; its last block (by ticket) stores the count into
  * a slot of pinned host memory mapped into the device, which the host spins on (EMBER_COMPACT_MAPPED=0: the count
  * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
+ * Step 3 for 2-byte x is select_pf_kernel, a persistent grid loading the next tiles while it writes one
+ * (EMBER_COMPACT_PF=0: select_kernel).
  *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
