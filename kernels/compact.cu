@@ -30,9 +30,19 @@
  * and an atomic total with no block waiting on another; the tile scan (offsets_kernel, one block) is launched after
  * the host has read the count (em_compact_offsets_cuda), so it runs while the host allocates the output.
  *
+ * Thirteenth session (the default; EMBER_COMPACT_TICKET=0 selects the above): steps 1 and 2 are mark_tk_kernel, a
+ * warp a tile over a persistent grid, no block waiting on another; its last block (by ticket) stores the count into
+ * a slot of pinned host memory mapped into the device, which the host spins on (EMBER_COMPACT_MAPPED=0: the count
+ * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
+ * Step 3 for 2-byte x is select_pf_kernel, a persistent grid loading the next tiles while it writes one
+ * (EMBER_COMPACT_PF=0: select_kernel).
+ *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
  * cub::DeviceSelect for nonzero. */
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
@@ -40,6 +50,7 @@
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
+#include "runtime.h"
 
 #define THREADS 256
 
@@ -317,6 +328,170 @@ __global__ void __launch_bounds__(kOffThreads) offsets_kernel(int64_t *__restric
   if (threadIdx.x == 0) off[ntiles] = total;
 }
 
+/* The thirteenth session's mark (EMBER_COMPACT_TICKET=1, the default above kLateTiles tiles): the same words and
+ * offsets as mark_lb_kernel, in one launch, with no block waiting on another while the mask streams in.
+ * - A warp takes whole tiles (tile = its warp index + k x the grid's warps): 8 16-byte loads a lane in flight (4 KB
+ *   a warp, 128 KB an SM at 32 warps), the tile's count by one warp reduction: no __syncthreads a tile, no block
+ *   exits and relaunches every 16 KB (mark_cnt_kernel's 4096 blocks of 16 KB measured 32 us for 64 MB, 2.1 TB/s:
+ *   its blocks alternated between waiting for loads and computing, with ~4 instructions a byte of bool mask).
+ * - A bool mask's 16 bytes become 16 bits in ~23 instructions (nz4: a byte's nonzero into its bit 7, four bits
+ *   gathered by one multiply) instead of ~60.
+ * - Counts: off[tile] = the tile's count; each block adds its total to acc[0] (one 64-bit atomic: integers, any
+ *   order), then takes a ticket (acc[1]). The last block writes the total (into *count, off[ntiles] and, when
+ *   host is not NULL, pinned mapped host memory the engine spins on) and then turns the counts into exclusive
+ *   offsets in place (scan_counts): the host allocates the output while it runs. acc is zero at the launch (a
+ *   memset of the workspace's, or a mapped slot's kept pair, which the last block zeroes again).
+ * The grid is persistent (4 blocks an SM, the rounds balanced over the warps). */
+__device__ __forceinline__ uint32_t nz4(uint32_t x) {   /* bit k = byte k of x is nonzero */
+  const uint32_t m = (((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;   /* bits 7, 15, 23, 31 */
+  return (m * 0x00204081u) >> 28;   /* the four bits land on 28..31, no two partial products overlap */
+}
+/* bit k = element k of the 16 bytes q is nonzero (under keep); bytes stay in their words (a byte array made the
+ * compiler unpack and repack them) */
+template <typename U> __device__ __forceinline__ uint32_t nz_bits(const uint4 &q, U keep) {
+  if constexpr (sizeof(U) == 1) {
+    return nz4(q.x) | nz4(q.y) << 4 | nz4(q.z) << 8 | nz4(q.w) << 12;
+  } else {
+    constexpr int V = 16 / sizeof(U);
+    Packed128<U> v;
+    memcpy(&v, &q, 16);
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < V; k++) bits |= raw_nonzero(v[k], keep) ? 1u << k : 0u;
+    return bits;
+  }
+}
+
+/* off[0, ntiles): counts -> exclusive offsets, by one block of kThreads (the last of mark_tk_kernel): rounds of
+ * 16 x kThreads counts, count j t of a round at r0 + j kThreads + t (coalesced loads, all 16 issued at once);
+ * 16 independent warp scans (int: a round holds at most 4096 x 4096 survivors), the 128 warp sums scanned by
+ * warp 0, then the stores. Integer sums: the offsets of any other scan. 16384 tiles: 4 rounds, ~1 us each. */
+constexpr int kScanJ = 16;
+__device__ void scan_counts(int64_t *off, int64_t ntiles) {
+  __shared__ long long part[kScanJ * (kThreads / 32) + 1];   /* (j, warp) sums, then their exclusive prefix */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  constexpr int kW = kThreads / 32, kPart = kScanJ * kW;
+  long long carry = 0;
+  for (int64_t r0 = 0; r0 < ntiles; r0 += kScanJ * kThreads) {
+    int inc[kScanJ];
+#pragma unroll
+    for (int j = 0; j < kScanJ; j++) {
+      const int64_t i = r0 + j * kThreads + t;
+      inc[j] = i < ntiles ? (int)__ldcg(off + i) : 0;   /* L2: other blocks wrote them */
+    }
+#pragma unroll
+    for (int j = 0; j < kScanJ; j++) {
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, inc[j], o);
+        if (lane >= o) inc[j] += y;
+      }
+      if (lane == 31) part[j * kW + warp] = inc[j];
+      const int y = __shfl_up_sync(0xffffffffu, inc[j], 1);   /* inclusive -> exclusive: the counts need no register */
+      inc[j] = lane ? y : 0;
+    }
+    __syncthreads();
+    if (warp == 0) {   /* kPart = 128 sums in (j, warp) order: 4 consecutive a lane */
+      constexpr int P = kPart / 32;
+      long long a[P], s = 0;
+#pragma unroll
+      for (int k = 0; k < P; k++) { a[k] = part[lane * P + k]; s += a[k]; }
+      long long e = s;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const long long y = __shfl_up_sync(0xffffffffu, e, o);
+        if (lane >= o) e += y;
+      }
+      e -= s;   /* exclusive */
+#pragma unroll
+      for (int k = 0; k < P; k++) { part[lane * P + k] = carry + e; e += a[k]; }
+      if (lane == 31) part[kPart] = carry + e;   /* the next round's carry */
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kScanJ; j++) {
+      const int64_t i = r0 + j * kThreads + t;
+      if (i < ntiles) off[i] = part[j * kW + warp] + inc[j];
+    }
+    carry = part[kPart];
+    __syncthreads();   /* part is rewritten by the next round */
+  }
+}
+
+constexpr int kTkBlocks = 4;   /* blocks an SM: 64 registers a thread */
+template <typename U>
+__global__ void __launch_bounds__(kThreads, kTkBlocks)
+    mark_tk_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec, uint32_t *__restrict__ words,
+                   int64_t *__restrict__ off, int64_t ntiles, unsigned long long *acc, int64_t *__restrict__ count,
+                   long long *host) {
+  constexpr int V = 16 / sizeof(U), G = 32 / V, L = 8;   /* elems/vector, lanes/word, loads a lane a step */
+  constexpr int STEP = 32 * V * L, NS = kTile / STEP;    /* a warp step: 4 KB of x; sizeof(U) steps a tile */
+  __shared__ unsigned long long btot[kThreads / 32];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t W = (int64_t)gridDim.x * (kThreads / 32);
+  unsigned long long mine = 0;
+  for (int64_t tile = (int64_t)blockIdx.x * (kThreads / 32) + warp; tile < ntiles; tile += W) {
+    const int64_t base = tile * kTile;
+    uint32_t *w = words + tile * kWords;
+    int c = 0;
+    if (vec && base + kTile <= n) {
+#pragma unroll 1
+      for (int s = 0; s < NS; s++) {
+        uint4 v[L];
+#pragma unroll
+        for (int j = 0; j < L; j++) v[j] = *reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+          uint32_t bits = nz_bits(v[j], keep);
+          c += __popc(bits);
+          bits <<= (lane % G) * V;
+#pragma unroll
+          for (int o = 1; o < G; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+          if (lane % G == 0) w[(s * STEP + (j * 32 + lane) * V) / 32] = bits;
+        }
+      }
+    } else {   /* the last partial tile or misaligned x: one element a lane, a ballot per 32 */
+#pragma unroll 4
+      for (int e = lane; e < kTile; e += 32) {
+        const bool b = base + e < n && raw_nonzero(x[base + e], keep);
+        const uint32_t bits = __ballot_sync(0xffffffffu, b);
+        c += b;
+        if (lane == 0) w[e / 32] = bits;
+      }
+    }
+    c = __reduce_add_sync(0xffffffffu, c);
+    if (lane == 0) off[tile] = c;
+    mine += (unsigned)c;
+  }
+  if (lane == 0) btot[warp] = mine;
+  __threadfence();   /* this warp's off[] stores are seen before the ticket */
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long b = 0;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; i++) b += btot[i];
+    if (b) atomicAdd(&acc[0], b);
+    __threadfence();   /* the total's add before the ticket's */
+    last = atomicAdd(&acc[1], 1ull) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    const long long total = (long long)atomicExch(&acc[0], 0ull);
+    atomicExch(&acc[1], 0ull);   /* a kept acc (a mapped slot's) is zero again for the slot's next mark */
+    if (host) {   /* first: the host allocates the output while the scan below runs */
+      __threadfence_system();    /* the zeros before the count: the host frees the slot when it sees the count */
+      *(volatile long long *)host = total;
+      __threadfence_system();
+    }
+    *count = total;
+    off[ntiles] = total;
+  }
+  scan_counts(off, ntiles);
+}
+
 /* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
 struct TileRanks {
   uint32_t w[kWords];
@@ -427,6 +602,80 @@ __global__ void __launch_bounds__(kThreads, (select_blocks<U, BT>()))
     }
     __syncthreads();
     store_run(stage_buf, h, cnt, o, vout);
+  }
+}
+
+/* masked_select of 2-byte x over a persistent grid (EMBER_COMPACT_PF=1, the default for 2-byte x; 0: select_kernel
+ * with 2 tiles a block). select_kernel<u16, 2> moved 209 MB in 58 us (3.6 TB/s; the f32 one 4.3): its blocks load
+ * 16 KB, then spend twice as long per byte as f32's on the scans, the staging and the stores, with nothing loading,
+ * and exit. Here a block walks tiles blockIdx.x + k gridDim.x, and the x, words and offsets of the next D tiles
+ * are in flight while it ranks, stages and stores the current one (16 KB a block at D = 2, 4 blocks an SM: 64 KB an
+ * SM at all times). Same ranks, stage and runs as select_kernel (vout): the same output. */
+template <typename U, int D>
+__global__ void __launch_bounds__(kThreads, 4)
+    select_pf_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
+                     int64_t n, int64_t ntiles, bool vec, U *__restrict__ out) {
+  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ TileRanks r;
+  __shared__ __align__(16) U stage_buf[kTile + V];
+  const int t = threadIdx.x;
+  const int64_t G = gridDim.x;
+  uint4 xv[D + 1][S];
+  uint32_t wv[D + 1];
+  int64_t o0[D + 1], o1[D + 1];
+  /* slot d (a constant after unrolling) <- tile's x (full tiles of aligned x), word t and offsets */
+  auto fetch = [&](uint4 (&xs)[S], uint32_t &ws, int64_t &a, int64_t &b, int64_t tile) {
+    if (tile >= ntiles) return;
+    const int64_t base = tile * kTile;
+    if (vec && base + kTile <= n)
+#pragma unroll
+      for (int j = 0; j < S; j++) xs[j] = *reinterpret_cast<const uint4 *>(x + base + (j * kThreads + t) * V);
+    ws = t < kWords ? words[tile * kWords + t] : 0u;
+    a = off[tile];
+    b = off[tile + 1];
+  };
+#pragma unroll
+  for (int d = 0; d <= D; d++) fetch(xv[d], wv[d], o0[d], o1[d], (int64_t)blockIdx.x + d * G);
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += G) {
+    const int64_t base = tile * kTile;
+    int p;
+    Scan(tmp).ExclusiveSum(t < kWords ? __popc(wv[0]) : 0, p);
+    if (t < kWords) { r.w[t] = wv[0]; r.pre[t] = p; }
+    __syncthreads();
+    const int cnt = (int)(o1[0] - o0[0]);
+    U *o = out + o0[0];
+    const int h = (int)(((uintptr_t)o / sizeof(U)) % V);
+    U *stage = stage_buf + h;
+    if (vec && base + kTile <= n) {
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
+        Packed128<U> v;
+        memcpy(&v, &xv[0][j], 16);
+        const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
+        int k = rank_of(r, e0);
+#pragma unroll
+        for (int i = 0; i < V; i++)
+          if (bits >> i & 1u) stage[k++] = v[i];
+      }
+    } else {
+      for (int e = t; e < kTile && base + e < n; e += kThreads)
+        if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
+    }
+    __syncthreads();
+    store_run(stage_buf, h, cnt, o, true);
+#pragma unroll
+    for (int d = 0; d < D; d++) {   /* the ring moves down a slot (registers), the freed last slot loads */
+#pragma unroll
+      for (int j = 0; j < S; j++) xv[d][j] = xv[d + 1][j];
+      wv[d] = wv[d + 1];
+      o0[d] = o0[d + 1];
+      o1[d] = o1[d + 1];
+    }
+    fetch(xv[D], wv[D], o0[D], o1[D], tile + (D + 1) * G);
+    __syncthreads();   /* the stores have read the stage and the ranks; the scan's storage is free */
   }
 }
 
@@ -610,8 +859,9 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 }  // namespace
 
-extern "C" int64_t em_compact_ws_bytes(int64_t n) {
-  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)ntiles_of(n) * sizeof(unsigned long long));
+extern "C" int64_t em_compact_ws_bytes(int64_t n) {   /* the status area: at least mark_tk_kernel's 2 words */
+  const int64_t nt = ntiles_of(n);
+  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)(nt > 2 ? nt : 2) * sizeof(unsigned long long));
 }
 
 static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
@@ -635,7 +885,12 @@ static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool ve
  * eleventh session's mark, offsets and all in one launch (EMBER_COMPACT_LOOKBACK). Up to 128 tiles (2^19
  * elements, at most 128 blocks: 4 look-back windows) the look-back costs about what the scan's own launch adds. */
 constexpr int64_t kLateTiles = 128;
+static bool ticket_on() {   /* EMBER_COMPACT_TICKET=0: the twelfth session's marks (look-back, or LATESCAN's) */
+  static const bool on = em_env_switch("EMBER_COMPACT_TICKET", true);
+  return on;
+}
 static bool latescan(int64_t n) {
+  if (ticket_on()) return false;
   /* opt-in: on the H200 at (8192,8192) mark_cnt_kernel took 32 us and offsets_kernel 18 (predicted 2-4) against
    * the look-back mark's 38.4 (compact_probe, 2026-11-28), so the look-back mark stays the default. */
   static const bool on = em_env_switch("EMBER_COMPACT_LATESCAN", false);
@@ -651,6 +906,143 @@ static int launch_mark_cnt(const char *op, const U *x, int64_t n, U keep, bool v
   return em_launch_check(op);
 }
 
+/* mark_tk_kernel: a persistent grid of kTkBlocks blocks an SM at most, the rounds of tiles balanced over the warps
+ * (16384 tiles on 132 SMs: 4096 warps of 4 tiles each); acc (total, ticket) zeroed first unless it is a mapped
+ * slot's kept pair (zero); host: NULL or the device address of a mapped slot. */
+template <typename U>
+static int launch_mark_tk(const char *op, int dev, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
+                          unsigned long long *acc, bool zero, int64_t *count, long long *host, cudaStream_t s) {
+  const int64_t nt = ntiles_of(n), wpb = kThreads / 32, wmax = (int64_t)em_sm_count(dev) * kTkBlocks * wpb;
+  const int64_t rounds = (nt + wmax - 1) / wmax, warps = (nt + rounds - 1) / rounds, nb = (warps + wpb - 1) / wpb;
+  if (zero && em_cuda_check(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), s), op, "cudaMemsetAsync"))
+    return -1;
+  mark_tk_kernel<U><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, acc, count, host);
+  return em_launch_check(op);
+}
+
+/* The count's read-back without a copy (EMBER_COMPACT_MAPPED=1, the default, with the ticket mark): the mark's last
+ * block stores the total into a slot of pinned host memory mapped into every device's address space, and the host
+ * spins on it: visible ~1-2 us after the store, where a cudaMemcpy of 8 bytes + a stream synchronize cost ~10-15 us
+ * of host latency (the copy queued behind the mark, then the wake-up). 64 slots of a 64-byte line each, kept for
+ * the process; a call holds one from before its launch until it has read the count, so compactions in flight on
+ * other streams or threads never share one (none free: the device copy as before). The spin is bounded
+ * (kSpinUs: a stream with a backlog), then the stream is synchronized, which also reports a failed kernel.
+ * Each slot also has a kept (total, ticket) pair on each device, zeroed once and again by every mark's last block
+ * before it stores the count: no memset launch before the mark. */
+namespace {
+constexpr int kSlots = 64, kSlotLongs = 8;
+constexpr long long kSpinUs = 500;
+struct MappedSlots {
+  long long *h = nullptr, *d = nullptr;
+  std::atomic<unsigned long long> busy{0};
+  std::mutex mu;   /* the per-device pairs' first allocation */
+  unsigned long long *acc[EM_CUDA_MAX_DEVICES] = {};
+};
+MappedSlots g_slots;
+std::once_flag g_slots_once;
+
+/* device dev's kSlots (total, ticket) pairs, zeroed (allocated at the first call on dev, zeroed on s and waited for
+ * under the lock, so no other thread's mark sees them before; NULL if that failed) */
+unsigned long long *slot_accs(int dev, cudaStream_t s) {
+  if (dev < 0 || dev >= EM_CUDA_MAX_DEVICES) return nullptr;
+  std::lock_guard<std::mutex> lock(g_slots.mu);
+  if (!g_slots.acc[dev]) {
+    void *p = nullptr;
+    const size_t bytes = kSlots * 2 * sizeof(unsigned long long);
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
+      cudaGetLastError();
+      if (p) cudaFree(p);
+      return nullptr;
+    }
+    g_slots.acc[dev] = (unsigned long long *)p;
+  }
+  return g_slots.acc[dev];
+}
+
+/* slot i (host and device addresses), or -1 when none is free or pinned mapped memory is not available */
+int slot_acquire() {
+  std::call_once(g_slots_once, [] {
+    void *p = nullptr, *d = nullptr;
+    if (cudaHostAlloc(&p, kSlots * kSlotLongs * sizeof(long long), cudaHostAllocMapped | cudaHostAllocPortable) !=
+            cudaSuccess ||
+        cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+      cudaGetLastError();   /* no mapped memory here: every call takes the copy */
+      if (p) cudaFreeHost(p);
+      return;
+    }
+    g_slots.h = (long long *)p;
+    g_slots.d = (long long *)d;
+  });
+  if (!g_slots.h) return -1;
+  unsigned long long b = g_slots.busy.load();
+  while (~b) {
+    const int i = __builtin_ctzll(~b);
+    if (g_slots.busy.compare_exchange_weak(b, b | 1ull << i)) return i;
+  }
+  return -1;
+}
+void slot_release(int i) { g_slots.busy.fetch_and(~(1ull << i)); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* *out = the count the mark stores in slot p (set to -1 before the launch) */
+int slot_wait(const char *op, volatile long long *p, cudaStream_t s, int64_t *out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; i++) {
+    const long long v = *p;
+    if (v >= 0) { *out = v; return 0; }
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinUs)) break;
+    cpu_relax();
+  }
+  if (em_cuda_check(cudaStreamSynchronize(s), op, "cudaStreamSynchronize")) return -1;
+  const long long v = *p;
+  if (v < 0) return em_error("%s: internal error: the mark finished without storing its count", op);
+  *out = v;
+  return 0;
+}
+}  // namespace
+
+/* The ticket mark of x (any element size) with its count read into *host_count through a mapped slot when one is
+ * free and the thread is not capturing (else *host_count stays -1: the caller reads count). */
+static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, em_tensor *ws, em_tensor *count,
+                       cudaStream_t s, int64_t *host_count) {
+  static const bool mapped = em_env_switch("EMBER_COMPACT_MAPPED", true);
+  int slot = host_count && mapped && !em_cuda_capturing() ? slot_acquire() : -1;
+  unsigned long long *kept = slot >= 0 ? slot_accs(dev, s) : nullptr;
+  if (slot >= 0 && !kept) { slot_release(slot); slot = -1; }
+  long long *hp = slot >= 0 ? g_slots.h + slot * kSlotLongs : nullptr;
+  long long *dp = slot >= 0 ? g_slots.d + slot * kSlotLongs : nullptr;
+  if (hp) *(volatile long long *)hp = -1;
+  const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
+  uint32_t *w = ws_words(ws);
+  int64_t *off = ws_off(ws, n), *cnt = (int64_t *)em_data_ptr(count);
+  unsigned long long *acc = kept ? kept + 2 * slot : ws_status(ws, n);
+  const bool z = !kept;
+  const void *xp = em_data_ptr(x);
+  int rc;
+  switch (em_dtype_size(x->dtype)) {
+    case 1: rc = launch_mark_tk<uint8_t>(op, dev, (const uint8_t *)xp, n, 0xffu, vec, w, off, acc, z, cnt, dp, s);
+      break;
+    case 2: rc = launch_mark_tk<uint16_t>(op, dev, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, acc,
+                                          z, cnt, dp, s); break;
+    case 4: rc = launch_mark_tk<uint32_t>(op, dev, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
+                                          off, acc, z, cnt, dp, s); break;
+    case 8: rc = launch_mark_tk<unsigned long long>(op, dev, (const unsigned long long *)xp, n,
+                                                    fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, acc, z, cnt, dp,
+                                                    s);
+      break;
+    default: rc = em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
+  }
+  if (rc == 0 && hp) rc = slot_wait(op, hp, s, host_count);
+  if (slot >= 0) slot_release(slot);
+  return rc;
+}
+
 extern "C" int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int64_t n) {
   if (!latescan(n)) return 0;   /* the mark wrote the offsets (or n is 0) */
   if (em_use_device(ws->device.index, op)) return -1;
@@ -658,11 +1050,17 @@ extern "C" int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int6
   return em_launch_check(op);
 }
 
-extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count) {
+extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count,
+                                    int64_t *host_count) {
   const int64_t n = em_numel(x);
   cudaStream_t s;
   int64_t nt;
-  if (const int b = compact_begin(op, x->device.index, n, count, &s, &nt)) return b < 0 ? -1 : 0;
+  if (host_count) *host_count = -1;
+  if (const int b = compact_begin(op, x->device.index, n, count, &s, &nt)) {
+    if (b > 0 && host_count) *host_count = 0;
+    return b < 0 ? -1 : 0;
+  }
+  if (ticket_on()) return mark_ticket(op, x->device.index, x, n, ws, count, s, host_count);
   const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n);
@@ -739,6 +1137,13 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   const void *xp = em_data_ptr(x);
   void *o = em_data_ptr(out);
   const int64_t nt = ntiles_of(n);
+  static const bool pf = em_env_switch("EMBER_COMPACT_PF", true);
+  if (pf && vout && em_dtype_size(x->dtype) == 2) {   /* persistent: 4 blocks an SM at most */
+    const int64_t nb = std::min<int64_t>(nt, (int64_t)em_sm_count(x->device.index) * 4);
+    select_pf_kernel<uint16_t, 2><<<(unsigned)nb, kThreads, 0, s>>>(w, off, (const uint16_t *)xp, n, nt, vec,
+                                                                    (uint16_t *)o);
+    return em_launch_check(op);
+  }
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
     constexpr int BT = select_tiles<T>();

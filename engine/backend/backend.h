@@ -711,8 +711,11 @@ int64_t em_compact_ws_bytes(int64_t n);
 /* Step 1: mark the nonzero elements of x (contiguous, n elements, any dtype;
  * NaN counts, -0.0 does not) in ws (em_compact_ws_bytes(n) bytes): one bit
  * per element and each 4096-element tile's offset; count (0-d i64) = the
- * number marked, on the device, for the engine to read. */
-int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count);
+ * number marked, on the device. host_count: NULL, or where the number is put
+ * when it could be read without a copy (a mapped host slot the mark stores
+ * into, EMBER_COMPACT_MAPPED; the call waits for it); -1 there means the
+ * engine reads count itself. */
+int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count, int64_t *host_count);
 /* Step 1b, after the count is read (or at once when it is not needed): the
  * tile counts of em_compact_mark_cuda's ws (n elements) become offsets (one
  * small launch that runs while the host allocates the output; nothing with

@@ -26,8 +26,9 @@
  *
  * masked_select and nonzero need their output size on the host: on CUDA one
  * read of the mask marks a bit per element and counts per tile
- * (kernels/compact.cu), then one 8-byte device-to-host read synchronises (as
- * in PyTorch). Their backward marks again and reads nothing on the host.
+ * (kernels/compact.cu), whose last block stores the count into pinned mapped
+ * host memory the host spins on (EMBER_COMPACT_MAPPED=0: one 8-byte
+ * device-to-host read that synchronises, as in PyTorch). Their backward marks again and reads nothing on the host.
  * EMBER_COMPACT=scan selects the previous path (i64 flags and a CUB scan). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -557,17 +558,20 @@ static int compact_scan_path(void) {
 }
 
 /* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws); read their count unless count is
- * NULL; then the tiles' offsets (launched after the read: they run while the caller allocates the output). */
+ * NULL (through a mapped host slot the mark stores into, else one device-to-host copy: em_item); then the tiles'
+ * offsets where the mark left them to a second launch (after the read: it runs while the caller allocates the
+ * output). */
 static int compact_mark(const char *op, em_tensor *t, int ndim, const int64_t *shape, em_tensor **ws, int64_t *count) {
   em_tensor *b = broadcast_alias(t, ndim, shape);
   em_tensor *c = b ? em_contiguous_as(b, b->dtype) : NULL;
   int64_t n = em_shape_numel(ndim, shape), nb = em_compact_ws_bytes(n);
   em_tensor *cnt = c ? em_empty(0, NULL, EM_I64, t->device) : NULL;
   *ws = cnt ? em_empty(1, &nb, EM_U8, t->device) : NULL;
+  int64_t got = -1;
   double v = 0;
-  int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt) == 0 && (!count || em_item(cnt, &v) == 0) &&
-           em_compact_offsets_cuda(op, *ws, n) == 0 ? 0 : -1;
-  if (count) *count = (int64_t)v;
+  int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt, count ? &got : NULL) == 0 &&
+           (!count || got >= 0 || em_item(cnt, &v) == 0) && em_compact_offsets_cuda(op, *ws, n) == 0 ? 0 : -1;
+  if (count) *count = got >= 0 ? got : (int64_t)v;
   em_tensor_release(b); em_tensor_release(c); em_tensor_release(cnt);
   if (rc) { em_tensor_release(*ws); *ws = NULL; }
   return rc;

@@ -7,8 +7,12 @@
 -- the previous path, with EMBER_COMPACT_LATESCAN=1 for the counting mark and
 -- its one-block scan (opt-in), and with EMBER_COMPACT_LOOKBACK=0
 -- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
--- output stores.
+-- output stores. The thirteenth session's ticket mark (EMBER_COMPACT_TICKET=1)
+-- and the count read from mapped host memory (EMBER_COMPACT_MAPPED=1) are the
+-- default, as the persistent select of 2-byte x (EMBER_COMPACT_PF=1); the last
+-- cases run a script under both values of each switch.
 local ember = require "ember"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 
 local function max_diff(got, want)
   local g, w = got:cpu():to("f64"), want:cpu():to("f64")
@@ -54,6 +58,8 @@ describe("stream compaction on CUDA", function()
       local x, m = xb:narrow(0, o, n), mb:narrow(0, o, n)
       local xc, mc = xb:cuda():narrow(0, o, n), mb:cuda():narrow(0, o, n)
       assert.equals(0, max_diff(xc:masked_select(mc), x:masked_select(m)), "offset " .. o)
+      local xh, xhc = xb:to("bf16"):narrow(0, o, n), xb:cuda():to("bf16"):narrow(0, o, n)   -- 2-byte x misaligned
+      assert.equals(0, max_diff(xhc:masked_select(mc), xh:masked_select(m)), "bf16 offset " .. o)
       assert.equals(0, max_diff(xc:masked_select(mb:cuda():narrow(0, 0, n)), x:masked_select(mb:narrow(0, 0, n))))
       assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), "offset " .. o)
       assert.equals(0, max_diff(xc:nonzero(), x:nonzero()), "offset " .. o)
@@ -157,6 +163,130 @@ describe("stream compaction on CUDA", function()
     assert.equals(0, max_diff(x:cuda():masked_select(mc), x:masked_select(m)), "u8 masked_select")
     local xb = ember.randn(n):to("bf16")
     assert.equals(0, max_diff(xb:cuda():masked_select(mc), xb:masked_select(m)), "bf16 masked_select")
+  end)
+
+  -- mark_tk_kernel: a warp a tile over a persistent grid of at most 4 blocks an SM (132 SMs: 4224 warps), the last
+  -- block's scan of the tile counts in rounds of 4096. 4225 tiles + 7 elements: two rounds of the grid, two rounds of
+  -- the scan, a partial last tile; a misaligned mask (the scalar path a tile) and results taken twice.
+  it("masked_select and nonzero past the ticket mark's grid and scan rounds, twice, aligned or not", function()
+    ember.manual_seed(28)
+    local n = 4225 * 4096 + 7
+    local mb = ember.rand(n + 1):lt(0.5)
+    mb:narrow(0, 4096 * 4096 - 3, 4096 * 2):fill_(true)    -- full tiles across the scan's round boundary
+    mb:narrow(0, 4224 * 4096 + 5, 4096):fill_(false)       -- an empty tile in the grid's second round
+    local x = ember.randn(n):to("bf16")
+    local xc, mbc = x:cuda(), mb:cuda()
+    for _, o in ipairs({0, 1}) do
+      local m, mc = mb:narrow(0, o, n), mbc:narrow(0, o, n)
+      local want_sel, want_nz = x:masked_select(m), m:nonzero()
+      local s1, s2 = xc:masked_select(mc), xc:masked_select(mc)
+      assert.equals(0, max_diff(s1, want_sel), "offset " .. o)
+      assert.equals(0, max_diff(s2, s1), "offset " .. o .. ": a second run")
+      local z1, z2 = mc:nonzero(), mc:nonzero()
+      assert.equals(0, max_diff(z1, want_nz), "offset " .. o)
+      assert.equals(0, max_diff(z2, z1), "offset " .. o .. ": a second run")
+    end
+    local m2 = mb:narrow(0, 0, 65 * 8195 * 32):view(65, 8195, 32)   -- 3-D over 4161 tiles
+    assert.equals(0, max_diff(m2:cuda():nonzero(), m2:nonzero()), "3-D")
+    assert.same({0, 2}, ember.zeros(4099, 4097):cuda():nonzero().shape)
+    assert.same({4099 * 4097, 2}, ember.ones(4099, 4097):cuda():nonzero().shape)
+  end)
+
+  -- The count read from a mapped host slot must wait for the mark: a stream with milliseconds of work queued
+  -- before it (the spin gives up after 500 us and synchronizes the stream), and a side stream.
+  it("nonzero and masked_select behind a long queue and on a side stream match the CPU", function()
+    ember.manual_seed(29)
+    local n = (1 << 20) + 3
+    local m = ember.rand(n):lt(0.3)
+    local x = ember.randn(n)
+    local mc, xc = m:cuda(), x:cuda()
+    local a = ember.randn(2048, 2048):cuda()
+    for _ = 1, 30 do a = a:matmul(a):mul(1e-3) end   -- queued, not waited for
+    assert.equals(0, max_diff(mc:nonzero(), m:nonzero()), "behind a queue")
+    for _ = 1, 30 do a = a:matmul(a):mul(1e-3) end
+    assert.equals(0, max_diff(xc:masked_select(mc), x:masked_select(m)), "behind a queue")
+    local s = ember.cuda.Stream()
+    s:wait_stream(ember.cuda.current_stream())
+    local z, y = ember.cuda.stream(s, function() return mc:nonzero(), xc:masked_select(mc) end)
+    ember.cuda.current_stream():wait_stream(s)
+    assert.equals(0, max_diff(z, m:nonzero()), "side stream")
+    assert.equals(0, max_diff(y, x:masked_select(m)), "side stream")
+  end)
+
+  -- The count is read on the host mid-op: under graph capture both ops fail as before the mapped slot (item's
+  -- error), and the capture is discarded.
+  it("nonzero and masked_select refuse a CUDA graph capture with item's error", function()
+    local m = ember.rand(5000):lt(0.5):cuda()
+    local x = ember.randn(5000):cuda()
+    for _, fn in ipairs({function() return m:nonzero() end, function() return x:masked_select(m) end}) do
+      local ok, err = pcall(ember.cuda.graph, fn, {warmup = 0})
+      assert.is_false(ok)
+      assert.matches("item: cannot run during CUDA graph capture", err)
+      ember.cuda.synchronize()
+    end
+    assert.equals(0, max_diff(m:nonzero(), m:cpu():nonzero()), "after the refused captures")
+  end)
+
+  -- Both values of each thirteenth-session switch: the script compares every result with the CPU (an error: text
+  -- on stderr, which switch_agrees refuses) and prints a digest of the results, which must not change.
+  it("EMBER_COMPACT_TICKET, _MAPPED and _PF: 0 and 1 give the CPU's results and the same digests", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      e.manual_seed(30)
+      local function digest(t)
+        local v = t:cpu():to('f64'):reshape({-1})
+        local k = e.arange(v:numel(), {dtype = 'f64'}):add(1)
+        return ('%d:%.17g'):format(v:numel(), v:numel() > 0 and (v * k):sum():item() or 0)
+      end
+      local function same(got, want, what)
+        local g, w = got:cpu():to('f64'), want:to('f64')
+        assert(#g.shape == #w.shape and g:numel() == w:numel(), what .. ': shape')
+        if g:numel() > 0 then assert((g - w):abs():max():item() == 0, what .. ': values') end
+      end
+      local out = {}
+      for _, n in ipairs({1, 31, 4095, 4096, 4097, 9 * 4096 + 5, (1 << 21) + 333}) do
+        for _, p in ipairs({0, 0.5, 1}) do
+          local m = e.rand(n):lt(p)
+          local mc = m:cuda()
+          for _, dt in ipairs({'f32', 'bf16', 'f16', 'i64', 'bool'}) do
+            local x = e.randn(n):mul(100):to(dt)
+            local got = x:cuda():masked_select(mc)
+            same(got, x:masked_select(m), ('masked_select n %d p %g %s'):format(n, p, dt))
+            out[#out + 1] = digest(got)
+          end
+          local z = mc:nonzero()
+          same(z, m:nonzero(), ('nonzero n %d p %g'):format(n, p))
+          out[#out + 1] = digest(z)
+          same(mc:nonzero(), z:cpu(), 'a second nonzero')
+        end
+      end
+      local v = e.randn(3 * 5 * 7 * 4099):masked_fill(e.rand(3 * 5 * 7 * 4099):lt(0.5), 0)
+      v:narrow(0, 3, 1):fill_(0 / 0)
+      v:narrow(0, 4, 1):fill_(-0.0)
+      for _, shape in ipairs({{3 * 5 * 7 * 4099}, {105, 4099}, {15, 7, 4099}, {3, 5, 7, 4099}}) do
+        for _, dt in ipairs({'f32', 'bf16'}) do
+          local t = v:view(shape):to(dt)
+          local z = t:cuda():nonzero()
+          same(z, t:nonzero(), ('nonzero %d-D %s'):format(#shape, dt))
+          out[#out + 1] = digest(z)
+        end
+      end
+      local x = e.randn(3 * 4096 + 11)
+      x.requires_grad = true
+      local m = e.rand(3 * 4096 + 11):lt(0.5)
+      local xc = x:detach():cuda()
+      xc.requires_grad = true
+      local g = e.randn(m:sum():item())
+      x:masked_select(m):backward(g)
+      xc:masked_select(m:cuda()):backward(g:cuda())
+      same(xc.grad, x.grad, 'backward')
+      out[#out + 1] = digest(xc.grad)
+      io.write(table.concat(out, ';'))]])
+    H.switch_agrees(script, "EMBER_COMPACT_TICKET", {"1", "0"}, "2", 500)
+    H.switch_agrees(script, "EMBER_COMPACT_MAPPED", {"1", "0"}, "2", 500)
+    H.switch_agrees(script, "EMBER_COMPACT_PF", {"1", "0"}, "2", 500)
+    H.remove_temps()
   end)
 
   it("masked_select's backward over several tiles and a broadcast x matches the CPU exactly", function()
