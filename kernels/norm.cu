@@ -403,6 +403,8 @@ __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
+__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
  * rows per block per step, each thread holding NV 16-byte chunks of x, gy
  * (and of the gx it adds into) in registers, all loads issued before the
@@ -476,6 +478,17 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         if (gx_acc) bp[v] = *reinterpret_cast<const uint4 *>(gx + i * D + j);
       }
     }
+    /* w's chunks into L1 now, beside the row's loads: the dot pass loads w a
+     * chunk at a time, each after the previous chunk's arithmetic, so chunks
+     * 1.. of a w not yet in L1 (a block's first tile: every warp of the SM
+     * misses together) were one L2 trip each after the row arrived (2 at
+     * (2048, 768) f32, 3 chunks). A prefetch holds no register. */
+    if (prefetch && w)
+#pragma unroll
+      for (int v = 1; v < NV; v++) {
+        int64_t j = (int64_t)(t + v * TPR) * VEC;
+        if (row && j < D) prefetch_l1(w + j);
+      }
     const C r = row ? rstd[i] : (C)0;
     /* HOLD: u = gy·w and x as f32, kept from the dot pass for the gx pass
      * (2 registers an element, so 16-bit rows of at most 2 chunks a thread):
@@ -663,7 +676,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const int tail = bwd_old_tail();
   if (tail < 0) return -1;
   const bool old_tail = tail == 1;
-  /* EMBER_RMSNORM_BWD_PREFETCH=0: no L2 prefetch of a block's next row tile (the A/B) */
+  /* EMBER_RMSNORM_BWD_PREFETCH=0: neither prefetch (a block's next row tile into L2, w's chunks into L1): the A/B */
   static const bool prefetch = em_env_switch("EMBER_RMSNORM_BWD_PREFETCH", true);
   int tpr = 0, nv = 0;
   bool hold = true;                                   /* 16-bit rows at <= 2 chunks: the HOLD kernels */

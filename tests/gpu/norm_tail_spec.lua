@@ -2,7 +2,7 @@
 -- (kernels/norm.cu) must not change a bit: EMBER_RMSNORM_BWD_TAIL=old (the
 -- weight gradient's tail as it was: every thread fences, a second counter)
 -- against the default, and EMBER_RMSNORM_BWD_PREFETCH=0 (no L2 prefetch of a
--- block's next row tile) against the default. Both switches are read once a
+-- block's next row tile, no L1 prefetch of w's chunks) against the default. Both switches are read once a
 -- process: each run is a child that saves its gradients. Cases: the models'
 -- (2048, 768) f32 and bf16 (one and two row tiles a block), 3001 rows (several
 -- tiles a block, a last tile short: the prefetch's bound), 8192 x 64 (many
