@@ -262,10 +262,11 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
  * Every order depends on (nb, D, nred) alone, whatever order the blocks
  * finish in: gw is bit-reproducible. Waiting cannot deadlock: at most nred -
  * 1 blocks wait, nred <= half the SMs, and every block still to finish has
- * a slot to run in once the rest have left. The counters (ticket, done)
- * must be zero at launch and are zero again when the kernel ends (the last
- * reducer clears them), so one buffer per stream serves every launch with
- * no memset. Reads of other blocks' rows go to L2 (__ldcg).
+ * a slot to run in once the rest have left. The counters (ticket, and for
+ * the old tail done) must be zero at launch and are zero again when the
+ * kernel ends (cleared by the last ticket-taker; the old tail: by the last
+ * reducer), so one buffer per stream serves every launch with no memset.
+ * Reads of other blocks' rows go to L2 (__ldcg).
  * Why: the tail runs after the last row tile with most SMs idle, so its
  * cost is its chain of dependent L2 trips (~0.7 µs each, by ncu below). v2
  * (the last block of each group of 16 added the group's rows, then the last
