@@ -246,7 +246,7 @@ describe("add_rmsnorm on CUDA", function()
     it(("(2051, %d) x %s + r %s%s: the pair's bits, forward and backward"):format(D, xd, rd,
        has_w and ", weight" or ""), function()
       local x, r = randn({2051, D}, xd, 2):cuda(), randn({2051, D}, rd):cuda()
-      local w = has_w and randn({D}, xd):cuda()
+      local w = has_w and randn({D}, xd):cuda() or nil   -- nil, not false: F.rmsnorm takes no boolean weight
       local gs, gy = randn({2051, D}, xd):cuda(), randn({2051, D}, xd):cuda()
       local a, b = pair(true, x, r, w, gs, gy), pair(false, x, r, w, gs, gy)
       for _, k in ipairs({"s", "y", "gx", "gr", "gw"}) do
