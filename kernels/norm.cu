@@ -19,8 +19,8 @@
  * in order); otherwise one block per group of rows whose threads split D.
  * Either way each block writes a partial row of dw; the row-group kernel sums
  * the partials itself (finish_dw: the last 64 blocks to finish each add a
- * slice of the columns over all partial rows, counted by a per-stream
- * ticket the kernel leaves zeroed: no memset, no second launch), the
+ * slice of the columns over all partial rows, counted by a per-stream pair
+ * of counters the kernel leaves zeroed: no memset, no second launch), the
  * block kernel with a second kernel. Fixed order everywhere: dw is
  * bit-reproducible.
  *
@@ -355,11 +355,10 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
  * Every order depends on (nb, D, nred) alone, whatever order the blocks
  * finish in: gw is bit-reproducible. Waiting cannot deadlock: at most nred -
  * 1 blocks wait, nred <= half the SMs, and every block still to finish has
- * a slot to run in once the rest have left. The counters (ticket, and for
- * the old tail done) must be zero at launch and are zero again when the
- * kernel ends (cleared by the last ticket-taker; the old tail: by the last
- * reducer), so one buffer per stream serves every launch with no memset.
- * Reads of other blocks' rows go to L2 (__ldcg).
+ * a slot to run in once the rest have left. The counters (ticket, done)
+ * must be zero at launch and are zero again when the kernel ends (the last
+ * reducer clears them), so one buffer per stream serves every launch with
+ * no memset. Reads of other blocks' rows go to L2 (__ldcg).
  * Why: the tail runs after the last row tile with most SMs idle, so its
  * cost is its chain of dependent L2 trips (~0.7 µs each, by ncu below). v2
  * (the last block of each group of 16 added the group's rows, then the last
@@ -377,78 +376,23 @@ template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p
   memcpy(&r, &f, 16);
   return r;
 }
-/* The handoff's fences: release before the ticket, acquire after the wait
- * (the PTX model's message-passing pattern; fence.sc, __threadfence, is more
- * than it needs). One thread fences after a block barrier: the barrier
- * orders the block's stores before it (cooperative groups' grid sync does
- * the same). */
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ int ld_relaxed_gpu(const int *p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-/* old: EMBER_RMSNORM_BWD_TAIL=old, the tail as it was (every thread fences,
- * the last block polls too, a second counter counts the reducers out and the
- * last one clears both: one more L2 trip before the reducers can exit). The
- * default: the last block to take a ticket knows every partial row is there
- * and starts at once; it clears the ticket (no second counter), and the
- * other reducers poll with plain loads until they read nb or that 0 (their
- * own ticket came first, so 0 can only be the clear). Same sums, same order:
- * the same bits. */
 template <typename C, typename TW, int UNR>
-__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW *gw, bool old) {
+__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW *gw) {
   __shared__ int ticket_s;
   __shared__ Packed128<C> red[BWD_THREADS];
   constexpr int PS = 16 / sizeof(C);
   const int nb = (int)gridDim.x, t = threadIdx.x;
   int *ticket = counters, *done = counters + 1;
-  if (old) __threadfence();                           /* this block's partial row, visible before its ticket */
+  __threadfence();                                    /* this block's partial row, visible before its ticket */
   __syncthreads();
-  if (t == 0) {
-    if (!old) fence_acq_rel_gpu();
-    ticket_s = atomicAdd(ticket, 1);
-  }
+  if (t == 0) ticket_s = atomicAdd(ticket, 1);
   __syncthreads();
   const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
   if (q < 0) return;
-  if (old) {
-    if (t == 0)
-      while (atomicAdd(ticket, 0) < nb) __nanosleep(100);
-    __syncthreads();
-    __threadfence();
-  } else {
-    if (t == 0) {
-      if (ticket_s == nb - 1) {
-        atomicExch(ticket, 0);                        /* the last: every row is in; leave the counter zero */
-      } else {
-        /* 4 polls in flight, issued ~150 ns apart and each reissued as it
-         * returns: the last ticket is seen ~a quarter of an L2 trip after it
-         * lands instead of up to a whole trip (one poll at a time), and the
-         * slowest of the reducers to see it is what the tail waits for */
-        auto in = [nb](int v) { return v == 0 || v >= nb; };
-        int v0 = ld_relaxed_gpu(ticket);
-        __nanosleep(150);
-        int v1 = ld_relaxed_gpu(ticket);
-        __nanosleep(150);
-        int v2 = ld_relaxed_gpu(ticket);
-        __nanosleep(150);
-        int v3 = ld_relaxed_gpu(ticket);
-        for (;;) {
-          if (in(v0)) break;
-          v0 = ld_relaxed_gpu(ticket);
-          if (in(v1)) break;
-          v1 = ld_relaxed_gpu(ticket);
-          if (in(v2)) break;
-          v2 = ld_relaxed_gpu(ticket);
-          if (in(v3)) break;
-          v3 = ld_relaxed_gpu(ticket);
-        }
-      }
-      fence_acq_rel_gpu();
-    }
-    __syncthreads();
-  }
+  if (t == 0)
+    while (atomicAdd(ticket, 0) < nb) __nanosleep(100);
+  __syncthreads();
+  __threadfence();
   const int64_t chunks = D / PS, c0 = chunks * q / nred, c1 = chunks * (q + 1) / nred;
   for (int64_t cw = c0; cw < c1; cw += BWD_THREADS) {
     const int w = c1 - cw < BWD_THREADS ? (int)(c1 - cw) : BWD_THREADS, R = BWD_THREADS / w;
@@ -486,18 +430,11 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW 
       for (int k = 0; k < PS; k++) gw[c * PS + k] = st<TW>(red[t][k]);
     __syncthreads();
   }
-  if (old && t == 0 && atomicAdd(done, 1) == nred - 1) {  /* every reducer is past its wait */
+  if (t == 0 && atomicAdd(done, 1) == nred - 1) {     /* every reducer is past its wait */
     atomicExch(ticket, 0);
     atomicExch(done, 0);
   }
 }
-
-/* bytes (a multiple of 16) at p (16-byte aligned) into L2: sm_90's bulk prefetch, no completion to wait on */
-__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
  * rows per block per step, each thread holding NV 16-byte chunks of x, gy
@@ -522,7 +459,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  const TX *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
                                                                  bool wvec, bool gx_acc, int *counters, int nred,
-                                                                 TW *gw, bool old_tail, bool prefetch) {
+                                                                 TW *gw) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   constexpr bool HOLD = HOLD_;
@@ -548,20 +485,6 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     const int64_t i = base + grp;
     const bool row = i < N;
     const TX *xr = x + i * D, *gr = gy + i * D;
-    /* the next tile's rows into L2 while this one loads and computes (one
-     * instruction a row, no registers held): twice the bytes in flight where
-     * registers allow only one tile's (16-bit rows at 2 chunks a thread,
-     * 3 blocks an SM: ~48 KB an SM) and the next tile's DRAM trip off the
-     * block's critical path. Values untouched. */
-    if (prefetch && t == 0) {
-      const int64_t n = i + (int64_t)gridDim.x * RPB;
-      if (n < N) {
-        const unsigned bytes = (unsigned)(D * (int64_t)sizeof(TX));
-        prefetch_l2(x + n * D, bytes);
-        prefetch_l2(gy + n * D, bytes);
-        if (gx_acc) prefetch_l2(gx + n * D, bytes);
-      }
-    }
     uint4 bx[NV], bg[NV], bp[NV];                       /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
@@ -572,17 +495,6 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         if (gx_acc) bp[v] = *reinterpret_cast<const uint4 *>(gx + i * D + j);
       }
     }
-    /* w's chunks into L1 now, beside the row's loads: the dot pass loads w a
-     * chunk at a time, each after the previous chunk's arithmetic, so chunks
-     * 1.. of a w not yet in L1 (a block's first tile: every warp of the SM
-     * misses together) were one L2 trip each after the row arrived (2 at
-     * (2048, 768) f32, 3 chunks). A prefetch holds no register. */
-    if (prefetch && w)
-#pragma unroll
-      for (int v = 1; v < NV; v++) {
-        int64_t j = (int64_t)(t + v * TPR) * VEC;
-        if (row && j < D) prefetch_l1(w + j);
-      }
     const C r = row ? rstd[i] : (C)0;
     /* HOLD: u = gy·w and x as f32, kept from the dot pass for the gx pass
      * (2 registers an element, so 16-bit rows of at most 2 chunks a thread):
@@ -654,13 +566,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  /* rows in flight a reducer thread: the old tail's 2-8 by the configuration
-   * (2 trips at (2048, 768) f32: 512 rows on 85 phases, 4 at a time); now 8
-   * at 3 chunks too (still 64 registers, 4 blocks an SM), one trip wherever a
-   * thread has <= 8 rows. The 1-2 chunk kernels keep 2: 8 would take them
-   * from 40-60 registers to 64 (fewer blocks an SM, another grid). */
-  if (old_tail) finish_dw<C, TW, (NV >= 4 || (HOLD && NV == 2) ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw, true);
-  else finish_dw<C, TW, (NV >= 3 || (HOLD && NV == 2) ? 8 : 2)>(dw_part, D, counters, nred, gw, false);
+  finish_dw<C, TW, (NV >= 4 || (HOLD && NV == 2) ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -716,10 +622,9 @@ template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  int nred, TW *gw, bool old_tail, bool prefetch) {
+                  int nred, TW *gw) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
-                                                                            gx_acc, counters, nred, gw, old_tail,
-                                                                            prefetch);
+                                                                            gx_acc, counters, nred, gw);
   }
 };
 
@@ -741,13 +646,6 @@ static int bwd_chunks_16bit() {
   return most;
 }
 
-/* EMBER_RMSNORM_BWD_TAIL=old: the weight gradient's tail as it was (see
- * finish_dw), for one A/B; unset, empty or "new": the default. Read once. */
-static int bwd_old_tail() {
-  static int mode = -1;
-  return em_env_choice(&mode, "rmsnorm backward", "EMBER_RMSNORM_BWD_TAIL", "new", "old");
-}
-
 template <typename TX, typename TW>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
                       em_tensor *gx, bool gx_acc, em_tensor *gw, cudaStream_t s) {
@@ -767,11 +665,6 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
    * words (bf16 too: 4 registers a chunk, where Packed128<bf16> took 8 and
    * bf16 was held to 2 chunks a thread): 3 chunks 60-64 registers, 4 blocks
    * an SM; 4 chunks 72-74, 3 blocks. Rows past 1024 chunks: the block kernel. */
-  const int tail = bwd_old_tail();
-  if (tail < 0) return -1;
-  const bool old_tail = tail == 1;
-  /* EMBER_RMSNORM_BWD_PREFETCH=0: neither prefetch (a block's next row tile into L2, w's chunks into L1): the A/B */
-  static const bool prefetch = em_env_switch("EMBER_RMSNORM_BWD_PREFETCH", true);
   int tpr = 0, nv = 0;
   bool hold = true;                                   /* 16-bit rows at <= 2 chunks: the HOLD kernels */
   if (vec) {
@@ -865,8 +758,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp, old_tail,
-                         prefetch);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp);
       }))
     rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
   int rc = em_launch_check("rmsnorm backward");

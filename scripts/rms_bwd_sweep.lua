@@ -7,8 +7,6 @@
 --   ember run scripts/rms_bwd_sweep.lua                       # f32 and bf16, D 768, 1600, 4096
 --   ember run scripts/rms_bwd_sweep.lua --dtype bf16 --d 1600 --rows 2048,8192
 --   EMBER_RMSNORM_BWD_CHUNKS=4 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 4 chunks a thread (default 2; 2r: 2, recomputed)
---   EMBER_RMSNORM_BWD_TAIL=old ember run scripts/rms_bwd_sweep.lua   # the weight gradient's tail as before rms16c
---   EMBER_RMSNORM_BWD_PREFETCH=0 ember run scripts/rms_bwd_sweep.lua # no L2 prefetch of the next row tile
 --
 -- Four measures of the backward, all by CUDA events (bench_ops.lua's --timer
 -- events), the median of --reps:
@@ -100,10 +98,7 @@ end
 local function pct(floor, t) return t and ("%.0f%%"):format(floor / t * 100) or "-" end
 local function us(t) return t and ("%.2f"):format(t * 1e3) or "-" end
 
-local function env(name) return os.getenv(name) or "-" end
-print(("rmsnorm backward sweep: CUDA events, median of %d; %% of %.0f GB/s; f32 weight; EMBER_RMSNORM_BWD_TAIL=%s"
-  .. " EMBER_RMSNORM_BWD_PREFETCH=%s EMBER_RMSNORM_BWD_CHUNKS=%s"):format(args.reps, args.peak_gbs,
-  env("EMBER_RMSNORM_BWD_TAIL"), env("EMBER_RMSNORM_BWD_PREFETCH"), env("EMBER_RMSNORM_BWD_CHUNKS")))
+print(("rmsnorm backward sweep: CUDA events, median of %d; %% of %.0f GB/s; f32 weight"):format(args.reps, args.peak_gbs))
 print("| dtype | D | rows | MB | ops µs | ops % | alone µs | alone % | clean µs | clean % | graph µs | graph % |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 local fits = {}
