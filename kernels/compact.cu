@@ -34,8 +34,8 @@
  * warp a tile over a persistent grid, no block waiting on another; its last block (by ticket) stores the count into
  * a slot of pinned host memory mapped into the device, which the host spins on (EMBER_COMPACT_MAPPED=0: the count
  * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
- * Step 3 for 2-byte x is select_pf_kernel, a persistent grid loading the next tiles while it writes one
- * (EMBER_COMPACT_PF=0: select_kernel).
+ * (A persistent select for 2-byte x, loading the next tiles while it wrote one, measured slower than select_kernel
+ * on the H200 — 79.3 against 57.7 us at (8192, 8192) bf16 — and was deleted; docs/perf.md, thirteenth session.)
  *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
@@ -605,80 +605,6 @@ __global__ void __launch_bounds__(kThreads, (select_blocks<U, BT>()))
   }
 }
 
-/* masked_select of 2-byte x over a persistent grid (EMBER_COMPACT_PF=1, the default for 2-byte x; 0: select_kernel
- * with 2 tiles a block). select_kernel<u16, 2> moved 209 MB in 58 us (3.6 TB/s; the f32 one 4.3): its blocks load
- * 16 KB, then spend twice as long per byte as f32's on the scans, the staging and the stores, with nothing loading,
- * and exit. Here a block walks tiles blockIdx.x + k gridDim.x, and the x, words and offsets of the next D tiles
- * are in flight while it ranks, stages and stores the current one (16 KB a block at D = 2, 4 blocks an SM: 64 KB an
- * SM at all times). Same ranks, stage and runs as select_kernel (vout): the same output. */
-template <typename U, int D>
-__global__ void __launch_bounds__(kThreads, 4)
-    select_pf_kernel(const uint32_t *__restrict__ words, const int64_t *__restrict__ off, const U *__restrict__ x,
-                     int64_t n, int64_t ntiles, bool vec, U *__restrict__ out) {
-  constexpr int V = 16 / sizeof(U), S = kTile / V / kThreads;
-  typedef cub::BlockScan<int, kThreads> Scan;
-  __shared__ typename Scan::TempStorage tmp;
-  __shared__ TileRanks r;
-  __shared__ __align__(16) U stage_buf[kTile + V];
-  const int t = threadIdx.x;
-  const int64_t G = gridDim.x;
-  uint4 xv[D + 1][S];
-  uint32_t wv[D + 1];
-  int64_t o0[D + 1], o1[D + 1];
-  /* slot d (a constant after unrolling) <- tile's x (full tiles of aligned x), word t and offsets */
-  auto fetch = [&](uint4 (&xs)[S], uint32_t &ws, int64_t &a, int64_t &b, int64_t tile) {
-    if (tile >= ntiles) return;
-    const int64_t base = tile * kTile;
-    if (vec && base + kTile <= n)
-#pragma unroll
-      for (int j = 0; j < S; j++) xs[j] = *reinterpret_cast<const uint4 *>(x + base + (j * kThreads + t) * V);
-    ws = t < kWords ? words[tile * kWords + t] : 0u;
-    a = off[tile];
-    b = off[tile + 1];
-  };
-#pragma unroll
-  for (int d = 0; d <= D; d++) fetch(xv[d], wv[d], o0[d], o1[d], (int64_t)blockIdx.x + d * G);
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += G) {
-    const int64_t base = tile * kTile;
-    int p;
-    Scan(tmp).ExclusiveSum(t < kWords ? __popc(wv[0]) : 0, p);
-    if (t < kWords) { r.w[t] = wv[0]; r.pre[t] = p; }
-    __syncthreads();
-    const int cnt = (int)(o1[0] - o0[0]);
-    U *o = out + o0[0];
-    const int h = (int)(((uintptr_t)o / sizeof(U)) % V);
-    U *stage = stage_buf + h;
-    if (vec && base + kTile <= n) {
-#pragma unroll
-      for (int j = 0; j < S; j++) {
-        const int e0 = (j * kThreads + t) * V;   /* V elements, all in word e0 / 32 */
-        Packed128<U> v;
-        memcpy(&v, &xv[0][j], 16);
-        const uint32_t bits = r.w[e0 >> 5] >> (e0 & 31);
-        int k = rank_of(r, e0);
-#pragma unroll
-        for (int i = 0; i < V; i++)
-          if (bits >> i & 1u) stage[k++] = v[i];
-      }
-    } else {
-      for (int e = t; e < kTile && base + e < n; e += kThreads)
-        if (r.w[e >> 5] >> (e & 31) & 1u) stage[rank_of(r, e)] = x[base + e];
-    }
-    __syncthreads();
-    store_run(stage_buf, h, cnt, o, true);
-#pragma unroll
-    for (int d = 0; d < D; d++) {   /* the ring moves down a slot (registers), the freed last slot loads */
-#pragma unroll
-      for (int j = 0; j < S; j++) xv[d][j] = xv[d + 1][j];
-      wv[d] = wv[d + 1];
-      o0[d] = o0[d + 1];
-      o1[d] = o1[d + 1];
-    }
-    fetch(xv[D], wv[D], o0[D], o1[D], tile + (D + 1) * G);
-    __syncthreads();   /* the stores have read the stage and the ranks; the scan's storage is free */
-  }
-}
-
 /* masked_select in one pass (EMBER_COMPACT_ONEPASS=1; the engine's out holds n elements, the worst case, so
  * nothing waits for the count before this launch): a tile of 4096 elements a block reads its 4 KB of the bool
  * mask (16 bytes a thread) and its x (16-byte vectors, issued first), ranks the survivors in shared memory,
@@ -1137,13 +1063,6 @@ extern "C" int em_compact_select_cuda(const char *op, const em_tensor *ws, const
   const void *xp = em_data_ptr(x);
   void *o = em_data_ptr(out);
   const int64_t nt = ntiles_of(n);
-  static const bool pf = em_env_switch("EMBER_COMPACT_PF", true);
-  if (pf && vout && em_dtype_size(x->dtype) == 2) {   /* persistent: 4 blocks an SM at most */
-    const int64_t nb = std::min<int64_t>(nt, (int64_t)em_sm_count(x->device.index) * 4);
-    select_pf_kernel<uint16_t, 2><<<(unsigned)nb, kThreads, 0, s>>>(w, off, (const uint16_t *)xp, n, nt, vec,
-                                                                    (uint16_t *)o);
-    return em_launch_check(op);
-  }
   em_by_width(em_dtype_size(x->dtype), [&](auto z) {
     using T = decltype(z);
     constexpr int BT = select_tiles<T>();

@@ -9,8 +9,7 @@
 -- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
 -- output stores. The thirteenth session's ticket mark (EMBER_COMPACT_TICKET=1)
 -- and the count read from mapped host memory (EMBER_COMPACT_MAPPED=1) are the
--- default, as the persistent select of 2-byte x (EMBER_COMPACT_PF=1); the last
--- cases run a script under both values of each switch.
+-- default; the last cases run a script under both values of each switch.
 local ember = require "ember"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 
@@ -285,7 +284,6 @@ describe("stream compaction on CUDA", function()
       io.write(table.concat(out, ';'))]])
     H.switch_agrees(script, "EMBER_COMPACT_TICKET", {"1", "0"}, "2", 500)
     H.switch_agrees(script, "EMBER_COMPACT_MAPPED", {"1", "0"}, "2", 500)
-    H.switch_agrees(script, "EMBER_COMPACT_PF", {"1", "0"}, "2", 500)
     H.remove_temps()
   end)
 
