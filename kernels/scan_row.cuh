@@ -83,8 +83,7 @@ int scan_one_row(const char *op, const em_tensor *a, const T *in, T *out, int64_
  *     evict_normal (the output's write-allocations evict the oldest tail
  *     lines, the ones read next). Both passes' 16-byte accesses go through
  *     shared memory so that a warp instruction covers 512 contiguous bytes
- *     (RowChunks; EMBER_SCAN_ROW_COALESCE=0: each thread its own 64 bytes,
- *     16 lines a warp instruction). The same bits either way.
+ *     (RowChunks). The same bits either way.
  * Bytes: 3 s n (read twice, write once) less the tail pass 2 finds in L2. */
 constexpr int kRowItems = 16, kRowTile = kBlock * kRowItems, kRowChunk = 64;
 
@@ -132,23 +131,21 @@ __device__ __forceinline__ uint64_t row_policy(bool evict_first) {
 }
 
 /* A thread's kRowItems elements are K 16-byte chunks (K = 2 for 16-bit types, 4 for f32, 8 for f64/i64),
- * its warp's 32 K chunks one contiguous run. Direct (Coalesce false): thread t moves its own K chunks, so
- * one warp instruction touches 16 B at a 16 K-byte stride (f32: 16 lines, each sector half-used). Coalesced:
- * instruction j moves chunks 32 j + lane (512 contiguous bytes) through shared memory, thread t's chunk c
- * at slot K t + (c ^ swz(t)): conflict-free 16-byte accesses both ways (a quarter-warp's 8 slots distinct
- * mod 8). The same elements in the same registers: the same bits. */
+ * its warp's 32 K chunks one contiguous run. Instruction j moves chunks 32 j + lane (512 contiguous bytes)
+ * through shared memory, thread t's chunk c at slot K t + (c ^ swz(t)): conflict-free 16-byte accesses both
+ * ways (a quarter-warp's 8 slots distinct mod 8). Each thread moving its own K chunks instead (one warp
+ * instruction touching 16 B at a 16 K-byte stride: f32 16 lines, each sector half-used) was 24 % slower at
+ * 2^26 f32 on the H200 (0.2784 against 0.2125 ms, 2026-11-28) and is gone. */
 template <typename T>
 struct RowChunks {
   static constexpr int K = kRowItems * (int)sizeof(T) / 16;
   static_assert(K >= 2 && K <= 8 && kRowItems * sizeof(T) % 16 == 0, "16-byte chunks, 2 to 8 a thread");
   static __device__ __forceinline__ int slot(int t, int c) { return K * t + (c ^ ((t / (8 / K)) % K)); }
 };
-template <typename T, bool Coalesce>
-struct RowStage {   /* a warp's chunks, for the coalesced path (empty otherwise) */
+template <typename T>
+struct RowStage {   /* each warp's chunks on their way between registers and memory */
   uint4 w[kBlock / 32][32 * RowChunks<T>::K];
 };
-template <typename T>
-struct RowStage<T, false> {};
 
 template <typename T>
 union RowWord {
@@ -157,32 +154,27 @@ union RowWord {
 };
 
 /* Tile `tile`'s elements into v (not yet scanned). */
-template <bool Coalesce, bool Hint, typename T, typename A, typename Op>
+template <bool Hint, typename T, typename A, typename Op>
 __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t L, int64_t tile, bool fast,
-                                              bool reverse, Op op, A identity, RowStage<T, Coalesce> &sh,
+                                              bool reverse, Op op, A identity, RowStage<T> &sh,
                                               uint64_t pol, A (&v)[kRowItems]) {
   constexpr int K = RowChunks<T>::K, P = Packed128<T>::size;
   const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
   if (fast) {
     RowWord<T> x[K];
-    if constexpr (Coalesce) {
-      const int lane = threadIdx.x & 31;
-      uint4 *st = sh.w[threadIdx.x >> 5];
-      const uint4 *src = reinterpret_cast<const uint4 *>(in + (p0 - (int64_t)lane * kRowItems));
+    const int lane = threadIdx.x & 31;
+    uint4 *st = sh.w[threadIdx.x >> 5];
+    const uint4 *src = reinterpret_cast<const uint4 *>(in + (p0 - (int64_t)lane * kRowItems));
 #pragma unroll
-      for (int j = 0; j < K; j++) x[j].w = row_ld16<Hint>(src + 32 * j + lane, pol);
+    for (int j = 0; j < K; j++) x[j].w = row_ld16<Hint>(src + 32 * j + lane, pol);
 #pragma unroll
-      for (int j = 0; j < K; j++) {
-        const int g = 32 * j + lane;
-        st[RowChunks<T>::slot(g / K, g % K)] = x[j].w;
-      }
-      __syncwarp();
-#pragma unroll
-      for (int c = 0; c < K; c++) x[c].w = st[RowChunks<T>::slot(lane, c)];
-    } else {
-#pragma unroll
-      for (int c = 0; c < K; c++) x[c].w = row_ld16<Hint>(reinterpret_cast<const uint4 *>(in + p0) + c, pol);
+    for (int j = 0; j < K; j++) {
+      const int g = 32 * j + lane;
+      st[RowChunks<T>::slot(g / K, g % K)] = x[j].w;
     }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < K; c++) x[c].w = st[RowChunks<T>::slot(lane, c)];
 #pragma unroll
     for (int c = 0; c < K; c++)
 #pragma unroll
@@ -197,42 +189,37 @@ __device__ __forceinline__ void row_tile_load(const T *__restrict__ in, int64_t 
 }
 
 /* v (thread-ordered, already rounded to T) to tile `tile`'s 16-byte path, coalesced like row_tile_load. */
-template <bool Coalesce, typename T>
-__device__ __forceinline__ void row_tile_store(T *__restrict__ out, int64_t tile, RowStage<T, Coalesce> &sh,
+template <typename T>
+__device__ __forceinline__ void row_tile_store(T *__restrict__ out, int64_t tile, RowStage<T> &sh,
                                                uint64_t pol, const RowWord<T> (&x)[RowChunks<T>::K]) {
   constexpr int K = RowChunks<T>::K;
   const int64_t p0 = tile * kRowTile + (int64_t)threadIdx.x * kRowItems;
-  if constexpr (Coalesce) {
-    const int lane = threadIdx.x & 31;
-    uint4 *st = sh.w[threadIdx.x >> 5];
-    __syncwarp();   /* every lane has read its chunks of the load */
+  const int lane = threadIdx.x & 31;
+  uint4 *st = sh.w[threadIdx.x >> 5];
+  __syncwarp();   /* every lane has read its chunks of the load */
 #pragma unroll
-    for (int c = 0; c < K; c++) st[RowChunks<T>::slot(lane, c)] = x[c].w;
-    __syncwarp();
-    uint4 *dst = reinterpret_cast<uint4 *>(out + (p0 - (int64_t)lane * kRowItems));
+  for (int c = 0; c < K; c++) st[RowChunks<T>::slot(lane, c)] = x[c].w;
+  __syncwarp();
+  uint4 *dst = reinterpret_cast<uint4 *>(out + (p0 - (int64_t)lane * kRowItems));
 #pragma unroll
-    for (int j = 0; j < K; j++) {
-      const int g = 32 * j + lane;
-      row_st16(dst + g, st[RowChunks<T>::slot(g / K, g % K)], pol);
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < K; c++) row_st16(reinterpret_cast<uint4 *>(out + p0) + c, x[c].w, pol);
+  for (int j = 0; j < K; j++) {
+    const int g = 32 * j + lane;
+    row_st16(dst + g, st[RowChunks<T>::slot(g / K, g % K)], pol);
   }
 }
 
-template <typename T, typename A, typename Op, bool Coalesce>
+template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in, int64_t L, bool reverse, bool vec,
                                                         Op op, A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ RowStage<T, Coalesce> stage;
+  __shared__ RowStage<T> stage;
   __shared__ int chunk_sh, all_sh;   /* this block completed chunk m / the last chunk */
   const int t = threadIdx.x;
   const int64_t tile = blockIdx.x, m = tile / kRowChunk, first = m * kRowChunk;
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   A v[kRowItems];
-  row_tile_load<Coalesce, false, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, 0, v);
+  row_tile_load<false, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, 0, v);
 #pragma unroll
   for (int i = 1; i < kRowItems; i++) v[i] = op(v[i - 1], v[i]);
   A tp, total;
@@ -285,13 +272,13 @@ __global__ void __launch_bounds__(kBlock) scan_row_sums(const T *__restrict__ in
   }
 }
 
-template <typename T, typename A, typename Op, bool Coalesce>
+template <typename T, typename A, typename Op>
 __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ in, T *__restrict__ out, int64_t L,
                                                          bool reverse, bool vec, bool last_first, bool evict, Op op,
                                                          A identity, RowSplit<A> st) {
   typedef cub::BlockScan<A, kBlock> BlockScan;
   __shared__ typename BlockScan::TempStorage tmp;
-  __shared__ RowStage<T, Coalesce> stage;
+  __shared__ RowStage<T> stage;
   __shared__ A prefix_sh;
   const int t = threadIdx.x;
   /* blocks start roughly in blockIdx order: last_first gives the first ones the tiles pass 1 left in L2 */
@@ -300,7 +287,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   const bool fast = vec && !reverse && (tile + 1) * kRowTile <= L;
   const uint64_t pol = row_policy(evict);
   A v[kRowItems];
-  row_tile_load<Coalesce, true, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, pol, v);
+  row_tile_load<true, T, A, Op>(in, L, tile, fast, reverse, op, identity, stage, pol, v);
   if (t < 32) {   /* L2 hits, overlapping the tile's loads */
     const A within = sum_fixed(st.agg + first, tile - first, op, identity);
     if (t == 0) prefix_sh = op(__ldcg(st.carry + m), within);
@@ -318,7 +305,7 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
     for (int c = 0; c < K; c++)
 #pragma unroll
       for (int k = 0; k < P; k++) x[c].x[k] = narrow<T, A>(op(base, v[c * P + k]));
-    row_tile_store<Coalesce, T>(out, tile, stage, pol, x);
+    row_tile_store<T>(out, tile, stage, pol, x);
   } else {
     const int64_t p0 = tile * kRowTile + (int64_t)t * kRowItems;
 #pragma unroll
@@ -329,18 +316,12 @@ __global__ void __launch_bounds__(kBlock) scan_row_apply(const T *__restrict__ i
   }
 }
 
-/* EMBER_SCAN_ROW_COALESCE's default: both passes' 16-byte accesses through shared memory (RowChunks); on since the
- * H200 measured it (2026-11-28, 2^26 f32 0.2784 -> 0.2125 ms, 2^24 0.0805 -> 0.0584; bf16 0.1319 -> 0.1213) */
-constexpr bool kRowCoalesce = true;
-
 template <typename T, typename A, typename Op>
 int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int64_t L, bool reverse, Op f, A identity,
                    cudaStream_t s) {
-  /* the A/B switches (read once): pass 2's tile order and eviction hints, both passes' coalesced 16-byte
-   * accesses; the same bits */
+  /* the A/B switches (read once): pass 2's tile order and eviction hints; the same bits */
   static const bool last_first = em_env_switch("EMBER_SCAN_ROW_LAST_FIRST", true);
   static const bool evict = em_env_switch("EMBER_SCAN_ROW_EVICT", true);
-  static const bool coalesce = em_env_switch("EMBER_SCAN_ROW_COALESCE", kRowCoalesce);
   const int64_t nt = (L + kRowTile - 1) / kRowTile, nc = (nt + kRowChunk - 1) / kRowChunk;
   if (nt > INT32_MAX) return em_error("%s: CUDA scans at most 2^31 - 1 tiles in one row, got %lld", op, (long long)nt);
   const size_t counts = ((size_t)(nc + 1) * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -359,12 +340,10 @@ int scan_row_split(const char *op, const em_tensor *a, const T *in, T *out, int6
   int rc = em_cuda_check(cudaMemsetAsync(p, 0, counts, s), op, "cudaMemsetAsync");
   if (!rc) {
     const bool vec = (((uintptr_t)in | (uintptr_t)out) & 15) == 0;
-    auto sums = coalesce ? scan_row_sums<T, A, Op, true> : scan_row_sums<T, A, Op, false>;
-    sums<<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
+    scan_row_sums<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, L, reverse, vec, f, identity, st);
     rc = em_launch_check(op);
     if (!rc) {
-      auto apply = coalesce ? scan_row_apply<T, A, Op, true> : scan_row_apply<T, A, Op, false>;
-      apply<<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, last_first, evict, f, identity, st);
+      scan_row_apply<T, A, Op><<<(unsigned)nt, kBlock, 0, s>>>(in, out, L, reverse, vec, last_first, evict, f, identity, st);
       rc = em_launch_check(op);
     }
   }

@@ -66,11 +66,9 @@ end)
 -- The default one-row scan (split: scan_row_sums, then scan_row_apply) evaluates
 -- a fixed expression per element whatever the order its apply pass takes the
 -- tiles in and whatever cache hints it gives, so its A/B switches must not
--- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first),
--- EMBER_SCAN_ROW_EVICT=0 (evict_normal loads and stores) and
--- EMBER_SCAN_ROW_COALESCE=0 (each thread's own 16-byte chunks, not staged
--- through shared memory) against the default (last tile first, evict_first,
--- each warp's accesses coalesced through shared memory). The switches are read once a
+-- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first) and
+-- EMBER_SCAN_ROW_EVICT=0 (evict_normal loads and stores) against the default
+-- (last tile first, evict_first). The switches are read once a
 -- process: each runs in a child and saves its results. Sizes: two elements,
 -- one tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry
 -- warps each start past 32 chunks, the lane partials' first loop); forward,
@@ -110,9 +108,8 @@ describe("one-row scan on CUDA: split's switches, cub, graph capture", function(
     local script = H.temp_file(CHILD, ".lua")
     local order = cmp.mode_results(H, script, "EMBER_SCAN_ROW_LAST_FIRST", {"1", "0"})
     local got = {default = order["1"], first_tile_first = order["0"],
-                 normal = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})["0"],
-                 direct = cmp.mode_results(H, script, "EMBER_SCAN_ROW_COALESCE", {"0"})["0"]}
-    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first", "normal", "direct"}))
+                 normal = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})["0"]}
+    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first", "normal"}))
     for mode, r in pairs(got) do   -- the second run of each sum: the same bits
       for name, t in pairs(r) do
         local key = name:match("^again_(.*)$")
