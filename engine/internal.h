@@ -100,6 +100,11 @@ void em_header_free(void *p, size_t nbytes);
 /* Op not implemented for this device yet. */
 int em_error_device(const char *op, const em_tensor *t);
 
+/* A switch read once (at load, by the engine's A/B knobs): env var `name` unset or empty gives dflt, one digit
+ * 0 .. maxv alone that digit, anything else dflt and a line on stderr ("ember: NAME must be 0 or 1, got 'x';
+ * using 1"). */
+int em_env_digit(const char *name, int maxv, int dflt);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,17 @@
 /* Shared checks, broadcasting and the N-d iterator (see internal.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include "internal.h"
+
+int em_env_digit(const char *name, int maxv, int dflt) {
+  const char *e = getenv(name);
+  if (!e || !*e) return dflt;
+  if (e[0] >= '0' && e[0] <= '0' + maxv && !e[1]) return e[0] - '0';
+  fprintf(stderr, "ember: %s must be ", name);
+  for (int i = 0; i < maxv; i++) fprintf(stderr, i + 1 < maxv ? "%d, " : "%d", i);
+  fprintf(stderr, " or %d, got '%s'; using %d\n", maxv, e, dflt);
+  return dflt;
+}
 
 int64_t em_shape_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;

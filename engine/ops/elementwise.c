@@ -453,12 +453,7 @@ static _Thread_local _Alignas(64) float roww_buf[ROWW_MAX];
 /* EMBER_CPU_ROW_WIDEN=0 (read once at load): widen a broadcast bf16 row in
  * every step again, as before, to compare on a host. The same bits. */
 static bool row_widen = true;
-__attribute__((constructor)) static void row_widen_init(void) {
-  const char *e = getenv("EMBER_CPU_ROW_WIDEN");
-  if (!e || !*e) return;
-  if ((e[0] == '0' || e[0] == '1') && !e[1]) row_widen = e[0] == '1';
-  else fprintf(stderr, "ember: EMBER_CPU_ROW_WIDEN must be 0 or 1, got '%s'; using 1\n", e);
-}
+__attribute__((constructor)) static void row_widen_init(void) { row_widen = em_env_digit("EMBER_CPU_ROW_WIDEN", 1, 1); }
 
 enum { FAST_NONE, FAST_SEL16, FAST_BIN16, FAST_SEL32 };
 
@@ -470,12 +465,7 @@ enum { FAST_NONE, FAST_SEL16, FAST_BIN16, FAST_SEL32 };
  * (with AVX-512) computed and streamed line by line with no piece between
  * (ew_nt.h, ew_half.h). The same bits. */
 static int piece_mode = 2;
-__attribute__((constructor)) static void piece_mode_init(void) {
-  const char *e = getenv("EMBER_CPU_PIECE_OUT");
-  if (!e || !*e) return;
-  if ((e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1]) piece_mode = e[0] - '0';
-  else fprintf(stderr, "ember: EMBER_CPU_PIECE_OUT must be 0, 1 or 2, got '%s'; using 2\n", e);
-}
+__attribute__((constructor)) static void piece_mode_init(void) { piece_mode = em_env_digit("EMBER_CPU_PIECE_OUT", 2, 2); }
 
 /* Elements [c, c + len) of the inner row at offsets off computed as the
  * generic loop does (CHUNK at a time from the same boundaries: c is a multiple
@@ -562,12 +552,7 @@ static void fast16(const ew_job *j, const int64_t *off, int64_t c, int64_t len, 
  * bought nothing, and a call's set-up (operand pointers, dispatch, the loop's
  * constants) came 4x as often. 0: a piece a call, as before. The same bits. */
 static bool nt_span = true;
-__attribute__((constructor)) static void nt_span_init(void) {
-  const char *e = getenv("EMBER_CPU_NT_SPAN");
-  if (!e || !*e) return;
-  if ((e[0] == '0' || e[0] == '1') && !e[1]) nt_span = e[0] == '1';
-  else fprintf(stderr, "ember: EMBER_CPU_NT_SPAN must be 0 or 1, got '%s'; using 1\n", e);
-}
+__attribute__((constructor)) static void nt_span_init(void) { nt_span = em_env_digit("EMBER_CPU_NT_SPAN", 1, 1); }
 
 /* fast16 over [c, c + len), len up to TASK: in one call where the fused
  * streamed loop takes it whole (aligned output, AVX-512), else a stream

@@ -247,12 +247,8 @@ static void plan_with(gemm_job *j, int64_t from, bool split) {
  * f32 on those two cores only; elsewhere each tile is one call, as before. */
 static bool gemm_merge = false;
 __attribute__((constructor)) static void gemm_merge_init(void) {
-  const char *e = getenv("EMBER_CPU_GEMM_MERGE"), *core = em_blas_corename();
-  bool on = false;
-  if (e && *e) {
-    if ((e[0] == '0' || e[0] == '1') && !e[1]) on = e[0] == '1';
-    else fprintf(stderr, "ember: EMBER_CPU_GEMM_MERGE must be 0 or 1, got '%s'; using 0\n", e);
-  }
+  const char *core = em_blas_corename();
+  const bool on = em_env_digit("EMBER_CPU_GEMM_MERGE", 1, 0);
   gemm_merge = on && (strcasecmp(core, "SkylakeX") == 0 || strcasecmp(core, "Cooperlake") == 0);
 }
 

@@ -369,10 +369,7 @@ em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
  * an A/B on a GPU host. The same values. */
 static bool fuse_add_rmsnorm = true;
 __attribute__((constructor)) static void fuse_add_rmsnorm_init(void) {
-  const char *e = getenv("EMBER_FUSE_ADD_RMSNORM");
-  if (!e || !*e) return;
-  if ((e[0] == '0' || e[0] == '1') && !e[1]) fuse_add_rmsnorm = e[0] == '1';
-  else fprintf(stderr, "ember: EMBER_FUSE_ADD_RMSNORM must be 0 or 1, got '%s'; using 1\n", e);
+  fuse_add_rmsnorm = em_env_digit("EMBER_FUSE_ADD_RMSNORM", 1, 1);
 }
 
 static bool add_rmsnorm_fusable(em_tensor *x, em_tensor *r, em_tensor *w) {
