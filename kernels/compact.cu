@@ -26,11 +26,11 @@
  * stored as 16-byte vectors, 2 tiles a block for 2-byte x (EMBER_COMPACT_VOUT). EMBER_COMPACT_ONEPASS=1 (off
  * by default) runs masked_select as select1_kernel alone, into an output of the worst-case size.
  *
- * Twelfth session (EMBER_COMPACT_LATESCAN=0 selects the eleventh's mark): step 1 is mark_cnt_kernel, tile counts
- * and an atomic total with no block waiting on another; the tile scan (offsets_kernel, one block) is launched after
- * the host has read the count (em_compact_offsets_cuda), so it runs while the host allocates the output.
+ * (The twelfth session's counting mark with a one-block tile scan launched after the host's read, opt-in as
+ * EMBER_COMPACT_LATESCAN=1, measured slower than the look-back mark on the H200 and was deleted once the ticket
+ * mark below replaced both; docs/perf.md, thirteenth session.)
  *
- * Thirteenth session (the default; EMBER_COMPACT_TICKET=0 selects the above): steps 1 and 2 are mark_tk_kernel, a
+ * Thirteenth session (the default; EMBER_COMPACT_TICKET=0 selects the look-back mark above): steps 1 and 2 are mark_tk_kernel, a
  * warp a tile over a persistent grid, no block waiting on another; its last block (by ticket) stores the count into
  * a slot of pinned host memory mapped into the device, which the host spins on (EMBER_COMPACT_MAPPED=0: the count
  * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
@@ -262,78 +262,12 @@ __global__ void __launch_bounds__(kThreads, 8) mark_lb_kernel(const U *__restric
   if (lane == 0 && blockIdx.x == gridDim.x - 1) { off[ntiles] = excl + agg; *count = excl + agg; }
 }
 
-/* The twelfth session's mark (EMBER_COMPACT_LATESCAN=1, opt-in): mark_block, then each tile's count into
- * off[tile] and the block's into *count (zeroed before the launch) by one 64-bit atomic add: integers, so any
- * order gives the same total. No block waits for another: mark_lb_kernel's look-back (a warp reading its
- * predecessors' statuses, back 32 blocks a round trip until one has its prefix) kept each block resident for
- * several L2 round trips after its loads, and the mark ran at 38 us for a 64 MB mask (1.9 TB/s; the compact_probe
- * split of the eleventh session). The counts become offsets in offsets_kernel, launched after the count's
- * read-back (em_compact_offsets_cuda): it runs while the host allocates the output. */
-template <typename U, int BT>
-__global__ void __launch_bounds__(kThreads, 8) mark_cnt_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec,
-                                                            uint32_t *__restrict__ words, int64_t *__restrict__ off,
-                                                            int64_t ntiles, unsigned long long *__restrict__ count) {
-  __shared__ int wsum[kThreads / 32][BT];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t tile0 = (int64_t)blockIdx.x * BT;
-  mark_block<U, BT>(x, n, keep, vec, words, ntiles, wsum);
-  if (warp) return;
-  int tc = 0;   /* lane b < BT: tile tile0 + b's count */
-  if (lane < BT)
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; w++) tc += wsum[w][lane];
-  if (lane < BT && tile0 + lane < ntiles) off[tile0 + lane] = tc;
-  const int agg = __reduce_add_sync(0xffffffffu, tc);   /* lanes >= BT hold 0 */
-  if (lane == 0 && agg) atomicAdd(count, (unsigned long long)agg);
-}
-
-/* tile counts off[0, ntiles) -> exclusive offsets, off[ntiles] = the total, in one block of 512 threads: thread t
- * takes the run [t per, t per + per) (per even, so 16-byte pairs at 16-byte addresses: off is 256-aligned), sums
- * it, a block scan gives each run's start, and a second pass writes the run's offsets. 16384 tiles (2^26
- * elements): 16 pair loads a thread, 8 in flight (1024 threads spilled at 64 registers), two passes. Integer sums:
- * deterministic. */
-constexpr int kOffThreads = 512, kOffPairs = 8;
-/* off[i], off[i + 1] as a pair, 0 past e (i even) */
-__device__ __forceinline__ longlong2 off_pair(const int64_t *off, int64_t i, int64_t e) {
-  if (i + 1 < e) return *reinterpret_cast<const longlong2 *>(off + i);
-  return make_longlong2(i < e ? off[i] : 0, 0);
-}
-__global__ void __launch_bounds__(kOffThreads) offsets_kernel(int64_t *__restrict__ off, int64_t ntiles) {
-  typedef cub::BlockScan<long long, kOffThreads> Scan;
-  __shared__ typename Scan::TempStorage tmp;
-  const int64_t per = (((ntiles + kOffThreads - 1) / kOffThreads) + 1) & ~(int64_t)1;
-  const int64_t b = threadIdx.x * per, e = b + per < ntiles ? b + per : ntiles;
-  long long sum = 0;
-  for (int64_t c = b; c < e; c += 2 * kOffPairs) {   /* a chunk's loads all issued before its adds */
-    longlong2 v[kOffPairs];
-#pragma unroll
-    for (int k = 0; k < kOffPairs; k++) v[k] = off_pair(off, c + 2 * k, e);
-#pragma unroll
-    for (int k = 0; k < kOffPairs; k++) sum += v[k].x + v[k].y;
-  }
-  long long run, total;
-  Scan(tmp).ExclusiveSum(sum, run, total);
-  for (int64_t c = b; c < e; c += 2 * kOffPairs) {
-    longlong2 v[kOffPairs];
-#pragma unroll
-    for (int k = 0; k < kOffPairs; k++) v[k] = off_pair(off, c + 2 * k, e);
-#pragma unroll
-    for (int k = 0; k < kOffPairs; k++) {
-      const int64_t i = c + 2 * k;
-      if (i + 1 < e) *reinterpret_cast<longlong2 *>(off + i) = make_longlong2(run, run + v[k].x);
-      else if (i < e) off[i] = run;
-      run += v[k].x + v[k].y;
-    }
-  }
-  if (threadIdx.x == 0) off[ntiles] = total;
-}
-
-/* The thirteenth session's mark (EMBER_COMPACT_TICKET=1, the default above kLateTiles tiles): the same words and
+/* The thirteenth session's mark (EMBER_COMPACT_TICKET=1, the default): the same words and
  * offsets as mark_lb_kernel, in one launch, with no block waiting on another while the mask streams in.
  * - A warp takes whole tiles (tile = its warp index + k x the grid's warps): 8 16-byte loads a lane in flight (4 KB
  *   a warp, 128 KB an SM at 32 warps), the tile's count by one warp reduction: no __syncthreads a tile, no block
- *   exits and relaunches every 16 KB (mark_cnt_kernel's 4096 blocks of 16 KB measured 32 us for 64 MB, 2.1 TB/s:
- *   its blocks alternated between waiting for loads and computing, with ~4 instructions a byte of bool mask).
+ *   exits and relaunches every 16 KB (the twelfth session's counting mark, 4096 blocks of 16 KB, measured 32 us
+ *   for 64 MB, 2.1 TB/s: its blocks alternated between waiting for loads and computing, with ~4 instructions a byte of bool mask).
  * - A bool mask's 16 bytes become 16 bits in ~23 instructions (nz4: a byte's nonzero into its bit 7, four bits
  *   gathered by one multiply) instead of ~60.
  * - Counts: off[tile] = the tile's count; each block adds its total to acc[0] (one 64-bit atomic: integers, any
@@ -807,31 +741,10 @@ static int launch_mark_lb(const char *op, const U *x, int64_t n, U keep, bool ve
   return em_launch_check(op);
 }
 
-/* mark_cnt_kernel + offsets_kernel for n over kLateTiles tiles; EMBER_COMPACT_LATESCAN=0 or fewer tiles: the
- * eleventh session's mark, offsets and all in one launch (EMBER_COMPACT_LOOKBACK). Up to 128 tiles (2^19
- * elements, at most 128 blocks: 4 look-back windows) the look-back costs about what the scan's own launch adds. */
-constexpr int64_t kLateTiles = 128;
-static bool ticket_on() {   /* EMBER_COMPACT_TICKET=0: the twelfth session's marks (look-back, or LATESCAN's) */
+static bool ticket_on() {   /* EMBER_COMPACT_TICKET=0: the eleventh session's look-back mark */
   static const bool on = em_env_switch("EMBER_COMPACT_TICKET", true);
   return on;
 }
-static bool latescan(int64_t n) {
-  if (ticket_on()) return false;
-  /* opt-in: on the H200 at (8192,8192) mark_cnt_kernel took 32 us and offsets_kernel 18 (predicted 2-4) against
-   * the look-back mark's 38.4 (compact_probe, 2026-11-28), so the look-back mark stays the default. */
-  static const bool on = em_env_switch("EMBER_COMPACT_LATESCAN", false);
-  return on && ntiles_of(n) > kLateTiles;
-}
-
-/* mark_cnt_kernel: BT tiles a block; *count zeroed by the caller. */
-template <typename U, int BT>
-static int launch_mark_cnt(const char *op, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
-                           unsigned long long *count, cudaStream_t s) {
-  const int64_t nt = ntiles_of(n), nb = (nt + BT - 1) / BT;
-  mark_cnt_kernel<U, BT><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, count);
-  return em_launch_check(op);
-}
-
 /* mark_tk_kernel: a persistent grid of kTkBlocks blocks an SM at most, the rounds of tiles balanced over the warps
  * (16384 tiles on 132 SMs: 4096 warps of 4 tiles each); acc (total, ticket) zeroed first unless it is a mapped
  * slot's kept pair (zero); host: NULL or the device address of a mapped slot. */
@@ -969,13 +882,6 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
   return rc;
 }
 
-extern "C" int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int64_t n) {
-  if (!latescan(n)) return 0;   /* the mark wrote the offsets (or n is 0) */
-  if (em_use_device(ws->device.index, op)) return -1;
-  offsets_kernel<<<1, kOffThreads, 0, em_cur_stream(ws->device.index)>>>(ws_off(ws, n), ntiles_of(n));
-  return em_launch_check(op);
-}
-
 extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count,
                                     int64_t *host_count) {
   const int64_t n = em_numel(x);
@@ -992,20 +898,6 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
   int64_t *off = ws_off(ws, n);
   const void *xp = em_data_ptr(x);
   const unsigned grid = (unsigned)nt;
-  if (latescan(n)) {
-    unsigned long long *cnt = (unsigned long long *)em_data_ptr(count);
-    if (em_cuda_check(cudaMemsetAsync(cnt, 0, sizeof(int64_t), s), op, "cudaMemsetAsync")) return -1;
-    switch (em_dtype_size(x->dtype)) {
-      case 1: return launch_mark_cnt<uint8_t, 4>(op, (const uint8_t *)xp, n, 0xffu, vec, w, off, cnt, s);
-      case 2: return launch_mark_cnt<uint16_t, 2>(op, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off,
-                                                  cnt, s);
-      case 4: return launch_mark_cnt<uint32_t, 1>(op, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
-                                                  off, cnt, s);
-      case 8: return launch_mark_cnt<unsigned long long, 1>(op, (const unsigned long long *)xp, n,
-                                                            fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, cnt, s);
-      default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
-    }
-  }
   static const bool lookback = em_env_switch("EMBER_COMPACT_LOOKBACK", true);   /* 0: mark_kernel + scan_tiles */
   if (lookback) {
     unsigned long long *st = ws_status(ws, n);

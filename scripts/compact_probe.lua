@@ -16,8 +16,8 @@
 --   ember run scripts/compact_probe.lua [--reps 20] [--n 8192] [--samples]
 --   EMBER_COMPACT_TICKET=0 ember run scripts/compact_probe.lua   (the twelfth session's default: look-back mark, copy)
 --   EMBER_COMPACT_MAPPED=0 ember run scripts/compact_probe.lua   (the ticket mark, the count by a copy + synchronize)
---   EMBER_COMPACT_LATESCAN=0 ember run scripts/compact_probe.lua   (the eleventh session's look-back mark)
---   EMBER_COMPACT_LATESCAN=0 EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
+--   EMBER_COMPACT_TICKET=0 ember run scripts/compact_probe.lua   (the eleventh session's look-back mark)
+--   EMBER_COMPACT_TICKET=0 EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
 local ember = require "ember"
 local argparse = require "argparse"
 
@@ -33,9 +33,9 @@ assert(ember.cuda.is_available(), "compact_probe.lua needs a CUDA device")
 
 local n = args.n
 local function env(k) return os.getenv(k) or "(unset)" end
-print(("n %d x %d; EMBER_COMPACT_TICKET=%s EMBER_COMPACT_MAPPED=%s EMBER_COMPACT_LATESCAN=%s EMBER_COMPACT_LOOKBACK=%s "
+print(("n %d x %d; EMBER_COMPACT_TICKET=%s EMBER_COMPACT_MAPPED=%s EMBER_COMPACT_LOOKBACK=%s "
   .. "EMBER_COMPACT_VOUT=%s EMBER_CAST_WIDE=%s EMBER_COMPACT=%s"):format(n, n, env("EMBER_COMPACT_TICKET"),
-  env("EMBER_COMPACT_MAPPED"), env("EMBER_COMPACT_LATESCAN"), env("EMBER_COMPACT_LOOKBACK"), env("EMBER_COMPACT_VOUT"),
+  env("EMBER_COMPACT_MAPPED"), env("EMBER_COMPACT_LOOKBACK"), env("EMBER_COMPACT_VOUT"),
   env("EMBER_CAST_WIDE"), env("EMBER_COMPACT")))
 
 local mask = ember.rand({n, n}):lt(0.5):to("cuda")

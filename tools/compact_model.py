@@ -1,4 +1,4 @@
-"""Sequential model of kernels/compact.cu's tile index math (offsets_kernel's chunked one-block tile scan, mark_lb_kernel with BT tiles a block and its
+"""Sequential model of kernels/compact.cu's tile index math (mark_lb_kernel with BT tiles a block and its
 look-back, select_kernel with BT tiles, select1_kernel, store_run's 16-byte runs at every alignment), checked
 against a plain masked_select; the look-back sees most earlier blocks as AGG only (random), so walks past 32
 blocks happen. Threads and warps are loops; no GPU. Run: python3 tools/compact_model.py (~1 min)."""
@@ -209,38 +209,3 @@ for n in [1, 31, 4095, 4096, 4097, 3 * 4096 + 17, 9 * 4096, 37 * 4096 + 5]:
                 assert c1 == msum and np.array_equal(got, ref), ("select1 scalar", n, p, V)
         print("ok", n, p, flush=True)
 
-# offsets_kernel (EMBER_COMPACT_LATESCAN=1): kOffThreads threads, each a run of per tiles (per even) in chunks of
-# kOffPairs 16-byte pairs, loads of a chunk before its stores; the tile counts in place -> exclusive offsets
-def offsets(counts, T=512, P=8):
-    ntiles = len(counts)
-    off = list(counts) + [None]
-    per = (((ntiles + T - 1) // T) + 1) & ~1
-    def pair(i, e):
-        if i + 1 < e: return (off[i], off[i + 1])
-        return (off[i] if i < e else 0, 0)
-    sums = []
-    for t in range(T):
-        b, e = t * per, min(t * per + per, ntiles)
-        s, c = 0, b
-        while c < e:
-            s += sum(a + b2 for a, b2 in [pair(c + 2 * k, e) for k in range(P)]); c += 2 * P
-        sums.append(s)
-    excl = [0] + list(itertools.accumulate(sums))[:-1]
-    for t in range(T):
-        b, e = t * per, min(t * per + per, ntiles)
-        run, c = excl[t], b
-        while c < e:
-            v = [pair(c + 2 * k, e) for k in range(P)]
-            for k in range(P):
-                i = c + 2 * k
-                if i + 1 < e: off[i], off[i + 1] = run, run + v[k][0]
-                elif i < e: off[i] = run
-                run += v[k][0] + v[k][1]
-            c += 2 * P
-    off[ntiles] = sum(sums)
-    return off
-
-for nt in list(range(1, 70)) + [511, 512, 513, 1025, 8191, 8196, 16384, 16385, 123457]:
-    cnt = [random.randint(0, 4096) for _ in range(nt)]
-    assert offsets(cnt) == [0] + list(itertools.accumulate(cnt)), ("offsets", nt)
-print("ok offsets_kernel", flush=True)

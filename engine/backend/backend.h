@@ -716,12 +716,6 @@ int64_t em_compact_ws_bytes(int64_t n);
  * into, EMBER_COMPACT_MAPPED; the call waits for it); -1 there means the
  * engine reads count itself. */
 int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count, int64_t *host_count);
-/* Step 1b, after the count is read (or at once when it is not needed): the
- * tile counts of em_compact_mark_cuda's ws (n elements) become offsets (one
- * small launch that runs while the host allocates the output; nothing with
- * EMBER_COMPACT_LATESCAN=0, whose mark writes the offsets). Steps 2 (select,
- * expand, coords) need it; em_compact_mark_heads_cuda's ws does not. */
-int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int64_t n);
 /* Step 1 for unique: mark the first element of each run of equal neighbours
  * in sorted (contiguous; floats compared as doubles, NaN equal to nothing). */
 int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws, em_tensor *count);

@@ -232,7 +232,6 @@ int64_t em_compact_ws_bytes(int64_t n) { return 1; }
 int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tensor *ws, em_tensor *count, int64_t *host_count) {
   return no_cuda(op);
 }
-int em_compact_offsets_cuda(const char *op, const em_tensor *ws, int64_t n) { return no_cuda(op); }
 int em_compact_mark_heads_cuda(const char *op, const em_tensor *sorted, em_tensor *ws,
                                em_tensor *count) { return no_cuda(op); }
 int em_compact_select_cuda(const char *op, const em_tensor *ws, const em_tensor *x,

@@ -557,10 +557,9 @@ static int compact_scan_path(void) {
   return e && strcmp(e, "scan") == 0;
 }
 
-/* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws); read their count unless count is
- * NULL (through a mapped host slot the mark stores into, else one device-to-host copy: em_item); then the tiles'
- * offsets where the mark left them to a second launch (after the read: it runs while the caller allocates the
- * output). */
+/* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws: the bits and each tile's offset);
+ * read their count unless count is NULL (through a mapped host slot the mark stores into, else one device-to-host
+ * copy: em_item). */
 static int compact_mark(const char *op, em_tensor *t, int ndim, const int64_t *shape, em_tensor **ws, int64_t *count) {
   em_tensor *b = broadcast_alias(t, ndim, shape);
   em_tensor *c = b ? em_contiguous_as(b, b->dtype) : NULL;
@@ -570,7 +569,7 @@ static int compact_mark(const char *op, em_tensor *t, int ndim, const int64_t *s
   int64_t got = -1;
   double v = 0;
   int rc = *ws && em_compact_mark_cuda(op, c, *ws, cnt, count ? &got : NULL) == 0 &&
-           (!count || got >= 0 || em_item(cnt, &v) == 0) && em_compact_offsets_cuda(op, *ws, n) == 0 ? 0 : -1;
+           (!count || got >= 0 || em_item(cnt, &v) == 0) ? 0 : -1;
   if (count) *count = got >= 0 ? got : (int64_t)v;
   em_tensor_release(b); em_tensor_release(c); em_tensor_release(cnt);
   if (rc) { em_tensor_release(*ws); *ws = NULL; }

@@ -4,8 +4,7 @@
 -- 8 bytes: the 16-byte vector paths), misaligned operands (the scalar path),
 -- empty and full tiles, and ranks up to 5. Values are moved, not computed:
 -- every comparison is exact. Run once more with EMBER_COMPACT=scan to check
--- the previous path, with EMBER_COMPACT_LATESCAN=1 for the counting mark and
--- its one-block scan (opt-in), and with EMBER_COMPACT_LOOKBACK=0
+-- the previous path, and with EMBER_COMPACT_LOOKBACK=0
 -- EMBER_COMPACT_VOUT=0 for the tiles' first mark (mark_kernel + scan_tiles) and
 -- output stores. The thirteenth session's ticket mark (EMBER_COMPACT_TICKET=1)
 -- and the count read from mapped host memory (EMBER_COMPACT_MAPPED=1) are the
@@ -146,11 +145,9 @@ describe("stream compaction on CUDA", function()
     end
   end)
 
-  -- offsets_kernel (EMBER_COMPACT_LATESCAN=1, over 128 tiles; the 1025-tile case above takes it too): one block
-  -- of 512 threads, each a run of per tiles (per even) in
-  -- chunks of 8 pairs; 2^25 + 12345 elements = 8196 tiles: per 18, so two chunks a thread, a last pair cut
-  -- short (an odd tile count) and threads past the end with nothing
-  it("masked_select and nonzero over 8196 tiles (the tile scan's chunks and its odd last run)", function()
+  -- 2^25 + 12345 elements = 8196 tiles (an odd tile count, a partial last tile, several rounds of the ticket
+  -- mark's warps and of its last block's tile scan), with runs of empty and full tiles
+  it("masked_select and nonzero over 8196 tiles (an odd tile count, empty and full runs)", function()
     ember.manual_seed(27)
     local n = (1 << 25) + 12345
     local m = ember.rand(n):lt(0.3)
