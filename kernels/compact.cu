@@ -846,6 +846,20 @@ int slot_wait(const char *op, volatile long long *p, cudaStream_t s, int64_t *ou
 }
 }  // namespace
 
+/* The bits of an element that make it nonzero: all of them; a float's but its sign (-0.0 is zero, NaN is not). */
+template <typename U> static U nonzero_bits(bool fl) { return fl ? (U)(~(U)0 >> 1) : (U)~(U)0; }
+
+/* f(U{}) (an int: 0 or -1 with the error set) with U the unsigned integer of x's element size; an element size
+ * without a compaction is an error naming x's dtype. */
+template <typename F> static int by_elem(const char *op, const em_tensor *x, F &&f) {
+  const size_t es = em_dtype_size(x->dtype);
+  if (es != 1 && es != 2 && es != 4 && es != 8)
+    return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
+  int rc = 0;
+  em_by_width(es, [&](auto u) { rc = f(u); });
+  return rc;
+}
+
 /* The ticket mark of x (any element size) with its count read into *host_count through a mapped slot when one is
  * free and the thread is not capturing (else *host_count stays -1: the caller reads count). */
 static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, em_tensor *ws, em_tensor *count,
@@ -863,20 +877,10 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
   unsigned long long *acc = kept ? kept + 2 * slot : ws_status(ws, n);
   const bool z = !kept;
   const void *xp = em_data_ptr(x);
-  int rc;
-  switch (em_dtype_size(x->dtype)) {
-    case 1: rc = launch_mark_tk<uint8_t>(op, dev, (const uint8_t *)xp, n, 0xffu, vec, w, off, acc, z, cnt, dp, s);
-      break;
-    case 2: rc = launch_mark_tk<uint16_t>(op, dev, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, acc,
-                                          z, cnt, dp, s); break;
-    case 4: rc = launch_mark_tk<uint32_t>(op, dev, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
-                                          off, acc, z, cnt, dp, s); break;
-    case 8: rc = launch_mark_tk<unsigned long long>(op, dev, (const unsigned long long *)xp, n,
-                                                    fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, acc, z, cnt, dp,
-                                                    s);
-      break;
-    default: rc = em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
-  }
+  int rc = by_elem(op, x, [&](auto u) {
+    using U = decltype(u);
+    return launch_mark_tk<U>(op, dev, (const U *)xp, n, nonzero_bits<U>(fl), vec, w, off, acc, z, cnt, dp, s);
+  });
   if (rc == 0 && hp) rc = slot_wait(op, hp, s, host_count);
   if (slot >= 0) slot_release(slot);
   return rc;
@@ -902,26 +906,19 @@ extern "C" int em_compact_mark_cuda(const char *op, const em_tensor *x, em_tenso
   if (lookback) {
     unsigned long long *st = ws_status(ws, n);
     int64_t *cnt = (int64_t *)em_data_ptr(count);
-    switch (em_dtype_size(x->dtype)) {
-      case 1: return launch_mark_lb<uint8_t, 4>(op, (const uint8_t *)xp, n, 0xffu, vec, w, off, st, cnt, s);
-      case 2: return launch_mark_lb<uint16_t, 2>(op, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, st,
-                                                 cnt, s);
-      case 4: return launch_mark_lb<uint32_t, 1>(op, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
-                                                 off, st, cnt, s);
-      case 8: return launch_mark_lb<unsigned long long, 1>(op, (const unsigned long long *)xp, n,
-                                                           fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, st, cnt, s);
-      default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
-    }
+    return by_elem(op, x, [&](auto u) {
+      using U = decltype(u);
+      constexpr int BT = sizeof(U) == 1 ? 4 : sizeof(U) == 2 ? 2 : 1;   /* tiles a block: 16 KB of x or 4 tiles */
+      return launch_mark_lb<U, BT>(op, (const U *)xp, n, nonzero_bits<U>(fl), vec, w, off, st, cnt, s);
+    });
   }
-  switch (em_dtype_size(x->dtype)) {
-    case 1: mark_kernel<uint8_t><<<grid, kThreads, 0, s>>>((const uint8_t *)xp, n, 0xffu, vec, w, off); break;
-    case 2: mark_kernel<uint16_t><<<grid, kThreads, 0, s>>>((const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off); break;
-    case 4: mark_kernel<uint32_t><<<grid, kThreads, 0, s>>>((const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w, off); break;
-    case 8: mark_kernel<unsigned long long><<<grid, kThreads, 0, s>>>((const unsigned long long *)xp, n,
-                                                                        fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off); break;
-    default: return em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
-  }
-  if (em_launch_check(op)) return -1;
+  if (by_elem(op, x, [&](auto u) {
+        using U = decltype(u);
+        mark_kernel<U><<<grid, kThreads, 0, s>>>((const U *)xp, n, nonzero_bits<U>(fl), vec, w, off);
+        return 0;
+      }) ||
+      em_launch_check(op))
+    return -1;
   scan_tiles<<<1, kScanThreads, 0, s>>>(off, nt, (int64_t *)em_data_ptr(count));
   return em_launch_check(op);
 }
