@@ -331,9 +331,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           bar_arrive_r(dq_empty_id(0, w));
           bar_arrive_r(dq_empty_id(1, w));
         }
-        int last = -1;   // this writer's last tile
         for (int jt = w; jt < ntile; jt += step) {
-          last = jt;
           float *dst = dqa + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * STR * D;   // the tile: 2 halves
 #pragma unroll
           for (int h = 0; h < 2; h++) {
@@ -368,13 +366,19 @@ __global__ void __launch_bounds__(THREADS, 1)
                 bulk_wait_all_but2();   // this writer's groups: all but tile jt's two, i.e. tile jt − step's
                 bump(jt - step);
               }
-              if (jt + step < ntile && !nowait) seen = ld_acquire_pair(counter(jt + step, 0));
+              if (jt + step < ntile && !nowait) {
+                seen = ld_acquire_pair(counter(jt + step, 0));
+                // two writers: the block above bumps a tile (two of its tiles late) about when this read goes out
+                // (it reaches a q tile 2·chains tiles earlier); a stale value gets a second look, waited for only
+                // at the tile, so that the check there rarely costs a round trip
+                if (two && seen != want(jt + step)) seen = ld_acquire_pair(counter(jt + step, 0));
+              }
             }
           }
         }
         if (lead) bulk_wait_all();
         if constexpr (DET) {
-          if (lead && lazy && last >= 0) bump(last);
+          if (lead && lazy && w < ntile) bump(w + (ntile - 1 - w) / step * step);   // this writer's last tile
         }
       }
     }
