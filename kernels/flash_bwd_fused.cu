@@ -55,7 +55,12 @@
  * between a dq store and its reduce; the lazy writer (EMBER_FLASH_DET_LAZY)
  * moves them behind the consumers' next tile, and EMBER_FLASH_DET_CHAINS
  * copies of dq_accum (key block n into copy n % chains, summed in copy order
- * by the convert kernel) give the lazy bump 2·chains tiles of slack. */
+ * by the convert kernel) give the lazy bump 2·chains tiles of slack. Two
+ * writers (EMBER_FLASH_DET_WRITERS=2, default; Step 5e): the producer's warps 1
+ * and 3 take the even and the odd tiles, so each writer's bump (a release
+ * membar) and counter read (an acquire round trip) fall in the two tile steps
+ * between its own tiles, off the path from a consumer's dq store to the
+ * hand-back that lets it store the next. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
