@@ -318,7 +318,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       if ((pw == 1 || (two && pw == 3)) && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
         const int w = pw == 3 ? 1 : 0, step = two ? 2 : 1;   // tiles w, w + step, ...; barriers of parity w
-        const uint64_t pol = l2_evict_last();
         auto want = [&](int jt) { return (unsigned long long)ahead(jt) * 0x100000001ull; };
         auto bump = [&](int jt) {   // tile jt's adds performed (the caller waited on their groups)
           fence_proxy_async_global();
@@ -337,7 +336,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           bar_arrive_r(dq_empty_id(1, w));
         }
         for (int jt = w; jt < ntile; jt += step) {
+          // before the full sync (while waiting for the consumers), not between it and the reduce: the tile's
+          // address and (fused) its counters' wanted value, a division by nq and one by chains
           float *dst = dqa + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * STR * D;   // the tile: 2 halves
+          const unsigned long long wj = DET ? want(jt) : 0;
 #pragma unroll
           for (int h = 0; h < 2; h++) {
             __syncwarp();   // bar.sync is .aligned: the warp converged after lane 0's branch
@@ -345,13 +347,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (lead) {
               if constexpr (DET) {
                 if (!nowait && lazy && h == 0)
-                  while (seen != want(jt)) seen = ld_acquire_pair(counter(jt, 0));
+                  while (seen != wj) seen = ld_acquire_pair(counter(jt, 0));
                 if (!nowait && !lazy)
-                  while (ld_acquire(counter(jt, h)) != ahead(jt)) {
+                  while (ld_acquire(counter(jt, h)) != (unsigned)wj) {
                   }
                 if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
-              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
+              // the policy made at each use (one instruction): 2 registers fewer to spill on 24
+              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
               bulk_commit();
             }
           }
