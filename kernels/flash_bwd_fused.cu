@@ -145,7 +145,9 @@ template <int ID, int N> __device__ __forceinline__ void bar_arrive_n() {
  * so that the two-writer choice costs the consumers no branches */
 __device__ __forceinline__ int dq_full_id(int cw, int w) { return 3 + cw + 6 * w; }
 __device__ __forceinline__ int dq_empty_id(int cw, int w) { return 5 + cw + 6 * w; }
-__device__ __forceinline__ void bar_sync_r(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory"); }
+__device__ __forceinline__ void bar_sync_r(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory");
+}
 __device__ __forceinline__ void bar_arrive_r(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory");
 }
