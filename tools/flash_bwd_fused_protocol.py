@@ -290,8 +290,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
     """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
     red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both —
     lazy (Step 5d): tile jt's bumps after tile jt + lag's adds are issued (the last lag tiles' at the end; lag 2:
-    Step 5e's two writers, each bumping its own previous tile). chains (Step 5d): key block n adds into copy n % chains, after the blocks n + chains,
-    n + 2·chains, ... above it, with that copy's counters."""
+    Step 5e's two writers, each bumping its own previous tile). chains (Step 5d): key block n adds into copy
+    n % chains, after the blocks n + chains, n + 2·chains, ... above it, with that copy's counters."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
     tqp = (Tq + STR - 1) // STR * STR
