@@ -55,7 +55,12 @@
  * between a dq store and its reduce; the lazy writer (EMBER_FLASH_DET_LAZY)
  * moves them behind the consumers' next tile, and EMBER_FLASH_DET_CHAINS
  * copies of dq_accum (key block n into copy n % chains, summed in copy order
- * by the convert kernel) give the lazy bump 2·chains tiles of slack. */
+ * by the convert kernel) give the lazy bump 2·chains tiles of slack. Two
+ * writers (EMBER_FLASH_DET_WRITERS=2, default; Step 5e): the producer's warps 1
+ * and 3 take the even and the odd tiles, so each writer's bump (a release
+ * membar) and counter read (an acquire round trip) fall in the two tile steps
+ * between its own tiles, off the path from a consumer's dq store to the
+ * hand-back that lets it store the next. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
@@ -72,7 +77,8 @@ using namespace flash;
 
 namespace {
 
-constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8;   // flash_bwd_fused_kernel's flags
+// flash_bwd_fused_kernel's flags; kTwoWriters: fused's two dq writer warps (docs/flash.md "Step 5e")
+constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16;
 
 /* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
  * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
@@ -121,11 +127,13 @@ __device__ __forceinline__ void red_release_inc_pair(unsigned *p) {
   asm volatile("red.release.gpu.global.add.u64 [%0], 0x100000001;\n" ::"l"(p) : "memory");
 }
 
-/* ---- bulk dq (docs/flash.md "Step 5b") ----
- * Named barriers with immediate ids (ptxas reserves only those used), per consumer cw:
- *   3 + cw  dq full:  the consumer's 128 threads arrive (their half stored), the writer warp syncs (160);
- *   5 + cw  dq empty: the writer arrives (the bulk copy has read the half), the consumer syncs (160);
- *   7 + cw  the consumer's own 128 threads (dSᵀ stored in turn B, before dk's wgmma reads it). */
+/* ---- bulk dq (docs/flash.md "Step 5b", "Step 5e") ----
+ * Named barriers, per consumer cw and writer parity w (one writer: w 0 always; two writers: w = the tile's
+ * parity, writer w the one that takes those tiles):
+ *   3 + cw, 9 + cw    dq full (w 0, 1):  the consumer's 128 threads arrive (their half stored), writer w syncs (160);
+ *   5 + cw, 11 + cw   dq empty (w 0, 1): writer w arrives (its copy has read the half), the consumer syncs (160);
+ *   7 + cw            the consumer's own 128 threads (dSᵀ stored in turn B, before dk's wgmma reads it).
+ * 0 is __syncthreads, 1-2 the consumers' turns. */
 constexpr int DQ_BAR = 160;
 template <int ID, int N> __device__ __forceinline__ void bar_sync_n() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
@@ -133,17 +141,15 @@ template <int ID, int N> __device__ __forceinline__ void bar_sync_n() {
 template <int ID, int N> __device__ __forceinline__ void bar_arrive_n() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
 }
-__device__ __forceinline__ void dq_full_arrive(int cw) {
-  if (cw == 0) bar_arrive_n<3, DQ_BAR>(); else bar_arrive_n<4, DQ_BAR>();
+/* dq full / dq empty of consumer cw, parity w: a register id (one block an SM: reserving all 16 is free),
+ * so that the two-writer choice costs the consumers no branches */
+__device__ __forceinline__ int dq_full_id(int cw, int w) { return 3 + cw + 6 * w; }
+__device__ __forceinline__ int dq_empty_id(int cw, int w) { return 5 + cw + 6 * w; }
+__device__ __forceinline__ void bar_sync_r(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory");
 }
-__device__ __forceinline__ void dq_full_sync(int cw) {
-  if (cw == 0) bar_sync_n<3, DQ_BAR>(); else bar_sync_n<4, DQ_BAR>();
-}
-__device__ __forceinline__ void dq_empty_arrive(int cw) {
-  if (cw == 0) bar_arrive_n<5, DQ_BAR>(); else bar_arrive_n<6, DQ_BAR>();
-}
-__device__ __forceinline__ void dq_empty_sync(int cw) {
-  if (cw == 0) bar_sync_n<5, DQ_BAR>(); else bar_sync_n<6, DQ_BAR>();
+__device__ __forceinline__ void bar_arrive_r(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory");
 }
 __device__ __forceinline__ void ds_stored_sync(int cw) {
   if (cw == 0) bar_sync_n<7, 128>(); else bar_sync_n<8, 128>();
@@ -166,7 +172,7 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 /* the groups complete: their writes to global memory performed */
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-/* all but the newest two groups complete (fused, lazy: the tile before the one just issued) */
+/* all but the newest two groups complete (fused, lazy: the writer's tile before the one just issued) */
 __device__ __forceinline__ void bulk_wait_all_but2() { asm volatile("cp.async.bulk.wait_group 2;\n" ::: "memory"); }
 /* orders the async proxy's global accesses (the bulk reduces) with the generic ones (fused's counters) */
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
@@ -252,6 +258,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // not guaranteed with kNoFence / kNoWait): kNoFence, no proxy fence before a reduce; kNoWait, no counter wait;
   // kNdHighest, fused_nd in fused's block order
   const bool lazy = flags & kLazy, nofence = flags & kNoFence, nowait = flags & kNoWait;
+  const bool two = BULK && (flags & kTwoWriters);   // two dq writers (warps 1 and 3), tiles by parity
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   using F = FLayout<D, STAGES, BULK>;
@@ -289,11 +296,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     return (unsigned)((nlast - nb) / chains);   // the key blocks n in (nb, nlast] with n ≡ nb (mod chains)
   };
 
-  init_barriers<STAGES>(bar_kv, full, empty, 1 + STR);   // full: the copies' expect_tx and the STR lse/Δ threads
+  // full: the copies' expect_tx and the lse/Δ threads (two writers: warp 2 alone, two rows a lane)
+  init_barriers<STAGES>(bar_kv, full, empty, two ? 1 + 32 : 1 + STR);
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
-                             ntile);
+                             ntile, two ? 1 : 2);
     if constexpr (BULK) {
       // warp 1 (idle in the producer): the dq writer. Per tile, each half once its consumer stored it (dq full),
       // fused: once the tile's counters say the key blocks above have added theirs; one bulk reduce each, then
@@ -303,9 +311,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       // tile ago, are done by then: wait_group 2 leaves tile jt's two groups in flight) and reads tile jt + 1's
       // two counters as one word, while the consumers compute; at the tile it only checks that word. Not lazy
       // (Step 5): each half's counter read when due, the tile's adds waited out and bumped every tile.
-      if ((threadIdx.x >> 5) == 1 && ntile > 0) {
+      // Two writers (kTwoWriters, fused's default; docs/flash.md "Step 5e"): warps 1 and 3 (warp 2 alone then
+      // stages lse/Δ) take the even and the odd tiles, each with its own bulk groups and dq full/empty barriers,
+      // so each has two tile steps for its bump and counter read (the release's membar, the acquire's round
+      // trip) instead of one: they leave the consumers' path. A writer's lazy bump is then of its own previous
+      // tile, two tiles back.
+      const int pw = threadIdx.x >> 5;
+      if ((pw == 1 || (two && pw == 3)) && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
-        const uint64_t pol = l2_evict_last();
+        const int w = pw == 3 ? 1 : 0, step = two ? 2 : 1;   // tiles w, w + step, ...; barriers of parity w
         auto want = [&](int jt) { return (unsigned long long)ahead(jt) * 0x100000001ull; };
         auto bump = [&](int jt) {   // tile jt's adds performed (the caller waited on their groups)
           fence_proxy_async_global();
@@ -317,33 +331,40 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
         };
         unsigned long long seen = 0;   // lazy: tile jt's two counters as last read
-        if (DET && lazy && lead && !nowait) seen = ld_acquire_pair(counter(0, 0));
-        dq_empty_arrive(0);
-        dq_empty_arrive(1);
-        for (int jt = 0; jt < ntile; jt++) {
+        if (DET && lazy && lead && !nowait && w < ntile) seen = ld_acquire_pair(counter(w, 0));
+        // the consumers' first store (tile 0) syncs on the empty barriers of parity "tile −1": 1 with two writers
+        if (w == step - 1) {
+          bar_arrive_r(dq_empty_id(0, w));
+          bar_arrive_r(dq_empty_id(1, w));
+        }
+        for (int jt = w; jt < ntile; jt += step) {
+          // before the full sync (while waiting for the consumers), not between it and the reduce: the tile's
+          // address and (fused) its counters' wanted value, a division by nq and one by chains
           float *dst = dqa + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * STR * D;   // the tile: 2 halves
+          const unsigned long long wj = DET ? want(jt) : 0;
 #pragma unroll
           for (int h = 0; h < 2; h++) {
             __syncwarp();   // bar.sync is .aligned: the warp converged after lane 0's branch
-            dq_full_sync(h);
+            bar_sync_r(dq_full_id(h, w));
             if (lead) {
               if constexpr (DET) {
                 if (!nowait && lazy && h == 0)
-                  while (seen != want(jt)) seen = ld_acquire_pair(counter(jt, 0));
+                  while (seen != wj) seen = ld_acquire_pair(counter(jt, 0));
                 if (!nowait && !lazy)
-                  while (ld_acquire(counter(jt, h)) != ahead(jt)) {
+                  while (ld_acquire(counter(jt, h)) != (unsigned)wj) {
                   }
                 if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
-              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, pol);
+              // the policy made at each use (one instruction): 2 registers fewer to spill on 24
+              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
               bulk_commit();
             }
           }
           if (lead) bulk_wait_read();
           __syncwarp();
           if (jt + 1 < ntile) {   // the consumers sync on these only before a next tile's store
-            dq_empty_arrive(0);
-            dq_empty_arrive(1);
+            bar_arrive_r(dq_empty_id(0, w));
+            bar_arrive_r(dq_empty_id(1, w));
           }
           if constexpr (DET) {
             if (lead && !lazy) {
@@ -351,17 +372,23 @@ __global__ void __launch_bounds__(THREADS, 1)
               bump(jt);
             }
             if (lead && lazy) {
-              if (jt > 0) {
-                bulk_wait_all_but2();
-                bump(jt - 1);
+              if (jt >= step) {
+                bulk_wait_all_but2();   // this writer's groups: all but tile jt's two, i.e. tile jt − step's
+                bump(jt - step);
               }
-              if (jt + 1 < ntile && !nowait) seen = ld_acquire_pair(counter(jt + 1, 0));
+              if (jt + step < ntile && !nowait) {
+                seen = ld_acquire_pair(counter(jt + step, 0));
+                // two writers: the block above bumps a tile (two of its tiles late) about when this read goes out
+                // (it reaches a q tile 2·chains tiles earlier); a stale value gets a second look, waited for only
+                // at the tile, so that the check there rarely costs a round trip
+                if (two && seen != want(jt + step)) seen = ld_acquire_pair(counter(jt + step, 0));
+              }
             }
           }
         }
         if (lead) bulk_wait_all();
         if constexpr (DET) {
-          if (lead && lazy) bump(ntile - 1);
+          if (lead && lazy && w < ntile) bump(w + (ntile - 1 - w) / step * step);   // this writer's last tile
         }
       }
     }
@@ -401,10 +428,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // (rows of q head bh_of(jt), this consumer's columns) by every thread
   auto dq_out = [&](int jt) {
     if constexpr (BULK) {
-      dq_empty_sync(cw);   // the writer's copy has read the buffer's last tile
+      bar_sync_r(dq_empty_id(cw, (jt - 1) & two));   // the copy has read the buffer's last tile (jt − 1)
       store_dq_half<D>(sDQ + cw * kDqHalf<D>, dq, tid);
       fence_proxy_async();   // the generic stores before the copy engine's reads
-      dq_full_arrive(cw);
+      bar_arrive_r(dq_full_id(cw, jt & two));
     } else {
       add_dq<D>(dqa + ((int64_t)bh_of(jt) * tqp + mt_of(jt) * STR) * D + cw * (D / 2), dq, warp * 16 + g, t);
       if constexpr (DET) {
@@ -566,6 +593,14 @@ int det_lazy() {
   if (g_det_lazy < 0) g_det_lazy = em_env_switch("EMBER_FLASH_DET_LAZY", true) ? 1 : 0;
   return g_det_lazy;
 }
+/* EMBER_FLASH_DET_WRITERS, read once: fused's dq writer warps on the bulk path — 2 (default; docs/flash.md
+ * "Step 5e": even and odd tiles, warp 2 alone staging lse/Δ) or 1 (Step 5d's single writer). Both give the
+ * same bits: the order of dq's adds is the counters'. 1 two writers, 0 one, -1 with the error set. */
+int g_det_writers1 = -1;
+int det_two_writers() {
+  const int m = em_env_choice(&g_det_writers1, "flash_attention", "EMBER_FLASH_DET_WRITERS", "2", "1");
+  return m < 0 ? -1 : 1 - m;
+}
 
 template <typename T, int D, bool DET, bool BULK>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
@@ -574,8 +609,8 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
-  const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0;
-  if (chains < 0 || lazy < 0) return -1;
+  const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, two = DET && BULK ? det_two_writers() : 0;
+  if (chains < 0 || lazy < 0 || two < 0) return -1;
   static const int dbg = [] {
     const char *e = getenv("EMBER_FLASH_FUSED_DEBUG");
     return e ? (int)strtol(e, nullptr, 0) & (kNoFence | kNoWait | kNdHighest) : 0;
@@ -595,7 +630,8 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
-          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc, (lazy ? kLazy : 0) | dbg);
+          m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc,
+          (lazy ? kLazy : 0) | (two ? kTwoWriters : 0) | dbg);
       rc = em_launch_check(what);
     }
   }

@@ -179,13 +179,16 @@ __device__ __forceinline__ void init_barriers(uint32_t once, uint32_t full, uint
 }
 
 /* The dk/dv kernels' producer warpgroup (after setmaxnreg): k, v once, then
- * q(j), dO(j) (thread 0) and lse·log2 e, Δ (warps 2-3) into stage j % STAGES
- * of the ring, each stage once both consumers released its last tile. */
+ * q(j), dO(j) (thread 0) and lse·log2 e, Δ (warps 2-3; ld_warps 1: warp 2
+ * alone, two rows a lane, so that fused's second dq writer gets warp 3) into
+ * stage j % STAGES of the ring, each stage once both consumers released its
+ * last tile. The full barriers count 1 + 32·ld_warps arrivals. */
 template <int D, int STAGES>
 __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUtensorMap *tk, const CUtensorMap *tv,
                                               const CUtensorMap *tdo, const Params &p, uint32_t sK, uint32_t sV,
                                               uint32_t ring, float *sLD, uint32_t bar_kv, uint32_t full,
-                                              uint32_t empty, int b, int hk, int k0, int qstart, int nq, int ntile) {
+                                              uint32_t empty, int b, int hk, int k0, int qstart, int nq, int ntile,
+                                              int ld_warps = 2) {
   using L = Layout<D, STAGES>;
   // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
   setmaxnreg_dec<24>();
@@ -207,17 +210,21 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
 #pragma unroll
       for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, tdo, bar, c * 64, i0, h, b);
     }
-  } else if (threadIdx.x >= 64) {
-    // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers)
+  } else if (threadIdx.x >= 64 && threadIdx.x < 64 + 32 * ld_warps) {
+    // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers);
+    // ld_warps 1: warp 2 rows r and r + 32
     const int r = threadIdx.x - 64;
     for (int j = 0; j < ntile; j++) {
       const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
       if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
       const int64_t at = (int64_t)(b * p.H + hk * p.group + hg) * p.Tq + i;
-      const bool in = i < p.Tq;
       // lse·log2 e rounded on its own (no fused multiply-add), as flash_bwd.cu; +inf past Tq makes P = 0
-      sLD[s * 2 * STR + r] = in ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
-      sLD[s * 2 * STR + STR + r] = in ? p.delta[at] : 0.f;
+      sLD[s * 2 * STR + r] = i < p.Tq ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
+      sLD[s * 2 * STR + STR + r] = i < p.Tq ? p.delta[at] : 0.f;
+      if (ld_warps == 1) {
+        sLD[s * 2 * STR + r + 32] = i + 32 < p.Tq ? __fmul_rn(p.lse[at + 32], kLog2e) : INFINITY;
+        sLD[s * 2 * STR + STR + r + 32] = i + 32 < p.Tq ? p.delta[at + 32] : 0.f;
+      }
       mbar_arrive(full + 8 * s);   // release: the stores above are visible to whoever waits on the phase
     }
   }

@@ -35,12 +35,21 @@ halves), which must hold too. Every block also runs under seeded random
 schedules (the vector clocks catch unordered accesses whatever the order; the
 random runs vary which completions happen first).
 
+Step 5e, two writers (v['writers'] = 2; EMBER_FLASH_DET_WRITERS=2, fused's
+default): writers 0 and 1 (agents 2 and 3, the producer's warps 1 and 3) take
+the even and the odd tiles; a consumer stores tile jt after syncing on the empty
+barrier of parity (jt − 1) % 2 (writer 1 arrives on parity 1 once at the start
+for tile 0), and arrives on full of parity jt % 2 (ids 9 + cw, 11 + cw for
+parity 1). The same checks hold, with the half's read recorded with the agent
+that did it; the counters' bump of a tile then comes two tiles later (lag 2).
+
 Broken variants must fail: NDS = 2 with the store in turn A (a buffer rewritten
 while the other consumer's dq still reads it), dq(j) issued in turn B(j) (the
 other half of dSᵀ(j) not yet ordered before it), key blocks dispatched lowest
 first (the counters deadlock at R = 1), the writer handing a half back before
 the copy's reads complete, a consumer storing without the empty sync, and an
-arrival on empty after the last tile. Exit status 0 when all holds.
+arrival on empty after the last tile; two writers: a consumer syncing on the
+empty barrier of its own tile's parity, writer 1 without its first arrival. Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
@@ -50,21 +59,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flash_bwd_wg2_protocol import Block, mwait, producer, release, read, run, STR, RES  # noqa: E402
 
 
-NAG = 3   # agents with clocks: consumers 0, 1 and the dq writer (2)
+NAG = 4   # agents with clocks: consumers 0, 1 and the dq writers (2; two writers: 2 and 3)
+NBARS = (1, 2, 3, 4, 5, 6, 9, 10, 11, 12)   # turns 1-2; dq full 3-4 / 9-10, dq empty 5-6 / 11-12 (parity 0 / 1)
 
 
 class FBlock(Block):
     def __init__(s, ntile, stages, nds):
         super().__init__(ntile, stages)
         s.clock = [[0] * NAG for _ in range(NAG)]   # vector clocks of consumers 0, 1 and the writer
-        # named barriers: 1, 2 the turns; 3 + cw dq full, 5 + cw dq empty (one arriving party, one syncing)
-        s.nb = {i: [0, 0, []] for i in range(1, 7)}
-        s.nb_gen = {i: 0 for i in range(1, 7)}
-        s.arr_clock = {i: None for i in range(1, 7)}   # the arriving party's clock, joined into the waiter's
+        # named barriers: 1, 2 the turns; 3 + cw dq full, 5 + cw dq empty, + 6 for the second writer's parity
+        # (one arriving party, one syncing)
+        s.nb = {i: [0, 0, []] for i in NBARS}
+        s.nb_gen = {i: 0 for i in NBARS}
+        s.arr_clock = {i: None for i in NBARS}   # the arriving party's clock, joined into the waiter's
         s.last_join = {}
         s.nds = nds
         s.buf = [dict(tile=None, w={}, reads=[]) for _ in range(nds)]
-        s.half = [dict(tile=None, w=None, rd=None) for _ in range(2)]   # bulk: the two dq halves in shared memory
+        s.half = [dict(tile=None, w=None, rd=None) for _ in range(2)]   # bulk: the two dq halves; rd (agent, clock)
         s.sent = [[], []]                                               # bulk: tiles the writer sent, per half
 
 
@@ -147,40 +158,46 @@ def dq_out(blk, cw, jt, v):
     """bulk: the consumer's dq half of tile jt into its buffer for the writer (red: straight to global)."""
     if not v.get('bulk'):
         return
+    two = v.get('writers') == 2
+    pe = ((jt if v.get('wrong_parity') else jt - 1) % 2) if two else 0   # the writer of tile jt − 1
     if not v.get('no_empty_sync'):
-        yield from nsync(blk, 5 + cw, cw)                  # dq empty: the copy has read the last tile
+        yield from nsync(blk, 5 + cw + 6 * pe, cw)         # dq empty: the copy has read the last tile
     h = blk.half[cw]
-    if h['tile'] is not None and (h['rd'] is None or blk.clock[cw][2] < h['rd']):
+    if h['tile'] is not None and (h['rd'] is None or blk.clock[cw][h['rd'][0]] < h['rd'][1]):
         blk.err.append('c%d stores dq(%d) over dq(%d) before the copy read it' % (cw, jt, h['tile']))
     h['tile'] = jt; h['w'] = tick(blk, cw); h['rd'] = None
-    yield from narrive(blk, 3 + cw, cw)                    # dq full
+    yield from narrive(blk, 3 + cw + 6 * (jt % 2 if two else 0), cw)   # dq full
 
 
-def writer(blk, ntile, v):
-    """bulk: the producer's warp 1."""
+def writer(blk, ntile, v, w=0):
+    """bulk: the producer's warp 1 (w 0), or with two writers warp 1 (w 0, even tiles) and warp 3 (w 1, odd)."""
     if ntile == 0:
         return
-    for h in range(2):
-        yield from narrive(blk, 5 + h, 2)
-    for jt in range(ntile):
+    step = 2 if v.get('writers') == 2 else 1
+    a = 2 + w                                              # the agent
+    full, empty = 3 + 6 * w, 5 + 6 * w                     # + h: this writer's parity
+    if w == step - 1 and not v.get('no_first_empty'):      # tile 0's store syncs on parity "−1"
         for h in range(2):
-            yield from nsync(blk, 3 + h, 2)                # dq full
+            yield from narrive(blk, empty + h, a)
+    for jt in range(w, ntile, step):
+        for h in range(2):
+            yield from nsync(blk, full + h, a)             # dq full
             hb = blk.half[h]
-            if hb['tile'] != jt or blk.clock[2][h] < hb['w']:
-                blk.err.append('writer sends half %d of dq(%d): holds %s, store ordered %s' %
-                               (h, jt, hb['tile'], blk.clock[2][h] >= (hb['w'] or 0)))
+            if hb['tile'] != jt or blk.clock[a][h] < hb['w']:
+                blk.err.append('writer %d sends half %d of dq(%d): holds %s, store ordered %s' %
+                               (w, h, jt, hb['tile'], blk.clock[a][h] >= (hb['w'] or 0)))
             blk.sent[h].append(jt)
         if v.get('early_empty') and jt + 1 < ntile:        # broken: handed back before the reads complete
             for h in range(2):
-                yield from narrive(blk, 5 + h, 2)
+                yield from narrive(blk, empty + h, a)
         yield                                              # the copies read shared memory
-        t = tick(blk, 2)
+        t = tick(blk, a)
         for h in range(2):
-            blk.half[h]['rd'] = t                          # wait_group.read 0
+            blk.half[h]['rd'] = (a, t)                     # wait_group.read 0
         if (jt + 1 < ntile or v.get('last_empty')) and not v.get('early_empty'):
             for h in range(2):
-                yield from narrive(blk, 5 + h, 2)
-        yield                                              # fused: wait_group 0, the counters' bump
+                yield from narrive(blk, empty + h, a)
+        yield                                              # fused: wait_group, the counters' bump
 
 
 def consumer(blk, cw, ntile, log, lag=1, v=None):
@@ -255,7 +272,7 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
             blk = FBlock(ntile, stages, nds); logs = [[], []]
             ag = [producer(blk, ntile)] + [consumer(blk, cw, ntile, logs[cw], lag, v) for cw in range(2)]
             if v.get('bulk'):
-                ag.append(writer(blk, ntile, v))
+                ag += [writer(blk, ntile, v, w) for w in range(v.get('writers', 1))]
             r = run(ag, blk) if seed is None else run_random(ag, blk, random.Random(seed * 7919 + k0))
             want = list(range(ntile))
             if v.get('bulk') and not r and blk.sent != [want, want]:
@@ -269,11 +286,12 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
     return fails
 
 
-def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False):
+def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False, lag=1):
     """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
     red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both —
-    lazy (Step 5d): tile jt's bumps after tile jt + 1's adds are issued (the last tile's at the end). chains (Step 5d): key block n adds into copy n % chains, after the blocks n + chains,
-    n + 2·chains, ... above it, with that copy's counters."""
+    lazy (Step 5d): tile jt's bumps after tile jt + lag's adds are issued (the last lag tiles' at the end; lag 2:
+    Step 5e's two writers, each bumping its own previous tile). chains (Step 5d): key block n adds into copy
+    n % chains, after the blocks n + chains, n + 2·chains, ... above it, with that copy's counters."""
     nb = (Tk + RES - 1) // RES
     order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
     tqp = (Tq + STR - 1) // STR * STR
@@ -288,7 +306,7 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
         qstart = (max(0, k0 - off) // STR) * STR if causal else 0
         nq = max(0, (Tq - qstart + STR - 1) // STR)
         c = n % chains
-        prev = None
+        prev = []   # lazy: tiles issued, not yet bumped
 
         def bump(t):
             for half in range(2):
@@ -306,11 +324,11 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
             yield
             if bulk and not lazy:
                 bump((hg, mt))
-            if lazy and prev is not None:
-                bump(prev)       # after this tile's adds are issued: the previous tile's are performed
-            prev = (hg, mt)
-        if lazy and prev is not None:
-            bump(prev)
+            prev.append((hg, mt))
+            if lazy and len(prev) > lag:
+                bump(prev.pop(0))   # after this tile's adds are issued: those lag tiles back are performed
+        for t in (prev if lazy else []):
+            bump(t)
 
     pending = list(order); live = []
     steps = 0
@@ -341,7 +359,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
 
 # the kernel's shapes: (stages, dSᵀ buffers, variant) — red: Step 5's path; bulk: Step 5b's (D 128 with two
 # dSᵀ buffers stored in turn B)
-SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 'ds_in_b': True})]
+SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 'ds_in_b': True}),
+          (4, 3, {'bulk': True, 'writers': 2}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 2})]
 
 
 def main():
@@ -362,15 +381,17 @@ def main():
                             if bad < 6:
                                 print('FAIL block', stages, nds, v, Tq, Tk, H, Hkv, mode, f[0])
                     for slots in (1, 2, 3, 8):
-                        for bulk, chains, lazy in ((False, 1, False), (True, 1, False), (False, 2, False),
-                                                   (True, 1, True), (True, 2, True), (True, 3, True)):
+                        for bulk, chains, lazy, lag in ((False, 1, False, 1), (True, 1, False, 1),
+                                                        (False, 2, False, 1), (True, 1, True, 1), (True, 2, True, 1),
+                                                        (True, 3, True, 1), (True, 1, True, 2), (True, 2, True, 2),
+                                                        (True, 3, True, 2)):
                             r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=bulk, chains=chains,
-                                             lazy=lazy)
+                                             lazy=lazy, lag=lag)
                             n += 1
                             if r:
                                 bad += 1
                                 if bad < 6:
-                                    print('FAIL counters', slots, bulk, chains, lazy, Tq, Tk, H, Hkv, mode, r)
+                                    print('FAIL counters', slots, bulk, chains, lazy, lag, Tq, Tk, H, Hkv, mode, r)
     print(n, 'configurations,', bad, 'failed')
     seeds = tuple(range(8))
     caught = {}
@@ -389,6 +410,13 @@ def main():
     for brk in ('early_empty', 'no_empty_sync', 'last_empty'):
         caught['bulk writer/consumer: ' + brk] = bool(block_sim(300, 300, 2, 1, False, 0, 3, 2, seeds=seeds,
                                                                 v={'bulk': True, 'ds_in_b': True, brk: True}))
+    caught['lowest key block first, 2 chains, two writers (deadlock)'] = counters_sim(
+        1000, 1000, 1, True, 0, 1, highest_first=False, bulk=True, chains=2, lazy=True, lag=2) == 'deadlock'
+    for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'wrong_parity', 'no_first_empty'):
+        for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {})):
+            vv = dict(shape[2], bulk=True, writers=2); vv[brk] = True
+            caught['two writers (%d dS buffers): %s' % (shape[1], brk)] = bool(
+                block_sim(300, 300, 2, 1, False, 0, shape[0], shape[1], seeds=seeds, v=vv))
     for what, c in caught.items():
         print('caught %s: %s' % (what, c))
     return 0 if bad == 0 and all(caught.values()) else 1

@@ -96,7 +96,8 @@ print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
 -- fused's dq order (Step 5d): EMBER_FLASH_DET_CHAINS copies of dq_accum (1: Step 5's one chain), the writer's
 -- counter bump a tile late (EMBER_FLASH_DET_LAZY, default on); also read once: one run per setting A/Bs them
 print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
-  "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)"))
+  "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
+  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -198,6 +199,38 @@ print(x.grad:to("f32"):abs():sum():item())
       assert.are.equal(0, code, "EMBER_FLASH_DET_CHAINS=" .. good .. ": " .. tostring(err))
       assert.is_truthy(tonumber(out:match("[%d.e+-]+")), "EMBER_FLASH_DET_CHAINS=" .. good .. " printed " .. out)
     end
+  end)
+
+  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e"): two warps taking
+  -- the even and the odd tiles (default) or Step 5d's one; the counters fix the order of dq's adds either way, so
+  -- the bits must be the same. The cases: many key blocks and q tiles (both writers busy, GQA), one tile a block
+  -- (the second writer has none), both head dims and all masks.
+  it("gives the same bits with one dq writer as with two (EMBER_FLASH_DET_WRITERS, in children)", function()
+    local script = helpers.temp_file([[
+local ember = require "ember"
+ember.core.flash_bwd_kernel("fused")
+local out = {}
+local cases = {{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
+               {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}}}
+for i, c in ipairs(cases) do
+  for j, causal in ipairs({true, "bottom_right", false}) do
+    ember.manual_seed(100 * i + j)
+    local function leaf(shape) return ember.randn(shape, {dtype = c[1]}):cuda():requires_grad_() end
+    local q, k, v = leaf(c[2]), leaf(c[3]), leaf(c[3])
+    local g = ember.randn(c[2], {dtype = c[1]}):cuda()
+    ember.nn.functional.flash_attention(q, k, v, causal):backward(g)
+    local key = i .. "_" .. tostring(causal)
+    out["dq_" .. key], out["dk_" .. key], out["dv_" .. key] = q.grad:cpu(), k.grad:cpu(), v.grad:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1"})
+    assert.are.equal(4 * 3 * 3, C.assert_modes_agree(got, "2", {"1"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "3"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=3 should fail")
+    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2 or 1, got '3'", err, 1, true)
+    helpers.remove_temps()
   end)
 
   it("fused gives bit-identical gradients on repeat (dq's adds in a fixed order); fused_nd within a rounding", function()
