@@ -492,6 +492,143 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
   scan_counts(off, ntiles);
 }
 
+/* The thirteenth session's second mark (gpumark; EMBER_COMPACT_LOCAL=1, the default under EMBER_COMPACT_TICKET=1; 0:
+ * mark_tk_kernel): the same words and offsets, with no serial tail. mark_tk_kernel's last block turned all 16384
+ * counts into offsets alone after every other block had finished (4 rounds of loads, 80 shuffles a warp a round,
+ * two barriers: one SM working while 131 idle); here each block does its own tiles' offsets at once:
+ * - Block b owns the contiguous tiles [b tpb, b tpb + tpb), tpb = 8 R (R rounds: the same persistent grid and
+ *   balance as mark_tk_kernel); in round r warp w marks tile b tpb + 8 r + w (a block reads 32 KB contiguous a
+ *   round) with mark_tk_kernel's loop (8 16-byte loads a lane in flight, nz4), and stores its count in off[tile].
+ * - The block publishes its total (status[b] = flag | total), then warp 0 reads the statuses of all blocks before
+ *   it (16 loads a lane in flight: 512 blocks in one L2 round trip), waiting on any not yet set: the sum is the
+ *   block's offset. Blocks only wait on lower indices, which the hardware dispatches first (CUB's single-pass scan
+ *   assumes the same); all of them have finished streaming by then, so no load waits behind a wait.
+ * - The block scans its own counts (a block scan a 256, integers) into off[tile] = its offset + the prefix.
+ * - Block nb - 1 stores the total (*count, off[ntiles], acc[0]). Each block then takes a ticket (acc[1]); the last
+ *   one (every block has read what it needs) zeroes the statuses and acc, then stores the count into the mapped
+ *   host slot: a slot's kept statuses (kStMax a slot) are zero again for its next mark, as mark_tk_kernel's pair.
+ *   Without a slot, statuses and acc are the workspace's, zeroed by a memset before the launch.
+ * Integer sums in a fixed order: the offsets and the count are the other marks' exactly. */
+constexpr int kStMax = 1024, kStK = 16;   /* most blocks (kept statuses a slot); statuses a lane a look-back load */
+constexpr unsigned long long kStFlag = 1ull << 63;
+
+/* mark_tk_kernel's tile loop body: tile's words stored, its count returned on every lane */
+template <typename U>
+__device__ __forceinline__ int mark_tile_warp(const U *__restrict__ x, int64_t n, U keep, bool vec,
+                                              uint32_t *__restrict__ words, int64_t tile) {
+  constexpr int V = 16 / sizeof(U), G = 32 / V, L = 8;
+  constexpr int STEP = 32 * V * L, NS = kTile / STEP;
+  const int lane = threadIdx.x & 31;
+  const int64_t base = tile * kTile;
+  uint32_t *w = words + tile * kWords;
+  int c = 0;
+  if (vec && base + kTile <= n) {
+#pragma unroll 1
+    for (int s = 0; s < NS; s++) {
+      uint4 v[L];
+#pragma unroll
+      for (int j = 0; j < L; j++) v[j] = *reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
+#pragma unroll
+      for (int j = 0; j < L; j++) {
+        uint32_t bits = nz_bits(v[j], keep);
+        c += __popc(bits);
+        bits <<= (lane % G) * V;
+#pragma unroll
+        for (int o = 1; o < G; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+        if (lane % G == 0) w[(s * STEP + (j * 32 + lane) * V) / 32] = bits;
+      }
+    }
+  } else {   /* the last partial tile or misaligned x: one element a lane, a ballot per 32 */
+#pragma unroll 4
+    for (int e = lane; e < kTile; e += 32) {
+      const bool b = base + e < n && raw_nonzero(x[base + e], keep);
+      const uint32_t bits = __ballot_sync(0xffffffffu, b);
+      c += b;
+      if (lane == 0) w[e / 32] = bits;
+    }
+  }
+  return __reduce_add_sync(0xffffffffu, c);
+}
+
+template <typename U>
+__global__ void __launch_bounds__(kThreads, kTkBlocks)
+    mark_st_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec, uint32_t *__restrict__ words,
+                   int64_t *__restrict__ off, int64_t ntiles, int64_t tpb, unsigned long long *acc,
+                   unsigned long long *status, int64_t *__restrict__ count, long long *host) {
+  typedef cub::BlockScan<int, kThreads> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ long long wtot[kThreads / 32], s_excl;
+  __shared__ bool last;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t b = blockIdx.x, t0 = b * tpb, t1 = t0 + tpb < ntiles ? t0 + tpb : ntiles;
+  long long mine = 0;
+  for (int64_t tile = t0 + warp; tile < t1; tile += kThreads / 32) {
+    const int c = mark_tile_warp<U>(x, n, keep, vec, words, tile);
+    if (lane == 0) off[tile] = c;
+    mine += c;
+  }
+  if (lane == 0) wtot[warp] = mine;
+  __syncthreads();   /* wtot; the block's counts in off[] are visible to all its threads */
+  if (warp == 0) {
+    const long long agg = warp_sum64(lane < kThreads / 32 ? wtot[lane] : 0);
+    if (lane == 0) *(volatile unsigned long long *)&status[b] = kStFlag | (unsigned long long)agg;
+    long long excl = 0;
+    for (int64_t i0 = 0; i0 < b; i0 += 32 * kStK) {   /* all of a pass's loads issued before the first wait */
+      unsigned long long st[kStK];
+#pragma unroll
+      for (int k = 0; k < kStK; k++) {
+        const int64_t i = i0 + k * 32 + lane;
+        st[k] = i < b ? ld_status(status + i) : kStFlag;   /* past b: a set flag of 0 */
+      }
+#pragma unroll
+      for (int k = 0; k < kStK; k++) {
+        while (!(st[k] & kStFlag)) {
+          __nanosleep(32);
+          st[k] = ld_status(status + i0 + k * 32 + lane);
+        }
+        excl += (long long)(st[k] & ~kStFlag);
+      }
+    }
+    excl = warp_sum64(excl);
+    if (lane == 0) {
+      s_excl = excl;
+      if (b == gridDim.x - 1) {
+        *count = excl + agg;
+        off[ntiles] = excl + agg;
+        *(volatile unsigned long long *)&acc[0] = (unsigned long long)(excl + agg);
+      }
+      __threadfence();   /* the statuses read (and acc[0] stored) before the ticket */
+      last = atomicAdd(&acc[1], 1ull) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  if (last) {   /* every block has its offset: statuses and acc back to zero, then the count to the host */
+    __threadfence();
+    for (int64_t i = t; i < gridDim.x; i += kThreads) status[i] = 0;
+    __threadfence();
+    __syncthreads();
+    if (t == 0) {
+      const long long total = (long long)atomicExch(&acc[0], 0ull);
+      atomicExch(&acc[1], 0ull);
+      if (host) {
+        __threadfence_system();   /* the zeros before the count: the host frees the slot when it sees the count */
+        *(volatile long long *)host = total;
+        __threadfence_system();
+      }
+    }
+  }
+  long long carry = s_excl;   /* the block's counts -> offsets, kThreads at a time */
+  for (int64_t c0 = t0; c0 < t1; c0 += kThreads) {
+    const int64_t i = c0 + t;
+    const int v = i < t1 ? (int)__ldcg(off + i) : 0;
+    int p, tot;
+    Scan(tmp).ExclusiveSum(v, p, tot);
+    if (i < t1) off[i] = carry + p;
+    carry += tot;
+    __syncthreads();   /* tmp is reused */
+  }
+}
+
 /* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
 struct TileRanks {
   uint32_t w[kWords];
@@ -785,9 +922,9 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 }  // namespace
 
-extern "C" int64_t em_compact_ws_bytes(int64_t n) {   /* the status area: at least mark_tk_kernel's 2 words */
+extern "C" int64_t em_compact_ws_bytes(int64_t n) {   /* the status area: a word a tile, + mark_st_kernel's acc pair */
   const int64_t nt = ntiles_of(n);
-  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)(nt > 2 ? nt : 2) * sizeof(unsigned long long));
+  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)(nt + 4) * sizeof(unsigned long long));
 }
 
 static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
@@ -846,6 +983,29 @@ static int launch_mark_tk(const char *op, int dev, const U *x, int64_t n, U keep
   return em_launch_check(op);
 }
 
+/* mark_st_kernel: the grid of launch_mark_tk (at most kStMax blocks; EMBER_COMPACT_LOCAL_BLOCKS=k caps it at k, for
+ * the specs: many rounds a block), block b the tiles [b tpb, b tpb + tpb); acc (total, ticket) and the statuses are
+ * zeroed first (both in the workspace: acc, then the statuses) unless they are a mapped slot's kept ones (zero). */
+template <typename U>
+static int launch_mark_st(const char *op, int dev, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
+                          unsigned long long *acc, unsigned long long *status, bool zero, int64_t *count, long long *host,
+                          cudaStream_t s) {
+  static const int cap_env = [] {
+    const char *e = getenv("EMBER_COMPACT_LOCAL_BLOCKS");
+    return e && *e ? atoi(e) : 0;
+  }();
+  int64_t cap = (int64_t)em_sm_count(dev) * kTkBlocks;
+  if (cap > kStMax) cap = kStMax;
+  if (cap_env > 0 && cap_env < cap) cap = cap_env;
+  const int64_t nt = ntiles_of(n), wmax = cap * (kThreads / 32), rounds = (nt + wmax - 1) / wmax;
+  const int64_t tpb = rounds * (kThreads / 32), nb = (nt + tpb - 1) / tpb;
+  if (zero && em_cuda_check(cudaMemsetAsync(acc, 0, (size_t)(2 + nb) * sizeof(unsigned long long), s), op,
+                            "cudaMemsetAsync"))   /* status == acc + 2 here */
+    return -1;
+  mark_st_kernel<U><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count, host);
+  return em_launch_check(op);
+}
+
 /* The count's read-back without a copy (EMBER_COMPACT_MAPPED=1, the default, with the ticket mark): the mark's last
  * block stores the total into a slot of pinned host memory mapped into every device's address space, and the host
  * spins on it: visible ~1-2 us after the store, where a cudaMemcpy of 8 bytes + a stream synchronize cost ~10-15 us
@@ -867,14 +1027,15 @@ struct MappedSlots {
 MappedSlots g_slots;
 std::once_flag g_slots_once;
 
-/* device dev's kSlots (total, ticket) pairs, zeroed (allocated at the first call on dev, zeroed on s and waited for
+/* device dev's kSlots (total, ticket) pairs, then kSlots x kStMax statuses of mark_st_kernel (slot i's at
+ * 2 kSlots + i kStMax), zeroed (allocated at the first call on dev, zeroed on s and waited for
  * under the lock, so no other thread's mark sees them before; NULL if that failed) */
 unsigned long long *slot_accs(int dev, cudaStream_t s) {
   if (dev < 0 || dev >= EM_CUDA_MAX_DEVICES) return nullptr;
   std::lock_guard<std::mutex> lock(g_slots.mu);
   if (!g_slots.acc[dev]) {
     void *p = nullptr;
-    const size_t bytes = kSlots * 2 * sizeof(unsigned long long);
+    const size_t bytes = kSlots * (2 + (size_t)kStMax) * sizeof(unsigned long long);
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
@@ -950,18 +1111,20 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
   unsigned long long *acc = kept ? kept + 2 * slot : ws_status(ws, n);
   const bool z = !kept;
   const void *xp = em_data_ptr(x);
+  static const bool local = em_env_switch("EMBER_COMPACT_LOCAL", true);   /* 0: mark_tk_kernel */
+  unsigned long long *status = kept ? kept + 2 * kSlots + (size_t)slot * kStMax : acc + 2;
+  auto launch = [&](auto keep, bool fk) -> int {   /* keep: U's all-ones; fk: floats ignore the sign bit */
+    using U = decltype(keep);
+    const U k = fk ? (U)(keep >> 1) : keep;
+    if (local) return launch_mark_st<U>(op, dev, (const U *)xp, n, k, vec, w, off, acc, status, z, cnt, dp, s);
+    return launch_mark_tk<U>(op, dev, (const U *)xp, n, k, vec, w, off, acc, z, cnt, dp, s);
+  };
   int rc;
   switch (em_dtype_size(x->dtype)) {
-    case 1: rc = launch_mark_tk<uint8_t>(op, dev, (const uint8_t *)xp, n, 0xffu, vec, w, off, acc, z, cnt, dp, s);
-      break;
-    case 2: rc = launch_mark_tk<uint16_t>(op, dev, (const uint16_t *)xp, n, fl ? 0x7fffu : 0xffffu, vec, w, off, acc,
-                                          z, cnt, dp, s); break;
-    case 4: rc = launch_mark_tk<uint32_t>(op, dev, (const uint32_t *)xp, n, fl ? 0x7fffffffu : 0xffffffffu, vec, w,
-                                          off, acc, z, cnt, dp, s); break;
-    case 8: rc = launch_mark_tk<unsigned long long>(op, dev, (const unsigned long long *)xp, n,
-                                                    fl ? 0x7fffffffffffffffull : ~0ull, vec, w, off, acc, z, cnt, dp,
-                                                    s);
-      break;
+    case 1: rc = launch((uint8_t)0xffu, false); break;
+    case 2: rc = launch((uint16_t)0xffffu, fl); break;
+    case 4: rc = launch(0xffffffffu, fl); break;
+    case 8: rc = launch(~0ull, fl); break;
     default: rc = em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
   }
   if (rc == 0 && hp) rc = slot_wait(op, hp, s, host_count);
