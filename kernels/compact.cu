@@ -36,6 +36,9 @@
  * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
  * (A persistent select for 2-byte x, loading the next tiles while it wrote one, measured slower than select_kernel
  * on the H200 — 79.3 against 57.7 us at (8192, 8192) bf16 — and was deleted; docs/perf.md, thirteenth session.)
+ * gpumark (the default under EMBER_COMPACT_TICKET=1; EMBER_COMPACT_LOCAL=0 selects mark_tk_kernel): mark_st_kernel,
+ * the same persistent grid with each block's tiles contiguous; each block offsets its own tiles from its
+ * predecessors' totals (no last block scanning every tile count while the other SMs idle).
  *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
