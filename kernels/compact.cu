@@ -515,10 +515,12 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
 constexpr int kStMax = 1024, kStK = 16;   /* most blocks (kept statuses a slot); statuses a lane a look-back load */
 constexpr unsigned long long kStFlag = 1ull << 63;
 
-/* mark_tk_kernel's tile loop body: tile's words stored, its count returned on every lane */
-template <typename U>
+/* mark_tk_kernel's tile loop body: tile's words stored, its count returned on every lane. Evict (pol: an L2
+ * evict_first policy; EMBER_COMPACT_EVICT=1, opt-in): x's 16-byte loads leave L2 first, so the words and counts
+ * written meanwhile stay there for the select (8 MB of its reads at (8192, 8192)) and for the block's fixup. */
+template <typename U, bool Evict>
 __device__ __forceinline__ int mark_tile_warp(const U *__restrict__ x, int64_t n, U keep, bool vec,
-                                              uint32_t *__restrict__ words, int64_t tile) {
+                                              uint32_t *__restrict__ words, int64_t tile, uint64_t pol) {
   constexpr int V = 16 / sizeof(U), G = 32 / V, L = 8;
   constexpr int STEP = 32 * V * L, NS = kTile / STEP;
   const int lane = threadIdx.x & 31;
@@ -530,7 +532,14 @@ __device__ __forceinline__ int mark_tile_warp(const U *__restrict__ x, int64_t n
     for (int s = 0; s < NS; s++) {
       uint4 v[L];
 #pragma unroll
-      for (int j = 0; j < L; j++) v[j] = *reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
+      for (int j = 0; j < L; j++) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
+        if constexpr (Evict)
+          asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+              : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(p), "l"(pol));
+        else
+          v[j] = *p;
+      }
 #pragma unroll
       for (int j = 0; j < L; j++) {
         uint32_t bits = nz_bits(v[j], keep);
@@ -553,7 +562,7 @@ __device__ __forceinline__ int mark_tile_warp(const U *__restrict__ x, int64_t n
   return __reduce_add_sync(0xffffffffu, c);
 }
 
-template <typename U>
+template <typename U, bool Evict>
 __global__ void __launch_bounds__(kThreads, kTkBlocks)
     mark_st_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec, uint32_t *__restrict__ words,
                    int64_t *__restrict__ off, int64_t ntiles, int64_t tpb, unsigned long long *acc,
@@ -564,9 +573,11 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
   __shared__ bool last;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t b = blockIdx.x, t0 = b * tpb, t1 = t0 + tpb < ntiles ? t0 + tpb : ntiles;
+  uint64_t pol = 0;
+  if constexpr (Evict) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   long long mine = 0;
   for (int64_t tile = t0 + warp; tile < t1; tile += kThreads / 32) {
-    const int c = mark_tile_warp<U>(x, n, keep, vec, words, tile);
+    const int c = mark_tile_warp<U, Evict>(x, n, keep, vec, words, tile, pol);
     if (lane == 0) off[tile] = c;
     mine += c;
   }
@@ -1005,7 +1016,13 @@ static int launch_mark_st(const char *op, int dev, const U *x, int64_t n, U keep
   if (zero && em_cuda_check(cudaMemsetAsync(acc, 0, (size_t)(2 + nb) * sizeof(unsigned long long), s), op,
                             "cudaMemsetAsync"))   /* status == acc + 2 here */
     return -1;
-  mark_st_kernel<U><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count, host);
+  static const bool evict = em_env_switch("EMBER_COMPACT_EVICT", false);   /* 1: x's loads evict_first (opt-in) */
+  if (evict)
+    mark_st_kernel<U, true><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count,
+                                                              host);
+  else
+    mark_st_kernel<U, false><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count,
+                                                               host);
   return em_launch_check(op);
 }
 
