@@ -287,9 +287,21 @@ describe("stream compaction on CUDA", function()
     H.switch_agrees(script, "EMBER_COMPACT_MAPPED", {"1", "0"}, "2", 500)
     -- gpumark's mark_st_kernel (EMBER_COMPACT_LOCAL=1, the default) against mark_tk_kernel (0); its grid capped at 1
     -- and 3 blocks (EMBER_COMPACT_LOCAL_BLOCKS): 513 tiles in 65 or 22 rounds a warp, a block's counts turned into
-    -- offsets 256 at a time over 3 passes (1 block: 520 tiles), look-backs over 0-2 blocks
-    H.switch_agrees(script, "EMBER_COMPACT_LOCAL", {"1", "0"}, "2", 500)
-    H.switch_agrees(script, "EMBER_COMPACT_LOCAL_BLOCKS", {"1", "3"}, "2", 500)
+    -- offsets 256 at a time over 3 passes (1 block: 520 tiles), look-backs over 0-2 blocks; the 3-block run with the
+    -- evict_first loads (EMBER_COMPACT_EVICT=1). Every run's digests equal the default's.
+    local base
+    for _, env in ipairs({{}, {EMBER_COMPACT_LOCAL = "0"}, {EMBER_COMPACT_LOCAL_BLOCKS = "1"},
+                          {EMBER_COMPACT_LOCAL_BLOCKS = "3", EMBER_COMPACT_EVICT = "1"}}) do
+      env.EMBER_NUM_THREADS = "2"
+      local out, err = H.ember({"run", script}, {env = env})
+      local what = {}
+      for k, v in pairs(env) do what[#what + 1] = k .. "=" .. v end
+      what = table.concat(what, " ")
+      if (err or "") ~= "" then error(("%s: expected no stderr, got %s"):format(what, err)) end
+      if #out <= 500 then error(("%s: expected more than 500 bytes of output, got %q"):format(what, out)) end
+      base = base or out
+      if out ~= base then error(("%s printed other values than the default"):format(what)) end
+    end
     H.remove_temps()
   end)
 
