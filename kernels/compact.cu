@@ -507,10 +507,11 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
  *   block's offset. Blocks only wait on lower indices, which the hardware dispatches first (CUB's single-pass scan
  *   assumes the same); all of them have finished streaming by then, so no load waits behind a wait.
  * - The block scans its own counts (a block scan a 256, integers) into off[tile] = its offset + the prefix.
- * - Block nb - 1 stores the total (*count, off[ntiles], acc[0]). Each block then takes a ticket (acc[1]); the last
- *   one (every block has read what it needs) zeroes the statuses and acc, then stores the count into the mapped
- *   host slot: a slot's kept statuses (kStMax a slot) are zero again for its next mark, as mark_tk_kernel's pair.
- *   Without a slot, statuses and acc are the workspace's, zeroed by a memset before the launch.
+ * - Block nb - 1 stores the total (*count, off[ntiles] and, with a mapped slot, host[0], which the host spins on:
+ *   it allocates the output while the blocks finish). Each block then takes a ticket (acc[1]); the last one (every
+ *   block has read the statuses it needs) zeroes the statuses and the ticket, then sets host[1] (clean): a slot's
+ *   kept statuses (kStMax a slot) are zero again before the host lets another mark take the slot (slot_release_
+ *   clean). Without a slot, statuses and acc are the workspace's, zeroed by a memset before the launch.
  * Integer sums in a fixed order: the offsets and the count are the other marks' exactly. */
 constexpr int kStMax = 1024, kStK = 16;   /* most blocks (kept statuses a slot); statuses a lane a look-back load */
 constexpr unsigned long long kStFlag = 1ull << 63;
@@ -606,28 +607,29 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
     excl = warp_sum64(excl);
     if (lane == 0) {
       s_excl = excl;
-      if (b == gridDim.x - 1) {
+      if (b == gridDim.x - 1) {   /* the total, to the host at once: it allocates the output meanwhile */
         *count = excl + agg;
         off[ntiles] = excl + agg;
-        *(volatile unsigned long long *)&acc[0] = (unsigned long long)(excl + agg);
+        if (host) {
+          *(volatile long long *)host = excl + agg;
+          __threadfence_system();
+        }
       }
-      __threadfence();   /* the statuses read (and acc[0] stored) before the ticket */
+      __threadfence();   /* the statuses read before the ticket */
       last = atomicAdd(&acc[1], 1ull) == gridDim.x - 1;
     }
   }
   __syncthreads();
-  if (last) {   /* every block has its offset: statuses and acc back to zero, then the count to the host */
+  if (last) {   /* every block has read its statuses: they and the ticket back to zero, then the slot marked clean */
     __threadfence();
     for (int64_t i = t; i < gridDim.x; i += kThreads) status[i] = 0;
     __threadfence();
     __syncthreads();
     if (t == 0) {
-      const long long total = (long long)atomicExch(&acc[0], 0ull);
       atomicExch(&acc[1], 0ull);
       if (host) {
-        __threadfence_system();   /* the zeros before the count: the host frees the slot when it sees the count */
-        *(volatile long long *)host = total;
-        __threadfence_system();
+        __threadfence_system();   /* the zeros before the flag: the host frees the slot when it sees the flag */
+        *(volatile long long *)(host + 1) = 1;
       }
     }
   }
@@ -1041,6 +1043,7 @@ constexpr long long kSpinUs = 500;
 struct MappedSlots {
   long long *h = nullptr, *d = nullptr;
   std::atomic<unsigned long long> busy{0};
+  std::atomic<unsigned long long> dirty{0};   /* busy slots whose mark_st_kernel may still read its statuses */
   std::mutex mu;   /* the per-device pairs' first allocation */
   unsigned long long *acc[EM_CUDA_MAX_DEVICES] = {};
 };
@@ -1082,6 +1085,12 @@ int slot_acquire() {
     g_slots.d = (long long *)d;
   });
   if (!g_slots.h) return -1;
+  for (unsigned long long d = g_slots.dirty.load(); d; d &= d - 1) {   /* free the dirty slots whose mark is clean */
+    const int i = __builtin_ctzll(d);
+    const unsigned long long bit = 1ull << i;
+    if (*(volatile long long *)(g_slots.h + i * kSlotLongs + 1) == 1 && (g_slots.dirty.fetch_and(~bit) & bit))
+      g_slots.busy.fetch_and(~bit);
+  }
   unsigned long long b = g_slots.busy.load();
   while (~b) {
     const int i = __builtin_ctzll(~b);
@@ -1090,6 +1099,12 @@ int slot_acquire() {
   return -1;
 }
 void slot_release(int i) { g_slots.busy.fetch_and(~(1ull << i)); }
+/* after mark_st_kernel: free now if its last block has set the slot's clean flag (statuses zeroed), else mark the
+ * slot dirty (slot_acquire frees it once the flag is set) */
+void slot_release_clean(int i) {
+  if (*(volatile long long *)(g_slots.h + i * kSlotLongs + 1) == 1) slot_release(i);
+  else g_slots.dirty.fetch_or(1ull << i);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -1124,7 +1139,7 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
   if (slot >= 0 && !kept) { slot_release(slot); slot = -1; }
   long long *hp = slot >= 0 ? g_slots.h + slot * kSlotLongs : nullptr;
   long long *dp = slot >= 0 ? g_slots.d + slot * kSlotLongs : nullptr;
-  if (hp) *(volatile long long *)hp = -1;
+  if (hp) { *(volatile long long *)hp = -1; *(volatile long long *)(hp + 1) = 0; }   /* the count; clean */
   const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n), *cnt = (int64_t *)em_data_ptr(count);
@@ -1148,7 +1163,8 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
     default: rc = em_error("%s: internal error: no compaction for %s", op, em_dtype_name(x->dtype));
   }
   if (rc == 0 && hp) rc = slot_wait(op, hp, s, host_count);
-  if (slot >= 0) slot_release(slot);
+  if (slot >= 0 && local) slot_release_clean(slot);
+  else if (slot >= 0) slot_release(slot);
   return rc;
 }
 
