@@ -36,9 +36,6 @@
  * copied to the host as before), then scans the tile counts into offsets while the host allocates the output.
  * (A persistent select for 2-byte x, loading the next tiles while it wrote one, measured slower than select_kernel
  * on the H200 — 79.3 against 57.7 us at (8192, 8192) bf16 — and was deleted; docs/perf.md, thirteenth session.)
- * gpumark (the default under EMBER_COMPACT_TICKET=1; EMBER_COMPACT_LOCAL=0 selects mark_tk_kernel): mark_st_kernel,
- * the same persistent grid with each block's tiles contiguous; each block offsets its own tiles from its
- * predecessors' totals (no last block scanning every tile count while the other SMs idle).
  *
  * EMBER_COMPACT=scan (read by the engine) selects the previous path, kept
  * below: i64 flags + a CUB scan for masked_select, a CUB reduction +
@@ -429,156 +426,6 @@ __global__ void __launch_bounds__(kThreads, kTkBlocks)
   scan_counts(off, ntiles);
 }
 
-/* The thirteenth session's second mark (gpumark; EMBER_COMPACT_LOCAL=1, the default under EMBER_COMPACT_TICKET=1; 0:
- * mark_tk_kernel): the same words and offsets, with no serial tail. mark_tk_kernel's last block turned all 16384
- * counts into offsets alone after every other block had finished (4 rounds of loads, 80 shuffles a warp a round,
- * two barriers: one SM working while 131 idle); here each block does its own tiles' offsets at once:
- * - Block b owns the contiguous tiles [b tpb, b tpb + tpb), tpb = 8 R (R rounds: the same persistent grid and
- *   balance as mark_tk_kernel); in round r warp w marks tile b tpb + 8 r + w (a block reads 32 KB contiguous a
- *   round) with mark_tk_kernel's loop (8 16-byte loads a lane in flight, nz4), and stores its count in off[tile].
- * - The block publishes its total (status[b] = flag | total), then warp 0 reads the statuses of all blocks before
- *   it (16 loads a lane in flight: 512 blocks in one L2 round trip), waiting on any not yet set: the sum is the
- *   block's offset. Blocks only wait on lower indices, which the hardware dispatches first (CUB's single-pass scan
- *   assumes the same); all of them have finished streaming by then, so no load waits behind a wait.
- * - The block scans its own counts (a block scan a 256, integers) into off[tile] = its offset + the prefix.
- * - Block nb - 1 stores the total (*count, off[ntiles] and, with a mapped slot, host[0], which the host spins on:
- *   it allocates the output while the blocks finish). Each block then takes a ticket (acc[1]); the last one (every
- *   block has read the statuses it needs) zeroes the statuses and the ticket, then sets host[1] (clean): a slot's
- *   kept statuses (kStMax a slot) are zero again before the host lets another mark take the slot (slot_release_
- *   clean). Without a slot, statuses and acc are the workspace's, zeroed by a memset before the launch.
- * Integer sums in a fixed order: the offsets and the count are the other marks' exactly. */
-constexpr int kStMax = 1024, kStK = 16;   /* most blocks (kept statuses a slot); statuses a lane a look-back load */
-constexpr unsigned long long kStFlag = 1ull << 63;
-
-/* mark_tk_kernel's tile loop body: tile's words stored, its count returned on every lane. Evict (pol: an L2
- * evict_first policy; EMBER_COMPACT_EVICT=1, opt-in): x's 16-byte loads leave L2 first, so the words and counts
- * written meanwhile stay there for the select (8 MB of its reads at (8192, 8192)) and for the block's fixup. */
-template <typename U, bool Evict>
-__device__ __forceinline__ int mark_tile_warp(const U *__restrict__ x, int64_t n, U keep, bool vec,
-                                              uint32_t *__restrict__ words, int64_t tile, uint64_t pol) {
-  constexpr int V = 16 / sizeof(U), G = 32 / V, L = 8;
-  constexpr int STEP = 32 * V * L, NS = kTile / STEP;
-  const int lane = threadIdx.x & 31;
-  const int64_t base = tile * kTile;
-  uint32_t *w = words + tile * kWords;
-  int c = 0;
-  if (vec && base + kTile <= n) {
-#pragma unroll 1
-    for (int s = 0; s < NS; s++) {
-      uint4 v[L];
-#pragma unroll
-      for (int j = 0; j < L; j++) {
-        const uint4 *p = reinterpret_cast<const uint4 *>(x + base + s * STEP + (j * 32 + lane) * V);
-        if constexpr (Evict)
-          asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-              : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(p), "l"(pol));
-        else
-          v[j] = *p;
-      }
-#pragma unroll
-      for (int j = 0; j < L; j++) {
-        uint32_t bits = nz_bits(v[j], keep);
-        c += __popc(bits);
-        bits <<= (lane % G) * V;
-#pragma unroll
-        for (int o = 1; o < G; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
-        if (lane % G == 0) w[(s * STEP + (j * 32 + lane) * V) / 32] = bits;
-      }
-    }
-  } else {   /* the last partial tile or misaligned x: one element a lane, a ballot per 32 */
-#pragma unroll 4
-    for (int e = lane; e < kTile; e += 32) {
-      const bool b = base + e < n && raw_nonzero(x[base + e], keep);
-      const uint32_t bits = __ballot_sync(0xffffffffu, b);
-      c += b;
-      if (lane == 0) w[e / 32] = bits;
-    }
-  }
-  return __reduce_add_sync(0xffffffffu, c);
-}
-
-template <typename U, bool Evict>
-__global__ void __launch_bounds__(kThreads, kTkBlocks)
-    mark_st_kernel(const U *__restrict__ x, int64_t n, U keep, bool vec, uint32_t *__restrict__ words,
-                   int64_t *__restrict__ off, int64_t ntiles, int64_t tpb, unsigned long long *acc,
-                   unsigned long long *status, int64_t *__restrict__ count, long long *host) {
-  typedef cub::BlockScan<int, kThreads> Scan;
-  __shared__ typename Scan::TempStorage tmp;
-  __shared__ long long wtot[kThreads / 32], s_excl;
-  __shared__ bool last;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t b = blockIdx.x, t0 = b * tpb, t1 = t0 + tpb < ntiles ? t0 + tpb : ntiles;
-  uint64_t pol = 0;
-  if constexpr (Evict) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  long long mine = 0;
-  for (int64_t tile = t0 + warp; tile < t1; tile += kThreads / 32) {
-    const int c = mark_tile_warp<U, Evict>(x, n, keep, vec, words, tile, pol);
-    if (lane == 0) off[tile] = c;
-    mine += c;
-  }
-  if (lane == 0) wtot[warp] = mine;
-  __syncthreads();   /* wtot; the block's counts in off[] are visible to all its threads */
-  if (warp == 0) {
-    const long long agg = warp_sum64(lane < kThreads / 32 ? wtot[lane] : 0);
-    if (lane == 0) *(volatile unsigned long long *)&status[b] = kStFlag | (unsigned long long)agg;
-    long long excl = 0;
-    for (int64_t i0 = 0; i0 < b; i0 += 32 * kStK) {   /* all of a pass's loads issued before the first wait */
-      unsigned long long st[kStK];
-#pragma unroll
-      for (int k = 0; k < kStK; k++) {
-        const int64_t i = i0 + k * 32 + lane;
-        st[k] = i < b ? ld_status(status + i) : kStFlag;   /* past b: a set flag of 0 */
-      }
-#pragma unroll
-      for (int k = 0; k < kStK; k++) {
-        while (!(st[k] & kStFlag)) {
-          __nanosleep(32);
-          st[k] = ld_status(status + i0 + k * 32 + lane);
-        }
-        excl += (long long)(st[k] & ~kStFlag);
-      }
-    }
-    excl = warp_sum64(excl);
-    if (lane == 0) {
-      s_excl = excl;
-      if (b == gridDim.x - 1) {   /* the total, to the host at once: it allocates the output meanwhile */
-        *count = excl + agg;
-        off[ntiles] = excl + agg;
-        if (host) {
-          *(volatile long long *)host = excl + agg;
-          __threadfence_system();
-        }
-      }
-      __threadfence();   /* the statuses read before the ticket */
-      last = atomicAdd(&acc[1], 1ull) == gridDim.x - 1;
-    }
-  }
-  __syncthreads();
-  if (last) {   /* every block has read its statuses: they and the ticket back to zero, then the slot marked clean */
-    __threadfence();
-    for (int64_t i = t; i < gridDim.x; i += kThreads) status[i] = 0;
-    __threadfence();
-    __syncthreads();
-    if (t == 0) {
-      atomicExch(&acc[1], 0ull);
-      if (host) {
-        __threadfence_system();   /* the zeros before the flag: the host frees the slot when it sees the flag */
-        *(volatile long long *)(host + 1) = 1;
-      }
-    }
-  }
-  long long carry = s_excl;   /* the block's counts -> offsets, kThreads at a time */
-  for (int64_t c0 = t0; c0 < t1; c0 += kThreads) {
-    const int64_t i = c0 + t;
-    const int v = i < t1 ? (int)__ldcg(off + i) : 0;
-    int p, tot;
-    Scan(tmp).ExclusiveSum(v, p, tot);
-    if (i < t1) off[i] = carry + p;
-    carry += tot;
-    __syncthreads();   /* tmp is reused */
-  }
-}
-
 /* A tile's words and their exclusive popcount prefix, in shared memory; returns the tile's survivors. */
 struct TileRanks {
   uint32_t w[kWords];
@@ -872,9 +719,9 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 }  // namespace
 
-extern "C" int64_t em_compact_ws_bytes(int64_t n) {   /* the status area: a word a tile, + mark_st_kernel's acc pair */
+extern "C" int64_t em_compact_ws_bytes(int64_t n) {   /* the status area: at least mark_tk_kernel's 2 words */
   const int64_t nt = ntiles_of(n);
-  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)(nt + 4) * sizeof(unsigned long long));
+  return (int64_t)(words_bytes(n) + offs_bytes(n) + (size_t)(nt > 2 ? nt : 2) * sizeof(unsigned long long));
 }
 
 static uint32_t *ws_words(const em_tensor *ws) { return (uint32_t *)em_data_ptr(ws); }
@@ -912,35 +759,6 @@ static int launch_mark_tk(const char *op, int dev, const U *x, int64_t n, U keep
   return em_launch_check(op);
 }
 
-/* mark_st_kernel: the grid of launch_mark_tk (at most kStMax blocks; EMBER_COMPACT_LOCAL_BLOCKS=k caps it at k, for
- * the specs: many rounds a block), block b the tiles [b tpb, b tpb + tpb); acc (total, ticket) and the statuses are
- * zeroed first (both in the workspace: acc, then the statuses) unless they are a mapped slot's kept ones (zero). */
-template <typename U>
-static int launch_mark_st(const char *op, int dev, const U *x, int64_t n, U keep, bool vec, uint32_t *w, int64_t *off,
-                          unsigned long long *acc, unsigned long long *status, bool zero, int64_t *count, long long *host,
-                          cudaStream_t s) {
-  static const int cap_env = [] {
-    const char *e = getenv("EMBER_COMPACT_LOCAL_BLOCKS");
-    return e && *e ? atoi(e) : 0;
-  }();
-  int64_t cap = (int64_t)em_sm_count(dev) * kTkBlocks;
-  if (cap > kStMax) cap = kStMax;
-  if (cap_env > 0 && cap_env < cap) cap = cap_env;
-  const int64_t nt = ntiles_of(n), wmax = cap * (kThreads / 32), rounds = (nt + wmax - 1) / wmax;
-  const int64_t tpb = rounds * (kThreads / 32), nb = (nt + tpb - 1) / tpb;
-  if (zero && em_cuda_check(cudaMemsetAsync(acc, 0, (size_t)(2 + nb) * sizeof(unsigned long long), s), op,
-                            "cudaMemsetAsync"))   /* status == acc + 2 here */
-    return -1;
-  static const bool evict = em_env_switch("EMBER_COMPACT_EVICT", false);   /* 1: x's loads evict_first (opt-in) */
-  if (evict)
-    mark_st_kernel<U, true><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count,
-                                                              host);
-  else
-    mark_st_kernel<U, false><<<(unsigned)nb, kThreads, 0, s>>>(x, n, keep, vec, w, off, nt, tpb, acc, status, count,
-                                                               host);
-  return em_launch_check(op);
-}
-
 /* The count's read-back without a copy (EMBER_COMPACT_MAPPED=1, the default, with the ticket mark): the mark's last
  * block stores the total into a slot of pinned host memory mapped into every device's address space, and the host
  * spins on it: visible ~1-2 us after the store, where a cudaMemcpy of 8 bytes + a stream synchronize cost ~10-15 us
@@ -956,22 +774,20 @@ constexpr long long kSpinUs = 500;
 struct MappedSlots {
   long long *h = nullptr, *d = nullptr;
   std::atomic<unsigned long long> busy{0};
-  std::atomic<unsigned long long> dirty{0};   /* busy slots whose mark_st_kernel may still read its statuses */
   std::mutex mu;   /* the per-device pairs' first allocation */
   unsigned long long *acc[EM_CUDA_MAX_DEVICES] = {};
 };
 MappedSlots g_slots;
 std::once_flag g_slots_once;
 
-/* device dev's kSlots (total, ticket) pairs, then kSlots x kStMax statuses of mark_st_kernel (slot i's at
- * 2 kSlots + i kStMax), zeroed (allocated at the first call on dev, zeroed on s and waited for
+/* device dev's kSlots (total, ticket) pairs, zeroed (allocated at the first call on dev, zeroed on s and waited for
  * under the lock, so no other thread's mark sees them before; NULL if that failed) */
 unsigned long long *slot_accs(int dev, cudaStream_t s) {
   if (dev < 0 || dev >= EM_CUDA_MAX_DEVICES) return nullptr;
   std::lock_guard<std::mutex> lock(g_slots.mu);
   if (!g_slots.acc[dev]) {
     void *p = nullptr;
-    const size_t bytes = kSlots * (2 + (size_t)kStMax) * sizeof(unsigned long long);
+    const size_t bytes = kSlots * 2 * sizeof(unsigned long long);
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
@@ -998,12 +814,6 @@ int slot_acquire() {
     g_slots.d = (long long *)d;
   });
   if (!g_slots.h) return -1;
-  for (unsigned long long d = g_slots.dirty.load(); d; d &= d - 1) {   /* free the dirty slots whose mark is clean */
-    const int i = __builtin_ctzll(d);
-    const unsigned long long bit = 1ull << i;
-    if (*(volatile long long *)(g_slots.h + i * kSlotLongs + 1) == 1 && (g_slots.dirty.fetch_and(~bit) & bit))
-      g_slots.busy.fetch_and(~bit);
-  }
   unsigned long long b = g_slots.busy.load();
   while (~b) {
     const int i = __builtin_ctzll(~b);
@@ -1012,12 +822,6 @@ int slot_acquire() {
   return -1;
 }
 void slot_release(int i) { g_slots.busy.fetch_and(~(1ull << i)); }
-/* after mark_st_kernel: free now if its last block has set the slot's clean flag (statuses zeroed), else mark the
- * slot dirty (slot_acquire frees it once the flag is set) */
-void slot_release_clean(int i) {
-  if (*(volatile long long *)(g_slots.h + i * kSlotLongs + 1) == 1) slot_release(i);
-  else g_slots.dirty.fetch_or(1ull << i);
-}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -1066,24 +870,19 @@ static int mark_ticket(const char *op, int dev, const em_tensor *x, int64_t n, e
   if (slot >= 0 && !kept) { slot_release(slot); slot = -1; }
   long long *hp = slot >= 0 ? g_slots.h + slot * kSlotLongs : nullptr;
   long long *dp = slot >= 0 ? g_slots.d + slot * kSlotLongs : nullptr;
-  if (hp) { *(volatile long long *)hp = -1; *(volatile long long *)(hp + 1) = 0; }   /* the count; clean */
+  if (hp) *(volatile long long *)hp = -1;
   const bool fl = em_dtype_is_float(x->dtype) != 0, vec = aligned16(em_data_ptr(x));
   uint32_t *w = ws_words(ws);
   int64_t *off = ws_off(ws, n), *cnt = (int64_t *)em_data_ptr(count);
   unsigned long long *acc = kept ? kept + 2 * slot : ws_status(ws, n);
   const bool z = !kept;
   const void *xp = em_data_ptr(x);
-  static const bool local = em_env_switch("EMBER_COMPACT_LOCAL", true);   /* 0: mark_tk_kernel */
-  unsigned long long *status = kept ? kept + 2 * kSlots + (size_t)slot * kStMax : acc + 2;
   int rc = by_elem(op, x, [&](auto u) {
     using U = decltype(u);
-    const U k = nonzero_bits<U>(fl);
-    if (local) return launch_mark_st<U>(op, dev, (const U *)xp, n, k, vec, w, off, acc, status, z, cnt, dp, s);
-    return launch_mark_tk<U>(op, dev, (const U *)xp, n, k, vec, w, off, acc, z, cnt, dp, s);
+    return launch_mark_tk<U>(op, dev, (const U *)xp, n, nonzero_bits<U>(fl), vec, w, off, acc, z, cnt, dp, s);
   });
   if (rc == 0 && hp) rc = slot_wait(op, hp, s, host_count);
-  if (slot >= 0 && local) slot_release_clean(slot);
-  else if (slot >= 0) slot_release(slot);
+  if (slot >= 0) slot_release(slot);
   return rc;
 }
 

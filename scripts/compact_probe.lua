@@ -16,30 +16,27 @@
 --   ember run scripts/compact_probe.lua [--reps 20] [--n 8192] [--samples]
 --   EMBER_COMPACT_TICKET=0 ember run scripts/compact_probe.lua   (the twelfth session's default: look-back mark, copy)
 --   EMBER_COMPACT_MAPPED=0 ember run scripts/compact_probe.lua   (the ticket mark, the count by a copy + synchronize)
---   EMBER_COMPACT_LOCAL=0 ember run scripts/compact_probe.lua   (mark_tk_kernel: its last block scans all tile counts)
 --   EMBER_COMPACT_TICKET=0 ember run scripts/compact_probe.lua   (the eleventh session's look-back mark)
 --   EMBER_COMPACT_TICKET=0 EMBER_COMPACT_LOOKBACK=0 EMBER_COMPACT_VOUT=0 EMBER_CAST_WIDE=0 ember run scripts/compact_probe.lua
--- The case read_mask_bytes (a plain f32 sum of as many bytes as the mask) is the rate a read of those bytes
--- reaches here: the mark's floor to compare against.
 local ember = require "ember"
 local argparse = require "argparse"
 
 local parser = argparse("compact_probe.lua", "Per-kernel split of nonzero, masked_select and the bf16 -> f32 cast.")
 parser:option("--reps", "Timed reps (median).", "20"):convert(math.tointeger)
 parser:option("--n", "Side of the square input.", "8192"):convert(math.tointeger)
-parser:option("--order", "Comma list of cases (nonzero, select_f32, select_bf16, cast, read_mask_bytes), run in "
-  .. "this order; a case may repeat (nonzero,nonzero: the same op twice, as bench_ops' two dtype rows).",
-  "nonzero,nonzero,select_f32,select_bf16,cast,read_mask_bytes")
+parser:option("--order", "Comma list of cases (nonzero, select_f32, select_bf16, cast), run in this order; a case "
+  .. "may repeat (nonzero,nonzero: the same op twice, as bench_ops' two dtype rows).",
+  "nonzero,nonzero,select_f32,select_bf16,cast")
 parser:flag("--samples", "Print every timed rep with the Lua collections in it.")
 local args = parser:parse()
 assert(ember.cuda.is_available(), "compact_probe.lua needs a CUDA device")
 
 local n = args.n
 local function env(k) return os.getenv(k) or "(unset)" end
-print(("n %d x %d; EMBER_COMPACT_LOCAL=%s EMBER_COMPACT_TICKET=%s EMBER_COMPACT_MAPPED=%s "
-  .. "EMBER_COMPACT_LOOKBACK=%s EMBER_COMPACT_VOUT=%s EMBER_CAST_WIDE=%s EMBER_COMPACT=%s"):format(n, n,
-  env("EMBER_COMPACT_LOCAL"), env("EMBER_COMPACT_TICKET"), env("EMBER_COMPACT_MAPPED"),
-  env("EMBER_COMPACT_LOOKBACK"), env("EMBER_COMPACT_VOUT"), env("EMBER_CAST_WIDE"), env("EMBER_COMPACT")))
+print(("n %d x %d; EMBER_COMPACT_TICKET=%s EMBER_COMPACT_MAPPED=%s EMBER_COMPACT_LOOKBACK=%s "
+  .. "EMBER_COMPACT_VOUT=%s EMBER_CAST_WIDE=%s EMBER_COMPACT=%s"):format(n, n, env("EMBER_COMPACT_TICKET"),
+  env("EMBER_COMPACT_MAPPED"), env("EMBER_COMPACT_LOOKBACK"), env("EMBER_COMPACT_VOUT"),
+  env("EMBER_CAST_WIDE"), env("EMBER_COMPACT")))
 
 local mask = ember.rand({n, n}):lt(0.5):to("cuda")
 local xf = ember.randn({n, n}):to("cuda")
@@ -50,9 +47,6 @@ local cases = {
   select_f32 = {function() return xf:masked_select(mask) end, n * n * 5 + count * 4},
   select_bf16 = {function() return xb:masked_select(mask) end, n * n * 3 + count * 2},
   cast = {function() return xb:to("f32") end, n * n * 6},
-  -- the mask's bytes (n * n) read at the rate a plain read reaches here: the sum of n / 4 rows of the f32 x (bool
-  -- sums take the reduction's scalar path; floats its 16-byte loads)
-  read_mask_bytes = {function() return xf:narrow(0, 0, n // 4):sum() end, n * n},
 }
 
 -- collections: a sentinel whose finalizer counts one and makes the next
