@@ -846,8 +846,12 @@ int slot_wait(const char *op, volatile long long *p, cudaStream_t s, int64_t *ou
 }
 }  // namespace
 
-/* The bits of an element that make it nonzero: all of them; a float's but its sign (-0.0 is zero, NaN is not). */
-template <typename U> static U nonzero_bits(bool fl) { return fl ? (U)(~(U)0 >> 1) : (U)~(U)0; }
+/* The bits of an element that make it nonzero: all of them; a float's but its sign (-0.0 is zero, NaN is not).
+ * all is cast back to U before the shift: ~ promotes a narrow U to int, and -1 >> 1 keeps the sign bit. */
+template <typename U> static U nonzero_bits(bool fl) {
+  const U all = (U)~(U)0;
+  return fl ? (U)(all >> 1) : all;
+}
 
 /* f(U{}) (an int: 0 or -1 with the error set) with U the unsigned integer of x's element size; an element size
  * without a compaction is an error naming x's dtype. */
