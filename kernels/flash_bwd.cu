@@ -24,7 +24,9 @@
  *
  * On sm_90 (bf16/f16, D 64 and 128) EMBER_FLASH_BWD=auto (the default) or wg2
  * runs the overlapped wgmma/TMA dk/dv and dq kernels of flash_bwd_wg2.cu (wg:
- * flash_bwd_wg.cu's, without the overlap) after the delta kernel instead. */
+ * flash_bwd_wg.cu's, without the overlap) after the delta kernel instead, and
+ * from Tq = Tk = 4096 the one-kernel deterministic backward of
+ * flash_bwd_fused.cu (kAutoFusedMinT in flash_bwd_wg.cu). */
 #include "backend.h"
 #include "flash_common.cuh"
 #include "flash_wg.cuh"

@@ -258,6 +258,15 @@ int launch(const Params &p, const Maps &m, cudaStream_t s) {
  * "Step 4b"), so the switch changes speed, not results: wg2 is 8-15 % faster. */
 constexpr bool kAutoWg = true;
 
+/* From these lengths (Tq and Tk both) auto runs the one-kernel backward of
+ * flash_bwd_fused.cu with dq's adds in a fixed order (fused: deterministic, dq
+ * within one rounding of wg2's, dk/dv wg2's bits). H200, bf16, causal,
+ * 2026-11-28 (docs/flash.md "Step 5e"): fused beats wg2 at T 4096 and 16384
+ * (d64 0.428/3.855 vs 0.472/4.348 ms, d128 0.671/5.703 vs 0.676/6.152) and
+ * loses at T 512-2048 (d128 T2048 0.728 vs 0.694), where its serial dq writer
+ * has fewer tiles to overlap. */
+constexpr int kAutoFusedMinT = 4096;
+
 int g_bwd_mode = -1;   // -1: not read from EMBER_FLASH_BWD yet
 
 int bwd_mode_of(const char *s) {
@@ -287,7 +296,7 @@ int bwd_kernel_mode() {
 }
 
 int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
-  const int mode = bwd_kernel_mode();
+  int mode = bwd_kernel_mode();
   if (mode < 0) return -1;
   if (mode == 1 || (mode == 0 && !kAutoWg)) return kBwdNotTaken;
   const bool forced = mode >= 2;
@@ -322,6 +331,7 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
                                 "q, k, v or dO to TMA (strides must be positive multiples of 16 bytes)", name);
     return kBwdNotTaken;
   }
+  if (mode == 0 && p.Tq >= kAutoFusedMinT && p.Tk >= kAutoFusedMinT) mode = 4;
   if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, d, s);
   if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, d, mode == 4, device, s);
   if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);

@@ -9,7 +9,7 @@
 -- Bounds: flash_wg_bwd_spec.lua's — ‖got − ref‖ / ‖ref‖ of dq, dk, dv against
 -- the f64 CPU reference no more than twice the naive composition's error in the
 -- same half dtype plus 1e-4 (capped at 1e-2 bf16 / 2e-3 f16), and within the cap
--- of the mma.sync backward. Then against wg2 (auto's backward) on the same
+-- of the mma.sync backward. Then against wg2 (auto's backward below T 4096) on the same
 -- inputs: dk and dv are wg2's bits (the same wgmmas on the same 16-bit Pᵀ and
 -- dSᵀ, in the same tile order; the tiles wg2 skips add exact zeros); dq sums
 -- the same 16-bit dS·k products in another f32 order, so it is within one
@@ -163,7 +163,8 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     return C.kernel_names(function() flash(kernel, q, k, v, g, true) end)
   end
 
-  it("runs one kernel for dk, dv and dq (and dq's conversion), not wg2's two; auto still runs wg2", function()
+  it("runs one kernel for dk, dv and dq (and dq's conversion), not wg2's two; auto runs wg2 below T 4096, fused from it",
+    function()
     C.need_cupti(pending)
     local q, k, v, g = randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda(),
       randn({1, 2, 300, 128}, "bf16"):cuda(), randn({1, 2, 300, 128}, "bf16"):cuda()
@@ -178,6 +179,17 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     local ka = bwd_kernels("auto", q, k, v, g)
     assert.truthy(ka:find("flash_dkdv_wg2_kernel", 1, true), ka)
     assert.falsy(ka:find("fused", 1, true), ka)
+    -- kAutoFusedMinT (flash_bwd_wg.cu): Tq and Tk both 4096 or more; 4095 keys stay on wg2
+    local function long(tq, tk)
+      return randn({1, 1, tq, 64}, "bf16"):cuda(), randn({1, 1, tk, 64}, "bf16"):cuda(),
+        randn({1, 1, tk, 64}, "bf16"):cuda(), randn({1, 1, tq, 64}, "bf16"):cuda()
+    end
+    local kl = bwd_kernels("auto", long(4096, 4096))
+    assert.truthy(kl:find("flash_bwd_fused_kernel", 1, true), kl)
+    assert.falsy(kl:find("flash_dkdv_wg2_kernel", 1, true), kl)
+    local ks = bwd_kernels("auto", long(4096, 4095))
+    assert.truthy(ks:find("flash_dkdv_wg2_kernel", 1, true), ks)
+    assert.falsy(ks:find("fused", 1, true), ks)
   end)
 
   it("rejects a bad EMBER_FLASH_DET_CHAINS, naming the expected range (in a child)", function()
