@@ -226,6 +226,90 @@ describe("masked_select and nonzero", function()
   end)
 end)
 
+describe("masked_select and nonzero over many blocks (engine/ops/compact_cpu.c: 65536 elements a block)", function()
+  -- a reference from the flat values: the kept positions in row-major order
+  local function ref_positions(flat, keep)
+    local pos = {}
+    for i, v in ipairs(flat) do if keep(v) then pos[#pos + 1] = i - 1 end end
+    return pos
+  end
+  local function coords(p, shape)
+    local c = {}
+    for d = #shape, 1, -1 do c[d] = p % shape[d]; p = p // shape[d] end
+    return c
+  end
+  -- x with zeros, -0.0 and NaN sprinkled (floats), over blocks whose kept counts differ
+  local function sample(shape, dtype)
+    local x = ember.randn(shape, {dtype = "f64"})
+    x = x:masked_fill(ember.rand(shape):lt(0.45), 0)
+    if dtype == "f64" or dtype == "f32" or dtype == "bf16" or dtype == "f16" then
+      x = x:masked_fill(ember.rand(shape):lt(0.01), -0.0):masked_fill(ember.rand(shape):lt(0.01), 0 / 0)
+    else
+      x = x:abs() * 3   -- nonnegative: the integer dtypes take its integer part
+    end
+    return x:to(dtype)
+  end
+
+  for _, dt in ipairs({"f64", "f32", "bf16", "f16", "i64", "i32", "u8", "bool"}) do
+    it("nonzero of " .. dt .. " (3, 70001) and (5, 300, 151), also transposed, at 1 and 2 threads", function()
+      for _, shape in ipairs({{3, 70001}, {5, 300, 151}}) do
+        local x = dt == "bool" and ember.rand(shape):lt(0.5) or sample(shape, dt)
+        for _, view in ipairs({x, x:transpose(0, #shape - 1)}) do
+          local flat = view:contiguous():view(-1):to("f64"):tolist()
+          local pos = ref_positions(flat, function(v) return v ~= 0 end)   -- NaN ~= 0, -0.0 == 0
+          local nz = view:nonzero()
+          assert.same({#pos, #shape}, nz.shape)
+          local got = nz:tolist()
+          for k = 1, #pos, 997 do   -- a sample of rows, every block's among them
+            assert.same(coords(pos[k], view.shape), {table.unpack(got[k])})
+          end
+          assert.same(coords(pos[#pos], view.shape), {table.unpack(got[#pos])})
+          local prev = ember.get_num_threads()
+          ember.set_num_threads(prev == 1 and 2 or 1)
+          local again = view:nonzero()
+          ember.set_num_threads(prev)
+          assert.equals(0, again:ne(nz):sum():item(), "nonzero moved with the thread count")
+        end
+      end
+    end)
+  end
+
+  it("masked_select over many blocks: every dtype width, a broadcast mask, a transposed x", function()
+    local shape = {3, 70001}
+    local m = ember.rand(shape):lt(0.3)
+    for _, dt in ipairs({"f64", "f32", "bf16", "u8"}) do
+      local x = sample(shape, dt)
+      local xs = x:to("f64"):view(-1):tolist()
+      local ms = m:view(-1):tolist()
+      local want = {}
+      for i, keep in ipairs(ms) do if keep then want[#want + 1] = xs[i] end end
+      local got = x:masked_select(m)
+      assert.equals(dt, got.dtype)
+      assert.equals(#want, got:numel())
+      local g = got:to("f64"):tolist()
+      for k = 1, #want do
+        if g[k] ~= want[k] and not (g[k] ~= g[k] and want[k] ~= want[k]) then
+          error(("masked_select %s: element %d is %s, expected %s"):format(dt, k, g[k], want[k]))
+        end
+      end
+    end
+    -- a row mask broadcast over 3 rows, and x transposed (not contiguous)
+    local x = ember.randn({70001, 3}, {dtype = "f64"}):t()
+    local row = ember.rand({70001}):lt(0.5)
+    local got = x:masked_select(row)
+    local want = x:contiguous():masked_select(row:view(1, -1):expand(3, 70001):contiguous())
+    assert.equals(0, got:ne(want):sum():item())
+    assert.equals(3 * row:sum():item(), got:numel())
+  end)
+
+  it("nonzero of empty and 0-d tensors", function()
+    assert.same({0, 3}, ember.zeros(2, 0, 4):nonzero().shape)
+    assert.same({1, 0}, ember.tensor(5.0):nonzero().shape)
+    assert.same({0, 0}, ember.tensor(0.0):nonzero().shape)
+    assert.same({0}, ember.zeros(0):masked_select(ember.zeros(0, {dtype = "bool"})).shape)
+  end)
+end)
+
 describe("take_along_dim", function()
   it("gathers along dim with the indices broadcast over the other dims", function()
     local x = iota({2, 3})
