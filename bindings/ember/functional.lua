@@ -64,9 +64,13 @@ local function norm_opts(fname, opts)
 end
 
 --- x / sqrt(mean(x², -1) + eps) * w, computed in f32. w may be nil.
--- opts.out_dtype: y in that float dtype, the same values forward and
--- backward as F.rmsnorm(x, w, eps):to(out_dtype); for f32 x (autocast's)
--- and bf16/f16 the norm writes it directly (no cast pass either way).
+-- opts.out_dtype: y in that float dtype, the values of
+-- F.rmsnorm(x, w, eps):to(out_dtype). For f32 x (autocast's) and bf16/f16
+-- the norm writes y directly (no cast pass) and y's gradient is summed in
+-- f32 (its consumers' gradients widened exactly, as each would be had it
+-- cast an f32 y itself), so the gradients of x and w are those of the
+-- composition when y has one consumer, and of F.rmsnorm with each consumer
+-- casting when it has several.
 -- @param x tensor (..., d)
 -- @param[opt] w tensor (d)
 -- @tparam[opt=1e-5] number eps

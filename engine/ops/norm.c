@@ -176,10 +176,15 @@ static void rms_rows(const void *job, int64_t r0, int64_t r1) {
 }
 
 /* out_dtype: y written straight in bf16/f16 by the norm (one node) when x is
- * f32 and w absent or f32 (the autocast case: the kernels take f32 rows with
- * a half y and gy); any other out_dtype is the norm then em_to, two nodes,
- * the same values. EMBER_NORM_OUT16 (read once at load, default 1) is the
- * models' switch (em_norm_out16, nn/transformer.lua), not this op's. */
+ * f32 and w absent or f32 (the autocast case), where an f32 y was written,
+ * then read and cast by each consumer (a linear under autocast). y's
+ * gradient stays f32 (em_node_set_grad_dtype): the consumers' gradients are
+ * summed in f32 and reach the backward as before (the autocast linear's gemm
+ * writes f32 dx straight), so a model's values and gradients are those of the
+ * f32 y it replaces, bit for bit. A bf16/f16 gy (y the root of backward) is
+ * read by the kernels as is. Any other out_dtype is the norm then em_to, two
+ * nodes, the same values. EMBER_NORM_OUT16 (read once at load, default 1)
+ * is the models' switch (em_norm_out16, nn/transformer.lua), not this op's. */
 static bool out16_direct(const em_tensor *x, const em_tensor *w, em_dtype od) {
   return x->dtype == EM_F32 && (od == EM_BF16 || od == EM_F16) && (!w || w->dtype == EM_F32);
 }
@@ -366,7 +371,9 @@ static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps, em_dtype od
   em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, yd, &rstd) : rmsnorm_cuda(x, w, eps, yd, &rstd);
   /* x, w read; y, rstd written; x², the row sum, two scales per element */
   EM_OP_COST(em_cost_bytes(4, (em_tensor *const[]){x, w, y, rstd}), 4 * em_numel(x), em_cost_simt_class(x->dtype));
-  y = em_op_record(y, NULL, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
+  em_node *n;
+  y = em_op_record(y, &n, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
+  if (n && yd != x->dtype) em_node_set_grad_dtype(n, 0, x->dtype);   /* y's gradients summed in f32 */
   em_tensor_release(rstd);
   return y;
 }
@@ -475,6 +482,7 @@ static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double ep
     if (w) em_node_save(n, w);
     em_node_set_output(n, 0, s);
     em_node_set_output(n, 1, y);
+    if (yd != x->dtype) em_node_set_grad_dtype(n, 1, x->dtype);   /* y's gradients summed in f32 */
     em_node_release(n);
   }
   em_tensor_release(xc); em_tensor_release(rc); em_tensor_release(wc); em_tensor_release(rstd);

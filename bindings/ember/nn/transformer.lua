@@ -39,9 +39,8 @@ M.TransformerBlock = TransformerBlock
 -- The norms' out_dtype: under autocast ln1, ln2 and ln_final give y in the
 -- region's dtype, written by the norm kernel, since their only consumers are
 -- linears (q/k/v_proj, w1/w3, lm_head) that would cast y anyway: no cast
--- pass, half the norm's write. The forward values are those of before;
--- the backward sums a normed activation's gradients over its linears in the
--- region's dtype (as for any activation made in it) instead of in f32.
+-- pass, half the norm's write. The same values and gradients bit for bit
+-- (y's gradient is still summed in f32, F.rmsnorm's out_dtype).
 -- EMBER_NORM_OUT16=0 (read at start): f32 y and the linears' casts, as before.
 local NORM_OUT = core.norm_out16() and "autocast" or nil
 
