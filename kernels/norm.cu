@@ -668,7 +668,9 @@ struct rg_launch {
     static size_t for_smem = (size_t)-1;
     if (for_smem != smem) {
       int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG>, BWD_THREADS, smem) !=
+      /* the occupancy of the x-dtype gy kernel whatever TG: a bf16/f16 gy gets the grid (so the dw
+       * partial rows and their sum order) of the same rows with gy widened first, bit for bit */
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD>, BWD_THREADS, smem) !=
               cudaSuccess || n < 1) {
         cudaGetLastError();
         n = 1;
