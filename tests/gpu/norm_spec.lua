@@ -396,7 +396,7 @@ describe("out_dtype norms on CUDA", function()
 
   it("EMBER_NORM_OUT16=0 and 1 train a small model (bf16 autocast) to the same bits", function()
     local script = H.temp(".lua")
-    H.spit(script, [[
+    H.spit(script, [==[
 local ember = require "ember"
 local nn, F = ember.nn, ember.nn.functional
 ember.manual_seed(11)
@@ -420,7 +420,7 @@ local kv = nn.KVCache(m, {batch = 4, max_len = 64})
 out.cached_logits = ember.autocast("bf16", function() return m(x:narrow(1, 0, 9):contiguous(), {cache = kv}) end)
   :float():cpu()
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]])
+]==])
     local got = C.mode_results(H, script, "EMBER_NORM_OUT16", {"0", "1"})
     assert.is_true(C.assert_modes_agree(got, "0", {"1"}) > 20)
     H.remove_temps()
