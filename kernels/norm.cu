@@ -364,10 +364,10 @@ extern "C" int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, c
 
 /* dynamic shared memory: D accumulators of dw (when w needs a grad). TG:
  * gy's dtype, x's or (f32 x) bf16/f16, widened exactly on load. */
-template <typename TX, typename TW, typename TG = TX>
+template <typename TX, typename TW, typename TG = TX, typename TR = void>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const TW *w, const acc_t<TX> *rstd,
                                                               const TG *gy, int64_t N, int64_t D, TX *gx,
-                                                              acc_t<TX> *dw_part, bool gx_acc) {
+                                                              acc_t<TX> *dw_part, bool gx_acc, void *grad_r = nullptr) {
   using C = acc_t<TX>;
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;
@@ -387,7 +387,9 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
       C g = ld<C>(gr[j]), xh = ld<C>(xr[j]) * r;
       if (gx) {
         C d = r * (g * (w ? ld<C>(w[j]) : (C)1) - xh * c);
-        gx[i * D + j] = st<TX>(gx_acc ? ld<C>(gx[i * D + j]) + d : d);
+        const TX o = st<TX>(gx_acc ? ld<C>(gx[i * D + j]) + d : d);
+        gx[i * D + j] = o;
+        if constexpr (!std::is_void<TR>::value) static_cast<TR *>(grad_r)[i * D + j] = st<TR>(ld<C>(o));
       }
       if (dw_part) dw[j] += g * xh;
     }
@@ -505,13 +507,14 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW 
  * order per column, in parallel over columns, the block writes its
  * partial row, and finish_dw sums the partial rows: deterministic, no
  * atomics on values (a counter per group of blocks). */
-template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2), typename TG = TX>
+template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
+          typename TR = void>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TG *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
                                                                  bool wvec, bool gx_acc, int *counters, int nred,
-                                                                 TW *gw) {
+                                                                 TW *gw, void *grad_r = nullptr) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   constexpr bool HOLD = HOLD_;
@@ -608,6 +611,13 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
             q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
+          if constexpr (!std::is_void<TR>::value) {       /* r's gradient: the same values in r's dtype */
+            using TRL = typename std::conditional<std::is_void<TR>::value, char, TR>::type;
+            VecN<TRL, VEC> o;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) o.v[k] = st<TRL>(ld<C>(q[k]));
+            *reinterpret_cast<VecN<TRL, VEC> *>(static_cast<TRL *>(grad_r) + i * D + j) = o;
+          }
         }
         if (dw_part)
 #pragma unroll
@@ -661,7 +671,8 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
 /* One row-group configuration: its grid fills the GPU once (resident blocks
  * per SM from the occupancy calculator, cached per configuration and shared
  * memory size), which also bounds the partial rows of dw. */
-template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2), typename TG = TX>
+template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
+          typename TR = void>
 struct rg_launch {
   static int64_t grid(int dev, int64_t N, size_t smem) {
     static int per_sm = 0;
@@ -687,9 +698,9 @@ struct rg_launch {
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  int nred, TW *gw) {
-    rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
-                                                                                gx_acc, counters, nred, gw);
+                  int nred, TW *gw, void *gr) {
+    rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG, TR><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
+                                                                                    gx_acc, counters, nred, gw, gr);
   }
 };
 
@@ -712,12 +723,13 @@ static int bwd_chunks_16bit() {
 }
 
 /* The configurations of launch_bwd (HOLD by its default). */
-template <typename TX, typename TW, int TPR, int NV, typename TG>
-using rg_cfg = rg_launch<TX, TW, TPR, NV, (sizeof(TX) == 2 && NV <= 2), TG>;
+template <typename TX, typename TW, int TPR, int NV, typename TG, typename TR>
+using rg_cfg = rg_launch<TX, TW, TPR, NV, (sizeof(TX) == 2 && NV <= 2), TG, TR>;
 
-template <typename TX, typename TW, typename TG = TX>
+/* TR not void: gr (r's gradient of add_rmsnorm, bf16/f16) written beside gx with gx's values, rounded once */
+template <typename TX, typename TW, typename TG = TX, typename TR = void>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                      em_tensor *gx, bool gx_acc, em_tensor *gw, cudaStream_t s) {
+                      em_tensor *gx, bool gx_acc, em_tensor *gw, em_tensor *gr, cudaStream_t s) {
   using C = acc_t<TX>;
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
   const TX *xp = (const TX *)em_data_ptr(x);
@@ -725,8 +737,10 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   TX *gxp = gx ? (TX *)em_data_ptr(gx) : nullptr;
   const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr;
   constexpr uintptr_t GA = 16 / sizeof(TX) * sizeof(TG);   /* bytes of gy beside a 16-byte chunk of x */
+  void *grp = gr ? em_data_ptr(gr) : nullptr;
+  constexpr uintptr_t RA = std::is_void<TR>::value ? 1 : 16 / sizeof(TX) * sizeof(std::conditional_t<std::is_void<TR>::value, char, TR>);
   bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)gp % GA) == 0 &&
-             ((uintptr_t)gxp & 15) == 0;
+             ((uintptr_t)gxp & 15) == 0 && ((uintptr_t)grp % RA) == 0;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   int64_t chunks = vec ? D / (16 / (int64_t)sizeof(TX)) : 0;    /* 16-byte chunks per row */
   /* threads per row: the fewest that keep <= 4 chunks a thread, and then as
@@ -758,32 +772,32 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   auto with_config = [&](auto f) -> bool {
     if constexpr (sizeof(TX) == 2) {
       if (!hold && nv <= 2) {                         /* EMBER_RMSNORM_BWD_CHUNKS=2r */
-        if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1, false, TG>());
-        else if (tpr == 32) f(rg_launch<TX, TW, 32, 2, false, TG>());
-        else if (tpr == 64) f(rg_launch<TX, TW, 64, 2, false, TG>());
-        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2, false, TG>());
-        else if (tpr == 256) f(rg_launch<TX, TW, 256, 2, false, TG>());
+        if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1, false, TG, TR>());
+        else if (tpr == 32) f(rg_launch<TX, TW, 32, 2, false, TG, TR>());
+        else if (tpr == 64) f(rg_launch<TX, TW, 64, 2, false, TG, TR>());
+        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2, false, TG, TR>());
+        else if (tpr == 256) f(rg_launch<TX, TW, 256, 2, false, TG, TR>());
         else return false;
         return true;
       }
     }
-    if (tpr == 32 && nv == 1) f(rg_cfg<TX, TW, 32, 1, TG>());
-    else if (tpr == 32 && nv == 2) f(rg_cfg<TX, TW, 32, 2, TG>());
-    else if (tpr == 32 && nv == 3) f(rg_cfg<TX, TW, 32, 3, TG>());
-    else if (tpr == 32) f(rg_cfg<TX, TW, 32, 4, TG>());
+    if (tpr == 32 && nv == 1) f(rg_cfg<TX, TW, 32, 1, TG, TR>());
+    else if (tpr == 32 && nv == 2) f(rg_cfg<TX, TW, 32, 2, TG, TR>());
+    else if (tpr == 32 && nv == 3) f(rg_cfg<TX, TW, 32, 3, TG, TR>());
+    else if (tpr == 32) f(rg_cfg<TX, TW, 32, 4, TG, TR>());
     else if (sizeof(TX) == 2 && nv == 2 && tpr >= 64) {
       if constexpr (sizeof(TX) == 2) {
-        if (tpr == 64) f(rg_cfg<TX, TW, 64, 2, TG>());
-        else if (tpr == 128) f(rg_cfg<TX, TW, 128, 2, TG>());
-        else f(rg_cfg<TX, TW, 256, 2, TG>());
+        if (tpr == 64) f(rg_cfg<TX, TW, 64, 2, TG, TR>());
+        else if (tpr == 128) f(rg_cfg<TX, TW, 128, 2, TG, TR>());
+        else f(rg_cfg<TX, TW, 256, 2, TG, TR>());
       }
     }
-    else if (tpr == 64 && nv == 3) f(rg_cfg<TX, TW, 64, 3, TG>());
-    else if (tpr == 64) f(rg_cfg<TX, TW, 64, 4, TG>());
-    else if (tpr == 128 && nv == 3) f(rg_cfg<TX, TW, 128, 3, TG>());
-    else if (tpr == 128) f(rg_cfg<TX, TW, 128, 4, TG>());
-    else if (tpr == 256 && nv == 3) f(rg_cfg<TX, TW, 256, 3, TG>());
-    else if (tpr == 256) f(rg_cfg<TX, TW, 256, 4, TG>());
+    else if (tpr == 64 && nv == 3) f(rg_cfg<TX, TW, 64, 3, TG, TR>());
+    else if (tpr == 64) f(rg_cfg<TX, TW, 64, 4, TG, TR>());
+    else if (tpr == 128 && nv == 3) f(rg_cfg<TX, TW, 128, 3, TG, TR>());
+    else if (tpr == 128) f(rg_cfg<TX, TW, 128, 4, TG, TR>());
+    else if (tpr == 256 && nv == 3) f(rg_cfg<TX, TW, 256, 3, TG, TR>());
+    else if (tpr == 256) f(rg_cfg<TX, TW, 256, 4, TG, TR>());
     else return false;
     return true;
   };
@@ -818,7 +832,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
       }
     }
     if (!rg && smem > 48 * 1024 &&
-        em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW, TG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW, TG, TR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem), "rmsnorm backward", "raising the shared-memory limit")) {
       em_tensor_release(part);
       return -1;
@@ -829,9 +843,9 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp, grp);
       }))
-    rms_bwd_kernel<TX, TW, TG><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
+    rms_bwd_kernel<TX, TW, TG, TR><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc, grp);
   int rc = em_launch_check("rmsnorm backward");
   if (rc == 0 && gw && !rg) {                         /* the block kernel's partials: a second pass */
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
@@ -843,7 +857,8 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
 }
 
 extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd,
-                                   const em_tensor *gy, em_tensor *gx, bool gx_accumulate, em_tensor *gw) {
+                                   const em_tensor *gy, em_tensor *gx, bool gx_accumulate, em_tensor *gw,
+                                   em_tensor *gr) {
   int64_t D = x->shape[x->ndim - 1];
   if (D == 0 || em_numel(x) == 0) {
     if (gw && em_numel(gw) > 0)                 /* no rows: gw = 0 */
@@ -854,14 +869,22 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
   cudaStream_t s = em_cur_stream(x->device.index);
   em_dtype wt = w ? w->dtype : x->dtype;
   int rc = 0;
+  if (gr) {                                   /* add_rmsnorm's r gradient in bf16/f16 beside gx: f32 rows and gy */
+    if (x->dtype != EM_F32 || wt != EM_F32 || gy->dtype != EM_F32 || !gx || (gr->dtype != EM_BF16 && gr->dtype != EM_F16))
+      return em_error("rmsnorm backward: a %s r gradient needs f32 x, weight and gy and gx on CUDA, got x %s, "
+                      "weight %s, gy %s", em_dtype_name(gr->dtype), em_dtype_name(x->dtype), em_dtype_name(wt),
+                      em_dtype_name(gy->dtype));
+    if (gr->dtype == EM_BF16) return launch_bwd<float, float, float, __nv_bfloat16>(x, w, rstd, gy, gx, gx_accumulate, gw, gr, s);
+    return launch_bwd<float, float, float, __half>(x, w, rstd, gy, gx, gx_accumulate, gw, gr, s);
+  }
   if (gy->dtype != x->dtype) {                /* out_dtype's gradient: f32 rows (f32 or no weight), bf16/f16 gy */
     if (x->dtype != EM_F32 || wt != EM_F32 || (gy->dtype != EM_BF16 && gy->dtype != EM_F16))
       return em_error("rmsnorm backward: a %s gradient needs f32 x and weight on CUDA, got x %s, weight %s",
                       em_dtype_name(gy->dtype), em_dtype_name(x->dtype), em_dtype_name(wt));
-    if (gy->dtype == EM_BF16) return launch_bwd<float, float, __nv_bfloat16>(x, w, rstd, gy, gx, gx_accumulate, gw, s);
-    return launch_bwd<float, float, __half>(x, w, rstd, gy, gx, gx_accumulate, gw, s);
+    if (gy->dtype == EM_BF16) return launch_bwd<float, float, __nv_bfloat16>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s);
+    return launch_bwd<float, float, __half>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s);
   }
-  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, s)); });
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s)); });
   return rc;
 }
 

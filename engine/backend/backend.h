@@ -375,9 +375,12 @@ int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, const em_ten
  * or f32 (read widened exactly); gx (x's shape and dtype, contiguous) or NULL,
  * written, or added to when gx_accumulate (a residual stream's gradient sum);
  * gw (D, w's dtype) or NULL. gw is reduced deterministically: per-block
- * partial sums, then one fixed-order pass over the blocks. */
+ * partial sums, then one fixed-order pass over the blocks. gr (x's shape,
+ * bf16/f16, contiguous) or NULL: add_rmsnorm's r gradient, gx's final values
+ * rounded once to gr's dtype, written in the same pass (f32 x, w and gy, gx
+ * not NULL). */
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                        em_tensor *gx, bool gx_accumulate, em_tensor *gw);
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw, em_tensor *gr);
 
 /* layer_norm: x contiguous (N rows of D); w, b (D) contiguous or NULL (any
  * float dtype); y contiguous in x's dtype; mean, rstd (N) f32 (f64 for f64 x). */

@@ -183,8 +183,11 @@ static void rms_rows(const void *job, int64_t r0, int64_t r1) {
  * writes f32 dx straight), so a model's values and gradients are those of the
  * f32 y it replaces, bit for bit. A bf16/f16 gy (y the root of backward) is
  * read by the kernels as is. Any other out_dtype is the norm then em_to, two
- * nodes, the same values. EMBER_NORM_OUT16 (read once at load, default 1)
- * is the models' switch (em_norm_out16, nn/transformer.lua), not this op's. */
+ * nodes, the same values. EMBER_NORM_OUT16 (read once at load, default 1):
+ * whether models ask for out_dtype (em_norm_out16, nn/transformer.lua), and
+ * whether add_rmsnorm's CUDA backward writes a bf16/f16 r's gradient itself
+ * (beside the f32 one, the same values as the engine's cast of it); 0: the
+ * kernels of before, for an A/B. Not F.rmsnorm's out_dtype itself. */
 static bool out16_direct(const em_tensor *x, const em_tensor *w, em_dtype od) {
   return x->dtype == EM_F32 && (od == EM_BF16 || od == EM_F16) && (!w || w->dtype == EM_F32);
 }
@@ -287,9 +290,10 @@ fail:
 }
 
 /* gx (when need_x: a new tensor, or sink added into and returned) and gw
- * (when need_w) of rmsnorm at x on CUDA. 0, or -1 with the error set. */
+ * (when need_w) of rmsnorm at x on CUDA; gr (or NULL): gx's values in gr's
+ * 16-bit dtype, written by the same kernel. 0, or -1 with the error set. */
 static int rms_grads_cuda(em_tensor *x, em_tensor *rstd, em_tensor *w, em_tensor *gy, bool need_x, bool need_w,
-                          em_tensor *sink, em_tensor **gx_out, em_tensor **gw_out) {
+                          em_tensor *sink, em_tensor *gr, em_tensor **gx_out, em_tensor **gw_out) {
   em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL;
   int rc = -1;
   /* a bf16/f16 gy of an out_dtype norm (f32 x and w): the kernel reads it as
@@ -303,7 +307,7 @@ static int rms_grads_cuda(em_tensor *x, em_tensor *rstd, em_tensor *w, em_tensor
   }
   else if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
   if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
-  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw)) goto done;
+  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw, gr)) goto done;
   *gx_out = gx; gx = NULL;
   if (need_w) { *gw_out = gw; gw = NULL; }
   rc = 0;
@@ -318,7 +322,7 @@ static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) 
   /* the residual stream's gradient is summed here: add into the sum so far
    * (the grad of the block's output) instead of a separate add kernel */
   em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
-  return rms_grads_cuda(x, rstd, w, gout[0], need_x, need_w, sink, &gin[0], &gin[1]);
+  return rms_grads_cuda(x, rstd, w, gout[0], need_x, need_w, sink, NULL, &gin[0], &gin[1]);
 }
 
 /* gx (when need_x) and gw (when need_w) of rmsnorm at x on the CPU, in the
@@ -426,7 +430,7 @@ static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   /* rmsnorm's backward at s (gs read and added: rms_grads_cuda declares it, em_add on the CPU) */
   EM_OP_COST(2 * em_cost_nbytes(s) + em_cost_nbytes(gout[1]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
              6 * em_numel(s), em_cost_simt_class(rstd->dtype));
-  em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL;
+  em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL, *gr = NULL;
   int rc = -1;
   if (s->device.type == EM_CPU) {
     if (rms_grads_cpu(s, rstd, w, gout[1], need_s, need_w, &gx, &gw)) goto done;
@@ -442,14 +446,22 @@ static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
       if (sink && sink == gs && !own) { em_tensor_release(sink); sink = em_clone(gs); }
       if (!sink) goto done;
     }
-    if (rms_grads_cuda(s, rstd, w, gout[1], need_s, need_w, sink, &gx, &gw)) goto done;
+    /* a bf16/f16 r (the autocast branch): its gradient written by the kernel
+     * beside gx, the values the engine's cast of gx would give, one pass fewer */
+    if (norm_out16 && em_node_needs_input_grad(n, 1) && s->dtype == EM_F32 && gout[1]->dtype == EM_F32 &&
+        (!w || w->dtype == EM_F32) && (n->in_dtype[1] == EM_BF16 || n->in_dtype[1] == EM_F16) &&
+        em_device_eq(n->in_device[1], s->device) &&
+        !(gr = em_empty(n->in_ndim[1], n->in_shape[1], n->in_dtype[1], s->device)))
+      goto done;
+    if (rms_grads_cuda(s, rstd, w, gout[1], need_s, need_w, sink, gr, &gx, &gw)) goto done;
+    if (gr) EM_OP_COST(em_cost_nbytes(gr), 0, em_cost_simt_class(rstd->dtype));   /* r's gradient written */
   }
   if (em_node_needs_input_grad(n, 0)) gin[0] = em_tensor_retain(gx);
-  if (em_node_needs_input_grad(n, 1)) gin[1] = em_tensor_retain(gx);   /* the engine casts it to r's dtype */
+  if (em_node_needs_input_grad(n, 1)) gin[1] = em_tensor_retain(gr ? gr : gx);   /* else the engine casts gx */
   if (need_w) { gin[2] = gw; gw = NULL; }
   rc = 0;
 done:
-  em_tensor_release(sink); em_tensor_release(gx); em_tensor_release(gw);
+  em_tensor_release(sink); em_tensor_release(gx); em_tensor_release(gw); em_tensor_release(gr);
   return rc;
 }
 

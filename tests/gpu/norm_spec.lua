@@ -309,7 +309,8 @@ end)
 -- (F.rmsnorm then :to(od); for add_rmsnorm the add, the norm, the cast), both
 -- with the half gy at the root (the kernels reading it, where the
 -- composition converts it first) and through a bf16 product (y's gradient
--- summed in f32: the f32 kernels); y within one rounding of the CPU's.
+-- summed in f32: the f32 kernels; a bf16/f16 r's gradient then written by
+-- the kernel beside gx); y within one rounding of the CPU's.
 -- Widths: forward 1, 2, 4, 8 chunks a lane (D 96 | 256 | 512 | 768, 1024),
 -- the loop kernel (1028: vector rows past the registers; 37: not a whole
 -- chunk; 4100); backward 32 threads x 1, 2, 4 chunks, 64 x 3, 4, 128 x 3,
@@ -392,6 +393,15 @@ describe("out_dtype norms on CUDA", function()
     local old, new = pair(nil), pair("bf16")
     assert.equals(count(old, "convert") - 1, count(new, "convert"), "old: " .. old .. "\nnew: " .. new)
     assert.equals(count(old, "rms_bwd_rg_kernel"), count(new, "rms_bwd_rg_kernel"))
+    -- a bf16 branch r that needs a gradient: the backward kernel writes it (no cast of the f32 gx after it)
+    local rl, gsf, gyf = C.leaf(r), randn({2048, 768}, "f32"):cuda(), randn({2048, 768}, "f32"):cuda()
+    local ran2 = C.kernel_names(function()
+      local s, y = F.add_rmsnorm(xl, rl, wl, 1e-5)
+      ;((y * gyf):sum() + (s * gsf):sum()):backward()
+    end)
+    assert.truthy(ran2:find("rms_bwd_rg_kernel", 1, true), ran2)
+    assert.is_nil(ran2:find("convert", 1, true), "expected no convert kernel, ran: " .. ran2)
+    assert.equals("bf16", rl.grad.dtype)
   end)
 
   it("EMBER_NORM_OUT16=0 and 1 train a small model (bf16 autocast) to the same bits", function()
