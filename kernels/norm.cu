@@ -25,7 +25,12 @@
  * bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
- * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
+ * on store; w may have another float dtype than x (f32 weights, bf16 acts).
+ * out_dtype (engine/ops/norm.c em_rmsnorm_out): for f32 rows the forward
+ * stores y as bf16/f16 (TY), the backward reads a bf16/f16 gy (TG, widened
+ * exactly) and, for add_rmsnorm's bf16/f16 r, stores r's gradient beside gx
+ * (TR: gx's final values rounded once, what a cast after would give); each
+ * defaults to the existing instantiations, whose code is unchanged. */
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
