@@ -34,6 +34,8 @@ void em_node_set_input(em_node *n, int i, em_tensor *t) {
   n->in_ndim[i] = t->ndim;
   memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
   n->in_dtype[i] = t->dtype;
+  if (t->grad_fn && (t->grad_fn->grad_dtype_set >> t->output_nr & 1))   /* its gradient's dtype */
+    n->in_dtype[i] = t->grad_fn->out_dtype[t->output_nr];
   n->in_device[i] = t->device;
   if (!t->requires_grad) return;
   if (t->grad_fn) {
@@ -62,6 +64,12 @@ void em_node_set_output(em_node *n, int k, em_tensor *out) {
   out->grad_fn = n; n->refcount++;
   out->output_nr = k;
   out->requires_grad = true;
+}
+
+void em_node_set_grad_dtype(em_node *n, int k, em_dtype dt) {
+  if (!n || k < 0 || k >= n->n_out) return;
+  n->out_dtype[k] = dt;
+  n->grad_dtype_set |= (uint8_t)(1u << k);
 }
 
 void em_node_finish(em_node *n, em_tensor *out) {

@@ -25,7 +25,12 @@
  * bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
- * on store; w may have another float dtype than x (f32 weights, bf16 acts). */
+ * on store; w may have another float dtype than x (f32 weights, bf16 acts).
+ * out_dtype (engine/ops/norm.c em_rmsnorm_out): for f32 rows the forward
+ * stores y as bf16/f16 (TY), the backward reads a bf16/f16 gy (TG, widened
+ * exactly) and, for add_rmsnorm's bf16/f16 r, stores r's gradient beside gx
+ * (TR: gx's final values rounded once, what a cast after would give); each
+ * defaults to the existing instantiations, whose code is unchanged. */
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -89,14 +94,32 @@ __device__ __forceinline__ void load_w(const TW *w, int64_t j, bool wvec, C *out
 /* VEC elements of T in one load (8 bytes for 4 bf16): r's chunk beside x's. */
 template <typename T, int N> struct alignas(sizeof(T) * N) VecN { T v[N]; };
 
+/* VEC results of a row chunk stored at y: one 16-byte store in x's dtype, or
+ * VEC·2 bytes for a bf16/f16 y of f32 rows (out_dtype: rounded once from C). */
+template <typename TX, typename TY, typename C, int VEC>
+__device__ __forceinline__ void store_y(TY *y, const C (&v)[VEC]) {
+  if constexpr (std::is_same<TX, TY>::value) {
+    Packed128<TX> q;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) q[k] = st<TX>(v[k]);
+    store128(y, q);
+  } else {
+    VecN<TY, VEC> q;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) q.v[k] = st<TY>(v[k]);
+    *reinterpret_cast<VecN<TY, VEC> *>(y) = q;
+  }
+}
+
 /* One warp per row with the row held in registers: NV 16-byte chunks per lane
  * (D <= 32·NV·VEC), all loads issued before the first use, one read of x.
  * TR not void (add_rmsnorm): the row is s = x + r, added as the add kernel
- * does (in C) and stored to s, then normed exactly as x would be. */
-template <typename TX, typename TW, int NV, typename TR = void>
+ * does (in C) and stored to s, then normed exactly as x would be. TY: y's
+ * dtype, x's or (f32 x) bf16/f16. */
+template <typename TX, typename TW, int NV, typename TR = void, typename TY = TX>
 __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                   int64_t N, int64_t D, acc_t<TX> eps,
-                                                                  TX *__restrict__ y, acc_t<TX> *__restrict__ rstd,
+                                                                  TY *__restrict__ y, acc_t<TX> *__restrict__ rstd,
                                                                   bool wvec, const TR *__restrict__ r = nullptr,
                                                                   TX *__restrict__ s = nullptr) {
   using C = acc_t<TX>;
@@ -106,7 +129,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
   for (int64_t i = warp; i < N; i += nwarps) {
     const TX *xr = x + i * D;
-    TX *yr = y + i * D;
+    TY *yr = y + i * D;
     uint4 buf[NV];                                      /* raw words: a bf16 chunk in 4 registers, not 8 */
 #pragma unroll
     for (int v = 0; v < NV; v++) {
@@ -149,23 +172,22 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_reg_kernel(const TX *__re
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(lane + v * 32) * VEC;
       if (j < D) {
-        C wv[VEC];
+        C wv[VEC], o[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
-        Packed128<TX> q;
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
           C e = raw_elem<C, TX>(buf[v], k) * r;
-          q[k] = st<TX>(w ? e * wv[k] : e);
+          o[k] = w ? e * wv[k] : e;
         }
-        store128(yr + j, q);
+        store_y<TX>(yr + j, o);
       }
     }
   }
 }
 
-template <typename TX, typename TW>
+template <typename TX, typename TW, typename TY = TX>
 __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_kernel(const TX *x, const TW *w, int64_t N, int64_t D,
-                                                              acc_t<TX> eps, TX *y, acc_t<TX> *rstd, bool vec,
+                                                              acc_t<TX> eps, TY *y, acc_t<TX> *rstd, bool vec,
                                                               bool wvec) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX);
@@ -173,7 +195,7 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_kernel(const TX *x, const
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
   for (int64_t i = warp; i < N; i += nwarps) {
     const TX *xr = x + i * D;
-    TX *yr = y + i * D;
+    TY *yr = y + i * D;
     C ss = 0;
     if (vec) {
       for (int64_t j = lane * VEC; j < D; j += 32 * VEC) {
@@ -189,32 +211,33 @@ __global__ void __launch_bounds__(FWD_THREADS) rms_fwd_kernel(const TX *x, const
     if (lane == 0) rstd[i] = r;
     if (vec) {
       for (int64_t j = lane * VEC; j < D; j += 32 * VEC) {
-        Packed128<TX> p = load128(xr + j), q;
-        C wv[VEC];
+        Packed128<TX> p = load128(xr + j);
+        C wv[VEC], o[VEC];
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
           C v = ld<C>(p[k]) * r;
-          q[k] = st<TX>(w ? v * wv[k] : v);
+          o[k] = w ? v * wv[k] : v;
         }
-        store128(yr + j, q);
+        store_y<TX>(yr + j, o);
       }
     } else {
       for (int64_t j = lane; j < D; j += 32) {
         C v = ld<C>(xr[j]) * r;
-        yr[j] = st<TX>(w ? v * ld<C>(w[j]) : v);
+        yr[j] = st<TY>(w ? v * ld<C>(w[j]) : v);
       }
     }
   }
 }
 
-template <typename TX, typename TW>
+template <typename TX, typename TW, typename TY = TX>
 static void launch_fwd(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd,
                        cudaStream_t s) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
   const TX *xp = (const TX *)em_data_ptr(x);
-  TX *yp = (TX *)em_data_ptr(y);
-  bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)yp & 15) == 0;
+  TY *yp = (TY *)em_data_ptr(y);
+  constexpr uintptr_t YA = 16 / sizeof(TX) * sizeof(TY);   /* bytes of y a 16-byte chunk of x makes */
+  bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)yp % YA) == 0;
   const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   acc_t<TX> *rp = (acc_t<TX> *)em_data_ptr(rstd);
@@ -223,11 +246,11 @@ static void launch_fwd(const em_tensor *x, const em_tensor *w, double eps, em_te
   if (blocks > cap) blocks = cap;
   unsigned grid = (unsigned)(blocks < 1 ? 1 : blocks);
   int64_t chunks = vec ? (D / (16 / (int64_t)sizeof(TX)) + 31) / 32 : 0;   /* 16-byte chunks per lane */
-  if (vec && chunks <= 1) rms_fwd_reg_kernel<TX, TW, 1><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
-  else if (vec && chunks <= 2) rms_fwd_reg_kernel<TX, TW, 2><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
-  else if (vec && chunks <= 4) rms_fwd_reg_kernel<TX, TW, 4><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
-  else if (vec && chunks <= 8) rms_fwd_reg_kernel<TX, TW, 8><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
-  else rms_fwd_kernel<TX, TW><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, vec, wvec);
+  if (vec && chunks <= 1) rms_fwd_reg_kernel<TX, TW, 1, void, TY><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 2) rms_fwd_reg_kernel<TX, TW, 2, void, TY><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 4) rms_fwd_reg_kernel<TX, TW, 4, void, TY><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else if (vec && chunks <= 8) rms_fwd_reg_kernel<TX, TW, 8, void, TY><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, wvec);
+  else rms_fwd_kernel<TX, TW, TY><<<grid, FWD_THREADS, 0, s>>>(xp, wp, N, D, (acc_t<TX>)eps, yp, rp, vec, wvec);
 }
 
 extern "C" int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y,
@@ -240,6 +263,14 @@ extern "C" int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, doubl
   }
   cudaStream_t s = em_cur_stream(x->device.index);
   em_dtype wt = w ? w->dtype : x->dtype;
+  if (y->dtype != x->dtype) {                 /* out_dtype: f32 rows (f32 or no weight), a bf16/f16 y */
+    if (x->dtype != EM_F32 || wt != EM_F32 || (y->dtype != EM_BF16 && y->dtype != EM_F16))
+      return em_error("rmsnorm: a %s y needs f32 x and weight on CUDA, got x %s, weight %s", em_dtype_name(y->dtype),
+                      em_dtype_name(x->dtype), em_dtype_name(wt));
+    if (y->dtype == EM_BF16) launch_fwd<float, float, __nv_bfloat16>(x, w, eps, y, rstd, s);
+    else launch_fwd<float, float, __half>(x, w, eps, y, rstd, s);
+    return em_launch_check("rmsnorm");
+  }
   EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, launch_fwd<TX, TW>(x, w, eps, y, rstd, s)); });
   return em_launch_check("rmsnorm");
 }
@@ -258,21 +289,23 @@ __global__ void add_rows_kernel(const TX *__restrict__ x, const TR *__restrict__
     s[i] = st<TX>(ld<C>(x[i]) + ld<C>(r[i]));
 }
 
-template <typename TX, typename TR>
+template <typename TX, typename TR, typename TY = TX>
 static void launch_add_fwd(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps, em_tensor *s,
                            em_tensor *y, em_tensor *rstd, cudaStream_t st_) {
   int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D;
   const TX *xp = (const TX *)em_data_ptr(x);
   const TR *rp = (const TR *)em_data_ptr(r);
-  TX *sp = (TX *)em_data_ptr(s), *yp = (TX *)em_data_ptr(y);
+  TX *sp = (TX *)em_data_ptr(s);
+  TY *yp = (TY *)em_data_ptr(y);
   constexpr int VEC = 16 / sizeof(TX);
   bool vec = std::is_same<TX, float>::value && D % VEC == 0 && ((uintptr_t)xp & 15) == 0 &&
-             ((uintptr_t)yp & 15) == 0 && ((uintptr_t)sp & 15) == 0 && ((uintptr_t)rp % (VEC * sizeof(TR))) == 0;
+             ((uintptr_t)yp % (VEC * sizeof(TY))) == 0 && ((uintptr_t)sp & 15) == 0 &&
+             ((uintptr_t)rp % (VEC * sizeof(TR))) == 0;
   int64_t chunks = vec ? (D / VEC + 31) / 32 : 0;
   if (!vec || chunks > 8) {                /* two passes: the add, then rmsnorm's own forward on s */
     int64_t n = em_numel(x), blocks = (n + 255) / 256, cap = (int64_t)em_sm_count(x->device.index) * 16;
     add_rows_kernel<TX, TR><<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st_>>>(xp, rp, n, sp);
-    launch_fwd<TX, TX>(s, w, eps, y, rstd, st_);
+    launch_fwd<TX, TX, TY>(s, w, eps, y, rstd, st_);
     return;
   }
   if constexpr (std::is_same<TX, float>::value) {
@@ -282,7 +315,7 @@ static void launch_add_fwd(const em_tensor *x, const em_tensor *r, const em_tens
     int64_t blocks = (N + FWD_THREADS / 32 - 1) / (FWD_THREADS / 32), cap = (int64_t)em_sm_count(x->device.index) * 64;
     unsigned grid = (unsigned)(blocks > cap ? cap : (blocks < 1 ? 1 : blocks));
     float e = (float)eps;
-#define ADD_RMS(NV) rms_fwd_reg_kernel<float, float, NV, TR><<<grid, FWD_THREADS, 0, st_>>>(xp, wp, N, D, e, yp, rs, wvec, rp, sp)
+#define ADD_RMS(NV) rms_fwd_reg_kernel<float, float, NV, TR, TY><<<grid, FWD_THREADS, 0, st_>>>(xp, wp, N, D, e, yp, rs, wvec, rp, sp)
     if (chunks <= 1) ADD_RMS(1);
     else if (chunks <= 2) ADD_RMS(2);
     else if (chunks <= 4) ADD_RMS(4);
@@ -295,6 +328,28 @@ extern "C" int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, c
                                        em_tensor *s, em_tensor *y, em_tensor *rstd) {
   if (em_numel(x) == 0 || x->shape[x->ndim - 1] == 0) return em_error("add_rmsnorm: expected non-empty rows on CUDA");
   cudaStream_t st_ = em_cur_stream(x->device.index);
+  if (y->dtype != x->dtype) {                 /* out_dtype: f32 x, a bf16/f16 y */
+    if (x->dtype != EM_F32 || (y->dtype != EM_BF16 && y->dtype != EM_F16))
+      return em_error("add_rmsnorm: a %s y needs f32 x on CUDA, got %s", em_dtype_name(y->dtype),
+                      em_dtype_name(x->dtype));
+    bool bf = y->dtype == EM_BF16;
+    switch (r->dtype) {
+      case EM_F32:
+        if (bf) launch_add_fwd<float, float, __nv_bfloat16>(x, r, w, eps, s, y, rstd, st_);
+        else launch_add_fwd<float, float, __half>(x, r, w, eps, s, y, rstd, st_);
+        break;
+      case EM_BF16:
+        if (bf) launch_add_fwd<float, __nv_bfloat16, __nv_bfloat16>(x, r, w, eps, s, y, rstd, st_);
+        else launch_add_fwd<float, __nv_bfloat16, __half>(x, r, w, eps, s, y, rstd, st_);
+        break;
+      case EM_F16:
+        if (bf) launch_add_fwd<float, __half, __nv_bfloat16>(x, r, w, eps, s, y, rstd, st_);
+        else launch_add_fwd<float, __half, __half>(x, r, w, eps, s, y, rstd, st_);
+        break;
+      default: return em_error("add_rmsnorm: r of dtype %s does not promote to f32", em_dtype_name(r->dtype));
+    }
+    return em_launch_check("add_rmsnorm");
+  }
   if (x->dtype == EM_F32) {
     switch (r->dtype) {
       case EM_F32: launch_add_fwd<float, float>(x, r, w, eps, s, y, rstd, st_); break;
@@ -312,11 +367,12 @@ extern "C" int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, c
 
 /* ---------------- backward ---------------- */
 
-/* dynamic shared memory: D accumulators of dw (when w needs a grad) */
-template <typename TX, typename TW>
+/* dynamic shared memory: D accumulators of dw (when w needs a grad). TG:
+ * gy's dtype, x's or (f32 x) bf16/f16, widened exactly on load. */
+template <typename TX, typename TW, typename TG = TX, typename TR = void>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const TW *w, const acc_t<TX> *rstd,
-                                                              const TX *gy, int64_t N, int64_t D, TX *gx,
-                                                              acc_t<TX> *dw_part, bool gx_acc) {
+                                                              const TG *gy, int64_t N, int64_t D, TX *gx,
+                                                              acc_t<TX> *dw_part, bool gx_acc, void *grad_r = nullptr) {
   using C = acc_t<TX>;
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;
@@ -324,7 +380,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
   if (dw_part)
     for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) dw[j] = 0;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    const TX *xr = x + i * D, *gr = gy + i * D;
+    const TX *xr = x + i * D;
+    const TG *gr = gy + i * D;
     C r = rstd[i], dot = 0;
     for (int64_t j = threadIdx.x; j < D; j += BWD_THREADS) {
       C u = ld<C>(gr[j]) * (w ? ld<C>(w[j]) : (C)1);
@@ -335,7 +392,9 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
       C g = ld<C>(gr[j]), xh = ld<C>(xr[j]) * r;
       if (gx) {
         C d = r * (g * (w ? ld<C>(w[j]) : (C)1) - xh * c);
-        gx[i * D + j] = st<TX>(gx_acc ? ld<C>(gx[i * D + j]) + d : d);
+        const TX o = st<TX>(gx_acc ? ld<C>(gx[i * D + j]) + d : d);
+        gx[i * D + j] = o;
+        if constexpr (!std::is_void<TR>::value) static_cast<TR *>(grad_r)[i * D + j] = st<TR>(ld<C>(o));
       }
       if (dw_part) dw[j] += g * xh;
     }
@@ -453,16 +512,25 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW 
  * order per column, in parallel over columns, the block writes its
  * partial row, and finish_dw sums the partial rows: deterministic, no
  * atomics on values (a counter per group of blocks). */
-template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2)>
+template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
+          typename TR = void>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
-                                                                 const TX *__restrict__ gy, int64_t N, int64_t D,
+                                                                 const TG *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
                                                                  bool wvec, bool gx_acc, int *counters, int nred,
-                                                                 TW *gw) {
+                                                                 TW *gw, void *grad_r = nullptr) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   constexpr bool HOLD = HOLD_;
+  /* gy's chunk of VEC elements: 16 bytes in x's dtype, or 8 (bf16/f16 gy of f32 x), element k widened exactly */
+  constexpr bool GSAME = std::is_same<TG, TX>::value;
+  static_assert(GSAME || (std::is_same<TX, float>::value && sizeof(TG) == 2), "gy: x's dtype, or 16-bit for f32 x");
+  using GB = typename std::conditional<GSAME, uint4, uint2>::type;
+  auto gel = [](const GB &g, int k) -> C {
+    if constexpr (GSAME) return raw_elem<C, TX>(g, k);
+    else return raw_elem<C, TG>(make_uint4(g.x, g.y, 0u, 0u), k);
+  };
   extern __shared__ __align__(16) unsigned char smem[];
   C *dw = (C *)smem;                                    /* RPB x D: each group's column sums */
   __shared__ C red[2][RPB][WPR];
@@ -484,14 +552,16 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
   for (int64_t base = blockIdx.x * (int64_t)RPB; base < N; base += (int64_t)gridDim.x * RPB, par ^= 1) {
     const int64_t i = base + grp;
     const bool row = i < N;
-    const TX *xr = x + i * D, *gr = gy + i * D;
-    uint4 bx[NV], bg[NV], bp[NV];                       /* raw words: a bf16 chunk in 4 registers, not 8 */
+    const TX *xr = x + i * D;
+    const TG *gr = gy + i * D;
+    uint4 bx[NV], bp[NV];                               /* raw words: a bf16 chunk in 4 registers, not 8 */
+    GB bg[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {
       int64_t j = (int64_t)(t + v * TPR) * VEC;
       if (row && j < D) {
         bx[v] = *reinterpret_cast<const uint4 *>(xr + j);
-        bg[v] = *reinterpret_cast<const uint4 *>(gr + j);
+        bg[v] = *reinterpret_cast<const GB *>(gr + j);
         if (gx_acc) bp[v] = *reinterpret_cast<const uint4 *>(gx + i * D + j);
       }
     }
@@ -510,7 +580,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         load_w<C, TW, VEC>(w, j, wvec, wv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-          const C u = raw_elem<C, TX>(bg[v], k) * wv[k], xe = raw_elem<C, TX>(bx[v], k);
+          const C u = gel(bg[v], k) * wv[k], xe = raw_elem<C, TX>(bx[v], k);
           dot += u * xe;
           if constexpr (HOLD) { uh[v][k] = u; xf[v][k] = xe; }
         }
@@ -536,7 +606,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
         /* gy·w and x of element k: held, or recomputed from the raw words (w reloaded) */
         C wv[VEC];
         if constexpr (!HOLD) load_w<C, TW, VEC>(w, j, wvec, wv);
-        auto u = [&](int k) { if constexpr (HOLD) return uh[v][k]; else return raw_elem<C, TX>(bg[v], k) * wv[k]; };
+        auto u = [&](int k) { if constexpr (HOLD) return uh[v][k]; else return gel(bg[v], k) * wv[k]; };
         auto xe = [&](int k) { if constexpr (HOLD) return xf[v][k]; else return raw_elem<C, TX>(bx[v], k); };
         if (gx) {
           Packed128<TX> q;
@@ -546,13 +616,20 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
             q[k] = st<TX>(gx_acc ? raw_elem<C, TX>(bp[v], k) + d : d);
           }
           store128(gx + i * D + j, q);
+          if constexpr (!std::is_void<TR>::value) {       /* r's gradient: the same values in r's dtype */
+            using TRL = typename std::conditional<std::is_void<TR>::value, char, TR>::type;
+            VecN<TRL, VEC> o;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) o.v[k] = st<TRL>(ld<C>(q[k]));
+            *reinterpret_cast<VecN<TRL, VEC> *>(static_cast<TRL *>(grad_r) + i * D + j) = o;
+          }
         }
         if (dw_part)
 #pragma unroll
           for (int p = 0; p < NP; p++) {
             Packed128<C> a = dwp(j)[p];
 #pragma unroll
-            for (int q = 0; q < PS; q++) a[q] += raw_elem<C, TX>(bg[v], p * PS + q) * (xe(p * PS + q) * r);
+            for (int q = 0; q < PS; q++) a[q] += gel(bg[v], p * PS + q) * (xe(p * PS + q) * r);
             dwp(j)[p] = a;
           }
       }
@@ -599,12 +676,16 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
 /* One row-group configuration: its grid fills the GPU once (resident blocks
  * per SM from the occupancy calculator, cached per configuration and shared
  * memory size), which also bounds the partial rows of dw. */
-template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2)> struct rg_launch {
+template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
+          typename TR = void>
+struct rg_launch {
   static int64_t grid(int dev, int64_t N, size_t smem) {
     static int per_sm = 0;
     static size_t for_smem = (size_t)-1;
     if (for_smem != smem) {
       int n = 0;
+      /* the occupancy of the x-dtype gy kernel whatever TG: a bf16/f16 gy gets the grid (so the dw
+       * partial rows and their sum order) of the same rows with gy widened first, bit for bit */
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD>, BWD_THREADS, smem) !=
               cudaSuccess || n < 1) {
         cudaGetLastError();
@@ -621,10 +702,10 @@ template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 
     return (tiles + iters - 1) / iters;
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
-                  const TX *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  int nred, TW *gw) {
-    rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
-                                                                            gx_acc, counters, nred, gw);
+                  const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
+                  int nred, TW *gw, void *gr) {
+    rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG, TR><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
+                                                                                    gx_acc, counters, nred, gw, gr);
   }
 };
 
@@ -646,16 +727,25 @@ static int bwd_chunks_16bit() {
   return most;
 }
 
-template <typename TX, typename TW>
+/* The configurations of launch_bwd (HOLD by its default). */
+template <typename TX, typename TW, int TPR, int NV, typename TG, typename TR>
+using rg_cfg = rg_launch<TX, TW, TPR, NV, (sizeof(TX) == 2 && NV <= 2), TG, TR>;
+
+/* TR not void: gr (r's gradient of add_rmsnorm, bf16/f16) written beside gx with gx's values, rounded once */
+template <typename TX, typename TW, typename TG = TX, typename TR = void>
 static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                      em_tensor *gx, bool gx_acc, em_tensor *gw, cudaStream_t s) {
+                      em_tensor *gx, bool gx_acc, em_tensor *gw, em_tensor *gr, cudaStream_t s) {
   using C = acc_t<TX>;
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : 0;
-  const TX *xp = (const TX *)em_data_ptr(x), *gp = (const TX *)em_data_ptr(gy);
+  const TX *xp = (const TX *)em_data_ptr(x);
+  const TG *gp = (const TG *)em_data_ptr(gy);
   TX *gxp = gx ? (TX *)em_data_ptr(gx) : nullptr;
   const TW *wp = w ? (const TW *)em_data_ptr(w) : nullptr;
-  bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)gp & 15) == 0 &&
-             ((uintptr_t)gxp & 15) == 0;
+  constexpr uintptr_t GA = 16 / sizeof(TX) * sizeof(TG);   /* bytes of gy beside a 16-byte chunk of x */
+  void *grp = gr ? em_data_ptr(gr) : nullptr;
+  constexpr uintptr_t RA = std::is_void<TR>::value ? 1 : 16 / sizeof(TX) * sizeof(std::conditional_t<std::is_void<TR>::value, char, TR>);
+  bool vec = (D * (int64_t)sizeof(TX)) % 16 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)gp % GA) == 0 &&
+             ((uintptr_t)gxp & 15) == 0 && ((uintptr_t)grp % RA) == 0;
   bool wvec = wp && ((uintptr_t)wp & 15) == 0;
   int64_t chunks = vec ? D / (16 / (int64_t)sizeof(TX)) : 0;    /* 16-byte chunks per row */
   /* threads per row: the fewest that keep <= 4 chunks a thread, and then as
@@ -687,32 +777,32 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   auto with_config = [&](auto f) -> bool {
     if constexpr (sizeof(TX) == 2) {
       if (!hold && nv <= 2) {                         /* EMBER_RMSNORM_BWD_CHUNKS=2r */
-        if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1, false>());
-        else if (tpr == 32) f(rg_launch<TX, TW, 32, 2, false>());
-        else if (tpr == 64) f(rg_launch<TX, TW, 64, 2, false>());
-        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2, false>());
-        else if (tpr == 256) f(rg_launch<TX, TW, 256, 2, false>());
+        if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1, false, TG, TR>());
+        else if (tpr == 32) f(rg_launch<TX, TW, 32, 2, false, TG, TR>());
+        else if (tpr == 64) f(rg_launch<TX, TW, 64, 2, false, TG, TR>());
+        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2, false, TG, TR>());
+        else if (tpr == 256) f(rg_launch<TX, TW, 256, 2, false, TG, TR>());
         else return false;
         return true;
       }
     }
-    if (tpr == 32 && nv == 1) f(rg_launch<TX, TW, 32, 1>());
-    else if (tpr == 32 && nv == 2) f(rg_launch<TX, TW, 32, 2>());
-    else if (tpr == 32 && nv == 3) f(rg_launch<TX, TW, 32, 3>());
-    else if (tpr == 32) f(rg_launch<TX, TW, 32, 4>());
+    if (tpr == 32 && nv == 1) f(rg_cfg<TX, TW, 32, 1, TG, TR>());
+    else if (tpr == 32 && nv == 2) f(rg_cfg<TX, TW, 32, 2, TG, TR>());
+    else if (tpr == 32 && nv == 3) f(rg_cfg<TX, TW, 32, 3, TG, TR>());
+    else if (tpr == 32) f(rg_cfg<TX, TW, 32, 4, TG, TR>());
     else if (sizeof(TX) == 2 && nv == 2 && tpr >= 64) {
       if constexpr (sizeof(TX) == 2) {
-        if (tpr == 64) f(rg_launch<TX, TW, 64, 2>());
-        else if (tpr == 128) f(rg_launch<TX, TW, 128, 2>());
-        else f(rg_launch<TX, TW, 256, 2>());
+        if (tpr == 64) f(rg_cfg<TX, TW, 64, 2, TG, TR>());
+        else if (tpr == 128) f(rg_cfg<TX, TW, 128, 2, TG, TR>());
+        else f(rg_cfg<TX, TW, 256, 2, TG, TR>());
       }
     }
-    else if (tpr == 64 && nv == 3) f(rg_launch<TX, TW, 64, 3>());
-    else if (tpr == 64) f(rg_launch<TX, TW, 64, 4>());
-    else if (tpr == 128 && nv == 3) f(rg_launch<TX, TW, 128, 3>());
-    else if (tpr == 128) f(rg_launch<TX, TW, 128, 4>());
-    else if (tpr == 256 && nv == 3) f(rg_launch<TX, TW, 256, 3>());
-    else if (tpr == 256) f(rg_launch<TX, TW, 256, 4>());
+    else if (tpr == 64 && nv == 3) f(rg_cfg<TX, TW, 64, 3, TG, TR>());
+    else if (tpr == 64) f(rg_cfg<TX, TW, 64, 4, TG, TR>());
+    else if (tpr == 128 && nv == 3) f(rg_cfg<TX, TW, 128, 3, TG, TR>());
+    else if (tpr == 128) f(rg_cfg<TX, TW, 128, 4, TG, TR>());
+    else if (tpr == 256 && nv == 3) f(rg_cfg<TX, TW, 256, 3, TG, TR>());
+    else if (tpr == 256) f(rg_cfg<TX, TW, 256, 4, TG, TR>());
     else return false;
     return true;
   };
@@ -747,7 +837,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
       }
     }
     if (!rg && smem > 48 * 1024 &&
-        em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        em_cuda_check(cudaFuncSetAttribute(rms_bwd_kernel<TX, TW, TG, TR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem), "rmsnorm backward", "raising the shared-memory limit")) {
       em_tensor_release(part);
       return -1;
@@ -758,9 +848,9 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp, grp);
       }))
-    rms_bwd_kernel<TX, TW><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc);
+    rms_bwd_kernel<TX, TW, TG, TR><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc, grp);
   int rc = em_launch_check("rmsnorm backward");
   if (rc == 0 && gw && !rg) {                         /* the block kernel's partials: a second pass */
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
@@ -772,7 +862,8 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
 }
 
 extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd,
-                                   const em_tensor *gy, em_tensor *gx, bool gx_accumulate, em_tensor *gw) {
+                                   const em_tensor *gy, em_tensor *gx, bool gx_accumulate, em_tensor *gw,
+                                   em_tensor *gr) {
   int64_t D = x->shape[x->ndim - 1];
   if (D == 0 || em_numel(x) == 0) {
     if (gw && em_numel(gw) > 0)                 /* no rows: gw = 0 */
@@ -783,7 +874,22 @@ extern "C" int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const
   cudaStream_t s = em_cur_stream(x->device.index);
   em_dtype wt = w ? w->dtype : x->dtype;
   int rc = 0;
-  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, s)); });
+  if (gr) {                                   /* add_rmsnorm's r gradient in bf16/f16 beside gx: f32 rows and gy */
+    if (x->dtype != EM_F32 || wt != EM_F32 || gy->dtype != EM_F32 || !gx || (gr->dtype != EM_BF16 && gr->dtype != EM_F16))
+      return em_error("rmsnorm backward: a %s r gradient needs f32 x, weight and gy and gx on CUDA, got x %s, "
+                      "weight %s, gy %s", em_dtype_name(gr->dtype), em_dtype_name(x->dtype), em_dtype_name(wt),
+                      em_dtype_name(gy->dtype));
+    if (gr->dtype == EM_BF16) return launch_bwd<float, float, float, __nv_bfloat16>(x, w, rstd, gy, gx, gx_accumulate, gw, gr, s);
+    return launch_bwd<float, float, float, __half>(x, w, rstd, gy, gx, gx_accumulate, gw, gr, s);
+  }
+  if (gy->dtype != x->dtype) {                /* out_dtype's gradient: f32 rows (f32 or no weight), bf16/f16 gy */
+    if (x->dtype != EM_F32 || wt != EM_F32 || (gy->dtype != EM_BF16 && gy->dtype != EM_F16))
+      return em_error("rmsnorm backward: a %s gradient needs f32 x and weight on CUDA, got x %s, weight %s",
+                      em_dtype_name(gy->dtype), em_dtype_name(x->dtype), em_dtype_name(wt));
+    if (gy->dtype == EM_BF16) return launch_bwd<float, float, __nv_bfloat16>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s);
+    return launch_bwd<float, float, __half>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s);
+  }
+  EM_DISPATCH_FLOAT(x->dtype, TX, { EM_DISPATCH_FLOAT(wt, TW, rc = launch_bwd<TX, TW>(x, w, rstd, gy, gx, gx_accumulate, gw, NULL, s)); });
   return rc;
 }
 

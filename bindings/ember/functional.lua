@@ -48,27 +48,52 @@ function F.embedding(ids, w)
   return core.embedding(ids, w)
 end
 
+-- opts of the norms: nil, or a table with only out_dtype.
+local function norm_opts(fname, opts)
+  if opts == nil then return nil end
+  if type(opts) ~= "table" then
+    error(("ember.nn.functional.%s: expected an options table {out_dtype = ...}, got %s"):format(fname,
+      type(opts)), 3)
+  end
+  for k in pairs(opts) do
+    if k ~= "out_dtype" then
+      error(("ember.nn.functional.%s: unknown option '%s' (expected out_dtype)"):format(fname, tostring(k)), 3)
+    end
+  end
+  return opts
+end
+
 --- x / sqrt(mean(x², -1) + eps) * w, computed in f32. w may be nil.
+-- opts.out_dtype: y in that float dtype, the values of
+-- F.rmsnorm(x, w, eps):to(out_dtype). For f32 x (autocast's) and bf16/f16
+-- the norm writes y directly (no cast pass) and y's gradient is summed in
+-- f32 (its consumers' gradients widened exactly, as each would be had it
+-- cast an f32 y itself), so the gradients of x and w are those of the
+-- composition when y has one consumer, and of F.rmsnorm with each consumer
+-- casting when it has several.
 -- @param x tensor (..., d)
 -- @param[opt] w tensor (d)
 -- @tparam[opt=1e-5] number eps
-function F.rmsnorm(x, w, eps)
+-- @tparam[opt] table opts {out_dtype = "bf16"}
+function F.rmsnorm(x, w, eps, opts)
   check_tensor("rmsnorm", "x", x)
-  return core.rmsnorm(x, w, eps or 1e-5)
+  return core.rmsnorm(x, w, eps or 1e-5, norm_opts("rmsnorm", opts))
 end
 
 --- The pre-norm residual add and its norm in one op: s = x + r and
 -- rmsnorm(s, w, eps), the same values as `x + r` then F.rmsnorm (one CUDA
 -- kernel instead of two; EMBER_FUSE_ADD_RMSNORM=0 runs the two ops).
+-- opts.out_dtype as F.rmsnorm's, for y (s keeps x's dtype).
 -- @param x tensor (..., d), the residual stream
 -- @param r tensor of x's shape (a branch output, e.g. bf16 under autocast)
 -- @param[opt] w tensor (d)
 -- @tparam[opt=1e-5] number eps
+-- @tparam[opt] table opts {out_dtype = "bf16"}
 -- @return s, y
-function F.add_rmsnorm(x, r, w, eps)
+function F.add_rmsnorm(x, r, w, eps, opts)
   check_tensor("add_rmsnorm", "x", x)
   check_tensor("add_rmsnorm", "r", r)
-  return core.add_rmsnorm(x, r, w, eps or 1e-5)
+  return core.add_rmsnorm(x, r, w, eps or 1e-5, norm_opts("add_rmsnorm", opts))
 end
 
 --- (x - mean) / sqrt(var + eps) * weight + bias over the last dim (PyTorch's

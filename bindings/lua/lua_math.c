@@ -238,13 +238,21 @@ static int l_rmsnorm(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "input");
   em_tensor *w = lem_opt_tensor(L, 2, fn, "weight");
-  return lem_push_result(L, em_rmsnorm(x, w, lem_opt_number(L, 3, fn, "eps", 1e-5)));
+  double eps = lem_opt_number(L, 3, fn, "eps", 1e-5);
+  em_dtype od = lua_isnoneornil(L, 4) ? EM_NDTYPES : lem_field_dtype(L, 4, fn, "out_dtype", EM_NDTYPES);
+  return lem_push_result(L, em_rmsnorm_out(x, w, eps, od));
+}
+static int l_norm_out16(lua_State *L) {
+  lua_pushboolean(L, em_norm_out16());
+  return 1;
 }
 static int l_add_rmsnorm(lua_State *L) {
   const char *fn = lem_name(L);
   em_tensor *x = lem_check_tensor(L, 1, fn, "x"), *r = lem_check_tensor(L, 2, fn, "r");
   em_tensor *w = lem_opt_tensor(L, 3, fn, "weight"), *s, *y;
-  if (em_add_rmsnorm(x, r, w, lem_opt_number(L, 4, fn, "eps", 1e-5), &s, &y)) return lem_push_result(L, NULL);
+  double eps = lem_opt_number(L, 4, fn, "eps", 1e-5);
+  em_dtype od = lua_isnoneornil(L, 5) ? EM_NDTYPES : lem_field_dtype(L, 5, fn, "out_dtype", EM_NDTYPES);
+  if (em_add_rmsnorm_out(x, r, w, eps, od, &s, &y)) return lem_push_result(L, NULL);
   lem_push_result(L, s);
   return 1 + lem_push_result(L, y);
 }
@@ -516,7 +524,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
-    {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
+    {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"norm_out16", l_norm_out16}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},

@@ -359,22 +359,28 @@ int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias);
  * engine/ops/norm.c. Tensors are validated by the engine op. */
 
 /* x contiguous (N rows of D), w (D) contiguous or NULL (any float dtype);
- * y contiguous in x's dtype; rstd (N) f32 (f64 for f64 x). */
+ * y contiguous in x's dtype, or bf16/f16 for f32 x with w NULL or f32 (the
+ * out_dtype norm); rstd (N) f32 (f64 for f64 x). */
 int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y, em_tensor *rstd);
 
 /* add_rmsnorm: x contiguous f32/f64 (N rows of D); r contiguous, x's shape,
  * any float dtype that promotes to x's; w (D) contiguous of x's dtype or NULL;
- * s = x + r and y = rmsnorm(s, w) contiguous in x's dtype, rstd (N) too. The
- * same values as the add kernel then em_rmsnorm_fwd_cuda. */
+ * s = x + r and y = rmsnorm(s, w) contiguous in x's dtype (y also bf16/f16
+ * for f32 x), rstd (N) too. The same values as the add kernel then
+ * em_rmsnorm_fwd_cuda. */
 int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps, em_tensor *s,
                             em_tensor *y, em_tensor *rstd);
 
-/* gy, x contiguous (N, D); gx (x's shape and dtype, contiguous) or NULL,
+/* gy, x contiguous (N, D), gy in x's dtype or bf16/f16 for f32 x with w NULL
+ * or f32 (read widened exactly); gx (x's shape and dtype, contiguous) or NULL,
  * written, or added to when gx_accumulate (a residual stream's gradient sum);
  * gw (D, w's dtype) or NULL. gw is reduced deterministically: per-block
- * partial sums, then one fixed-order pass over the blocks. */
+ * partial sums, then one fixed-order pass over the blocks. gr (x's shape,
+ * bf16/f16, contiguous) or NULL: add_rmsnorm's r gradient, gx's final values
+ * rounded once to gr's dtype, written in the same pass (f32 x, w and gy, gx
+ * not NULL). */
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                        em_tensor *gx, bool gx_accumulate, em_tensor *gw);
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw, em_tensor *gr);
 
 /* layer_norm: x contiguous (N rows of D); w, b (D) contiguous or NULL (any
  * float dtype); y contiguous in x's dtype; mean, rstd (N) f32 (f64 for f64 x). */

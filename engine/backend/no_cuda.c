@@ -139,7 +139,7 @@ int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias) { return 
 int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y,
                         em_tensor *rstd) { return no_cuda(NULL); }
 int em_rmsnorm_bwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *rstd, const em_tensor *gy,
-                        em_tensor *gx, bool gx_accumulate, em_tensor *gw) { return no_cuda(NULL); }
+                        em_tensor *gx, bool gx_accumulate, em_tensor *gw, em_tensor *gr) { return no_cuda(NULL); }
 int em_add_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *r, const em_tensor *w, double eps, em_tensor *s,
                             em_tensor *y, em_tensor *rstd) { return no_cuda(NULL); }
 int em_layer_norm_fwd_cuda(const em_tensor *x, const em_tensor *w, const em_tensor *b, double eps, em_tensor *y,

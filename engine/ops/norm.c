@@ -175,6 +175,33 @@ static void rms_rows(const void *job, int64_t r0, int64_t r1) {
   }
 }
 
+/* out_dtype: y written straight in bf16/f16 by the norm (one node) when x is
+ * f32 and w absent or f32 (the autocast case), where an f32 y was written,
+ * then read and cast by each consumer (a linear under autocast). y's
+ * gradient stays f32 (em_node_set_grad_dtype): the consumers' gradients are
+ * summed in f32 and reach the backward as before (the autocast linear's gemm
+ * writes f32 dx straight), so a model's values and gradients are those of the
+ * f32 y it replaces, bit for bit. A bf16/f16 gy (y the root of backward) is
+ * read by the kernels as is. Any other out_dtype is the norm then em_to, two
+ * nodes, the same values. EMBER_NORM_OUT16 (read once at load, default 1):
+ * whether models ask for out_dtype (em_norm_out16, nn/transformer.lua), and
+ * whether add_rmsnorm's CUDA backward writes a bf16/f16 r's gradient itself
+ * (beside the f32 one, the same values as the engine's cast of it); 0: the
+ * kernels of before, for an A/B. Not F.rmsnorm's out_dtype itself. */
+static bool out16_direct(const em_tensor *x, const em_tensor *w, em_dtype od) {
+  return x->dtype == EM_F32 && (od == EM_BF16 || od == EM_F16) && (!w || w->dtype == EM_F32);
+}
+
+static bool norm_out16 = true;
+__attribute__((constructor)) static void norm_out16_init(void) { norm_out16 = em_env_digit("EMBER_NORM_OUT16", 1, 1); }
+bool em_norm_out16(void) { return norm_out16; }
+
+static int check_out_dtype(const char *op, em_dtype od) {
+  if (od == EM_NDTYPES || em_dtype_is_float(od)) return 0;
+  return em_error("%s: expected out_dtype to be a float dtype (f32, f64, bf16, f16), got %s", op,
+                  (int)od >= 0 && od < EM_NDTYPES ? em_dtype_name(od) : "an unknown dtype");
+}
+
 /* Contiguous copies of x and w in the compute dtype ct (w may be NULL). */
 static int rms_inputs(em_tensor *x, em_tensor *w, em_dtype ct, em_tensor **xc, em_tensor **wc) {
   *xc = em_contiguous_as(x, ct);
@@ -182,7 +209,7 @@ static int rms_inputs(em_tensor *x, em_tensor *w, em_dtype ct, em_tensor **xc, e
   return (!*xc || (w && !*wc)) ? -1 : 0;
 }
 
-static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_tensor **rstd_out) {
+static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_dtype yd, em_tensor **rstd_out) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
   em_tensor *xc, *wc, *y = NULL, *rstd = NULL, *out = NULL;
@@ -191,7 +218,7 @@ static em_tensor *rmsnorm_cpu(em_tensor *x, em_tensor *w, double eps, em_tensor 
   fwd_job j = {em_data_ptr(xc), wc ? em_data_ptr(wc) : NULL, NULL, em_data_ptr(y), NULL, em_data_ptr(rstd),
                N, D, eps, ct == EM_F64, ct == EM_F32 && em_stream_wanted(em_numel(y) * 4), rms_rows};
   fwd_run(&j);
-  out = em_contiguous_as(y, x->dtype);
+  out = em_contiguous_as(y, yd);           /* yd: x's dtype, or out_dtype (x f32: one rounding) */
 done:
   em_tensor_release(xc); em_tensor_release(wc); em_tensor_release(y);
   if (out) *rstd_out = rstd; else em_tensor_release(rstd);
@@ -247,12 +274,12 @@ static em_tensor *gw_tensor(const double *acc, int64_t D, em_dtype ct, em_device
   return t;
 }
 
-static em_tensor *rmsnorm_cuda(em_tensor *x, em_tensor *w, double eps, em_tensor **rstd_out) {
+static em_tensor *rmsnorm_cuda(em_tensor *x, em_tensor *w, double eps, em_dtype yd, em_tensor **rstd_out) {
   int64_t D = x->shape[x->ndim - 1], N = D ? em_numel(x) / D : em_shape_numel(x->ndim - 1, x->shape);
   em_dtype ct = x->dtype == EM_F64 ? EM_F64 : EM_F32;
   em_tensor *xc = em_contiguous(x), *wc = NULL, *y = NULL, *rstd = NULL;
   if (!xc || (w && !(wc = em_contiguous(w)))) goto fail;
-  if (!(y = em_empty(x->ndim, x->shape, x->dtype, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto fail;
+  if (!(y = em_empty(x->ndim, x->shape, yd, x->device)) || !(rstd = em_empty(1, &N, ct, x->device))) goto fail;
   if (em_rmsnorm_fwd_cuda(xc, wc, eps, y, rstd)) goto fail;
   em_tensor_release(xc); em_tensor_release(wc);
   *rstd_out = rstd;
@@ -263,19 +290,24 @@ fail:
 }
 
 /* gx (when need_x: a new tensor, or sink added into and returned) and gw
- * (when need_w) of rmsnorm at x on CUDA. 0, or -1 with the error set. */
+ * (when need_w) of rmsnorm at x on CUDA; gr (or NULL): gx's values in gr's
+ * 16-bit dtype, written by the same kernel. 0, or -1 with the error set. */
 static int rms_grads_cuda(em_tensor *x, em_tensor *rstd, em_tensor *w, em_tensor *gy, bool need_x, bool need_w,
-                          em_tensor *sink, em_tensor **gx_out, em_tensor **gw_out) {
+                          em_tensor *sink, em_tensor *gr, em_tensor **gx_out, em_tensor **gw_out) {
   em_tensor *xc = em_contiguous(x), *wc = NULL, *g = NULL, *gx = NULL, *gw = NULL;
   int rc = -1;
-  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = em_contiguous_as(gy, x->dtype))) goto done;
+  /* a bf16/f16 gy of an out_dtype norm (f32 x and w): the kernel reads it as
+   * it is, widened exactly, so no conversion pass */
+  bool half_gy = out16_direct(x, w, gy->dtype);
+  if (!xc || (w && !(wc = em_contiguous(w))) || !(g = half_gy ? em_contiguous(gy) : em_contiguous_as(gy, x->dtype)))
+    goto done;
   if (sink) {
     gx = em_tensor_retain(sink);
     EM_OP_COST(em_cost_nbytes(x), (double)em_numel(x), em_cost_simt_class(rstd->dtype));  /* the sum so far read and added */
   }
   else if (need_x && !(gx = em_empty(x->ndim, x->shape, x->dtype, x->device))) goto done;
   if (need_w && !(gw = em_empty(1, &w->shape[0], w->dtype, w->device))) goto done;
-  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw)) goto done;
+  if (em_rmsnorm_bwd_cuda(xc, wc, rstd, g, gx, sink != NULL, gw, gr)) goto done;
   *gx_out = gx; gx = NULL;
   if (need_w) { *gw_out = gw; gw = NULL; }
   rc = 0;
@@ -290,7 +322,7 @@ static int rmsnorm_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) 
   /* the residual stream's gradient is summed here: add into the sum so far
    * (the grad of the block's output) instead of a separate add kernel */
   em_tensor *sink = need_x && x->dtype == n->in_dtype[0] ? em_node_grad_sink(n, 0) : NULL;
-  return rms_grads_cuda(x, rstd, w, gout[0], need_x, need_w, sink, &gin[0], &gin[1]);
+  return rms_grads_cuda(x, rstd, w, gout[0], need_x, need_w, sink, NULL, &gin[0], &gin[1]);
 }
 
 /* gx (when need_x) and gw (when need_w) of rmsnorm at x on the CPU, in the
@@ -331,25 +363,36 @@ static int rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   return rms_grads_cpu(x, rstd, w, gout[0], need_x, need_w, &gin[0], &gin[1]);
 }
 
-static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps) {
+static em_tensor *rmsnorm_op(em_tensor *x, em_tensor *w, double eps, em_dtype od) {
   if (rmsnorm_validate("rmsnorm", x, w, eps)) return NULL;
+  if (od != EM_NDTYPES && od != x->dtype && !out16_direct(x, w, od)) {   /* the norm, then the cast */
+    em_tensor *t = rmsnorm_op(x, w, eps, EM_NDTYPES), *y = t ? em_to(t, od, t->device) : NULL;
+    em_tensor_release(t);
+    return y;
+  }
+  em_dtype yd = od == EM_NDTYPES ? x->dtype : od;
   em_tensor *rstd = NULL;
-  em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, &rstd) : rmsnorm_cuda(x, w, eps, &rstd);
+  em_tensor *y = x->device.type == EM_CPU ? rmsnorm_cpu(x, w, eps, yd, &rstd) : rmsnorm_cuda(x, w, eps, yd, &rstd);
   /* x, w read; y, rstd written; x², the row sum, two scales per element */
   EM_OP_COST(em_cost_bytes(4, (em_tensor *const[]){x, w, y, rstd}), 4 * em_numel(x), em_cost_simt_class(x->dtype));
-  y = em_op_record(y, NULL, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
+  em_node *n;
+  y = em_op_record(y, &n, "rmsnorm", rmsnorm_backward, 2, (em_tensor *[]){x, w}, 3, (em_tensor *[]){x, rstd, w});
+  if (n && yd != x->dtype) em_node_set_grad_dtype(n, 0, x->dtype);   /* y's gradients summed in f32 */
   em_tensor_release(rstd);
   return y;
 }
 
-em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) {
+em_tensor *em_rmsnorm_out(em_tensor *x, em_tensor *w, double eps, em_dtype out_dtype) {
   EM_OP_SCOPE("rmsnorm");
+  if (check_out_dtype("rmsnorm", out_dtype)) return NULL;
   em_op_args a;
   if (em_op_autocast(&a, EM_AUTOCAST_F32, 2, (em_tensor *[]){x, w})) return NULL;
-  em_tensor *y = rmsnorm_op(a.t[0], a.t[1], eps);
+  em_tensor *y = rmsnorm_op(a.t[0], a.t[1], eps, out_dtype);
   em_op_args_release(&a);
   return y;
 }
+
+em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps) { return em_rmsnorm_out(x, w, eps, EM_NDTYPES); }
 
 /* ---------------- add_rmsnorm: s = x + r, y = rmsnorm(s, w) ----------------
  * The pre-norm residual add and the norm that reads it straight back, in
@@ -387,7 +430,7 @@ static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   /* rmsnorm's backward at s (gs read and added: rms_grads_cuda declares it, em_add on the CPU) */
   EM_OP_COST(2 * em_cost_nbytes(s) + em_cost_nbytes(gout[1]) + em_cost_nbytes(rstd) + 2 * em_cost_nbytes(w),
              6 * em_numel(s), em_cost_simt_class(rstd->dtype));
-  em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL;
+  em_tensor *gs = gout[0], *gx = NULL, *gw = NULL, *sink = NULL, *gr = NULL;
   int rc = -1;
   if (s->device.type == EM_CPU) {
     if (rms_grads_cpu(s, rstd, w, gout[1], need_s, need_w, &gx, &gw)) goto done;
@@ -403,19 +446,27 @@ static int add_rmsnorm_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
       if (sink && sink == gs && !own) { em_tensor_release(sink); sink = em_clone(gs); }
       if (!sink) goto done;
     }
-    if (rms_grads_cuda(s, rstd, w, gout[1], need_s, need_w, sink, &gx, &gw)) goto done;
+    /* a bf16/f16 r (the autocast branch): its gradient written by the kernel
+     * beside gx, the values the engine's cast of gx would give, one pass fewer */
+    if (norm_out16 && em_node_needs_input_grad(n, 1) && s->dtype == EM_F32 && gout[1]->dtype == EM_F32 &&
+        (!w || w->dtype == EM_F32) && (n->in_dtype[1] == EM_BF16 || n->in_dtype[1] == EM_F16) &&
+        em_device_eq(n->in_device[1], s->device) &&
+        !(gr = em_empty(n->in_ndim[1], n->in_shape[1], n->in_dtype[1], s->device)))
+      goto done;
+    if (rms_grads_cuda(s, rstd, w, gout[1], need_s, need_w, sink, gr, &gx, &gw)) goto done;
+    if (gr) EM_OP_COST(em_cost_nbytes(gr), 0, em_cost_simt_class(rstd->dtype));   /* r's gradient written */
   }
   if (em_node_needs_input_grad(n, 0)) gin[0] = em_tensor_retain(gx);
-  if (em_node_needs_input_grad(n, 1)) gin[1] = em_tensor_retain(gx);   /* the engine casts it to r's dtype */
+  if (em_node_needs_input_grad(n, 1)) gin[1] = em_tensor_retain(gr ? gr : gx);   /* else the engine casts gx */
   if (need_w) { gin[2] = gw; gw = NULL; }
   rc = 0;
 done:
-  em_tensor_release(sink); em_tensor_release(gx); em_tensor_release(gw);
+  em_tensor_release(sink); em_tensor_release(gx); em_tensor_release(gw); em_tensor_release(gr);
   return rc;
 }
 
 /* s and y fused (add_rmsnorm_fusable holds), with the node recorded. */
-static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out,
+static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_dtype yd, em_tensor **s_out,
                              em_tensor **y_out) {
   int64_t D = x->shape[x->ndim - 1], N = em_numel(x) / D;
   em_tensor *xc = NULL, *rc = NULL, *wc = NULL, *s = NULL, *y = NULL, *rstd = NULL;
@@ -423,11 +474,11 @@ static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double ep
     bool prev = em_set_grad_enabled(false);
     s = em_add(x, r);
     em_set_grad_enabled(prev);
-    if (!s || !(y = rmsnorm_cpu(s, w, eps, &rstd))) goto fail;
+    if (!s || !(y = rmsnorm_cpu(s, w, eps, yd, &rstd))) goto fail;
   } else {
     if (!(xc = em_contiguous(x)) || !(rc = em_contiguous(r)) || (w && !(wc = em_contiguous(w)))) goto fail;
     if (!(s = em_empty(x->ndim, x->shape, x->dtype, x->device)) ||
-        !(y = em_empty(x->ndim, x->shape, x->dtype, x->device)) || !(rstd = em_empty(1, &N, x->dtype, x->device)))
+        !(y = em_empty(x->ndim, x->shape, yd, x->device)) || !(rstd = em_empty(1, &N, x->dtype, x->device)))
       goto fail;
     if (em_add_rmsnorm_fwd_cuda(xc, rc, wc, eps, s, y, rstd)) goto fail;
   }
@@ -443,6 +494,7 @@ static int add_rmsnorm_fused(em_tensor *x, em_tensor *r, em_tensor *w, double ep
     if (w) em_node_save(n, w);
     em_node_set_output(n, 0, s);
     em_node_set_output(n, 1, y);
+    if (yd != x->dtype) em_node_set_grad_dtype(n, 1, x->dtype);   /* y's gradients summed in f32 */
     em_node_release(n);
   }
   em_tensor_release(xc); em_tensor_release(rc); em_tensor_release(wc); em_tensor_release(rstd);
@@ -454,24 +506,37 @@ fail:
   return -1;
 }
 
-int em_add_rmsnorm(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out, em_tensor **y_out) {
+int em_add_rmsnorm_out(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_dtype out_dtype, em_tensor **s_out,
+                       em_tensor **y_out) {
   char s1[160], s2[160];
   *s_out = *y_out = NULL;
-  if (em_check_float("add_rmsnorm", "x", x) || em_check_float("add_rmsnorm", "r", r) ||
-      em_check_same_device("add_rmsnorm", x, r))
+  if (check_out_dtype("add_rmsnorm", out_dtype) || em_check_float("add_rmsnorm", "x", x) ||
+      em_check_float("add_rmsnorm", "r", r) || em_check_same_device("add_rmsnorm", x, r))
     return -1;
   if (!em_same_shape(x, r))
     return em_error("add_rmsnorm: expected r of x's shape %s, got %s", em_shape_str(x->ndim, x->shape, s1, 160),
                     em_shape_str(r->ndim, r->shape, s2, 160));
   if (!add_rmsnorm_fusable(x, r, w)) {      /* the unfused pair: the same values, two nodes */
-    em_tensor *s = em_add(x, r), *y = s ? em_rmsnorm(s, w, eps) : NULL;
+    em_tensor *s = em_add(x, r), *y = s ? em_rmsnorm_out(s, w, eps, out_dtype) : NULL;
     if (!y) { em_tensor_release(s); return -1; }
     *s_out = s; *y_out = y;
     return 0;
   }
   EM_OP_SCOPE("add_rmsnorm");
   if (rmsnorm_validate("add_rmsnorm", x, w, eps)) return -1;
-  return add_rmsnorm_fused(x, r, w, eps, s_out, y_out);
+  bool direct = out_dtype == EM_NDTYPES || out_dtype == x->dtype || out16_direct(x, w, out_dtype);
+  if (add_rmsnorm_fused(x, r, w, eps, direct && out_dtype != EM_NDTYPES ? out_dtype : x->dtype, s_out, y_out)) return -1;
+  if (!direct) {                            /* f64 x (or another out_dtype): the fused pair, then the cast */
+    em_tensor *y = em_to(*y_out, out_dtype, (*y_out)->device);
+    em_tensor_release(*y_out);
+    *y_out = y;
+    if (!y) { em_tensor_release(*s_out); *s_out = NULL; return -1; }
+  }
+  return 0;
+}
+
+int em_add_rmsnorm(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out, em_tensor **y_out) {
+  return em_add_rmsnorm_out(x, r, w, eps, EM_NDTYPES, s_out, y_out);
 }
 
 /* ---------------- layer_norm ---------------- */

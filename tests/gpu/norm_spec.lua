@@ -302,3 +302,137 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     H.remove_temps()
   end)
 end)
+
+-- out_dtype on CUDA (kernels/norm.cu: the forward kernels writing a bf16/f16
+-- y from f32 rows, the backward kernels reading a bf16/f16 gy): y and the
+-- gradients of x, r and w bit for bit those of the composition on CUDA
+-- (F.rmsnorm then :to(od); for add_rmsnorm the add, the norm, the cast), both
+-- with the half gy at the root (the kernels reading it, where the
+-- composition converts it first) and through a bf16 product (y's gradient
+-- summed in f32: the f32 kernels; a bf16/f16 r's gradient then written by
+-- the kernel beside gx); y within one rounding of the CPU's.
+-- Widths: forward 1, 2, 4, 8 chunks a lane (D 96 | 256 | 512 | 768, 1024),
+-- the loop kernel (1028: vector rows past the registers; 37: not a whole
+-- chunk; 4100); backward 32 threads x 1, 2, 4 chunks, 64 x 3, 4, 128 x 3,
+-- and the block kernel (4100, 37); 2051 rows: grid-stride tails.
+describe("out_dtype norms on CUDA", function()
+  local function run(new, op, od, x, r, w, gs, gy, consumer)
+    local xl, rl, wl = C.leaf(x), r and C.leaf(r), w and C.leaf(w)
+    local s, y
+    if op == "rmsnorm" then
+      if new then y = F.rmsnorm(xl, wl, 1e-5, {out_dtype = od}) else y = F.rmsnorm(xl, wl, 1e-5):to(od) end
+    else
+      if new then s, y = F.add_rmsnorm(xl, rl, wl, 1e-5, {out_dtype = od})
+      else s = xl + rl; y = F.rmsnorm(s, wl, 1e-5):to(od) end
+    end
+    if consumer == "root" then y:backward(gy)
+    else
+      local loss = (y * gy):sum():float()
+      if s then loss = loss + (s * gs):sum() end
+      loss:backward()
+    end
+    return {y = y, s = s, gx = xl.grad, gr = rl and rl.grad, gw = wl and wl.grad}
+  end
+
+  local widths = {96, 256, 512, 768, 1024, 1028, 37, 4100}
+  for wi, D in ipairs(widths) do
+    for _, op in ipairs({"rmsnorm", "add_rmsnorm"}) do
+      for _, consumer in ipairs({"root", "product"}) do
+        local od = wi % 3 == 0 and "f16" or "bf16"
+        local has_w = wi ~= 2
+        local rows = D <= 1028 and 2051 or 37
+        it(("%s (%d, %d) f32 -> %s%s, gradient by %s: the composition's bits"):format(op, rows, D, od,
+           has_w and ", weight" or "", consumer), function()
+          local x = randn({rows, D}, "f32", 2):cuda()
+          local w = has_w and randn({D}, "f32"):cuda() or nil
+          local r = op == "add_rmsnorm" and randn({rows, D}, wi % 2 == 0 and "bf16" or "f32"):cuda() or nil
+          local gs, gy = randn({rows, D}, "f32"):cuda(), randn({rows, D}, od):cuda()
+          local a, b = run(true, op, od, x, r, w, gs, gy, consumer), run(false, op, od, x, r, w, gs, gy, consumer)
+          assert.equals(od, a.y.dtype)
+          assert.equals(op, a.y.grad_fn)
+          for _, k in ipairs({"s", "y", "gx", "gr", "gw"}) do
+            if a[k] or b[k] then
+              assert.equals(b[k].dtype, a[k].dtype, k)
+              C.assert_same_bits(a[k], b[k], k)
+            end
+          end
+          local yc
+          if op == "rmsnorm" then yc = F.rmsnorm(x:cpu(), w and w:cpu(), 1e-5, {out_dtype = od})
+          else local _; _, yc = F.add_rmsnorm(x:cpu(), r:cpu(), w and w:cpu(), 1e-5, {out_dtype = od}) end
+          close(a.y, yc, TOL.bf16, "y vs the CPU")
+        end)
+      end
+    end
+  end
+
+  it("runs no convert kernel around the norm, forward or backward", function()
+    C.need_cupti(pending)
+    local x, r = randn({2048, 768}, "f32"):cuda(), randn({2048, 768}, "bf16"):cuda()
+    local w, gy = randn({768}, "f32"):cuda(), randn({2048, 768}, "bf16"):cuda()
+    local xl, wl = C.leaf(x), C.leaf(w)
+    local ran = C.kernel_names(function()
+      F.rmsnorm(xl, wl, 1e-5, {out_dtype = "bf16"}):backward(gy)
+      local _, y = F.add_rmsnorm(xl, r, wl, 1e-5, {out_dtype = "bf16"})
+      y:backward(gy)
+    end)
+    assert.truthy(ran:find("rms_fwd_reg_kernel", 1, true), ran)
+    assert.truthy(ran:find("rms_bwd_rg_kernel", 1, true), ran)
+    assert.is_nil(ran:find("convert", 1, true), "expected no convert kernel, ran: " .. ran)
+    -- under autocast, norm then a linear (the model's pair): one convert fewer than with an f32 y
+    -- (the activation's cast; the weight's stays), and the backward's kernels unchanged
+    local lw = C.leaf(randn({512, 768}, "f32"):cuda())
+    local function pair(od)
+      return C.kernel_names(function()
+        ember.autocast("bf16", function()
+          local _, y = F.add_rmsnorm(xl, r, wl, 1e-5, od and {out_dtype = od} or nil)
+          F.linear(y, lw):float():sum():backward()
+        end)
+      end)
+    end
+    local function count(names, pat) local n = 0; for _ in names:gmatch(pat) do n = n + 1 end; return n end
+    local old, new = pair(nil), pair("bf16")
+    assert.equals(count(old, "convert") - 1, count(new, "convert"), "old: " .. old .. "\nnew: " .. new)
+    assert.equals(count(old, "rms_bwd_rg_kernel"), count(new, "rms_bwd_rg_kernel"))
+    -- a bf16 branch r that needs a gradient: the backward kernel writes it (no cast of the f32 gx after it)
+    local rl, gsf, gyf = C.leaf(r), randn({2048, 768}, "f32"):cuda(), randn({2048, 768}, "f32"):cuda()
+    local ran2 = C.kernel_names(function()
+      local s, y = F.add_rmsnorm(xl, rl, wl, 1e-5)
+      ;((y * gyf):sum() + (s * gsf):sum()):backward()
+    end)
+    assert.truthy(ran2:find("rms_bwd_rg_kernel", 1, true), ran2)
+    assert.is_nil(ran2:find("convert", 1, true), "expected no convert kernel, ran: " .. ran2)
+    assert.equals("bf16", rl.grad.dtype)
+  end)
+
+  it("EMBER_NORM_OUT16=0 and 1 train a small model (bf16 autocast) to the same bits", function()
+    local script = H.temp(".lua")
+    H.spit(script, [==[
+local ember = require "ember"
+local nn, F = ember.nn, ember.nn.functional
+ember.manual_seed(11)
+local m = nn.TransformerLM{vocab_size = 101, context_length = 64, d_model = 768, d_ff = 1024, num_layers = 2,
+  num_heads = 12, device = "cuda"}
+local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2})
+local data = ember.randint(0, 101, {4, 65}):cuda()
+local x, y = data:narrow(1, 0, 64):contiguous(), data:narrow(1, 1, 64):contiguous()
+local out, losses = {}, {}
+for step = 1, 4 do
+  opt:zero_grad()
+  local loss = ember.autocast("bf16", function() return F.cross_entropy(m(x), y) end)
+  loss:backward()
+  if step == 1 then for _, np in ipairs(m:named_parameters()) do out["g_" .. np[1]] = np[2].grad:cpu() end end
+  opt:step()
+  losses[step] = loss:float():cpu():reshape(1)
+end
+out.losses = ember.cat(losses, 0)
+for name, p in pairs(m:state_dict()) do out["p_" .. name] = p:cpu() end
+local kv = nn.KVCache(m, {batch = 4, max_len = 64})
+out.cached_logits = ember.autocast("bf16", function() return m(x:narrow(1, 0, 9):contiguous(), {cache = kv}) end)
+  :float():cpu()
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]==])
+    local got = C.mode_results(H, script, "EMBER_NORM_OUT16", {"0", "1"})
+    assert.is_true(C.assert_modes_agree(got, "0", {"1"}) > 20)
+    H.remove_temps()
+  end)
+end)

@@ -236,3 +236,227 @@ describe("TransformerLM with EMBER_FUSE_ADD_RMSNORM", function()
     H.remove_temps()
   end)
 end)
+
+-- out_dtype (engine/ops/norm.c, em_rmsnorm_out): y written in bf16/f16 by
+-- the norm for f32 x, the bits of F.rmsnorm(...):to(od) forward; y's
+-- gradient is summed in f32, so with one consumer whose gradient is already
+-- in od (a bf16 product, or a bf16 gy at the root) the gradients of x, r and
+-- w are the composition's bit for bit, and with several consumers they are
+-- those of an f32 y that each consumer casts itself (the model's case: the
+-- norms' only consumers are linears under autocast).
+describe("F.rmsnorm and F.add_rmsnorm with out_dtype", function()
+  local shapes = {{3, 5, 24}, {7, 13}, {2, 1, 40}, {1, 96}, {4, 9}}
+
+  -- leaves for x, (r), w; y = the op (new = with out_dtype, else the composition)
+  local function run(new, op, od, x, r, w, gs, gy, consumer)
+    local xl, rl = x:detach():requires_grad_(), r and r:detach():requires_grad_()
+    local wl = w and w:detach():requires_grad_()
+    local s, y
+    if op == "rmsnorm" then
+      if new then y = F.rmsnorm(xl, wl, 1e-5, {out_dtype = od}) else y = F.rmsnorm(xl, wl, 1e-5):to(od) end
+    else
+      if new then s, y = F.add_rmsnorm(xl, rl, wl, 1e-5, {out_dtype = od})
+      else s = xl + rl; y = F.rmsnorm(s, wl, 1e-5):to(od) end
+    end
+    if consumer == "root" then
+      y:backward(gy)
+    else                                     -- one consumer: a product with a tensor in od
+      local loss = (y * gy):sum():float()
+      if s then loss = loss + (s * gs):sum() end
+      loss:backward()
+    end
+    return {y = y, s = s, gx = xl.grad, gr = rl and rl.grad, gw = wl and wl.grad}
+  end
+
+  for _, op in ipairs({"rmsnorm", "add_rmsnorm"}) do
+    for si, shape in ipairs(shapes) do
+      for _, od in ipairs({"bf16", "f16"}) do
+        for _, has_w in ipairs({true, false}) do
+          for _, consumer in ipairs({"root", "product"}) do
+            local rdt = si % 2 == 1 and "bf16" or "f32"
+            it(("%s %s -> %s%s, gradient by %s%s: the composition's bits"):format(op, H.shape_str and
+               H.shape_str(shape) or table.concat(shape, "x"), od, has_w and ", weight" or "", consumer,
+               op == "add_rmsnorm" and (", r " .. rdt) or ""), function()
+              local D = shape[#shape]
+              local x, w = randn(100 + si, shape, "f32", 2), has_w and randn(110 + si, {D}, "f32") or nil
+              local r = op == "add_rmsnorm" and randn(120 + si, shape, rdt) or nil
+              local gs, gy = randn(130 + si, shape, "f32"), randn(140 + si, shape, od)
+              local a = run(true, op, od, x, r, w, gs, gy, consumer)
+              local b = run(false, op, od, x, r, w, gs, gy, consumer)
+              assert.equals(od, a.y.dtype)
+              assert.equals(op, a.y.grad_fn)
+              if op == "add_rmsnorm" then
+                assert.equals("f32", a.s.dtype)
+                assert.same(flat(b.s), flat(a.s), "s")
+              end
+              assert.same(flat(b.y), flat(a.y), "y")
+              for _, k in ipairs({"gx", "gr", "gw"}) do
+                if a[k] or b[k] then
+                  assert.equals(b[k].dtype, a[k].dtype, k)
+                  assert.same(flat(b[k]), flat(a[k]), k)
+                end
+              end
+            end)
+          end
+        end
+      end
+    end
+  end
+
+  it("sums y's gradients over several consumers in f32: those of an f32 y each consumer casts", function()
+    for _, op in ipairs({"rmsnorm", "add_rmsnorm"}) do
+      local x, r, w = randn(201, {6, 40}, "f32", 2), randn(202, {6, 40}, "bf16"), randn(203, {40}, "f32")
+      local g1, g2 = randn(204, {6, 40}, "bf16"), randn(205, {6, 40}, "bf16")
+      local function grads(new)
+        local xl, wl = x:detach():requires_grad_(), w:detach():requires_grad_()
+        local y1, y2
+        if new then
+          local _, y
+          if op == "rmsnorm" then y = F.rmsnorm(xl, wl, 1e-5, {out_dtype = "bf16"})
+          else _, y = F.add_rmsnorm(xl, r, wl, 1e-5, {out_dtype = "bf16"}) end
+          y1, y2 = y, y
+        else
+          local _, y
+          if op == "rmsnorm" then y = F.rmsnorm(xl, wl, 1e-5) else _, y = F.add_rmsnorm(xl, r, wl, 1e-5) end
+          y1, y2 = y:to("bf16"), y:to("bf16")          -- two casts: two gradients widened, summed in f32
+        end
+        ;((y1 * g1):sum():float() + (y2 * g2):sum():float()):backward()
+        return xl.grad, wl.grad
+      end
+      local ax, aw = grads(true)
+      local bx, bw = grads(false)
+      assert.same(flat(bx), flat(ax), op .. " gx")
+      assert.same(flat(bw), flat(aw), op .. " gw")
+    end
+  end)
+
+  it("under autocast: bf16 x widened first, y in the out_dtype with the composition's bits", function()
+    local x, w = randn(211, {5, 24}, "bf16"), randn(212, {24}, "f32")
+    local y = ember.autocast("bf16", function() return F.rmsnorm(x, w, 1e-5, {out_dtype = "bf16"}) end)
+    local y2 = ember.autocast("bf16", function() return F.rmsnorm(x, w, 1e-5):to("bf16") end)
+    assert.equals("bf16", y.dtype)
+    assert.same(flat(y2), flat(y))
+    local x2, r = randn(213, {5, 24}, "f32"), randn(214, {5, 24}, "bf16")
+    local s, yy = ember.autocast("f16", function() return F.add_rmsnorm(x2, r, w, 1e-5, {out_dtype = "f16"}) end)
+    local s2 = x2 + r
+    assert.equals("f32", s.dtype)
+    assert.equals("f16", yy.dtype)
+    assert.same(flat(s2), flat(s))
+    assert.same(flat(F.rmsnorm(s2, w):to("f16")), flat(yy))
+  end)
+
+  it("other dtypes are the norm then the cast: f64 x, bf16 x, f32 out, out = x's dtype", function()
+    local xd, wd = randn(221, {3, 10}, "f64"):requires_grad_(), randn(222, {10}, "f64")
+    local y = F.rmsnorm(xd, wd, 1e-5, {out_dtype = "f32"})
+    assert.equals("f32", y.dtype)
+    assert.equals("to", y.grad_fn)
+    assert.same(flat(F.rmsnorm(xd, wd):to("f32")), flat(y))
+    local xb = randn(223, {3, 10}, "bf16")
+    assert.same(flat(F.rmsnorm(xb, nil):to("f32")), flat(F.rmsnorm(xb, nil, 1e-5, {out_dtype = "f32"})))
+    local xf = randn(224, {3, 10}, "f32"):requires_grad_()
+    local yf = F.rmsnorm(xf, nil, 1e-5, {out_dtype = "float32"})
+    assert.equals("rmsnorm", yf.grad_fn)
+    assert.same(flat(F.rmsnorm(xf)), flat(yf))
+    local s, ys = F.add_rmsnorm(xd, randn(225, {3, 10}, "f32"), wd, 1e-5, {out_dtype = "bf16"})
+    assert.equals("f64", s.dtype)
+    assert.equals("bf16", ys.dtype)
+    assert.same(flat(F.rmsnorm(s, wd):to("bf16")), flat(ys))
+  end)
+
+  it("refuses an out_dtype that is not a float dtype, an unknown option, and a non-table", function()
+    local x = ember.zeros(2, 8)
+    local ok, err = pcall(F.rmsnorm, x, nil, 1e-5, {out_dtype = "i64"})
+    assert.is_false(ok)
+    assert.matches("rmsnorm: expected out_dtype to be a float dtype (f32, f64, bf16, f16), got i64", tostring(err), 1,
+      true)
+    ok, err = pcall(F.add_rmsnorm, x, x, nil, 1e-5, {out_dtype = "bool"})
+    assert.is_false(ok)
+    assert.matches("add_rmsnorm: expected out_dtype to be a float dtype (f32, f64, bf16, f16), got bool",
+      tostring(err), 1, true)
+    ok, err = pcall(F.rmsnorm, x, nil, 1e-5, {dtype = "bf16"})
+    assert.is_false(ok)
+    assert.matches("ember.nn.functional.rmsnorm: unknown option 'dtype' (expected out_dtype)", tostring(err), 1, true)
+    ok, err = pcall(F.add_rmsnorm, x, x, nil, 1e-5, "bf16")
+    assert.is_false(ok)
+    assert.matches("ember.nn.functional.add_rmsnorm: expected an options table {out_dtype = ...}, got string",
+      tostring(err), 1, true)
+  end)
+end)
+
+describe("nn.RMSNorm out_dtype", function()
+  it("'autocast' gives y in the region's dtype inside autocast and as before outside it", function()
+    local n = ember.nn.RMSNorm(16, {out_dtype = "autocast"})
+    local x, r = randn(231, {3, 16}, "f32"), randn(232, {3, 16}, "bf16")
+    assert.equals("f32", n(x).dtype)
+    assert.same(flat(F.rmsnorm(x, n.weight)), flat(n(x)))
+    local y = ember.autocast("bf16", function() return n(x) end)
+    assert.equals("bf16", y.dtype)
+    assert.same(flat(F.rmsnorm(x, n.weight):to("bf16")), flat(y))
+    local s, y2 = ember.autocast("f16", function() return n(x, r) end)
+    assert.equals("f32", s.dtype)
+    assert.equals("f16", y2.dtype)
+    local fixed = ember.nn.RMSNorm(16, {out_dtype = "bf16"})
+    assert.equals("bf16", fixed(x).dtype)
+    assert.is_nil(ember.nn.RMSNorm(16).out_dtype)
+  end)
+
+  it("refuses an out_dtype that is neither a float dtype nor 'autocast'", function()
+    local ok, err = pcall(ember.nn.RMSNorm, 4, {out_dtype = "i32"})
+    assert.is_false(ok)
+    assert.matches('ember.nn.RMSNorm: expected out_dtype to be a float dtype (f32, f64, bf16, f16) or "autocast", got i32',
+      tostring(err), 1, true)
+  end)
+end)
+
+-- The model's norms under autocast with out_dtype (default) and with
+-- EMBER_NORM_OUT16=0 (f32 y, each linear casting it): the losses of three
+-- AdamW steps, the final weights and every gradient bit for bit, under bf16
+-- and f16 autocast, and a cached (KV) step's logits; f32 (no autocast) too.
+describe("TransformerLM with EMBER_NORM_OUT16", function()
+  it("gives the same losses, gradients, weights and cached logits bit for bit", function()
+    local script = H.temp(".lua")
+    H.spit(script, [[
+      local e = require 'ember'
+      local nn, F = e.nn, e.nn.functional
+      local out = {}
+      for _, amp in ipairs({false, "bf16", "f16"}) do
+        e.manual_seed(7)
+        local m = nn.TransformerLM(nn.configs.tiny{vocab_size = 37, context_length = 12})
+        local opt = e.optim.AdamW(m:parameters(), {lr = 1e-2})
+        local data = e.randint(0, 37, {2, 13})
+        local x, y = data:narrow(1, 0, 12):contiguous(), data:narrow(1, 1, 12):contiguous()
+        for _ = 1, 3 do
+          opt:zero_grad()
+          local loss = amp and e.autocast(amp, function() return F.cross_entropy(m(x), y) end)
+                       or F.cross_entropy(m(x), y)
+          loss:backward()
+          for _, p in ipairs(m:parameters()) do out[#out + 1] = ('%a'):format(p.grad:double():abs():sum():item()) end
+          opt:step()
+          out[#out + 1] = ('%a'):format(loss:item())
+        end
+        local sum = 0
+        for _, p in ipairs(m:parameters()) do sum = sum + p:double():abs():sum():item() end
+        out[#out + 1] = ('%a'):format(sum)
+        local kv = nn.KVCache(m, {batch = 2, max_len = 12})
+        local logits = amp and e.autocast(amp, function() return m(x:narrow(1, 0, 5):contiguous(), {cache = kv}) end)
+                       or m(x:narrow(1, 0, 5):contiguous(), {cache = kv})
+        out[#out + 1] = ('%a'):format(logits:double():abs():sum():item())
+      end
+      io.write(table.concat(out, ';'))]])
+    H.switch_agrees(script, "EMBER_NORM_OUT16", {"0", "1"}, "2", 100)
+    H.switch_refuses(script, "EMBER_NORM_OUT16", "yes", "EMBER_NORM_OUT16 must be 0 or 1, got 'yes'; using 1")
+    -- and the switch does change the path: the norms ask for the region's dtype only with it on
+    local probe = H.temp_file([[
+      local e = require 'ember'
+      local m = e.nn.TransformerLM(e.nn.configs.tiny{vocab_size = 37, context_length = 12})
+      local x = e.randint(0, 37, {1, 4})
+      local h = e.autocast("bf16", function() return m.ln_final(m.token_embeddings(x)) end)
+      io.write(tostring(m.layers[1].ln1.out_dtype), " ", tostring(m.layers[1].ln2.out_dtype), " ",
+        tostring(m.ln_final.out_dtype), " ", h.dtype)]], ".lua")
+    local on = H.ember({"run", probe}, {env = {EMBER_NORM_OUT16 = "1"}})
+    local off = H.ember({"run", probe}, {env = {EMBER_NORM_OUT16 = "0"}})
+    assert.equals("autocast autocast autocast bf16", on)
+    assert.equals("nil nil nil f32", off)
+    H.remove_temps()
+  end)
+end)

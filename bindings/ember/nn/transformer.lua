@@ -18,6 +18,7 @@ local attention = require "ember.nn.attention"
 local configs = require "ember.nn.configs"
 local KVCache = require("ember.nn.kv_cache").KVCache
 local context = require "ember.context"
+local core = require "ember.core"
 
 local fmt = string.format
 local Module, CTOR_LEVEL = module.Module, module.CTOR_LEVEL
@@ -35,9 +36,17 @@ local M = {}
 local TransformerBlock = Module:extend("TransformerBlock")
 M.TransformerBlock = TransformerBlock
 
+-- The norms' out_dtype: under autocast ln1, ln2 and ln_final give y in the
+-- region's dtype, written by the norm kernel, since their only consumers are
+-- linears (q/k/v_proj, w1/w3, lm_head) that would cast y anyway: no cast
+-- pass, half the norm's write. The same values and gradients bit for bit
+-- (y's gradient is still summed in f32, F.rmsnorm's out_dtype).
+-- EMBER_NORM_OUT16=0 (read at start): f32 y and the linears' casts, as before.
+local NORM_OUT = core.norm_out16() and "autocast" or nil
+
 function TransformerBlock:__init(d_model, num_heads, d_ff, opts)
   opts = util.check_opts("ember.nn.TransformerBlock", opts, CTOR_LEVEL)
-  local nopts = {eps = opts.eps, dtype = opts.dtype, device = opts.device}
+  local nopts = {eps = opts.eps, dtype = opts.dtype, device = opts.device, out_dtype = NORM_OUT}
   self.ln1 = RMSNorm(d_model, nopts)
   self.attn = CausalSelfAttention(d_model, num_heads, opts)
   self.ln2 = RMSNorm(d_model, nopts)
@@ -114,7 +123,7 @@ function TransformerLM:__init(cfg)
     layers:append(TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, bopts))
   end
   self.layers = layers
-  self.ln_final = RMSNorm(cfg.d_model, {eps = cfg.eps, dtype = dt, device = dev})
+  self.ln_final = RMSNorm(cfg.d_model, {eps = cfg.eps, dtype = dt, device = dev, out_dtype = NORM_OUT})
   self.lm_head = Linear(cfg.d_model, cfg.vocab_size, {bias = false, dtype = dt, device = dev})
 end
 

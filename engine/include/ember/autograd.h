@@ -55,8 +55,9 @@ struct em_node {
   em_device in_device[EM_NODE_MAX_IN];
   int out_ndim[4];
   int64_t out_shape[4][EM_MAX_DIMS];
-  em_dtype out_dtype[4];
+  em_dtype out_dtype[4];          /* output k's gradient dtype: its own, or em_node_set_grad_dtype's */
   em_device out_device[4];
+  uint8_t grad_dtype_set;         /* bit k: output k's gradient is summed in out_dtype[k], not its dtype */
   /* saved tensors: aliases without history, with the storage version at save time */
   em_tensor *saved[EM_NODE_MAX_SAVED];
   uint32_t saved_version[EM_NODE_MAX_SAVED];
@@ -90,6 +91,14 @@ int em_node_save(em_node *n, em_tensor *t);   /* returns slot index */
  * creator's reference to n after the last output when using em_node_finish. */
 void em_node_set_output(em_node *n, int k, em_tensor *out);
 void em_node_finish(em_node *n, em_tensor *out);  /* single output: set_output(0) + release */
+/* Output k's gradient in dtype dt instead of the output's own (after
+ * set_output): consumers record dt as that input's dtype, so their
+ * gradients are brought to dt and summed in it, and this node's backward gets
+ * gout[k] in dt (or in the output's dtype when it is the root of backward).
+ * For a bf16/f16 output made from f32 (em_rmsnorm_out): its gradients summed
+ * in f32, as they were when the output was f32 and each consumer cast it.
+ * A backward must therefore not assume in_dtype[i] is input i's own dtype. */
+void em_node_set_grad_dtype(em_node *n, int k, em_dtype dt);
 void em_node_release(em_node *n);
 bool em_node_needs_input_grad(const em_node *n, int i);
 /* During backward: the gradient already summed for input i when the caller

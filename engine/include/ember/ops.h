@@ -117,12 +117,25 @@ em_tensor *em_embedding(em_tensor *ids, em_tensor *w);
 em_tensor *em_embedding_bag(em_tensor *ids, em_tensor *w, em_tensor *offsets, bool mean);
 /* x / sqrt(mean(x^2, -1) + eps) * w, computed in f32 (or f64 for f64), result in x's dtype. w may be NULL. */
 em_tensor *em_rmsnorm(em_tensor *x, em_tensor *w, double eps);
+/* em_rmsnorm then em_to(out_dtype), the same values forward and backward (y
+ * rounded once from the f32 result; the incoming bf16/f16 gradient widened
+ * exactly); out_dtype EM_NDTYPES: em_rmsnorm. For f32 x (after autocast) and
+ * a bf16/f16 out_dtype one node whose y is written in out_dtype directly (no
+ * cast pass, forward or backward); otherwise the two ops. Error when
+ * out_dtype is not a float dtype. */
+em_tensor *em_rmsnorm_out(em_tensor *x, em_tensor *w, double eps, em_dtype out_dtype);
+/* EMBER_NORM_OUT16 (read once at load; 0 or 1, default 1): whether models
+ * (nn.TransformerLM's norms under autocast) ask for out_dtype. */
+bool em_norm_out16(void);
 /* The pre-norm residual add and its norm in one op: *s_out = x + r (r of x's
  * shape) and *y_out = em_rmsnorm(*s_out, w, eps), the same values as those two
  * calls; one autograd node with two outputs, one CUDA kernel when x is f32/f64,
  * r promotes to x's dtype and w is NULL or of x's dtype (else, or with
  * EMBER_FUSE_ADD_RMSNORM=0, the two ops). 0, or -1 with the error set and both NULL. */
 int em_add_rmsnorm(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_tensor **s_out, em_tensor **y_out);
+/* em_add_rmsnorm with y as em_rmsnorm_out's (s keeps x's dtype). */
+int em_add_rmsnorm_out(em_tensor *x, em_tensor *r, em_tensor *w, double eps, em_dtype out_dtype, em_tensor **s_out,
+                       em_tensor **y_out);
 /* (x - mean) / sqrt(var + eps) * w + b over the last dim (PyTorch's layer_norm), in f32 (f64 for f64); w, b may be NULL. */
 em_tensor *em_layer_norm(em_tensor *x, em_tensor *w, em_tensor *b, double eps);
 /* Rotate adjacent pairs (x[2j], x[2j+1]) of the last dim by pos * theta^(-2j/d).

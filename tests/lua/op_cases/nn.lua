@@ -135,6 +135,15 @@ return function(case, perf, ember, F)
       function(T) return {T.randn_f32(s), T.randn(s), T.randn_f32({s[2]})} end,
       {bytes = add_rms_bytes, torch = ("F.rms_norm(a + b, (%d,), c)"):format(s[2])})
   end
+  -- out_dtype: the small model's norms under autocast, y written in bf16 from f32 rows (no cast after)
+  perf("rmsnorm", "rmsnorm (2048,768) f32 rows, bf16 y (out_dtype)",
+    function(x, w) return F.rmsnorm(x, w, 1e-5, {out_dtype = "bf16"}) end,
+    function(T) return {T.randn_f32({2048, 768}), T.randn_f32({768})} end,
+    {bytes = function(i) return i[1]:numel() * (4 + 2) + 768 * 4 + 2048 * 4 end})
+  perf("add_rmsnorm", "add_rmsnorm (2048,768), f32 stream and weight, bf16 y (out_dtype)",
+    function(x, r, w) local _, y = F.add_rmsnorm(x, r, w, 1e-5, {out_dtype = "bf16"}); return y end,
+    function(T) return {T.randn_f32({2048, 768}), T.randn({2048, 768}), T.randn_f32({768})} end,
+    {bytes = function(i) return i[1]:numel() * (4 + i[2]:element_size() + 4 + 2) end})
   perf("layer_norm", "layer_norm (8192,1600)", function(x, w, b) return F.layer_norm(x, 1600, w, b) end,
     function(T) return {T.randn({8192, 1600}), T.randn({1600}), T.randn({1600})} end,
     {backward = true, torch = "F.layer_norm(a, (1600,), b, c)"})
