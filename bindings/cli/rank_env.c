@@ -124,13 +124,21 @@ void cli_rank_fatal_signals(void)
 
 /* ---- the pid file the launcher signals through ---- */
 
+static char pid_path[4096]; /* set once this process's pid is in it */
+
+/* At exit the file goes, so a late Ctrl-C never reaches a reused pid. */
+static void unregister(void)
+{
+	unlink(pid_path);
+}
+
 void cli_rank_register(void)
 {
 	const char *dir = getenv("EMBER_LAUNCH_DIR");
 	const char *rank = getenv("EMBER_RANK");
 	if (dir == NULL || dir[0] == '\0' || rank == NULL || rank[0] == '\0')
 		return;
-	char tmp[4096], path[4096];
+	char tmp[4096], path[sizeof pid_path];
 	int a = snprintf(tmp, sizeof tmp, "%s/.rank%s.%ld.tmp", dir, rank, (long)getpid());
 	int b = snprintf(path, sizeof path, "%s/rank%s.pid", dir, rank);
 	if (a < 0 || (size_t)a >= sizeof tmp || b < 0 || (size_t)b >= sizeof path)
@@ -143,7 +151,9 @@ void cli_rank_register(void)
 	/* linked into place whole, so the launcher never reads half a number;
 	 * link() does not replace: an `ember` the rank's script starts itself
 	 * inherits the variables, and the rank's own pid must stay */
-	if (ok)
-		(void)link(tmp, path);
+	if (ok && link(tmp, path) == 0) {
+		memcpy(pid_path, path, sizeof pid_path);
+		atexit(unregister);
+	}
 	remove(tmp);
 }

@@ -83,16 +83,22 @@ describe("Ctrl-C under ember launch", function()
 
   after_each(H.remove_temps)
 
-  it("`ember run` under a launch leaves its pid in rank<R>.pid, and an ember it starts does not replace it", function()
+  it("`ember run` under a launch keeps its pid in rank<R>.pid while it runs (an ember it starts does not " ..
+     "replace it) and removes it at exit", function()
     local dir = H.tmpdir()
     local script = temp(([[
-print(io.open('/proc/self/stat'):read('n'))
 assert(os.execute(%q .. " -e 'print(1)' >/dev/null"))
+print(io.open('/proc/self/stat'):read('n'), io.open(os.getenv("EMBER_LAUNCH_DIR") .. "/rank5.pid"):read('a'))
 ]]):format(q(EMBER)), ".lua")
     local out, err, status = H.ember({"run", script}, {env = {EMBER_LAUNCH_DIR = dir}, wrap = "env EMBER_RANK=5"})
     assert.equals(0, status, err)
-    assert.equals(out, H.slurp(dir .. "/rank5.pid"))
-    assert.matches("^%d+\n$", out)
+    local pid, file = out:match("^(%d+)\t(.*)\n$")
+    assert.is_not_nil(pid, out)
+    assert.equals(pid .. "\n", file)
+    assert.is_nil(H.slurp(dir .. "/rank5.pid"))
+    local p = io.popen("ls -A " .. q(dir))
+    assert.equals("", p:read("a"))   -- no temporary file left either
+    p:close()
   end)
 
   launching("the first Ctrl-C reaches every rank as SIGINT; ranks that exit 0 make status 130", function()
