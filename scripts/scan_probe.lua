@@ -10,7 +10,6 @@
 --
 --   ember run scripts/scan_probe.lua [--reps 20] [--gbs 4300]
 --   EMBER_SCAN_ROW_LAST_FIRST=0 ember run scripts/scan_probe.lua   (pass 2 first tile first)
---   EMBER_SCAN_ROW_EVICT=0 ember run scripts/scan_probe.lua        (pass 2 evict_normal, not evict_first)
 local ember = require "ember"
 local argparse = require "argparse"
 
@@ -22,8 +21,8 @@ local args = parser:parse()
 assert(ember.cuda.is_available(), "scan_probe.lua needs a CUDA device")
 
 local function env(k) return os.getenv(k) or "(unset)" end
-print(("EMBER_SCAN_ROW=%s EMBER_SCAN_ROW_LAST_FIRST=%s EMBER_SCAN_ROW_EVICT=%s")
-  :format(env("EMBER_SCAN_ROW"), env("EMBER_SCAN_ROW_LAST_FIRST"), env("EMBER_SCAN_ROW_EVICT")))
+print(("EMBER_SCAN_ROW=%s EMBER_SCAN_ROW_LAST_FIRST=%s")
+  :format(env("EMBER_SCAN_ROW"), env("EMBER_SCAN_ROW_LAST_FIRST")))
 
 local flush = ember.zeros({ember.bench.default_flush_bytes("cuda") // 4}, {device = "cuda"})
 local rows = {}

@@ -75,6 +75,10 @@ if summary.interrupted then
     print(("resume with: ember run %s --resume %s"):format(arg[0], summary.out))
     io.stdout:flush()
   end
-  os.exit(130)
+  -- Under `ember launch` the ranks stopped after the same step and the
+  -- launcher itself exits 130: a rank exiting non-zero would make mpirun
+  -- kill the ranks still finishing (rank 0 writing loss.svg), and would skip
+  -- the clean MPI finalize that exit status 0 runs (ember.dist at exit).
+  os.exit(os.getenv("EMBER_LAUNCH_DIR") and 0 or 130)
 end
 os.exit(0)

@@ -19,25 +19,6 @@
 
 #ifndef EMBER_VERSION_STR
 #define EMBER_VERSION_STR "0.0.0-dev"
-/* ---- launch.c ---- */
-
-/* `ember launch`: argv[0] = "launch", then its options, script and args.
- * Returns the process exit status (0, 1 failed rank, 2 usage, 130/143). */
-int cli_launch(int argc, char **argv);
-
-/* "SIGSEGV" for 11; "unknown signal" otherwise. Safe in a signal handler. */
-const char *cli_signal_name(int sig);
-
-/* ---- rank_env.c ---- */
-
-/* When EMBER_RANK is unset: EMBER_RANK, EMBER_WORLD_SIZE, EMBER_LOCAL_RANK
- * from Open MPI's, PMIx's or Slurm's variables (mpirun/srun by hand). */
-void cli_rank_env(void);
-
-/* Under `ember launch` (EMBER_LAUNCH_DIR set): SIGSEGV, SIGBUS, SIGFPE,
- * SIGABRT and SIGILL write a failure record, then end the process as usual. */
-void cli_rank_fatal_signals(void);
-
 #endif
 
 /* Exit statuses: 1 for a failed script, 2 for a command line we refuse. */
@@ -105,5 +86,9 @@ void cli_rank_env(void);
 /* Under `ember launch` (EMBER_LAUNCH_DIR set): SIGSEGV, SIGBUS, SIGFPE,
  * SIGABRT and SIGILL write a failure record, then end the process as usual. */
 void cli_rank_fatal_signals(void);
+
+/* Under `ember launch`: leave this process's pid in EMBER_LAUNCH_DIR
+ * (rank<R>.pid), so the launcher can pass a Ctrl-C on to the ranks. */
+void cli_rank_register(void);
 
 #endif

@@ -479,6 +479,7 @@ int main(int argc, char **argv)
 	blas_core_fix(argv);
 	cli_rank_env();           /* EMBER_RANK & co under mpirun or srun */
 	cli_rank_fatal_signals(); /* failure records under `ember launch` */
+	cli_rank_register();      /* and the pid its Ctrl-C goes to */
 	lua_State *L = luaL_newstate();
 	if (L == NULL) {
 		fprintf(stderr, "%s: cannot create Lua state: not enough memory\n", EMBER_PROGNAME);

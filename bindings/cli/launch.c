@@ -15,7 +15,14 @@
  * record that is not "terminated", and falls back to the rank mpirun named
  * (a SIGKILL or os.exit leaves no record). mpirun's stderr comes through a
  * pipe so its framed abort messages can be read and replaced by that line;
- * every other line is forwarded as it arrives, any box it cannot read too. */
+ * every other line is forwarded as it arrives, any box it cannot read too.
+ *
+ * Why a Ctrl-C goes to the ranks and not to mpirun: Open MPI turns a SIGINT
+ * (or SIGTERM) to mpirun into SIGTERM then SIGKILL for every rank, so a
+ * training run died mid-step without its checkpoint. Each rank leaves its pid
+ * in EMBER_LAUNCH_DIR (rank_env.c) and gets the SIGINT itself, as one process
+ * under a terminal would; the ranks agree on the step to stop after
+ * (ember.trainer) and exit on their own. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <ctype.h>
@@ -117,7 +124,14 @@ static void print_help(FILE *f)
 	  "\"First\" is the earliest failure a rank recorded (a Lua error, a fatal signal,\n"
 	  "a collective timeout), else the rank mpirun names (SIGKILL, os.exit(3)).\n"
 	  "Status: 0 when every rank exits 0, 1 when one fails, 2 for a bad command line\n"
-	  "or no mpirun, 130/143 after Ctrl-C/SIGTERM (which stop mpirun and the ranks).\n"
+	  "or no mpirun, 130/143 after Ctrl-C/SIGTERM.\n"
+	  "\n"
+	  "Ctrl-C: the first one goes to every rank as SIGINT (mpirun is left alone), as\n"
+	  "it would to one process: a script stops with the error \"interrupted!\", and\n"
+	  "ember.trainer (scripts/train.lua) ends the step the ranks agree on, writes a\n"
+	  "checkpoint, and every rank exits 0. A second Ctrl-C, a Ctrl-C before every rank\n"
+	  "has started, SIGTERM and SIGHUP stop mpirun, which stops the ranks (SIGTERM),\n"
+	  "and after %d s the launcher kills what is left.\n"
 	  "\n"
 	  "The launcher sets, for one host and for containers: --oversubscribe (more\n"
 	  "ranks than cores), --bind-to none, OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 as root,\n"
@@ -138,7 +152,8 @@ static void print_help(FILE *f)
 	  "  ember launch --nproc 2 --dry-run train.lua      show what would run\n"
 	  "  mpirun -np 2 ember run train.lua                 the same world, by hand\n"
 	  "\n"
-	  "Needs Open MPI's mpirun on PATH (Debian/Ubuntu: openmpi-bin; make deps).\n");
+	  "Needs Open MPI's mpirun on PATH (Debian/Ubuntu: openmpi-bin; make deps).\n",
+	  STOP_GRACE_S);
 }
 
 static int usage(const char *fmt, const char *a, const char *b)
@@ -329,6 +344,7 @@ struct plan {
 	char mpirun[PATH_MAX];
 	char exe[PATH_MAX];
 	char np[24];
+	long nproc;
 	char dir[PATH_MAX];  /* EMBER_LAUNCH_DIR; empty until created */
 	char *extra;         /* the copy of --mpirun-args split in place */
 	struct strv argv;
@@ -344,6 +360,7 @@ static int build_argv(struct plan *p, const struct options *o, int argc, char **
 	if (p->argv.v == NULL)
 		return EXIT_FAILURE;
 	snprintf(p->np, sizeof p->np, "%ld", o->nproc);
+	p->nproc = o->nproc;
 	char *fixed[] = {p->mpirun, "-np", p->np, "--oversubscribe", "--bind-to", "none",
 	                 "-x", "EMBER_DIST_BACKEND", "-x", "EMBER_LAUNCH_DIR"};
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
@@ -859,12 +876,14 @@ static void summarize(const char *dir, const struct mpi_report *mpi, int wstatus
 
 /* ---- running mpirun ---- */
 
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal; /* the first one */
+static volatile sig_atomic_t stop_count;
 
 static void on_stop(int sig)
 {
 	if (stop_signal == 0)
 		stop_signal = sig;
+	stop_count++;
 }
 
 static void catch_stops(void)
@@ -906,16 +925,75 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Ctrl-C/SIGTERM: one SIGTERM to mpirun (it stops the ranks), SIGKILL to
- * its group if it is still there after the grace period. */
-static void forward_stop(pid_t pid, double *stop_at)
+/* A rank's pid from dir/rank<R>.pid (rank_env.c), 0 when absent or odd. */
+static pid_t rank_pid(const char *dir, long rank)
 {
-	if (stop_signal == 0)
+	char path[PATH_MAX], name[32];
+	snprintf(name, sizeof name, "rank%ld.pid", rank);
+	if (!join_path(path, sizeof path, dir, name))
+		return 0;
+	char *text = read_file(path);
+	if (text == NULL)
+		return 0;
+	char *end;
+	long pid = strtol(text, &end, 10);
+	bool ok = end != text && *end == '\n' && pid > 1;
+	free(text);
+	return ok ? (pid_t)pid : 0;
+}
+
+/* Ctrl-C, the first: SIGINT to every rank, which ends a script at its next
+ * Lua instruction, or a training loop after the step the ranks agree on
+ * (trainer.lua), checkpoint written. mpirun itself stays untouched: Open MPI
+ * turns a SIGINT or SIGTERM to mpirun into SIGTERM then SIGKILL for the
+ * ranks. False when some rank has not registered yet (still starting:
+ * nothing to save), and then the caller stops mpirun instead. */
+static bool ask_ranks(const char *dir, long nproc)
+{
+	if (dir[0] == '\0')
+		return false;
+	pid_t *pids = calloc((size_t)nproc, sizeof *pids);
+	if (pids == NULL)
+		return false;
+	bool all = true;
+	for (long r = 0; r < nproc && all; r++)
+		all = (pids[r] = rank_pid(dir, r)) != 0;
+	for (long r = 0; r < nproc && all; r++)
+		kill(pids[r], SIGINT);
+	free(pids);
+	return all;
+}
+
+struct stopper {
+	const char *dir;
+	long nproc;
+	int handled;    /* stop_count acted on */
+	bool asked;     /* the ranks got the SIGINT and mpirun was left alone */
+	double term_at; /* when mpirun got SIGTERM; 0 before */
+};
+
+/* A first Ctrl-C asks the ranks (ask_ranks); a second one, or SIGTERM/HUP,
+ * sends one SIGTERM to mpirun (it stops the ranks), and SIGKILL goes to its
+ * group if it is still there after the grace period. */
+static void forward_stop(pid_t pid, struct stopper *s)
+{
+	int count = stop_count;
+	if (count == s->handled && s->term_at == 0)
 		return;
-	if (*stop_at == 0) {
-		*stop_at = now_s();
+	if (count > s->handled && s->term_at == 0) {
+		bool first = s->handled == 0;
+		s->handled = count;
+		if (first && count == 1 && stop_signal == SIGINT && ask_ranks(s->dir, s->nproc)) {
+			s->asked = true;
+			fprintf(stderr, PREFIX "SIGINT: asked the ranks to stop (a training run ends its "
+			        "step and writes a checkpoint); Ctrl-C again to kill them\n");
+			return;
+		}
+		if (s->asked)
+			fprintf(stderr, PREFIX "second stop signal: stopping mpirun and the ranks\n");
+		s->term_at = now_s();
 		kill(pid, SIGTERM);
-	} else if (now_s() - *stop_at > STOP_GRACE_S) {
+	} else if (s->term_at != 0 && now_s() - s->term_at > STOP_GRACE_S) {
 		kill(-pid, SIGKILL);
 		kill(pid, SIGKILL);
 	}
@@ -924,14 +1002,14 @@ static void forward_stop(pid_t pid, double *stop_at)
 /* Forward mpirun's stderr until it exits; returns its wait status. After
  * the exit, what is still in the pipe is read until EOF or a quiet second
  * (a stray grandchild may hold the pipe open). */
-static int pump(pid_t pid, int err_r, struct reader *rd)
+static int pump(pid_t pid, int err_r, struct reader *rd, struct stopper *stop)
 {
 	int wstatus = 0;
 	bool exited = false, eof = false;
-	double stop_at = 0, exited_at = 0;
+	double exited_at = 0;
 	char chunk[8192];
 	while (!eof && !(exited && now_s() - exited_at > 1.0)) {
-		forward_stop(pid, &stop_at);
+		forward_stop(pid, stop);
 		struct pollfd pfd = {.fd = err_r, .events = POLLIN};
 		int ready = poll(&pfd, 1, 200);
 		if (ready > 0) {
@@ -949,14 +1027,14 @@ static int pump(pid_t pid, int err_r, struct reader *rd)
 	}
 	on_eof(rd);
 	while (!exited) {
-		forward_stop(pid, &stop_at);
+		forward_stop(pid, stop);
 		pid_t w = waitpid(pid, &wstatus, 0);
 		exited = w == pid || (w < 0 && errno != EINTR);
 	}
 	return wstatus;
 }
 
-static int run_mpirun(const struct plan *p, struct reader *rd, int *wstatus)
+static int run_mpirun(const struct plan *p, struct reader *rd, int *wstatus, bool *asked)
 {
 	int fds[2];
 	if (pipe(fds) != 0) {
@@ -976,14 +1054,31 @@ static int run_mpirun(const struct plan *p, struct reader *rd, int *wstatus)
 		exec_mpirun(p, fds[1]);
 	}
 	close(fds[1]);
-	*wstatus = pump(pid, fds[0], rd);
+	struct stopper stop = {.dir = p->dir, .nproc = p->nproc};
+	*wstatus = pump(pid, fds[0], rd, &stop);
+	*asked = stop.asked && stop.term_at == 0;
 	close(fds[0]);
 	return EXIT_SUCCESS;
 }
 
 /* Status of the launcher from mpirun's, after the summary if it failed. */
-static int finish(const struct plan *p, const struct reader *rd, int wstatus)
+static int finish(const struct plan *p, const struct reader *rd, int wstatus, bool asked)
 {
+	struct record rec;
+	if (asked) {
+		/* the ranks ended on their own after the SIGINT; a Lua error other
+		 * than "interrupted!" on the way out is still worth naming */
+		if (first_record(p->dir, &rec)) {
+			free(rec.message);
+			summarize(p->dir, &rd->report, wstatus);
+		}
+		if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+			fprintf(stderr, PREFIX "stopped by SIGINT; every rank stopped on its own and exited 0\n");
+		else
+			fprintf(stderr, PREFIX "stopped by SIGINT; the ranks were interrupted (mpirun stops "
+			        "the others when one exits non-zero)\n");
+		return 128 + SIGINT;
+	}
 	if (stop_signal != 0) {
 		fprintf(stderr, PREFIX "stopped by %s; mpirun and the ranks were stopped\n",
 		        cli_signal_name(stop_signal));
@@ -1042,8 +1137,9 @@ static int launch(const struct options *o, int argc, char **argv)
 		status = EXIT_FAILURE;
 		if (rd != NULL) {
 			rd->report = (struct mpi_report){.rank = -1, .exit_code = -1};
-			if (run_mpirun(&p, rd, &wstatus) == EXIT_SUCCESS)
-				status = finish(&p, rd, wstatus);
+			bool asked = false;
+			if (run_mpirun(&p, rd, &wstatus, &asked) == EXIT_SUCCESS)
+				status = finish(&p, rd, wstatus, asked);
 			free(rd);
 		}
 		remove_dir(p.dir);

@@ -10,10 +10,17 @@
  * Under `ember launch` (EMBER_LAUNCH_DIR set) fatal signals also leave a
  * failure record, so the launcher can say "rank 1 ... killed by signal 11
  * (SIGSEGV)" with the host and pid, then the signal ends the process as it
- * would have. SIGTERM is left alone: that is mpirun stopping the survivors. */
+ * would have. SIGTERM is left alone: that is mpirun stopping the survivors.
+ *
+ * Each rank also leaves its pid there (rank<R>.pid): the launcher passes a
+ * Ctrl-C on to the ranks themselves, not to mpirun, whose SIGINT/SIGTERM
+ * would kill them mid-step (Open MPI forwards neither), so that a training
+ * loop can finish its step and write a checkpoint (docs/training.md). */
 #define _XOPEN_SOURCE 700 /* sigaltstack, SA_ONSTACK */
 
 #include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,4 +120,40 @@ void cli_rank_fatal_signals(void)
 	sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
 	for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
 		sigaction(fatal[i], &sa, NULL);
+}
+
+/* ---- the pid file the launcher signals through ---- */
+
+static char pid_path[4096]; /* set once this process's pid is in it */
+
+/* At exit the file goes, so a late Ctrl-C never reaches a reused pid. */
+static void unregister(void)
+{
+	unlink(pid_path);
+}
+
+void cli_rank_register(void)
+{
+	const char *dir = getenv("EMBER_LAUNCH_DIR");
+	const char *rank = getenv("EMBER_RANK");
+	if (dir == NULL || dir[0] == '\0' || rank == NULL || rank[0] == '\0')
+		return;
+	char tmp[4096], path[sizeof pid_path];
+	int a = snprintf(tmp, sizeof tmp, "%s/.rank%s.%ld.tmp", dir, rank, (long)getpid());
+	int b = snprintf(path, sizeof path, "%s/rank%s.pid", dir, rank);
+	if (a < 0 || (size_t)a >= sizeof tmp || b < 0 || (size_t)b >= sizeof path)
+		return;
+	FILE *f = fopen(tmp, "w");
+	if (f == NULL)
+		return; /* then a Ctrl-C stops mpirun as before: no worse */
+	bool ok = fprintf(f, "%ld\n", (long)getpid()) > 0;
+	ok = fclose(f) == 0 && ok;
+	/* linked into place whole, so the launcher never reads half a number;
+	 * link() does not replace: an `ember` the rank's script starts itself
+	 * inherits the variables, and the rank's own pid must stay */
+	if (ok && link(tmp, path) == 0) {
+		memcpy(pid_path, path, sizeof pid_path);
+		atexit(unregister);
+	}
+	remove(tmp);
 }

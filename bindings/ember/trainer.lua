@@ -24,6 +24,9 @@
 -- and numbers are written with all their digits (ember.util.json_encode).
 -- Ctrl-C is deferred to the end of the step it arrives in (ember.util
 -- defer_interrupts), so the checkpoint it triggers is never half a step.
+-- With ranks (`ember launch` gives each rank the SIGINT) they stop after the
+-- same step: the interrupt flag is all-reduced (max) at the log points, where
+-- the host syncs for the log anyway, so a stop costs no per-step collective.
 -- @module ember.trainer
 
 local ember = require "ember"

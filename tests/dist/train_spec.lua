@@ -74,6 +74,30 @@ T.case("a resumed DDP run equals a straight one bit for bit", function()
   end
 end)
 
+-- What `ember launch` does with a Ctrl-C (tests/lua/launch_interrupt_spec.lua
+-- sends real ones): each rank gets a SIGINT, at its own moment. Here only the
+-- last rank has one pending (as its SIGINT hook would record it) from the
+-- start: every rank must still stop after the same step, the next log point.
+T.case("a Ctrl-C on one rank stops every rank after the same step, checkpointed; the resume is the straight run", function()
+  if RANK == WORLD - 1 then debug.getregistry()["ember.interrupt_pending"] = true end
+  local s = ember.trainer.run(opts({out = DIR .. "/intr", ddp = "bucketed", decay_steps = STEPS}))
+  assert(s.interrupted == true, "rank " .. RANK .. " was not interrupted")
+  assert(s.step == 2, ("rank %d stopped after step %d, expected 2 (log_every)"):format(RANK, s.step))
+  assert(debug.getregistry()["ember.interrupt_pending"] == nil, "the Ctrl-C is still pending after the run")
+  local ck = ("%s/intr/checkpoints/step_%08d"):format(DIR, 2)
+  -- rank 0 writes it (the others return no path) before a barrier every rank passes
+  if RANK == 0 then assert(s.checkpoint == ck, ("checkpoint %s, expected %s"):format(tostring(s.checkpoint), ck)) end
+  assert(io.open(ck .. "/trainer.json"), "no " .. ck .. "/trainer.json"):close()
+  local r = ember.trainer.run({resume = DIR .. "/intr", steps = STEPS, quiet = true})
+  assert(r.step == STEPS and not r.interrupted, "the resume did not finish")
+  if RANK == 0 then
+    local a, b = losses(DIR .. "/ddp"), losses(DIR .. "/intr")
+    for step = 1, STEPS do assert(a[step] == b[step], ("loss of step %d: %.17g vs %.17g"):format(step, b[step], a[step])) end
+    local pa, pb = params(DIR .. "/ddp"), params(DIR .. "/intr")
+    for name, t in pairs(pa) do T.close(pb[name], t, 0, name) end
+  end
+end)
+
 T.case("ZeRO-1 trains as DDP with AdamW bit for bit, and resumes", function()
   ember.trainer.run(opts({out = DIR .. "/zero", ddp = "bucketed", zero = true}))
   ember.trainer.run(opts({out = DIR .. "/zsplit", ddp = "bucketed", zero = true, steps = 3, decay_steps = STEPS}))

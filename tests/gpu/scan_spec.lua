@@ -65,11 +65,10 @@ end)
 
 -- The default one-row scan (split: scan_row_sums, then scan_row_apply) evaluates
 -- a fixed expression per element whatever the order its apply pass takes the
--- tiles in and whatever cache hints it gives, so its A/B switches must not
--- change a bit: EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first) and
--- EMBER_SCAN_ROW_EVICT=0 (evict_normal loads and stores) against the default
--- (last tile first, evict_first). The switches are read once a
--- process: each runs in a child and saves its results. Sizes: two elements,
+-- tiles in, so its A/B switch must not change a bit:
+-- EMBER_SCAN_ROW_LAST_FIRST=0 (first tile first) against the default (last
+-- tile first). The switch is read once a process: each setting runs in a
+-- child and saves its results. Sizes: two elements,
 -- one tile and a bit, a chunk and a bit, and 301 chunks (> 256: the carry
 -- warps each start past 32 chunks, the lane partials' first loop); forward,
 -- misaligned (the scalar path), cumprod, reversed (cumsum's backward), each
@@ -107,9 +106,8 @@ describe("one-row scan on CUDA: split's switches, cub, graph capture", function(
      .. "and a second run the same bits", function()
     local script = H.temp_file(CHILD, ".lua")
     local order = cmp.mode_results(H, script, "EMBER_SCAN_ROW_LAST_FIRST", {"1", "0"})
-    local got = {default = order["1"], first_tile_first = order["0"],
-                 normal = cmp.mode_results(H, script, "EMBER_SCAN_ROW_EVICT", {"0"})["0"]}
-    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first", "normal"}))
+    local got = {default = order["1"], first_tile_first = order["0"]}
+    assert.are.equal(4 * 4 * 6, cmp.assert_modes_agree(got, "default", {"first_tile_first"}))
     for mode, r in pairs(got) do   -- the second run of each sum: the same bits
       for name, t in pairs(r) do
         local key = name:match("^again_(.*)$")
