@@ -163,6 +163,16 @@ function M.kernel_names(fn)
   return table.concat(names, " | ")
 end
 
+--- The number of kernel launches of fn() whose name contains `pat` (a plain substring), from the
+-- profiler's per-kernel rows (kernel_names lists each name once, whatever its calls).
+function M.kernel_calls(fn, pat)
+  local P = ember.profiler.profile(function() fn() ember.cuda.synchronize() end, {print = false})
+  local n = 0
+  for _, r in ipairs(P:kernels()) do if r.key:find(pat, 1, true) then n = n + r.calls end end
+  P:close()
+  return n
+end
+
 --- nil when fn() (a forced wgmma kernel) runs here; the error when it failed for want of an sm_90 GPU;
 -- any other error is raised.
 function M.sm90_unavailable(fn)
