@@ -29,6 +29,12 @@ typedef struct {
   const int64_t *shape;
 } job;
 
+/* The bits that make an element of kes bytes kept: all of them, a float's but its sign. */
+static uint64_t keep_bits(size_t kes, bool is_float) {
+  const uint64_t all = kes == 8 ? ~0ull : (1ull << (8 * kes)) - 1;
+  return is_float ? all >> 1 : all;
+}
+
 #define KEPT(T, p, i, m) ((((const T *)(p))[i] & (T)(m)) != 0)
 
 static int64_t count_range(const job *j, int64_t i0, int64_t i1) {
@@ -119,8 +125,7 @@ int64_t em_cpu_compact_count(const void *keep, size_t kes, bool is_float, int64_
   const int64_t nb = (n + kBlock - 1) / kBlock;
   int64_t *offs = malloc((size_t)(nb + 1) * sizeof *offs);
   if (!offs) return -1;
-  uint64_t all = kes == 8 ? ~0ull : (1ull << (8 * kes)) - 1;
-  job j = {.keep = keep, .kes = kes, .bits = is_float ? all >> 1 : all, .n = n, .nb = nb, .offs = offs};
+  job j = {.keep = keep, .kes = kes, .bits = keep_bits(kes, is_float), .n = n, .nb = nb, .offs = offs};
   offs[0] = 0;
   em_parallel_for_mem(nb, 1, count_blocks, &j);
   for (int64_t b = 0; b < nb; b++) offs[b + 1] += offs[b];
@@ -137,8 +142,7 @@ void em_cpu_compact_select(const uint8_t *mask, int64_t n, const int64_t *offs, 
 
 void em_cpu_compact_coords(const void *keep, size_t kes, bool is_float, int64_t n, const int64_t *offs, int nd,
                            const int64_t *shape, int64_t *out) {
-  uint64_t all = kes == 8 ? ~0ull : (1ull << (8 * kes)) - 1;
-  job j = {.keep = keep, .kes = kes, .bits = is_float ? all >> 1 : all, .n = n, .nb = (n + kBlock - 1) / kBlock,
+  job j = {.keep = keep, .kes = kes, .bits = keep_bits(kes, is_float), .n = n, .nb = (n + kBlock - 1) / kBlock,
            .offs = (int64_t *)offs, .out = out, .nd = nd, .shape = shape};
   if (nd > 0) em_parallel_for_mem(j.nb, 1, coords_blocks, &j);
 }
