@@ -323,4 +323,31 @@ function H.erf(x)
   return 2 / math.sqrt(math.pi) * math.exp(-x * x) * sum
 end
 
+--- One rmsnorm / add_rmsnorm with an out dtype od, and its gradients: new, the
+-- op's {out_dtype = od}; else the composition (the norm, or the add and the
+-- norm, then :to(od)). x, r (add_rmsnorm only), w (or nil) become fresh
+-- leaves; consumer "root": y:backward(gy); else one consumer, (y * gy):sum()
+-- in f32 (+ (s * gs):sum() for add_rmsnorm). Returns {y, s, gx, gr, gw}.
+-- Shared by tests/lua/norm_spec.lua and tests/gpu/norm_spec.lua.
+function H.norm_out_grads(new, op, od, x, r, w, gs, gy, consumer)
+  local F = ember().nn.functional
+  local function leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
+  local xl, rl, wl = leaf(x), r and leaf(r), w and leaf(w)
+  local s, y
+  if op == "rmsnorm" then
+    if new then y = F.rmsnorm(xl, wl, 1e-5, {out_dtype = od}) else y = F.rmsnorm(xl, wl, 1e-5):to(od) end
+  else
+    if new then s, y = F.add_rmsnorm(xl, rl, wl, 1e-5, {out_dtype = od})
+    else s = xl + rl; y = F.rmsnorm(s, wl, 1e-5):to(od) end
+  end
+  if consumer == "root" then
+    y:backward(gy)
+  else                                     -- one consumer: a product with a tensor in od
+    local loss = (y * gy):sum():float()
+    if s then loss = loss + (s * gs):sum() end
+    loss:backward()
+  end
+  return {y = y, s = s, gx = xl.grad, gr = rl and rl.grad, gw = wl and wl.grad}
+end
+
 return H
