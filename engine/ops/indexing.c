@@ -625,11 +625,9 @@ static int masked_select_backward(em_node *n, em_tensor **gout, em_tensor **gin)
   return gin[0] ? 0 : -1;
 }
 
-static bool compact_width(size_t es) { return es == 1 || es == 2 || es == 4 || es == 8; }
-
 /* Contiguous copies of x and mask over the broadcast shape (aliases when they already are), then
  * compact_cpu.c's two parallel passes. */
-static em_tensor *masked_select_cpu_fast(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
+static em_tensor *masked_select_cpu(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
   em_tensor *xb = broadcast_alias(x, nd, shape), *mb = xb ? broadcast_alias(mask, nd, shape) : NULL;
   em_tensor *xc = mb ? em_contiguous_as(xb, x->dtype) : NULL, *mc = xc ? em_contiguous_as(mb, EM_BOOL) : NULL;
   em_tensor *out = NULL;
@@ -640,24 +638,6 @@ static em_tensor *masked_select_cpu_fast(em_tensor *x, em_tensor *mask, int nd, 
     em_cpu_compact_select(em_data_ptr(mc), n, offs, em_data_ptr(xc), em_dtype_size(x->dtype), em_data_ptr(out));
   free(offs);
   em_tensor_release(xb); em_tensor_release(mb); em_tensor_release(xc); em_tensor_release(mc);
-  return out;
-}
-
-static em_tensor *masked_select_cpu(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
-  if (compact_width(em_dtype_size(x->dtype))) return masked_select_cpu_fast(x, mask, nd, shape);
-  em_iter it;
-  em_iter_init(&it, nd, shape, 2, (const em_tensor *[]){x, mask});
-  const uint8_t *m = em_storage_ptr(mask);
-  int64_t count = 0;
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it)) count += m[it.off[1]] != 0;
-  em_tensor *out = em_empty(1, &count, x->dtype, x->device);
-  if (!out) return NULL;
-  em_iter_init(&it, nd, shape, 2, (const em_tensor *[]){x, mask});
-  const char *src = em_storage_ptr(x);
-  char *dst = em_data_ptr(out);
-  size_t es = em_dtype_size(x->dtype);
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
-    if (m[it.off[1]]) { memcpy(dst, src + (size_t)it.off[0] * es, es); dst += es; }
   return out;
 }
 
@@ -719,39 +699,19 @@ em_tensor *em_masked_select(em_tensor *x, em_tensor *mask) {
   return em_op_record(out, NULL, "masked_select", masked_select_backward, 1, &x, 1, &mask);
 }
 
-static int is_nonzero_at(const void *p, em_dtype dt, int64_t i) {
-  if (em_dtype_is_float(dt)) return em_load_f64(p, dt, i) != 0;   /* NaN counts, -0.0 does not */
-  return em_load_i64(p, dt, i) != 0;
-}
-
+/* compact_cpu.c's two parallel passes over a contiguous x (every dtype is 1, 2, 4 or 8 bytes). */
 static em_tensor *nonzero_cpu(em_tensor *x) {
+  em_tensor *c = em_contiguous_as(x, x->dtype), *out = NULL;
+  int64_t *offs = NULL, n = em_numel(x);
   const size_t es = em_dtype_size(x->dtype);
-  if (compact_width(es)) {   /* compact_cpu.c's two parallel passes over a contiguous x */
-    em_tensor *c = em_contiguous_as(x, x->dtype), *out = NULL;
-    int64_t *offs = NULL, n = em_numel(x);
-    const bool fl = em_dtype_is_float(x->dtype) != 0;
-    int64_t count = c ? em_cpu_compact_count(em_data_ptr(c), es, fl, n, &offs) : -1;
-    if (c && count < 0) em_error("nonzero: out of host memory for %lld block offsets", (long long)n);
-    int64_t shape[2] = {count, x->ndim};
-    if (count >= 0 && (out = em_empty(2, shape, EM_I64, x->device)) && count > 0)
-      em_cpu_compact_coords(em_data_ptr(c), es, fl, n, offs, x->ndim, x->shape, em_data_ptr(out));
-    free(offs);
-    em_tensor_release(c);
-    return out;
-  }
-  em_iter it;
-  em_iter_init(&it, x->ndim, x->shape, 1, (const em_tensor *[]){x});
-  const void *p = em_storage_ptr(x);
-  int64_t count = 0;
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it)) count += is_nonzero_at(p, x->dtype, it.off[0]);
+  const bool fl = em_dtype_is_float(x->dtype) != 0;
+  int64_t count = c ? em_cpu_compact_count(em_data_ptr(c), es, fl, n, &offs) : -1;
+  if (c && count < 0) em_error("nonzero: out of host memory for %lld block offsets", (long long)n);
   int64_t shape[2] = {count, x->ndim};
-  em_tensor *out = em_empty(2, shape, EM_I64, x->device);
-  if (!out) return NULL;
-  int64_t *o = em_data_ptr(out);
-  em_iter_init(&it, x->ndim, x->shape, 1, (const em_tensor *[]){x});
-  for (int64_t i = 0; i < it.numel; i++, em_iter_next(&it))
-    if (is_nonzero_at(p, x->dtype, it.off[0]))
-      for (int d = 0; d < x->ndim; d++) *o++ = it.idx[d];
+  if (count >= 0 && (out = em_empty(2, shape, EM_I64, x->device)) && count > 0)
+    em_cpu_compact_coords(em_data_ptr(c), es, fl, n, offs, x->ndim, x->shape, em_data_ptr(out));
+  free(offs);
+  em_tensor_release(c);
   return out;
 }
 
