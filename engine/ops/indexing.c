@@ -552,10 +552,17 @@ static int scan_count(em_tensor *pos, int64_t *count) {
   return rc;
 }
 
-/* EMBER_COMPACT=scan: the previous CUDA path (i64 flags + a scan; count + select) instead of the tiles. */
+/* EMBER_COMPACT=scan: the previous CUDA path (i64 flags + a scan; count + select) instead of the tiles (read
+ * once; `tiles` or unset: the tiles; anything else: the tiles and a line on stderr naming both). */
 static int compact_scan_path(void) {
-  const char *e = getenv("EMBER_COMPACT");
-  return e && strcmp(e, "scan") == 0;
+  static int scan = -1;
+  if (scan < 0) {
+    const char *e = getenv("EMBER_COMPACT");
+    scan = e && strcmp(e, "scan") == 0;
+    if (e && *e && !scan && strcmp(e, "tiles") != 0)
+      fprintf(stderr, "ember: EMBER_COMPACT must be 'tiles' or 'scan', got '%s'; using tiles\n", e);
+  }
+  return scan;
 }
 
 /* CUDA, tiles: mark the nonzeros of t broadcast to shape in a new workspace (*ws: the bits and each tile's offset);
@@ -646,8 +653,9 @@ static em_tensor *masked_select_cpu(em_tensor *x, em_tensor *mask, int nd, const
  * by default: it trades memory (up to numel x element size per result) for the host round trip between the
  * passes. */
 static int compact_onepass(void) {
-  const char *e = getenv("EMBER_COMPACT_ONEPASS");
-  return e && e[0] == '1';
+  static int on = -1;
+  if (on < 0) on = em_env_digit("EMBER_COMPACT_ONEPASS", 1, 0);
+  return on;
 }
 
 static em_tensor *masked_select_onepass(em_tensor *x, em_tensor *mask, int nd, const int64_t *shape) {
