@@ -12,8 +12,12 @@
 -- forward and loss in ember.autocast("bf16"); backward runs outside it, as in
 -- PyTorch. --graph captures one whole step with ember.cuda.graph after the
 -- warm-up steps and times its replays. --overlap-optimizer runs AdamW's
--- updates during backward (opt:step_in_backward: docs/training.md). Out of memory is a result ("OOM"),
--- printed and written to the JSON line, not a crash.
+-- updates during backward (opt:step_in_backward: docs/training.md) and drops
+-- each gradient once its update ran (free_grads; --keep-grads keeps them, the
+-- A/B): the step's peak is then the forward's end, not 4 bytes a parameter of
+-- gradients on top of everything at the end of backward (2.7B: docs/perf.md).
+-- Out of memory is a result ("OOM"), printed and written to the JSON line, not
+-- a crash.
 --
 -- MFU = tokens/s · FLOPs per token / peak FLOP/s, with (PaLM, appendix B)
 --   train, fwd_bwd: FLOPs/token = 6·N + 12·L·d_model·T
@@ -65,6 +69,10 @@ parser:option("--attn", "Attention: auto (flash kernels on CUDA with bf16, naive
 parser:flag("--graph", "Capture one step as a CUDA graph and time its replays (cuda only).")
 parser:flag("--overlap-optimizer", "train: AdamW's updates run during backward, each bucket as soon as its " ..
   "gradients are final, on a side stream (opt:step_in_backward); the same bits as the plain step.")
+parser:flag("--overlap-inline", "With --overlap-optimizer: the updates on the main stream, between backward's " ..
+  "kernels (step_in_backward{side_stream = false}; A/B of the side stream).")
+parser:flag("--keep-grads", "With --overlap-optimizer: keep every gradient until the next zero_grad (A/B; " ..
+  "default: each is dropped once its update ran, step_in_backward{free_grads = true}).")
 parser:option("--overlap-bucket-mb", "With --overlap-optimizer: MiB of parameters per update launch " ..
   "(0: one per parameter).", "32"):convert(tonumber)
 parser:flag("--no-shadow-weights", "AdamW without shadow weights: autocast casts every weight each step (A/B).")
@@ -88,6 +96,8 @@ parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 args.graph, args.tf32, args.quiet = args.graph or false, args.tf32 or false, args.quiet or false
 args.overlap_optimizer = args.overlap_optimizer or false
+args.keep_grads = args.keep_grads or false
+args.overlap_inline = args.overlap_inline or false
 if args.matmul_tune then ember.backends.matmul_tune(true) end
 args.matmul_tune = ember.backends.matmul_tune()       -- the flag, or EMBER_MATMUL_TUNE
 args.profile = args.profile or args.profile_trace ~= nil
@@ -99,6 +109,8 @@ args.device = args.device or (ember.cuda.is_available() and "cuda" or "cpu")
 local on_cuda = args.device:match("^cuda") ~= nil
 if args.graph and not on_cuda then fail("--graph needs --device cuda") end
 if args.overlap_optimizer and args.mode ~= "train" then fail("--overlap-optimizer needs --mode train") end
+if args.keep_grads and not args.overlap_optimizer then fail("--keep-grads needs --overlap-optimizer") end
+if args.overlap_inline and not args.overlap_optimizer then fail("--overlap-inline needs --overlap-optimizer") end
 if not (args.overlap_bucket_mb and args.overlap_bucket_mb >= 0) then fail("--overlap-bucket-mb must be >= 0") end
 if args.attn == "flash" and not (on_cuda and args.precision == "bf16") then
   fail("--attn flash: the flash kernels need --device cuda and --precision bf16")
@@ -152,6 +164,8 @@ local config = {
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
   tf32 = args.tf32, matmul_tune = args.matmul_tune, attn = attn_used, graph = args.graph, warmup = args.warmup,
   overlap_optimizer = args.overlap_optimizer, overlap_bucket_mb = args.overlap_optimizer and args.overlap_bucket_mb or nil,
+  overlap_free_grads = args.overlap_optimizer and not args.keep_grads or nil,
+  overlap_inline = args.overlap_optimizer and args.overlap_inline or nil,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
   params = n_params, params_matmul = n_matmul, threads = ember.get_num_threads(),
 }
@@ -162,7 +176,8 @@ print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d bat
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
     args.precision, args.tf32 and "+tf32" or "", args.matmul_tune and " matmul-tune" or "", attn_used,
     tostring(args.graph),
-    args.overlap_optimizer and (" overlap-optimizer(%g MiB)"):format(args.overlap_bucket_mb) or "", args.warmup,
+    args.overlap_optimizer and (" overlap-optimizer(%g MiB%s%s)"):format(args.overlap_bucket_mb,
+      args.keep_grads and ", keep grads" or ", free grads", args.overlap_inline and ", inline" or "") or "", args.warmup,
     args.steps, n_params / 1e6))
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
@@ -170,6 +185,12 @@ local nvtx, context = ember.nvtx, ember.context
 if args.nvtx then nvtx.enable(true) end
 -- CUPTI subscribed before a graph capture maps replayed kernels to their ops
 if args.profile and on_cuda then ember.profiler.init() end
+
+--- --overlap-optimizer: the next backward runs the updates (and drops the
+-- gradients unless --keep-grads; on the main stream with --overlap-inline).
+local function arm(opt)
+  opt:step_in_backward{free_grads = not args.keep_grads, side_stream = not args.overlap_inline}
+end
 
 --- One eager step split into phases, each synchronised: {name, ms, allocated
 -- bytes after it, peak bytes during it}. Graph mode is not split (one launch).
@@ -196,7 +217,7 @@ local function phase_breakdown(model, opt, forward)
     -- what a full Lua collection frees here is garbage that only waited for the GC
     phase("full_gc", function() collectgarbage() collectgarbage() end)
     local loss = phase("forward", forward)
-    if opt and args.overlap_optimizer then opt:step_in_backward() end   -- the updates land in "backward"
+    if opt and args.overlap_optimizer then arm(opt) end   -- the updates land in "backward"
     phase("backward", function() loss:backward() end)
     loss = nil
     if opt then phase("optimizer", function() opt:step() end) end
@@ -374,14 +395,7 @@ local function run()
   if args.mode == "fwd" then
     step = function() return ember.no_grad(forward) end
   else
-    step = function()
-      model:zero_grad()              -- grads to nil: backward allocates them fresh
-      local loss = forward()
-      if opt and args.overlap_optimizer then opt:step_in_backward() end
-      context.phase("backward", loss.backward, loss)
-      if opt then opt:step() end     -- the optimizer marks its own phase (the join, with overlap)
-      return loss
-    end
+    step = MF.train_step(model, opt, forward, args.overlap_optimizer and arm or nil)
   end
 
   local loss

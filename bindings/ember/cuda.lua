@@ -85,7 +85,12 @@ cuda.graph = wrap("graph", function(fn, opts)
   end
   for _ = 1, warmup do fn() end
   core.cuda_synchronize(opts.device)
-  -- collect warm-up garbage now, and keep finalizers out of the capture
+  -- collect warm-up garbage now; the automatic collector stays off during
+  -- the capture. Explicit collections still run in it: the one as each
+  -- backward starts (lua_tensor.c: the forward's dead handles, whose
+  -- activations would otherwise live through backward and size the graph's
+  -- pool) and the device-memory ones; finalizers are safe there (frees are
+  -- host bookkeeping, driver frees are deferred to the capture's end)
   collectgarbage("collect")
   local gc_running = collectgarbage("isrunning")
   collectgarbage("stop")

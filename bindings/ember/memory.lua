@@ -61,13 +61,15 @@ end
 
 -- Blocks that exist before recording starts get their categories from the
 -- registries nn and optim keep (weak tables): parameters, their gradients,
--- optimizer state. Tagging is recorded as events, so snapshots know them.
+-- optimizer state (with AdamW's shadow weights, the bf16/f16 copies its step
+-- writes). Tagging is recorded as events, so snapshots know them.
 local function tag_existing()
   local nn = package.loaded["ember.nn"]
   if type(nn) == "table" and nn._live_parameters then
     for p in pairs(nn._live_parameters) do
       pcall(core.mem_tag, p, "parameter")
       pcall(core.mem_tag_grad, p, "gradient")
+      pcall(core.mem_tag_shadow, p, "optimizer_state")
     end
   end
   local optim = package.loaded["ember.optim"]

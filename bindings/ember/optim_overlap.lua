@@ -34,6 +34,19 @@
 -- clip = "previous" scales this step's gradients by the factor of the
 -- previous step's norm (not exact: documented in docs/training.md); the
 -- first step has no previous norm and is clipped exactly with its own.
+--
+-- free_grads = true drops each gradient once its update has run (its
+-- parameter's .grad becomes nil, as zero_grad() would make it), so at no
+-- point are all the gradients alive at once: at 2.7B they are 12.7 GiB
+-- that otherwise sit beside the bf16 shadow weights, the moments and the
+-- master weights at the end of backward. Inline, a bucket's gradients go
+-- right after its launch (stream order makes it safe). On the side stream
+-- the update may still be reading them while the main stream allocates, and
+-- a freed block goes back to the main stream's free list, so each bucket
+-- records an event on the side stream after its launch, and the bucket
+-- FREE_LAG flushes later the main stream waits on that event before the
+-- gradients are dropped (the lag keeps the main stream from waiting on an
+-- update that has just started); step() drops the rest after the join.
 -- @module ember.optim_overlap
 
 local core = require "ember.core"
@@ -42,6 +55,9 @@ local fmt = string.format
 local M = {}
 
 local CLIP_MODES = {exact = true, previous = true}
+-- free_grads with the side stream: buckets whose gradients wait for their
+-- update before the main stream may free them (see the module comment)
+local FREE_LAG = 2
 
 function M.install(AdamW, h)
   local update = h.update
@@ -83,7 +99,8 @@ function M.install(AdamW, h)
   -- @tparam[opt] table opts max_norm (clip the global gradient norm to it),
   --   clip ("exact", the default with max_norm: no overlap; "previous": the
   --   previous step's norm), side_stream (true: CUDA updates on a side stream;
-  --   false: inline on the main stream, same bits)
+  --   false: inline on the main stream, same bits), free_grads (false: true
+  --   drops each gradient once its update ran; .grad is nil after step())
   function AdamW:step_in_backward(opts)
     local fname = "ember.optim.AdamW.step_in_backward"
     if opts ~= nil and type(opts) ~= "table" then
@@ -91,8 +108,9 @@ function M.install(AdamW, h)
     end
     opts = opts or {}
     for k in pairs(opts) do
-      if k ~= "max_norm" and k ~= "clip" and k ~= "side_stream" then
-        error(fmt("%s: unknown option '%s' (expected max_norm, clip, side_stream)", fname, tostring(k)), 2)
+      if k ~= "max_norm" and k ~= "clip" and k ~= "side_stream" and k ~= "free_grads" then
+        error(fmt("%s: unknown option '%s' (expected max_norm, clip, side_stream, free_grads)", fname,
+          tostring(k)), 2)
       end
     end
     local max_norm, clip = opts.max_norm, opts.clip
@@ -105,8 +123,10 @@ function M.install(AdamW, h)
     if clip ~= nil and not CLIP_MODES[clip] then
       error(fmt("%s: expected clip = \"exact\" or \"previous\", got %s", fname, tostring(clip)), 2)
     end
-    if opts.side_stream ~= nil and type(opts.side_stream) ~= "boolean" then
-      error(fmt("%s: expected side_stream = true or false, got %s", fname, type(opts.side_stream)), 2)
+    for _, k in ipairs({"side_stream", "free_grads"}) do
+      if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+        error(fmt("%s: expected %s = true or false, got %s", fname, k, type(opts[k])), 2)
+      end
     end
     if self._armed then
       error(fname .. ": already armed for this step; call opt:step() to finish it first", 2)
@@ -115,6 +135,7 @@ function M.install(AdamW, h)
     self:_hook_params()
     if clip == "previous" then self:_clip_slots(fname) end
     self._armed = {clip = clip, max_norm = max_norm, side_stream = opts.side_stream ~= false,
+                   free_grads = opts.free_grads == true,
                    overlap = clip == nil or (clip == "previous" and self._clip_prev ~= nil)}
     self._done, self._pending, self._pending_order = {}, {}, {}
   end
@@ -207,10 +228,35 @@ function M.install(AdamW, h)
         require("ember").cuda.stream(side.stream, AdamW._launch, g, work)
         self._joins = self._joins or {}
         self._joins[side] = true
+        if self._armed.free_grads then self:_free_after(side, b.params) end
       else
         AdamW._launch(g, work)
+        if self._armed.free_grads then core.zero_grad_(b.params, true) end
       end
     end)
+  end
+
+  -- free_grads on the side stream: an event after this bucket's update, and
+  -- the gradients of the bucket FREE_LAG flushes back dropped once the main
+  -- stream waits on its event.
+  function AdamW:_free_after(side, params)
+    side.spare = side.spare or {}
+    local ev = table.remove(side.spare) or require("ember").cuda.Event()
+    ev:record(side.stream)
+    local q = self._freeing or {}
+    self._freeing = q
+    q[#q + 1] = {side = side, event = ev, params = params}
+    while #q > FREE_LAG do self:_free_oldest(true) end
+  end
+
+  -- Drop the gradients of the oldest waiting bucket; `wait`: make the main
+  -- stream wait for its update first (not needed after the join).
+  function AdamW:_free_oldest(wait)
+    local f = table.remove(self._freeing, 1)
+    local side = f.side
+    if wait then require("ember").cuda.current_stream(side.device):wait_event(f.event) end
+    core.zero_grad_(f.params, true)
+    side.spare[#side.spare + 1] = f.event
   end
 
   -- The main stream waits for every side stream used since the last join.
@@ -275,6 +321,12 @@ function M.install(AdamW, h)
       end
     end)
     self:_join()
+    if a.free_grads then
+      -- after the join: every update is behind the main stream
+      while self._freeing and #self._freeing > 0 do self:_free_oldest(false) end
+      for _, g in ipairs(self.param_groups) do core.zero_grad_(g.params, true) end
+    end
+    self._freeing = nil
     self._armed, self._done, self._pending, self._pending_order = nil, nil, nil, nil
     if not ok then error(err, 0) end
   end

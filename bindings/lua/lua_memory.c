@@ -196,6 +196,17 @@ static int l_tag_grad(lua_State *L) {
   return 0;
 }
 
+/* core.mem_tag_shadow(t, category): tag t's bf16/f16 shadow copy (AdamW's
+ * shadow weights, ember/autocast.h), when it has a current one. */
+static int l_tag_shadow(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *t = lem_check_tensor(L, 1, fn, "tensor");
+  int c = check_category(L, 2, fn);
+  em_tensor *s = em_shadow_weight(t);
+  if (s) em_mem_tag(s->storage, (em_mem_category)c);
+  return 0;
+}
+
 /* core.mem_set_category_override(name | nil) -> the previous one (nil: inferred) */
 static int l_set_override(lua_State *L) {
   em_mem_category c = lua_isnoneornil(L, 1) ? EM_MEM_AUTO
@@ -384,6 +395,7 @@ void lem_open_memory(lua_State *L, int module) {
     {"mem_clear_history", l_clear_history, "memory.clear_history"},
     {"mem_history_stats", l_history_stats, "memory.stats"},
     {"mem_tag", l_tag, "memory.tag"}, {"mem_tag_grad", l_tag_grad, "memory.tag"},
+    {"mem_tag_shadow", l_tag_shadow, "memory.tag"},
     {"mem_set_category_override", l_set_override, "memory.category"},
     {"mem_snapshot_save", l_snapshot_save, "memory.snapshot"}, {"mem_snapshot", l_snapshot, "memory.snapshot"},
     {"mem_set_internal_prefix", l_set_internal_prefix, "memory.set_internal_prefix"}, {NULL, NULL, NULL}};

@@ -179,15 +179,32 @@ void lem_push_tensor(lua_State *L, em_tensor *t) {
  * backward peak was 9 GiB higher than PyTorch's for exactly this). One full
  * collection costs 0.5-3 ms; run it when the fresh device memory since the
  * last collection reaches max(256 MiB, reserved/16), i.e. when what it can
- * return matters next to what the process holds. Not during a graph capture
- * (its replays run no Lua anyway). */
+ * return matters next to what the process holds.
+ *
+ * During a graph capture, always (EMBER_CAPTURE_GC=0: never, as before
+ * 2026-11-28). The capture runs once, but what it holds at its peak is what
+ * the graph's private pool keeps for good, and ember.cuda.graph stops the
+ * automatic collector around it: without this collection the 2.7B capture
+ * peaked 8.2 GiB above the eager step — the forward's activations all lived
+ * through backward beside the new gradients. Finalizers are safe here: a
+ * tensor's free is host bookkeeping (a pool block goes back to the pool's
+ * list, reused by later captured allocations in stream order, as eager
+ * reuses the global one; a global block is not handed out during capture),
+ * and streams, events and graphs defer their destruction to the capture's
+ * end (graph.cu). */
 void lem_collect_before_backward(lua_State *L, const em_tensor *root) {
-  if (root->device.type != EM_CUDA || em_cuda_capturing()) return;
-  size_t min = (size_t)256 << 20;
-  em_cuda_memory_stats st;
-  if (em_cuda_memory_stats_get(root->device.index, &st) == 0 && (size_t)(st.reserved / 16) > min)
-    min = (size_t)(st.reserved / 16);
-  if (gc_device_debt < min) return;
+  static int capture_gc = -1;
+  if (root->device.type != EM_CUDA) return;
+  if (em_cuda_capturing()) {
+    if (capture_gc < 0) capture_gc = em_env_digit("EMBER_CAPTURE_GC", 1, 1);
+    if (!capture_gc) return;
+  } else {
+    size_t min = (size_t)256 << 20;
+    em_cuda_memory_stats st;
+    if (em_cuda_memory_stats_get(root->device.index, &st) == 0 && (size_t)(st.reserved / 16) > min)
+      min = (size_t)(st.reserved / 16);
+    if (gc_device_debt < min) return;
+  }
   lua_gc(L, LUA_GCCOLLECT);
   gc_device_debt = 0;
 }

@@ -3,7 +3,7 @@
 -- written once so their options, checks and steps cannot drift apart: the
 -- model options (--model and its overrides, --vocab, --batch, --context),
 -- the nn config they build, a fresh seeded model, the
--- random batch, the loss under autocast, the timed step loop, and the
+-- random batch, the loss under autocast, the training step, the timed step loop, and the
 -- command line a driver hands on to its ranks. scripts/torch/common.py is
 -- the same for the PyTorch twins. Load it with dofile (not a package):
 --   local MF = dofile(script_dir .. "lib/model_flags.lua")
@@ -79,6 +79,23 @@ function M.loss_fn(model, x, y, precision)
   local function loss() return F.cross_entropy(model(x), y) end
   if precision == "bf16" then return function() return ember.autocast("bf16", loss) end end
   return loss
+end
+
+--- The training step bench_model.lua times (and memory_step.lua records):
+-- zero_grad (gradients to nil: backward allocates them fresh), forward()
+-- (which marks its own phase), arm(opt) when given (opt:step_in_backward),
+-- backward in its phase, then opt:step() when there is an optimizer.
+-- Returns the step function; each call returns the loss.
+function M.train_step(model, opt, forward, arm)
+  local context = ember.context
+  return function()
+    model:zero_grad()
+    local loss = forward()
+    if opt and arm then arm(opt) end
+    context.phase("backward", loss.backward, loss)
+    if opt then opt:step() end     -- the optimizer marks its own phase (the join, with overlap)
+    return loss
+  end
 end
 
 --- ms of each of n calls of step, timed by the host clock between two calls

@@ -4,7 +4,8 @@
 -- opt:step(). Checked bit for bit against the plain step on CUDA: eager
 -- (f32 and autocast bf16 with shadow weights, one launch per parameter and
 -- buckets, the side stream and inline), gradient accumulation, clip =
--- "exact", and a whole step captured with ember.cuda.graph and replayed. The
+-- "exact", and a whole step captured with ember.cuda.graph and replayed;
+-- free_grads the same ways, and its peak against keeping the gradients. The
 -- CPU side (and the clipping references) is tests/lua/overlap_spec.lua.
 local ember = require "ember"
 local nn, F = ember.nn, ember.nn.functional
@@ -55,7 +56,8 @@ local function train(o)
       local loss = forward(m, batches[k][1], batches[k][2], o.dtype)
       if micro > 1 then loss = loss / micro end
       if o.overlap and k == micro then
-        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, side_stream = o.side_stream}
+        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, side_stream = o.side_stream,
+          free_grads = o.free_grads}
       end
       loss:backward()
       last = loss
@@ -109,6 +111,9 @@ describe("AdamW step_in_backward on CUDA", function()
     {name = "f32, 8 MiB buckets, side stream", bucket_mb = 8},
     {name = "f32, one launch per parameter, inline (side_stream = false)", bucket_mb = 0, side_stream = false},
     {name = "autocast bf16 with shadow weights, side stream", bucket_mb = 0, dtype = "bf16"},
+    {name = "free_grads, f32, one launch per parameter, side stream", bucket_mb = 0, free_grads = true},
+    {name = "free_grads, f32, one launch per parameter, inline", bucket_mb = 0, side_stream = false, free_grads = true},
+    {name = "free_grads, autocast bf16, 8 MiB buckets, side stream", bucket_mb = 8, dtype = "bf16", free_grads = true},
   } do
     it(case.name .. ": the bits of the plain step", function()
       local over = train(setmetatable({overlap = true}, {__index = case}))
@@ -117,6 +122,9 @@ describe("AdamW step_in_backward on CUDA", function()
         assert.is_truthy(over.opt._sides and over.opt._sides["cuda:0"], "the side stream was used")
       end
       assert.is_nil(over.opt._joins, "joined at step()")
+      for i, p in ipairs(over.m.params) do
+        assert.are.equal(not case.free_grads, core.has_grad(p), "param " .. i .. " has a gradient after step()")
+      end
       if case.dtype then
         same_bits(core.shadow_weight(over.m.fc1.weight), over.m.fc1.weight:to(case.dtype), "shadow = cast")
       end
@@ -135,6 +143,56 @@ describe("AdamW step_in_backward on CUDA", function()
     same_training(train {overlap = true, graph = true, bucket_mb = 0, steps = 6}, train {overlap = false, steps = 6})
     same_training(train {overlap = true, graph = true, bucket_mb = 8, dtype = "bf16", steps = 6},
       train {overlap = false, dtype = "bf16", steps = 6})
+  end)
+
+  it("free_grads in a captured step (events and waits captured) replays with the bits of eager plain training",
+    function()
+    same_training(train {overlap = true, graph = true, bucket_mb = 0, dtype = "bf16", free_grads = true, steps = 6},
+      train {overlap = false, dtype = "bf16", steps = 6})
+  end)
+
+  it("free_grads: the step's peak drops by most of the gradients (8 layers, side stream and inline)", function()
+    -- 8 square layers of 4 MiB of f32 gradient each: kept, all 32 MiB are alive at the end of
+    -- backward; dropped, at most FREE_LAG + 1 = 3 layers' (side stream) or one (inline), plus ~4 MiB
+    -- of activations; the bounds leave a layer's worth of slack
+    local L, W = 8, 1024
+    local function peak(o)
+      ember.manual_seed(3)
+      local layers, params = {}, {}
+      for i = 1, L do
+        layers[i] = nn.Linear(W, W, {bias = false, device = "cuda"})
+        params[i] = layers[i].weight
+      end
+      local opt = ember.optim.AdamW(params, {lr = 1e-3, overlap_bucket_mb = 0})
+      local x = ember.randn({64, W}):to("cuda")
+      local function step()
+        opt:zero_grad()
+        local h = x
+        for i = 1, L do h = F.silu(layers[i](h)) end
+        local loss = h:square():mean()
+        opt:step_in_backward{side_stream = o.side_stream, free_grads = o.free_grads}
+        loss:backward()
+        opt:step()
+      end
+      step()
+      opt:zero_grad()
+      collectgarbage()
+      ember.cuda.synchronize()
+      ember.cuda.reset_peak_memory_stats()
+      local base = ember.cuda.memory_allocated()
+      step()
+      ember.cuda.synchronize()
+      return ember.cuda.max_memory_allocated() - base
+    end
+    local layer = W * W * 4
+    local kept = peak {free_grads = false}
+    local side = peak {free_grads = true}
+    local inline = peak {free_grads = true, side_stream = false}
+    assert.is_true(kept >= L * layer, ("kept: %.1f MiB"):format(kept / 2 ^ 20))
+    assert.is_true(side <= kept - (L - 5) * layer, ("side stream: %.1f MiB against %.1f kept"):format(side / 2 ^ 20,
+      kept / 2 ^ 20))
+    assert.is_true(inline <= kept - (L - 3) * layer, ("inline: %.1f MiB against %.1f kept"):format(inline / 2 ^ 20,
+      kept / 2 ^ 20))
   end)
 
   it("clip = \"previous\" captured (device-side norms, no host sync) replays with the bits of eager", function()

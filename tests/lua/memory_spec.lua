@@ -121,6 +121,27 @@ describe("ember.memory", function()
     assert.are.equal("parameter", block_at(memory.snapshot(), lin.weight).category)
   end)
 
+  it("tags AdamW's shadow weights (the bf16 copies its step writes) as optimizer_state when recording starts",
+    function()
+    local model = tiny_lm()
+    local opt = optim.AdamW(model:parameters(), {lr = 1e-2})
+    local inputs, targets = batch()
+    ember.autocast("bf16", function() return F.cross_entropy(model(inputs), targets) end):backward()
+    opt:step()                                             -- writes the shadows of the cast weights
+    local w = model.layers[1].ffn.w1.weight
+    assert.is_not_nil(ember.core.shadow_weight(w), "w1 has a shadow")
+    memory.record_history(true)
+    local snap = memory.snapshot()
+    local tags = {}
+    for _, e in ipairs(snap.trace) do
+      if e.action == "tag" and e.category == "optimizer_state" and e.size >= w:numel() * 2 and
+        e.size < w:numel() * 4 then tags[#tags + 1] = e end
+    end
+    -- the FFN's three weights a layer have one each (bf16: 2 bytes an element, the moments 4)
+    local cfg = nn.configs.tiny{}
+    assert.is_true(#tags >= cfg.num_layers * 3, "bf16-sized optimizer_state tags: " .. #tags)
+  end)
+
   it("scopes a category and tags a tensor on request", function()
     memory.record_history(true)
     local t = memory.category("communication", ember.zeros, 16)

@@ -73,7 +73,7 @@ local function train(o)
       local loss = forward(m, x, y, {autocast = o.autocast, late = k == 1})
       if micro > 1 then loss = loss / micro end
       if o.overlap and k == micro then
-        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip}
+        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, free_grads = o.free_grads}
       end
       local before = o.check and o.check.snapshot(m)
       loss:backward()
@@ -229,6 +229,37 @@ describe("AdamW step_in_backward (CPU)", function()
     assert.are_not.equal(ref_losses[3], exact.losses[3])
   end)
 
+  it("free_grads: the bits of the plain step; each gradient is dropped once its update ran, the rest at step()",
+    function()
+    for _, bucket_mb in ipairs({0, 0.004}) do
+      local plain = train {overlap = false, wd = 0.1, micro = 2, bucket_mb = bucket_mb}
+      local seen = 0
+      local over = train {overlap = true, free_grads = true, wd = 0.1, micro = 2, bucket_mb = bucket_mb, check = {
+        snapshot = snapshot,
+        after_backward = function(m)
+          seen = seen + 1
+          -- `late` got its gradient from the first micro-batch only: step() updates it; `unused` has none
+          assert.is_true(core.has_grad(m.late), "late keeps its gradient until step()")
+          assert.is_false(core.has_grad(m.unused))
+          if bucket_mb == 0 then
+            for i, p in ipairs(m.params) do
+              if p ~= m.late then assert.is_false(core.has_grad(p), "param " .. i .. " dropped in backward") end
+            end
+          end
+        end}}
+      assert.are.equal(4, seen)
+      same_training(over, plain)
+      for i, p in ipairs(over.m.params) do assert.is_false(core.has_grad(p), "param " .. i .. " after step()") end
+    end
+  end)
+
+  it("free_grads with clip = \"exact\": the gradients are dropped after the clipped step", function()
+    local plain = train {overlap = false, max_norm = 0.05, wd = 0.1}
+    local over = train {overlap = true, free_grads = true, max_norm = 0.05, wd = 0.1, bucket_mb = 0}
+    same_training(over, plain)
+    for i, p in ipairs(over.m.params) do assert.is_false(core.has_grad(p), "param " .. i) end
+  end)
+
   it("refuses a second backward after arming: a parameter's gradient was final already", function()
     local m = model()
     local opt = ember.optim.AdamW(m.params, {overlap_bucket_mb = 0})
@@ -253,7 +284,10 @@ describe("AdamW step_in_backward (CPU)", function()
       err(function() opt:step_in_backward{max_norm = 1, clip = "sometimes"} end))
     assert.matches("clip = previous needs max_norm", err(function() opt:step_in_backward{clip = "previous"} end))
     assert.matches("max_norm to be a number >= 0, got %-1", err(function() opt:step_in_backward{max_norm = -1} end))
-    assert.matches("unknown option 'maxnorm'", err(function() opt:step_in_backward{maxnorm = 1} end))
+    assert.matches("unknown option 'maxnorm' %(expected max_norm, clip, side_stream, free_grads%)",
+      err(function() opt:step_in_backward{maxnorm = 1} end))
+    assert.matches("expected free_grads = true or false, got string",
+      err(function() opt:step_in_backward{free_grads = "yes"} end))
     assert.matches("overlap_bucket_mb", err(function() ember.optim.AdamW(m.params, {overlap_bucket_mb = -1}) end))
     opt:step_in_backward()
     assert.matches("already armed", err(function() opt:step_in_backward() end))
