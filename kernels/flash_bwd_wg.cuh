@@ -106,6 +106,25 @@ __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a
   for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
 }
 
+/* issue_ss and issue_rs on descriptor low words (wg_desc_lo: a, bt K-major with lbo 16; b N-major with lbo
+ * STR · 128) advanced per k step by adding the offset (fused's EMBER_FLASH_BWD_STEP6; docs/flash.md "Step 6"):
+ * the same descriptors, the same wgmmas. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_ss_lo(float (&acc)[STR / 2], uint32_t a, uint32_t bt) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t off = (kk & 3) * 32;
+    Wgmma<T, STR>::ss(acc, wg_desc_at(a, (kk >> 2) * RES * 128 + off), wg_desc_at(bt, (kk >> 2) * STR * 128 + off),
+                      kk > 0);
+  }
+  wgmma_commit();
+}
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs_lo(float (&acc)[D / 2], const uint32_t (&a)[STR / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc_at(b, kk * 16 * 128), 1);
+}
+
 /* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of
  * dst (row stride ld), rows at or past n skipped. */
 template <typename T, int D>
