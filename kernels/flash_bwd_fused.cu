@@ -501,13 +501,26 @@ __global__ void __launch_bounds__(THREADS, 1)
         issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
         issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
       }
+      // S6 at D 64: this thread's lse pairs loaded before the wait for Sᵀ, its Δ pairs before the one for dPᵀ
+      // (their latency under the wgmmas' tails, not ahead of the exponentials and the products; the lse pairs
+      // loaded once, not in both copies of the mask's branch). Not at D 128: there the 32 registers spill (ptxas
+      // -v: a reload in the loop of fused).
+      constexpr bool PRE = S6 && D == 64;
+      [[maybe_unused]] float2 lse2[STR / 8], dl2[STR / 8];
+      if constexpr (PRE) load_pairs(lse2, sl, t);
       pass_turn(2 * j);
       wgmma_wait<1>();   // Sᵀ done; dPᵀ may still run under the exponentials
       reg_fence(st);
-      dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+      if constexpr (PRE) {
+        dkdv_p_pre(st, lse2, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t);
+        load_pairs(dl2, sd, t);
+      } else {
+        dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+      }
       wgmma_wait<0>();
       reg_fence(dp);
-      dkdv_ds(dp, st, sd, t);
+      if constexpr (PRE) dkdv_ds_pre(dp, st, dl2);
+      else dkdv_ds(dp, st, sd, t);
       pack_a<T>(pa, st);
       pack_a<T>(da, dp);
       if constexpr (!DS_IN_B) store_ds(ds, da, cw * 64 + warp * 16 + g, t);

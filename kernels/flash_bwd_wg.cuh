@@ -82,6 +82,43 @@ __device__ __forceinline__ void dkdv_ds(float (&dp)[STR / 2], const float (&st)[
   }
 }
 
+/* The same two steps on this thread's lse and Δ pairs loaded ahead (load_pairs: the fused kernel issues the loads
+ * before its wgmma waits, EMBER_FLASH_BWD_STEP6): the same operations in the same order, so the same bits. Apart
+ * from the two above, not a shared template: a template for both changed the compiled code of wg2 and of fused
+ * without the switch (checked with tools/sass_ctl.py --diff), which stays as measured. */
+__device__ __forceinline__ void load_pairs(float2 (&l)[STR / 8], const float *sl, int t) {
+#pragma unroll
+  for (int m = 0; m < STR / 8; m++) l[m] = *reinterpret_cast<const float2 *>(sl + 8 * m + 2 * t);
+}
+template <bool MASK>
+__device__ __forceinline__ void dkdv_p_pre_(float (&st)[STR / 2], const float2 (&l)[STR / 8], const Params &p,
+                                            int e0) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    float p0 = ex2_ftz(st[i] * p.scale_log2 - l[i >> 2].x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l[i >> 2].y);
+    if (MASK) {
+      const int e = (i & 2) ? e0 + 8 : e0;
+      if (e > 8 * (i >> 2)) p0 = 0.f;
+      if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+    }
+    st[i] = p0;
+    st[i + 1] = p1;
+  }
+}
+__device__ __forceinline__ void dkdv_p_pre(float (&st)[STR / 2], const float2 (&l)[STR / 8], const Params &p,
+                                           bool diag, int e0) {
+  if (diag) dkdv_p_pre_<true>(st, l, p, e0);
+  else dkdv_p_pre_<false>(st, l, p, e0);
+}
+__device__ __forceinline__ void dkdv_ds_pre(float (&dp)[STR / 2], const float (&st)[STR / 2],
+                                            const float2 (&dl)[STR / 8]) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    dp[i] = st[i] * (dp[i] - dl[i >> 2].x);
+    dp[i + 1] = st[i + 1] * (dp[i + 1] - dl[i >> 2].y);
+  }
+}
+
 /* Sᵀ-like products: acc (64 x 64) = A (64 rows at a, K-major, RES-row
  * chunks) times Bᵀ (64 rows at bt, K-major, STR-row chunks) over D, one
  * commit group. */
