@@ -37,7 +37,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_mix import sections, demangle  # noqa: E402
+from sass_mix import sections, demangle_many  # noqa: E402
 
 CLASSES = ('hgmma', 'desc', 'int', 'lds/sts', 'sync', 'ffma/fmul', 'mufu', 'branch', 'other')
 
@@ -90,7 +90,8 @@ def text_class(mn):
 def cubin_funcs(path):
     """{demangled name: [(offset, mnemonic, class, branch target or None, raw word)]} from a cubin."""
     out = {}
-    for name, body in sections(path):
+    secs = list(sections(path))
+    for (name, body), dn in zip(secs, demangle_many([n for n, _ in secs])):
         ins = []
         for i in range(0, len(body), 16):
             w = int.from_bytes(body[i:i + 16], 'little')
@@ -102,7 +103,7 @@ def cubin_funcs(path):
                     hi -= 1 << 50
                 tgt = i + 16 + (hi * 64 + ((w >> 16) & 0xff)) * 4
             ins.append((i, mn, cl, tgt, w))
-        out[demangle(name)] = ins
+        out[dn] = ins
     return out
 
 
@@ -123,7 +124,7 @@ def text_funcs(text):
         m = re.search(r'Function : (\S+)', line)
         if m:
             close()
-            cur, labels, pend = (demangle(m.group(1)), []), {}, []
+            cur, labels, pend = (m.group(1), []), {}, []
             continue
         if cur is None:
             continue
@@ -146,7 +147,7 @@ def text_funcs(text):
                 tgt = ('L', t.group(1)) if t.group(1) else int(t.group(2), 16)
         cur[1].append((off, mn, text_class(mn), tgt, m.group(2) + mn + rest))
     close()
-    return out
+    return dict(zip(demangle_many(list(out)), out.values()))
 
 
 def load(path):
@@ -208,12 +209,15 @@ def report(name, ins, show_all, show_list):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith('--')]
-    flags = [a for a in sys.argv[1:] if a.startswith('--')]
-    other = None
-    if '--diff' in sys.argv:
-        other = sys.argv[sys.argv.index('--diff') + 1]
-        args.remove(other)
+    argv, args, flags, other = sys.argv[1:], [], [], None
+    while argv:
+        a = argv.pop(0)
+        if a == '--diff':
+            other = argv.pop(0)
+        elif a.startswith('--'):
+            flags.append(a)
+        else:
+            args.append(a)
     if len(args) < 2:
         sys.exit(__doc__)
     funcs, _ = load(args[0])

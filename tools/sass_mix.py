@@ -25,6 +25,10 @@ def sections(path):
         if n.startswith('.text.'): yield n[6:], d[s[4]:s[4]+s[5]]
 def demangle(n):
     return subprocess.run(['c++filt', n], capture_output=True, text=True).stdout.strip()
+def demangle_many(names):
+    """demangle for a list, one c++filt run (a library has hundreds of kernels)"""
+    out = subprocess.run(['c++filt'], input='\n'.join(names) + '\n', capture_output=True, text=True).stdout
+    return out.split('\n')[:len(names)]
 def main():
     filt = sys.argv[2] if len(sys.argv) > 2 else ''
     for n, body in sections(sys.argv[1]):
