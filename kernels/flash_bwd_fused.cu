@@ -230,6 +230,33 @@ __device__ __forceinline__ void issue_dk(float (&acc)[D / 2], uint32_t a, uint32
     WgmmaT<T, D>::kn(acc, wg_desc(a + kk * 32, 16, 1024), wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
 }
 
+/* issue_dq and issue_dk on descriptor low words (wg_desc_lo; ds, a with lbo RES · 128 and 16, kb, b with
+ * RES · 128 and STR · 128), a k step's offset added (EMBER_FLASH_BWD_STEP6; docs/flash.md "Step 6"). */
+template <typename T, int D>
+__device__ __forceinline__ void issue_dq_lo(float (&acc)[D / 4], uint32_t ds, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < RES / 16; kk++)
+    WgmmaT<T, D / 2>::tt(acc, wg_desc_at(ds, kk * 16 * 128), wg_desc_at(kb, kk * 16 * 128), kk > 0);
+}
+template <typename T, int D>
+__device__ __forceinline__ void issue_dk_lo(float (&acc)[D / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) WgmmaT<T, D>::kn(acc, wg_desc_at(a, kk * 32), wg_desc_at(b, kk * 16 * 128), 1);
+}
+
+/* A consumer tile's ring stage, its phase parity, its q tile within the head, its dSᵀ buffer and the previous
+ * tile's (j % STAGES, (j / STAGES) & 1, j % nq, j % NDS, (j − 1) % NDS), stepped once a tile instead of divided
+ * (EMBER_FLASH_BWD_STEP6: nq is a run-time divisor). */
+struct TileAt {
+  int s, ph, jq, ids, idp;
+  template <int STAGES, int NDS> __device__ __forceinline__ void step(int nq) {
+    idp = ids;
+    ids = ids + 1 == NDS ? 0 : ids + 1;
+    jq = jq + 1 == nq ? 0 : jq + 1;
+    if (++s == STAGES) s = 0, ph ^= 1;
+  }
+};
+
 /* acc's rows r0, r0 + 8 (of 64), columns 8m + 2t, + 1, into dst (row stride
  * D) as 16-byte adds: lanes t and t ^ 1 trade a pair, the even one then
  * adding row r0's four columns 8m + 2t.., the odd one row r0 + 8's
@@ -248,7 +275,7 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 }
 #endif
 
-template <typename T, int D, int STAGES, bool DET, bool BULK>
+template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -282,7 +309,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   const DkdvTiles tiles = dkdv_tiles(p, nb);
   const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
-  const int wg = threadIdx.x >> 7;
+  // S6 (EMBER_FLASH_BWD_STEP6): the warpgroup through a shuffle from lane 0, which the compiler knows is the
+  // same in every lane: what derives from it (the consumer's tiles, its descriptors) is in uniform registers
+  const int wg = S6 ? __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0) : threadIdx.x >> 7;
 
   // tile jt's q head (b·H + h) and 64-query tile; fused's counter of its consumer half; the key blocks above
   // this one that add to it (n with 128·n < 64·mt + 64 + off under the causal mask, i.e. qstart(n) at or
@@ -397,7 +426,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // ---- consumers: 64 keys each for dk/dv, D/2 columns each for dq ----
   setmaxnreg_inc<240>();
-  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int cw = wg - 1, tid = threadIdx.x & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int warp = S6 ? __shfl_sync(0xffffffffu, tid >> 5, 0) : tid >> 5;   // S6: uniform (the mask's branch)
   const int kw0 = k0 + cw * 64, key0 = kw0 + warp * 16 + g;   // rows key0 and key0 + 8 of dk, dv
   const uint32_t ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;   // this consumer's rows of k, v
   // this consumer's D/2 columns of k (dq's B): a 64-column chunk at D 128, half a chunk (64 bytes in) at D 64
@@ -407,6 +437,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (cw == 0 || i < turns - 1) named_arrive(other_bar);
   };
   if (cw == 1 && turns > 0) named_arrive(1);
+  // S6: the descriptors' low words of the resident tiles and of the ring's and dSᵀ buffers' first (a tile's: plus
+  // its stage's or buffer's offset >> 4)
+  const uint32_t ka_lo = wg_desc_lo(ka, 16), va_lo = wg_desc_lo(va, 16), kb_lo = wg_desc_lo(kb, RES * 128);
+  const uint32_t ring_k = wg_desc_lo(ring, 16), ring_n = wg_desc_lo(ring, STR * 128);
+  const uint32_t ds_k = wg_desc_lo(sDS + cw * 64 * 128, 16), ds_t = wg_desc_lo(sDS, RES * 128);
 
   float dk[D / 2], dv[D / 2], dq[D / 4];
 #pragma unroll
@@ -446,27 +481,46 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % NDS unless DS_IN_B), turn B(j) (DS_IN_B: dSᵀ to
   // the buffer; dv, dk; PEND: dq(j − 1)). The first tile is peeled (PEND false): no wgmma sits in a branch
-  auto tile = [&](auto pend_tag, int j) {
+  auto tile = [&](auto pend_tag, int j, const TileAt &at) {
     constexpr bool PEND = decltype(pend_tag)::value;
-    const int s = j % STAGES, i0 = qstart + (j % nq) * STR;
-    const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+    const int s = S6 ? at.s : j % STAGES, i0 = qstart + (S6 ? at.jq : j % nq) * STR;
+    [[maybe_unused]] const uint32_t sq = ring + s * L::STAGE, so = sq + L::STR_BYTES;
+    [[maybe_unused]] const uint32_t q_k = ring_k + s * (L::STAGE >> 4), q_n = ring_n + s * (L::STAGE >> 4);   // S6's sq
     const float *sl = sLD + s * 2 * STR, *sd = sl + STR;
-    const uint32_t ds = sDS + (j % NDS) * DS_BYTES;
+    const uint32_t ds = sDS + (S6 ? at.ids : j % NDS) * DS_BYTES;
     uint32_t pa[STR / 16][4], da[STR / 16][4];
     {
       float st[STR / 2], dp[STR / 2];
-      mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      mbar_wait(full + 8 * s, S6 ? at.ph : (j / STAGES) & 1);
       named_sync(my_bar);
       wgmma_fence();
-      issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
-      issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+      if constexpr (S6) {
+        issue_ss_lo<T, D>(st, ka_lo, q_k);
+        issue_ss_lo<T, D>(dp, va_lo, q_k + (L::STR_BYTES >> 4));
+      } else {
+        issue_ss<T, D>(st, ka, sq);   // Sᵀ = k qᵀ
+        issue_ss<T, D>(dp, va, so);   // dPᵀ = v dOᵀ
+      }
+      // S6 at D 64: this thread's lse pairs loaded before the wait for Sᵀ, its Δ pairs before the one for dPᵀ
+      // (their latency under the wgmmas' tails, not ahead of the exponentials and the products; the lse pairs
+      // loaded once, not in both copies of the mask's branch). Not at D 128: there the 32 registers spill (ptxas
+      // -v: a reload in the loop of fused).
+      constexpr bool PRE = S6 && D == 64;
+      [[maybe_unused]] float2 lse2[STR / 8], dl2[STR / 8];
+      if constexpr (PRE) load_pairs(lse2, sl, t);
       pass_turn(2 * j);
       wgmma_wait<1>();   // Sᵀ done; dPᵀ may still run under the exponentials
       reg_fence(st);
-      dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+      if constexpr (PRE) {
+        dkdv_p_pre(st, lse2, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t);
+        load_pairs(dl2, sd, t);
+      } else {
+        dkdv_p(st, sl, p, p.causal && kw0 + warp * 16 + 15 > i0 + p.off, key0 - i0 - p.off - 2 * t, t);
+      }
       wgmma_wait<0>();
       reg_fence(dp);
-      dkdv_ds(dp, st, sd, t);
+      if constexpr (PRE) dkdv_ds_pre(dp, st, dl2);
+      else dkdv_ds(dp, st, sd, t);
       pack_a<T>(pa, st);
       pack_a<T>(da, dp);
       if constexpr (!DS_IN_B) store_ds(ds, da, cw * 64 + warp * 16 + g, t);
@@ -488,9 +542,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < D / 4; i++) dq[i] = 0.f;   // (scale_d 0 ignores them; defined here, not live before)
     }
     wgmma_fence();
-    issue_rs<T, D>(dv, pa, so);   // dv += Pᵀ dO
-    issue_dk<T, D>(dk, ds + cw * 64 * 128, sq);   // dk += dSᵀ q
-    if constexpr (PEND) issue_dq<T, D>(dq, sDS + ((j - 1) % NDS) * DS_BYTES, kb);   // dq(j − 1) = dS k
+    if constexpr (S6) {
+      issue_rs_lo<T, D>(dv, pa, q_n + (L::STR_BYTES >> 4));
+      issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);
+      if constexpr (PEND) issue_dq_lo<T, D>(dq, ds_t + at.idp * (DS_BYTES >> 4), kb_lo);
+    } else {
+      issue_rs<T, D>(dv, pa, so);   // dv += Pᵀ dO
+      issue_dk<T, D>(dk, ds + cw * 64 * 128, sq);   // dk += dSᵀ q
+      if constexpr (PEND) issue_dq<T, D>(dq, sDS + ((j - 1) % NDS) * DS_BYTES, kb);   // dq(j − 1) = dS k
+    }
     wgmma_commit();
     pass_turn(2 * j + 1);
     wgmma_wait<0>();
@@ -503,15 +563,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
   if (ntile > 0) {
-    tile(std::false_type{}, 0);
-    for (int j = 1; j < ntile; j++) tile(std::true_type{}, j);
+    TileAt at{0, 0, 0, 0, 0};   // S6: tile j's indices (unused without)
+    tile(std::false_type{}, 0, at);
+    for (int j = 1; j < ntile; j++) {
+      if constexpr (S6) at.step<STAGES, NDS>(nq);
+      tile(std::true_type{}, j, at);
+    }
     // turn 2·ntile: the last tile's dq
     dq_wait(ntile - 1);
     named_sync(my_bar);
 #pragma unroll
     for (int i = 0; i < D / 4; i++) dq[i] = 0.f;
     wgmma_fence();
-    issue_dq<T, D>(dq, sDS + ((ntile - 1) % NDS) * DS_BYTES, kb);
+    if constexpr (S6) issue_dq_lo<T, D>(dq, ds_t + at.ids * (DS_BYTES >> 4), kb_lo);
+    else issue_dq<T, D>(dq, sDS + ((ntile - 1) % NDS) * DS_BYTES, kb);
     wgmma_commit();
     pass_turn(2 * ntile);
     wgmma_wait<0>();
@@ -602,7 +667,7 @@ int det_two_writers() {
   return m < 0 ? -1 : 1 - m;
 }
 
-template <typename T, int D, bool DET, bool BULK>
+template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
   constexpr size_t smem = FLayout<D, ST, BULK>::SMEM;
@@ -626,7 +691,7 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
   int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK>;
+    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
@@ -645,10 +710,15 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   return rc;
 }
 
+template <typename T, int D, bool S6>
+int launch_fused_s6(const Params &p, const Maps &m, bool det, bool bulk, int device, cudaStream_t s) {
+  if (bulk)
+    return det ? launch_fused<T, D, true, true, S6>(p, m, device, s) : launch_fused<T, D, false, true, S6>(p, m, device, s);
+  return det ? launch_fused<T, D, true, false, S6>(p, m, device, s) : launch_fused<T, D, false, false, S6>(p, m, device, s);
+}
 template <typename T, int D>
-int launch_fused_mode(const Params &p, const Maps &m, bool det, bool bulk, int device, cudaStream_t s) {
-  if (bulk) return det ? launch_fused<T, D, true, true>(p, m, device, s) : launch_fused<T, D, false, true>(p, m, device, s);
-  return det ? launch_fused<T, D, true, false>(p, m, device, s) : launch_fused<T, D, false, false>(p, m, device, s);
+int launch_fused_mode(const Params &p, const Maps &m, bool det, bool bulk, bool s6, int device, cudaStream_t s) {
+  return s6 ? launch_fused_s6<T, D, true>(p, m, det, bulk, device, s) : launch_fused_s6<T, D, false>(p, m, det, bulk, device, s);
 }
 
 /* EMBER_FLASH_DQ, read once: how the fused kernel's dq leaves the block — "bulk" (default: through shared
@@ -665,18 +735,24 @@ int dq_mode() {
   return g_dq_mode;
 }
 
+/* EMBER_FLASH_BWD_STEP6, read once: the fused kernel's consumer loop with descriptors advanced by an add, a
+ * warp-uniform consumer index and its tile indices stepped instead of divided (1; docs/flash.md "Step 6") or
+ * as before (0, default). The same wgmmas on the same operands: the same bits. 1, 0, or -1 with the error set. */
+int g_step6 = -1;
+int bwd_step6() { return em_env_choice(&g_step6, "flash_attention", "EMBER_FLASH_BWD_STEP6", "0", "1"); }
+
 }  // namespace
 
 namespace flash {
 
 int bwd_fused_launch(const Params &p, const Maps &m, em_dtype dt, int d, bool det, int device, cudaStream_t s) {
-  const int bulk = dq_mode();
-  if (bulk < 0) return -1;
+  const int bulk = dq_mode(), s6 = bwd_step6();
+  if (bulk < 0 || s6 < 0) return -1;
   if (dt == EM_BF16)
-    return d == 64 ? launch_fused_mode<__nv_bfloat16, 64>(p, m, det, bulk, device, s)
-                   : launch_fused_mode<__nv_bfloat16, 128>(p, m, det, bulk, device, s);
-  return d == 64 ? launch_fused_mode<__half, 64>(p, m, det, bulk, device, s)
-                 : launch_fused_mode<__half, 128>(p, m, det, bulk, device, s);
+    return d == 64 ? launch_fused_mode<__nv_bfloat16, 64>(p, m, det, bulk, s6, device, s)
+                   : launch_fused_mode<__nv_bfloat16, 128>(p, m, det, bulk, s6, device, s);
+  return d == 64 ? launch_fused_mode<__half, 64>(p, m, det, bulk, s6, device, s)
+                 : launch_fused_mode<__half, 128>(p, m, det, bulk, s6, device, s);
 }
 
 }  // namespace flash

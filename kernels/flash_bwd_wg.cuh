@@ -82,6 +82,43 @@ __device__ __forceinline__ void dkdv_ds(float (&dp)[STR / 2], const float (&st)[
   }
 }
 
+/* The same two steps on this thread's lse and Δ pairs loaded ahead (load_pairs: the fused kernel issues the loads
+ * before its wgmma waits, EMBER_FLASH_BWD_STEP6): the same operations in the same order, so the same bits. Apart
+ * from the two above, not a shared template: a template for both changed the compiled code of wg2 and of fused
+ * without the switch (checked with tools/sass_ctl.py --diff), which stays as measured. */
+__device__ __forceinline__ void load_pairs(float2 (&l)[STR / 8], const float *sl, int t) {
+#pragma unroll
+  for (int m = 0; m < STR / 8; m++) l[m] = *reinterpret_cast<const float2 *>(sl + 8 * m + 2 * t);
+}
+template <bool MASK>
+__device__ __forceinline__ void dkdv_p_pre_(float (&st)[STR / 2], const float2 (&l)[STR / 8], const Params &p,
+                                            int e0) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    float p0 = ex2_ftz(st[i] * p.scale_log2 - l[i >> 2].x), p1 = ex2_ftz(st[i + 1] * p.scale_log2 - l[i >> 2].y);
+    if (MASK) {
+      const int e = (i & 2) ? e0 + 8 : e0;
+      if (e > 8 * (i >> 2)) p0 = 0.f;
+      if (e > 8 * (i >> 2) + 1) p1 = 0.f;
+    }
+    st[i] = p0;
+    st[i + 1] = p1;
+  }
+}
+__device__ __forceinline__ void dkdv_p_pre(float (&st)[STR / 2], const float2 (&l)[STR / 8], const Params &p,
+                                           bool diag, int e0) {
+  if (diag) dkdv_p_pre_<true>(st, l, p, e0);
+  else dkdv_p_pre_<false>(st, l, p, e0);
+}
+__device__ __forceinline__ void dkdv_ds_pre(float (&dp)[STR / 2], const float (&st)[STR / 2],
+                                            const float2 (&dl)[STR / 8]) {
+#pragma unroll
+  for (int i = 0; i < STR / 2; i += 2) {
+    dp[i] = st[i] * (dp[i] - dl[i >> 2].x);
+    dp[i + 1] = st[i + 1] * (dp[i + 1] - dl[i >> 2].y);
+  }
+}
+
 /* Sᵀ-like products: acc (64 x 64) = A (64 rows at a, K-major, RES-row
  * chunks) times Bᵀ (64 rows at bt, K-major, STR-row chunks) over D, one
  * commit group. */
@@ -104,6 +141,25 @@ template <typename T, int D>
 __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[STR / 16][4], uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc(b + kk * 16 * 128, STR * 128, 1024), 1);
+}
+
+/* issue_ss and issue_rs on descriptor low words (wg_desc_lo: a, bt K-major with lbo 16; b N-major with lbo
+ * STR · 128) advanced per k step by adding the offset (fused's EMBER_FLASH_BWD_STEP6; docs/flash.md "Step 6"):
+ * the same descriptors, the same wgmmas. */
+template <typename T, int D>
+__device__ __forceinline__ void issue_ss_lo(float (&acc)[STR / 2], uint32_t a, uint32_t bt) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t off = (kk & 3) * 32;
+    Wgmma<T, STR>::ss(acc, wg_desc_at(a, (kk >> 2) * RES * 128 + off), wg_desc_at(bt, (kk >> 2) * STR * 128 + off),
+                      kk > 0);
+  }
+  wgmma_commit();
+}
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs_lo(float (&acc)[D / 2], const uint32_t (&a)[STR / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < STR / 16; kk++) Wgmma<T, D>::rs(acc, a[kk], wg_desc_at(b, kk * 16 * 128), 1);
 }
 
 /* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of

@@ -122,6 +122,17 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
          (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
+/* wg_desc's words apart (docs/flash.md "Step 6"): the low word (start address >> 4 in bits 0-13, lbo >> 4 in
+ * 16-29) built once for a tile, then a k step's byte offset added to it as off >> 4; the high word (sbo 1024, the
+ * swizzle) a constant. A shared address stays below 2^18 (228 KB), so the sum never carries out of the address
+ * field: wg_desc_at(wg_desc_lo(a, lbo), off) is wg_desc(a + off, lbo, 1024), bit for bit, in one integer add
+ * instead of a mask, a shift and two ORs per descriptor. */
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr, uint32_t lbo) {
+  return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) & 0x3FFF) << 16;
+}
+__device__ __forceinline__ uint64_t wg_desc_at(uint32_t lo, uint32_t off) {
+  return (uint64_t)(lo + (off >> 4)) | (uint64_t)((1024u >> 4) | 1u << 30) << 32;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {

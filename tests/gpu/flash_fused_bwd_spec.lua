@@ -245,6 +245,56 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     helpers.remove_temps()
   end)
 
+  -- the consumer loop's instruction diet (EMBER_FLASH_BWD_STEP6, read once: children; docs/flash.md "Step 6"):
+  -- descriptors advanced by an add, a uniform consumer index, tile indices stepped instead of divided. The same
+  -- wgmmas on the same operands in the same order, so fused's gradients keep their bits, and fused_nd's dk, dv
+  -- too (its dq's f32 adds land in arrival order on any setting: within one rounding of the other's). Both head
+  -- dims, bf16 and f16, GQA (2, 4), every mask, odd lengths, Tq = Tk and Tq < Tk, one q tile and many.
+  it("gives the same bits with EMBER_FLASH_BWD_STEP6=1 as with 0 (in children)", function()
+    local script = helpers.temp_file([[
+local ember = require "ember"
+local out = {}
+local cases = {{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
+               {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
+               {"f16", {1, 2, 300, 64}, {1, 2, 300, 64}}}
+for _, kname in ipairs({"fused", "fused_nd"}) do
+  ember.core.flash_bwd_kernel(kname)
+  for i, c in ipairs(cases) do
+    for j, causal in ipairs({true, "bottom_right", false}) do
+      ember.manual_seed(100 * i + j)
+      local function leaf(shape) return ember.randn(shape, {dtype = c[1]}):cuda():requires_grad_() end
+      local q, k, v = leaf(c[2]), leaf(c[3]), leaf(c[3])
+      local g = ember.randn(c[2], {dtype = c[1]}):cuda()
+      ember.nn.functional.flash_attention(q, k, v, causal):backward(g)
+      local key = kname .. "_" .. i .. "_" .. tostring(causal)
+      out["dq_" .. key], out["dk_" .. key], out["dv_" .. key] = q.grad:cpu(), k.grad:cpu(), v.grad:cpu()
+    end
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_BWD_STEP6", {"0", "1"})
+    -- fused_nd's dq apart: not the same bits from run to run on either setting
+    local nd = {}
+    for _, mode in ipairs({"0", "1"}) do
+      nd[mode] = {}
+      for name, t in pairs(got[mode]) do
+        if name:match("^dq_fused_nd_") then nd[mode][name], got[mode][name] = t, nil end
+      end
+    end
+    assert.are.equal(5 * 3 * 3 * 2 - 5 * 3, C.assert_modes_agree(got, "0", {"1"}))
+    local n = 0
+    for name, t in pairs(nd["0"]) do
+      near(nd["1"][name], t, t.dtype, "fused_nd " .. name .. " STEP6=1 vs 0")
+      n = n + 1
+    end
+    assert.are.equal(5 * 3, n)
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_STEP6 = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_STEP6=2 should fail")
+    assert.matches("expected EMBER_FLASH_BWD_STEP6 to be 0 or 1, got '2'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
   it("fused gives bit-identical gradients on repeat (dq's adds in a fixed order); fused_nd within a rounding", function()
     local q, k, v, g = randn({1, 8, 2100, 128}, "f16"):cuda(), randn({1, 2, 2100, 128}, "f16"):cuda(),
       randn({1, 2, 2100, 128}, "f16"):cuda(), randn({1, 8, 2100, 128}, "f16"):cuda()
