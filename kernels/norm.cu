@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
 constexpr int DW_RED_MAX = 64;
 /* partial rows in flight a thread in finish_dw: as many as the main loop's
  * registers leave room for at each configuration's blocks-an-SM step */
-constexpr int dw_unr(int nv, bool hold) { return nv >= 4 || (hold && nv == 2) ? 8 : nv == 3 ? 4 : 2; }
+__host__ __device__ constexpr int dw_unr(int nv, bool hold) { return nv >= 4 || (hold && nv == 2) ? 8 : nv == 3 ? 4 : 2; }
 /* 16 bytes another block wrote, read at L2 (not a stale L1 line) */
 template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p) {
   const float4 f = __ldcg(reinterpret_cast<const float4 *>(p));
