@@ -26,7 +26,12 @@
  * the cell with a one-thread kernel on the replay stream: replays draw fresh
  * numbers, the host generator stays the one state (manual_seed, checkpoints,
  * eager ops after a replay never reuse a counter), and replay k draws exactly
- * what the captured ops would have drawn run eagerly at that point. */
+ * what the captured ops would have drawn run eagerly at that point.
+ *
+ * Block counters: the same allocation holds the graph's zeroed counters
+ * (counters.cu's contract: zero at each launch, left zero by each kernel),
+ * which the kernels captured on the side stream share instead of a memset
+ * node each (em_cuda_graph_counters). */
 #include <cuda_runtime.h>
 #include <vector>
 #include <utility>
@@ -39,7 +44,7 @@ struct em_graph {
   cudaGraphExec_t exec;
   em_mempool *pool;
   em_stream *side;
-  uint64_t *rng_cell;       /* device {seed, base}; see the opening comment */
+  uint64_t *rng_cell;       /* device {seed, base}, then the counters; see the opening comment */
   uint64_t rng_blocks;      /* Philox blocks one replay consumes */
 };
 
@@ -53,6 +58,7 @@ struct Capture {
   em_mempool *pool = nullptr;
   uint64_t *rng_cell = nullptr;
   uint64_t rng_blocks = 0;
+  int *counters = nullptr;  /* in rng_cell's allocation, past the cell */
 };
 
 thread_local Capture tl_cap;
@@ -110,6 +116,10 @@ extern "C" void em_cuda_run_deferred(void) {
 
 extern "C" bool em_cuda_capturing(void) { return tl_cap.active; }
 
+extern "C" int *em_cuda_graph_counters(void *stream) {
+  return tl_cap.active && stream == em_stream_handle(tl_cap.side) ? tl_cap.counters : nullptr;
+}
+
 extern "C" const uint64_t *em_cuda_graph_rng_reserve(uint64_t blocks, uint64_t *offset) {
   *offset = 0;
   if (!tl_cap.active) return NULL;
@@ -137,18 +147,29 @@ extern "C" int em_graph_begin(int device) {
   em_stream *side = em_stream_new(device);
   if (!side) return -1;
   EmDeviceGuard guard(device);
+  /* allocated before capture (cudaMalloc is not capturable): the rng cell,
+   * then the counters the kernels captured on the side stream share
+   * (em_cuda_graph_counters), zeroed here once, before the capture starts
+   * waiting on the current stream, so the sync waits for the memset alone */
+  uint64_t *cell = nullptr;
+  const size_t cell_bytes = 2 * sizeof(uint64_t), cnt_bytes = EM_STREAM_COUNTER_INTS * sizeof(int);
+  int rc = ck(cudaMalloc((void **)&cell, cell_bytes + cnt_bytes), "graph", "cudaMalloc");
+  if (rc == 0) {
+    rc = ck(cudaMemsetAsync((char *)cell + cell_bytes, 0, cnt_bytes, (cudaStream_t)em_stream_handle(side)), "graph",
+            "cudaMemsetAsync");
+    if (rc == 0) rc = ck(cudaStreamSynchronize((cudaStream_t)em_stream_handle(side)), "graph", "cudaStreamSynchronize");
+  }
   /* the captured work must see what was queued before it on the current stream */
   cudaEvent_t ready;
-  int rc = ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "graph", "cudaEventCreate");
+  if (rc == 0) rc = ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "graph", "cudaEventCreate");
   if (rc == 0) {
     rc = ck(cudaEventRecord(ready, (cudaStream_t)em_cuda_cur_stream_handle(device)), "graph", "cudaEventRecord");
     if (rc == 0) rc = ck(cudaStreamWaitEvent((cudaStream_t)em_stream_handle(side), ready, 0), "graph", "cudaStreamWaitEvent");
     cudaEventDestroy(ready);
   }
-  uint64_t *cell = nullptr;   /* allocated before capture: cudaMalloc is not capturable */
-  if (rc == 0) rc = ck(cudaMalloc((void **)&cell, 2 * sizeof(uint64_t)), "graph", "cudaMalloc");
-  if (rc) { em_stream_free(side); return -1; }
+  if (rc) { em_stream_free(side); cudaFree(cell); return -1; }
   tl_cap.rng_cell = cell;
+  tl_cap.counters = (int *)((char *)cell + cell_bytes);
   tl_cap.rng_blocks = 0;
   tl_cap.device = device;
   tl_cap.side = side;

@@ -18,11 +18,11 @@
  * keeps dw of its own columns over its rows, the warps of a block add theirs
  * in order); otherwise one block per group of rows whose threads split D.
  * Either way each block writes a partial row of dw; the row-group kernel sums
- * the partials itself (finish_dw: the last 64 blocks to finish each add a
- * slice of the columns over all partial rows, counted by a per-stream pair
- * of counters the kernel leaves zeroed: no memset, no second launch), the
- * block kernel with a second kernel. Fixed order everywhere: dw is
- * bit-reproducible.
+ * the partials itself (finish_dw: the last 64-132 blocks to finish each add
+ * a slice of the columns over all partial rows, counted in a per-stream or
+ * per-graph ticket word the kernel leaves ready: no memset, no second
+ * launch), the block kernel with a second kernel. Fixed order everywhere:
+ * dw is bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts).
@@ -413,21 +413,34 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_kernel(const TX *x, const
  * phase sums of a chunk are added by a fixed binary tree in shared memory.
  * Every order depends on (nb, D, nred) alone, whatever order the blocks
  * finish in: gw is bit-reproducible. Waiting cannot deadlock: at most nred -
- * 1 blocks wait, nred <= half the SMs, and every block still to finish has
- * a slot to run in once the rest have left. The counters (ticket, done)
- * must be zero at launch and are zero again when the kernel ends (the last
- * reducer clears them), so one buffer per stream serves every launch with
- * no memset. Reads of other blocks' rows go to L2 (__ldcg).
+ * 1 blocks wait, nred is at most half the blocks the GPU holds at once (and
+ * at most the SMs), and every block still to finish has a slot to run in
+ * once the rest have left.
+ * The ticket is one 64-bit word (counters.cu's EM_STREAM_TICKET: low half
+ * zero at launch, high half a generation), as cooperative groups' grid
+ * barrier: a block's ticket is the low half of its atomicAdd's old value;
+ * the last block (ticket nb - 1) adds 2^32 - nb in the same word, which
+ * clears the low half for the next launch and advances the generation, and
+ * goes straight on (it has seen every ticket); the other reducers poll until
+ * the generation differs from the one their own ticket returned. So the
+ * word is left ready by the one add, with no second counter of finished
+ * reducers and no reset at the end (v3 polled a ticket count, and the last
+ * reducer to finish counted itself in a second word and then cleared both:
+ * two more dependent L2 trips on the critical path).
  * Why: the tail runs after the last row tile with most SMs idle, so its
- * cost is its chain of dependent L2 trips (~0.7 µs each, by ncu below). v2
- * (the last block of each group of 16 added the group's rows, then the last
- * group alone added the group sums over all D columns) was ~28 trips at D
- * 1600: ncu on an H100 (fd5f411) saw the SMs idle for 31k of 114k cycles of
- * the (8192, 1600) f32 backward (72 µs) and 38k of 95k of bf16 (60 µs). Here:
- * a ticket, a wait, and ceil(rows a thread / UNR) trips: at (8192, 1600)
- * 373 rows x 400 chunks on 64 blocks, 6-7 chunks a block, 36 phases, 11 rows
- * a thread: 2 trips with 8 loads in flight. */
+ * cost is its chain of dependent L2 trips (~0.7 µs each). v2 (the last block
+ * of each group of 16 added the group's rows, then the last group alone
+ * added the group sums over all D columns) was ~28 trips at D 1600: ncu on
+ * an H100 (fd5f411) saw the SMs idle for 31k of 114k cycles of the (8192,
+ * 1600) f32 backward (72 µs) and 38k of 95k of bf16 (60 µs). Here: one
+ * fence, a ticket, a poll, and ceil(rows a thread / UNR) trips of loads,
+ * which the host makes one where the SMs allow (bwd_reducers: (2048, 768)
+ * f32 512 rows x 192 chunks on 96 blocks, 2 chunks a block, 128 phases, 4
+ * rows a thread, 4 in flight). */
 constexpr int DW_RED_MAX = 64;
+/* partial rows in flight a thread in finish_dw: as many as the main loop's
+ * registers leave room for at each configuration's blocks-an-SM step */
+__host__ __device__ constexpr int dw_unr(int nv, bool hold) { return nv >= 4 || (hold && nv == 2) ? 8 : nv == 3 ? 4 : 2; }
 /* 16 bytes another block wrote, read at L2 (not a stale L1 line) */
 template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p) {
   const float4 f = __ldcg(reinterpret_cast<const float4 *>(p));
@@ -435,22 +448,30 @@ template <typename C> __device__ __forceinline__ Packed128<C> ldcg128(const C *p
   memcpy(&r, &f, 16);
   return r;
 }
+__device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 template <typename C, typename TW, int UNR>
-__device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW *gw) {
+__device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, int nred, TW *gw) {
   __shared__ int ticket_s;
   __shared__ Packed128<C> red[BWD_THREADS];
   constexpr int PS = 16 / sizeof(C);
   const int nb = (int)gridDim.x, t = threadIdx.x;
-  int *ticket = counters, *done = counters + 1;
-  __threadfence();                                    /* this block's partial row, visible before its ticket */
-  __syncthreads();
-  if (t == 0) ticket_s = atomicAdd(ticket, 1);
+  __syncthreads();                                    /* every thread's partial-row stores, then one fence */
+  if (t == 0) {
+    __threadfence();                                  /* cumulative over the barrier: the block's row, visible before its ticket */
+    const unsigned long long old = atomicAdd(word, 1ull);
+    const int tk = (int)(unsigned)old;
+    if (tk == nb - 1) atomicAdd(word, (1ull << 32) - (unsigned long long)nb);   /* low half 0, generation + 1 */
+    else if (tk >= nb - nred)
+      while ((ld_acquire_u64(word) >> 32) == (old >> 32)) __nanosleep(100);
+    ticket_s = tk;
+  }
   __syncthreads();
   const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
   if (q < 0) return;
-  if (t == 0)
-    while (atomicAdd(ticket, 0) < nb) __nanosleep(100);
-  __syncthreads();
   __threadfence();
   const int64_t chunks = D / PS, c0 = chunks * q / nred, c1 = chunks * (q + 1) / nred;
   for (int64_t cw = c0; cw < c1; cw += BWD_THREADS) {
@@ -489,10 +510,6 @@ __device__ void finish_dw(const C *part, int64_t D, int *counters, int nred, TW 
       for (int k = 0; k < PS; k++) gw[c * PS + k] = st<TW>(red[t][k]);
     __syncthreads();
   }
-  if (t == 0 && atomicAdd(done, 1) == nred - 1) {     /* every reducer is past its wait */
-    atomicExch(ticket, 0);
-    atomicExch(done, 0);
-  }
 }
 
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
@@ -518,8 +535,8 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TG *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
-                                                                 bool wvec, bool gx_acc, int *counters, int nred,
-                                                                 TW *gw, void *grad_r = nullptr) {
+                                                                 bool wvec, bool gx_acc, unsigned long long *ticket,
+                                                                 int nred, TW *gw, void *grad_r = nullptr) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   constexpr bool HOLD = HOLD_;
@@ -643,7 +660,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
     dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW, (NV >= 4 || (HOLD && NV == 2) ? 8 : NV == 3 ? 4 : 2)>(dw_part, D, counters, nred, gw);
+  finish_dw<C, TW, dw_unr(NV, HOLD)>(dw_part, D, ticket, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -679,7 +696,9 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
 template <typename TX, typename TW, int TPR, int NV, bool HOLD = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
           typename TR = void>
 struct rg_launch {
-  static int64_t grid(int dev, int64_t N, size_t smem) {
+  static constexpr int unr = dw_unr(NV, HOLD);        /* finish_dw's rows in flight a thread */
+  /* per_sm_out: the blocks an SM holds (finish_dw's reducers are sized by it) */
+  static int64_t grid(int dev, int64_t N, size_t smem, int *per_sm_out) {
     static int per_sm = 0;
     static size_t for_smem = (size_t)-1;
     if (for_smem != smem) {
@@ -699,13 +718,14 @@ struct rg_launch {
      * 512 tiles on 396 slots run as 256 blocks of 2, not 116 of 2 and 280 of 1 */
     int64_t tiles = (N + RPB - 1) / RPB, cap = (int64_t)em_sm_count(dev) * per_sm;
     int64_t iters = (tiles + cap - 1) / cap;
+    *per_sm_out = per_sm;
     return (tiles + iters - 1) / iters;
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
-                  const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, int *counters,
-                  int nred, TW *gw, void *gr) {
+                  const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc,
+                  unsigned long long *ticket, int nred, TW *gw, void *gr) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG, TR><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
-                                                                                    gx_acc, counters, nred, gw, gr);
+                                                                                    gx_acc, ticket, nred, gw, gr);
   }
 };
 
@@ -725,6 +745,30 @@ static int bwd_chunks_16bit() {
     else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2, 2r or 4, got '%s'", env);
   }
   return most;
+}
+
+/* finish_dw's reducers for nb partial rows of `chunks` 16-byte chunks, unr
+ * rows in flight a thread. Default ("trip"): the fewest that give every
+ * thread at most unr rows (floor(256 / chunks a reducer) phases x unr >= nb:
+ * one trip of loads), at least v3's count below and at most the SMs, half
+ * the blocks the GPU holds at once, nb and the chunks: (2048, 768) f32 96
+ * (was 64: 2 trips), (8192, 1600) 80, (16384, 4096) 132 (2 trips, was 4).
+ * EMBER_RMSNORM_BWD_REDUCERS=64: v3's min(64, half the SMs, nb, chunks),
+ * to A/B the two on a GPU. Read once; -1 (error) on another value. */
+static int bwd_reducers(int64_t nb, int64_t chunks, int unr, int sms, int per_sm) {
+  static int v3 = -1;
+  if (v3 < 0) {
+    const char *env = getenv("EMBER_RMSNORM_BWD_REDUCERS");
+    if (!env || !*env || !strcmp(env, "trip")) v3 = 0;
+    else if (!strcmp(env, "64")) v3 = 1;
+    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_REDUCERS to be trip or 64, got '%s'", env);
+  }
+  const int64_t base = std::min<int64_t>({nb, (int64_t)DW_RED_MAX, chunks, std::max(sms / 2, 1)});
+  if (v3) return (int)base;
+  const int64_t most = std::min<int64_t>({nb, chunks, (int64_t)sms, std::max<int64_t>((int64_t)sms * per_sm / 2, 1)});
+  int64_t n = base;
+  while (n < most && BWD_THREADS / ((chunks + n - 1) / n) * (int64_t)unr < nb) n++;
+  return (int)n;
 }
 
 /* The configurations of launch_bwd (HOLD by its default). */
@@ -807,33 +851,40 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     return true;
   };
   int64_t blocks = 0;
-  bool rg = with_config([&](auto L) { blocks = decltype(L)::grid(dev, N, smem); });
+  int per_sm = 1, unr = 2;
+  bool rg = with_config([&](auto L) {
+    blocks = decltype(L)::grid(dev, N, smem, &per_sm);
+    unr = decltype(L)::unr;
+  });
   if (!rg) {
     int64_t cap = (int64_t)em_sm_count(dev) * 2;      /* block kernel: one block per row, 2 per SM */
     blocks = N < cap ? N : cap;
   }
   if (blocks < 1) return 0;
-  /* gw: the blocks' partial rows; finish_dw's two counters from this
-   * stream's zeroed buffer (no memset), or a fresh one zeroed when that is
-   * not to be had */
+  /* gw: the blocks' partial rows; finish_dw's ticket word from this
+   * stream's (or the capture's) zeroed counters (no memset), or a fresh one
+   * zeroed when that is not to be had */
   int nred = 0;
   em_tensor *part = NULL, *cnt = NULL;
-  int *cp = nullptr;
+  unsigned long long *ticket = nullptr;
   if (gw) {
-    int64_t shape[2] = {blocks, D}, nc = 2, half = em_sm_count(dev) / 2;
+    int64_t shape[2] = {blocks, D}, nc = 2;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
     if (rg) {
       const int64_t cchunks = D / (16 / (int64_t)sizeof(C));   /* finish_dw's 16-byte chunks of a row */
-      nred = (int)std::min<int64_t>({blocks, (int64_t)DW_RED_MAX, cchunks, std::max<int64_t>(half, 1)});
-      cp = em_stream_counters(dev, (void *)s, (int)nc);
-      if (!cp) {
+      if ((nred = bwd_reducers(blocks, cchunks, unr, em_sm_count(dev), per_sm)) < 0) {
+        em_tensor_release(part);
+        return -1;
+      }
+      if (int *cp = em_stream_counters(dev, (void *)s, 1)) ticket = (unsigned long long *)(cp + EM_STREAM_TICKET);
+      else {
         if (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
             em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
                           "cudaMemsetAsync")) {
           em_tensor_release(part); em_tensor_release(cnt);
           return -1;
         }
-        cp = (int *)em_data_ptr(cnt);
+        ticket = (unsigned long long *)em_data_ptr(cnt);
       }
     }
     if (!rg && smem > 48 * 1024 &&
@@ -848,7 +899,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, cp, nred, gwp, grp);
+        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, ticket, nred, gwp, grp);
       }))
     rms_bwd_kernel<TX, TW, TG, TR><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc, grp);
   int rc = em_launch_check("rmsnorm backward");

@@ -40,8 +40,15 @@ void em_mempool_close(em_mempool *p);
 /* n <= EM_STREAM_COUNTERS ints, zero at the next launch on `stream` (a
  * cudaStream_t) of `device`, for kernels that leave them zero when they end
  * (block counters of last-block-done reductions); NULL when none can be had
- * (then use a fresh buffer and a memset). Made once per stream. */
+ * (then use a fresh buffer and a memset). Made once per stream. While this
+ * thread captures a graph: the graph's own buffer (em_cuda_graph_counters)
+ * for its capture stream, NULL for any other. Past the EM_STREAM_COUNTERS
+ * ints lies one 64-bit ticket word (at int offset EM_STREAM_TICKET, 8-byte
+ * aligned) whose low 32 bits are zero between kernels and whose high 32
+ * bits are a generation any kernel may advance (rmsnorm's finish_dw). */
 #define EM_STREAM_COUNTERS 1024
+#define EM_STREAM_TICKET EM_STREAM_COUNTERS
+#define EM_STREAM_COUNTER_INTS (EM_STREAM_COUNTERS + 2)
 int *em_stream_counters(int device, void *stream, int n);
 /* The stream is being destroyed: free its counters (waits for its kernels). */
 void em_stream_counters_drop(int device, void *stream);
@@ -51,6 +58,9 @@ void em_stream_counters_drop(int device, void *stream);
  * frees and destroys that would break a capture: cudaFreeHost, graph frees). */
 void em_cuda_defer(void (*fn)(void *), void *arg);
 void em_cuda_run_deferred(void);
+/* The capture's zeroed counters (EM_STREAM_COUNTER_INTS ints, the contract of
+ * em_stream_counters) when this thread captures on `stream`, else NULL. */
+int *em_cuda_graph_counters(void *stream);
 
 /* ---- rng.cu ---- */
 /* cell[0] = seed, cell[1] = base, launched on `stream` (a cudaStream_t):

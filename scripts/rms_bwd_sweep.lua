@@ -7,6 +7,11 @@
 --   ember run scripts/rms_bwd_sweep.lua                       # f32 and bf16, D 768, 1600, 4096
 --   ember run scripts/rms_bwd_sweep.lua --dtype bf16 --d 1600 --rows 2048,8192
 --   EMBER_RMSNORM_BWD_CHUNKS=4 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 4 chunks a thread (default 2; 2r: 2, recomputed)
+--   ember run scripts/rms_bwd_sweep.lua --no-wgrad             # x's gradient only: no weight gradient, no tail
+--
+-- --no-wgrad leaves the weight out of autograd, so the kernel writes no
+-- partial rows and runs no weight-gradient tail (finish_dw): the intercept
+-- with and without it is what the tail costs.
 --
 -- Four measures of the backward, all by CUDA events (bench_ops.lua's --timer
 -- events), the median of --reps:
@@ -34,6 +39,7 @@ parser:option("--rows", "Row counts (comma list).", "512,1024,2048,4096,8192,163
 parser:option("--reps", "Timed reps (median).", "20"):convert(math.tointeger)
 parser:option("--warmup", "Untimed calls first.", "3"):convert(math.tointeger)
 parser:option("--peak-gbs", "Peak bandwidth to divide by (GB/s).", "3350"):convert(tonumber)
+parser:flag("--no-wgrad", "x's gradient only (the weight needs none): no partial rows, no weight-gradient tail.")
 local args = parser:parse()
 assert(ember.cuda.is_available(), "rms_bwd_sweep.lua: needs a CUDA device")
 
@@ -60,7 +66,7 @@ local function measure(dtype, n, d)
   local x = ember.randn({n, d}):to({dtype = dtype, device = "cuda"})
   local w = ember.randn({d}):to({dtype = "f32", device = "cuda"})
   local gy = ember.randn({n, d}):to({dtype = dtype, device = "cuda"})
-  x.requires_grad, w.requires_grad = true, true
+  x.requires_grad, w.requires_grad = true, not args.no_wgrad
   local function drop() x.grad, w.grad = nil, nil; collectgarbage() end
   local function fwd() local y <close> = F.rmsnorm(x, w, 1e-5) end
   local r = {bytes = 3 * n * d * x:element_size() + 2 * d * 4 + n * 4}
@@ -98,7 +104,8 @@ end
 local function pct(floor, t) return t and ("%.0f%%"):format(floor / t * 100) or "-" end
 local function us(t) return t and ("%.2f"):format(t * 1e3) or "-" end
 
-print(("rmsnorm backward sweep: CUDA events, median of %d; %% of %.0f GB/s; f32 weight"):format(args.reps, args.peak_gbs))
+print(("rmsnorm backward sweep: CUDA events, median of %d; %% of %.0f GB/s; f32 weight%s"):format(args.reps,
+  args.peak_gbs, args.no_wgrad and ", no weight gradient" or ""))
 print("| dtype | D | rows | MB | ops µs | ops % | alone µs | alone % | clean µs | clean % | graph µs | graph % |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 local fits = {}

@@ -203,6 +203,100 @@ describe("rmsnorm on CUDA", function()
     graph:close()
   end)
 
+  -- Captured kernels share the graph's own zeroed counters (kernels/graph.cu,
+  -- em_cuda_graph_counters) instead of a memset node each: the split rows
+  -- sums (reduce.cu: block counters 0..) and rmsnorm's ticket word (past
+  -- them) in one graph, in turn, each leaving its part ready for the next
+  -- kernel and the next replay. Poisoned outputs: every replay writes them.
+  it("a graph's rmsnorm backwards and split sums share its counters and keep the eager bits", function()
+    local cuda = ember.cuda
+    local long = randn({8, 1048576}):cuda()             -- 8 rows of 2^20: a split rows sum
+    local cases = {}
+    for _, s in ipairs {{2048, 768}, {1, 768}, {4099, 4096}} do
+      cases[#cases + 1] = {x = randn(s):cuda(), w = randn({s[2]}):cuda(), g = randn(s):cuda()}
+    end
+    local function dw(c, w)
+      w.grad = nil
+      F.rmsnorm(c.x, w, 1e-5):backward(c.g)
+      return w.grad
+    end
+    local want_sum, want = long:sum(1), {}
+    for i, c in ipairs(cases) do
+      local w = c.w:clone(); w.requires_grad = true
+      want[i] = dw(c, w)
+    end
+    local ws, sums = {}, {}
+    for i, c in ipairs(cases) do ws[i] = c.w:clone(); ws[i].requires_grad = true end
+    local graph = cuda.graph(function()
+      for i, c in ipairs(cases) do
+        sums[i] = long:sum(1)
+        dw(c, ws[i])
+      end
+    end, {warmup = 0})
+    for rep = 1, 3 do
+      for i = 1, #cases do ws[i].grad:fill_(0 / 0); sums[i]:fill_(0 / 0) end
+      graph:replay()
+      cuda.synchronize()
+      for i = 1, #cases do
+        C.assert_same_bits(ws[i].grad, want[i], ("dw, graph replay %d, case %d"):format(rep, i))
+        C.assert_same_bits(sums[i], want_sum, ("split sum, graph replay %d, after case %d"):format(rep, i))
+      end
+    end
+    graph:close()
+    for i, c in ipairs(cases) do                          -- and the stream's own counters are still ready
+      local w = c.w:clone(); w.requires_grad = true
+      C.assert_same_bits(dw(c, w), want[i], ("dw eager after the graph, case %d"):format(i))
+    end
+    C.assert_same_bits(long:sum(1), want_sum, "split sum eager after the graph")
+  end)
+
+  -- finish_dw's reducers (kernels/norm.cu bwd_reducers): by default as many
+  -- as make one trip of loads a thread (96 at (2048, 768) f32, 132 and two
+  -- trips at (1031, 4096): 344 blocks), with EMBER_RMSNORM_BWD_REDUCERS=64 the earlier
+  -- count; both against the CPU (their sum orders differ), each repeatable,
+  -- and a bad value refused by name.
+  it("EMBER_RMSNORM_BWD_REDUCERS=trip and 64 both match the CPU, run to run; others are refused", function()
+    local script = H.temp(".lua")
+    H.spit(script, [==[
+local ember = require "ember"
+local F = ember.nn.functional
+ember.manual_seed(5)
+local out = {}
+for k, s in ipairs({{2048, 768}, {1031, 4096}, {3001, 1600}, {1, 768}}) do
+  for _, dt in ipairs({"f32", "bf16"}) do
+    local x, g = ember.randn(s):to(dt), ember.randn(s):to(dt)
+    local w = ember.randn({s[2]})
+    local wg = w:cuda(); wg.requires_grad = true
+    F.rmsnorm(x:cuda(), wg, 1e-5):backward(g:cuda())
+    local first = wg.grad:cpu()
+    wg.grad = nil
+    F.rmsnorm(x:cuda(), wg, 1e-5):backward(g:cuda())
+    local key = ("%s_%d"):format(dt, k)
+    out["x_" .. key], out["g_" .. key], out["w_" .. key] = x, g, w
+    out["dw_" .. key], out["dw2_" .. key] = first, wg.grad:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]==])
+    local got = C.mode_results(H, script, "EMBER_RMSNORM_BWD_REDUCERS", {"trip", "64"})
+    for mode, r in pairs(got) do
+      for k = 1, 4 do
+        for _, dt in ipairs({"f32", "bf16"}) do
+          local key = ("%s_%d"):format(dt, k)
+          local wc = r["w_" .. key]:clone(); wc.requires_grad = true
+          F.rmsnorm(r["x_" .. key], wc, 1e-5):backward(r["g_" .. key])
+          close(r["dw_" .. key], wc.grad, TOL.f32, ("%s dw %s"):format(mode, key))
+          C.assert_same_bits(r["dw2_" .. key], r["dw_" .. key], ("%s dw %s, second run"):format(mode, key))
+        end
+      end
+    end
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_RMSNORM_BWD_REDUCERS = "128",
+                                                          SCAN_SPEC_OUT = H.temp(".st")}})
+    assert.are_not.equal(0, code, "EMBER_RMSNORM_BWD_REDUCERS=128 should fail")
+    assert.matches("expected EMBER_RMSNORM_BWD_REDUCERS to be trip or 64, got '128'", err, 1, true)
+    H.remove_temps()
+  end)
+
   -- On a residual stream, x's gradient sum is formed inside the rmsnorm
   -- backward (it adds into the gradient the residual branch delivered first):
   -- the result must equal the CPU's separate sum.
