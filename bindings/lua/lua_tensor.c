@@ -135,7 +135,7 @@ void lem_push_tensor(lua_State *L, em_tensor *t) {
    * CPU storage, the autograd node the result keeps alive) as GC debt. */
   gc_debt += sizeof(em_tensor);
   if (t->storage->refcount == 1 && t->device.type == EM_CPU) gc_debt += t->storage->nbytes + sizeof(em_storage);
-  if (t->grad_fn && t->grad_fn->refcount == 1) gc_debt += sizeof(em_node);
+  if (t->grad_fn && t->grad_fn->refcount == 1) gc_debt += em_node_nbytes(t->grad_fn);
   if (gc_debt > (4u << 20)) { lua_gc(L, LUA_GCSTEP, (int)(gc_debt >> 10)); gc_debt = 0; }
   /* CPU storage needs full collections too: the steps above are young
    * collections, and activations that survive a few of them sit in the old
