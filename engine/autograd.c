@@ -71,8 +71,6 @@ em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
   return n;
 }
 
-size_t em_node_nbytes(const em_node *n) { return layout_of(n->n_in, n->n_out).total; }
-
 void em_node_set_input(em_node *n, int i, em_tensor *t) {
   if (!n || !t || i < 0 || i >= n->n_in) return;
   n->in_ndim[i] = t->ndim;

@@ -107,7 +107,6 @@ void em_node_finish(em_node *n, em_tensor *out);  /* single output: set_output(0
  * A backward must therefore not assume in_dtype[i] is input i's own dtype. */
 void em_node_set_grad_dtype(em_node *n, int k, em_dtype dt);
 void em_node_release(em_node *n);
-size_t em_node_nbytes(const em_node *n);   /* the node's one allocation, arrays included */
 bool em_node_needs_input_grad(const em_node *n, int i);
 /* During backward: the gradient already summed for input i when the caller
  * may add into it in place (held by nobody else, contiguous, the input's
