@@ -224,6 +224,17 @@ describe("ember.nn.Module", function()
     assert.are.equal(3, #m:parameters())
   end)
 
+  it("keeps no reference to a removed parameter once the lists were read", function()
+    local m = Net(2)
+    local held = setmetatable({m.fc2.bias}, {__mode = "v"})
+    assert.are.equal(7, #m:parameters())
+    m:zero_grad()
+    m.fc2.bias = nil
+    collectgarbage()
+    collectgarbage()
+    assert.is_nil(held[1])
+  end)
+
   it("sees a change to a module shared by two trees from both", function()
     local shared = nn.Linear(2, 2)
     local a, b = nn.Module(), nn.Module()

@@ -98,21 +98,22 @@ M.is_module = is_module
 
 -- parameters() and modules() walk the tree and build names on the way: a
 -- few hundred µs for a 12-layer model, on every zero_grad. Their lists are
--- cached per module and stamped with `generation`, which every change to any
--- registry bumps (registration, removal, reassignment, `to` replacing a
--- tensor): one global counter because a module can sit in several trees and
--- only knows its last parent. Code that writes `_parameters`/`_modules`
--- directly must call M.changed().
-local generation = 0
-local caches = setmetatable({}, {__mode = "k"})   -- module -> {gen =, [kind] = list}
-local function changed() generation = generation + 1 end
+-- cached per module, and every change to any registry (registration,
+-- removal, reassignment, `to` replacing a tensor) drops every module's
+-- cache: a module can sit in several trees and knows only its last parent,
+-- and a removed parameter must not stay referenced (its memory held) by a
+-- stale list. Code that writes `_parameters`/`_modules` directly must call
+-- M.changed().
+local WEAK_KEYS = {__mode = "k"}
+local caches = setmetatable({}, WEAK_KEYS)   -- module -> {[kind] = list}
+local function changed() caches = setmetatable({}, WEAK_KEYS) end
 M.changed = changed
 
--- The cached list `kind` of self, built by build(self) when stale.
+-- The cached list `kind` of self, built by build(self) when missing.
 local function cached(self, kind, build)
   local c = caches[self]
-  if c == nil or c.gen ~= generation then
-    c = {gen = generation}
+  if c == nil then
+    c = {}
     caches[self] = c
   end
   local list = c[kind]
