@@ -11,6 +11,8 @@
 -- Prints µs per phase (median over samples of the per-step mean) and µs per op.
 -- On a machine shared with other work, `--clock cpu` with EMBER_NUM_THREADS=1
 -- counts the CPU time this process used instead of the time that passed.
+-- `--gc-step` runs one young collection after zero_grad: the previous step's
+-- tensors go back before the forward allocates (docs/perf.md, fifteenth session).
 local ember = require "ember"
 local argparse = require "argparse"
 local nn, optim = ember.nn, ember.optim
@@ -37,6 +39,7 @@ parser:option("--reps", "Op calls per dispatch sample.", "20000"):convert(math.t
 parser:option("--clock", "wall (the host clock), or cpu: this process's CPU time (os.clock), which a " ..
   "descheduled process does not accrue — for a shared machine; run it with EMBER_NUM_THREADS=1.", "wall")
   :choices({"wall", "cpu"})
+parser:flag("--gc-step", "A/B: one young collection (collectgarbage \"step\") right after zero_grad, timed in it.")
 parser:option("--json", "Append one JSON line of results to this file.")
 local args = parser:parse(arg)
 for _, k in ipairs({"layers", "d_model", "d_ff", "heads", "vocab", "batch", "context", "steps", "samples", "reps"}) do
@@ -83,6 +86,7 @@ local PHASES = {"zero_grad", "forward", "backward", "optimizer"}
 local function step(t)
   local t0 = clock()
   model:zero_grad()
+  if args.gc_step then collectgarbage("step") end
   local t1 = clock()
   local loss = loss_fn()
   local t2 = clock()
@@ -154,7 +158,7 @@ if args.json then
     os.date("!%Y-%m-%dT%H:%M:%SZ")
   results.config = {d_model = cfg.d_model, layers = cfg.num_layers, vocab = cfg.vocab_size, batch = args.batch,
     context = args.context, precision = args.precision, steps = args.steps, samples = args.samples,
-    clock = args.clock}
+    clock = args.clock, gc_step = args.gc_step}
   local f = assert(io.open(args.json, "a"))
   f:write(cjson.encode(results), "\n")
   f:close()
