@@ -20,9 +20,51 @@ bool em_grad_needed(int n, em_tensor *const *ts) {
 
 /* ---------------- nodes ---------------- */
 
+/* The node and its per-input / per-output arrays in one zeroed block: the
+ * struct, then the arrays in decreasing alignment (8-byte members first). */
+typedef struct {
+  size_t next, in_shape, out_shape, bw_grad, in_device, out_device, in_ndim, in_dtype, out_ndim, out_dtype, total;
+} node_layout;
+
+static node_layout layout_of(int n_in, int n_out) {
+  node_layout l;
+  size_t at = sizeof(em_node), ni = (size_t)n_in, no = (size_t)n_out;
+#define EM_PLACE(field, bytes) (l.field = at, at += (bytes))
+  EM_PLACE(next, ni * sizeof(em_edge));
+  EM_PLACE(in_shape, ni * sizeof(int64_t[EM_MAX_DIMS]));
+  EM_PLACE(out_shape, no * sizeof(int64_t[EM_MAX_DIMS]));
+  EM_PLACE(bw_grad, no * sizeof(em_tensor *));
+  EM_PLACE(in_device, ni * sizeof(em_device));
+  EM_PLACE(out_device, no * sizeof(em_device));
+  EM_PLACE(in_ndim, ni * sizeof(int));
+  EM_PLACE(in_dtype, ni * sizeof(em_dtype));
+  EM_PLACE(out_ndim, no * sizeof(int));
+  EM_PLACE(out_dtype, no * sizeof(em_dtype));
+#undef EM_PLACE
+  l.total = at;
+  return l;
+}
+
 em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
-  em_node *n = calloc(1, sizeof *n);
-  if (!n) { em_error_oom("out of memory: cannot allocate an autograd node"); return NULL; }
+  if (n_in < 0 || n_in > EM_NODE_MAX_IN || n_out < 1 || n_out > EM_NODE_MAX_OUT) {
+    em_error("autograd: '%s' asked for a node of %d inputs and %d outputs (at most %d and %d)", op, n_in, n_out,
+             EM_NODE_MAX_IN, EM_NODE_MAX_OUT);
+    return NULL;
+  }
+  node_layout l = layout_of(n_in, n_out);
+  char *block = calloc(1, l.total);
+  if (!block) { em_error_oom("out of memory: cannot allocate an autograd node"); return NULL; }
+  em_node *n = (em_node *)block;
+  n->next = (em_edge *)(block + l.next);
+  n->in_shape = (int64_t(*)[EM_MAX_DIMS])(block + l.in_shape);
+  n->out_shape = (int64_t(*)[EM_MAX_DIMS])(block + l.out_shape);
+  n->bw_grad = (em_tensor **)(block + l.bw_grad);
+  n->in_device = (em_device *)(block + l.in_device);
+  n->out_device = (em_device *)(block + l.out_device);
+  n->in_ndim = (int *)(block + l.in_ndim);
+  n->in_dtype = (em_dtype *)(block + l.in_dtype);
+  n->out_ndim = (int *)(block + l.out_ndim);
+  n->out_dtype = (em_dtype *)(block + l.out_dtype);
   n->refcount = 1; n->op = op; n->backward = bw; n->n_in = n_in; n->n_out = n_out;
   n->seq = ++node_seq;
   n->module = em_ctx_module();
@@ -30,7 +72,7 @@ em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
 }
 
 void em_node_set_input(em_node *n, int i, em_tensor *t) {
-  if (!n || !t) return;
+  if (!n || !t || i < 0 || i >= n->n_in) return;
   n->in_ndim[i] = t->ndim;
   memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
   n->in_dtype[i] = t->dtype;
@@ -55,7 +97,7 @@ int em_node_save(em_node *n, em_tensor *t) {
 }
 
 void em_node_set_output(em_node *n, int k, em_tensor *out) {
-  if (!n || !out) return;
+  if (!n || !out || k < 0 || k >= n->n_out) return;
   n->out_ndim[k] = out->ndim;
   memcpy(n->out_shape[k], out->shape, sizeof(int64_t) * (size_t)out->ndim);
   n->out_dtype[k] = out->dtype;
@@ -105,7 +147,7 @@ void em_node_release(em_node *n) {
       }
     }
     free_saved(x);
-    for (int k = 0; k < 4; k++) em_tensor_release(x->bw_grad[k]);
+    for (int k = 0; k < x->n_out; k++) em_tensor_release(x->bw_grad[k]);
     if (x->ctx_free) x->ctx_free(x->ctx);
     free(x);
   }
@@ -242,7 +284,7 @@ static int discover(bw_state *s, em_node *root) {
       if (c) {
         if (c->bw_epoch != s->epoch) {
           c->bw_epoch = s->epoch; c->bw_deps = 0;
-          for (int k = 0; k < 4; k++) { em_tensor_release(c->bw_grad[k]); c->bw_grad[k] = NULL; }
+          for (int k = 0; k < c->n_out; k++) { em_tensor_release(c->bw_grad[k]); c->bw_grad[k] = NULL; }
           if (push((void ***)&s->nodes, &s->n_nodes, &s->cap_nodes, c) ||
               push((void ***)&stack, &sp, &cap, c)) { free(stack); return -1; }
         }
@@ -362,7 +404,7 @@ static int edge_delivered(bw_state *s, em_edge *e) {
 
 static int run_node(bw_state *s, em_node *n, bool retain) {
   if (check_saved(n)) return -1;
-  em_tensor *gout[4] = {0}, *gin[EM_NODE_MAX_IN] = {0};
+  em_tensor *gout[EM_NODE_MAX_OUT] = {0}, *gin[EM_NODE_MAX_IN] = {0};
   int rc = 0;
   for (int k = 0; k < n->n_out; k++) {
     gout[k] = n->bw_grad[k] ? n->bw_grad[k]
@@ -464,7 +506,10 @@ int em_backward(em_tensor *root, em_tensor *grad, bool retain) {
   while (rc == 0 && s.n_ready > 0) rc = run_node(&s, heap_pop(&s), retain);
   /* cleanup scratch (also after an error midway) */
   for (int i = 0; i < s.n_nodes; i++)
-    for (int k = 0; k < 4; k++) { em_tensor_release(s.nodes[i]->bw_grad[k]); s.nodes[i]->bw_grad[k] = NULL; }
+    for (int k = 0; k < s.nodes[i]->n_out; k++) {
+      em_tensor_release(s.nodes[i]->bw_grad[k]);
+      s.nodes[i]->bw_grad[k] = NULL;
+    }
   for (int i = 0; i < s.n_leaves; i++) { em_tensor_release(s.leaves[i]->bw_grad); s.leaves[i]->bw_grad = NULL; }
   free(s.nodes); free(s.leaves); free(s.ready);
   em_tensor_release(g0);

@@ -37,6 +37,7 @@ local context = require "ember.context"
 -- attributed to the "optimizer" phase by the profiler and memory history.
 local function update(fn) return context.phase("optimizer", no_grad, fn) end
 local has_grad = core.has_grad
+local CPU_END = core.PLACEMENT_CPU_END   -- core.placements(ts)[i] below it: a CPU tensor
 
 -- Minimal classes: calling the class makes an instance and runs __init.
 local function class(name, parent)
@@ -358,27 +359,32 @@ end
 -- adamw_prepare: state made on first use, step counts advanced (CPU) or moved
 -- to the device (CUDA), the device lr refreshed: everything that allocates or
 -- writes host-side state. Returns the buckets: one kernel call each.
+-- A bucket is keyed by core.placements' integer (device, dtype) and, on the
+-- CPU, the step count too (negative keys there): no strings per parameter.
 local function adamw_prepare(self, gi, g, params)
   local buckets, order = {}, {}
-  for _, p in ipairs(params) do
+  local places = core.placements(params)
+  for i, p in ipairs(params) do
     local st = self.state[p]
     if st == nil then
       st = {step = 0, exp_avg = ember.zeros_like(p), exp_avg_sq = ember.zeros_like(p)}
       self.state[p] = st
       if not self.shadow_weights then core.shadow_weights_(p, false) end
     end
-    if p.device ~= "cpu" then
+    local place = places[i]
+    if place >= CPU_END then
       if type(st.step) == "number" then
         st.step = ember.tensor(st.step, {dtype = "f32", device = p.device})
       end
-      local b = bucket_add(buckets, order, fmt("cuda|%s|%s", p.device, p.dtype), p, st, ADAM_CUDA_KEYS)
-      b.device = p.device
-      b.lr_t = device_lr(self, gi, g, p.device)
+      local b = bucket_add(buckets, order, place, p, st, ADAM_CUDA_KEYS)
+      if b.device == nil then
+        b.device = p.device
+        b.lr_t = device_lr(self, gi, g, b.device)
+      end
     else
       if type(st.step) ~= "number" then st.step = math.tointeger(st.step:item()) end
       st.step = st.step + 1
-      bucket_add(buckets, order, fmt("%d|%s|%s", st.step, p.device, p.dtype), p, st,
-        ADAM_KEYS).step = st.step
+      bucket_add(buckets, order, -1 - (st.step * CPU_END + place), p, st, ADAM_KEYS).step = st.step
     end
   end
   return {buckets = buckets, order = order}

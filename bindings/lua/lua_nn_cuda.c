@@ -8,6 +8,8 @@
  *   core.grad_sumsq_into_(params, slots, index): slots[index[i]] = the sum of squares of params[i].grad
  *   core.has_grad(t) -> boolean
  *   core.zero_grad_(params, set_to_none) -> bytes of device gradients dropped but still referenced
+ *   core.placements(params) -> an integer per tensor naming its (device, dtype): equal for equal pairs,
+ *     below core.PLACEMENT_CPU_END for CPU tensors (the optimizers' buckets, without a string per tensor)
  *   core.cuda_is_capturing() -> boolean
  * grads = nil means "each param's .grad", read here in C: reading p.grad from
  * Lua makes a userdata that keeps the gradient's memory alive until the next
@@ -144,6 +146,20 @@ static int l_zero_grad_(lua_State *L) {
   return 1;
 }
 
+/* dtype + EM_NDTYPES * (0 for the CPU, 1 + the index of a CUDA device) */
+static int l_placements(lua_State *L) {
+  em_tensor **p = NULL;
+  int n = lem_check_tensor_list(L, 1, lem_name(L), &p);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_Integer where = p[i]->device.type == EM_CPU ? 0 : 1 + (lua_Integer)p[i]->device.index;
+    lua_pushinteger(L, (lua_Integer)p[i]->dtype + EM_NDTYPES * where);
+    lua_rawseti(L, -2, i + 1);
+  }
+  free(p);
+  return 1;
+}
+
 static int l_cuda_is_capturing(lua_State *L) {
   lua_pushboolean(L, em_cuda_compiled() && em_cuda_capturing());
   return 1;
@@ -154,6 +170,8 @@ void lem_open_nn_cuda(lua_State *L, int module) {
                                {"clip_param_grads_", l_clip_param_grads_}, {"grad_sumsq_into_", l_grad_sumsq_into_},
                                {"has_grad", l_has_grad},
                                {"zero_grad_", l_zero_grad_}, {"cuda_is_capturing", l_cuda_is_capturing},
-                               {NULL, NULL}};
+                               {"placements", l_placements}, {NULL, NULL}};
   lem_register(L, 0, module, f);
+  lua_pushinteger(L, EM_NDTYPES);
+  lua_setfield(L, module, "PLACEMENT_CPU_END");
 }

@@ -171,3 +171,38 @@ describe("ember.bench.smi_selector", function()
     assert.are.equal("3", selector("-u CUDA_VISIBLE_DEVICES", "cuda:3"))
   end)
 end)
+
+describe("scripts/bench_host.lua", function()
+  local function run(args)
+    local f = io.popen(("%s/ember run scripts/bench_host.lua %s 2>&1; echo rc=$?"):format(BUILD, args))
+    local out = f:read("a")
+    f:close()
+    return out
+  end
+
+  it("prints each phase's host time and the dispatch figures, and appends them as JSON", function()
+    local json = os.tmpname()
+    local out = run("--layers 1 --steps 1 --samples 1 --warmup 0 --reps 200 --json " .. json)
+    assert.truthy(out:find("rc=0", 1, true), out)
+    for _, name in ipairs({"zero_grad", "forward", "backward", "optimizer", "total"}) do
+      assert.truthy(out:find("\n  " .. name .. " +[%d.]+ us"), name .. " missing in:\n" .. out)
+    end
+    assert.truthy(out:find("a * w (w requires grad)", 1, true), out)
+    local f = assert(io.open(json))
+    local rec = require("cjson").decode(f:read("l"))
+    f:close()
+    os.remove(json)
+    for _, k in ipairs({"zero_grad_us", "forward_us", "backward_us", "optimizer_us", "step_host_us", "mul_us",
+                        "mul_recorded_us", "mul_inplace_us"}) do
+      assert.is_true(type(rec[k]) == "number" and rec[k] > 0, k)
+    end
+    assert.are.equal(1, rec.config.layers)
+    assert.are.equal("wall", rec.config.clock)
+  end)
+
+  it("names a bad option's value", function()
+    assert.truthy(run("--layers 0"):find("--layers: expected a positive integer", 1, true))
+    assert.truthy(run("--d-ff 0"):find("--d-ff: expected a positive integer", 1, true))
+    assert.truthy(run("--clock gpu"):find("'--clock' must be one of 'wall', 'cpu'", 1, true))
+  end)
+end)

@@ -187,6 +187,94 @@ describe("ember.nn.Module", function()
     assert.are.equal(0, g:abs():sum():item())
   end)
 
+  -- parameters() and modules() are cached; every change to any registry
+  -- below the root must show in the next call
+  it("lists a parameter or module added deep in the tree after the lists were read", function()
+    local m = Net(2)
+    assert.are.equal(7, #m:parameters())
+    assert.are.equal(6, #m:modules())
+    local extra = nn.Parameter(ember.ones(3))
+    m.blocks[2].gain = extra                       -- a grandchild's new parameter
+    local params = m:parameters()
+    assert.are.equal(8, #params)
+    assert.are.equal(extra, params[6])            -- blocks.1.weight, then blocks.1.gain
+    assert.are.same({"scale", "fc1.weight", "fc1.bias", "blocks.0.weight", "blocks.1.weight",
+      "blocks.1.gain", "fc2.weight", "fc2.bias"}, names_of(m:named_parameters()))
+    m.blocks:append(nn.Linear(4, 4))               -- a new child of a child
+    assert.are.equal(10, #m:parameters())
+    assert.are.equal(7, #m:modules())
+    assert.are.equal(m.blocks[3], m:modules()[6])
+  end)
+
+  it("drops a removed or replaced parameter or module from the cached lists", function()
+    local m = Net(2)
+    local old_bias = m.fc2.bias
+    assert.are.equal(old_bias, m:parameters()[7])
+    m.fc2.bias = nil
+    assert.are.equal(6, #m:parameters())
+    local w = nn.Parameter(ember.zeros(4, 4))
+    m.blocks[1].weight = w
+    assert.are.equal(w, m:parameters()[4])
+    m.blocks = nil                                 -- a whole subtree
+    assert.are.same({"scale", "fc1.weight", "fc1.bias", "fc2.weight"}, names_of(m:named_parameters()))
+    assert.are.equal(4, #m:parameters())
+    assert.are.equal(3, #m:modules())
+    m.fc1 = nn.Linear(2, 5, {bias = false})          -- a module replaced by another
+    assert.are.equal(m.fc1.weight, m:parameters()[2])
+    assert.are.equal(3, #m:parameters())
+  end)
+
+  it("keeps no reference to a removed parameter once the lists were read", function()
+    local m = Net(2)
+    local held = setmetatable({m.fc2.bias}, {__mode = "v"})
+    assert.are.equal(7, #m:parameters())
+    m:zero_grad()
+    m.fc2.bias = nil
+    collectgarbage()
+    collectgarbage()
+    assert.is_nil(held[1])
+  end)
+
+  it("sees a change to a module shared by two trees from both", function()
+    local shared = nn.Linear(2, 2)
+    local a, b = nn.Module(), nn.Module()
+    a.l, b.l = shared, shared
+    assert.are.equal(2, #a:parameters())
+    assert.are.equal(2, #b:parameters())
+    shared.extra = nn.Parameter(ember.ones(1))
+    assert.are.equal(3, #a:parameters())
+    assert.are.equal(3, #b:parameters())
+    assert.are.equal(shared.extra, b:parameters()[3])
+  end)
+
+  it("returns a fresh list each time: changing one does not change the module's", function()
+    local m = Net(2)
+    local params, mods = m:parameters(), m:modules()
+    params[1], params[8] = nil, ember.ones(1)
+    table.remove(mods, 1)
+    assert.are.equal(m.scale, m:parameters()[1])
+    assert.are.equal(7, #m:parameters())
+    assert.are.equal(m, m:modules()[1])
+    assert.are.equal(6, #m:modules())
+  end)
+
+  it("zero_grad and train reach what was registered after an earlier call", function()
+    local m = Net(2)
+    m:zero_grad()
+    m:eval()
+    m.late = nn.Linear(2, 2)
+    m:train()
+    assert.is_true(m.late.training)
+    m:eval()
+    assert.is_false(m.late.training)
+    local x = ember.randn(3, 2)
+    local loss = m(x):sum() + m.late(x):sum()
+    loss:backward()
+    assert.is_not_nil(m.late.weight.grad)
+    m:zero_grad()
+    for _, p in ipairs(m:parameters()) do assert.is_nil(p.grad) end
+  end)
+
   it("converts parameters in place with to(dtype), keeping their identity and values", function()
     local m = Net(3)
     local params = m:parameters()

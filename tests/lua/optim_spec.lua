@@ -138,6 +138,40 @@ describe("ember.optim.AdamW", function()
       "ember.optim.AdamW: got an empty parameter list", 1, true)
   end)
 
+  it("buckets by device, dtype and step: mixed f32/f64 parameters at different steps each follow the formula",
+    function()
+    -- a (f32) and c (f64) share no bucket; b (f32) starts a step later than a
+    local a, b = param({3}), param({4})
+    local c = nn.Parameter(ember.randn(2, {dtype = "f64"}))
+    local o = {lr = 0.05, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1}
+    local opt = optim.AdamW({a, b, c}, {lr = o.lr, betas = {o.b1, o.b2}, eps = o.eps, weight_decay = o.wd})
+    local ra, rb, rc = flat(a), flat(b), flat(c)
+    local ga, gb, gc = {}, {}, {}
+    for s = 1, 3 do
+      local g1, g2, g3 = ember.randn(3), ember.randn(4), ember.randn(2, {dtype = "f64"})
+      ga[s], gc[s] = flat(g1), flat(g3)
+      a.grad, c.grad = g1, g3
+      if s > 1 then gb[s - 1] = flat(g2); b.grad = g2 end
+      opt:step()
+    end
+    assert_close(flat(a), (adamw_ref(ra, ga, o)), 2e-6, "a")
+    assert_close(flat(b), (adamw_ref(rb, gb, o)), 2e-6, "b")
+    assert_close(flat(c), (adamw_ref(rc, gc, o)), 1e-12, "c")
+    assert.are.same({3, 2, 3}, {opt.state[a].step, opt.state[b].step, opt.state[c].step})
+  end)
+
+  it("core.placements numbers each (device, dtype) pair, CPU ones below PLACEMENT_CPU_END", function()
+    local core = ember.core
+    local k = core.placements({ember.ones(2), ember.zeros(3), ember.ones(1, {dtype = "f64"}),
+      ember.ones(1, {dtype = "bf16"})})
+    assert.are.equal(4, #k)
+    assert.are.equal(k[1], k[2])
+    assert.are_not.equal(k[1], k[3])
+    assert.are_not.equal(k[3], k[4])
+    for i = 1, 4 do assert.is_true(math.type(k[i]) == "integer" and k[i] >= 0 and k[i] < core.PLACEMENT_CPU_END) end
+    assert.error_matches(function() core.placements({ember.ones(1), 3}) end, "element 2 is not a tensor", 1, true)
+  end)
+
   it("zero_grad sets every grad to nil", function()
     local p = param({2})
     local opt = optim.AdamW({p})

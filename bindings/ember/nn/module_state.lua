@@ -98,6 +98,7 @@ function Module:to(...)
       end
     end
   end)
+  module.changed()   -- registries written directly above: cached lists are stale
   return self
 end
 

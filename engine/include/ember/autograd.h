@@ -30,6 +30,7 @@ extern "C" {
 
 #define EM_NODE_MAX_IN 8
 #define EM_NODE_MAX_SAVED 8
+#define EM_NODE_MAX_OUT 4
 
 typedef struct em_node em_node;
 /* gout: n_out gradients (never NULL: missing ones are zeros). Fill gin[i]
@@ -42,21 +43,26 @@ typedef struct {
   em_tensor *leaf;    /* the input itself when it is a leaf requiring grad (strong ref) */
 } em_edge;
 
+/* A node is one allocation sized to its inputs and outputs: the per-input
+ * and per-output arrays below point into the same block, right after the
+ * struct (a node of 2 inputs and 1 output is ~700 bytes instead of the 1.4 KB
+ * fixed arrays of 8 inputs took, which also kept it out of malloc's fast
+ * small-block cache). Index them below n_in / n_out only. */
 struct em_node {
   int refcount;
   const char *op;                 /* static string, e.g. "mul" */
   em_backward_fn backward;
-  int n_in, n_out;
-  em_edge next[EM_NODE_MAX_IN];   /* next[i] empty when input i needs no grad */
+  int n_in, n_out;                /* at most EM_NODE_MAX_IN and EM_NODE_MAX_OUT */
+  em_edge *next;                  /* [n_in]: next[i] empty when input i needs no grad */
   /* shapes and dtypes of inputs and outputs, for shape checks and sum_to */
-  int in_ndim[EM_NODE_MAX_IN];
-  int64_t in_shape[EM_NODE_MAX_IN][EM_MAX_DIMS];
-  em_dtype in_dtype[EM_NODE_MAX_IN];
-  em_device in_device[EM_NODE_MAX_IN];
-  int out_ndim[4];
-  int64_t out_shape[4][EM_MAX_DIMS];
-  em_dtype out_dtype[4];          /* output k's gradient dtype: its own, or em_node_set_grad_dtype's */
-  em_device out_device[4];
+  int *in_ndim;                   /* [n_in] */
+  int64_t (*in_shape)[EM_MAX_DIMS];   /* [n_in] */
+  em_dtype *in_dtype;             /* [n_in] */
+  em_device *in_device;           /* [n_in] */
+  int *out_ndim;                  /* [n_out] */
+  int64_t (*out_shape)[EM_MAX_DIMS];  /* [n_out] */
+  em_dtype *out_dtype;            /* [n_out]: output k's gradient dtype: its own, or em_node_set_grad_dtype's */
+  em_device *out_device;          /* [n_out] */
   uint8_t grad_dtype_set;         /* bit k: output k's gradient is summed in out_dtype[k], not its dtype */
   /* saved tensors: aliases without history, with the storage version at save time */
   em_tensor *saved[EM_NODE_MAX_SAVED];
@@ -74,7 +80,7 @@ struct em_node {
   bool freed;                     /* saved tensors released after a backward without retain_graph */
   int bw_deps;
   uint64_t bw_epoch;
-  em_tensor *bw_grad[4];
+  em_tensor **bw_grad;            /* [n_out] */
 };
 
 /* ---- grad mode ---- */
@@ -84,6 +90,7 @@ bool em_set_grad_enabled(bool on);      /* returns previous */
 bool em_grad_needed(int n, em_tensor *const *ts);
 
 /* ---- recording ---- */
+/* NULL with the error set when out of memory or n_in/n_out exceed the limits. */
 em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out);
 void em_node_set_input(em_node *n, int i, em_tensor *input);
 int em_node_save(em_node *n, em_tensor *t);   /* returns slot index */
