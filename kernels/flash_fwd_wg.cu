@@ -278,6 +278,14 @@ bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, 
 }
 bool sm90(int device) { return is_sm90(device); }
 
+int wg_kernel_dim(int d) {
+  static int old = -1;   // EMBER_FLASH_WG_PAD: 0 (the setting "1") pads 80 and 96 to 128, 1 ("0") does not
+  if (d == 64 || d == 128) return d;
+  if (d != 80 && d != 96) return 0;
+  const int m = em_env_choice(&old, "flash_attention", "EMBER_FLASH_WG_PAD", "1", "0");
+  return m < 0 ? -1 : m == 0 ? 128 : 0;
+}
+
 int fwd_kernel_mode() {
   if (g_mode < 0) {
     const char *env = getenv("EMBER_FLASH_FWD");
@@ -299,16 +307,18 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   if (mode == 1) return kFwdNotTaken;
   if (mode == 0 && p.Tq <= kDecodeMaxTq) return kFwdNotTaken;
   const bool forced = mode != 0;
-  const int kernel = mode == 0 ? (d == 64 ? 4 : 3) : mode;
+  const int kd = wg_kernel_dim(d);   // the kernel's head dim: 80 and 96 run as 128
+  if (kd < 0) return -1;
+  const int kernel = mode == 0 ? (kd == 64 ? 4 : 3) : mode;
   const char *name = kernel == 4 ? "wg3" : kernel == 3 ? "wg2" : "wg";
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",
                                 name, em_dtype_name(dt));
     return kFwdNotTaken;
   }
-  if (d != 64 && d != 128) {
-    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects head dim 64 or 128, "
-                                "got %d", name, d);
+  if (kd == 0) {
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects head dim 64 or 128 "
+                                "(80 and 96 run as 128 unless EMBER_FLASH_WG_PAD=0), got %d", name, d);
     return kFwdNotTaken;
   }
   if (!is_sm90(device)) {
@@ -317,8 +327,8 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kFwdNotTaken;
   }
   CUtensorMap tq, tk, tv;
-  // wg3 at d 64: 192-query blocks (three consumers), so a 192-row q box
-  const bool three = kernel == 4 && d == 64;
+  // wg3 at d 64: 192-query blocks (three consumers), so a 192-row q box. The maps are the tensors' true d
+  const bool three = kernel == 4 && kd == 64;
   bool ok = make_map(&tq, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, three ? 192 : BM) &&
             make_map(&tk, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, BN) &&
             make_map(&tv, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, BN);
@@ -329,10 +339,10 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   }
   // the wg2 kernel (flash_fwd_wg2.cu) has the same tiles: 128 query rows, 128-key boxes
   if (three) return launch_wg3(p, dt, tq, tk, tv, s);
-  if (kernel >= 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
-  if (dt == EM_BF16) return d == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
-                                    : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
-  return d == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
+  if (kernel >= 3) return launch_wg2(p, dt, kd, tq, tk, tv, s);
+  if (dt == EM_BF16) return kd == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
+                                     : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
+  return kd == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
 }
 
 }  // namespace flash
