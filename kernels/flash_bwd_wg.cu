@@ -252,7 +252,7 @@ int launch(const Params &p, const Maps &m, cudaStream_t s) {
   return em_launch_check("flash_attention backward (wgmma dq)");
 }
 
-/* auto's choice: the wgmma kernels on sm_90 at D 64/128 in bf16/f16, the
+/* auto's choice: the wgmma kernels on sm_90 at D 64/128 (80/96 as 128) in bf16/f16, the
  * overlapped version (wg2). Their spec passed on an H100 (wg 2026-11-27, wg2
  * 2026-11-28) with the mma.sync backward's bits (docs/flash.md "Step 4",
  * "Step 4b"), so the switch changes speed, not results: wg2 is 8-15 % faster. */

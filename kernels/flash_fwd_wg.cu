@@ -1,7 +1,8 @@
 /* FlashAttention forward for Hopper (sm_90a): wgmma tensor-core matmuls,
  * TMA tile copies and a producer/consumer split of the block, in the style
  * of FlashAttention-3. Same function and outputs as flash_fwd.cu (o and the
- * rows' log-sum-exp), for bf16/f16 and head dims 64 and 128; flash_fwd.cu's
+ * rows' log-sum-exp), for bf16/f16 and head dims 64 and 128 (80 and 96 on the
+ * D 128 kernel: wg_kernel_dim, docs/flash.md "Step 7"); flash_fwd.cu's
  * em_flash_fwd_cuda asks fwd_wg_dispatch first (the choice: docs/flash.md,
  * "Step 2: wgmma forward").
  *
@@ -300,7 +301,7 @@ int fwd_kernel_mode() {
 int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = fwd_kernel_mode();
   if (mode < 0) return -1;
-  // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128, more queries than
+  // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128 (80/96 as 128), more queries than
   // the decode kernel takes), with three consumers (wg3) at d 64: they beat
   // the mma.sync kernel 1.5-2.9x and SDPA's forward at T >= 4096 on an H100
   // and passed the GPU suite (docs/flash.md, Steps 3 and 3b); mma elsewhere
