@@ -280,11 +280,11 @@ bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, 
 bool sm90(int device) { return is_sm90(device); }
 
 int wg_kernel_dim(int d) {
-  static int old = -1;   // EMBER_FLASH_WG_PAD: 0 (the setting "1") pads 80 and 96 to 128, 1 ("0") does not
+  static int old = -1;   // EMBER_FLASH_WG_PAD: 0 (the setting "1") runs 80 and 96 as 128, 1 ("0") does not
+  const int m = em_env_choice(&old, "flash_attention", "EMBER_FLASH_WG_PAD", "1", "0");   // a bad value: at any d
+  if (m < 0) return -1;
   if (d == 64 || d == 128) return d;
-  if (d != 80 && d != 96) return 0;
-  const int m = em_env_choice(&old, "flash_attention", "EMBER_FLASH_WG_PAD", "1", "0");
-  return m < 0 ? -1 : m == 0 ? 128 : 0;
+  return (d == 80 || d == 96) && m == 0 ? 128 : 0;
 }
 
 int fwd_kernel_mode() {
