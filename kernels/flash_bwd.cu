@@ -22,7 +22,7 @@
  * each recomputes S and dP over all of D, which costs 1.5x the MMAs but
  * keeps 128 accumulators per thread instead of 256.
  *
- * On sm_90 (bf16/f16, D 64 and 128) EMBER_FLASH_BWD=auto (the default) or wg2
+ * On sm_90 (bf16/f16, D 64 and 128; 80 and 96 as 128, flash_wg.cuh's wg_kernel_dim) EMBER_FLASH_BWD=auto (the default) or wg2
  * runs the overlapped wgmma/TMA dk/dv and dq kernels of flash_bwd_wg2.cu (wg:
  * flash_bwd_wg.cu's, without the overlap) after the delta kernel instead, and
  * from Tq = Tk = 4096 the one-kernel deterministic backward of

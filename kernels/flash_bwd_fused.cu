@@ -614,6 +614,7 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     const int c = (int)(idx % (D / 4)) * 4;
     const int64_t r = idx / (D / 4), bh = r / p.Tq;
     const int i = (int)(r % p.Tq), b = (int)(bh / p.H), h = (int)(bh % p.H);
+    if (c >= p.Dv) return;   // dq_accum is D wide; a head dim of 80 or 96 (run as 128) stores its first Dv
     const float4 v = load((bh * tqp + i) * D + c);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
     store2(dst, v.x * p.scale, v.y * p.scale);
@@ -624,7 +625,7 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     const int64_t half = idx / (128 * (D / 16)), tile = half >> 1, bh = tile / (tqp / STR);
     const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
     const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
-    if (i >= p.Tq) return;
+    if (i >= p.Tq || c >= p.Dv) return;
     const float4 v = load(4 * idx);
     const int b = (int)(bh / p.H), h = (int)(bh % p.H);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
-  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, t, p.scale);
+  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, p.Dv, t, p.scale);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif
@@ -252,7 +252,7 @@ int launch(const Params &p, const Maps &m, cudaStream_t s) {
   return em_launch_check("flash_attention backward (wgmma dq)");
 }
 
-/* auto's choice: the wgmma kernels on sm_90 at D 64/128 in bf16/f16, the
+/* auto's choice: the wgmma kernels on sm_90 at D 64/128 (80/96 as 128) in bf16/f16, the
  * overlapped version (wg2). Their spec passed on an H100 (wg 2026-11-27, wg2
  * 2026-11-28) with the mma.sync backward's bits (docs/flash.md "Step 4",
  * "Step 4b"), so the switch changes speed, not results: wg2 is 8-15 % faster. */
@@ -307,9 +307,11 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
                                 "got %s", name, em_dtype_name(dt));
     return kBwdNotTaken;
   }
-  if (d != 64 && d != 128) {
+  const int kd = wg_kernel_dim(d);   // the kernels' head dim: 80 and 96 run as 128 (maps of the true d)
+  if (kd < 0) return -1;
+  if (kd == 0) {
     if (forced) return em_error("flash_attention backward: the wgmma kernels (EMBER_FLASH_BWD=%s) expect head dim 64 "
-                                "or 128, got %d", name, d);
+                                "or 128 (80 and 96 run as 128 unless EMBER_FLASH_WG_PAD=0), got %d", name, d);
     return kBwdNotTaken;
   }
   if (!sm90(device)) {
@@ -332,10 +334,10 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kBwdNotTaken;
   }
   if (mode == 0 && p.Tq >= kAutoFusedMinT && p.Tk >= kAutoFusedMinT) mode = 4;
-  if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, d, s);
-  if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, d, mode == 4, device, s);
-  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
-  return d == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);
+  if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, kd, s);
+  if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, kd, mode == 4, device, s);
+  if (dt == EM_BF16) return kd == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
+  return kd == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);
 }
 
 }  // namespace flash

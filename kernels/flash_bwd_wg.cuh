@@ -163,13 +163,15 @@ __device__ __forceinline__ void issue_rs_lo(float (&acc)[D / 2], const uint32_t 
 }
 
 /* A consumer's 64 x D accumulator, times scale, into rows r0 and r0 + 8 of
- * dst (row stride ld), rows at or past n skipped. */
+ * dst (row stride ld), rows at or past n skipped, columns at or past ncol too
+ * (the tensors' head dim p.Dv: 80 or 96 run on the D = 128 kernels). */
 template <typename T, int D>
-__device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc)[D / 2], int r0, int n, int t,
-                                           float scale) {
+__device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc)[D / 2], int r0, int n, int ncol,
+                                           int t, float scale) {
 #pragma unroll
   for (int i = 0; i < D / 8; i++) {
     const int col = i * 8 + 2 * t;
+    if (col >= ncol) break;
     if (r0 < n) store2(dst + (int64_t)r0 * ld + col, acc[4 * i] * scale, acc[4 * i + 1] * scale);
     if (r0 + 8 < n) store2(dst + (int64_t)(r0 + 8) * ld + col, acc[4 * i + 2] * scale, acc[4 * i + 3] * scale);
   }
@@ -183,8 +185,8 @@ __device__ __forceinline__ void store_dkdv(const Params &p, int b, int hk, const
                                            const float (&dv)[D / 2], int key0, int t) {
   T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
   T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
-  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, t, p.scale);
-  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, t, 1.f);
+  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, p.Dv, t, p.scale);
+  store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, p.Dv, t, 1.f);
 }
 
 /* A dk/dv block's tiles: key block nb of kv head hk, batch b (blockIdx.y);

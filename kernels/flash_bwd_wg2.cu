@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
-  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, t, p.scale);
+  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, p.Dv, t, p.scale);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif

@@ -68,6 +68,7 @@ struct Params {          // strides in elements; the last dim is contiguous
   int B, H, Tq, Tk;
   int Hkv, group;            // kv heads; q heads per kv head (head h reads kv head h / group)
   int off;                   // causal: row i sees keys j <= i + off (0 top-left, Tk - Tq bottom-right)
+  int Dv;                    // the tensors' head dim; the wgmma kernels run 80 and 96 as 128 and clip their stores to it
   float scale, scale_log2;   // scale and scale·log2(e)
   bool causal;
   // the decode path (flash_decode.cu): key splits, keys per split, f32 partials
@@ -226,7 +227,7 @@ inline void set_qkv(Params &p, const em_tensor *q, const em_tensor *k, const em_
   p.v_sb = v->stride[0]; p.v_sh = v->stride[1]; p.v_st = v->stride[2];
   p.o_sb = o->stride[0]; p.o_sh = o->stride[1]; p.o_st = o->stride[2];
   p.B = (int)q->shape[0]; p.H = (int)q->shape[1]; p.Tq = (int)q->shape[2]; p.Tk = (int)k->shape[2];
-  p.Hkv = (int)k->shape[1]; p.group = p.H / p.Hkv;
+  p.Hkv = (int)k->shape[1]; p.group = p.H / p.Hkv; p.Dv = (int)q->shape[3];
   p.causal = causal != 0; p.off = causal == 2 ? p.Tk - p.Tq : 0;   // 2: EM_CAUSAL_BOTTOM_RIGHT
   p.scale = scale; p.scale_log2 = scale * kLog2e;
 }

@@ -1,7 +1,8 @@
 /* FlashAttention forward for Hopper (sm_90a): wgmma tensor-core matmuls,
  * TMA tile copies and a producer/consumer split of the block, in the style
  * of FlashAttention-3. Same function and outputs as flash_fwd.cu (o and the
- * rows' log-sum-exp), for bf16/f16 and head dims 64 and 128; flash_fwd.cu's
+ * rows' log-sum-exp), for bf16/f16 and head dims 64 and 128 (80 and 96 on the
+ * D 128 kernel: wg_kernel_dim, docs/flash.md "Step 7"); flash_fwd.cu's
  * em_flash_fwd_cuda asks fwd_wg_dispatch first (the choice: docs/flash.md,
  * "Step 2: wgmma forward").
  *
@@ -278,6 +279,14 @@ bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, 
 }
 bool sm90(int device) { return is_sm90(device); }
 
+int wg_kernel_dim(int d) {
+  static int old = -1;   // EMBER_FLASH_WG_PAD: 0 (the setting "1") runs 80 and 96 as 128, 1 ("0") does not
+  const int m = em_env_choice(&old, "flash_attention", "EMBER_FLASH_WG_PAD", "1", "0");   // a bad value: at any d
+  if (m < 0) return -1;
+  if (d == 64 || d == 128) return d;
+  return (d == 80 || d == 96) && m == 0 ? 128 : 0;
+}
+
 int fwd_kernel_mode() {
   if (g_mode < 0) {
     const char *env = getenv("EMBER_FLASH_FWD");
@@ -292,23 +301,25 @@ int fwd_kernel_mode() {
 int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   const int mode = fwd_kernel_mode();
   if (mode < 0) return -1;
-  // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128, more queries than
+  // auto = wg2 where it applies (sm_90, bf16/f16, d 64/128 (80/96 as 128), more queries than
   // the decode kernel takes), with three consumers (wg3) at d 64: they beat
   // the mma.sync kernel 1.5-2.9x and SDPA's forward at T >= 4096 on an H100
   // and passed the GPU suite (docs/flash.md, Steps 3 and 3b); mma elsewhere
   if (mode == 1) return kFwdNotTaken;
   if (mode == 0 && p.Tq <= kDecodeMaxTq) return kFwdNotTaken;
   const bool forced = mode != 0;
-  const int kernel = mode == 0 ? (d == 64 ? 4 : 3) : mode;
+  const int kd = wg_kernel_dim(d);   // the kernel's head dim: 80 and 96 run as 128
+  if (kd < 0) return -1;
+  const int kernel = mode == 0 ? (kd == 64 ? 4 : 3) : mode;
   const char *name = kernel == 4 ? "wg3" : kernel == 3 ? "wg2" : "wg";
   if (dt != EM_BF16 && dt != EM_F16) {
     if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects bf16 or f16, got %s",
                                 name, em_dtype_name(dt));
     return kFwdNotTaken;
   }
-  if (d != 64 && d != 128) {
-    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects head dim 64 or 128, "
-                                "got %d", name, d);
+  if (kd == 0) {
+    if (forced) return em_error("flash_attention: the wgmma forward (EMBER_FLASH_FWD=%s) expects head dim 64 or 128 "
+                                "(80 and 96 run as 128 unless EMBER_FLASH_WG_PAD=0), got %d", name, d);
     return kFwdNotTaken;
   }
   if (!is_sm90(device)) {
@@ -317,8 +328,8 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kFwdNotTaken;
   }
   CUtensorMap tq, tk, tv;
-  // wg3 at d 64: 192-query blocks (three consumers), so a 192-row q box
-  const bool three = kernel == 4 && d == 64;
+  // wg3 at d 64: 192-query blocks (three consumers), so a 192-row q box. The maps are the tensors' true d
+  const bool three = kernel == 4 && kd == 64;
   bool ok = make_map(&tq, dt, p.q, d, p.Tq, p.H, p.B, p.q_st, p.q_sh, p.q_sb, three ? 192 : BM) &&
             make_map(&tk, dt, p.k, d, p.Tk, p.Hkv, p.B, p.k_st, p.k_sh, p.k_sb, BN) &&
             make_map(&tv, dt, p.v, d, p.Tk, p.Hkv, p.B, p.v_st, p.v_sh, p.v_sb, BN);
@@ -329,10 +340,10 @@ int fwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
   }
   // the wg2 kernel (flash_fwd_wg2.cu) has the same tiles: 128 query rows, 128-key boxes
   if (three) return launch_wg3(p, dt, tq, tk, tv, s);
-  if (kernel >= 3) return launch_wg2(p, dt, d, tq, tk, tv, s);
-  if (dt == EM_BF16) return d == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
-                                    : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
-  return d == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
+  if (kernel >= 3) return launch_wg2(p, dt, kd, tq, tk, tv, s);
+  if (dt == EM_BF16) return kd == 64 ? launch_wg<__nv_bfloat16, 64>(p, tq, tk, tv, s)
+                                     : launch_wg<__nv_bfloat16, 128>(p, tq, tk, tv, s);
+  return kd == 64 ? launch_wg<__half, 64>(p, tq, tk, tv, s) : launch_wg<__half, 128>(p, tq, tk, tv, s);
 }
 
 }  // namespace flash

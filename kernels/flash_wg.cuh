@@ -46,6 +46,11 @@ bool tma_map(CUtensorMap *m, em_dtype dt, const void *ptr, int D, int T, int H, 
              int64_t sb, int rows);
 /* Whether the device is sm_90 (the wgmma kernels are built for sm_90a only). */
 bool sm90(int device);
+/* The head dim of the wgmma kernel that runs a tensor's head dim d (docs/flash.md "Step 7"): 64 and 128 as
+ * they are; 80 and 96 on the D = 128 kernels (their TMA maps keep the true d, so the columns past it load as
+ * zeros and add nothing to q kᵀ; o, dq, dk, dv stores are clipped to p.Dv) unless EMBER_FLASH_WG_PAD=0 (read
+ * once: 1, the default, or 0); 0 where no wgmma kernel applies; -1 with the error set for a bad value. */
+int wg_kernel_dim(int d);
 
 /* ---- the backward-kernel choice (EMBER_FLASH_BWD, core.flash_bwd_kernel) ---- */
 
@@ -165,7 +170,7 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[NK][4], const float (&c)[8 
  * of its warp's 16): the row sums l0, l1 reduced over the quad, o normalised
  * and stored as 16-bit pairs (t: the thread's index in its quad), and the
  * log-sum-exp (m: the running max in base 2, scaled) written by the quad's
- * first thread; rows past Tq are skipped. Shared by the wg and wg2 kernels. */
+ * first thread; rows past Tq and columns past p.Dv are skipped. Shared by the wg and wg2 kernels. */
 template <typename T, int D>
 __device__ __forceinline__ void store_o_lse(const Params &p, const float (&o)[D / 2], float l0, float l1, float m0,
                                             float m1, int b, int h, int bh, int row0, int row1, int t) {
@@ -178,6 +183,7 @@ __device__ __forceinline__ void store_o_lse(const Params &p, const float (&o)[D 
 #pragma unroll
   for (int i = 0; i < D / 8; i++) {
     const int col = i * 8 + 2 * t;
+    if (col >= p.Dv) break;   // a head dim of 80 or 96 run as 128: the zero columns past it stay here
     if (row0 < p.Tq)
       *reinterpret_cast<uint32_t *>(out + (int64_t)row0 * p.o_st + col) =
           Mma<T>::pack(o[4 * i] * inv0, o[4 * i + 1] * inv0);

@@ -63,10 +63,14 @@ function M.cell(device, dtype, d, causal, gqa, opts)
   local mma = dtype == "f16" and "f16" or "bf16"
   row.forward, row.decode, row.backward = "flash_fwd (" .. mma .. ")", "flash_decode (" .. mma .. ")",
     "flash_bwd (" .. mma .. ")"
-  -- Hopper: the wgmma forward (flash_fwd_wg2.cu) at d 64 and 128 (docs/flash.md, Step 3)
+  -- Hopper: the wgmma forward (flash_fwd_wg2.cu) at d 64 and 128 (docs/flash.md, Step 3), and at d 80 and
+  -- 96 the d 128 kernels on zero-filled columns unless EMBER_FLASH_WG_PAD=0 (Step 7)
   if d == 64 or d == 128 then
     row.forward = (d == 64 and "flash_fwd_wg2 (3 consumers)" or "flash_fwd_wg2") .. " on sm_90, else flash_fwd (" .. mma .. ")"
     row.backward = "flash_bwd_wg on sm_90, else flash_bwd (" .. mma .. ")"
+  elseif (d == 80 or d == 96) and os.getenv("EMBER_FLASH_WG_PAD") ~= "0" then
+    row.forward = "flash_fwd_wg2 (as d 128) on sm_90, else flash_fwd (" .. mma .. ")"
+    row.backward = "flash_bwd_wg (as d 128) on sm_90, else flash_bwd (" .. mma .. ")"
   end
   row.precision = mma .. " mma, f32 softmax"
   row.auto = "flash"

@@ -114,6 +114,12 @@ end
 function M.leaf(t) local c = t:detach():clone(); c.requires_grad = true; return c end
 -- the (B, H, T, D) view of (B, T, H, D) memory, as the model's head split makes it;
 function M.bthd(t) return t:transpose(1, 2):contiguous():transpose(1, 2) end
+--- (B, H, T, D) values as a view of (B, H, T, D + 48) memory (a row stride that is not D, as a slice of a fused
+-- projection has), the 48 columns past D holding 1000·t's first 48: a kernel that reads past D is far off.
+function M.wide(t)
+  local d = t.shape[4]
+  return ember.cat({t, t:narrow(3, 0, 48) * 1000}, 3):narrow(3, 0, d)
+end
 -- k (B, Hkv, T, d) with each kv head repeated for its group of q heads: (B, H, T, d) (3-D: as is).
 function M.repeat_kv(k, H)
   if #k.shape == 3 or k.shape[2] == H then return k end
@@ -124,10 +130,12 @@ end
 function M.max_abs(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max():item() end
 
 --- The backward specs' (flash_wg_bwd_spec, flash_fused_bwd_spec) gradients, each {dq =, dk =, dv =}:
--- of fn(q, k, v) through autograd from fresh leaves, with g as the output's gradient;
-function M.attn_grads(fn, q, k, v, g)
+-- of fn(q, k, v) through autograd from fresh leaves, with g as the output's gradient; `layout` (bthd, wide),
+-- when given, views each leaf before fn (a leaf is a contiguous clone: a layout applied before it would be lost);
+function M.attn_grads(fn, q, k, v, g, layout)
   local qq, kk, vv = M.leaf(q), M.leaf(k), M.leaf(v)
-  local o = fn(qq, kk, vv)
+  local lay = layout or function(t) return t end
+  local o = fn(lay(qq), lay(kk), lay(vv))
   o:backward(g)
   return {dq = qq.grad, dk = kk.grad, dv = vv.grad}
 end
@@ -140,9 +148,10 @@ function M.attn_ref64(q, k, v, g, causal)
   return {dq = q6.grad, dk = k6.grad, dv = v6.grad}
 end
 -- the flash forward (whatever auto runs) and the backward `kernel` (core.flash_bwd_kernel), restored after;
-function M.flash_grads(kernel, q, k, v, g, causal)
+function M.flash_grads(kernel, q, k, v, g, causal, layout)
   local prev = core.flash_bwd_kernel(kernel)
-  local ok, res = pcall(M.attn_grads, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g)
+  local ok, res = pcall(M.attn_grads, function(a, b, c) return (F.flash_attention(a, b, c, causal)) end, q, k, v, g,
+    layout)
   core.flash_bwd_kernel(prev)
   if not ok then error(res, 0) end
   return res

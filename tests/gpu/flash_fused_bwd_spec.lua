@@ -2,9 +2,10 @@
 -- (kernels/flash_bwd_fused.cu, docs/flash.md "Step 5"): one kernel for dk, dv
 -- and dq, dq added in f32 into a buffer (fused: the adds in a fixed order;
 -- fused_nd: in arrival order), forced with core.flash_bwd_kernel("fused") /
--- ("fused_nd"), on every case of flash_wg_bwd_spec.lua: head dims 64 and 128,
+-- ("fused_nd"), on every case of flash_wg_bwd_spec.lua: head dims 64 and 128, 80 and 96 (the D 128 kernel over
+-- zero-filled columns, its dq_accum 128 wide, converted to the first 80 / 96: docs/flash.md "Step 7"),
 -- bf16 and f16, causal top-left / bottom-right / none, GQA, Tq ≠ Tk both ways,
--- odd lengths, the (B, T, H, D) layout, long sequences.
+-- odd lengths, the (B, T, H, D) layout, a row stride that is not D, long sequences.
 --
 -- Bounds: flash_wg_bwd_spec.lua's — ‖got − ref‖ / ‖ref‖ of dq, dk, dv against
 -- the f64 CPU reference no more than twice the naive composition's error in the
@@ -29,7 +30,7 @@ assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER
 local CAP = {bf16 = 1e-2, f16 = 2e-3}
 local ULP = {bf16 = 2 ^ -7, f16 = 2 ^ -10}   -- a 16-bit rounding, relative, at its largest
 local randn = helpers.seeded(11500).randn
-local bthd = C.bthd
+local bthd, wide = C.bthd, C.wide
 
 local ref64, flash, naive, max_abs = C.attn_ref64, C.flash_grads, C.naive_grads, C.max_abs
 
@@ -50,14 +51,14 @@ end
 local function check(sq, sk, dt, causal, opts)
   opts = opts or {}
   local q, k, v, g = randn(sq, dt), randn(sk, dt), randn(sk, dt), randn(sq, dt)
-  if opts.layout then q, k, v, g = opts.layout(q), opts.layout(k), opts.layout(v), opts.layout(g) end
   q, k, v, g = q:cuda(), k:cuda(), v:cuda(), g:cuda()
+  local lay = opts.layout   -- applied to the kernels' inputs on the GPU (a copy to the GPU is contiguous)
   local ref = ref64(q, k, v, g, causal)
   -- every result stays referenced to the end of the case (no reuse of another's memory hides unwritten rows)
-  local mm = flash("mma", q, k, v, g, causal)
+  local mm = flash("mma", q, k, v, g, causal, lay)
   local nv = naive(q, k, v, g, causal)
-  local w2 = flash("wg2", q, k, v, g, causal)
-  local got = {fused = flash("fused", q, k, v, g, causal), fused_nd = flash("fused_nd", q, k, v, g, causal)}
+  local w2 = flash("wg2", q, k, v, g, causal, lay)
+  local got = {fused = flash("fused", q, k, v, g, causal, lay), fused_nd = flash("fused_nd", q, k, v, g, causal, lay)}
   local shape = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
     tostring(causal))
   for _, name in ipairs(NAMES) do
@@ -118,7 +119,8 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     for _, kname in ipairs(KERNELS) do
       local ok1, err1 = pcall(flash, kname, x, x, x, x, true)
       assert.is_false(ok1, kname .. " at head dim 32 ran")
-      assert.matches("(EMBER_FLASH_BWD=" .. kname .. ") expect head dim 64 or 128, got 32", tostring(err1), 1, true)
+      assert.matches("(EMBER_FLASH_BWD=" .. kname .. ") expect head dim 64 or 128 (80 and 96 run as 128 unless "
+        .. "EMBER_FLASH_WG_PAD=0), got 32", tostring(err1), 1, true)
       local tf = ember.backends.tf32(true)
       local ok2, err2 = pcall(flash, kname, x32, x32, x32, x32, true)
       ember.backends.tf32(tf)
@@ -127,7 +129,7 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     end
   end)
 
-  for _, d in ipairs({64, 128}) do
+  for _, d in ipairs({64, 80, 96, 128}) do
     for _, dt in ipairs({"bf16", "f16"}) do
       it(string.format("matches the reference, mma and wg2: D %d, %s, odd lengths, all masks", d, dt), function()
         for _, T in ipairs({1, 63, 65, 129, 257, 1000}) do
@@ -156,6 +158,7 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
       check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", true)
       check({1, 2, 1500, d}, {1, 1, 4097, d}, "f16", "bottom_right")
       check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd})
+      check({1, 4, 200, d}, {1, 2, 333, d}, "f16", "bottom_right", {layout = wide})   -- row stride D + 48
     end)
   end
 
@@ -190,6 +193,12 @@ describe("flash attention's fused wgmma backward (sm_90)", function()
     local ks = bwd_kernels("auto", long(4096, 4095))
     assert.truthy(ks:find("flash_dkdv_wg2_kernel", 1, true), ks)
     assert.falsy(ks:find("fused", 1, true), ks)
+    -- D 80 from T 4096: the D 128 fused kernel (EMBER_FLASH_WG_PAD=1, the default)
+    local q8, k8, v8, g8 = randn({1, 1, 4096, 80}, "bf16"):cuda(), randn({1, 1, 4096, 80}, "bf16"):cuda(),
+      randn({1, 1, 4096, 80}, "bf16"):cuda(), randn({1, 1, 4096, 80}, "bf16"):cuda()
+    local k80 = bwd_kernels("auto", q8, k8, v8, g8)
+    assert.truthy(k80:find("flash_bwd_fused_kernel<[^,>]*, 128,"), k80)
+    assert.falsy(k80:find("flash_dkdv_kernel", 1, true), k80)
   end)
 
   it("rejects a bad EMBER_FLASH_DET_CHAINS, naming the expected range (in a child)", function()
@@ -300,8 +309,10 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
       randn({1, 2, 2100, 128}, "f16"):cuda(), randn({1, 8, 2100, 128}, "f16"):cuda()
     local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
       randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
+    local q8, k8, v8, g8 = randn({2, 4, 777, 80}, "bf16"):cuda(), randn({2, 2, 777, 80}, "bf16"):cuda(),
+      randn({2, 2, 777, 80}, "bf16"):cuda(), randn({2, 4, 777, 80}, "bf16"):cuda()
     for _, causal in ipairs({true, "bottom_right", false}) do
-      for _, c in ipairs({{q, k, v, g}, {q6, k6, v6, g6}}) do
+      for _, c in ipairs({{q, k, v, g}, {q6, k6, v6, g6}, {q8, k8, v8, g8}}) do
         local a = flash("fused", c[1], c[2], c[3], c[4], causal)
         for _ = 1, 2 do
           local b = flash("fused", c[1], c[2], c[3], c[4], causal)

@@ -3,11 +3,13 @@
 -- "Step 4b"), each forced with core.flash_bwd_kernel("wg") / ("wg2"), against
 -- the f64 CPU reference and against the
 -- mma.sync backward (flash_bwd.cu, forced with "mma") on the same inputs and
--- the same forward: head dims 64 and 128, bf16 and f16, causal top-left /
+-- the same forward: head dims 64 and 128, and 80 and 96 (the D 128 kernels over
+-- zero-filled columns, docs/flash.md "Step 7"), bf16 and f16, causal top-left /
 -- bottom-right / none, GQA (the group's sum in a fixed order), Tq ≠ Tk both
 -- ways (keys no query sees: zero dk/dv), odd lengths (partial 64-row tiles
 -- and 128-row blocks at the ends: 1, 63, 65, 129, 257, 1000), the (B, T, H, D)
--- layout, long sequences through the stage rings, bit-identical repeats.
+-- layout, a view whose row stride is not D, long sequences through the stage
+-- rings, bit-identical repeats.
 --
 -- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ of dq, dk and dv no
 -- more than twice the error of the naive composition's backward run on the GPU
@@ -27,7 +29,7 @@ assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER
 
 local CAP = {bf16 = 1e-2, f16 = 2e-3}
 local randn = helpers.seeded(11300).randn   -- seeds 11300 + 1, + 2, ...: f64 draws cast to the dtype
-local bthd = C.bthd
+local bthd, wide = C.bthd, C.wide
 
 local ref64, flash, naive, max_abs = C.attn_ref64, C.flash_grads, C.naive_grads, C.max_abs
 
@@ -37,16 +39,16 @@ local NAMES = {"dq", "dk", "dv"}
 local function check(sq, sk, dt, causal, opts)
   opts = opts or {}
   local q, k, v, g = randn(sq, dt), randn(sk, dt), randn(sk, dt), randn(sq, dt)
-  if opts.layout then q, k, v, g = opts.layout(q), opts.layout(k), opts.layout(v), opts.layout(g) end
   q, k, v, g = q:cuda(), k:cuda(), v:cuda(), g:cuda()
+  local lay = opts.layout   -- applied to the kernels' inputs on the GPU (a copy to the GPU is contiguous)
   local ref = ref64(q, k, v, g, causal)
   -- every result stays referenced to the end of the case, so the caching
   -- allocator cannot hand wg's dq the memory of mma's (nearly the same values)
   -- and hide rows the kernel never wrote
-  local mm = flash("mma", q, k, v, g, causal)
+  local mm = flash("mma", q, k, v, g, causal, lay)
   local nv = naive(q, k, v, g, causal)
-  local wg = flash("wg", q, k, v, g, causal)
-  local wg2 = flash("wg2", q, k, v, g, causal)
+  local wg = flash("wg", q, k, v, g, causal, lay)
+  local wg2 = flash("wg2", q, k, v, g, causal, lay)
   local shape = string.format("%s q%s k%s causal=%s", dt, table.concat(sq, "x"), table.concat(sk, "x"),
     tostring(causal))
   for _, name in ipairs(NAMES) do
@@ -102,7 +104,8 @@ describe("flash attention's wgmma backward (sm_90)", function()
     local x = ember.randn({1, 1, 40, 32}, {dtype = "bf16"}):cuda()
     local ok1, err1 = pcall(flash, "wg", x, x, x, x, true)
     assert.is_false(ok1, "head dim 32 ran")
-    assert.matches("(EMBER_FLASH_BWD=wg) expect head dim 64 or 128, got 32", tostring(err1), 1, true)
+    assert.matches("(EMBER_FLASH_BWD=wg) expect head dim 64 or 128 (80 and 96 run as 128 unless EMBER_FLASH_WG_PAD=0), "
+      .. "got 32", tostring(err1), 1, true)
     local x32 = ember.randn({1, 1, 40, 64}):cuda()
     local tf = ember.backends.tf32(true)   -- f32 flash on CUDA (the TF32 kernels) is then allowed
     local ok2, err2 = pcall(flash, "wg", x32, x32, x32, x32, true)
@@ -112,7 +115,8 @@ describe("flash attention's wgmma backward (sm_90)", function()
     -- wg2 names itself in the same errors
     local ok3, err3 = pcall(flash, "wg2", x, x, x, x, true)
     assert.is_false(ok3, "wg2 at head dim 32 ran")
-    assert.matches("(EMBER_FLASH_BWD=wg2) expect head dim 64 or 128, got 32", tostring(err3), 1, true)
+    assert.matches("(EMBER_FLASH_BWD=wg2) expect head dim 64 or 128 (80 and 96 run as 128 unless "
+      .. "EMBER_FLASH_WG_PAD=0), got 32", tostring(err3), 1, true)
     tf = ember.backends.tf32(true)
     local ok4, err4 = pcall(flash, "wg2", x32, x32, x32, x32, true)
     ember.backends.tf32(tf)
@@ -120,7 +124,7 @@ describe("flash attention's wgmma backward (sm_90)", function()
     assert.matches("(EMBER_FLASH_BWD=wg2) expect bf16 or f16, got f32", tostring(err4), 1, true)
   end)
 
-  for _, d in ipairs({64, 128}) do
+  for _, d in ipairs({64, 80, 96, 128}) do
     for _, dt in ipairs({"bf16", "f16"}) do
       it(string.format("matches the reference and the mma backward: D %d, %s, odd lengths, all masks", d, dt),
         function()
@@ -151,6 +155,7 @@ describe("flash attention's wgmma backward (sm_90)", function()
       check({1, 1, 4097, d}, {1, 1, 4097, d}, "bf16", true)
       check({1, 2, 1500, d}, {1, 1, 4097, d}, "f16", "bottom_right")
       check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd})
+      check({1, 4, 200, d}, {1, 2, 333, d}, "f16", "bottom_right", {layout = wide})   -- row stride D + 48
     end)
   end
 
@@ -191,6 +196,15 @@ describe("flash attention's wgmma backward (sm_90)", function()
     assert.falsy(k1:find("flash_dq_wg2_kernel", 1, true), k1)
     assert.falsy(k1:find("flash_dkdv_kernel", 1, true), k1)
     assert.falsy(ka:find("flash_dkdv_wg_kernel", 1, true), ka)
+    -- D 80 and 96: wg2's D 128 kernels (EMBER_FLASH_WG_PAD=1, the default), not mma's
+    for _, d in ipairs({80, 96}) do
+      local qd, kd, vd, gd = randn({1, 2, 300, d}, "bf16"):cuda(), randn({1, 2, 300, d}, "bf16"):cuda(),
+        randn({1, 2, 300, d}, "bf16"):cuda(), randn({1, 2, 300, d}, "bf16"):cuda()
+      local kp = bwd_kernels("auto", qd, kd, vd, gd)
+      assert.truthy(kp:find("flash_dkdv_wg2_kernel<[^,>]*, 128,"), kp)
+      assert.truthy(kp:find("flash_dq_wg2_kernel<[^,>]*, 128", 1), kp)
+      assert.falsy(kp:find("flash_dkdv_kernel", 1, true), kp)
+    end
   end)
 
   it("gives bit-identical gradients on repeat (a race would move them): GQA, many tiles, every mask", function()
@@ -207,11 +221,13 @@ describe("flash attention's wgmma backward (sm_90)", function()
           end
         end
       end
-      local q6, k6, v6, g6 = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
-        randn({2, 2, 777, 64}, "bf16"):cuda(), randn({2, 4, 777, 64}, "bf16"):cuda()
-      local a, b = flash(kernel, q6, k6, v6, g6, true), flash(kernel, q6, k6, v6, g6, true)
-      for _, name in ipairs(NAMES) do
-        assert.are.equal(0, max_abs(a[name], b[name]), kernel .. " " .. name .. " moved (D 64)")
+      for _, d in ipairs({64, 80}) do
+        local q6, k6, v6, g6 = randn({2, 4, 777, d}, "bf16"):cuda(), randn({2, 2, 777, d}, "bf16"):cuda(),
+          randn({2, 2, 777, d}, "bf16"):cuda(), randn({2, 4, 777, d}, "bf16"):cuda()
+        local a, b = flash(kernel, q6, k6, v6, g6, true), flash(kernel, q6, k6, v6, g6, true)
+        for _, name in ipairs(NAMES) do
+          assert.are.equal(0, max_abs(a[name], b[name]), kernel .. " " .. name .. " moved (D " .. d .. ")")
+        end
       end
     end
   end)

@@ -3,11 +3,12 @@
 -- and "wg2" (kernels/flash_fwd_wg2.cu, step 3: softmax overlapped with the
 -- matmuls, ping-pong consumers), every case for both, against the f64 CPU
 -- reference and against the mma.sync forward (flash_fwd.cu, forced with
--- "mma") on the same inputs: head dims 64 and 128, bf16 and f16,
+-- "mma") on the same inputs: head dims 64 and 128, and 80 and 96 (run on the
+-- D 128 kernels over zero-filled columns, docs/flash.md "Step 7"), bf16 and f16,
 -- causal top-left / bottom-right / none, GQA, Tq ≠ Tk, odd lengths (1, 63,
 -- 65, 127, 129, 1000, 4097: partial 128-row blocks and 128-key tiles at
--- both ends), the (B, T, H, D) head-split layout, and the backward run on
--- the wg forward's o and lse.
+-- both ends), the (B, T, H, D) head-split layout, a view whose row stride is
+-- not D, and the backward run on the wg forward's o and lse.
 --
 -- Bounds as tests/gpu/flash_spec.lua: ‖got − ref‖ / ‖ref‖ no more than twice
 -- the error of the naive composition run on the GPU in the same half dtype,
@@ -27,7 +28,7 @@ assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER
 
 local CAP = {bf16 = 1e-2, f16 = 2e-3}
 local randn = helpers.seeded(11200).randn   -- seeds 11200 + 1, + 2, ...: f64 draws cast to the dtype
-local leaf, bthd, repeat_kv = C.leaf, C.bthd, C.repeat_kv
+local leaf, bthd, wide, repeat_kv = C.leaf, C.bthd, C.wide, C.repeat_kv
 
 local function mask_of(causal, tq, tk)
   local off = causal == "bottom_right" and tk - tq or 0
@@ -50,12 +51,14 @@ local function ref64(q, k, v, g, causal)
   return r
 end
 
--- flash with the given forward kernel (the backward is the usual one)
-local function flash(kernel, q, k, v, g, causal)
+-- flash with the given forward kernel (the backward is the usual one); `layout` (bthd, wide) views the
+-- leaves first (they are contiguous clones)
+local function flash(kernel, q, k, v, g, causal, layout)
   local prev = core.flash_fwd_kernel(kernel)
   local ok, res = pcall(function()
     local qq, kk, vv = leaf(q), leaf(k), leaf(v)
-    local o, lse = F.flash_attention(qq, kk, vv, causal)
+    local lay = layout or function(t) return t end
+    local o, lse = F.flash_attention(lay(qq), lay(kk), lay(vv), causal)
     local r = {o = o:detach(), lse = lse}
     if g then
       o:backward(g)
@@ -82,24 +85,21 @@ local function check(sq, sk, dt, causal, opts)
   opts = opts or {}
   local q, k, v = randn(sq, dt), randn(sk, dt), randn(sk, dt)
   local g = opts.grad and randn(sq, dt) or nil
-  if opts.layout then
-    q, k, v = opts.layout(q), opts.layout(k), opts.layout(v)
-    if g then g = opts.layout(g) end
-  end
   q, k, v = q:cuda(), k:cuda(), v:cuda()
   if g then g = g:cuda() end
+  local lay = opts.layout   -- applied to the kernels' inputs on the GPU (a copy to the GPU is contiguous)
   local ref = ref64(q, k, v, g, causal)
   -- every output stays referenced to the end of the case, so the caching
   -- allocator cannot hand one kernel another's o (same inputs, nearly the same
   -- values) and hide rows it never wrote
-  local mm = flash("mma", q, k, v, nil, causal)
+  local mm = flash("mma", q, k, v, nil, causal, lay)
   local nv = naive(q, k, v, causal)
   local en = rel(nv, ref.o)
   local bound = math.min(2 * en + 1e-4, CAP[dt])
   local em, lm = rel(mm.o, ref.o), rel(mm.lse, ref.lse)
   local outs = {}
   for _, kern in ipairs(WG_KERNELS) do
-    local wg = flash(kern, q, k, v, g, causal)
+    local wg = flash(kern, q, k, v, g, causal, lay)
     outs[kern] = wg
     local what = string.format("%s %s q%s k%s causal=%s", kern, dt, table.concat(sq, "x"), table.concat(sk, "x"),
       tostring(causal))
@@ -159,13 +159,14 @@ describe("flash attention's wgmma forward (sm_90)", function()
       core.flash_fwd_kernel(prev)
       ember.backends.tf32(tf)
       assert.is_false(ok1, kern .. ": head dim 32 ran")
-      assert.matches("(EMBER_FLASH_FWD=" .. kern .. ") expects head dim 64 or 128, got 32", tostring(err1), 1, true)
+      assert.matches("(EMBER_FLASH_FWD=" .. kern .. ") expects head dim 64 or 128 (80 and 96 run as 128 unless "
+        .. "EMBER_FLASH_WG_PAD=0), got 32", tostring(err1), 1, true)
       assert.is_false(ok2, kern .. ": f32 ran")
       assert.matches("(EMBER_FLASH_FWD=" .. kern .. ") expects bf16 or f16, got f32", tostring(err2), 1, true)
     end
   end)
 
-  for _, d in ipairs({64, 128}) do
+  for _, d in ipairs({64, 80, 96, 128}) do
     for _, dt in ipairs({"bf16", "f16"}) do
       it(string.format("matches the reference and the mma kernel: D %d, %s, odd lengths, all masks", d, dt), function()
         for _, T in ipairs({1, 63, 65, 127, 129, 1000}) do
@@ -193,6 +194,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
     it(string.format("reads the (B, T, H, D) layout and feeds the backward: D %d", d), function()
       check({2, 4, 130, d}, {2, 2, 130, d}, "bf16", true, {layout = bthd, grad = true})
       check({1, 2, 257, d}, {1, 2, 257, d}, "f16", "bottom_right", {grad = true})
+      check({1, 4, 200, d}, {1, 2, 333, d}, "bf16", "bottom_right", {layout = wide, grad = true})   -- row stride D + 48
     end)
   end
 
@@ -230,6 +232,47 @@ describe("flash attention's wgmma forward (sm_90)", function()
       randn({1, 2, 300, 64}, "bf16"):cuda()
     local ran = C.kernel_names(function() flash("auto", q64, k64, v64, nil, true) end)
     assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3>"), ran)
+  end)
+
+  it("runs D 80 and 96 on the D 128 kernel under auto (wg2's bits, by name), mma's with EMBER_FLASH_WG_PAD=0", function()
+    C.need_cupti(pending)
+    for _, d in ipairs({80, 96}) do
+      local q, k, v = randn({1, 2, 300, d}, "bf16"):cuda(), randn({1, 2, 300, d}, "bf16"):cuda(),
+        randn({1, 2, 300, d}, "bf16"):cuda()
+      local a, w, m = flash("auto", q, k, v, nil, true), flash("wg2", q, k, v, nil, true), flash("mma", q, k, v, nil, true)
+      assert.are.equal(0, max_abs(a.o, w.o), "D " .. d .. ": auto is not wg2")
+      assert.is_true(max_abs(m.o, w.o) > 0, "D " .. d .. ": wg2 gave mma's bits")
+      local ran = C.kernel_names(function() flash("auto", q, k, v, nil, true) end)
+      assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 128, 2>"), ran)
+      assert.falsy(ran:find("flash_fwd_kernel<", 1, true), ran)
+    end
+    -- the switch is read once a process: children, forward and backward at D 80, the kernels' names printed
+    local script = helpers.temp_file([[
+local ember = require "ember"
+local x = ember.randn({1, 2, 300, 80}, {dtype = "bf16"}):cuda():requires_grad_()
+local P = ember.profiler.profile(function()
+  ember.nn.functional.flash_attention(x, x, x, true):sum():backward()
+  ember.cuda.synchronize()
+end, {print = false})
+local names = {}
+for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+P:close()
+print(table.concat(names, " | "))
+]], ".lua")
+    local out0, err0, code0 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "0"}})
+    assert.are.equal(0, code0, "EMBER_FLASH_WG_PAD=0: " .. tostring(err0))
+    assert.truthy(out0:find("flash_fwd_kernel<[^>]*, 80>"), out0)
+    assert.truthy(out0:find("flash_dkdv_kernel<", 1, true), out0)
+    assert.falsy(out0:find("wg", 1, true), out0)
+    local out1, err1, code1 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "1"}})
+    assert.are.equal(0, code1, "EMBER_FLASH_WG_PAD=1: " .. tostring(err1))
+    assert.truthy(out1:find("flash_fwd_wg2_kernel<[^>]*, 128, 2>"), out1)
+    assert.truthy(out1:find("flash_dkdv_wg2_kernel<", 1, true), out1)
+    assert.falsy(out1:find("flash_fwd_kernel<", 1, true), out1)
+    local _, err2, code2 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "yes"}})
+    assert.are_not.equal(0, code2, "EMBER_FLASH_WG_PAD=yes should fail")
+    assert.matches("expected EMBER_FLASH_WG_PAD to be 1 or 0, got 'yes'", err2, 1, true)
+    helpers.remove_temps()
   end)
 
   for _, kern in ipairs(WG_KERNELS) do

@@ -86,6 +86,26 @@ describe("the attention support matrix", function()
     assert.are.equal("flash_decode (f32)", support.cell("cuda", "f32", 128, "none", false).decode)
   end)
 
+  it("names the D 128 wgmma kernels at D 80 and 96 (EMBER_FLASH_WG_PAD unset or 1), the mma ones with 0", function()
+    local pad = os.getenv("EMBER_FLASH_WG_PAD") ~= "0"
+    for _, d in ipairs({80, 96}) do
+      for _, dt in ipairs({"bf16", "f16", "f32+autocast"}) do
+        local r = support.cell("cuda", dt, d, "top_left", true)
+        local mma = dt == "f16" and "f16" or "bf16"
+        if pad then
+          assert.are.equal("flash_fwd_wg2 (as d 128) on sm_90, else flash_fwd (" .. mma .. ")", r.forward)
+          assert.are.equal("flash_bwd_wg (as d 128) on sm_90, else flash_bwd (" .. mma .. ")", r.backward)
+        else
+          assert.are.equal("flash_fwd (" .. mma .. ")", r.forward)
+          assert.are.equal("flash_bwd (" .. mma .. ")", r.backward)
+        end
+        assert.are.equal("flash_decode (" .. mma .. ")", r.decode)
+      end
+      assert.are.equal("flash_fwd (tf32)", support.cell("cuda", "f32", d, "none", false).forward)
+    end
+    assert.are.equal("flash_fwd (bf16)", support.cell("cuda", "bf16", 32, "none", false).forward)
+  end)
+
   it("merges cases where causal and GQA change nothing", function()
     local c = support.compact(support.rows())
     assert.are.equal(#support.DEVICES * #support.DTYPES * (#support.DIMS + 1), #c)
