@@ -174,6 +174,12 @@ function M.list(run_dir) return (entries(run_dir)) end
 -- run_dir/checkpoints/step_%08d (write), then checkpoints/latest names it,
 -- then all but the `keep` newest are removed (keep = 0: none are), and
 -- the leftovers of an interrupted write (step_N.tmp, step_N.old).
+--- The folder save_run(run_dir, step, ...) writes: RUN/checkpoints/step_NNNNNNNN
+-- (every rank of a distributed run can name it without the writer telling it).
+function M.run_step_dir(run_dir, step)
+  return fmt("%s/checkpoints/step_%08d", run_dir, step)
+end
+
 function M.save_run(run_dir, step, parts, opts)
   local fname = "ember.checkpoint.save_run"
   opts = util.check_opts(fname, opts, 3)
@@ -186,7 +192,7 @@ function M.save_run(run_dir, step, parts, opts)
   end
   local ckdir = run_dir .. "/checkpoints"
   mkdir_p(fname, ckdir)
-  local name = fmt("step_%08d", step)
+  local name = M.run_step_dir(run_dir, step):match("[^/]+$")
   local all = {}
   for k, v in pairs(parts) do all[k] = v end
   all.step = all.step or step

@@ -581,6 +581,8 @@ function M.run(opts)
       say(fmt("checkpoint step %d: %s", step, ckpt_path))
     end
     if distributed then dist.barrier() end
+    -- the other ranks name the folder rank 0 wrote (their summary's checkpoint, as rank 0's)
+    if rank ~= 0 then ckpt_path = checkpoint.run_step_dir(out, step) end
     last_ckpt = step
     return ckpt_path
   end

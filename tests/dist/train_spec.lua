@@ -85,8 +85,8 @@ T.case("a Ctrl-C on one rank stops every rank after the same step, checkpointed;
   assert(s.step == 2, ("rank %d stopped after step %d, expected 2 (log_every)"):format(RANK, s.step))
   assert(debug.getregistry()["ember.interrupt_pending"] == nil, "the Ctrl-C is still pending after the run")
   local ck = ("%s/intr/checkpoints/step_%08d"):format(DIR, 2)
-  -- rank 0 writes it (the others return no path) before a barrier every rank passes
-  if RANK == 0 then assert(s.checkpoint == ck, ("checkpoint %s, expected %s"):format(tostring(s.checkpoint), ck)) end
+  -- rank 0 writes it before a barrier every rank passes; every rank returns its path
+  assert(s.checkpoint == ck, ("rank %d: checkpoint %s, expected %s"):format(RANK, tostring(s.checkpoint), ck))
   assert(io.open(ck .. "/trainer.json"), "no " .. ck .. "/trainer.json"):close()
   local r = ember.trainer.run({resume = DIR .. "/intr", steps = STEPS, quiet = true})
   assert(r.step == STEPS and not r.interrupted, "the resume did not finish")

@@ -93,8 +93,9 @@ describe("ember.checkpoint", function()
     assert.are.equal(run .. "/checkpoints/step_00000003", ckpt.latest(run))
     assert.are.equal(run .. "/checkpoints/step_00000003", ckpt.resolve(run))
     assert.are.equal(3, ckpt.load(run).step)
-    ckpt.save_run(run, 4, {model = model, config = cfg})           -- keep = 1 by default
+    local dir4 = ckpt.save_run(run, 4, {model = model, config = cfg})   -- keep = 1 by default
     assert.same({"step_00000004"}, ckpt.list(run))
+    assert.are.equal(dir4, ckpt.run_step_dir(run, 4))   -- what other ranks name without being told
     assert(os.execute("mkdir -p " .. H.q(run .. "/checkpoints/step_00000009.tmp")))   -- a killed write
     ckpt.save_run(run, 5, {model = model, config = cfg}, {keep = 0})
     assert.same({"step_00000004", "step_00000005"}, ckpt.list(run))
