@@ -120,22 +120,16 @@ function Optimizer:add_param_group(group)
   self.param_groups[#self.param_groups + 1] = g
 end
 
--- A full collection costs about a millisecond; 64 MiB of device memory is
--- worth it (a gradient someone read from Lua, e.g. for logging).
-local STRANDED_GC_BYTES = 64 * 2 ^ 20
-
 --- Reset gradients of every parameter: nil (the default, set_to_none), or
 -- zeros in place when set_to_none is false. Gradients are never read into Lua
 -- here or in step(): a Lua handle would keep a dropped gradient's memory
 -- alive until the next collection.
 function Optimizer:zero_grad(set_to_none)
-  local stranded = 0
-  for _, g in ipairs(self.param_groups) do
-    stranded = stranded + core.zero_grad_(g.params, set_to_none ~= false)
-  end
-  -- dropped device gradients that a Lua handle still references come back
-  -- only when the handle is collected: collect now, before the next forward
-  if stranded >= STRANDED_GC_BYTES then collectgarbage() end
+  local groups = self.param_groups
+  if #groups == 1 then util.zero_grads(groups[1].params, set_to_none) return end
+  local all = {}                     -- one call: the stranded bytes counted over every group
+  for _, g in ipairs(groups) do table.move(g.params, 1, #g.params, #all + 1, all) end
+  util.zero_grads(all, set_to_none)
 end
 
 --- Set the learning rate of every group.

@@ -124,6 +124,22 @@ local function with_grad_mode(on, fn, ...)
   if not res[1] then error(res[2], 0) end
   return table.unpack(res, 2, res.n)
 end
+-- A full collection costs about a millisecond; 64 MiB of device memory is
+-- worth it (a gradient someone read from Lua, e.g. for logging).
+local STRANDED_GC_BYTES = 64 * 2 ^ 20
+
+--- Reset the gradients of params (nil, or zeros in place when set_to_none
+-- is false) in one C call, never reading one into Lua: a Lua handle would
+-- keep a dropped gradient's memory alive until the next collection. Dropped
+-- device gradients that a handle still references come back only when the
+-- handle is collected: past 64 MiB of them, collect now, before the next
+-- forward. Returns those bytes. (Module:zero_grad, Optimizer:zero_grad.)
+function M.zero_grads(params, set_to_none)
+  local stranded = core.zero_grad_(params, set_to_none ~= false)
+  if stranded >= STRANDED_GC_BYTES then collectgarbage() end
+  return stranded
+end
+
 function M.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
 function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
 

@@ -420,8 +420,7 @@ end
 -- (keeps grads that are views into flat buffers).
 -- @tparam[opt=true] boolean set_to_none
 function Module:zero_grad(set_to_none)
-  -- one C call; gradients never read into Lua (see Optimizer:zero_grad)
-  core.zero_grad_(parameter_list(self), set_to_none ~= false)
+  util.zero_grads(parameter_list(self), set_to_none)   -- one C call; see util.zero_grads
 end
 
 --- Turn requires_grad on or off for every parameter (freezing).
