@@ -133,15 +133,7 @@ local function generate_batch(opts)
       local id_t = ember.generate.sample(logits:select(1, logits.shape[2] - 1), {temperature = 0})   -- (B, 1)
       local rows = id_t:tolist()                   -- the one host read per step
       for b = 1, B do ids[b][i] = rows[b][1] end
-      if i == 1 then
-        info.prefill_s = clock() - t0
-        if dec and n > 1 then
-          local t1 = clock()
-          info.graph = dec:capture()
-          info.capture_s = info.graph and clock() - t1 or nil
-        end
-        t_decode = clock()
-      end
+      if i == 1 then t_decode = ember.generate.end_prefill(info, dec, n > 1, t0) end
       if i == n then break end
       if dec then
         logits = dec:step(id_t)
@@ -165,12 +157,7 @@ local function generate(opts)
   return {info.ids}, info
 end
 
-local function median(xs)
-  local s = table.move(xs, 1, #xs, 1, {})
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
+local function median(xs) return require("ember.bench").stats(xs).median end
 
 --- One mode: {decode_tokens_per_s (all B sequences), seq_tokens_per_s, ms_per_token (per step), prefill_ms,
 -- capture_ms, samples, ids (of the first rep)} (medians).

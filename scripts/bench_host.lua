@@ -59,13 +59,7 @@ if on_cuda and not ember.cuda.is_available() then
 end
 local clock = args.clock == "cpu" and os.clock or ember.core.clock
 local function sync() if on_cuda then ember.cuda.synchronize() end end
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
+local function median(xs) return require("ember.bench").stats(xs).median end
 
 local cfg = MF.config(args)
 print(("device: %s, commit %s, %s; model d_model %d, %d layers, vocab %d, batch %d x %d, %s; %s clock"):format(

@@ -140,6 +140,21 @@ local function new_decoder(model, kv, opts)
   return setmetatable({model = model, kv = kv, autocast = opts.autocast, use_graph = opts.graph}, Decoder)
 end
 
+--- The first token is out: info.prefill_s = the seconds since t0; when more
+-- tokens follow, the decoder dec (nil: uncached) captures its step as a CUDA
+-- graph where it can (info.graph, info.capture_s). Returns the clock at which
+-- decoding starts. (generate and scripts/bench_generate.lua's batches.)
+function M.end_prefill(info, dec, more, t0)
+  local clock = ember.core.clock
+  info.prefill_s = clock() - t0
+  if dec and more then
+    local t1 = clock()
+    info.graph = dec:capture()
+    info.capture_s = info.graph and clock() - t1 or nil
+  end
+  return clock()
+end
+
 --- Decoder(model, kv, opts): opts `graph` (capture() captures; needs CUDA),
 -- `autocast` ("bf16", "f16" or nil: the forward passes run in that region).
 function M.Decoder(model, kv, opts)
@@ -424,15 +439,7 @@ local function run(model, tok, prompt, opts)
     while true do
       local id_t = next_id(logits)
       local id = id_t:item()
-      if not t_decode then                          -- the first token: prefill done
-        info.prefill_s = clock() - t0
-        if dec and o.max_tokens > 1 then
-          local t1 = clock()
-          info.graph = dec:capture()
-          info.capture_s = info.graph and clock() - t1 or nil
-        end
-        t_decode = clock()
-      end
+      if not t_decode then t_decode = M.end_prefill(info, dec, o.max_tokens > 1, t0) end   -- the first token
       info.ids[#info.ids + 1] = id
       all[#all + 1] = id
       if o.eos and id == o.eos then finish = "eos" break end

@@ -222,51 +222,15 @@ print(x.grad:to("f32"):abs():sum():item())
     end
   end)
 
-  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e"): two warps taking
-  -- the even and the odd tiles (default) or Step 5d's one; the counters fix the order of dq's adds either way, so
-  -- the bits must be the same. The cases: many key blocks and q tiles (both writers busy, GQA), one tile a block
-  -- (the second writer has none), both head dims and all masks.
-  it("gives the same bits with one dq writer as with two (EMBER_FLASH_DET_WRITERS, in children)", function()
-    local script = helpers.temp_file([[
-local ember = require "ember"
-ember.core.flash_bwd_kernel("fused")
-local out = {}
-local cases = {{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
-               {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}}}
-for i, c in ipairs(cases) do
-  for j, causal in ipairs({true, "bottom_right", false}) do
-    ember.manual_seed(100 * i + j)
-    local function leaf(shape) return ember.randn(shape, {dtype = c[1]}):cuda():requires_grad_() end
-    local q, k, v = leaf(c[2]), leaf(c[3]), leaf(c[3])
-    local g = ember.randn(c[2], {dtype = c[1]}):cuda()
-    ember.nn.functional.flash_attention(q, k, v, causal):backward(g)
-    local key = i .. "_" .. tostring(causal)
-    out["dq_" .. key], out["dk_" .. key], out["dv_" .. key] = q.grad:cpu(), k.grad:cpu(), v.grad:cpu()
-  end
-end
-ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]], ".lua")
-    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1"})
-    assert.are.equal(4 * 3 * 3, C.assert_modes_agree(got, "2", {"1"}))
-    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "3"}})
-    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=3 should fail")
-    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2 or 1, got '3'", err, 1, true)
-    helpers.remove_temps()
-  end)
-
-  -- the consumer loop's instruction diet (EMBER_FLASH_BWD_STEP6, read once: children; docs/flash.md "Step 6"):
-  -- descriptors advanced by an add, a uniform consumer index, tile indices stepped instead of divided. The same
-  -- wgmmas on the same operands in the same order, so fused's gradients keep their bits, and fused_nd's dk, dv
-  -- too (its dq's f32 adds land in arrival order on any setting: within one rounding of the other's). Both head
-  -- dims, bf16 and f16, GQA (2, 4), every mask, odd lengths, Tq = Tk and Tq < Tk, one q tile and many.
-  it("gives the same bits with EMBER_FLASH_BWD_STEP6=1 as with 0 (in children)", function()
-    local script = helpers.temp_file([[
+  -- A child script (run under a switch by C.mode_results): for each backward kernel of kernels, each case
+  -- {dtype, q shape, k/v shape} of the Lua table source cases and each mask, one seeded backward's dq, dk, dv
+  -- saved under "d?_<kernel>_<case>_<mask>".
+  local function grads_script(cases, kernels)
+    return helpers.temp_file(([[
 local ember = require "ember"
 local out = {}
-local cases = {{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
-               {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
-               {"f16", {1, 2, 300, 64}, {1, 2, 300, 64}}}
-for _, kname in ipairs({"fused", "fused_nd"}) do
+local cases = %s
+for _, kname in ipairs({"%s"}) do
   ember.core.flash_bwd_kernel(kname)
   for i, c in ipairs(cases) do
     for j, causal in ipairs({true, "bottom_right", false}) do
@@ -281,7 +245,33 @@ for _, kname in ipairs({"fused", "fused_nd"}) do
   end
 end
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]], ".lua")
+]]):format(cases, table.concat(kernels, '", "')), ".lua")
+  end
+
+  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e"): two warps taking
+  -- the even and the odd tiles (default) or Step 5d's one; the counters fix the order of dq's adds either way, so
+  -- the bits must be the same. The cases: many key blocks and q tiles (both writers busy, GQA), one tile a block
+  -- (the second writer has none), both head dims and all masks.
+  it("gives the same bits with one dq writer as with two (EMBER_FLASH_DET_WRITERS, in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}}}]], {"fused"})
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1"})
+    assert.are.equal(4 * 3 * 3, C.assert_modes_agree(got, "2", {"1"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "3"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=3 should fail")
+    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2 or 1, got '3'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- the consumer loop's instruction diet (EMBER_FLASH_BWD_STEP6, read once: children; docs/flash.md "Step 6"):
+  -- descriptors advanced by an add, a uniform consumer index, tile indices stepped instead of divided. The same
+  -- wgmmas on the same operands in the same order, so fused's gradients keep their bits, and fused_nd's dk, dv
+  -- too (its dq's f32 adds land in arrival order on any setting: within one rounding of the other's). Both head
+  -- dims, bf16 and f16, GQA (2, 4), every mask, odd lengths, Tq = Tk and Tq < Tk, one q tile and many.
+  it("gives the same bits with EMBER_FLASH_BWD_STEP6=1 as with 0 (in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
+  {"f16", {1, 2, 300, 64}, {1, 2, 300, 64}}}]], {"fused", "fused_nd"})
     local got = C.mode_results(helpers, script, "EMBER_FLASH_BWD_STEP6", {"0", "1"})
     -- fused_nd's dq apart: not the same bits from run to run on either setting
     local nd = {}
