@@ -57,16 +57,27 @@ template <int D> struct Rows {
  * 2^(scale·s − m)), masking keys past Tk and above the causal diagonal;
  * returns the factors by which o and l must shrink (the old max over the
  * new) in a0, a1, and adds the tile's row sums to l after scaling it. */
-template <int D>
+template <int D, bool S8>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BN / 2], Rows<D> &r, const Params &p, int k0, int wrow,
                                              int row0, int row1, int t, float &a0, float &a1) {
   const bool edge = k0 + BN > p.Tk || (p.causal && k0 + BN - 1 > wrow + p.off);
   float mx0 = -INFINITY, mx1 = -INFINITY;
   if (edge) {
+    if constexpr (S8) {
+      // S8: key col is masked iff col > the row's last visible key, min(Tk − 1, row + off) under the causal mask:
+      // with col = k0 + 2t + (i >> 2)·8 + (i & 1), one compare of a constant with the row's limit per score
+      const int last0 = p.causal ? min(p.Tk - 1, row0 + p.off) : p.Tk - 1;
+      const int last1 = p.causal ? min(p.Tk - 1, row1 + p.off) : p.Tk - 1;
+      const int lim0 = last0 - k0 - 2 * t, lim1 = last1 - k0 - 2 * t;
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) {
-      const int col = k0 + (i >> 2) * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-      if (col >= p.Tk || (p.causal && col > row + p.off)) sc[i] = -INFINITY;
+      for (int i = 0; i < BN / 2; i++)
+        if ((i >> 2) * 8 + (i & 1) > ((i & 2) ? lim1 : lim0)) sc[i] = -INFINITY;
+    } else {
+#pragma unroll
+      for (int i = 0; i < BN / 2; i++) {
+        const int col = k0 + (i >> 2) * 8 + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+        if (col >= p.Tk || (p.causal && col > row + p.off)) sc[i] = -INFINITY;
+      }
     }
   }
 #pragma unroll
@@ -111,7 +122,7 @@ __device__ __forceinline__ void named_arrive(int id) {
   else asm volatile("bar.arrive 3, %0;\n" ::"n"(PAIR) : "memory");
 }
 
-template <typename T, int D, int NC>
+template <typename T, int D, int NC, bool S8>
 __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     flash_fwd_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                          const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -128,7 +139,10 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
   const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
   const int q0 = qblk * BM;
   const int kend = p.causal ? min(p.Tk, q0 + BM + p.off) : p.Tk, ntile = max(0, (kend + BN - 1) / BN);
-  const int wg = threadIdx.x >> 7;
+  // S8 (EMBER_FLASH_FWD_STEP8): the warpgroup through a shuffle from lane 0, which the compiler knows is the same
+  // in every lane, so what derives from it (this consumer's q rows, its descriptors) stays in uniform registers
+  // instead of being moved there (R2UR) before every wgmma
+  const int wg = S8 ? __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0) : threadIdx.x >> 7;
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
@@ -202,27 +216,39 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
   mbar_wait(bar_q, 0);
   // q rows of this warpgroup: 64 rows (8 KB) into each 128-row chunk
   const uint32_t qa = sQ + cw * 64 * 128;
+  // S8: the descriptors' low words (wg_desc_lo) of q and of stage 0's k and v, built once; a wgmma's descriptor is
+  // then one add of its stage's and k step's offset >> 4 (wg_desc_at: the same 64 bits as wg_desc)
+  const uint32_t q_lo = wg_desc_lo(qa, 16), k_lo = wg_desc_lo(sK, 16), v_lo = wg_desc_lo(sV, BN * 128);
 
   // S(j) = q k(j)ᵀ: D/16 wgmma m64n128k16, one commit group
   auto issue_s = [&](int j) {
-    const uint32_t ks = sK + (j & 1) * C::KV_BYTES;
+    const uint32_t ks = sK + (j & 1) * C::KV_BYTES, ks_lo = k_lo + (j & 1) * (C::KV_BYTES >> 4);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
       const uint32_t off = (kk & 3) * 32;   // 16 columns = 32 bytes into the chunk's 128-byte rows
-      const uint64_t da = wg_desc(qa + (kk >> 2) * BM * 128 + off, 16, 1024);
-      const uint64_t db = wg_desc(ks + (kk >> 2) * BN * 128 + off, 16, 1024);
-      Wgmma<T, BN>::ss(sc, da, db, kk > 0);
+      if constexpr (S8) {
+        Wgmma<T, BN>::ss(sc, wg_desc_at(q_lo, (kk >> 2) * BM * 128 + off), wg_desc_at(ks_lo, (kk >> 2) * BN * 128 + off),
+                         kk > 0);
+      } else {
+        const uint64_t da = wg_desc(qa + (kk >> 2) * BM * 128 + off, 16, 1024);
+        const uint64_t db = wg_desc(ks + (kk >> 2) * BN * 128 + off, 16, 1024);
+        Wgmma<T, BN>::ss(sc, da, db, kk > 0);
+      }
     }
     wgmma_commit();
   };
   // o += P(j) v(j): 8 wgmma m64nDk16 with P from registers, one commit group
   auto issue_pv = [&](int j) {
-    const uint32_t vs = sV + (j & 1) * C::KV_BYTES;
+    const uint32_t vs = sV + (j & 1) * C::KV_BYTES, vs_lo = v_lo + (j & 1) * (C::KV_BYTES >> 4);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
       // 16 keys = two 8-row groups of every 64-column chunk of v
-      const uint64_t db = wg_desc(vs + kk * 16 * 128, BN * 128, 1024);
-      Wgmma<T, D>::rs(r.o, pa[kk], db, 1);
+      if constexpr (S8) {
+        Wgmma<T, D>::rs(r.o, pa[kk], wg_desc_at(vs_lo, kk * 16 * 128), 1);
+      } else {
+        const uint64_t db = wg_desc(vs + kk * 16 * 128, BN * 128, 1024);
+        Wgmma<T, D>::rs(r.o, pa[kk], db, 1);
+      }
     }
     wgmma_commit();
   };
@@ -237,7 +263,7 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     wgmma_wait<0>();
     reg_fence(sc);
     mbar_arrive(kempty);
-    softmax_tile<D>(sc, r, p, 0, wrow, row0, row1, t, a0, a1);   // o is 0: nothing to rescale
+    softmax_tile<D, S8>(sc, r, p, 0, wrow, row0, row1, t, a0, a1);   // o is 0: nothing to rescale
     pack_a<T>(pa, sc);
   }
   for (int j = 1; j < nv; j++) {
@@ -254,13 +280,17 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     wgmma_wait<1>();   // S(j) done; P(j-1) v(j-1) may still run
     reg_fence(sc);
     mbar_arrive(kempty + 8 * s);
-    softmax_tile<D>(sc, r, p, j * BN, wrow, row0, row1, t, a0, a1);
+    softmax_tile<D, S8>(sc, r, p, j * BN, wrow, row0, row1, t, a0, a1);
     wgmma_wait<0>();
     reg_fence(r.o);
     reg_fence(sc);   // P(j) is packed after the wait: P(j-1)'s registers were the in-flight wgmma's operands
     mbar_arrive(vempty + 8 * sp);
+    // S8: o rescaled only where a row of the warp's 16 got a new max; a factor of exactly 1 would leave o's bits
+    // as they are, so skipping it changes none (late in a long row most tiles raise no row's max)
+    if (!S8 || !__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) r.o[i] *= (i & 2) ? a1 : a0;
+      for (int i = 0; i < D / 2; i++) r.o[i] *= (i & 2) ? a1 : a0;
+    }
     pack_a<T>(pa, sc);
   }
   if (nv > 0) {
@@ -297,18 +327,35 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
 #endif
 }
 
-template <typename T, int D, int NC>
+template <typename T, int D, int NC, bool S8>
 int launch(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
   using C = Wg2Cfg<D, NC>;
   constexpr size_t smem = C::SMEM;
   static_assert(smem <= 227 * 1024, "flash wg2 forward: shared memory over an H100 SM's 227 KB");
   static_assert(128 * C::PROD_REGS + C::NCONS * C::CONS_REGS <= 65536, "flash wg2 forward: over the register file");
-  auto kern = flash_fwd_wg2_kernel<T, D, NC>;
+  auto kern = flash_fwd_wg2_kernel<T, D, NC, S8>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
     return em_launch_check("flash_attention (wgmma forward, wg2)");
   dim3 grid((unsigned)((p.Tq + C::BM - 1) / C::BM), (unsigned)(p.B * p.H));
   kern<<<grid, C::THREADS, smem, s>>>(tq, tk, tv, p);
   return em_launch_check("flash_attention (wgmma forward, wg2)");
+}
+
+/* EMBER_FLASH_FWD_STEP8, read once (at the first wg2/wg3 forward): 1, the consumer loop with descriptors advanced
+ * by an add from low words built once, a warp-uniform consumer index, and o's rescale skipped where no row of
+ * the warp got a new max (docs/flash.md "Step 8"); 0 (the default), the loop as before. The same wgmmas on the same
+ * operands and the same products: the same bits. 1, 0, or -1 with the error set. */
+int g_step8_old = -1;
+int fwd_step8() {
+  const int old = em_env_choice(&g_step8_old, "flash_attention", "EMBER_FLASH_FWD_STEP8", "0", "1");
+  return old < 0 ? -1 : old;
+}
+
+template <typename T, int D, int NC>
+int launch_s8(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
+  const int s8 = fwd_step8();
+  if (s8 < 0) return -1;
+  return s8 ? launch<T, D, NC, true>(p, tq, tk, tv, s) : launch<T, D, NC, false>(p, tq, tk, tv, s);
 }
 
 }  // namespace
@@ -317,14 +364,14 @@ namespace flash {
 
 int launch_wg2(const Params &p, em_dtype dt, int d, const CUtensorMap &tq, const CUtensorMap &tk,
                const CUtensorMap &tv, cudaStream_t s) {
-  if (dt == EM_BF16) return d == 64 ? launch<__nv_bfloat16, 64, 2>(p, tq, tk, tv, s)
-                                    : launch<__nv_bfloat16, 128, 2>(p, tq, tk, tv, s);
-  return d == 64 ? launch<__half, 64, 2>(p, tq, tk, tv, s) : launch<__half, 128, 2>(p, tq, tk, tv, s);
+  if (dt == EM_BF16) return d == 64 ? launch_s8<__nv_bfloat16, 64, 2>(p, tq, tk, tv, s)
+                                    : launch_s8<__nv_bfloat16, 128, 2>(p, tq, tk, tv, s);
+  return d == 64 ? launch_s8<__half, 64, 2>(p, tq, tk, tv, s) : launch_s8<__half, 128, 2>(p, tq, tk, tv, s);
 }
 
 int launch_wg3(const Params &p, em_dtype dt, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                cudaStream_t s) {
-  return dt == EM_BF16 ? launch<__nv_bfloat16, 64, 3>(p, tq, tk, tv, s) : launch<__half, 64, 3>(p, tq, tk, tv, s);
+  return dt == EM_BF16 ? launch_s8<__nv_bfloat16, 64, 3>(p, tq, tk, tv, s) : launch_s8<__half, 64, 3>(p, tq, tk, tv, s);
 }
 
 }  // namespace flash
