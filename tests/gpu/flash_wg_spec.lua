@@ -275,6 +275,46 @@ print(table.concat(names, " | "))
     helpers.remove_temps()
   end)
 
+  -- the wg2/wg3 consumer loop's instruction diet (EMBER_FLASH_FWD_STEP8, read once: children; docs/flash.md
+  -- "Step 8"): descriptors from low words built once, a uniform consumer index, o's rescale skipped where no row
+  -- of a warp got a new max (a factor of exactly 1), the edge mask as one compare a score. The same wgmmas on the
+  -- same operands and the same products, so o and lse keep their bits. wg2 and wg3, D 64, 80 and 128, bf16 and
+  -- f16, GQA, Tq = Tk and Tq ≠ Tk both ways (rows that see no key under the top-left mask), odd lengths (partial
+  -- tiles at both ends), one key tile and 33, every mask, and inputs whose rows' max keeps rising (a ramp: every
+  -- tile rescales) beside random ones (late tiles mostly skip it).
+  it("gives the same bits with EMBER_FLASH_FWD_STEP8=1 as with 0 (in children)", function()
+    local script = helpers.temp_file([[
+local ember = require "ember"
+local out = {}
+local cases = {{"wg2", "bf16", {2, 4, 777, 128}, {2, 2, 777, 128}}, {"wg3", "bf16", {2, 4, 777, 64}, {2, 2, 777, 64}},
+  {"wg2", "f16", {1, 2, 300, 64}, {1, 2, 300, 64}}, {"wg3", "f16", {1, 8, 4100, 64}, {1, 2, 4100, 64}},
+  {"wg2", "bf16", {1, 4, 333, 80}, {1, 1, 1000, 80}}, {"wg3", "bf16", {1, 2, 1000, 64}, {1, 2, 17, 64}},
+  {"wg2", "f16", {1, 2, 65, 128}, {1, 2, 65, 128}}, {"wg3", "bf16", {1, 2, 2049, 64}, {1, 2, 2049, 64}, true}}
+for i, c in ipairs(cases) do
+  ember.core.flash_fwd_kernel(c[1])
+  for j, causal in ipairs({true, "bottom_right", false}) do
+    ember.manual_seed(100 * i + j)
+    local q, k, v = ember.randn(c[3], {dtype = c[2]}), ember.randn(c[4], {dtype = c[2]}), ember.randn(c[4], {dtype = c[2]})
+    if c[5] then   -- a ramp: key s's scores grow with s, so each row's max rises at every tile
+      local ramp = ember.arange(c[4][3]):to("f32"):reshape({1, 1, c[4][3], 1}) * (4 / c[4][3])
+      k = (k:to("f32") * 0.1 + ramp):to(c[2])
+      q = (q:to("f32") * 0.1 + 1):to(c[2])
+    end
+    local o, lse = ember.nn.functional.flash_attention(q:cuda(), k:cuda(), v:cuda(), causal)
+    local key = c[1] .. "_" .. i .. "_" .. tostring(causal)
+    out["o_" .. key], out["lse_" .. key] = o:cpu(), lse:cpu()
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]], ".lua")
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_FWD_STEP8", {"0", "1"})
+    assert.are.equal(8 * 3 * 2, C.assert_modes_agree(got, "0", {"1"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_FWD_STEP8 = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_FWD_STEP8=2 should fail")
+    assert.matches("expected EMBER_FLASH_FWD_STEP8 to be 0 or 1, got '2'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
   for _, kern in ipairs(WG_KERNELS) do
     it("gives bit-identical results on repeat: " .. kern, function()
       local q, k, v = randn({2, 4, 777, 64}, "bf16"):cuda(), randn({2, 2, 777, 64}, "bf16"):cuda(),
