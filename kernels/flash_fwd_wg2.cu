@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
 
   // ---- consumers ----
   setmaxnreg_inc<C::CONS_REGS>();
-  const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int cw = wg - 1, tid = threadIdx.x & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int warp = S8 ? __shfl_sync(0xffffffffu, tid >> 5, 0) : tid >> 5;   // S8: uniform (the edge mask's branch)
   const int rbase = q0 + cw * 64, wrow = rbase + warp * 16;   // this warpgroup's, this warp's first row
   const int row0 = wrow + g, row1 = row0 + 8;
   // tiles this warpgroup sees: a prefix of the block's (on the causal diagonal
