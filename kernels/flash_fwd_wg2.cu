@@ -80,9 +80,21 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BN / 2], Rows<D> &r, co
       }
     }
   }
+  if constexpr (S8) {
+    // S8: four partial maxima a row (chains of 8 instead of 32 dependent FMNMX: the row max is latency on the
+    // consumer's path to its next turn); a max is exact in any order, so the same value
+    float pm[8];
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++) {
-    if (i & 2) mx1 = fmaxf(mx1, sc[i]); else mx0 = fmaxf(mx0, sc[i]);
+    for (int u = 0; u < 8; u++) pm[u] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) pm[((i & 2) << 1) | ((i >> 2) & 3)] = fmaxf(pm[((i & 2) << 1) | ((i >> 2) & 3)], sc[i]);
+    mx0 = fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3]));
+    mx1 = fmaxf(fmaxf(pm[4], pm[5]), fmaxf(pm[6], pm[7]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      if (i & 2) mx1 = fmaxf(mx1, sc[i]); else mx0 = fmaxf(mx0, sc[i]);
+    }
   }
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
