@@ -339,7 +339,9 @@ local function profile_report(timed, forward, samples)
   end
   local cov, cov_ms, roof_ms = train:cost_coverage()
   local roof_rows = {}
-  for i, r in ipairs(train:ops{peaks = peaks}) do
+  -- a graph replay leaves no host op records: its op rows come from the replayed kernels
+  local op_rows = train:replayed() and train:kernels{by = "op", peaks = peaks} or train:ops{peaks = peaks}
+  for i, r in ipairs(op_rows) do
     if r.cost_ms and r.cost_ms > 0 then
       roof_rows[#roof_rows + 1] = {op = r.key, ms = r.roof_ms, bytes = r.bytes, flops = r.flops, gbs = r.gbs,
                                    tflops = r.tflops, pct_peak = r.pct_peak, bound = r.bound}
