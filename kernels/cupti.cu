@@ -19,7 +19,9 @@
  * CUDA graphs: a replayed kernel carries graphNodeId. Nodes created while
  * Ember captures (em_cuda_capturing) get the context of the op that
  * launched them; instantiation clones them (GRAPHNODE_CLONED) and the clone
- * inherits it. That needs CUPTI subscribed during the capture: any earlier
+ * inherits it, with the capture call id that finds the cost the op declared
+ * (engine/profile/capture_cost.c; each mapped node holds a reference to
+ * it). That needs CUPTI subscribed during the capture: any earlier
  * profiler start or ember.profiler.init(). Otherwise replayed kernels keep
  * the replay's context (op "graph_replay") and are labelled so.
  *
@@ -77,6 +79,7 @@ struct Ctx {
   const char *op, *module, *grad_fn;
   uint8_t phase;
   uint32_t seq;                         /* the op scope's seq in the session that launched it */
+  uint32_t cap;                         /* a graph node's capture call id (its cost: capture_cost.c) */
 };
 
 struct Raw {
@@ -96,12 +99,20 @@ uint8_t rt_kind[CUPTI_RUNTIME_TRACE_CBID_SIZE], drv_kind[CUPTI_DRIVER_TRACE_CBID
 std::atomic<bool> recording{false};
 bool own_clock;                          /* CUPTI timestamps are CLOCK_MONOTONIC already */
 int64_t ts_offset;                       /* else: cupti_ts - host_ns, measured at start */
-std::vector<std::pair<uint32_t, Ctx>> launches;
+/* One launch-type API call: its correlation id, the id of the runtime call it
+ * runs under (itself when none: one id per launch whichever record carries
+ * which), and the context. */
+struct Launch {
+  uint32_t corr, launch;
+  Ctx ctx;
+};
+std::vector<Launch> launches;
 std::vector<Raw> raws;
 size_t dropped;
 std::unordered_map<uint64_t, Ctx> node_ctx;   /* graph node id -> capture-time context (kept across sessions) */
 std::unordered_map<const char *, const char *> short_names;
 thread_local int tl_in_runtime;          /* inside a runtime launch/copy call on this thread */
+thread_local uint32_t tl_runtime_corr;   /* ... whose correlation id is this */
 
 const char *result_str(CUptiResult r) {
   const char *s = nullptr;
@@ -110,7 +121,8 @@ const char *result_str(CUptiResult r) {
 }
 
 Ctx current_ctx() {
-  return Ctx{em_ctx_op(), em_ctx_module(), em_ctx_grad_fn(), (uint8_t)em_ctx_phase(), em_prof_current_seq()};
+  return Ctx{em_ctx_op(), em_ctx_module(), em_ctx_grad_fn(), (uint8_t)em_ctx_phase(), em_prof_current_seq(),
+             em_capcost_call()};
 }
 
 uint64_t CUPTIAPI monotonic_ns() { return (uint64_t)em_prof_now_ns(); }
@@ -123,14 +135,23 @@ void on_graph_node(CUpti_CallbackId id, const CUpti_ResourceData *rd) {
   uint64_t node = 0, orig = 0;
   if (api.GetGraphNodeId(gd->node, &node) != CUPTI_SUCCESS) return;
   std::lock_guard<std::mutex> g(node_mu);
+  /* each mapped node holds a reference to its capture call's cost */
   if (id == CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED) {
-    if (em_cuda_capturing()) node_ctx[node] = current_ctx();   /* a launch inside Ember's capture */
+    if (!em_cuda_capturing() || node_ctx.count(node)) return;
+    Ctx c = current_ctx();              /* a launch inside Ember's capture */
+    node_ctx[node] = c;
+    em_capcost_ref(c.cap, +1);
   } else if (id == CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED) {
-    if (api.GetGraphNodeId(gd->originalNode, &orig) != CUPTI_SUCCESS) return;
+    if (api.GetGraphNodeId(gd->originalNode, &orig) != CUPTI_SUCCESS || node_ctx.count(node)) return;
     auto it = node_ctx.find(orig);
-    if (it != node_ctx.end()) node_ctx[node] = it->second;
+    if (it == node_ctx.end()) return;
+    node_ctx[node] = it->second;
+    em_capcost_ref(it->second.cap, +1);
   } else if (id == CUPTI_CBID_RESOURCE_GRAPHNODE_DESTROY_STARTING) {
-    node_ctx.erase(node);
+    auto it = node_ctx.find(node);
+    if (it == node_ctx.end()) return;
+    em_capcost_ref(it->second.cap, -1);
+    node_ctx.erase(it);
   }
 }
 
@@ -150,11 +171,11 @@ void CUPTIAPI on_callback(void *, CUpti_CallbackDomain dom, CUpti_CallbackId id,
     return;
   }
   bool nested = !runtime && tl_in_runtime > 0;   /* the driver call under a runtime call */
-  if (runtime) tl_in_runtime++;
+  if (runtime && tl_in_runtime++ == 0) tl_runtime_corr = cb->correlationId;
   if (!recording.load(std::memory_order_relaxed)) return;
   {
     std::lock_guard<std::mutex> g(launch_mu);
-    launches.emplace_back(cb->correlationId, current_ctx());
+    launches.push_back(Launch{cb->correlationId, nested ? tl_runtime_corr : cb->correlationId, current_ctx()});
   }
   if (kind == CB_KERNEL && !nested) em_prof_note_launch();
 }
@@ -397,7 +418,7 @@ extern "C" int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
   for (CUpti_ActivityKind k : KINDS) api.ActivityDisable(k);
   api.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 
-  std::vector<std::pair<uint32_t, Ctx>> ls;
+  std::vector<Launch> ls;
   std::vector<Raw> rs;
   size_t lost;
   {
@@ -409,28 +430,27 @@ extern "C" int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
     rs.swap(raws);
     lost = dropped;
   }
-  std::unordered_map<uint32_t, Ctx> by_corr(ls.size() * 2 + 1);
-  for (auto &l : ls) by_corr.emplace(l.first, l.second);
+  std::unordered_map<uint32_t, const Launch *> by_corr(ls.size() * 2 + 1);
+  for (const Launch &l : ls) by_corr.emplace(l.corr, &l);
   std::lock_guard<std::mutex> g(node_mu);
   for (const Raw &r : rs) {
-    Ctx c{nullptr, "", nullptr, EM_PHASE_NONE, 0};
+    Ctx c{nullptr, "", nullptr, EM_PHASE_NONE, 0, 0};
     uint8_t graph = EM_GPU_EAGER;
     bool have = false;
+    auto call = by_corr.find(r.corr);
+    if (call == by_corr.end() && r.corr2) call = by_corr.find(r.corr2);
     if (r.graph_node) {
       graph = EM_GPU_GRAPH;
       auto it = node_ctx.find(r.graph_node);
       if (it != node_ctx.end()) {
         c = it->second;
-        c.seq = 0;                      /* the capture's op scope, not one of this session: no cost */
+        c.seq = 0;                      /* the capture's op scope, not one of this session: */
+                                        /* its cost comes through c.cap (aggregate.c) */
         have = true;
         graph = EM_GPU_GRAPH_CAPTURED;
       }
     }
-    if (!have) {
-      auto it = by_corr.find(r.corr);
-      if (it == by_corr.end() && r.corr2) it = by_corr.find(r.corr2);
-      if (it != by_corr.end()) { c = it->second; have = true; }
-    }
+    if (!have && call != by_corr.end()) { c = call->second->ctx; have = true; }
     int64_t t0 = (int64_t)r.start - ts_offset, t1 = (int64_t)r.end - ts_offset;
     if (!have) {
       if (t0 < t_start) { (*before)++; continue; }   /* queued before the window */
@@ -450,6 +470,8 @@ extern "C" int64_t em_cupti_stop(int64_t t_start, int64_t *before) {
     out.phase = c.phase;
     out.graph = graph;
     out.op_seq = c.seq;
+    out.cap_call = graph == EM_GPU_GRAPH_CAPTURED ? c.cap : 0;
+    out.launch = call != by_corr.end() ? call->second->launch : r.corr;   /* replays: one id per cudaGraphLaunch */
     em_prof_add_gpu(&out);
   }
   return (int64_t)lost;

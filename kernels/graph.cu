@@ -73,6 +73,7 @@ int ck(cudaError_t e, const char *op, const char *what) {
 
 /* Leave capture state on this thread (the CUDA capture itself is ended by the caller). */
 void leave_capture() {
+  em_capcost_capture_end();
   em_mempool_set_active(nullptr);
   em_stream_set_current(tl_cap.device, tl_cap.prev);
   tl_cap.active = false;
@@ -184,6 +185,7 @@ extern "C" int em_graph_begin(int device) {
     return -1;
   }
   tl_cap.active = true;
+  em_capcost_capture_begin();   /* the captured ops keep their declared costs for the replays' roofline */
   em_stream_set_current(device, side);
   em_mempool_set_active(tl_cap.pool);
   return 0;

@@ -233,9 +233,9 @@ end
 -- (ember.core.matmul_tune_table) with the chosen and the heuristic's
 -- configuration (cuBLASLt's CUBLASLT_ALGO_CONFIG ids: algo, tile, stages,
 -- split-k, cluster shape), time per call and calls in the profiled step
--- (`before` and `rows`: the table before and after that step; a graph replay
--- makes no host calls, so then each key counts once). Returns the rows for
--- the JSON line.
+-- (`before` and `rows`: the table before and after that step; with --graph,
+-- before and after the capture: a replay makes no host calls, each makes the
+-- captured step's). Returns the rows for the JSON line.
 local function matmul_tune_report(before, rows)
   if not args.matmul_tune and #rows == 0 then
     print("matmul algorithms: tuning off (--matmul-tune or EMBER_MATMUL_TUNE=1 times cuBLASLt's candidates per shape)")
@@ -259,7 +259,8 @@ local function matmul_tune_report(before, rows)
   end
   print(("matmul algorithms (ember.backends.matmul_tune): %d keys tuned, %d changed from the heuristic's first; " ..
     "%s: %.3f ms tuned vs %.3f ms heuristic (%.1f%% less; each timed alone)")
-    :format(#rows, changed, stepped > 0 and "the profiled step's calls" or "one call of each key (graph: no host calls)",
+    :format(#rows, changed, stepped == 0 and "one call of each key (no calls counted)"
+      or args.graph and "the captured step's calls (each replay makes them)" or "the profiled step's calls",
       tuned_us / 1e3, heur_us / 1e3, heur_us > 0 and 100 * (1 - tuned_us / heur_us) or 0))
   print(("  %-8s %-24s %-5s %-4s %-4s %5s %6s  %-20s %-20s %9s %9s %6s %6s"):format("dtype", "n x m x k (batch)",
     "trans", "bias", "beta", "cands", "chosen", "algo/tile/stg/sk/cl", "heuristic's", "tuned us", "heur. us", "gain",
@@ -282,7 +283,7 @@ end
 --- --profile: one more step and one forward under ember.profiler, and the
 -- tables that answer "which kernels, in which phase, inside attention".
 -- Returns the figures for the JSON line.
-local function profile_report(timed, forward, samples)
+local function profile_report(timed, forward, samples, tune_capture)
   local prof = ember.profiler
   local mean = require("ember.bench").stats(samples).mean
   -- CPU tensors: host timing (a CUDA build would time their ops by kernels, of which there are none)
@@ -339,7 +340,9 @@ local function profile_report(timed, forward, samples)
   end
   local cov, cov_ms, roof_ms = train:cost_coverage()
   local roof_rows = {}
-  for i, r in ipairs(train:ops{peaks = peaks}) do
+  -- a graph replay leaves no host op records: its op rows come from the replayed kernels
+  local op_rows = train:replayed() and train:kernels{by = "op", peaks = peaks} or train:ops{peaks = peaks}
+  for i, r in ipairs(op_rows) do
     if r.cost_ms and r.cost_ms > 0 then
       roof_rows[#roof_rows + 1] = {op = r.key, ms = r.roof_ms, bytes = r.bytes, flops = r.flops, gbs = r.gbs,
                                    tflops = r.tflops, pct_peak = r.pct_peak, bound = r.bound}
@@ -367,6 +370,7 @@ local function profile_report(timed, forward, samples)
       :format(train.label, fs.wall_ms, ts.wall_ms, mean))
   end
   print()
+  if tune_capture then tune_before, tune_rows = tune_capture.before, tune_capture.after end
   figures.matmul_algorithms = matmul_tune_report(tune_before, tune_rows)
   if args.profile_trace then
     local bytes = train:export_chrome_trace(args.profile_trace)
@@ -409,11 +413,14 @@ local function run()
     end
     cuda_sync()
   end)
-  local timed = step
+  local timed, tune_capture = step, nil
   if args.graph then
     if args.warmup == 0 then loss = step() cuda_sync() end   -- state and workspaces exist before capture
     model:zero_grad()
+    -- --profile: the gemm calls of the captured step, which every replay makes ("matmul algorithms")
+    local tune_before = args.profile and ember.core.matmul_tune_table() or nil
     local g = ember.cuda.graph(function() loss = step() end, {warmup = 0})
+    if tune_before then tune_capture = {before = tune_before, after = ember.core.matmul_tune_table()} end
     g:replay()                                        -- one untimed replay
     cuda_sync()
     timed = function() g:replay() end
@@ -440,7 +447,7 @@ local function run()
   local final_loss = loss and loss:item() or nil
   local peak_mem = on_cuda and ember.cuda.max_memory_allocated() or nil
   local breakdown = args.breakdown and phase_breakdown(model, opt, forward) or nil
-  local profiled = args.profile and profile_report(timed, forward, samples) or nil
+  local profiled = args.profile and profile_report(timed, forward, samples, tune_capture) or nil
   return samples, final_loss, peak_mem, breakdown, profiled
 end
 

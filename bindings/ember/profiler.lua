@@ -272,6 +272,11 @@ end
 
 function Profile:has_kernels() return self.backend == "cupti" and (self._stats.kernels or 0) > 0 end
 
+--- Whether kernels of CUDA-graph replays carry the context (and declared
+-- cost) of the ops that were captured: then rows by op come from the kernels,
+-- since the replayed ops left no host record in this profile.
+function Profile:replayed() return self:has_kernels() and (self._stats.graph_kernels_attributed or 0) > 0 end
+
 --- The summary numbers (ms; counts), with steps and per-step figures derived.
 function Profile:stats()
   local s = self._stats
@@ -379,7 +384,8 @@ function Profile:roofline_table(opts)
     return ("Roofline by kernel%s: %s\n(no per-kernel times without CUPTI: use by = \"op\")")
       :format(filter_text(opts), self.label)
   end
-  local q = {source = (by == "kernel" or (by == "module" and gpu)) and "gpu" or "ops",
+  -- graph replays: op rows from the replayed kernels' capture-time ops (the backward's by autograd node)
+  local q = {source = (by == "kernel" or (by ~= "op" and gpu) or self:replayed()) and "gpu" or "ops",
              by = by == "kernel" and "name" or by, phase = opts.phase, module = opts.module, depth = opts.depth,
              rollup = opts.rollup, kernels_only = by == "kernel" or nil}
   local rows = group_with_rates(self, q, opts)
@@ -394,7 +400,8 @@ function Profile:roofline_table(opts)
       return a.key < b.key
     end)
   end
-  local time_what = q.source == "gpu" and "GPU time of the calls"
+  local time_what = q.source == "gpu" and (by == "op" and "GPU time of the calls; graph replays: the ops of the capture"
+                                         or "GPU time of the calls")
     or self.backend == "cupti" and "GPU time of the kernels each op call launched itself"
     or self.backend == "events" and "CUDA-event time per op call, nested ops included"
     or "host self time of the op calls"

@@ -48,9 +48,11 @@ extern _Thread_local const char *em_current_op;
  * switched it on. The backend opens one for work it starts itself (graph
  * replay). */
 
-/* Bits of em_measure_flags: what a scope does besides naming its op. */
-enum { EM_MEASURE_NVTX = 1, EM_MEASURE_PROFILE = 2 };
-/* Written by ember.nvtx.enable and the profiler's start/stop, read relaxed. */
+/* Bits of em_measure_flags: what a scope does besides naming its op.
+ * CAPTURE: some thread captures a CUDA graph; its scopes keep the cost they
+ * declare for the kernels they capture (engine/profile/capture_cost.c). */
+enum { EM_MEASURE_NVTX = 1, EM_MEASURE_PROFILE = 2, EM_MEASURE_CAPTURE = 4 };
+/* Written by ember.nvtx.enable, the profiler's start/stop and graph capture, read relaxed. */
 extern int em_measure_flags;
 
 typedef struct em_op_scope {
@@ -67,6 +69,8 @@ typedef struct em_op_scope {
   uint8_t fclass;                 /* em_flop_class of the FLOPs declared */
   double bytes, flops;            /* cost declared in this scope (EM_OP_COST) */
   double child_bytes, child_flops;/* ... and in nested scopes */
+  struct em_op_scope *cap_parent; /* capture: the enclosing scope of this thread's capture */
+  uint32_t cap;                   /* capture: this op call's id (the graph nodes it creates carry it); 0 none */
 } em_op_scope_t;
 
 void em_op_scope_begin(em_op_scope_t *s, const char *name);
@@ -88,15 +92,17 @@ static inline void em_op_scope_exit(em_op_scope_t *s) {
  * An op states the bytes it must move and the FLOPs it must do (the floor,
  * from its shapes: every tensor read or written once) inside its scope:
  *   EM_OP_COST(em_cost_bytes(3, (em_tensor *[]){a, b, y}), em_numel(y), EM_FLOPS_F32);
- * The arguments are evaluated only while a profiler session runs; the cost
- * goes to the innermost open op scope (engine/profile/profiler.c) and the
- * kernels launched there inherit it. The class says which peak the FLOPs
+ * The arguments are evaluated only while a profiler session runs or a CUDA
+ * graph is captured; the cost goes to the innermost open op scope
+ * (engine/profile/profiler.c) and the kernels launched there inherit it --
+ * captured kernels at every replay (engine/profile/capture_cost.c). The class says which peak the FLOPs
  * are held against: tensor-core matmuls by their dtype, everything else the
  * plain f32 (f64) pipes. */
 typedef enum { EM_FLOPS_F32 = 0, EM_FLOPS_F64, EM_FLOPS_TF32, EM_FLOPS_BF16, EM_FLOPS_F16, EM_FLOP_CLASSES } em_flop_class;
 void em_op_cost_add(double bytes, double flops, int fclass);
-#define EM_COSTING() \
-  __builtin_expect((__atomic_load_n(&em_measure_flags, __ATOMIC_RELAXED) & EM_MEASURE_PROFILE) != 0, 0)
+#define EM_COSTING()                                                                       \
+  __builtin_expect((__atomic_load_n(&em_measure_flags, __ATOMIC_RELAXED) &                 \
+                    (EM_MEASURE_PROFILE | EM_MEASURE_CAPTURE)) != 0, 0)
 #define EM_OP_COST(bytes, flops, fclass)                                                   \
   do {                                                                                     \
     if (EM_COSTING()) em_op_cost_add((double)(bytes), (double)(flops), (int)(fclass));     \
@@ -127,6 +133,8 @@ typedef struct {
   uint64_t bytes;
   uint32_t device, stream;
   uint32_t op_seq;                  /* the launching op scope's seq in this session; 0 unknown */
+  uint32_t cap_call;                /* graph replay: the capture-time op call's id (em_capcost_call); 0 none */
+  uint32_t launch;                  /* CUPTI correlation id of the launch (a replay: its cudaGraphLaunch) */
   uint8_t kind, phase, graph;
 } em_prof_gpu;
 
@@ -136,6 +144,17 @@ void em_prof_note_launch(void);
 uint32_t em_prof_current_seq(void);
 /* Hand over one GPU record at stop (any thread; copies *g). */
 int em_prof_add_gpu(const em_prof_gpu *g);
+
+/* ---- capture-time costs (engine/profile/capture_cost.c), for graph.cu and cupti.cu ----
+ * While a thread captures, its op scopes are numbered (capture call ids) and
+ * keep the cost they declare; a graph node created in a scope carries its id
+ * and holds a reference to the cost, so a replayed kernel gets its op call's
+ * cost as an eager launch does. Costs of calls that created no node are
+ * dropped when the capture ends; the others when their last node is destroyed. */
+void em_capcost_capture_begin(void);      /* this thread starts capturing */
+void em_capcost_capture_end(void);        /* ... and stops (drops the costs no node holds) */
+uint32_t em_capcost_call(void);           /* this thread's innermost capture call id; 0 none */
+void em_capcost_ref(uint32_t call, int delta);   /* a node of `call` created (+1) or destroyed (-1) */
 
 /* ======================= 2. the backend, for the engine ======================= */
 

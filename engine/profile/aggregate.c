@@ -99,13 +99,56 @@ const char *em_prof_flop_class_name(int c) {
   return c >= 0 && c < EM_PROF_FLOP_CLASSES ? names[c] : "f32";
 }
 
+/* Replayed records by op call: (capture call id, graph launch), then position. */
+typedef struct { uint64_t call; size_t i; } call_rec;
+
+static int cmp_call_rec(const void *x, const void *y) {
+  const call_rec *a = x, *b = y;
+  if (a->call != b->call) return a->call < b->call ? -1 : 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* The graph-replay half of the index: the records one graph launch ran for
+ * one captured op call form that call, with the cost the op declared at
+ * capture (capture_cost.c), copied here so the profile outlives the graph. */
+static int index_graph_calls(em_profile *p) {
+  size_t n = 0;
+  for (size_t i = 0; i < p->n_gpu; i++) n += p->gpu[i].cap_call != 0;
+  if (!n) return 0;
+  call_rec *recs = malloc(n * sizeof *recs);
+  p->gpu_graph_call = calloc(p->n_gpu, sizeof *p->gpu_graph_call);
+  p->graph_calls = malloc(n * sizeof *p->graph_calls);
+  if (!recs || !p->gpu_graph_call || !p->graph_calls) { free(recs); return -1; }
+  n = 0;
+  for (size_t i = 0; i < p->n_gpu; i++)
+    if (p->gpu[i].cap_call) recs[n++] = (call_rec){(uint64_t)p->gpu[i].cap_call << 32 | p->gpu[i].launch, i};
+  qsort(recs, n, sizeof *recs, cmp_call_rec);
+  for (size_t a = 0, b; a < n; a = b) {
+    for (b = a + 1; b < n && recs[b].call == recs[a].call; b++) {}
+    em_capcost c;
+    if (!em_capcost_get((uint32_t)(recs[a].call >> 32), &c) || (c.bytes <= 0 && c.flops <= 0)) continue;
+    em_prof_call *call = &p->graph_calls[p->n_graph_calls++];
+    *call = (em_prof_call){c.bytes, c.flops, 0, c.fclass};
+    for (size_t k = a; k < b; k++) {
+      const em_prof_gpu *g = &p->gpu[recs[k].i];
+      call->ns += g->t1 - g->t0;
+      p->gpu_graph_call[recs[k].i] = (uint32_t)p->n_graph_calls;
+    }
+  }
+  free(recs);
+  return 0;
+}
+
 int em_prof_index(em_profile *p) {
   size_t n = (size_t)p->n_seq + 1;
   p->seq_op = calloc(n, sizeof *p->seq_op);
   p->seq_gpu_ns = calloc(n, sizeof *p->seq_gpu_ns);
-  if (!p->seq_op || !p->seq_gpu_ns) {
-    free(p->seq_op); free(p->seq_gpu_ns);
+  if (!p->seq_op || !p->seq_gpu_ns || index_graph_calls(p)) {
+    free(p->seq_op); free(p->seq_gpu_ns); free(p->graph_calls); free(p->gpu_graph_call);
     p->seq_op = p->seq_gpu_ns = NULL;
+    p->graph_calls = NULL;
+    p->gpu_graph_call = NULL;
+    p->n_graph_calls = 0;
     return em_error_oom("out of memory: profile roofline index");
   }
   for (size_t i = 0; i < p->n_ops; i++)
@@ -115,10 +158,21 @@ int em_prof_index(em_profile *p) {
   return 0;
 }
 
-/* The op record that launched GPU record g, or NULL. */
-static const em_prof_op *gpu_op(const em_profile *p, const em_prof_gpu *g) {
-  if (!p->seq_op || !g->op_seq || g->op_seq > p->n_seq || !p->seq_op[g->op_seq]) return NULL;
-  return &p->ops[p->seq_op[g->op_seq] - 1];
+/* The op call that ran GPU record i: the eager scope that launched it, or
+ * the captured op call a graph launch replayed. Its declared cost and the
+ * GPU time of all its records; false when none is known. */
+static bool gpu_call(const em_profile *p, size_t i, em_prof_call *out) {
+  const em_prof_gpu *g = &p->gpu[i];
+  if (p->seq_op && g->op_seq && g->op_seq <= p->n_seq && p->seq_op[g->op_seq]) {
+    const em_prof_op *o = &p->ops[p->seq_op[g->op_seq] - 1];
+    *out = (em_prof_call){o->bytes, o->flops, p->seq_gpu_ns[o->seq], o->fclass};
+    return true;
+  }
+  if (p->gpu_graph_call && p->gpu_graph_call[i]) {
+    *out = p->graph_calls[p->gpu_graph_call[i] - 1];
+    return true;
+  }
+  return false;
 }
 
 /* Add `ns` of an op call with cost (bytes, flops) of class fc, scaled by share, to r. */
@@ -213,9 +267,8 @@ int em_profile_group(const em_profile *p, const em_prof_query *q, em_prof_row **
       add_time(r, d, d, g->phase);
       r->kernels += g->kind == EM_GPU_KERNEL;
       r->device_ns += d;
-      const em_prof_op *o = gpu_op(p, g);
-      int64_t call_ns = o ? p->seq_gpu_ns[o->seq] : 0;
-      if (o && call_ns > 0) add_cost(r, q, d, (double)d / (double)call_ns, o->bytes, o->flops, o->fclass);
+      em_prof_call c;
+      if (gpu_call(p, i, &c) && c.ns > 0) add_cost(r, q, d, (double)d / (double)c.ns, c.bytes, c.flops, c.fclass);
       else add_cost(r, q, d, 0, 0, 0, 0);
     }
   } else {

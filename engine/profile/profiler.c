@@ -179,10 +179,13 @@ uint32_t em_prof_current_seq(void) {
   return s && s->gen == session_gen() ? s->seq : 0;
 }
 
-/* EM_OP_COST: into the innermost scope of this session (none: dropped). */
+/* EM_OP_COST: into the innermost scope of this session, else of this
+ * thread's graph capture (none: dropped). Both are one scope when a capture
+ * runs inside a session. */
 void em_op_cost_add(double bytes, double flops, int fclass) {
   em_op_scope_t *s = tl_scope;
-  if (!s || s->gen != session_gen()) return;
+  if (!s || s->gen != session_gen()) s = em_capcost_scope();
+  if (!s) return;
   s->bytes += bytes > 0 ? bytes : 0;
   s->flops += flops > 0 ? flops : 0;
   if (flops > 0 && fclass >= 0 && fclass < EM_FLOP_CLASSES) s->fclass = (uint8_t)fclass;
@@ -399,5 +402,7 @@ void em_profile_free(em_profile *p) {
   free(p->ranges);
   free(p->seq_op);
   free(p->seq_gpu_ns);
+  free(p->graph_calls);
+  free(p->gpu_graph_call);
   free(p);
 }

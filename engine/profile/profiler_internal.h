@@ -4,6 +4,7 @@
  *   aggregate.c queries over a stopped profile (tables)
  *   trace.c     Chrome trace-event JSON
  *   nvtx.c      NVTX ranges
+ *   capture_cost.c  the costs captured op calls declared, for graph replays
  *   kernels/cupti.cu (CUDA builds) or backend/no_cuda.c: the CUPTI side,
  *               through the hooks in backend/backend.h
  * Times are host CLOCK_MONOTONIC nanoseconds; CUPTI timestamps are brought
@@ -34,6 +35,14 @@ typedef struct {
   double bytes_incl, flops_incl;    /* ... nested scopes included */
 } em_prof_op;
 
+/* One replayed op call: the cost its op declared at capture and the GPU
+ * time of the records it ran in one graph launch. */
+typedef struct {
+  double bytes, flops;
+  int64_t ns;
+  uint8_t fclass;
+} em_prof_call;
+
 enum { EM_RANGE_PHASE = 0, EM_RANGE_USER, EM_RANGE_MARK, EM_RANGE_STEP };
 
 typedef struct {
@@ -55,6 +64,9 @@ struct em_profile {
   uint32_t n_seq;                   /* op scopes numbered in the session (seq 1..n_seq) */
   int64_t *seq_op;                  /* seq -> index in ops + 1 (0: not recorded); built by aggregate.c */
   int64_t *seq_gpu_ns;              /* seq -> sum of the durations of the GPU records it launched */
+  /* graph replays (built by aggregate.c): one call per (capture call id, graph launch) with a cost */
+  em_prof_call *graph_calls; size_t n_graph_calls;
+  uint32_t *gpu_graph_call;         /* per GPU record: index in graph_calls + 1; 0 none (NULL: no replays) */
 };
 
 /* ---- aggregate.c, for profiler.c ---- */
@@ -68,6 +80,15 @@ void em_prof_phase_change(em_phase prev, em_phase next);
 void em_prof_range_push(const char *name);
 void em_prof_range_pop(void);
 void em_prof_mark(const char *name);
+
+/* ---- capture_cost.c, for scope.c / profiler.c / aggregate.c (the backend's half: backend.h) ---- */
+void em_capcost_scope_begin(em_op_scope_t *s);
+void em_capcost_scope_end(em_op_scope_t *s);
+/* The innermost scope of this thread's capture (NULL: not capturing): where EM_OP_COST goes outside a session. */
+em_op_scope_t *em_capcost_scope(void);
+typedef struct { double bytes, flops; uint8_t fclass; } em_capcost;
+/* The cost capture call `call` declared; false (zeros) when none is kept. */
+bool em_capcost_get(uint32_t call, em_capcost *out);
 
 /* ---- nvtx.c, for scope.c / context.c ---- */
 void em_nvtx_op_push(const char *op);

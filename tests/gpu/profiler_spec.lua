@@ -268,3 +268,60 @@ describe("roofline columns with CUPTI", function()
     assert.truthy(t:find("H100", 1, true) or t:find("H200", 1, true), t)   -- the datasheet peaks in the footer
   end)
 end)
+
+describe("roofline columns of graph replays", function()
+  -- The same step eager and captured (each after the same warm-up): every op
+  -- row of the replays carries what the eager step's declares, per step.
+  local function by_key(rows)
+    local t = {}
+    for _, r in ipairs(rows) do t[r.key] = r end
+    return t
+  end
+  local function close(a, b) return math.abs(a - b) <= 1e-9 * math.max(math.abs(a), math.abs(b)) end
+
+  it("give replayed kernels their captured op's bytes and FLOPs, as eager", function()
+    assert.is_true(cupti_ok, tostring(cupti_why))
+    local estep = setup()
+    estep() estep()
+    ember.cuda.synchronize()
+    local pe = ember.profile(function() estep() end, {print = false})
+    local gstep = setup()
+    gstep() gstep()
+    ember.cuda.synchronize()
+    local g = ember.cuda.graph(function() gstep() end, {warmup = 0})
+    g:replay()
+    ember.cuda.synchronize()
+    local replays = 2
+    local pg = ember.profile(function() for _ = 1, replays do g:replay() end end, {print = false})
+    assert.is_true(pg:replayed())
+    assert.is_false(pe:replayed())
+    for _, by in ipairs({"op", "module", "phase"}) do
+      local e, r = by_key(pe:kernels{by = by}), by_key(pg:kernels{by = by})
+      local costed = 0
+      for key, er in pairs(e) do
+        if er.bytes > 0 or er.flops > 0 then
+          costed = costed + 1
+          local rr = r[key]
+          assert.truthy(rr, ("%s %s: no replayed row"):format(by, key))
+          assert.truthy(close(rr.bytes, replays * er.bytes),
+            ("%s %s: replays %g bytes, eager %g per step"):format(by, key, rr.bytes, er.bytes))
+          assert.truthy(close(rr.flops, replays * er.flops),
+            ("%s %s: replays %g FLOPs, eager %g per step"):format(by, key, rr.flops, er.flops))
+          assert.truthy(rr.gbs and rr.gbs > 0 and rr.pct_peak and rr.bound, ("%s %s: no rates"):format(by, key))
+        end
+      end
+      assert.truthy(costed > 0, by)
+      for key, rr in pairs(r) do   -- and nothing costed that eager does not cost
+        if rr.bytes > 0 then assert.truthy(e[key] and e[key].bytes > 0, ("%s %s: costed only in replays"):format(by, key)) end
+      end
+    end
+    -- the tables: the roofline by op comes from the replayed kernels, covered as eager's
+    local t = pg:roofline_table{by = "op"}
+    assert.truthy(t:find("graph replays: the ops of the capture", 1, true), t)
+    local cov = pg:cost_coverage()
+    assert.truthy(cov > 90, ("coverage of the replays %.1f%%"):format(cov))
+    pe:close()
+    pg:close()
+    g:close()
+  end)
+end)

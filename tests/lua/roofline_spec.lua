@@ -157,3 +157,40 @@ describe("profiler roofline columns", function()
     end
   end)
 end)
+
+describe("roofline_table of a profile with graph replays", function()
+  -- A replay leaves no host op records (only graph_replay's): the op rows must
+  -- come from the replayed kernels' capture-time ops. The profile's handle is
+  -- a stand-in that records the query (the C side's grouping of replayed
+  -- kernels: tests/c/test_capture_cost.c; on a GPU: tests/gpu/profiler_spec.lua).
+  local function fake_profile(graph_kernels_attributed)
+    local asked = {}
+    local handle = {group = function(_, q)
+      asked[#asked + 1] = q
+      return {{key = "matmul", calls = 4, total_ms = 1, roof_ms = 1, cost_ms = 1, bytes = 2e6, flops = 3e9,
+               floor_ms = 0.5, bound = "compute"}}
+    end}
+    local p = setmetatable({_c = handle, backend = "cupti", label = "fake CUPTI profile",
+                            _stats = {kernels = 4, graph_kernels = 4,
+                                      graph_kernels_attributed = graph_kernels_attributed}}, profiler.Profile)
+    return p, asked
+  end
+  local peaks = {gbs = 1000, tflops = 100}
+
+  it("groups the kernels by their capture-time op when replays are attributed", function()
+    local p, asked = fake_profile(4)
+    assert.is_true(p:replayed())
+    local t = p:roofline_table{by = "op", peaks = peaks}
+    assert.are.equal("gpu", asked[1].source)
+    assert.are.equal("op", asked[1].by)
+    assert.truthy(t:find("graph replays: the ops of the capture", 1, true), t)
+    assert.truthy(t:find("matmul", 1, true) and t:find(" 2M ", 1, true) and t:find(" 3G ", 1, true), t)
+  end)
+
+  it("keeps the host op rows when no replay is attributed", function()
+    local p, asked = fake_profile(0)
+    assert.is_false(p:replayed())
+    p:roofline_table{by = "op", peaks = peaks}
+    assert.are.equal("ops", asked[1].source)
+  end)
+end)
