@@ -231,7 +231,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
     local q64, k64, v64 = randn({1, 2, 300, 64}, "bf16"):cuda(), randn({1, 2, 300, 64}, "bf16"):cuda(),
       randn({1, 2, 300, 64}, "bf16"):cuda()
     local ran = C.kernel_names(function() flash("auto", q64, k64, v64, nil, true) end)
-    assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3>"), ran)
+    assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3[,>]"), ran)
   end)
 
   it("runs D 80 and 96 on the D 128 kernel under auto (wg2's bits, by name), mma's with EMBER_FLASH_WG_PAD=0", function()
@@ -243,7 +243,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
       assert.are.equal(0, max_abs(a.o, w.o), "D " .. d .. ": auto is not wg2")
       assert.is_true(max_abs(m.o, w.o) > 0, "D " .. d .. ": wg2 gave mma's bits")
       local ran = C.kernel_names(function() flash("auto", q, k, v, nil, true) end)
-      assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 128, 2>"), ran)
+      assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 128, 2[,>]"), ran)
       assert.falsy(ran:find("flash_fwd_kernel<", 1, true), ran)
     end
     -- the switch is read once a process: children, forward and backward at D 80, the kernels' names printed
@@ -266,7 +266,7 @@ print(table.concat(names, " | "))
     assert.falsy(out0:find("wg", 1, true), out0)
     local out1, err1, code1 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "1"}})
     assert.are.equal(0, code1, "EMBER_FLASH_WG_PAD=1: " .. tostring(err1))
-    assert.truthy(out1:find("flash_fwd_wg2_kernel<[^>]*, 128, 2>"), out1)
+    assert.truthy(out1:find("flash_fwd_wg2_kernel<[^>]*, 128, 2[,>]"), out1)
     assert.truthy(out1:find("flash_dkdv_wg2_kernel<", 1, true), out1)
     assert.falsy(out1:find("flash_fwd_kernel<", 1, true), out1)
     local _, err2, code2 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "yes"}})
@@ -293,6 +293,8 @@ local cases = {{"wg2", "bf16", {2, 4, 777, 128}, {2, 2, 777, 128}}, {"wg3", "bf1
 for i, c in ipairs(cases) do
   ember.core.flash_fwd_kernel(c[1])
   for j, causal in ipairs({true, "bottom_right", false}) do
+    -- bottom-right alignment needs Tq <= Tk (case 6 has Tq 1000 > Tk 17: top-left and no mask only)
+    if causal ~= "bottom_right" or c[3][3] <= c[4][3] then
     ember.manual_seed(100 * i + j)
     local q, k, v = ember.randn(c[3], {dtype = c[2]}), ember.randn(c[4], {dtype = c[2]}), ember.randn(c[4], {dtype = c[2]})
     if c[5] then   -- a ramp: key s's scores grow with s, so each row's max rises at every tile
@@ -303,12 +305,13 @@ for i, c in ipairs(cases) do
     local o, lse = ember.nn.functional.flash_attention(q:cuda(), k:cuda(), v:cuda(), causal)
     local key = c[1] .. "_" .. i .. "_" .. tostring(causal)
     out["o_" .. key], out["lse_" .. key] = o:cpu(), lse:cpu()
+    end
   end
 end
 ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]], ".lua")
     local got = C.mode_results(helpers, script, "EMBER_FLASH_FWD_STEP8", {"0", "1"})
-    assert.are.equal(8 * 3 * 2, C.assert_modes_agree(got, "0", {"1"}))
+    assert.are.equal((8 * 3 - 1) * 2, C.assert_modes_agree(got, "0", {"1"}))   -- o and lse of 23 (case, mask) pairs
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_FWD_STEP8 = "2"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_FWD_STEP8=2 should fail")
     assert.matches("expected EMBER_FLASH_FWD_STEP8 to be 0 or 1, got '2'", err, 1, true)
