@@ -27,8 +27,10 @@
  * stream), each gemm runs with a second descriptor of its plan that carries
  * CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs − k, and the algorithm chosen
  * for the whole GPU (heuristic or tuned): the persistent sm90 kernels launch
- * fewer CTAs, each output tile is still one CTA's whole K loop, so the bits
- * are those of the full-GPU gemm. The target is not in the cache key on
+ * fewer CTAs, and with the same tile and split-K each output tile sums its K
+ * in the same order, so the bits are those of the full-GPU gemm (a stream-K
+ * kernel, which splits K by the SM count, would not be: tests/gpu/
+ * overlap_spec.lua compares the bits). The target is not in the cache key on
  * purpose: asking the heuristic again for SMs − k could pick another tile or
  * split-K, and the overlapped step promises the plain step's bits.
  *

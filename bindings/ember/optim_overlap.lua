@@ -158,6 +158,12 @@ function M.install(AdamW, h)
       error(fmt("%s: overlap_sms = %d needs the overlap, and clip = \"exact\" runs every update after " ..
         "backward (use clip = \"previous\" or no max_norm)", fname, sms), 2)
     end
+    if sms and sms > 0 and core.cuda_is_available() then   -- here, not inside backward's hooks
+      local n = core.cuda_sm_count(core.cuda_current_device())
+      if sms >= n then
+        error(fmt("%s: overlap_sms = %d must leave the gemms at least one of the device's %d SMs", fname, sms, n), 2)
+      end
+    end
     self:_hook_params()
     if clip == "previous" then self:_clip_slots(fname) end
     self._armed = {clip = clip, max_norm = max_norm, side_stream = opts.side_stream ~= false,

@@ -191,11 +191,18 @@ describe("AdamW step_in_backward on CUDA", function()
     for i = 1, 3 do same_bits(g1[i], g0[i], "grad " .. i) end
   end)
 
-  it("refuses to set aside every SM of the device, and changes nothing", function()
+  it("refuses to set aside every SM of the device (core and step_in_backward), and changes nothing", function()
     local ok, e = pcall(core.cuda_set_sm_split, 0, 1024, 0)
     assert.is_false(ok)
     assert.matches("expected fewer SMs set aside from gemms than cuda:0's %d+, got 1024", tostring(e))
     assert.are.same({0, 0}, {core.cuda_sm_split(0)})
+    local n = ember.cuda.sm_count()
+    local opt = ember.optim.AdamW(model().params)
+    ok, e = pcall(opt.step_in_backward, opt, {overlap_sms = n})
+    assert.is_false(ok)
+    assert.matches(("overlap_sms = %d must leave the gemms at least one of the device's %d SMs"):format(n, n),
+      tostring(e))
+    assert.is_nil(opt._armed)
   end)
 
   it("free_grads in a captured step (events and waits captured) replays with the bits of eager plain training",

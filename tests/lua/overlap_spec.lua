@@ -320,7 +320,7 @@ describe("AdamW step_in_backward (CPU)", function()
       err(0, 1025, 0))
     assert.matches("expected the SMs of an optimizer launch to be an SM count in %[0, 1024%], got 2000",
       err(0, 8, 2000))
-    assert.matches("expected an integer", err(0, 1.5, 0))
+    assert.matches("expected argument 2 %(reserve%) to be an integer, got 1.5", err(0, 1.5, 0))
     local r, o = core.cuda_sm_split(0)
     assert.are.same({0, 0}, {r, o}, "nothing set by the failed calls")
     if not ember.cuda.is_available() then      -- on a GPU this would slow every gemm of the process
