@@ -17,9 +17,10 @@
  *
  * On k SMs (engine/sm_split.c, em_cuda_set_sm_split: AdamW on a side stream
  * beside gemms told to leave k SMs free) the same kernel runs k blocks of
- * 1024 threads, each looping over chunks b, b + k, ...: a block fills half an
- * SM's threads, so k blocks take k SMs and a gemm CTA (which needs an empty
- * SM) never waits behind a sprinkle of small blocks. Same bits: the update is
+ * 1024 threads, each looping over chunks b, b + k, ...: at 40 registers a
+ * thread (f32) two such blocks exceed an SM's 64K registers, so k blocks take
+ * k distinct SMs and a gemm CTA (which needs an empty SM) never waits behind
+ * a sprinkle of small blocks. Same bits: the update is
  * per element, whatever block runs it.
  *
  * The trick for reproducibility: the arithmetic uses the _rn intrinsics

@@ -234,7 +234,6 @@ function M.resolve(opts)
   end
   cfg.precision = cfg.precision or (on_cuda and "bf16" or "f32")
   if cfg.graph and not on_cuda then error(FNAME .. ": graph needs device cuda (CUDA graphs)", 0) end
-  if cfg.overlap_sms < 0 then error(fmt("%s: expected overlap_sms >= 0, got %d", FNAME, cfg.overlap_sms), 0) end
   if cfg.overlap_sms > 0 and not cfg.overlap_optimizer then
     error(fmt("%s: overlap_sms = %d needs overlap_optimizer", FNAME, cfg.overlap_sms), 0)
   end
@@ -275,7 +274,7 @@ function M.resolve(opts)
     check_range(cfg, k, 1, ">= 1")
   end
   for _, k in ipairs({"warmup", "eval_every", "ckpt_every", "keep", "lr", "min_lr", "weight_decay", "clip",
-                      "eps", "beta1", "beta2"}) do
+                      "eps", "beta1", "beta2", "overlap_sms"}) do
     check_range(cfg, k, 0, ">= 0")
   end
   if cfg.warmup > cfg.decay_steps then

@@ -161,7 +161,7 @@ describe("scripts/train.lua", function()
     _, err, status = train(cat(common(dir), {"--overlap-sms", "8", "--overlap-optimizer", "--clip", "1"}))
     assert.are.equal(2, status)
     assert.matches("overlap_sms = 8 needs the overlap, and clip_mode exact runs every update after backward", err)
-    _, err, status = train(cat(common(dir), {"--overlap-sms", "-1", "--overlap-optimizer"}))
+    _, err, status = train(cat(common(dir), {"--overlap-sms=-1", "--overlap-optimizer"}))
     assert.are.equal(2, status)
     assert.matches("expected overlap_sms >= 0, got %-1", err)
     local out
