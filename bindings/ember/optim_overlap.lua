@@ -144,7 +144,7 @@ function M.install(AdamW, h)
     local sms = opts.overlap_sms
     if sms ~= nil and (math.type(sms) ~= "integer" or sms < 0) then
       error(fmt("%s: expected overlap_sms to be an integer >= 0, got %s", fname,
-        math.type(sms) == "float" and tostring(sms) or type(sms)), 2)
+        type(sms) == "number" and tostring(sms) or type(sms)), 2)
     end
     if self._armed then
       error(fname .. ": already armed for this step; call opt:step() to finish it first", 2)
