@@ -44,7 +44,8 @@ int em_cuda_set_sm_split(const char *op, int device, int reserve, int optim_sms)
     int sms = em_cuda_sm_count(device);
     if (sms < 0) return -1;
     if (reserve >= sms)
-      return em_error("%s: expected fewer SMs set aside from gemms than cuda:%d's %d, got %d", op, device, sms, reserve);
+      return em_error("%s: expected fewer SMs set aside from gemms than cuda:%d's %d, got %d", op, device, sms,
+                      reserve);
     if (optim_sms > sms)
       return em_error("%s: expected at most cuda:%d's %d SMs for an optimizer launch, got %d", op, device, sms,
                       optim_sms);

@@ -118,7 +118,9 @@ if args.overlap_inline and not args.overlap_optimizer then fail("--overlap-inlin
 if not (args.overlap_bucket_mb and args.overlap_bucket_mb >= 0) then fail("--overlap-bucket-mb must be >= 0") end
 if not (args.overlap_sms and args.overlap_sms >= 0) then fail("--overlap-sms must be an integer >= 0") end
 if args.overlap_sms > 0 and not args.overlap_optimizer then fail("--overlap-sms needs --overlap-optimizer") end
-if args.overlap_sms > 0 and args.overlap_inline then fail("--overlap-sms needs the side stream (not --overlap-inline)") end
+if args.overlap_sms > 0 and args.overlap_inline then
+  fail("--overlap-sms needs the side stream (not --overlap-inline)")
+end
 if args.attn == "flash" and not (on_cuda and args.precision == "bf16") then
   fail("--attn flash: the flash kernels need --device cuda and --precision bf16")
 end

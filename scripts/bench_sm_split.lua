@@ -48,7 +48,7 @@ local mo, v = ember.zeros({P}):to("cuda"), ember.zeros({P}):to("cuda")
 local adam_bytes = 28 * P
 
 local function gemms()
-  for _ = 1, args.gemms do local _ = a @ b end
+  for _ = 1, args.gemms do local _ = a:matmul(b) end
 end
 local function adamw() core.adamw_({p}, {g}, {mo}, {v}, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1) end
 

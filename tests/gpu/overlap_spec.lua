@@ -165,7 +165,7 @@ describe("AdamW step_in_backward on CUDA", function()
     local a32, w32 = ember.randn({1024, 768}):to("cuda"), ember.randn({1536, 768}):to("cuda")
     local bias, bias16 = ember.randn({1536}):to("cuda"), ember.randn({4096}):to("cuda"):to("bf16")
     local function products()     -- plain, both operands transposed (views), f32 with bias, bf16 with bias
-      return {a16 @ b16, b16:t() @ a16:t(), F.linear(a32, w32, bias), F.linear(a16, b16:t(), bias16)}
+      return {a16:matmul(b16), b16:t():matmul(a16:t()), F.linear(a32, w32, bias), F.linear(a16, b16:t(), bias16)}
     end
     local full = products()
     core.cuda_set_sm_split(0, 66, 0)           -- half an H200's 132 SMs
