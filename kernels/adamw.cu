@@ -20,8 +20,8 @@
  * 1024 threads, each looping over chunks b, b + k, ...: at 40 registers a
  * thread (f32) two such blocks exceed an SM's 64K registers, so k blocks take
  * k distinct SMs and a gemm CTA (which needs an empty SM) never waits behind
- * a sprinkle of small blocks. Same bits: the update is
- * per element, whatever block runs it.
+ * a sprinkle of small blocks. Same bits: the update is per element, whatever
+ * block runs it.
  *
  * The trick for reproducibility: the arithmetic uses the _rn intrinsics
  * (__fmul_rn, __fadd_rn, ...) so nvcc cannot contract into FMAs: the update is
