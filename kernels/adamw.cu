@@ -15,14 +15,6 @@
  * tiny step-increment launch), and since everything is in the arguments a
  * captured graph replays it unchanged.
  *
- * On k SMs (engine/sm_split.c, em_cuda_set_sm_split: AdamW on a side stream
- * beside gemms told to leave k SMs free) the same kernel runs k blocks of
- * 1024 threads, each looping over chunks b, b + k, ...: at 40 registers a
- * thread (f32) two such blocks exceed an SM's 64K registers, so k blocks take
- * k distinct SMs and a gemm CTA (which needs an empty SM) never waits behind
- * a sprinkle of small blocks. Same bits: the update is per element, whatever
- * block runs it.
- *
  * The trick for reproducibility: the arithmetic uses the _rn intrinsics
  * (__fmul_rn, __fadd_rn, ...) so nvcc cannot contract into FMAs: the update is
  * the CPU reference's operation for operation, bit for bit, and capturable and
@@ -44,7 +36,6 @@
 
 #define MT_MAX 320
 #define MT_THREADS 512
-#define MT_THREADS_SM 1024         /* AdamW on k SMs: one block of this many threads per SM */
 #define CHUNK 65536
 
 typedef struct {
@@ -130,13 +121,13 @@ template <bool F16> __device__ __forceinline__ uint16_t shadow_bits(double p) { 
 /* One block's chunk of one tensor: 16-byte loads when every pointer allows
  * (the shadow's 8-byte stores of 4 halves too), then the tail. SHADOW: also
  * write the shadow weight, in the same pass (2 more bytes per parameter). */
-template <int THREADS, typename T, bool SHADOW, bool F16>
+template <typename T, bool SHADOW, bool F16>
 __device__ __forceinline__ void adamw_chunk(T *p, const T *g, T *m, T *v, uint16_t *s, int64_t n, const adam_c<T> &c) {
   constexpr int VEC = 16 / sizeof(T);
   int64_t nv = 0;
   uintptr_t al = (uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v;
   if ((al & 15) == 0 && (!SHADOW || ((uintptr_t)s & (VEC * 2 - 1)) == 0)) nv = n / VEC;
-  for (int64_t i = threadIdx.x; i < nv; i += THREADS) {
+  for (int64_t i = threadIdx.x; i < nv; i += MT_THREADS) {
     Packed128<T> P = load128(p + i * VEC), G = load128(g + i * VEC), M = load128(m + i * VEC), V = load128(v + i * VEC);
 #pragma unroll
     for (int k = 0; k < VEC; k++) adamw_elem(P[k], G[k], M[k], V[k], c);
@@ -148,7 +139,7 @@ __device__ __forceinline__ void adamw_chunk(T *p, const T *g, T *m, T *v, uint16
       *reinterpret_cast<uint2 *>(s + i * VEC) = q;
     }
   }
-  for (int64_t i = nv * VEC + threadIdx.x; i < n; i += THREADS) {
+  for (int64_t i = nv * VEC + threadIdx.x; i < n; i += MT_THREADS) {
     T P = p[i], M = m[i], V = v[i];
     adamw_elem(P, g[i], M, V, c);
     p[i] = P; m[i] = M; v[i] = V;
@@ -163,11 +154,10 @@ __global__ void step_inc_kernel(const __grid_constant__ mt_meta meta, int step_i
   else *(float *)meta.step[i] += 1.0f;
 }
 
-/* Chunk b of the launch (its tensor found by binary search). */
-template <int THREADS, typename T>
-__device__ __forceinline__ void adamw_block_chunk(const mt_meta &meta, const adam_args &a, int b) {
-  int t = find_tensor(meta, b);
-  int64_t lo = (int64_t)(b - meta.start[t]) * CHUNK, n = meta.numel[t] - lo;
+template <typename T>
+__global__ void __launch_bounds__(MT_THREADS) adamw_kernel(const __grid_constant__ mt_meta meta, const adam_args a) {
+  int t = find_tensor(meta, blockIdx.x);
+  int64_t lo = (int64_t)(blockIdx.x - meta.start[t]) * CHUNK, n = meta.numel[t] - lo;
   if (n > CHUNK) n = CHUNK;
   T *p = (T *)meta.ptr[0][t] + lo, *g = (T *)meta.ptr[1][t] + lo, *m = (T *)meta.ptr[2][t] + lo,
     *v = (T *)meta.ptr[3][t] + lo;
@@ -180,28 +170,18 @@ __device__ __forceinline__ void adamw_block_chunk(const mt_meta &meta, const ada
   }
   adam_c<T> c = {(T)decay, (T)a.w1, (T)a.beta2, (T)a.c2, (T)step_size, (T)bc2_sqrt, (T)a.eps};
   if (std::is_same<T, float>::value && meta.shadow[t]) {
-    if (meta.shadow_f16[t]) adamw_chunk<THREADS, T, true, true>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
-    else adamw_chunk<THREADS, T, true, false>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
+    if (meta.shadow_f16[t]) adamw_chunk<T, true, true>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
+    else adamw_chunk<T, true, false>(p, g, m, v, (uint16_t *)meta.shadow[t] + lo, n, c);
   } else {
-    adamw_chunk<THREADS, T, false, false>(p, g, m, v, nullptr, n, c);
+    adamw_chunk<T, false, false>(p, g, m, v, nullptr, n, c);
   }
 }
 
-/* One block per chunk (gridDim.x = the chunks), or on k SMs k blocks looping over them. */
-template <int THREADS, typename T>
-__global__ void __launch_bounds__(THREADS) adamw_kernel(const __grid_constant__ mt_meta meta, const adam_args a) {
-  for (int b = blockIdx.x; b < meta.start[meta.n]; b += gridDim.x) adamw_block_chunk<THREADS, T>(meta, a, b);
-}
-
-/* sms > 0: on that many SMs (one 1024-thread block each, looping); else one 512-thread block per chunk. */
 template <typename T>
-static int adamw_launch(mt_batch &b, const adam_args &a, bool inc, cudaStream_t s, int sms) {
+static int adamw_launch(mt_batch &b, const adam_args &a, bool inc, cudaStream_t s) {
   if (b.meta.n == 0) return 0;
   if (inc) step_inc_kernel<<<(b.meta.n + 255) / 256, 256, 0, s>>>(b.meta, a.step_i64);
-  if (b.blocks > 0 && sms > 0)
-    adamw_kernel<MT_THREADS_SM, T><<<(unsigned)(b.blocks < sms ? b.blocks : sms), MT_THREADS_SM, 0, s>>>(b.meta, a);
-  else if (b.blocks > 0)
-    adamw_kernel<MT_THREADS, T><<<(unsigned)b.blocks, MT_THREADS, 0, s>>>(b.meta, a);
+  if (b.blocks > 0) adamw_kernel<T><<<(unsigned)b.blocks, MT_THREADS, 0, s>>>(b.meta, a);
   b.clear();
   return em_launch_check("adamw_");
 }
@@ -224,7 +204,6 @@ extern "C" int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m,
     a.decay = 1 - lr * weight_decay; a.step_size = -(lr / bc1); a.bc2_sqrt = sqrt(bc2);
   }
   cudaStream_t s = em_cur_stream(p[0]->device.index);
-  int sms = em_cuda_optim_sms(p[0]->device.index);
   static thread_local mt_batch b;   /* 17 KB: kept off the stack */
   int rc = 0;
   const em_dtype dts[2] = {EM_F32, EM_F64};
@@ -235,11 +214,9 @@ extern "C" int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m,
       em_tensor *sh = shadows && dts[d] == EM_F32 ? shadows[i] : NULL;
       b.add(em_data_ptr(p[i]), em_data_ptr(g[i]), em_data_ptr(m[i]), em_data_ptr(v[i]), em_numel(p[i]),
             steps ? em_data_ptr(steps[i]) : NULL, sh ? em_data_ptr(sh) : NULL, sh && sh->dtype == EM_F16);
-      if (b.full()) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s, sms)
-                                : adamw_launch<double>(b, a, steps != NULL, s, sms);
+      if (b.full()) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s) : adamw_launch<double>(b, a, steps != NULL, s);
     }
-    if (rc == 0) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s, sms)
-                             : adamw_launch<double>(b, a, steps != NULL, s, sms);
+    if (rc == 0) rc = d == 0 ? adamw_launch<float>(b, a, steps != NULL, s) : adamw_launch<double>(b, a, steps != NULL, s);
   }
   return rc;
 }

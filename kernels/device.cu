@@ -105,14 +105,6 @@ extern "C" const char *em_cuda_device_name(int device) {
   return names[device];
 }
 
-extern "C" int em_cuda_sm_count(int device) {
-  if (em_cuda_check_device("sm_count", device)) return -1;
-  int n = 0;
-  if (ck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "sm_count", "cudaDeviceGetAttribute"))
-    return -1;
-  return n;
-}
-
 /* ---- matmul precision ---- */
 
 static bool allow_tf32 = false;

@@ -22,18 +22,6 @@
  * two streams at once would share it: order such streams with events, as
  * for any memory used across streams.
  *
- * SMs set aside (engine/sm_split.c, em_cuda_set_sm_split): while k > 0 SMs
- * are reserved on a device (AdamW overlapped with backward, on a side
- * stream), each gemm runs with a second descriptor of its plan that carries
- * CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = SMs − k, and the algorithm chosen
- * for the whole GPU (heuristic or tuned): the persistent sm90 kernels launch
- * fewer CTAs, and with the same tile and split-K each output tile sums its K
- * in the same order, so the bits are those of the full-GPU gemm (a stream-K
- * kernel, which splits K by the SM count, would not be: tests/gpu/
- * overlap_spec.lua compares the bits). The target is not in the cache key on
- * purpose: asking the heuristic again for SMs − k could pick another tile or
- * split-K, and the overlapped step promises the plain step's bits.
- *
  * Numerics: bf16/f16 in, f32 accumulate (CUBLAS_COMPUTE_32F), one rounding
  * on store, as the CPU reference; f32 in f32, or TF32 when
  * em_cuda_allow_tf32(); f64 in f64. The bias is fused as
@@ -111,8 +99,6 @@ struct key_eq {
 
 typedef struct {
   cublasLtMatmulDesc_t desc;
-  cublasLtMatmulDesc_t desc_sm;        /* desc with an SM count target (made on first use), or NULL */
-  int32_t sm_target;                   /* desc_sm's target */
   cublasLtMatrixLayout_t la, lb, lc;   /* cuBLASLt's A (our B), B (our A), C = D */
   cublasLtMatmulAlgo_t algo;           /* the heuristic's first choice */
   cublasLtMatmulAlgo_t tuned_algo;     /* the fastest measured (when tuned) */
@@ -144,7 +130,6 @@ static void plan_destroy(plan *p) {
   if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
   if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
   if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-  if (p->desc_sm) cublasLtMatmulDescDestroy(p->desc_sm);
   memset(p, 0, sizeof *p);
 }
 
@@ -186,39 +171,29 @@ static int make_pref(const plan_key *k, const char *op, cublasLtMatmulPreference
   return 0;
 }
 
-/* The operation descriptor of g: compute type, transposes, epilogue (and its bias pointer). */
-static int make_desc(const em_gemm_args *g, bool tf32, bool epilogue, cublasLtMatmulDesc_t *out) {
-  const char *op = g->op;
-  bool f64 = g->dtype == EM_F64;
-  cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cudaDataType_t st = f64 ? CUDA_R_64F : CUDA_R_32F;
-  cublasOperation_t ta = g->b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;     /* Lt's A is our B */
-  cublasOperation_t tb = g->a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;     /* Lt's B is our A */
-  cublasLtEpilogue_t epi = epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  *out = NULL;
-  if (lt_check(cublasLtMatmulDescCreate(out, ct, st), op, "cublasLtMatmulDescCreate")) return -1;
-  if (lt_check(cublasLtMatmulDescSetAttribute(*out, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), op, "set transa") ||
-      lt_check(cublasLtMatmulDescSetAttribute(*out, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), op, "set transb") ||
-      lt_check(cublasLtMatmulDescSetAttribute(*out, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), op, "set epilogue") ||
-      (epilogue &&
-       lt_check(cublasLtMatmulDescSetAttribute(*out, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
-                op, "set bias pointer"))) {
-    cublasLtMatmulDescDestroy(*out);
-    *out = NULL;
-    return -1;
-  }
-  return 0;
-}
-
 /* Build descriptors and ask the heuristic once. Returns -1 only on API failure; p->ok says whether an algorithm exists. */
 static int plan_build(cublasLtHandle_t h, const plan_key *k, const em_gemm_args *g, plan *p) {
   memset(p, 0, sizeof *p);
   const char *op = g->op;
   cudaDataType_t t = cuda_type(g->dtype);
+  bool f64 = g->dtype == EM_F64;
+  cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : k->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cudaDataType_t st = f64 ? CUDA_R_64F : CUDA_R_32F;
+  cublasOperation_t ta = g->b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;     /* Lt's A is our B */
+  cublasOperation_t tb = g->a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;     /* Lt's B is our A */
+  cublasLtEpilogue_t epi = k->epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   cublasLtMatmulPreference_t pref = NULL;
   cublasLtMatmulHeuristicResult_t res;
   int count = 0, rc = -1;
-  if (make_desc(g, k->tf32, k->epilogue, &p->desc)) goto done;
+  if (lt_check(cublasLtMatmulDescCreate(&p->desc, ct, st), op, "cublasLtMatmulDescCreate") ||
+      lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), op, "set transa") ||
+      lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), op, "set transb") ||
+      lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), op, "set epilogue"))
+    goto done;
+  if (k->epilogue &&
+      lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
+               op, "set bias pointer"))
+    goto done;
   /* column-major Cᵀ (m x n) = Bᵀ (m x k) Aᵀ (k x n) */
   if (layout(&p->la, t, g->b_trans ? g->k : g->m, g->b_trans ? g->m : g->k, g->ldb, g->batch, g->b_bs, op) ||
       layout(&p->lb, t, g->a_trans ? g->n : g->k, g->a_trans ? g->k : g->n, g->lda, g->batch, g->a_bs, op) ||
@@ -378,33 +353,13 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
   return 0;
 }
 
-/* p's descriptor with CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = sms: made on first use, its target
- * set when it changes, its bias pointer on every call (as make_call does for p->desc). */
-static int targeted_desc(plan *p, const em_gemm_args *g, bool epilogue, int32_t sms, cublasLtMatmulDesc_t *out) {
-  if (!p->desc_sm && make_desc(g, g->dtype == EM_F32 && em_cuda_allow_tf32(), epilogue, &p->desc_sm)) return -1;
-  if (p->sm_target != sms) {
-    if (lt_check(cublasLtMatmulDescSetAttribute(p->desc_sm, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms),
-                 g->op, "set SM count target"))
-      return -1;
-    p->sm_target = sms;
-  }
-  if (epilogue &&
-      lt_check(cublasLtMatmulDescSetAttribute(p->desc_sm, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
-               g->op, "set bias pointer"))
-    return -1;
-  *out = p->desc_sm;
-  return 0;
-}
-
-/* Run g through plan p: the tuned algorithm when tuning is on (tuning first if this key is new), else the
- * heuristic's; sm_target > 0: that algorithm on sm_target SMs (tuning, if any, timed it on all of them). */
+/* Run g through plan p: the tuned algorithm when tuning is on (tuning first if this key is new), else the heuristic's. */
 static int run_plan(cublasLtHandle_t h, plan *p, const em_gemm_args *g, bool epilogue, double beta, void *ws,
-                    cudaStream_t s, bool tune, int32_t sm_target) {
+                    cudaStream_t s, bool tune) {
   scalars sc;
   lt_call c;
   if (make_call(h, p, g, epilogue, beta, ws, s, &sc, &c)) return -1;
   if (tune && tune_plan(p, g, epilogue, beta != 0.0, &c)) return -1;
-  if (sm_target > 0 && targeted_desc(p, g, epilogue, sm_target, &c.desc)) return -1;
   if (tune && p->calls) p->calls->fetch_add(1, std::memory_order_relaxed);
   return lt_check(lt_run(&c, g->c, tune && p->tuned ? &p->tuned_algo : &p->algo), g->op, "cublasLtMatmul");
 }
@@ -423,14 +378,6 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   if (g->batch > INT32_MAX) return em_error("%s: %lld batches exceed cuBLASLt's limit", g->op, (long long)g->batch);
   bool tune;
   if (em_matmul_tune_enabled(g->op, &tune)) return -1;
-  int32_t reserve = em_cuda_sm_reserve(g->device), sm_target = 0;
-  if (reserve > 0) {
-    int sms = em_sm_count(g->device);
-    if (reserve >= sms)
-      return em_error("%s: expected fewer SMs set aside from gemms than the device's %d, got %d", g->op, sms,
-                      (int)reserve);
-    sm_target = sms - reserve;
-  }
   std::lock_guard<std::mutex> guard(g_lock);
   cublasLtHandle_t h;
   if (get_handle(g->device, g->op, &h)) return -1;
@@ -439,11 +386,11 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   bool epi = g->bias != NULL;
   plan *p = get_plan(h, g, epi, g->accumulate);
   if (!p) return -1;
-  if (p->ok) return run_plan(h, p, g, epi, g->accumulate ? 1.0 : 0.0, ws, s, tune, sm_target);
+  if (p->ok) return run_plan(h, p, g, epi, g->accumulate ? 1.0 : 0.0, ws, s, tune);
   if (epi) {                                       /* no fused-bias algorithm: bias into C, then C += A B */
     plan *q = get_plan(h, g, false, true);
     if (!q) return -1;
-    if (q->ok) return fill_rows(g, s, g->bias) ? -1 : run_plan(h, q, g, false, 1.0, ws, s, tune, sm_target);
+    if (q->ok) return fill_rows(g, s, g->bias) ? -1 : run_plan(h, q, g, false, 1.0, ws, s, tune);
   }
   return em_error("%s: cuBLASLt has no algorithm for a %s gemm of (%lld x %lld) @ (%lld x %lld), batch %lld "
                   "(transposes %d/%d, leading dims %lld/%lld/%lld)", g->op, em_dtype_name(g->dtype),

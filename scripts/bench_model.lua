@@ -16,7 +16,6 @@
 -- each gradient once its update ran (free_grads; --keep-grads keeps them, the
 -- A/B): the step's peak is then the forward's end, not 4 bytes a parameter of
 -- gradients on top of everything at the end of backward (2.7B: docs/perf.md).
--- --overlap-sms K sets K SMs aside from backward's gemms for those updates.
 -- Out of memory is a result ("OOM"), printed and written to the JSON line, not
 -- a crash.
 --
@@ -76,9 +75,6 @@ parser:flag("--keep-grads", "With --overlap-optimizer: keep every gradient until
   "default: each is dropped once its update ran, step_in_backward{free_grads = true}).")
 parser:option("--overlap-bucket-mb", "With --overlap-optimizer: MiB of parameters per update launch " ..
   "(0: one per parameter).", "32"):convert(tonumber)
-parser:option("--overlap-sms", "With --overlap-optimizer (side stream): SMs set aside from backward's gemms for " ..
-  "the updates once the first bucket is launched (step_in_backward{overlap_sms = K}; 0: off).", "0")
-  :convert(math.tointeger)
 parser:flag("--no-shadow-weights", "AdamW without shadow weights: autocast casts every weight each step (A/B).")
 parser:option("--device", "cpu or cuda (default: cuda when available).")
 parser:option("--lr", "AdamW learning rate.", "1e-4"):convert(tonumber)
@@ -116,11 +112,6 @@ if args.overlap_optimizer and args.mode ~= "train" then fail("--overlap-optimize
 if args.keep_grads and not args.overlap_optimizer then fail("--keep-grads needs --overlap-optimizer") end
 if args.overlap_inline and not args.overlap_optimizer then fail("--overlap-inline needs --overlap-optimizer") end
 if not (args.overlap_bucket_mb and args.overlap_bucket_mb >= 0) then fail("--overlap-bucket-mb must be >= 0") end
-if not (args.overlap_sms and args.overlap_sms >= 0) then fail("--overlap-sms must be an integer >= 0") end
-if args.overlap_sms > 0 and not args.overlap_optimizer then fail("--overlap-sms needs --overlap-optimizer") end
-if args.overlap_sms > 0 and args.overlap_inline then
-  fail("--overlap-sms needs the side stream (not --overlap-inline)")
-end
 if args.attn == "flash" and not (on_cuda and args.precision == "bf16") then
   fail("--attn flash: the flash kernels need --device cuda and --precision bf16")
 end
@@ -175,7 +166,6 @@ local config = {
   overlap_optimizer = args.overlap_optimizer, overlap_bucket_mb = args.overlap_optimizer and args.overlap_bucket_mb or nil,
   overlap_free_grads = args.overlap_optimizer and not args.keep_grads or nil,
   overlap_inline = args.overlap_optimizer and args.overlap_inline or nil,
-  overlap_sms = args.overlap_sms > 0 and args.overlap_sms or nil,
   steps = args.steps, seed = args.seed, lr = args.lr, device = args.device,
   params = n_params, params_matmul = n_matmul, threads = ember.get_num_threads(),
 }
@@ -186,9 +176,8 @@ print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d bat
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
     args.precision, args.tf32 and "+tf32" or "", args.matmul_tune and " matmul-tune" or "", attn_used,
     tostring(args.graph),
-    args.overlap_optimizer and (" overlap-optimizer(%g MiB%s%s%s)"):format(args.overlap_bucket_mb,
-      args.keep_grads and ", keep grads" or ", free grads", args.overlap_inline and ", inline" or "",
-      args.overlap_sms > 0 and (", %d SMs"):format(args.overlap_sms) or "") or "", args.warmup,
+    args.overlap_optimizer and (" overlap-optimizer(%g MiB%s%s)"):format(args.overlap_bucket_mb,
+      args.keep_grads and ", keep grads" or ", free grads", args.overlap_inline and ", inline" or "") or "", args.warmup,
     args.steps, n_params / 1e6))
 
 local function cuda_sync() if on_cuda then ember.cuda.synchronize() end end
@@ -200,8 +189,7 @@ if args.profile and on_cuda then ember.profiler.init() end
 --- --overlap-optimizer: the next backward runs the updates (and drops the
 -- gradients unless --keep-grads; on the main stream with --overlap-inline).
 local function arm(opt)
-  opt:step_in_backward{free_grads = not args.keep_grads, side_stream = not args.overlap_inline,
-    overlap_sms = args.overlap_sms}
+  opt:step_in_backward{free_grads = not args.keep_grads, side_stream = not args.overlap_inline}
 end
 
 --- One eager step split into phases, each synchronised: {name, ms, allocated

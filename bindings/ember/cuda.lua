@@ -34,7 +34,7 @@ end
 
 for name, fn in pairs {
   set_device = core.cuda_set_device, current_device = core.cuda_current_device,
-  device_name = core.cuda_device_name, get_device_name = core.cuda_device_name, sm_count = core.cuda_sm_count,
+  device_name = core.cuda_device_name, get_device_name = core.cuda_device_name,
   synchronize = core.cuda_synchronize, memory_stats = core.cuda_memory_stats,
   reset_peak_memory_stats = core.cuda_reset_peak_memory_stats, empty_cache = core.cuda_empty_cache,
   Stream = core.cuda_Stream, current_stream = core.cuda_current_stream, Event = core.cuda_Event,

@@ -28,16 +28,6 @@
 -- needs to capture the side stream into the same graph. On the CPU the hook
 -- runs the update inline.
 --
--- overlap_sms = k (CUDA, side stream): backward's cuBLASLt gemms are
--- persistent kernels, one CTA per SM holding all of its registers, so the
--- side stream's update blocks otherwise only run between two gemms. From
--- the first bucket's launch until opt:step(), every gemm on the device asks
--- cuBLASLt for SMs − k (same algorithm, same bits: kernels/matmul.cu), and
--- each bucket's kernel runs as k blocks of 1024 threads looping over its
--- chunks (kernels/adamw.cu), so the update streams on the k SMs the gemms
--- leave free. The buckets still pending at opt:step() run on the whole GPU:
--- backward is over. 0 (the default) leaves both alone (engine/sm_split.c).
---
 -- Clipping needs the global norm before any update. step_in_backward{
 -- max_norm = x} defaults to clip = "exact": the hooks do nothing and
 -- opt:step() clips and steps as clip_grad_norm + step would (no overlap).
@@ -65,7 +55,6 @@ local fmt = string.format
 local M = {}
 
 local CLIP_MODES = {exact = true, previous = true}
-local STEP_OPTIONS = {max_norm = true, clip = true, side_stream = true, free_grads = true, overlap_sms = true}
 -- free_grads with the side stream: buckets whose gradients wait for their
 -- update before the main stream may free them (see the module comment)
 local FREE_LAG = 2
@@ -111,9 +100,7 @@ function M.install(AdamW, h)
   --   clip ("exact", the default with max_norm: no overlap; "previous": the
   --   previous step's norm), side_stream (true: CUDA updates on a side stream;
   --   false: inline on the main stream, same bits), free_grads (false: true
-  --   drops each gradient once its update ran; .grad is nil after step()),
-  --   overlap_sms (0: an integer k > 0 splits the GPU during backward, k SMs
-  --   for the updates; needs the side stream and the overlap)
+  --   drops each gradient once its update ran; .grad is nil after step())
   function AdamW:step_in_backward(opts)
     local fname = "ember.optim.AdamW.step_in_backward"
     if opts ~= nil and type(opts) ~= "table" then
@@ -121,9 +108,9 @@ function M.install(AdamW, h)
     end
     opts = opts or {}
     for k in pairs(opts) do
-      if not STEP_OPTIONS[k] then
-        error(fmt("%s: unknown option '%s' (expected max_norm, clip, side_stream, free_grads, overlap_sms)",
-          fname, tostring(k)), 2)
+      if k ~= "max_norm" and k ~= "clip" and k ~= "side_stream" and k ~= "free_grads" then
+        error(fmt("%s: unknown option '%s' (expected max_norm, clip, side_stream, free_grads)", fname,
+          tostring(k)), 2)
       end
     end
     local max_norm, clip = opts.max_norm, opts.clip
@@ -141,33 +128,14 @@ function M.install(AdamW, h)
         error(fmt("%s: expected %s = true or false, got %s", fname, k, type(opts[k])), 2)
       end
     end
-    local sms = opts.overlap_sms
-    if sms ~= nil and (math.type(sms) ~= "integer" or sms < 0) then
-      error(fmt("%s: expected overlap_sms to be an integer >= 0, got %s", fname,
-        type(sms) == "number" and tostring(sms) or type(sms)), 2)
-    end
     if self._armed then
       error(fname .. ": already armed for this step; call opt:step() to finish it first", 2)
     end
     clip = max_norm and (clip or "exact") or nil
-    if sms and sms > 0 and opts.side_stream == false then
-      error(fmt("%s: overlap_sms = %d needs side_stream (the SMs it sets aside are for the side stream's " ..
-        "updates)", fname, sms), 2)
-    end
-    if sms and sms > 0 and clip == "exact" then
-      error(fmt("%s: overlap_sms = %d needs the overlap, and clip = \"exact\" runs every update after " ..
-        "backward (use clip = \"previous\" or no max_norm)", fname, sms), 2)
-    end
-    if sms and sms > 0 and core.cuda_is_available() then   -- here, not inside backward's hooks
-      local n = core.cuda_sm_count(core.cuda_current_device())
-      if sms >= n then
-        error(fmt("%s: overlap_sms = %d must leave the gemms at least one of the device's %d SMs", fname, sms, n), 2)
-      end
-    end
     self:_hook_params()
     if clip == "previous" then self:_clip_slots(fname) end
     self._armed = {clip = clip, max_norm = max_norm, side_stream = opts.side_stream ~= false,
-                   free_grads = opts.free_grads == true, sms = sms or 0,
+                   free_grads = opts.free_grads == true,
                    overlap = clip == nil or (clip == "previous" and self._clip_prev ~= nil)}
     self._done, self._pending, self._pending_order = {}, {}, {}
   end
@@ -257,15 +225,7 @@ function M.install(AdamW, h)
       if side then
         side.fork:record()                   -- on the main (current) stream
         side.stream:wait_event(side.fork)
-        local sms = self._armed.sms
-        if sms > 0 then
-          self._split = self._split or {}
-          self._split[side] = true
-          core.cuda_set_sm_split(side.device, sms, sms)   -- this launch on k SMs; gemms leave them free
-        end
-        local ok, err = pcall(require("ember").cuda.stream, side.stream, AdamW._launch, g, work)
-        if sms > 0 then core.cuda_set_sm_split(side.device, sms, 0) end
-        if not ok then error(err, 0) end
+        require("ember").cuda.stream(side.stream, AdamW._launch, g, work)
         self._joins = self._joins or {}
         self._joins[side] = true
         if self._armed.free_grads then self:_free_after(side, b.params) end
@@ -299,13 +259,6 @@ function M.install(AdamW, h)
     side.spare[#side.spare + 1] = f.event
   end
 
-  -- Gemms back on every SM of the devices split since step_in_backward.
-  function AdamW:_end_split()
-    if not self._split then return end
-    for side in pairs(self._split) do core.cuda_set_sm_split(side.device, 0, 0) end
-    self._split = nil
-  end
-
   -- The main stream waits for every side stream used since the last join.
   function AdamW:_join()
     if not self._joins then return end
@@ -335,8 +288,6 @@ function M.install(AdamW, h)
   function AdamW:_finish_step()
     local a = self._armed
     local skip = a.overlap and self._done or nil
-    self:_end_split()                        -- backward is over: the rest runs on the whole GPU
-    a.sms = 0
     local ok, err = pcall(update, function()
       for _, key in ipairs(self._pending_order) do
         if self._pending[key] then self:_flush(key) end
@@ -388,7 +339,6 @@ function M.install(AdamW, h)
   --- zero_grad joins the side streams first: the gradients it drops may
   -- still be read by updates queued there.
   function AdamW:zero_grad(set_to_none)
-    self:_end_split()                        -- a backward that failed before step(): no SMs stay set aside
     self:_join()
     return base_zero_grad(self, set_to_none)
   end

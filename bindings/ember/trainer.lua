@@ -75,8 +75,6 @@ M.OPTIONS = {
   {"clip", "number", 1.0, "Clip the gradient norm to this (0: no clipping)."},
   {"overlap_optimizer", "bool", false, "AdamW's updates during the last micro-batch's backward, each as soon as " ..
     "its gradient is final (opt:step_in_backward; same bits). With --clip > 0 only with --clip-mode previous."},
-  {"overlap_sms", "int", 0, "With --overlap-optimizer on CUDA: SMs set aside from backward's gemms for the " ..
-    "updates (step_in_backward{overlap_sms}; same bits; 0: off)."},
   {"clip_mode", "choice", "exact", "With --overlap-optimizer and --clip > 0: exact (clip_grad_norm, no " ..
     "overlap) or previous (scale by the previous step's norm: overlaps, not exact).", {"exact", "previous"}},
   {"precision", "choice", nil, "f32, or bf16 autocast (default: bf16 on CUDA, f32 on the CPU).", {"f32", "bf16"}},
@@ -234,13 +232,6 @@ function M.resolve(opts)
   end
   cfg.precision = cfg.precision or (on_cuda and "bf16" or "f32")
   if cfg.graph and not on_cuda then error(FNAME .. ": graph needs device cuda (CUDA graphs)", 0) end
-  if cfg.overlap_sms > 0 and not cfg.overlap_optimizer then
-    error(fmt("%s: overlap_sms = %d needs overlap_optimizer", FNAME, cfg.overlap_sms), 0)
-  end
-  if cfg.overlap_sms > 0 and cfg.clip > 0 and cfg.clip_mode == "exact" then
-    error(fmt("%s: overlap_sms = %d needs the overlap, and clip_mode exact runs every update after backward " ..
-      "(clip_mode previous, or clip 0)", FNAME, cfg.overlap_sms), 0)
-  end
   if cfg.overlap_optimizer and (cfg.ddp or cfg.zero) then
     error(FNAME .. ": overlap_optimizer cannot be combined with ddp or zero (the gradient is not reduced " ..
       "when its hook fires)", 0)
@@ -274,7 +265,7 @@ function M.resolve(opts)
     check_range(cfg, k, 1, ">= 1")
   end
   for _, k in ipairs({"warmup", "eval_every", "ckpt_every", "keep", "lr", "min_lr", "weight_decay", "clip",
-                      "eps", "beta1", "beta2", "overlap_sms"}) do
+                      "eps", "beta1", "beta2"}) do
     check_range(cfg, k, 0, ">= 0")
   end
   if cfg.warmup > cfg.decay_steps then
@@ -485,7 +476,7 @@ function M.run(opts)
           -- free_grads: each gradient dropped once its update ran (nothing here reads one after step(),
           -- and compute() zeroes them first anyway): 4 bytes a parameter off the backward's peak
           opt:step_in_backward{max_norm = cfg.clip > 0 and cfg.clip or nil,
-            clip = cfg.clip > 0 and cfg.clip_mode or nil, free_grads = true, overlap_sms = cfg.overlap_sms}
+            clip = cfg.clip > 0 and cfg.clip_mode or nil, free_grads = true}
         end
         scaled:backward()
         return loss:detach()

@@ -82,12 +82,6 @@ static int l_device_name(lua_State *L) {
   lua_pushstring(L, n);
   return 1;
 }
-static int l_sm_count(lua_State *L) {
-  int n = em_cuda_sm_count(opt_device(L, 1, lem_name(L)));
-  if (n < 0) return lem_raise(L);
-  lua_pushinteger(L, n);
-  return 1;
-}
 static int l_synchronize(lua_State *L) {
   const char *fn = lem_name(L);
   if (em_cuda_synchronize(opt_device(L, 1, fn))) return lem_raise(L);
@@ -379,7 +373,7 @@ void lem_open_cuda(lua_State *L, int module) {
   static const lem_Reg f[] = {
     {"cuda_set_device", l_set_device, "cuda.set_device"},
     {"cuda_current_device", l_current_device, "cuda.current_device"},
-    {"cuda_device_name", l_device_name, "cuda.device_name"}, {"cuda_sm_count", l_sm_count, "cuda.sm_count"},
+    {"cuda_device_name", l_device_name, "cuda.device_name"},
     {"cuda_synchronize", l_synchronize, "cuda.synchronize"},
     {"cuda_memory_stats", l_memory_stats, "cuda.memory_stats"},
     {"cuda_reset_peak_memory_stats", l_reset_peak, "cuda.reset_peak_memory_stats"},

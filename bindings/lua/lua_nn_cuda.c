@@ -11,8 +11,6 @@
  *   core.placements(params) -> an integer per tensor naming its (device, dtype): equal for equal pairs,
  *     below core.PLACEMENT_CPU_END for CPU tensors (the optimizers' buckets, without a string per tensor)
  *   core.cuda_is_capturing() -> boolean
- *   core.cuda_set_sm_split(device, reserve, optim_sms): SMs set aside from gemms, and the SMs of an AdamW
- *     launch, on a CUDA device index (engine/sm_split.c; 0, 0 restores); core.cuda_sm_split(device) -> both
  * grads = nil means "each param's .grad", read here in C: reading p.grad from
  * Lua makes a userdata that keeps the gradient's memory alive until the next
  * collection even after zero_grad drops it — 12.6 GiB at 2.7B parameters,
@@ -167,34 +165,12 @@ static int l_cuda_is_capturing(lua_State *L) {
   return 1;
 }
 
-/* An integer argument clamped to int's range: engine/sm_split.c names the bounds of a bad one. */
-static int sm_count_arg(lua_State *L, int idx, const char *fn, const char *arg) {
-  int64_t k = lem_check_int(L, idx, fn, arg);
-  return k < INT32_MIN ? INT32_MIN : k > INT32_MAX ? INT32_MAX : (int)k;
-}
-
-static int l_cuda_set_sm_split(lua_State *L) {
-  const char *fn = lem_name(L);
-  int dev = sm_count_arg(L, 1, fn, "device");
-  int reserve = sm_count_arg(L, 2, fn, "reserve"), optim = sm_count_arg(L, 3, fn, "optim_sms");
-  if (em_cuda_set_sm_split(fn, dev, reserve, optim)) return lem_raise(L);
-  return 0;
-}
-
-static int l_cuda_sm_split(lua_State *L) {
-  int dev = sm_count_arg(L, 1, lem_name(L), "device");
-  lua_pushinteger(L, em_cuda_sm_reserve(dev));
-  lua_pushinteger(L, em_cuda_optim_sms(dev));
-  return 2;
-}
-
 void lem_open_nn_cuda(lua_State *L, int module) {
   static const luaL_Reg f[] = {{"adamw_capturable_", l_adamw_capturable_}, {"clip_grads_", l_clip_grads_},
                                {"clip_param_grads_", l_clip_param_grads_}, {"grad_sumsq_into_", l_grad_sumsq_into_},
                                {"has_grad", l_has_grad},
                                {"zero_grad_", l_zero_grad_}, {"cuda_is_capturing", l_cuda_is_capturing},
-                               {"placements", l_placements}, {"cuda_set_sm_split", l_cuda_set_sm_split},
-                               {"cuda_sm_split", l_cuda_sm_split}, {NULL, NULL}};
+                               {"placements", l_placements}, {NULL, NULL}};
   lem_register(L, 0, module, f);
   lua_pushinteger(L, EM_NDTYPES);
   lua_setfield(L, module, "PLACEMENT_CPU_END");

@@ -23,7 +23,6 @@ int em_cuda_set_device(int device) { EM_UNUSED(device); return no_cuda("set_devi
 int em_cuda_current_device(void) { return -1; }
 int em_cuda_synchronize(int device) { EM_UNUSED(device); return no_cuda("synchronize"); }
 const char *em_cuda_device_name(int device) { EM_UNUSED(device); no_cuda("device_name"); return NULL; }
-int em_cuda_sm_count(int device) { EM_UNUSED(device); return no_cuda("sm_count"); }
 
 em_stream *em_stream_new(int device) { EM_UNUSED(device); no_cuda("Stream"); return NULL; }
 void em_stream_free(em_stream *s) { EM_UNUSED(s); }

@@ -5,9 +5,7 @@
 -- (f32 and autocast bf16 with shadow weights, one launch per parameter and
 -- buckets, the side stream and inline), gradient accumulation, clip =
 -- "exact", and a whole step captured with ember.cuda.graph and replayed;
--- free_grads the same ways, and its peak against keeping the gradients;
--- overlap_sms (gemms on fewer SMs, the updates on the rest) eager and
--- captured, and a gemm with SMs set aside against the full-GPU gemm. The
+-- free_grads the same ways, and its peak against keeping the gradients. The
 -- CPU side (and the clipping references) is tests/lua/overlap_spec.lua.
 local ember = require "ember"
 local nn, F = ember.nn, ember.nn.functional
@@ -59,7 +57,7 @@ local function train(o)
       if micro > 1 then loss = loss / micro end
       if o.overlap and k == micro then
         opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, side_stream = o.side_stream,
-          free_grads = o.free_grads, overlap_sms = o.overlap_sms}
+          free_grads = o.free_grads}
       end
       loss:backward()
       last = loss
@@ -116,11 +114,6 @@ describe("AdamW step_in_backward on CUDA", function()
     {name = "free_grads, f32, one launch per parameter, side stream", bucket_mb = 0, free_grads = true},
     {name = "free_grads, f32, one launch per parameter, inline", bucket_mb = 0, side_stream = false, free_grads = true},
     {name = "free_grads, autocast bf16, 8 MiB buckets, side stream", bucket_mb = 8, dtype = "bf16", free_grads = true},
-    {name = "overlap_sms = 16, f32, 8 MiB buckets", bucket_mb = 8, overlap_sms = 16},
-    {name = "overlap_sms = 3 (each update loops over many chunks), autocast bf16, one launch per parameter",
-     bucket_mb = 0, dtype = "bf16", overlap_sms = 3},
-    {name = "overlap_sms = 64, free_grads, autocast bf16, 8 MiB buckets", bucket_mb = 8, dtype = "bf16",
-     free_grads = true, overlap_sms = 64},
   } do
     it(case.name .. ": the bits of the plain step", function()
       local over = train(setmetatable({overlap = true}, {__index = case}))
@@ -129,7 +122,6 @@ describe("AdamW step_in_backward on CUDA", function()
         assert.is_truthy(over.opt._sides and over.opt._sides["cuda:0"], "the side stream was used")
       end
       assert.is_nil(over.opt._joins, "joined at step()")
-      assert.are.same({0, 0}, {core.cuda_sm_split(0)}, "step() gave the gemms every SM back")
       for i, p in ipairs(over.m.params) do
         assert.are.equal(not case.free_grads, core.has_grad(p), "param " .. i .. " has a gradient after step()")
       end
@@ -151,58 +143,6 @@ describe("AdamW step_in_backward on CUDA", function()
     same_training(train {overlap = true, graph = true, bucket_mb = 0, steps = 6}, train {overlap = false, steps = 6})
     same_training(train {overlap = true, graph = true, bucket_mb = 8, dtype = "bf16", steps = 6},
       train {overlap = false, dtype = "bf16", steps = 6})
-  end)
-
-  it("overlap_sms = 24 in a captured step replays with the bits of eager plain training", function()
-    same_training(train {overlap = true, graph = true, bucket_mb = 8, dtype = "bf16", free_grads = true,
-      overlap_sms = 24, steps = 6}, train {overlap = false, dtype = "bf16", steps = 6})
-    assert.are.same({0, 0}, {core.cuda_sm_split(0)})
-  end)
-
-  it("a gemm with SMs set aside gives the full-GPU gemm's bits (bf16, f32, transposes, bias, accumulate)", function()
-    ember.manual_seed(11)
-    local a16, b16 = ember.randn({4096, 2048}):to("cuda"):to("bf16"), ember.randn({2048, 4096}):to("cuda"):to("bf16")
-    local a32, w32 = ember.randn({1024, 768}):to("cuda"), ember.randn({1536, 768}):to("cuda")
-    local bias, bias16 = ember.randn({1536}):to("cuda"), ember.randn({4096}):to("cuda"):to("bf16")
-    local function products()     -- plain, both operands transposed (views), f32 with bias, bf16 with bias
-      return {a16:matmul(b16), b16:t():matmul(a16:t()), F.linear(a32, w32, bias), F.linear(a16, b16:t(), bias16)}
-    end
-    local full = products()
-    core.cuda_set_sm_split(0, 66, 0)           -- half an H200's 132 SMs
-    local ok, split = pcall(products)
-    core.cuda_set_sm_split(0, 0, 0)
-    assert(ok, split)
-    for i = 1, #full do same_bits(split[i], full[i], "product " .. i) end
-    -- and a linear's backward (dgrad, wgrad accumulating into .grad) with the split on
-    local function grads(reserve)
-      ember.manual_seed(12)
-      local lin = nn.Linear(768, 1536, {device = "cuda"})
-      local x = ember.randn({512, 768}):to("cuda")
-      x.requires_grad = true
-      core.cuda_set_sm_split(0, reserve, 0)
-      local ok2, err = pcall(function()
-        for _ = 1, 2 do lin(x):square():sum():backward() end
-      end)
-      core.cuda_set_sm_split(0, 0, 0)
-      assert(ok2, err)
-      return {x.grad, lin.weight.grad, lin.bias.grad}
-    end
-    local g0, g1 = grads(0), grads(100)
-    for i = 1, 3 do same_bits(g1[i], g0[i], "grad " .. i) end
-  end)
-
-  it("refuses to set aside every SM of the device (core and step_in_backward), and changes nothing", function()
-    local ok, e = pcall(core.cuda_set_sm_split, 0, 1024, 0)
-    assert.is_false(ok)
-    assert.matches("expected fewer SMs set aside from gemms than cuda:0's %d+, got 1024", tostring(e))
-    assert.are.same({0, 0}, {core.cuda_sm_split(0)})
-    local n = ember.cuda.sm_count()
-    local opt = ember.optim.AdamW(model().params)
-    ok, e = pcall(opt.step_in_backward, opt, {overlap_sms = n})
-    assert.is_false(ok)
-    assert.matches(("overlap_sms = %d must leave the gemms at least one of the device's %d SMs"):format(n, n),
-      tostring(e))
-    assert.is_nil(opt._armed)
   end)
 
   it("free_grads in a captured step (events and waits captured) replays with the bits of eager plain training",

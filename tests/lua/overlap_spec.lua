@@ -73,8 +73,7 @@ local function train(o)
       local loss = forward(m, x, y, {autocast = o.autocast, late = k == 1})
       if micro > 1 then loss = loss / micro end
       if o.overlap and k == micro then
-        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, free_grads = o.free_grads,
-          overlap_sms = o.overlap_sms}
+        opt:step_in_backward{max_norm = o.max_norm, clip = o.clip, free_grads = o.free_grads}
       end
       local before = o.check and o.check.snapshot(m)
       loss:backward()
@@ -114,7 +113,6 @@ describe("AdamW step_in_backward (CPU)", function()
     {name = "two groups (own lr and weight decay) and an lr schedule", groups = true, schedule = true, bucket_mb = 0},
     {name = "autocast bf16 with shadow weights", autocast = "bf16", wd = 0.1, bucket_mb = 0},
     {name = "gradient accumulation over 2 micro-batches", micro = 2, wd = 0.1, bucket_mb = 0},
-    {name = "overlap_sms = 8 (no side stream on the CPU: no SMs set aside)", wd = 0.1, bucket_mb = 0, overlap_sms = 8},
   } do
     it(case.name .. ": the bits of the plain step (losses, parameters, state)", function()
       local plain = train(setmetatable({overlap = false}, {__index = case}))
@@ -286,24 +284,11 @@ describe("AdamW step_in_backward (CPU)", function()
       err(function() opt:step_in_backward{max_norm = 1, clip = "sometimes"} end))
     assert.matches("clip = previous needs max_norm", err(function() opt:step_in_backward{clip = "previous"} end))
     assert.matches("max_norm to be a number >= 0, got %-1", err(function() opt:step_in_backward{max_norm = -1} end))
-    assert.matches("unknown option 'maxnorm' %(expected max_norm, clip, side_stream, free_grads, overlap_sms%)",
+    assert.matches("unknown option 'maxnorm' %(expected max_norm, clip, side_stream, free_grads%)",
       err(function() opt:step_in_backward{maxnorm = 1} end))
     assert.matches("expected free_grads = true or false, got string",
       err(function() opt:step_in_backward{free_grads = "yes"} end))
     assert.matches("overlap_bucket_mb", err(function() ember.optim.AdamW(m.params, {overlap_bucket_mb = -1}) end))
-    assert.matches("expected overlap_sms to be an integer >= 0, got %-1",
-      err(function() opt:step_in_backward{overlap_sms = -1} end))
-    assert.matches("expected overlap_sms to be an integer >= 0, got 2.5",
-      err(function() opt:step_in_backward{overlap_sms = 2.5} end))
-    assert.matches("expected overlap_sms to be an integer >= 0, got string",
-      err(function() opt:step_in_backward{overlap_sms = "8"} end))
-    assert.matches("overlap_sms = 8 needs side_stream",
-      err(function() opt:step_in_backward{overlap_sms = 8, side_stream = false} end))
-    assert.matches("overlap_sms = 8 needs the overlap, and clip = \"exact\" runs every update after backward",
-      err(function() opt:step_in_backward{overlap_sms = 8, max_norm = 1} end))
-    assert.is_nil(opt._armed, "a refused option arms nothing")
-    opt:step_in_backward{overlap_sms = 0, side_stream = false}   -- 0 is off: no side stream needed
-    opt:step()
     opt:step_in_backward()
     assert.matches("already armed", err(function() opt:step_in_backward() end))
     assert.matches("a closure cannot be used after step_in_backward",
@@ -311,24 +296,6 @@ describe("AdamW step_in_backward (CPU)", function()
     opt:step()        -- no backward ran: nothing to do, and disarmed
     opt:step_in_backward()
     opt:step()
-  end)
-
-  it("core.cuda_set_sm_split validates device and counts together and changes nothing on an error", function()
-    local function err(...) local ok, e = pcall(core.cuda_set_sm_split, ...) assert.is_false(ok) return tostring(e) end
-    assert.matches("expected a CUDA device index in %[0, 64%), got 64", err(64, 1, 1))
-    assert.matches("expected the SMs set aside from gemms to be an SM count in %[0, 1024%], got 1025",
-      err(0, 1025, 0))
-    assert.matches("expected the SMs of an optimizer launch to be an SM count in %[0, 1024%], got 2000",
-      err(0, 8, 2000))
-    assert.matches("expected argument 2 %(reserve%) to be an integer, got 1.5", err(0, 1.5, 0))
-    local r, o = core.cuda_sm_split(0)
-    assert.are.same({0, 0}, {r, o}, "nothing set by the failed calls")
-    if not ember.cuda.is_available() then      -- on a GPU this would slow every gemm of the process
-      core.cuda_set_sm_split(3, 16, 8)
-      assert.are.same({16, 8}, {core.cuda_sm_split(3)})
-      core.cuda_set_sm_split(3, 0, 0)
-      assert.are.same({0, 0}, {core.cuda_sm_split(3)})
-    end
   end)
 
   it("a step with no backward after arming is the plain step (parameters with gradients updated)", function()

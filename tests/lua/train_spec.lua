@@ -93,9 +93,6 @@ describe("scripts/train.lua", function()
     for _, clip in ipairs {"0", "0.05"} do
       local plain = run("p" .. clip, {"--clip", clip})
       local over = run("o" .. clip, {"--clip", clip, "--overlap-optimizer"})
-      -- --overlap-sms: no side stream on the CPU, accepted (clip 0 only: exact clipping has no overlap)
-      local sms = clip == "0" and run("s", {"--clip", "0", "--overlap-optimizer", "--overlap-sms", "8"}) or over
-      for step = 1, 6 do assert.are.equal(plain[step].loss, sms[step].loss, "loss of step " .. step .. ", 8 SMs") end
       for step = 1, 6 do
         assert.are.equal(plain[step].loss, over[step].loss, "loss of step " .. step .. ", clip " .. clip)
         assert.are.equal(plain[step].grad_norm, over[step].grad_norm, "norm of step " .. step .. ", clip " .. clip)
@@ -155,15 +152,6 @@ describe("scripts/train.lua", function()
     _, err, status = train({"--vocab", "64"})
     assert.are.equal(2, status)
     assert.are.equal("train.lua: expected train = a .npy of token ids (--train FILE)\n", err)
-    _, err, status = train(cat(common(dir), {"--overlap-sms", "8"}))
-    assert.are.equal(2, status)
-    assert.are.equal("train.lua: overlap_sms = 8 needs overlap_optimizer\n", err)
-    _, err, status = train(cat(common(dir), {"--overlap-sms", "8", "--overlap-optimizer", "--clip", "1"}))
-    assert.are.equal(2, status)
-    assert.matches("overlap_sms = 8 needs the overlap, and clip_mode exact runs every update after backward", err)
-    _, err, status = train(cat(common(dir), {"--overlap-sms=-1", "--overlap-optimizer"}))
-    assert.are.equal(2, status)
-    assert.matches("expected overlap_sms >= 0, got %-1", err)
     local out
     out, _, status = train({"--help"})
     assert.are.equal(0, status)

@@ -18,7 +18,6 @@ int em_cuda_set_device(int device);          /* 0 or -1 with error */
 int em_cuda_current_device(void);
 int em_cuda_synchronize(int device);         /* device < 0: current */
 const char *em_cuda_device_name(int device); /* "NVIDIA H100 80GB HBM3" */
-int em_cuda_sm_count(int device);            /* multiprocessors (132 on an H100/H200 SXM); -1 with error */
 
 /* ---- streams and events (opaque handles around cudaStream_t / cudaEvent_t) ---- */
 typedef struct em_stream em_stream;
@@ -124,16 +123,6 @@ typedef struct {
 
 int64_t em_matmul_tune_count(void);                            /* tuned keys so far (all devices) */
 int em_matmul_tune_get(int64_t i, em_matmul_tune_entry *out);  /* 0 <= i < count, in tuning order */
-
-/* ---- SMs set aside for overlapped work (engine/sm_split.c) ----
- * reserve k > 0: every gemm on the device targets SMs − k (cuBLASLt's
- * SM_COUNT_TARGET, same algorithm, same bits); a k >= the device's SMs is an
- * error at the next gemm. optim SMs k > 0: the fused AdamW kernel runs k
- * 1024-thread blocks looping over its chunks. 0 (the default) restores each.
- * Set by optim_overlap.lua's step_in_backward{overlap_sms = k}. */
-int em_cuda_set_sm_split(const char *op, int device, int reserve, int optim_sms);  /* -1 + error: out of range */
-int em_cuda_sm_reserve(int device);
-int em_cuda_optim_sms(int device);
 
 #ifdef __cplusplus
 }
