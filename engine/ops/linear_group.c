@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "op.h"
+#include "cost.h"
 #include "mm2d.h"
 
 /* ---- the switch ---- */
@@ -157,7 +158,7 @@ static em_tensor *group_operand(em_tensor *x, int n, em_tensor *const *w, bool a
 
 /* The n output gradients (each (..., N)) as one (rows, n N) matrix of dtype
  * dt: a view when they already are adjacent column slices of one buffer,
- * else a join (one copy each). */
+ * else a join (one copy each, from any layout and dtype). */
 static em_tensor *joined_grads(em_tensor **gout, int n, int64_t rows, int64_t N, em_dtype dt) {
   em_tensor *g0 = gout[0];
   bool view = true;
@@ -173,16 +174,18 @@ static em_tensor *joined_grads(em_tensor **gout, int n, int64_t rows, int64_t N,
     }
   }
   if (view) return em_as_strided(g0, 2, (int64_t[]){rows, n * N}, (int64_t[]){n * N, 1}, g0->offset);
-  em_tensor *parts[EM_NODE_MAX_OUT] = {0}, *out = NULL;
-  int i = 0;
-  for (; i < n; i++) {
-    em_tensor *g = gout[i]->dtype == dt ? em_tensor_retain(gout[i]) : em_to(gout[i], dt, gout[i]->device);
-    parts[i] = g ? em_reshape(g, 2, (int64_t[]){rows, N}) : NULL;
-    em_tensor_release(g);
-    if (!parts[i]) break;
+  em_tensor *out = em_empty(2, (int64_t[]){rows, n * N}, dt, g0->device);
+  for (int i = 0; i < n && out; i++) {
+    /* gradient i's slot: its own shape over columns [i N, (i+1) N) of out; one copy whatever its layout */
+    em_tensor *g = gout[i];
+    int64_t stride[EM_MAX_DIMS], span = n * N;
+    stride[g->ndim - 1] = 1;
+    for (int d = g->ndim - 2; d >= 0; d--) { stride[d] = span; span *= g->shape[d]; }
+    em_tensor *slot = em_as_strided(out, g->ndim, g->shape, stride, i * N);
+    int rc = slot ? em_copy_(slot, g) : -1;
+    em_tensor_release(slot);
+    if (rc) { em_tensor_release(out); out = NULL; }
   }
-  if (i == n) out = em_cat(n, parts, 1);
-  for (int j = 0; j < i; j++) em_tensor_release(parts[j]);
   return out;
 }
 
@@ -195,11 +198,114 @@ static em_tensor *grad_mm(em_node *nd, int i, em_tensor *a, em_tensor *b, em_ten
   return em_matmul(a, b);
 }
 
+/* Which weights (inputs 1..n) want a gradient (*any), the sums already
+ * held for them that a gemm may add into (sink[i]; asked once each: asking
+ * hands a leaf's .grad over, so a sink found must be used), whether there
+ * is one (*sinks) and whether the gradients share one dtype (*same_dt). */
+static void weight_sinks(em_node *nd, bool ask, em_tensor **sink, bool *any, bool *sinks, bool *same_dt) {
+  *any = *sinks = false;
+  *same_dt = true;
+  for (int i = 1; i < nd->n_in; i++) {
+    sink[i] = NULL;
+    if (!em_node_needs_input_grad(nd, i)) continue;
+    *any = true;
+    if (ask && (sink[i] = em_node_grad_sink(nd, i))) *sinks = true;
+    if (nd->in_dtype[i] != nd->in_dtype[1]) *same_dt = false;
+  }
+}
+
+/* Are the n output gradients stacked: contiguous (rows, N) blocks of dtype
+ * dt, block i at gout[0] + i rows N (an (n, rows, N) buffer, as SwiGLU's
+ * backward writes its two)? */
+static bool stacked_grads(em_tensor **gout, int n, int64_t rows, int64_t N, em_dtype dt) {
+  for (int i = 0; i < n; i++)
+    if (gout[i]->dtype != dt || !em_is_contiguous(gout[i]) || gout[i]->storage != gout[0]->storage ||
+        gout[i]->offset != gout[0]->offset + i * rows * N)
+      return false;
+  return true;
+}
+
+/* dW (n N, K) in dtype out_dt = for each i, dY_iᵀ @ x: one strided-batched
+ * cuBLASLt call over the stacked gradients (x shared, batch stride 0). */
+static em_tensor *stacked_weight_grad(em_tensor **gout, int n, em_tensor *x2, int64_t N, em_dtype out_dt) {
+  int64_t rows = x2->shape[0], K = x2->shape[1];
+  em_tensor *xc = em_contiguous(x2);
+  em_tensor *dW = xc ? em_empty(2, (int64_t[]){n * N, K}, out_dt, x2->device) : NULL;
+  if (dW) {
+    em_tensor *g0 = gout[0];
+    size_t es = em_dtype_size(g0->dtype);
+    em_gemm_args g = {.op = "linear", .dtype = g0->dtype, .device = g0->device.index, .n = N, .m = K, .k = rows,
+                      .batch = n, .a = (const char *)em_storage_ptr(g0) + g0->offset * (int64_t)es,
+                      .a_trans = true, .lda = N, .a_bs = rows * N, .b = em_data_ptr(xc), .ldb = K, .b_bs = 0,
+                      .c = em_data_ptr(dW), .ldc = K, .c_bs = N * K, .c_f32 = out_dt != g0->dtype};
+    if (em_gemm_cuda(&g)) { em_tensor_release(dW); dW = NULL; }
+    /* n gemms of N x K x rows: the gradients and x read, dW written */
+    else EM_OP_COST((double)n * (double)rows * (double)N * (double)es + (double)em_cost_nbytes(xc) +
+                    (double)em_cost_nbytes(dW), 2.0 * (double)n * (double)N * (double)K * (double)rows,
+                    em_cost_gemm_class(g0->dtype, g0->device));
+  }
+  em_tensor_release(xc);
+  return dW;
+}
+
+/* The backward over stacked gradients (CUDA, half): grad x as n gemms
+ * adding into one sum (beta = 1, as the unfused q/k/v share theirs), grad W
+ * as one batched gemm; a weight with a .grad to add into gets its own gemm. */
+static int stacked_backward(em_node *nd, em_tensor **gout, em_tensor **gin, em_tensor *lx, em_tensor *W) {
+  int n = nd->n_out;
+  int64_t K = W->shape[1], N = W->shape[0] / n, rows = em_shape_numel(lx->ndim - 1, lx->shape);
+  int rc = 0;
+  em_tensor *g2[EM_NODE_MAX_OUT] = {0};
+  for (int i = 0; i < n && rc == 0; i++)
+    if (!(g2[i] = em_reshape(gout[i], 2, (int64_t[]){rows, N}))) rc = -1;
+  if (rc == 0 && em_node_needs_input_grad(nd, 0)) {
+    em_tensor *sink = em_node_grad_sink(nd, 0);
+    em_tensor *sum = sink ? em_reshape(sink, 2, (int64_t[]){rows, K}) : NULL;
+    if (sink && !sum) rc = -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+      em_tensor *wi = em_narrow(W, 0, i * N, N);
+      em_tensor *gx = wi ? em_mm2d_cuda_as(g2[i], wi, nd->in_dtype[0], sum) : NULL;
+      em_tensor_release(wi);
+      if (!gx) rc = -1;
+      else { em_tensor_release(sum); sum = gx; }
+    }
+    if (rc == 0) gin[0] = sink ? em_tensor_retain(sink) : em_reshape(sum, lx->ndim, lx->shape);
+    em_tensor_release(sum);
+    if (rc == 0 && !gin[0]) rc = -1;
+  }
+  em_tensor *wsink[EM_NODE_MAX_OUT + 1] = {0};
+  bool any_w, sinks, same_dt;
+  weight_sinks(nd, true, wsink, &any_w, &sinks, &same_dt);
+  em_tensor *x2 = rc == 0 && any_w ? em_reshape(lx, 2, (int64_t[]){rows, K}) : NULL;
+  if (any_w && !x2) rc = -1;
+  if (rc == 0 && any_w && !sinks && same_dt) {
+    em_tensor *dW = stacked_weight_grad(gout, n, x2, N, nd->in_dtype[1]);
+    for (int i = 1; i <= n && dW; i++)
+      if (em_node_needs_input_grad(nd, i) && !(gin[i] = em_narrow(dW, 0, (i - 1) * N, N))) rc = -1;
+    if (!dW) rc = -1;
+    em_tensor_release(dW);
+  } else if (rc == 0 && any_w) {
+    for (int i = 1; i <= n && rc == 0; i++) {
+      if (!em_node_needs_input_grad(nd, i)) continue;
+      em_tensor *gt = em_transpose(g2[i - 1], 0, 1);
+      gin[i] = gt ? em_mm2d_cuda_as(gt, x2, nd->in_dtype[i], wsink[i]) : NULL;
+      em_tensor_release(gt);
+      if (!gin[i]) rc = -1;
+    }
+  }
+  em_tensor_release(x2);
+  for (int i = 0; i < n; i++) em_tensor_release(g2[i]);
+  return rc;
+}
+
 /* saved: lx (x in the compute dtype), W (n N, K); inputs x, w_1..w_n. */
 static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
   em_tensor *lx = nd->saved[0], *W = nd->saved[1];
   int n = nd->n_out;
   int64_t K = W->shape[1], N = W->shape[0] / n, rows = em_shape_numel(lx->ndim - 1, lx->shape);
+  if (W->device.type == EM_CUDA && (W->dtype == EM_BF16 || W->dtype == EM_F16) &&
+      stacked_grads(gout, n, rows, N, W->dtype))
+    return stacked_backward(nd, gout, gin, lx, W);
   em_tensor *dY = joined_grads(gout, n, rows, N, W->dtype);
   if (!dY) return -1;
   int rc = 0;
@@ -214,13 +320,9 @@ static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
     em_tensor_release(into); em_tensor_release(gx);
     if (!gin[0]) rc = -1;
   }
-  bool any_w = false, sinks = false, same_dt = true;
-  for (int i = 1; i <= n; i++) {
-    if (!em_node_needs_input_grad(nd, i)) continue;
-    any_w = true;
-    if (cuda_half && em_node_grad_sink(nd, i)) sinks = true;
-    if (nd->in_dtype[i] != nd->in_dtype[1]) same_dt = false;
-  }
+  em_tensor *wsink[EM_NODE_MAX_OUT + 1] = {0};
+  bool any_w, sinks, same_dt;
+  weight_sinks(nd, cuda_half, wsink, &any_w, &sinks, &same_dt);
   em_tensor *x2 = rc == 0 && any_w ? em_reshape(lx, 2, (int64_t[]){rows, K}) : NULL;
   em_tensor *dYt = x2 ? em_transpose(dY, 0, 1) : NULL;
   if (any_w && !dYt) rc = -1;
@@ -237,7 +339,7 @@ static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
     for (int i = 1; i <= n && rc == 0; i++) {
       if (!em_node_needs_input_grad(nd, i)) continue;
       em_tensor *rowsT = em_narrow(dYt, 0, (i - 1) * N, N);
-      gin[i] = rowsT ? grad_mm(nd, i, rowsT, x2, cuda_half ? em_node_grad_sink(nd, i) : NULL) : NULL;
+      gin[i] = rowsT ? grad_mm(nd, i, rowsT, x2, wsink[i]) : NULL;
       em_tensor_release(rowsT);
       if (!gin[i]) rc = -1;
     }
