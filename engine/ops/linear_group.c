@@ -12,7 +12,10 @@
  * 2 n + n gemm launches become 3; the FLOPs (2 M N K a gemm) are unchanged.
  * The price: the n output gradients arrive from their consumers as separate
  * tensors and are joined into one (M, n·N) buffer (n copies, 2 M n N half
- * bytes), unless they already are adjacent column slices of one buffer.
+ * bytes), unless they already are adjacent column slices of one buffer, or
+ * stacked (n, M, N) as SwiGLU's backward writes them: then grad W is one
+ * strided-batched gemm and grad x n gemms adding into one sum (beta = 1),
+ * no copy.
  *
  * W needs the n weights as adjacent rows of one storage in the compute dtype:
  *  - under autocast, f32 weights: their shadow weights (ember/autocast.h),
