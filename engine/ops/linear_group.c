@@ -31,8 +31,11 @@
  * The fused path's bits differ from it only by cuBLASLt's (or BLAS's)
  * accumulation order for the joined shapes.
  *
- * The switch: EMBER_FUSED_PROJ=0|1 (default 0), read on first use, a bad
- * value an error; ember.backends.fused_proj(on) sets it at any time. */
+ * The switch: EMBER_FUSED_PROJ=0|1|2 (default 0), read on first use, a bad
+ * value an error; ember.backends.fused_proj(on) sets it at any time (true: 1).
+ * 2 is 1 without the join, for measuring it: gradients that arrive separate
+ * (q/k/v's) take grad x as n gemms adding into one sum and grad W as one
+ * gemm a weight, as unfused; only the forward and stacked gradients fuse. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,26 +45,33 @@
 
 /* ---- the switch ---- */
 
-static _Atomic int g_fused = -1;   /* -1: EMBER_FUSED_PROJ not read yet; else 0/1 */
+static _Atomic int g_fused = -1;   /* -1: EMBER_FUSED_PROJ not read yet; else 0/1/2 */
 
-int em_fused_proj_enabled(const char *op, bool *on) {
+/* The mode (0, 1, 2), reading EMBER_FUSED_PROJ the first time; -1 with the error set on a bad value. */
+static int fused_mode(const char *op) {
   int v = atomic_load(&g_fused);
   if (v < 0) {
     const char *env = getenv("EMBER_FUSED_PROJ");
     if (!env || !*env || strcmp(env, "0") == 0) v = 0;
     else if (strcmp(env, "1") == 0) v = 1;
-    else return em_error("%s: expected EMBER_FUSED_PROJ to be 0 or 1, got '%s'", op, env);
+    else if (strcmp(env, "2") == 0) v = 2;
+    else return em_error("%s: expected EMBER_FUSED_PROJ to be 0, 1 or 2, got '%s'", op, env);
     int unread = -1;
     if (!atomic_compare_exchange_strong(&g_fused, &unread, v)) v = unread;
   }
-  *on = v == 1;
+  return v;
+}
+
+int em_fused_proj_enabled(const char *op, bool *on) {
+  int v = fused_mode(op);
+  if (v < 0) return -1;
+  *on = v != 0;
   return 0;
 }
 
 int em_fused_proj_set(const char *op, bool on, bool *prev) {
-  bool unused;
-  if (em_fused_proj_enabled(op, &unused)) return -1;   /* a bad EMBER_FUSED_PROJ is still an error */
-  *prev = atomic_exchange(&g_fused, on ? 1 : 0) == 1;
+  if (fused_mode(op) < 0) return -1;   /* a bad EMBER_FUSED_PROJ is still an error */
+  *prev = atomic_exchange(&g_fused, on ? 1 : 0) != 0;
   return 0;
 }
 
@@ -163,10 +173,8 @@ static em_tensor *group_operand(em_tensor *x, int n, em_tensor *const *w, bool a
 
 /* ---- backward ---- */
 
-/* The n output gradients (each (..., N)) as one (rows, n N) matrix of dtype
- * dt: a view when they already are adjacent column slices of one buffer,
- * else a join (one copy each, from any layout and dtype). */
-static em_tensor *joined_grads(em_tensor **gout, int n, int64_t rows, int64_t N, em_dtype dt) {
+/* Are the n output gradients adjacent column slices of one (rows, n N) buffer of dtype dt? */
+static bool column_grads(em_tensor **gout, int n, int64_t rows, int64_t N, em_dtype dt) {
   em_tensor *g0 = gout[0];
   bool view = true;
   for (int i = 0; i < n && view; i++) {
@@ -180,7 +188,15 @@ static em_tensor *joined_grads(em_tensor **gout, int n, int64_t rows, int64_t N,
       view = g->shape[d] == 1 || g->stride[d] == rs;
     }
   }
-  if (view) return em_as_strided(g0, 2, (int64_t[]){rows, n * N}, (int64_t[]){n * N, 1}, g0->offset);
+  return view;
+}
+
+/* The n output gradients (each (..., N)) as one (rows, n N) matrix of dtype
+ * dt: a view when they already are adjacent column slices of one buffer,
+ * else a join (one copy each, from any layout and dtype). */
+static em_tensor *joined_grads(em_tensor **gout, int n, int64_t rows, int64_t N, em_dtype dt) {
+  em_tensor *g0 = gout[0];
+  if (column_grads(gout, n, rows, N, dt)) return em_as_strided(g0, 2, (int64_t[]){rows, n * N}, (int64_t[]){n * N, 1}, g0->offset);
   em_tensor *out = em_empty(2, (int64_t[]){rows, n * N}, dt, g0->device);
   for (int i = 0; i < n && out; i++) {
     /* gradient i's slot: its own shape over columns [i N, (i+1) N) of out; one copy whatever its layout */
@@ -255,10 +271,12 @@ static em_tensor *stacked_weight_grad(em_tensor **gout, int n, em_tensor *x2, in
   return dW;
 }
 
-/* The backward over stacked gradients (CUDA, half): grad x as n gemms
- * adding into one sum (beta = 1, as the unfused q/k/v share theirs), grad W
- * as one batched gemm; a weight with a .grad to add into gets its own gemm. */
-static int stacked_backward(em_node *nd, em_tensor **gout, em_tensor **gin, em_tensor *lx, em_tensor *W) {
+/* The backward without a join (CUDA, half): grad x as n gemms adding into
+ * one sum (beta = 1, as the unfused q/k/v share theirs); grad W as one
+ * batched gemm over stacked gradients, else (not stacked, or a weight with a
+ * .grad to add into) one gemm a weight. */
+static int stacked_backward(em_node *nd, em_tensor **gout, em_tensor **gin, em_tensor *lx, em_tensor *W,
+                            bool stacked) {
   int n = nd->n_out;
   int64_t K = W->shape[1], N = W->shape[0] / n, rows = em_shape_numel(lx->ndim - 1, lx->shape);
   int rc = 0;
@@ -285,7 +303,7 @@ static int stacked_backward(em_node *nd, em_tensor **gout, em_tensor **gin, em_t
   weight_sinks(nd, true, wsink, &any_w, &sinks, &same_dt);
   em_tensor *x2 = rc == 0 && any_w ? em_reshape(lx, 2, (int64_t[]){rows, K}) : NULL;
   if (any_w && !x2) rc = -1;
-  if (rc == 0 && any_w && !sinks && same_dt) {
+  if (rc == 0 && any_w && stacked && !sinks && same_dt) {
     em_tensor *dW = stacked_weight_grad(gout, n, x2, N, nd->in_dtype[1]);
     for (int i = 1; i <= n && dW; i++)
       if (em_node_needs_input_grad(nd, i) && !(gin[i] = em_narrow(dW, 0, (i - 1) * N, N))) rc = -1;
@@ -310,9 +328,11 @@ static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
   em_tensor *lx = nd->saved[0], *W = nd->saved[1];
   int n = nd->n_out;
   int64_t K = W->shape[1], N = W->shape[0] / n, rows = em_shape_numel(lx->ndim - 1, lx->shape);
-  if (W->device.type == EM_CUDA && (W->dtype == EM_BF16 || W->dtype == EM_F16) &&
-      stacked_grads(gout, n, rows, N, W->dtype))
-    return stacked_backward(nd, gout, gin, lx, W);
+  if (W->device.type == EM_CUDA && (W->dtype == EM_BF16 || W->dtype == EM_F16)) {
+    if (stacked_grads(gout, n, rows, N, W->dtype)) return stacked_backward(nd, gout, gin, lx, W, true);
+    if (nd->i[0] == 2 && !column_grads(gout, n, rows, N, W->dtype))     /* EMBER_FUSED_PROJ=2: no join */
+      return stacked_backward(nd, gout, gin, lx, W, false);
+  }
   em_tensor *dY = joined_grads(gout, n, rows, N, W->dtype);
   if (!dY) return -1;
   int rc = 0;
@@ -358,7 +378,8 @@ static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
 /* ---- forward ---- */
 
 /* The fused forward over W: y_i (..., N) contiguous slices of one (n, rows, N) result. */
-static int group_fused(em_tensor *x, int n, em_tensor *const *w, em_tensor *W, bool autocast, em_tensor **ys) {
+static int group_fused(em_tensor *x, int n, em_tensor *const *w, em_tensor *W, bool autocast, int mode,
+                       em_tensor **ys) {
   int64_t K = W->shape[1], N = W->shape[0] / n, rows = em_shape_numel(x->ndim - 1, x->shape);
   bool grad = em_set_grad_enabled(false);
   em_tensor *lx = autocast ? em_autocast_value(x) : em_tensor_retain(x);
@@ -384,6 +405,7 @@ static int group_fused(em_tensor *x, int n, em_tensor *const *w, em_tensor *W, b
       for (int i = 0; i < n; i++) em_node_set_input(nd, 1 + i, w[i]);
       em_node_save(nd, lx);
       em_node_save(nd, W);
+      nd->i[0] = mode;                         /* 2: no join in backward */
       for (int i = 0; i < n; i++) em_node_set_output(nd, i, ys[i]);
       em_node_release(nd);
     }
@@ -397,11 +419,11 @@ int em_linear_group(em_tensor *x, int n, em_tensor *const *w, em_tensor **ys) {
   EM_OP_SCOPE("linear_group");
   for (int i = 0; i < n && i < EM_NODE_MAX_OUT; i++) ys[i] = NULL;
   if (group_validate(x, n, w)) return -1;
-  bool on;
-  if (em_fused_proj_enabled("linear_group", &on)) return -1;
-  em_tensor *W = on && n >= 2 ? group_operand(x, n, w, em_autocast_enabled()) : NULL;
+  int mode = fused_mode("linear_group");
+  if (mode < 0) return -1;
+  em_tensor *W = mode && n >= 2 ? group_operand(x, n, w, em_autocast_enabled()) : NULL;
   if (W) {
-    int rc = group_fused(x, n, w, W, em_autocast_enabled(), ys);
+    int rc = group_fused(x, n, w, W, em_autocast_enabled(), mode, ys);
     em_tensor_release(W);
     return rc;
   }

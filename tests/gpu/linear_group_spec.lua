@@ -5,7 +5,8 @@
 -- gradients, on the shadow weights AdamW writes grouped) against unfused,
 -- eager and inside a captured CUDA graph; the fused op against the CPU's
 -- per-weight linear; the fused node is what runs once the shadows are
--- written. The CPU side is tests/lua/linear_group_spec.lua.
+-- written; EMBER_FUSED_PROJ=2 (no join) in a child process. The CPU side
+-- is tests/lua/linear_group_spec.lua.
 --
 -- Tolerances, and why: the fused gemms sum the same products as the
 -- per-projection gemms in another order (other tile shapes, k = 3·768 for the
@@ -20,6 +21,7 @@ local nn, F = ember.nn, ember.nn.functional
 local core = ember.core
 
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "compare.lua")
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/helpers.lua")
 
 assert(ember.cuda.is_available(), "tests/gpu needs a CUDA device (run with EMBER_TEST_GPU=1 on a GPU host)")
 
@@ -105,6 +107,43 @@ describe("grouped projections on CUDA", function()
     assert.are.same(lf, lg)
     local pf = mf:named_parameters()
     for i, np in ipairs(mg:named_parameters()) do C.assert_same_bits(np[2], pf[i][2], np[1]) end
+  end)
+
+  it("EMBER_FUSED_PROJ=2 (q/k/v's backward without the join) trains as the unfused path does", function()
+    -- a child process: the mode is read from the environment once
+    local script = H.temp_file(([[
+local ember = require "ember"
+local nn, F = ember.nn, ember.nn.functional
+ember.manual_seed(21)
+local m = nn.Module()
+m.attn = nn.CausalSelfAttention(%d, %d, {device = "cuda"})
+m.ffn = nn.SwiGLU(%d, %d, {device = "cuda"})
+local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-3})
+ember.manual_seed(22)
+local x, target = ember.randn({%d, %d, %d}):to("cuda"), ember.randn({%d, %d, %d}):to("cuda")
+local out = {}
+for s = 1, 6 do
+  opt:zero_grad()
+  local loss = ember.autocast("bf16", function() return F.mse_loss(m.ffn(m.attn(x)):to("f32"), target) end)
+  loss:backward()
+  opt:step()
+  out[s] = ("%%.9g"):format(loss:item())
+end
+local q = ember.autocast("bf16", function() return (nn.Linear.group(x, {m.attn.q_proj, m.attn.k_proj, m.attn.v_proj})) end)
+print(q.grad_fn .. " " .. table.concat(out, " "))
+]]):format(D, HEADS, D, FF, B, T, D, B, T, D), ".lua")
+    local out, err = H.ember({"run", script}, {env = {EMBER_FUSED_PROJ = "2"}})
+    assert.are.equal("", err or "")
+    local lu = train(false, 6)
+    assert.are.equal("linear_group", out:match("^(%S+)"))
+    local s = 0
+    for v in out:gsub("^%S+", ""):gmatch("%S+") do
+      s = s + 1
+      local l = tonumber(v)
+      assert.is_true(math.abs(l - lu[s]) <= 1e-2 * math.abs(lu[s]), ("loss %d %.6g vs %.6g"):format(s, l, lu[s]))
+    end
+    assert.are.equal(6, s)
+    H.remove_temps()
   end)
 
   it("runs the fused node on the grouped shadows, each the cast of its weight, close to the CPU", function()

@@ -148,7 +148,24 @@ describe("F.linear_group", function()
 local ember = require "ember"
 ember.nn.functional.linear_group(ember.randn({2, 3}), {ember.randn({4, 3})})
 ]], ".lua")
-    H.switch_refuses(script, "EMBER_FUSED_PROJ", "2", "expected EMBER_FUSED_PROJ to be 0 or 1, got '2'")
+    H.switch_refuses(script, "EMBER_FUSED_PROJ", "3", "expected EMBER_FUSED_PROJ to be 0, 1 or 2, got '3'")
+    H.remove_temps()
+  end)
+
+  it("takes EMBER_FUSED_PROJ=1 and 2 (2: no join in backward) as on, 0 as off", function()
+    local script = H.temp_file([[
+local ember = require "ember"
+local base = ember.randn({8, 3}, {dtype = "f64"})
+local a, b = base:narrow(0, 0, 4), base:narrow(0, 4, 4)
+a.requires_grad = true; b.requires_grad = true
+local y = ember.nn.functional.linear_group(ember.randn({2, 3}, {dtype = "f64"}), {a, b})
+print(tostring(ember.backends.fused_proj()) .. " " .. y.grad_fn)
+]], ".lua")
+    for mode, want in pairs({["0"] = "false linear", ["1"] = "true linear_group", ["2"] = "true linear_group"}) do
+      local out, err = H.ember({"run", script}, {env = {EMBER_FUSED_PROJ = mode}})
+      assert.are.equal("", err or "", "stderr with EMBER_FUSED_PROJ=" .. mode)
+      assert.are.equal(want, (out:gsub("%s+$", "")), "EMBER_FUSED_PROJ=" .. mode)
+    end
     H.remove_temps()
   end)
 
