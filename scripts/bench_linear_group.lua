@@ -6,6 +6,7 @@
 -- gradients for q/k/v, SwiGLU for w1/w3), so the difference is the grouping.
 -- docs/perf.md (sixteenth session, fusedproj) has the model it checks.
 --   ember run scripts/bench_linear_group.lua --model small [--tokens 2048] [--reps 200]
+--   EMBER_FUSED_PROJ=2 ember run scripts/bench_linear_group.lua   (fused without q/k/v's join)
 local ember = require "ember"
 local argparse = require "argparse"
 local nn, F = ember.nn, ember.nn.functional
@@ -26,7 +27,9 @@ local D, FF, M = cfg.d_model, cfg.d_ff, args.tokens
 
 -- median µs of one replay of fn's step captured as a graph; fn(on) builds the step
 local function timed(group, on)
-  local prev = ember.backends.fused_proj(on)
+  -- on: keep the mode the environment chose (EMBER_FUSED_PROJ=2 measures without the join), else 1
+  local prev = ember.backends.fused_proj()
+  if on ~= prev then ember.backends.fused_proj(on) end
   ember.manual_seed(1)
   local lins = {}
   for i = 1, #group.outs do lins[i] = nn.Linear(D, group.outs[i], {bias = false, device = "cuda"}) end
@@ -52,7 +55,7 @@ local function timed(group, on)
   local g = ember.cuda.graph(step, {warmup = 0})
   local r = ember.bench(function() g:replay() end, {warmup = 10, reps = args.reps, timer = "events"})
   g:close()
-  ember.backends.fused_proj(prev)
+  if on ~= prev then ember.backends.fused_proj(prev) end
   return r.median * 1e6, kind
 end
 
@@ -71,8 +74,8 @@ print("| group | unfused µs | fused µs | saved µs | fused node |")
 print("|---|---|---|---|---|")
 local results = {}
 for _, gr in ipairs(groups) do
+  local on, kind = timed(gr, true)                         -- first: the environment's mode still holds
   local off = timed(gr, false)
-  local on, kind = timed(gr, true)
   print(("| %s | %.1f | %.1f | %.1f | %s |"):format(gr.name, off, on, off - on, kind))
   results[#results + 1] = {group = gr.name, unfused_us = off, fused_us = on, node = kind}
 end
