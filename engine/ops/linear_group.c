@@ -299,8 +299,8 @@ static int stacked_backward(em_node *nd, em_tensor **gout, em_tensor **gin, em_t
     if (rc == 0 && !gin[0]) rc = -1;
   }
   em_tensor *wsink[EM_NODE_MAX_OUT + 1] = {0};
-  bool any_w, sinks, same_dt;
-  weight_sinks(nd, true, wsink, &any_w, &sinks, &same_dt);
+  bool any_w = false, sinks = false, same_dt = true;
+  if (rc == 0) weight_sinks(nd, true, wsink, &any_w, &sinks, &same_dt);
   em_tensor *x2 = rc == 0 && any_w ? em_reshape(lx, 2, (int64_t[]){rows, K}) : NULL;
   if (any_w && !x2) rc = -1;
   if (rc == 0 && any_w && stacked && !sinks && same_dt) {
@@ -348,8 +348,8 @@ static int group_backward(em_node *nd, em_tensor **gout, em_tensor **gin) {
     if (!gin[0]) rc = -1;
   }
   em_tensor *wsink[EM_NODE_MAX_OUT + 1] = {0};
-  bool any_w, sinks, same_dt;
-  weight_sinks(nd, cuda_half, wsink, &any_w, &sinks, &same_dt);
+  bool any_w = false, sinks = false, same_dt = true;
+  if (rc == 0) weight_sinks(nd, cuda_half, wsink, &any_w, &sinks, &same_dt);
   em_tensor *x2 = rc == 0 && any_w ? em_reshape(lx, 2, (int64_t[]){rows, K}) : NULL;
   em_tensor *dYt = x2 ? em_transpose(dY, 0, 1) : NULL;
   if (any_w && !dYt) rc = -1;
