@@ -95,9 +95,9 @@ static inline void em_op_scope_exit(em_op_scope_t *s) {
  * The arguments are evaluated only while a profiler session runs or a CUDA
  * graph is captured; the cost goes to the innermost open op scope
  * (engine/profile/profiler.c) and the kernels launched there inherit it --
- * captured kernels at every replay (engine/profile/capture_cost.c). The class says which peak the FLOPs
- * are held against: tensor-core matmuls by their dtype, everything else the
- * plain f32 (f64) pipes. */
+ * captured kernels at every replay (engine/profile/capture_cost.c). The
+ * class says which peak the FLOPs are held against: tensor-core matmuls by
+ * their dtype, everything else the plain f32 (f64) pipes. */
 typedef enum { EM_FLOPS_F32 = 0, EM_FLOPS_F64, EM_FLOPS_TF32, EM_FLOPS_BF16, EM_FLOPS_F16, EM_FLOP_CLASSES } em_flop_class;
 void em_op_cost_add(double bytes, double flops, int fclass);
 #define EM_COSTING()                                                                       \

@@ -312,7 +312,9 @@ describe("roofline columns of graph replays", function()
       end
       assert.truthy(costed > 0, by)
       for key, rr in pairs(r) do   -- and nothing costed that eager does not cost
-        if rr.bytes > 0 then assert.truthy(e[key] and e[key].bytes > 0, ("%s %s: costed only in replays"):format(by, key)) end
+        if rr.bytes > 0 then
+          assert.truthy(e[key] and e[key].bytes > 0, ("%s %s: costed only in replays"):format(by, key))
+        end
       end
     end
     -- the tables: the roofline by op comes from the replayed kernels, covered as eager's
