@@ -295,8 +295,10 @@ describe("roofline columns of graph replays", function()
     local pg = ember.profile(function() for _ = 1, replays do g:replay() end end, {print = false})
     assert.is_true(pg:replayed())
     assert.is_false(pe:replayed())
+    -- kernels only: a replayed memset node reaches the profile under graph_replay, not its captured op
+    -- (docs/profiling.md; the tiny LM's fill_ of its embedding gradient's zeros)
     for _, by in ipairs({"op", "module", "phase"}) do
-      local e, r = by_key(pe:kernels{by = by}), by_key(pg:kernels{by = by})
+      local e, r = by_key(pe:kernels{by = by, kernels_only = true}), by_key(pg:kernels{by = by, kernels_only = true})
       local costed = 0
       for key, er in pairs(e) do
         if er.bytes > 0 or er.flops > 0 then
