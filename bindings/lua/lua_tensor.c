@@ -230,6 +230,13 @@ int lem_push_result(lua_State *L, em_tensor *t) {
   return 1;
 }
 
+int lem_push_result_at(lua_State *L, em_tensor *t, int idx, const em_tensor *arg) {
+  if (!t || t != arg) return lem_push_result(L, t);
+  em_tensor_release(t);   /* the userdata at idx owns a reference already */
+  lua_pushvalue(L, idx);
+  return 1;
+}
+
 em_tensor *lem_test_tensor(lua_State *L, int idx, const char *fn) {
   em_tensor **box = test_box(L, idx);
   if (box && !*box) {
