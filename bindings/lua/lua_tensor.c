@@ -124,23 +124,24 @@ static em_tensor **test_box(lua_State *L, int idx) {
 #define NODE_GC_DEBT 1536
 
 void lem_push_tensor(lua_State *L, em_tensor *t) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
   if (t->binding) {                       /* maybe a live userdata already */
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
     if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA) {
       lua_remove(L, -2);
       em_tensor_release(t);               /* the userdata already owns a reference */
       return;
     }
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
   em_tensor **box = lua_newuserdatauv(L, sizeof *box, 0);
   *box = t;
   t->binding = (void *)1;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &MT_KEY);
   lua_setmetatable(L, -2);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, -3, t);
-  lua_remove(L, -2);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);   /* cache[t] = the userdata, left on top */
+  lua_pushvalue(L, -2);
+  lua_rawsetp(L, -2, t);
+  lua_pop(L, 1);
   /* The GC sees only the 8-byte box: count what it cannot see (header, fresh
    * CPU storage, the autograd node the result keeps alive) as GC debt. A
    * node counts NODE_GC_DEBT, what nodes weighed before they were sized to
