@@ -33,9 +33,12 @@ int lem_error(lua_State *L, const char *fn, const char *fmt, ...) {
   return lua_error(L);
 }
 
+/* One API call, every op pays it: upvalue 1 is the name lem_push_function
+ * gave (a string, never a number that lua_tostring would convert); a function
+ * pushed without upvalues reads none, NULL. */
 const char *lem_name(lua_State *L) {
-  int up = lua_upvalueindex(1);
-  return lua_type(L, up) == LUA_TSTRING ? lua_tostring(L, up) : "core";   /* "core": pushed unnamed (a bug) */
+  const char *s = lua_tostring(L, lua_upvalueindex(1));
+  return s ? s : "core";   /* "core": pushed unnamed (a bug) */
 }
 
 void lem_push_function(lua_State *L, lua_CFunction func, const char *name, int nup) {
