@@ -52,7 +52,7 @@ em_node *em_node_new(const char *op, em_backward_fn bw, int n_in, int n_out) {
     return NULL;
   }
   node_layout l = layout_of(n_in, n_out);
-  char *block = calloc(1, l.total);
+  char *block = em_header_alloc(l.total);   /* zeroed; the small bins' magazines, not calloc's locks */
   if (!block) { em_error_oom("out of memory: cannot allocate an autograd node"); return NULL; }
   em_node *n = (em_node *)block;
   n->next = (em_edge *)(block + l.next);
@@ -149,7 +149,7 @@ void em_node_release(em_node *n) {
     free_saved(x);
     for (int k = 0; k < x->n_out; k++) em_tensor_release(x->bw_grad[k]);
     if (x->ctx_free) x->ctx_free(x->ctx);
-    free(x);
+    em_header_free(x, layout_of(x->n_in, x->n_out).total);
   }
   free(heap);
 }

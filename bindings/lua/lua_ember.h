@@ -85,6 +85,10 @@ em_device lem_field_device(lua_State *L, int opts, const char *fn, const char *k
 void lem_push_tensor(lua_State *L, em_tensor *t);
 /* Push a result: t or raise the engine error (prefixed "ember."). Returns 1. */
 int lem_push_result(lua_State *L, em_tensor *t);
+/* The same, but when t is arg, the tensor of the argument at idx (an in-place
+ * op's self), push that argument again: the identity cache's two lookups
+ * give the same userdata (~350 instructions of a:add_(b)). */
+int lem_push_result_at(lua_State *L, em_tensor *t, int idx, const em_tensor *arg);
 /* A full collection before a CUDA backward when the forward left enough device garbage (lua_tensor.c). */
 void lem_collect_before_backward(lua_State *L, const em_tensor *root);
 /* The lua_State running the current backward (hooks call back into it). */

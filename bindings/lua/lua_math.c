@@ -32,7 +32,7 @@ static int binop(lua_State *L, em_binop op, int inplace) {
   else if (a) r = em_binary_scalar(op, a, scalar_arg(L, 2, fn), false, out);
   else if (b) r = em_binary_scalar(op, b, scalar_arg(L, 1, fn), true, out);
   else return lem_error(L, fn, "expected a tensor operand, got %s and %s", luaL_typename(L, 1), luaL_typename(L, 2));
-  return lem_push_result(L, r);
+  return inplace ? lem_push_result_at(L, r, 1, a) : lem_push_result(L, r);
 }
 
 #define BIN(name, OP) \
@@ -47,7 +47,7 @@ static int unop(lua_State *L, em_unop op, int inplace) {
   em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *out = inplace ? a : NULL;
   int opts = lem_opts(L, 2, fn, OUT_KEYS);
   if (opts && !inplace) out = lem_field_tensor(L, opts, fn, "out");
-  return lem_push_result(L, em_unary(op, a, out));
+  return lem_push_result_at(L, em_unary(op, a, out), 1, inplace ? a : NULL);
 }
 #define UN(name, OP) \
   static int lf_##name(lua_State *L) { return unop(L, OP, 0); } \
@@ -64,7 +64,7 @@ static int clamp_impl(lua_State *L, int inplace) {
   em_tensor *a = lem_check_tensor(L, 1, fn, "self");
   double lo = lem_opt_number(L, 2, fn, "min", NAN), hi = lem_opt_number(L, 3, fn, "max", NAN);
   if (!isnan(lo) && !isnan(hi) && lo > hi) return lem_error(L, fn, "expected min <= max, got min=%g max=%g", lo, hi);
-  return lem_push_result(L, em_clamp(a, lo, hi, inplace ? a : NULL));
+  return lem_push_result_at(L, em_clamp(a, lo, hi, inplace ? a : NULL), 1, inplace ? a : NULL);
 }
 static int lf_clamp(lua_State *L) { return clamp_impl(L, 0); }
 static int lf_clamp_(lua_State *L) { return clamp_impl(L, 1); }
@@ -92,7 +92,8 @@ static int l_where(lua_State *L) {
 static int masked_fill_impl(lua_State *L, int inplace) {
   const char *fn = lem_name(L);
   em_tensor *a = lem_check_tensor(L, 1, fn, "self"), *m = lem_check_tensor(L, 2, fn, "mask");
-  return lem_push_result(L, em_masked_fill(a, m, scalar_arg(L, 3, fn), inplace ? a : NULL));
+  em_tensor *self = inplace ? a : NULL;
+  return lem_push_result_at(L, em_masked_fill(a, m, scalar_arg(L, 3, fn), self), 1, self);
 }
 static int lf_masked_fill(lua_State *L) { return masked_fill_impl(L, 0); }
 static int lf_masked_fill_(lua_State *L) { return masked_fill_impl(L, 1); }

@@ -8,6 +8,7 @@
 #include "internal.h"   /* em_iter */
 
 static const char CACHE_KEY = 'c';   /* registry key: weak table em_tensor* -> userdata */
+static const char MT_KEY = 'm';      /* registry key: the tensor metatable, by address (no name lookup a push) */
 static size_t gc_debt = 0;           /* bytes allocated since the last GC step we asked for */
 static size_t gc_device_debt = 0;    /* fresh CUDA bytes since the last device-driven collection */
 static size_t gc_device_threshold = (size_t)1 << 30;
@@ -32,9 +33,12 @@ int lem_error(lua_State *L, const char *fn, const char *fmt, ...) {
   return lua_error(L);
 }
 
+/* One API call, every op pays it: upvalue 1 is the name lem_push_function
+ * gave (a string, never a number that lua_tostring would convert); a function
+ * pushed without upvalues reads none, NULL. */
 const char *lem_name(lua_State *L) {
-  int up = lua_upvalueindex(1);
-  return lua_type(L, up) == LUA_TSTRING ? lua_tostring(L, up) : "core";   /* "core": pushed unnamed (a bug) */
+  const char *s = lua_tostring(L, lua_upvalueindex(1));
+  return s ? s : "core";   /* "core": pushed unnamed (a bug) */
 }
 
 void lem_push_function(lua_State *L, lua_CFunction func, const char *name, int nup) {
@@ -96,43 +100,51 @@ void lem_check_type(lua_State *L, int idx, const char *fn, const char *arg, int 
  * clears it (a sentinel's __gc in the registry), so no address can be
  * reused by a later state's tables while cached. */
 static const void *tensor_mt, *tensor_registry;
+static const lua_State *tensor_thread;   /* the last thread (of that state) the check passed in */
 static char SENTINEL_KEY;
 
-static int clear_mt_cache(lua_State *L) { (void)L; tensor_mt = tensor_registry = NULL; return 0; }
+static int clear_mt_cache(lua_State *L) { (void)L; tensor_mt = tensor_registry = NULL; tensor_thread = NULL; return 0; }
 
 static em_tensor **test_box(lua_State *L, int idx) {
   void *p = lua_touserdata(L, idx);
   if (!p || !lua_getmetatable(L, idx)) return NULL;
   const void *mt = lua_topointer(L, -1);
-  if (mt == tensor_mt && lua_topointer(L, LUA_REGISTRYINDEX) == tensor_registry) { lua_pop(L, 1); return p; }
+  if (mt == tensor_mt && (L == tensor_thread || lua_topointer(L, LUA_REGISTRYINDEX) == tensor_registry)) {
+    tensor_thread = L;   /* a thread belongs to one state: the registry compare once per thread switch */
+    lua_pop(L, 1);
+    return p;
+  }
   luaL_getmetatable(L, EM_TENSOR_MT);
   bool is = lua_rawequal(L, -1, -2);
   lua_pop(L, 2);
   if (!is) return NULL;
   tensor_mt = mt;
   tensor_registry = lua_topointer(L, LUA_REGISTRYINDEX);
+  tensor_thread = L;
   return p;
 }
 
 #define NODE_GC_DEBT 1536
 
 void lem_push_tensor(lua_State *L, em_tensor *t) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
   if (t->binding) {                       /* maybe a live userdata already */
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
     if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA) {
       lua_remove(L, -2);
       em_tensor_release(t);               /* the userdata already owns a reference */
       return;
     }
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
   em_tensor **box = lua_newuserdatauv(L, sizeof *box, 0);
   *box = t;
   t->binding = (void *)1;
-  luaL_setmetatable(L, EM_TENSOR_MT);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, -3, t);
-  lua_remove(L, -2);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &MT_KEY);
+  lua_setmetatable(L, -2);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);   /* cache[t] = the userdata, left on top */
+  lua_pushvalue(L, -2);
+  lua_rawsetp(L, -2, t);
+  lua_pop(L, 1);
   /* The GC sees only the 8-byte box: count what it cannot see (header, fresh
    * CPU storage, the autograd node the result keeps alive) as GC debt. A
    * node counts NODE_GC_DEBT, what nodes weighed before they were sized to
@@ -219,6 +231,13 @@ void lem_collect_before_backward(lua_State *L, const em_tensor *root) {
 int lem_push_result(lua_State *L, em_tensor *t) {
   if (!t) return lem_raise(L);
   lem_push_tensor(L, t);
+  return 1;
+}
+
+int lem_push_result_at(lua_State *L, em_tensor *t, int idx, const em_tensor *arg) {
+  if (!t || t != arg) return lem_push_result(L, t);
+  em_tensor_release(t);   /* the userdata at idx owns a reference already */
+  lua_pushvalue(L, idx);
   return 1;
 }
 
@@ -384,7 +403,8 @@ em_device lem_field_device(lua_State *L, int opts, const char *fn, const char *k
 /* ---------------- lifetime ---------------- */
 
 static int t_gc(lua_State *L) {
-  em_tensor **box = luaL_checkudata(L, 1, EM_TENSOR_MT);
+  em_tensor **box = test_box(L, 1);   /* the cached metatable compare: luaL_checkudata looks it up by name */
+  if (!box) box = luaL_checkudata(L, 1, EM_TENSOR_MT);
   if (*box) {
     (*box)->binding = NULL;
     em_tensor_release(*box);
@@ -1041,6 +1061,8 @@ void lem_open_tensor(lua_State *L, int methods, int module) {
 
   luaL_newmetatable(L, EM_TENSOR_MT);
   int mt = lua_gettop(L);
+  lua_pushvalue(L, mt);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &MT_KEY);
   lua_pushvalue(L, methods);
   lem_push_function(L, t_index, "Tensor", 1);     /* upvalue 2: the methods, looked up first */
   lua_setfield(L, mt, "__index");

@@ -379,8 +379,37 @@ static void store(int cls, em_tensor *t, int64_t off, int64_t st, int64_t n, con
  * merged. Operand 0 is the output. */
 typedef em_ew_plan loop_plan;
 
+/* The common cases' plan without the general merge, which would give the
+ * same single dim: one element (every dim dropped: stride 0 for all), or
+ * every tensor operand of the broadcast shape itself and contiguous (strides
+ * of size-1 dims free): numel elements, stride 1 for tensors, 0 for constants. */
+static bool plan_flat(loop_plan *p, int nd, const int64_t *shape, int n, const em_tensor *const *ts,
+                      int64_t *numel) {
+  int64_t m = 1;
+  for (int d = 0; d < nd; d++) m *= shape[d];
+  if (m == 0) return false;
+  for (int k = 0; k < n && m > 1; k++) {
+    const em_tensor *t = ts[k];
+    if (!t) continue;
+    if (t->ndim != nd) return false;
+    int64_t want = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+      if (t->shape[d] != shape[d]) return false;
+      if (shape[d] == 1) continue;
+      if (t->stride[d] != want) return false;
+      want *= shape[d];
+    }
+  }
+  p->shape[0] = m;
+  for (int k = 0; k < n; k++) p->stride[k][0] = ts[k] && m > 1 ? 1 : 0;
+  p->ndim = 1; p->n = n;
+  *numel = m;
+  return true;
+}
+
 static int64_t plan_init(loop_plan *p, int nd, const int64_t *shape, int n, const em_tensor *const *ts) {
   int64_t st[4][EM_MAX_DIMS], numel = 1;
+  if (plan_flat(p, nd, shape, n, ts, &numel)) return numel;
   for (int k = 0; k < n; k++) {
     if (ts[k]) em_broadcast_strides(ts[k], nd, shape, st[k]);
     else for (int d = 0; d < nd; d++) st[k][d] = 0;
