@@ -159,12 +159,10 @@ local tokens_per_step = B * T
 
 local dev_name, commit = device_name(), git_commit()
 local peak, peak_why = peak_tflops(dev_name)
--- grouped q/k/v and w1/w3 projections (EMBER_FUSED_PROJ=0|1|2; a bad value raises here)
-local fused_proj = ember.backends.fused_proj() and tonumber(os.getenv("EMBER_FUSED_PROJ") or "1") or 0
 local config = {
   model = args.model, d_model = D, d_ff = cfg.d_ff, layers = L, heads = cfg.num_heads,
   vocab = cfg.vocab_size, context = T, batch = B, mode = args.mode, precision = args.precision,
-  tf32 = args.tf32, matmul_tune = args.matmul_tune, fused_proj = fused_proj, attn = attn_used, graph = args.graph, warmup = args.warmup,
+  tf32 = args.tf32, matmul_tune = args.matmul_tune, attn = attn_used, graph = args.graph, warmup = args.warmup,
   overlap_optimizer = args.overlap_optimizer, overlap_bucket_mb = args.overlap_optimizer and args.overlap_bucket_mb or nil,
   overlap_free_grads = args.overlap_optimizer and not args.keep_grads or nil,
   overlap_inline = args.overlap_optimizer and args.overlap_inline or nil,
@@ -174,10 +172,9 @@ local config = {
 
 S.print_header(run_facts)
 print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d batch=%d " ..
-  "mode=%s precision=%s%s%s%s attn=%s graph=%s%s warmup=%d steps=%d params=%.1fM")
+  "mode=%s precision=%s%s%s attn=%s graph=%s%s warmup=%d steps=%d params=%.1fM")
   :format(args.model, D, cfg.d_ff, L, cfg.num_heads, cfg.vocab_size, T, B, args.mode,
-    args.precision, args.tf32 and "+tf32" or "", args.matmul_tune and " matmul-tune" or "",
-    fused_proj ~= 0 and (" fused-proj=%d"):format(fused_proj) or "", attn_used,
+    args.precision, args.tf32 and "+tf32" or "", args.matmul_tune and " matmul-tune" or "", attn_used,
     tostring(args.graph),
     args.overlap_optimizer and (" overlap-optimizer(%g MiB%s%s)"):format(args.overlap_bucket_mb,
       args.keep_grads and ", keep grads" or ", free grads", args.overlap_inline and ", inline" or "") or "", args.warmup,

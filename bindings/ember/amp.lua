@@ -93,19 +93,4 @@ function M.backends.matmul_tune(on)
   return core.matmul_set_tune(on)
 end
 
---- ember.backends.fused_proj(on) -> previous setting. With it on, attention's
--- q/k/v and SwiGLU's w1/w3 projections run as one grouped op
--- (F.linear_group: one batched gemm forward, one gemm each for the input's
--- and the weights' gradients) where their operands allow it; results equal
--- the per-projection path's up to the gemms' accumulation order. Off by
--- default; the start value comes from EMBER_FUSED_PROJ=0|1. Read once per
--- forward by the modules; ember.backends.fused_proj() only reads it.
-function M.backends.fused_proj(on)
-  if on == nil then return core.fused_proj() end
-  if type(on) ~= "boolean" then
-    error("ember.backends.fused_proj: expected argument 1 (on) to be a boolean, got " .. type(on), 2)
-  end
-  return core.fused_proj_set(on)
-end
-
 return M

@@ -41,20 +41,6 @@ function F.linear(x, w, b)
   return core.linear(x, w, b)
 end
 
---- y_i = x W_iᵀ for 1 to 4 bias-free weights of one shape (out, in) that
--- share x: F.linear_group(x, {wq, wk, wv}) -> q, k, v. With
--- ember.backends.fused_proj on (EMBER_FUSED_PROJ=1) and the weights' bf16
--- shadow copies (autocast + AdamW) or the weights themselves adjacent rows
--- of one storage, one batched gemm forward and two backward
--- (engine/ops/linear_group.c); otherwise F.linear once per weight.
-function F.linear_group(x, ws)
-  check_tensor("linear_group", "x", x)
-  if type(ws) ~= "table" then
-    error(string.format("ember.nn.functional.linear_group: expected a list of weights, got %s", type(ws)), 2)
-  end
-  return core.linear_group(x, ws)
-end
-
 --- Rows of `w` (n, d) picked by integer `ids` (any shape) -> (..., d).
 function F.embedding(ids, w)
   check_tensor("embedding", "ids", ids)

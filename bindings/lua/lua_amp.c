@@ -59,24 +59,6 @@ static int l_matmul_set_tune(lua_State *L) {
   return 1;
 }
 
-/* core.fused_proj_set(on) -> the previous setting (raises on a bad EMBER_FUSED_PROJ). */
-static int l_fused_proj_set(lua_State *L) {
-  const char *fn = lem_name(L);
-  lem_check_type(L, 1, fn, "on", LUA_TBOOLEAN);
-  bool prev;
-  if (em_fused_proj_set(fn, lua_toboolean(L, 1), &prev)) return lem_raise(L);
-  lua_pushboolean(L, prev);
-  return 1;
-}
-
-/* core.fused_proj() -> the current setting (EMBER_FUSED_PROJ until set). */
-static int l_fused_proj(lua_State *L) {
-  bool on;
-  if (em_fused_proj_enabled(lem_name(L), &on)) return lem_raise(L);
-  lua_pushboolean(L, on);
-  return 1;
-}
-
 /* core.matmul_tune() -> the current setting (EMBER_MATMUL_TUNE until set). */
 static int l_matmul_tune(lua_State *L) {
   bool on;
@@ -135,8 +117,6 @@ void lem_open_amp(lua_State *L, int module) {
   static const lem_Reg named[] = {{"autocast_enter", l_autocast_enter, "autocast"},
                                   {"cuda_set_allow_tf32", l_cuda_set_allow_tf32, "backends.tf32"},
                                   {"matmul_set_tune", l_matmul_set_tune, "backends.matmul_tune"},
-                                  {"matmul_tune", l_matmul_tune, "backends.matmul_tune"},
-                                  {"fused_proj_set", l_fused_proj_set, "backends.fused_proj"},
-                                  {"fused_proj", l_fused_proj, "backends.fused_proj"}, {NULL, NULL, NULL}};
+                                  {"matmul_tune", l_matmul_tune, "backends.matmul_tune"}, {NULL, NULL, NULL}};
   lem_register_named(L, 0, module, named);
 }

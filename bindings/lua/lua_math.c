@@ -226,18 +226,6 @@ static int l_linear(lua_State *L) {
   em_tensor *b = lem_opt_tensor(L, 3, fn, "bias");
   return lem_push_result(L, em_linear(x, w, b));
 }
-/* core.linear_group(x, {w1, ..., wn}) -> y1, ..., yn (em_linear_group). */
-static int l_linear_group(lua_State *L) {
-  const char *fn = lem_name(L);
-  em_tensor *x = lem_check_tensor(L, 1, fn, "input"), **w = NULL, *ys[EM_NODE_MAX_OUT];
-  int n = lem_check_tensor_list(L, 2, fn, &w);
-  int rc = em_linear_group(x, n, w, ys);
-  free(w);
-  if (rc) return lem_push_result(L, NULL);
-  int pushed = 0;
-  for (int i = 0; i < n; i++) pushed += lem_push_result(L, ys[i]);
-  return pushed;
-}
 static int l_embedding(lua_State *L) {
   const char *fn = lem_name(L);
   return lem_push_result(L, em_embedding(lem_check_tensor(L, 1, fn, "input"), lem_check_tensor(L, 2, fn, "weight")));
@@ -536,7 +524,7 @@ void lem_open_math(lua_State *L, int methods, int module) {
     {"uniform_", l_uniform_}, {"normal_", l_normal_}, {"trunc_normal_", l_trunc_normal_}, {NULL, NULL}};
   lem_register(L, methods, module, both);
   static const luaL_Reg module_only[] = {
-    {"linear", l_linear}, {"linear_group", l_linear_group}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
+    {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"norm_out16", l_norm_out16}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
     {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},

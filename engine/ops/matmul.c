@@ -44,7 +44,6 @@
 #include <strings.h>
 #include <cblas.h>
 #include "op.h"
-#include "mm2d.h"
 #include "cost.h"
 #include "parallel.h"
 #include "ember/threads.h"
@@ -849,8 +848,10 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   return em_op_record(y, NULL, "linear", linear_backward, 3, (em_tensor *[]){x, w, bias}, 2, (em_tensor *[]){x, w});
 }
 
-/* (declared in mm2d.h, shared with linear_group.c) */
-em_tensor *em_mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
+/* c (n x m) = a (n x k) @ b (k x m) for 2-D half views on CUDA, c in out_dt:
+ * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators.
+ * With `into` (contiguous n x m of out_dt), c = into += a @ b instead. */
+static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
   em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
   blas_op oa = {CblasNoTrans, 0}, ob = oa;   /* set by blas_layout (-O3 cannot tell) */
@@ -894,7 +895,7 @@ static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gi
      * their gradient into the first's with beta = 1 instead of a separate add */
     em_tensor *sink = em_node_grad_sink(n, 0);
     em_tensor *into = sink ? em_reshape(sink, 2, (int64_t[]){rows, in}) : NULL;
-    em_tensor *gx = !sink || into ? em_mm2d_cuda_as(g2, lw, n->in_dtype[0], into) : NULL;
+    em_tensor *gx = !sink || into ? mm2d_cuda_as(g2, lw, n->in_dtype[0], into) : NULL;
     if (gx) gin[0] = sink ? em_tensor_retain(sink) : em_reshape(gx, lx->ndim, lx->shape);
     em_tensor_release(into); em_tensor_release(gx);
     if (!gin[0]) rc = -1;
@@ -904,7 +905,7 @@ static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gi
      * micro-batches) gets its gradient added in by the gemm (beta = 1) */
     em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){rows, in});
     em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
-    gin[1] = gt ? em_mm2d_cuda_as(gt, x2, n->in_dtype[1], em_node_grad_sink(n, 1)) : NULL;
+    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1], em_node_grad_sink(n, 1)) : NULL;
     em_tensor_release(x2); em_tensor_release(gt);
     if (!gin[1]) rc = -1;
   }

@@ -125,36 +125,13 @@ static em_tensor *swiglu_cuda(em_tensor *a, em_tensor *b) {
   return y;
 }
 
-/* ga and gb as the two halves of one (2, ...) buffer: w1's and w3's output
- * gradients stacked, which linear_group's backward reads as one operand
- * (one batched weight-gradient gemm, no join copy). Same values. */
-static void stacked_pair(const em_tensor *a, em_tensor **ga, em_tensor **gb) {
-  int64_t shape[EM_MAX_DIMS + 1], stride[EM_MAX_DIMS], span = 1;
-  shape[0] = 2;
-  memcpy(shape + 1, a->shape, sizeof(int64_t) * (size_t)a->ndim);
-  for (int d = a->ndim - 1; d >= 0; d--) { stride[d] = span; span *= a->shape[d]; }
-  if (a->ndim >= EM_MAX_DIMS) {       /* no room for the stacking dim: two buffers */
-    *ga = em_empty(a->ndim, a->shape, a->dtype, a->device);
-    *gb = *ga ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
-    return;
-  }
-  em_tensor *buf = em_empty(a->ndim + 1, shape, a->dtype, a->device);
-  *ga = buf ? em_as_strided(buf, a->ndim, a->shape, stride, 0) : NULL;
-  *gb = *ga ? em_as_strided(buf, a->ndim, a->shape, stride, span) : NULL;
-  em_tensor_release(buf);
-}
-
 static int swiglu_backward_cuda(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *a = n->saved[0], *b = n->saved[1];
   bool need_a = em_node_needs_input_grad(n, 0), need_b = em_node_needs_input_grad(n, 1);
   em_tensor *ac = em_contiguous(a), *bc = ac ? em_contiguous(b) : NULL;
   em_tensor *g = bc ? em_contiguous_as(gout[0], a->dtype) : NULL;
-  em_tensor *ga = NULL, *gb = NULL;
-  if (g && need_a && need_b) stacked_pair(a, &ga, &gb);
-  else {
-    ga = g && need_a ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
-    gb = g && need_b ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
-  }
+  em_tensor *ga = g && need_a ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
+  em_tensor *gb = g && need_b ? em_empty(a->ndim, a->shape, a->dtype, a->device) : NULL;
   int rc = (!g || (need_a && !ga) || (need_b && !gb)) ? -1 : em_swiglu_bwd_cuda(ac, bc, g, ga, gb);
   em_tensor_release(ac); em_tensor_release(bc); em_tensor_release(g);
   if (rc) { em_tensor_release(ga); em_tensor_release(gb); return -1; }

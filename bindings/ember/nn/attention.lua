@@ -89,8 +89,7 @@ function CausalSelfAttention:forward(x, pos, kv)
   local function heads(t)                             -- -> (..., H, T, dh)
     return t:view(table.unpack(split)):transpose(-3, -2)
   end
-  local q, k, v = Linear.group(x, {self.q_proj, self.k_proj, self.v_proj})
-  q, k, v = heads(q), heads(k), heads(v)
+  local q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
   local rope = self.rope
   if rope then
     pos = pos or rope:positions(T, x.device)

@@ -4,7 +4,6 @@
 -- @module ember.nn.linear
 
 local F = require "ember.functional"
-local core = require "ember.core"
 local module = require "ember.nn.module"
 local parameter = require "ember.nn.parameter"
 
@@ -33,29 +32,6 @@ end
 
 function Linear:forward(x)
   return F.linear(x, self.weight, self.bias)
-end
-
---- The outputs of `linears` (a list of Linear modules) on one input x, as
--- calling each would give them: one F.linear_group when
--- ember.backends.fused_proj is on and every module is a bias-free Linear
--- of one shape running Linear.forward (not a user's replacement); else
--- each module called in turn. q, k, v = Linear.group(x, {q_proj, k_proj, v_proj}).
-function Linear.group(x, linears)
-  local first = linears[1]
-  local fuse = core.fused_proj()
-  for _, m in ipairs(linears) do
-    fuse = fuse and getmetatable(m) == Linear and rawget(m, "forward") == nil and m.bias == nil and
-      m.in_features == first.in_features and m.out_features == first.out_features
-    if not fuse then break end
-  end
-  if fuse then
-    local ws = {}
-    for i, m in ipairs(linears) do ws[i] = m.weight end
-    return F.linear_group(x, ws)
-  end
-  local ys = {}
-  for i, m in ipairs(linears) do ys[i] = m(x) end
-  return table.unpack(ys, 1, #linears)
 end
 
 function Linear:extra_repr()

@@ -19,7 +19,7 @@ function SwiGLU:__init(d_model, d_ff, opts)
 end
 
 function SwiGLU:forward(x)
-  return self.w2(F.swiglu(Linear.group(x, {self.w1, self.w3})))
+  return self.w2(F.swiglu(self.w1(x), self.w3(x)))
 end
 
 return SwiGLU

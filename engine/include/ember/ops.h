@@ -104,16 +104,6 @@ em_tensor *em_searchsorted(em_tensor *seq, em_tensor *values, bool right);
 em_tensor *em_matmul(em_tensor *a, em_tensor *b);
 /* x (..., in) @ w(out, in)^T + bias(out) (bias may be NULL). */
 em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *bias);
-/* ys[i] = x @ w[i]^T for n (1..4) bias-free weights of one shape (out, in)
- * that share x (q/k/v, SwiGLU's w1/w3; engine/ops/linear_group.c). With
- * EMBER_FUSED_PROJ on and the group's operand adjacent (the shadow weights
- * under autocast, regrouped by the first call), one batched gemm forward and
- * two backward; else em_linear per weight. 0, or -1 with the error set. */
-int em_linear_group(em_tensor *x, int n, em_tensor *const *w, em_tensor **ys);
-/* The EMBER_FUSED_PROJ switch (0|1, default 0; read once, a bad value is an
- * error naming op) and ember.backends.fused_proj(on) (prev: the old value). */
-int em_fused_proj_enabled(const char *op, bool *on);
-int em_fused_proj_set(const char *op, bool on, bool *prev);
 
 /* ---------- neural-net ops (engine/ops/{loss,embedding,norm,rope,attention}.c) ---------- */
 /* Mean cross-entropy over all targets. logits (..., V) float, targets (...) integer in [0, V). */
