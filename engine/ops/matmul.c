@@ -897,22 +897,23 @@ fail:
 }
 
 /* Run a prepared gemm on the current stream (side: with the side stream's
- * cuBLASLt workspace); returns the result (a new reference) or NULL, and
- * releases the job either way. Allocates nothing. */
+ * cuBLASLt workspace); returns the result (a new reference) or NULL.
+ * Allocates and frees nothing: the job keeps its operands (copies
+ * included) until mm2d_release, which a side stream's caller calls only
+ * after the join, so no block it reads goes back to a free list before. */
 static em_tensor *mm2d_run(mm2d_job *j, bool side) {
   j->g.side_workspace = side;
-  em_tensor *c = NULL;
-  if (em_gemm_cuda(&j->g) == 0) {
-    EM_OP_COST(j->bytes, j->flops, j->fclass);
-    c = em_tensor_retain(j->c);
-  }
-  mm2d_release(j);
-  return c;
+  if (em_gemm_cuda(&j->g)) return NULL;
+  EM_OP_COST(j->bytes, j->flops, j->fclass);
+  return em_tensor_retain(j->c);
 }
 
 static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   mm2d_job j;
-  return mm2d_prepare(a, b, out_dt, into, &j) ? NULL : mm2d_run(&j, false);
+  if (mm2d_prepare(a, b, out_dt, into, &j)) return NULL;
+  em_tensor *c = mm2d_run(&j, false);
+  mm2d_release(&j);
+  return c;
 }
 
 /* grad x of the autocast linear (g2 @ w) into *gx. q, k and v (w1 and w3)
@@ -952,6 +953,7 @@ static int autocast_grads_side(em_node *n, em_tensor *g2, em_tensor *lx, em_tens
   em_linear_side_back(dev, main_stream);
   int rc = gin[1] ? autocast_grad_x(n, g2, lx, lw, &gin[0]) : -1;
   if (em_linear_side_join(dev)) rc = -1;
+  mm2d_release(&j);                      /* after the join: the side gemm is done with its operands */
   return rc;
 }
 
@@ -974,7 +976,10 @@ static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gi
     if (want_x) rc = autocast_grad_x(n, g2, lx, lw, &gin[0]);
     if (rc == 0 && want_w) {
       mm2d_job j;
-      gin[1] = autocast_grad_w_prepare(n, g2, lx, &j) ? NULL : mm2d_run(&j, false);
+      if (autocast_grad_w_prepare(n, g2, lx, &j) == 0) {
+        gin[1] = mm2d_run(&j, false);
+        mm2d_release(&j);
+      }
       if (!gin[1]) rc = -1;
     }
   }
