@@ -1,7 +1,7 @@
 -- linear_bwd_stream_child.lua — not a spec: run by tests/gpu/linear_bwd_stream_spec.lua in a child process per
 -- value of EMBER_LINEAR_BWD_STREAM (read once a process). Trains a two-layer TransformerLM (bf16 autocast,
 -- shadow weights, flash attention, AdamW) a few steps in each way the switch meets: eager; gradient accumulation
--- (grad W added into .grad by the gemm, beta = 1); captured with ember.cuda.graph and replayed; the overlapped
+-- (grad W added into .grad by the gemm, beta = 1); DDP-style bucket views as .grad (the same); captured with ember.cuda.graph and replayed; the overlapped
 -- optimizer (step_in_backward: the hooks fire when grad W is final), eager and captured; and free_grads. Saves
 -- every loss, weight and gradient to SCAN_SPEC_OUT, and to TRACE_OUT (JSON) the linear kernels of one profiled
 -- eager step and one profiled replay: per (kernel name, op, module, phase) the count, and the streams the
@@ -32,8 +32,18 @@ local function step_fn(model, opt, data, o)
     local d = data:narrow(0, (k - 1) * B, B)
     xs[k], ys[k] = d:narrow(1, 0, T), d:narrow(1, 1, T)
   end
+  local flat
+  if o.views then   -- DDP's bucket views: every .grad a view of one zeroed buffer, which the gemms add into
+    local total, off = 0, 0
+    for _, p in ipairs(model:parameters()) do total = total + p:numel() end
+    flat = ember.zeros({total}, {device = "cuda"})
+    for _, p in ipairs(model:parameters()) do
+      p.grad = flat:narrow(0, off, p:numel()):view(p.shape)
+      off = off + p:numel()
+    end
+  end
   return function()
-    opt:zero_grad()
+    if flat then flat:zero_() else opt:zero_grad() end
     local last
     for k = 1, micro do
       local loss = ember.autocast("bf16", function() return F.cross_entropy(model(xs[k]), ys[k]) end)
@@ -109,6 +119,7 @@ end
 
 run("eager", {profile = true})
 run("accum2", {micro = 2, steps = 2})
+run("views", {})
 run("graph", {graph = true, steps = 5, profile = true})
 run("overlap", {overlap = true, bucket_mb = 0})
 run("overlap_graph", {overlap = true, bucket_mb = 8, graph = true, steps = 4})

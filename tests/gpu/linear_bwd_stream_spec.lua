@@ -2,7 +2,7 @@
 -- backward runs grad W's gemm on a side stream beside grad x's, forked and joined with events. The same gemms on
 -- the same operands with the same algorithms, so training gives the bits of the switch at 0: checked in children
 -- (the switch is read once a process; tests/gpu/linear_bwd_stream_child.lua) for eager steps, gradient
--- accumulation (beta = 1 into .grad), a step captured with ember.cuda.graph and replayed, the overlapped
+-- accumulation and DDP-style bucket views as .grad (beta = 1 into them), a step captured with ember.cuda.graph and replayed, the overlapped
 -- optimizer's step_in_backward eagerly and captured, and free_grads: losses, weights and gradients element for
 -- element. The profiles of the two children show the same linear kernels (name, op, module, phase) — the side
 -- stream's keep their attribution — on two streams in backward with the switch on, one with it off. The switch's
@@ -12,7 +12,7 @@ local cjson = require "cjson"
 local C, H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "compare.lua")
 
 local HERE = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local SCENARIOS = {"eager", "accum2", "graph", "overlap", "overlap_graph", "overlap_free"}
+local SCENARIOS = {"eager", "accum2", "views", "graph", "overlap", "overlap_graph", "overlap_free"}
 
 local function child(mode)
   local tensors, traces = H.temp(".safetensors"), H.temp(".json")
