@@ -23,7 +23,10 @@
  *
  * Autocast: under ember.autocast matmul and linear cast their float inputs to
  * the region's dtype first (em_autocast_lower; the casts are recorded, so
- * gradients reach the f32 weights) and return that dtype.
+ * gradients reach the f32 weights) and return that dtype. On CUDA the
+ * autocast linear's backward is one gemm per gradient; with
+ * EMBER_LINEAR_BWD_STREAM=1 grad W's runs on a side stream beside grad x's
+ * (engine/ops/linear_side.c), the same bits.
  *
  * CPU threads: OpenBLAS runs single-threaded and the engine's pool runs
  * gemms over tiles of C (and batches), each tile one BLAS call. The tiling
