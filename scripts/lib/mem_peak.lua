@@ -37,6 +37,21 @@ local function key_of(e, by)
 end
 
 -- `by` checked: nil -> the default; a comma string or a list of M.KEYS.
+-- Rows in first-seen order, one per key: returns the list and get(key), which
+-- makes a key's row with new(key) the first time.
+local function keyed_rows(new)
+  local list, index = {}, {}
+  return list, function(key)
+    local r = index[key]
+    if not r then
+      r = new(key)
+      index[key] = r
+      list[#list + 1] = r
+    end
+    return r
+  end
+end
+
 local function check_by(by)
   if by == nil then return {"phase", "category", "op"} end
   if type(by) == "string" then
@@ -134,14 +149,9 @@ function M.analyse(snap, opts)
       end
     end
   end
-  local groups, index = {}, {}
+  local groups, group = keyed_rows(function(key) return {key = key, bytes = 0, count = 0} end)
   local function add(key, size)
-    local g = index[key]
-    if not g then
-      g = {key = key, bytes = 0, count = 0}
-      index[key] = g
-      groups[#groups + 1] = g
-    end
+    local g = group(key)
     g.bytes, g.count = g.bytes + size, g.count + 1
   end
   local tagged = 0
@@ -153,7 +163,7 @@ function M.analyse(snap, opts)
     local rest = opts.baseline - freed_before - tagged
     if rest > 0 then
       add("(before) untagged", rest)
-      index["(before) untagged"].count = 0      -- a sum, not blocks
+      group("(before) untagged").count = 0      -- a sum, not blocks
     end
   end
   for _, e in pairs(live) do add(key_of(e, by), e.size) end
@@ -201,16 +211,7 @@ end
 
 --- Rows where two analyses differ most: {key, a, b, delta} sorted by |delta|.
 function M.diff(a, b)
-  local rows, index = {}, {}
-  local function row(key)
-    local r = index[key]
-    if not r then
-      r = {key = key, a = 0, b = 0}
-      index[key] = r
-      rows[#rows + 1] = r
-    end
-    return r
-  end
+  local rows, row = keyed_rows(function(key) return {key = key, a = 0, b = 0} end)
   for _, g in ipairs(a.groups) do row(g.key).a = g.bytes end
   for _, g in ipairs(b.groups) do row(g.key).b = g.bytes end
   for _, r in ipairs(rows) do r.delta = r.b - r.a end
