@@ -20,12 +20,7 @@
  * One handle and one 32 MiB workspace per device, the workspace taken from the
  * caching allocator once and kept (captured graphs point at it). Matmuls on
  * two streams at once would share it: order such streams with events, as
- * for any memory used across streams. The one exception is linear backward's
- * side stream (EMBER_LINEAR_BWD_STREAM, engine/ops/linear_side.c), whose
- * weight-gradient gemm runs beside the input gradient's: it asks for a second
- * workspace of the same size (em_gemm_args.side_workspace), made on the main
- * stream before the fork (em_gemm_cuda_side_workspace). The workspace takes no
- * part in the plan's key or algorithm: the same bits on either.
+ * for any memory used across streams.
  *
  * Numerics: bf16/f16 in, f32 accumulate (CUBLAS_COMPUTE_32F), one rounding
  * on store, as the CPU reference; f32 in f32, or TF32 when
@@ -54,7 +49,7 @@
 static std::mutex g_lock;
 static cublasLtHandle_t g_handle[MAX_DEVICES];
 
-static em_storage *g_ws[MAX_DEVICES][2];   /* [1]: linear backward's side stream */
+static em_storage *g_ws[MAX_DEVICES];
 
 static int lt_check(cublasStatus_t s, const char *op, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return 0;
@@ -68,27 +63,18 @@ static int get_handle(int dev, const char *op, cublasLtHandle_t *out) {
   return 0;
 }
 
-/* A workspace of the device (slot 0: every gemm's; 1: linear backward's side stream): taken
- * from the caching allocator on first use, then kept for good (captured graphs keep pointing
- * at it). Lock held. */
-static void *get_workspace(int dev, int slot) {
-  em_storage **ws = &g_ws[dev][slot];
-  if (!*ws) {
+/* The device's workspace: taken from the caching allocator on first use, then kept for good
+ * (captured graphs keep pointing at it). */
+static void *get_workspace(int dev) {
+  if (!g_ws[dev]) {
     em_device d = {EM_CUDA, dev};
     em_mem_category prev = em_mem_set_category_override(EM_MEM_WORKSPACE);   /* memory history */
-    *ws = em_storage_new(WORKSPACE_BYTES, d);
+    g_ws[dev] = em_storage_new(WORKSPACE_BYTES, d);
     em_mem_set_category_override(prev);
   }
   /* one made before memory history started gets its category on first use while recording */
-  if (*ws && em_mem_history_on()) em_mem_tag(*ws, EM_MEM_WORKSPACE);
-  return *ws ? (*ws)->data : NULL;
-}
-
-extern "C" int em_gemm_cuda_side_workspace(int device) {
-  if (device < 0 || device >= MAX_DEVICES)
-    return em_error("linear: device %d is beyond the %d supported", device, MAX_DEVICES);
-  std::lock_guard<std::mutex> guard(g_lock);
-  return get_workspace(device, 1) ? 0 : -1;
+  if (g_ws[dev] && em_mem_history_on()) em_mem_tag(g_ws[dev], EM_MEM_WORKSPACE);
+  return g_ws[dev] ? g_ws[dev]->data : NULL;
 }
 
 /* ---------------- plan cache ---------------- */
@@ -395,7 +381,7 @@ extern "C" int em_gemm_cuda(const em_gemm_args *g) {
   std::lock_guard<std::mutex> guard(g_lock);
   cublasLtHandle_t h;
   if (get_handle(g->device, g->op, &h)) return -1;
-  void *ws = get_workspace(g->device, g->side_workspace ? 1 : 0);
+  void *ws = get_workspace(g->device);
   if (!ws) return -1;
   bool epi = g->bias != NULL;
   plan *p = get_plan(h, g, epi, g->accumulate);

@@ -93,16 +93,4 @@ function M.backends.matmul_tune(on)
   return core.matmul_set_tune(on)
 end
 
---- ember.backends.linear_bwd_stream() -> whether a CUDA autocast linear's
--- backward runs its weight-gradient gemm on a side stream beside the input
--- gradient's (the same bits; docs/perf.md, the dwstream entry). Read-only:
--- EMBER_LINEAR_BWD_STREAM=0|1 (default 0), read once; a bad value is an error.
-function M.backends.linear_bwd_stream(...)
-  if select("#", ...) > 0 then
-    error("ember.backends.linear_bwd_stream: expected no argument (the switch is EMBER_LINEAR_BWD_STREAM, " ..
-      "read once), got " .. select("#", ...), 2)
-  end
-  return core.linear_bwd_stream()
-end
-
 return M

@@ -1,6 +1,6 @@
 /* Mixed precision switches for Lua: the autocast region (ember/autocast.h),
  * the TF32 switch for f32 matmuls on CUDA and the matmul tuning switch and
- * table, and the linear backward side-stream switch (ember/cuda.h). The friendly forms, ember.autocast(dtype, fn),
+ * table (ember/cuda.h). The friendly forms, ember.autocast(dtype, fn),
  * ember.backends.tf32(on) and ember.backends.matmul_tune(on), live in
  * bindings/ember/amp.lua; these are the raw enter/exit pairs they use. */
 #include "lua_ember.h"
@@ -67,14 +67,6 @@ static int l_matmul_tune(lua_State *L) {
   return 1;
 }
 
-/* core.linear_bwd_stream() -> EMBER_LINEAR_BWD_STREAM as a boolean (read once; raises on a bad value). */
-static int l_linear_bwd_stream(lua_State *L) {
-  bool on;
-  if (em_linear_bwd_stream_enabled(lem_name(L), &on)) return lem_raise(L);
-  lua_pushboolean(L, on);
-  return 1;
-}
-
 static void set_int(lua_State *L, const char *k, int64_t v) { lua_pushinteger(L, (lua_Integer)v); lua_setfield(L, -2, k); }
 static void set_bool(lua_State *L, const char *k, bool v) { lua_pushboolean(L, v); lua_setfield(L, -2, k); }
 static void set_num(lua_State *L, const char *k, double v) {
@@ -125,8 +117,6 @@ void lem_open_amp(lua_State *L, int module) {
   static const lem_Reg named[] = {{"autocast_enter", l_autocast_enter, "autocast"},
                                   {"cuda_set_allow_tf32", l_cuda_set_allow_tf32, "backends.tf32"},
                                   {"matmul_set_tune", l_matmul_set_tune, "backends.matmul_tune"},
-                                  {"matmul_tune", l_matmul_tune, "backends.matmul_tune"},
-                                  {"linear_bwd_stream", l_linear_bwd_stream, "backends.linear_bwd_stream"},
-                                  {NULL, NULL, NULL}};
+                                  {"matmul_tune", l_matmul_tune, "backends.matmul_tune"}, {NULL, NULL, NULL}};
   lem_register_named(L, 0, module, named);
 }

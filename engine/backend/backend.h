@@ -364,16 +364,9 @@ typedef struct {
   bool c_f32;                 /* C in f32 while A and B are bf16/f16 (no bias): an
                                  f32 gradient straight from half operands */
   bool accumulate;            /* C += A B (beta = 1; no bias): a gradient added into its sum */
-  bool side_workspace;        /* the second workspace: a gemm on linear backward's side stream,
-                                 in flight beside one on the main stream (same plan, same bits) */
 } em_gemm_args;
 
 int em_gemm_cuda(const em_gemm_args *g);
-
-/* Make the device's second cuBLASLt workspace if it does not exist yet (side_workspace
- * gemms use it). Call with the main stream current: it may allocate, and under graph
- * capture only the capturing stream may. */
-int em_gemm_cuda_side_workspace(int device);
 
 /* grad_bias (out) = sum over rows of g (rows, out); g contiguous, both on
  * one device, g of a float dtype, grad_bias of any float dtype. Sums in f32

@@ -135,7 +135,6 @@ int em_softmax_backward_cuda(const char *op, em_tensor *gx, em_tensor *g, em_ten
 int em_scatter_dim_cuda(const char *op, em_tensor *res, em_tensor *g, em_tensor *idx, int dim,
                         const int64_t *keep_shape) { return no_cuda(op); }
 int em_gemm_cuda(const em_gemm_args *g) { return no_cuda(NULL); }
-int em_gemm_cuda_side_workspace(int device) { return no_cuda(NULL); }
 int em_linear_bias_grad_cuda(const em_tensor *g, em_tensor *grad_bias) { return no_cuda(NULL); }
 int em_rmsnorm_fwd_cuda(const em_tensor *x, const em_tensor *w, double eps, em_tensor *y,
                         em_tensor *rstd) { return no_cuda(NULL); }

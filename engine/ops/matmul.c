@@ -23,10 +23,7 @@
  *
  * Autocast: under ember.autocast matmul and linear cast their float inputs to
  * the region's dtype first (em_autocast_lower; the casts are recorded, so
- * gradients reach the f32 weights) and return that dtype. On CUDA the
- * autocast linear's backward is one gemm per gradient; with
- * EMBER_LINEAR_BWD_STREAM=1 grad W's runs on a side stream beside grad x's
- * (engine/ops/linear_side.c), the same bits.
+ * gradients reach the f32 weights) and return that dtype.
  *
  * CPU threads: OpenBLAS runs single-threaded and the engine's pool runs
  * gemms over tiles of C (and batches), each tile one BLAS call. The tiling
@@ -49,7 +46,6 @@
 #include "op.h"
 #include "cost.h"
 #include "parallel.h"
-#include "linear_side.h"
 #include "ember/threads.h"
 
 /* ---------------- BLAS operands ---------------- */
@@ -852,112 +848,34 @@ static em_tensor *linear_op(em_tensor *x, em_tensor *w, em_tensor *bias) {
   return em_op_record(y, NULL, "linear", linear_backward, 3, (em_tensor *[]){x, w, bias}, 2, (em_tensor *[]){x, w});
 }
 
-/* One gemm of the autocast linear's backward, c (n x m) = a (n x k) @ b (k x m)
- * for 2-D half views on CUDA, c in out_dt: a's dtype, or f32 written by
- * cuBLASLt straight from the f32 accumulators. With `into` (contiguous n x m
- * of out_dt), c = into += a @ b instead. Prepared (mm2d_prepare: operand
- * copies where cuBLASLt cannot read a view, the output allocated) apart from
- * run (mm2d_run: the gemm on the current stream), so that a side stream
- * can run it with nothing allocated while it is current (linear_side.h). */
-typedef struct {
-  em_tensor *a, *b, *c;     /* held: the operands as read (copies where needed), the result */
-  em_gemm_args g;
-  double bytes, flops;      /* the declared cost: the original a and b read, c written (and read with into) */
-  int fclass;
-} mm2d_job;
-
-static void mm2d_release(mm2d_job *j) {
-  em_tensor_release(j->a); em_tensor_release(j->b); em_tensor_release(j->c);
-  j->a = j->b = j->c = NULL;
-}
-
-static int mm2d_prepare(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into, mm2d_job *j) {
+/* c (n x m) = a (n x k) @ b (k x m) for 2-D half views on CUDA, c in out_dt:
+ * a's dtype, or f32 written by cuBLASLt straight from the f32 accumulators.
+ * With `into` (contiguous n x m of out_dt), c = into += a @ b instead. */
+static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
   int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
-  memset(j, 0, sizeof *j);
-  j->a = em_tensor_retain(a); j->b = em_tensor_retain(b);
+  em_tensor *ac = em_tensor_retain(a), *bc = em_tensor_retain(b), *c = NULL;
   blas_op oa = {CblasNoTrans, 0}, ob = oa;   /* set by blas_layout (-O3 cannot tell) */
   if (!blas_layout(n, k, a->stride[0], a->stride[1], &oa)) {
-    if (make_contiguous(&j->a, a, a->dtype)) goto fail;
+    if (make_contiguous(&ac, a, a->dtype)) goto done;
     blas_layout(n, k, k, 1, &oa);
   }
   if (!blas_layout(k, m, b->stride[0], b->stride[1], &ob)) {
-    if (make_contiguous(&j->b, b, b->dtype)) goto fail;
+    if (make_contiguous(&bc, b, b->dtype)) goto done;
     blas_layout(k, m, m, 1, &ob);
   }
-  if (!(j->c = into ? em_tensor_retain(into) : em_empty(2, (int64_t[]){n, m}, out_dt, a->device))) goto fail;
-  j->g = (em_gemm_args){.op = "linear", .dtype = a->dtype, .device = a->device.index, .n = n, .m = m, .k = k,
-                        .batch = 1, .a = em_data_ptr(j->a), .b = em_data_ptr(j->b), .c = em_data_ptr(j->c),
-                        .ldc = m, .c_f32 = out_dt != a->dtype, .accumulate = into != NULL};
-  set_operand(oa, &j->g.a_trans, &j->g.lda);
-  set_operand(ob, &j->g.b_trans, &j->g.ldb);
-  j->bytes = em_cost_bytes(3, (em_tensor *const[]){a, b, j->c}) + (into ? em_cost_nbytes(into) : 0);
-  j->flops = 2.0 * (double)n * (double)m * (double)k;
-  j->fclass = em_cost_gemm_class(a->dtype, a->device);
-  return 0;
-fail:
-  mm2d_release(j);
-  return -1;
-}
-
-/* Run a prepared gemm on the current stream (side: with the side stream's
- * cuBLASLt workspace); returns the result (a new reference) or NULL.
- * Allocates and frees nothing: the job keeps its operands (copies
- * included) until mm2d_release, which a side stream's caller calls only
- * after the join, so no block it reads goes back to a free list before. */
-static em_tensor *mm2d_run(mm2d_job *j, bool side) {
-  j->g.side_workspace = side;
-  if (em_gemm_cuda(&j->g)) return NULL;
-  EM_OP_COST(j->bytes, j->flops, j->fclass);
-  return em_tensor_retain(j->c);
-}
-
-static em_tensor *mm2d_cuda_as(em_tensor *a, em_tensor *b, em_dtype out_dt, em_tensor *into) {
-  mm2d_job j;
-  if (mm2d_prepare(a, b, out_dt, into, &j)) return NULL;
-  em_tensor *c = mm2d_run(&j, false);
-  mm2d_release(&j);
+  if (!(c = into ? em_tensor_retain(into) : em_empty(2, (int64_t[]){n, m}, out_dt, a->device))) goto done;
+  em_gemm_args g = {.op = "linear", .dtype = a->dtype, .device = a->device.index, .n = n, .m = m, .k = k,
+                    .batch = 1, .a = em_data_ptr(ac), .b = em_data_ptr(bc), .c = em_data_ptr(c), .ldc = m,
+                    .c_f32 = out_dt != a->dtype, .accumulate = into != NULL};
+  set_operand(oa, &g.a_trans, &g.lda);
+  set_operand(ob, &g.b_trans, &g.ldb);
+  if (em_gemm_cuda(&g)) { em_tensor_release(c); c = NULL; }
+  /* the gemm of the autocast linear's backward: a, b read, c written (and read when accumulating) */
+  EM_OP_COST(em_cost_bytes(3, (em_tensor *const[]){a, b, c}) + (into ? em_cost_nbytes(into) : 0),
+             2.0 * (double)n * (double)m * (double)k, em_cost_gemm_class(a->dtype, a->device));
+done:
+  em_tensor_release(ac); em_tensor_release(bc);
   return c;
-}
-
-/* grad x of the autocast linear (g2 @ w) into *gx. q, k and v (w1 and w3)
- * share their input: the second and third add their gradient into the
- * first's with beta = 1 instead of a separate add. */
-static int autocast_grad_x(em_node *n, em_tensor *g2, em_tensor *lx, em_tensor *lw, em_tensor **gx_out) {
-  int64_t rows = g2->shape[0], in = lw->shape[1];
-  em_tensor *sink = em_node_grad_sink(n, 0);
-  em_tensor *into = sink ? em_reshape(sink, 2, (int64_t[]){rows, in}) : NULL;
-  em_tensor *gx = !sink || into ? mm2d_cuda_as(g2, lw, n->in_dtype[0], into) : NULL;
-  if (gx) *gx_out = sink ? em_tensor_retain(sink) : em_reshape(gx, lx->ndim, lx->shape);
-  em_tensor_release(into); em_tensor_release(gx);
-  return *gx_out ? 0 : -1;
-}
-
-/* grad W's gemm (g2ᵀ @ x), prepared. A weight whose .grad already exists (a
- * DDP bucket view, accumulated micro-batches) gets its gradient added in by
- * the gemm (beta = 1). */
-static int autocast_grad_w_prepare(em_node *n, em_tensor *g2, em_tensor *lx, mm2d_job *j) {
-  em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){g2->shape[0], lx->shape[lx->ndim - 1]});
-  em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
-  int rc = gt ? mm2d_prepare(gt, x2, n->in_dtype[1], em_node_grad_sink(n, 1), j) : -1;
-  em_tensor_release(x2); em_tensor_release(gt);
-  return rc;
-}
-
-/* EMBER_LINEAR_BWD_STREAM=1 (engine/ops/linear_side.c): grad W's gemm on
- * the side stream, grad x's beside it on the main stream, joined before
- * returning. Everything grad W needs is allocated before the fork. */
-static int autocast_grads_side(em_node *n, em_tensor *g2, em_tensor *lx, em_tensor *lw, em_tensor **gin) {
-  int dev = lx->device.index;
-  mm2d_job j;
-  em_stream *main_stream;
-  if (autocast_grad_w_prepare(n, g2, lx, &j)) return -1;
-  if (em_linear_side_fork(dev, &main_stream)) { mm2d_release(&j); return -1; }
-  gin[1] = mm2d_run(&j, true);
-  em_linear_side_back(dev, main_stream);
-  int rc = gin[1] ? autocast_grad_x(n, g2, lx, lw, &gin[0]) : -1;
-  if (em_linear_side_join(dev)) rc = -1;
-  mm2d_release(&j);                      /* after the join: the side gemm is done with its operands */
-  return rc;
 }
 
 /* The autocast linear's backward: saved are the half copies of x and w; the
@@ -966,25 +884,30 @@ static int autocast_grads_side(em_node *n, em_tensor *g2, em_tensor *lx, em_tens
  * conversion kernels. */
 static int autocast_linear_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *lx = n->saved[0], *lw = n->saved[1];
-  int64_t out = lw->shape[0], rows = em_shape_numel(lx->ndim - 1, lx->shape);
+  int64_t in = lw->shape[1], out = lw->shape[0], rows = em_shape_numel(lx->ndim - 1, lx->shape);
   em_tensor *g = gout[0]->dtype == lw->dtype ? em_tensor_retain(gout[0]) : em_to(gout[0], lw->dtype, lw->device);
   em_tensor *g2 = g ? em_reshape(g, 2, (int64_t[]){rows, out}) : NULL;
   em_tensor_release(g);
   if (!g2) return -1;
-  bool want_x = em_node_needs_input_grad(n, 0), want_w = em_node_needs_input_grad(n, 1), side = false;
-  int rc = want_x && want_w ? em_linear_side_wanted(lx->device.index, &side) : 0;
-  if (rc == 0 && side) {
-    rc = autocast_grads_side(n, g2, lx, lw, gin);
-  } else if (rc == 0) {
-    if (want_x) rc = autocast_grad_x(n, g2, lx, lw, &gin[0]);
-    if (rc == 0 && want_w) {
-      mm2d_job j;
-      if (autocast_grad_w_prepare(n, g2, lx, &j) == 0) {
-        gin[1] = mm2d_run(&j, false);
-        mm2d_release(&j);
-      }
-      if (!gin[1]) rc = -1;
-    }
+  int rc = 0;
+  if (em_node_needs_input_grad(n, 0)) {
+    /* q, k and v (w1 and w3) share their input: the second and third add
+     * their gradient into the first's with beta = 1 instead of a separate add */
+    em_tensor *sink = em_node_grad_sink(n, 0);
+    em_tensor *into = sink ? em_reshape(sink, 2, (int64_t[]){rows, in}) : NULL;
+    em_tensor *gx = !sink || into ? mm2d_cuda_as(g2, lw, n->in_dtype[0], into) : NULL;
+    if (gx) gin[0] = sink ? em_tensor_retain(sink) : em_reshape(gx, lx->ndim, lx->shape);
+    em_tensor_release(into); em_tensor_release(gx);
+    if (!gin[0]) rc = -1;
+  }
+  if (rc == 0 && em_node_needs_input_grad(n, 1)) {
+    /* a weight whose .grad already exists (a DDP bucket view, accumulated
+     * micro-batches) gets its gradient added in by the gemm (beta = 1) */
+    em_tensor *x2 = em_reshape(lx, 2, (int64_t[]){rows, in});
+    em_tensor *gt = x2 ? em_transpose(g2, 0, 1) : NULL;
+    gin[1] = gt ? mm2d_cuda_as(gt, x2, n->in_dtype[1], em_node_grad_sink(n, 1)) : NULL;
+    em_tensor_release(x2); em_tensor_release(gt);
+    if (!gin[1]) rc = -1;
   }
   em_tensor_release(g2);
   return rc;

@@ -103,14 +103,6 @@ bool em_cuda_allow_tf32(void);
 int em_matmul_tune_enabled(const char *op, bool *on);          /* -1 + error on a bad EMBER_MATMUL_TUNE */
 int em_matmul_set_tune(const char *op, bool on, bool *prev);   /* ember.backends.matmul_tune(on) */
 
-/* ---- linear backward's side stream (engine/ops/linear_side.c) ----
- * With EMBER_LINEAR_BWD_STREAM=1, a CUDA autocast linear's backward runs its
- * weight-gradient gemm on a side stream, beside the input gradient's on the
- * current one, and joins before returning: the same gemms, the same bits.
- * Read once, on first use; 0 (the default, also unset or empty) or 1, any
- * other value an error naming both. */
-int em_linear_bwd_stream_enabled(const char *op, bool *on);   /* -1 + error on a bad value */
-
 /* One tuned key: its gemm in row-major terms (C (n x m) = op(A) (n x k) op(B) (k x m),
  * batch of them), the winner's and the heuristic's cuBLASLt configuration
  * (CUBLASLT_ALGO_CONFIG_* ids, as cublasLt.h numbers them) and their times. */
