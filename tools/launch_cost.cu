@@ -17,7 +17,8 @@
  *     cudaGetDevice, EmDeviceGuard's two; a cudaMemsetAsync; a cudaEventRecord;
  *   - Ember's C path without Lua (ember_engine linked): em_fill_, in-place add, add (allocates and
  *     frees), empty + release (the allocator alone), mul recorded for autograd -- on 1-element f32
- *     tensors, each in both launch modes (EMBER_CUDA_LAUNCH=runtime|driver, set here per row).
+ *     tensors, in both launch modes (EMBER_CUDA_LAUNCH=runtime here, then =driver in a child run of this
+ *     program: the switch is read once a process).
  * What it should show: the difference between rows, e.g. "<<<>>> + check" minus "<<<>>>" is the check.
  *   cmake --build build --target launch_cost && build/launch_cost [K] [S]       (defaults 256 400)
  * One GPU, ~10 s. */
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <vector>
 #include "ember/ember.h"
@@ -101,10 +103,11 @@ static void ember_rows(const char *mode) {
 int main(int argc, char **argv) {
   if (argc > 1) K = atoi(argv[1]);
   if (argc > 2) S = atoi(argv[2]);
-  const char *only_mode = getenv("LAUNCH_COST_MODE");   /* the Ember rows' launch mode; unset: runtime */
+  const bool ember_only = argc > 3 && strcmp(argv[3], "ember-driver") == 0;   /* the child run */
   if (K < 1 || S < 1) { fprintf(stderr, "usage: launch_cost [K calls a sample] [S samples]\n"); return 2; }
   must(cudaSetDevice(0), "cudaSetDevice");
   must(cudaFree(0), "context creation");
+  if (ember_only) { ember_rows("driver"); return 0; }
   cudaDeviceProp p;
   must(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
   int drv = 0, rt = 0;
@@ -195,8 +198,12 @@ int main(int argc, char **argv) {
   row("cudaMemsetAsync 4 bytes", [&] { cudaMemsetAsync(dbuf, 0, 4, legacy); });
   row("cudaEventRecord (no timing)", [&] { cudaEventRecord(ev, legacy); });
 
-  /* Ember's C path (one mode a process: the switch is read once) */
-  ember_rows(only_mode && *only_mode ? only_mode : "runtime");
+  /* Ember's C path (one mode a process: the switch is read once), the driver's in a child run */
+  ember_rows("runtime");
+  fflush(stdout);
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "'%s' %d %d ember-driver", argv[0], K, S);
+  if (system(cmd) != 0) fprintf(stderr, "launch_cost: the driver-mode run failed: %s\n", cmd);
 
   cudaFree(dbuf);
   cudaEventDestroy(ev);
