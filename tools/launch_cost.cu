@@ -16,7 +16,8 @@
  *   - a launch with what Ember adds around it: the cudaGetLastError check, em_use_device's
  *     cudaGetDevice, EmDeviceGuard's two; a cudaMemsetAsync; a cudaEventRecord;
  *   - Ember's C path without Lua (ember_engine linked): em_fill_, in-place add, add (allocates and
- *     frees), empty + release (the allocator alone), mul recorded for autograd -- on 1-element f32
+ *     frees), empty + release (headers and the allocator), the caching allocator's alloc + free alone,
+ *     mul recorded for autograd -- on 1-element f32
  *     tensors, in both launch modes (EMBER_CUDA_LAUNCH=runtime here, then =driver in a child run of this
  *     program: the switch is read once a process).
  * What it should show: the difference between rows, e.g. "<<<>>> + check" minus "<<<>>>" is the check.
@@ -69,6 +70,10 @@ template <typename F> static void row(const char *what, F &&f) {
   printf("%-58s %7.3f %7.3f\n", what, t[S / 2], t[0]);
 }
 
+/* kernels/runtime.h's caching allocator (in ember_engine), for the allocator-alone row */
+extern "C" void *em_cuda_caching_alloc(size_t nbytes, int device);
+extern "C" void em_cuda_caching_free(void *p, int device);
+
 typedef CUresult (*LaunchFn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 
@@ -95,6 +100,8 @@ static void ember_rows(const char *mode) {
   row(name, [&] { keep(em_mul(a, w)); });
   snprintf(name, sizeof name, "ember C: empty(1) + release (allocator)     [%s]", mode);
   row(name, [&] { keep(em_empty(1, &one, EM_F32, dev)); });
+  snprintf(name, sizeof name, "ember C: caching allocator alloc + free 4 B  [%s]", mode);
+  row(name, [&] { em_cuda_caching_free(em_cuda_caching_alloc(4, 0), 0); });
   em_tensor_release(a);
   em_tensor_release(b);
   em_tensor_release(w);
