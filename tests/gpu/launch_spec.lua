@@ -14,7 +14,7 @@ local function child(mode)
   local out = pipe:read("a")
   pipe:close()
   local got = {}
-  for name, text in out:gmatch("([^\n:]+): ([^\n]*)") do got[name] = text end
+  for name, text in out:gmatch("([^\n]-): ([^\n]*)") do got[name] = text end   -- names may hold ':' (a:add_)
   return got, out
 end
 
