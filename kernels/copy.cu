@@ -202,7 +202,8 @@ static int launch_fill(int dev, void *dst, uint64_t bits, const em_geom &g, int6
   if (g.ndim == 1 && g.stride[0][0] == 1 && (uintptr_t)dst % 16 == 0)
     return em_launch<fill_contig_kernel<W>>("fill_", dev, em_grid((n + 15) / 16, 256), 256, 0, st, (W *)dst, v, n);
   unsigned grid = em_grid(n, 256);
-  if (n <= INT32_MAX) return em_launch<fill_kernel<W, uint32_t>>("fill_", dev, grid, 256, 0, st, (W *)dst, v, g, (uint32_t)n);
+  if (n <= INT32_MAX)
+    return em_launch<fill_kernel<W, uint32_t>>("fill_", dev, grid, 256, 0, st, (W *)dst, v, g, (uint32_t)n);
   return em_launch<fill_kernel<W, int64_t>>("fill_", dev, grid, 256, 0, st, (W *)dst, v, g, n);
 }
 
