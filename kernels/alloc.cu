@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -92,13 +93,18 @@ struct DeviceAlloc {
   em_cuda_memory_stats st{};
 };
 
-DeviceAlloc *devices[EM_CUDA_MAX_DEVICES];
+std::atomic<DeviceAlloc *> devices[EM_CUDA_MAX_DEVICES];
 std::mutex devices_m;
 
+/* Made once, never destroyed (frees may come at exit): every alloc and free after the first reads it
+ * without devices_m (an acquire load instead of a lock and an unlock per call). */
 DeviceAlloc *dev_alloc(int device) {
+  DeviceAlloc *d = devices[device].load(std::memory_order_acquire);
+  if (d) return d;
   std::lock_guard<std::mutex> g(devices_m);
-  if (!devices[device]) devices[device] = new DeviceAlloc();   /* never destroyed: frees may come at exit */
-  return devices[device];
+  d = devices[device].load(std::memory_order_relaxed);
+  if (!d) devices[device].store(d = new DeviceAlloc(), std::memory_order_release);
+  return d;
 }
 
 void (*oom_fn)(void *) = nullptr;
@@ -409,7 +415,7 @@ extern "C" int em_cuda_memory_segments(int device, em_cuda_segment_info **out, i
   for (int dev = 0; dev < EM_CUDA_MAX_DEVICES && !oom; dev++) {
     if (device >= 0 && dev != device) continue;
     DeviceAlloc *d;
-    { std::lock_guard<std::mutex> g(devices_m); d = devices[dev]; }
+    d = devices[dev].load(std::memory_order_acquire);
     if (!d) continue;                           /* never allocated on */
     std::lock_guard<std::mutex> g(d->m);
     std::vector<Block *> all;

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "common.cuh"
 #include "convert.cuh"
+#include "launch.cuh"
 #include "runtime.h"
 
 static thread_local bool tl_nonblocking = false;
@@ -193,17 +194,17 @@ static void launch_move(void *dst, const void *src, const em_geom &g, int64_t n,
   else move_kernel<W, int64_t><<<grid, 256, 0, st>>>((W *)dst, (const W *)src, g, n);
 }
 
+/* fill_ with a value (zeros go to cudaMemsetAsync): through em_launch (launch.cuh), a launch alone. */
 template <typename W>
-static void launch_fill(void *dst, uint64_t bits, const em_geom &g, int64_t n, cudaStream_t st) {
+static int launch_fill(int dev, void *dst, uint64_t bits, const em_geom &g, int64_t n, cudaStream_t st) {
   W v;
   memcpy(&v, &bits, sizeof v);
-  if (g.ndim == 1 && g.stride[0][0] == 1 && (uintptr_t)dst % 16 == 0) {
-    fill_contig_kernel<W><<<em_grid((n + 15) / 16, 256), 256, 0, st>>>((W *)dst, v, n);
-    return;
-  }
+  if (g.ndim == 1 && g.stride[0][0] == 1 && (uintptr_t)dst % 16 == 0)
+    return em_launch<fill_contig_kernel<W>>("fill_", dev, em_grid((n + 15) / 16, 256), 256, 0, st, (W *)dst, v, n);
   unsigned grid = em_grid(n, 256);
-  if (n <= INT32_MAX) fill_kernel<W, uint32_t><<<grid, 256, 0, st>>>((W *)dst, v, g, (uint32_t)n);
-  else fill_kernel<W, int64_t><<<grid, 256, 0, st>>>((W *)dst, v, g, n);
+  if (n <= INT32_MAX)
+    return em_launch<fill_kernel<W, uint32_t>>("fill_", dev, grid, 256, 0, st, (W *)dst, v, g, (uint32_t)n);
+  return em_launch<fill_kernel<W, int64_t>>("fill_", dev, grid, 256, 0, st, (W *)dst, v, g, n);
 }
 
 /* contig: dst and src contiguous with the same shape (no broadcast). */
@@ -411,13 +412,15 @@ extern "C" int em_fill_cuda(em_tensor *dst, double v) {
     return ck(cudaMemsetAsync(em_data_ptr(dst), 0, (size_t)n * es, st), "fill (memset)");
   em_geom g = em_geom_make(dst->ndim, dst->shape, dst->stride, NULL);
   void *d = em_data_ptr(dst);
+  const int dev = dst->device.index;
+  int rc;
   switch (es) {
-    case 1: launch_fill<uint8_t>(d, bits, g, n, st); break;
-    case 2: launch_fill<uint16_t>(d, bits, g, n, st); break;
-    case 4: launch_fill<uint32_t>(d, bits, g, n, st); break;
-    default: launch_fill<uint64_t>(d, bits, g, n, st); break;
+    case 1: rc = launch_fill<uint8_t>(dev, d, bits, g, n, st); break;
+    case 2: rc = launch_fill<uint16_t>(dev, d, bits, g, n, st); break;
+    case 4: rc = launch_fill<uint32_t>(dev, d, bits, g, n, st); break;
+    default: rc = launch_fill<uint64_t>(dev, d, bits, g, n, st); break;
   }
-  return em_launch_check("fill_");
+  return rc ? -1 : em_launch_check("fill_");
 }
 
 /* ---------------- pinned host memory ---------------- */

@@ -7,6 +7,7 @@
  * devices and every CPU path keeps working. No kernels here. */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <atomic>
 #include <mutex>
 #include "backend.h"
 #include "runtime.h"
@@ -44,17 +45,21 @@ static const em_cuda_backend backend = {em_cuda_caching_alloc, em_cuda_caching_f
 /* ---- start-up ---- */
 
 static std::once_flag init_once;
-static int n_devices = 0;
+static std::atomic<int> n_devices{-1};   /* -1 until the runtime was asked */
 
+/* Called on every op's path (alloc, launch checks): after the first call, one acquire load instead of
+ * std::call_once (which sets two thread-locals and enters pthread_once each time). */
 extern "C" int em_cuda_runtime_init(void) {
+  int n = n_devices.load(std::memory_order_acquire);
+  if (n >= 0) return n;
   std::call_once(init_once, [] {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) { cudaGetLastError(); count = 0; }
     if (count > EM_CUDA_MAX_DEVICES) count = EM_CUDA_MAX_DEVICES;
-    n_devices = count;
     if (count > 0) em_cuda = &backend;
+    n_devices.store(count, std::memory_order_release);
   });
-  return n_devices;
+  return n_devices.load(std::memory_order_acquire);
 }
 
 extern "C" int em_cuda_compiled(void) { return 1; }

@@ -36,6 +36,7 @@
  * every op instead of hundreds of template instances. */
 #include "common.cuh"
 #include "dtype_io.cuh"
+#include "launch.cuh"
 #include "backend.h"
 #include <stdlib.h>
 #include <string.h>
@@ -51,18 +52,25 @@ constexpr double kGeluTanhK = 0.79788456080286535588, kGeluTanhC = 0.044715;    
 /* Operand modes. */
 enum { IN_PTR = 0, IN_CONST = 1, IN_SCALAR = 2 };
 
-struct EwArgs {
+/* What the unit-stride float kernels (ew_contig, ew_fixed) read: 128 bytes of kernel parameters where the
+ * whole EwArgs is 464. A tiny op's host time is mostly its launch, and the launch copies the parameters:
+ * the geometry the 1-D paths never read stays out of theirs (tools/launch_cost.cu times 8 to 4096 bytes). */
+struct EwFlat {
   int kind, code, nin, ndim;
   double lo, hi;                  /* clamp bounds for float classes */
-  int64_t ilo, ihi;               /* ... and for the integer class */
   int64_t numel;
-  int64_t shape[EM_MAX_DIMS];
-  int64_t stride[4][EM_MAX_DIMS]; /* [0] output, [j+1] input j */
   void *ptr[4];                   /* element 0 of each tensor (offset applied) */
   int dtype[4];
   int mode[3];
   double cval[3];
 };
+
+struct EwArgs : EwFlat {
+  int64_t ilo, ihi;               /* clamp bounds for the integer class */
+  int64_t shape[EM_MAX_DIMS];
+  int64_t stride[4][EM_MAX_DIMS]; /* [0] output, [j+1] input j */
+};
+static_assert(sizeof(EwFlat) == 128 && sizeof(EwArgs) == 464, "the parameter sizes the comment above states");
 
 /* ---------------- math, overloaded for float and double ---------------- */
 
@@ -237,7 +245,8 @@ template <typename C>
 struct Kern {
   int kind, code;
   C lo, hi;
-  __device__ explicit Kern(const EwArgs &a) : kind(a.kind), code(a.code) {
+  template <typename A>   /* EwArgs, or EwFlat for a float C */
+  __device__ explicit Kern(const A &a) : kind(a.kind), code(a.code) {
     if constexpr (std::is_same<C, int64_t>::value) { lo = a.ilo; hi = a.ihi; }
     else { lo = (C)a.lo; hi = (C)a.hi; }
   }
@@ -272,7 +281,7 @@ template <typename C> __device__ __forceinline__ C const_as(double c) {
  * 16-bit registers. */
 
 template <typename T, typename C, bool VEC, int NIN, typename I>
-__global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
+__global__ void __launch_bounds__(kThreads) ew_contig(EwFlat a) {
   constexpr int V = VEC ? 16 / (int)sizeof(T) : 1;
   constexpr int U = VEC && sizeof(T) == 2 ? 2 : 1;
   constexpr int W = U * V;
@@ -357,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) ew_contig(EwArgs a) {
  * torch 8 % faster; f32 add / lerp are at 85-91 % there and stay).
  * EMBER_EW_FIXED_OLD=1 runs all of these on ew_contig again. */
 template <typename T, int NIN, int CODE>
-__global__ void __launch_bounds__(kThreads) ew_fixed(EwArgs a) {
+__global__ void __launch_bounds__(kThreads) ew_fixed(EwFlat a) {
   constexpr int V = 16 / (int)sizeof(T), U = 2, W = U * V;
   const uint4 *src[NIN];
   float cst[NIN];
@@ -1006,22 +1015,21 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 unsigned grid_for(int64_t units) { return em_grid(units, kThreads); }
 
+/* The tiny ops' path (a + b, a:add_(b), a * w of one element): launched through em_launch (launch.cuh). */
 template <typename T>
-int launch_contig(const EwArgs &a, bool vec, cudaStream_t s) {
+int launch_contig(const char *op, int dev, const EwArgs &a, bool vec, cudaStream_t s) {
   typedef typename std::conditional<std::is_same<T, double>::value, double, float>::type C;
   constexpr int V = 16 / (int)sizeof(T), U = sizeof(T) == 2 ? 2 : 1;
   const bool i32 = a.numel <= ((int64_t)1 << 30);   /* v + U * step stays below 2^31 */
   if (vec) {
     const unsigned g = grid_for((a.numel / V + U - 1) / U > 0 ? (a.numel / V + U - 1) / U : 1);
-    if (!i32) ew_contig<T, C, true, 3, int64_t><<<g, kThreads, 0, s>>>(a);
-    else if (a.nin == 1) ew_contig<T, C, true, 1, int32_t><<<g, kThreads, 0, s>>>(a);
-    else if (a.nin == 2) ew_contig<T, C, true, 2, int32_t><<<g, kThreads, 0, s>>>(a);
-    else ew_contig<T, C, true, 3, int32_t><<<g, kThreads, 0, s>>>(a);
-  } else {
-    if (i32) ew_contig<T, C, false, 3, int32_t><<<grid_for(a.numel), kThreads, 0, s>>>(a);
-    else ew_contig<T, C, false, 3, int64_t><<<grid_for(a.numel), kThreads, 0, s>>>(a);
+    if (!i32) return em_launch<ew_contig<T, C, true, 3, int64_t>>(op, dev, g, kThreads, 0, s, a);
+    if (a.nin == 1) return em_launch<ew_contig<T, C, true, 1, int32_t>>(op, dev, g, kThreads, 0, s, a);
+    if (a.nin == 2) return em_launch<ew_contig<T, C, true, 2, int32_t>>(op, dev, g, kThreads, 0, s, a);
+    return em_launch<ew_contig<T, C, true, 3, int32_t>>(op, dev, g, kThreads, 0, s, a);
   }
-  return 0;
+  if (i32) return em_launch<ew_contig<T, C, false, 3, int32_t>>(op, dev, grid_for(a.numel), kThreads, 0, s, a);
+  return em_launch<ew_contig<T, C, false, 3, int64_t>>(op, dev, grid_for(a.numel), kThreads, 0, s, a);
 }
 
 /* EMBER_GELU_TAB=0: bf16 gelu and gelu tanh on ew_fixed (erff / tanhf per element) instead of gelu_tab; read once. */
@@ -1035,7 +1043,7 @@ bool gelu_tab_on() {
  * unit-stride and 16-byte aligned, the others numbers, n <= 2^30. f32: the
  * transcendental unary ops and their gradients only. */
 template <typename T>
-bool launch_fixed(const EwArgs &a, cudaStream_t s, int dev) {
+bool launch_fixed(const char *op, const EwArgs &a, cudaStream_t s, int dev, int &rc) {
   constexpr bool f32 = std::is_same<T, float>::value;
   const int64_t units = (a.numel / (16 / (int)sizeof(T)) + 1) / 2;
   const unsigned g = grid_for(units > 0 ? units : 1);
@@ -1047,12 +1055,12 @@ bool launch_fixed(const EwArgs &a, cudaStream_t s, int dev) {
       const unsigned gg = (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
       const uint4 *in = (const uint4 *)a.ptr[1];
       uint4 *out = (uint4 *)a.ptr[0];
-      if (a.code == EM_GELU) gelu_tab<EM_GELU><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
-      else gelu_tab<EM_GELU_TANH><<<gg, kGeluThreads, 0, s>>>(in, out, (int)a.numel);
+      if (a.code == EM_GELU) rc = em_launch<gelu_tab<EM_GELU>>(op, dev, gg, kGeluThreads, 0, s, in, out, (int)a.numel);
+      else rc = em_launch<gelu_tab<EM_GELU_TANH>>(op, dev, gg, kGeluThreads, 0, s, in, out, (int)a.numel);
       return true;
     }
   }
-#define EM_FX(NIN, CODE) case CODE: ew_fixed<T, NIN, CODE><<<g, kThreads, 0, s>>>(a); return true
+#define EM_FX(NIN, CODE) case CODE: rc = em_launch<ew_fixed<T, NIN, CODE>>(op, dev, g, kThreads, 0, s, a); return true
   if (a.kind == EM_EW_BINARY && a.nin == 2) {   /* the backward of the transcendental unary ops: g' = f(g, x or y) */
     switch (a.code) {
       EM_FX(2, EM_EW_G_GELU); EM_FX(2, EM_EW_G_GELU_TANH); EM_FX(2, EM_EW_G_SILU); EM_FX(2, EM_EW_G_SIGMOID);
@@ -1332,18 +1340,20 @@ extern "C" int em_elementwise_cuda(const char *op, const em_ew_kern *k, em_tenso
   if (fast && vec && (half16(T) || T == EM_F32) && numel <= ((int64_t)1 << 30) && !fixed_old()) {
     bool fixed = true;   /* no broadcast scalar (IN_SCALAR) operands */
     for (int j = 0; j < nin; j++) fixed = fixed && a.mode[j] != IN_SCALAR;
-    if (fixed && (T == EM_BF16 ? launch_fixed<__nv_bfloat16>(a, s, dev) : T == EM_F16 ? launch_fixed<__half>(a, s, dev)
-                                                                    : launch_fixed<float>(a, s, dev)))
-      return em_launch_check(op);
+    int rc = 0;
+    if (fixed && (T == EM_BF16 ? launch_fixed<__nv_bfloat16>(op, a, s, dev, rc)
+                  : T == EM_F16 ? launch_fixed<__half>(op, a, s, dev, rc) : launch_fixed<float>(op, a, s, dev, rc)))
+      return rc ? -1 : em_launch_check(op);
   }
   if (fast) {
+    int rc;
     switch (T) {
-      case EM_F32: launch_contig<float>(a, vec, s); break;
-      case EM_BF16: launch_contig<__nv_bfloat16>(a, vec, s); break;
-      case EM_F16: launch_contig<__half>(a, vec, s); break;
-      default: launch_contig<double>(a, vec, s); break;
+      case EM_F32: rc = launch_contig<float>(op, dev, a, vec, s); break;
+      case EM_BF16: rc = launch_contig<__nv_bfloat16>(op, dev, a, vec, s); break;
+      case EM_F16: rc = launch_contig<__half>(op, dev, a, vec, s); break;
+      default: rc = launch_contig<double>(op, dev, a, vec, s); break;
     }
-    return em_launch_check(op);
+    return rc ? -1 : em_launch_check(op);
   }
   for (int j = 0; j < 3; j++) if (a.mode[j] == IN_SCALAR) a.mode[j] = IN_PTR;   /* (fast == false) */
 
