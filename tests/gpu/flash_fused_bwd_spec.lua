@@ -248,18 +248,22 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]]):format(cases, table.concat(kernels, '", "')), ".lua")
   end
 
-  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e"): two warps taking
-  -- the even and the odd tiles (default) or Step 5d's one; the counters fix the order of dq's adds either way, so
-  -- the bits must be the same. The cases: many key blocks and q tiles (both writers busy, GQA), one tile a block
-  -- (the second writer has none), both head dims and all masks.
-  it("gives the same bits with one dq writer as with two (EMBER_FLASH_DET_WRITERS, in children)", function()
+  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e", "Step 10"): two
+  -- warps taking the even and the odd tiles (default), Step 5d's one, or three taking tiles jt % 3 (warp 0 then
+  -- stages lse/Δ beside its copies; one named barrier per consumer and writer for both dq full and empty); the
+  -- counters fix the order of dq's adds in every setting, so the bits must be the same. The cases: many key blocks
+  -- and q tiles (every writer busy, GQA), one tile a block (the other writers have none), two tiles (the third
+  -- has none), a 4100-long head (65 q tiles: the counters' waits and the writers' three-tile cycle in steady
+  -- state), both head dims and all masks.
+  it("gives the same bits with one, two or three dq writers (EMBER_FLASH_DET_WRITERS, in children)", function()
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
-  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}}}]], {"fused"})
-    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1"})
-    assert.are.equal(4 * 3 * 3, C.assert_modes_agree(got, "2", {"1"}))
-    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "3"}})
-    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=3 should fail")
-    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2 or 1, got '3'", err, 1, true)
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}},
+  {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"})
+    assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=4 should fail")
+    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2, 1 or 3, got '4'", err, 1, true)
     helpers.remove_temps()
   end)
 
