@@ -60,7 +60,12 @@
  * and 3 take the even and the odd tiles, so each writer's bump (a release
  * membar) and counter read (an acquire round trip) fall in the two tile steps
  * between its own tiles, off the path from a consumer's dq store to the
- * hand-back that lets it store the next. */
+ * hand-back that lets it store the next. Three writers (EMBER_FLASH_DET_WRITERS=3;
+ * docs/flash.md "Step 10"): warps 1-3 take tiles jt % 3 and warp 0 stages lse/Δ
+ * beside its copies; with three tile steps between its tiles a writer waits out
+ * its own adds, bumps its tile at once and reads its next tile's counters —
+ * the two-writer loop with a stale read (membar + two round trips) is longer
+ * than two tile steps of the consumers' pace since Step 6. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
