@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // so each has two tile steps for its bump and counter read (the release's membar, the acquire's round
       // trip) instead of one: they leave the consumers' path. A writer's lazy bump is then of its own previous
       // tile, two tiles back.
-      // Three writers (kThreeWriters; docs/flash.md "Step 10"): warps 1-3 take tiles jt % 3 = 0, 1, 2 (warp 0 stages
+      // Three writers (W3; docs/flash.md "Step 10"): warps 1-3 take tiles jt % 3 = 0, 1, 2 (warp 0 stages
       // lse/Δ beside its copies); with three tile steps between its tiles a writer can wait out its own adds after
       // the hand-back and bump its tile at once (no lag), then read its next tile's counters.
       const int pw = threadIdx.x >> 5;

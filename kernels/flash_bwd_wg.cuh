@@ -311,7 +311,8 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
     }
   } else if (threadIdx.x >= 64 && threadIdx.x < 64 + 32 * ld_warps) {
     // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers);
-    // ld_warps 1: warp 2 rows r and r + 32
+    // ld_warps 1: warp 2 rows r and r + 32. (stage_row's code written out: through it ptxas schedules wg2's and
+    // fused's producers differently; written out, their kernels stay byte-identical to before "Step 10".)
     const int r = threadIdx.x - 64;
     for (int j = 0; j < ntile; j++) {
       const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
