@@ -65,7 +65,10 @@
  * beside its copies; with three tile steps between its tiles a writer waits out
  * its own adds, bumps its tile at once and reads its next tile's counters —
  * the two-writer loop with a stale read (membar + two round trips) is longer
- * than two tile steps of the consumers' pace since Step 6. */
+ * than two tile steps of the consumers' pace since Step 6. With them,
+ * EMBER_FLASH_DET_STORE_FIRST=1: no memset of dq_accum — a tile's first adder in
+ * its copy stores (it waits for no one), and the conversion reads only the
+ * copies whose counters say some key block wrote them. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
@@ -84,7 +87,8 @@ namespace {
 
 // flash_bwd_fused_kernel's flags; kTwoWriters: fused's two dq writer warps (docs/flash.md "Step 5e"; three: the
 // template parameter W3, "Step 10")
-constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16;
+// kStoreFirst (W3 only; EMBER_FLASH_DET_STORE_FIRST=1): a chain's first adder to a tile stores it instead (no memset)
+constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16, kStoreFirst = 32;
 
 /* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
  * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
@@ -176,6 +180,12 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 __device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n" ::"l"(dst),
                "r"(src), "r"(bytes), "l"(pol)
+               : "memory");
+}
+/* the same, stored rather than added (the first adder of a tile in its copy of dq_accum, which is then not zeroed) */
+__device__ __forceinline__ void bulk_store(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(dst), "r"(src),
+               "r"(bytes), "l"(pol)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -404,7 +414,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
               // the policy made at each use (one instruction): 2 registers fewer to spill on 24
-              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
+              if (three && (flags & kStoreFirst) && wj == 0)   // no key block above in this copy: the first adder
+                bulk_store(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
+              else
+                bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
               bulk_commit();
             }
           }
@@ -625,9 +638,9 @@ __global__ void __launch_bounds__(THREADS, 1)
  *   bulk: per (b·H + h, 64-query tile), consumer half cw (D/2 columns) as store_dq_half wrote it — float4 m of
  *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
  *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
-template <typename T, int D, bool BULK>
+template <typename T, int D, bool BULK, bool TOUCHED = false>
 __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp, int chains,
-                                                                int64_t nacc) {
+                                                                int64_t nacc, const unsigned *cnt = nullptr) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   // fused's copies of dq_accum (one a chain of key blocks) summed in copy order: the same bits on every run
   auto load = [&](int64_t at) {
@@ -635,6 +648,20 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     for (int c = 1; c < chains; c++) {
       const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+    }
+    return v;
+  };
+  // TOUCHED (bulk, EMBER_FLASH_DET_STORE_FIRST=1): dq_accum not zeroed; copy c of a tile half holds a sum only if
+  // some key block added to it, which its counter (cnt: the number of key blocks that did) says. The touched copies
+  // in copy order, the first taken as it is (as 0 + x is x), so the sum is the memset path's but for a zero's sign
+  auto load_touched = [&](int64_t at, int64_t ci) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool any = false;
+    for (int c = 0; c < chains; c++) {
+      if (cnt[c * nacc / (STR * D / 2) + ci] == 0) continue;   // nacc / (STR · D/2): the halves (counters) a copy
+      const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
+      if (!any) v = w, any = true;
+      else v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
     return v;
   };
@@ -655,7 +682,9 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
     const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
     if (i >= p.Tq || c >= p.Dv) return;
-    const float4 v = load(4 * idx);
+    float4 v;
+    if constexpr (TOUCHED) v = load_touched(4 * idx, half);   // half: the tile half's index, its counter's too
+    else v = load(4 * idx);
     const int b = (int)(bh / p.H), h = (int)(bh % p.H);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
     store2(dst, v.x * p.scale, v.y * p.scale);
@@ -704,6 +733,15 @@ int det_writers() {
   return g_det_writers;
 }
 
+/* EMBER_FLASH_DET_STORE_FIRST, read once (docs/flash.md "Step 10"): 1 — with three dq writers, each tile's first adder
+ * in its copy of dq_accum stores its half instead of adding it, so dq_accum is not zeroed (only the counters are) and
+ * the convert kernel reads only the copies a tile's counters say were written; 0 (default) — the memset. The same
+ * values (an exact zero's sign aside: the store keeps a −0 that 0 + −0 makes +0). 1, 0, or -1 with the error set. */
+int g_store_first = -1;
+int det_store_first() {
+  return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");   // 0 default
+}
+
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
@@ -712,7 +750,10 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
   const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, writers = DET && BULK ? det_writers() : 1;
-  if (chains < 0 || lazy < 0 || writers < 0) return -1;
+  const int store_first = DET && BULK ? det_store_first() : 0;
+  if (chains < 0 || lazy < 0 || writers < 0 || store_first < 0) return -1;
+  if (store_first && writers != 3)
+    return em_error("flash_attention: EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got %d", writers);
   static const int dbg = [] {
     const char *e = getenv("EMBER_FLASH_FUSED_DEBUG");
     return e ? (int)strtol(e, nullptr, 0) & (kNoFence | kNoWait | kNdHighest) : 0;
@@ -726,7 +767,10 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (!buf) return -1;
   float *dqa = static_cast<float *>(buf);
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
-  int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
+  // store first: only the counters zeroed (dq_accum's tiles are stored by their first adder or never read)
+  int rc = (store_first ? cudaMemsetAsync(cnt, 0, ncnt * 4 * chains, s) : cudaMemsetAsync(buf, 0, bytes, s)) == cudaSuccess
+               ? 0
+               : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
     auto k1 = writers == 3 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
@@ -734,14 +778,18 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
           m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc,
-          (lazy ? kLazy : 0) | (writers == 2 ? kTwoWriters : 0) | dbg);
+          (lazy ? kLazy : 0) | (writers == 2 ? kTwoWriters : 0) | (store_first ? kStoreFirst : 0) | dbg);
       rc = em_launch_check(what);
     }
   }
   if (rc == 0) {
     const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
-    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
-                                                                                  (int64_t)nacc);
+    if (store_first)
+      flash_dq_convert_kernel<T, D, BULK, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+                                                                                         (int64_t)nacc, cnt);
+    else
+      flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+                                                                                    (int64_t)nacc);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }
   em_cuda_caching_free(buf, device);

@@ -43,6 +43,10 @@ for tile 0), and arrives on full of parity jt % 2 (ids 9 + cw, 11 + cw for
 parity 1). The same checks hold, with the half's read recorded with the agent
 that did it; the counters' bump of a tile then comes two tiles later (lag 2).
 
+Step 10, store first (EMBER_FLASH_DET_STORE_FIRST=1): dq_accum is not zeroed; the
+counters model checks that every (copy, tile, half) with adds is stored exactly
+once, by its first adder (the block whose wanted counter value is 0).
+
 Step 10, three writers (v['writers'] = 3; EMBER_FLASH_DET_WRITERS=3): writers 0-2
 (agents 2-4, the producer's warps 1-3) take tiles jt % 3; dq full per (consumer,
 writer), 9 + cw + 2w, and one dq empty per consumer, 5 + cw, that all three
@@ -316,6 +320,7 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
     tqp = (Tq + STR - 1) // STR * STR
     cnt = {}
     adds = {}
+    stores = {}
 
     def nlast(mt):
         return min(nb - 1, (mt * STR + STR - 1 + off) // RES) if causal else nb - 1
@@ -338,6 +343,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
                 while cnt.get(key, 0) != (nlast(mt) - n) // chains:
                     yield
                 adds.setdefault(key, []).append(n)
+                if (nlast(mt) - n) // chains == 0:   # EMBER_FLASH_DET_STORE_FIRST: this block stores, not adds
+                    stores.setdefault(key, []).append(n)
                 if not bulk:
                     cnt[key] = cnt.get(key, 0) + 1
             yield
@@ -367,6 +374,10 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
                 if n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR]
         if ns != want:
             return 'tile %s got adds from %s, expected %s' % ((hg, mt, half), ns, want)
+        # store first (Step 10): dq_accum not zeroed, so each written (copy, tile, half) must be stored exactly once,
+        # by its first adder; the convert reads a copy only where the counter (its adders) is nonzero
+        if stores.get((c, hg, mt, half)) != ns[:1]:
+            return 'tile %s stored by %s, first adder %s' % ((c, hg, mt, half), stores.get((c, hg, mt, half)), ns[:1])
     expected_tiles = {(c, hg, mt, half) for c in range(chains) for hg in range(group) for mt in range(tqp // STR)
                       for half in range(2)
                       if any(n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR

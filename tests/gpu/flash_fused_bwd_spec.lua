@@ -98,7 +98,8 @@ print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
 -- counter bump a tile late (EMBER_FLASH_DET_LAZY, default on); also read once: one run per setting A/Bs them
 print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
   "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
-  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)"))
+  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)") ..
+  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 0)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -259,11 +260,38 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
   {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}},
   {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
-    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"})
+    -- (store first needs three writers: off here, whatever this run's setting)
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"},
+      {EMBER_FLASH_DET_STORE_FIRST = "0"})
     assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
-    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4"}})
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4",
+      EMBER_FLASH_DET_STORE_FIRST = "0"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=4 should fail")
     assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2, 1 or 3, got '4'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- store first (EMBER_FLASH_DET_STORE_FIRST=1, with three writers; docs/flash.md "Step 10"): dq_accum is not
+  -- zeroed; each tile's first adder in its copy stores its half, and the conversion reads only the copies the
+  -- tile's counters say were written. The same sums in the same order (0 + x is x), so the same values — compared
+  -- with ne, which also takes an exact zero's sign as equal (the store keeps a −0 that 0 + −0 would make +0). The
+  -- cases: q tiles no key block reaches (bottom-right with Tq > Tk: rows that see no keys; they must read as 0, not
+  -- as whatever the unzeroed buffer held), Tq < Tk, ragged lengths, GQA, one key block, chains' copies a tile's
+  -- first rows never reach, both head dims, every mask.
+  it("gives the same values with EMBER_FLASH_DET_STORE_FIRST=1 as with 0 (three writers, in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 100, 128}},
+  {"f16", {1, 4, 700, 64}, {1, 2, 90, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_STORE_FIRST", {"0", "1"},
+      {EMBER_FLASH_DET_WRITERS = "3"})
+    assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "0", {"1"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_STORE_FIRST = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_STORE_FIRST=2 should fail")
+    assert.matches("expected EMBER_FLASH_DET_STORE_FIRST to be 0 or 1, got '2'", err, 1, true)
+    _, err, code = helpers.ember({"run", script},
+      {env = {EMBER_FLASH_DET_STORE_FIRST = "1", EMBER_FLASH_DET_WRITERS = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_STORE_FIRST=1 with two writers should fail")
+    assert.matches("EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got 2", err, 1, true)
     helpers.remove_temps()
   end)
 
