@@ -60,7 +60,15 @@
  * and 3 take the even and the odd tiles, so each writer's bump (a release
  * membar) and counter read (an acquire round trip) fall in the two tile steps
  * between its own tiles, off the path from a consumer's dq store to the
- * hand-back that lets it store the next. */
+ * hand-back that lets it store the next. Three writers (EMBER_FLASH_DET_WRITERS=3;
+ * docs/flash.md "Step 10"): warps 1-3 take tiles jt % 3 and warp 0 stages lse/Δ
+ * beside its copies; with three tile steps between its tiles a writer waits out
+ * its own adds, bumps its tile at once and reads its next tile's counters —
+ * the two-writer loop with a stale read (membar + two round trips) is longer
+ * than two tile steps of the consumers' pace since Step 6. With them,
+ * EMBER_FLASH_DET_STORE_FIRST=1: no memset of dq_accum — a tile's first adder in
+ * its copy stores (it waits for no one), and the conversion reads only the
+ * copies whose counters say some key block wrote them. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
@@ -77,8 +85,10 @@ using namespace flash;
 
 namespace {
 
-// flash_bwd_fused_kernel's flags; kTwoWriters: fused's two dq writer warps (docs/flash.md "Step 5e")
-constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16;
+// flash_bwd_fused_kernel's flags; kTwoWriters: fused's two dq writer warps (docs/flash.md "Step 5e"; three: the
+// template parameter W3, "Step 10")
+// kStoreFirst (W3 only; EMBER_FLASH_DET_STORE_FIRST=1): a chain's first adder to a tile stores it instead (no memset)
+constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16, kStoreFirst = 32;
 
 /* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
  * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
@@ -127,13 +137,18 @@ __device__ __forceinline__ void red_release_inc_pair(unsigned *p) {
   asm volatile("red.release.gpu.global.add.u64 [%0], 0x100000001;\n" ::"l"(p) : "memory");
 }
 
-/* ---- bulk dq (docs/flash.md "Step 5b", "Step 5e") ----
+/* ---- bulk dq (docs/flash.md "Step 5b", "Step 5e", "Step 10") ----
  * Named barriers, per consumer cw and writer parity w (one writer: w 0 always; two writers: w = the tile's
- * parity, writer w the one that takes those tiles):
+ * parity, three: jt % 3; writer w the one that takes those tiles):
  *   3 + cw, 9 + cw    dq full (w 0, 1):  the consumer's 128 threads arrive (their half stored), writer w syncs (160);
  *   5 + cw, 11 + cw   dq empty (w 0, 1): writer w arrives (its copy has read the half), the consumer syncs (160);
  *   7 + cw            the consumer's own 128 threads (dSᵀ stored in turn B, before dk's wgmma reads it).
- * 0 is __syncthreads, 1-2 the consumers' turns. */
+ * Three writers (D 128 has only 16 ids with 7-8): dq full 9 + cw + 2w (a writer waits at its own, ahead of its
+ * tile: a shared one would take two writers' syncs in one phase), dq empty 5 + cw shared by the three writers —
+ * only the consumer waits there, and writer jt % 3 hands tile jt back after syncing on its full, which the consumer
+ * arrives at after its sync on the hand-back of tile jt − 1: one arrival and one sync a phase, in tile order.
+ * (One barrier for both full and empty is not possible: a writer's hand-back arrival and its next full sync would
+ * land in one phase; tools/flash_bwd_fused_protocol.py catches it.) 0 is __syncthreads, 1-2 the consumers' turns. */
 constexpr int DQ_BAR = 160;
 template <int ID, int N> __device__ __forceinline__ void bar_sync_n() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
@@ -143,8 +158,8 @@ template <int ID, int N> __device__ __forceinline__ void bar_arrive_n() {
 }
 /* dq full / dq empty of consumer cw, parity w: a register id (one block an SM: reserving all 16 is free),
  * so that the two-writer choice costs the consumers no branches */
-__device__ __forceinline__ int dq_full_id(int cw, int w) { return 3 + cw + 6 * w; }
-__device__ __forceinline__ int dq_empty_id(int cw, int w) { return 5 + cw + 6 * w; }
+__device__ __forceinline__ int dq_full_id(int cw, int w, bool three = false) { return three ? 9 + cw + 2 * w : 3 + cw + 6 * w; }
+__device__ __forceinline__ int dq_empty_id(int cw, int w, bool three = false) { return three ? 5 + cw : 5 + cw + 6 * w; }
 __device__ __forceinline__ void bar_sync_r(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(DQ_BAR) : "memory");
 }
@@ -165,6 +180,12 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 __device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n" ::"l"(dst),
                "r"(src), "r"(bytes), "l"(pol)
+               : "memory");
+}
+/* the same, stored rather than added (the first adder of a tile in its copy of dq_accum, which is then not zeroed) */
+__device__ __forceinline__ void bulk_store(float *dst, uint32_t src, uint32_t bytes, uint64_t pol) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(dst), "r"(src),
+               "r"(bytes), "l"(pol)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -275,7 +296,9 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 }
 #endif
 
-template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6>
+/* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
+ * that the other settings' kernels are the code they were. */
+template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -285,7 +308,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // not guaranteed with kNoFence / kNoWait): kNoFence, no proxy fence before a reduce; kNoWait, no counter wait;
   // kNdHighest, fused_nd in fused's block order
   const bool lazy = flags & kLazy, nofence = flags & kNoFence, nowait = flags & kNoWait;
-  const bool two = BULK && (flags & kTwoWriters);   // two dq writers (warps 1 and 3), tiles by parity
+  // dq writers: two (warps 1 and 3), tiles by parity; three (warps 1-3; warp 0 stages lse/Δ), tiles by jt % 3
+  constexpr bool three = W3;
+  static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
+  const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   using F = FLayout<D, STAGES, BULK>;
@@ -325,12 +351,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     return (unsigned)((nlast - nb) / chains);   // the key blocks n in (nb, nlast] with n ≡ nb (mod chains)
   };
 
-  // full: the copies' expect_tx and the lse/Δ threads (two writers: warp 2 alone, two rows a lane)
-  init_barriers<STAGES>(bar_kv, full, empty, two ? 1 + 32 : 1 + STR);
+  // full: the copies' expect_tx and the lse/Δ threads (two writers: warp 2 alone, three: warp 0, two rows a lane)
+  init_barriers<STAGES>(bar_kv, full, empty, three || two ? 1 + 32 : 1 + STR);
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
-                             ntile, two ? 1 : 2);
+                             ntile, three ? 0 : two ? 1 : 2);
     if constexpr (BULK) {
       // warp 1 (idle in the producer): the dq writer. Per tile, each half once its consumer stored it (dq full),
       // fused: once the tile's counters say the key blocks above have added theirs; one bulk reduce each, then
@@ -345,10 +371,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       // so each has two tile steps for its bump and counter read (the release's membar, the acquire's round
       // trip) instead of one: they leave the consumers' path. A writer's lazy bump is then of its own previous
       // tile, two tiles back.
+      // Three writers (W3; docs/flash.md "Step 10"): warps 1-3 take tiles jt % 3 = 0, 1, 2 (warp 0 stages
+      // lse/Δ beside its copies); with three tile steps between its tiles a writer can wait out its own adds after
+      // the hand-back and bump its tile at once (no lag), then read its next tile's counters.
       const int pw = threadIdx.x >> 5;
-      if ((pw == 1 || (two && pw == 3)) && ntile > 0) {
+      if ((three ? pw >= 1 : pw == 1 || (two && pw == 3)) && ntile > 0) {
         const bool lead = (threadIdx.x & 31) == 0;
-        const int w = pw == 3 ? 1 : 0, step = two ? 2 : 1;   // tiles w, w + step, ...; barriers of parity w
+        const int w = three ? pw - 1 : pw == 3 ? 1 : 0, step = three ? 3 : two ? 2 : 1;   // tiles w, w + step, ...
         auto want = [&](int jt) { return (unsigned long long)ahead(jt) * 0x100000001ull; };
         auto bump = [&](int jt) {   // tile jt's adds performed (the caller waited on their groups)
           fence_proxy_async_global();
@@ -363,8 +392,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (DET && lazy && lead && !nowait && w < ntile) seen = ld_acquire_pair(counter(w, 0));
         // the consumers' first store (tile 0) syncs on the empty barriers of parity "tile −1": 1 with two writers
         if (w == step - 1) {
-          bar_arrive_r(dq_empty_id(0, w));
-          bar_arrive_r(dq_empty_id(1, w));
+          bar_arrive_r(dq_empty_id(0, w, three));
+          bar_arrive_r(dq_empty_id(1, w, three));
         }
         for (int jt = w; jt < ntile; jt += step) {
           // before the full sync (while waiting for the consumers), not between it and the reduce: the tile's
@@ -374,7 +403,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int h = 0; h < 2; h++) {
             __syncwarp();   // bar.sync is .aligned: the warp converged after lane 0's branch
-            bar_sync_r(dq_full_id(h, w));
+            bar_sync_r(dq_full_id(h, w, three));
             if (lead) {
               if constexpr (DET) {
                 if (!nowait && lazy && h == 0)
@@ -385,15 +414,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (!nofence && (h == 0 || !lazy)) fence_proxy_async_global();   // the adds after those acquired
               }
               // the policy made at each use (one instruction): 2 registers fewer to spill on 24
-              bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
+              if (three && (flags & kStoreFirst) && wj == 0)   // no key block above in this copy: the first adder
+                bulk_store(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
+              else
+                bulk_reduce_add(dst + h * (kDqHalf<D> / 4), sDQ + h * kDqHalf<D>, kDqHalf<D>, l2_evict_last());
               bulk_commit();
             }
           }
           if (lead) bulk_wait_read();
           __syncwarp();
           if (jt + 1 < ntile) {   // the consumers sync on these only before a next tile's store
-            bar_arrive_r(dq_empty_id(0, w));
-            bar_arrive_r(dq_empty_id(1, w));
+            bar_arrive_r(dq_empty_id(0, w, three));
+            bar_arrive_r(dq_empty_id(1, w, three));
           }
           if constexpr (DET) {
             if (lead && !lazy) {
@@ -401,7 +433,10 @@ __global__ void __launch_bounds__(THREADS, 1)
               bump(jt);
             }
             if (lead && lazy) {
-              if (jt >= step) {
+              if (three) {
+                bulk_wait_all();   // this tile's adds (the halves are handed back already): bumped with no lag
+                bump(jt);
+              } else if (jt >= step) {
                 bulk_wait_all_but2();   // this writer's groups: all but tile jt's two, i.e. tile jt − step's
                 bump(jt - step);
               }
@@ -410,14 +445,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                 // two writers: the block above bumps a tile (two of its tiles late) about when this read goes out
                 // (it reaches a q tile 2·chains tiles earlier); a stale value gets a second look, waited for only
                 // at the tile, so that the check there rarely costs a round trip
-                if (two && seen != want(jt + step)) seen = ld_acquire_pair(counter(jt + step, 0));
+                if ((three || two) && seen != want(jt + step)) seen = ld_acquire_pair(counter(jt + step, 0));
               }
             }
           }
         }
         if (lead) bulk_wait_all();
         if constexpr (DET) {
-          if (lead && lazy && w < ntile) bump(w + (ntile - 1 - w) / step * step);   // this writer's last tile
+          if (lead && lazy && !three && w < ntile) bump(w + (ntile - 1 - w) / step * step);   // this writer's last tile
         }
       }
     }
@@ -461,12 +496,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   // tile jt's dq (in dq) out: bulk, into this consumer's half buffer for the writer; red, added into dq_accum
   // (rows of q head bh_of(jt), this consumer's columns) by every thread
+  [[maybe_unused]] int wout = 0;
   auto dq_out = [&](int jt) {
     if constexpr (BULK) {
-      bar_sync_r(dq_empty_id(cw, (jt - 1) & two));   // the copy has read the buffer's last tile (jt − 1)
+      // the copy has read the buffer's last tile (jt − 1); three writers: their shared empty barrier
+      bar_sync_r(dq_empty_id(cw, (jt - 1) & two, three));
       store_dq_half<D>(sDQ + cw * kDqHalf<D>, dq, tid);
       fence_proxy_async();   // the generic stores before the copy engine's reads
-      bar_arrive_r(dq_full_id(cw, jt & two));
+      if constexpr (three) {
+        bar_arrive_r(dq_full_id(cw, wout, true));   // writer jt % 3's (the calls come in tile order)
+        wout = wout == 2 ? 0 : wout + 1;
+      } else {
+        bar_arrive_r(dq_full_id(cw, jt & two));
+      }
     } else {
       add_dq<D>(dqa + ((int64_t)bh_of(jt) * tqp + mt_of(jt) * STR) * D + cw * (D / 2), dq, warp * 16 + g, t);
       if constexpr (DET) {
@@ -596,9 +638,9 @@ __global__ void __launch_bounds__(THREADS, 1)
  *   bulk: per (b·H + h, 64-query tile), consumer half cw (D/2 columns) as store_dq_half wrote it — float4 m of
  *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
  *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
-template <typename T, int D, bool BULK>
+template <typename T, int D, bool BULK, bool TOUCHED = false>
 __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp, int chains,
-                                                                int64_t nacc) {
+                                                                int64_t nacc, const unsigned *cnt = nullptr) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   // fused's copies of dq_accum (one a chain of key blocks) summed in copy order: the same bits on every run
   auto load = [&](int64_t at) {
@@ -606,6 +648,20 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     for (int c = 1; c < chains; c++) {
       const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+    }
+    return v;
+  };
+  // TOUCHED (bulk, EMBER_FLASH_DET_STORE_FIRST=1): dq_accum not zeroed; copy c of a tile half holds a sum only if
+  // some key block added to it, which its counter (cnt: the number of key blocks that did) says. The touched copies
+  // in copy order, the first taken as it is (as 0 + x is x), so the sum is the memset path's but for a zero's sign
+  auto load_touched = [&](int64_t at, int64_t ci) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool any = false;
+    for (int c = 0; c < chains; c++) {
+      if (cnt[c * nacc / (STR * D / 2) + ci] == 0) continue;   // nacc / (STR · D/2): the halves (counters) a copy
+      const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
+      if (!any) v = w, any = true;
+      else v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
     return v;
   };
@@ -626,7 +682,9 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
     const int cw = (int)(half & 1), mt = (int)(tile % (tqp / STR));
     const int i = mt * STR + 16 * (tid >> 5) + ((tid & 31) >> 2), c = cw * (D / 2) + 8 * m + 2 * (tid & 3);
     if (i >= p.Tq || c >= p.Dv) return;
-    const float4 v = load(4 * idx);
+    float4 v;
+    if constexpr (TOUCHED) v = load_touched(4 * idx, half);   // half: the tile half's index, its counter's too
+    else v = load(4 * idx);
     const int b = (int)(bh / p.H), h = (int)(bh % p.H);
     T *dst = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh + i * p.dq_st + c;
     store2(dst, v.x * p.scale, v.y * p.scale);
@@ -660,12 +718,28 @@ int det_lazy() {
   return g_det_lazy;
 }
 /* EMBER_FLASH_DET_WRITERS, read once: fused's dq writer warps on the bulk path — 2 (default; docs/flash.md
- * "Step 5e": even and odd tiles, warp 2 alone staging lse/Δ) or 1 (Step 5d's single writer). Both give the
- * same bits: the order of dq's adds is the counters'. 1 two writers, 0 one, -1 with the error set. */
-int g_det_writers1 = -1;
-int det_two_writers() {
-  const int m = em_env_choice(&g_det_writers1, "flash_attention", "EMBER_FLASH_DET_WRITERS", "2", "1");
-  return m < 0 ? -1 : 1 - m;
+ * "Step 5e": even and odd tiles, warp 2 alone staging lse/Δ), 1 (Step 5d's single writer) or 3 ("Step 10": warps
+ * 1-3 take tiles jt % 3, warp 0 stages lse/Δ beside its copies, each writer bumps its tile without lag). All give
+ * the same bits: the order of dq's adds is the counters'. The count, or -1 with the error set. */
+int g_det_writers = 0;
+int det_writers() {
+  if (g_det_writers == 0) {
+    const char *env = getenv("EMBER_FLASH_DET_WRITERS");
+    if (!env || !*env || strcmp(env, "2") == 0) g_det_writers = 2;
+    else if (strcmp(env, "1") == 0) g_det_writers = 1;
+    else if (strcmp(env, "3") == 0) g_det_writers = 3;
+    else return em_error("flash_attention: expected EMBER_FLASH_DET_WRITERS to be 2, 1 or 3, got '%s'", env);
+  }
+  return g_det_writers;
+}
+
+/* EMBER_FLASH_DET_STORE_FIRST, read once (docs/flash.md "Step 10"): 1 — with three dq writers, each tile's first adder
+ * in its copy of dq_accum stores its half instead of adding it, so dq_accum is not zeroed (only the counters are) and
+ * the convert kernel reads only the copies a tile's counters say were written; 0 (default) — the memset. The same
+ * values (an exact zero's sign aside: the store keeps a −0 that 0 + −0 makes +0). 1, 0, or -1 with the error set. */
+int g_store_first = -1;
+int det_store_first() {
+  return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");   // 0 default
 }
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
@@ -675,8 +749,11 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
-  const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, two = DET && BULK ? det_two_writers() : 0;
-  if (chains < 0 || lazy < 0 || two < 0) return -1;
+  const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, writers = DET && BULK ? det_writers() : 1;
+  const int store_first = DET && BULK ? det_store_first() : 0;
+  if (chains < 0 || lazy < 0 || writers < 0 || store_first < 0) return -1;
+  if (store_first && writers != 3)
+    return em_error("flash_attention: EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got %d", writers);
   static const int dbg = [] {
     const char *e = getenv("EMBER_FLASH_FUSED_DEBUG");
     return e ? (int)strtol(e, nullptr, 0) & (kNoFence | kNoWait | kNdHighest) : 0;
@@ -690,21 +767,29 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (!buf) return -1;
   float *dqa = static_cast<float *>(buf);
   unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
-  int rc = cudaMemsetAsync(buf, 0, bytes, s) == cudaSuccess ? 0 : em_launch_check(what);
+  // store first: only the counters zeroed (dq_accum's tiles are stored by their first adder or never read)
+  int rc = (store_first ? cudaMemsetAsync(cnt, 0, ncnt * 4 * chains, s) : cudaMemsetAsync(buf, 0, bytes, s)) == cudaSuccess
+               ? 0
+               : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
+    auto k1 = writers == 3 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
+                           : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
           m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc,
-          (lazy ? kLazy : 0) | (two ? kTwoWriters : 0) | dbg);
+          (lazy ? kLazy : 0) | (writers == 2 ? kTwoWriters : 0) | (store_first ? kStoreFirst : 0) | dbg);
       rc = em_launch_check(what);
     }
   }
   if (rc == 0) {
     const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
-    flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
-                                                                                  (int64_t)nacc);
+    if (store_first)
+      flash_dq_convert_kernel<T, D, BULK, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+                                                                                         (int64_t)nacc, cnt);
+    else
+      flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+                                                                                    (int64_t)nacc);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }
   em_cuda_caching_free(buf, device);

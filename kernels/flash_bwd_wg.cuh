@@ -238,9 +238,11 @@ __device__ __forceinline__ void init_barriers(uint32_t once, uint32_t full, uint
 
 /* The dk/dv kernels' producer warpgroup (after setmaxnreg): k, v once, then
  * q(j), dO(j) (thread 0) and lse·log2 e, Δ (warps 2-3; ld_warps 1: warp 2
- * alone, two rows a lane, so that fused's second dq writer gets warp 3) into
- * stage j % STAGES of the ring, each stage once both consumers released its
- * last tile. The full barriers count 1 + 32·ld_warps arrivals. */
+ * alone, two rows a lane, so that fused's second dq writer gets warp 3;
+ * ld_warps 0: warp 0 itself, two rows a lane beside lane 0's copies, so that
+ * fused's third dq writer gets warp 2) into stage j % STAGES of the ring,
+ * each stage once both consumers released its last tile. The full barriers
+ * count 1 + 32·ld_warps arrivals (ld_warps 0: 1 + 32). */
 template <int D, int STAGES>
 __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUtensorMap *tk, const CUtensorMap *tv,
                                               const CUtensorMap *tdo, const Params &p, uint32_t sK, uint32_t sV,
@@ -250,6 +252,45 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
   using L = Layout<D, STAGES>;
   // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
   setmaxnreg_dec<24>();
+  // row r of tile j's lse·log2 e (rounded on its own, no fused multiply-add, as flash_bwd.cu; +inf past Tq makes
+  // P = 0) and Δ into stage s
+  auto stage_row = [&](int s, int j, int r) {
+    const int hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
+    const int64_t at = (int64_t)(b * p.H + hk * p.group + hg) * p.Tq + i;
+    sLD[s * 2 * STR + r] = i < p.Tq ? __fmul_rn(p.lse[at], kLog2e) : INFINITY;
+    sLD[s * 2 * STR + STR + r] = i < p.Tq ? p.delta[at] : 0.f;
+  };
+  if (ld_warps == 0) {
+    // warp 0 alone: lane 0's copies of each stage, then every lane's two rows and its arrival (the lse/Δ loads'
+    // latency after the stage's copies are on their way, not before)
+    if (threadIdx.x >= 32 || ntile == 0) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma_prefetch_map(tq); tma_prefetch_map(tk); tma_prefetch_map(tv); tma_prefetch_map(tdo);
+      mbar_expect_tx(bar_kv, 2 * L::RES_BYTES);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sK + c * RES * 128, tk, bar_kv, c * 64, k0, hk, b);
+#pragma unroll
+      for (int c = 0; c < L::CH; c++) tma_load_4d(sV + c * RES * 128, tv, bar_kv, c * 64, k0, hk, b);
+    }
+    for (int j = 0; j < ntile; j++) {
+      const int s = j % STAGES;
+      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      if (lane == 0) {
+        const int hg = j / nq, i0 = qstart + (j - hg * nq) * STR, h = hk * p.group + hg;
+        const uint32_t st = ring + s * L::STAGE, bar = full + 8 * s;
+        mbar_expect_tx(bar, L::STAGE);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, tq, bar, c * 64, i0, h, b);
+#pragma unroll
+        for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, tdo, bar, c * 64, i0, h, b);
+      }
+      stage_row(s, j, lane);
+      stage_row(s, j, lane + 32);
+      mbar_arrive(full + 8 * s);   // release: the stores above are visible to whoever waits on the phase
+    }
+    return;
+  }
   if (threadIdx.x == 0 && ntile > 0) {
     tma_prefetch_map(tq); tma_prefetch_map(tk); tma_prefetch_map(tv); tma_prefetch_map(tdo);
     mbar_expect_tx(bar_kv, 2 * L::RES_BYTES);
@@ -270,7 +311,8 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
     }
   } else if (threadIdx.x >= 64 && threadIdx.x < 64 + 32 * ld_warps) {
     // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers);
-    // ld_warps 1: warp 2 rows r and r + 32
+    // ld_warps 1: warp 2 rows r and r + 32. (stage_row's code written out: through it ptxas schedules wg2's and
+    // fused's producers differently; written out, their kernels stay byte-identical to before "Step 10".)
     const int r = threadIdx.x - 64;
     for (int j = 0; j < ntile; j++) {
       const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;

@@ -17,6 +17,8 @@ and 128. The hardware model it assumes (stated, and the part only the GPU spec c
   - accumulator i of lane (g, t) of warp w: row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2.
 These are the rules the forward and the wg/wg2 backwards already run on (K-major ss, N-major rs);
 the new parts are the M-major A (the transpose flag on A) and the 64-byte start offset.
+Step 10 (EMBER_FLASH_DET_STORE_FIRST): the TOUCHED conversion's counter index of every float4, against the counter
+the writer bumps for the tile half that holds it (and a conversion reading the other half's is caught).
 Run: python3 tools/flash_bwd_fused_layout.py (exit status 0 when all match)
 """
 import random
@@ -202,12 +204,37 @@ def convert_tiled(region, D, tq, broken=None):
     return out
 
 
+def touched_counters(D, broken=None):
+    """EMBER_FLASH_DET_STORE_FIRST (docs/flash.md "Step 10"): the TOUCHED conversion reads, for the float4 at
+    4·idx of copy c, counter c·nacc / (STR·D/2) + half (half = idx / (128·D/16)); it must be the counter the writer
+    bumps for the tile half that holds it — counter(jt, h) = c·(B·H·(tqp/STR)·2) + (bh·(tqp/STR) + mt)·2 + h — with
+    the element inside that half's range of dq_accum (dst = ((bh·(tqp/STR) + mt)·STR·D) + h·STR·D/2). Mismatches."""
+    bad = 0
+    for B, H, tqp, chains in ((1, 1, 64, 1), (2, 3, 192, 2), (1, 4, 128, 3)):
+        nacc = B * H * tqp * D
+        ntile = tqp // STR
+        for c in range(chains):
+            for idx in range(nacc // 4):
+                half = idx // (128 * (D // 16))
+                conv = c * nacc // (STR * D // 2) + (half if broken != 'half-off' else half ^ 1)
+                at = 4 * idx
+                tile, h = (at // (STR * D)), (at % (STR * D)) // (STR * D // 2)   # the writer's tile and half
+                bh, mt = tile // ntile, tile % ntile
+                if conv != c * (B * H * ntile * 2) + (bh * ntile + mt) * 2 + h:
+                    bad += 1
+    return bad
+
+
 def main():
     total = 0
     for D in (64, 128):
         b = check(D, 1000 + D)
-        print('D %d: %d mismatches' % (D, b))
-        total += b
+        t = touched_counters(D)
+        print('D %d: %d mismatches, %d in store first\'s counter indices' % (D, b, t))
+        total += b + t
+    if touched_counters(64, 'half-off') == 0:
+        print('a conversion reading the other half\'s counter not caught')
+        total += 1
     # it must see these break: dSᵀ stored unswizzled, D 64's second consumer without the 64-byte offset, and the
     # tiled conversion writing a float4's second row to the first
     caught = check(128, 7, 'no-swizzle') > 0 and check(64, 7, 'no-offset') > 0 and check(64, 7, 'no-row8') > 0

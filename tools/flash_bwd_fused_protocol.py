@@ -43,13 +43,27 @@ for tile 0), and arrives on full of parity jt % 2 (ids 9 + cw, 11 + cw for
 parity 1). The same checks hold, with the half's read recorded with the agent
 that did it; the counters' bump of a tile then comes two tiles later (lag 2).
 
+Step 10, store first (EMBER_FLASH_DET_STORE_FIRST=1): dq_accum is not zeroed; the
+counters model checks that every (copy, tile, half) with adds is stored exactly
+once, by its first adder (the block whose wanted counter value is 0).
+
+Step 10, three writers (v['writers'] = 3; EMBER_FLASH_DET_WRITERS=3): writers 0-2
+(agents 2-4, the producer's warps 1-3) take tiles jt % 3; dq full per (consumer,
+writer), 9 + cw + 2w, and one dq empty per consumer, 5 + cw, that all three
+writers arrive on in tile order (writer 2 once at the start for tile 0). Each
+writer bumps its tile's counters as soon as its adds complete (no lag: the
+counters' bulk, not lazy, order). Caught: one barrier per (consumer, writer) for
+both full and empty (v['merged']: a writer's hand-back and its next full sync
+land in one phase).
+
 Broken variants must fail: NDS = 2 with the store in turn A (a buffer rewritten
 while the other consumer's dq still reads it), dq(j) issued in turn B(j) (the
 other half of dSᵀ(j) not yet ordered before it), key blocks dispatched lowest
 first (the counters deadlock at R = 1), the writer handing a half back before
 the copy's reads complete, a consumer storing without the empty sync, and an
 arrival on empty after the last tile; two writers: a consumer syncing on the
-empty barrier of its own tile's parity, writer 1 without its first arrival. Exit status 0 when all holds.
+empty barrier of its own tile's parity, writer 1 without its first arrival; three writers: writer 2
+without its first arrival, full and empty merged. Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
@@ -59,8 +73,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flash_bwd_wg2_protocol import Block, mwait, producer, release, read, run, STR, RES  # noqa: E402
 
 
-NAG = 4   # agents with clocks: consumers 0, 1 and the dq writers (2; two writers: 2 and 3)
-NBARS = (1, 2, 3, 4, 5, 6, 9, 10, 11, 12)   # turns 1-2; dq full 3-4 / 9-10, dq empty 5-6 / 11-12 (parity 0 / 1)
+NAG = 5   # agents with clocks: consumers 0, 1 and the dq writers (2; two writers: 2 and 3; three: 2, 3 and 4)
+# turns 1-2; dq full 3-4 / 9-10, dq empty 5-6 / 11-12 (parity 0 / 1); three writers: full and empty 9-14 (9 + cw + 2w)
+NBARS = (1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14)
 
 
 class FBlock(Block):
@@ -158,24 +173,32 @@ def dq_out(blk, cw, jt, v):
     """bulk: the consumer's dq half of tile jt into its buffer for the writer (red: straight to global)."""
     if not v.get('bulk'):
         return
-    two = v.get('writers') == 2
-    pe = ((jt if v.get('wrong_parity') else jt - 1) % 2) if two else 0   # the writer of tile jt − 1
+    nw = v.get('writers', 1)
+    pe = (jt if v.get('wrong_parity') else jt - 1) % nw   # the writer of tile jt − 1
+    if nw == 3:
+        full, empty = 9 + cw + 2 * (jt % nw), (9 + cw + 2 * pe) if v.get('merged') else 5 + cw
+    else:
+        full, empty = 3 + cw + 6 * (jt % nw), 5 + cw + 6 * pe
     if not v.get('no_empty_sync'):
-        yield from nsync(blk, 5 + cw + 6 * pe, cw)         # dq empty: the copy has read the last tile
+        yield from nsync(blk, empty, cw)                   # dq empty: the copy has read the last tile
     h = blk.half[cw]
     if h['tile'] is not None and (h['rd'] is None or blk.clock[cw][h['rd'][0]] < h['rd'][1]):
         blk.err.append('c%d stores dq(%d) over dq(%d) before the copy read it' % (cw, jt, h['tile']))
     h['tile'] = jt; h['w'] = tick(blk, cw); h['rd'] = None
-    yield from narrive(blk, 3 + cw + 6 * (jt % 2 if two else 0), cw)   # dq full
+    yield from narrive(blk, full, cw)                      # dq full
 
 
 def writer(blk, ntile, v, w=0):
-    """bulk: the producer's warp 1 (w 0), or with two writers warp 1 (w 0, even tiles) and warp 3 (w 1, odd)."""
+    """bulk: the producer's warp 1 (w 0), or with two writers warp 1 (w 0, even tiles) and warp 3 (w 1, odd), or
+    with three warps 1-3 (w 0-2, tiles jt % 3)."""
     if ntile == 0:
         return
-    step = 2 if v.get('writers') == 2 else 1
+    step = v.get('writers', 1)
     a = 2 + w                                              # the agent
-    full, empty = 3 + 6 * w, 5 + 6 * w                     # + h: this writer's parity
+    if step == 3:
+        full, empty = 9 + 2 * w, (9 + 2 * w) if v.get('merged') else 5   # + h
+    else:
+        full, empty = 3 + 6 * w, 5 + 6 * w                 # + h: this writer's parity
     if w == step - 1 and not v.get('no_first_empty'):      # tile 0's store syncs on parity "−1"
         for h in range(2):
             yield from narrive(blk, empty + h, a)
@@ -297,6 +320,7 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
     tqp = (Tq + STR - 1) // STR * STR
     cnt = {}
     adds = {}
+    stores = {}
 
     def nlast(mt):
         return min(nb - 1, (mt * STR + STR - 1 + off) // RES) if causal else nb - 1
@@ -319,6 +343,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
                 while cnt.get(key, 0) != (nlast(mt) - n) // chains:
                     yield
                 adds.setdefault(key, []).append(n)
+                if (nlast(mt) - n) // chains == 0:   # EMBER_FLASH_DET_STORE_FIRST: this block stores, not adds
+                    stores.setdefault(key, []).append(n)
                 if not bulk:
                     cnt[key] = cnt.get(key, 0) + 1
             yield
@@ -348,6 +374,10 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
                 if n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR]
         if ns != want:
             return 'tile %s got adds from %s, expected %s' % ((hg, mt, half), ns, want)
+        # store first (Step 10): dq_accum not zeroed, so each written (copy, tile, half) must be stored exactly once,
+        # by its first adder; the convert reads a copy only where the counter (its adders) is nonzero
+        if stores.get((c, hg, mt, half)) != ns[:1]:
+            return 'tile %s stored by %s, first adder %s' % ((c, hg, mt, half), stores.get((c, hg, mt, half)), ns[:1])
     expected_tiles = {(c, hg, mt, half) for c in range(chains) for hg in range(group) for mt in range(tqp // STR)
                       for half in range(2)
                       if any(n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR
@@ -360,7 +390,8 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
 # the kernel's shapes: (stages, dSᵀ buffers, variant) — red: Step 5's path; bulk: Step 5b's (D 128 with two
 # dSᵀ buffers stored in turn B)
 SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 'ds_in_b': True}),
-          (4, 3, {'bulk': True, 'writers': 2}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 2})]
+          (4, 3, {'bulk': True, 'writers': 2}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 2}),
+          (4, 3, {'bulk': True, 'writers': 3}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3})]
 
 
 def main():
@@ -384,7 +415,8 @@ def main():
                         for bulk, chains, lazy, lag in ((False, 1, False, 1), (True, 1, False, 1),
                                                         (False, 2, False, 1), (True, 1, True, 1), (True, 2, True, 1),
                                                         (True, 3, True, 1), (True, 1, True, 2), (True, 2, True, 2),
-                                                        (True, 3, True, 2)):
+                                                        (True, 3, True, 2), (True, 2, False, 1),
+                                                        (True, 3, False, 1)):
                             r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=bulk, chains=chains,
                                              lazy=lazy, lag=lag)
                             n += 1
@@ -412,11 +444,14 @@ def main():
                                                                 v={'bulk': True, 'ds_in_b': True, brk: True}))
     caught['lowest key block first, 2 chains, two writers (deadlock)'] = counters_sim(
         1000, 1000, 1, True, 0, 1, highest_first=False, bulk=True, chains=2, lazy=True, lag=2) == 'deadlock'
-    for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'wrong_parity', 'no_first_empty'):
-        for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {})):
-            vv = dict(shape[2], bulk=True, writers=2); vv[brk] = True
-            caught['two writers (%d dS buffers): %s' % (shape[1], brk)] = bool(
-                block_sim(300, 300, 2, 1, False, 0, shape[0], shape[1], seeds=seeds, v=vv))
+    for nw, name in ((2, 'two'), (3, 'three')):
+        # three writers share the empty barrier (no parity to get wrong), and must not merge full with it
+        for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'no_first_empty') + (
+                ('merged',) if nw == 3 else ('wrong_parity',)):
+            for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {})):
+                vv = dict(shape[2], bulk=True, writers=nw); vv[brk] = True
+                caught['%s writers (%d dS buffers): %s' % (name, shape[1], brk)] = bool(
+                    block_sim(300, 300, 2, 1, False, 0, shape[0], shape[1], seeds=seeds, v=vv))
     for what, c in caught.items():
         print('caught %s: %s' % (what, c))
     return 0 if bad == 0 and all(caught.values()) else 1

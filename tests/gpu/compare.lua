@@ -205,12 +205,15 @@ end
 --- Runs `script` once per mode in a child `ember run`, with the environment
 -- variable `var` set to the mode (such switches are read once a process) and
 -- SCAN_SPEC_OUT naming the file the child saves its tensors to; returns
--- {[mode] = the tensors loaded}. H: the calling spec's helpers (its temp files).
-function M.mode_results(H, script, var, modes)
+-- {[mode] = the tensors loaded}. H: the calling spec's helpers (its temp files);
+-- env: more variables, the same for every mode (optional).
+function M.mode_results(H, script, var, modes, env)
   local got = {}
   for _, mode in ipairs(modes) do
     local path = H.temp(".safetensors")
-    local _, err, code = H.ember({"run", script}, {env = {[var] = mode, SCAN_SPEC_OUT = path}})
+    local vars = {[var] = mode, SCAN_SPEC_OUT = path}
+    for k, v in pairs(env or {}) do vars[k] = v end
+    local _, err, code = H.ember({"run", script}, {env = vars})
     if code ~= 0 then error(("%s=%s child failed (exit %s): %s"):format(var, mode, tostring(code), err), 2) end
     got[mode] = ember.load(path)
   end

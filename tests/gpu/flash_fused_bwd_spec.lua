@@ -98,7 +98,8 @@ print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
 -- counter bump a tile late (EMBER_FLASH_DET_LAZY, default on); also read once: one run per setting A/Bs them
 print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
   "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
-  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)"))
+  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)") ..
+  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 0)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -248,18 +249,49 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
 ]]):format(cases, table.concat(kernels, '", "')), ".lua")
   end
 
-  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e"): two warps taking
-  -- the even and the odd tiles (default) or Step 5d's one; the counters fix the order of dq's adds either way, so
-  -- the bits must be the same. The cases: many key blocks and q tiles (both writers busy, GQA), one tile a block
-  -- (the second writer has none), both head dims and all masks.
-  it("gives the same bits with one dq writer as with two (EMBER_FLASH_DET_WRITERS, in children)", function()
+  -- fused's dq writers (EMBER_FLASH_DET_WRITERS, read once: children; docs/flash.md "Step 5e", "Step 10"): two
+  -- warps taking the even and the odd tiles (default), Step 5d's one, or three taking tiles jt % 3 (warp 0 then
+  -- stages lse/Δ beside its copies; one named barrier per consumer and writer for both dq full and empty); the
+  -- counters fix the order of dq's adds in every setting, so the bits must be the same. The cases: many key blocks
+  -- and q tiles (every writer busy, GQA), one tile a block (the other writers have none), two tiles (the third
+  -- has none), a 4100-long head (65 q tiles: the counters' waits and the writers' three-tile cycle in steady
+  -- state), both head dims and all masks.
+  it("gives the same bits with one, two or three dq writers (EMBER_FLASH_DET_WRITERS, in children)", function()
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
-  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}}}]], {"fused"})
-    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1"})
-    assert.are.equal(4 * 3 * 3, C.assert_modes_agree(got, "2", {"1"}))
-    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "3"}})
-    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=3 should fail")
-    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2 or 1, got '3'", err, 1, true)
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}},
+  {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
+    -- (store first needs three writers: off here, whatever this run's setting)
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"},
+      {EMBER_FLASH_DET_STORE_FIRST = "0"})
+    assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4",
+      EMBER_FLASH_DET_STORE_FIRST = "0"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_WRITERS=4 should fail")
+    assert.matches("expected EMBER_FLASH_DET_WRITERS to be 2, 1 or 3, got '4'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- store first (EMBER_FLASH_DET_STORE_FIRST=1, with three writers; docs/flash.md "Step 10"): dq_accum is not
+  -- zeroed; each tile's first adder in its copy stores its half, and the conversion reads only the copies the
+  -- tile's counters say were written. The same sums in the same order (0 + x is x), so the same values — compared
+  -- with ne, which also takes an exact zero's sign as equal (the store keeps a −0 that 0 + −0 would make +0). The
+  -- cases: q tiles no key block reaches (bottom-right with Tq > Tk: rows that see no keys; they must read as 0, not
+  -- as whatever the unzeroed buffer held), Tq < Tk, ragged lengths, GQA, one key block, chains' copies a tile's
+  -- first rows never reach, both head dims, every mask.
+  it("gives the same values with EMBER_FLASH_DET_STORE_FIRST=1 as with 0 (three writers, in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 100, 128}},
+  {"f16", {1, 4, 700, 64}, {1, 2, 90, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_STORE_FIRST", {"0", "1"},
+      {EMBER_FLASH_DET_WRITERS = "3"})
+    assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "0", {"1"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_STORE_FIRST = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_STORE_FIRST=2 should fail")
+    assert.matches("expected EMBER_FLASH_DET_STORE_FIRST to be 0 or 1, got '2'", err, 1, true)
+    _, err, code = helpers.ember({"run", script},
+      {env = {EMBER_FLASH_DET_STORE_FIRST = "1", EMBER_FLASH_DET_WRITERS = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_STORE_FIRST=1 with two writers should fail")
+    assert.matches("EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got 2", err, 1, true)
     helpers.remove_temps()
   end)
 
