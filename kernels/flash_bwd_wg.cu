@@ -288,6 +288,8 @@ namespace flash {
 /* EMBER_FLASH_STEP9 (flash_wg.cuh): one static for the forward and the backward. */
 static int g_step9 = -1;
 int step9() { return em_env_choice(&g_step9, "flash_attention", "EMBER_FLASH_STEP9", "0", "1"); }
+static int g_pdl = -1;
+int flash_pdl() { return em_env_choice(&g_pdl, "flash_attention", "EMBER_FLASH_PDL", "0", "1"); }
 
 int bwd_kernel_mode() {
   if (g_bwd_mode < 0) {

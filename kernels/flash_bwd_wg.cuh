@@ -246,7 +246,7 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
                                               const CUtensorMap *tdo, const Params &p, uint32_t sK, uint32_t sV,
                                               uint32_t ring, float *sLD, uint32_t bar_kv, uint32_t full,
                                               uint32_t empty, int b, int hk, int k0, int qstart, int nq, int ntile,
-                                              int ld_warps = 2) {
+                                              int ld_warps = 2, bool dep_wait = false) {
   using L = Layout<D, STAGES>;
   // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
   setmaxnreg_dec<24>();
@@ -270,7 +270,10 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
     }
   } else if (threadIdx.x >= 64 && threadIdx.x < 64 + 32 * ld_warps) {
     // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers);
-    // ld_warps 1: warp 2 rows r and r + 32
+    // ld_warps 1: warp 2 rows r and r + 32. dep_wait (wg2 under EMBER_FLASH_STEP9): Δ is the dq kernel's, which
+    // may still run (EMBER_FLASH_PDL): wait for it here, in every block (ntile 0 too), so that this grid's
+    // completion implies dq's
+    if (dep_wait) grid_dep_wait();
     const int r = threadIdx.x - 64;
     for (int j = 0; j < ntile; j++) {
       const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
-                             ntile);
+                             ntile, 2, HF);
     return;
   }
 
@@ -284,6 +284,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int q0 = qblk * RES;
   const int kend = p.causal ? min(p.Tk, q0 + RES + p.off) : p.Tk, ntile = max(0, (kend + STR - 1) / STR);
   const int wg = threadIdx.x >> 7;
+  if constexpr (S9) grid_dep_launch();   // the dk/dv kernel after this one may start (EMBER_FLASH_PDL)
 
   init_barriers<STAGES>(bar_q, full, empty, 1);   // full: the producer's expect_tx; the bytes complete it
 
@@ -383,14 +384,35 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
+/* pdl (EMBER_FLASH_PDL, HF only): launched as a programmatic dependent of the kernel before it on s (the S9 dq
+ * kernel, which computes Δ and allows the launch at its start; the kernel waits for it before reading Δ). */
 template <typename T, int D, bool HF>
-int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s) {
+int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s, bool pdl = false) {
   constexpr int ST = kStages<D>;
   constexpr size_t smem = Layout<D, ST>::SMEM;
   auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>, HF>;
   if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
-  k1<<<tile_grid(HF, (unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
-      m.q64, m.k128, m.v128, m.do64, p);
+  const dim3 grid = tile_grid(HF, (unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv));
+  if (HF && pdl) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k1, m.q64, m.k128, m.v128, m.do64, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();   // reported here, not by the next launch's check
+      return em_error("flash_attention backward (wgmma wg2 dk, dv; EMBER_FLASH_PDL=1): cudaLaunchKernelEx failed: %s",
+                      cudaGetErrorString(e));
+    }
+  } else {
+    k1<<<grid, THREADS, smem, s>>>(m.q64, m.k128, m.v128, m.do64, p);
+  }
   return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
 }
 
@@ -409,11 +431,11 @@ int launch_dq2(const Params &p, const Maps &m, cudaStream_t s) {
  * no delta kernel; dq first, computing and storing Δ, then dk/dv, which reads it; both heaviest block first over
  * the whole grid. */
 template <typename T, int D>
-int launch_bwd2(const Params &p, const Maps &m, bool s9, DeltaLaunch delta, cudaStream_t s) {
+int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, DeltaLaunch delta, cudaStream_t s) {
   static_assert(Layout<D, kStages<D>>::SMEM <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
   if (tile_grid_hf(s9, (unsigned)((p.Tq + RES - 1) / RES)) && tile_grid_hf(s9, (unsigned)((p.Tk + RES - 1) / RES))) {
     if (launch_dq2<T, D, true>(p, m, s)) return -1;
-    return p.Tk > 0 ? launch_dkdv2<T, D, true>(p, m, s) : 0;
+    return p.Tk > 0 ? launch_dkdv2<T, D, true>(p, m, s, pdl) : 0;
   }
   if (delta(p, s)) return -1;
   if (p.Tk > 0 && launch_dkdv2<T, D, false>(p, m, s)) return -1;
@@ -425,13 +447,13 @@ int launch_bwd2(const Params &p, const Maps &m, bool s9, DeltaLaunch delta, cuda
 namespace flash {
 
 int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, DeltaLaunch delta, cudaStream_t s) {
-  const int s9 = step9();
-  if (s9 < 0) return -1;
-  const bool on = s9 == 1;
+  const int s9 = step9(), pdl = flash_pdl();
+  if (s9 < 0 || pdl < 0) return -1;
+  const bool on = s9 == 1, dep = pdl == 1;
   if (dt == EM_BF16)
-    return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, on, delta, s)
-                   : launch_bwd2<__nv_bfloat16, 128>(p, m, on, delta, s);
-  return d == 64 ? launch_bwd2<__half, 64>(p, m, on, delta, s) : launch_bwd2<__half, 128>(p, m, on, delta, s);
+    return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, on, dep, delta, s)
+                   : launch_bwd2<__nv_bfloat16, 128>(p, m, on, dep, delta, s);
+  return d == 64 ? launch_bwd2<__half, 64>(p, m, on, dep, delta, s) : launch_bwd2<__half, 128>(p, m, on, dep, delta, s);
 }
 
 }  // namespace flash

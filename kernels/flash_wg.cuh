@@ -74,6 +74,11 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, D
  * wg2/wg3 forward and the wg2 backward's kernels heaviest block first over the whole grid (kTileGrid below)
  * instead of head by head; the same blocks compute the same tiles, so the same bits. */
 int step9();
+/* EMBER_FLASH_PDL, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, with
+ * EMBER_FLASH_STEP9=1: wg2's dk/dv kernel is launched as a programmatic dependent of the dq kernel before it
+ * (cudaLaunchAttributeProgrammaticStreamSerialization), so its blocks start, load k, v and their first q/dO tiles
+ * on the SMs dq's last wave leaves idle, and wait for dq's Δ (griddepcontrol.wait) only where they read it. */
+int flash_pdl();
 /* The grid of a kernel with `tiles` blocks (q or key blocks, heaviest first) for each of `heads` (batch, head)
  * pairs. Head by head: (tiles, heads), so the linear block order, which the hardware dispatches in, runs one
  * head's tiles after another; a grid of 1.1-1.5 waves then ends on the heaviest blocks of the last heads.
@@ -84,6 +89,12 @@ inline dim3 tile_grid(bool hf, unsigned tiles, unsigned heads) { return hf ? dim
 
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* Programmatic dependent launch (sm_90; no-ops in a grid launched without it): a primary grid's blocks allow
+ * their dependent grid to launch once all of them have executed grid_dep_launch (or exited); the dependent's
+ * grid_dep_wait returns once the primary has completed and its stores are visible. */
+__device__ __forceinline__ void grid_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* A block's tile (0 the heaviest, of tile_count) and (batch, head) index under tile_grid(HF, ...). */
 template <bool HF> __device__ __forceinline__ int tile_index() { return HF ? (int)blockIdx.y : (int)blockIdx.x; }
