@@ -427,9 +427,9 @@ int launch_dq2(const Params &p, const Maps &m, cudaStream_t s) {
   return em_launch_check("flash_attention backward (wgmma wg2 dq)");
 }
 
-/* As before: the delta kernel, then dk/dv, then dq. EMBER_FLASH_STEP9 (s9), where both grids fit tile_grid's y:
- * no delta kernel; dq first, computing and storing Δ, then dk/dv, which reads it; both heaviest block first over
- * the whole grid. */
+/* As before: the delta kernel, then dk/dv, then dq. EMBER_FLASH_STEP9 (s9), where both grids are short
+ * (tile_grid_hf): no delta kernel; dq first, computing and storing Δ, then dk/dv, which reads it; both heaviest
+ * block first over the whole grid. */
 template <typename T, int D>
 int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, DeltaLaunch delta, cudaStream_t s) {
   static_assert(Layout<D, kStages<D>>::SMEM <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");

@@ -70,9 +70,10 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, D
 
 /* ---- the short-sequence schedule (EMBER_FLASH_STEP9, docs/flash.md "Step 9") ---- */
 
-/* EMBER_FLASH_STEP9, read once: 0 (the default) or 1; -1 with the error set for anything else. 1 launches the
- * wg2/wg3 forward and the wg2 backward's kernels heaviest block first over the whole grid (kTileGrid below)
- * instead of head by head; the same blocks compute the same tiles, so the same bits. */
+/* EMBER_FLASH_STEP9, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, for short
+ * sequences (tile_grid_hf below), launches the wg2/wg3 forward and the wg2 backward's kernels heaviest block first
+ * over the whole grid (tile_grid) instead of head by head, and computes Δ in the wg2 dq kernel (no delta kernel);
+ * the same blocks compute the same tiles with the same arithmetic, so the same bits. */
 int step9();
 /* EMBER_FLASH_PDL, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, with
  * EMBER_FLASH_STEP9=1: wg2's dk/dv kernel is launched as a programmatic dependent of the dq kernel before it
@@ -83,8 +84,12 @@ int flash_pdl();
  * pairs. Head by head: (tiles, heads), so the linear block order, which the hardware dispatches in, runs one
  * head's tiles after another; a grid of 1.1-1.5 waves then ends on the heaviest blocks of the last heads.
  * Heaviest first (hf): (heads, tiles), every head's heaviest block before any head's next one, so the last
- * wave holds the lightest blocks (docs/flash.md "Step 9"). y is at most 65535: hf only where tiles fit. */
-inline bool tile_grid_hf(bool hf, unsigned tiles) { return hf && tiles <= 65535u; }
+ * wave holds the lightest blocks (docs/flash.md "Step 9"). Only for short sequences, at most kHfMaxTiles
+ * blocks a head (T 2048 at 128-row blocks): longer, the head order keeps the k and v of the few heads in
+ * flight in L2, where every head's at once would not fit (B 1, H 16, T 16384, D 64: 64 MB), and a grid of
+ * many waves loses little to its last one. */
+constexpr unsigned kHfMaxTiles = 16;
+inline bool tile_grid_hf(bool hf, unsigned tiles) { return hf && tiles <= kHfMaxTiles; }
 inline dim3 tile_grid(bool hf, unsigned tiles, unsigned heads) { return hf ? dim3(heads, tiles) : dim3(tiles, heads); }
 
 #if defined(__CUDA_ARCH__)
