@@ -46,15 +46,7 @@ __global__ void __launch_bounds__(256) flash_delta_kernel(Params p) {
   int b = (int)(bh / p.H), h = (int)(bh % p.H);
   const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh + i * p.o_st;
   const T *d = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh + i * p.do_st;
-  float acc = 0.f;
-  constexpr int E = Packed128<T>::size;
-#pragma unroll
-  for (int c = 0; c < D; c += E) {
-    Packed128<T> a = load128(o + c), e = load128(d + c);
-#pragma unroll
-    for (int j = 0; j < E; j++) acc += to_f32(a[j]) * to_f32(e[j]);
-  }
-  p.delta[r] = acc;
+  p.delta[r] = delta_row<T, D>(o, d, D);
 }
 
 /* The k/v (dkdv) or q/dO (dq) tiles a block streams through are
@@ -291,6 +283,13 @@ int set_smem(K kern, size_t smem) {
 }
 
 template <typename T, int D>
+int launch_delta(const Params &p, cudaStream_t s) {
+  const int64_t rows = (int64_t)p.B * p.H * p.Tq;
+  flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
+  return em_launch_check("flash_attention backward (delta)");
+}
+
+template <typename T, int D>
 int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
   // NC: the columns of dk/dv (dq) one block accumulates; at D = 256 two
   // blocks split them, each recomputing S and dP, as 2·128 f32 accumulators
@@ -301,12 +300,11 @@ int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
   // at D = 64, 16 from D = 80 (2-3 blocks per SM as for bf16).
   constexpr int RB = D * (int)sizeof(T);
   constexpr int BQ = RB <= 128 ? kBq1 : RB <= 256 ? 32 : 16, BK2 = BQ, LD = D + kEpc<T>, NC = D <= 128 ? D : 128;
-  int64_t rows = (int64_t)p.B * p.H * p.Tq;
-  flash_delta_kernel<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(p);
-  if (em_launch_check("flash_attention backward (delta)")) return -1;
-  // the wgmma dk/dv and dq kernels (flash_bwd_wg.cu) where EMBER_FLASH_BWD asks for them
-  const int rc = bwd_wg_dispatch(p, dt, D, device, s);
+  // the wgmma dk/dv and dq kernels (flash_bwd_wg.cu) where EMBER_FLASH_BWD asks for them, with the delta kernel
+  // before them where they need it
+  const int rc = bwd_wg_dispatch(p, dt, D, device, s, launch_delta<T, D>);
   if (rc != kBwdNotTaken) return rc;
+  if (launch_delta<T, D>(p, s)) return -1;
 
   // k, v; two stages of (q, dO) tiles and of their lse, delta
   constexpr size_t smem1 = (size_t)(2 * kBk + 4 * BQ) * LD * sizeof(T) + 4 * BQ * sizeof(float);

@@ -2,9 +2,11 @@
  * function of flash_bwd.cu (dv = Pᵀ dO, dk = scale · dSᵀ q, dq = scale · dS k
  * with P = exp(S·scale − lse), dS = P ∘ (dP − Δ), dP = dO vᵀ) on wgmma and
  * TMA, in the style of FlashAttention-3, and still deterministic: two
- * kernels, no atomics, every sum in a fixed order. flash_bwd.cu runs the
- * delta kernel (Δ = rowsum(dO ∘ o)) and then asks bwd_wg_dispatch; the
- * design, the FLOP/byte count and the model: docs/flash.md, "Step 4".
+ * kernels, no atomics, every sum in a fixed order. flash_bwd.cu asks
+ * bwd_wg_dispatch, which runs the delta kernel (Δ = rowsum(dO ∘ o)) before
+ * the kernels that read Δ (wg2 under EMBER_FLASH_STEP9 computes it in its dq
+ * kernel: "Step 9"); the design, the FLOP/byte count and the model:
+ * docs/flash.md, "Step 4".
  *
  * Both kernels have the forward's block (flash_fwd_wg.cu): warpgroup 0 the
  * producer (24 registers; thread 0 issues every TMA copy), warpgroups 1 and
@@ -283,6 +285,12 @@ int bwd_mode_of(const char *s) {
 
 namespace flash {
 
+/* EMBER_FLASH_STEP9 (flash_wg.cuh): one static for the forward and the backward. */
+static int g_step9 = -1;
+int step9() { return em_env_choice(&g_step9, "flash_attention", "EMBER_FLASH_STEP9", "0", "1"); }
+static int g_pdl = -1;
+int flash_pdl() { return em_env_choice(&g_pdl, "flash_attention", "EMBER_FLASH_PDL", "0", "1"); }
+
 int bwd_kernel_mode() {
   if (g_bwd_mode < 0) {
     const char *env = getenv("EMBER_FLASH_BWD");
@@ -295,7 +303,7 @@ int bwd_kernel_mode() {
   return g_bwd_mode;
 }
 
-int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
+int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, DeltaLaunch delta) {
   int mode = bwd_kernel_mode();
   if (mode < 0) return -1;
   if (mode == 1 || (mode == 0 && !kAutoWg)) return kBwdNotTaken;
@@ -334,7 +342,8 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
     return kBwdNotTaken;
   }
   if (mode == 0 && p.Tq >= kAutoFusedMinT && p.Tk >= kAutoFusedMinT) mode = 4;
-  if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, kd, s);
+  if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, kd, delta, s);   // Δ there (EMBER_FLASH_STEP9)
+  if (delta(p, s)) return -1;
   if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, kd, mode == 4, device, s);
   if (dt == EM_BF16) return kd == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);
   return kd == 64 ? launch<__half, 64>(p, m, s) : launch<__half, 128>(p, m, s);

@@ -189,16 +189,15 @@ __device__ __forceinline__ void store_dkdv(const Params &p, int b, int hk, const
   store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, p.Dv, t, 1.f);
 }
 
-/* A dk/dv block's tiles: key block nb of kv head hk, batch b (blockIdx.y);
+/* A dk/dv block's tiles: key block nb of kv head hk, batch b (bhk: blockIdx.y unless given);
  * the q tiles of STR rows from qstart (causal: the first row that sees key
  * k0 is k0 - off, on a tile boundary), nq of them per q head, ntile over the
  * kv head's group. */
 struct DkdvTiles {
   int b, hk, k0, qstart, nq, ntile;
 };
-__device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb) {
+__device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb, int bhk) {
   DkdvTiles d;
-  const int bhk = blockIdx.y;
   d.b = bhk / p.Hkv;
   d.hk = bhk % p.Hkv;
   d.k0 = nb * RES;
@@ -207,6 +206,7 @@ __device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb) {
   d.ntile = p.group * d.nq;
   return d;
 }
+__device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb) { return dkdv_tiles(p, nb, blockIdx.y); }
 
 /* A dq consumer's two rows' lse·log2 e and Δ; rows past Tq get lse +inf, so
  * P = 0 there (their q and dO rows are TMA's zeros). */
@@ -248,7 +248,7 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
                                               const CUtensorMap *tdo, const Params &p, uint32_t sK, uint32_t sV,
                                               uint32_t ring, float *sLD, uint32_t bar_kv, uint32_t full,
                                               uint32_t empty, int b, int hk, int k0, int qstart, int nq, int ntile,
-                                              int ld_warps = 2) {
+                                              int ld_warps = 2, bool dep_wait = false) {
   using L = Layout<D, STAGES>;
   // ---- producer: k, v once; then q(j), dO(j) (thread 0) and lse, Δ (warps 2-3) into stage j % STAGES ----
   setmaxnreg_dec<24>();
@@ -313,6 +313,10 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
     // warps 2 and 3: row r of every tile's lse·log2 e and Δ (one row a thread keeps this within 24 registers);
     // ld_warps 1: warp 2 rows r and r + 32. (stage_row's code written out: through it ptxas schedules wg2's and
     // fused's producers differently; written out, their kernels stay byte-identical to before "Step 10".)
+    // dep_wait (wg2 under EMBER_FLASH_STEP9): Δ is the dq kernel's, which
+    // may still run (EMBER_FLASH_PDL): wait for it here, in every block (ntile 0 too), so that this grid's
+    // completion implies dq's
+    if (dep_wait) grid_dep_wait();
     const int r = threadIdx.x - 64;
     for (int j = 0; j < ntile; j++) {
       const int s = j % STAGES, hg = j / nq, i = qstart + (j - hg * nq) * STR + r;
@@ -378,8 +382,9 @@ struct Maps {
 
 /* EMBER_FLASH_BWD=wg2 (flash_bwd_wg2.cu): the dk/dv and dq kernels with
  * ping-pong and intra-consumer overlap, on maps bwd_wg_dispatch made; dt
- * bf16 or f16, d 64 or 128 (checked by the caller). 0 or -1 with the error set. */
-int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, cudaStream_t s);
+ * bf16 or f16, d 64 or 128 (checked by the caller); the delta kernel first
+ * unless EMBER_FLASH_STEP9 folds Δ into the dq kernel. 0 or -1 with the error set. */
+int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, DeltaLaunch delta, cudaStream_t s);
 /* EMBER_FLASH_BWD=fused (det) or fused_nd (flash_bwd_fused.cu): one kernel for
  * dk, dv and dq (dq through an f32 buffer it allocates on s), then dq's
  * conversion; same arguments and checks as bwd_wg2_launch. */

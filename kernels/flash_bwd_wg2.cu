@@ -55,7 +55,7 @@ __device__ __forceinline__ void dq_p(float (&sc)[STR / 2], const Params &p, int 
 }
 #endif
 
-template <typename T, int D, int STAGES, bool PIPE>
+template <typename T, int D, int STAGES, bool PIPE, bool HF>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_dkdv_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   float *sLD = reinterpret_cast<float *>(smem_raw + (base - raw) + L::OFF_LD);   // stage s: lse at 2·STR·s, Δ STR on
   const uint32_t bar_kv = base + L::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
 
-  const DkdvTiles tiles = dkdv_tiles(p, blockIdx.x);
+  // HF (EMBER_FLASH_STEP9): the grid is (kv heads, key blocks), key block 0 (the heaviest) of every head first
+  const DkdvTiles tiles = dkdv_tiles(p, tile_index<HF>(), head_index<HF>());
   const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   const int wg = threadIdx.x >> 7;
 
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     dkdv_producer<D, STAGES>(&tq, &tk, &tv, &tdo, p, sK, sV, ring, sLD, bar_kv, full, empty, b, hk, k0, qstart, nq,
-                             ntile);
+                             ntile, 2, HF);
     return;
   }
 
@@ -244,7 +245,27 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-template <typename T, int D, int STAGES>
+#if defined(__CUDA_ARCH__)
+/* EMBER_FLASH_STEP9: dq_row_stats (flash_bwd_wg.cuh) with each row's Δ computed here, by the delta kernel's sum
+ * (delta_row: the same bits), instead of read; lane t 0 of each quad also stores its two rows' Δ for the dk/dv
+ * kernel, which runs after this one. Every row of every head is one block's, so each Δ is written once. */
+template <typename T, int D>
+__device__ __forceinline__ void dq_row_stats_delta(const Params &p, int b, int h, int bh, int row0, int row1, int t,
+                                                   float &l0, float &l1, float &d0, float &d1) {
+  const float *lse = p.lse + (int64_t)bh * p.Tq;
+  const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh;
+  const T *g = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
+  l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
+  l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+  d0 = row0 < p.Tq ? delta_row<T, D>(o + row0 * p.o_st, g + row0 * p.do_st, p.Dv) : 0.f;
+  d1 = row1 < p.Tq ? delta_row<T, D>(o + row1 * p.o_st, g + row1 * p.do_st, p.Dv) : 0.f;
+  float *delta = p.delta + (int64_t)bh * p.Tq;
+  if (t == 0 && row0 < p.Tq) delta[row0] = d0;
+  if (t == 0 && row1 < p.Tq) delta[row1] = d1;
+}
+#endif
+
+template <typename T, int D, int STAGES, bool S9>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_dq_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -256,10 +277,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t sQ = base, sO = base + L::OFF_B, ring = base + L::OFF_RING;
   const uint32_t bar_q = base + L::OFF_BAR, full = bar_q + 8, empty = full + 8 * STAGES;   // + 8·stage
 
-  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  // S9 (EMBER_FLASH_STEP9): the grid is (heads, q blocks), the last (heaviest) q block of every head first; and
+  // the rows' Δ computed here (dq_row_stats_delta), with no delta kernel before
+  const int qblk = tile_count<S9>() - 1 - tile_index<S9>(), bh = head_index<S9>(), b = bh / p.H, h = bh % p.H,
+            hk = h / p.group;
   const int q0 = qblk * RES;
   const int kend = p.causal ? min(p.Tk, q0 + RES + p.off) : p.Tk, ntile = max(0, (kend + STR - 1) / STR);
   const int wg = threadIdx.x >> 7;
+  if constexpr (S9) grid_dep_launch();   // the dk/dv kernel after this one may start (EMBER_FLASH_PDL)
 
   init_barriers<STAGES>(bar_q, full, empty, 1);   // full: the producer's expect_tx; the bytes complete it
 
@@ -274,7 +299,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int qw0 = q0 + cw * 64, wrow = qw0 + warp * 16, row0 = wrow + g, row1 = row0 + 8;
   const uint32_t qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;   // this consumer's rows of q, dO
   float l0, l1, d0, d1;
-  dq_row_stats(p, bh, row0, row1, l0, l1, d0, d1);
+  if constexpr (S9) dq_row_stats_delta<T, D>(p, b, h, bh, row0, row1, t, l0, l1, d0, d1);
+  else dq_row_stats(p, bh, row0, row1, l0, l1, d0, d1);
   const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
   auto pass_turn = [&](int i) {
     if (cw == 0 || i < turns - 1) named_arrive(other_bar);
@@ -358,32 +384,76 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-template <typename T, int D>
-int launch_bwd2(const Params &p, const Maps &m, cudaStream_t s) {
+/* pdl (EMBER_FLASH_PDL, HF only): launched as a programmatic dependent of the kernel before it on s (the S9 dq
+ * kernel, which computes Δ and allows the launch at its start; the kernel waits for it before reading Δ). */
+template <typename T, int D, bool HF>
+int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s, bool pdl = false) {
   constexpr int ST = kStages<D>;
   constexpr size_t smem = Layout<D, ST>::SMEM;
-  static_assert(smem <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
-  if (p.Tk > 0) {
-    auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>>;
-    if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
-    k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(m.q64, m.k128,
-                                                                                              m.v128, m.do64, p);
-    if (em_launch_check("flash_attention backward (wgmma wg2 dk, dv)")) return -1;
+  auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>, HF>;
+  if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
+  const dim3 grid = tile_grid(HF, (unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv));
+  if (HF && pdl) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k1, m.q64, m.k128, m.v128, m.do64, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();   // reported here, not by the next launch's check
+      return em_error("flash_attention backward (wgmma wg2 dk, dv; EMBER_FLASH_PDL=1): cudaLaunchKernelEx failed: %s",
+                      cudaGetErrorString(e));
+    }
+  } else {
+    k1<<<grid, THREADS, smem, s>>>(m.q64, m.k128, m.v128, m.do64, p);
   }
-  auto k2 = flash_dq_wg2_kernel<T, D, ST>;
+  return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
+}
+
+template <typename T, int D, bool S9>
+int launch_dq2(const Params &p, const Maps &m, cudaStream_t s) {
+  constexpr int ST = kStages<D>;
+  constexpr size_t smem = Layout<D, ST>::SMEM;
+  auto k2 = flash_dq_wg2_kernel<T, D, ST, S9>;
   if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
-  k2<<<dim3((unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H)), THREADS, smem, s>>>(m.q128, m.k64, m.v64,
-                                                                                            m.do128, p);
+  k2<<<tile_grid(S9, (unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H)), THREADS, smem, s>>>(
+      m.q128, m.k64, m.v64, m.do128, p);
   return em_launch_check("flash_attention backward (wgmma wg2 dq)");
+}
+
+/* As before: the delta kernel, then dk/dv, then dq. EMBER_FLASH_STEP9 (s9), where both grids are short
+ * (tile_grid_hf): no delta kernel; dq first, computing and storing Δ, then dk/dv, which reads it; both heaviest
+ * block first over the whole grid. */
+template <typename T, int D>
+int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, DeltaLaunch delta, cudaStream_t s) {
+  static_assert(Layout<D, kStages<D>>::SMEM <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
+  if (tile_grid_hf(s9, (unsigned)((p.Tq + RES - 1) / RES)) && tile_grid_hf(s9, (unsigned)((p.Tk + RES - 1) / RES))) {
+    if (launch_dq2<T, D, true>(p, m, s)) return -1;
+    return p.Tk > 0 ? launch_dkdv2<T, D, true>(p, m, s, pdl) : 0;
+  }
+  if (delta(p, s)) return -1;
+  if (p.Tk > 0 && launch_dkdv2<T, D, false>(p, m, s)) return -1;
+  return launch_dq2<T, D, false>(p, m, s);
 }
 
 }  // namespace
 
 namespace flash {
 
-int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, cudaStream_t s) {
-  if (dt == EM_BF16) return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, s) : launch_bwd2<__nv_bfloat16, 128>(p, m, s);
-  return d == 64 ? launch_bwd2<__half, 64>(p, m, s) : launch_bwd2<__half, 128>(p, m, s);
+int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, DeltaLaunch delta, cudaStream_t s) {
+  const int s9 = step9(), pdl = flash_pdl();
+  if (s9 < 0 || pdl < 0) return -1;
+  const bool on = s9 == 1, dep = pdl == 1;
+  if (dt == EM_BF16)
+    return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, on, dep, delta, s)
+                   : launch_bwd2<__nv_bfloat16, 128>(p, m, on, dep, delta, s);
+  return d == 64 ? launch_bwd2<__half, 64>(p, m, on, dep, delta, s) : launch_bwd2<__half, 128>(p, m, on, dep, delta, s);
 }
 
 }  // namespace flash

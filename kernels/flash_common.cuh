@@ -76,6 +76,24 @@ struct Params {          // strides in elements; the last dim is contiguous
   float *opart, *mpart, *lpart;
 };
 
+/* Δ of one row, rowsum(dO ∘ o): the products summed in column order from 0, one fused multiply-add a column, over
+ * the columns below n (a multiple of 16 bytes' worth) of at most NMAX. The delta kernel (flash_bwd.cu) and, under
+ * EMBER_FLASH_STEP9, the wg2 dq kernel (flash_bwd_wg2.cu) both sum this way: the same Δ to the bit. */
+template <typename T, int NMAX>
+__device__ __forceinline__ float delta_row(const T *o, const T *d, int n) {
+  constexpr int E = Packed128<T>::size;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < NMAX; c += E) {
+    if (c < n) {
+      const Packed128<T> a = load128(o + c), e = load128(d + c);
+#pragma unroll
+      for (int j = 0; j < E; j++) acc = __fmaf_rn(to_f32(a[j]), to_f32(e[j]), acc);
+    }
+  }
+  return acc;
+}
+
 /* Up to this many queries the forward takes the split-key decode kernel. */
 constexpr int kDecodeMaxTq = EM_FLASH_DECODE_MAX_TQ;   // ember/ops.h
 

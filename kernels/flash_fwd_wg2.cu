@@ -134,7 +134,7 @@ __device__ __forceinline__ void named_arrive(int id) {
   else asm volatile("bar.arrive 3, %0;\n" ::"n"(PAIR) : "memory");
 }
 
-template <typename T, int D, int NC, bool S8>
+template <typename T, int D, int NC, bool S8, bool HF>
 __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
     flash_fwd_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                          const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -148,7 +148,9 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
   const uint32_t bar_q = base + C::OFF_BAR, kfull = bar_q + 8, vfull = bar_q + 24, kempty = bar_q + 40,
                  vempty = bar_q + 56;
 
-  const int qblk = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  // HF (EMBER_FLASH_STEP9): the grid is (heads, q blocks), heaviest first over all heads (tile_grid)
+  const int qblk = tile_count<HF>() - 1 - tile_index<HF>(), bh = head_index<HF>(), b = bh / p.H, h = bh % p.H,
+            hk = h / p.group;
   const int q0 = qblk * BM;
   const int kend = p.causal ? min(p.Tk, q0 + BM + p.off) : p.Tk, ntile = max(0, (kend + BN - 1) / BN);
   // S8 (EMBER_FLASH_FWD_STEP8): the warpgroup through a shuffle from lane 0, which the compiler knows is the same
@@ -340,16 +342,16 @@ __global__ void __launch_bounds__(Wg2Cfg<D, NC>::THREADS, 1)
 #endif
 }
 
-template <typename T, int D, int NC, bool S8>
+template <typename T, int D, int NC, bool S8, bool HF>
 int launch(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
   using C = Wg2Cfg<D, NC>;
   constexpr size_t smem = C::SMEM;
   static_assert(smem <= 227 * 1024, "flash wg2 forward: shared memory over an H100 SM's 227 KB");
   static_assert(128 * C::PROD_REGS + C::NCONS * C::CONS_REGS <= 65536, "flash wg2 forward: over the register file");
-  auto kern = flash_fwd_wg2_kernel<T, D, NC, S8>;
+  auto kern = flash_fwd_wg2_kernel<T, D, NC, S8, HF>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
     return em_launch_check("flash_attention (wgmma forward, wg2)");
-  dim3 grid((unsigned)((p.Tq + C::BM - 1) / C::BM), (unsigned)(p.B * p.H));
+  const dim3 grid = tile_grid(HF, (unsigned)((p.Tq + C::BM - 1) / C::BM), (unsigned)(p.B * p.H));
   kern<<<grid, C::THREADS, smem, s>>>(tq, tk, tv, p);
   return em_launch_check("flash_attention (wgmma forward, wg2)");
 }
@@ -368,9 +370,12 @@ int fwd_step8() {
 
 template <typename T, int D, int NC>
 int launch_s8(const Params &p, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, cudaStream_t s) {
-  const int s8 = fwd_step8();
-  if (s8 < 0) return -1;
-  return s8 ? launch<T, D, NC, true>(p, tq, tk, tv, s) : launch<T, D, NC, false>(p, tq, tk, tv, s);
+  const int s8 = fwd_step8(), s9 = step9();
+  if (s8 < 0 || s9 < 0) return -1;
+  // EMBER_FLASH_STEP9's order only on the default loop (S8): the STEP8=0 kernels stay as measured
+  if (s8 && tile_grid_hf(s9 == 1, (unsigned)((p.Tq + Wg2Cfg<D, NC>::BM - 1) / Wg2Cfg<D, NC>::BM)))
+    return launch<T, D, NC, true, true>(p, tq, tk, tv, s);
+  return s8 ? launch<T, D, NC, true, false>(p, tq, tk, tv, s) : launch<T, D, NC, false, false>(p, tq, tk, tv, s);
 }
 
 }  // namespace

@@ -61,13 +61,50 @@ int wg_kernel_dim(int d);
 int bwd_kernel_mode();
 /* The result of bwd_wg_dispatch when it ran nothing: the caller runs the mma.sync kernels. */
 constexpr int kBwdNotTaken = kFwdNotTaken;
-/* After the delta kernel (flash_bwd.cu): runs the wgmma dk/dv and dq kernels
- * when the mode and the inputs ask for them. 0 (done), -1 with the error set,
- * or kBwdNotTaken. */
-int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s);
+/* Launches the delta kernel (flash_bwd.cu, Δ = rowsum(dO ∘ o) into p.delta) on s: 0 or -1 with the error set. */
+using DeltaLaunch = int (*)(const Params &p, cudaStream_t s);
+/* Runs the wgmma dk/dv and dq kernels when the mode and the inputs ask for them, and the delta kernel before them
+ * where they need it (all but EMBER_FLASH_STEP9's wg2). 0 (done), -1 with the error set, or kBwdNotTaken (nothing
+ * launched, not even Δ). */
+int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, DeltaLaunch delta);
+
+/* ---- the short-sequence schedule (EMBER_FLASH_STEP9, docs/flash.md "Step 9") ---- */
+
+/* EMBER_FLASH_STEP9, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, for short
+ * sequences (tile_grid_hf below), launches the wg2/wg3 forward and the wg2 backward's kernels heaviest block first
+ * over the whole grid (tile_grid) instead of head by head, and computes Δ in the wg2 dq kernel (no delta kernel);
+ * the same blocks compute the same tiles with the same arithmetic, so the same bits. */
+int step9();
+/* EMBER_FLASH_PDL, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, with
+ * EMBER_FLASH_STEP9=1: wg2's dk/dv kernel is launched as a programmatic dependent of the dq kernel before it
+ * (cudaLaunchAttributeProgrammaticStreamSerialization), so its blocks start, load k, v and their first q/dO tiles
+ * on the SMs dq's last wave leaves idle, and wait for dq's Δ (griddepcontrol.wait) only where they read it. */
+int flash_pdl();
+/* The grid of a kernel with `tiles` blocks (q or key blocks, heaviest first) for each of `heads` (batch, head)
+ * pairs. Head by head: (tiles, heads), so the linear block order, which the hardware dispatches in, runs one
+ * head's tiles after another; a grid of 1.1-1.5 waves then ends on the heaviest blocks of the last heads.
+ * Heaviest first (hf): (heads, tiles), every head's heaviest block before any head's next one, so the last
+ * wave holds the lightest blocks (docs/flash.md "Step 9"). Only for short sequences, at most kHfMaxTiles
+ * blocks a head (T 2048 at 128-row blocks): longer, the head order keeps the k and v of the few heads in
+ * flight in L2, where every head's at once would not fit (B 1, H 16, T 16384, D 64: 64 MB), and a grid of
+ * many waves loses little to its last one. */
+constexpr unsigned kHfMaxTiles = 16;
+inline bool tile_grid_hf(bool hf, unsigned tiles) { return hf && tiles <= kHfMaxTiles; }
+inline dim3 tile_grid(bool hf, unsigned tiles, unsigned heads) { return hf ? dim3(heads, tiles) : dim3(tiles, heads); }
 
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* Programmatic dependent launch (sm_90; no-ops in a grid launched without it): a primary grid's blocks allow
+ * their dependent grid to launch once all of them have executed grid_dep_launch (or exited); the dependent's
+ * grid_dep_wait returns once the primary has completed and its stores are visible. */
+__device__ __forceinline__ void grid_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+/* A block's tile (0 the heaviest, of tile_count) and (batch, head) index under tile_grid(HF, ...). */
+template <bool HF> __device__ __forceinline__ int tile_index() { return HF ? (int)blockIdx.y : (int)blockIdx.x; }
+template <bool HF> __device__ __forceinline__ int tile_count() { return HF ? (int)gridDim.y : (int)gridDim.x; }
+template <bool HF> __device__ __forceinline__ int head_index() { return HF ? (int)blockIdx.x : (int)blockIdx.y; }
 
 /* ---- mbarriers (shared-memory barriers with a phase bit and a byte count) ---- */
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {

@@ -231,4 +231,95 @@ describe("flash attention's wgmma backward (sm_90)", function()
       end
     end
   end)
+
+  -- The short-sequence schedule (EMBER_FLASH_STEP9, read once a process: children; docs/flash.md "Step 9"):
+  -- the wg2/wg3 forward's and the wg2 backward's blocks heaviest first over the whole grid, and Δ = rowsum(dO ∘ o)
+  -- computed inside the wg2 kernels instead of by its own kernel. The same tiles with the same arithmetic (Δ by
+  -- the delta kernel's own loop), so o, lse, dq, dk and dv keep their bits. The training shapes' heads at T 512
+  -- (H 12 at D 64 with B 4, the small model's; H 25 with B 2; H 32 at D 80 with B 1) and the edges: GQA, Tq < Tk and Tq > Tk, odd lengths (partial 64-row
+  -- tiles and 128-row blocks), D 96 and 128 in f16, every mask.
+  local step9_script = [[
+local ember = require "ember"
+local F = ember.nn.functional
+local out = {}
+local cases = {{"bf16", {4, 12, 512, 64}, {4, 12, 512, 64}}, {"bf16", {2, 25, 512, 64}, {2, 25, 512, 64}},
+  {"bf16", {1, 32, 512, 80}, {1, 32, 512, 80}}, {"f16", {2, 4, 777, 128}, {2, 2, 777, 128}},
+  {"bf16", {1, 8, 300, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 64}, {1, 2, 17, 64}},
+  {"f16", {1, 3, 65, 96}, {1, 3, 65, 96}}}
+for i, c in ipairs(cases) do
+  for j, causal in ipairs({true, "bottom_right", false}) do
+    if causal == "bottom_right" and c[2][3] > c[3][3] then goto next end   -- needs Tq <= Tk
+    ember.manual_seed(100 * i + j)
+    local function leaf(shape) return ember.randn(shape, {dtype = c[1]}):cuda():requires_grad_() end
+    local q, k, v = leaf(c[2]), leaf(c[3]), leaf(c[3])
+    local g = ember.randn(c[2], {dtype = c[1]}):cuda()
+    local o, lse = F.flash_attention(q, k, v, causal)
+    o:backward(g)
+    local key = i .. "_" .. tostring(causal)
+    out["o_" .. key], out["lse_" .. key] = o:detach():cpu(), lse:cpu()
+    out["dq_" .. key], out["dk_" .. key], out["dv_" .. key] = q.grad:cpu(), k.grad:cpu(), v.grad:cpu()
+    ::next::
+  end
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]]
+  -- With EMBER_FLASH_PDL=1 too (the dk/dv kernel a programmatic dependent of dq: its blocks start during dq's
+  -- tail and wait for Δ), the same bits: a dk/dv block that read Δ before dq stored it would move them.
+  it("gives the same bits with EMBER_FLASH_STEP9=1 (and EMBER_FLASH_PDL=1) as with 0 (in children)", function()
+    local script = helpers.temp_file(step9_script, ".lua")
+    local got = {}
+    for _, mode in ipairs({{"0", "0"}, {"1", "0"}, {"1", "1"}}) do
+      local path = helpers.temp(".safetensors")
+      local _, err, code = helpers.ember({"run", script},
+        {env = {EMBER_FLASH_STEP9 = mode[1], EMBER_FLASH_PDL = mode[2], SCAN_SPEC_OUT = path}})
+      assert.are.equal(0, code, "EMBER_FLASH_STEP9=" .. mode[1] .. " EMBER_FLASH_PDL=" .. mode[2] .. ": " .. tostring(err))
+      got[mode[1] .. mode[2]] = ember.load(path)
+    end
+    -- case 6 (Tq > Tk): no bottom_right
+    assert.are.equal((7 * 3 - 1) * 5, C.assert_modes_agree(got, "00", {"10", "11"}))
+    for var, msg in pairs({EMBER_FLASH_STEP9 = "expected EMBER_FLASH_STEP9 to be 0 or 1, got '2'",
+                           EMBER_FLASH_PDL = "expected EMBER_FLASH_PDL to be 0 or 1, got '2'"}) do
+      local env = {EMBER_FLASH_STEP9 = "1"}
+      env[var] = "2"
+      local _, err, code = helpers.ember({"run", script}, {env = env})
+      assert.are_not.equal(0, code, var .. "=2 should fail")
+      assert.matches(msg, err, 1, true)
+    end
+    helpers.remove_temps()
+  end)
+
+  -- ... and runs what it says: the kernels' last template argument (HF, the grid's order) true, no delta kernel;
+  -- with 0 the kernels as before (HF false) and the delta kernel. D 64 (wg3 forward, the dk/dv kernel's PIPE
+  -- true) and D 80 (the D 128 kernels).
+  it("runs the heaviest-first kernels and no delta kernel with EMBER_FLASH_STEP9=1 (by their names, in children)", function()
+    C.need_cupti(pending)
+    local script = helpers.temp_file([[
+local ember = require "ember"
+local names = {}
+for _, d in ipairs({64, 80}) do
+  local x = ember.randn({4, 12, 512, d}, {dtype = "bf16"}):cuda():requires_grad_()
+  local P = ember.profiler.profile(function()
+    ember.nn.functional.flash_attention(x, x, x, true):sum():backward()
+    ember.cuda.synchronize()
+  end, {print = false})
+  for _, r in ipairs(P:kernels()) do names[#names + 1] = r.key end
+  P:close()
+end
+print(table.concat(names, " | "))
+]], ".lua")
+    for _, mode in ipairs({"0", "1"}) do
+      local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = mode}})
+      assert.are.equal(0, code, "EMBER_FLASH_STEP9=" .. mode .. ": " .. tostring(err))
+      local hf = mode == "1" and "true" or "false"
+      assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 64, 3, true, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, true, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 64, 4, true, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 128, 3, false, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, " .. hf .. ">"), out)
+      if mode == "1" then assert.falsy(out:find("flash_delta_kernel", 1, true), out)
+      else assert.truthy(out:find("flash_delta_kernel", 1, true), out) end
+    end
+    helpers.remove_temps()
+  end)
 end)

@@ -227,12 +227,12 @@ describe("flash attention's wgmma forward (sm_90)", function()
   it("runs the three-consumer kernel under auto at D 64 (by its name)", function()
     -- wg2 and wg3 may well give the same bits (same per-row arithmetic over the same key tiles), so
     -- the kernel's name says which ran: the template's third argument is the consumer count (the fourth,
-    -- false or true, EMBER_FLASH_FWD_STEP8's loop)
+    -- false or true, EMBER_FLASH_FWD_STEP8's loop; the fifth EMBER_FLASH_STEP9's block order)
     C.need_cupti(pending)
     local q64, k64, v64 = randn({1, 2, 300, 64}, "bf16"):cuda(), randn({1, 2, 300, 64}, "bf16"):cuda(),
       randn({1, 2, 300, 64}, "bf16"):cuda()
     local ran = C.kernel_names(function() flash("auto", q64, k64, v64, nil, true) end)
-    assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3, %a+>"), ran)
+    assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 64, 3, %a+, %a+>"), ran)
   end)
 
   it("runs D 80 and 96 on the D 128 kernel under auto (wg2's bits, by name), mma's with EMBER_FLASH_WG_PAD=0", function()
@@ -244,7 +244,7 @@ describe("flash attention's wgmma forward (sm_90)", function()
       assert.are.equal(0, max_abs(a.o, w.o), "D " .. d .. ": auto is not wg2")
       assert.is_true(max_abs(m.o, w.o) > 0, "D " .. d .. ": wg2 gave mma's bits")
       local ran = C.kernel_names(function() flash("auto", q, k, v, nil, true) end)
-      assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, %a+>"), ran)
+      assert.truthy(ran:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, %a+, %a+>"), ran)
       assert.falsy(ran:find("flash_fwd_kernel<", 1, true), ran)
     end
     -- the switch is read once a process: children, forward and backward at D 80, the kernels' names printed
@@ -267,7 +267,7 @@ print(table.concat(names, " | "))
     assert.falsy(out0:find("wg", 1, true), out0)
     local out1, err1, code1 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "1"}})
     assert.are.equal(0, code1, "EMBER_FLASH_WG_PAD=1: " .. tostring(err1))
-    assert.truthy(out1:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, %a+>"), out1)
+    assert.truthy(out1:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, %a+, %a+>"), out1)
     assert.truthy(out1:find("flash_dkdv_wg2_kernel<", 1, true), out1)
     assert.falsy(out1:find("flash_fwd_kernel<", 1, true), out1)
     local _, err2, code2 = helpers.ember({"run", script}, {env = {EMBER_FLASH_WG_PAD = "yes"}})
