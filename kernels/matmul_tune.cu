@@ -41,6 +41,7 @@ int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *alg
   em_storage *scratch = NULL;
   void *d = c->c;
   int rc = -1;
+  uint64_t spin = SPIN_NS + (n > 17 ? (uint64_t)(n - 17) * REPS * SPIN_NS_PER_RUN : 0);
   if (read_c) {                        /* beta != 0: run on a copy of C, keep the call's C intact */
     em_device dev = {EM_CUDA, c->device};
     scratch = em_storage_new(c->c_bytes, dev);
@@ -57,7 +58,6 @@ int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *alg
   for (int r = 0; r < ROUNDS; r++)
     for (int i = 0; i <= n; i++)
       if (em_cuda_check(cudaEventCreate(&ev[r][i]), c->op, "cudaEventCreate")) goto done;
-  uint64_t spin = SPIN_NS + (n > 17 ? (uint64_t)(n - 17) * REPS * SPIN_NS_PER_RUN : 0);
   for (int r = 0; r < ROUNDS; r++) {
     spin_kernel<<<1, 1, 0, c->s>>>(spin);
     if (em_launch_check(c->op)) goto done;

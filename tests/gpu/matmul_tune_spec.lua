@@ -144,7 +144,7 @@ describe("matmul tuning on CUDA", function()
     assert.equals(2, r.splitk, what)
     close(first, a:matmul(b), TOL.bf16, "split-K 2 vs CPU")
     C.assert_same_bits(second, first, "the second call")
-    -- later calls (tuning on or off does not matter to a cached choice with it on) keep the bits
+    -- a later call, the hook reset: the key keeps its split-K choice and its bits
     local third = with_tune(true, function() return ag:matmul(bg) end)
     C.assert_same_bits(third, first, "a third call")
   end)

@@ -85,9 +85,9 @@ describe("ember.core.matmul_tune_force_splitk (the GPU spec's hook)", function()
 
   it("rejects a non-integer", function()
     assert.error_matches(function() ember.core.matmul_tune_force_splitk(2.5) end,
-      "matmul_tune_force_splitk: expected argument 1 (k) to be", 1, true)
-    assert.error_matches(function() ember.core.matmul_tune_force_splitk("2") end,
-      "matmul_tune_force_splitk: expected argument 1 (k) to be", 1, true)
+      "matmul_tune_force_splitk: expected argument 1 (k) to be an integer, got 2.5", 1, true)
+    assert.error_matches(function() ember.core.matmul_tune_force_splitk(true) end,
+      "matmul_tune_force_splitk: expected argument 1 (k) to be an integer, got boolean", 1, true)
   end)
 
   it("changes nothing on CPU matmuls: the table stays empty", function()
