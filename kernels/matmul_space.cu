@@ -4,7 +4,8 @@
  * docs/perf.md, seventeenth session, gemmsplit).
  *
  * Two sources, every configuration checked by cublasLtMatmulAlgoCheck on the
- * call's own descriptors (workspace within ours) and never one already listed:
+ * call's own descriptors (workspace within ours, minimum alignments within the
+ * call's pointers') and never one already listed:
  *  - split-K 2, 3, 4 and a few cluster shapes on the heuristic's first SEEDS
  *    algorithms (what the heuristic picked, cut into K slices);
  *  - each algorithm id cublasLtMatmulAlgoGetIds lists for the call's types, at
@@ -79,14 +80,37 @@ static bool set_splitk(cublasLtMatmulAlgo_t *algo, int32_t sk, uint32_t scheme) 
                                               sizeof scheme) == 0;
 }
 
-/* Whether algo runs on the call's descriptors within our workspace; its waves in *waves. */
+/* The largest power of two (<= 256) that p is a multiple of. */
+static uint32_t align_of(const void *p) {
+  uint32_t a = 256;
+  while (a > 1 && (uintptr_t)p % a) a >>= 1;
+  return a;
+}
+
+/* Whether algo's minimum alignments hold for the call's pointers (cublasLtMatmulAlgoCheck
+ * does not see them; the heuristic is told them through the preference). */
+static bool aligned(const lt_call *c, const cublasLtMatmulAlgo_t *algo) {
+  static const cublasLtMatmulAlgoCapAttributes_t caps[] = {
+      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
+  const void *ptrs[] = {c->a, c->b, c->c, c->c};
+  for (int i = 0; i < 4; i++) {
+    uint32_t need = 0;
+    size_t w;
+    if (cublasLtMatmulAlgoCapGetAttribute(algo, caps[i], &need, sizeof need, &w) == 0 && need > align_of(ptrs[i]))
+      return false;
+  }
+  return true;
+}
+
+/* Whether algo runs on the call's descriptors and pointers within our workspace; its waves in *waves. */
 static bool check(checker *k, const cublasLtMatmulAlgo_t *algo, float *waves) {
   cublasLtMatmulHeuristicResult_t r;
   memset(&r, 0, sizeof r);
   k->checks++;
   const lt_call *c = k->c;
   if (cublasLtMatmulAlgoCheck(c->h, c->desc, c->la, c->lb, c->lc, c->lc, algo, &r) != CUBLAS_STATUS_SUCCESS ||
-      r.workspaceSize > c->ws_bytes) {
+      r.workspaceSize > c->ws_bytes || !aligned(c, algo)) {
     k->skipped++;
     return false;
   }
