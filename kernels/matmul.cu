@@ -363,6 +363,7 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
   fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
   e.candidates = t == 0 ? n : 0;                    /* 0: no memory for the scratch copy, heuristic kept */
   e.extra = t == 0 ? extra : 0;
+  for (int i = listed; t == 0 && i < n; i++) skipped += us[i] < 0.f;   /* checked, but refused at launch */
   e.skipped = skipped;
   e.forced = forced >= 0;
   e.chosen = rank[best];

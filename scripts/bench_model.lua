@@ -263,7 +263,7 @@ local function matmul_tune_report(before, rows)
     :format(#rows, changed, beyond, stepped == 0 and "one call of each key (no calls counted)"
       or args.graph and "the captured step's calls (each replay makes them)" or "the profiled step's calls",
       tuned_us / 1e3, heur_us / 1e3, heur_us > 0 and 100 * (1 - tuned_us / heur_us) or 0))
-  -- cands: cuBLASLt's list + the extra split-K/cluster/tile configurations (/ those its check refused);
+  -- cands: cuBLASLt's list + the extra split-K/cluster/tile configurations (/ those refused by the check or at launch);
   -- chosen: 0 the heuristic's first, 1-16 its rank in the list, 17 + j extra j (* forced by the test hook)
   print(("  %-8s %-24s %-5s %-4s %-4s %9s %6s  %-20s %-20s %9s %9s %6s %6s"):format("dtype", "n x m x k (batch)",
     "trans", "bias", "beta", "cands", "chosen", "algo/tile/stg/sk/cl", "heuristic's", "tuned us", "heur. us", "gain",

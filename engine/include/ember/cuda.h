@@ -121,7 +121,7 @@ typedef struct {
   bool in_capture;               /* first met during graph capture: the heuristic's kept, untimed */
   int candidates;                /* algorithms timed (the heuristic's first and the extra ones included); 0: none */
   int extra;                     /* of those, configurations beyond cuBLASLt's list (split-K, cluster, tile variants) */
-  int skipped;                   /* extra configurations cublasLtMatmulAlgoCheck refused (not timed) */
+  int skipped;                   /* extra configurations refused by cublasLtMatmulAlgoCheck or at launch (untimed) */
   int chosen;                    /* 0: the heuristic's first won; 1-16: its rank in cuBLASLt's list; 17 + j: extra j */
   bool forced;                   /* chosen by em_matmul_set_tune_force_splitk, not by time */
   int algo, tile, stages, splitk, cluster;            /* the winner */
