@@ -41,3 +41,15 @@ int em_matmul_set_tune(const char *op, bool on, bool *prev) {
   *prev = atomic_exchange(&g_tune, on ? 1 : 0) == 1;
   return 0;
 }
+
+/* The test hook's split count: 0 (choose by time) or 2..4. Atomic as g_tune. */
+static _Atomic int g_force_splitk = 0;
+
+int em_matmul_set_tune_force_splitk(const char *op, int64_t k, int *prev) {
+  if (k != 0 && (k < 2 || k > 4))
+    return em_error("%s: expected a split count of 0 (choose by time), 2, 3 or 4, got %lld", op, (long long)k);
+  *prev = atomic_exchange(&g_force_splitk, (int)k);
+  return 0;
+}
+
+int em_matmul_tune_force_splitk(void) { return atomic_load(&g_force_splitk); }

@@ -12,8 +12,9 @@
  * once per (shape, strides, dtypes, transposes, alignments, epilogue) and kept
  * in a hash map, so a cached gemm costs one cublasLtMatmul call on the host.
  * With ember.backends.matmul_tune on, a key's first call also times the
- * heuristic's first choice against up to 16 more of its candidates
- * (kernels/matmul_tune.cu) and the key keeps the fastest (a key first met
+ * heuristic's first choice against up to 16 more of its candidates and up to
+ * 24 split-K / cluster / tile configurations beyond its list
+ * (kernels/matmul_tune.cu, matmul_space.cu) and the key keeps the fastest (a key first met
  * during graph capture keeps the heuristic's); with it off (the default) the
  * heuristic's first choice runs, bit for bit as before. beta (a gradient
  * accumulated into C) is part of the key.
@@ -44,6 +45,7 @@
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 #define MAX_DEVICES 16
 #define TUNE_CANDIDATES 16          /* cuBLASLt's heuristic list asked for when tuning */
+#define TUNE_EXTRA 24               /* configurations beyond that list (split-K, clusters, tiles) timed too */
 #define TUNE_MARGIN 0.98f           /* another algorithm must beat the heuristic's by 2% to replace it */
 
 static std::mutex g_lock;
@@ -297,8 +299,20 @@ static void fill_entry(const em_gemm_args *g, const plan_key *k, double beta, em
   e->n = g->n; e->m = g->m; e->k = g->k; e->batch = g->batch; e->lda = g->lda; e->ldb = g->ldb; e->ldc = g->ldc;
 }
 
-/* Once per plan: time the heuristic's first choice and up to TUNE_CANDIDATES more from
- * its list, keep the fastest in p->tuned_algo, record it. A key first met during graph
+/* The candidate of split-K k that ran (us >= 0) first in algos[0, n), or -1. */
+static int first_of_splitk(const cublasLtMatmulAlgo_t *algos, const float *us, int n, int k) {
+  for (int i = 0; i < n; i++) {
+    int id, tile, stages, splitk, cluster;
+    lt_algo_config(&algos[i], &id, &tile, &stages, &splitk, &cluster);
+    if (splitk == k && us[i] >= 0.f) return i;
+  }
+  return -1;
+}
+
+/* Once per plan: time the heuristic's first choice, up to TUNE_CANDIDATES more from
+ * its list and up to TUNE_EXTRA configurations beyond it (lt_extra_algos: split-K,
+ * cluster and tile variants for under-a-wave shapes), keep the fastest in
+ * p->tuned_algo, record it. A key first met during graph
  * capture (no host sync allowed) keeps the heuristic's choice for good, so the graph and
  * later eager calls of the key run one algorithm: the same bits. */
 static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, const lt_call *c) {
@@ -319,9 +333,9 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
   }
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulHeuristicResult_t res[TUNE_CANDIDATES];
-  cublasLtMatmulAlgo_t algos[TUNE_CANDIDATES + 1];
-  float us[TUNE_CANDIDATES + 1];
-  int count = 0, n = 1, rank[TUNE_CANDIDATES + 1] = {0};
+  cublasLtMatmulAlgo_t algos[TUNE_CANDIDATES + 1 + TUNE_EXTRA];
+  float us[TUNE_CANDIDATES + 1 + TUNE_EXTRA];
+  int count = 0, n = 1, rank[TUNE_CANDIDATES + 1 + TUNE_EXTRA] = {0}, skipped = 0;
   make_key(g, epilogue, beta1, &k);
   if (make_pref(&k, g->op, &pref)) return -1;
   cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->h, p->desc, p->la, p->lb, p->lc, p->lc, pref, TUNE_CANDIDATES,
@@ -335,15 +349,23 @@ static int tune_plan(plan *p, const em_gemm_args *g, bool epilogue, bool beta1, 
       rank[n] = i + 1;
       algos[n++] = res[i].algo;
     }
+  int force = em_matmul_tune_force_splitk(), forced = -1;
+  int listed = n, extra = lt_extra_algos(c, algos, listed, force, algos + listed, TUNE_EXTRA, &skipped);
+  for (int j = 0; j < extra; j++) rank[n++] = TUNE_CANDIDATES + 1 + j;
   int t = lt_time_algos(c, beta1, algos, n, us);
   if (t < 0) return -1;
   int best = 0;
   for (int i = 1; t == 0 && i < n; i++)
     if (us[i] >= 0.f && (us[best] < 0.f || us[i] < us[best] * (best == 0 ? TUNE_MARGIN : 1.f))) best = i;
+  if (t == 0 && force > 1 && (forced = first_of_splitk(algos, us, n, force)) >= 0) best = forced;
   p->tuned_algo = algos[best];
   p->tuned = true;
   fill_entry(g, &k, beta1 ? 1.0 : 0.0, &e);
   e.candidates = t == 0 ? n : 0;                    /* 0: no memory for the scratch copy, heuristic kept */
+  e.extra = t == 0 ? extra : 0;
+  for (int i = listed; t == 0 && i < n; i++) skipped += us[i] < 0.f;   /* checked, but refused at launch */
+  e.skipped = skipped;
+  e.forced = forced >= 0;
   e.chosen = rank[best];
   lt_algo_config(&algos[best], &e.algo, &e.tile, &e.stages, &e.splitk, &e.cluster);
   lt_algo_config(&algos[0], &e.h_algo, &e.h_tile, &e.h_stages, &e.h_splitk, &e.h_cluster);

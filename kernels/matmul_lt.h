@@ -38,6 +38,16 @@ static inline cublasStatus_t lt_run(const lt_call *c, void *d, const cublasLtMat
  * copy (nothing timed, no error set); -1 with the error set on a CUDA failure. */
 int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *algos, int n, float *us);
 
+/* Up to max configurations beyond have[0, nhave) (the heuristic's list, its first
+ * choice first) for c's gemm: split-K (a deterministic reduction in the compute
+ * type), cluster and tile variants that cublasLtMatmulAlgoCheck accepts within
+ * c's workspace (kernels/matmul_space.cu). prefer_splitk > 1 (the test hook):
+ * configurations of that split count first, whatever their waves. Returns how
+ * many were written to out; *skipped counts the configurations the check
+ * refused. Sets no error. */
+int lt_extra_algos(const lt_call *c, const cublasLtMatmulAlgo_t *have, int nhave, int prefer_splitk,
+                   cublasLtMatmulAlgo_t *out, int max, int *skipped);
+
 /* The CUBLASLT_ALGO_CONFIG_* ids of an algorithm: id, tile, stages, splitk, cluster. */
 void lt_algo_config(const cublasLtMatmulAlgo_t *a, int *id, int *tile, int *stages, int *splitk, int *cluster);
 

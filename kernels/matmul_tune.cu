@@ -21,7 +21,8 @@
 #define ROUNDS 2
 #define REPS 3
 #define SPIN_NS 1000000ull          /* 1 ms: more than the host needs to enqueue 17 x 3 gemms */
-#define MAX_ALGOS 32
+#define SPIN_NS_PER_RUN 8000ull     /* and 8 µs more per enqueued gemm beyond those (the extra candidates) */
+#define MAX_ALGOS 48
 
 static std::mutex g_table_lock;
 static std::vector<em_matmul_tune_entry> g_table;
@@ -40,6 +41,7 @@ int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *alg
   em_storage *scratch = NULL;
   void *d = c->c;
   int rc = -1;
+  uint64_t spin = SPIN_NS + (n > 17 ? (uint64_t)(n - 17) * REPS * SPIN_NS_PER_RUN : 0);
   if (read_c) {                        /* beta != 0: run on a copy of C, keep the call's C intact */
     em_device dev = {EM_CUDA, c->device};
     scratch = em_storage_new(c->c_bytes, dev);
@@ -57,7 +59,7 @@ int lt_time_algos(const lt_call *c, bool read_c, const cublasLtMatmulAlgo_t *alg
     for (int i = 0; i <= n; i++)
       if (em_cuda_check(cudaEventCreate(&ev[r][i]), c->op, "cudaEventCreate")) goto done;
   for (int r = 0; r < ROUNDS; r++) {
-    spin_kernel<<<1, 1, 0, c->s>>>(SPIN_NS);
+    spin_kernel<<<1, 1, 0, c->s>>>(spin);
     if (em_launch_check(c->op)) goto done;
     for (int i = 0; i < n; i++) {
       if (em_cuda_check(cudaEventRecord(ev[r][i], c->s), c->op, "cudaEventRecord")) goto done;

@@ -245,11 +245,12 @@ local function matmul_tune_report(before, rows)
     print("matmul algorithms: tuning on, no key tuned (only CUDA gemms are tuned)")
     return rows
   end
-  local changed, stepped, tuned_us, heur_us = 0, 0, 0, 0
+  local changed, beyond, stepped, tuned_us, heur_us = 0, 0, 0, 0, 0
   for i, r in ipairs(rows) do
     r.step_calls = r.calls - (before[i] and before[i].calls or 0)
     stepped = stepped + r.step_calls
     if r.chosen ~= 0 then changed = changed + 1 end
+    if r.chosen > 16 then beyond = beyond + 1 end
   end
   for _, r in ipairs(rows) do
     local n = stepped > 0 and r.step_calls or 1
@@ -257,12 +258,14 @@ local function matmul_tune_report(before, rows)
       tuned_us, heur_us = tuned_us + n * r.time_us, heur_us + n * r.heuristic_time_us
     end
   end
-  print(("matmul algorithms (ember.backends.matmul_tune): %d keys tuned, %d changed from the heuristic's first; " ..
-    "%s: %.3f ms tuned vs %.3f ms heuristic (%.1f%% less; each timed alone)")
-    :format(#rows, changed, stepped == 0 and "one call of each key (no calls counted)"
+  print(("matmul algorithms (ember.backends.matmul_tune): %d keys tuned, %d changed from the heuristic's first " ..
+    "(%d to a configuration beyond cuBLASLt's list); %s: %.3f ms tuned vs %.3f ms heuristic (%.1f%% less; each timed alone)")
+    :format(#rows, changed, beyond, stepped == 0 and "one call of each key (no calls counted)"
       or args.graph and "the captured step's calls (each replay makes them)" or "the profiled step's calls",
       tuned_us / 1e3, heur_us / 1e3, heur_us > 0 and 100 * (1 - tuned_us / heur_us) or 0))
-  print(("  %-8s %-24s %-5s %-4s %-4s %5s %6s  %-20s %-20s %9s %9s %6s %6s"):format("dtype", "n x m x k (batch)",
+  -- cands: cuBLASLt's list + the extra split-K/cluster/tile configurations (/ those refused by the check or at launch);
+  -- chosen: 0 the heuristic's first, 1-16 its rank in the list, 17 + j extra j (* forced by the test hook)
+  print(("  %-8s %-24s %-5s %-4s %-4s %9s %6s  %-20s %-20s %9s %9s %6s %6s"):format("dtype", "n x m x k (batch)",
     "trans", "bias", "beta", "cands", "chosen", "algo/tile/stg/sk/cl", "heuristic's", "tuned us", "heur. us", "gain",
     "calls"))
   local function cfg_str(a, t, st, sk, cl) return ("%d/%d/%d/%d/%d"):format(a, t, st, sk, cl) end
@@ -270,9 +273,11 @@ local function matmul_tune_report(before, rows)
     local shape = ("%d x %d x %d"):format(r.n, r.m, r.k) .. (r.batch > 1 and (" (%d)"):format(r.batch) or "")
     local gain = r.time_us and r.heuristic_time_us and r.heuristic_time_us > 0 and
       ("%5.1f%%"):format(100 * (1 - r.time_us / r.heuristic_time_us)) or "-"
-    print(("  %-8s %-24s %-5s %-4s %-4g %5s %6d  %-20s %-20s %9s %9s %6s %6s"):format(r.dtype .. (r.c_f32 and ">f32" or ""),
+    local cands = r.in_capture and "capt." or r.candidates == 0 and "0" or
+      ("%d+%d/%d"):format(r.candidates - r.extra, r.extra, r.skipped)
+    print(("  %-8s %-24s %-5s %-4s %-4g %9s %6s  %-20s %-20s %9s %9s %6s %6s"):format(r.dtype .. (r.c_f32 and ">f32" or ""),
       shape, (r.a_trans and "T" or "N") .. (r.b_trans and "T" or "N"), r.bias and "yes" or "-", r.beta,
-      r.in_capture and "capt." or tostring(r.candidates), r.chosen, cfg_str(r.algo, r.tile, r.stages, r.splitk, r.cluster),
+      cands, tostring(r.chosen) .. (r.forced and "*" or ""), cfg_str(r.algo, r.tile, r.stages, r.splitk, r.cluster),
       cfg_str(r.heuristic_algo, r.heuristic_tile, r.heuristic_stages, r.heuristic_splitk, r.heuristic_cluster),
       r.time_us and ("%.2f"):format(r.time_us) or "-", r.heuristic_time_us and ("%.2f"):format(r.heuristic_time_us) or "-",
       gain, stepped > 0 and tostring(r.step_calls) or "-"))

@@ -79,7 +79,8 @@ end
 --- ember.backends.matmul_tune(on) -> previous setting. With it on, the first
 -- CUDA matmul of each new key (shape, transposes, dtypes, leading dims,
 -- alignments, bias epilogue, beta) times up to 16 of cuBLASLt's candidate
--- algorithms (a host sync, once per key; never during ember.cuda.graph
+-- algorithms and up to 24 split-K / cluster / tile configurations beyond its
+-- list (a host sync, once per key; never during ember.cuda.graph
 -- capture, where the heuristic's first choice runs) and later calls use the
 -- fastest. Off by default: a timed choice can differ between processes and
 -- change the last bits of results; off gives the heuristic's bits. The start

@@ -67,6 +67,17 @@ static int l_matmul_tune(lua_State *L) {
   return 1;
 }
 
+/* core.matmul_tune_force_splitk(k) -> previous k: the GPU spec's hook (ember/cuda.h) that makes
+ * keys tuned from then on take a split-K k candidate; 0 chooses by time again. */
+static int l_matmul_tune_force_splitk(lua_State *L) {
+  const char *fn = lem_name(L);
+  int64_t k = lem_check_int(L, 1, fn, "k");
+  int prev;
+  if (em_matmul_set_tune_force_splitk(fn, k, &prev)) return lem_raise(L);
+  lua_pushinteger(L, prev);
+  return 1;
+}
+
 static void set_int(lua_State *L, const char *k, int64_t v) { lua_pushinteger(L, (lua_Integer)v); lua_setfield(L, -2, k); }
 static void set_bool(lua_State *L, const char *k, bool v) { lua_pushboolean(L, v); lua_setfield(L, -2, k); }
 static void set_num(lua_State *L, const char *k, double v) {
@@ -94,7 +105,8 @@ static int l_matmul_tune_table(lua_State *L) {
     set_int(L, "n", e.n); set_int(L, "m", e.m); set_int(L, "k", e.k); set_int(L, "batch", e.batch);
     set_int(L, "lda", e.lda); set_int(L, "ldb", e.ldb); set_int(L, "ldc", e.ldc);
     set_bool(L, "in_capture", e.in_capture);
-    set_int(L, "candidates", e.candidates); set_int(L, "chosen", e.chosen);
+    set_int(L, "candidates", e.candidates); set_int(L, "extra", e.extra); set_int(L, "skipped", e.skipped);
+    set_int(L, "chosen", e.chosen); set_bool(L, "forced", e.forced);
     set_int(L, "algo", e.algo); set_int(L, "tile", e.tile); set_int(L, "stages", e.stages);
     set_int(L, "splitk", e.splitk); set_int(L, "cluster", e.cluster);
     set_int(L, "heuristic_algo", e.h_algo); set_int(L, "heuristic_tile", e.h_tile);
@@ -111,7 +123,8 @@ void lem_open_amp(lua_State *L, int module) {
   static const luaL_Reg f[] = {
     {"autocast_exit", l_autocast_exit}, {"autocast_enabled", l_autocast_enabled},
     {"autocast_dtype", l_autocast_dtype}, {"cuda_allow_tf32", l_cuda_allow_tf32},
-    {"matmul_tune_table", l_matmul_tune_table}, {NULL, NULL}};
+    {"matmul_tune_table", l_matmul_tune_table}, {"matmul_tune_force_splitk", l_matmul_tune_force_splitk},
+    {NULL, NULL}};
   lem_register(L, 0, module, f);
   /* named as amp.lua shows them */
   static const lem_Reg named[] = {{"autocast_enter", l_autocast_enter, "autocast"},

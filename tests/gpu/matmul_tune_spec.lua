@@ -2,7 +2,9 @@
 -- gemms give the CPU reference's result for several shapes, transposes,
 -- dtypes, a bias epilogue, a batch and an accumulating (beta = 1) gradient;
 -- each new key is tuned once (the table grows by one, then the cache is
--- hit); nothing is timed while a graph is captured (the key keeps the
+-- hit); a split-K candidate beyond cuBLASLt's list (forced through
+-- ember.core.matmul_tune_force_splitk) is right and gives the same bits call
+-- after call; nothing is timed while a graph is captured (the key keeps the
 -- heuristic's choice, so graph and eager agree bit for bit); tuning off
 -- gives the heuristic's bits, in this process and in a fresh one started
 -- with EMBER_MATMUL_TUNE=0.
@@ -88,8 +90,13 @@ describe("matmul tuning on CUDA", function()
     -- row-major terms: C (n x m) = A (n x k) @ B (k x m)
     assert.are.same({200, 328, 136, 1, "bf16", false, false, false, 0, false},
       {r.n, r.m, r.k, r.batch, r.dtype, r.a_trans, r.b_trans, r.bias, r.beta, r.in_capture})
-    assert.is_true(r.candidates >= 1 and r.candidates <= 17, "candidates " .. tostring(r.candidates))
-    assert.is_true(r.chosen >= 0 and r.chosen <= 16, "chosen " .. tostring(r.chosen))
+    -- cuBLASLt's list (the heuristic's first and up to 16 more) and up to 24 extra configurations
+    assert.is_true(r.extra >= 0 and r.extra <= 24, "extra " .. tostring(r.extra))
+    assert.is_true(r.skipped >= 0, "skipped " .. tostring(r.skipped))
+    assert.is_true(r.candidates - r.extra >= 1 and r.candidates - r.extra <= 17,
+      ("candidates %d, extra %d"):format(r.candidates, r.extra))
+    assert.is_true(r.chosen >= 0 and r.chosen < 17 + r.extra, "chosen " .. tostring(r.chosen))
+    assert.is_false(r.forced)
     assert.is_true(r.time_us > 0 and r.heuristic_time_us > 0,
       ("times %s / %s us"):format(tostring(r.time_us), tostring(r.heuristic_time_us)))
     assert.is_true(r.time_us <= r.heuristic_time_us,
@@ -100,6 +107,72 @@ describe("matmul tuning on CUDA", function()
     with_tune(true, function() return a:matmul(b) end)
     with_tune(false, function() return a:matmul(b) end)
     assert.equals(2, ember.core.matmul_tune_table()[#rows].calls)
+  end)
+
+  -- with_tune, with ember.core.matmul_tune_force_splitk(k) set (restored even when fn raises)
+  local function with_splitk(k, fn)
+    local prev = ember.core.matmul_tune_force_splitk(k)
+    local res = table.pack(pcall(with_tune, true, fn))
+    ember.core.matmul_tune_force_splitk(prev)
+    if not res[1] then error(res[2], 0) end
+    return table.unpack(res, 2, res.n)
+  end
+
+  -- the newest row of (n, m, k, beta), and what the failure message should say about it
+  local function row_of(n, m, k, beta)
+    local rows = ember.core.matmul_tune_table()
+    for i = #rows, 1, -1 do
+      local r = rows[i]
+      if r.n == n and r.m == m and r.k == k and r.beta == beta then
+        return r, ("%d x %d x %d beta %g: %d timed (%d extra), %d refused by the check, chosen %d, split-K %d")
+          :format(n, m, k, beta, r.candidates, r.extra, r.skipped, r.chosen, r.splitk)
+      end
+    end
+    error(("no tuned row of %d x %d x %d beta %g"):format(n, m, k, beta))
+  end
+
+  it("a split-K candidate (forced: 2 slices) is within the gemm tolerance of the CPU; repeat calls the same bits",
+    function()
+    -- a small output over a long k: split-K's shape (a deterministic reduction in f32, one rounding)
+    local a, b = randn({256, 2048}, "bf16"), randn({2048, 320}, "bf16")
+    local ag, bg = a:cuda(), b:cuda()
+    local before = count()
+    local first, second = with_splitk(2, function() return ag:matmul(bg), ag:matmul(bg) end)
+    assert.equals(before + 1, count(), "one new key tuned")
+    local r, what = row_of(256, 320, 2048, 0)
+    assert.is_true(r.forced, "a split-K 2 candidate ran: " .. what)
+    assert.equals(2, r.splitk, what)
+    close(first, a:matmul(b), TOL.bf16, "split-K 2 vs CPU")
+    C.assert_same_bits(second, first, "the second call")
+    -- a later call, the hook reset: the key keeps its split-K choice and its bits
+    local third = with_tune(true, function() return ag:matmul(bg) end)
+    C.assert_same_bits(third, first, "a third call")
+  end)
+
+  it("split-K (forced: 3 slices) on the autocast linear's f32 weight gradients, accumulated: right, repeatable",
+    function()
+    local function grads(device, R)
+      local x = R.randn({1024, 256}, "f32"):to(device)
+      local w = R.randn({192, 256}, "f32"):to(device)
+      w.requires_grad = true
+      for _ = 1, 2 do   -- the second backward adds into w.grad (beta = 1)
+        local y = ember.autocast("bf16", function() return F.linear(x, w) end)
+        y:float():sum():backward()
+      end
+      return w.grad
+    end
+    local want = grads("cpu", H.seeded(4300))
+    local got = with_splitk(3, function() return grads("cuda", H.seeded(4300)) end)
+    for _, beta in ipairs({0, 1}) do
+      local r, what = row_of(192, 256, 1024, beta)
+      assert.is_true(r.c_f32 and r.forced, "a split-K 3 candidate ran on the f32 gradient: " .. what)
+      assert.equals(3, r.splitk, what)
+    end
+    assert.equals("f32", got.dtype)
+    close(got, want, TOL.bf16, "w.grad after two backwards")
+    -- the same keys again (their choices cached): the same bits
+    local again = with_tune(true, function() return grads("cuda", H.seeded(4300)) end)
+    C.assert_same_bits(again, got, "w.grad, a second run")
   end)
 
   it("an accumulating weight gradient (beta = 1) is tuned on a scratch copy: the sum stays right", function()

@@ -1,7 +1,9 @@
 -- matmul_tune_spec.lua — the plumbing of CUDA matmul tuning, on the CPU:
 -- ember.backends.matmul_tune (switch, previous value, bad arguments), the
 -- EMBER_MATMUL_TUNE start value (0, 1, unset, and a bad value as a clear
--- error), and ember.core.matmul_tune_table(), which CPU matmuls never fill.
+-- error), ember.core.matmul_tune_force_splitk (the GPU spec's hook: its
+-- values and errors), and ember.core.matmul_tune_table(), which CPU matmuls
+-- never fill.
 -- What tuning does on a GPU is tests/gpu/matmul_tune_spec.lua's.
 local ember = require "ember"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
@@ -60,6 +62,44 @@ describe("ember.backends.matmul_tune", function()
         :format(bad), 1, true), err)
     end)
   end
+end)
+
+describe("ember.core.matmul_tune_force_splitk (the GPU spec's hook)", function()
+  it("takes 0, 2, 3 or 4 and returns the previous value", function()
+    local start = ember.core.matmul_tune_force_splitk(0)
+    assert.equals(0, start)
+    for _, k in ipairs({2, 3, 4}) do
+      ember.core.matmul_tune_force_splitk(k)
+      assert.equals(k, ember.core.matmul_tune_force_splitk(0))
+    end
+  end)
+
+  for _, bad in ipairs({1, 5, -2, 64}) do
+    it(("names a bad split count %d and what it expects"):format(bad), function()
+      assert.error_matches(function() ember.core.matmul_tune_force_splitk(bad) end,
+        ("matmul_tune_force_splitk: expected a split count of 0 (choose by time), 2, 3 or 4, got %d"):format(bad),
+        1, true)
+      assert.equals(0, ember.core.matmul_tune_force_splitk(0), "a refused value changes nothing")
+    end)
+  end
+
+  it("rejects a non-integer", function()
+    assert.error_matches(function() ember.core.matmul_tune_force_splitk(2.5) end,
+      "matmul_tune_force_splitk: expected argument 1 (k) to be an integer, got 2.5", 1, true)
+    assert.error_matches(function() ember.core.matmul_tune_force_splitk(true) end,
+      "matmul_tune_force_splitk: expected argument 1 (k) to be an integer, got boolean", 1, true)
+  end)
+
+  it("changes nothing on CPU matmuls: the table stays empty", function()
+    local before = #ember.core.matmul_tune_table()
+    local prev = ember.backends.matmul_tune(true)
+    ember.core.matmul_tune_force_splitk(2)
+    local ok, err = pcall(function() return ember.randn({8, 64}):matmul(ember.randn({64, 4})) end)
+    ember.core.matmul_tune_force_splitk(0)
+    ember.backends.matmul_tune(prev)
+    assert.is_true(ok, tostring(err))
+    assert.equals(before, #ember.core.matmul_tune_table())
+  end)
 end)
 
 describe("ember.core.matmul_tune_table", function()

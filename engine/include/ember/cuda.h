@@ -95,13 +95,19 @@ bool em_cuda_allow_tf32(void);
 /* ---- matmul algorithm tuning (engine/matmul_tune.c, kernels/matmul_tune.cu) ----
  * With tuning on, the first gemm of each new key (shape, transposes, dtypes,
  * leading dims, alignments, epilogue, beta) times up to 16 of cuBLASLt's
- * candidate algorithms on the current stream (a host sync, once per key) and
+ * candidate algorithms and up to 24 configurations beyond its list (split-K,
+ * cluster and tile variants, kernels/matmul_space.cu) on the current stream (a host sync, once per key) and
  * later calls of that key use the fastest. A key first met while a CUDA graph
  * is being captured is not timed: it keeps the heuristic's choice, in the
  * graph and after. Off by default (a timed choice may change the last bits
  * between processes); EMBER_MATMUL_TUNE=0|1 sets the start value. */
 int em_matmul_tune_enabled(const char *op, bool *on);          /* -1 + error on a bad EMBER_MATMUL_TUNE */
 int em_matmul_set_tune(const char *op, bool on, bool *prev);   /* ember.backends.matmul_tune(on) */
+/* A test hook (ember.core.matmul_tune_force_splitk, tests/gpu/matmul_tune_spec.lua):
+ * with k in 2..4, a key tuned from now on takes its first candidate of split-K k
+ * that ran, whatever the times (the row's `forced`); 0 (the default) chooses by time. */
+int em_matmul_set_tune_force_splitk(const char *op, int64_t k, int *prev);   /* -1 + error unless k is 0, 2, 3 or 4 */
+int em_matmul_tune_force_splitk(void);
 
 /* One tuned key: its gemm in row-major terms (C (n x m) = op(A) (n x k) op(B) (k x m),
  * batch of them), the winner's and the heuristic's cuBLASLt configuration
@@ -113,8 +119,11 @@ typedef struct {
   double beta;                   /* 0, or 1 for an accumulating gemm (or a bias written into C first) */
   int64_t n, m, k, batch, lda, ldb, ldc;
   bool in_capture;               /* first met during graph capture: the heuristic's kept, untimed */
-  int candidates;                /* algorithms timed (the heuristic's first included); 0: none */
-  int chosen;                    /* 0: the heuristic's first won; else its rank in cuBLASLt's list */
+  int candidates;                /* algorithms timed (the heuristic's first and the extra ones included); 0: none */
+  int extra;                     /* of those, configurations beyond cuBLASLt's list (split-K, cluster, tile variants) */
+  int skipped;                   /* extra configurations refused by cublasLtMatmulAlgoCheck or at launch (untimed) */
+  int chosen;                    /* 0: the heuristic's first won; 1-16: its rank in cuBLASLt's list; 17 + j: extra j */
+  bool forced;                   /* chosen by em_matmul_set_tune_force_splitk, not by time */
   int algo, tile, stages, splitk, cluster;            /* the winner */
   int h_algo, h_tile, h_stages, h_splitk, h_cluster;  /* the heuristic's first */
   double time_us, heuristic_time_us;                  /* per call, the best round's mean; < 0: not timed */
