@@ -717,29 +717,33 @@ int det_lazy() {
   if (g_det_lazy < 0) g_det_lazy = em_env_switch("EMBER_FLASH_DET_LAZY", true) ? 1 : 0;
   return g_det_lazy;
 }
-/* EMBER_FLASH_DET_WRITERS, read once: fused's dq writer warps on the bulk path — 2 (default; docs/flash.md
- * "Step 5e": even and odd tiles, warp 2 alone staging lse/Δ), 1 (Step 5d's single writer) or 3 ("Step 10": warps
- * 1-3 take tiles jt % 3, warp 0 stages lse/Δ beside its copies, each writer bumps its tile without lag). All give
- * the same bits: the order of dq's adds is the counters'. The count, or -1 with the error set. */
+/* EMBER_FLASH_DET_WRITERS, read once: fused's dq writer warps on the bulk path — 3 (default, measured on the H200:
+ * docs/flash.md "Step 10": warps 1-3 take tiles jt % 3, warp 0 stages lse/Δ beside its copies, each writer bumps its
+ * tile without lag), 2 ("Step 5e": even and odd tiles, warp 2 alone staging lse/Δ) or 1 (Step 5d's single writer).
+ * All give the same bits: the order of dq's adds is the counters'. The count, or -1 with the error set. */
 int g_det_writers = 0;
 int det_writers() {
   if (g_det_writers == 0) {
     const char *env = getenv("EMBER_FLASH_DET_WRITERS");
-    if (!env || !*env || strcmp(env, "2") == 0) g_det_writers = 2;
+    if (!env || !*env || strcmp(env, "3") == 0) g_det_writers = 3;
     else if (strcmp(env, "1") == 0) g_det_writers = 1;
-    else if (strcmp(env, "3") == 0) g_det_writers = 3;
-    else return em_error("flash_attention: expected EMBER_FLASH_DET_WRITERS to be 2, 1 or 3, got '%s'", env);
+    else if (strcmp(env, "2") == 0) g_det_writers = 2;
+    else return em_error("flash_attention: expected EMBER_FLASH_DET_WRITERS to be 3, 2 or 1, got '%s'", env);
   }
   return g_det_writers;
 }
 
 /* EMBER_FLASH_DET_STORE_FIRST, read once (docs/flash.md "Step 10"): 1 — with three dq writers, each tile's first adder
  * in its copy of dq_accum stores its half instead of adding it, so dq_accum is not zeroed (only the counters are) and
- * the convert kernel reads only the copies a tile's counters say were written; 0 (default) — the memset. The same
- * values (an exact zero's sign aside: the store keeps a −0 that 0 + −0 makes +0). 1, 0, or -1 with the error set. */
+ * the convert kernel reads only the copies a tile's counters say were written; 0 — the memset. The same values (an
+ * exact zero's sign aside: the store keeps a −0 that 0 + −0 makes +0). Unset: 1 with three writers (the default,
+ * measured on the H200), 0 with one or two; set to 1 with one or two writers: an error. 1, 0, or -1 with the error
+ * set (writers: det_writers()'s count). */
 int g_store_first = -1;
-int det_store_first() {
-  return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");   // 0 default
+int det_store_first(int writers) {
+  const char *env = getenv("EMBER_FLASH_DET_STORE_FIRST");
+  if ((!env || !*env) && g_store_first < 0) g_store_first = writers == 3 ? 1 : 0;
+  return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");
 }
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
@@ -750,8 +754,9 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
   const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, writers = DET && BULK ? det_writers() : 1;
-  const int store_first = DET && BULK ? det_store_first() : 0;
-  if (chains < 0 || lazy < 0 || writers < 0 || store_first < 0) return -1;
+  if (writers < 0) return -1;
+  const int store_first = DET && BULK ? det_store_first(writers) : 0;
+  if (chains < 0 || lazy < 0 || store_first < 0) return -1;
   if (store_first && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got %d", writers);
   static const int dbg = [] {

@@ -277,7 +277,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     end
     -- case 6 (Tq > Tk): no bottom_right
     assert.are.equal((7 * 3 - 1) * 5, C.assert_modes_agree(got, "00", {"10", "11"}))
-    for var, msg in pairs({EMBER_FLASH_STEP9 = "expected EMBER_FLASH_STEP9 to be 0 or 1, got '2'",
+    for var, msg in pairs({EMBER_FLASH_STEP9 = "expected EMBER_FLASH_STEP9 to be 1 or 0, got '2'",
                            EMBER_FLASH_PDL = "expected EMBER_FLASH_PDL to be 0 or 1, got '2'"}) do
       local env = {EMBER_FLASH_STEP9 = "1"}
       env[var] = "2"
