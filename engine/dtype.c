@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ember/dtype.h"
+#include "internal.h"   /* em_env_pick */
 #include "ops/vec_math.h"
 
 static const struct { const char *name; size_t size; } dtypes[EM_NDTYPES] = {
@@ -233,15 +234,8 @@ static int hand_level;
 #ifdef HAVE_HAND
 __attribute__((constructor)) static void hand_init(void) {
   __builtin_cpu_init();
-  int cap = EM_HAND_BF16;
-  const char *e = getenv("EMBER_CPU_SIMD");
-  if (e && *e) {
-    if (strcmp(e, "clones") == 0) cap = EM_HAND_NONE;
-    else if (strcmp(e, "avx2") == 0) cap = EM_HAND_AVX2;
-    else if (strcmp(e, "avx512") == 0) cap = EM_HAND_AVX512;
-    else if (strcmp(e, "bf16") != 0)
-      fprintf(stderr, "ember: EMBER_CPU_SIMD must be 'clones', 'avx2', 'avx512' or 'bf16', got '%s'; using bf16\n", e);
-  }
+  static const int caps[] = {EM_HAND_BF16, EM_HAND_NONE, EM_HAND_AVX2, EM_HAND_AVX512};
+  int cap = caps[em_env_pick("EMBER_CPU_SIMD", (const char *const[]){"bf16", "clones", "avx2", "avx512"}, 4)];
   bool x512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512dq");
   int have = x512 ? EM_HAND_AVX512 : __builtin_cpu_supports("avx2") ? EM_HAND_AVX2 : EM_HAND_NONE;

@@ -104,6 +104,10 @@ int em_error_device(const char *op, const em_tensor *t);
  * 0 .. maxv alone that digit, anything else dflt and a line on stderr ("ember: NAME must be 0 or 1, got 'x';
  * using 1"). */
 int em_env_digit(const char *name, int maxv, int dflt);
+/* The index of environment variable name's value among the n names of choices; unset or empty: 0 (the first
+ * choice is the default); anything else: a line on stderr naming the choices, and 0. For the library's own
+ * switches, read at load or once (a library must not fail to load). */
+int em_env_pick(const char *name, const char *const *choices, int n);
 
 #ifdef __cplusplus
 }

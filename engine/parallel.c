@@ -40,6 +40,7 @@
 #include "ember/threads.h"
 #include "parallel.h"
 #include "stream.h"
+#include "internal.h"   /* em_env_pick */
 
 #define MAX_THREADS 1024
 #define SPIN_NS 50000          /* a worker's wait for its next range before it sleeps */
@@ -327,12 +328,7 @@ static void apply(int n) {
  * fail to load). */
 __attribute__((constructor)) static void threads_init(void) {
   pthread_atfork(NULL, NULL, after_fork_child);
-  const char *sched = getenv("EMBER_CPU_SCHED");
-  if (sched && *sched) {
-    if (strcmp(sched, "static") == 0) use_steal = 0;
-    else if (strcmp(sched, "steal") != 0)
-      fprintf(stderr, "ember: EMBER_CPU_SCHED must be 'steal' or 'static', got '%s'; using steal\n", sched);
-  }
+  if (em_env_pick("EMBER_CPU_SCHED", (const char *const[]){"steal", "static"}, 2) == 1) use_steal = 0;
   const char *mc = getenv("EMBER_CPU_STEAL_MEM");
   if (mc && *mc) {
     int c = parse_count(mc);

@@ -1,6 +1,7 @@
 /* Shared checks, broadcasting and the N-d iterator (see internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "internal.h"
 
 int em_env_digit(const char *name, int maxv, int dflt) {
@@ -11,6 +12,17 @@ int em_env_digit(const char *name, int maxv, int dflt) {
   for (int i = 0; i < maxv; i++) fprintf(stderr, i + 1 < maxv ? "%d, " : "%d", i);
   fprintf(stderr, " or %d, got '%s'; using %d\n", maxv, e, dflt);
   return dflt;
+}
+
+int em_env_pick(const char *name, const char *const *choices, int n) {
+  const char *e = getenv(name);
+  if (!e || !*e) return 0;
+  for (int i = 0; i < n; i++)
+    if (strcmp(e, choices[i]) == 0) return i;
+  fprintf(stderr, "ember: %s must be ", name);
+  for (int i = 0; i < n; i++) fprintf(stderr, i == 0 ? "'%s'" : i + 1 < n ? ", '%s'" : " or '%s'", choices[i]);
+  fprintf(stderr, ", got '%s'; using %s\n", e, choices[0]);
+  return 0;
 }
 
 int64_t em_shape_numel(int ndim, const int64_t *shape) {

@@ -557,10 +557,7 @@ static int scan_count(em_tensor *pos, int64_t *count) {
 static int compact_scan_path(void) {
   static int scan = -1;
   if (scan < 0) {
-    const char *e = getenv("EMBER_COMPACT");
-    scan = e && strcmp(e, "scan") == 0;
-    if (e && *e && !scan && strcmp(e, "tiles") != 0)
-      fprintf(stderr, "ember: EMBER_COMPACT must be 'tiles' or 'scan', got '%s'; using tiles\n", e);
+    scan = em_env_pick("EMBER_COMPACT", (const char *const[]){"tiles", "scan"}, 2);
   }
   return scan;
 }

@@ -156,10 +156,7 @@ EM_SIMD_CLONES static double sum_run_bf16_c(const uint16_t *x, int64_t n) { retu
  * to compare on a host. The same bits. */
 static bool sum16_unpack = false;
 __attribute__((constructor)) static void sum16_init(void) {
-  const char *e = getenv("EMBER_CPU_SUM16");
-  if (!e || !*e) return;
-  if (strcmp(e, "unpack") == 0 || strcmp(e, "shift") == 0) sum16_unpack = e[0] == 'u';
-  else fprintf(stderr, "ember: EMBER_CPU_SUM16 must be 'shift' or 'unpack', got '%s'; using shift\n", e);
+  sum16_unpack = em_env_pick("EMBER_CPU_SUM16", (const char *const[]){"shift", "unpack"}, 2) == 1;
 }
 static double sum_run_bf16(const uint16_t *x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -422,9 +422,11 @@ static em_tensor *unique_heads_cuda(em_tensor *s) {
   return out;
 }
 
+/* EMBER_UNIQUE=ids keeps the run-id path (read once; `sort` or unset: the default). */
 static bool unique_ids_path(void) {
-  const char *e = getenv("EMBER_UNIQUE");
-  return e && strcmp(e, "ids") == 0;
+  static int ids = -1;
+  if (ids < 0) ids = em_env_pick("EMBER_UNIQUE", (const char *const[]){"sort", "ids"}, 2);
+  return ids == 1;
 }
 
 em_tensor *em_unique(em_tensor *a, bool sorted, em_tensor **inverse, em_tensor **counts) {
@@ -528,8 +530,9 @@ static int int_range(em_tensor *a, int64_t *lo, int64_t *hi) {
  * kernel does not apply (nothing set), -1 on error. EMBER_BINCOUNT=two keeps
  * the min and max passes and a counting pass for every bincount. */
 static int bincount_one_read_cuda(em_tensor *x, int64_t minlength, int64_t *lo, int64_t *hi, em_tensor **out) {
-  const char *e = getenv("EMBER_BINCOUNT");
-  if (e && strcmp(e, "two") == 0) return 1;
+  static int two = -1;   /* read once; `one` or unset: the one-read kernel */
+  if (two < 0) two = em_env_pick("EMBER_BINCOUNT", (const char *const[]){"one", "two"}, 2);
+  if (two) return 1;
   int64_t ns = EM_BINCOUNT_BINS + 2;
   em_tensor *scr = em_empty(1, &ns, EM_I64, x->device);
   if (!scr) return -1;

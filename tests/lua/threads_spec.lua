@@ -145,6 +145,27 @@ describe("ember.set_num_threads", function()
     assert.matches("^%d+ cores$", out)
     H.remove_temps()
   end)
+
+  -- the CPU's load-time switches (em_env_pick): a value they do not take is said on stderr, naming the choices,
+  -- and the default runs (a library must not fail to load)
+  it("says so when EMBER_CPU_SCHED or EMBER_CPU_SIMD is not one of its choices, and runs the default", function()
+    local H = dofile(here .. "helpers.lua")
+    local script = H.temp(".lua")
+    H.spit(script, "local e = require 'ember' io.write(e.arange(10):to('bf16'):sum():item())")
+    local out, err = H.ember({"run", script}, {env = {EMBER_CPU_SCHED = "greedy"}})
+    assert.are.equal("45", out, err)
+    assert.matches("ember: EMBER_CPU_SCHED must be 'steal' or 'static', got 'greedy'; using steal", err, 1, true)
+    out, err = H.ember({"run", script}, {env = {EMBER_CPU_SIMD = "sse"}})
+    assert.are.equal("45", out, err)
+    assert.matches("ember: EMBER_CPU_SIMD must be 'bf16', 'clones', 'avx2' or 'avx512', got 'sse'; using bf16", err,
+      1, true)
+    for _, v in ipairs({"static", "steal"}) do
+      out, err = H.ember({"run", script}, {env = {EMBER_CPU_SCHED = v}})
+      assert.are.equal("45", out, v)
+      assert.are.equal("", err or "", v)
+    end
+    H.remove_temps()
+  end)
 end)
 
 describe("CPU results at 1 and 3 threads", function()
