@@ -303,8 +303,8 @@ __device__ __forceinline__ float delta_row_smem(const unsigned char *so, const u
   for (int c = 0; c < D; c += E)
     if (c < n) {
       const int at = (c / 64) * RES * 128 + r * 128 + ((((c % 64) / E) ^ (r & 7)) << 4);
-      acc = delta_chunk<T>(acc, *reinterpret_cast<const Packed128<T> *>(so + at),
-                           *reinterpret_cast<const Packed128<T> *>(sg + at));
+      acc = delta_chunk<T>(acc, load128(reinterpret_cast<const T *>(so + at)),
+                           load128(reinterpret_cast<const T *>(sg + at)));
     }
   return acc;
 }
