@@ -294,14 +294,17 @@ __device__ __forceinline__ void dq_row_stats_delta(const Params &p, int b, int h
 
 /* EMBER_FLASH_DELTA9: Δ of row r (of the block's RES) from the shared tiles of o (so) and dO (sg), TMA's
  * 128-byte swizzle (flash_wg.cuh: the 16-byte chunk u of a 64-column block's row r at u ^ r % 8): delta_row's
- * chunks in delta_row's order, so the same bits. The 8 rows a warp's quads read hit 8 different chunks. */
-template <typename T, int D>
+ * chunks in delta_row's order, so the same bits. FULL (n == D, the usual case): no test a chunk, so the loads
+ * are one straight run ptxas may issue together; delta_row's `c < n` puts each chunk's loads in a basic block of
+ * its own, one memory round trip after another (16 a thread from L2 in the S9 kernel: its cost in Step 9's
+ * measurement). */
+template <typename T, int D, bool FULL>
 __device__ __forceinline__ float delta_row_smem(const unsigned char *so, const unsigned char *sg, int r, int n) {
   constexpr int E = Packed128<T>::size;
   float acc = 0.f;
 #pragma unroll
   for (int c = 0; c < D; c += E)
-    if (c < n) {
+    if (FULL || c < n) {
       const int at = (c / 64) * RES * 128 + r * 128 + ((((c % 64) / E) ^ (r & 7)) << 4);
       acc = delta_chunk<T>(acc, load128(reinterpret_cast<const T *>(so + at)),
                            load128(reinterpret_cast<const T *>(sg + at)));
@@ -364,12 +367,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   } else if constexpr (S9) dq_row_stats_delta<T, D>(p, b, h, bh, row0, row1, t, l0, l1, d0, d1);
   else dq_row_stats(p, bh, row0, row1, l0, l1, d0, d1);
   // D9 (ntile > 0): this consumer's rows' Δ once o's tile is in (dO's came with q), stored for dk/dv
+  // (warp-uniform: a quad's lanes t 0 and 2 sum row0, 1 and 3 row1, and the quad shares them: one chain a thread;
+  // rows past Tq read TMA's zeros and get 0)
   auto delta_smem = [&]() {
     const unsigned char *so = smem_raw + (sOut - smem_u32(smem_raw)), *sg = smem_raw + (sO - smem_u32(smem_raw));
-    const int r0 = row0 - q0, r1 = row1 - q0;
+    const int r = ((t & 1) ? row1 : row0) - q0;
     mbar_wait(bar_o, 0);
-    d0 = row0 < p.Tq ? delta_row_smem<T, D>(so, sg, r0, p.Dv) : 0.f;
-    d1 = row1 < p.Tq ? delta_row_smem<T, D>(so, sg, r1, p.Dv) : 0.f;
+    const float a = p.Dv == D ? delta_row_smem<T, D, true>(so, sg, r, D) : delta_row_smem<T, D, false>(so, sg, r, p.Dv);
+    const float a0 = __shfl_sync(0xffffffffu, a, lane & ~3), a1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
+    d0 = row0 < p.Tq ? a0 : 0.f;
+    d1 = row1 < p.Tq ? a1 : 0.f;
     dq_store_delta(p, bh, row0, row1, t, d0, d1);
   };
   const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
