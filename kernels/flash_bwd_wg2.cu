@@ -22,7 +22,11 @@
  *     under the other's matmuls.
  *
  * Every accumulator sees the same wgmmas, with the same A fragments, in the
- * same tile order as in wg: the results are wg's bits (and so mma's). */
+ * same tile order as in wg: the results are wg's bits (and so mma's).
+ *
+ * At short T (EMBER_FLASH_STEP9) dq runs first and computes Δ = rowsum(dO ∘ o)
+ * for dk/dv; with EMBER_FLASH_DELTA9 from shared tiles (o by one more TMA
+ * tile, 16 or 32 KB), under its first S and dP wgmmas (docs/flash.md "Step 9b"). */
 #include <cuda.h>
 #include <type_traits>
 #include "backend.h"
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 /* EMBER_FLASH_DELTA9's dq kernel: the o tile (RES rows, as q and dO) after the ring's barriers, 1024-aligned for
- * TMA's 128-byte swizzle; its own barrier first. D 64: 115 KB in all, D 128: 196 KB. */
+ * TMA's 128-byte swizzle; its own barrier first. D 64: 116 KB in all (99 before), D 128: 196 KB (163). */
 template <int D, int STAGES> struct DqOutLayout {
   using L = Layout<D, STAGES>;
   static constexpr uint32_t OFF_BAR_O = L::OFF_BAR + (1 + 2 * STAGES) * 8;
