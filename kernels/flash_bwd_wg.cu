@@ -294,6 +294,8 @@ int step9() {
 }
 static int g_pdl = -1;
 int flash_pdl() { return em_env_choice(&g_pdl, "flash_attention", "EMBER_FLASH_PDL", "0", "1"); }
+static int g_delta9 = -1;
+int flash_delta9() { return em_env_choice(&g_delta9, "flash_attention", "EMBER_FLASH_DELTA9", "0", "1"); }
 
 int bwd_kernel_mode() {
   if (g_bwd_mode < 0) {

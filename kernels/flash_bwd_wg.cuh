@@ -335,17 +335,21 @@ __device__ __forceinline__ void dkdv_producer(const CUtensorMap *tq, const CUten
 }
 
 /* The dq kernels' producer warpgroup: q, dO once, then k(j), v(j) into stage
- * j % STAGES. */
-template <int D, int STAGES>
+ * j % STAGES. OUT (wg2's EMBER_FLASH_DELTA9): also the block's rows of o into
+ * sOut, on their own barrier bar_o, issued after stage 0's k, v so that the
+ * first S and dP wait for no more bytes than before. */
+template <int D, int STAGES, bool OUT = false>
 __device__ __forceinline__ void dq_producer(const CUtensorMap *tq, const CUtensorMap *tk, const CUtensorMap *tv,
                                             const CUtensorMap *tdo, uint32_t sQ, uint32_t sO, uint32_t ring,
                                             uint32_t bar_q, uint32_t full, uint32_t empty, int b, int h, int hk,
-                                            int q0, int ntile) {
+                                            int q0, int ntile, const CUtensorMap *to = nullptr, uint32_t sOut = 0,
+                                            uint32_t bar_o = 0) {
   using L = Layout<D, STAGES>;
   // ---- producer: q, dO once; then k(j), v(j) into stage j % STAGES ----
   setmaxnreg_dec<24>();
   if (threadIdx.x == 0 && ntile > 0) {
     tma_prefetch_map(tq); tma_prefetch_map(tk); tma_prefetch_map(tv); tma_prefetch_map(tdo);
+    if constexpr (OUT) tma_prefetch_map(to);
     mbar_expect_tx(bar_q, 2 * L::RES_BYTES);
 #pragma unroll
     for (int c = 0; c < L::CH; c++) tma_load_4d(sQ + c * RES * 128, tq, bar_q, c * 64, q0, h, b);
@@ -360,6 +364,13 @@ __device__ __forceinline__ void dq_producer(const CUtensorMap *tq, const CUtenso
       for (int c = 0; c < L::CH; c++) tma_load_4d(st + c * STR * 128, tk, bar, c * 64, j * STR, hk, b);
 #pragma unroll
       for (int c = 0; c < L::CH; c++) tma_load_4d(st + L::STR_BYTES + c * STR * 128, tv, bar, c * 64, j * STR, hk, b);
+      if constexpr (OUT) {
+        if (j == 0) {
+          mbar_expect_tx(bar_o, L::RES_BYTES);
+#pragma unroll
+          for (int c = 0; c < L::CH; c++) tma_load_4d(sOut + c * RES * 128, to, bar_o, c * 64, q0, h, b);
+        }
+      }
     }
   }
 }

@@ -22,7 +22,11 @@
  *     under the other's matmuls.
  *
  * Every accumulator sees the same wgmmas, with the same A fragments, in the
- * same tile order as in wg: the results are wg's bits (and so mma's). */
+ * same tile order as in wg: the results are wg's bits (and so mma's).
+ *
+ * At short T (EMBER_FLASH_STEP9) dq runs first and computes Δ = rowsum(dO ∘ o)
+ * for dk/dv; with EMBER_FLASH_DELTA9 from shared tiles (o by one more TMA
+ * tile, 16 or 32 KB), under its first S and dP wgmmas (docs/flash.md "Step 9b"). */
 #include <cuda.h>
 #include <type_traits>
 #include "backend.h"
@@ -245,31 +249,83 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
+/* EMBER_FLASH_DELTA9's dq kernel: the o tile (RES rows, as q and dO) after the ring's barriers, 1024-aligned for
+ * TMA's 128-byte swizzle; its own barrier first. D 64: 116 KB in all (99 before), D 128: 196 KB (163). */
+template <int D, int STAGES> struct DqOutLayout {
+  using L = Layout<D, STAGES>;
+  static constexpr uint32_t OFF_BAR_O = L::OFF_BAR + (1 + 2 * STAGES) * 8;
+  static constexpr uint32_t OFF_OUT = (OFF_BAR_O + 8 + 1023u) & ~1023u;
+  static constexpr size_t SMEM = OFF_OUT + L::RES_BYTES + 1024;   // + slack to align the base
+};
+/* The dq kernel's template argument D9 (EMBER_FLASH_DELTA9) picks its last parameter: o's tensor map, or nothing. */
+struct NoMap {};
+template <bool D9> using OutMap = std::conditional_t<D9, CUtensorMap, NoMap>;
+
 #if defined(__CUDA_ARCH__)
-/* EMBER_FLASH_STEP9: dq_row_stats (flash_bwd_wg.cuh) with each row's Δ computed here, by the delta kernel's sum
- * (delta_row: the same bits), instead of read; lane t 0 of each quad also stores its two rows' Δ for the dk/dv
- * kernel, which runs after this one. Every row of every head is one block's, so each Δ is written once. */
-template <typename T, int D>
-__device__ __forceinline__ void dq_row_stats_delta(const Params &p, int b, int h, int bh, int row0, int row1, int t,
-                                                   float &l0, float &l1, float &d0, float &d1) {
+/* lse·log2 e of the thread's two rows, +inf past Tq (as dq_row_stats). */
+__device__ __forceinline__ void dq_row_lse(const Params &p, int bh, int row0, int row1, float &l0, float &l1) {
   const float *lse = p.lse + (int64_t)bh * p.Tq;
-  const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh;
-  const T *g = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
   l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
   l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+}
+/* Δ of the two rows from global memory (delta_row: the delta kernel's sum), 0 past Tq. */
+template <typename T, int D>
+__device__ __forceinline__ void dq_delta_global(const Params &p, int b, int h, int row0, int row1, float &d0,
+                                                float &d1) {
+  const T *o = static_cast<const T *>(p.o) + b * p.o_sb + h * p.o_sh;
+  const T *g = static_cast<const T *>(p.dout) + b * p.do_sb + h * p.do_sh;
   d0 = row0 < p.Tq ? delta_row<T, D>(o + row0 * p.o_st, g + row0 * p.do_st, p.Dv) : 0.f;
   d1 = row1 < p.Tq ? delta_row<T, D>(o + row1 * p.o_st, g + row1 * p.do_st, p.Dv) : 0.f;
+}
+/* Lane t 0 of each quad stores its two rows' Δ for the dk/dv kernel, which runs after this one. Every row of
+ * every head is one block's, so each Δ is written once. */
+__device__ __forceinline__ void dq_store_delta(const Params &p, int bh, int row0, int row1, int t, float d0,
+                                               float d1) {
   float *delta = p.delta + (int64_t)bh * p.Tq;
   if (t == 0 && row0 < p.Tq) delta[row0] = d0;
   if (t == 0 && row1 < p.Tq) delta[row1] = d1;
 }
+
+/* EMBER_FLASH_STEP9: dq_row_stats (flash_bwd_wg.cuh) with each row's Δ computed here, by the delta kernel's sum
+ * (delta_row: the same bits), instead of read, and stored for dk/dv. */
+template <typename T, int D>
+__device__ __forceinline__ void dq_row_stats_delta(const Params &p, int b, int h, int bh, int row0, int row1, int t,
+                                                   float &l0, float &l1, float &d0, float &d1) {
+  dq_row_lse(p, bh, row0, row1, l0, l1);
+  dq_delta_global<T, D>(p, b, h, row0, row1, d0, d1);
+  dq_store_delta(p, bh, row0, row1, t, d0, d1);
+}
+
+/* EMBER_FLASH_DELTA9: Δ of row r (of the block's RES) from the shared tiles of o (so) and dO (sg), TMA's
+ * 128-byte swizzle (flash_wg.cuh: the 16-byte chunk u of a 64-column block's row r at u ^ r % 8): delta_row's
+ * chunks in delta_row's order, so the same bits. FULL (n == D, the usual case): no test a chunk, so the loads
+ * are one straight run ptxas may issue together; delta_row's `c < n` puts each chunk's loads in a basic block of
+ * its own, one memory round trip after another (16 a thread from L2 in the S9 kernel: its cost in Step 9's
+ * measurement). */
+template <typename T, int D, bool FULL>
+__device__ __forceinline__ float delta_row_smem(const unsigned char *so, const unsigned char *sg, int r, int n) {
+  constexpr int E = Packed128<T>::size;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D; c += E)
+    if (FULL || c < n) {
+      const int at = (c / 64) * RES * 128 + r * 128 + ((((c % 64) / E) ^ (r & 7)) << 4);
+      acc = delta_chunk<T>(acc, load128(reinterpret_cast<const T *>(so + at)),
+                           load128(reinterpret_cast<const T *>(sg + at)));
+    }
+  return acc;
+}
 #endif
 
-template <typename T, int D, int STAGES, bool S9>
+/* D9 (EMBER_FLASH_DELTA9, only with S9): the producer also brings the block's rows of o (to) into shared memory,
+ * and each consumer sums its rows' Δ from there and from dO's resident tile under its first S and dP wgmmas
+ * (docs/flash.md "Step 9b"), instead of from global memory before them. */
+template <typename T, int D, int STAGES, bool S9, bool D9>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_dq_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                        const Params p) {
+                        const Params p, const __grid_constant__ OutMap<D9> to) {
+  static_assert(S9 || !D9, "flash_dq_wg2_kernel: D9 (Δ from shared memory) only with S9 (Δ in this kernel)");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   extern __shared__ unsigned char smem_raw[];
@@ -286,10 +342,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int wg = threadIdx.x >> 7;
   if constexpr (S9) grid_dep_launch();   // the dk/dv kernel after this one may start (EMBER_FLASH_PDL)
 
+  // D9: o's tile and its barrier (thread 0 inits it before init_barriers' fence and sync)
+  const uint32_t bar_o = base + DqOutLayout<D, STAGES>::OFF_BAR_O, sOut = base + DqOutLayout<D, STAGES>::OFF_OUT;
+  if constexpr (D9)
+    if (threadIdx.x == 0) mbar_init(bar_o, 1);
   init_barriers<STAGES>(bar_q, full, empty, 1);   // full: the producer's expect_tx; the bytes complete it
 
   if (wg == 0) {
-    dq_producer<D, STAGES>(&tq, &tk, &tv, &tdo, sQ, sO, ring, bar_q, full, empty, b, h, hk, q0, ntile);
+    if constexpr (D9)
+      dq_producer<D, STAGES, true>(&tq, &tk, &tv, &tdo, sQ, sO, ring, bar_q, full, empty, b, h, hk, q0, ntile, &to,
+                                   sOut, bar_o);
+    else dq_producer<D, STAGES>(&tq, &tk, &tv, &tdo, sQ, sO, ring, bar_q, full, empty, b, h, hk, q0, ntile);
     return;
   }
 
@@ -298,9 +361,28 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int cw = wg - 1, tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int qw0 = q0 + cw * 64, wrow = qw0 + warp * 16, row0 = wrow + g, row1 = row0 + 8;
   const uint32_t qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;   // this consumer's rows of q, dO
-  float l0, l1, d0, d1;
-  if constexpr (S9) dq_row_stats_delta<T, D>(p, b, h, bh, row0, row1, t, l0, l1, d0, d1);
+  float l0, l1, d0 = 0.f, d1 = 0.f;
+  if constexpr (D9) {   // Δ below, from the shared tiles (none without a tile: from global memory)
+    dq_row_lse(p, bh, row0, row1, l0, l1);
+    if (ntile == 0) {
+      dq_delta_global<T, D>(p, b, h, row0, row1, d0, d1);
+      dq_store_delta(p, bh, row0, row1, t, d0, d1);
+    }
+  } else if constexpr (S9) dq_row_stats_delta<T, D>(p, b, h, bh, row0, row1, t, l0, l1, d0, d1);
   else dq_row_stats(p, bh, row0, row1, l0, l1, d0, d1);
+  // D9 (ntile > 0): this consumer's rows' Δ once o's tile is in (dO's came with q), stored for dk/dv
+  // (warp-uniform: a quad's lanes t 0 and 2 sum row0, 1 and 3 row1, and the quad shares them: one chain a thread;
+  // rows past Tq read TMA's zeros and get 0)
+  auto delta_smem = [&]() {
+    const unsigned char *so = smem_raw + (sOut - smem_u32(smem_raw)), *sg = smem_raw + (sO - smem_u32(smem_raw));
+    const int r = ((t & 1) ? row1 : row0) - q0;
+    mbar_wait(bar_o, 0);
+    const float a = p.Dv == D ? delta_row_smem<T, D, true>(so, sg, r, D) : delta_row_smem<T, D, false>(so, sg, r, p.Dv);
+    const float a0 = __shfl_sync(0xffffffffu, a, lane & ~3), a1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
+    d0 = row0 < p.Tq ? a0 : 0.f;
+    d1 = row1 < p.Tq ? a1 : 0.f;
+    dq_store_delta(p, bh, row0, row1, t, d0, d1);
+  };
   const int my_bar = 1 + cw, other_bar = 2 - cw, turns = ntile > 0 ? ntile + 1 : 0;
   auto pass_turn = [&](int i) {
     if (cw == 0 || i < turns - 1) named_arrive(other_bar);
@@ -332,6 +414,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (PEND) issue_rs<T, D>(dq, da, psk);   // the pending tile's dq += dS k
     wgmma_commit();   // empty on the first tile: the waits below stay the same
     pass_turn(j);
+    if constexpr (D9 && !PEND) delta_smem();   // the first tile: Δ under S and dP, before dS needs it
     wgmma_wait<2>();   // S done
     reg_fence(sc);
     const bool edge = k0 + STR > p.Tk || (p.causal && k0 + STR - 1 > wrow + p.off);
@@ -370,6 +453,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     reg_fence(dq);
     mbar_arrive(empty + 8 * ps);
   } else {
+    if constexpr (D9)
+      if (ntile > 0) delta_smem();   // no tile seen, yet dk/dv reads these rows' Δ
     for (; j < ntile; j++) empty_turn(j);
     if (turns > 0) {
       named_sync(my_bar);
@@ -416,25 +501,39 @@ int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s, bool pdl = fals
   return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
 }
 
+/* d9 (EMBER_FLASH_DELTA9, with S9): the kernel that sums Δ from shared tiles, on o's 128-row tensor map; where
+ * TMA refuses o's strides, the S9 kernel (Δ from global memory: the same bits). */
 template <typename T, int D, bool S9>
-int launch_dq2(const Params &p, const Maps &m, cudaStream_t s) {
+int launch_dq2(const Params &p, const Maps &m, cudaStream_t s, bool d9 = false) {
   constexpr int ST = kStages<D>;
+  const dim3 grid = tile_grid(S9, (unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H));
+  if constexpr (S9) {
+    CUtensorMap to;
+    constexpr em_dtype dt = std::is_same<T, __nv_bfloat16>::value ? EM_BF16 : EM_F16;
+    if (d9 && tma_map(&to, dt, p.o, p.Dv, p.Tq, p.H, p.B, p.o_st, p.o_sh, p.o_sb, RES)) {
+      constexpr size_t smem = DqOutLayout<D, ST>::SMEM;
+      static_assert(smem <= 227 * 1024, "flash wg2 dq (EMBER_FLASH_DELTA9): shared memory over an H100 SM's 227 KB");
+      auto k2 = flash_dq_wg2_kernel<T, D, ST, true, true>;
+      if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
+      k2<<<grid, THREADS, smem, s>>>(m.q128, m.k64, m.v64, m.do128, p, to);
+      return em_launch_check("flash_attention backward (wgmma wg2 dq)");
+    }
+  }
   constexpr size_t smem = Layout<D, ST>::SMEM;
-  auto k2 = flash_dq_wg2_kernel<T, D, ST, S9>;
+  auto k2 = flash_dq_wg2_kernel<T, D, ST, S9, false>;
   if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
-  k2<<<tile_grid(S9, (unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H)), THREADS, smem, s>>>(
-      m.q128, m.k64, m.v64, m.do128, p);
+  k2<<<grid, THREADS, smem, s>>>(m.q128, m.k64, m.v64, m.do128, p, NoMap{});
   return em_launch_check("flash_attention backward (wgmma wg2 dq)");
 }
 
 /* As before: the delta kernel, then dk/dv, then dq. EMBER_FLASH_STEP9 (s9), where both grids are short
- * (tile_grid_hf): no delta kernel; dq first, computing and storing Δ, then dk/dv, which reads it; both heaviest
- * block first over the whole grid. */
+ * (tile_grid_hf): no delta kernel; dq first, computing and storing Δ (from shared tiles with
+ * EMBER_FLASH_DELTA9, d9), then dk/dv, which reads it; both heaviest block first over the whole grid. */
 template <typename T, int D>
-int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, DeltaLaunch delta, cudaStream_t s) {
+int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, bool d9, DeltaLaunch delta, cudaStream_t s) {
   static_assert(Layout<D, kStages<D>>::SMEM <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
   if (tile_grid_hf(s9, (unsigned)((p.Tq + RES - 1) / RES)) && tile_grid_hf(s9, (unsigned)((p.Tk + RES - 1) / RES))) {
-    if (launch_dq2<T, D, true>(p, m, s)) return -1;
+    if (launch_dq2<T, D, true>(p, m, s, d9)) return -1;
     return p.Tk > 0 ? launch_dkdv2<T, D, true>(p, m, s, pdl) : 0;
   }
   if (delta(p, s)) return -1;
@@ -447,13 +546,14 @@ int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, DeltaLaunch d
 namespace flash {
 
 int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, DeltaLaunch delta, cudaStream_t s) {
-  const int s9 = step9(), pdl = flash_pdl();
-  if (s9 < 0 || pdl < 0) return -1;
-  const bool on = s9 == 1, dep = pdl == 1;
+  const int s9 = step9(), pdl = flash_pdl(), d9 = flash_delta9();
+  if (s9 < 0 || pdl < 0 || d9 < 0) return -1;
+  const bool on = s9 == 1, dep = pdl == 1, sm = d9 == 1;
   if (dt == EM_BF16)
-    return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, on, dep, delta, s)
-                   : launch_bwd2<__nv_bfloat16, 128>(p, m, on, dep, delta, s);
-  return d == 64 ? launch_bwd2<__half, 64>(p, m, on, dep, delta, s) : launch_bwd2<__half, 128>(p, m, on, dep, delta, s);
+    return d == 64 ? launch_bwd2<__nv_bfloat16, 64>(p, m, on, dep, sm, delta, s)
+                   : launch_bwd2<__nv_bfloat16, 128>(p, m, on, dep, sm, delta, s);
+  return d == 64 ? launch_bwd2<__half, 64>(p, m, on, dep, sm, delta, s)
+                 : launch_bwd2<__half, 128>(p, m, on, dep, sm, delta, s);
 }
 
 }  // namespace flash

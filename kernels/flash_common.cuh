@@ -78,19 +78,21 @@ struct Params {          // strides in elements; the last dim is contiguous
 
 /* Δ of one row, rowsum(dO ∘ o): the products summed in column order from 0, one fused multiply-add a column, over
  * the columns below n (a multiple of 16 bytes' worth) of at most NMAX. The delta kernel (flash_bwd.cu) and, under
- * EMBER_FLASH_STEP9, the wg2 dq kernel (flash_bwd_wg2.cu) both sum this way: the same Δ to the bit. */
+ * EMBER_FLASH_STEP9, the wg2 dq kernel (flash_bwd_wg2.cu) both sum this way: the same Δ to the bit; with
+ * EMBER_FLASH_DELTA9 the dq kernel sums the same 16-byte chunks (delta_chunk) read from its shared-memory tiles. */
+template <typename T>
+__device__ __forceinline__ float delta_chunk(float acc, const Packed128<T> &a, const Packed128<T> &e) {
+#pragma unroll
+  for (int j = 0; j < Packed128<T>::size; j++) acc = __fmaf_rn(to_f32(a[j]), to_f32(e[j]), acc);
+  return acc;
+}
 template <typename T, int NMAX>
 __device__ __forceinline__ float delta_row(const T *o, const T *d, int n) {
   constexpr int E = Packed128<T>::size;
   float acc = 0.f;
 #pragma unroll
-  for (int c = 0; c < NMAX; c += E) {
-    if (c < n) {
-      const Packed128<T> a = load128(o + c), e = load128(d + c);
-#pragma unroll
-      for (int j = 0; j < E; j++) acc = __fmaf_rn(to_f32(a[j]), to_f32(e[j]), acc);
-    }
-  }
+  for (int c = 0; c < NMAX; c += E)
+    if (c < n) acc = delta_chunk<T>(acc, load128(o + c), load128(d + c));
   return acc;
 }
 

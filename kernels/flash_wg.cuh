@@ -80,6 +80,12 @@ int step9();
  * (cudaLaunchAttributeProgrammaticStreamSerialization), so its blocks start, load k, v and their first q/dO tiles
  * on the SMs dq's last wave leaves idle, and wait for dq's Δ (griddepcontrol.wait) only where they read it. */
 int flash_pdl();
+/* EMBER_FLASH_DELTA9, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, where
+ * EMBER_FLASH_STEP9 folds Δ into the wg2 dq kernel: the kernel's producer also brings the block's rows of o into
+ * shared memory by TMA (dO is there already, for dP), and each consumer sums its rows' Δ from the two tiles while
+ * its first S and dP wgmmas run, instead of from global memory before them (docs/flash.md "Step 9b"); the same
+ * sums in the same order, so the same bits. */
+int flash_delta9();
 /* The grid of a kernel with `tiles` blocks (q or key blocks, heaviest first) for each of `heads` (batch, head)
  * pairs. Head by head: (tiles, heads), so the linear block order, which the hardware dispatches in, runs one
  * head's tiles after another; a grid of 1.1-1.5 waves then ends on the heaviest blocks of the last heads.

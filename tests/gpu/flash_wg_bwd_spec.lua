@@ -288,12 +288,9 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     helpers.remove_temps()
   end)
 
-  -- ... and runs what it says: the kernels' last template argument (HF, the grid's order) true, no delta kernel;
-  -- with 0 the kernels as before (HF false) and the delta kernel. D 64 (wg3 forward, the dk/dv kernel's PIPE
-  -- true) and D 80 (the D 128 kernels).
-  it("runs the heaviest-first kernels and no delta kernel with EMBER_FLASH_STEP9=1 (by their names, in children)", function()
-    C.need_cupti(pending)
-    local script = helpers.temp_file([[
+  -- The kernels a backward at T 512 (D 64 and 80: the D 64 and D 128 instances) runs, by name (CUPTI), printed
+  -- by a child.
+  local names_script = [[
 local ember = require "ember"
 local names = {}
 for _, d in ipairs({64, 80}) do
@@ -306,7 +303,14 @@ for _, d in ipairs({64, 80}) do
   P:close()
 end
 print(table.concat(names, " | "))
-]], ".lua")
+]]
+
+  -- ... and runs what it says: the kernels' HF template argument (the grid's order; dq's S9, before its D9) true,
+  -- no delta kernel; with 0 the kernels as before (HF false) and the delta kernel. D 64 (wg3 forward, the dk/dv
+  -- kernel's PIPE true) and D 80 (the D 128 kernels).
+  it("runs the heaviest-first kernels and no delta kernel with EMBER_FLASH_STEP9=1 (by their names, in children)", function()
+    C.need_cupti(pending)
+    local script = helpers.temp_file(names_script, ".lua")
     for _, mode in ipairs({"0", "1"}) do
       local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = mode}})
       assert.are.equal(0, code, "EMBER_FLASH_STEP9=" .. mode .. ": " .. tostring(err))
@@ -315,10 +319,48 @@ print(table.concat(names, " | "))
       assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, true, " .. hf .. ">"), out)
       assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 64, 4, true, " .. hf .. ">"), out)
       assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 128, 3, false, " .. hf .. ">"), out)
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, " .. hf .. ">"), out)
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, " .. hf .. ">"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, " .. hf .. ", false>"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, " .. hf .. ", false>"), out)
       if mode == "1" then assert.falsy(out:find("flash_delta_kernel", 1, true), out)
       else assert.truthy(out:find("flash_delta_kernel", 1, true), out) end
+    end
+    helpers.remove_temps()
+  end)
+
+  -- Step 9b (EMBER_FLASH_DELTA9, read once: children; docs/flash.md "Step 9b"): with Step 9's schedule the dq
+  -- kernel sums Δ from shared tiles of o (one more TMA tile) and dO instead of from global memory, by the same
+  -- chunks in the same order, so every case of Step 9's script keeps its bits (also with EMBER_FLASH_PDL=1, where
+  -- dk/dv's blocks read the Δ dq stored).
+  it("gives the same bits with EMBER_FLASH_DELTA9=1 as with 0 (in children)", function()
+    local script = helpers.temp_file(step9_script, ".lua")
+    local got = {}
+    for _, mode in ipairs({{"1", "0", "0"}, {"1", "1", "0"}, {"1", "1", "1"}}) do
+      local path = helpers.temp(".safetensors")
+      local tag = "EMBER_FLASH_STEP9=" .. mode[1] .. " EMBER_FLASH_DELTA9=" .. mode[2] .. " EMBER_FLASH_PDL=" .. mode[3]
+      local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = mode[1],
+        EMBER_FLASH_DELTA9 = mode[2], EMBER_FLASH_PDL = mode[3], SCAN_SPEC_OUT = path}})
+      assert.are.equal(0, code, tag .. ": " .. tostring(err))
+      got[table.concat(mode)] = ember.load(path)
+    end
+    -- case 6 (Tq > Tk): no bottom_right
+    assert.are.equal((7 * 3 - 1) * 5, C.assert_modes_agree(got, "100", {"110", "111"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = "1", EMBER_FLASH_DELTA9 = "2"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DELTA9=2 should fail")
+    assert.matches("expected EMBER_FLASH_DELTA9 to be 0 or 1, got '2'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- ... and runs it: dq's last template argument (D9) true with the switch, false without; no delta kernel either way.
+  it("runs the dq kernel that sums Δ from shared memory with EMBER_FLASH_DELTA9=1 (by its name, in children)", function()
+    C.need_cupti(pending)
+    local script = helpers.temp_file(names_script, ".lua")
+    for _, mode in ipairs({"0", "1"}) do
+      local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = "1", EMBER_FLASH_DELTA9 = mode}})
+      assert.are.equal(0, code, "EMBER_FLASH_DELTA9=" .. mode .. ": " .. tostring(err))
+      local d9 = mode == "1" and "true" or "false"
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, true, " .. d9 .. ">"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, true, " .. d9 .. ">"), out)
+      assert.falsy(out:find("flash_delta_kernel", 1, true), out)
     end
     helpers.remove_temps()
   end)
