@@ -264,9 +264,9 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
   {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}},
   {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
-    -- (store first needs three writers: off here, whatever this run's setting)
+    -- (store first and range groups need three writers: off here, whatever this run's setting)
     local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"},
-      {EMBER_FLASH_DET_STORE_FIRST = "0"})
+      {EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1"})
     assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4",
       EMBER_FLASH_DET_STORE_FIRST = "0"}})
