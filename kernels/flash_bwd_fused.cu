@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto counter = [&](int jt, int half) { return sem + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * 2 + half; };
   auto ahead = [&](int jt) {
     const int mt = mt_of(jt);
-    if constexpr (RG) {   // the chain ends with its range
+    if constexpr (RG) {   // the chain ends with its range (a branch of its own: the other instances' code unchanged)
       const int nlast = p.causal ? min(rb.hi - 1, (mt * STR + STR - 1 + p.off) / RES) : rb.hi - 1;
       return (unsigned)((nlast - nb) / chains);
     }
@@ -731,21 +731,23 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
  * counters as soon as its adds are performed (Step 5), default 1: a tile later. Both change only how long
  * blocks wait and (chains) the order of dq's adds; every setting gives the same bits on every run. */
 int g_det_chains = 0, g_det_lazy = -1;
-int det_chains() {
-  if (g_det_chains == 0) {
-    const char *env = getenv("EMBER_FLASH_DET_CHAINS");
-    if (!env || !*env) g_det_chains = 2;
+/* a read-once integer switch from 1 to 8 kept in *slot (0: not read yet; unset: dflt): the value, or -1 with the
+ * error set */
+int env_1_to_8(int *slot, const char *name, int dflt) {
+  if (*slot == 0) {
+    const char *env = getenv(name);
+    if (!env || !*env) *slot = dflt;
     else {
       char *end;
       const long v = strtol(env, &end, 10);
       if (*end || v < 1 || v > 8)
-        return em_error("flash_attention: expected EMBER_FLASH_DET_CHAINS to be an integer from 1 to 8, got '%s'",
-                        env);
-      g_det_chains = (int)v;
+        return em_error("flash_attention: expected %s to be an integer from 1 to 8, got '%s'", name, env);
+      *slot = (int)v;
     }
   }
-  return g_det_chains;
+  return *slot;
 }
+int det_chains() { return env_1_to_8(&g_det_chains, "EMBER_FLASH_DET_CHAINS", 2); }
 int det_lazy() {
   if (g_det_lazy < 0) g_det_lazy = em_env_switch("EMBER_FLASH_DET_LAZY", true) ? 1 : 0;
   return g_det_lazy;
@@ -786,21 +788,7 @@ int det_store_first(int writers) {
  * the default's: another fixed order, so other last bits. Three dq writers only. The count, or -1 with the error
  * set. */
 int g_det_groups = 0;
-int det_groups() {
-  if (g_det_groups == 0) {
-    const char *env = getenv("EMBER_FLASH_DET_GROUPS");
-    if (!env || !*env) g_det_groups = 1;
-    else {
-      char *end;
-      const long v = strtol(env, &end, 10);
-      if (*end || v < 1 || v > 8)
-        return em_error("flash_attention: expected EMBER_FLASH_DET_GROUPS to be an integer from 1 to 8, got '%s'",
-                        env);
-      g_det_groups = (int)v;
-    }
-  }
-  return g_det_groups;
-}
+int det_groups() { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", 1); }
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
