@@ -68,7 +68,12 @@
  * than two tile steps of the consumers' pace since Step 6. With them,
  * EMBER_FLASH_DET_STORE_FIRST=1: no memset of dq_accum — a tile's first adder in
  * its copy stores (it waits for no one), and the conversion reads only the
- * copies whose counters say some key block wrote them. */
+ * copies whose counters say some key block wrote them. Range-grouped chains
+ * (EMBER_FLASH_DET_GROUPS=G > 1, template parameter RG; docs/flash.md "Step 10b"):
+ * the key blocks cut into G ranges, each with its own chains and copies, and the
+ * blocks dispatched range by range across all (batch, kv head)s, lowest range
+ * (the longest blocks) first — the chains stay highest first, so the deadlock
+ * argument holds within a range, and the tail is the last range's short blocks. */
 #include <cuda.h>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +94,22 @@ namespace {
 // template parameter W3, "Step 10")
 // kStoreFirst (W3 only; EMBER_FLASH_DET_STORE_FIRST=1): a chain's first adder to a tile stores it instead (no memset)
 constexpr int kLazy = 1, kNoFence = 2, kNoWait = 4, kNdHighest = 8, kTwoWriters = 16, kStoreFirst = 32;
+// RG only (EMBER_FLASH_DET_GROUPS): the number of key-block ranges, in the flags' bits from kGroupsShift on
+constexpr int kGroupsShift = 8;
+
+/* RG (docs/flash.md "Step 10b"): linear block index L = blockIdx.y · nbk + blockIdx.x → range g (ranges of
+ * gs = ceil(nbk / G) key blocks: [g·gs, min(nbk, g·gs + gs))), the block's (batch, kv head) and key block: range 0
+ * of every (batch, kv head), then range 1, ...; within a range of one (batch, kv head) the highest key block first.
+ * A block waits only on higher key blocks of its range and (batch, kv head): lower L, dispatched before it. The
+ * same arithmetic as block_order() in tools/flash_bwd_fused_tail.py, which the protocol model replays. */
+struct RangeBlock {
+  int bhk, nb, g, hi;   // (batch, kv head), key block, range, the range's end (exclusive)
+};
+__host__ __device__ inline RangeBlock range_block(int L, int nbk, int nbh, int groups) {
+  const int gs = (nbk + groups - 1) / groups, g = L / (nbh * gs), lo = g * gs, size = min(nbk, lo + gs) - lo;
+  const int rem = L - nbh * lo;
+  return {rem / size, lo + size - 1 - rem % size, g, lo + size};
+}
 
 /* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
  * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
@@ -298,7 +319,7 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 
 /* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
  * that the other settings' kernels are the code they were. */
-template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false>
+template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -311,6 +332,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // dq writers: two (warps 1 and 3), tiles by parity; three (warps 1-3; warp 0 stages lse/Δ), tiles by jt % 3
   constexpr bool three = W3;
   static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
+  static_assert(!RG || W3, "range-grouped chains run with three dq writers");
   const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
@@ -325,15 +347,21 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t bar_kv = base + F::OFF_BAR, full = bar_kv + 8, empty = full + 8 * STAGES;   // + 8·stage
 
   // fused: the highest key block first (the counters' order); fused_nd: the longest first
-  const int nb = DET || (flags & kNdHighest) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  // RG: range by range across the (batch, kv head)s, the lowest range first (range_block)
+  const RangeBlock rb = RG ? range_block((int)(blockIdx.y * gridDim.x + blockIdx.x), (int)gridDim.x, (int)gridDim.y,
+                                         flags >> kGroupsShift)
+                           : RangeBlock{};
+  const int nb = RG ? rb.nb
+                    : DET || (flags & kNdHighest) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   // fused: key block nb adds into copy nb % chains of dq_accum, with that copy's counters (chains of key blocks
-  // nb, nb + chains, ...: a block's predecessor started 2·chains tiles ahead of it on any q tile)
+  // nb, nb + chains, ...: a block's predecessor started 2·chains tiles ahead of it on any q tile); RG: range g's
+  // chains in copies g·chains + nb % chains, a chain's blocks all in the range
   if constexpr (DET) {
-    const int c = nb % chains;
+    const int c = (RG ? rb.g * chains : 0) + nb % chains;
     dqa += c * nacc;
     sem += (int64_t)c * (p.B * p.H * (tqp / STR) * 2);
   }
-  const DkdvTiles tiles = dkdv_tiles(p, nb);
+  const DkdvTiles tiles = RG ? dkdv_tiles(p, nb, rb.bhk) : dkdv_tiles(p, nb);
   const int b = tiles.b, hk = tiles.hk, k0 = tiles.k0, qstart = tiles.qstart, nq = tiles.nq, ntile = tiles.ntile;
   // S6 (EMBER_FLASH_BWD_STEP6): the warpgroup through a shuffle from lane 0, which the compiler knows is the
   // same in every lane: what derives from it (the consumer's tiles, its descriptors) is in uniform registers
@@ -347,6 +375,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto counter = [&](int jt, int half) { return sem + ((int64_t)bh_of(jt) * (tqp / STR) + mt_of(jt)) * 2 + half; };
   auto ahead = [&](int jt) {
     const int mt = mt_of(jt);
+    if constexpr (RG) {   // the chain ends with its range (a branch of its own: the other instances' code unchanged)
+      const int nlast = p.causal ? min(rb.hi - 1, (mt * STR + STR - 1 + p.off) / RES) : rb.hi - 1;
+      return (unsigned)((nlast - nb) / chains);
+    }
     const int nlast = p.causal ? min((int)gridDim.x - 1, (mt * STR + STR - 1 + p.off) / RES) : (int)gridDim.x - 1;
     return (unsigned)((nlast - nb) / chains);   // the key blocks n in (nb, nlast] with n ≡ nb (mod chains)
   };
@@ -639,13 +671,14 @@ __global__ void __launch_bounds__(THREADS, 1)
  *         thread tid at 128·m + tid — holding rows 16w + g and 16w + g + 8 (w = tid / 32, g = tid % 32 / 4),
  *         columns cw·D/2 + 8m + 2t, +1 (t = tid % 4); read in order (coalesced). */
 template <typename T, int D, bool BULK, bool TOUCHED = false>
-__global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp, int chains,
+__global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, const float *dqa, int tqp, int copies,
                                                                 int64_t nacc, const unsigned *cnt = nullptr) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  // fused's copies of dq_accum (one a chain of key blocks) summed in copy order: the same bits on every run
+  // fused's copies of dq_accum (one a chain of key blocks; RG: groups · chains of them) summed in copy order:
+  // the same bits on every run
   auto load = [&](int64_t at) {
     float4 v = *reinterpret_cast<const float4 *>(dqa + at);
-    for (int c = 1; c < chains; c++) {
+    for (int c = 1; c < copies; c++) {
       const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
@@ -657,7 +690,7 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
   auto load_touched = [&](int64_t at, int64_t ci) {
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     bool any = false;
-    for (int c = 0; c < chains; c++) {
+    for (int c = 0; c < copies; c++) {
       if (cnt[c * nacc / (STR * D / 2) + ci] == 0) continue;   // nacc / (STR · D/2): the halves (counters) a copy
       const float4 w = *reinterpret_cast<const float4 *>(dqa + c * nacc + at);
       if (!any) v = w, any = true;
@@ -698,21 +731,23 @@ __global__ void __launch_bounds__(256) flash_dq_convert_kernel(const Params p, c
  * counters as soon as its adds are performed (Step 5), default 1: a tile later. Both change only how long
  * blocks wait and (chains) the order of dq's adds; every setting gives the same bits on every run. */
 int g_det_chains = 0, g_det_lazy = -1;
-int det_chains() {
-  if (g_det_chains == 0) {
-    const char *env = getenv("EMBER_FLASH_DET_CHAINS");
-    if (!env || !*env) g_det_chains = 2;
+/* a read-once integer switch from 1 to 8 kept in *slot (0: not read yet; unset: dflt): the value, or -1 with the
+ * error set */
+int env_1_to_8(int *slot, const char *name, int dflt) {
+  if (*slot == 0) {
+    const char *env = getenv(name);
+    if (!env || !*env) *slot = dflt;
     else {
       char *end;
       const long v = strtol(env, &end, 10);
       if (*end || v < 1 || v > 8)
-        return em_error("flash_attention: expected EMBER_FLASH_DET_CHAINS to be an integer from 1 to 8, got '%s'",
-                        env);
-      g_det_chains = (int)v;
+        return em_error("flash_attention: expected %s to be an integer from 1 to 8, got '%s'", name, env);
+      *slot = (int)v;
     }
   }
-  return g_det_chains;
+  return *slot;
 }
+int det_chains() { return env_1_to_8(&g_det_chains, "EMBER_FLASH_DET_CHAINS", 2); }
 int det_lazy() {
   if (g_det_lazy < 0) g_det_lazy = em_env_switch("EMBER_FLASH_DET_LAZY", true) ? 1 : 0;
   return g_det_lazy;
@@ -746,6 +781,15 @@ int det_store_first(int writers) {
   return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");
 }
 
+/* EMBER_FLASH_DET_GROUPS, read once (docs/flash.md "Step 10b"): 1 (default) — the key blocks of a (batch, kv head) in
+ * one range, highest first, head after head; 2-8 — range-grouped chains: the key blocks cut into that many ranges,
+ * each with its own EMBER_FLASH_DET_CHAINS chains (groups · chains copies of dq_accum), dispatched range by range
+ * (the longest blocks first) across all heads. Deterministic either way, but the order of dq's adds differs from
+ * the default's: another fixed order, so other last bits. Three dq writers only. The count, or -1 with the error
+ * set. */
+int g_det_groups = 0;
+int det_groups() { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", 1); }
+
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
@@ -759,41 +803,52 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (chains < 0 || lazy < 0 || store_first < 0) return -1;
   if (store_first && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got %d", writers);
+  const int groups = DET && BULK ? det_groups() : 1;
+  if (groups < 0) return -1;
+  if (groups > 1 && writers != 3)
+    return em_error("flash_attention: EMBER_FLASH_DET_GROUPS=%d needs EMBER_FLASH_DET_WRITERS=3, got %d", groups,
+                    writers);
+  const int copies = groups * chains;   // of dq_accum (and its counters); range g's chains at g·chains + n % chains
+  if (copies > 16)   // each copy is B·H·Tq·D·4 bytes of workspace
+    return em_error("flash_attention: expected EMBER_FLASH_DET_GROUPS × EMBER_FLASH_DET_CHAINS (copies of dq_accum) to "
+                    "be at most 16, got %d × %d", groups, chains);
   static const int dbg = [] {
     const char *e = getenv("EMBER_FLASH_FUSED_DEBUG");
     return e ? (int)strtol(e, nullptr, 0) & (kNoFence | kNoWait | kNdHighest) : 0;
   }();
   const size_t nacc = (size_t)p.B * p.H * tqp * D, ncnt = DET ? (size_t)p.B * p.H * (tqp / STR) * 2 : 0;
-  const size_t bytes = (nacc + ncnt) * 4 * chains;
+  const size_t bytes = (nacc + ncnt) * 4 * copies;
   // scratch from the caching allocator on this stream: freed below, reused only by later work on it
   const em_mem_category prev = em_mem_set_category_override(EM_MEM_WORKSPACE);   // memory history, as delta
   void *buf = em_cuda_caching_alloc(bytes, device);
   em_mem_set_category_override(prev);
   if (!buf) return -1;
   float *dqa = static_cast<float *>(buf);
-  unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * chains) : nullptr;
+  unsigned *cnt = DET ? reinterpret_cast<unsigned *>(dqa + nacc * copies) : nullptr;
   // store first: only the counters zeroed (dq_accum's tiles are stored by their first adder or never read)
-  int rc = (store_first ? cudaMemsetAsync(cnt, 0, ncnt * 4 * chains, s) : cudaMemsetAsync(buf, 0, bytes, s)) == cudaSuccess
+  int rc = (store_first ? cudaMemsetAsync(cnt, 0, ncnt * 4 * copies, s) : cudaMemsetAsync(buf, 0, bytes, s)) == cudaSuccess
                ? 0
                : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = writers == 3 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
+    auto k1 = writers == 3 ? groups > 1 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK, DET && BULK>
+                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(
           m.q64, m.k128, m.v128, m.do64, p, dqa, cnt, tqp, chains, (int64_t)nacc,
-          (lazy ? kLazy : 0) | (writers == 2 ? kTwoWriters : 0) | (store_first ? kStoreFirst : 0) | dbg);
+          (lazy ? kLazy : 0) | (writers == 2 ? kTwoWriters : 0) | (store_first ? kStoreFirst : 0) | dbg |
+              (groups > 1 ? groups << kGroupsShift : 0));
       rc = em_launch_check(what);
     }
   }
   if (rc == 0) {
     const int64_t n = (int64_t)p.B * p.H * (BULK ? tqp : p.Tq) * (D / 4);
     if (store_first)
-      flash_dq_convert_kernel<T, D, BULK, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+      flash_dq_convert_kernel<T, D, BULK, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, copies,
                                                                                          (int64_t)nacc, cnt);
     else
-      flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, chains,
+      flash_dq_convert_kernel<T, D, BULK><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(p, dqa, tqp, copies,
                                                                                     (int64_t)nacc);
     rc = em_launch_check("flash_attention backward (fused dq convert)");
   }

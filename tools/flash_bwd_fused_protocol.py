@@ -63,7 +63,14 @@ first (the counters deadlock at R = 1), the writer handing a half back before
 the copy's reads complete, a consumer storing without the empty sync, and an
 arrival on empty after the last tile; two writers: a consumer syncing on the
 empty barrier of its own tile's parity, writer 1 without its first arrival; three writers: writer 2
-without its first arrival, full and empty merged. Exit status 0 when all holds.
+without its first arrival, full and empty merged; range-grouped chains (Step 10b): the wanted count not
+clipped to the range, the default's copies in the range order, each range lowest first (all deadlock).
+
+Step 10b, range-grouped chains (EMBER_FLASH_DET_GROUPS=G): the counters model runs several (batch, kv head)s on
+shared slots in the kernel's range_block order (block_order() of flash_bwd_fused_tail.py), key block n of range g
+adding into copy g·chains + n % chains after the blocks of its chain above it in its range; the same checks (no
+deadlock, each (copy, tile, half) from exactly its chain's blocks that see it, highest first, stored once by the
+first) for G 2-4, chains 1-2. Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
@@ -71,6 +78,7 @@ import random
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flash_bwd_wg2_protocol import Block, mwait, producer, release, read, run, STR, RES  # noqa: E402
+from flash_bwd_fused_tail import block_order, chain_of  # noqa: E402
 
 
 NAG = 5   # agents with clocks: consumers 0, 1 and the dq writers (2; two writers: 2 and 3; three: 2, 3 and 4)
@@ -309,14 +317,26 @@ def block_sim(Tq, Tk, H, Hkv, causal, off, stages, nds, lag=1, v=None, seeds=())
     return fails
 
 
-def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False, lag=1):
-    """fused's counters for one (batch, kv head): blocks dispatched in blockIdx order onto `slots` resident slots.
+def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=False, chains=1, lazy=False, lag=1,
+                 groups=1, nbh=1, brk=None):
+    """fused's counters for nbh (batch, kv head)s: blocks dispatched in blockIdx order onto `slots` resident slots.
     red: each half bumped after its adds; bulk: the writer waits for and adds both halves, then bumps both —
     lazy (Step 5d): tile jt's bumps after tile jt + lag's adds are issued (the last lag tiles' at the end; lag 2:
     Step 5e's two writers, each bumping its own previous tile). chains (Step 5d): key block n adds into copy
-    n % chains, after the blocks n + chains, n + 2·chains, ... above it, with that copy's counters."""
+    n % chains, after the blocks n + chains, n + 2·chains, ... above it, with that copy's counters.
+    groups > 1 (Step 10b, range-grouped chains): the blocks in the kernel's range_block order (block_order() of
+    flash_bwd_fused_tail.py: range by range across the nbh (batch, kv head)s, each range highest first), key block n
+    of range g into copy g·chains + n % chains, its chain ending with the range. brk (must fail): 'unclipped', the
+    wanted count not clipped to the range; 'shared', the default's chains (copies n % chains through every range)
+    in the range order; 'lowest', each range lowest first."""
     nb = (Tk + RES - 1) // RES
-    order = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
+    if groups == 1:
+        hl = [nb - 1 - x for x in range(nb)] if highest_first else list(range(nb))
+        order = [(y, n) for y in range(nbh) for n in hl]
+    else:
+        order = block_order(nb, nbh, groups)
+        if brk == 'lowest':
+            order = [(y, chain_of(n, nb, groups, 1)[1] + chain_of(n, nb, groups, 1)[2] - 1 - n) for y, n in order]
     tqp = (Tq + STR - 1) // STR * STR
     cnt = {}
     adds = {}
@@ -325,25 +345,35 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
     def nlast(mt):
         return min(nb - 1, (mt * STR + STR - 1 + off) // RES) if causal else nb - 1
 
-    def blk(n):
+    def copy_of(n):   # (copy, the chain's last key block): the kernel's c and rb.hi - 1
+        c, lo, hi = chain_of(n, nb, groups, chains)
+        if brk == 'shared':
+            return n % chains, nb - 1
+        return c, (nb if brk == 'unclipped' else hi) - 1
+
+    def sees(n, mt):
+        return ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR
+
+    def blk(y, n):
         k0 = n * RES
         qstart = (max(0, k0 - off) // STR) * STR if causal else 0
         nq = max(0, (Tq - qstart + STR - 1) // STR)
-        c = n % chains
+        c, last = copy_of(n)
         prev = []   # lazy: tiles issued, not yet bumped
 
         def bump(t):
             for half in range(2):
-                cnt[(c,) + t + (half,)] = cnt.get((c,) + t + (half,), 0) + 1
+                cnt[(y, c) + t + (half,)] = cnt.get((y, c) + t + (half,), 0) + 1
 
         for jt in range(group * nq):
             hg, mt = jt // nq, qstart // STR + jt % nq
+            want = (min(nlast(mt), last) - n) // chains
             for half in range(2):   # the two consumers, each its own counter (disjoint columns)
-                key = (c, hg, mt, half)
-                while cnt.get(key, 0) != (nlast(mt) - n) // chains:
+                key = (y, c, hg, mt, half)
+                while cnt.get(key, 0) != want:
                     yield
                 adds.setdefault(key, []).append(n)
-                if (nlast(mt) - n) // chains == 0:   # EMBER_FLASH_DET_STORE_FIRST: this block stores, not adds
+                if want == 0:   # EMBER_FLASH_DET_STORE_FIRST: this block stores, not adds
                     stores.setdefault(key, []).append(n)
                 if not bulk:
                     cnt[key] = cnt.get(key, 0) + 1
@@ -360,7 +390,7 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
     steps = 0
     while pending or live:
         while pending and len(live) < slots:
-            live.append(blk(pending.pop(0)))
+            live.append(blk(*pending.pop(0)))
         for a in list(live):
             try:
                 next(a)
@@ -369,21 +399,25 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
         steps += 1
         if steps > 200000:
             return 'deadlock'
-    for (c, hg, mt, half), ns in adds.items():
-        want = [n for n in range(nb - 1, -1, -1)
-                if n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR]
-        if ns != want:
-            return 'tile %s got adds from %s, expected %s' % ((hg, mt, half), ns, want)
+    # every (copy, tile, half) gets its adds from exactly the key blocks of its chain that see the tile, highest first
+    expected = {}
+    for y in range(nbh):
+        for n in range(nb - 1, -1, -1):
+            c = chain_of(n, nb, groups, chains)[0]
+            for hg in range(group):
+                for mt in range(tqp // STR):
+                    if sees(n, mt):
+                        for half in range(2):
+                            expected.setdefault((y, c, hg, mt, half), []).append(n)
+    for key, ns in adds.items():
+        if ns != expected.get(key):
+            return 'tile %s got adds from %s, expected %s' % (key, ns, expected.get(key))
         # store first (Step 10): dq_accum not zeroed, so each written (copy, tile, half) must be stored exactly once,
         # by its first adder; the convert reads a copy only where the counter (its adders) is nonzero
-        if stores.get((c, hg, mt, half)) != ns[:1]:
-            return 'tile %s stored by %s, first adder %s' % ((c, hg, mt, half), stores.get((c, hg, mt, half)), ns[:1])
-    expected_tiles = {(c, hg, mt, half) for c in range(chains) for hg in range(group) for mt in range(tqp // STR)
-                      for half in range(2)
-                      if any(n % chains == c and ((max(0, n * RES - off) // STR) * STR if causal else 0) <= mt * STR
-                             for n in range(nb))}
-    if set(adds) != expected_tiles:
-        return 'tiles with adds %d, expected %d' % (len(adds), len(expected_tiles))
+        if stores.get(key) != ns[:1]:
+            return 'tile %s stored by %s, first adder %s' % (key, stores.get(key), ns[:1])
+    if set(adds) != set(expected):
+        return 'tiles with adds %d, expected %d' % (len(adds), len(expected))
     return None
 
 
@@ -424,6 +458,19 @@ def main():
                                 bad += 1
                                 if bad < 6:
                                     print('FAIL counters', slots, bulk, chains, lazy, lag, Tq, Tk, H, Hkv, mode, r)
+                        # Step 10b: range-grouped chains (three writers: bulk, bumped unlagged), over 1 and 3
+                        # (batch, kv head)s sharing the slots
+                        for groups in (2, 3, 4):
+                            for chains in (1, 2):
+                                for nbh in (1, 3):
+                                    r = counters_sim(Tq, Tk, H // Hkv, causal, off, slots, bulk=True, chains=chains,
+                                                     groups=groups, nbh=nbh)
+                                    n += 1
+                                    if r:
+                                        bad += 1
+                                        if bad < 6:
+                                            print('FAIL range-grouped counters', slots, groups, chains, nbh, Tq, Tk,
+                                                  H, Hkv, mode, r)
     print(n, 'configurations,', bad, 'failed')
     seeds = tuple(range(8))
     caught = {}
@@ -444,6 +491,11 @@ def main():
                                                                 v={'bulk': True, 'ds_in_b': True, brk: True}))
     caught['lowest key block first, 2 chains, two writers (deadlock)'] = counters_sim(
         1000, 1000, 1, True, 0, 1, highest_first=False, bulk=True, chains=2, lazy=True, lag=2) == 'deadlock'
+    for brk, what in (('unclipped', 'wanted count not clipped to the range'),
+                      ('shared', "the default's copies in the range order"), ('lowest', 'each range lowest first')):
+        caught['range-grouped chains, %s (deadlock)' % what] = all(
+            counters_sim(1000, 1000, 1, True, 0, slots, bulk=True, chains=1, groups=2, nbh=2, brk=brk) == 'deadlock'
+            for slots in (1, 2))
     for nw, name in ((2, 'two'), (3, 'three')):
         # three writers share the empty barrier (no parity to get wrong), and must not merge full with it
         for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'no_first_empty') + (

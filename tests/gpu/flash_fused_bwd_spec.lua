@@ -99,7 +99,8 @@ print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
 print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
   "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
   "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)") ..
-  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 0)"))
+  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 0)") ..
+  "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 1)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -263,9 +264,9 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
   {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 1000, 128}},
   {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
-    -- (store first needs three writers: off here, whatever this run's setting)
+    -- (store first and range groups need three writers: off here, whatever this run's setting)
     local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"},
-      {EMBER_FLASH_DET_STORE_FIRST = "0"})
+      {EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1"})
     assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4",
       EMBER_FLASH_DET_STORE_FIRST = "0"}})
@@ -295,6 +296,56 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
       {env = {EMBER_FLASH_DET_STORE_FIRST = "1", EMBER_FLASH_DET_WRITERS = "2"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_DET_STORE_FIRST=1 with two writers should fail")
     assert.matches("EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got 2", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- range-grouped chains (EMBER_FLASH_DET_GROUPS, read once: children; docs/flash.md "Step 10b"): the key blocks cut
+  -- into ranges, each with its own chains and copies of dq_accum, dispatched range by range across the heads. Another
+  -- fixed order of dq's adds: the same bits on repeat (two children per setting), dk and dv the default's bits (their
+  -- order is not the counters'), dq within a 16-bit rounding of the default's (the same products summed in another
+  -- f32 order; a wrong or missing tile is O(1) off). The cases: many key blocks and heads (ranges across heads), GQA,
+  -- one key block (one range, the others empty), fewer key blocks than ranges, a 4100-long head (33 key blocks:
+  -- uneven ranges), both head dims, every mask; 2, 3 and 8 ranges, chains 1 and 2 in a range, store first on
+  -- (default) and off.
+  it("gives bit-identical repeats and dq within a rounding with EMBER_FLASH_DET_GROUPS (in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 2100, 128}, {1, 2, 2100, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 100, 64}}, {"bf16", {1, 2, 1000, 128}, {1, 2, 300, 128}},
+  {"f16", {1, 4, 700, 64}, {1, 2, 90, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
+    local ncase = (6 * 3 - 2) * 3   -- two cases with Tq > Tk skip bottom-right
+    -- {the other switches, the group counts tried} (each run twice: 14 children in all, with the errors')
+    local runs = {{{}, {"2", "8"}}, {{EMBER_FLASH_DET_CHAINS = "1"}, {"3"}}, {{EMBER_FLASH_DET_STORE_FIRST = "0"}, {"2"}}}
+    for _, run in ipairs(runs) do
+      local env, groups = run[1], run[2]
+      local what = next(env) and (next(env) .. "=" .. env[next(env)]) or "defaults"
+      local a = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {"1", table.unpack(groups)}, env)
+      local b = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", groups, env)
+      for _, g in ipairs(groups) do
+        -- repeat: every tensor the same bits
+        assert.are.equal(ncase, C.assert_modes_agree({first = a[g], again = b[g]}, "first", {"again"}))
+        local n = 0
+        for name, t in pairs(a["1"]) do
+          local x = a[g][name]
+          if name:match("^dq_") then
+            near(x, t, t.dtype, what .. ": EMBER_FLASH_DET_GROUPS=" .. g .. " " .. name .. " vs groups 1")
+          else
+            assert.are.equal(0, x:ne(t):sum():item(), what .. ": EMBER_FLASH_DET_GROUPS=" .. g .. " " .. name ..
+              ": expected the default's bits")
+          end
+          n = n + 1
+        end
+        assert.are.equal(ncase, n)
+      end
+    end
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_GROUPS = "9"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_GROUPS=9 should fail")
+    assert.matches("expected EMBER_FLASH_DET_GROUPS to be an integer from 1 to 8, got '9'", err, 1, true)
+    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_GROUPS = "2", EMBER_FLASH_DET_WRITERS = "2",
+      EMBER_FLASH_DET_STORE_FIRST = "0"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_GROUPS=2 with two writers should fail")
+    assert.matches("EMBER_FLASH_DET_GROUPS=2 needs EMBER_FLASH_DET_WRITERS=3, got 2", err, 1, true)
+    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_GROUPS = "8", EMBER_FLASH_DET_CHAINS = "3"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_DET_GROUPS=8 with 3 chains (24 copies) should fail")
+    assert.matches("(copies of dq_accum) to be at most 16, got 8 × 3", err, 1, true)
     helpers.remove_temps()
   end)
 
