@@ -422,10 +422,10 @@ static em_tensor *unique_heads_cuda(em_tensor *s) {
   return out;
 }
 
-/* EMBER_UNIQUE=ids keeps the run-id path (read once; `sort` or unset: the default). */
+/* EMBER_UNIQUE=ids keeps the run-id path (read once; `heads` or unset: the run heads marked and compacted). */
 static bool unique_ids_path(void) {
   static int ids = -1;
-  if (ids < 0) ids = em_env_pick("EMBER_UNIQUE", (const char *const[]){"sort", "ids"}, 2);
+  if (ids < 0) ids = em_env_pick("EMBER_UNIQUE", (const char *const[]){"heads", "ids"}, 2);
   return ids == 1;
 }
 
