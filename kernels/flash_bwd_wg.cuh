@@ -208,13 +208,19 @@ __device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb, int bhk
 }
 __device__ __forceinline__ DkdvTiles dkdv_tiles(const Params &p, int nb) { return dkdv_tiles(p, nb, blockIdx.y); }
 
-/* A dq consumer's two rows' lse·log2 e and Δ; rows past Tq get lse +inf, so
- * P = 0 there (their q and dO rows are TMA's zeros). */
-__device__ __forceinline__ void dq_row_stats(const Params &p, int bh, int row0, int row1, float &l0, float &l1,
-                                             float &d0, float &d1) {
-  const float *lse = p.lse + (int64_t)bh * p.Tq, *delta = p.delta + (int64_t)bh * p.Tq;
+/* A dq consumer's two rows' lse·log2 e; rows past Tq get +inf, so P = 0
+ * there (their q and dO rows are TMA's zeros). */
+__device__ __forceinline__ void dq_row_lse(const Params &p, int bh, int row0, int row1, float &l0, float &l1) {
+  const float *lse = p.lse + (int64_t)bh * p.Tq;
   l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
   l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
+}
+
+/* ... and their Δ, read (0 past Tq). */
+__device__ __forceinline__ void dq_row_stats(const Params &p, int bh, int row0, int row1, float &l0, float &l1,
+                                             float &d0, float &d1) {
+  const float *delta = p.delta + (int64_t)bh * p.Tq;
+  dq_row_lse(p, bh, row0, row1, l0, l1);
   d0 = row0 < p.Tq ? delta[row0] : 0.f;
   d1 = row1 < p.Tq ? delta[row1] : 0.f;
 }

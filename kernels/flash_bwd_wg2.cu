@@ -262,12 +262,6 @@ struct NoMap {};
 template <bool D9> using OutMap = std::conditional_t<D9, CUtensorMap, NoMap>;
 
 #if defined(__CUDA_ARCH__)
-/* lse·log2 e of the thread's two rows, +inf past Tq (as dq_row_stats). */
-__device__ __forceinline__ void dq_row_lse(const Params &p, int bh, int row0, int row1, float &l0, float &l1) {
-  const float *lse = p.lse + (int64_t)bh * p.Tq;
-  l0 = row0 < p.Tq ? __fmul_rn(lse[row0], kLog2e) : INFINITY;
-  l1 = row1 < p.Tq ? __fmul_rn(lse[row1], kLog2e) : INFINITY;
-}
 /* Δ of the two rows from global memory (delta_row: the delta kernel's sum), 0 past Tq. */
 template <typename T, int D>
 __device__ __forceinline__ void dq_delta_global(const Params &p, int b, int h, int row0, int row1, float &d0,
