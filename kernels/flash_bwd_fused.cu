@@ -776,8 +776,10 @@ int det_writers() {
  * set (writers: det_writers()'s count). */
 int g_store_first = -1;
 int det_store_first(int writers) {
-  const char *env = getenv("EMBER_FLASH_DET_STORE_FIRST");
-  if ((!env || !*env) && g_store_first < 0) g_store_first = writers == 3 ? 1 : 0;
+  if (g_store_first < 0) {   // unset: the writers' default; set: em_env_choice reads and checks it
+    const char *env = getenv("EMBER_FLASH_DET_STORE_FIRST");
+    if (!env || !*env) g_store_first = writers == 3 ? 1 : 0;
+  }
   return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");
 }
 

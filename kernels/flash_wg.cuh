@@ -70,7 +70,7 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, D
 
 /* ---- the short-sequence schedule (EMBER_FLASH_STEP9, docs/flash.md "Step 9") ---- */
 
-/* EMBER_FLASH_STEP9, read once: 0 (the default) or 1; -1 with the error set for anything else. 1, for short
+/* EMBER_FLASH_STEP9, read once: 1 (the default) or 0; -1 with the error set for anything else. 1, for short
  * sequences (tile_grid_hf below), launches the wg2/wg3 forward and the wg2 backward's kernels heaviest block first
  * over the whole grid (tile_grid) instead of head by head, and computes Δ in the wg2 dq kernel (no delta kernel);
  * the same blocks compute the same tiles with the same arithmetic, so the same bits. */
