@@ -783,14 +783,14 @@ int det_store_first(int writers) {
   return em_env_choice(&g_store_first, "flash_attention", "EMBER_FLASH_DET_STORE_FIRST", "0", "1");
 }
 
-/* EMBER_FLASH_DET_GROUPS, read once (docs/flash.md "Step 10b"): 1 (default) — the key blocks of a (batch, kv head) in
- * one range, highest first, head after head; 2-8 — range-grouped chains: the key blocks cut into that many ranges,
- * each with its own EMBER_FLASH_DET_CHAINS chains (groups · chains copies of dq_accum), dispatched range by range
- * (the longest blocks first) across all heads. Deterministic either way, but the order of dq's adds differs from
- * the default's: another fixed order, so other last bits. Three dq writers only. The count, or -1 with the error
- * set. */
+/* EMBER_FLASH_DET_GROUPS, read once (docs/flash.md "Step 10b"): 1 — the key blocks of a (batch, kv head) in one
+ * range, highest first, head after head; 2-8 — range-grouped chains: the key blocks cut into that many ranges, each
+ * with its own EMBER_FLASH_DET_CHAINS chains (groups · chains copies of dq_accum), dispatched range by range (the
+ * longest blocks first) across all heads. Deterministic either way; each count adds dq in its own fixed order (other
+ * last bits). Three dq writers only: unset, 2 with three writers (measured on the H200: d64 T16384 backward 3.585 →
+ * 3.528 ms, 2 × 8 chains within the 16 copies) and 1 with one or two. The count, or -1 with the error set. */
 int g_det_groups = 0;
-int det_groups() { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", 1); }
+int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", writers == 3 ? 2 : 1); }
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
@@ -805,7 +805,7 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (chains < 0 || lazy < 0 || store_first < 0) return -1;
   if (store_first && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_STORE_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, got %d", writers);
-  const int groups = DET && BULK ? det_groups() : 1;
+  const int groups = DET && BULK ? det_groups(writers) : 1;
   if (groups < 0) return -1;
   if (groups > 1 && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_GROUPS=%d needs EMBER_FLASH_DET_WRITERS=3, got %d", groups,

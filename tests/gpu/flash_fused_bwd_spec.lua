@@ -98,9 +98,9 @@ print("  EMBER_FLASH_DQ=" .. (os.getenv("EMBER_FLASH_DQ") or "(unset: bulk)"))
 -- counter bump a tile late (EMBER_FLASH_DET_LAZY, default on); also read once: one run per setting A/Bs them
 print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(unset: 2)") ..
   "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
-  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 2)") ..
-  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 0)") ..
-  "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 1)"))
+  "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 3)") ..
+  "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 1 with three writers)") ..
+  "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 2 with three writers)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -314,11 +314,13 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local ncase = (6 * 3 - 2) * 3   -- two cases with Tq > Tk skip bottom-right
     -- {the other switches, the group counts tried} (each run twice: 14 children in all, with the errors')
     local runs = {{{}, {"2", "8"}}, {{EMBER_FLASH_DET_CHAINS = "1"}, {"3"}}, {{EMBER_FLASH_DET_STORE_FIRST = "0"}, {"2"}}}
+    local defaults
     for _, run in ipairs(runs) do
       local env, groups = run[1], run[2]
       local what = next(env) and (next(env) .. "=" .. env[next(env)]) or "defaults"
       local a = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {"1", table.unpack(groups)}, env)
       local b = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", groups, env)
+      defaults = defaults or a
       for _, g in ipairs(groups) do
         -- repeat: every tensor the same bits
         assert.are.equal(ncase, C.assert_modes_agree({first = a[g], again = b[g]}, "first", {"again"}))
@@ -336,6 +338,13 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
         assert.are.equal(ncase, n)
       end
     end
+    -- unset: 2 with three writers (the default), 1 with two (range groups need three; two writers add in the
+    -- counters' order too, so groups 1's bits)
+    local unset = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {""}, {})
+    assert.are.equal(ncase, C.assert_modes_agree({two = defaults["2"], unset = unset[""]}, "two", {"unset"}))
+    unset = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {""},
+      {EMBER_FLASH_DET_WRITERS = "2", EMBER_FLASH_DET_STORE_FIRST = "0"})
+    assert.are.equal(ncase, C.assert_modes_agree({one = defaults["1"], unset = unset[""]}, "one", {"unset"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_GROUPS = "9"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_DET_GROUPS=9 should fail")
     assert.matches("expected EMBER_FLASH_DET_GROUPS to be an integer from 1 to 8, got '9'", err, 1, true)

@@ -312,7 +312,8 @@ print(table.concat(names, " | "))
     C.need_cupti(pending)
     local script = helpers.temp_file(names_script, ".lua")
     for _, mode in ipairs({"0", "1"}) do
-      local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = mode}})
+      -- (Step 9b's Δ off, its own case below: dq's D9 argument false)
+      local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = mode, EMBER_FLASH_DELTA9 = "0"}})
       assert.are.equal(0, code, "EMBER_FLASH_STEP9=" .. mode .. ": " .. tostring(err))
       local hf = mode == "1" and "true" or "false"
       assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 64, 3, true, " .. hf .. ">"), out)
@@ -346,18 +347,19 @@ print(table.concat(names, " | "))
     assert.are.equal((7 * 3 - 1) * 5, C.assert_modes_agree(got, "100", {"110", "111"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = "1", EMBER_FLASH_DELTA9 = "2"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_DELTA9=2 should fail")
-    assert.matches("expected EMBER_FLASH_DELTA9 to be 0 or 1, got '2'", err, 1, true)
+    assert.matches("expected EMBER_FLASH_DELTA9 to be 1 or 0, got '2'", err, 1, true)
     helpers.remove_temps()
   end)
 
-  -- ... and runs it: dq's last template argument (D9) true with the switch, false without; no delta kernel either way.
-  it("runs the dq kernel that sums Δ from shared memory with EMBER_FLASH_DELTA9=1 (by its name, in children)", function()
+  -- ... and runs it: dq's last template argument (D9) true with the switch 1 or unset (the default), false with 0;
+  -- no delta kernel either way.
+  it("runs the dq kernel that sums Δ from shared memory with EMBER_FLASH_DELTA9=1 and by default (by its name, in children)", function()
     C.need_cupti(pending)
     local script = helpers.temp_file(names_script, ".lua")
-    for _, mode in ipairs({"0", "1"}) do
+    for _, mode in ipairs({"0", "1", ""}) do
       local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = "1", EMBER_FLASH_DELTA9 = mode}})
       assert.are.equal(0, code, "EMBER_FLASH_DELTA9=" .. mode .. ": " .. tostring(err))
-      local d9 = mode == "1" and "true" or "false"
+      local d9 = mode == "0" and "false" or "true"
       assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, true, " .. d9 .. ">"), out)
       assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, true, " .. d9 .. ">"), out)
       assert.falsy(out:find("flash_delta_kernel", 1, true), out)
