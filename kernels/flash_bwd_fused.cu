@@ -318,8 +318,11 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 #endif
 
 /* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
- * that the other settings' kernels are the code they were. */
-template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false>
+ * that the other settings' kernels are the code they were. DQF (EMBER_FLASH_BWD_DQ_FIRST=1, W3 and S6 only;
+ * docs/flash.md "Step 11"): turn B issues dq(j − 1) first, committed apart, so that dq's hand-off to the writer runs
+ * under dv's and dk's wgmmas. */
+template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false,
+          bool DQF = false>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -333,6 +336,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool three = W3;
   static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
   static_assert(!RG || W3, "range-grouped chains run with three dq writers");
+  static_assert(!DQF || (W3 && S6), "dq first is the three-writer, STEP6 loop's");
   const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
@@ -553,6 +557,47 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
 
+  // DQF (EMBER_FLASH_BWD_DQ_FIRST=1; docs/flash.md "Step 11"): turn B(j) from its named sync on. dq(j − 1) is issued
+  // first and committed apart from dv and dk, so that dq's hand-off to the writer (dq empty's sync, the half's stores,
+  // the proxy fence, dq full's arrival) runs under dv's and dk's wgmmas instead of after all three. The same wgmmas on
+  // the same operands: the same bits; the same buffers' uses (dq(j − 1) reads buffer (j − 1) % NDS, dk buffer j % NDS)
+  // and the turn passed at the same point. (D 128's dSᵀ store stays ahead of every wgmma: issuing dv before it, to
+  // hide it, pins Pᵀ's registers across it and ptxas spills in the loop — 10 reloads a tile.)
+  [[maybe_unused]] auto turn_b_dq_first = [&](auto pend_tag, int j, const TileAt &at, int s, const auto &pa,
+                                              const auto &da) {
+    constexpr bool PEND = decltype(pend_tag)::value;
+    const uint32_t q_n = ring_n + s * (L::STAGE >> 4);
+    if constexpr (DS_IN_B) {   // as without DQF (see the turn below)
+      store_ds(sDS + at.ids * DS_BYTES, da, cw * 64 + warp * 16 + g, t);
+      fence_proxy_async();
+      ds_stored_sync(cw);
+    }
+    reg_fence(dv);
+    reg_fence(dk);
+    if constexpr (PEND) {
+#pragma unroll
+      for (int i = 0; i < D / 4; i++) dq[i] = 0.f;   // (scale_d 0 ignores them; defined here, not live before)
+    }
+    wgmma_fence();
+    if constexpr (PEND) {
+      issue_dq_lo<T, D>(dq, ds_t + at.idp * (DS_BYTES >> 4), kb_lo);   // dq(j − 1) = dS k
+      wgmma_commit();
+    }
+    issue_rs_lo<T, D>(dv, pa, q_n + (L::STR_BYTES >> 4));   // dv += Pᵀ dO
+    issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
+    wgmma_commit();
+    pass_turn(2 * j + 1);
+    if constexpr (PEND) {
+      wgmma_wait<1>();   // dq's group done (groups complete in order); dv, dk may still run
+      reg_fence(dq);
+      dq_out(j - 1);
+    }
+    wgmma_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    mbar_arrive(empty + 8 * s);   // q(j), dO(j) no longer needed
+  };
+
   // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % NDS unless DS_IN_B), turn B(j) (DS_IN_B: dSᵀ to
   // the buffer; dv, dk; PEND: dq(j − 1)). The first tile is peeled (PEND false): no wgmma sits in a branch
   auto tile = [&](auto pend_tag, int j, const TileAt &at) {
@@ -602,6 +647,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (!DS_IN_B) fence_proxy_async();
     if constexpr (PEND) dq_wait(j - 1);
     named_sync(my_bar);
+    if constexpr (DQF) {
+      turn_b_dq_first(pend_tag, j, at, s, pa, da);
+      return;
+    }
     if constexpr (DS_IN_B) {
       // the buffer's last readers, both consumers' dq(j − 2), completed before the other consumer passed this
       // turn on; stored before the wgmmas, so that da is dead before dq's accumulators are live
@@ -792,6 +841,13 @@ int det_store_first(int writers) {
 int g_det_groups = 0;
 int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", writers == 3 ? 2 : 1); }
 
+/* EMBER_FLASH_BWD_DQ_FIRST, read once (docs/flash.md "Step 11"): 1 — fused's turn B issues dq(j − 1) first, in a
+ * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 0 (default) — as before. The
+ * same wgmmas on the same operands: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
+ * defaults; otherwise an error naming the switches); fused_nd does not read it. 1, 0, or -1 with the error set. */
+int g_dq_first = -1;
+int bwd_dq_first() { return em_env_choice(&g_dq_first, "flash_attention", "EMBER_FLASH_BWD_DQ_FIRST", "0", "1"); }
+
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
@@ -810,6 +866,12 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (groups > 1 && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_GROUPS=%d needs EMBER_FLASH_DET_WRITERS=3, got %d", groups,
                     writers);
+  const int dq_first = DET ? bwd_dq_first() : 0;
+  if (dq_first < 0) return -1;
+  if (dq_first && (writers != 3 || !S6 || !BULK))
+    return em_error("flash_attention: EMBER_FLASH_BWD_DQ_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, "
+                    "EMBER_FLASH_BWD_STEP6=1 and EMBER_FLASH_DQ=bulk, got %d, %d and %s", writers, S6 ? 1 : 0,
+                    BULK ? "bulk" : "red");
   const int copies = groups * chains;   // of dq_accum (and its counters); range g's chains at g·chains + n % chains
   if (copies > 16)   // each copy is B·H·Tq·D·4 bytes of workspace
     return em_error("flash_attention: expected EMBER_FLASH_DET_GROUPS × EMBER_FLASH_DET_CHAINS (copies of dq_accum) to "
@@ -832,8 +894,11 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
                ? 0
                : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = writers == 3 ? groups > 1 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK, DET && BULK>
-                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
+    constexpr bool W3 = DET && BULK, DQF = W3 && S6;   // (the instances writers 3 and dq first can launch)
+    auto k1 = writers == 3 ? groups > 1 ? dq_first ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQF>
+                                                   : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3>
+                                        : dq_first ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQF>
+                                                   : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
