@@ -318,11 +318,12 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 #endif
 
 /* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
- * that the other settings' kernels are the code they were. DQF (EMBER_FLASH_BWD_DQ_FIRST=1, W3 and S6 only;
- * docs/flash.md "Step 11"): turn B issues dq(j − 1) first, committed apart, so that dq's hand-off to the writer runs
- * under dv's and dk's wgmmas. */
+ * that the other settings' kernels are the code they were. DQF (EMBER_FLASH_BWD_DQ_FIRST, W3 and S6 only;
+ * docs/flash.md "Step 11"): 1, turn B issues dq(j − 1) first, committed apart, so that dq's hand-off to the writer
+ * runs under dv's and dk's wgmmas; 2 (D 64), also dk's A from registers (as wg2), so that dSᵀ's proxy fence leaves
+ * the path from the softmax to turn B's wgmmas. */
 template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false,
-          bool DQF = false>
+          int DQF = 0>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -337,6 +338,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
   static_assert(!RG || W3, "range-grouped chains run with three dq writers");
   static_assert(!DQF || (W3 && S6), "dq first is the three-writer, STEP6 loop's");
+  static_assert(DQF != 2 || D == 64, "dk's A from registers: D 64 only (D 128 has no registers for it)");
   const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
@@ -584,9 +586,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_commit();
     }
     issue_rs_lo<T, D>(dv, pa, q_n + (L::STR_BYTES >> 4));   // dv += Pᵀ dO
-    issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
+    if constexpr (DQF == 2) issue_rs_lo<T, D>(dk, da, q_n);   // dk += dSᵀ q, dSᵀ from registers (wg2's way)
+    else issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
     wgmma_commit();
     pass_turn(2 * j + 1);
+    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — both consumers' dq(j), in turns
+    // B(j + 1), after this consumer's next turn pass — here, off the path to this turn's issue
+    if constexpr (DQF == 2) fence_proxy_async();
     if constexpr (PEND) {
       wgmma_wait<1>();   // dq's group done (groups complete in order); dv, dk may still run
       reg_fence(dq);
@@ -644,7 +650,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       pack_a<T>(da, dp);
       if constexpr (!DS_IN_B) store_ds(ds, da, cw * 64 + warp * 16 + g, t);
     }
-    if constexpr (!DS_IN_B) fence_proxy_async();
+    if constexpr (!DS_IN_B && DQF != 2) fence_proxy_async();   // (DQF 2: in turn B, after the issue)
     if constexpr (PEND) dq_wait(j - 1);
     named_sync(my_bar);
     if constexpr (DQF) {
@@ -842,11 +848,21 @@ int g_det_groups = 0;
 int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", writers == 3 ? 2 : 1); }
 
 /* EMBER_FLASH_BWD_DQ_FIRST, read once (docs/flash.md "Step 11"): 1 — fused's turn B issues dq(j − 1) first, in a
- * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 0 (default) — as before. The
- * same wgmmas on the same operands: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
- * defaults; otherwise an error naming the switches); fused_nd does not read it. 1, 0, or -1 with the error set. */
+ * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2 — also, at D 64, dk's A from
+ * registers (wg2's way) and dSᵀ's proxy fence after turn B's issue (at D 128 as 1); 0 (default) — as before. The
+ * same products in the same order: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
+ * defaults; otherwise an error naming the switches); fused_nd does not read it. 0, 1, 2, or -1 with the error set. */
 int g_dq_first = -1;
-int bwd_dq_first() { return em_env_choice(&g_dq_first, "flash_attention", "EMBER_FLASH_BWD_DQ_FIRST", "0", "1"); }
+int bwd_dq_first() {
+  if (g_dq_first < 0) {
+    const char *env = getenv("EMBER_FLASH_BWD_DQ_FIRST");
+    if (!env || !*env || strcmp(env, "0") == 0) g_dq_first = 0;
+    else if (strcmp(env, "1") == 0) g_dq_first = 1;
+    else if (strcmp(env, "2") == 0) g_dq_first = 2;
+    else return em_error("flash_attention: expected EMBER_FLASH_BWD_DQ_FIRST to be 0, 1 or 2, got '%s'", env);
+  }
+  return g_dq_first;
+}
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
@@ -869,9 +885,9 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   const int dq_first = DET ? bwd_dq_first() : 0;
   if (dq_first < 0) return -1;
   if (dq_first && (writers != 3 || !S6 || !BULK))
-    return em_error("flash_attention: EMBER_FLASH_BWD_DQ_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, "
-                    "EMBER_FLASH_BWD_STEP6=1 and EMBER_FLASH_DQ=bulk, got %d, %d and %s", writers, S6 ? 1 : 0,
-                    BULK ? "bulk" : "red");
+    return em_error("flash_attention: EMBER_FLASH_BWD_DQ_FIRST=%d needs EMBER_FLASH_DET_WRITERS=3, "
+                    "EMBER_FLASH_BWD_STEP6=1 and EMBER_FLASH_DQ=bulk, got %d, %d and %s", dq_first, writers,
+                    S6 ? 1 : 0, BULK ? "bulk" : "red");
   const int copies = groups * chains;   // of dq_accum (and its counters); range g's chains at g·chains + n % chains
   if (copies > 16)   // each copy is B·H·Tq·D·4 bytes of workspace
     return em_error("flash_attention: expected EMBER_FLASH_DET_GROUPS × EMBER_FLASH_DET_CHAINS (copies of dq_accum) to "
@@ -894,11 +910,15 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
                ? 0
                : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    constexpr bool W3 = DET && BULK, DQF = W3 && S6;   // (the instances writers 3 and dq first can launch)
-    auto k1 = writers == 3 ? groups > 1 ? dq_first ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQF>
-                                                   : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3>
-                                        : dq_first ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQF>
-                                                   : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3>
+    // the instances three writers and dq first can launch (DQF 2 at D 64 only; D 128 runs 1 for it)
+    constexpr bool W3 = DET && BULK;
+    constexpr int DQ1 = W3 && S6 ? 1 : 0, DQ2 = W3 && S6 ? (D == 64 ? 2 : 1) : 0;
+    auto k1 = writers == 3 ? groups > 1 ? dq_first == 2 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQ2>
+                                          : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQ1>
+                                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3>
+                                        : dq_first == 2 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQ2>
+                                          : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQ1>
+                                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {

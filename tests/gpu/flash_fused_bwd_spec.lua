@@ -391,35 +391,39 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     helpers.remove_temps()
   end)
 
-  -- dq first (EMBER_FLASH_BWD_DQ_FIRST, read once: children; docs/flash.md "Step 11"): turn B issues dq(j − 1) first,
-  -- in a commit group of its own, and hands it to the writer while dv's and dk's wgmmas run. The same wgmmas on the
-  -- same operands, and the counters' order of dq's adds, so fused's gradients keep their bits — with range groups (2,
-  -- the default) and without (1) — and repeat them. The cases: many key blocks, GQA (2, 4), one q tile a block,
+  -- dq first (EMBER_FLASH_BWD_DQ_FIRST, read once: children; docs/flash.md "Step 11"): 1, turn B issues dq(j − 1)
+  -- first, in a commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2, also (D 64) dk's
+  -- A from registers, as wg2's, and dSᵀ's proxy fence after the turn's issue (D 128 runs 1). The same products in the
+  -- same order, and the counters' order of dq's adds, so fused's gradients keep their bits — with range groups (2, the
+  -- default) and without (1) — and repeat them. The cases: many key blocks, GQA (2, 4), one q tile a block,
   -- Tq < Tk, long heads (65 and 33 q tiles: both dSᵀ buffer rings and the writers in steady state), both head dims,
   -- bf16 and f16, every mask.
-  it("gives the same bits with EMBER_FLASH_BWD_DQ_FIRST=1 as with 0 (in children)", function()
+  it("gives the same bits with EMBER_FLASH_BWD_DQ_FIRST=1 and 2 as with 0 (in children)", function()
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
   {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
   {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}, {"f16", {1, 2, 2100, 128}, {1, 2, 2100, 128}}}]], {"fused"})
     local ncase = 6 * 3 * 3
     for _, groups in ipairs({"2", "1"}) do
       local env = {EMBER_FLASH_DET_GROUPS = groups}
-      local a = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"0", "1"}, env)
-      local b = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"1"}, env)
-      assert.are.equal(ncase, C.assert_modes_agree(a, "0", {"1"}))
-      assert.are.equal(ncase, C.assert_modes_agree({first = a["1"], again = b["1"]}, "first", {"again"}))
+      local a = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"0", "1", "2"}, env)
+      local b = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"1", "2"}, env)
+      assert.are.equal(ncase, C.assert_modes_agree(a, "0", {"1", "2"}))
+      for _, mode in ipairs({"1", "2"}) do
+        assert.are.equal(ncase, C.assert_modes_agree({first = a[mode], again = b[mode]}, "first", {"again"}))
+      end
     end
-    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "2"}})
-    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=2 should fail")
-    assert.matches("expected EMBER_FLASH_BWD_DQ_FIRST to be 0 or 1, got '2'", err, 1, true)
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "3"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=3 should fail")
+    assert.matches("expected EMBER_FLASH_BWD_DQ_FIRST to be 0, 1 or 2, got '3'", err, 1, true)
     _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "1", EMBER_FLASH_DET_WRITERS = "2",
       EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=1 with two writers should fail")
     assert.matches("EMBER_FLASH_BWD_DQ_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, EMBER_FLASH_BWD_STEP6=1 and " ..
       "EMBER_FLASH_DQ=bulk, got 2, 1 and bulk", err, 1, true)
-    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "1", EMBER_FLASH_BWD_STEP6 = "0"}})
-    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=1 with STEP6=0 should fail")
-    assert.matches("got 3, 0 and bulk", err, 1, true)
+    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "2", EMBER_FLASH_BWD_STEP6 = "0"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=2 with STEP6=0 should fail")
+    assert.matches("EMBER_FLASH_BWD_DQ_FIRST=2 needs EMBER_FLASH_DET_WRITERS=3, EMBER_FLASH_BWD_STEP6=1 and " ..
+      "EMBER_FLASH_DQ=bulk, got 3, 0 and bulk", err, 1, true)
     helpers.remove_temps()
   end)
 
