@@ -589,10 +589,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (DQF == 2) issue_rs_lo<T, D>(dk, da, q_n);   // dk += dSᵀ q, dSᵀ from registers (wg2's way)
     else issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
     wgmma_commit();
-    pass_turn(2 * j + 1);
-    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — both consumers' dq(j), in turns
-    // B(j + 1), after this consumer's next turn pass — here, off the path to this turn's issue
+    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — this consumer's dq(j) in its turn
+    // B(j + 1) and the other's in its B(j + 1) or, for the last tile, its last turn: the first turn of the other
+    // consumer's that follows this pass — here, after this turn's issue instead of on the path to it
     if constexpr (DQF == 2) fence_proxy_async();
+    pass_turn(2 * j + 1);
     if constexpr (PEND) {
       wgmma_wait<1>();   // dq's group done (groups complete in order); dv, dk may still run
       reg_fence(dq);
