@@ -6,8 +6,9 @@ i.e. its wgmmas issued). Turn A issues Sᵀ and dPᵀ (tS each); turn B issues d
 dq's). The tensor pipe runs the warpgroups' wgmmas in issue order. A consumer issues turn B once its softmax is done:
 the exponentials take sig1 clocks from its Sᵀ's completion, then, once dPᵀ is complete too, dSᵀ, the packing, the
 dSᵀ store and fence sig2; it is ready for the next turn A beta + eps clocks after its turn B's wgmmas complete
-(beta: dq's hand-off to the writer; eps: the stage release, the loop, the next full wait). EMBER_FLASH_BWD_DQ_FIRST=1 waits
-only for dq's group before the hand-off: ready at max(dq done + beta, B done) + eps.
+(beta: dq's hand-off to the writer; eps: the stage release, the loop, the next full wait). EMBER_FLASH_BWD_DQ_FIRST=1
+waits only for dq's group before the hand-off: ready at max(dq done + beta, B done) + eps; 2 also takes dSᵀ's fence
+(delta clocks) off sig2.
 
 The softmax time is unknown (no GPU here): it is fitted so that the default lands on the measured tile (H200, B 1
 H 16 causal bf16 T 16384: 1.76 µs at d64, 2.63 at d128, ~1.9 GHz), for tensor times at 1-2x the peak rate (4,096
