@@ -111,9 +111,10 @@ __host__ __device__ inline RangeBlock range_block(int L, int nbk, int nbh, int g
   return {rem / size, lo + size - 1 - rem % size, g, lo + size};
 }
 
-/* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
- * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
-template <int D, bool BULK> constexpr int kNds = (BULK && D == 128) ? 2 : 3;
+/* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128 with its 3 ring stages) and
+ * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"); D 128 with a 2-stage ring has room for 3
+ * (EMBER_FLASH_BWD_DQ_FIRST=2, "Step 11"). */
+template <int D, bool BULK, int STAGES> constexpr int kNds = (BULK && D == 128 && STAGES > 2) ? 2 : 3;
 constexpr uint32_t DS_BYTES = RES * STR * 2;        // 128 keys × 64 queries, 16-bit: 16 KB
 /* bulk dq: one consumer's half of a q tile's dq, f32: 64 queries × D/2 (16 KB at D 128, 8 KB at D 64) */
 template <int D> constexpr uint32_t kDqHalf = STR * (D / 2) * 4;
@@ -122,7 +123,7 @@ template <int D> constexpr uint32_t kDqHalf = STR * (D / 2) * 4;
  * then (bulk) the two dq halves, then lse/Δ and the mbarriers. */
 template <int D, int STAGES, bool BULK> struct FLayout {
   using L = Layout<D, STAGES>;
-  static constexpr int NDS = kNds<D, BULK>;
+  static constexpr int NDS = kNds<D, BULK, STAGES>;
   static constexpr uint32_t OFF_DS = L::OFF_RING + STAGES * L::STAGE;
   static constexpr uint32_t OFF_DQ = OFF_DS + NDS * DS_BYTES;
   static constexpr uint32_t OFF_LD = OFF_DQ + (BULK ? 2 * kDqHalf<D> : 0), OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
@@ -320,8 +321,9 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 /* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
  * that the other settings' kernels are the code they were. DQF (EMBER_FLASH_BWD_DQ_FIRST, W3 and S6 only;
  * docs/flash.md "Step 11"): 1, turn B issues dq(j − 1) first, committed apart, so that dq's hand-off to the writer
- * runs under dv's and dk's wgmmas; 2 (D 64), also dk's A from registers (as wg2), so that dSᵀ's proxy fence leaves
- * the path from the softmax to turn B's wgmmas. */
+ * runs under dv's and dk's wgmmas; 2, also dSᵀ's proxy fence off the path from the softmax to turn B's wgmmas: D 64
+ * takes dk's A from registers (as wg2), D 128 (STAGES 2: three dSᵀ buffers, dSᵀ stored in turn A) fences and syncs
+ * the consumer after dq's and dv's issue, before dk's. */
 template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false,
           int DQF = 0>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -338,7 +340,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
   static_assert(!RG || W3, "range-grouped chains run with three dq writers");
   static_assert(!DQF || (W3 && S6), "dq first is the three-writer, STEP6 loop's");
-  static_assert(DQF != 2 || D == 64, "dk's A from registers: D 64 only (D 128 has no registers for it)");
+  static_assert(DQF != 2 || D == 64 || STAGES == 2, "DQF 2 at D 128: the 2-stage ring's three dSᵀ buffers");
   const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
@@ -586,13 +588,19 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_commit();
     }
     issue_rs_lo<T, D>(dv, pa, q_n + (L::STR_BYTES >> 4));   // dv += Pᵀ dO
-    if constexpr (DQF == 2) issue_rs_lo<T, D>(dk, da, q_n);   // dk += dSᵀ q, dSᵀ from registers (wg2's way)
+    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — dk's at D 128 (after the consumer's
+    // four warps' fences: all 64 rows), this consumer's dq(j) in its turn B(j + 1), the other's in its B(j + 1) or,
+    // for the last tile, its last turn, which follows this turn's pass — here, behind this turn's first wgmmas
+    // instead of on the path to them
+    if constexpr (DQF == 2 && D == 128) {
+      fence_proxy_async();
+      ds_stored_sync(cw);
+      wgmma_fence();
+    }
+    if constexpr (DQF == 2 && D == 64) issue_rs_lo<T, D>(dk, da, q_n);   // dk += dSᵀ q, dSᵀ from registers (wg2's)
     else issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
     wgmma_commit();
-    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — this consumer's dq(j) in its turn
-    // B(j + 1) and the other's in its B(j + 1) or, for the last tile, its last turn: the first turn of the other
-    // consumer's that follows this pass — here, after this turn's issue instead of on the path to it
-    if constexpr (DQF == 2) fence_proxy_async();
+    if constexpr (DQF == 2 && D == 64) fence_proxy_async();
     pass_turn(2 * j + 1);
     if constexpr (PEND) {
       wgmma_wait<1>();   // dq's group done (groups complete in order); dv, dk may still run
@@ -849,8 +857,9 @@ int g_det_groups = 0;
 int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", writers == 3 ? 2 : 1); }
 
 /* EMBER_FLASH_BWD_DQ_FIRST, read once (docs/flash.md "Step 11"): 1 — fused's turn B issues dq(j − 1) first, in a
- * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2 — also, at D 64, dk's A from
- * registers (wg2's way) and dSᵀ's proxy fence after turn B's issue (at D 128 as 1); 0 (default) — as before. The
+ * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2 — also dSᵀ's proxy fence
+ * after turn B's first wgmmas (D 64: dk's A from registers, wg2's way; D 128: a 2-stage ring, three dSᵀ buffers,
+ * dSᵀ stored in turn A, the fence and the consumer's barrier before dk's issue); 0 (default) — as before. The
  * same products in the same order: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
  * defaults; otherwise an error naming the switches); fused_nd does not read it. 0, 1, 2, or -1 with the error set. */
 int g_dq_first = -1;
@@ -868,8 +877,11 @@ int bwd_dq_first() {
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
-  constexpr size_t smem = FLayout<D, ST, BULK>::SMEM;
-  static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
+  // EMBER_FLASH_BWD_DQ_FIRST=2 at D 128: a 2-stage ring (room for a third dSᵀ buffer)
+  constexpr int ST2 = D == 128 ? 2 : ST;
+  constexpr size_t smem1 = FLayout<D, ST, BULK>::SMEM, smem2 = FLayout<D, ST2, BULK>::SMEM;
+  static_assert(smem1 <= 227 * 1024 && smem2 <= 227 * 1024,
+                "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
   const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, writers = DET && BULK ? det_writers() : 1;
@@ -911,16 +923,17 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
                ? 0
                : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    // the instances three writers and dq first can launch (DQF 2 at D 64 only; D 128 runs 1 for it)
+    // the instances three writers and dq first can launch (DQF 2 at D 128 with the 2-stage ring)
     constexpr bool W3 = DET && BULK;
-    constexpr int DQ1 = W3 && S6 ? 1 : 0, DQ2 = W3 && S6 ? (D == 64 ? 2 : 1) : 0;
-    auto k1 = writers == 3 ? groups > 1 ? dq_first == 2 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQ2>
+    constexpr int DQ1 = W3 && S6 ? 1 : 0, DQ2 = W3 && S6 ? 2 : 0, S2 = W3 && S6 ? ST2 : ST;
+    auto k1 = writers == 3 ? groups > 1 ? dq_first == 2 ? flash_bwd_fused_kernel<T, D, S2, DET, BULK, S6, W3, W3, DQ2>
                                           : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQ1>
                                                         : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3>
-                                        : dq_first == 2 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQ2>
+                                        : dq_first == 2 ? flash_bwd_fused_kernel<T, D, S2, DET, BULK, S6, W3, false, DQ2>
                                           : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQ1>
                                                         : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
+    const size_t smem = writers == 3 && dq_first == 2 ? FLayout<D, S2, BULK>::SMEM : smem1;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(

@@ -13,8 +13,8 @@ waits only for dq's group before the hand-off: ready at max(dq done + beta, B do
 The softmax time is unknown (no GPU here): it is fitted so that the default lands on the measured tile (H200, B 1
 H 16 causal bf16 T 16384: 1.76 µs at d64, 2.63 at d128, ~1.9 GHz), for tensor times at 1-2x the peak rate (4,096
 FLOP a clock an SM; the wgmmas with N 64 read shared memory at its 128 B a clock). Then the same model with
-DQ_FIRST 1 (beta off the path when it fits under dv's and dk's wgmmas) and with 2 (D 64: the dSᵀ fence, delta
-clocks, off the softmax's path). Prints clocks a tile and the change.
+DQ_FIRST 1 (beta off the path when it fits under dv's and dk's wgmmas) and with 2 (the dSᵀ fence, and at D 128
+the consumer's barrier, delta clocks, off the softmax's path; D 128's 2-stage ring assumed not to starve). Prints clocks a tile and the change.
 Run: python3 tools/flash_bwd_fused_pingpong.py
 """
 
@@ -54,8 +54,10 @@ def fit_sigma(target, tS, tB, tdq, beta, eps, split):
 
 def main():
     eps = 50
-    print('D  tensor x  sigma   default  DQ_FIRST=1   DQ_FIRST=2 (delta 50 / 150)')
-    for D, target, beta in ((64, 3300, 150), (128, 4900, 200)):
+    print('D  tensor x  sigma   default  DQ_FIRST=1   DQ_FIRST=2 (delta low / high)')
+    # delta: the dSᵀ fence's wait (d64; 16 st.shared a thread, 64 wavefronts a consumer) and at d128 the consumer's
+    # 128-thread barrier beside it
+    for D, target, beta, deltas in ((64, 3300, 150, (50, 150)), (128, 4900, 200, (70, 200))):
         tS, tB, tdq = 64 * 64 * D * 2 / 4096, 3 * 64 * 64 * D * 2 / 4096, 64 * 64 * D * 2 / 4096
         for f in (1.0, 1.5, 2.0):
             sig = fit_sigma(target, tS * f, tB * f, tdq * f, beta, eps, 0.6)
@@ -65,7 +67,7 @@ def main():
             base = tile_clocks(*args, sig * 0.6, sig * 0.4, beta, eps, False)
             one = tile_clocks(*args, sig * 0.6, sig * 0.4, beta, eps, True)
             two = ['%+.1f %%' % (100 * (tile_clocks(*args, sig * 0.6, sig * 0.4 - d, beta, eps, True) / base - 1))
-                   for d in (50, 150)] if D == 64 else ['(as 1)']
+                   for d in deltas]
             print('%-3d %-8.1f %-7.0f %-8.0f %-12s %s' % (D, f, sig, base, '%+.1f %%' % (100 * (one / base - 1)),
                                                           ' / '.join(two)))
 

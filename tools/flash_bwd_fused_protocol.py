@@ -74,7 +74,8 @@ first) for G 2-4, chains 1-2.
 
 Step 11, dq first (v['dq_first']; EMBER_FLASH_BWD_DQ_FIRST=1, three writers): turn B's dq(j − 1) is its own commit
 group, waited for and handed to the writer (dq empty's sync, the store, dq full) before dv's and dk's group is waited
-for and the stage released; the same checks at both shapes. Exit status 0 when all holds.
+for and the stage released; the same checks at both shapes, and at D 128's DQ_FIRST=2 shape (a 2-stage ring, three
+dSᵀ buffers stored in turn A). Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
@@ -437,7 +438,8 @@ SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 
           (4, 3, {'bulk': True, 'writers': 2}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 2}),
           (4, 3, {'bulk': True, 'writers': 3}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3}),
           (4, 3, {'bulk': True, 'writers': 3, 'dq_first': True}),
-          (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3, 'dq_first': True})]
+          (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3, 'dq_first': True}),
+          (2, 3, {'bulk': True, 'writers': 3, 'dq_first': True})]   # DQ_FIRST=2 at D 128: 2 stages, 3 buffers
 
 
 def main():
@@ -510,9 +512,9 @@ def main():
             for slots in (1, 2))
     # dq first (Step 11): the same broken hand-offs must still be caught with dq's group waited for first
     for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'no_first_empty'):
-        for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {})):
+        for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {}), (2, 3, {})):
             vv = dict(shape[2], bulk=True, writers=3, dq_first=True); vv[brk] = True
-            caught['dq first, three writers (%d dS buffers): %s' % (shape[1], brk)] = bool(
+            caught['dq first, three writers (%d stages, %d dS buffers): %s' % (shape[0], shape[1], brk)] = bool(
                 block_sim(300, 300, 2, 1, False, 0, shape[0], shape[1], seeds=seeds, v=vv))
     for nw, name in ((2, 'two'), (3, 'three')):
         # three writers share the empty barrier (no parity to get wrong), and must not merge full with it
