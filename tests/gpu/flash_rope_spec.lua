@@ -86,7 +86,7 @@ describe("F.flash_attention with rope on CUDA: the composition's bits", function
   it("names positions on another device", function()
     local q = heads(1, 2, 32, 64, "bf16")
     assert.error_matches(function() F.flash_attention(q, q, q, true, {rope = {pos = F.positions(32)}}) end,
-      "flash_attention: expected", 1, true)
+      "flash_attention: expected all tensors on the same device, got cuda:0 and cpu", 1, true)
   end)
 end)
 
