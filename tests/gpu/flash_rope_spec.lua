@@ -83,6 +83,32 @@ describe("F.flash_attention with rope on CUDA: the composition's bits", function
       pos = p:reshape(2, 1, 200):cuda()})
   end)
 
+  -- where the backward's wg2 kernels rotate dq and dk (T 512: the short-sequence schedule), the rope kernel runs
+  -- once (the forward); the composition runs it twice; forced onto other backwards the op rotates after them
+  -- with the rope kernel, with the same bits
+  it("launches the rope kernel only in the forward at T 512, and composes elsewhere (by kernel name)", function()
+    C.need_cupti(pending)
+    local q, k, v, g = heads(2, 4, 512, 64, "bf16"), heads(2, 4, 512, 64, "bf16"), heads(2, 4, 512, 64, "bf16"),
+      heads(2, 4, 512, 64, "bf16")
+    local pos = F.positions(512, "cuda")
+    local function calls(fused)
+      return C.kernel_calls(function() run(fused, q, k, v, true, pos, 10000, g) end, "rope_kernel")
+    end
+    assert.are.equal(1, calls(true))
+    assert.are.equal(2, calls(false))
+    local names = C.kernel_names(function() run(true, q, k, v, true, pos, 10000, g) end)
+    assert.truthy(names:find("flash_dq_wg2_kernel", 1, true), names)
+    for _, kernel in ipairs({"mma", "wg", "fused"}) do
+      local prev = ember.core.flash_bwd_kernel(kernel)
+      local ok, err = pcall(function()
+        assert.are.equal(2, calls(true), kernel)
+        same({name = "backward " .. kernel, b = 2, h = 4, hkv = 2, t = 300, d = 64, dt = "bf16", causal = true})
+      end)
+      ember.core.flash_bwd_kernel(prev)
+      assert(ok, err)
+    end
+  end)
+
   it("names positions on another device", function()
     local q = heads(1, 2, 32, 64, "bf16")
     assert.error_matches(function() F.flash_attention(q, q, q, true, {rope = {pos = F.positions(32)}}) end,
