@@ -281,7 +281,9 @@ static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
   em_tensor *dk = dq ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
   em_tensor *dv = dk ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
+  /* no queries: nothing reaches k or v, and the kernels write nothing (dk and dv are uninitialised until filled) */
   int rc = !dv ? -1
+           : Tq == 0 ? (em_fill_(dk, 0.0) || em_fill_(dv, 0.0) ? -1 : 0)
            : c->rope ? em_flash_bwd_rope_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale,
                                               n->saved[5], c->theta)
                      : em_flash_bwd_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale);

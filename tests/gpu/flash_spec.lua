@@ -147,6 +147,31 @@ describe("flash attention on CUDA", function()
     check({2, 2, 130, 96}, {2, 2, 130, 96}, "f16", "bottom_right")   -- Tq = Tk: the usual mask
   end)
 
+  -- no queries: k and v get zero gradients (the kernels write nothing at Tq 0, so the op fills them), every backward
+  it("gives k and v zero gradients with no queries (Tq = 0), every backward kernel", function()
+    local kernels = {"mma"}   -- and the wgmma backwards where they run (sm_90)
+    if not C.sm90_unavailable(function()
+      ember.core.flash_bwd_kernel("wg")
+      local x = randn({1, 1, 32, 64}, "bf16"):cuda():requires_grad_()
+      F.flash_attention(x, x, x, true):sum():backward()
+    end) then kernels = {"mma", "wg", "wg2", "fused"} end
+    for _, kname in ipairs(kernels) do
+      ember.core.flash_bwd_kernel(kname)
+      for _, d in ipairs({64, 128}) do
+        local q = randn({1, 2, 0, d}, "bf16"):cuda():requires_grad_()
+        local k = randn({1, 2, 70, d}, "bf16"):cuda():requires_grad_()
+        local v = randn({1, 2, 70, d}, "bf16"):cuda():requires_grad_()
+        -- dk and dv from the caching allocator: dirty them first, so uninitialised memory would show
+        for _ = 1, 3 do local junk <close> = ember.full({1, 70, 2, d}, 7, {dtype = "bf16", device = "cuda"}) end
+        F.flash_attention(q, k, v, false):sum():backward()
+        assert.same({1, 2, 0, d}, q.grad.shape)
+        assert.are.equal(0, k.grad:to("f32"):abs():sum():item(), kname .. " d " .. d .. ": dk")
+        assert.are.equal(0, v.grad:to("f32"):abs():sum():item(), kname .. " d " .. d .. ": dv")
+      end
+    end
+    ember.core.flash_bwd_kernel("auto")
+  end)
+
   it("takes 3-D (B, T, d) inputs as one head (the course's shape)", function()
     local fl = check({3, 100, 64}, {3, 100, 64}, "bf16", true)
     assert.same({3, 100, 64}, fl[1].shape)
