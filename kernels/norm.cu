@@ -21,8 +21,10 @@
  * the partials itself (finish_dw: the last 64-132 blocks to finish each add
  * a slice of the columns over all partial rows, counted in a per-stream or
  * per-graph ticket word the kernel leaves ready: no memset, no second
- * launch), the block kernel with a second kernel. Fixed order everywhere:
- * dw is bit-reproducible.
+ * launch), the block kernel with a second kernel; EMBER_RMSNORM_BWD_DW=cluster
+ * (cluster_dw): clusters of 8 blocks add their rows through distributed
+ * shared memory and the last block of each column slice adds the clusters'
+ * rows, nobody waiting. Fixed order everywhere: dw is bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts).
@@ -535,19 +537,27 @@ __device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, in
  * takes a ticket on counter k (one of DW_CLUSTER ints from the stream's
  * zeroed counters): the block that takes the last adds slice k over every
  * cluster's row (sum_rows_slice), writes gw's slice and puts the counter back
- * to zero. Nobody polls: no co-residency is needed, and the chain after the
- * last row tile is a cluster barrier, one DSMEM trip, a fence, a ticket and
- * one or two trips of L2 loads, where finish_dw has a fence, a ticket on one
- * word that every block hits, a poll, a second fence and 512 partial rows.
- * Orders depend on (grid, D) alone: gw is bit-reproducible (other bits than
- * the ticket path's: the clusters' sums come first). */
+ * to zero. The cluster barrier's second half (a block's shared memory must
+ * outlive its cluster's reads) is waited for only before the block exits.
+ * Nobody polls: no co-residency is needed, and the chain after the last row
+ * tile is a cluster barrier, one DSMEM trip, a fence, a ticket (64 arrivals
+ * a word at (2048, 768), not 512 on one word) and one trip of L2 loads,
+ * where finish_dw has a fence, a ticket, a poll, a second fence, a trip over
+ * 8x the partial rows and a 7-level tree. Orders depend on (grid, D) alone:
+ * gw is bit-reproducible (other bits than the ticket path's: the clusters'
+ * sums come first); x's gradient is the same kernel body's, the same bits. */
 constexpr int DW_CLUSTER = 8;
-/* the last block's partial rows in flight a thread: 8, one trip at (2048, 768) f32 (64 cluster rows, 24
- * chunks a slice, 10 phases: 7 rows a thread); its registers are the main loop's, dead by then (ptxas -v:
- * no configuration's count grows past finish_dw's) */
-constexpr int DW_CLUSTER_UNR = 8;
+/* Rows in flight a thread in cluster_dw (UNR partial rows at L2; cluster rows over DSMEM: 8, or 4 when
+ * UNR is 2): 8 where the main loop's registers leave room, 2 for the 1-2 chunk kernels. ptxas -v (sm_90a):
+ * every f32/bf16/f16 configuration of 3-4 chunks, and the HOLD ones of 2, stays at its blocks-an-SM step
+ * (the models' rows: <f32, f32, 64, 3, f32, bf16> 64, <.., 128, 4, ..> 79-80, <.., 256, 3, ..> 64); the
+ * 32-thread 1-2 chunk kernels (rows of <= 256 f32 / 512 bf16 columns) go from 40-48 to 44-60 registers,
+ * one block an SM fewer, with the switch on. 8 makes one trip of loads at (2048, 768) f32: 64 cluster
+ * rows, 24-chunk slices, 10 phases, 7 rows a thread. */
+__host__ __device__ constexpr int dw_cluster_unr(int nv, bool hold) { return nv >= 3 || hold ? 8 : 2; }
 template <typename C, typename TW, int UNR>
 __device__ void cluster_dw(const C *row, int64_t D, C *part, int *ctr, TW *gw) {
+  constexpr int DSM = UNR >= DW_CLUSTER ? DW_CLUSTER : 4;   /* cluster rows read at once */
   namespace cg = cooperative_groups;
   __shared__ int last_s;
   constexpr int PS = 16 / sizeof(C);
@@ -556,14 +566,17 @@ __device__ void cluster_dw(const C *row, int64_t D, C *part, int *ctr, TW *gw) {
   const int64_t chunks = D / PS, c0 = chunks * rank / DW_CLUSTER, c1 = chunks * (rank + 1) / DW_CLUSTER;
   cl.sync();                                          /* every block's row in its shared memory */
   for (int64_t c = c0 + threadIdx.x; c < c1; c += BWD_THREADS) {
-    Packed128<C> v[DW_CLUSTER];
+    Packed128<C> s;
 #pragma unroll
-    for (int k = 0; k < DW_CLUSTER; k++) v[k] = cl.map_shared_rank(reinterpret_cast<const Packed128<C> *>(row), k)[c];
-    Packed128<C> s = v[0];
+    for (int h = 0; h < DW_CLUSTER; h += DSM) {
+      Packed128<C> v[DSM];
 #pragma unroll
-    for (int k = 1; k < DW_CLUSTER; k++)              /* rank order */
+      for (int k = 0; k < DSM; k++) v[k] = cl.map_shared_rank(reinterpret_cast<const Packed128<C> *>(row), h + k)[c];
 #pragma unroll
-      for (int q = 0; q < PS; q++) s[q] += v[k][q];
+      for (int k = 0; k < DSM; k++)                   /* rank order */
+#pragma unroll
+        for (int q = 0; q < PS; q++) s[q] = h + k ? s[q] + v[k][q] : v[k][q];
+    }
     *reinterpret_cast<Packed128<C> *>(part + (int64_t)cid * D + c * PS) = s;
   }
   cl.barrier_arrive();                                /* this block's remote reads done; waited for before it exits */
@@ -732,7 +745,7 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     if constexpr (CLU) dw[j] = s;                     /* the block's row in group 0's, read by its cluster */
     else dw_part[blockIdx.x * D + j] = s;
   }
-  if constexpr (CLU) cluster_dw<C, TW, DW_CLUSTER_UNR>(dw, D, dw_part, dw_ctr, gw);
+  if constexpr (CLU) cluster_dw<C, TW, dw_cluster_unr(NV, HOLD)>(dw, D, dw_part, dw_ctr, gw);
   else finish_dw<C, TW, dw_unr(NV, HOLD)>(dw_part, D, ticket, nred, gw);
 }
 

@@ -361,7 +361,7 @@ do
   local gs, gy = ember.randn({2048, 768}), ember.randn({2048, 768}):to("bf16")
   local xl, rl, wl = leaf(x:cuda()), leaf(r:cuda()), leaf(w:cuda())
   local sum, y = F.add_rmsnorm(xl, rl, wl, 1e-5, {out_dtype = "bf16"})
-  ((y * gy:cuda()):sum() + (sum * gs:cuda()):sum()):backward()
+  ;((y * gy:cuda()):sum() + (sum * gs:cuda()):sum()):backward()
   out.add_x, out.add_r, out.add_w, out.add_gs, out.add_gy = x, r, w, gs, gy
   out.add_gx, out.add_gr, out.add_dw = xl.grad:cpu(), rl.grad:cpu(), wl.grad:cpu()
 end
@@ -388,7 +388,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     for _, n in ipairs({"add_gx", "add_gr"}) do C.assert_same_bits(cluster[n], ticket[n], n .. " cluster vs ticket") end
     local xl, rl, wl = C.leaf(ticket.add_x), C.leaf(ticket.add_r:to("f32")), C.leaf(ticket.add_w)
     local sum, y = F.add_rmsnorm(xl, rl, wl, 1e-5)
-    ((y * ticket.add_gy:to("f32")):sum() + (sum * ticket.add_gs):sum()):backward()
+    ;((y * ticket.add_gy:to("f32")):sum() + (sum * ticket.add_gs):sum()):backward()
     for mode, r in pairs(got) do
       close(r.add_dw, wl.grad, TOL.f32, mode .. " add_rmsnorm dw")
       close(r.add_gx, xl.grad, TOL.f32, mode .. " add_rmsnorm dx")
