@@ -820,17 +820,21 @@ struct rg_launch {
   }
   /* EMBER_RMSNORM_BWD_DW=cluster: whole clusters of DW_CLUSTER blocks, as many as the GPU holds at once
    * (cudaOccupancyMaxActiveClusters; the x-dtype gy kernel's, as above), the tiles spread over them */
-  static int64_t grid_cluster(int64_t N, size_t smem) {
+  static int64_t grid_cluster(int dev, int64_t N, size_t smem) {
     static int clusters = 0;
     static size_t for_smem = (size_t)-1;
     if (for_smem != smem) {
+      auto k = rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TX, void, true>;
       cudaLaunchAttribute at[1];
       const cudaLaunchConfig_t cfg = cluster_config(at, DW_CLUSTER, smem, nullptr);
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TX, void, true>, &cfg) !=
-              cudaSuccess || n < 1) {
-        cudaGetLastError();
-        n = 1;
+      int n = 0, per_sm = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess || n < 1) {
+        cudaGetLastError();                            /* no cluster count: the blocks an SM holds, as whole clusters */
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, BWD_THREADS, smem) != cudaSuccess) {
+          cudaGetLastError();
+          per_sm = 1;
+        }
+        n = std::max(em_sm_count(dev) * per_sm / DW_CLUSTER, 1);
       }
       clusters = n;
       for_smem = smem;
@@ -1011,7 +1015,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   int64_t blocks = 0;
   int per_sm = 1, unr = 2;
   bool rg = with_config([&](auto L) {
-    blocks = clu ? decltype(L)::grid_cluster(N, smem) : decltype(L)::grid(dev, N, smem, &per_sm);
+    blocks = clu ? decltype(L)::grid_cluster(dev, N, smem) : decltype(L)::grid(dev, N, smem, &per_sm);
     unr = decltype(L)::unr;
   });
   if (!rg) {
