@@ -29,6 +29,7 @@
  * flash_bwd_fused.cu (kAutoFusedMinT in flash_bwd_wg.cu). */
 #include "backend.h"
 #include "flash_common.cuh"
+#include "rope_math.cuh"
 #include "flash_wg.cuh"
 
 using namespace flash;
@@ -304,6 +305,7 @@ int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
   // before them where they need it
   const int rc = bwd_wg_dispatch(p, dt, D, device, s, launch_delta<T, D>);
   if (rc != kBwdNotTaken) return rc;
+  p.rope = 0;   // these kernels do not rotate: the caller of em_flash_bwd_rope_cuda does
   if (launch_delta<T, D>(p, s)) return -1;
 
   // k, v; two stages of (q, dO) tiles and of their lse, delta
@@ -325,10 +327,10 @@ int launch_bwd(Params &p, em_dtype dt, int device, cudaStream_t s) {
 
 }  // namespace
 
-extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
-                                 const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
-                                 em_tensor *dk, em_tensor *dv, int causal, float scale) {
-  Params p = {};
+/* em_flash_bwd_cuda's body on p, which may carry the rope option (cleared where the kernels that ran do not rotate). */
+static int flash_bwd_run(Params &p, const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                         const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
+                         em_tensor *dv, int causal, float scale) {
   set_qkv(p, q, k, v, o, causal, scale);
   p.o = em_data_ptr(o); p.dout = em_data_ptr(dout);
   p.dq = em_data_ptr(dq); p.dk = em_data_ptr(dk); p.dv = em_data_ptr(dv);
@@ -350,4 +352,31 @@ extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const e
   }
   if (rc == -2) return em_error("flash_attention backward: no kernel for head dim %d", d);
   return rc;
+}
+
+extern "C" int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                                 const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                                 em_tensor *dk, em_tensor *dv, int causal, float scale) {
+  Params p = {};
+  return flash_bwd_run(p, q, k, v, o, lse, dout, delta, dq, dk, dv, causal, scale);
+}
+
+extern "C" int em_flash_bwd_rope_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                                      const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                                      em_tensor *dk, em_tensor *dv, int causal, float scale, const em_tensor *pos,
+                                      double theta) {
+  const int64_t d = q->shape[3];
+  if (pos->dtype != EM_I64 && pos->dtype != EM_I32)
+    return em_error("flash_attention backward: rope positions must be i32 or i64, got %s", em_dtype_name(pos->dtype));
+  Params p = {};
+  if (d / 2 <= kRopeMaxHalf) {   // wider heads: no epilogue rotates them, the caller does
+    int64_t ps[3];
+    em_broadcast_strides(pos, 3, q->shape, ps);
+    p.rope = pos->dtype == EM_I64 ? 1 : 2;
+    p.rope_pos = em_data_ptr(pos);
+    p.rp_sb = ps[0]; p.rp_sh = ps[1]; p.rp_st = ps[2];
+    for (int64_t j = 0; j < d / 2; j++) p.rope_inv[j] = rope::inv_freq(theta, j, d);
+  }
+  const int rc = flash_bwd_run(p, q, k, v, o, lse, dout, delta, dq, dk, dv, causal, scale);
+  return rc ? rc : p.rope != 0;
 }

@@ -111,9 +111,10 @@ __host__ __device__ inline RangeBlock range_block(int L, int nbk, int nbh, int g
   return {rem / size, lo + size - 1 - rem % size, g, lo + size};
 }
 
-/* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128) and
- * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"). */
-template <int D, bool BULK> constexpr int kNds = (BULK && D == 128) ? 2 : 3;
+/* dSᵀ buffers (see the top): 3, or 2 where the bulk dq path needs the room (D 128 with its 3 ring stages) and
+ * stores dSᵀ(j) in turn B(j) instead of A(j) (docs/flash.md "Step 5b"); D 128 with a 2-stage ring has room for 3
+ * (EMBER_FLASH_BWD_DQ_FIRST=2, "Step 11"). */
+template <int D, bool BULK, int STAGES> constexpr int kNds = (BULK && D == 128 && STAGES > 2) ? 2 : 3;
 constexpr uint32_t DS_BYTES = RES * STR * 2;        // 128 keys × 64 queries, 16-bit: 16 KB
 /* bulk dq: one consumer's half of a q tile's dq, f32: 64 queries × D/2 (16 KB at D 128, 8 KB at D 64) */
 template <int D> constexpr uint32_t kDqHalf = STR * (D / 2) * 4;
@@ -122,7 +123,7 @@ template <int D> constexpr uint32_t kDqHalf = STR * (D / 2) * 4;
  * then (bulk) the two dq halves, then lse/Δ and the mbarriers. */
 template <int D, int STAGES, bool BULK> struct FLayout {
   using L = Layout<D, STAGES>;
-  static constexpr int NDS = kNds<D, BULK>;
+  static constexpr int NDS = kNds<D, BULK, STAGES>;
   static constexpr uint32_t OFF_DS = L::OFF_RING + STAGES * L::STAGE;
   static constexpr uint32_t OFF_DQ = OFF_DS + NDS * DS_BYTES;
   static constexpr uint32_t OFF_LD = OFF_DQ + (BULK ? 2 * kDqHalf<D> : 0), OFF_BAR = OFF_LD + STAGES * 2 * STR * 4;
@@ -318,8 +319,13 @@ __device__ __forceinline__ void add_dq(float *dst, const float (&acc)[D / 4], in
 #endif
 
 /* W3 (fused, bulk; EMBER_FLASH_DET_WRITERS=3, docs/flash.md "Step 10"): three dq writers — a template parameter, so
- * that the other settings' kernels are the code they were. */
-template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false>
+ * that the other settings' kernels are the code they were. DQF (EMBER_FLASH_BWD_DQ_FIRST, W3 and S6 only;
+ * docs/flash.md "Step 11"): 1, turn B issues dq(j − 1) first, committed apart, so that dq's hand-off to the writer
+ * runs under dv's and dk's wgmmas; 2, also dSᵀ's proxy fence off the path from the softmax to turn B's wgmmas: D 64
+ * takes dk's A from registers (as wg2), D 128 (STAGES 2: three dSᵀ buffers, dSᵀ stored in turn A) fences and syncs
+ * the consumer after dq's and dv's issue, before dk's. */
+template <typename T, int D, int STAGES, bool DET, bool BULK, bool S6, bool W3 = false, bool RG = false,
+          int DQF = 0>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_bwd_fused_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                            const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -333,6 +339,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool three = W3;
   static_assert(!W3 || (DET && BULK), "three dq writers are fused's bulk path");
   static_assert(!RG || W3, "range-grouped chains run with three dq writers");
+  static_assert(!DQF || (W3 && S6), "dq first is the three-writer, STEP6 loop's");
+  static_assert(DQF != 2 || D == 64 || STAGES == 2, "DQF 2 at D 128: the 2-stage ring's three dSᵀ buffers");
   const bool two = BULK && !three && (flags & kTwoWriters);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
@@ -553,6 +561,58 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
 
+  // DQF (EMBER_FLASH_BWD_DQ_FIRST=1; docs/flash.md "Step 11"): turn B(j) from its named sync on. dq(j − 1) is issued
+  // first and committed apart from dv and dk, so that dq's hand-off to the writer (dq empty's sync, the half's stores,
+  // the proxy fence, dq full's arrival) runs under dv's and dk's wgmmas instead of after all three. The same wgmmas on
+  // the same operands: the same bits; the same buffers' uses (dq(j − 1) reads buffer (j − 1) % NDS, dk buffer j % NDS)
+  // and the turn passed at the same point. (D 128's dSᵀ store stays ahead of every wgmma: issuing dv before it, to
+  // hide it, pins Pᵀ's registers across it and ptxas spills in the loop — 10 reloads a tile.)
+  [[maybe_unused]] auto turn_b_dq_first = [&](auto pend_tag, int j, const TileAt &at, int s, const auto &pa,
+                                              const auto &da) {
+    constexpr bool PEND = decltype(pend_tag)::value;
+    const uint32_t q_n = ring_n + s * (L::STAGE >> 4);
+    if constexpr (DS_IN_B) {   // as without DQF (see the turn below)
+      store_ds(sDS + at.ids * DS_BYTES, da, cw * 64 + warp * 16 + g, t);
+      fence_proxy_async();
+      ds_stored_sync(cw);
+    }
+    reg_fence(dv);
+    reg_fence(dk);
+    if constexpr (PEND) {
+#pragma unroll
+      for (int i = 0; i < D / 4; i++) dq[i] = 0.f;   // (scale_d 0 ignores them; defined here, not live before)
+    }
+    wgmma_fence();
+    if constexpr (PEND) {
+      issue_dq_lo<T, D>(dq, ds_t + at.idp * (DS_BYTES >> 4), kb_lo);   // dq(j − 1) = dS k
+      wgmma_commit();
+    }
+    issue_rs_lo<T, D>(dv, pa, q_n + (L::STR_BYTES >> 4));   // dv += Pᵀ dO
+    // DQF 2: dSᵀ(j)'s stores (turn A) made visible to the wgmmas that read them — dk's at D 128 (after the consumer's
+    // four warps' fences: all 64 rows), this consumer's dq(j) in its turn B(j + 1), the other's in its B(j + 1) or,
+    // for the last tile, its last turn, which follows this turn's pass — here, behind this turn's first wgmmas
+    // instead of on the path to them
+    if constexpr (DQF == 2 && D == 128) {
+      fence_proxy_async();
+      ds_stored_sync(cw);
+      wgmma_fence();
+    }
+    if constexpr (DQF == 2 && D == 64) issue_rs_lo<T, D>(dk, da, q_n);   // dk += dSᵀ q, dSᵀ from registers (wg2's)
+    else issue_dk_lo<T, D>(dk, ds_k + at.ids * (DS_BYTES >> 4), q_n);   // dk += dSᵀ q
+    wgmma_commit();
+    if constexpr (DQF == 2 && D == 64) fence_proxy_async();
+    pass_turn(2 * j + 1);
+    if constexpr (PEND) {
+      wgmma_wait<1>();   // dq's group done (groups complete in order); dv, dk may still run
+      reg_fence(dq);
+      dq_out(j - 1);
+    }
+    wgmma_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    mbar_arrive(empty + 8 * s);   // q(j), dO(j) no longer needed
+  };
+
   // tile j: turn A(j) (Sᵀ, dPᵀ; Pᵀ, dSᵀ; dSᵀ to buffer j % NDS unless DS_IN_B), turn B(j) (DS_IN_B: dSᵀ to
   // the buffer; dv, dk; PEND: dq(j − 1)). The first tile is peeled (PEND false): no wgmma sits in a branch
   auto tile = [&](auto pend_tag, int j, const TileAt &at) {
@@ -599,9 +659,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       pack_a<T>(da, dp);
       if constexpr (!DS_IN_B) store_ds(ds, da, cw * 64 + warp * 16 + g, t);
     }
-    if constexpr (!DS_IN_B) fence_proxy_async();
+    if constexpr (!DS_IN_B && DQF != 2) fence_proxy_async();   // (DQF 2: in turn B, after the issue)
     if constexpr (PEND) dq_wait(j - 1);
     named_sync(my_bar);
+    if constexpr (DQF) {
+      turn_b_dq_first(pend_tag, j, at, s, pa, da);
+      return;
+    }
     if constexpr (DS_IN_B) {
       // the buffer's last readers, both consumers' dq(j − 2), completed before the other consumer passed this
       // turn on; stored before the wgmmas, so that da is dead before dq's accumulators are live
@@ -792,11 +856,32 @@ int det_store_first(int writers) {
 int g_det_groups = 0;
 int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_GROUPS", writers == 3 ? 2 : 1); }
 
+/* EMBER_FLASH_BWD_DQ_FIRST, read once (docs/flash.md "Step 11"): 1 — fused's turn B issues dq(j − 1) first, in a
+ * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2 — also dSᵀ's proxy fence
+ * after turn B's first wgmmas (D 64: dk's A from registers, wg2's way; D 128: a 2-stage ring, three dSᵀ buffers,
+ * dSᵀ stored in turn A, the fence and the consumer's barrier before dk's issue); 0 (default) — as before. The
+ * same products in the same order: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
+ * defaults; otherwise an error naming the switches); fused_nd does not read it. 0, 1, 2, or -1 with the error set. */
+int g_dq_first = -1;
+int bwd_dq_first() {
+  if (g_dq_first < 0) {
+    const char *env = getenv("EMBER_FLASH_BWD_DQ_FIRST");
+    if (!env || !*env || strcmp(env, "0") == 0) g_dq_first = 0;
+    else if (strcmp(env, "1") == 0) g_dq_first = 1;
+    else if (strcmp(env, "2") == 0) g_dq_first = 2;
+    else return em_error("flash_attention: expected EMBER_FLASH_BWD_DQ_FIRST to be 0, 1 or 2, got '%s'", env);
+  }
+  return g_dq_first;
+}
+
 template <typename T, int D, bool DET, bool BULK, bool S6>
 int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   constexpr int ST = kStages<D>;
-  constexpr size_t smem = FLayout<D, ST, BULK>::SMEM;
-  static_assert(smem <= 227 * 1024, "flash fused backward: shared memory over an H100 SM's 227 KB");
+  // EMBER_FLASH_BWD_DQ_FIRST=2 at D 128: a 2-stage ring (room for a third dSᵀ buffer)
+  constexpr int ST2 = D == 128 ? 2 : ST;
+  constexpr size_t smem1 = FLayout<D, ST, BULK>::SMEM, smem2 = FLayout<D, ST2, BULK>::SMEM;
+  static_assert(smem1 <= 227 * 1024 && smem2 <= 227 * 1024,
+                "flash fused backward: shared memory over an H100 SM's 227 KB");
   const char *what = DET ? "flash_attention backward (wgmma fused)" : "flash_attention backward (wgmma fused_nd)";
   const int tqp = (p.Tq + STR - 1) / STR * STR;
   const int chains = DET ? det_chains() : 1, lazy = DET ? det_lazy() : 0, writers = DET && BULK ? det_writers() : 1;
@@ -810,6 +895,12 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (groups > 1 && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_GROUPS=%d needs EMBER_FLASH_DET_WRITERS=3, got %d", groups,
                     writers);
+  const int dq_first = DET ? bwd_dq_first() : 0;
+  if (dq_first < 0) return -1;
+  if (dq_first && (writers != 3 || !S6 || !BULK))
+    return em_error("flash_attention: EMBER_FLASH_BWD_DQ_FIRST=%d needs EMBER_FLASH_DET_WRITERS=3, "
+                    "EMBER_FLASH_BWD_STEP6=1 and EMBER_FLASH_DQ=bulk, got %d, %d and %s", dq_first, writers,
+                    S6 ? 1 : 0, BULK ? "bulk" : "red");
   const int copies = groups * chains;   // of dq_accum (and its counters); range g's chains at g·chains + n % chains
   if (copies > 16)   // each copy is B·H·Tq·D·4 bytes of workspace
     return em_error("flash_attention: expected EMBER_FLASH_DET_GROUPS × EMBER_FLASH_DET_CHAINS (copies of dq_accum) to "
@@ -832,9 +923,17 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
                ? 0
                : em_launch_check(what);
   if (rc == 0 && p.Tk > 0) {
-    auto k1 = writers == 3 ? groups > 1 ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK, DET && BULK>
-                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, DET && BULK>
+    // the instances three writers and dq first can launch (DQF 2 at D 128 with the 2-stage ring)
+    constexpr bool W3 = DET && BULK;
+    constexpr int DQ1 = W3 && S6 ? 1 : 0, DQ2 = W3 && S6 ? 2 : 0, S2 = W3 && S6 ? ST2 : ST;
+    auto k1 = writers == 3 ? groups > 1 ? dq_first == 2 ? flash_bwd_fused_kernel<T, D, S2, DET, BULK, S6, W3, W3, DQ2>
+                                          : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3, DQ1>
+                                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, W3>
+                                        : dq_first == 2 ? flash_bwd_fused_kernel<T, D, S2, DET, BULK, S6, W3, false, DQ2>
+                                          : dq_first    ? flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3, false, DQ1>
+                                                        : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6, W3>
                            : flash_bwd_fused_kernel<T, D, ST, DET, BULK, S6>;
+    const size_t smem = writers == 3 && dq_first == 2 ? FLayout<D, S2, BULK>::SMEM : smem1;
     if (raise_smem(k1, smem)) rc = em_launch_check(what);
     if (rc == 0) {
       k1<<<dim3((unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv)), THREADS, smem, s>>>(

@@ -353,7 +353,13 @@ int bwd_wg_dispatch(Params &p, em_dtype dt, int d, int device, cudaStream_t s, D
     return kBwdNotTaken;
   }
   if (mode == 0 && p.Tq >= kAutoFusedMinT && p.Tk >= kAutoFusedMinT) mode = 4;
-  if (mode == 3 || mode == 0) return bwd_wg2_launch(p, m, dt, kd, delta, s);   // Δ there (EMBER_FLASH_STEP9)
+  if (mode == 3 || mode == 0) {
+    // the rope option's rotating epilogues are on the short-sequence schedule's kernels only; elsewhere p.rope is
+    // cleared and the caller (em_flash_bwd_rope_cuda) rotates dq and dk with the rope kernel
+    if (p.rope && !(step9() == 1 && bwd2_short(p, true))) p.rope = 0;
+    return bwd_wg2_launch(p, m, dt, kd, delta, s);   // Δ there (EMBER_FLASH_STEP9)
+  }
+  p.rope = 0;
   if (delta(p, s)) return -1;
   if (mode == 4 || mode == 5) return bwd_fused_launch(p, m, dt, kd, mode == 4, device, s);
   if (dt == EM_BF16) return kd == 64 ? launch<__nv_bfloat16, 64>(p, m, s) : launch<__nv_bfloat16, 128>(p, m, s);

@@ -8,6 +8,7 @@
 #include "flash_common.cuh"
 #include "flash_wg.cuh"
 #include "flash_wgmma.cuh"
+#include "rope_math.cuh"
 
 namespace {
 
@@ -177,15 +178,56 @@ __device__ __forceinline__ void store_rows(T *dst, int64_t ld, const float (&acc
   }
 }
 
+/* Row r's position under F.flash_attention's rope option; off: the row's batch and head offset into them. */
+__device__ __forceinline__ double rope_position(const Params &p, int64_t off, int r) {
+  const int64_t i = off + (int64_t)r * p.rp_st;
+  return p.rope == 1 ? (double)static_cast<const int64_t *>(p.rope_pos)[i]
+                     : (double)static_cast<const int32_t *>(p.rope_pos)[i];
+}
+
+/* store_rows under the rope option: each pair (2j, 2j+1) of a row rounded to T as store_rows stores it, then
+ * rotated back by −angle(the row's position, j) and rounded again: the bits of store_rows followed by the rope
+ * kernel's backward (rope_math.cuh: the same arithmetic). pos_off: the rows' batch and head offset into the
+ * positions. One sin/cos a pair, once per block (the epilogue), where the rope kernel reads and writes the
+ * gradient again. */
+template <typename T, int D>
+__device__ __forceinline__ void store_rows_rope(T *dst, int64_t ld, const float (&acc)[D / 2], int r0, int n,
+                                                int ncol, int t, float scale, const Params &p, int64_t pos_off) {
+  const double pos0 = r0 < n ? rope_position(p, pos_off, r0) : 0.0;
+  const double pos1 = r0 + 8 < n ? rope_position(p, pos_off, r0 + 8) : 0.0;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + 2 * t;
+    if (col >= ncol) break;
+    // pair 4i + t: constant indices into the parameter (a lane-dependent one would copy p to local memory)
+    const double inv = t == 0 ? p.rope_inv[4 * i] : t == 1 ? p.rope_inv[4 * i + 1]
+                     : t == 2 ? p.rope_inv[4 * i + 2] : p.rope_inv[4 * i + 3];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const int r = r0 + 8 * u;
+      if (r >= n) continue;
+      const float a = to_f32(from_f32<T>(acc[4 * i + 2 * u] * scale));
+      const float w = to_f32(from_f32<T>(acc[4 * i + 2 * u + 1] * scale));
+      float c, sn, y0, y1;
+      rope::angle_cs(u ? pos1 : pos0, inv, c, sn);
+      rope::rotate(a, w, c, -sn, y0, y1);
+      store2(dst + (int64_t)r * ld + col, y0, y1);
+    }
+  }
+}
 
 /* The dk/dv kernels' epilogue: this consumer's dk (times the softmax scale)
- * and dv rows key0, key0 + 8 of kv head hk, batch b. */
-template <typename T, int D>
+ * and dv rows key0, key0 + 8 of kv head hk, batch b; RP (the rope option):
+ * dk rotated back (store_rows_rope). */
+template <typename T, int D, bool RP = false>
 __device__ __forceinline__ void store_dkdv(const Params &p, int b, int hk, const float (&dk)[D / 2],
                                            const float (&dv)[D / 2], int key0, int t) {
   T *gk = static_cast<T *>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
   T *gv = static_cast<T *>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
-  store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, p.Dv, t, p.scale);
+  if constexpr (RP)
+    store_rows_rope<T, D>(gk, p.dk_st, dk, key0, p.Tk, p.Dv, t, p.scale, p, b * p.rp_sb + hk * p.rp_sh);
+  else
+    store_rows<T, D>(gk, p.dk_st, dk, key0, p.Tk, p.Dv, t, p.scale);
   store_rows<T, D>(gv, p.dv_st, dv, key0, p.Tk, p.Dv, t, 1.f);
 }
 
@@ -402,6 +444,11 @@ struct Maps {
  * bf16 or f16, d 64 or 128 (checked by the caller); the delta kernel first
  * unless EMBER_FLASH_STEP9 folds Δ into the dq kernel. 0 or -1 with the error set. */
 int bwd_wg2_launch(const Params &p, const Maps &m, em_dtype dt, int d, DeltaLaunch delta, cudaStream_t s);
+/* Whether bwd_wg2_launch takes the short-sequence schedule (EMBER_FLASH_STEP9 on, s9, and both grids short:
+ * tile_grid_hf), the one whose kernels can rotate dq and dk back under the rope option. */
+inline bool bwd2_short(const Params &p, bool s9) {
+  return tile_grid_hf(s9, (unsigned)((p.Tq + RES - 1) / RES)) && tile_grid_hf(s9, (unsigned)((p.Tk + RES - 1) / RES));
+}
 /* EMBER_FLASH_BWD=fused (det) or fused_nd (flash_bwd_fused.cu): one kernel for
  * dk, dv and dq (dq through an f32 buffer it allocates on s), then dq's
  * conversion; same arguments and checks as bwd_wg2_launch. */

@@ -59,7 +59,8 @@ __device__ __forceinline__ void dq_p(float (&sc)[STR / 2], const Params &p, int 
 }
 #endif
 
-template <typename T, int D, int STAGES, bool PIPE, bool HF>
+/* RP (F.flash_attention's rope option, only with HF): dk leaves rotated back by −angle (store_rows_rope). */
+template <typename T, int D, int STAGES, bool PIPE, bool HF, bool RP>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_dkdv_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
-  store_dkdv<T, D>(p, b, hk, dk, dv, key0, t);
+  store_dkdv<T, D, RP>(p, b, hk, dk, dv, key0, t);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif
@@ -313,13 +314,15 @@ __device__ __forceinline__ float delta_row_smem(const unsigned char *so, const u
 
 /* D9 (EMBER_FLASH_DELTA9, only with S9): the producer also brings the block's rows of o (to) into shared memory,
  * and each consumer sums its rows' Δ from there and from dO's resident tile under its first S and dP wgmmas
- * (docs/flash.md "Step 9b"), instead of from global memory before them. */
-template <typename T, int D, int STAGES, bool S9, bool D9>
+ * (docs/flash.md "Step 9b"), instead of from global memory before them. RP (the rope option, only with S9): dq leaves
+ * rotated back by −angle (store_rows_rope). */
+template <typename T, int D, int STAGES, bool S9, bool D9, bool RP>
 __global__ void __launch_bounds__(THREADS, 1)
     flash_dq_wg2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                         const Params p, const __grid_constant__ OutMap<D9> to) {
   static_assert(S9 || !D9, "flash_dq_wg2_kernel: D9 (Δ from shared memory) only with S9 (Δ in this kernel)");
+  static_assert(S9 || !RP, "flash_dq_wg2_kernel: RP (the rope option) only with S9");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<D, STAGES>;
   extern __shared__ unsigned char smem_raw[];
@@ -457,7 +460,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   T *gq = static_cast<T *>(p.dq) + b * p.dq_sb + h * p.dq_sh;
-  store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, p.Dv, t, p.scale);
+  if constexpr (RP)
+    store_rows_rope<T, D>(gq, p.dq_st, dq, row0, p.Tq, p.Dv, t, p.scale, p, b * p.rp_sb + h * p.rp_sh);
+  else
+    store_rows<T, D>(gq, p.dq_st, dq, row0, p.Tq, p.Dv, t, p.scale);
 #else
   __trap();   // built without sm_90a: bwd_wg_dispatch never launches this
 #endif
@@ -465,11 +471,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* pdl (EMBER_FLASH_PDL, HF only): launched as a programmatic dependent of the kernel before it on s (the S9 dq
  * kernel, which computes Δ and allows the launch at its start; the kernel waits for it before reading Δ). */
-template <typename T, int D, bool HF>
+template <typename T, int D, bool HF, bool RP = false>
 int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s, bool pdl = false) {
+  static_assert(HF || !RP, "launch_dkdv2: the rope epilogue only on the short-sequence schedule");
   constexpr int ST = kStages<D>;
   constexpr size_t smem = Layout<D, ST>::SMEM;
-  auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>, HF>;
+  auto k1 = flash_dkdv_wg2_kernel<T, D, ST, kDkdvPipe<D>, HF, RP>;
   if (raise_smem(k1, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dk, dv)");
   const dim3 grid = tile_grid(HF, (unsigned)((p.Tk + RES - 1) / RES), (unsigned)(p.B * p.Hkv));
   if (HF && pdl) {
@@ -497,8 +504,9 @@ int launch_dkdv2(const Params &p, const Maps &m, cudaStream_t s, bool pdl = fals
 
 /* d9 (EMBER_FLASH_DELTA9, with S9): the kernel that sums Δ from shared tiles, on o's 128-row tensor map; where
  * TMA refuses o's strides, the S9 kernel (Δ from global memory: the same bits). */
-template <typename T, int D, bool S9>
+template <typename T, int D, bool S9, bool RP = false>
 int launch_dq2(const Params &p, const Maps &m, cudaStream_t s, bool d9 = false) {
+  static_assert(S9 || !RP, "launch_dq2: the rope epilogue only on the short-sequence schedule");
   constexpr int ST = kStages<D>;
   const dim3 grid = tile_grid(S9, (unsigned)((p.Tq + RES - 1) / RES), (unsigned)(p.B * p.H));
   if constexpr (S9) {
@@ -507,14 +515,14 @@ int launch_dq2(const Params &p, const Maps &m, cudaStream_t s, bool d9 = false) 
     if (d9 && tma_map(&to, dt, p.o, p.Dv, p.Tq, p.H, p.B, p.o_st, p.o_sh, p.o_sb, RES)) {
       constexpr size_t smem = DqOutLayout<D, ST>::SMEM;
       static_assert(smem <= 227 * 1024, "flash wg2 dq (EMBER_FLASH_DELTA9): shared memory over an H100 SM's 227 KB");
-      auto k2 = flash_dq_wg2_kernel<T, D, ST, true, true>;
+      auto k2 = flash_dq_wg2_kernel<T, D, ST, true, true, RP>;
       if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
       k2<<<grid, THREADS, smem, s>>>(m.q128, m.k64, m.v64, m.do128, p, to);
       return em_launch_check("flash_attention backward (wgmma wg2 dq)");
     }
   }
   constexpr size_t smem = Layout<D, ST>::SMEM;
-  auto k2 = flash_dq_wg2_kernel<T, D, ST, S9, false>;
+  auto k2 = flash_dq_wg2_kernel<T, D, ST, S9, false, RP>;
   if (raise_smem(k2, smem)) return em_launch_check("flash_attention backward (wgmma wg2 dq)");
   k2<<<grid, THREADS, smem, s>>>(m.q128, m.k64, m.v64, m.do128, p, NoMap{});
   return em_launch_check("flash_attention backward (wgmma wg2 dq)");
@@ -526,7 +534,11 @@ int launch_dq2(const Params &p, const Maps &m, cudaStream_t s, bool d9 = false) 
 template <typename T, int D>
 int launch_bwd2(const Params &p, const Maps &m, bool s9, bool pdl, bool d9, DeltaLaunch delta, cudaStream_t s) {
   static_assert(Layout<D, kStages<D>>::SMEM <= 227 * 1024, "flash wg2 backward: shared memory over an H100 SM's 227 KB");
-  if (tile_grid_hf(s9, (unsigned)((p.Tq + RES - 1) / RES)) && tile_grid_hf(s9, (unsigned)((p.Tk + RES - 1) / RES))) {
+  if (bwd2_short(p, s9)) {
+    if (p.rope) {   // the rope option: dq and dk rotated back in the epilogues (bwd_wg_dispatch kept it only here)
+      if (launch_dq2<T, D, true, true>(p, m, s, d9)) return -1;
+      return p.Tk > 0 ? launch_dkdv2<T, D, true, true>(p, m, s, pdl) : 0;
+    }
     if (launch_dq2<T, D, true>(p, m, s, d9)) return -1;
     return p.Tk > 0 ? launch_dkdv2<T, D, true>(p, m, s, pdl) : 0;
   }

@@ -59,6 +59,8 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 #endif
 }
 
+constexpr int kRopeMaxHalf = 64;   // pairs of the largest head dim whose epilogue rotates (128)
+
 struct Params {          // strides in elements; the last dim is contiguous
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;
@@ -74,6 +76,13 @@ struct Params {          // strides in elements; the last dim is contiguous
   // the decode path (flash_decode.cu): key splits, keys per split, f32 partials
   int nsplit, chunk;
   float *opart, *mpart, *lpart;
+  // F.flash_attention's rope option (em_flash_bwd_rope_cuda): the wg2 backward's dq and dk epilogues rotate their
+  // rows back by −angle. rope 1: i64 positions, 2: i32, 0: off (every other kernel); positions broadcast over
+  // (B, H, T) (k's rows index the kv head) with these strides; theta^(−2j/d) for pair j, from the host.
+  const void *rope_pos;
+  int64_t rp_sb, rp_sh, rp_st;
+  int rope;
+  double rope_inv[kRopeMaxHalf];
 };
 
 /* Δ of one row, rowsum(dO ∘ o): the products summed in column order from 0, one fused multiply-add a column, over

@@ -22,6 +22,8 @@
  * (v2 was one warp per four rows, a sin/cos per element pair per head and
  * scalar 2-element loads: 8.7 µs a call on the H100, 22% of bandwidth.)
  *
+ * The per-pair arithmetic (angle, reduction, rotation) is rope_math.cuh's,
+ * shared with the flash backward's rotating epilogues (the same bits).
  * The trick: the angle p·inv_freq must be formed in double (positions reach
  * 1e5 and f32 would lose the phase), but double sin/cos costs ~20x a float
  * one. So the angle is formed and reduced modulo 2π in double (exact to
@@ -33,6 +35,7 @@
 #include <type_traits>
 #include "common.cuh"
 #include "backend.h"
+#include "rope_math.cuh"
 
 #define THREADS 128          /* the model's q or k: 384 blocks, ~3 an SM (256: 192 blocks, 1 or 2 an SM) */
 #define MAX_HALF 256
@@ -57,13 +60,6 @@ typedef struct {
 } rope_geom;
 
 typedef struct { double v[MAX_HALF]; } freq_table;
-
-__device__ __forceinline__ void angle_cs(double a, float &c, float &s) {
-  const double two_pi = 6.283185307179586476925286766559;
-  double r = a - rint(a * (1.0 / two_pi)) * two_pi;
-  sincosf((float)r, &s, &c);
-}
-__device__ __forceinline__ void angle_cs(double a, double &c, double &s) { sincos(a, &s, &c); }
 
 template <typename T, typename C> __device__ __forceinline__ C ld(T x) { return (C)to_f32(x); }
 template <> __device__ __forceinline__ double ld<double, double>(double x) { return x; }
@@ -136,8 +132,8 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const P *__restrict__ pos
 #pragma unroll
   for (int e = 0; e < V / 2; e++) {
     int64_t j = (int64_t)c * (V / 2) + e;
-    double inv = j < MAX_HALF ? inv_s[j] : pow(theta, -2.0 * (double)j / (double)(2 * g.half));
-    angle_cs(p * inv, cs[e], sn[e]);
+    double inv = j < MAX_HALF ? inv_s[j] : rope::inv_freq(theta, j, 2 * g.half);
+    rope::angle_cs(p, inv, cs[e], sn[e]);
     sn[e] = sign * sn[e];
   }
 #pragma unroll
@@ -148,8 +144,10 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const P *__restrict__ pos
 #pragma unroll
     for (int e = 0; e < V / 2; e++) {
       C u = ld<T, C>(a[k].v[2 * e]), w = ld<T, C>(a[k].v[2 * e + 1]);
-      b.v[2 * e] = st<T>(u * cs[e] - w * sn[e]);
-      b.v[2 * e + 1] = st<T>(u * sn[e] + w * cs[e]);
+      C y0, y1;
+      rope::rotate(u, w, cs[e], sn[e], y0, y1);
+      b.v[2 * e] = st<T>(y0);
+      b.v[2 * e + 1] = st<T>(y1);
     }
     store_chunk<T, V, PK>(y + yo + h * (I)s.yh, b);
   }
@@ -228,7 +226,7 @@ extern "C" int em_rope2_cuda(int n, const em_tensor *const *x, const em_tensor *
   if (blocks == 0) return 0;
   if (blocks > INT32_MAX) return em_error("rope: %lld blocks exceed the launch limit", (long long)blocks);
   freq_table f;
-  for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = pow(theta, -2.0 * (double)j / (double)d);
+  for (int64_t j = 0; j < half && j < MAX_HALF; j++) f.v[j] = rope::inv_freq(theta, j, d);
   cudaStream_t s = em_cur_stream(x[0]->device.index);
 #define ROPE_GO(P, I, VV, PKK) \
   rope_kernel<T, C, P, I, VV, PKK><<<(unsigned)blocks, THREADS, 0, s>>>((const P *)em_data_ptr(pos), g, f, theta, \

@@ -70,7 +70,12 @@ Step 10b, range-grouped chains (EMBER_FLASH_DET_GROUPS=G): the counters model ru
 shared slots in the kernel's range_block order (block_order() of flash_bwd_fused_tail.py), key block n of range g
 adding into copy g·chains + n % chains after the blocks of its chain above it in its range; the same checks (no
 deadlock, each (copy, tile, half) from exactly its chain's blocks that see it, highest first, stored once by the
-first) for G 2-4, chains 1-2. Exit status 0 when all holds.
+first) for G 2-4, chains 1-2.
+
+Step 11, dq first (v['dq_first']; EMBER_FLASH_BWD_DQ_FIRST=1, three writers): turn B's dq(j − 1) is its own commit
+group, waited for and handed to the writer (dq empty's sync, the store, dq full) before dv's and dk's group is waited
+for and the stage released; the same checks at both shapes, and at D 128's DQ_FIRST=2 shape (a 2-stage ring, three
+dSᵀ buffers stored in turn A). Exit status 0 when all holds.
 Run: python3 tools/flash_bwd_fused_protocol.py
 """
 import os
@@ -261,10 +266,16 @@ def consumer(blk, cw, ntile, log, lag=1, v=None):
             ds_read_issue(blk, cw, j - lag)
         yield from pass_turn(2 * j + 1)
         yield
-        release(blk, s, j)                                  # after the wgmma wait
-        if j - lag >= 0:
+        if v.get('dq_first') and j - lag >= 0:             # Step 11: dq's own group waited for, handed off,
             ds_read_done(blk, cw, j - lag); log.append(j - lag)
             yield from dq_out(blk, cw, j - lag, v)
+            yield                                           # then dv's and dk's
+            release(blk, s, j)
+        else:
+            release(blk, s, j)                              # after the wgmma wait
+            if j - lag >= 0:
+                ds_read_done(blk, cw, j - lag); log.append(j - lag)
+                yield from dq_out(blk, cw, j - lag, v)
     if ntile > 0 and lag == 1:
         yield from nsync(blk, my, cw)                       # the last turn: dq(last)
         ds_read_issue(blk, cw, ntile - 1)
@@ -425,7 +436,10 @@ def counters_sim(Tq, Tk, group, causal, off, slots, highest_first=True, bulk=Fal
 # dSᵀ buffers stored in turn B)
 SHAPES = [(4, 3, {}), (3, 3, {}), (4, 3, {'bulk': True}), (3, 2, {'bulk': True, 'ds_in_b': True}),
           (4, 3, {'bulk': True, 'writers': 2}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 2}),
-          (4, 3, {'bulk': True, 'writers': 3}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3})]
+          (4, 3, {'bulk': True, 'writers': 3}), (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3}),
+          (4, 3, {'bulk': True, 'writers': 3, 'dq_first': True}),
+          (3, 2, {'bulk': True, 'ds_in_b': True, 'writers': 3, 'dq_first': True}),
+          (2, 3, {'bulk': True, 'writers': 3, 'dq_first': True})]   # DQ_FIRST=2 at D 128: 2 stages, 3 buffers
 
 
 def main():
@@ -496,6 +510,12 @@ def main():
         caught['range-grouped chains, %s (deadlock)' % what] = all(
             counters_sim(1000, 1000, 1, True, 0, slots, bulk=True, chains=1, groups=2, nbh=2, brk=brk) == 'deadlock'
             for slots in (1, 2))
+    # dq first (Step 11): the same broken hand-offs must still be caught with dq's group waited for first
+    for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'no_first_empty'):
+        for shape in ((3, 2, {'ds_in_b': True}), (4, 3, {}), (2, 3, {})):
+            vv = dict(shape[2], bulk=True, writers=3, dq_first=True); vv[brk] = True
+            caught['dq first, three writers (%d stages, %d dS buffers): %s' % (shape[0], shape[1], brk)] = bool(
+                block_sim(300, 300, 2, 1, False, 0, shape[0], shape[1], seeds=seeds, v=vv))
     for nw, name in ((2, 'two'), (3, 'three')):
         # three writers share the empty barrier (no parity to get wrong), and must not merge full with it
         for brk in ('early_empty', 'no_empty_sync', 'last_empty', 'no_first_empty') + (

@@ -208,12 +208,57 @@ function F.log_softmax(x, dim) return core.log_softmax(x, dim or -1) end
 -- @param[opt=false] causal false, true or "top_left" (query i sees keys
 --   j <= i, PyTorch's is_causal) or "bottom_right" (j <= i + Tk - Tq: the
 --   queries are the last Tq positions of a KV cache; needs Tq <= Tk)
--- @tparam[opt] number scale default 1/√d
-function F.flash_attention(q, k, v, causal, scale)
+-- @param[opt] opts a number (the scale, default 1/√d) or a table: `scale`,
+--   `rope = {pos = p, theta = θ}`: q and k are given un-rotated and RoPE
+--   (F.rope's: adjacent pairs, angle p · θ^(−2j/d)) is applied inside, the
+--   gradients w.r.t. the un-rotated q and k; pos an integer tensor
+--   broadcasting to q's and k's leading dims (default 0..T-1 on q's device;
+--   one pos for both, so Tq = Tk), θ default 10000. The same values as
+--   F.rope_qk then F.flash_attention (docs/flash.md, "RoPE inside").
+function F.flash_attention(q, k, v, causal, opts)
   check_tensor("flash_attention", "q", q)
   check_tensor("flash_attention", "k", k)
   check_tensor("flash_attention", "v", v)
-  return core.flash_attention(q, k, v, causal, scale or 0)
+  if type(opts) ~= "table" then
+    if opts ~= nil and type(opts) ~= "number" then
+      error("ember.nn.functional.flash_attention: expected a scale (number) or an options table, got " ..
+        type(opts), 2)
+    end
+    return core.flash_attention(q, k, v, causal, opts or 0)
+  end
+  for key in pairs(opts) do
+    if key ~= "scale" and key ~= "rope" then
+      error(("ember.nn.functional.flash_attention: unknown option '%s' (expected scale or rope)"):format(
+        tostring(key)), 2)
+    end
+  end
+  local rope = opts.rope
+  if rope == nil then return core.flash_attention(q, k, v, causal, opts.scale or 0) end
+  if type(rope) ~= "table" then
+    error("ember.nn.functional.flash_attention: expected rope to be a table {pos = , theta = }, got " ..
+      type(rope), 2)
+  end
+  for key in pairs(rope) do
+    if key ~= "pos" and key ~= "theta" then
+      error(("ember.nn.functional.flash_attention: unknown rope option '%s' (expected pos or theta)"):format(
+        tostring(key)), 2)
+    end
+  end
+  local pos = rope.pos
+  if pos == nil then
+    local shape = q.shape
+    if #shape < 3 then
+      error("ember.nn.functional.flash_attention: expected q of shape (B, H, T, D) or (B, T, D), got " ..
+        #shape .. " dim(s)", 2)
+    end
+    pos = F.positions(shape[#shape - 1], q.device)
+  elseif type(pos) ~= "userdata" then
+    error("ember.nn.functional.flash_attention: expected rope.pos to be an integer tensor, got " .. type(pos), 2)
+  end
+  if rope.theta ~= nil and type(rope.theta) ~= "number" then
+    error("ember.nn.functional.flash_attention: expected rope.theta to be a number, got " .. type(rope.theta), 2)
+  end
+  return core.flash_attention_rope(q, k, v, causal, opts.scale or 0, pos, rope.theta or 10000)
 end
 
 --- The attention support matrix: one row per device x dtype x head dim x

@@ -604,6 +604,16 @@ int em_flash_bwd_kernel(int mode);
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq, em_tensor *dk,
                       em_tensor *dv, int causal, float scale);
+/* em_flash_bwd_cuda for F.flash_attention's rope option: q and k are the
+ * rotated ones the forward ran on, and dq, dk leave rotated back by
+ * −pos·theta^(−2j/d) (the rope kernel's backward, the same bits) where the
+ * kernels that run can do it in their epilogues (the wg2 kernels on the
+ * short-sequence schedule, EMBER_FLASH_STEP9). pos: i32/i64 positions
+ * broadcasting to q's (B, H, T) and k's (B, Hkv, T). Returns 1 when dq and
+ * dk were rotated, 0 when not (the caller rotates them), -1 with the error set. */
+int em_flash_bwd_rope_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                           const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                           em_tensor *dk, em_tensor *dv, int causal, float scale, const em_tensor *pos, double theta);
 
 /* ---- optimizers (kernels/adamw.cu) ---- */
 /* Optimizer steps and gradient-norm helpers on CUDA (kernels/adamw.cu), the

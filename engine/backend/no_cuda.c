@@ -196,6 +196,10 @@ int em_flash_bwd_kernel(int mode) {   /* as em_flash_fwd_kernel: only kept */
 int em_flash_bwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
                       const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
                       em_tensor *dk, em_tensor *dv, int causal, float scale) { return no_cuda(NULL); }
+int em_flash_bwd_rope_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *o,
+                           const em_tensor *lse, const em_tensor *dout, em_tensor *delta, em_tensor *dq,
+                           em_tensor *dk, em_tensor *dv, int causal, float scale, const em_tensor *pos,
+                           double theta) { return no_cuda(NULL); }
 int em_adamw_cuda(int n, em_tensor **p, em_tensor **g, em_tensor **m, em_tensor **v, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int64_t step, em_tensor **steps,
                   const em_tensor *lr_t, em_tensor **shadows) { return no_cuda(NULL); }

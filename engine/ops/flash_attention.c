@@ -32,7 +32,18 @@
  *
  * em_attention picks the implementation: flash where em_flash_applies (CUDA
  * with a half dtype after autocast, or f32 with TF32 allowed; the CPU from
- * EM_FLASH_CPU_MIN_TK keys), the naive composition everywhere else. */
+ * EM_FLASH_CPU_MIN_TK keys), the naive composition everywhere else.
+ *
+ * em_flash_attention_rope (F.flash_attention's rope option, issue 16 item 5:
+ * fewer passes) takes q and k un-rotated. On CUDA with bf16/f16 4-D inputs
+ * (and no autocast cast) it is one node: the forward rotates q and k with
+ * the rope kernel (no node of its own) and runs flash on them; the backward
+ * runs flash's backward, whose wg2 kernels on the short-sequence schedule
+ * rotate dq and dk back in their epilogues (em_flash_bwd_rope_cuda) — no
+ * rope launch, no second read and write of dq and dk — and where other
+ * kernels ran, the rope kernel rotates them after. Everywhere else it is the
+ * composition em_rope_qk then em_flash_attention. All paths give the
+ * composition's bits (rope_math.cuh). */
 #include <math.h>
 #include <stdio.h>
 #include "flash_cpu.h"
@@ -132,8 +143,12 @@ static em_tensor *bthd_as(em_tensor *t, em_dtype dt) {
   return r;
 }
 
-/* saved: q, k, v, o, lse; the op's causal mode, scale and input dtype ride in n->ctx. */
-typedef struct { em_causal causal; double scale; em_dtype dtype; } flash_ctx;
+/* saved: q, k, v, o, lse (and pos under the rope option); the op's causal mode, scale, input dtype and rope
+ * theta ride in n->ctx. */
+typedef struct { em_causal causal; double scale; em_dtype dtype; bool rope; double theta; } flash_ctx;
+
+/* The rope option's node: its inputs are the un-rotated q and k (the forward ran on rotated ones), pos saved. */
+typedef struct { em_tensor *q, *k, *pos; double theta; } flash_rope_in;
 
 /* ---- the CPU path (engine/ops/flash_cpu.c) ---- */
 
@@ -227,7 +242,29 @@ static void flash_cost(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causa
 
 /* ---- the CUDA path (kernels/flash_*.cu) ---- */
 
+/* Under the rope option, dq and dk (gradients of the rotated q and k) rotated back in place of gin[0], gin[1]. */
+static int rope_back(em_node *n, em_tensor **gin) {
+  em_tensor *g[2];
+  if (em_rope_pair(gin[0], gin[1], n->saved[5], ((const flash_ctx *)n->ctx)->theta, -1.0, g)) return -1;
+  for (int i = 0; i < 2; i++) { em_tensor_release(gin[i]); gin[i] = g[i]; }
+  return 0;
+}
+
+static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin);
+
 static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
+  const flash_ctx *c = n->ctx;
+  int rc = flash_backward_any(n, gout, gin);   /* 1: dq and dk already rotated back (the rope option's kernels) */
+  if (rc == 0 && c->rope) rc = rope_back(n, gin);
+  if (rc < 0) {
+    for (int i = 0; i < 3; i++) { em_tensor_release(gin[i]); gin[i] = NULL; }
+    return -1;
+  }
+  return 0;
+}
+
+/* 0, 1 (the rope option's dq and dk left rotated back by the kernels), or -1 with gin[] NULL. */
+static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin) {
   flash_cost(n->saved[0], n->saved[1], n->saved[2], ((const flash_ctx *)n->ctx)->causal, true);
   if (n->saved[0]->device.type == EM_CPU) return flash_backward_cpu(n, gout, gin);
   em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
@@ -244,11 +281,14 @@ static int flash_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
   em_tensor *dk = dq ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
   em_tensor *dv = dk ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
-  int rc = dv ? em_flash_bwd_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale) : -1;
+  int rc = !dv ? -1
+           : c->rope ? em_flash_bwd_rope_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale,
+                                              n->saved[5], c->theta)
+                     : em_flash_bwd_cuda(q, k, v, o, lse, dout, delta, dq, dk, dv, c->causal, (float)c->scale);
   em_tensor_release(dout); em_tensor_release(delta);
-  if (rc) { em_tensor_release(dq); em_tensor_release(dk); em_tensor_release(dv); return -1; }
+  if (rc < 0) { em_tensor_release(dq); em_tensor_release(dk); em_tensor_release(dv); return -1; }
   gin[0] = dq; gin[1] = dk; gin[2] = dv;
-  return 0;
+  return rc;
 }
 
 /* The CUDA forward: kernel-ready q, k, v, o and lse (f32) saved; *y is o. */
@@ -265,22 +305,29 @@ static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal cau
   return 0;
 }
 
-/* 4-D validated inputs: the forward on their device and the autograd node. */
+/* 4-D validated inputs: the forward on their device and the autograd node (under the rope option r, q0 and k0
+ * are r's q and k rotated, and the node's inputs r's). */
 static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale,
-                           em_tensor **lse_out) {
-  em_tensor *sv[5] = {NULL}, *y = NULL;   /* saved: q, k, v, o, lse */
+                           em_tensor **lse_out, const flash_rope_in *r) {
+  em_tensor *sv[6] = {NULL}, *y = NULL;   /* saved: q, k, v, o, lse (, pos) */
+  em_tensor *in[3] = {r ? r->q : q0, r ? r->k : k0, v0};
   flash_cost(q0, k0, v0, causal, false);
   int rc = q0->device.type == EM_CPU ? flash_cpu(q0, k0, v0, causal, scale, sv, &y)
                                      : flash_cuda(q0, k0, v0, causal, scale, sv, &y);
   flash_ctx *c = NULL;
-  if (rc == 0 && em_grad_needed(3, (em_tensor *[]){q0, k0, v0}) && !(c = calloc(1, sizeof *c))) {
+  if (rc == 0 && em_grad_needed(3, in) && !(c = calloc(1, sizeof *c))) {
     em_error_oom("out of memory: " OP " (a node's attributes)");
     rc = -1;
   }
   if (rc == 0) {
     em_node *n;
-    y = em_op_record(y, &n, OP, flash_backward, 3, (em_tensor *[]){q0, k0, v0}, 5, sv);
-    if (n) { *c = (flash_ctx){causal, scale, q0->dtype}; n->ctx = c; n->ctx_free = free; c = NULL; }
+    sv[5] = r ? r->pos : NULL;
+    y = em_op_record(y, &n, OP, flash_backward, 3, in, 6, sv);
+    sv[5] = NULL;   /* borrowed */
+    if (n) {
+      *c = (flash_ctx){causal, scale, q0->dtype, r != NULL, r ? r->theta : 0};
+      n->ctx = c; n->ctx_free = free; c = NULL;
+    }
     if (!y) rc = -1;
   }
   free(c);
@@ -297,7 +344,7 @@ static em_tensor *flash_op(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causa
 static em_tensor *flash_op_3d(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                               em_tensor **lse_out) {
   em_tensor *q4 = em_unsqueeze(q, 1), *k4 = q4 ? em_unsqueeze(k, 1) : NULL, *v4 = k4 ? em_unsqueeze(v, 1) : NULL;
-  em_tensor *lse4 = NULL, *o4 = v4 ? flash_op(q4, k4, v4, causal, scale, lse_out ? &lse4 : NULL) : NULL;
+  em_tensor *lse4 = NULL, *o4 = v4 ? flash_op(q4, k4, v4, causal, scale, lse_out ? &lse4 : NULL, NULL) : NULL;
   em_tensor *o = o4 ? em_squeeze(o4, 1) : NULL, *lse = NULL;
   if (o && lse_out && !(lse = em_squeeze(lse4, 1))) { em_tensor_release(o); o = NULL; }
   em_tensor *tmp[5] = {q4, k4, v4, o4, lse4};
@@ -316,10 +363,47 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
   if (flash_validate(l.t[0], l.t[1], l.t[2], l.t[0]->dtype, causal, scale) == 0) {
     if (scale <= 0) scale = 1.0 / sqrt((double)l.t[0]->shape[l.t[0]->ndim - 1]);
     out = l.t[0]->ndim == 3 ? flash_op_3d(l.t[0], l.t[1], l.t[2], causal, scale, lse_out)
-                            : flash_op(l.t[0], l.t[1], l.t[2], causal, scale, lse_out);
+                            : flash_op(l.t[0], l.t[1], l.t[2], causal, scale, lse_out, NULL);
   }
   em_op_args_release(&l);
   return out;
+}
+
+/* The rope option's one-node path: CUDA, 4-D q, k, v of one half dtype that autocast leaves as they are (a cast
+ * would come after the rotation in the composition), integer positions of the kernels' dtypes, and inputs flash
+ * takes (else the composition reports the error). */
+static bool rope_one_node(em_tensor *q, em_tensor *k, em_tensor *v, em_tensor *pos, em_causal causal) {
+  if (q->device.type != EM_CUDA || q->ndim != 4 || !half_dtype(q->dtype)) return false;
+  if (k->dtype != q->dtype || v->dtype != q->dtype || k->ndim != 4 || v->ndim != 4) return false;
+  if (em_autocast_enabled() && em_autocast_dtype() != q->dtype) return false;
+  if (pos->dtype != EM_I32 && pos->dtype != EM_I64) return false;
+  return flash_validate(q, k, v, q->dtype, causal, 1.0) == 0;
+}
+
+em_tensor *em_flash_attention_rope(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
+                                   em_tensor *pos, double theta, em_tensor **lse_out) {
+  if (lse_out) *lse_out = NULL;
+  if (em_rope_check(OP, "q", q, pos, theta) || em_rope_check(OP, "k", k, pos, theta)) return NULL;
+  em_tensor *qr = NULL, *kr = NULL, *o = NULL;
+  if (!rope_one_node(q, k, v, pos, causal)) {   /* the composition: two nodes */
+    if (em_rope_qk(q, k, pos, theta, &qr, &kr)) return NULL;
+    o = em_flash_attention(qr, kr, v, causal, scale, lse_out);
+  } else {
+    bool was = em_set_grad_enabled(false);     /* the rotation is this op's node's, not rope_qk's */
+    int rc = em_rope_qk(q, k, pos, theta, &qr, &kr);
+    em_set_grad_enabled(was);
+    if (rc) return NULL;
+    EM_OP_SCOPE(OP);
+    if (isnan(scale) || isinf(scale)) {
+      em_error(OP ": expected a finite scale, got %g", scale);
+    } else {
+      if (scale <= 0) scale = 1.0 / sqrt((double)q->shape[3]);
+      o = flash_op(qr, kr, v, causal, scale, lse_out, &(flash_rope_in){q, k, pos, theta});
+    }
+  }
+  em_tensor_release(qr);
+  em_tensor_release(kr);
+  return o;
 }
 
 int em_flash_fwd_choice(int mode) { return em_flash_fwd_kernel(mode); }

@@ -57,6 +57,15 @@ void em_op_args_release(em_op_args *a);
 em_tensor *em_op_record(em_tensor *y, em_node **node, const char *op, em_backward_fn backward, int n_in,
                         em_tensor *const *in, int n_sv, em_tensor *const *sv);
 
+/* x (..., T, d) and pos as RoPE's operands (engine/ops/rope.c): float x with
+ * an even last dim, integer pos on x's device broadcasting to x's leading
+ * dims, theta > 0 and finite; op and xname name them in the error. 0 or -1. */
+int em_rope_check(const char *op, const char *xname, em_tensor *x, em_tensor *pos, double theta);
+/* a and b (checked as above) rotated by sign · angle into out[0] and out[1],
+ * recording no autograd node: rope_qk's forward (+1) and backward (−1), on
+ * CUDA one launch for both when they share a dtype and last dim. 0 or -1. */
+int em_rope_pair(em_tensor *a, em_tensor *b, em_tensor *pos, double theta, double sign, em_tensor **out);
+
 /* t broadcast to (ndim, shape) as a contiguous tensor of dtype dt (t itself,
  * retained, when it already is one): a fused op's operand read flat. */
 em_tensor *em_op_broadcast_as(em_tensor *t, int ndim, const int64_t *shape, em_dtype dt);

@@ -25,8 +25,9 @@
 #include "cost.h"
 #include "parallel.h"
 
-/* x and pos as rope's inputs; op and xname name them in the errors (rope's x, rope_qk's q and k). */
-static int rope_validate(const char *op, const char *xname, em_tensor *x, em_tensor *pos, double theta) {
+/* x and pos as rope's inputs; op and xname name them in the errors (rope's x,
+ * rope_qk's q and k, flash_attention's q and k under its rope option). */
+int em_rope_check(const char *op, const char *xname, em_tensor *x, em_tensor *pos, double theta) {
   char s1[160], s2[160], s3[160];
   if (em_check_float(op, xname, x)) return -1;
   if (em_check_int(op, "pos", pos)) return -1;
@@ -253,7 +254,7 @@ static int rope_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 
 em_tensor *em_rope(em_tensor *x, em_tensor *pos, double theta) {
   EM_OP_SCOPE("rope");
-  if (rope_validate("rope", "x", x, pos, theta)) return NULL;
+  if (em_rope_check("rope", "x", x, pos, theta)) return NULL;
   em_node *n;
   em_tensor *y = rope_apply(x, pos, theta, 1.0, x->dtype);
   y = em_op_record(y, &n, "rope", rope_backward, 1, &x, 1, &pos);
@@ -267,8 +268,8 @@ static bool one_launch(em_tensor *a, em_tensor *b) {
   return a->device.type == EM_CUDA && a->dtype == b->dtype && a->shape[a->ndim - 1] == b->shape[b->ndim - 1];
 }
 
-/* (a, b) rotated by sign * angle into out[0], out[1]. 0 or -1. */
-static int rope_pair(em_tensor *a, em_tensor *b, em_tensor *pos, double theta, double sign, em_tensor **out) {
+/* (a, b) rotated by sign * angle into out[0], out[1] (no autograd node). 0 or -1. */
+int em_rope_pair(em_tensor *a, em_tensor *b, em_tensor *pos, double theta, double sign, em_tensor **out) {
   if (one_launch(a, b)) {
     /* both read and written, the positions read once; 3 FLOPs an element
      * (the other path declares each rope_apply's) */
@@ -287,7 +288,7 @@ static int rope_pair(em_tensor *a, em_tensor *b, em_tensor *pos, double theta, d
 /* saved: pos; f[0] = theta. The inverse rotation of both gradients. */
 static int rope_qk_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *g[2];
-  if (rope_pair(gout[0], gout[1], n->saved[0], n->f[0], -1.0, g)) return -1;
+  if (em_rope_pair(gout[0], gout[1], n->saved[0], n->f[0], -1.0, g)) return -1;
   for (int i = 0; i < 2; i++) {
     if (em_node_needs_input_grad(n, i)) gin[i] = g[i];
     else em_tensor_release(g[i]);
@@ -298,10 +299,10 @@ static int rope_qk_backward(em_node *n, em_tensor **gout, em_tensor **gin) {
 int em_rope_qk(em_tensor *q, em_tensor *k, em_tensor *pos, double theta, em_tensor **q_out, em_tensor **k_out) {
   EM_OP_SCOPE("rope_qk");
   *q_out = *k_out = NULL;
-  if (rope_validate("rope_qk", "q", q, pos, theta) || rope_validate("rope_qk", "k", k, pos, theta)) return -1;
+  if (em_rope_check("rope_qk", "q", q, pos, theta) || em_rope_check("rope_qk", "k", k, pos, theta)) return -1;
   if (em_check_same_device("rope_qk", q, k)) return -1;
   em_tensor *y[2];
-  if (rope_pair(q, k, pos, theta, 1.0, y)) return -1;
+  if (em_rope_pair(q, k, pos, theta, 1.0, y)) return -1;
   em_tensor *in[2] = {q, k};
   if (em_grad_needed(2, in)) {
     em_node *n = em_node_new("rope_qk", rope_qk_backward, 2, 2);

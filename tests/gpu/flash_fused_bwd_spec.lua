@@ -100,7 +100,8 @@ print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(u
   "  EMBER_FLASH_DET_LAZY=" .. (os.getenv("EMBER_FLASH_DET_LAZY") or "(unset: 1)") ..
   "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 3)") ..
   "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 1 with three writers)") ..
-  "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 2 with three writers)"))
+  "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 2 with three writers)") ..
+  "  EMBER_FLASH_BWD_DQ_FIRST=" .. (os.getenv("EMBER_FLASH_BWD_DQ_FIRST") or "(unset: 0)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -266,7 +267,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
   {"f16", {1, 2, 100, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}}]], {"fused"})
     -- (store first and range groups need three writers: off here, whatever this run's setting)
     local got = C.mode_results(helpers, script, "EMBER_FLASH_DET_WRITERS", {"2", "1", "3"},
-      {EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1"})
+      {EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1", EMBER_FLASH_BWD_DQ_FIRST = "0"})
     assert.are.equal(6 * 3 * 3, C.assert_modes_agree(got, "2", {"1", "3"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_WRITERS = "4",
       EMBER_FLASH_DET_STORE_FIRST = "0"}})
@@ -343,7 +344,7 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local unset = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {""}, {})
     assert.are.equal(ncase, C.assert_modes_agree({two = defaults["2"], unset = unset[""]}, "two", {"unset"}))
     unset = C.mode_results(helpers, script, "EMBER_FLASH_DET_GROUPS", {""},
-      {EMBER_FLASH_DET_WRITERS = "2", EMBER_FLASH_DET_STORE_FIRST = "0"})
+      {EMBER_FLASH_DET_WRITERS = "2", EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_BWD_DQ_FIRST = "0"})
     assert.are.equal(ncase, C.assert_modes_agree({one = defaults["1"], unset = unset[""]}, "one", {"unset"}))
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_DET_GROUPS = "9"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_DET_GROUPS=9 should fail")
@@ -367,7 +368,8 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
   {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
   {"f16", {1, 2, 300, 64}, {1, 2, 300, 64}}}]], {"fused", "fused_nd"})
-    local got = C.mode_results(helpers, script, "EMBER_FLASH_BWD_STEP6", {"0", "1"})
+    -- (dq first needs STEP6=1: off here, whatever this run's setting)
+    local got = C.mode_results(helpers, script, "EMBER_FLASH_BWD_STEP6", {"0", "1"}, {EMBER_FLASH_BWD_DQ_FIRST = "0"})
     -- fused_nd's dq apart: not the same bits from run to run on either setting
     local nd = {}
     for _, mode in ipairs({"0", "1"}) do
@@ -386,6 +388,43 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_STEP6 = "2"}})
     assert.are_not.equal(0, code, "EMBER_FLASH_BWD_STEP6=2 should fail")
     assert.matches("expected EMBER_FLASH_BWD_STEP6 to be 1 or 0, got '2'", err, 1, true)
+    helpers.remove_temps()
+  end)
+
+  -- dq first (EMBER_FLASH_BWD_DQ_FIRST, read once: children; docs/flash.md "Step 11"): 1, turn B issues dq(j − 1)
+  -- first, in a commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2, also dSᵀ's
+  -- proxy fence off the softmax's tail (D 64: dk's A from registers, as wg2's; D 128: a 2-stage ring, three dSᵀ
+  -- buffers stored in turn A, the fence before dk's issue). The same products in the same order, and the counters' order of dq's adds, so fused's gradients keep their bits — with range groups (2, the
+  -- default) and without (1) — and repeat them. The cases: many key blocks, GQA (2, 4), one q tile a block,
+  -- Tq < Tk, long heads (65 and 33 q tiles: both dSᵀ buffer rings and the writers in steady state), both head dims,
+  -- bf16 and f16, every mask.
+  it("gives the same bits with EMBER_FLASH_BWD_DQ_FIRST=1 and 2 as with 0 (in children)", function()
+    local script = grads_script([[{{"bf16", {2, 4, 777, 64}, {2, 2, 777, 64}}, {"f16", {1, 8, 1000, 128}, {1, 2, 1000, 128}},
+  {"bf16", {1, 2, 17, 64}, {1, 2, 1000, 64}}, {"bf16", {1, 4, 333, 128}, {1, 1, 1000, 128}},
+  {"bf16", {1, 4, 4100, 64}, {1, 4, 4100, 64}}, {"f16", {1, 2, 2100, 128}, {1, 2, 2100, 128}}}]], {"fused"})
+    local ncase = 6 * 3 * 3
+    -- range groups 2 (the default): every mode, and each new one twice; groups 1: mode 2 against 0
+    local g2 = {EMBER_FLASH_DET_GROUPS = "2"}
+    local a = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"0", "1", "2"}, g2)
+    local b = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"1", "2"}, g2)
+    assert.are.equal(ncase, C.assert_modes_agree(a, "0", {"1", "2"}))
+    for _, mode in ipairs({"1", "2"}) do
+      assert.are.equal(ncase, C.assert_modes_agree({first = a[mode], again = b[mode]}, "first", {"again"}))
+    end
+    a = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {"0", "2"}, {EMBER_FLASH_DET_GROUPS = "1"})
+    assert.are.equal(ncase, C.assert_modes_agree(a, "0", {"2"}))
+    local _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "3"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=3 should fail")
+    assert.matches("expected EMBER_FLASH_BWD_DQ_FIRST to be 0, 1 or 2, got '3'", err, 1, true)
+    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "1", EMBER_FLASH_DET_WRITERS = "2",
+      EMBER_FLASH_DET_STORE_FIRST = "0", EMBER_FLASH_DET_GROUPS = "1"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=1 with two writers should fail")
+    assert.matches("EMBER_FLASH_BWD_DQ_FIRST=1 needs EMBER_FLASH_DET_WRITERS=3, EMBER_FLASH_BWD_STEP6=1 and " ..
+      "EMBER_FLASH_DQ=bulk, got 2, 1 and bulk", err, 1, true)
+    _, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_BWD_DQ_FIRST = "2", EMBER_FLASH_BWD_STEP6 = "0"}})
+    assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=2 with STEP6=0 should fail")
+    assert.matches("EMBER_FLASH_BWD_DQ_FIRST=2 needs EMBER_FLASH_DET_WRITERS=3, EMBER_FLASH_BWD_STEP6=1 and " ..
+      "EMBER_FLASH_DQ=bulk, got 3, 0 and bulk", err, 1, true)
     helpers.remove_temps()
   end)
 

@@ -8,6 +8,7 @@
 -- @module ember.nn.attention
 
 local F = require "ember.functional"
+local core = require "ember.core"
 local util = require "ember.util"
 local module = require "ember.nn.module"
 local Linear = require "ember.nn.linear"
@@ -22,6 +23,31 @@ for _, impl in ipairs({"auto", "naive", "flash"}) do
   local opts = {causal = true, impl = impl}
   ATTN_IMPLS[impl] = function(q, k, v) return F.scaled_dot_product_attention(q, k, v, opts) end
 end
+
+-- EMBER_ATTN_ROPE=fused: where the attention is flash (attn_impl "flash", or
+-- "auto" where flash applies) and the rope the stock RotaryEmbedding, q and k
+-- go un-rotated into F.flash_attention's rope option (the rotation inside
+-- flash's loads where its fused kernels run: docs/flash.md, "RoPE inside");
+-- "separate" (the default) rotates them first (F.rope_qk). The same values.
+-- Read once, at the first attention module built.
+local ROPE_MODES = {fused = true, separate = true}
+local rope_mode
+local function attn_rope_mode()
+  if rope_mode == nil then
+    local v = os.getenv("EMBER_ATTN_ROPE") or "separate"
+    if not ROPE_MODES[v] then
+      error(fmt("ember.nn: EMBER_ATTN_ROPE must be 'fused' or 'separate', got '%s'", v), 0)
+    end
+    rope_mode = v
+  end
+  return rope_mode
+end
+-- The built-in attention functions that can take the rope inside: whether
+-- flash runs for these inputs
+local FUSED_ROPE_OK = {
+  [ATTN_IMPLS.flash] = function() return true end,
+  [ATTN_IMPLS.auto] = function(q, k, v) return core.flash_applies(q, k, v) end,
+}
 
 --- The attention function opts asks for: opts.attn_fn (any callable), else
 -- the causal SDPA of opts.attn_impl ("auto" by default). `level` is error()'s.
@@ -62,6 +88,7 @@ function CausalSelfAttention:__init(d_model, num_heads, opts)
   opts = util.check_opts(fname, opts, CTOR_LEVEL)
   self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
   self.attn_fn = M.resolve_attn_fn(fname, opts, CTOR_LEVEL)
+  attn_rope_mode()                                    -- a bad EMBER_ATTN_ROPE fails here, not mid-step
   local lopts = {bias = false, dtype = opts.dtype, device = opts.device}
   self.q_proj = Linear(d_model, d_model, lopts)
   self.k_proj = Linear(d_model, d_model, lopts)
@@ -93,6 +120,12 @@ function CausalSelfAttention:forward(x, pos, kv)
   local rope = self.rope
   if rope then
     pos = pos or rope:positions(T, x.device)
+    local fused_ok = not kv and rope_mode == "fused" and rope.forward == RotaryEmbedding.forward
+      and FUSED_ROPE_OK[self.attn_fn]
+    if fused_ok and fused_ok(q, k, v) then             -- rotated inside flash
+      local y = F.flash_attention(q, k, v, true, {rope = {pos = pos, theta = rope.theta}})
+      return self.output_proj(y:transpose(-3, -2):reshape(table.unpack(shape)))
+    end
     if rope.forward == RotaryEmbedding.forward then
       q, k = rope(q, pos, k)                          -- one node, one launch for both
     else                                              -- a user's rope module: its own forward, once each

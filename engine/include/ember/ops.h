@@ -167,6 +167,13 @@ em_tensor *em_attention_naive(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
  * f64 inputs). */
 em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                               em_tensor **lse_out);
+/* em_flash_attention on q and k rotated by RoPE (em_rope's pos and theta;
+ * one pos broadcasting to q's and k's leading dims), gradients w.r.t. the
+ * un-rotated q and k (engine/ops/flash_rope.c): the same values as
+ * em_rope_qk then em_flash_attention, which it composes wherever no fused
+ * kernel applies. */
+em_tensor *em_flash_attention_rope(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
+                                   em_tensor *pos, double theta, em_tensor **lse_out);
 /* true when em_attention takes the flash path for these inputs (under the
  * current autocast state): em_flash_attention accepts them, f32 on CUDA only
  * with TF32 allowed (em_cuda_allow_tf32), and, on the CPU,

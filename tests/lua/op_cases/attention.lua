@@ -37,6 +37,20 @@ return function(case, perf, ember, F)
     function(T) return {T.randn({1, 4, 1, 32}), T.randn({1, 2, 29, 32}), T.randn({1, 2, 29, 32})} end, nil, HALF)
   case("flash_attention decode: Tq 3 against Tk 13, 3-D, d 128, not causal", "flash_attention", flash(false),
     function(T) return {T.randn({1, 3, 128}), T.randn({1, 13, 128}), T.randn({1, 13, 128})} end, nil, HALF)
+  -- the rope option (q and k un-rotated; positions made on q's device): finite differences through the rotation
+  -- on the CPU; on CUDA the one-node path (its backward's rotating epilogues) against the CPU
+  local function flash_rope(causal, first, theta)
+    return function(q, k, v)
+      local T = q.shape[#q.shape - 1]
+      local pos = ember.arange(first, first + T, 1, {dtype = "i64", device = q.device})
+      return F.flash_attention(q, k, v, causal, {rope = {pos = pos, theta = theta}})
+    end
+  end
+  case("flash_attention rope option d64 causal, positions 5..11", "flash_attention", flash_rope(true, 5, 10000),
+    function(T) return {T.randn({2, 2, 7, 64}), T.randn({2, 2, 7, 64}), T.randn({2, 2, 7, 64})} end, nil, HALF)
+  case("flash_attention rope option grouped-query (H 4, Hkv 2) d128 not causal, theta 500", "flash_attention",
+    flash_rope(false, 0, 500),
+    function(T) return {T.randn({1, 4, 9, 128}), T.randn({1, 2, 9, 128}), T.randn({1, 2, 9, 128})} end, nil, HALF)
   case("flash_attention over a (B, T, H, D) head view (strided q, k, v)", "flash_attention",
     function(q, k, v) return F.flash_attention(q:transpose(1, 2), k:transpose(1, 2), v:transpose(1, 2), true) end,
     function(T) return {T.randn({1, 11, 2, 32}), T.randn({1, 11, 2, 32}), T.randn({1, 11, 2, 32})} end, nil, HALF)
