@@ -21,8 +21,10 @@
  * the partials itself (finish_dw: the last 64-132 blocks to finish each add
  * a slice of the columns over all partial rows, counted in a per-stream or
  * per-graph ticket word the kernel leaves ready: no memset, no second
- * launch), the block kernel with a second kernel. Fixed order everywhere:
- * dw is bit-reproducible.
+ * launch), the block kernel with a second kernel; EMBER_RMSNORM_BWD_DW=cluster
+ * (cluster_dw): clusters of 8 blocks add their rows through distributed
+ * shared memory and the last block of each column slice adds the clusters'
+ * rows, nobody waiting. Fixed order everywhere: dw is bit-reproducible.
  *
  * Numerics: f32 math (f64 for f64 x) whatever the storage dtype, one rounding
  * on store; w may have another float dtype than x (f32 weights, bf16 acts).
@@ -34,6 +36,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <cooperative_groups.h>
 #include "common.cuh"
 #include "dtype_io.cuh"
 #include "backend.h"
@@ -453,27 +456,16 @@ __device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+/* gw[c·PS .. ) for the 16-byte chunks [c0, c1) of C: the sum of nb partial
+ * rows of `part`, every thread of the block taking part (finish_dw's layout:
+ * chunk t % w of a window of w, rows p, p + R, ... in row order with UNR in
+ * flight, the R phase sums added by a fixed binary tree). The order depends
+ * on (nb, D, c0, c1) alone. */
 template <typename C, typename TW, int UNR>
-__device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, int nred, TW *gw) {
-  __shared__ int ticket_s;
+__device__ void sum_rows_slice(const C *part, int nb, int64_t D, int64_t c0, int64_t c1, TW *gw) {
   __shared__ Packed128<C> red[BWD_THREADS];
   constexpr int PS = 16 / sizeof(C);
-  const int nb = (int)gridDim.x, t = threadIdx.x;
-  __syncthreads();                                    /* every thread's partial-row stores, then one fence */
-  if (t == 0) {
-    __threadfence();                                  /* cumulative over the barrier: the block's row, visible before its ticket */
-    const unsigned long long old = atomicAdd(word, 1ull);
-    const int tk = (int)(unsigned)old;
-    if (tk == nb - 1) atomicAdd(word, (1ull << 32) - (unsigned long long)nb);   /* low half 0, generation + 1 */
-    else if (tk >= nb - nred)
-      while ((ld_acquire_u64(word) >> 32) == (old >> 32)) __nanosleep(100);
-    ticket_s = tk;
-  }
-  __syncthreads();
-  const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
-  if (q < 0) return;
-  __threadfence();
-  const int64_t chunks = D / PS, c0 = chunks * q / nred, c1 = chunks * (q + 1) / nred;
+  const int t = threadIdx.x;
   for (int64_t cw = c0; cw < c1; cw += BWD_THREADS) {
     const int w = c1 - cw < BWD_THREADS ? (int)(c1 - cw) : BWD_THREADS, R = BWD_THREADS / w;
     const int ph = t / w;
@@ -512,6 +504,97 @@ __device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, in
   }
 }
 
+template <typename C, typename TW, int UNR>
+__device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, int nred, TW *gw) {
+  __shared__ int ticket_s;
+  constexpr int PS = 16 / sizeof(C);
+  const int nb = (int)gridDim.x, t = threadIdx.x;
+  __syncthreads();                                    /* every thread's partial-row stores, then one fence */
+  if (t == 0) {
+    __threadfence();                                  /* cumulative over the barrier: the block's row, visible before its ticket */
+    const unsigned long long old = atomicAdd(word, 1ull);
+    const int tk = (int)(unsigned)old;
+    if (tk == nb - 1) atomicAdd(word, (1ull << 32) - (unsigned long long)nb);   /* low half 0, generation + 1 */
+    else if (tk >= nb - nred)
+      while ((ld_acquire_u64(word) >> 32) == (old >> 32)) __nanosleep(100);
+    ticket_s = tk;
+  }
+  __syncthreads();
+  const int q = ticket_s - (nb - nred);               /* the last nred blocks reduce */
+  if (q < 0) return;
+  __threadfence();
+  const int64_t chunks = D / PS;
+  sum_rows_slice<C, TW, UNR>(part, nb, D, chunks * q / nred, chunks * (q + 1) / nred, gw);
+}
+
+/* EMBER_RMSNORM_BWD_DW=cluster: the weight gradient's tail without a wait.
+ * The grid is launched in clusters of DW_CLUSTER blocks. Each block leaves its
+ * partial row (its groups' rows added, as finish_dw's caller does) in its own
+ * shared memory; after one cluster barrier, block rank k adds slice k of the
+ * columns over the cluster's blocks in rank order, reading their rows through
+ * distributed shared memory, and stores that slice of the cluster's partial
+ * row (gridDim / DW_CLUSTER rows in all, 8x fewer than finish_dw's). Then it
+ * takes a ticket on counter k (one of DW_CLUSTER ints from the stream's
+ * zeroed counters): the block that takes the last adds slice k over every
+ * cluster's row (sum_rows_slice), writes gw's slice and puts the counter back
+ * to zero. The cluster barrier's second half (a block's shared memory must
+ * outlive its cluster's reads) is waited for only before the block exits.
+ * Nobody polls: no co-residency is needed, and the chain after the last row
+ * tile is a cluster barrier, one DSMEM trip, a fence, a ticket (64 arrivals
+ * a word at (2048, 768), not 512 on one word) and one trip of L2 loads,
+ * where finish_dw has a fence, a ticket, a poll, a second fence, a trip over
+ * 8x the partial rows and a 7-level tree. Orders depend on (grid, D) alone:
+ * gw is bit-reproducible (other bits than the ticket path's: the clusters'
+ * sums come first); x's gradient is the same kernel body's, the same bits. */
+constexpr int DW_CLUSTER = 8;
+/* Rows in flight a thread in cluster_dw (UNR partial rows at L2; cluster rows over DSMEM: 8, or 4 when
+ * UNR is 2): 8 where the main loop's registers leave room, 2 for the 1-2 chunk kernels. ptxas -v (sm_90a):
+ * every f32/bf16/f16 configuration of 3-4 chunks, and the HOLD ones of 2, stays at its blocks-an-SM step
+ * (the models' rows: <f32, f32, 64, 3, f32, bf16> 64, <.., 128, 4, ..> 79-80, <.., 256, 3, ..> 64); the
+ * 32-thread 1-2 chunk kernels (rows of <= 256 f32 / 512 bf16 columns) go from 40-48 to 44-60 registers,
+ * one block an SM fewer, with the switch on. 8 makes one trip of loads at (2048, 768) f32: 64 cluster
+ * rows, 24-chunk slices, 10 phases, 7 rows a thread. */
+__host__ __device__ constexpr int dw_cluster_unr(int nv, bool hold) { return nv >= 3 || hold ? 8 : 2; }
+template <typename C, typename TW, int UNR>
+__device__ void cluster_dw(const C *row, int64_t D, C *part, int *ctr, TW *gw) {
+  constexpr int DSM = UNR >= DW_CLUSTER ? DW_CLUSTER : 4;   /* cluster rows read at once */
+  namespace cg = cooperative_groups;
+  __shared__ int last_s;
+  constexpr int PS = 16 / sizeof(C);
+  cg::cluster_group cl = cg::this_cluster();
+  const int rank = (int)cl.block_rank(), nclu = (int)(gridDim.x / DW_CLUSTER), cid = (int)(blockIdx.x / DW_CLUSTER);
+  const int64_t chunks = D / PS, c0 = chunks * rank / DW_CLUSTER, c1 = chunks * (rank + 1) / DW_CLUSTER;
+  cl.sync();                                          /* every block's row in its shared memory */
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += BWD_THREADS) {
+    Packed128<C> s;
+#pragma unroll
+    for (int h = 0; h < DW_CLUSTER; h += DSM) {
+      Packed128<C> v[DSM];
+#pragma unroll
+      for (int k = 0; k < DSM; k++) v[k] = cl.map_shared_rank(reinterpret_cast<const Packed128<C> *>(row), h + k)[c];
+#pragma unroll
+      for (int k = 0; k < DSM; k++)                   /* rank order */
+#pragma unroll
+        for (int q = 0; q < PS; q++) s[q] = h + k ? s[q] + v[k][q] : v[k][q];
+    }
+    *reinterpret_cast<Packed128<C> *>(part + (int64_t)cid * D + c * PS) = s;
+  }
+  cl.barrier_arrive();                                /* this block's remote reads done; waited for before it exits */
+  __syncthreads();                                    /* every thread's slice stores, then one fence */
+  if (threadIdx.x == 0) {
+    __threadfence();                                  /* cumulative over the barrier: the slice, visible before the ticket */
+    const bool last = atomicAdd(ctr + rank, 1) == nclu - 1;
+    if (last) atomicExch(ctr + rank, 0);              /* every rank-k block has arrived: zero for the next launch */
+    last_s = last;
+  }
+  __syncthreads();
+  if (last_s) {
+    __threadfence();
+    sum_rows_slice<C, TW, UNR>(part, nclu, D, c0, c1, gw);
+  }
+  cl.barrier_wait();                                  /* no block's shared memory goes while its cluster still reads it */
+}
+
 /* Row groups: TPR threads (a multiple of 32) share a row, RPB = 256 / TPR
  * rows per block per step, each thread holding NV 16-byte chunks of x, gy
  * (and of the gx it adds into) in registers, all loads issued before the
@@ -530,13 +613,14 @@ __device__ void finish_dw(const C *part, int64_t D, unsigned long long *word, in
  * partial row, and finish_dw sums the partial rows: deterministic, no
  * atomics on values (a counter per group of blocks). */
 template <typename TX, typename TW, int TPR, int NV, bool HOLD_ = (sizeof(TX) == 2 && NV <= 2), typename TG = TX,
-          typename TR = void>
+          typename TR = void, bool CLU = false>
 __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__restrict__ x, const TW *__restrict__ w,
                                                                  const acc_t<TX> *__restrict__ rstd,
                                                                  const TG *__restrict__ gy, int64_t N, int64_t D,
                                                                  TX *__restrict__ gx, acc_t<TX> *__restrict__ dw_part,
                                                                  bool wvec, bool gx_acc, unsigned long long *ticket,
-                                                                 int nred, TW *gw, void *grad_r = nullptr) {
+                                                                 int nred, TW *gw, void *grad_r = nullptr,
+                                                                 int *dw_ctr = nullptr) {
   using C = acc_t<TX>;
   constexpr int VEC = 16 / sizeof(TX), RPB = BWD_THREADS / TPR, WPR = TPR / 32;
   constexpr bool HOLD = HOLD_;
@@ -658,9 +742,11 @@ __global__ void __launch_bounds__(BWD_THREADS) rms_bwd_rg_kernel(const TX *__res
     C s = dw[j];
 #pragma unroll
     for (int g = 1; g < RPB; g++) s += dw[g * D + j];
-    dw_part[blockIdx.x * D + j] = s;
+    if constexpr (CLU) dw[j] = s;                     /* the block's row in group 0's, read by its cluster */
+    else dw_part[blockIdx.x * D + j] = s;
   }
-  finish_dw<C, TW, dw_unr(NV, HOLD)>(dw_part, D, ticket, nred, gw);
+  if constexpr (CLU) cluster_dw<C, TW, dw_cluster_unr(NV, HOLD)>(dw, D, dw_part, dw_ctr, gw);
+  else finish_dw<C, TW, dw_unr(NV, HOLD)>(dw_part, D, ticket, nred, gw);
 }
 
 /* gw[j] = sum over blocks of part[b][j]. A block takes 16 columns; its 32
@@ -690,6 +776,22 @@ __global__ void __launch_bounds__(DW_COLS * DW_ROWS) dw_reduce_kernel(const C *p
   if (ty == 0 && j < D) gw[j] = st<TW>(acc[0][tx]);
 }
 
+/* A launch of `grid` 256-thread blocks in clusters of DW_CLUSTER; at: its one attribute's storage. */
+static cudaLaunchConfig_t cluster_config(cudaLaunchAttribute *at, unsigned grid, size_t smem, cudaStream_t s) {
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = DW_CLUSTER;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(BWD_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 /* One row-group configuration: its grid fills the GPU once (resident blocks
  * per SM from the occupancy calculator, cached per configuration and shared
  * memory size), which also bounds the partial rows of dw. */
@@ -713,19 +815,60 @@ struct rg_launch {
       per_sm = n;
       for_smem = smem;
     }
-    constexpr int RPB = BWD_THREADS / TPR;
-    /* as many tiles per block as one resident wave needs, spread evenly:
-     * 512 tiles on 396 slots run as 256 blocks of 2, not 116 of 2 and 280 of 1 */
-    int64_t tiles = (N + RPB - 1) / RPB, cap = (int64_t)em_sm_count(dev) * per_sm;
-    int64_t iters = (tiles + cap - 1) / cap;
     *per_sm_out = per_sm;
-    return (tiles + iters - 1) / iters;
+    return spread((N + RPB - 1) / RPB, (int64_t)em_sm_count(dev) * per_sm);
+  }
+  /* EMBER_RMSNORM_BWD_DW=cluster: whole clusters of DW_CLUSTER blocks, as many as the GPU holds at once
+   * (cudaOccupancyMaxActiveClusters; the x-dtype gy kernel's, as above), the tiles spread over them */
+  static int64_t grid_cluster(int dev, int64_t N, size_t smem) {
+    static int clusters = 0;
+    static size_t for_smem = (size_t)-1;
+    if (for_smem != smem) {
+      auto k = rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TX, void, true>;
+      cudaLaunchAttribute at[1];
+      const cudaLaunchConfig_t cfg = cluster_config(at, DW_CLUSTER, smem, nullptr);
+      int n = 0, per_sm = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess || n < 1) {
+        cudaGetLastError();                            /* no cluster count: the blocks an SM holds, as whole clusters */
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, BWD_THREADS, smem) != cudaSuccess) {
+          cudaGetLastError();
+          per_sm = 1;
+        }
+        n = std::max(em_sm_count(dev) * per_sm / DW_CLUSTER, 1);
+      }
+      clusters = n;
+      for_smem = smem;
+    }
+    const int64_t b = spread((N + RPB - 1) / RPB, (int64_t)clusters * DW_CLUSTER);
+    return (b + DW_CLUSTER - 1) / DW_CLUSTER * DW_CLUSTER;   /* at most the cap, itself whole clusters */
   }
   static void run(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
                   const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc,
                   unsigned long long *ticket, int nred, TW *gw, void *gr) {
     rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG, TR><<<grid, BWD_THREADS, smem, s>>>(x, w, r, g, N, D, gx, part, wvec,
                                                                                     gx_acc, ticket, nred, gw, gr);
+  }
+  /* the cluster launch (grid a multiple of DW_CLUSTER); 0, or -1 with the error set */
+  static int run_cluster(unsigned grid, size_t smem, cudaStream_t s, const TX *x, const TW *w, const acc_t<TX> *r,
+                         const TG *g, int64_t N, int64_t D, TX *gx, acc_t<TX> *part, bool wvec, bool gx_acc, TW *gw,
+                         void *gr, int *ctr) {
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cluster_config(at, grid, smem, s);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, rms_bwd_rg_kernel<TX, TW, TPR, NV, HOLD, TG, TR, true>, x, w, r, g, N,
+                                             D, gx, part, wvec, gx_acc, (unsigned long long *)nullptr, 0, gw, gr, ctr);
+    if (e == cudaSuccess) return 0;
+    (void)cudaGetLastError();                          /* reported here, not by the next launch's check */
+    return em_error("rmsnorm backward (EMBER_RMSNORM_BWD_DW=cluster): cudaLaunchKernelEx failed: %s",
+                    cudaGetErrorString(e));
+  }
+
+ private:
+  static constexpr int RPB = BWD_THREADS / TPR;
+  /* as many tiles per block as one resident wave (cap blocks) needs, spread evenly:
+   * 512 tiles on 396 slots run as 256 blocks of 2, not 116 of 2 and 280 of 1 */
+  static int64_t spread(int64_t tiles, int64_t cap) {
+    const int64_t iters = (tiles + cap - 1) / cap;
+    return (tiles + iters - 1) / iters;
   }
 };
 
@@ -745,6 +888,23 @@ static int bwd_chunks_16bit() {
     else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_CHUNKS to be 2, 2r or 4, got '%s'", env);
   }
   return most;
+}
+
+/* EMBER_RMSNORM_BWD_DW: the weight gradient's tail of the row-group kernels:
+ * "ticket" (default: finish_dw, the last blocks wait and reduce) or
+ * "cluster" (cluster_dw: clusters of DW_CLUSTER blocks add their rows through
+ * distributed shared memory, the last block of each column slice adds the
+ * clusters' rows; no waiting). x's gradient has the same bits either way; gw
+ * other bits, each repeatable. Returns 0 ticket, 1 cluster, -1 (error); read once. */
+static int bwd_dw_cluster() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *env = getenv("EMBER_RMSNORM_BWD_DW");
+    if (!env || !*env || !strcmp(env, "ticket")) mode = 0;
+    else if (!strcmp(env, "cluster")) mode = 1;
+    else return em_error("rmsnorm backward: expected EMBER_RMSNORM_BWD_DW to be ticket or cluster, got '%s'", env);
+  }
+  return mode;
 }
 
 /* finish_dw's reducers for nb partial rows of `chunks` 16-byte chunks, unr
@@ -850,10 +1010,12 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
     else return false;
     return true;
   };
+  const int clu = gw ? bwd_dw_cluster() : 0;         /* the cluster tail (row-group kernels with gw) */
+  if (clu < 0) return -1;
   int64_t blocks = 0;
   int per_sm = 1, unr = 2;
   bool rg = with_config([&](auto L) {
-    blocks = decltype(L)::grid(dev, N, smem, &per_sm);
+    blocks = clu ? decltype(L)::grid_cluster(dev, N, smem) : decltype(L)::grid(dev, N, smem, &per_sm);
     unr = decltype(L)::unr;
   });
   if (!rg) {
@@ -867,17 +1029,21 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   int nred = 0;
   em_tensor *part = NULL, *cnt = NULL;
   unsigned long long *ticket = nullptr;
+  int *ctr = nullptr;                                 /* the cluster tail's DW_CLUSTER counters */
   if (gw) {
-    int64_t shape[2] = {blocks, D}, nc = 2;
+    /* partial rows: a block's each, or (cluster tail) a cluster's each */
+    int64_t shape[2] = {rg && clu ? blocks / DW_CLUSTER : blocks, D}, nc = rg && clu ? DW_CLUSTER : 2;
     if (!(part = em_empty(2, shape, std::is_same<C, double>::value ? EM_F64 : EM_F32, x->device))) return -1;
     if (rg) {
       const int64_t cchunks = D / (16 / (int64_t)sizeof(C));   /* finish_dw's 16-byte chunks of a row */
-      if ((nred = bwd_reducers(blocks, cchunks, unr, em_sm_count(dev), per_sm)) < 0) {
+      if (!clu && (nred = bwd_reducers(blocks, cchunks, unr, em_sm_count(dev), per_sm)) < 0) {
         em_tensor_release(part);
         return -1;
       }
-      if (int *cp = em_stream_counters(dev, (void *)s, 1)) ticket = (unsigned long long *)(cp + EM_STREAM_TICKET);
-      else {
+      if (int *cp = em_stream_counters(dev, (void *)s, (int)nc)) {
+        ticket = (unsigned long long *)(cp + EM_STREAM_TICKET);
+        ctr = cp;
+      } else {
         if (!(cnt = em_empty(1, &nc, EM_I32, x->device)) ||
             em_cuda_check(cudaMemsetAsync(em_data_ptr(cnt), 0, (size_t)nc * sizeof(int), s), "rmsnorm backward",
                           "cudaMemsetAsync")) {
@@ -885,6 +1051,7 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
           return -1;
         }
         ticket = (unsigned long long *)em_data_ptr(cnt);
+        ctr = (int *)em_data_ptr(cnt);
       }
     }
     if (!rg && smem > 48 * 1024 &&
@@ -898,11 +1065,13 @@ static int launch_bwd(const em_tensor *x, const em_tensor *w, const em_tensor *r
   TW *gwp = gw ? (TW *)em_data_ptr(gw) : nullptr;
   const C *rp = (const C *)em_data_ptr(rstd);
   unsigned grid = (unsigned)blocks;
+  int rc = 0;
   if (!with_config([&](auto L) {
-        decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, ticket, nred, gwp, grp);
+        if (clu) rc = decltype(L)::run_cluster(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, gwp, grp, ctr);
+        else decltype(L)::run(grid, smem, s, xp, wp, rp, gp, N, D, gxp, pp, wvec, gx_acc, ticket, nred, gwp, grp);
       }))
     rms_bwd_kernel<TX, TW, TG, TR><<<grid, BWD_THREADS, smem, s>>>(xp, wp, rp, gp, N, D, gxp, pp, gx_acc, grp);
-  int rc = em_launch_check("rmsnorm backward");
+  if (rc == 0) rc = em_launch_check("rmsnorm backward");
   if (rc == 0 && gw && !rg) {                         /* the block kernel's partials: a second pass */
     dw_reduce_kernel<C, TW><<<(unsigned)((D + DW_COLS - 1) / DW_COLS), DW_COLS * DW_ROWS, 0, s>>>(
         (const C *)em_data_ptr(part), blocks, D, gwp);

@@ -8,6 +8,7 @@
 --   ember run scripts/rms_bwd_sweep.lua --dtype bf16 --d 1600 --rows 2048,8192
 --   EMBER_RMSNORM_BWD_CHUNKS=4 ember run scripts/rms_bwd_sweep.lua --dtype bf16   # 16-bit rows at 4 chunks a thread (default 2; 2r: 2, recomputed)
 --   ember run scripts/rms_bwd_sweep.lua --no-wgrad             # x's gradient only: no weight gradient, no tail
+--   EMBER_RMSNORM_BWD_DW=cluster ember run scripts/rms_bwd_sweep.lua   # the weight gradient's tail through clusters (default ticket)
 --
 -- --no-wgrad leaves the weight out of autograd, so the kernel writes no
 -- partial rows and runs no weight-gradient tail (finish_dw): the intercept

@@ -297,6 +297,108 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     H.remove_temps()
   end)
 
+  -- EMBER_RMSNORM_BWD_DW (kernels/norm.cu cluster_dw): the weight gradient's
+  -- tail by the waiting ticket reducers or by clusters of 8 blocks through
+  -- distributed shared memory. x's gradient (and add_rmsnorm's x, r and
+  -- stream gradients) the same bits in both; dw within the CPU's tolerance in
+  -- both (their sum orders differ), bit-identical run to run, on a side
+  -- stream and in graph replays. Shapes: the models' rows, 1 row (7 empty
+  -- blocks of a cluster), every row-group configuration (D 64: 32 threads a
+  -- row, 1600 and 4096: 128 and 256), D 16 (fewer chunks than slices), odd D
+  -- (the block kernel, no cluster), bf16 and f32, no weight gradient.
+  it("EMBER_RMSNORM_BWD_DW=ticket and cluster: x's gradient the same bits, dw the CPU's and repeatable; others refused", function()
+    local script = H.temp(".lua")
+    H.spit(script, [==[
+local ember = require "ember"
+local F = ember.nn.functional
+ember.manual_seed(9)
+local out = {}
+local function leaf(t) local c = t:clone(); c.requires_grad = true; return c end
+local cases = {{2048, 768, "f32"}, {2048, 768, "bf16"}, {1, 768, "f32"}, {1, 768, "bf16"}, {3001, 1600, "f32"},
+  {3001, 1600, "bf16"}, {1031, 4096, "f32"}, {8192, 64, "f32"}, {8192, 64, "bf16"}, {5, 16, "f32"}, {7, 37, "f32"},
+  {301, 1600, "bf16", "bf16"}}
+local side = ember.cuda.Stream()
+for k, c in ipairs(cases) do
+  local s, dt, wdt = {c[1], c[2]}, c[3], c[4] or "f32"
+  local x, g, w = ember.randn(s):to(dt), ember.randn(s):to(dt), ember.randn({s[2]}):to(wdt)
+  local xg, gg = x:cuda(), g:cuda()
+  local function run()
+    local xl, wl = leaf(xg), leaf(w:cuda())
+    F.rmsnorm(xl, wl, 1e-5):backward(gg)
+    return xl.grad:cpu(), wl.grad:cpu()
+  end
+  local key = tostring(k)
+  out["x_" .. key], out["g_" .. key], out["w_" .. key] = x, g, w
+  out["dx_" .. key], out["dw_" .. key] = run()
+  out["dx2_" .. key], out["dw2_" .. key] = run()
+  ember.cuda.stream(side, function() out["dx3_" .. key], out["dw3_" .. key] = run() end)
+  side:synchronize()
+  -- a graph replay, its grads poisoned first: every replay writes them
+  local xl, wl = leaf(xg), leaf(w:cuda())
+  local graph = ember.cuda.graph(function()
+    xl.grad, wl.grad = nil, nil
+    F.rmsnorm(xl, wl, 1e-5):backward(gg)
+  end, {warmup = 0})
+  for _ = 1, 2 do
+    xl.grad:fill_(0 / 0); wl.grad:fill_(0 / 0)
+    graph:replay()
+  end
+  ember.cuda.synchronize()
+  out["dx4_" .. key], out["dw4_" .. key] = xl.grad:cpu(), wl.grad:cpu()
+  graph:close()
+end
+-- no weight gradient: x's alone
+do
+  local x, g, w = ember.randn({2048, 768}), ember.randn({2048, 768}), ember.randn({768})
+  local xl = leaf(x:cuda())
+  F.rmsnorm(xl, w:cuda(), 1e-5):backward(g:cuda())
+  out.nw_dx = xl.grad:cpu()
+end
+-- the models' call: add_rmsnorm's backward on an f32 stream with a bf16 branch and a bf16 y (the stream's
+-- gradient added into, the branch's bf16 gradient written beside it)
+do
+  local x, r, w = ember.randn({2048, 768}), ember.randn({2048, 768}):to("bf16"), ember.randn({768})
+  local gs, gy = ember.randn({2048, 768}), ember.randn({2048, 768}):to("bf16")
+  local xl, rl, wl = leaf(x:cuda()), leaf(r:cuda()), leaf(w:cuda())
+  local sum, y = F.add_rmsnorm(xl, rl, wl, 1e-5, {out_dtype = "bf16"})
+  ;((y * gy:cuda()):sum() + (sum * gs:cuda()):sum()):backward()
+  out.add_x, out.add_r, out.add_w, out.add_gs, out.add_gy = x, r, w, gs, gy
+  out.add_gx, out.add_gr, out.add_dw = xl.grad:cpu(), rl.grad:cpu(), wl.grad:cpu()
+end
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]==])
+    local got = C.mode_results(H, script, "EMBER_RMSNORM_BWD_DW", {"ticket", "cluster"})
+    local ticket, cluster = got.ticket, got.cluster
+    for k = 1, 12 do
+      local key = tostring(k)
+      local x, g, w = ticket["x_" .. key], ticket["g_" .. key], ticket["w_" .. key]
+      local xc, wc = x:clone(), w:clone()
+      xc.requires_grad, wc.requires_grad = true, true
+      F.rmsnorm(xc, wc, 1e-5):backward(g)
+      for mode, r in pairs(got) do
+        close(r["dw_" .. key], wc.grad, TOL[w.dtype], ("%s dw, case %d"):format(mode, k))
+        for _, n in ipairs({"2", "3", "4"}) do
+          C.assert_same_bits(r["dw" .. n .. "_" .. key], r["dw_" .. key], ("%s dw%s, case %d"):format(mode, n, k))
+          C.assert_same_bits(r["dx" .. n .. "_" .. key], r["dx_" .. key], ("%s dx%s, case %d"):format(mode, n, k))
+        end
+      end
+      C.assert_same_bits(cluster["dx_" .. key], ticket["dx_" .. key], ("dx cluster vs ticket, case %d"):format(k))
+    end
+    C.assert_same_bits(cluster.nw_dx, ticket.nw_dx, "dx without a weight gradient")
+    for _, n in ipairs({"add_gx", "add_gr"}) do C.assert_same_bits(cluster[n], ticket[n], n .. " cluster vs ticket") end
+    local xl, rl, wl = C.leaf(ticket.add_x), C.leaf(ticket.add_r:to("f32")), C.leaf(ticket.add_w)
+    local sum, y = F.add_rmsnorm(xl, rl, wl, 1e-5)
+    ;((y * ticket.add_gy:to("f32")):sum() + (sum * ticket.add_gs):sum()):backward()
+    for mode, r in pairs(got) do
+      close(r.add_dw, wl.grad, TOL.f32, mode .. " add_rmsnorm dw")
+      close(r.add_gx, xl.grad, TOL.f32, mode .. " add_rmsnorm dx")
+    end
+    local _, err, code = H.ember({"run", script}, {env = {EMBER_RMSNORM_BWD_DW = "tree", SCAN_SPEC_OUT = H.temp(".st")}})
+    assert.are_not.equal(0, code, "EMBER_RMSNORM_BWD_DW=tree should fail")
+    assert.matches("expected EMBER_RMSNORM_BWD_DW to be ticket or cluster, got 'tree'", err, 1, true)
+    H.remove_temps()
+  end)
+
   -- On a residual stream, x's gradient sum is formed inside the rmsnorm
   -- backward (it adds into the gradient the residual branch delivered first):
   -- the result must equal the CPU's separate sum.
