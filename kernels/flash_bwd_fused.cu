@@ -859,19 +859,21 @@ int det_groups(int writers) { return env_1_to_8(&g_det_groups, "EMBER_FLASH_DET_
 /* EMBER_FLASH_BWD_DQ_FIRST, read once (docs/flash.md "Step 11"): 1 — fused's turn B issues dq(j − 1) first, in a
  * commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2 — also dSᵀ's proxy fence
  * after turn B's first wgmmas (D 64: dk's A from registers, wg2's way; D 128: a 2-stage ring, three dSᵀ buffers,
- * dSᵀ stored in turn A, the fence and the consumer's barrier before dk's issue); 0 (default) — as before. The
- * same products in the same order: the same bits. With three dq writers and EMBER_FLASH_BWD_STEP6=1 only (the
- * defaults; otherwise an error naming the switches); fused_nd does not read it. 0, 1, 2, or -1 with the error set. */
-int g_dq_first = -1;
-int bwd_dq_first() {
+ * dSᵀ stored in turn A, the fence and the consumer's barrier before dk's issue); 0 — as before. The same products
+ * in the same order: the same bits. Set: with three dq writers and EMBER_FLASH_BWD_STEP6=1 only (otherwise an error
+ * naming the switches); unset: 2 at D 64 where those hold (measured on the H200: d64 T16384 backward 3.534 → 3.25 ms),
+ * else 0 (D 128: no faster). fused_nd does not read it. 0, 1, 2, or -1 with the error set. */
+int g_dq_first = -1;   // -1 unread, 3 unset
+int bwd_dq_first(bool two_by_default) {
   if (g_dq_first < 0) {
     const char *env = getenv("EMBER_FLASH_BWD_DQ_FIRST");
-    if (!env || !*env || strcmp(env, "0") == 0) g_dq_first = 0;
+    if (!env || !*env) g_dq_first = 3;
+    else if (strcmp(env, "0") == 0) g_dq_first = 0;
     else if (strcmp(env, "1") == 0) g_dq_first = 1;
     else if (strcmp(env, "2") == 0) g_dq_first = 2;
     else return em_error("flash_attention: expected EMBER_FLASH_BWD_DQ_FIRST to be 0, 1 or 2, got '%s'", env);
   }
-  return g_dq_first;
+  return g_dq_first == 3 ? (two_by_default ? 2 : 0) : g_dq_first;
 }
 
 template <typename T, int D, bool DET, bool BULK, bool S6>
@@ -895,7 +897,7 @@ int launch_fused(const Params &p, const Maps &m, int device, cudaStream_t s) {
   if (groups > 1 && writers != 3)
     return em_error("flash_attention: EMBER_FLASH_DET_GROUPS=%d needs EMBER_FLASH_DET_WRITERS=3, got %d", groups,
                     writers);
-  const int dq_first = DET ? bwd_dq_first() : 0;
+  const int dq_first = DET ? bwd_dq_first(D == 64 && writers == 3 && S6 && BULK) : 0;
   if (dq_first < 0) return -1;
   if (dq_first && (writers != 3 || !S6 || !BULK))
     return em_error("flash_attention: EMBER_FLASH_BWD_DQ_FIRST=%d needs EMBER_FLASH_DET_WRITERS=3, "

@@ -101,7 +101,7 @@ print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(u
   "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 3)") ..
   "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 1 with three writers)") ..
   "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 2 with three writers)") ..
-  "  EMBER_FLASH_BWD_DQ_FIRST=" .. (os.getenv("EMBER_FLASH_BWD_DQ_FIRST") or "(unset: 0)"))
+  "  EMBER_FLASH_BWD_DQ_FIRST=" .. (os.getenv("EMBER_FLASH_BWD_DQ_FIRST") or "(unset: 2 at D 64 with three writers, else 0)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
@@ -394,8 +394,9 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
   -- dq first (EMBER_FLASH_BWD_DQ_FIRST, read once: children; docs/flash.md "Step 11"): 1, turn B issues dq(j − 1)
   -- first, in a commit group of its own, and hands it to the writer while dv's and dk's wgmmas run; 2, also dSᵀ's
   -- proxy fence off the softmax's tail (D 64: dk's A from registers, as wg2's; D 128: a 2-stage ring, three dSᵀ
-  -- buffers stored in turn A, the fence before dk's issue). The same products in the same order, and the counters' order of dq's adds, so fused's gradients keep their bits — with range groups (2, the
-  -- default) and without (1) — and repeat them. The cases: many key blocks, GQA (2, 4), one q tile a block,
+  -- buffers stored in turn A, the fence before dk's issue). The same products in the same order, and the counters'
+  -- order of dq's adds, so fused's gradients keep their bits — with range groups (2, the default) and without (1) —
+  -- and repeat them; unset, the default (2 at D 64, 0 at D 128 or where 2 cannot run), too. The cases: many key blocks, GQA (2, 4), one q tile a block,
   -- Tq < Tk, long heads (65 and 33 q tiles: both dSᵀ buffer rings and the writers in steady state), both head dims,
   -- bf16 and f16, every mask.
   it("gives the same bits with EMBER_FLASH_BWD_DQ_FIRST=1 and 2 as with 0 (in children)", function()
@@ -425,6 +426,14 @@ ember.save(os.getenv("SCAN_SPEC_OUT"), out)
     assert.are_not.equal(0, code, "EMBER_FLASH_BWD_DQ_FIRST=2 with STEP6=0 should fail")
     assert.matches("EMBER_FLASH_BWD_DQ_FIRST=2 needs EMBER_FLASH_DET_WRITERS=3, EMBER_FLASH_BWD_STEP6=1 and " ..
       "EMBER_FLASH_DQ=bulk, got 3, 0 and bulk", err, 1, true)
+    -- unset: 2 at D 64 where it can run, else 0 — so two writers or STEP6=0 alone still work, with the same bits
+    local unset = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {""}, {})
+    assert.are.equal(ncase, C.assert_modes_agree({zero = a["0"], unset = unset[""]}, "zero", {"unset"}))
+    for _, env in ipairs({{EMBER_FLASH_DET_WRITERS = "2", EMBER_FLASH_DET_STORE_FIRST = "0"},
+                          {EMBER_FLASH_BWD_STEP6 = "0"}}) do
+      unset = C.mode_results(helpers, script, "EMBER_FLASH_BWD_DQ_FIRST", {""}, env)
+      assert.are.equal(ncase, C.assert_modes_agree({zero = a["0"], unset = unset[""]}, "zero", {"unset"}))
+    end
     helpers.remove_temps()
   end)
 

@@ -307,7 +307,7 @@ print(table.concat(names, " | "))
 
   -- ... and runs what it says: the kernels' HF template argument (the grid's order; dq's S9, before its D9) true,
   -- no delta kernel; with 0 the kernels as before (HF false) and the delta kernel. D 64 (wg3 forward, the dk/dv
-  -- kernel's PIPE true) and D 80 (the D 128 kernels).
+  -- kernel's PIPE true) and D 80 (the D 128 kernels). (dq's and dk/dv's last argument, RP, false: no rope option.)
   it("runs the heaviest-first kernels and no delta kernel with EMBER_FLASH_STEP9=1 (by their names, in children)", function()
     C.need_cupti(pending)
     local script = helpers.temp_file(names_script, ".lua")
@@ -318,10 +318,10 @@ print(table.concat(names, " | "))
       local hf = mode == "1" and "true" or "false"
       assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 64, 3, true, " .. hf .. ">"), out)
       assert.truthy(out:find("flash_fwd_wg2_kernel<[^>]*, 128, 2, true, " .. hf .. ">"), out)
-      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 64, 4, true, " .. hf .. ">"), out)
-      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 128, 3, false, " .. hf .. ">"), out)
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, " .. hf .. ", false>"), out)
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, " .. hf .. ", false>"), out)
+      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 64, 4, true, " .. hf .. ", false>"), out)
+      assert.truthy(out:find("flash_dkdv_wg2_kernel<[^>]*, 128, 3, false, " .. hf .. ", false>"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, " .. hf .. ", false, false>"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, " .. hf .. ", false, false>"), out)
       if mode == "1" then assert.falsy(out:find("flash_delta_kernel", 1, true), out)
       else assert.truthy(out:find("flash_delta_kernel", 1, true), out) end
     end
@@ -351,8 +351,8 @@ print(table.concat(names, " | "))
     helpers.remove_temps()
   end)
 
-  -- ... and runs it: dq's last template argument (D9) true with the switch 1 or unset (the default), false with 0;
-  -- no delta kernel either way.
+  -- ... and runs it: dq's D9 template argument (before RP, false here) true with the switch 1 or unset (the
+  -- default), false with 0; no delta kernel either way.
   it("runs the dq kernel that sums Δ from shared memory with EMBER_FLASH_DELTA9=1 and by default (by its name, in children)", function()
     C.need_cupti(pending)
     local script = helpers.temp_file(names_script, ".lua")
@@ -360,8 +360,8 @@ print(table.concat(names, " | "))
       local out, err, code = helpers.ember({"run", script}, {env = {EMBER_FLASH_STEP9 = "1", EMBER_FLASH_DELTA9 = mode}})
       assert.are.equal(0, code, "EMBER_FLASH_DELTA9=" .. mode .. ": " .. tostring(err))
       local d9 = mode == "0" and "false" or "true"
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, true, " .. d9 .. ">"), out)
-      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, true, " .. d9 .. ">"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 64, 4, true, " .. d9 .. ", false>"), out)
+      assert.truthy(out:find("flash_dq_wg2_kernel<[^>]*, 128, 3, true, " .. d9 .. ", false>"), out)
       assert.falsy(out:find("flash_delta_kernel", 1, true), out)
     end
     helpers.remove_temps()
