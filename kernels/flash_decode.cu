@@ -27,7 +27,14 @@
  *
  * Causal masks as in flash_fwd.cu: row i keeps key j <= i + off (0 top-left,
  * Tk − Tq bottom-right: the decode case). A split whose keys a row cannot see
- * leaves that row m = −inf, l = 0, which the combine weighs as 0. */
+ * leaves that row m = −inf, l = 0, which the combine weighs as 0.
+ *
+ * Generation's decode step (em_flash_decode_cuda, F.flash_decode) reads the
+ * key count from a device tensor instead: the grid is sized for the cache's
+ * max_len (fixed, so one captured CUDA graph serves every step), each block
+ * reads the count and clips its key range to it, and splits past it write
+ * empty partials — the same rule as a split the causal mask hides. Keys read:
+ * the count's, not max_len's. */
 #include <algorithm>
 #include "backend.h"
 #include "flash_common.cuh"
@@ -51,6 +58,14 @@ struct DecodeCfg {
   static constexpr size_t smem = sizeof(float) * (size_t)(kRows * KP + BC * KP + BC * D + kRows * BC + 3 * kRows);
 };
 
+/* The key count read on the device (em_flash_decode_cuda: generation's decode step, whose count changes between
+ * replays of one captured graph): n[b·sb] keys of batch b (sb 0: one count for all), clamped to [0, Tk], the
+ * causal offset bottom-right against it. n NULL: the launch's Tk and off (em_flash_fwd_cuda). */
+struct KeyCount {
+  const int64_t *n;
+  int64_t sb;
+};
+
 /* Row r of a block (r0 + r over the group's (g, i) pairs): its q head and query position. */
 struct RowOf {
   int h, i;
@@ -58,7 +73,7 @@ struct RowOf {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p, KeyCount kc) {
   using C = DecodeCfg<D>;
   extern __shared__ __align__(16) float sm[];
   float *sQ = sm, *sK = sQ + kRows * C::KP, *sV = sK + C::BC * C::KP, *sS = sV + C::BC * D;
@@ -66,13 +81,18 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p) {
   const int bhk = blockIdx.x, b = bhk / p.Hkv, hk = bhk % p.Hkv, split = blockIdx.y;
   const int r0 = blockIdx.z * kRows, R = min(kRows, p.group * p.Tq - r0);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int lo = split * p.chunk, hi = min(p.Tk, lo + p.chunk);
+  int Tk = p.Tk, off = p.off;
+  if (kc.n) {   // splits past the count see no key: their partials stay empty (m = −inf, l = 0)
+    Tk = (int)min(max(kc.n[b * kc.sb], (int64_t)0), (int64_t)p.Tk);
+    off = Tk - p.Tq;
+  }
+  const int lo = split * p.chunk, hi = min(Tk, lo + p.chunk);
   // the keys any row of the block sees end at kend (causal: the largest i decides)
   int kend = hi;
   if (p.causal) {
     int imax = 0;
     for (int r = 0; r < R; r++) imax = max(imax, (r0 + r) % p.Tq);
-    kend = min(hi, imax + p.off + 1);
+    kend = min(hi, imax + off + 1);
   }
   const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
   const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
@@ -92,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p) {
 #pragma unroll
   for (int u = 0; u < C::RPS; u++) {
     const int r = tid / C::BC + C::RGS * u;
-    kend_s[u] = r < R ? (p.causal ? min(hi, (r0 + r) % p.Tq + p.off + 1) : hi) : lo;
+    kend_s[u] = r < R ? (p.causal ? min(hi, (r0 + r) % p.Tq + off + 1) : hi) : lo;
   }
   float o[C::RPO][C::CPT];
 #pragma unroll
@@ -250,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) flash_decode_combine_kernel(Params p
 }
 
 template <typename T, int D>
-int launch_decode(Params &p, int device, cudaStream_t s) {
+int launch_decode(Params &p, KeyCount kc, int device, cudaStream_t s) {
   using C = DecodeCfg<D>;
   const int chunks = (p.group * p.Tq + kRows - 1) / kRows;
   const int64_t base = (int64_t)p.B * p.Hkv * chunks, target = 2LL * em_sm_count(device);
@@ -280,7 +300,7 @@ int launch_decode(Params &p, int device, cudaStream_t s) {
     em_tensor_release(part);
     return em_launch_check("flash_attention (decode)");
   }
-  kern<<<dim3((unsigned)(p.B * p.Hkv), (unsigned)nsplit, (unsigned)chunks), kThreads, C::smem, s>>>(p);
+  kern<<<dim3((unsigned)(p.B * p.Hkv), (unsigned)nsplit, (unsigned)chunks), kThreads, C::smem, s>>>(p, kc);
   int rc = em_launch_check("flash_attention (decode)");
   if (rc == 0 && nsplit > 1) {
     flash_decode_combine_kernel<T, D><<<(unsigned)((rows + 3) / 4), kThreads, 0, s>>>(p);
@@ -290,17 +310,32 @@ int launch_decode(Params &p, int device, cudaStream_t s) {
   return rc;
 }
 
-}  // namespace
-
-int flash::decode_fwd(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
+/* The launches for dtype dt and head dim d; -2 where no kernel is built for them. */
+int decode_dispatch(Params &p, KeyCount kc, em_dtype dt, int d, int device, cudaStream_t s) {
   int rc = -2;
   if (dt == EM_BF16) {
-    FLASH_DISPATCH_D(d, D, rc = launch_decode<__nv_bfloat16, D>(p, device, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_decode<__nv_bfloat16, D>(p, kc, device, s);)
   } else if (dt == EM_F16) {
-    FLASH_DISPATCH_D(d, D, rc = launch_decode<__half, D>(p, device, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_decode<__half, D>(p, kc, device, s);)
   } else if (dt == EM_F32) {   // f32 arithmetic throughout: exact f32, no TF32 rounding
-    FLASH_DISPATCH_D(d, D, rc = launch_decode<float, D>(p, device, s);)
+    FLASH_DISPATCH_D(d, D, rc = launch_decode<float, D>(p, kc, device, s);)
   }
   if (rc == -2) return em_error("flash_attention: no decode kernel for head dim %d and %s", d, em_dtype_name(dt));
   return rc;
+}
+
+}  // namespace
+
+int flash::decode_fwd(Params &p, em_dtype dt, int d, int device, cudaStream_t s) {
+  return decode_dispatch(p, KeyCount{nullptr, 0}, dt, d, device, s);
+}
+
+extern "C" int em_flash_decode_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v,
+                                    const em_tensor *n_keys, em_tensor *o, em_tensor *lse, float scale) {
+  Params p = {};
+  set_qkv(p, q, k, v, o, 2, scale);   // bottom-right; Tk and off replaced per block by the device's count
+  p.out = em_data_ptr(o); p.lse = static_cast<float *>(em_data_ptr(lse));
+  if (p.B * p.H == 0 || p.Tq == 0) return 0;
+  const KeyCount kc{static_cast<const int64_t *>(em_data_ptr(n_keys)), n_keys->shape[0] == 1 ? 0 : n_keys->stride[0]};
+  return decode_dispatch(p, kc, q->dtype, (int)q->shape[3], q->device.index, em_cur_stream(q->device.index));
 }

@@ -261,6 +261,43 @@ function F.flash_attention(q, k, v, causal, opts)
   return core.flash_attention_rope(q, k, v, causal, opts.scale or 0, pos, rope.theta or 10000)
 end
 
+--- Generation's decode attention: a few queries against a key/value cache
+-- whose filled length `n_keys` is a device tensor, so one captured CUDA graph
+-- of a decode step serves every step (nn.KVCache's decode step under
+-- EMBER_KV_DECODE=flash). Query i sees the keys j < n − Tq + 1 + i of the
+-- first n = n_keys[b] (bottom-right causal against the filled part); a row
+-- that sees no key gives 0. CUDA: the split-key decode kernels, reading only
+-- the n filled keys (bf16, f16, f32 with f32 arithmetic); n_keys is never
+-- read on the host there, so a count past max_len is clamped to max_len, a
+-- negative one read as 0. CPU: any float dtype, F.flash_attention on the
+-- first n keys. Forward only (an error when an input requires grad).
+-- Returns o (B, H, Tq, D) in q's dtype.
+-- @param q tensor (B, H, Tq, D), 1 <= Tq <= 16
+-- @param k_cache tensor (B, Hkv, max_len, D), H a multiple of Hkv (GQA)
+-- @param v_cache tensor shaped as k_cache; q's dtype and device for all three
+-- @param n_keys i64 tensor (1) or (B) on q's device: keys filled
+-- @param[opt] opts a number (the scale, default 1/√D) or a table {scale = }
+function F.flash_decode(q, k_cache, v_cache, n_keys, opts)
+  check_tensor("flash_decode", "q", q)
+  check_tensor("flash_decode", "k_cache", k_cache)
+  check_tensor("flash_decode", "v_cache", v_cache)
+  check_tensor("flash_decode", "n_keys", n_keys)
+  local scale = opts
+  if type(opts) == "table" then
+    for key in pairs(opts) do
+      if key ~= "scale" then
+        error(("ember.nn.functional.flash_decode: unknown option '%s' (expected scale)"):format(tostring(key)), 2)
+      end
+    end
+    scale = opts.scale
+  end
+  if scale ~= nil and type(scale) ~= "number" then
+    error("ember.nn.functional.flash_decode: expected a scale (number) or an options table {scale = }, got " ..
+      type(scale), 2)
+  end
+  return core.flash_decode(q, k_cache, v_cache, n_keys, scale or 0)
+end
+
 --- The attention support matrix: one row per device x dtype x head dim x
 -- causal x GQA case, saying which kernel runs forward (Tq > 16), for
 -- decoding (Tq <= 16) and backward, what impl = "auto" picks, and the error

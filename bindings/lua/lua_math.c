@@ -333,6 +333,13 @@ static int l_flash_attention_rope(lua_State *L) {
   lem_push_result(L, lse);
   return 2;
 }
+/* core.flash_decode(q, k_cache, v_cache, n_keys[, scale]) -> o */
+static int l_flash_decode(lua_State *L) {
+  const char *fn = lem_name(L);
+  em_tensor *q = lem_check_tensor(L, 1, fn, "q"), *k = lem_check_tensor(L, 2, fn, "k_cache");
+  em_tensor *v = lem_check_tensor(L, 3, fn, "v_cache"), *n = lem_check_tensor(L, 4, fn, "n_keys");
+  return lem_push_result(L, em_flash_decode(q, k, v, n, lem_opt_number(L, 5, fn, "scale", 0)));
+}
 /* core.flash_applies(q, k, v) -> boolean: em_attention (impl "auto") takes the
  * flash path for these inputs (under the current autocast state) */
 static int l_flash_applies(lua_State *L) {
@@ -538,7 +545,8 @@ void lem_open_math(lua_State *L, int methods, int module) {
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"norm_out16", l_norm_out16}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
-    {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_attention_rope", l_flash_attention_rope}, {"flash_applies", l_flash_applies},
+    {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_attention_rope", l_flash_attention_rope}, {"flash_decode", l_flash_decode},
+    {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},
     {"flash_bwd_kernel", l_flash_bwd_kernel},

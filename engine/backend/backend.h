@@ -580,6 +580,15 @@ bool em_flash_supported_dim(int64_t d);
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o, em_tensor *lse,
                       int causal, float scale);
 
+/* The decode kernels with the key count on the device (em_flash_decode,
+ * ops.h): q (B, H, Tq <= 16, D), k and v caches (B, Hkv, max_len, D),
+ * n_keys i64 (1) or (B); query i sees keys < n − Tq + 1 + i of the first
+ * n = clamp(n_keys[b], 0, max_len). Rows that see no key get o = 0 and
+ * lse = −inf. No host read of n_keys: capturable with the count changing
+ * between replays. */
+int em_flash_decode_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *n_keys,
+                         em_tensor *o, em_tensor *lse, float scale);
+
 /* Which forward kernel em_flash_fwd_cuda runs for Tq > 16 (and what it
  * forces): 0 auto (the wg2 kernel, flash_fwd_wg2.cu, on sm_90 at D 128 and
  * its wg3 form at D 64; the mma.sync kernel otherwise; the decode kernel up to 16 queries),

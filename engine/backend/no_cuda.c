@@ -181,6 +181,8 @@ int em_nll_bwd_cuda(const em_tensor *logp, const em_tensor *target, const em_ten
 bool em_flash_supported_dim(int64_t d) { return false; }
 int em_flash_fwd_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, em_tensor *o,
                       em_tensor *lse, int causal, float scale) { return no_cuda(NULL); }
+int em_flash_decode_cuda(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *n_keys,
+                         em_tensor *o, em_tensor *lse, float scale) { return no_cuda(NULL); }
 int em_flash_fwd_kernel(int mode) {   /* no kernels to choose from: the setting is only kept */
   static int cur;
   int prev = cur;

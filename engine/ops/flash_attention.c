@@ -47,6 +47,7 @@
 #include <math.h>
 #include <stdio.h>
 #include "flash_cpu.h"
+#include "flash_tensors.h"
 #include "op.h"
 #include "cost.h"
 
@@ -112,7 +113,7 @@ static int flash_validate(em_tensor *q, em_tensor *k, em_tensor *v, em_dtype dt,
 
 /* The kernels read 16-byte rows: last dim contiguous, other strides multiples
  * of 8 elements, data 16-byte aligned. Anything else is copied once. */
-static em_tensor *kernel_ready(em_tensor *t) {
+em_tensor *em_flash_kernel_ready(em_tensor *t) {
   bool ok = t->stride[3] == 1 && ((uintptr_t)em_data_ptr(t) & 15) == 0;
   for (int d = 0; d < 3 && ok; d++) ok = t->stride[d] % 8 == 0 || t->shape[d] == 1;
   if (ok) return em_tensor_retain(t);
@@ -127,7 +128,7 @@ static em_tensor *kernel_ready(em_tensor *t) {
 }
 
 /* (B, H, T, D) view of fresh (B, T, H, D) memory. */
-static em_tensor *bthd_empty(int64_t b, int64_t h, int64_t t, int64_t d, em_dtype dt, em_device dev) {
+em_tensor *em_flash_bthd_empty(int64_t b, int64_t h, int64_t t, int64_t d, em_dtype dt, em_device dev) {
   int64_t shape[4] = {b, t, h, d};
   em_tensor *m = em_empty(4, shape, dt, dev);
   em_tensor *v = m ? em_transpose(m, 1, 2) : NULL;
@@ -138,7 +139,7 @@ static em_tensor *bthd_empty(int64_t b, int64_t h, int64_t t, int64_t d, em_dtyp
 /* t (B, H, T, D) as dtype dt in fresh (B, T, H, D) memory; t retained when already dt. */
 static em_tensor *bthd_as(em_tensor *t, em_dtype dt) {
   if (!t || t->dtype == dt) return t ? em_tensor_retain(t) : NULL;
-  em_tensor *r = bthd_empty(t->shape[0], t->shape[1], t->shape[2], t->shape[3], dt, t->device);
+  em_tensor *r = em_flash_bthd_empty(t->shape[0], t->shape[1], t->shape[2], t->shape[3], dt, t->device);
   if (r && em_copy_(r, t)) { em_tensor_release(r); r = NULL; }
   return r;
 }
@@ -179,7 +180,8 @@ static int flash_cpu(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal caus
   em_tensor *q = sv[0] = cpu_ready(q0, cdt), *k = sv[1] = q ? cpu_ready(k0, cdt) : NULL;
   em_tensor *v = sv[2] = k ? cpu_ready(v0, cdt) : NULL;
   int64_t lshape[3] = {q0->shape[0], q0->shape[1], q0->shape[2]};
-  em_tensor *o = sv[3] = v ? bthd_empty(q0->shape[0], q0->shape[1], q0->shape[2], q0->shape[3], cdt, q0->device)
+  em_tensor *o = sv[3] = v ? em_flash_bthd_empty(q0->shape[0], q0->shape[1], q0->shape[2], q0->shape[3], cdt,
+                                                 q0->device)
                            : NULL;
   em_tensor *lse = sv[4] = o ? em_empty(3, lshape, cdt, q0->device) : NULL;
   if (!lse) return -1;
@@ -195,9 +197,9 @@ static int flash_backward_cpu(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_dtype cdt = q->dtype;
   em_tensor *g = cpu_ready(gout[0], cdt);
   em_tensor *d[3] = {NULL};
-  d[0] = g ? bthd_empty(q->shape[0], q->shape[1], q->shape[2], q->shape[3], cdt, q->device) : NULL;
-  d[1] = d[0] ? bthd_empty(k->shape[0], k->shape[1], k->shape[2], k->shape[3], cdt, k->device) : NULL;
-  d[2] = d[1] ? bthd_empty(v->shape[0], v->shape[1], v->shape[2], v->shape[3], cdt, v->device) : NULL;
+  d[0] = g ? em_flash_bthd_empty(q->shape[0], q->shape[1], q->shape[2], q->shape[3], cdt, q->device) : NULL;
+  d[1] = d[0] ? em_flash_bthd_empty(k->shape[0], k->shape[1], k->shape[2], k->shape[3], cdt, k->device) : NULL;
+  d[2] = d[1] ? em_flash_bthd_empty(v->shape[0], v->shape[1], v->shape[2], v->shape[3], cdt, v->device) : NULL;
   int rc = -1;
   if (d[2]) {
     em_flash_cpu_args a = cpu_args(q, k, v, o, lse, c->causal, c->scale);
@@ -270,7 +272,7 @@ static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
   const flash_ctx *c = n->ctx;
   em_tensor *g = em_to(gout[0], q->dtype, q->device);
-  em_tensor *dout = g ? kernel_ready(g) : NULL;
+  em_tensor *dout = g ? em_flash_kernel_ready(g) : NULL;
   em_tensor_release(g);
   int64_t B = q->shape[0], H = q->shape[1], Hkv = k->shape[1], Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
   int64_t dshape[3] = {B, H, Tq};
@@ -278,9 +280,9 @@ static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin) {
   em_mem_category prev_cat = em_mem_set_category_override(EM_MEM_WORKSPACE);
   em_tensor *delta = dout ? em_empty(3, dshape, EM_F32, q->device) : NULL;
   em_mem_set_category_override(prev_cat);
-  em_tensor *dq = delta ? bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
-  em_tensor *dk = dq ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
-  em_tensor *dv = dk ? bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
+  em_tensor *dq = delta ? em_flash_bthd_empty(B, H, Tq, D, q->dtype, q->device) : NULL;
+  em_tensor *dk = dq ? em_flash_bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
+  em_tensor *dv = dk ? em_flash_bthd_empty(B, Hkv, Tk, D, q->dtype, q->device) : NULL;
   /* no queries: nothing reaches k or v, and the kernels write nothing (dk and dv are uninitialised until filled) */
   int rc = !dv ? -1
            : Tq == 0 ? (em_fill_(dk, 0.0) || em_fill_(dv, 0.0) ? -1 : 0)
@@ -296,11 +298,11 @@ static int flash_backward_any(em_node *n, em_tensor **gout, em_tensor **gin) {
 /* The CUDA forward: kernel-ready q, k, v, o and lse (f32) saved; *y is o. */
 static int flash_cuda(em_tensor *q0, em_tensor *k0, em_tensor *v0, em_causal causal, double scale, em_tensor **sv,
                       em_tensor **y) {
-  em_tensor *q = sv[0] = kernel_ready(q0), *k = sv[1] = q ? kernel_ready(k0) : NULL;
-  em_tensor *v = sv[2] = k ? kernel_ready(v0) : NULL;
+  em_tensor *q = sv[0] = em_flash_kernel_ready(q0), *k = sv[1] = q ? em_flash_kernel_ready(k0) : NULL;
+  em_tensor *v = sv[2] = k ? em_flash_kernel_ready(v0) : NULL;
   int64_t B = q0->shape[0], H = q0->shape[1], Tq = q0->shape[2], D = q0->shape[3];
   int64_t lshape[3] = {B, H, Tq};
-  em_tensor *o = sv[3] = v ? bthd_empty(B, H, Tq, D, q0->dtype, q0->device) : NULL;
+  em_tensor *o = sv[3] = v ? em_flash_bthd_empty(B, H, Tq, D, q0->dtype, q0->device) : NULL;
   em_tensor *lse = sv[4] = o ? em_empty(3, lshape, EM_F32, q0->device) : NULL;
   if (!lse || em_flash_fwd_cuda(q, k, v, o, lse, causal, (float)scale)) return -1;
   *y = em_tensor_retain(o);

@@ -174,6 +174,16 @@ em_tensor *em_flash_attention(em_tensor *q, em_tensor *k, em_tensor *v, em_causa
  * kernel applies. */
 em_tensor *em_flash_attention_rope(em_tensor *q, em_tensor *k, em_tensor *v, em_causal causal, double scale,
                                    em_tensor *pos, double theta, em_tensor **lse_out);
+/* Generation's decode attention (engine/ops/flash_decode.c): q (B, H, Tq, D),
+ * Tq <= EM_FLASH_DECODE_MAX_TQ, against caches k, v (B, Hkv, max_len, D) of
+ * which the first n = n_keys[b] are filled (n_keys i64 (1) or (B), on q's
+ * device, never read on the host for CUDA: clamped to [0, max_len] there);
+ * query i sees keys < n − Tq + 1 + i, a row seeing none gives 0. CUDA: the
+ * split-key decode kernels reading only n keys, capturable in a CUDA graph
+ * with n changing between replays; bf16, f16 or f32 (f32 arithmetic). CPU:
+ * any float dtype, em_flash_attention on the first n keys. Forward only
+ * (an error when q, k or v requires grad). scale <= 0 means 1/sqrt(D). */
+em_tensor *em_flash_decode(em_tensor *q, em_tensor *k, em_tensor *v, em_tensor *n_keys, double scale);
 /* true when em_attention takes the flash path for these inputs (under the
  * current autocast state): em_flash_attention accepts them, f32 on CUDA only
  * with TF32 allowed (em_cuda_allow_tf32), and, on the CPU,
