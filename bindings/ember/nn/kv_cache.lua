@@ -21,7 +21,12 @@
 --     the query attends to all max_len cached keys with the keys after it
 --     masked (-inf), and kv.pos is incremented in place. Nothing in this step
 --     depends on a host value, so one captured CUDA graph serves every step
---     (ember.generate does this);
+--     (ember.generate does this). With EMBER_KV_DECODE=flash (CUDA; bf16,
+--     f16 or f32 caches of a head dim the kernels take) the attention is
+--     F.flash_decode with n_keys = kv.pos + 1, a device tensor too: the
+--     split-key decode kernels read only the filled keys instead of q kᵀ,
+--     masked_fill, softmax and · v over all max_len of them. "masked" (the
+--     default) keeps the composition; read once, at the first KVCache made;
 --   * a chunk after a prefix (T > 1, kv.len > 0): the keys 0 .. len+T-1 with
 --     an explicit bottom-right causal mask (query i sees keys <= len + i).
 -- The cached forward runs without autograd (it writes the cache in place).
@@ -33,6 +38,37 @@ local util = require "ember.util"
 
 local fmt = string.format
 local NEG_INF = -math.huge
+
+-- EMBER_KV_DECODE: the decode step's attention, "masked" (the composition
+-- over all max_len keys) or "flash" (F.flash_decode over the filled ones,
+-- where it applies: decode_impl below). Read once, at the first KVCache made.
+local DECODE_MODES = {masked = true, flash = true}
+local decode_mode
+local function kv_decode_mode()
+  if decode_mode == nil then
+    local v = os.getenv("EMBER_KV_DECODE") or "masked"
+    if not DECODE_MODES[v] then
+      error(fmt("ember.nn.KVCache: EMBER_KV_DECODE must be 'masked' or 'flash', got '%s'", v), 0)
+    end
+    decode_mode = v
+  end
+  return decode_mode
+end
+
+-- The dtypes and head dims F.flash_decode's CUDA kernels take.
+local FLASH_DTYPES = {bf16 = true, f16 = true, f32 = true}
+local FLASH_DIMS = {[16] = true, [32] = true, [64] = true, [80] = true, [96] = true, [128] = true, [256] = true}
+
+--- The decode step's attention for a cache on `device` of `dtype` and head
+-- dim `dh`: "flash" where EMBER_KV_DECODE asks for it and the kernels apply,
+-- else "masked".
+local function decode_impl(device, dtype, dh)
+  local mode = kv_decode_mode()
+  if mode == "flash" and tostring(device):find("^cuda") and FLASH_DTYPES[dtype] and FLASH_DIMS[dh] then
+    return "flash"
+  end
+  return "masked"
+end
 
 --- One layer's view of the cache: its k and v (B, H, max_len, d_head).
 -- @type LayerKV
@@ -57,6 +93,7 @@ function LayerKV:attend(q, k, v, attn_fn)
   if step.decode then
     self.k:scatter_(2, kv._write_index, k_c)
     self.v:scatter_(2, kv._write_index, v_c)
+    if step.n_keys then return F.flash_decode(q:to(dt), self.k, self.v, step.n_keys, kv.scale):to(qdt) end
     return masked_attention(q:to(dt), self.k, self.v, step.future, kv.scale):to(qdt)
   end
   local start, T = step.start, step.T
@@ -110,7 +147,8 @@ local function new(model, opts)
   local H = cfg.num_heads
   local dh = cfg.d_model // H
   local self = setmetatable({batch = batch, max_len = max_len, dtype = dtype, device = device,
-    num_heads = H, d_head = dh, scale = 1 / math.sqrt(dh), len = 0, layers = {}}, KVCache)
+    num_heads = H, d_head = dh, scale = 1 / math.sqrt(dh), len = 0, layers = {},
+    decode_impl = decode_impl(device, dtype, dh)}, KVCache)
   local topts = {dtype = dtype, device = device}
   for i = 1, #model.layers do
     self.layers[i] = setmetatable({owner = self, k = ember.zeros({batch, H, max_len, dh}, topts),
@@ -162,7 +200,11 @@ end
 function KVCache:begin_step(T)
   local start = self.len
   if T == 1 then
-    self._step = {decode = true, T = 1, future = self.key_index:gt(self.pos)}   -- keys after pos
+    if self.decode_impl == "flash" then   -- the keys written so far and this step's (scattered at pos)
+      self._step = {decode = true, T = 1, n_keys = self.pos + 1}
+    else
+      self._step = {decode = true, T = 1, future = self.key_index:gt(self.pos)}   -- keys after pos
+    end
     return self.pos
   end
   local step = {decode = false, start = start, T = T}
