@@ -89,15 +89,17 @@ local cfg = MF.config(args)
 local facts = require("ember.runinfo").collect(args.device)
 local n_params = nn.count_parameters(cfg)
 S.print_header(facts)
-print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d params=%.1fM batch=%d " ..
-  "prompt=%d tokens=%d precision=%s warmup=%d reps=%d"):format(args.model, cfg.d_model, cfg.d_ff, cfg.num_layers,
-  cfg.num_heads, cfg.vocab_size, cfg.context_length, n_params / 1e6, B, args.prompt_len, args.tokens,
-  args.precision, args.warmup, args.reps))
 
 ember.manual_seed(args.seed)
 local model = nn.TransformerLM(cfg)
 if args.precision == "bf16" then model:to("bf16") end
 model:eval()
+-- the decode step's attention the caches take (EMBER_KV_DECODE: masked, or flash where it applies)
+local kv_decode = nn.KVCache(model, {max_len = 1, dtype = args.precision == "amp" and "bf16" or nil}).decode_impl
+print(("config: %s d_model=%d d_ff=%d layers=%d heads=%d vocab=%d context=%d params=%.1fM batch=%d " ..
+  "prompt=%d tokens=%d precision=%s warmup=%d reps=%d kv_decode=%s"):format(args.model, cfg.d_model, cfg.d_ff,
+  cfg.num_layers, cfg.num_heads, cfg.vocab_size, cfg.context_length, n_params / 1e6, B, args.prompt_len,
+  args.tokens, args.precision, args.warmup, args.reps, kv_decode))
 -- batch 1 draws the prompt as before, so its figures and ids stay comparable
 local prompts = B == 1 and {ember.randint(0, cfg.vocab_size, {args.prompt_len}):tolist()}
   or ember.randint(0, cfg.vocab_size, {B, args.prompt_len}):tolist()
@@ -283,7 +285,7 @@ for _, mode in ipairs(modes) do
       config = {model = args.model, d_model = cfg.d_model, d_ff = cfg.d_ff, layers = cfg.num_layers,
         heads = cfg.num_heads, vocab = cfg.vocab_size, context = cfg.context_length, params = n_params, batch = B,
         prompt_len = args.prompt_len, tokens = args.tokens, precision = args.precision, warmup = args.warmup,
-        reps = args.reps, seed = args.seed, device_kind = args.device},
+        reps = args.reps, seed = args.seed, device_kind = args.device, kv_decode = kv_decode},
       status = r.status or "ok", error = r.error, decode_tokens_per_s = r.decode_tokens_per_s,
       seq_tokens_per_s = r.seq_tokens_per_s, ms_per_token = r.ms_per_token, prefill_ms = r.prefill_ms, capture_ms = mode == "graph" and r.capture_ms or nil,
       samples_tokens_per_s = r.samples_tokens_per_s, torch = t}, fail)

@@ -27,6 +27,7 @@ describe("scripts/bench_generate.lua", function()
       assert.are.equal(2, #rec.samples_tokens_per_s)
       assert.are.equal(6, rec.config.tokens)
       assert.are.equal("bf16", rec.config.precision)
+      assert.are.equal("masked", rec.config.kv_decode)   -- the CPU's caches: the masked composition
       assert.is_string(rec.commit)
     end
     assert.are.same({"cache", "nocache"}, modes)
