@@ -72,7 +72,9 @@ struct RowOf {
   __device__ RowOf(const Params &p, int hk, int rr) : h(hk * p.group + rr / p.Tq), i(rr % p.Tq) {}
 };
 
-template <typename T, int D>
+/* COUNTED: the key count from kc (else the launch's; a template argument so the forward's kernels compile as
+ * they did without it: the same registers). */
+template <typename T, int D, bool COUNTED>
 __global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p, KeyCount kc) {
   using C = DecodeCfg<D>;
   extern __shared__ __align__(16) float sm[];
@@ -81,18 +83,17 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p, KeyCou
   const int bhk = blockIdx.x, b = bhk / p.Hkv, hk = bhk % p.Hkv, split = blockIdx.y;
   const int r0 = blockIdx.z * kRows, R = min(kRows, p.group * p.Tq - r0);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int Tk = p.Tk, off = p.off;
-  if (kc.n) {   // splits past the count see no key: their partials stay empty (m = −inf, l = 0)
-    Tk = (int)min(max(kc.n[b * kc.sb], (int64_t)0), (int64_t)p.Tk);
-    off = Tk - p.Tq;
-  }
+  // COUNTED: splits past the count see no key, their partials stay empty (m = −inf, l = 0); the causal offset
+  // is bottom-right against the count
+  const int Tk = COUNTED ? (int)min(max(kc.n[b * kc.sb], (int64_t)0), (int64_t)p.Tk) : p.Tk;
+  auto off = [&]() { return COUNTED ? Tk - p.Tq : p.off; };   // read where used: the same code as before
   const int lo = split * p.chunk, hi = min(Tk, lo + p.chunk);
   // the keys any row of the block sees end at kend (causal: the largest i decides)
   int kend = hi;
   if (p.causal) {
     int imax = 0;
     for (int r = 0; r < R; r++) imax = max(imax, (r0 + r) % p.Tq);
-    kend = min(hi, imax + off + 1);
+    kend = min(hi, imax + off() + 1);
   }
   const T *k = static_cast<const T *>(p.k) + b * p.k_sb + hk * p.k_sh;
   const T *v = static_cast<const T *>(p.v) + b * p.v_sb + hk * p.v_sh;
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(Params p, KeyCou
 #pragma unroll
   for (int u = 0; u < C::RPS; u++) {
     const int r = tid / C::BC + C::RGS * u;
-    kend_s[u] = r < R ? (p.causal ? min(hi, (r0 + r) % p.Tq + off + 1) : hi) : lo;
+    kend_s[u] = r < R ? (p.causal ? min(hi, (r0 + r) % p.Tq + off() + 1) : hi) : lo;
   }
   float o[C::RPO][C::CPT];
 #pragma unroll
@@ -294,7 +295,7 @@ int launch_decode(Params &p, KeyCount kc, int device, cudaStream_t s) {
     p.mpart = p.opart + nsplit * rows * D;
     p.lpart = p.mpart + nsplit * rows;
   }
-  auto kern = flash_decode_kernel<T, D>;
+  auto kern = kc.n ? flash_decode_kernel<T, D, true> : flash_decode_kernel<T, D, false>;
   if (C::smem > 48 * 1024 &&
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem) != cudaSuccess) {
     em_tensor_release(part);
