@@ -545,7 +545,8 @@ void lem_open_math(lua_State *L, int methods, int module) {
   static const luaL_Reg module_only[] = {
     {"linear", l_linear}, {"embedding", l_embedding}, {"cross_entropy", l_cross_entropy},
     {"rmsnorm", l_rmsnorm}, {"add_rmsnorm", l_add_rmsnorm}, {"norm_out16", l_norm_out16}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"rope_qk", l_rope_qk}, {"swiglu", l_swiglu}, {"attention_naive", l_attention_naive},
-    {"attention", l_attention}, {"flash_attention", l_flash_attention}, {"flash_attention_rope", l_flash_attention_rope}, {"flash_decode", l_flash_decode},
+    {"attention", l_attention}, {"flash_attention", l_flash_attention},
+    {"flash_attention_rope", l_flash_attention_rope}, {"flash_decode", l_flash_decode},
     {"flash_applies", l_flash_applies},
     {"flash_cpu_tiles", l_flash_cpu_tiles}, {"flash_limits", l_flash_limits},
     {"flash_fwd_kernel", l_flash_fwd_kernel},

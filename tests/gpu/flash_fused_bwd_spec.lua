@@ -101,7 +101,8 @@ print("  EMBER_FLASH_DET_CHAINS=" .. (os.getenv("EMBER_FLASH_DET_CHAINS") or "(u
   "  EMBER_FLASH_DET_WRITERS=" .. (os.getenv("EMBER_FLASH_DET_WRITERS") or "(unset: 3)") ..
   "  EMBER_FLASH_DET_STORE_FIRST=" .. (os.getenv("EMBER_FLASH_DET_STORE_FIRST") or "(unset: 1 with three writers)") ..
   "  EMBER_FLASH_DET_GROUPS=" .. (os.getenv("EMBER_FLASH_DET_GROUPS") or "(unset: 2 with three writers)") ..
-  "  EMBER_FLASH_BWD_DQ_FIRST=" .. (os.getenv("EMBER_FLASH_BWD_DQ_FIRST") or "(unset: 2 at D 64 with three writers, else 0)"))
+  "  EMBER_FLASH_BWD_DQ_FIRST=" ..
+  (os.getenv("EMBER_FLASH_BWD_DQ_FIRST") or "(unset: 2 at D 64 with three writers, else 0)"))
 
 describe("flash attention's fused wgmma backward (sm_90)", function()
   local why = C.sm90_unavailable(function()
