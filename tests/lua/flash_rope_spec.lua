@@ -122,40 +122,9 @@ describe("F.flash_attention's rope option errors", function()
   end)
 end)
 
--- A tiny TransformerLM (attn_impl "flash": the CPU's tiled flash, where the
--- fused switch applies) trained three AdamW steps in f32 and under bf16
--- autocast, and a cached step: losses and gradients as hex digests.
-local function tiny_flash_model_script()
-  local script = H.temp(".lua")
-  H.spit(script, [[
-    local e = require 'ember'
-    local nn, F = e.nn, e.nn.functional
-    local out = {}
-    local function digest(t) out[#out + 1] = ('%a'):format(t:double():abs():sum():item()) end
-    for _, amp in ipairs({false, "bf16"}) do
-      e.manual_seed(7)
-      local m = nn.TransformerLM(nn.configs.tiny{vocab_size = 37, context_length = 12, attn_impl = "flash"})
-      local opt = e.optim.AdamW(m:parameters(), {lr = 1e-2})
-      local data = e.randint(0, 37, {2, 13})
-      local x, y = data:narrow(1, 0, 12):contiguous(), data:narrow(1, 1, 12):contiguous()
-      for _ = 1, 3 do
-        opt:zero_grad()
-        local loss = amp and e.autocast(amp, function() return F.cross_entropy(m(x), y) end)
-                     or F.cross_entropy(m(x), y)
-        loss:backward()
-        for _, p in ipairs(m:parameters()) do digest(p.grad) end
-        opt:step()
-        out[#out + 1] = ('%a'):format(loss:item())
-      end
-      digest(m(x:narrow(1, 0, 5):contiguous(), {cache = nn.KVCache(m, {batch = 2, max_len = 12})}))
-    end
-    io.write(table.concat(out, ';'))]])
-  return script
-end
-
 describe("TransformerLM with EMBER_ATTN_ROPE", function()
   it("trains to the same bits with the rope inside flash (fused) and before it (separate)", function()
-    local script = tiny_flash_model_script()
+    local script = H.tiny_model_digests_script("flash")   -- the CPU's tiled flash, where the switch applies
     H.switch_agrees(script, "EMBER_ATTN_ROPE", {"separate", "fused"}, "2", 100)
     H.switch_refuses(script, "EMBER_ATTN_ROPE", "yes", "EMBER_ATTN_ROPE must be 'fused' or 'separate', got 'yes'")
     H.remove_temps()

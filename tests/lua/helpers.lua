@@ -119,6 +119,47 @@ function H.ember(args, opts)
   if opts.stdin then os.remove(input) end
   return o, e, status, seconds
 end
+--- A script (a temp file) printing digests of a tiny TransformerLM's three AdamW steps in f32 and under bf16 and
+-- f16 autocast: every gradient and loss, the final weights, and a cached (KV) step's logits in f32 and (with
+-- autocast) under it, as hex floats: what a switch that must not change results is compared on (switch_agrees).
+-- attn_impl (optional): the model's attention ("flash": the CPU's tiled flash).
+function H.tiny_model_digests_script(attn_impl)
+  local script = H.temp(".lua")
+  local impl = attn_impl and (", attn_impl = %q"):format(attn_impl) or ""
+  H.spit(script, ([[
+    local e = require 'ember'
+    local nn, F = e.nn, e.nn.functional
+    local out = {}
+    local function digest(t) out[#out + 1] = ('%%a'):format(t:double():abs():sum():item()) end
+    for _, amp in ipairs({false, "bf16", "f16"}) do
+      e.manual_seed(7)
+      local m = nn.TransformerLM(nn.configs.tiny{vocab_size = 37, context_length = 12%s})
+      local opt = e.optim.AdamW(m:parameters(), {lr = 1e-2})
+      local data = e.randint(0, 37, {2, 13})
+      local x, y = data:narrow(1, 0, 12):contiguous(), data:narrow(1, 1, 12):contiguous()
+      for _ = 1, 3 do
+        opt:zero_grad()
+        local loss = amp and e.autocast(amp, function() return F.cross_entropy(m(x), y) end)
+                     or F.cross_entropy(m(x), y)
+        loss:backward()
+        for _, p in ipairs(m:parameters()) do digest(p.grad) end
+        opt:step()
+        out[#out + 1] = ('%%a'):format(loss:item())
+      end
+      local sum = 0
+      for _, p in ipairs(m:parameters()) do sum = sum + p:double():abs():sum():item() end
+      out[#out + 1] = ('%%a'):format(sum)
+      local x5 = x:narrow(1, 0, 5):contiguous()
+      digest(m(x5, {cache = nn.KVCache(m, {batch = 2, max_len = 12})}))
+      if amp then
+        local kv = nn.KVCache(m, {batch = 2, max_len = 12})
+        digest(e.autocast(amp, function() return m(x5, {cache = kv}) end))
+      end
+    end
+    io.write(table.concat(out, ';'))]]):format(impl))
+  return script
+end
+
 
 --- The hooks of the ember.memory specs (tests/lua and tests/gpu), given
 -- busted's before_each and after_each: every case starts with the history

@@ -198,50 +198,11 @@ describe("F.add_rmsnorm", function()
   end)
 end)
 
--- A script (a temp file) printing digests of a tiny TransformerLM's three AdamW steps in f32 and under bf16 and
--- f16 autocast: every gradient and loss, the final weights, and a cached (KV) step's logits in f32 and (with
--- autocast) under it, as hex floats: what a switch that must not change results is compared on (switch_agrees).
-local function tiny_model_digests_script()
-  local script = H.temp(".lua")
-  H.spit(script, [[
-    local e = require 'ember'
-    local nn, F = e.nn, e.nn.functional
-    local out = {}
-    local function digest(t) out[#out + 1] = ('%a'):format(t:double():abs():sum():item()) end
-    for _, amp in ipairs({false, "bf16", "f16"}) do
-      e.manual_seed(7)
-      local m = nn.TransformerLM(nn.configs.tiny{vocab_size = 37, context_length = 12})
-      local opt = e.optim.AdamW(m:parameters(), {lr = 1e-2})
-      local data = e.randint(0, 37, {2, 13})
-      local x, y = data:narrow(1, 0, 12):contiguous(), data:narrow(1, 1, 12):contiguous()
-      for _ = 1, 3 do
-        opt:zero_grad()
-        local loss = amp and e.autocast(amp, function() return F.cross_entropy(m(x), y) end)
-                     or F.cross_entropy(m(x), y)
-        loss:backward()
-        for _, p in ipairs(m:parameters()) do digest(p.grad) end
-        opt:step()
-        out[#out + 1] = ('%a'):format(loss:item())
-      end
-      local sum = 0
-      for _, p in ipairs(m:parameters()) do sum = sum + p:double():abs():sum():item() end
-      out[#out + 1] = ('%a'):format(sum)
-      local x5 = x:narrow(1, 0, 5):contiguous()
-      digest(m(x5, {cache = nn.KVCache(m, {batch = 2, max_len = 12})}))
-      if amp then
-        local kv = nn.KVCache(m, {batch = 2, max_len = 12})
-        digest(e.autocast(amp, function() return m(x5, {cache = kv}) end))
-      end
-    end
-    io.write(table.concat(out, ';'))]])
-  return script
-end
-
 -- The model with the adds fused (default) and with EMBER_FUSE_ADD_RMSNORM=0:
--- tiny_model_digests_script's digests bit for bit.
+-- H.tiny_model_digests_script's digests bit for bit.
 describe("TransformerLM with EMBER_FUSE_ADD_RMSNORM", function()
   it("gives the same losses, gradients, weights and cached logits bit for bit as the unfused pair", function()
-    local script = tiny_model_digests_script()
+    local script = H.tiny_model_digests_script()
     H.switch_agrees(script, "EMBER_FUSE_ADD_RMSNORM", {"0", "1"}, "2", 100)
     H.switch_refuses(script, "EMBER_FUSE_ADD_RMSNORM", "yes",
       "EMBER_FUSE_ADD_RMSNORM must be 0 or 1, got 'yes'; using 1")
@@ -408,7 +369,7 @@ end)
 -- and f16 autocast, and a cached (KV) step's logits; f32 (no autocast) too.
 describe("TransformerLM with EMBER_NORM_OUT16", function()
   it("gives the same losses, gradients, weights and cached logits bit for bit", function()
-    local script = tiny_model_digests_script()
+    local script = H.tiny_model_digests_script()
     H.switch_agrees(script, "EMBER_NORM_OUT16", {"0", "1"}, "2", 100)
     H.switch_refuses(script, "EMBER_NORM_OUT16", "yes", "EMBER_NORM_OUT16 must be 0 or 1, got 'yes'; using 1")
     -- and the switch does change the path: the norms ask for the region's dtype only with it on
