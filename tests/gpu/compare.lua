@@ -220,6 +220,41 @@ function M.mode_results(H, script, var, modes, env)
   return got
 end
 
+--- A script (a temp file) that trains a 2-layer 768-wide TransformerLM (12 heads of 64) on CUDA over T tokens
+-- (B 4) for `steps` bf16-autocast AdamW steps and saves to $SCAN_SPEC_OUT the losses, the first step's gradients,
+-- the final weights and a cached (KV) step's logits in f32 and under autocast: what a switch that must not change
+-- results is compared on (M.mode_results). H: the calling spec's helpers (its temp files).
+function M.train_small_script(H, T, steps)
+  local script = H.temp(".lua")
+  H.spit(script, ([==[
+local ember = require "ember"
+local nn, F = ember.nn, ember.nn.functional
+ember.manual_seed(11)
+local m = nn.TransformerLM{vocab_size = 101, context_length = %d, d_model = 768, d_ff = 1024, num_layers = 2,
+  num_heads = 12, device = "cuda"}
+local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2})
+local data = ember.randint(0, 101, {4, %d}):cuda()
+local x, y = data:narrow(1, 0, %d):contiguous(), data:narrow(1, 1, %d):contiguous()
+local out, losses = {}, {}
+for step = 1, %d do
+  opt:zero_grad()
+  local loss = ember.autocast("bf16", function() return F.cross_entropy(m(x), y) end)
+  loss:backward()
+  if step == 1 then for _, np in ipairs(m:named_parameters()) do out["g_" .. np[1]] = np[2].grad:cpu() end end
+  opt:step()
+  losses[step] = loss:float():cpu():reshape(1)
+end
+out.losses = ember.cat(losses, 0)
+for name, p in pairs(m:state_dict()) do out["p_" .. name] = p:cpu() end
+local x9 = x:narrow(1, 0, 9):contiguous()
+out.cached_logits = m(x9, {cache = nn.KVCache(m, {batch = 4, max_len = %d})}):float():cpu()
+local kv = nn.KVCache(m, {batch = 4, max_len = %d})
+out.cached_logits_bf16 = ember.autocast("bf16", function() return m(x9, {cache = kv}) end):float():cpu()
+ember.save(os.getenv("SCAN_SPEC_OUT"), out)
+]==]):format(T, T + 1, T, T, steps, T, T))
+  return script
+end
+
 --- Every tensor of got[ref] equals the same-named tensor of each mode in
 -- `modes`, element for element (ne, not a difference: an overflow to inf must
 -- meet the same inf); returns how many names were compared.

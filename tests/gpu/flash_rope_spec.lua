@@ -24,18 +24,7 @@ local function heads(b, h, t, d, dt)
   return randn({b, t, h, d}, dt):cuda():transpose(1, 2)
 end
 
-local function run(fused, q0, k0, v0, causal, pos, theta, g)
-  local q, k, v = C.leaf(q0), C.leaf(k0), C.leaf(v0)
-  local o, lse
-  if fused then
-    o, lse = F.flash_attention(q, k, v, causal, {rope = {pos = pos, theta = theta}})
-  else
-    local qr, kr = F.rope_qk(q, k, pos, theta)
-    o, lse = F.flash_attention(qr, kr, v, causal)
-  end
-  (o * g):sum():backward()
-  return {o = o, lse = lse, dq = q.grad, dk = k.grad, dv = v.grad}
-end
+local run = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/flash_rope_ref.lua")
 
 local function same(c)
   local q, k, v = heads(c.b, c.h, c.t, c.d, c.dt), heads(c.b, c.hkv, c.t, c.d, c.dt), heads(c.b, c.hkv, c.t, c.d, c.dt)
@@ -116,41 +105,9 @@ describe("F.flash_attention with rope on CUDA: the composition's bits", function
   end)
 end)
 
--- A small model (d 768, 12 heads of 64, T 256) trained 3 bf16-autocast steps: gradients of step 1, losses,
--- the final weights and cached logits, saved for C.mode_results
-local function train_small_script()
-  local script = H.temp(".lua")
-  H.spit(script, [==[
-local ember = require "ember"
-local nn, F = ember.nn, ember.nn.functional
-ember.manual_seed(11)
-local m = nn.TransformerLM{vocab_size = 101, context_length = 256, d_model = 768, d_ff = 1024, num_layers = 2,
-  num_heads = 12, device = "cuda"}
-local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2})
-local data = ember.randint(0, 101, {4, 257}):cuda()
-local x, y = data:narrow(1, 0, 256):contiguous(), data:narrow(1, 1, 256):contiguous()
-local out, losses = {}, {}
-for step = 1, 3 do
-  opt:zero_grad()
-  local loss = ember.autocast("bf16", function() return F.cross_entropy(m(x), y) end)
-  loss:backward()
-  if step == 1 then for _, np in ipairs(m:named_parameters()) do out["g_" .. np[1]] = np[2].grad:cpu() end end
-  opt:step()
-  losses[step] = loss:float():cpu():reshape(1)
-end
-out.losses = ember.cat(losses, 0)
-for name, p in pairs(m:state_dict()) do out["p_" .. name] = p:cpu() end
-local kv = nn.KVCache(m, {batch = 4, max_len = 256})
-out.cached_logits_bf16 = ember.autocast("bf16", function() return m(x:narrow(1, 0, 9):contiguous(), {cache = kv}) end)
-  :float():cpu()
-ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]==])
-  return script
-end
-
 describe("EMBER_ATTN_ROPE on CUDA", function()
   it("fused and separate train a small model (bf16 autocast) to the same bits", function()
-    local got = C.mode_results(H, train_small_script(), "EMBER_ATTN_ROPE", {"separate", "fused"})
+    local got = C.mode_results(H, C.train_small_script(H, 256, 3), "EMBER_ATTN_ROPE", {"separate", "fused"})
     assert.is_true(C.assert_modes_agree(got, "separate", {"fused"}) > 10)
     H.remove_temps()
   end)

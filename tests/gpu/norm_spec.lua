@@ -17,40 +17,6 @@ local randn = H.seeded(4000).randn
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2}
 
--- A script (a temp file) that trains a 2-layer 768-wide TransformerLM on CUDA for four bf16-autocast AdamW steps
--- and saves to $SCAN_SPEC_OUT the losses, the first step's gradients, the final weights and a cached (KV) step's
--- logits in f32 and under autocast: what a switch that must not change results is compared on (C.mode_results).
-local function train_small_script()
-  local script = H.temp(".lua")
-  H.spit(script, [==[
-local ember = require "ember"
-local nn, F = ember.nn, ember.nn.functional
-ember.manual_seed(11)
-local m = nn.TransformerLM{vocab_size = 101, context_length = 64, d_model = 768, d_ff = 1024, num_layers = 2,
-  num_heads = 12, device = "cuda"}
-local opt = ember.optim.AdamW(m:parameters(), {lr = 1e-2})
-local data = ember.randint(0, 101, {4, 65}):cuda()
-local x, y = data:narrow(1, 0, 64):contiguous(), data:narrow(1, 1, 64):contiguous()
-local out, losses = {}, {}
-for step = 1, 4 do
-  opt:zero_grad()
-  local loss = ember.autocast("bf16", function() return F.cross_entropy(m(x), y) end)
-  loss:backward()
-  if step == 1 then for _, np in ipairs(m:named_parameters()) do out["g_" .. np[1]] = np[2].grad:cpu() end end
-  opt:step()
-  losses[step] = loss:float():cpu():reshape(1)
-end
-out.losses = ember.cat(losses, 0)
-for name, p in pairs(m:state_dict()) do out["p_" .. name] = p:cpu() end
-local x9 = x:narrow(1, 0, 9):contiguous()
-out.cached_logits = m(x9, {cache = nn.KVCache(m, {batch = 4, max_len = 64})}):float():cpu()
-local kv = nn.KVCache(m, {batch = 4, max_len = 64})
-out.cached_logits_bf16 = ember.autocast("bf16", function() return m(x9, {cache = kv}) end):float():cpu()
-ember.save(os.getenv("SCAN_SPEC_OUT"), out)
-]==])
-  return script
-end
-
 local function check(shape, dt, wdt, what)
   local D = shape[#shape]
   local x = randn(shape, dt, 2)
@@ -503,7 +469,7 @@ describe("add_rmsnorm on CUDA", function()
   end)
 
   it("EMBER_FUSE_ADD_RMSNORM=0 and 1 train a small model (bf16 autocast) to the same bits", function()
-    local script = train_small_script()
+    local script = C.train_small_script(H, 64, 4)
     local got = C.mode_results(H, script, "EMBER_FUSE_ADD_RMSNORM", {"0", "1"})
     assert.is_true(C.assert_modes_agree(got, "0", {"1"}) > 10)
     H.remove_temps()
@@ -597,7 +563,7 @@ describe("out_dtype norms on CUDA", function()
   end)
 
   it("EMBER_NORM_OUT16=0 and 1 train a small model (bf16 autocast) to the same bits", function()
-    local script = train_small_script()
+    local script = C.train_small_script(H, 64, 4)
     local got = C.mode_results(H, script, "EMBER_NORM_OUT16", {"0", "1"})
     assert.is_true(C.assert_modes_agree(got, "0", {"1"}) > 20)
     H.remove_temps()
